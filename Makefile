@@ -1,0 +1,84 @@
+# nbgrad -- build, test and benchmark.
+#
+#   make            build the library (build/libnbgrad.a), the CLI (build/nbgrad), tests, examples, benches
+#   make demo       build and render the built-in example
+#   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
+#   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
+#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
+#   make clean
+#
+# Variables: CC, NVCC, CUDA (auto: 1 when nvcc is found), OPT.
+
+CC      ?= cc
+NVCC    ?= nvcc
+OPT     ?= -O3 -march=native
+CSTD    := -std=gnu11
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -MMD -MP
+LDLIBS  += -fopenmp -lm
+
+B := build
+
+LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
+CLI_SRC  := src/cli.c src/main.c
+LIB_SRC  := $(filter-out $(CLI_SRC),$(LIB_SRC))
+LIB_OBJ  := $(patsubst %.c,$(B)/%.o,$(LIB_SRC))
+TEST_SRC := $(wildcard tests/test-*.c)
+TESTS    := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
+BENCH_SRC:= $(wildcard bench/*.c)
+BENCHES  := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+EX_SRC   := $(wildcard examples/*.c)
+EXAMPLES := $(patsubst examples/%.c,$(B)/examples/%,$(EX_SRC))
+
+all: deps $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES)
+
+# Install what a fresh Debian machine lacks.  Uses sudo only when not root.
+deps: $(B)/.deps
+$(B)/.deps:
+	@mkdir -p $(B)
+	@missing=""; \
+	 [ -f /usr/include/gsl/gsl_multimin.h ] || missing="$$missing libgsl-dev"; \
+	 [ -f /usr/include/lapacke.h ] || missing="$$missing liblapacke-dev"; \
+	 echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o $(B)/.omp-check 2>/dev/null || missing="$$missing libgomp1"; \
+	 if [ -n "$$missing" ]; then \
+	   echo "installing Debian packages:$$missing"; \
+	   SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	   $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null || \
+	     { echo "could not install:$$missing"; exit 1; }; \
+	 fi; touch $@
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/libnbgrad.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+$(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(B)/tests/%: $(B)/tests/%.o $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(B)/bench/%: $(B)/bench/%.o $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+test: all
+	@sh tests/run-all.sh $(B)
+
+demo: all
+	@mkdir -p $(B)/demo
+	$(B)/nbgrad -cell 100 100 100 90 90 90 -default_F 100 -lambda 6.2 -N 5 -distance 100 -detpixels 512 \
+	  -floatfile $(B)/demo/demo.float.bin -intfile $(B)/demo/demo.img -pgmfile $(B)/demo/demo.pgm -nonoise
+
+bench: all
+	@sh bench/run.sh $(B)
+
+clean:
+	rm -rf $(B)
+
+.PHONY: all deps test demo bench clean
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,267 @@
+/*
+ * nbgrad.h -- the public contract of nbgrad, a differentiable X-ray diffraction image simulator.
+ *
+ * nbgrad renders the same images as James Holton's nanoBragg for the same experiment and returns exact
+ * gradients through hand-derived adjoint kernels.  This header is the whole API: everything else is private.
+ *
+ * Conventions used throughout:
+ *   - Units are the command line's: lengths of the crystal cell and wavelengths in Angstrom, detector lengths in
+ *     mm, angles in degrees, sensor thickness and water size in micrometres, fluence in photons/m^2.
+ *   - Images are float32, fast index varying fastest: index = slow * fpixels + fast.  Values are photons per pixel.
+ *   - Every call returns an nbg_status (NBG_OK = 0, negative on failure).  After a failure nbg_errmsg(ctx) says
+ *     what went wrong, naming the input (file and line, flag, value).  The library never prints and never exits.
+ *   - The caller owns every buffer passed in; the library keeps no pointer after a call returns.
+ *   - A context may be used by one thread at a time; distinct contexts are independent.
+ */
+#ifndef NBGRAD_H
+#define NBGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NBG_VERSION "0.1.0"
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Status codes                                                                                               */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    NBG_OK = 0,
+    NBG_EINVAL = -1,  /* an invalid argument or experiment (NaN, impossible geometry, bad size)              */
+    NBG_ENOMEM = -2,  /* an allocation failed                                                              */
+    NBG_EIO = -3,     /* a file could not be opened, read or written                                        */
+    NBG_EFORMAT = -4, /* a file was read but its content is malformed                                       */
+    NBG_EUNSUP = -5,  /* a feature is not supported by this backend or build                                */
+    NBG_ENODEV = -6,  /* the CUDA backend was asked for and no GPU (or no CUDA build) is available           */
+    NBG_ECUDA = -7    /* a CUDA runtime call failed                                                         */
+} nbg_status;
+
+/* A static English description of a status code. */
+const char *nbg_strerror(int status);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Context                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum { NBG_BACKEND_CPU = 0, NBG_BACKEND_CUDA = 1, NBG_BACKEND_AUTO = 2 } nbg_backend;
+typedef enum { NBG_DOUBLE = 0, NBG_FLOAT = 1 } nbg_precision;
+
+typedef struct nbg_ctx nbg_ctx;
+
+/* Creates a context.  backend AUTO picks CUDA when a GPU is usable and the CPU otherwise; CUDA without a GPU
+ * fails with NBG_ENODEV.  nthreads <= 0 means the OpenMP default.  On failure *out is NULL. */
+int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, int nthreads);
+void nbg_ctx_destroy(nbg_ctx *ctx); /* NULL is a no-op */
+/* The backend actually in use (AUTO resolved). */
+nbg_backend nbg_ctx_backend(const nbg_ctx *ctx);
+/* The message of the last failure on this context ("" when none). */
+const char *nbg_errmsg(const nbg_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Structure factors                                                                                          */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* A dense table of structure-factor amplitudes over h_min..h_max, k_min..k_max, l_min..l_max (inclusive).
+ * F[((h - h_min) * nk + (k - k_min)) * nl + (l - l_min)], with nk = k_max - k_min + 1, nl = l_max - l_min + 1.
+ * Entries not given in a file hold the default F the table was read with. */
+typedef struct {
+    int h_min, h_max, k_min, k_max, l_min, l_max;
+    double *F;
+    long nrefl; /* reflections read from the file (the table's size for an Fdump) */
+} nbg_hkl;
+
+/* Reads an HKL text file: whitespace-separated "h k l F" lines, optionally with a 5th and 6th column (which are
+ * ignored), '#' comment lines and blank lines.  Entries the file does not list are filled with default_F.
+ * A malformed line is NBG_EFORMAT naming the file and line. */
+int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out);
+/* Writes / reads the nanoBragg Fdump.bin binary cache (same layout as the reference program). */
+int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl);
+int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out);
+/* Frees F (the struct itself is the caller's); NULL-safe. */
+void nbg_hkl_free(nbg_hkl *hkl);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Experiment                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    NBG_CONV_MOSFLM = 0,
+    NBG_CONV_DENZO,
+    NBG_CONV_ADXV,
+    NBG_CONV_XDS,
+    NBG_CONV_DIALS,
+    NBG_CONV_CUSTOM
+} nbg_convention;
+
+/* The pivot used when the detector is rotated.  AUTO follows the convention (BEAM for MOSFLM, DENZO, ADXV and
+ * CUSTOM; SAMPLE for XDS and DIALS), which is what nanoBragg does; BEAM and SAMPLE force it. */
+typedef enum { NBG_PIVOT_AUTO = 0, NBG_PIVOT_BEAM, NBG_PIVOT_SAMPLE } nbg_pivot;
+
+typedef enum { NBG_SHAPE_SQUARE = 0, NBG_SHAPE_ROUND, NBG_SHAPE_GAUSS, NBG_SHAPE_TOPHAT } nbg_shape;
+
+/* One X-ray source: a position (any length; only its direction matters: the beam travels from it to the sample)
+ * and a wavelength in Angstrom (<= 0 or NaN: the experiment's lambda). */
+typedef struct {
+    double pos[3];
+    double lambda;
+} nbg_source;
+
+/* "Unset" for the double fields documented as optional is NAN; for counts it is -1. */
+typedef struct {
+    /* --- detector --------------------------------------------------------------------------------------- */
+    nbg_convention convention;
+    nbg_pivot pivot;
+    double pixel;                   /* pixel size, mm (0.1) */
+    int fpixels, spixels;           /* pixel counts; 0 = derived from detsize (1024) */
+    double detsize_f, detsize_s;    /* detector size, mm (102.4); ignored when pixel counts are given */
+    double distance;                /* sample to beam spot along the beam, mm (100) */
+    double close_distance;          /* sample to detector plane along its normal, mm (NAN: derived) */
+    double Xbeam, Ybeam;            /* beam centre, mm, convention-dependent meaning (NAN: default) */
+    double Xclose, Yclose;          /* near point, mm (NAN) */
+    double ORGX, ORGY;              /* XDS origin, pixels (NAN) */
+    double fdet[3], sdet[3], odet[3], beam[3], polar_axis[3], spindle[3], twotheta_axis[3];
+                                    /* CUSTOM convention vectors; a vector whose x is NAN takes the default */
+    double det_rot[3];              /* detector rotations about x, y, z, deg, applied as Rz*Ry*Rx */
+    double twotheta;                /* two-theta swing about the two-theta axis, deg */
+    int curved;                     /* every pixel at the same distance from the sample */
+    int point_pixel;                /* solid angle 1/R^2, no obliquity */
+    int roi[4];                     /* xmin xmax ymin ymax inclusive pixel indices; -1 = the whole detector */
+    const uint8_t *mask;            /* fpixels*spixels, 0 = skip the pixel; NULL = none (caller-owned) */
+    double thick;                   /* sensor thickness, um (0 = none) */
+    double thick_abs;               /* attenuation length, um (NAN: = thickness; 0 or inf: no attenuation) */
+    int thicksteps;                 /* sensor layers (-1 auto) */
+    int oversample;                 /* subpixels per axis (-1 auto) */
+    int oversample_thick, oversample_polar, oversample_omega; /* per-subpixel factors (nanoBragg semantics) */
+
+    /* --- beam ------------------------------------------------------------------------------------------- */
+    double lambda;                  /* wavelength, A (1) */
+    double dispersion;              /* spectral width, percent (0) */
+    int dispsteps;                  /* wavelengths (-1 auto) */
+    double hdivrange, vdivrange;    /* divergence ranges, mrad (-1 unset) */
+    double hdivstep, vdivstep;      /* divergence steps, mrad (-1 unset) */
+    int hdivsteps, vdivsteps;       /* divergence counts (-1 auto) */
+    int round_div;                  /* elliptical cut of the divergence grid (1) */
+    const nbg_source *sources;      /* explicit sources (caller-owned), or NULL to generate them */
+    int nsources;
+    double polarization;            /* Kahn factor K (0) */
+    int nopolar;                    /* polarization factor fixed at 1 */
+    double fluence;                 /* photons/m^2 (1.25932015286227086e29) */
+    double flux;                    /* photons/s (0 = use fluence) */
+    double exposure;                /* s (1) */
+    double beamsize;                /* mm (0.1) */
+
+    /* --- crystal ---------------------------------------------------------------------------------------- */
+    int has_cell;
+    double cell[6];                 /* a b c (A) alpha beta gamma (deg) */
+    int has_mat;
+    double mat[9];                  /* MOSFLM A matrix in file order (rows x,y,z; columns a*,b*,c*), at lambda */
+    double misset[3];               /* deg, applied as Rz*Ry*Rx to the reciprocal vectors */
+    int misset_random;              /* draw the misset from misset_seed (overrides misset) */
+    long misset_seed;
+    double Na, Nb, Nc;              /* unit cells along a, b, c (1); continuous for gradients */
+    double sample_x, sample_y, sample_z; /* crystal size, mm (0 = use N) */
+    nbg_shape shape;
+    double fudge;                   /* shape fudge factor (1) */
+    double phi0, osc, phistep;      /* spindle start, range, step, deg (0, -1, -1) */
+    int phisteps;                   /* (-1 auto) */
+    double mosaic;                  /* mosaic spread, deg (-1 unset) */
+    int mosaic_domains;             /* (-1 auto) */
+    long mosaic_seed;               /* (12345678) */
+
+    /* --- structure factors ------------------------------------------------------------------------------- */
+    const nbg_hkl *hkl;             /* table (caller-owned) or NULL: default_F everywhere */
+    double default_F;               /* F outside the table (0) */
+    int interpolate;                /* tricubic interpolation: 1 on, 0 off, -1 auto (on when any N <= 2) */
+    double dmin;                    /* resolution cut-off, A (0 = none) */
+
+    /* --- background ------------------------------------------------------------------------------------- */
+    double water;                   /* water layer thickness, um (0) */
+} nbg_experiment;
+
+/* Fills e with nanoBragg's defaults. */
+void nbg_experiment_default(nbg_experiment *e);
+
+/* What the setup derived from an experiment: the geometry nanoBragg reports and writes into SMV headers, the
+ * sampling it chose, and the detector size to allocate images for.  Lengths in mm, angles in degrees. */
+typedef struct {
+    int fpixels, spixels;
+    double pixel, detsize_f, detsize_s;
+    double distance, close_distance;
+    double Xbeam, Ybeam;            /* header beam centre (input or default; not recomputed) */
+    double Fbeam, Sbeam, Fclose, Sclose;
+    double ORGX, ORGY;
+    double dials_origin[3];
+    double pix0[3], fdet[3], sdet[3], odet[3], beam[3], polar_axis[3], spindle[3]; /* pix0 in m */
+    double lambda;                  /* A */
+    double phi0, osc, twotheta;
+    int pivot;                      /* NBG_PIVOT_BEAM or NBG_PIVOT_SAMPLE */
+    int oversample, recommended_oversample;
+    int thicksteps, nsources, phisteps, mosaic_domains, steps;
+    double Na, Nb, Nc;
+    int interpolate;
+    double misset_random_deg[3];    /* the angles drawn for a random misset */
+    double fluence, flux;
+    double cell[6];                 /* real-space cell (A, deg) after orientation set-up */
+    double xtal_size_max;           /* mm */
+    double real_vectors[9];         /* a, b, c (A) at phi 0 */
+    double recip_vectors[9];        /* a*, b*, c* (1/A) */
+    double I_bg;                    /* water background before scaling */
+    int warn_oversample;            /* the oversample given is below the recommended one */
+    int warn_clipped_sample;        /* sample size clipped to the beam size */
+    long interp_fallbacks;          /* tricubic windows that left the table (nearest neighbour used) */
+    double solid_angle;             /* sum of subpixel solid angles / steps, sr (nanoBragg's printed value) */
+} nbg_report;
+
+/* Derives the geometry and sampling without rendering. */
+int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out);
+
+/* Renders the image.  image holds npix = fpixels*spixels floats (nbg_describe gives the size); it is
+ * overwritten.  report may be NULL. */
+int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Detector files and noise                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* Values that go into an SMV header, as nanoBragg writes it. */
+typedef struct {
+    int fpixels, spixels;
+    double pixel, distance, close_distance, lambda;
+    double Xbeam, Ybeam, Fbeam, Sbeam, detsize_s;
+    double dials_origin[3];
+    double ORGX, ORGY, phi0, osc, twotheta;
+} nbg_smv_header;
+
+/* Fills an SMV header from a report. */
+void nbg_smv_header_from_report(const nbg_report *r, nbg_smv_header *h);
+
+/* Writes an SMV file (512-byte header, native-endian uint16 data).  The file is written to a temporary name and
+ * renamed, so a failure leaves no partial file. */
+int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const uint16_t *data);
+/* Reads an SMV file: header keys into *h (keys absent are NAN / 0) and, when data is not NULL, the pixels into a
+ * malloc'd array the caller frees.  Checks that the data size matches the header. */
+int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **data);
+/* Writes a P5 PGM: pixel = min(255, v * scale), truncated. */
+int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixels, int spixels, double scale);
+/* Writes the raw float image. */
+int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t npix);
+
+/* Integer image as nanoBragg makes it: inside the ROI, clip(v*scale + adc, 0, 65535) rounded to nearest;
+ * outside, 0. */
+void nbg_int_image(const float *image, int fpixels, int spixels, const int roi[4], double scale, double adc,
+                   uint16_t *out);
+
+/* Poisson noise image, bit-for-bit as nanoBragg makes it for the same seed: within the ROI, in row-major
+ * order, n = Poisson(v) + adc, truncated, clipped at 65535 (counted in *overloads); outside, 0.
+ * *photons receives the sum of n. */
+void nbg_noise_image(const float *image, int fpixels, int spixels, const int roi[4], double adc, long seed,
+                     uint16_t *out, long *photons, long *overloads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NBGRAD_H */

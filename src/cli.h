@@ -1,0 +1,56 @@
+/*
+ * cli.h -- the command-line program's shared pieces: nanoBragg flag parsing into an nbg_experiment, loading of
+ * the files the flags name, statistics and output writing.  Used by every nbgrad subcommand; not library code
+ * (it prints).
+ */
+#ifndef NBG_CLI_H
+#define NBG_CLI_H
+
+#include "nbgrad.h"
+
+#include <stdio.h>
+
+typedef struct nbg_cli nbg_cli;
+
+struct nbg_cli {
+    nbg_experiment e;
+    nbg_hkl hkl;
+    nbg_source *sources;
+    int nsources;
+    uint8_t *mask;
+    int mask_f, mask_s;
+    const char *hklfile, *matfile, *sourcefile, *dumpfile;
+    const char *floatfile, *intfile, *pgmfile, *noisefile;
+    double scale, adc, pgmscale;
+    long seed;
+    int have_seed, have_misset_seed;
+    int nopgm, nonoise, nodump, help;
+    int last_pivot;
+    nbg_backend backend;
+    nbg_precision precision;
+    int threads;
+    /* a subcommand's own flags: returns the number of argv entries consumed (flag included), 0 when the flag is
+     * not its own, -1 after printing an error */
+    int (*extra_handler)(nbg_cli *c, int argc, char **argv, int i);
+    void *extra;
+};
+
+typedef struct {
+    double max, sum, mean, rms, rmsd;
+    long imax, n;
+} nbg_stats;
+
+void nbg_cli_init(nbg_cli *c);
+/* Prints the flag list. */
+void nbg_cli_usage(FILE *out);
+void nbg_cli_free(nbg_cli *c);
+/* Parses argv[first..]; prints the error and returns 0 on a bad flag. */
+int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first);
+/* Reads the files the flags name (matrix, HKL or Fdump, sources) into the experiment. */
+int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c);
+int nbg_cli_number(const char *flag, const char *s, double *out);
+void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r);
+void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_stats *st);
+int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img);
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * internal.h -- private declarations shared by the library's translation units: the context, the error funnel
+ * and small helpers.  Nothing here is part of the public API.
+ */
+#ifndef NBG_INTERNAL_H
+#define NBG_INTERNAL_H
+
+#include "nbgrad.h"
+
+#include <stdarg.h>
+
+struct nbg_ctx {
+    nbg_backend backend;
+    nbg_precision precision;
+    int nthreads;
+    char errmsg[1024];
+    void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
+};
+
+/* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns
+ * code, so callers write `return nbg_error(ctx, NBG_EINVAL, "...", ...);`. */
+int nbg_error(nbg_ctx *ctx, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif

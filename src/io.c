@@ -1,0 +1,972 @@
+/*
+ * io.c -- file input and output: HKL text files, the nanoBragg Fdump cache, SMV images (write and read), PGM and
+ * raw float images, nanoBragg source files and MOSFLM matrix files.
+ *
+ * Every writer goes through a temporary file in the target's directory that is renamed over the target only once
+ * everything was written, so a failure never leaves a partial file behind.  Every reader validates what it reads
+ * and reports the file (and line, where there are lines) of the first problem.
+ */
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Miller indices beyond this magnitude are treated as a malformed file rather than a table to allocate. */
+#define IO_MAX_INDEX 1000000L
+/* The largest structure-factor table (entries, padding included) that a file may ask for: 16 GiB of doubles. */
+#define IO_MAX_TABLE (1LL << 31)
+/* The largest SMV header accepted, in bytes. */
+#define IO_MAX_SMV_HEADER (1L << 20)
+/* The largest SMV image side accepted, in pixels. */
+#define IO_MAX_SMV_SIDE 1000000L
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Small helpers                                                                                               */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static int host_is_little_endian(void)
+{
+    const uint16_t probe = 1;
+    unsigned char first;
+    memcpy(&first, &probe, 1);
+    return first == 1;
+}
+
+/* Parses a whole token as a finite double.  Returns 0 on success, -1 when the token is not exactly one number. */
+static int parse_double(const char *tok, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(tok, &end);
+    if (end == tok || *end != '\0' || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parses a whole token as an integer-valued number ("3", "-2", "3.0") of magnitude at most IO_MAX_INDEX. */
+static int parse_index(const char *tok, int *out)
+{
+    double v;
+    if (parse_double(tok, &v) != 0 || v != floor(v) || fabs(v) > (double)IO_MAX_INDEX)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Cuts a line at its first '#', so that everything from there on is a comment. */
+static void strip_comment(char *line)
+{
+    char *hash = strchr(line, '#');
+    if (hash != NULL)
+        *hash = '\0';
+}
+
+/* Splits line in place at any of the delimiters; stores up to max token pointers and returns the number of tokens
+ * found (which may exceed max; the extra ones are not stored). */
+static int split_tokens(char *line, const char *delims, char **tok, int max)
+{
+    int n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(line, delims, &save); t != NULL; t = strtok_r(NULL, delims, &save)) {
+        if (n < max)
+            tok[n] = t;
+        ++n;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Writing through a temporary file                                                                            */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    FILE *fp;
+    char *tmp;        /* the temporary name, or NULL when writing straight to the target */
+    const char *path; /* the target */
+} out_file;
+
+/* Opens a temporary file next to path.  When path exists and is not a regular file (a device such as /dev/null,
+ * a FIFO, a symbolic link) it is opened directly, since renaming over it would not write through it. */
+static int out_open(nbg_ctx *ctx, const char *path, out_file *o)
+{
+    o->fp = NULL;
+    o->tmp = NULL;
+    o->path = path;
+    if (path == NULL || path[0] == '\0')
+        return nbg_error(ctx, NBG_EINVAL, "output file name is empty");
+
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        o->fp = fopen(path, "wb");
+        if (o->fp == NULL)
+            return nbg_error(ctx, NBG_EIO, "cannot open %s for writing: %s", path, strerror(errno));
+        return NBG_OK;
+    }
+
+    size_t len = strlen(path) + 48;
+    o->tmp = malloc(len);
+    if (o->tmp == NULL)
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+    int fd = -1;
+    for (int attempt = 0; attempt < 1000 && fd < 0; ++attempt) {
+        snprintf(o->tmp, len, "%s.tmp%ld.%d", path, (long)getpid(), attempt);
+        fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
+    if (fd < 0) {
+        int err = errno;
+        free(o->tmp);
+        o->tmp = NULL;
+        return nbg_error(ctx, NBG_EIO, "cannot create a temporary file to write %s: %s", path, strerror(err));
+    }
+    o->fp = fdopen(fd, "wb");
+    if (o->fp == NULL) {
+        int err = errno;
+        close(fd);
+        unlink(o->tmp);
+        free(o->tmp);
+        o->tmp = NULL;
+        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", path, strerror(err));
+    }
+    return NBG_OK;
+}
+
+/* Abandons a write: closes and removes the temporary file. */
+static void out_abort(out_file *o)
+{
+    if (o->fp != NULL)
+        fclose(o->fp);
+    if (o->tmp != NULL) {
+        unlink(o->tmp);
+        free(o->tmp);
+    }
+    o->fp = NULL;
+    o->tmp = NULL;
+}
+
+/* Writes n bytes; on failure abandons the file and reports the error. */
+static int out_write(nbg_ctx *ctx, out_file *o, const void *buf, size_t n)
+{
+    if (n > 0 && fwrite(buf, 1, n, o->fp) != n) {
+        int err = errno;
+        out_abort(o);
+        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
+    }
+    return NBG_OK;
+}
+
+/* Finishes a write: flushes, closes and renames the temporary file over the target. */
+static int out_close(nbg_ctx *ctx, out_file *o)
+{
+    int bad = fflush(o->fp) != 0 || ferror(o->fp);
+    int err = errno;
+    if (fclose(o->fp) != 0 && !bad) {
+        bad = 1;
+        err = errno;
+    }
+    o->fp = NULL;
+    if (!bad && o->tmp != NULL && rename(o->tmp, o->path) != 0) {
+        bad = 1;
+        err = errno;
+    }
+    if (bad) {
+        out_abort(o);
+        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return NBG_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Structure factors                                                                                           */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int h, k, l;
+    double F;
+} hkl_entry;
+
+/* Checks that index bounds describe a table that can be allocated; stores its entry count. */
+static int table_size(nbg_ctx *ctx, const char *path, const int lo[3], const int hi[3], size_t *count)
+{
+    long long n = 1, padded = 1;
+    for (int i = 0; i < 3; ++i) {
+        long long r = (long long)hi[i] - lo[i] + 1;
+        if (r < 1 || lo[i] < -IO_MAX_INDEX || hi[i] > IO_MAX_INDEX)
+            return nbg_error(ctx, NBG_EFORMAT, "%s: invalid index range %d..%d", path, lo[i], hi[i]);
+        n *= r;
+        padded *= r + 1;
+        if (padded > IO_MAX_TABLE)
+            return nbg_error(ctx, NBG_EFORMAT, "%s: index ranges %d..%d, %d..%d, %d..%d give an implausibly large "
+                             "table", path, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
+    }
+    if ((unsigned long long)n > SIZE_MAX / sizeof(double))
+        return nbg_error(ctx, NBG_ENOMEM, "%s: structure-factor table too large for memory", path);
+    *count = (size_t)n;
+    return NBG_OK;
+}
+
+int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
+{
+    if (out == NULL || path == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
+    memset(out, 0, sizeof *out);
+
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL)
+        return nbg_error(ctx, NBG_EIO, "cannot open HKL file %s: %s", path, strerror(errno));
+
+    hkl_entry *ent = NULL;
+    size_t nent = 0, cap = 0;
+    char *line = NULL;
+    size_t linecap = 0;
+    long lineno = 0;
+    int rc = NBG_OK;
+
+    while (getline(&line, &linecap, fp) >= 0) {
+        ++lineno;
+        strip_comment(line);
+        char *tok[6];
+        int nt = split_tokens(line, " \t\r\n\v\f", tok, 6);
+        if (nt == 0)
+            continue;
+        if (nt < 4 || nt > 6) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: expected \"h k l F\" with at most two extra columns, found %d "
+                           "field%s", path, lineno, nt, nt == 1 ? "" : "s");
+            goto done;
+        }
+        hkl_entry e;
+        int *idx[3] = {&e.h, &e.k, &e.l};
+        static const char axis[3] = {'h', 'k', 'l'};
+        for (int i = 0; i < 3; ++i) {
+            if (parse_index(tok[i], idx[i]) != 0) {
+                rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: %c index \"%s\" is not an integer (or is beyond +-%ld)",
+                               path, lineno, axis[i], tok[i], IO_MAX_INDEX);
+                goto done;
+            }
+        }
+        if (parse_double(tok[3], &e.F) != 0) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: F \"%s\" is not a finite number", path, lineno, tok[3]);
+            goto done;
+        }
+        if (nent == cap) {
+            size_t ncap = cap ? 2 * cap : 1024;
+            hkl_entry *grown = realloc(ent, ncap * sizeof *grown);
+            if (grown == NULL) {
+                rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+                goto done;
+            }
+            ent = grown;
+            cap = ncap;
+        }
+        ent[nent++] = e;
+    }
+    if (ferror(fp)) {
+        rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+        goto done;
+    }
+    if (nent == 0) {
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
+        goto done;
+    }
+
+    int lo[3] = {ent[0].h, ent[0].k, ent[0].l}, hi[3] = {ent[0].h, ent[0].k, ent[0].l};
+    for (size_t i = 1; i < nent; ++i) {
+        const int v[3] = {ent[i].h, ent[i].k, ent[i].l};
+        for (int a = 0; a < 3; ++a) {
+            if (v[a] < lo[a])
+                lo[a] = v[a];
+            if (v[a] > hi[a])
+                hi[a] = v[a];
+        }
+    }
+    size_t count = 0;
+    rc = table_size(ctx, path, lo, hi, &count);
+    if (rc != NBG_OK)
+        goto done;
+    double *F = malloc(count * sizeof *F);
+    if (F == NULL) {
+        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
+        goto done;
+    }
+    for (size_t i = 0; i < count; ++i)
+        F[i] = default_F;
+    const size_t nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
+    /* Later entries overwrite earlier ones, so the last of duplicate reflections wins. */
+    for (size_t i = 0; i < nent; ++i) {
+        size_t at = ((size_t)(ent[i].h - lo[0]) * nk + (size_t)(ent[i].k - lo[1])) * nl + (size_t)(ent[i].l - lo[2]);
+        F[at] = ent[i].F;
+    }
+    out->h_min = lo[0];
+    out->h_max = hi[0];
+    out->k_min = lo[1];
+    out->k_max = hi[1];
+    out->l_min = lo[2];
+    out->l_max = hi[2];
+    out->F = F;
+    out->nrefl = (long)nent;
+
+done:
+    free(line);
+    free(ent);
+    fclose(fp);
+    return rc;
+}
+
+void nbg_hkl_free(nbg_hkl *hkl)
+{
+    if (hkl == NULL)
+        return;
+    free(hkl->F);
+    hkl->F = NULL;
+}
+
+/* The Fdump layout (shared with the reference): a text line "h_min h_max k_min k_max l_min l_max\n", a form feed,
+ * then native doubles over (nh+1) x (nk+1) x (nl+1) with l fastest.  The extra slot on each axis is padding that
+ * the reference allocates and writes; it holds 0 here. */
+int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl)
+{
+    if (hkl == NULL || hkl->F == NULL || path == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_write_fdump: NULL argument");
+    const int lo[3] = {hkl->h_min, hkl->k_min, hkl->l_min}, hi[3] = {hkl->h_max, hkl->k_max, hkl->l_max};
+    size_t count = 0;
+    int rc = table_size(ctx, path, lo, hi, &count);
+    if (rc != NBG_OK)
+        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: the table's index ranges are invalid", path);
+    const size_t nh = (size_t)(hi[0] - lo[0] + 1), nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
+
+    double *row = malloc((nl + 1) * sizeof *row);
+    if (row == NULL)
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+    out_file o;
+    rc = out_open(ctx, path, &o);
+    if (rc != NBG_OK) {
+        free(row);
+        return rc;
+    }
+    char head[128];
+    int hl = snprintf(head, sizeof head, "%d %d %d %d %d %d\n\f", lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
+    rc = out_write(ctx, &o, head, (size_t)hl);
+    for (size_t h = 0; h <= nh && rc == NBG_OK; ++h) {
+        for (size_t k = 0; k <= nk && rc == NBG_OK; ++k) {
+            if (h < nh && k < nk)
+                memcpy(row, hkl->F + (h * nk + k) * nl, nl * sizeof *row);
+            else
+                memset(row, 0, nl * sizeof *row);
+            row[nl] = 0.0;
+            rc = out_write(ctx, &o, row, (nl + 1) * sizeof *row);
+        }
+    }
+    free(row);
+    if (rc != NBG_OK)
+        return rc; /* out_write already abandoned the file. */
+    return out_close(ctx, &o);
+}
+
+int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
+{
+    if (out == NULL || path == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_read_fdump: NULL argument");
+    memset(out, 0, sizeof *out);
+
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL)
+        return nbg_error(ctx, NBG_EIO, "cannot open Fdump file %s: %s", path, strerror(errno));
+
+    /* The header line, then exactly one form feed. */
+    char head[256];
+    size_t hl = 0;
+    int c;
+    while ((c = fgetc(fp)) != EOF && c != '\n' && hl + 1 < sizeof head)
+        head[hl++] = (char)c;
+    head[hl] = '\0';
+    int lo[3], hi[3];
+    char extra;
+    if (c != '\n' || sscanf(head, "%d %d %d %d %d %d %c", &lo[0], &hi[0], &lo[1], &hi[1], &lo[2], &hi[2], &extra) != 6
+        || fgetc(fp) != '\f') {
+        fclose(fp);
+        return nbg_error(ctx, NBG_EFORMAT, "%s: not an Fdump file (expected a line of six index bounds followed by "
+                         "a form feed)", path);
+    }
+    size_t count = 0;
+    int rc = table_size(ctx, path, lo, hi, &count);
+    if (rc != NBG_OK) {
+        fclose(fp);
+        return rc;
+    }
+    const size_t nh = (size_t)(hi[0] - lo[0] + 1), nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
+    const size_t expected = (nh + 1) * (nk + 1) * (nl + 1) * sizeof(double);
+
+    double *F = malloc(count * sizeof *F);
+    double *row = malloc((nl + 1) * sizeof *row);
+    if (F == NULL || row == NULL) {
+        free(F);
+        free(row);
+        fclose(fp);
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
+    }
+    size_t got = 0;
+    for (size_t h = 0; h <= nh && rc == NBG_OK; ++h) {
+        for (size_t k = 0; k <= nk && rc == NBG_OK; ++k) {
+            size_t n = fread(row, sizeof *row, nl + 1, fp);
+            got += n * sizeof *row;
+            if (n != nl + 1) {
+                if (ferror(fp))
+                    rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+                else
+                    rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated Fdump: expected %zu bytes of data after the "
+                                   "header, found %zu", path, expected, got);
+            } else if (h < nh && k < nk) {
+                memcpy(F + (h * nk + k) * nl, row, nl * sizeof *row);
+            }
+        }
+    }
+    if (rc == NBG_OK && fgetc(fp) != EOF)
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: Fdump has data beyond the expected %zu bytes after the header", path,
+                       expected);
+    free(row);
+    fclose(fp);
+    if (rc != NBG_OK) {
+        free(F);
+        return rc;
+    }
+    out->h_min = lo[0];
+    out->h_max = hi[0];
+    out->k_min = lo[1];
+    out->k_max = hi[1];
+    out->l_min = lo[2];
+    out->l_max = hi[2];
+    out->F = F;
+    out->nrefl = (long)count; /* The reference sets h_range * k_range * l_range after reading a dump. */
+    return NBG_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* SMV                                                                                                        */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+void nbg_smv_header_from_report(const nbg_report *r, nbg_smv_header *h)
+{
+    if (r == NULL || h == NULL)
+        return;
+    h->fpixels = r->fpixels;
+    h->spixels = r->spixels;
+    h->pixel = r->pixel;
+    h->distance = r->distance;
+    h->close_distance = r->close_distance;
+    h->lambda = r->lambda;
+    h->Xbeam = r->Xbeam;
+    h->Ybeam = r->Ybeam;
+    h->Fbeam = r->Fbeam;
+    h->Sbeam = r->Sbeam;
+    h->detsize_s = r->detsize_s;
+    for (int i = 0; i < 3; ++i)
+        h->dials_origin[i] = r->dials_origin[i];
+    h->ORGX = r->ORGX;
+    h->ORGY = r->ORGY;
+    h->phi0 = r->phi0;
+    h->osc = r->osc;
+    h->twotheta = r->twotheta;
+}
+
+/* Checks image dimensions and returns the pixel count through *npix. */
+static int image_size(nbg_ctx *ctx, const char *path, int fpixels, int spixels, size_t elem, size_t *npix)
+{
+    if (fpixels <= 0 || spixels <= 0)
+        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is not positive", path, fpixels,
+                         spixels);
+    if ((size_t)fpixels > SIZE_MAX / elem / (size_t)spixels)
+        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is too large", path, fpixels, spixels);
+    *npix = (size_t)fpixels * (size_t)spixels;
+    return NBG_OK;
+}
+
+int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const uint16_t *data)
+{
+    if (path == NULL || h == NULL || data == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_write_smv: NULL argument");
+    size_t npix = 0;
+    int rc = image_size(ctx, path, h->fpixels, h->spixels, sizeof *data, &npix);
+    if (rc != NBG_OK)
+        return rc;
+
+    /* The header text, in the reference's order and %g formatting.  DIALS_ORIGIN has no ';' there either. */
+    char text[2048];
+    int len = snprintf(text, sizeof text,
+        "{\nHEADER_BYTES=512;\nDIM=2;\nBYTE_ORDER=%s;\nTYPE=unsigned_short;\n"
+        "SIZE1=%d;\nSIZE2=%d;\nPIXEL_SIZE=%g;\nDISTANCE=%g;\n"
+        "WAVELENGTH=%g;\n"
+        "BEAM_CENTER_X=%g;\nBEAM_CENTER_Y=%g;\n"
+        "ADXV_CENTER_X=%g;\nADXV_CENTER_Y=%g;\n"
+        "MOSFLM_CENTER_X=%g;\nMOSFLM_CENTER_Y=%g;\n"
+        "DENZO_X_BEAM=%g;\nDENZO_Y_BEAM=%g;\n"
+        "DIALS_ORIGIN=%g,%g,%g\n"
+        "XDS_ORGX=%g;\nXDS_ORGY=%g;\n"
+        "CLOSE_DISTANCE=%g;\n"
+        "PHI=%g;\nOSC_START=%g;\nOSC_RANGE=%g;\n"
+        "TWOTHETA=%g;\n"
+        "DETECTOR_SN=000;\nBEAMLINE=fake;\n}\f",
+        host_is_little_endian() ? "little_endian" : "big_endian",
+        h->fpixels, h->spixels, h->pixel, h->distance,
+        h->lambda,
+        h->Xbeam, h->Ybeam,
+        h->Fbeam, h->detsize_s - h->Sbeam,
+        h->Sbeam - 0.5 * h->pixel, h->Fbeam - 0.5 * h->pixel,
+        h->Sbeam, h->Fbeam,
+        h->dials_origin[0], h->dials_origin[1], h->dials_origin[2],
+        h->ORGX, h->ORGY,
+        h->close_distance,
+        h->phi0, h->phi0, h->osc,
+        h->twotheta);
+    if (len < 0 || len > 512)
+        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in 512 bytes",
+                         path, len);
+    char header[512];
+    memcpy(header, text, (size_t)len);
+    memset(header + len, ' ', sizeof header - (size_t)len);
+
+    out_file o;
+    rc = out_open(ctx, path, &o);
+    if (rc != NBG_OK)
+        return rc;
+    rc = out_write(ctx, &o, header, sizeof header);
+    if (rc == NBG_OK)
+        rc = out_write(ctx, &o, data, npix * sizeof *data);
+    if (rc != NBG_OK)
+        return rc;
+    return out_close(ctx, &o);
+}
+
+/* Finds the value of the last statement "KEY=value" in an SMV header whose key is exactly one of names.  A key
+ * starts the header, a line or a ';'-separated statement (after optional blanks); scanning stops at '}'.
+ *
+ * Deliberate fix: the reference searches for the last occurrence of the key as a substring, so DISTANCE picks up
+ * CLOSE_DISTANCE when that comes later (and ORGX matches XDS_ORGX); here keys must match whole. */
+static const char *smv_find(const char *hdr, const char *const *names, int nnames)
+{
+    const char *found = NULL;
+    const char *p = hdr;
+    while (*p != '\0' && *p != '}') {
+        while (*p == ' ' || *p == '\t' || *p == '\r')
+            ++p;
+        const char *key = p;
+        while (*p != '\0' && *p != '}' && *p != '=' && *p != ';' && *p != '\n' && *p != '{' && *p != ' ' && *p != '\t')
+            ++p;
+        size_t klen = (size_t)(p - key);
+        while (*p == ' ' || *p == '\t')
+            ++p;
+        if (*p == '=' && klen > 0) {
+            for (int i = 0; i < nnames; ++i) {
+                if (strlen(names[i]) == klen && memcmp(key, names[i], klen) == 0)
+                    found = p + 1;
+            }
+        }
+        /* Skip to the next statement. */
+        while (*p != '\0' && *p != '}' && *p != ';' && *p != '\n' && *p != '{')
+            ++p;
+        if (*p == ';' || *p == '\n' || *p == '{')
+            ++p;
+    }
+    return found;
+}
+
+/* Reads a numeric header value: NAN when the key is absent, NBG_EFORMAT when its value is not a number. */
+static int smv_number(nbg_ctx *ctx, const char *path, const char *hdr, const char *const *names, int nnames,
+                      double *out)
+{
+    const char *v = smv_find(hdr, names, nnames);
+    *out = NAN;
+    if (v == NULL)
+        return NBG_OK;
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (end == v) {
+        int n = 0;
+        while (n < 20 && v[n] != '\0' && v[n] != ';' && v[n] != '\n')
+            ++n;
+        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header key %s has a non-numeric value \"%.*s\"", path, names[0],
+                         n, v);
+    }
+    *out = x;
+    return NBG_OK;
+}
+
+/* Reads a word-valued header key (BYTE_ORDER, TYPE) into buf; an empty string when absent. */
+static void smv_word(const char *hdr, const char *name, char *buf, size_t size)
+{
+    const char *const names[1] = {name};
+    const char *v = smv_find(hdr, names, 1);
+    size_t n = 0;
+    if (v != NULL) {
+        while (*v == ' ' || *v == '\t')
+            ++v;
+        while (v[n] != '\0' && v[n] != ';' && v[n] != '\n' && v[n] != '}' && v[n] != ' ' && v[n] != '\t'
+               && v[n] != '\r' && n + 1 < size)
+            ++n;
+        memcpy(buf, v, n);
+    }
+    buf[n] = '\0';
+}
+
+/* Reads an image side (SIZE1, SIZE2, DETECTOR_DIMENSIONS): 0 when absent, NBG_EFORMAT when not a plausible
+ * positive integer. */
+static int smv_side(nbg_ctx *ctx, const char *path, const char *hdr, const char *name, int *out)
+{
+    const char *const names[1] = {name};
+    double v;
+    int rc = smv_number(ctx, path, hdr, names, 1, &v);
+    *out = 0;
+    if (rc != NBG_OK)
+        return rc;
+    if (isnan(v))
+        return NBG_OK;
+    if (!(v >= 1.0 && v <= (double)IO_MAX_SMV_SIDE) || v != floor(v))
+        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header %s=%g is not a valid image size", path, name, v);
+    *out = (int)v;
+    return NBG_OK;
+}
+
+static void smv_header_unset(nbg_smv_header *h)
+{
+    h->fpixels = h->spixels = 0;
+    h->pixel = h->distance = h->close_distance = h->lambda = NAN;
+    h->Xbeam = h->Ybeam = h->Fbeam = h->Sbeam = h->detsize_s = NAN;
+    h->dials_origin[0] = h->dials_origin[1] = h->dials_origin[2] = NAN;
+    h->ORGX = h->ORGY = h->phi0 = h->osc = h->twotheta = NAN;
+}
+
+/* Parses the header keys into h and checks byte order and pixel type; *swap says whether the data need swapping. */
+static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_header *h, int *swap)
+{
+    int rc = smv_side(ctx, path, hdr, "SIZE1", &h->fpixels);
+    if (rc == NBG_OK)
+        rc = smv_side(ctx, path, hdr, "SIZE2", &h->spixels);
+    if (rc == NBG_OK && h->fpixels == 0) {
+        /* Some SMV writers give only a square DETECTOR_DIMENSIONS, which the reference also accepts. */
+        rc = smv_side(ctx, path, hdr, "DETECTOR_DIMENSIONS", &h->fpixels);
+        h->spixels = h->fpixels;
+    }
+    if (rc != NBG_OK)
+        return rc;
+
+    static const char *const k_pixel[] = {"PIXEL_SIZE"}, *const k_dist[] = {"DISTANCE"},
+                             *const k_close[] = {"CLOSE_DISTANCE"}, *const k_lambda[] = {"WAVELENGTH"},
+                             *const k_bx[] = {"BEAM_CENTER_X"}, *const k_by[] = {"BEAM_CENTER_Y"},
+                             *const k_orgx[] = {"ORGX", "XDS_ORGX"}, *const k_orgy[] = {"ORGY", "XDS_ORGY"},
+                             *const k_phi[] = {"PHI"}, *const k_osc[] = {"OSC_RANGE"}, *const k_tt[] = {"TWOTHETA"};
+    struct {
+        const char *const *names;
+        int n;
+        double *dst;
+    } keys[] = {
+        {k_pixel, 1, &h->pixel},   {k_dist, 1, &h->distance}, {k_close, 1, &h->close_distance},
+        {k_lambda, 1, &h->lambda}, {k_bx, 1, &h->Xbeam},      {k_by, 1, &h->Ybeam},
+        {k_orgx, 2, &h->ORGX},     {k_orgy, 2, &h->ORGY},     {k_phi, 1, &h->phi0},
+        {k_osc, 1, &h->osc},       {k_tt, 1, &h->twotheta},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
+        rc = smv_number(ctx, path, hdr, keys[i].names, keys[i].n, keys[i].dst);
+        if (rc != NBG_OK)
+            return rc;
+    }
+
+    char word[64];
+    smv_word(hdr, "TYPE", word, sizeof word);
+    if (word[0] != '\0' && strcmp(word, "unsigned_short") != 0)
+        return nbg_error(ctx, NBG_EUNSUP, "%s: SMV pixel type %s is not supported (only unsigned_short)", path, word);
+    smv_word(hdr, "BYTE_ORDER", word, sizeof word);
+    int little = host_is_little_endian();
+    if (word[0] == '\0')
+        *swap = 0;
+    else if (strcmp(word, "little_endian") == 0)
+        *swap = !little;
+    else if (strcmp(word, "big_endian") == 0)
+        *swap = little;
+    else
+        return nbg_error(ctx, NBG_EFORMAT, "%s: unknown SMV BYTE_ORDER \"%s\"", path, word);
+    return NBG_OK;
+}
+
+int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **data)
+{
+    if (data != NULL)
+        *data = NULL;
+    if (path == NULL || h == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_read_smv: NULL argument");
+    smv_header_unset(h);
+
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL)
+        return nbg_error(ctx, NBG_EIO, "cannot open SMV file %s: %s", path, strerror(errno));
+
+    int rc = NBG_OK;
+    uint16_t *pix = NULL;
+    char *hdr = malloc(513);
+    if (hdr == NULL) {
+        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+        goto done;
+    }
+    size_t got = fread(hdr, 1, 512, fp);
+    hdr[got] = '\0';
+    if (got < 12 || memcmp(hdr, "{\nHEADER_BYT", 12) != 0) {
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: not an SMV file (it does not start with \"{\\nHEADER_BYTES\")", path);
+        goto done;
+    }
+    static const char *const k_bytes[] = {"HEADER_BYTES"};
+    double hb;
+    rc = smv_number(ctx, path, hdr, k_bytes, 1, &hb);
+    if (rc != NBG_OK)
+        goto done;
+    if (!(hb >= 16.0 && hb <= (double)IO_MAX_SMV_HEADER) || hb != floor(hb)) {
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: SMV HEADER_BYTES=%g is not a valid header size", path, hb);
+        goto done;
+    }
+    const size_t header_bytes = (size_t)hb;
+    if (header_bytes > got) {
+        char *bigger = realloc(hdr, header_bytes + 1);
+        if (bigger == NULL) {
+            rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+            goto done;
+        }
+        hdr = bigger;
+        got += fread(hdr + got, 1, header_bytes - got, fp);
+        if (got < header_bytes) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: the header is %zu bytes, the file has only %zu",
+                           path, header_bytes, got);
+            goto done;
+        }
+    }
+    /* Only the declared header is header text; what follows it is pixel data. */
+    hdr[header_bytes] = '\0';
+
+    int swap = 0;
+    rc = smv_parse(ctx, path, hdr, h, &swap);
+    if (rc != NBG_OK)
+        goto done;
+    if (h->fpixels == 0 || h->spixels == 0) {
+        if (data != NULL)
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s: SMV header has no SIZE1/SIZE2, so the image size is unknown", path);
+        goto done;
+    }
+
+    const size_t npix = (size_t)h->fpixels * (size_t)h->spixels;
+    const long long expected = (long long)header_bytes + 2LL * (long long)npix;
+    struct stat st;
+    if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && (long long)st.st_size != expected) {
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: wrong SMV file size: expected %lld bytes (%zu-byte header + %d x %d "
+                       "16-bit pixels), found %lld", path, expected, header_bytes, h->fpixels, h->spixels,
+                       (long long)st.st_size);
+        goto done;
+    }
+    if (data == NULL)
+        goto done;
+
+    pix = malloc(npix * sizeof *pix);
+    if (pix == NULL) {
+        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the %d x %d image of %s", h->fpixels, h->spixels, path);
+        goto done;
+    }
+    if (fseek(fp, (long)header_bytes, SEEK_SET) != 0) {
+        rc = nbg_error(ctx, NBG_EIO, "cannot seek in %s: %s", path, strerror(errno));
+        goto done;
+    }
+    size_t n = fread(pix, sizeof *pix, npix, fp);
+    if (n != npix) {
+        if (ferror(fp))
+            rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+        else
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: expected %lld bytes, found %lld", path, expected,
+                           (long long)header_bytes + 2LL * (long long)n);
+        goto done;
+    }
+    if (swap) {
+        for (size_t i = 0; i < npix; ++i)
+            pix[i] = (uint16_t)((pix[i] >> 8) | (pix[i] << 8));
+    }
+    *data = pix;
+    pix = NULL;
+
+done:
+    free(pix);
+    free(hdr);
+    fclose(fp);
+    if (rc != NBG_OK)
+        smv_header_unset(h);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* PGM and float images                                                                                        */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixels, int spixels, double scale)
+{
+    if (path == NULL || image == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_write_pgm: NULL argument");
+    size_t npix = 0;
+    int rc = image_size(ctx, path, fpixels, spixels, 1, &npix);
+    if (rc != NBG_OK)
+        return rc;
+    unsigned char *bytes = malloc(npix);
+    if (bytes == NULL)
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+    for (size_t i = 0; i < npix; ++i) {
+        double v = (double)image[i] * scale;
+        /* Truncation as in the reference; negative and NaN values become 0, which the reference leaves undefined. */
+        bytes[i] = v > 255.0 ? 255 : (v > 0.0 ? (unsigned char)v : 0);
+    }
+    char head[128];
+    int hl = snprintf(head, sizeof head, "P5\n%d %d\n# pixels scaled by %g\n255\n", fpixels, spixels, scale);
+    out_file o;
+    rc = out_open(ctx, path, &o);
+    if (rc == NBG_OK)
+        rc = out_write(ctx, &o, head, (size_t)hl);
+    if (rc == NBG_OK)
+        rc = out_write(ctx, &o, bytes, npix);
+    if (rc == NBG_OK)
+        rc = out_close(ctx, &o);
+    free(bytes);
+    return rc;
+}
+
+int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t npix)
+{
+    if (path == NULL || (image == NULL && npix > 0))
+        return nbg_error(ctx, NBG_EINVAL, "nbg_write_float: NULL argument");
+    if (npix > SIZE_MAX / sizeof *image)
+        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: %zu pixels is too many", path, npix);
+    out_file o;
+    int rc = out_open(ctx, path, &o);
+    if (rc == NBG_OK)
+        rc = out_write(ctx, &o, image, npix * sizeof *image);
+    if (rc == NBG_OK)
+        rc = out_close(ctx, &o);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Source and matrix files                                                                                     */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double beam[3], nbg_source **out, int *n)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (n != NULL)
+        *n = 0;
+    if (path == NULL || beam == NULL || out == NULL || n == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_read_sources: NULL argument");
+
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL)
+        return nbg_error(ctx, NBG_EIO, "cannot open source file %s: %s", path, strerror(errno));
+
+    static const char *const field[5] = {"X", "Y", "Z", "weight", "lambda"};
+    /* The reference places a default source 10 m up-beam of the sample. */
+    const double source_distance = 10.0;
+    nbg_source *src = NULL;
+    size_t nsrc = 0, cap = 0;
+    char *line = NULL;
+    size_t linecap = 0;
+    long lineno = 0;
+    int rc = NBG_OK;
+
+    while (getline(&line, &linecap, fp) >= 0) {
+        ++lineno;
+        strip_comment(line);
+        char *tok[5];
+        int nt = split_tokens(line, " \t,;:!\r\n\v\f", tok, 5);
+        if (nt == 0)
+            continue;
+        if (nt > 5)
+            nt = 5; /* Extra fields are ignored, as the reference does. */
+        double v[5];
+        for (int i = 0; i < 5; ++i) {
+            v[i] = NAN;
+            if (i < nt && parse_double(tok[i], &v[i]) != 0) {
+                rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: source %s \"%s\" is not a finite number", path, lineno,
+                               field[i], tok[i]);
+                goto done;
+            }
+        }
+        nbg_source s;
+        for (int i = 0; i < 3; ++i)
+            s.pos[i] = isnan(v[i]) ? -source_distance * beam[i] : v[i];
+        s.lambda = isnan(v[4]) ? lambda0_A : v[4] * 1e10;
+        if (s.pos[0] == 0.0 && s.pos[1] == 0.0 && s.pos[2] == 0.0) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: source position is (0,0,0), which gives no direction", path,
+                           lineno);
+            goto done;
+        }
+        if (nsrc == (size_t)INT_MAX) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: too many sources", path, lineno);
+            goto done;
+        }
+        if (nsrc == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            nbg_source *grown = realloc(src, ncap * sizeof *grown);
+            if (grown == NULL) {
+                rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+                goto done;
+            }
+            src = grown;
+            cap = ncap;
+        }
+        src[nsrc++] = s;
+    }
+    if (ferror(fp)) {
+        rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+        goto done;
+    }
+    if (nsrc == 0) {
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: no sources found", path);
+        goto done;
+    }
+    *out = src;
+    *n = (int)nsrc;
+    src = NULL;
+
+done:
+    free(src);
+    free(line);
+    fclose(fp);
+    return rc;
+}
+
+int nbg_read_matrix(nbg_ctx *ctx, const char *path, double mat[9])
+{
+    if (path == NULL || mat == NULL)
+        return nbg_error(ctx, NBG_EINVAL, "nbg_read_matrix: NULL argument");
+    FILE *fp = fopen(path, "r");
+    if (fp == NULL)
+        return nbg_error(ctx, NBG_EIO, "cannot open matrix file %s: %s", path, strerror(errno));
+    int rc = NBG_OK;
+    double m[9];
+    char tok[128];
+    for (int i = 0; i < 9 && rc == NBG_OK; ++i) {
+        if (fscanf(fp, "%127s", tok) != 1) {
+            if (ferror(fp))
+                rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+            else
+                rc = nbg_error(ctx, NBG_EFORMAT, "%s: expected 9 numbers (a MOSFLM A matrix), found %d", path, i);
+        } else if (parse_double(tok, &m[i]) != 0) {
+            rc = nbg_error(ctx, NBG_EFORMAT, "%s: matrix element %d (\"%s\") is not a finite number", path, i + 1,
+                           tok);
+        }
+    }
+    fclose(fp);
+    if (rc == NBG_OK)
+        memcpy(mat, m, sizeof m);
+    return rc;
+}

@@ -1,0 +1,32 @@
+/*
+ * kernel.h -- the forward per-pixel loop nest in both precisions, for the CPU and CUDA forward kernels.
+ */
+#ifndef NBG_KERNEL_H
+#define NBG_KERNEL_H
+
+#include "physics.h"
+
+#define NBG_R double
+#define NBG_SFX(name) name##_d
+#include "pixel_tmpl.h"
+#undef NBG_R
+#undef NBG_SFX
+
+#define NBG_R float
+#define NBG_SFX(name) name##_f
+#define NBG_FLOAT_MODE 1
+#include "pixel_tmpl.h"
+#undef NBG_FLOAT_MODE
+#undef NBG_R
+#undef NBG_SFX
+
+/* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
+static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
+{
+    if (f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
+        return 0;
+    }
+    return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
+}
+
+#endif

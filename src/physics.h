@@ -1,0 +1,91 @@
+/*
+ * physics.h -- the per-sample physics of nbgrad, in one place, for every kernel.
+ *
+ * Everything here is a `static inline` function marked NBG_HD, so the CPU forward kernel, the CPU adjoint, and
+ * the CUDA kernels all call the same code: they cannot drift apart.  The functions come in two precisions
+ * generated from physics_tmpl.h: suffix _d (double) and _f (float).
+ *
+ * Units inside kernels are SI: metres, 1/metres, radians.  Miller indices are dimensionless.
+ *
+ * The lattice factor of a parallelepiped crystal of N cells along an axis is sincg(pi h, N) = sin(N pi h) /
+ * sin(pi h).  nbgrad evaluates it relative to the nearest integer, d = h - rint(h):
+ *     sin(N pi h) / sin(pi h) = (-1)^((N-1) rint(h)) sin(N pi d) / sin(pi d)
+ * which is exact for integer N (the sign disappears when squared), accurate in float near Bragg peaks, and
+ * smooth in N for the gradient with respect to a continuous crystal size (nanoBragg's form has poles there).
+ */
+#ifndef NBG_PHYSICS_H
+#define NBG_PHYSICS_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define NBG_HD __host__ __device__ __forceinline__
+#else
+#define NBG_HD
+#endif
+
+/* Physical constants, with their source. */
+#define NBG_RE2 7.94079248018965e-30       /* classical electron radius squared, m^2 (nanoBragg's value) */
+#define NBG_AVOGADRO 6.02214179e23          /* 1/mol (CODATA 2006, nanoBragg's value) */
+#define NBG_DEFAULT_FLUENCE 1.25932015286227086e29 /* photons/m^2: r_e^2 * fluence = 1 */
+#define NBG_ROUND_SCALE 0.723601254558268   /* sqrt of the cube-to-sphere volume ratio for round crystals */
+
+enum { NBG_SQUARE = 0, NBG_ROUND = 1, NBG_GAUSS = 2, NBG_TOPHAT = 3 };
+
+/*
+ * The plan's kernel parameters: everything a kernel needs, as plain data and plain arrays.  The plan builds it
+ * once per call on the host; for CUDA, the array pointers point to device memory.
+ */
+typedef struct {
+    /* detector */
+    int fpixels, spixels, oversample, thicksteps;
+    int roi_xmin, roi_xmax, roi_ymin, roi_ymax;
+    const uint8_t *mask;            /* fpixels*spixels or NULL */
+    double pix0[3], fdet[3], sdet[3], odet[3], beam[3];
+    double pixel, subpixel;         /* m */
+    double close_distance, distance;/* m */
+    int curved, point_pixel;
+    int os_thick, os_polar, os_omega;
+    double thick, thickstep, mu;    /* m, m, 1/m */
+    /* sources */
+    int nsources;
+    const double *src;              /* per source: incident unit vector (3), lambda (m), E_in (3), B_in (3): 10 */
+    double polarization;            /* Kahn factor */
+    int nopolar;
+    /* crystal: real-space vectors a, b, c (m) per phi step and mosaic domain, 9 doubles each */
+    int nphi, nmos;
+    const double *abc;
+    double Na, Nb, Nc, fudge;
+    int shape;
+    double astar[9];                /* a*, b*, c* (1/A), unrotated, for the gauss and tophat shapes */
+    /* structure factors */
+    const double *F;                /* dense table or NULL */
+    int h_min, k_min, l_min, nh, nk, nl;
+    double default_F;
+    int interpolate;
+    double dmin;                    /* m, 0 = none */
+    /* scaling */
+    double I_bg;
+    int water;                      /* water background present */
+    double scale;                   /* r_e^2 * fluence / steps */
+} nbg_kparams;
+
+/* Per-source record layout in nbg_kparams.src. */
+#define NBG_SRC_STRIDE 10
+
+#define NBG_R double
+#define NBG_SFX(name) name##_d
+#include "physics_tmpl.h"
+#undef NBG_R
+#undef NBG_SFX
+
+#define NBG_R float
+#define NBG_SFX(name) name##_f
+#define NBG_FLOAT_MODE 1
+#include "physics_tmpl.h"
+#undef NBG_FLOAT_MODE
+#undef NBG_R
+#undef NBG_SFX
+
+#endif

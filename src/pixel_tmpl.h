@@ -1,0 +1,147 @@
+/*
+ * pixel_tmpl.h -- the forward loop nest for one pixel, shared by the CPU and CUDA forward kernels; instantiated
+ * by kernel.h for double (_d) and float (_f).  Do not include directly.
+ *
+ * For pixel (fpixel, spixel) it sums over sensor layers x subpixels x sources x phi steps x mosaic domains
+ *     I = I_bg + sum F_cell^2 F_latt^2
+ * and returns the photon count  r_e^2 fluence I / steps * capture * polar * omega,  where the last three factors
+ * are nanoBragg's "once per pixel" values (taken at the first subpixel, the first source that survives the
+ * resolution cut, and each layer's first subpixel) unless the -oversample_thick/_polar/_omega switches apply
+ * them to the running sum after every term instead.  The adjoint twin, grad/adjoint_tmpl.h, keeps this loop
+ * order and these names.
+ */
+#ifdef NBG_FLOAT_MODE
+#define NBG_M(fn) fn##f
+#else
+#define NBG_M(fn) fn
+#endif
+
+/* Statistics a pixel contributes: the sum of solid angles over subpixels and the count of interpolation
+ * windows that left the table. */
+typedef struct {
+    double omega_sum;
+    long oor;
+} NBG_SFX(nbg_pixstat);
+
+/* The position of subpixel (subF, subS) of layer t, relative to the sample (m). */
+static inline NBG_HD void NBG_SFX(nbg_subpixel_pos)(const nbg_kparams *p, int fpixel, int spixel, int subF,
+                                                   int subS, int t, NBG_R *P)
+{
+    const int os = p->oversample;
+    const NBG_R sub = (NBG_R)p->subpixel;
+    const NBG_R Fdet = sub * (NBG_R)(fpixel * os + subF) + sub / 2;
+    const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+    const NBG_R Odet = (NBG_R)(t * p->thickstep);
+    for (int x = 0; x < 3; ++x) {
+        P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] + (NBG_R)p->pix0[x];
+    }
+    if (p->curved) {
+        /* every pixel at `distance` from the sample: swing distance*beam about s by P_y/distance, then about f by
+         * P_z/distance (nanoBragg uses the flat position's lab y and z components as the angles) */
+        const NBG_R dist = (NBG_R)p->distance;
+        NBG_R v[3], w[3], f[3], s[3];
+        for (int x = 0; x < 3; ++x) {
+            v[x] = dist * (NBG_R)p->beam[x];
+            f[x] = (NBG_R)p->fdet[x];
+            s[x] = (NBG_R)p->sdet[x];
+        }
+        const NBG_R ay = P[1] / dist, az = P[2] / dist;
+        NBG_SFX(nbg_rotate_axis)(v, s, ay, w);
+        NBG_SFX(nbg_rotate_axis)(w, f, az, P);
+    }
+}
+
+static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel, int spixel,
+                                              NBG_SFX(nbg_pixstat) * st)
+{
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R K = (NBG_R)p->polarization;
+    NBG_R I = (NBG_R)p->I_bg;
+    NBG_R polar = p->nopolar ? 1 : 0;
+    NBG_R omega = 0;
+    NBG_R capture = 0;
+
+    for (int t = 0; t < p->thicksteps; ++t) {
+        capture = (p->thick == 0) ? 1 : 0;
+        for (int subS = 0; subS < os; ++subS) {
+            for (int subF = 0; subF < os; ++subF) {
+                NBG_R P[3];
+                NBG_SFX(nbg_subpixel_pos)(p, fpixel, spixel, subF, subS, t, P);
+                const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                const NBG_R d[3] = {P[0] / R, P[1] / R, P[2] / R};
+
+                /* solid angle of the pixel: pixel^2 / R^2 * cos(obliquity), obliquity = close_distance / R */
+                if (omega == 0 || p->os_omega) {
+                    omega = p->point_pixel ? 1 / (R * R)
+                                           : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
+                }
+                st->omega_sum += omega;
+
+                /* fraction of photons absorbed in layer t: exp(-t dz mu / rho) - exp(-(t+1) dz mu / rho) */
+                if (capture == 0 || p->os_thick) {
+                    const NBG_R rho = d[0] * (NBG_R)p->odet[0] + d[1] * (NBG_R)p->odet[1] + d[2] * (NBG_R)p->odet[2];
+                    const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
+                    capture = NBG_M(exp)(-(NBG_R)t * a) - NBG_M(exp)(-(NBG_R)(t + 1) * a);
+                }
+
+                for (int src = 0; src < p->nsources; ++src) {
+                    const double *sr = p->src + NBG_SRC_STRIDE * src;
+                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                    const NBG_R lambda = (NBG_R)sr[3];
+                    /* scattering vector q = (d - i) / lambda, 1/m */
+                    const NBG_R q[3] = {(d[0] - inc[0]) / lambda, (d[1] - inc[1]) / lambda, (d[2] - inc[2]) / lambda};
+                    if (p->dmin > 0) {
+                        const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
+                        if (stol > 0 && (NBG_R)p->dmin > (NBG_R)0.5 / stol) {
+                            continue;
+                        }
+                    }
+                    if (polar == 0 || p->os_polar) {
+                        const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+                        const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+                        polar = NBG_SFX(nbg_polar)(K, inc, d, E, B);
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
+                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
+                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
+                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
+                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        const NBG_R F_latt = NBG_SFX(nbg_lattice)(p, h, k, l, h0, k0, l0);
+                        if (F_latt == 0 && !p->water) {
+                            continue;
+                        }
+                        const NBG_R F_cell =
+                            NBG_SFX(nbg_fcell)(p, h, k, l, (int)h0, (int)k0, (int)l0, &st->oor);
+                        I += F_cell * F_cell * F_latt * F_latt;
+                        if (p->os_thick) {
+                            I *= capture;
+                        }
+                        if (p->os_polar) {
+                            I *= polar;
+                        }
+                        if (p->os_omega) {
+                            I *= omega;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    double S = p->scale * (double)I;
+    if (!p->os_thick) {
+        S *= (double)capture;
+    }
+    if (!p->os_polar) {
+        S *= (double)polar;
+    }
+    if (!p->os_omega) {
+        S *= (double)omega;
+    }
+    return S;
+}
+
+#undef NBG_M

@@ -1,0 +1,38 @@
+/*
+ * plan.h -- the setup step: experiment (user units) -> kernel parameters (SI), once per call, on the host.
+ */
+#ifndef NBG_PLAN_H
+#define NBG_PLAN_H
+
+#include "internal.h"
+#include "physics.h"
+
+typedef struct {
+    nbg_kparams k;       /* what the kernels read; its arrays point into the buffers below */
+    nbg_report rep;      /* what the setup derived, in user units */
+    double *src;         /* nsources * NBG_SRC_STRIDE */
+    double *abc;         /* nphi * nmos * 9 */
+    double *umat;        /* nmos * 9 mosaic rotation matrices (row-major) */
+    double *mos_axis;    /* nmos * 3 mosaic rotation axes */
+    double *mos_angle;   /* nmos mosaic rotation angles (rad); domain 0 is the identity */
+    double *phi;         /* nphi spindle angles (rad) */
+    double a0[9];        /* real-space a, b, c (m) before the spindle and mosaic rotations */
+    double spindle[3];
+    double lambda0;      /* m */
+    double mosaic_spread;/* rad */
+} nbg_plan;
+
+/* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */
+int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl);
+void nbg_plan_free(nbg_plan *pl);
+
+/* Runs the forward kernel of the context's backend on a built plan (simulate.c). */
+int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image);
+
+/* Small vector helpers shared by the setup and the host-side chain rules. */
+void nbg_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);
+void nbg_cross(const double a[3], const double b[3], double out[3]);
+double nbg_dot(const double a[3], const double b[3]);
+double nbg_norm(const double a[3]);
+
+#endif

@@ -1,0 +1,139 @@
+/*
+ * simulate.c -- the top-level calls: context creation, nbg_describe and nbg_simulate, backend dispatch.
+ */
+#include "forward.h"
+#include "plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef NBG_HAVE_CUDA
+#include "../cuda/nbg_cuda.h"
+#endif
+
+int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, int nthreads)
+{
+    if (out == NULL) {
+        return NBG_EINVAL;
+    }
+    *out = NULL;
+    if (backend != NBG_BACKEND_CPU && backend != NBG_BACKEND_CUDA && backend != NBG_BACKEND_AUTO) {
+        return NBG_EINVAL;
+    }
+    if (precision != NBG_DOUBLE && precision != NBG_FLOAT) {
+        return NBG_EINVAL;
+    }
+    nbg_ctx *ctx = calloc(1, sizeof *ctx);
+    if (ctx == NULL) {
+        return NBG_ENOMEM;
+    }
+    ctx->precision = precision;
+    ctx->nthreads = nthreads;
+    ctx->backend = NBG_BACKEND_CPU;
+    if (backend != NBG_BACKEND_CPU) {
+#ifdef NBG_HAVE_CUDA
+        int rc = nbg_cuda_init(ctx);
+        if (rc == NBG_OK) {
+            ctx->backend = NBG_BACKEND_CUDA;
+        } else if (backend == NBG_BACKEND_CUDA) {
+            free(ctx);
+            return rc;
+        }
+#else
+        if (backend == NBG_BACKEND_CUDA) {
+            free(ctx);
+            return NBG_ENODEV;
+        }
+#endif
+    }
+    *out = ctx;
+    return NBG_OK;
+}
+
+void nbg_ctx_destroy(nbg_ctx *ctx)
+{
+    if (ctx == NULL) {
+        return;
+    }
+#ifdef NBG_HAVE_CUDA
+    nbg_cuda_release(ctx);
+#endif
+    free(ctx);
+}
+
+nbg_backend nbg_ctx_backend(const nbg_ctx *ctx) { return ctx ? ctx->backend : NBG_BACKEND_CPU; }
+
+int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out)
+{
+    if (ctx == NULL || e == NULL || out == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_describe: NULL argument");
+    }
+    nbg_plan pl;
+    const int rc = nbg_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    *out = pl.rep;
+    nbg_plan_free(&pl);
+    return NBG_OK;
+}
+
+/* Runs the forward kernel of the context's backend on a built plan. */
+int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
+{
+    double omega_sum = 0;
+    long oor = 0;
+#ifdef NBG_HAVE_CUDA
+    if (ctx->backend == NBG_BACKEND_CUDA) {
+        const int rc = nbg_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        pl->rep.interp_fallbacks = oor;
+        pl->rep.solid_angle = omega_sum / pl->rep.steps;
+        return NBG_OK;
+    }
+#endif
+#ifdef _OPENMP
+    const int saved = omp_get_max_threads();
+    if (ctx->nthreads > 0) {
+        omp_set_num_threads(ctx->nthreads);
+    }
+#endif
+    nbg_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor);
+#ifdef _OPENMP
+    if (ctx->nthreads > 0) {
+        omp_set_num_threads(saved);
+    }
+#endif
+    pl->rep.interp_fallbacks = oor;
+    pl->rep.solid_angle = omega_sum / pl->rep.steps;
+    return NBG_OK;
+}
+
+int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report)
+{
+    if (ctx == NULL || e == NULL || image == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate: NULL argument");
+    }
+    nbg_plan pl;
+    int rc = nbg_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const size_t need = (size_t)pl.k.fpixels * (size_t)pl.k.spixels;
+    if (npix != need) {
+        nbg_plan_free(&pl);
+        return nbg_error(ctx, NBG_EINVAL, "image buffer holds %zu pixels, the detector has %d x %d = %zu", npix,
+                         pl.k.fpixels, pl.k.spixels, need);
+    }
+    rc = nbg_forward_plan(ctx, &pl, image);
+    if (rc == NBG_OK && report != NULL) {
+        *report = pl.rep;
+    }
+    nbg_plan_free(&pl);
+    return rc;
+}
