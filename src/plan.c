@@ -11,6 +11,7 @@
  */
 #include "plan.h"
 #include "rng.h"
+#include "setup.h"
 
 #include <float.h>
 #include <math.h>
@@ -19,19 +20,11 @@
 
 #define RTD (180.0 / M_PI)
 
-void nbg_cross(const double a[3], const double b[3], double out[3])
-{
-    const double x = a[1] * b[2] - a[2] * b[1];
-    const double y = a[2] * b[0] - a[0] * b[2];
-    const double z = a[0] * b[1] - a[1] * b[0];
-    out[0] = x;
-    out[1] = y;
-    out[2] = z;
-}
+void nbg_cross(const double a[3], const double b[3], double out[3]) { cross_d(a, b, out); }
 
-double nbg_dot(const double a[3], const double b[3]) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
+double nbg_dot(const double a[3], const double b[3]) { return dot_d(a, b); }
 
-double nbg_norm(const double a[3]) { return sqrt(nbg_dot(a, a)); }
+double nbg_norm(const double a[3]) { return sqrt(dot_d(a, a)); }
 
 /* Scales v to unit length in place and returns its former length (0 leaves it unchanged). */
 static double unitize(double v[3])
@@ -48,34 +41,13 @@ static double unitize(double v[3])
 /* R_xyz = Rz * Ry * Rx applied to a column vector (x first), each right-handed; a zero angle is skipped. */
 void nbg_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3])
 {
-    double x = v[0], y = v[1], z = v[2];
-    if (rx != 0) {
-        const double c = cos(rx), s = sin(rx);
-        const double ny = y * c - z * s, nz = y * s + z * c;
-        y = ny;
-        z = nz;
-    }
-    if (ry != 0) {
-        const double c = cos(ry), s = sin(ry);
-        const double nx = x * c + z * s, nz = -x * s + z * c;
-        x = nx;
-        z = nz;
-    }
-    if (rz != 0) {
-        const double c = cos(rz), s = sin(rz);
-        const double nx = x * c - y * s, ny = x * s + y * c;
-        x = nx;
-        y = ny;
-    }
-    out[0] = x;
-    out[1] = y;
-    out[2] = z;
+    rotate_xyz_d(v, rx, ry, rz, out);
 }
 
 /* Rodrigues rotation about an axis that is used as given (nanoBragg does not normalise it). */
 static void rotate_axis(const double v[3], const double ax[3], double phi, double out[3])
 {
-    nbg_rotate_axis_d(v, ax, phi, out);
+    rotate_axis_d(v, ax, phi, out);
 }
 
 static void matvec(const double U[9], const double v[3], double out[3])
@@ -351,94 +323,36 @@ void nbg_experiment_default(nbg_experiment *e)
     e->interpolate = -1;
 }
 
-/* Reciprocal vectors (1/A) from the cell in its canonical orientation (nanoBragg's construction). */
-static void cell_reciprocal(const double cell[6], double astar[3], double bstar[3], double cstar[3], double *V)
+/* The crystal inputs of the smooth set-up map (angles in radians, defaults applied). */
+void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbg_xtal_in_d *in)
 {
-    const double a = cell[0], b = cell[1], c = cell[2];
-    const double al = cell[3], be = cell[4], ga = cell[5];
-    const double s = (al + be + ga) / 2;
-    double skew = sin(s) * sin(s - al) * sin(s - be) * sin(s - ga);
-    if (skew < 0) {
-        skew = -skew;
+    memset(in, 0, sizeof *in);
+    in->has_cell = e->has_cell;
+    in->has_mat = e->has_mat;
+    if (e->has_cell) {
+        for (int i = 0; i < 6; ++i) {
+            in->cell[i] = e->cell[i];
+        }
+        if (in->cell[1] <= 0) {
+            in->cell[1] = in->cell[0];
+        }
+        if (in->cell[2] <= 0) {
+            in->cell[2] = in->cell[0];
+        }
+        for (int i = 3; i < 6; ++i) {
+            in->cell[i] = in->cell[i] <= 0 ? M_PI / 2 : in->cell[i] / RTD;
+        }
     }
-    double Vc = 2.0 * a * b * c * sqrt(skew);
-    if (Vc <= 0) {
-        Vc = DBL_MIN;
-    }
-    const double Vs = 1.0 / Vc;
-    double as = fabs(b * c * sin(al) * Vs), bs = fabs(c * a * sin(be) * Vs), cs = fabs(a * b * sin(ga) * Vs);
-    if (as <= 0) {
-        as = DBL_MIN;
-    }
-    if (bs <= 0) {
-        bs = DBL_MIN;
-    }
-    if (cs <= 0) {
-        cs = DBL_MIN;
-    }
-    double sin_gs = c * Vs / as / bs;
-    double cos_as = (cos(be) * cos(ga) - cos(al)) / (sin(be) * sin(ga));
-    double cos_bs = (cos(ga) * cos(al) - cos(be)) / (sin(ga) * sin(al));
-    double cos_gs = (cos(al) * cos(be) - cos(ga)) / (sin(al) * sin(be));
-    if (sin_gs > 1) {
-        sin_gs = 1;
-    }
-    if (sin_gs < -1) {
-        sin_gs = -1;
-    }
-    if (cos_as * cos_as > 1) {
-        cos_as = 1;
-    }
-    if (cos_bs * cos_bs > 1) {
-        cos_bs = 1;
-    }
-    if (cos_gs * cos_gs > 1) {
-        cos_gs = 1;
-    }
-    set3(astar, as, 0, 0);
-    set3(bstar, bs * cos_gs, bs * sin_gs, 0);
-    set3(cstar, cs * cos_bs, cs * (cos_as - cos_bs * cos_gs) / sin_gs, cs * Vc / (a * b * c * sin_gs));
-    *V = Vc;
-}
-
-static void rescale(double v[3], double len)
-{
-    const double m = nbg_norm(v);
-    if (m != 0) {
-        v[0] *= len / m;
-        v[1] *= len / m;
-        v[2] *= len / m;
+    memcpy(in->mat, e->mat, sizeof in->mat);
+    in->lambda0 = lambda0;
+    for (int i = 0; i < 3; ++i) {
+        in->misset[i] = misset_rad[i];
     }
 }
 
 static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, double lambda0)
 {
     nbg_report *r = &pl->rep;
-    double as[3] = {0, 0, 0}, bs[3] = {0, 0, 0}, cs[3] = {0, 0, 0};
-    double cell[6] = {0};
-    double Vcell = 0;
-    if (e->has_cell) {
-        memcpy(cell, e->cell, sizeof cell);
-        if (cell[1] <= 0) {
-            cell[1] = cell[0];
-        }
-        if (cell[2] <= 0) {
-            cell[2] = cell[0];
-        }
-        for (int i = 3; i < 6; ++i) {
-            cell[i] = cell[i] <= 0 ? M_PI / 2 : cell[i] / RTD;
-        }
-        cell_reciprocal(cell, as, bs, cs, &Vcell);
-    }
-    if (e->has_mat) {
-        /* MOSFLM A matrix: rows x, y, z; columns a*, b*, c*; it includes the wavelength */
-        const double sc = 1e-10 / lambda0;
-        for (int i = 0; i < 3; ++i) {
-            as[i] = e->mat[3 * i + 0] * sc;
-            bs[i] = e->mat[3 * i + 1] * sc;
-            cs[i] = e->mat[3 * i + 2] * sc;
-        }
-    }
     double mis[3] = {e->misset[0] / RTD, e->misset[1] / RTD, e->misset[2] / RTD};
     if (e->misset_random) {
         nbg_rng rng;
@@ -450,49 +364,16 @@ static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, do
             r->misset_random_deg[i] = mis[i] * RTD;
         }
     }
-    nbg_rotate_xyz(as, mis[0], mis[1], mis[2], as);
-    nbg_rotate_xyz(bs, mis[0], mis[1], mis[2], bs);
-    nbg_rotate_xyz(cs, mis[0], mis[1], mis[2], cs);
-
-    double bxc[3], cxa[3], axb[3];
-    nbg_cross(as, bs, axb);
-    nbg_cross(bs, cs, bxc);
-    nbg_cross(cs, as, cxa);
-    double Vstar = nbg_dot(as, bxc);
-    if (e->has_cell) {
-        /* make the user's cell lengths exact: |b* x c*| = a / V, and so on */
-        rescale(bxc, cell[0] / Vcell);
-        rescale(cxa, cell[1] / Vcell);
-        rescale(axb, cell[2] / Vcell);
-        Vstar = 1.0 / Vcell;
-    }
-    if (!isfinite(Vstar) || Vstar == 0) {
-        return nbg_error(ctx, NBG_EINVAL, "the unit cell has zero volume (check -cell or -mat)");
-    }
-    const double V = 1.0 / Vstar;
-    double a[3], b[3], c[3];
-    for (int i = 0; i < 3; ++i) {
-        a[i] = bxc[i] * V;
-        b[i] = cxa[i] * V;
-        c[i] = axb[i] * V;
-    }
-    /* reciprocal vectors regenerated from the real ones (1/A); used by the gauss and tophat shapes */
-    double t[3];
-    nbg_cross(b, c, t);
-    for (int i = 0; i < 3; ++i) {
-        pl->k.astar[i] = t[i] * Vstar;
-    }
-    nbg_cross(c, a, t);
-    for (int i = 0; i < 3; ++i) {
-        pl->k.astar[3 + i] = t[i] * Vstar;
-    }
-    nbg_cross(a, b, t);
-    for (int i = 0; i < 3; ++i) {
-        pl->k.astar[6 + i] = t[i] * Vstar;
-    }
+    memcpy(pl->misset, mis, sizeof mis);
+    nbg_xtal_in_d in;
+    nbg_plan_xtal_in(e, mis, lambda0, &in);
+    double abc[9];
+    const double Vstar = nbg_crystal_d(&in, abc, pl->k.astar);
+    const double *a = abc, *b = abc + 3, *c = abc + 6;
     const double la = nbg_norm(a), lb = nbg_norm(b), lc = nbg_norm(c);
-    if (!(la > 0 && lb > 0 && lc > 0) || !isfinite(la * lb * lc) || !(fabs(V) > 1e-6)) {
-        return nbg_error(ctx, NBG_EINVAL, "the unit cell is degenerate (zero volume or zero-length axis)");
+    if (!isfinite(Vstar) || Vstar == 0 || !(la > 0 && lb > 0 && lc > 0) || !isfinite(la * lb * lc) ||
+        !(1.0 / fabs(Vstar) > 1e-6)) {
+        return nbg_error(ctx, NBG_EINVAL, "the unit cell has zero volume or a zero-length axis (check -cell or -mat)");
     }
     r->cell[0] = la;
     r->cell[1] = lb;
@@ -500,16 +381,10 @@ static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, do
     r->cell[3] = acos(fmax(-1, fmin(1, nbg_dot(b, c) / lb / lc))) * RTD;
     r->cell[4] = acos(fmax(-1, fmin(1, nbg_dot(a, c) / la / lc))) * RTD;
     r->cell[5] = acos(fmax(-1, fmin(1, nbg_dot(a, b) / la / lb))) * RTD;
-    for (int i = 0; i < 3; ++i) {
-        r->real_vectors[i] = a[i];
-        r->real_vectors[3 + i] = b[i];
-        r->real_vectors[6 + i] = c[i];
+    for (int i = 0; i < 9; ++i) {
+        r->real_vectors[i] = abc[i];
         r->recip_vectors[i] = pl->k.astar[i];
-        r->recip_vectors[3 + i] = pl->k.astar[3 + i];
-        r->recip_vectors[6 + i] = pl->k.astar[6 + i];
-        pl->a0[i] = a[i] * 1e-10;
-        pl->a0[3 + i] = b[i] * 1e-10;
-        pl->a0[6 + i] = c[i] * 1e-10;
+        pl->a0[i] = abc[i] * 1e-10;
     }
     return NBG_OK;
 }
@@ -715,45 +590,38 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     /* --- detector geometry -------------------------------------------------------------------------------- */
     const double rx = e->det_rot[0] / RTD, ry = e->det_rot[1] / RTD, rz = e->det_rot[2] / RTD;
     const double tt = e->twotheta / RTD;
-    double distance = e->distance / 1000.0;
-    double close_distance = isnan(e->close_distance) ? NAN : e->close_distance / 1000.0;
-    double tmp[3];
-    nbg_rotate_xyz(o, rx, ry, rz, tmp);
-    double ratio = nbg_dot(b, tmp); /* nanoBragg's ratio ignores two-theta */
-    if (ratio == 0) {
-        ratio = DBL_MIN;
-    }
-    if (isnan(close_distance)) {
-        close_distance = fabs(ratio * distance);
-    }
-    distance = close_distance / ratio;
+    nbg_det_in_d din;
+    memset(&din, 0, sizeof din);
+    memcpy(din.b, b, sizeof b);
+    memcpy(din.f, f, sizeof f);
+    memcpy(din.s, s, sizeof s);
+    memcpy(din.o, o, sizeof o);
+    memcpy(din.tta, tta, sizeof tta);
+    din.pivot_sample = pivot == NBG_PIVOT_SAMPLE;
+    din.have_close = !isnan(e->close_distance);
+    din.Fbeam = Fbeam;
+    din.Sbeam = Sbeam;
+    din.Fclose = Fclose;
+    din.Sclose = Sclose;
+    din.distance = e->distance / 1000.0;
+    din.close_distance = din.have_close ? e->close_distance / 1000.0 : 0;
+    din.rot[0] = rx;
+    din.rot[1] = ry;
+    din.rot[2] = rz;
+    din.twotheta = tt;
+    pl->det_in = din;
+    nbg_det_out_d dout;
+    nbg_detector_d(&din, &dout);
     double pix0[3];
-    if (pivot == NBG_PIVOT_SAMPLE) {
-        for (int i = 0; i < 3; ++i) {
-            pix0[i] = -Fclose * f[i] - Sclose * s[i] + close_distance * o[i];
-        }
-        nbg_rotate_xyz(pix0, rx, ry, rz, pix0);
-        rotate_axis(pix0, tta, tt, pix0);
-    }
-    double *dv[3] = {f, s, o};
-    for (int i = 0; i < 3; ++i) {
-        nbg_rotate_xyz(dv[i], rx, ry, rz, dv[i]);
-        rotate_axis(dv[i], tta, tt, dv[i]);
-    }
-    if (pivot == NBG_PIVOT_BEAM) {
-        for (int i = 0; i < 3; ++i) {
-            pix0[i] = -Fbeam * f[i] - Sbeam * s[i] + distance * b[i];
-        }
-    }
-    Fclose = -nbg_dot(pix0, f);
-    Sclose = -nbg_dot(pix0, s);
-    close_distance = nbg_dot(pix0, o);
-    for (int i = 0; i < 3; ++i) {
-        tmp[i] = close_distance / ratio * b[i] - pix0[i];
-    }
-    Fbeam = nbg_dot(f, tmp);
-    Sbeam = nbg_dot(s, tmp);
-    distance = close_distance / ratio;
+    memcpy(pix0, dout.pix0, sizeof pix0);
+    memcpy(f, dout.f, sizeof f);
+    memcpy(s, dout.s, sizeof s);
+    memcpy(o, dout.o, sizeof o);
+    const double close_distance = dout.close_distance, distance = dout.distance;
+    Fbeam = dout.Fbeam;
+    Sbeam = dout.Sbeam;
+    Fclose = dout.Fclose;
+    Sclose = dout.Sclose;
     if (!(fabs(close_distance) > 0) || !isfinite(distance)) {
         return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through the "
                          "sample (close distance %g mm)", close_distance * 1000);

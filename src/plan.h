@@ -6,6 +6,7 @@
 
 #include "internal.h"
 #include "physics.h"
+#include "setup.h"
 
 typedef struct {
     nbg_kparams k;       /* what the kernels read; its arrays point into the buffers below */
@@ -20,6 +21,8 @@ typedef struct {
     double spindle[3];
     double lambda0;      /* m */
     double mosaic_spread;/* rad */
+    double misset[3];    /* rad, the misset applied (drawn when random) */
+    nbg_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
 } nbg_plan;
 
 /* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */
@@ -28,6 +31,9 @@ void nbg_plan_free(nbg_plan *pl);
 
 /* Runs the forward kernel of the context's backend on a built plan (simulate.c). */
 int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image);
+
+/* Fills the crystal set-up's inputs from an experiment (cell defaults applied, angles in radians). */
+void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbg_xtal_in_d *in);
 
 /* Small vector helpers shared by the setup and the host-side chain rules. */
 void nbg_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);

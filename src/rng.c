@@ -14,6 +14,7 @@
 
 #include "rng.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 
@@ -37,7 +38,7 @@ void nbg_rng_init(nbg_rng *r, long seed)
     int j;
 
     /* The reference stores a command-line seed n as -n; a non-positive state means "initialise on first use". */
-    r->idum = seed < 0 ? seed : -seed;
+    r->idum = seed < 0 ? (seed == LONG_MIN ? -LONG_MAX : seed) : -seed;
     r->iy = 0;
     for (j = 0; j < RNG_NTAB; ++j) r->iv[j] = 0;
     r->have_gauss = 0;
