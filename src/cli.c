@@ -136,7 +136,6 @@ void nbg_cli_free(nbg_cli *c)
     nbg_hkl_free(&c->hkl);
     free(c->sources);
     free(c->mask);
-    free(c->extra);
 }
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them. */

@@ -4,6 +4,9 @@
 #include "forward.h"
 #include "kernel.h"
 
+#include <math.h>
+#include <stdlib.h>
+
 void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *omega_sum, long *oor)
 {
     double osum = 0;
@@ -32,4 +35,41 @@ void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *
     }
     *omega_sum = osum;
     *oor = nout;
+}
+
+double nbg_forward_wsum_cpu(const nbg_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
+{
+    const int F = p->fpixels, S = p->spixels;
+    double *rows = calloc((size_t)S, sizeof(double));
+    if (rows == NULL) {
+        return NAN;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < S; ++s) {
+        double acc = 0;
+        for (int f = 0; f < F; ++f) {
+            const long i = (long)s * F + f;
+            if (!nbg_pixel_active(p, f, s)) {
+                if (sig != NULL) {
+                    sig[i] = 0;
+                }
+                continue;
+            }
+            if (sig != NULL) {
+                sig[i] = nbg_pixel_signature_d(p, f, s);
+            }
+            if (skip != NULL && skip[i]) {
+                continue;
+            }
+            nbg_pixstat_d st = {0, 0};
+            acc += (double)w[i] * nbg_pixel_d(p, f, s, &st);
+        }
+        rows[s] = acc;
+    }
+    double sum = 0;
+    for (int s = 0; s < S; ++s) {
+        sum += rows[s];
+    }
+    free(rows);
+    return sum;
 }

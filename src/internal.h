@@ -15,6 +15,7 @@ struct nbg_ctx {
     int nthreads;
     char errmsg[1024];
     void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
+    int break_param; /* nbg_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
 };
 
 /* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns

@@ -5,11 +5,344 @@
  */
 #include "cli.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 void usage_main(FILE *out);
+
+/* Options of the gradient subcommands. */
+typedef struct {
+    nbg_param_mask mask;
+    int want_F;
+    double rtol, hscale;
+    const char *observed, *json, *weights;
+    nbg_loss loss;
+    int break_param;
+} grad_opts;
+
+/* Parses "a,b,c" (or "all", "cell", "orientation", "detector") into a mask; prints the error. */
+static int parse_params(const char *list, grad_opts *o)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+        if (strcmp(tok, "all") == 0) {
+            o->mask |= NBG_MASK_ALL;
+        } else if (strcmp(tok, "cell") == 0) {
+            for (int p = NBG_P_A; p <= NBG_P_GAMMA; ++p) o->mask |= NBG_MASK(p);
+        } else if (strcmp(tok, "orientation") == 0) {
+            for (int p = NBG_P_ROTX; p <= NBG_P_ROTZ; ++p) o->mask |= NBG_MASK(p);
+        } else if (strcmp(tok, "detector") == 0) {
+            for (int p = NBG_P_DISTANCE; p <= NBG_P_TWOTHETA; ++p) o->mask |= NBG_MASK(p);
+        } else if (strcmp(tok, "F") == 0) {
+            o->want_F = 1;
+        } else {
+            const int p = nbg_param_from_name(tok);
+            if (p < 0) {
+                fprintf(stderr, "nbgrad: error: unknown parameter '%s' in -params (known:", tok);
+                for (int i = 0; i < NBG_NPARAMS; ++i) fprintf(stderr, " %s", nbg_param_name((nbg_param)i));
+                fprintf(stderr, " F, and the groups all cell orientation detector)\n");
+                return 0;
+            }
+            o->mask |= NBG_MASK(p);
+        }
+    }
+    return 1;
+}
+
+static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
+{
+    grad_opts *o = c->extra;
+    const char *a = argv[i];
+    if (strcmp(a, "-params") == 0 || strcmp(a, "-rtol") == 0 || strcmp(a, "-hscale") == 0 ||
+        strcmp(a, "-observed") == 0 || strcmp(a, "-loss") == 0 || strcmp(a, "-json") == 0 ||
+        strcmp(a, "-weights") == 0 || strcmp(a, "-debug_break_adjoint") == 0) {
+        if (i + 1 >= argc) {
+            fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
+            return -1;
+        }
+        const char *v = argv[i + 1];
+        if (strcmp(a, "-params") == 0) {
+            if (!parse_params(v, o)) return -1;
+        } else if (strcmp(a, "-rtol") == 0) {
+            if (!nbg_cli_number(a, v, &o->rtol)) return -1;
+        } else if (strcmp(a, "-hscale") == 0) {
+            if (!nbg_cli_number(a, v, &o->hscale)) return -1;
+        } else if (strcmp(a, "-observed") == 0) {
+            o->observed = v;
+        } else if (strcmp(a, "-weights") == 0) {
+            o->weights = v;
+        } else if (strcmp(a, "-json") == 0) {
+            o->json = v;
+        } else if (strcmp(a, "-debug_break_adjoint") == 0) {
+            o->break_param = nbg_param_from_name(v);
+            if (o->break_param < 0) {
+                fprintf(stderr, "nbgrad: error: unknown parameter '%s'\n", v);
+                return -1;
+            }
+        } else if (strcmp(v, "lsq") == 0) {
+            o->loss = NBG_LOSS_LSQ;
+        } else if (strcmp(v, "poisson") == 0) {
+            o->loss = NBG_LOSS_POISSON;
+        } else {
+            fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v);
+            return -1;
+        }
+        return 2;
+    }
+    return 0;
+}
+
+/* Common set-up of a subcommand: parse, create the context, load files.  Returns the context or NULL. */
+static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
+{
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot create a context\n");
+        return NULL;
+    }
+    if (!nbg_cli_parse(ctx, c, argc, argv, first)) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    if (c->help) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    nbg_ctx_destroy(ctx);
+    ctx = NULL;
+    const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot use the requested backend: %s\n", nbg_strerror(rc));
+        return NULL;
+    }
+    if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
+        printf("no usable GPU: running on the CPU\n");
+    }
+    if (!nbg_cli_load(ctx, c)) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static int cmd_gradcheck(int argc, char **argv, int first)
+{
+    nbg_cli c;
+    grad_opts o = {0};
+    o.break_param = -1;
+    nbg_cli_init(&c);
+    c.extra_handler = grad_flags;
+    c.extra = &o;
+    c.nodump = 1;
+    int status = 1;
+    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    if (ctx == NULL) {
+        if (c.help) {
+            printf("usage: nbgrad gradcheck <nanoBragg flags> -params LIST [-rtol 1e-6] [-hscale 1]\n");
+            status = 0;
+        }
+        c.extra = NULL;
+        nbg_cli_free(&c);
+        return status;
+    }
+    if (o.mask == 0) {
+        fprintf(stderr, "nbgrad: error: gradcheck needs -params (e.g. -params a,b,c,rotx,distance)\n");
+        goto done;
+    }
+    nbg_debug_break_adjoint(ctx, o.break_param);
+    nbg_gradcheck_result res[NBG_NPARAMS];
+    int n = 0;
+    if (nbg_gradcheck(ctx, &c.e, o.mask, o.rtol > 0 ? o.rtol : 1e-6, o.hscale, res, &n) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    int passed = 0;
+    for (int i = 0; i < n; ++i) {
+        printf("%s %s adjoint=%.12g numeric=%.12g relerr=%.3g order=%.2f step=%g%s%s\n", res[i].pass ? "PASS" : "FAIL",
+               nbg_param_name(res[i].param), res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order,
+               res[i].step, res[i].reason[0] ? " # " : "", res[i].reason);
+        passed += res[i].pass;
+    }
+    printf("%d passed, %d failed\n", passed, n - passed);
+    status = passed == n ? 0 : 1;
+done:
+    c.extra = NULL;
+    nbg_cli_free(&c);
+    nbg_ctx_destroy(ctx);
+    return status;
+}
+
+/* Reads a raw float image or an SMV file of npix pixels. */
+static float *read_image(nbg_ctx *ctx, const char *path, size_t npix)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "nbgrad: error: cannot open %s\n", path);
+        return NULL;
+    }
+    char head[16] = {0};
+    const size_t got = fread(head, 1, 15, f);
+    fclose(f);
+    float *img = malloc(sizeof(float) * (npix ? npix : 1));
+    if (img == NULL) {
+        return NULL;
+    }
+    if (got >= 12 && strncmp(head, "{\nHEADER_BYT", 12) == 0) {
+        nbg_smv_header h;
+        uint16_t *data = NULL;
+        if (nbg_read_smv(ctx, path, &h, &data) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            free(img);
+            return NULL;
+        }
+        if ((size_t)h.fpixels * h.spixels != npix) {
+            fprintf(stderr, "nbgrad: error: %s is %dx%d pixels, the detector has %zu pixels\n", path, h.fpixels,
+                    h.spixels, npix);
+            free(data);
+            free(img);
+            return NULL;
+        }
+        for (size_t i = 0; i < npix; ++i) img[i] = data[i];
+        free(data);
+        return img;
+    }
+    f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size != (long)(npix * sizeof(float))) {
+        fprintf(stderr, "nbgrad: error: %s has %ld bytes; a raw float image of this detector has %zu\n", path, size,
+                npix * sizeof(float));
+        fclose(f);
+        free(img);
+        return NULL;
+    }
+    if (fread(img, sizeof(float), npix, f) != npix) {
+        fprintf(stderr, "nbgrad: error: cannot read %s\n", path);
+        fclose(f);
+        free(img);
+        return NULL;
+    }
+    fclose(f);
+    return img;
+}
+
+static int cmd_grad(int argc, char **argv, int first)
+{
+    nbg_cli c;
+    grad_opts o = {0};
+    o.break_param = -1;
+    nbg_cli_init(&c);
+    c.extra_handler = grad_flags;
+    c.extra = &o;
+    int status = 1;
+    float *img = NULL, *obs = NULL, *wts = NULL, *dl = NULL;
+    double *dF = NULL;
+    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    if (ctx == NULL) {
+        if (c.help) {
+            printf("usage: nbgrad grad <nanoBragg flags> -params LIST [-observed FILE -loss lsq|poisson "
+                   "-weights FILE] [-json FILE]\n"
+                   "without -observed the loss is L = sum I (the gradient of the total intensity)\n");
+            status = 0;
+        }
+        c.extra = NULL;
+        nbg_cli_free(&c);
+        return status;
+    }
+    if (o.mask == 0 && !o.want_F) {
+        fprintf(stderr, "nbgrad: error: grad needs -params (e.g. -params a,b,c,rotx,distance)\n");
+        goto done;
+    }
+    nbg_report r;
+    if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    img = malloc(sizeof(float) * npix);
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    if (o.want_F) {
+        g.ndF = c.e.hkl ? (size_t)(c.e.hkl->h_max - c.e.hkl->h_min + 1) * (size_t)(c.e.hkl->k_max - c.e.hkl->k_min + 1) *
+                              (size_t)(c.e.hkl->l_max - c.e.hkl->l_min + 1)
+                        : 1;
+        dF = calloc(g.ndF, sizeof(double));
+        g.dF = dF;
+    }
+    const nbg_param_mask mask = o.mask | (o.want_F ? NBG_MASK_F : 0);
+    double L = 0;
+    int rc;
+    if (o.observed != NULL) {
+        obs = read_image(ctx, o.observed, npix);
+        if (obs == NULL) goto done;
+        if (o.weights != NULL && (wts = read_image(ctx, o.weights, npix)) == NULL) goto done;
+        rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, mask, &L, &g, img, npix);
+    } else {
+        dl = malloc(sizeof(float) * npix);
+        for (size_t i = 0; i < npix; ++i) dl[i] = 1.0f;
+        rc = nbg_simulate_grad(ctx, &c.e, dl, mask, &g, img, npix, NULL);
+        for (size_t i = 0; i < npix; ++i) L += img[i];
+    }
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    printf("loss = %.15g (%s)\n", L, o.observed ? (o.loss == NBG_LOSS_LSQ ? "least squares" : "Poisson NLL") : "sum of pixels");
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (mask & NBG_MASK(p)) {
+            double v;
+            nbg_param_get(&c.e, (nbg_param)p, &v);
+            printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_name((nbg_param)p), g.g[p], v);
+        }
+    }
+    if (o.want_F) {
+        double norm = 0;
+        for (size_t i = 0; i < g.ndF; ++i) norm += dF[i] * dF[i];
+        printf("dL/dF: %zu entries, norm %.6g\n", g.ndF, sqrt(norm));
+    }
+    if (o.json != NULL) {
+        FILE *j = fopen(o.json, "w");
+        if (j == NULL) {
+            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+            goto done;
+        }
+        fprintf(j, "{\n  \"loss\": %.17g,\n  \"gradient\": {", L);
+        int first_p = 1;
+        for (int p = 0; p < NBG_NPARAMS; ++p) {
+            if (mask & NBG_MASK(p)) {
+                fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",", nbg_param_name((nbg_param)p), g.g[p]);
+                first_p = 0;
+            }
+        }
+        fprintf(j, "\n  }");
+        if (o.want_F) {
+            fprintf(j, ",\n  \"dF\": [");
+            for (size_t i = 0; i < g.ndF; ++i) fprintf(j, "%s%.17g", i ? ", " : "", dF[i]);
+            fprintf(j, "]");
+        }
+        fprintf(j, "\n}\n");
+        if (fclose(j) != 0) {
+            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+            goto done;
+        }
+        printf("wrote %s\n", o.json);
+    }
+    status = 0;
+done:
+    free(img);
+    free(obs);
+    free(wts);
+    free(dl);
+    free(dF);
+    c.extra = NULL;
+    nbg_cli_free(&c);
+    nbg_ctx_destroy(ctx);
+    return status;
+}
 
 static int cmd_simulate(int argc, char **argv, int first)
 {
@@ -81,7 +414,11 @@ done:
 void usage_main(FILE *out)
 {
     fprintf(out, "nbgrad " NBG_VERSION " -- a differentiable nanoBragg\n"
-                 "usage: nbgrad [simulate] <nanoBragg flags>   render images (nbgrad simulate -h for the flags)\n");
+                 "usage: nbgrad [simulate] <nanoBragg flags>   render images (nbgrad simulate -h for the flags)\n"
+                 "       nbgrad grad <flags> -params LIST [-observed FILE -loss lsq|poisson] [-json FILE]\n"
+                 "       nbgrad gradcheck <flags> -params LIST [-rtol 1e-6]\n"
+                 "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
+                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n");
 }
 
 int main(int argc, char **argv)
@@ -95,6 +432,12 @@ int main(int argc, char **argv)
         printf("\n");
         nbg_cli_usage(stdout);
         return 0;
+    }
+    if (strcmp(argv[1], "gradcheck") == 0) {
+        return cmd_gradcheck(argc, argv, 2);
+    }
+    if (strcmp(argv[1], "grad") == 0) {
+        return cmd_grad(argc, argv, 2);
     }
     if (strcmp(argv[1], "simulate") == 0) {
         return cmd_simulate(argc, argv, 2);

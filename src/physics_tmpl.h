@@ -189,4 +189,205 @@ static inline NBG_HD void NBG_SFX(nbg_rotate_axis)(const NBG_R *v, const NBG_R *
     out[2] = z * c + (ax[0] * y - ax[1] * x) * s + ax[2] * dot;
 }
 
+/* ---- derivatives for the adjoint kernels ------------------------------------------------------------------ */
+
+/* sincg and its partial derivatives in h and N.  With x = pi d:
+ *   d/dh = pi [N cos(N x) sin(x) - sin(N x) cos(x)] / sin(x)^2,   d/dN = x cos(N x) / sin(x).
+ * Where N|x| is small the first form cancels; the series N [-(N^2-1) x/3 + (3N^4 - 10N^2 + 7) x^3/90] is used
+ * instead.  At x = 0 the limits are d/dh = 0 and d/dN = 1. */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, NBG_R *dN)
+{
+    const NBG_R d = h - NBG_M(rint)(h);
+    const NBG_R s = NBG_SFX(nbg_sinpi)(d);
+    if (s == 0) {
+        *dh = 0;
+        *dN = 1;
+        return N;
+    }
+    const NBG_R x = (NBG_R)M_PI * d;
+    const NBG_R sN = NBG_SFX(nbg_sinpi)(N * d), cN = NBG_SFX(nbg_cospi)(N * d);
+    const NBG_R val = sN / s;
+    if (NBG_M(fabs)(N * x) < (NBG_R)1e-3) {
+        const NBG_R N2 = N * N;
+        *dh = (NBG_R)M_PI * N * (-(N2 - 1) * x / 3 + (3 * N2 * N2 - 10 * N2 + 7) * x * x * x / 90);
+    } else {
+        *dh = (NBG_R)M_PI * (N * cN - val * NBG_SFX(nbg_cospi)(d)) / s;
+    }
+    *dN = x * cN / s;
+    return val;
+}
+
+/* G(u) = sinc3(sqrt(u)) and dG/du (series for small u, where the closed form cancels). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3_u)(NBG_R u, NBG_R *dG)
+{
+    if (u < (NBG_R)0.0025) {
+        *dG = -(NBG_R)1 / 10 + u / 140 - u * u / 5040 + u * u * u / 332640;
+        return 1 - u / 10 + u * u / 280 - u * u * u / 15120;
+    }
+    const NBG_R x = NBG_M(sqrt)(u);
+    const NBG_R G = NBG_SFX(nbg_sinc3)(x);
+    const NBG_R dx = 3 * NBG_M(sin)(x) / (x * x) - 3 * G / x; /* d sinc3 / dx */
+    *dG = dx / (2 * x);
+    return G;
+}
+
+/* The lattice factor and its partial derivatives in (h, k, l), in (Na, Nb, Nc) and, for the gauss shape, in the
+ * reciprocal vectors astar[9].  The tophat edge and the rounding (h0, k0, l0) contribute nothing (taken branch). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0,
+                                                    NBG_R k0, NBG_R l0, NBG_R *dhkl, NBG_R *dN, NBG_R *dastar)
+{
+    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc;
+    const NBG_R N[3] = {Na, Nb, Nc};
+    if (p->shape == NBG_SQUARE) {
+        NBG_R f[3], fh[3], fN[3];
+        f[0] = NBG_SFX(nbg_sincg_grad)(h, Na, &fh[0], &fN[0]);
+        f[1] = NBG_SFX(nbg_sincg_grad)(k, Nb, &fh[1], &fN[1]);
+        f[2] = NBG_SFX(nbg_sincg_grad)(l, Nc, &fh[2], &fN[2]);
+        /* L = f_a f_b f_c: dL/dh = f_a' f_b f_c, ... */
+        dhkl[0] = fh[0] * f[1] * f[2];
+        dhkl[1] = f[0] * fh[1] * f[2];
+        dhkl[2] = f[0] * f[1] * fh[2];
+        dN[0] = fN[0] * f[1] * f[2];
+        dN[1] = f[0] * fN[1] * f[2];
+        dN[2] = f[0] * f[1] * fN[2];
+        return f[0] * f[1] * f[2];
+    }
+    const NBG_R dv[3] = {h - h0, k - k0, l - l0};
+    const NBG_R NNN = Na * Nb * Nc;
+    if (p->shape == NBG_ROUND) {
+        /* L = NNN C G(u), u = pi^2 fudge hrad2, hrad2 = sum dh_i^2 N_i^2 */
+        const NBG_R hrad2 = dv[0] * dv[0] * Na * Na + dv[1] * dv[1] * Nb * Nb + dv[2] * dv[2] * Nc * Nc;
+        const NBG_R pf = (NBG_R)(M_PI * M_PI) * (NBG_R)p->fudge;
+        NBG_R dG;
+        const NBG_R G = NBG_SFX(nbg_sinc3_u)(pf * hrad2, &dG);
+        const NBG_R L = NNN * (NBG_R)NBG_ROUND_SCALE * G;
+        const NBG_R dL_dhrad2 = NNN * (NBG_R)NBG_ROUND_SCALE * dG * pf;
+        for (int i = 0; i < 3; ++i) {
+            dhkl[i] = dL_dhrad2 * 2 * dv[i] * N[i] * N[i];
+            dN[i] = L / N[i] + dL_dhrad2 * 2 * dv[i] * dv[i] * N[i];
+        }
+        return L;
+    }
+    const double *s = p->astar;
+    NBG_R v[3];
+    for (int x = 0; x < 3; ++x) {
+        v[x] = dv[0] * (NBG_R)s[x] + dv[1] * (NBG_R)s[3 + x] + dv[2] * (NBG_R)s[6 + x];
+    }
+    const NBG_R v2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    const NBG_R r2 = v2 * NNN * NNN;
+    if (p->shape == NBG_GAUSS) {
+        /* L = NNN exp(-r2 fudge / 0.63), r2 = |v|^2 NNN^2, v = dh a* + dk b* + dl c* */
+        const NBG_R c = -(NBG_R)p->fudge / (NBG_R)0.63;
+        const NBG_R L = NNN * NBG_M(exp)(c * r2);
+        const NBG_R dL_dr2 = L * c;
+        for (int i = 0; i < 3; ++i) {
+            const NBG_R va = v[0] * (NBG_R)s[3 * i] + v[1] * (NBG_R)s[3 * i + 1] + v[2] * (NBG_R)s[3 * i + 2];
+            dhkl[i] = dL_dr2 * 2 * NNN * NNN * va;
+            dN[i] = L / N[i] + dL_dr2 * 2 * r2 / N[i];
+            for (int x = 0; x < 3; ++x) {
+                dastar[3 * i + x] = dL_dr2 * 2 * NNN * NNN * dv[i] * v[x];
+            }
+        }
+        return L;
+    }
+    const NBG_R L = (r2 * (NBG_R)p->fudge < (NBG_R)0.3969) ? NNN : 0;
+    for (int i = 0; i < 3; ++i) {
+        dhkl[i] = 0;
+        dN[i] = L / N[i];
+    }
+    return L;
+}
+
+/* Kahn factor with its derivatives in d (the diffracted unit vector) and in K. */
+static inline NBG_HD NBG_R NBG_SFX(nbg_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+                                                  const NBG_R *B, NBG_R *dd, NBG_R *dK)
+{
+    const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
+    const NBG_R s2t2 = 1 - c2t * c2t;
+    NBG_R c2psi = 1, dcx = 0, dcy = 0;
+    if (K != 0) {
+        const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
+        const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
+        const NBG_R r2 = x * x + y * y;
+        if (r2 > 0) {
+            c2psi = (x * x - y * y) / r2;
+            /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit) */
+            dcx = 4 * x * y * y / (r2 * r2);
+            dcy = -4 * x * x * y / (r2 * r2);
+        }
+    }
+    /* P = (1 + c^2 - K c2psi (1 - c^2)) / 2 */
+    const NBG_R dP_dc = c2t * (1 + K * c2psi);
+    const NBG_R dP_dc2psi = -(NBG_R)0.5 * K * s2t2;
+    for (int x = 0; x < 3; ++x) {
+        dd[x] = dP_dc * i[x] + dP_dc2psi * (dcx * E[x] + dcy * B[x]);
+    }
+    *dK = -(NBG_R)0.5 * c2psi * s2t2;
+    return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+}
+
+/* d/dt of the four Lagrange weights at t. */
+static inline NBG_HD void NBG_SFX(nbg_lagrange4_grad)(NBG_R t, NBG_R *dw)
+{
+    const NBG_R t0 = t, t1 = t - 1, t2 = t - 2, t3 = t - 3;
+    dw[0] = -(t2 * t3 + t1 * t3 + t1 * t2) / 6;
+    dw[1] = (t2 * t3 + t0 * t3 + t0 * t2) / 2;
+    dw[2] = -(t1 * t3 + t0 * t3 + t0 * t1) / 2;
+    dw[3] = (t1 * t2 + t0 * t2 + t0 * t1) / 6;
+}
+
+/* Structure factor with its derivatives in (h, k, l) (0 for nearest-neighbour, the taken branch), and, when
+ * dFtab is not NULL, scatters dL/dF_cell = gF into the table entries it used (or into *dFdef for default_F). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_fcell_grad)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, int h0, int k0,
+                                                  int l0, NBG_R *dhkl, NBG_R gF, double *dFtab, double *dFdef)
+{
+    dhkl[0] = dhkl[1] = dhkl[2] = 0;
+    if (p->F == 0) {
+        *dFdef += (double)gF;
+        return (NBG_R)p->default_F;
+    }
+    if (p->interpolate && !(h - p->h_min + 3 > p->nh || h - 2 < p->h_min || k - p->k_min + 3 > p->nk ||
+                            k - 2 < p->k_min || l - p->l_min + 3 > p->nl || l - 2 < p->l_min)) {
+        const int hf = (int)NBG_M(floor)(h), kf = (int)NBG_M(floor)(k), lf = (int)NBG_M(floor)(l);
+        NBG_R wh[4], wk[4], wl[4], dwh[4], dwk[4], dwl[4];
+        NBG_SFX(nbg_lagrange4)(h - (NBG_R)(hf - 1), wh);
+        NBG_SFX(nbg_lagrange4)(k - (NBG_R)(kf - 1), wk);
+        NBG_SFX(nbg_lagrange4)(l - (NBG_R)(lf - 1), wl);
+        NBG_SFX(nbg_lagrange4_grad)(h - (NBG_R)(hf - 1), dwh);
+        NBG_SFX(nbg_lagrange4_grad)(k - (NBG_R)(kf - 1), dwk);
+        NBG_SFX(nbg_lagrange4_grad)(l - (NBG_R)(lf - 1), dwl);
+        NBG_R F = 0;
+        for (int a = 0; a < 4; ++a) {
+            for (int b = 0; b < 4; ++b) {
+                const long base = ((long)(hf - 1 + a - p->h_min) * p->nk + (kf - 1 + b - p->k_min)) * p->nl +
+                                  (lf - 1 - p->l_min);
+                const double *row = p->F + base;
+                NBG_R Fl = 0, dFl = 0;
+                for (int c = 0; c < 4; ++c) {
+                    Fl += wl[c] * (NBG_R)row[c];
+                    dFl += dwl[c] * (NBG_R)row[c];
+                    if (dFtab != 0) {
+                        dFtab[base + c] += (double)(gF * wh[a] * wk[b] * wl[c]);
+                    }
+                }
+                F += wh[a] * wk[b] * Fl;
+                dhkl[0] += dwh[a] * wk[b] * Fl;
+                dhkl[1] += wh[a] * dwk[b] * Fl;
+                dhkl[2] += wh[a] * wk[b] * dFl;
+            }
+        }
+        return F;
+    }
+    const int ih = h0 - p->h_min, ik = k0 - p->k_min, il = l0 - p->l_min;
+    if (ih >= 0 && ih < p->nh && ik >= 0 && ik < p->nk && il >= 0 && il < p->nl) {
+        const long idx = ((long)ih * p->nk + ik) * p->nl + il;
+        if (dFtab != 0) {
+            dFtab[idx] += (double)gF;
+        }
+        return (NBG_R)p->F[idx];
+    }
+    *dFdef += (double)gF;
+    return (NBG_R)p->default_F;
+}
+
 #undef NBG_M

@@ -23,15 +23,23 @@ typedef struct {
     long oor;
 } NBG_SFX(nbg_pixstat);
 
+/* The detector-frame coordinates (m) of subpixel (subF, subS) of layer t: along fast, slow and the normal. */
+static inline NBG_HD void NBG_SFX(nbg_subpixel_coords)(const nbg_kparams *p, int fpixel, int spixel, int subF,
+                                                      int subS, int t, NBG_R *Fdet, NBG_R *Sdet, NBG_R *Odet)
+{
+    const int os = p->oversample;
+    const NBG_R sub = (NBG_R)p->subpixel;
+    *Fdet = sub * (NBG_R)(fpixel * os + subF) + sub / 2;
+    *Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+    *Odet = (NBG_R)(t * p->thickstep);
+}
+
 /* The position of subpixel (subF, subS) of layer t, relative to the sample (m). */
 static inline NBG_HD void NBG_SFX(nbg_subpixel_pos)(const nbg_kparams *p, int fpixel, int spixel, int subF,
                                                    int subS, int t, NBG_R *P)
 {
-    const int os = p->oversample;
-    const NBG_R sub = (NBG_R)p->subpixel;
-    const NBG_R Fdet = sub * (NBG_R)(fpixel * os + subF) + sub / 2;
-    const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
-    const NBG_R Odet = (NBG_R)(t * p->thickstep);
+    NBG_R Fdet, Sdet, Odet;
+    NBG_SFX(nbg_subpixel_coords)(p, fpixel, spixel, subF, subS, t, &Fdet, &Sdet, &Odet);
     for (int x = 0; x < 3; ++x) {
         P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] + (NBG_R)p->pix0[x];
     }
@@ -142,6 +150,62 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
         S *= (double)omega;
     }
     return S;
+}
+
+/* A signature of the discrete choices the pixel's samples make (rounded Miller indices, interpolation windows,
+ * samples cut by dmin or zeroed by the tophat edge).  Where it differs between two evaluations, the image is
+ * not differentiable between them; the gradient check leaves such pixels out. */
+static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p, int fpixel, int spixel)
+{
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    uint64_t sig = 1469598103934665603ULL;
+#define NBG_MIX(v) (sig = (sig ^ (uint64_t)(int64_t)(v)) * 1099511628211ULL)
+    for (int t = 0; t < p->thicksteps; ++t) {
+        for (int subS = 0; subS < os; ++subS) {
+            for (int subF = 0; subF < os; ++subF) {
+                NBG_R P[3];
+                NBG_SFX(nbg_subpixel_pos)(p, fpixel, spixel, subF, subS, t, P);
+                const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                const NBG_R d[3] = {P[0] / R, P[1] / R, P[2] / R};
+                for (int src = 0; src < p->nsources; ++src) {
+                    const double *sr = p->src + NBG_SRC_STRIDE * src;
+                    const NBG_R lambda = (NBG_R)sr[3];
+                    const NBG_R q[3] = {(d[0] - (NBG_R)sr[0]) / lambda, (d[1] - (NBG_R)sr[1]) / lambda,
+                                        (d[2] - (NBG_R)sr[2]) / lambda};
+                    if (p->dmin > 0) {
+                        const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
+                        if (stol > 0 && (NBG_R)p->dmin > (NBG_R)0.5 / stol) {
+                            NBG_MIX(-7);
+                            continue;
+                        }
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
+                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
+                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
+                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
+                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        NBG_MIX(h0);
+                        NBG_MIX(k0);
+                        NBG_MIX(l0);
+                        if (p->interpolate) {
+                            NBG_MIX(NBG_M(floor)(h));
+                            NBG_MIX(NBG_M(floor)(k));
+                            NBG_MIX(NBG_M(floor)(l));
+                        }
+                        if (p->shape == NBG_TOPHAT) {
+                            NBG_MIX(NBG_SFX(nbg_lattice)(p, h, k, l, h0, k0, l0) == 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#undef NBG_MIX
+    return sig;
 }
 
 #undef NBG_M

@@ -227,6 +227,8 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
     CHECK_FINITE(e->sample_x, "sample size x");
     CHECK_FINITE(e->sample_y, "sample size y");
     CHECK_FINITE(e->sample_z, "sample size z");
+    CHECK_FINITE(e->beam_shift[0], "beam_fast shift");
+    CHECK_FINITE(e->beam_shift[1], "beam_slow shift");
     for (int i = 0; i < 3; ++i) {
         CHECK_FINITE(e->det_rot[i], "detector rotation");
         CHECK_FINITE(e->misset[i], "misset angle");
@@ -599,10 +601,12 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     memcpy(din.tta, tta, sizeof tta);
     din.pivot_sample = pivot == NBG_PIVOT_SAMPLE;
     din.have_close = !isnan(e->close_distance);
-    din.Fbeam = Fbeam;
-    din.Sbeam = Sbeam;
-    din.Fclose = Fclose;
-    din.Sclose = Sclose;
+    /* the refinement shift moves the detector in its plane: the beam spot (BEAM pivot) or the near point
+     * (SAMPLE pivot) moves along the detector's own axes */
+    din.Fbeam = Fbeam + e->beam_shift[0] / 1000.0;
+    din.Sbeam = Sbeam + e->beam_shift[1] / 1000.0;
+    din.Fclose = Fclose + e->beam_shift[0] / 1000.0;
+    din.Sclose = Sclose + e->beam_shift[1] / 1000.0;
     din.distance = e->distance / 1000.0;
     din.close_distance = din.have_close ? e->close_distance / 1000.0 : 0;
     din.rot[0] = rx;
@@ -663,10 +667,14 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     /* --- sources ------------------------------------------------------------------------------------------ */
     int nsrc;
     double *pos;
+    double *lamrel = NULL; /* d lambda_i / d lambda0 */
     if (e->nsources > 0) {
         nsrc = e->nsources;
         pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
-        if (pos == NULL) {
+        lamrel = malloc(sizeof(double) * (size_t)nsrc);
+        if (pos == NULL || lamrel == NULL) {
+            free(pos);
+            free(lamrel);
             return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
         }
         for (int i = 0; i < nsrc; ++i) {
@@ -675,9 +683,11 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
                 pos[4 * i + j] = sr->pos[j];
             }
             pos[4 * i + 3] = (sr->lambda > 0) ? sr->lambda * 1e-10 : lambda0;
+            lamrel[i] = (sr->lambda > 0) ? 0.0 : 1.0;
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
                 !isfinite(pos[4 * i + 3]) || nbg_norm(pos + 4 * i) == 0) {
                 free(pos);
+                free(lamrel);
                 return nbg_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
             }
         }
@@ -687,7 +697,10 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
             pos = NULL;
             if (pass == 1) {
                 pos = malloc(sizeof(double) * 4 * (size_t)(ndiv * dispsteps));
-                if (pos == NULL) {
+                lamrel = malloc(sizeof(double) * (size_t)(ndiv * dispsteps));
+                if (pos == NULL || lamrel == NULL) {
+                    free(pos);
+                    free(lamrel);
                     return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", ndiv * dispsteps);
                 }
             }
@@ -714,6 +727,7 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
                         pos[4 * n + 1] = v0[1];
                         pos[4 * n + 2] = v0[2];
                         pos[4 * n + 3] = lambda0 * (1.0 + dispstep * di - disp / 2.0);
+                        lamrel[n] = 1.0 + dispstep * di - disp / 2.0;
                         ++n;
                     }
                 }
@@ -723,9 +737,11 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     }
     if (nsrc <= 0) {
         free(pos);
+        free(lamrel);
         return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
     }
     pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
+    pl->src_lamrel = lamrel;
     if (pl->src == NULL) {
         free(pos);
         return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
@@ -766,8 +782,14 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     {
         nbg_rng rng;
         nbg_rng_init(&rng, e->mosaic_seed);
+        /* The reference forms each domain's angle in single precision from a float spread; nbgrad keeps the
+         * single-precision cap factor (the same domains) but multiplies by the spread in double, so the angle is
+         * exactly proportional to the spread, as the mosaic gradient and its finite-difference check need. */
         for (int m = 0; m < domains; ++m) {
-            nbg_mosaic_umat(spread, &rng, pl->umat + 9 * m, pl->mos_axis + 3 * m, pl->mos_angle + m);
+            float capf;
+            nbg_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
+            pl->mos_angle[m] = spread * (double)capf;
+            nbg_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
         }
         /* domain 0 is the unrotated crystal */
         static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
@@ -925,5 +947,7 @@ void nbg_plan_free(nbg_plan *pl)
     free(pl->mos_axis);
     free(pl->mos_angle);
     free(pl->phi);
+    free(pl->src_lamrel);
+    pl->src_lamrel = NULL;
     pl->src = pl->abc = pl->umat = pl->mos_axis = pl->mos_angle = pl->phi = NULL;
 }

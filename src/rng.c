@@ -168,30 +168,24 @@ double nbg_poidev(double xm_in, nbg_rng *r)
     }
 }
 
-void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3], double *angle)
+void nbg_mosaic_draw(nbg_rng *r, double axis[3], float *capf)
 {
-    /* The reference passes the spread as a float and forms the angle with powf, so the angle is a float. */
-    const float spread = (float)spread_rad;
-    double r1, r2, r3, xyrad, rot, v1, v2, v3, c, s, omc;
-    float capf;
-
-    r1 = 2.0 * (double)nbg_ran1(r) - 1.0;
-    r2 = 2.0 * (double)nbg_ran1(r) - 1.0;
-    r3 = 2.0 * (double)nbg_ran1(r) - 1.0;
-
+    const double r1 = 2.0 * (double)nbg_ran1(r) - 1.0;
+    const double r2 = 2.0 * (double)nbg_ran1(r) - 1.0;
+    const double r3 = 2.0 * (double)nbg_ran1(r) - 1.0;
     /* Axis uniform on the sphere: z = r2 uniform, azimuth pi*r1.  Angle density on the cap from (1-r3^2)^(1/3). */
-    xyrad = sqrt(1.0 - r2 * r2);
-    capf = powf((float)(1.0 - r3 * r3), (float)(1.0 / 3.0));
-    rot = (double)(spread * capf);
+    const double xyrad = sqrt(1.0 - r2 * r2);
+    *capf = powf((float)(1.0 - r3 * r3), (float)(1.0 / 3.0));
+    axis[0] = xyrad * sin(M_PI * r1);
+    axis[1] = xyrad * cos(M_PI * r1);
+    axis[2] = r2;
+}
 
-    v1 = xyrad * sin(M_PI * r1);
-    v2 = xyrad * cos(M_PI * r1);
-    v3 = r2;
-
-    /* Rodrigues: U = c I + s [v]x + (1-c) v v^T, with the reference's grouping of the products. */
-    c = cos(rot);
-    omc = 1.0 - c;
-    s = sin(rot);
+void nbg_rodrigues_umat(const double v[3], double rot, double U[9])
+{
+    /* U = c I + s [v]x + (1-c) v v^T, with the reference's grouping of the products. */
+    const double v1 = v[0], v2 = v[1], v3 = v[2];
+    const double c = cos(rot), omc = 1.0 - c, s = sin(rot);
     U[0] = c + omc * (v1 * v1);
     U[1] = (omc * v1) * v2 - s * v3;
     U[2] = (omc * v1) * v3 + s * v2;
@@ -201,13 +195,25 @@ void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3],
     U[6] = (omc * v1) * v3 - s * v2;
     U[7] = (omc * v2) * v3 + s * v1;
     U[8] = c + omc * (v3 * v3);
+}
 
+void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3], double *angle)
+{
+    /* The reference passes the spread as a float and forms the angle in single precision. */
+    const float spread = (float)spread_rad;
+    double v[3];
+    float capf;
+    nbg_mosaic_draw(r, v, &capf);
+    const double rot = (double)(spread * capf);
+    nbg_rodrigues_umat(v, rot, U);
     if (axis != NULL) {
-        axis[0] = v1;
-        axis[1] = v2;
-        axis[2] = v3;
+        axis[0] = v[0];
+        axis[1] = v[1];
+        axis[2] = v[2];
     }
-    if (angle != NULL) *angle = rot;
+    if (angle != NULL) {
+        *angle = rot;
+    }
 }
 
 static double norm3(const double v[3])

@@ -36,6 +36,12 @@ double nbg_poidev(double xm, nbg_rng *r);
  * Rodrigues(axis, *angle), i.e. cos(a) I + sin(a) [axis]x + (1 - cos(a)) axis axis^T. */
 void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3], double *angle);
 
+/* The three draws of one random rotation: a unit axis and the cap factor (1-r3^2)^(1/3) in single precision. */
+void nbg_mosaic_draw(nbg_rng *r, double axis[3], float *capf);
+
+/* Rodrigues rotation matrix (row-major) about unit axis v by angle rot, with the reference's grouping. */
+void nbg_rodrigues_umat(const double v[3], double rot, double U[9]);
+
 /* Misset angles (rotx, roty, rotz) in radians with U = Rz*Ry*Rx, as the reference's umat2misset, including its
  * re-orthonormalisation and its treatment of the gimbal-lock case. */
 void nbg_umat2misset(const double U[9], double angles_rad[3]);

@@ -208,7 +208,7 @@ typedef struct {
  * (Fbeam, Sbeam), SAMPLE pivot swings the near point; the ratio b.o ignores two-theta, as in the reference. */
 static inline void NBG_T_SFX(nbg_detector)(const NBG_T_SFX(nbg_det_in) * in, NBG_T_SFX(nbg_det_out) * out)
 {
-    NBG_T b[3], f[3], s[3], o[3], tta[3], tmp[3], pix0[3];
+    NBG_T b[3], f[3], s[3], o[3], tta[3], tmp[3], pix0[3] = {0, 0, 0};
     for (int i = 0; i < 3; ++i) {
         b[i] = in->b[i];
         f[i] = in->f[i];

@@ -33,6 +33,7 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
     ctx->precision = precision;
     ctx->nthreads = nthreads;
     ctx->backend = NBG_BACKEND_CPU;
+    ctx->break_param = -1;
     if (backend != NBG_BACKEND_CPU) {
 #ifdef NBG_HAVE_CUDA
         int rc = nbg_cuda_init(ctx);

@@ -1,0 +1,30 @@
+/*
+ * adjoint.h -- reverse-mode (adjoint) kernels: per-pixel dL/dI in, gradients of the plan-level quantities out.
+ */
+#ifndef NBG_ADJOINT_H
+#define NBG_ADJOINT_H
+
+#include "physics.h"
+
+#include <stddef.h>
+
+/* Gradient accumulators of the quantities the kernel reads (one set per thread, summed in a fixed order). */
+typedef struct {
+    double pix0[3], f[3], s[3], o[3], close; /* detector vectors (m) and close distance (m) */
+    double N[3], astar[9];                   /* crystal size; reciprocal vectors (1/A, gauss shape) */
+    double K, scale, Ibg, defF;              /* Kahn factor; r_e^2 fluence / steps; water term; default_F */
+    double *abc;                             /* nphi*nmos*9: real-space vectors per phi step and domain (m) */
+    double *lam;                             /* nsources: wavelengths (m) */
+    double *F;                               /* structure-factor table, or NULL when not wanted */
+} nbg_adjacc;
+
+/* Number of doubles in the fixed part of nbg_adjacc. */
+#define NBG_ADJ_FIXED (offsetof(nbg_adjacc, abc) / sizeof(double))
+
+/* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
+ * acc the gradients of L given dLdI.  acc must be zeroed; F gradients are gathered only when acc->F != NULL.
+ * nthreads accumulator sets are used (tacc, each with its own arrays) and summed into acc in thread order, so
+ * the result is reproducible for a given thread count. */
+void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads);
+
+#endif

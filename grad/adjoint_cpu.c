@@ -1,0 +1,43 @@
+/*
+ * adjoint_cpu.c -- the CPU adjoint kernel: OpenMP over detector rows (static schedule, so each row always goes
+ * to the same thread for a given thread count), one accumulator set per thread, summed in thread order.
+ */
+#include "adjoint.h"
+#include "kernel.h"
+
+#include <stddef.h>
+
+#define NBG_R double
+#define NBG_SFX(name) name##_d
+#include "adjoint_tmpl.h"
+#undef NBG_R
+#undef NBG_SFX
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads)
+{
+    const int F = p->fpixels, S = p->spixels;
+#pragma omp parallel num_threads(nthreads)
+    {
+#ifdef _OPENMP
+        nbg_adjacc *acc = &tacc[omp_get_thread_num()];
+#else
+        nbg_adjacc *acc = &tacc[0];
+#endif
+#pragma omp for schedule(static)
+        for (int s = 0; s < S; ++s) {
+            for (int f = 0; f < F; ++f) {
+                const long i = (long)s * F + f;
+                if (!nbg_pixel_active(p, f, s)) {
+                    image[i] = 0.0f;
+                    continue;
+                }
+                const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
+                image[i] = (float)nbg_pixel_adjoint_d(p, f, s, g, acc);
+            }
+        }
+    }
+}

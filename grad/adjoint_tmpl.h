@@ -1,0 +1,247 @@
+/*
+ * adjoint_tmpl.h -- the adjoint twin of src/pixel_tmpl.h: the same loop nest over layers x subpixels x sources
+ * x (phi, mosaic), the same per-sample physics (src/physics_tmpl.h), with adjoint variables d_<var>.  It
+ * recomputes every sample instead of storing a tape, so memory stays O(pixels).
+ *
+ * The forward value of a pixel is S = scale * I * capture * polar * omega with I = I_bg + sum F_cell^2 F_latt^2,
+ * where omega is taken at the first subpixel, polar at the first (subpixel, source) that survives the resolution
+ * cut and capture at the last layer's first subpixel.  Those three factors are computed first (a short prologue
+ * that records where), so that d_I = g scale capture polar omega is known before the main pass; the main pass then
+ * accumulates I and every sample's gradient at once, and the epilogue back-propagates d_omega, d_polar and
+ * d_capture, which need the final I, through the recorded geometry.  The -oversample_thick/_polar/_omega
+ * running-sum modes are not differentiated (the API refuses them).
+ *
+ * Instantiated for NBG_R = double by grad/adjoint_cpu.c.
+ */
+#ifdef NBG_FLOAT_MODE
+#define NBG_M(fn) fn##f
+#else
+#define NBG_M(fn) fn
+#endif
+
+/* Unit diffracted direction d = P / |P| for a subpixel, with its detector coordinates. */
+typedef struct {
+    NBG_R P[3], d[3], R, Fdet, Sdet, Odet;
+} NBG_SFX(nbg_ray);
+
+static inline NBG_HD void NBG_SFX(nbg_ray_at)(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS,
+                                             int t, NBG_SFX(nbg_ray) * r)
+{
+    NBG_SFX(nbg_subpixel_coords)(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
+    NBG_SFX(nbg_subpixel_pos)(p, fpixel, spixel, subF, subS, t, r->P);
+    r->R = NBG_M(sqrt)(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
+    for (int x = 0; x < 3; ++x) {
+        r->d[x] = r->P[x] / r->R;
+    }
+}
+
+/* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
+ * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
+static inline NBG_HD void NBG_SFX(nbg_ray_adjoint)(const NBG_SFX(nbg_ray) * r, const NBG_R *d_d, NBG_R d_R,
+                                                  nbg_adjacc *acc)
+{
+    const NBG_R dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
+    for (int x = 0; x < 3; ++x) {
+        const NBG_R d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
+        acc->pix0[x] += (double)d_P;
+        acc->f[x] += (double)(d_P * r->Fdet);
+        acc->s[x] += (double)(d_P * r->Sdet);
+        acc->o[x] += (double)(d_P * r->Odet);
+    }
+}
+
+/* Whether source src survives the resolution cut for direction d; fills q. */
+static inline NBG_HD int NBG_SFX(nbg_scatter_q)(const nbg_kparams *p, const NBG_R *d, int src, NBG_R *q)
+{
+    const double *sr = p->src + NBG_SRC_STRIDE * src;
+    const NBG_R lambda = (NBG_R)sr[3];
+    for (int x = 0; x < 3; ++x) {
+        q[x] = (d[x] - (NBG_R)sr[x]) / lambda;
+    }
+    if (p->dmin > 0) {
+        const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
+        if (stol > 0 && (NBG_R)p->dmin > (NBG_R)0.5 / stol) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int fpixel, int spixel, NBG_R g,
+                                                      nbg_adjacc *acc)
+{
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R K = (NBG_R)p->polarization;
+    const NBG_R scale = (NBG_R)p->scale;
+
+    /* --- prologue: the once-per-pixel factors and where they were taken ------------------------------------ */
+    NBG_SFX(nbg_ray) r_om, r_cap, r_pol;
+    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, 0, &r_om);
+    const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
+                                       : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
+                                             r_om.R;
+    NBG_R capture = 1, cap_a = 0, rho = 1;
+    const int tl = p->thicksteps - 1;
+    if (p->thick != 0) {
+        NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, tl, &r_cap);
+        rho = r_cap.d[0] * (NBG_R)p->odet[0] + r_cap.d[1] * (NBG_R)p->odet[1] + r_cap.d[2] * (NBG_R)p->odet[2];
+        cap_a = (NBG_R)(p->thickstep * p->mu) / rho;
+        capture = NBG_M(exp)(-(NBG_R)tl * cap_a) - NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a);
+    }
+    NBG_R polar = p->nopolar ? 1 : 0;
+    int pol_src = -1;
+    if (!p->nopolar) {
+        for (int t = 0; t < p->thicksteps && pol_src < 0; ++t) {
+            for (int subS = 0; subS < os && pol_src < 0; ++subS) {
+                for (int subF = 0; subF < os && pol_src < 0; ++subF) {
+                    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, t, &r_pol);
+                    for (int src = 0; src < p->nsources; ++src) {
+                        NBG_R q[3];
+                        if (NBG_SFX(nbg_scatter_q)(p, r_pol.d, src, q)) {
+                            const double *sr = p->src + NBG_SRC_STRIDE * src;
+                            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+                            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+                            polar = NBG_SFX(nbg_polar)(K, inc, r_pol.d, E, B);
+                            pol_src = src;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /* --- main pass: I and every sample's gradient, with d_I known ------------------------------------------ */
+    const NBG_R d_I = g * scale * capture * polar * omega;
+    NBG_R I = (NBG_R)p->I_bg;
+    for (int t = 0; t < p->thicksteps; ++t) {
+        for (int subS = 0; subS < os; ++subS) {
+            for (int subF = 0; subF < os; ++subF) {
+                NBG_SFX(nbg_ray) ray;
+                NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, t, &ray);
+                NBG_R d_d[3] = {0, 0, 0};
+                for (int src = 0; src < p->nsources; ++src) {
+                    NBG_R q[3];
+                    if (!NBG_SFX(nbg_scatter_q)(p, ray.d, src, q)) {
+                        continue;
+                    }
+                    const NBG_R lambda = (NBG_R)p->src[NBG_SRC_STRIDE * src + 3];
+                    NBG_R d_q[3] = {0, 0, 0};
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
+                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
+                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
+                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
+                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        NBG_R dL_dhkl[3], dL_dN[3], dL_dastar[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+                        const NBG_R F_latt =
+                            NBG_SFX(nbg_lattice_grad)(p, h, k, l, h0, k0, l0, dL_dhkl, dL_dN, dL_dastar);
+                        if (F_latt == 0 && !p->water) {
+                            continue;
+                        }
+                        NBG_R dF_dhkl[3];
+                        double unused = 0;
+                        const NBG_R F_cell = NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, dF_dhkl,
+                                                                     0, 0, &unused);
+                        I += F_cell * F_cell * F_latt * F_latt;
+                        if (d_I == 0) {
+                            continue;
+                        }
+                        /* dT/dF_cell = 2 F_cell F_latt^2, dT/dF_latt = 2 F_cell^2 F_latt */
+                        const NBG_R d_Fc = d_I * 2 * F_cell * F_latt * F_latt;
+                        const NBG_R d_Fl = d_I * 2 * F_cell * F_cell * F_latt;
+                        if (acc->F != 0 || p->F == 0) {
+                            NBG_R tmp[3];
+                            NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, tmp, d_Fc, acc->F,
+                                                    &acc->defF);
+                        }
+                        for (int i = 0; i < 3; ++i) {
+                            acc->N[i] += (double)(d_Fl * dL_dN[i]);
+                        }
+                        if (p->shape == NBG_GAUSS) {
+                            for (int i = 0; i < 9; ++i) {
+                                acc->astar[i] += (double)(d_Fl * dL_dastar[i]);
+                            }
+                        }
+                        /* h = a . q:  d_a += d_h q,  d_q += d_h a */
+                        const NBG_R d_h = d_Fl * dL_dhkl[0] + d_Fc * dF_dhkl[0];
+                        const NBG_R d_k = d_Fl * dL_dhkl[1] + d_Fc * dF_dhkl[1];
+                        const NBG_R d_l = d_Fl * dL_dhkl[2] + d_Fc * dF_dhkl[2];
+                        double *d_abc = acc->abc + 9 * m;
+                        for (int x = 0; x < 3; ++x) {
+                            d_abc[x] += (double)(d_h * q[x]);
+                            d_abc[3 + x] += (double)(d_k * q[x]);
+                            d_abc[6 + x] += (double)(d_l * q[x]);
+                            d_q[x] += d_h * (NBG_R)abc[x] + d_k * (NBG_R)abc[3 + x] + d_l * (NBG_R)abc[6 + x];
+                        }
+                    }
+                    /* q = (d - i) / lambda:  d_d += d_q / lambda,  d_lambda -= d_q . q / lambda */
+                    for (int x = 0; x < 3; ++x) {
+                        d_d[x] += d_q[x] / lambda;
+                    }
+                    acc->lam[src] -= (double)((d_q[0] * q[0] + d_q[1] * q[1] + d_q[2] * q[2]) / lambda);
+                }
+                if (d_I != 0) {
+                    NBG_SFX(nbg_ray_adjoint)(&ray, d_d, 0, acc);
+                }
+            }
+        }
+    }
+    double S = p->scale * (double)I;
+    S *= (double)capture;
+    S *= (double)polar;
+    S *= (double)omega;
+    if (g == 0) {
+        return S;
+    }
+
+    /* --- epilogue: the once-per-pixel factors -------------------------------------------------------------- */
+    const NBG_R Ic = I;
+    acc->scale += (double)(g * Ic * capture * polar * omega);
+    acc->Ibg += (double)d_I;
+    const NBG_R zero[3] = {0, 0, 0};
+    {
+        /* omega = px^2 close / R^3 (or 1 / R^2): d_R = -3 omega / R (-2 omega / R), d_close = omega / close */
+        const NBG_R d_om = g * scale * Ic * capture * polar;
+        const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega / r_om.R;
+        if (!p->point_pixel) {
+            acc->close += (double)(d_om * omega / (NBG_R)p->close_distance);
+        }
+        NBG_SFX(nbg_ray_adjoint)(&r_om, zero, d_R, acc);
+    }
+    if (p->thick != 0) {
+        /* capture = exp(-t a) - exp(-(t+1) a), a = dz mu / rho, rho = d . o */
+        const NBG_R d_cap = g * scale * Ic * polar * omega;
+        const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a) +
+                              (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a);
+        const NBG_R d_rho = d_cap * dcap_da * (-cap_a / rho);
+        NBG_R d_d[3];
+        for (int x = 0; x < 3; ++x) {
+            d_d[x] = d_rho * (NBG_R)p->odet[x];
+            acc->o[x] += (double)(d_rho * r_cap.d[x]);
+        }
+        NBG_SFX(nbg_ray_adjoint)(&r_cap, d_d, 0, acc);
+    }
+    if (pol_src >= 0) {
+        const NBG_R d_pol = g * scale * Ic * capture * omega;
+        const double *sr = p->src + NBG_SRC_STRIDE * pol_src;
+        const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+        const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+        const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+        NBG_R dP_dd[3], dP_dK;
+        NBG_SFX(nbg_polar_grad)(K, inc, r_pol.d, E, B, dP_dd, &dP_dK);
+        NBG_R d_d[3];
+        for (int x = 0; x < 3; ++x) {
+            d_d[x] = d_pol * dP_dd[x];
+        }
+        acc->K += (double)(d_pol * dP_dK);
+        NBG_SFX(nbg_ray_adjoint)(&r_pol, d_d, 0, acc);
+    }
+    return S;
+}
+
+#undef NBG_M

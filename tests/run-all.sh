@@ -1,0 +1,113 @@
+#!/bin/sh
+# run-all.sh -- runs every test program and totals their results.
+#
+#   sh tests/run-all.sh [BUILD_DIR]      (make test runs it as: sh tests/run-all.sh build)
+#
+# Runs each BUILD_DIR/tests/test-* program (test-golden last) from the repository root, shows its output as it
+# comes, and reads its last "N passed, M failed[, K skipped]" line.  A program that exits non-zero, dies of a
+# signal, or prints no such line counts as a failure, reported by name.  The last line is the total,
+# "N passed, M failed" (", K skipped" when any); the exit status is 0 only when nothing failed.
+
+B=${1:-build}
+ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
+cd "$ROOT" || exit 2
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-run-all.XXXXXX") || { echo "run-all: cannot make a temporary directory"; exit 2; }
+trap 'rm -rf "$TMP"' EXIT
+trap 'rm -rf "$TMP"; exit 130' INT TERM
+
+# the programs, in name order, test-golden last
+progs=""
+golden=""
+for p in "$B"/tests/test-*; do
+    [ -f "$p" ] && [ -x "$p" ] || continue
+    case "$p" in
+        *.o | *.d | *.c | *.h | *.sh) continue ;;
+        */test-golden) golden=$p ;;
+        *) progs="$progs $p" ;;
+    esac
+done
+progs="$progs $golden"
+
+total_pass=0
+total_fail=0
+total_skip=0
+bad=""
+count=0
+
+for p in $progs; do
+    name=$(basename "$p")
+    count=$((count + 1))
+    echo "== $name"
+    # stream the output while keeping a copy; the exit status goes through a file (a pipeline loses it)
+    case "$p" in
+        /*) run=$p ;;
+        *) run=./$p ;;
+    esac
+    { "$run" 2>&1; echo $? > "$TMP/rc"; } | tee "$TMP/out"
+    rc=$(cat "$TMP/rc" 2>/dev/null)
+    [ -n "$rc" ] || rc=255
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$TMP/out" | tail -n 1)
+    if [ -z "$line" ]; then
+        if [ "$rc" -gt 128 ]; then
+            why="crashed (signal $((rc - 128))) without a summary line"
+        else
+            why="printed no summary line (exit status $rc)"
+        fi
+        echo "FAIL $name $why"
+        total_fail=$((total_fail + 1))
+        bad="$bad
+  $name: $why"
+        continue
+    fi
+    np=${line%% passed*}
+    rest=${line#*passed, }
+    nf=${rest%% failed*}
+    case "$line" in
+        *skipped) rest=${line##*failed, }; ns=${rest%% skipped} ;;
+        *) ns=0 ;;
+    esac
+    total_pass=$((total_pass + np))
+    total_fail=$((total_fail + nf))
+    total_skip=$((total_skip + ns))
+    if [ "$rc" -ne 0 ]; then
+        if [ "$rc" -gt 128 ]; then
+            why="crashed (signal $((rc - 128)))"
+        else
+            why="exited with status $rc"
+        fi
+        if [ "$nf" -gt 0 ]; then
+            bad="$bad
+  $name: $nf failed"
+        else
+            # a failure the program did not count itself
+            echo "FAIL $name $why after reporting no failure"
+            total_fail=$((total_fail + 1))
+            bad="$bad
+  $name: $why after reporting no failure"
+        fi
+    elif [ "$nf" -gt 0 ]; then
+        echo "FAIL $name reported $nf failures but exited with status 0"
+        bad="$bad
+  $name: $nf failed (yet exit status 0)"
+    fi
+done
+
+if [ "$count" -eq 0 ]; then
+    echo "FAIL run-all no test programs in $B/tests (run make first)"
+    total_fail=$((total_fail + 1))
+    bad="$bad
+  no test programs in $B/tests"
+fi
+
+echo "=="
+if [ -n "$bad" ]; then
+    echo "programs with failures:$bad"
+fi
+summary="$total_pass passed, $total_fail failed"
+[ "$total_skip" -gt 0 ] && summary="$summary, $total_skip skipped"
+echo "$summary"
+if [ "$total_fail" -eq 0 ]; then
+    exit 0
+fi
+exit 1

@@ -1,0 +1,242 @@
+/*
+ * testutil.h -- a tiny header-only test library for the nbgrad test programs.
+ *
+ * Every check prints one line:
+ *
+ *     PASS <id> <message>
+ *     FAIL <id> <message>
+ *     SKIP <id> <reason>
+ *
+ * and nbg_test_summary() prints the last line of the program's output, exactly "N passed, M failed" (followed by
+ * ", K skipped" when something was skipped), and returns the exit status: 0 iff no check failed.  tests/run-all.sh
+ * reads that line.
+ *
+ * Helpers: the golden folder (nbg_test_golden_dir), a fresh temporary directory that is removed recursively
+ * afterwards (nbg_test_mkdtemp, nbg_test_rmtree), and reading a whole file (nbg_test_read_file).
+ *
+ * Everything is static (inline), so a test includes this header once and needs nothing else.
+ */
+#ifndef NBG_TESTUTIL_H
+#define NBG_TESTUTIL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* nftw, mkdtemp */
+#endif
+
+#include <errno.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+    int passed, failed, skipped;
+} nbg_test_counts;
+
+/* The counters of this program (one set per program). */
+static inline nbg_test_counts *nbg_test_counts_(void)
+{
+    static nbg_test_counts counts;
+    return &counts;
+}
+
+/* Prints "<word> <id>[ <message>]" and a newline. */
+static inline void nbg_test_vline_(const char *word, const char *id, const char *fmt, va_list ap)
+{
+    printf("%s %s", word, id != NULL ? id : "?");
+    if (fmt != NULL && fmt[0] != '\0') {
+        printf(" ");
+        vprintf(fmt, ap);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+/* Records a check: prints "PASS <id> <msg>" when ok, else "FAIL <id> <msg>".  Returns ok (0 or 1). */
+static inline int nbg_test_check(int ok, const char *id, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    nbg_test_vline_(ok ? "PASS" : "FAIL", id, fmt, ap);
+    va_end(ap);
+    if (ok) {
+        ++nbg_test_counts_()->passed;
+    } else {
+        ++nbg_test_counts_()->failed;
+    }
+    return ok != 0;
+}
+
+/*
+ * Checks that got is within rtol of expected, relative to |expected| (|got - expected| <= rtol * |expected|; when
+ * expected is 0, |got| <= rtol).  Non-finite values are their own case: an expected NaN passes only for a NaN, an
+ * expected +-Inf only for the same infinity, and a non-finite got never matches a finite expected.  The message
+ * is printed after the id; on failure the two values (%.17g) and the relative error follow it.
+ */
+static inline int nbg_test_rel(double got, double expected, double rtol, const char *id, const char *fmt, ...)
+{
+    int ok;
+    double rel = 0;
+    if (isnan(expected) || isnan(got)) {
+        ok = isnan(expected) && isnan(got);
+        rel = NAN;
+    } else if (isinf(expected) || isinf(got)) {
+        ok = got == expected;
+        rel = ok ? 0 : INFINITY;
+    } else {
+        const double diff = fabs(got - expected);
+        rel = expected != 0 ? diff / fabs(expected) : diff;
+        ok = rel <= rtol;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %s", ok ? "PASS" : "FAIL", id != NULL ? id : "?");
+    if (fmt != NULL && fmt[0] != '\0') {
+        printf(" ");
+        vprintf(fmt, ap);
+    }
+    va_end(ap);
+    if (!ok) {
+        printf(" (got %.17g, expected %.17g, rel. error %.3g > %.3g)", got, expected, rel, rtol);
+    }
+    printf("\n");
+    fflush(stdout);
+    if (ok) {
+        ++nbg_test_counts_()->passed;
+    } else {
+        ++nbg_test_counts_()->failed;
+    }
+    return ok;
+}
+
+/* Records a skipped check: prints "SKIP <id> <reason>". */
+static inline void nbg_test_skip(const char *id, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    nbg_test_vline_("SKIP", id, fmt, ap);
+    va_end(ap);
+    ++nbg_test_counts_()->skipped;
+}
+
+/* Prints "N passed, M failed" (", K skipped" when any) as the last line; returns 0 iff nothing failed. */
+static inline int nbg_test_summary(void)
+{
+    const nbg_test_counts *c = nbg_test_counts_();
+    printf("%d passed, %d failed", c->passed, c->failed);
+    if (c->skipped > 0) {
+        printf(", %d skipped", c->skipped);
+    }
+    printf("\n");
+    fflush(stdout);
+    return c->failed == 0 ? 0 : 1;
+}
+
+/* 1 when path names an existing directory. */
+static inline int nbg_test_is_dir(const char *path)
+{
+    struct stat st;
+    return path != NULL && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/*
+ * The folder of golden reference images: $NBG_GOLDEN when set and not empty, else ../shared/golden (relative to
+ * the repository root, where the tests run).  NULL when that directory does not exist.
+ */
+static inline const char *nbg_test_golden_dir(void)
+{
+    const char *d = getenv("NBG_GOLDEN");
+    if (d == NULL || d[0] == '\0') {
+        d = "../shared/golden";
+    }
+    return nbg_test_is_dir(d) ? d : NULL;
+}
+
+/*
+ * Makes a fresh directory $TMPDIR/<prefix>XXXXXX (or under /tmp) and writes its path to buf.  Returns buf, or
+ * NULL (with a message on stderr) on failure.
+ */
+static inline char *nbg_test_mkdtemp(const char *prefix, char *buf, size_t size)
+{
+    const char *base = getenv("TMPDIR");
+    if (base == NULL || base[0] == '\0' || !nbg_test_is_dir(base)) {
+        base = "/tmp";
+    }
+    const int n = snprintf(buf, size, "%s/%sXXXXXX", base, prefix != NULL ? prefix : "nbg-test-");
+    if (n < 0 || (size_t)n >= size) {
+        fprintf(stderr, "nbg_test_mkdtemp: path too long\n");
+        return NULL;
+    }
+    if (mkdtemp(buf) == NULL) {
+        fprintf(stderr, "nbg_test_mkdtemp: %s: %s\n", buf, strerror(errno));
+        return NULL;
+    }
+    return buf;
+}
+
+static inline int nbg_test_rmtree_one_(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0) {
+        fprintf(stderr, "nbg_test_rmtree: %s: %s\n", path, strerror(errno));
+    }
+    return 0; /* go on regardless */
+}
+
+/* Removes path and everything under it (symbolic links are removed, not followed).  Returns 0 on success. */
+static inline int nbg_test_rmtree(const char *path)
+{
+    if (path == NULL || path[0] == '\0' || strcmp(path, "/") == 0) {
+        return -1;
+    }
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        return errno == ENOENT ? 0 : -1;
+    }
+    nftw(path, nbg_test_rmtree_one_, 16, FTW_DEPTH | FTW_PHYS);
+    return lstat(path, &st) == 0 ? -1 : 0;
+}
+
+/*
+ * Reads a whole file.  Returns a malloc'ed buffer (with one extra NUL byte after the contents, so text can be
+ * used as a string) and stores the size in *size; NULL when the file cannot be read.
+ */
+static inline void *nbg_test_read_file(const char *path, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf != NULL) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) {
+            break;
+        }
+        cap *= 2;
+        char *b = realloc(buf, cap + 1);
+        if (b == NULL) {
+            free(buf);
+        }
+        buf = b;
+    }
+    const int err = ferror(f);
+    fclose(f);
+    if (buf == NULL || err) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (size != NULL) {
+        *size = n;
+    }
+    return buf;
+}
+
+#endif /* NBG_TESTUTIL_H */
