@@ -34,7 +34,13 @@ static const char *const param_names[NBG_NPARAMS] = {
     "mosaic", "lambda", "fluence", "polar", "distance", "beam_fast", "beam_slow",
     "det_rotx", "det_roty", "det_rotz", "twotheta"};
 
-const char *nbg_param_name(nbg_param p) { return (p >= 0 && p < NBG_NPARAMS) ? param_names[p] : "?"; }
+const char *nbg_param_name(nbg_param p)
+{
+    if (p == NBG_NPARAMS) {
+        return "F";
+    }
+    return (p >= 0 && p < NBG_NPARAMS) ? param_names[p] : "?";
+}
 
 int nbg_param_from_name(const char *name)
 {

@@ -254,6 +254,7 @@ typedef uint64_t nbg_param_mask;
 #define NBG_MASK_F ((nbg_param_mask)1 << 63)
 #define NBG_MASK_ALL (((nbg_param_mask)1 << NBG_NPARAMS) - 1)
 
+/* The CLI name of a parameter; NBG_NPARAMS names the structure factors, "F". */
 const char *nbg_param_name(nbg_param p);
 /* The parameter called name, or -1. */
 int nbg_param_from_name(const char *name);
@@ -291,11 +292,12 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
 
 /* Finite-difference check of the adjoint for each parameter in the mask, on L = sum_p w_p I_p with fixed
  * pseudo-random weights w_p in [0.5, 1.5).  Central differences in double at steps h and h/2 (h per parameter,
- * scaled by h_scale, 1 = default); the error must shrink like h^2.  Refuses a blank image or an all-zero
- * gradient as proof.  Pixels whose rounded Miller index changes between the evaluations are left out of both
+ * scaled by h_scale, 1 = default), Richardson-extrapolated; passes when |adjoint - numeric| <= atol +
+ * rtol max(|adjoint|, |numeric|), atol = 1e-13 |L| / h (the differences' rounding floor), and the error of the
+ * plain difference shrinks like h^2.  Refuses a blank image, and a gradient below atol, as proof.  Pixels whose rounded Miller index changes between the evaluations are left out of both
  * sides (counted in excluded). */
 typedef struct {
-    nbg_param param;
+    nbg_param param;    /* NBG_NPARAMS for the structure factors (a directional check over the table) */
     double adjoint, numeric, relerr, step;
     double order;       /* observed convergence order of the finite difference (about 2) */
     long excluded;      /* pixels left out */
@@ -303,6 +305,7 @@ typedef struct {
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 
+/* results must hold NBG_NPARAMS + 1 entries. */
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
                   nbg_gradcheck_result *results, int *nresults);
 

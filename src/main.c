@@ -148,14 +148,14 @@ static int cmd_gradcheck(int argc, char **argv, int first)
         nbg_cli_free(&c);
         return status;
     }
-    if (o.mask == 0) {
+    if (o.mask == 0 && !o.want_F) {
         fprintf(stderr, "nbgrad: error: gradcheck needs -params (e.g. -params a,b,c,rotx,distance)\n");
         goto done;
     }
     nbg_debug_break_adjoint(ctx, o.break_param);
-    nbg_gradcheck_result res[NBG_NPARAMS];
+    nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    if (nbg_gradcheck(ctx, &c.e, o.mask, o.rtol > 0 ? o.rtol : 1e-6, o.hscale, res, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale, res, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }

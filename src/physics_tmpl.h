@@ -305,7 +305,9 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_polar_grad)(NBG_R K, const NBG_R *i, cons
     const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
     const NBG_R s2t2 = 1 - c2t * c2t;
     NBG_R c2psi = 1, dcx = 0, dcy = 0;
-    if (K != 0) {
+    {
+        /* psi is computed even at K = 0, where the forward skips it (P does not depend on it there), since
+         * dP/dK needs it */
         const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
         const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
         const NBG_R r2 = x * x + y * y;

@@ -20,7 +20,7 @@ trap 'rm -rf "$TMP"; exit 130' INT TERM
 progs=""
 golden=""
 for p in "$B"/tests/test-*; do
-    [ -f "$p" ] && [ -x "$p" ] || continue
+    if [ ! -f "$p" ] || [ ! -x "$p" ]; then continue; fi
     case "$p" in
         *.o | *.d | *.c | *.h | *.sh) continue ;;
         */test-golden) golden=$p ;;
@@ -78,7 +78,7 @@ for p in $progs; do
         fi
         if [ "$nf" -gt 0 ]; then
             bad="$bad
-  $name: $nf failed"
+  $name: $nf failed ($why)"
         else
             # a failure the program did not count itself
             echo "FAIL $name $why after reporting no failure"

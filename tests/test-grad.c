@@ -1,0 +1,260 @@
+/*
+ * test-grad.c -- gradients on the CPU: the adjoint against central finite differences (nbg_gradcheck) for every
+ * parameter on the experiments a refinement meets, the checker failing on a deliberately broken adjoint, the
+ * gradient call's image equal to the forward call's, reproducible gradients, and the fused losses.
+ */
+#include "testutil.h" /* first: it sets _GNU_SOURCE */
+#include "nbgrad.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static nbg_ctx *ctx;
+
+static void base(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {100, 100, 100, 90, 90, 90};
+    memcpy(e->cell, cell, sizeof cell);
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 100;
+    e->fpixels = e->spixels = 48;
+    e->oversample = 1;
+    e->polarization = 0.5;
+    e->misset[0] = 3;
+    e->misset[1] = 4;
+    e->misset[2] = 5;
+}
+
+static nbg_param_mask mask_of(const char *list)
+{
+    nbg_param_mask m = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *t = strtok(buf, ","); t != NULL; t = strtok(NULL, ",")) {
+        if (strcmp(t, "F") == 0) {
+            m |= NBG_MASK_F;
+            continue;
+        }
+        const int p = nbg_param_from_name(t);
+        if (p < 0) {
+            fprintf(stderr, "test bug: unknown parameter %s\n", t);
+            exit(2);
+        }
+        m |= NBG_MASK(p);
+    }
+    return m;
+}
+
+static const char *const ALL = "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"
+                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta";
+
+/* Runs the gradient check and prints one line per parameter; expect_pass = 0 for the broken adjoint. */
+static void gradcheck(const char *id, const nbg_experiment *e, const char *params, int expect_pass)
+{
+    nbg_gradcheck_result res[NBG_NPARAMS + 1];
+    int n = 0;
+    const int rc = nbg_gradcheck(ctx, e, mask_of(params), 1e-6, 1, res, &n);
+    if (!nbg_test_check(rc == NBG_OK, id, "gradcheck ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+        return;
+    }
+    for (int i = 0; i < n; ++i) {
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(res[i].param));
+        nbg_test_check(res[i].pass == expect_pass, sub, "adjoint=%.12g numeric=%.12g relerr=%.2g order=%.2f%s%s",
+                       res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order, res[i].reason[0] ? " # " : "",
+                       res[i].reason);
+    }
+}
+
+int main(void)
+{
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        printf("FAIL grad-0 context\n");
+        return 1;
+    }
+    nbg_experiment e;
+
+    /* grad-1: a cubic crystal, every parameter */
+    base(&e);
+    gradcheck("grad-1-cubic", &e, ALL, 1);
+
+    /* grad-2: a triclinic crystal with misset */
+    base(&e);
+    const double tri[6] = {70, 80, 90, 75, 85, 95};
+    memcpy(e.cell, tri, sizeof tri);
+    e.misset[0] = 10;
+    e.misset[1] = 5;
+    e.misset[2] = 3;
+    gradcheck("grad-2-triclinic", &e, ALL, 1);
+
+    /* grad-3: mosaic domains with phi steps (and the mosaic spread) */
+    e.mosaic = 0.5;
+    e.mosaic_domains = 4;
+    e.phi0 = 1;
+    e.osc = 2;
+    e.phisteps = 3;
+    gradcheck("grad-3-mosaic-phi", &e, "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,mosaic,lambda,distance,"
+                                       "beam_fast,det_rotx,twotheta", 1);
+
+    /* grad-4: divergence with dispersion */
+    base(&e);
+    e.hdivrange = e.vdivrange = 0.5;
+    e.hdivsteps = e.vdivsteps = 3;
+    e.dispersion = 1;
+    e.dispsteps = 3;
+    gradcheck("grad-4-divergence-dispersion", &e, ALL, 1);
+
+    /* grad-5: oversampling with sensor thickness and polarization */
+    base(&e);
+    e.oversample = 2;
+    e.thick = 100;
+    e.thick_abs = 50;
+    e.thicksteps = 3;
+    e.polarization = 0.95;
+    gradcheck("grad-5-oversample-thickness-polar", &e, ALL, 1);
+
+    /* grad-6: a rotated detector with two-theta, both pivots */
+    base(&e);
+    e.det_rot[0] = 5;
+    e.det_rot[1] = 3;
+    e.det_rot[2] = 2;
+    e.twotheta = 10;
+    gradcheck("grad-6-rotated-detector", &e, ALL, 1);
+    e.convention = NBG_CONV_XDS;
+    gradcheck("grad-6-rotated-detector-xds", &e, ALL, 1);
+
+    /* grad-7: each crystal shape.  The tophat is flat inside its edge: the crystal orientation and cell have a
+     * zero derivative there (taken branch), so only the parameters it does depend on are checked. */
+    base(&e);
+    e.shape = NBG_SHAPE_ROUND;
+    gradcheck("grad-7-round", &e, ALL, 1);
+    base(&e);
+    e.shape = NBG_SHAPE_GAUSS;
+    e.Na = e.Nb = e.Nc = 8;
+    e.misset[0] = 30;
+    e.misset[1] = 40;
+    e.misset[2] = 50;
+    gradcheck("grad-7-gauss", &e, ALL, 1);
+    base(&e);
+    e.shape = NBG_SHAPE_TOPHAT;
+    gradcheck("grad-7-tophat", &e, "Na,Nb,Nc,fluence,polar,distance,beam_fast,beam_slow", 1);
+    base(&e);
+    e.fudge = 0.7;
+    e.shape = NBG_SHAPE_ROUND;
+    gradcheck("grad-7-round-fudge", &e, "a,rotx,Na,distance", 1);
+
+    /* grad-8: an interpolated HKL table, with the structure factors */
+    const char *gold = nbg_test_golden_dir();
+    if (gold == NULL) {
+        nbg_test_skip("grad-8-interpolated-hkl", "golden data folder not found (set NBG_GOLDEN)");
+    } else {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/data/grid.hkl", gold);
+        nbg_hkl hkl;
+        if (nbg_test_check(nbg_hkl_read(ctx, path, 0, &hkl) == NBG_OK, "grad-8-read", "read %s", path)) {
+            base(&e);
+            e.hkl = &hkl;
+            e.default_F = 0;
+            e.lambda = 2;
+            e.Na = e.Nb = e.Nc = 2;
+            e.fpixels = e.spixels = 64;
+            e.interpolate = -1;
+            gradcheck("grad-8-interpolated-hkl", &e, ALL, 1);
+            gradcheck("grad-8-interpolated-hkl", &e, "F", 1);
+            e.Na = e.Nb = e.Nc = 5;
+            gradcheck("grad-8-nearest-hkl", &e, "a,rotx,Na,distance,lambda,F", 1);
+            nbg_hkl_free(&hkl);
+        }
+    }
+
+    /* grad-9: the checker can fail: a deliberately broken adjoint (1e-3 relative error) is reported */
+    base(&e);
+    nbg_debug_break_adjoint(ctx, NBG_P_B);
+    gradcheck("grad-9-broken-adjoint", &e, "b", 0);
+    nbg_debug_break_adjoint(ctx, -1);
+
+    /* grad-10: the gradient call's image is the forward call's; gradients are reproducible */
+    base(&e);
+    e.mosaic = 0.3;
+    e.mosaic_domains = 3;
+    nbg_report r;
+    nbg_describe(ctx, &e, &r);
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    float *img = malloc(npix * sizeof(float)), *img2 = malloc(npix * sizeof(float));
+    float *dl = malloc(npix * sizeof(float));
+    for (size_t i = 0; i < npix; ++i) {
+        dl[i] = (float)(1.0 + 0.5 * sin((double)i));
+    }
+    nbg_simulate(ctx, &e, img, npix, NULL);
+    nbg_grad g1, g2;
+    memset(&g1, 0, sizeof g1);
+    memset(&g2, 0, sizeof g2);
+    const nbg_param_mask all = mask_of(ALL) | NBG_MASK(NBG_P_MOSAIC);
+    nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL);
+    nbg_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, "grad-10-image",
+                   "nbg_simulate_grad's image is bit-identical to nbg_simulate's");
+    nbg_simulate_grad(ctx, &e, dl, all, &g2, img2, npix, NULL);
+    nbg_test_check(memcmp(g1.g, g2.g, sizeof g1.g) == 0, "grad-10-repeat", "two calls give bit-identical gradients");
+    int nonzero = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        nonzero += g1.g[p] != 0;
+    }
+    nbg_test_check(nonzero == NBG_NPARAMS, "grad-10-nonzero", "%d of %d gradients non-zero", nonzero, NBG_NPARAMS);
+
+    /* grad-11: the fused least-squares loss equals the VJP with dL/dI = 2 (I - obs) */
+    float *obs = malloc(npix * sizeof(float));
+    for (size_t i = 0; i < npix; ++i) {
+        obs[i] = img[i] * 1.1f + 0.5f;
+        dl[i] = 2.0f * (img[i] - obs[i]);
+    }
+    double L = 0, Lref = 0;
+    nbg_grad gl;
+    memset(&gl, 0, sizeof gl);
+    nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix);
+    nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL);
+    for (size_t i = 0; i < npix; ++i) {
+        Lref += ((double)img[i] - obs[i]) * ((double)img[i] - obs[i]);
+    }
+    nbg_test_rel(L, Lref, 1e-12, "grad-11-lsq-loss", "least-squares loss");
+    double worst = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        worst = fmax(worst, fabs(gl.g[p] - g1.g[p]) / fmax(fabs(g1.g[p]), 1e-300));
+    }
+    nbg_test_check(worst < 1e-12, "grad-11-lsq-grad", "fused gradient equals the VJP (worst rel %.2g)", worst);
+    /* Poisson: dL/dI = 1 - obs / I */
+    for (size_t i = 0; i < npix; ++i) {
+        dl[i] = (float)(1.0 - obs[i] / fmax(img[i], 1e-12));
+    }
+    nbg_loss_grad(ctx, &e, NBG_LOSS_POISSON, obs, NULL, all, &L, &gl, img2, npix);
+    nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL);
+    worst = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        worst = fmax(worst, fabs(gl.g[p] - g1.g[p]) / fmax(fabs(g1.g[p]), 1e-300));
+    }
+    nbg_test_check(worst < 1e-12, "grad-11-poisson-grad", "fused Poisson gradient equals the VJP (worst rel %.2g)",
+                   worst);
+    obs[7] = NAN;
+    nbg_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix) == NBG_EINVAL &&
+                       strstr(nbg_errmsg(ctx), "pixel 7") != NULL,
+                   "grad-11-nan-observed", "a NaN observed pixel is an error naming it: %s", nbg_errmsg(ctx));
+    obs[7] = 1;
+    nbg_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix - 1) == NBG_EINVAL,
+                   "grad-11-size", "an observed image of the wrong size is an error: %s", nbg_errmsg(ctx));
+
+    /* grad-12: unsupported modes say so */
+    e.oversample_omega = 1;
+    nbg_test_check(nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL) == NBG_EUNSUP, "grad-12-unsupported",
+                   "-oversample_omega is refused: %s", nbg_errmsg(ctx));
+    free(img);
+    free(img2);
+    free(dl);
+    free(obs);
+    nbg_ctx_destroy(ctx);
+    return nbg_test_summary();
+}
