@@ -57,6 +57,7 @@ typedef struct {
     int nphi, nmos;
     const double *abc;
     double Na, Nb, Nc, fudge;
+    int Ni[3];                      /* N as a small integer (<= 32) for the Chebyshev lattice factor, else 0 */
     int shape;
     double astar[9];                /* a*, b*, c* (1/A), unrotated, for the gauss and tophat shapes */
     /* structure factors */

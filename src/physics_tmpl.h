@@ -53,8 +53,57 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_cospi)(NBG_R x)
     return NBG_SFX(nbg_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
 }
 
+/* cos(pi d) for |d| <= 1/2: even Taylor polynomial, truncation below 1e-19 (double) / 1e-10 (float). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_cospi_reduced)(NBG_R d)
+{
+    const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
+    NBG_R c;
+#ifdef NBG_FLOAT_MODE
+    c = 1.0f - y * (1.0f / 182.0f);
+    c = 1.0f - y * (1.0f / 132.0f) * c;
+    c = 1.0f - y * (1.0f / 90.0f) * c;
+    c = 1.0f - y * (1.0f / 56.0f) * c;
+    c = 1.0f - y * (1.0f / 30.0f) * c;
+    c = 1.0f - y * (1.0f / 12.0f) * c;
+    c = 1.0f - y * (1.0f / 2.0f) * c;
+#else
+    /* nested form of cos(u) = sum (-1)^k u^2k / (2k)!: each level divides by (2k-1)(2k) */
+    c = 1.0 - y * (1.0 / 552.0);
+    c = 1.0 - y * (1.0 / 462.0) * c;
+    c = 1.0 - y * (1.0 / 380.0) * c;
+    c = 1.0 - y * (1.0 / 306.0) * c;
+    c = 1.0 - y * (1.0 / 240.0) * c;
+    c = 1.0 - y * (1.0 / 182.0) * c;
+    c = 1.0 - y * (1.0 / 132.0) * c;
+    c = 1.0 - y * (1.0 / 90.0) * c;
+    c = 1.0 - y * (1.0 / 56.0) * c;
+    c = 1.0 - y * (1.0 / 30.0) * c;
+    c = 1.0 - y * (1.0 / 12.0) * c;
+    c = 1.0 - y * (1.0 / 2.0) * c;
+#endif
+    return c;
+}
+
 /* Lattice factor of N cells along one axis: sin(N pi h) / sin(pi h), evaluated at d = h - rint(h) (see
- * physics.h); equal to N where sin(pi d) = 0. */
+ * physics.h); equal to N where sin(pi d) = 0.  For a small integer N (Ni = N, else 0) it is the Chebyshev
+ * polynomial U_{N-1}(cos(pi d)), by the recurrence U_{k+1} = 2c U_k - U_{k-1}: one polynomial instead of two,
+ * no division, and exact at d = 0. */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_int)(NBG_R h, int Ni)
+{
+    const NBG_R d = h - NBG_M(rint)(h);
+    const NBG_R c2 = 2 * NBG_SFX(nbg_cospi_reduced)(d);
+    NBG_R u0 = 1, u1 = c2;
+    if (Ni == 1) {
+        return 1;
+    }
+    for (int k = 2; k < Ni; ++k) {
+        const NBG_R u2 = c2 * u1 - u0;
+        u0 = u1;
+        u1 = u2;
+    }
+    return u1;
+}
+
 static inline NBG_HD NBG_R NBG_SFX(nbg_sincg)(NBG_R h, NBG_R N)
 {
     const NBG_R d = h - NBG_M(rint)(h);
@@ -82,7 +131,10 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice)(const nbg_kparams *p, NBG_R h, N
 {
     const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc;
     if (p->shape == NBG_SQUARE) {
-        return NBG_SFX(nbg_sincg)(h, Na) * NBG_SFX(nbg_sincg)(k, Nb) * NBG_SFX(nbg_sincg)(l, Nc);
+        const NBG_R fa = p->Ni[0] ? NBG_SFX(nbg_sincg_int)(h, p->Ni[0]) : NBG_SFX(nbg_sincg)(h, Na);
+        const NBG_R fb = p->Ni[1] ? NBG_SFX(nbg_sincg_int)(k, p->Ni[1]) : NBG_SFX(nbg_sincg)(k, Nb);
+        const NBG_R fc = p->Ni[2] ? NBG_SFX(nbg_sincg_int)(l, p->Ni[2]) : NBG_SFX(nbg_sincg)(l, Nc);
+        return fa * fb * fc;
     }
     const NBG_R dh = h - h0, dk = k - k0, dl = l - l0;
     const NBG_R NNN = Na * Nb * Nc;

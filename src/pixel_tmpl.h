@@ -96,9 +96,10 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                    const NBG_R lambda = (NBG_R)sr[3];
+                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
                     /* scattering vector q = (d - i) / lambda, 1/m */
-                    const NBG_R q[3] = {(d[0] - inc[0]) / lambda, (d[1] - inc[1]) / lambda, (d[2] - inc[2]) / lambda};
+                    const NBG_R q[3] = {(d[0] - inc[0]) * ilambda, (d[1] - inc[1]) * ilambda,
+                                        (d[2] - inc[2]) * ilambda};
                     if (p->dmin > 0) {
                         const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
                         if (stol > 0 && (NBG_R)p->dmin > (NBG_R)0.5 / stol) {

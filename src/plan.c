@@ -858,6 +858,9 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     k->Nb = N[1];
     k->Nc = N[2];
     k->fudge = e->fudge;
+    for (int i = 0; i < 3; ++i) {
+        k->Ni[i] = (N[i] == floor(N[i]) && N[i] >= 1 && N[i] <= 32) ? (int)N[i] : 0;
+    }
     k->shape = (int)e->shape;
     if (e->hkl != NULL) {
         const nbg_hkl *t = e->hkl;
