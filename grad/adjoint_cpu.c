@@ -1,6 +1,7 @@
 /*
  * adjoint_cpu.c -- the CPU adjoint kernel: OpenMP over detector rows (static schedule, so each row always goes
- * to the same thread for a given thread count), one accumulator set per thread, summed in thread order.
+ * to the same thread for a given thread count), one accumulator set per thread, summed in thread order; and the
+ * forward-mode (JVP) kernel, OpenMP over rows.
  */
 #include "adjoint.h"
 #include "kernel.h"
@@ -10,6 +11,7 @@
 #define NBG_R double
 #define NBG_SFX(name) name##_d
 #include "adjoint_tmpl.h"
+#include "jvp_tmpl.h"
 #undef NBG_R
 #undef NBG_SFX
 
@@ -37,6 +39,30 @@ void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_
                 }
                 const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
                 image[i] = (float)nbg_pixel_adjoint_d(p, f, s, g, acc);
+            }
+        }
+    }
+}
+
+void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image)
+{
+    const int F = p->fpixels, S = p->spixels;
+    const size_t npix = (size_t)F * S;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < S; ++s) {
+        for (int f = 0; f < F; ++f) {
+            const long i = (long)s * F + f;
+            double dS[NBG_JVP_MAX];
+            if (!nbg_pixel_active(p, f, s)) {
+                image[i] = 0.0f;
+                for (int j = 0; j < nt; ++j) {
+                    out[(size_t)j * npix + (size_t)i] = 0;
+                }
+                continue;
+            }
+            image[i] = (float)nbg_pixel_jvp_d(p, f, s, t, nt, dS);
+            for (int j = 0; j < nt; ++j) {
+                out[(size_t)j * npix + (size_t)i] = dS[j];
             }
         }
     }

@@ -14,7 +14,7 @@
  *   - N, polarization, structure factors: straight from the kernel.
  */
 #define NBG_SETUP_COMPLEX
-#include "adjoint.h"
+#include "grad.h"
 #include "forward.h"
 #include "plan.h"
 #include "kernel.h"
@@ -104,7 +104,7 @@ void nbg_debug_break_adjoint(nbg_ctx *ctx, int param)
 }
 
 /* Which parameters have a free value in this experiment, and which modes the adjoint does not cover. */
-static int check_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbg_plan *pl, nbg_param_mask mask)
+int nbg_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbg_plan *pl, nbg_param_mask mask)
 {
     if (e->oversample_thick || e->oversample_polar || e->oversample_omega) {
         return nbg_error(ctx, NBG_EUNSUP, "gradients are not available with -oversample_thick/_polar/_omega "
@@ -139,19 +139,6 @@ static int check_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbg_plan
     return NBG_OK;
 }
 
-/* Rotation matrix (row-major) of rotate_axis_d about u by phi, built by rotating the basis. */
-static void axis_matrix(const double u[3], double phi, double R[9])
-{
-    for (int j = 0; j < 3; ++j) {
-        double e[3] = {0, 0, 0}, out[3];
-        e[j] = 1;
-        rotate_axis_d(e, u, phi, out);
-        for (int i = 0; i < 3; ++i) {
-            R[3 * i + j] = out[i];
-        }
-    }
-}
-
 /* d/dtheta of the Rodrigues matrix about unit axis v: -sin I + cos [v]x + sin v v^T. */
 static void rodrigues_dtheta(const double v[3], double th, double D[9])
 {
@@ -167,75 +154,20 @@ static void rodrigues_dtheta(const double v[3], double th, double D[9])
     D[8] = -s + s * v[2] * v[2];
 }
 
-/* The chain rule from the reduced accumulators to the user's parameters. */
-static void chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_adjacc *acc, nbg_param_mask mask,
-                       double *g)
+/* The tangent of the plan-level quantities (the kernel's inputs) along parameter p, in units of "per CLI unit of
+ * p": the forward-mode half of the chain rule.  t must be zeroed, with t->abc (nphi*nmos*9) and t->lam
+ * (nsources) allocated.  The adjoint's chain rule is then dL/dp = <accumulators, t_p>, and the JVP kernel
+ * propagates t_p through each sample. */
+void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, nbg_adjacc *t)
 {
     const nbg_kparams *k = &pl->k;
-    /* --- crystal: back through the spindle and mosaic rotations to a0 and the spread ---------------------- */
-    double d_a0[9] = {0};
-    double d_spread = 0;
-    for (int ip = 0; ip < k->nphi; ++ip) {
-        double R[9];
-        axis_matrix(pl->spindle, pl->phi[ip], R);
-        double ap[9];
-        for (int v = 0; v < 3; ++v) {
-            if (pl->phi[ip] != 0) {
-                rotate_axis_d(pl->a0 + 3 * v, pl->spindle, pl->phi[ip], ap + 3 * v);
-            } else {
-                memcpy(ap + 3 * v, pl->a0 + 3 * v, 3 * sizeof(double));
-            }
-        }
-        for (int m = 0; m < k->nmos; ++m) {
-            const double *dabc = acc->abc + 9 * ((size_t)ip * k->nmos + m);
-            const double *U = pl->umat + 9 * m;
-            double D[9];
-            const int mosaic = pl->mosaic_spread > 0;
-            if (mosaic) {
-                rodrigues_dtheta(pl->mos_axis + 3 * m, pl->mos_angle[m], D);
-            }
-            for (int v = 0; v < 3; ++v) {
-                const double *dv = dabc + 3 * v;
-                double t[3];
-                /* t = U^T dv (U = I without mosaic) */
-                for (int j = 0; j < 3; ++j) {
-                    t[j] = mosaic ? U[j] * dv[0] + U[3 + j] * dv[1] + U[6 + j] * dv[2] : dv[j];
-                }
-                /* d_a0 += R^T t (R = I at phi = 0) */
-                for (int j = 0; j < 3; ++j) {
-                    d_a0[3 * v + j] += pl->phi[ip] != 0 ? R[j] * t[0] + R[3 + j] * t[1] + R[6 + j] * t[2] : t[j];
-                }
-                if (mosaic) {
-                    /* theta_m = spread * c_m: d_spread += dv . (dU/dtheta ap) c_m */
-                    const double cm = pl->mos_angle[m] / pl->mosaic_spread;
-                    for (int i = 0; i < 3; ++i) {
-                        const double Dap = D[3 * i] * ap[3 * v] + D[3 * i + 1] * ap[3 * v + 1] +
-                                           D[3 * i + 2] * ap[3 * v + 2];
-                        d_spread += dv[i] * Dap * cm;
-                    }
-                }
-            }
-        }
-    }
-    if (mask & NBG_MASK(NBG_P_MOSAIC)) {
-        g[NBG_P_MOSAIC] = d_spread / RTD;
-    }
-
-    /* --- crystal set-up: complex step on the cell, misset and (with -mat) the wavelength ------------------ */
-    const nbg_param_mask xmask = NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_B) | NBG_MASK(NBG_P_C) |
-                                 NBG_MASK(NBG_P_ALPHA) | NBG_MASK(NBG_P_BETA) | NBG_MASK(NBG_P_GAMMA) |
-                                 NBG_MASK(NBG_P_ROTX) | NBG_MASK(NBG_P_ROTY) | NBG_MASK(NBG_P_ROTZ) |
-                                 NBG_MASK(NBG_P_LAMBDA);
-    if (mask & xmask) {
-        nbg_xtal_in_d din;
-        nbg_plan_xtal_in(e, pl->misset, pl->lambda0, &din);
-        for (int p = NBG_P_A; p <= NBG_P_LAMBDA; ++p) {
-            if (!(mask & NBG_MASK(p)) || (p > NBG_P_ROTZ && p != NBG_P_LAMBDA)) {
-                continue;
-            }
-            if (p == NBG_P_LAMBDA && !e->has_mat) {
-                continue; /* the cell does not depend on the wavelength */
-            }
+    const double _Complex ih = CSTEP * _Complex_I;
+    if (p <= NBG_P_ROTZ || p == NBG_P_LAMBDA) {
+        /* crystal set-up by the complex step: a0 (m) and a* (1/A) */
+        double ta0[9] = {0};
+        if (p != NBG_P_LAMBDA || e->has_mat) {
+            nbg_xtal_in_d din;
+            nbg_plan_xtal_in(e, pl->misset, pl->lambda0, &din);
             nbg_xtal_in_z zin;
             zin.has_cell = din.has_cell;
             zin.has_mat = din.has_mat;
@@ -247,43 +179,85 @@ static void chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_ad
             for (int i = 0; i < 3; ++i) {
                 zin.misset[i] = din.misset[i];
             }
-            double unit; /* parameter unit per set-up unit */
+            double unit; /* set-up units per CLI unit */
             if (p <= NBG_P_C) {
-                zin.cell[p] += CSTEP * _Complex_I;
+                zin.cell[p] += ih;
                 unit = 1;
             } else if (p <= NBG_P_GAMMA) {
-                zin.cell[p] += CSTEP * _Complex_I;
+                zin.cell[p] += ih;
                 unit = 1 / RTD;
             } else if (p <= NBG_P_ROTZ) {
-                zin.misset[p - NBG_P_ROTX] += CSTEP * _Complex_I;
+                zin.misset[p - NBG_P_ROTX] += ih;
                 unit = 1 / RTD;
             } else {
-                zin.lambda0 += CSTEP * _Complex_I;
+                zin.lambda0 += ih;
                 unit = 1e-10;
             }
             double _Complex abc[9], astar[9];
             nbg_crystal_z(&zin, abc, astar);
-            double s = 0;
             for (int i = 0; i < 9; ++i) {
-                s += d_a0[i] * 1e-10 * cimag(abc[i]) / CSTEP;
-                s += acc->astar[i] * cimag(astar[i]) / CSTEP;
+                ta0[i] = cimag(abc[i]) / CSTEP * 1e-10 * unit;
+                t->astar[i] = cimag(astar[i]) / CSTEP * unit;
             }
-            g[p] += s * unit;
         }
+        /* abc[phi, m] = U_m Rot(u, phi) a0 is linear in a0 */
+        for (int ip = 0; ip < k->nphi; ++ip) {
+            for (int m = 0; m < k->nmos; ++m) {
+                double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
+                for (int v = 0; v < 3; ++v) {
+                    double r[3];
+                    if (pl->phi[ip] != 0) {
+                        rotate_axis_d(ta0 + 3 * v, pl->spindle, pl->phi[ip], r);
+                    } else {
+                        memcpy(r, ta0 + 3 * v, sizeof r);
+                    }
+                    if (pl->mosaic_spread > 0) {
+                        const double *U = pl->umat + 9 * m;
+                        for (int i = 0; i < 3; ++i) {
+                            dst[3 * v + i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
+                        }
+                    } else {
+                        memcpy(dst + 3 * v, r, sizeof r);
+                    }
+                }
+            }
+        }
+        if (p == NBG_P_LAMBDA) {
+            /* each source's lambda_i = lambda0 c_i */
+            for (int i = 0; i < k->nsources; ++i) {
+                t->lam[i] = pl->src_lamrel[i] * 1e-10;
+            }
+        }
+        return;
     }
-    if (mask & NBG_MASK(NBG_P_LAMBDA)) {
-        double s = 0;
-        for (int i = 0; i < k->nsources; ++i) {
-            s += acc->lam[i] * pl->src_lamrel[i];
+    if (p == NBG_P_MOSAIC) {
+        /* theta_m = spread c_m: d abc / d spread = dU_m/dtheta c_m Rot a0 */
+        for (int ip = 0; ip < k->nphi; ++ip) {
+            double ap[9];
+            for (int v = 0; v < 3; ++v) {
+                if (pl->phi[ip] != 0) {
+                    rotate_axis_d(pl->a0 + 3 * v, pl->spindle, pl->phi[ip], ap + 3 * v);
+                } else {
+                    memcpy(ap + 3 * v, pl->a0 + 3 * v, 3 * sizeof(double));
+                }
+            }
+            for (int m = 0; m < k->nmos && pl->mosaic_spread > 0; ++m) {
+                double D[9];
+                rodrigues_dtheta(pl->mos_axis + 3 * m, pl->mos_angle[m], D);
+                const double cm = pl->mos_angle[m] / pl->mosaic_spread / RTD;
+                double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
+                for (int v = 0; v < 3; ++v) {
+                    for (int i = 0; i < 3; ++i) {
+                        dst[3 * v + i] = (D[3 * i] * ap[3 * v] + D[3 * i + 1] * ap[3 * v + 1] +
+                                          D[3 * i + 2] * ap[3 * v + 2]) * cm;
+                    }
+                }
+            }
         }
-        g[NBG_P_LAMBDA] += s * 1e-10;
+        return;
     }
-
-    /* --- detector set-up: complex step ---------------------------------------------------------------------- */
-    for (int p = NBG_P_DISTANCE; p <= NBG_P_TWOTHETA; ++p) {
-        if (!(mask & NBG_MASK(p))) {
-            continue;
-        }
+    if (p >= NBG_P_DISTANCE) {
+        /* detector set-up by the complex step */
         const nbg_det_in_d *d = &pl->det_in;
         nbg_det_in_z z;
         memcpy(z.b, d->b, sizeof z.b);
@@ -303,7 +277,6 @@ static void chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_ad
             z.rot[i] = d->rot[i];
         }
         z.twotheta = d->twotheta;
-        const double _Complex ih = CSTEP * _Complex_I;
         double unit = 1 / RTD;
         switch (p) {
         case NBG_P_DISTANCE: z.distance += ih; unit = 1e-3; break;
@@ -316,29 +289,81 @@ static void chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_ad
         }
         nbg_det_out_z out;
         nbg_detector_z(&z, &out);
-        double s = acc->close * cimag(out.close_distance) / CSTEP;
+        t->close = cimag(out.close_distance) / CSTEP * unit;
         for (int i = 0; i < 3; ++i) {
-            s += acc->pix0[i] * cimag(out.pix0[i]) / CSTEP;
-            s += acc->f[i] * cimag(out.f[i]) / CSTEP;
-            s += acc->s[i] * cimag(out.s[i]) / CSTEP;
-            s += acc->o[i] * cimag(out.o[i]) / CSTEP;
+            t->pix0[i] = cimag(out.pix0[i]) / CSTEP * unit;
+            t->f[i] = cimag(out.f[i]) / CSTEP * unit;
+            t->s[i] = cimag(out.s[i]) / CSTEP * unit;
+            t->o[i] = cimag(out.o[i]) / CSTEP * unit;
         }
-        g[p] = s * unit;
+        return;
     }
-
-    /* --- the rest ------------------------------------------------------------------------------------------ */
-    if (mask & NBG_MASK(NBG_P_FLUENCE)) {
+    switch (p) {
+    case NBG_P_NA: case NBG_P_NB: case NBG_P_NC:
+        t->N[p - NBG_P_NA] = 1;
+        break;
+    case NBG_P_POLAR:
+        t->K = 1;
+        break;
+    case NBG_P_FLUENCE: {
+        /* scale = r_e^2 fluence / steps and I_bg are proportional to the fluence */
         const double fl = pl->rep.fluence;
-        g[NBG_P_FLUENCE] = fl != 0 ? (acc->scale * k->scale + acc->Ibg * k->I_bg) / fl : acc->scale * NBG_RE2 / pl->rep.steps;
+        t->scale = fl != 0 ? k->scale / fl : NBG_RE2 / pl->rep.steps;
+        t->Ibg = fl != 0 ? k->I_bg / fl : 0;
+        break;
     }
-    if (mask & NBG_MASK(NBG_P_POLAR)) {
-        g[NBG_P_POLAR] = acc->K;
+    default:
+        break;
     }
-    for (int i = 0; i < 3; ++i) {
-        if (mask & NBG_MASK(NBG_P_NA + i)) {
-            g[NBG_P_NA + i] = acc->N[i];
+}
+
+/* <a, t> over the plan-level quantities (structure factors excluded). */
+static double plan_dot(const nbg_plan *pl, const nbg_adjacc *a, const nbg_adjacc *t)
+{
+    const double *x = (const double *)a, *y = (const double *)t;
+    double s = 0;
+    for (size_t i = 0; i < NBG_ADJ_FIXED; ++i) {
+        s += x[i] * y[i];
+    }
+    const size_t nabc = (size_t)pl->k.nphi * pl->k.nmos * 9;
+    for (size_t i = 0; i < nabc; ++i) {
+        s += a->abc[i] * t->abc[i];
+    }
+    for (int i = 0; i < pl->k.nsources; ++i) {
+        s += a->lam[i] * t->lam[i];
+    }
+    return s;
+}
+
+int nbg_tangent_alloc(const nbg_plan *pl, nbg_adjacc *t)
+{
+    const size_t nabc = (size_t)pl->k.nphi * pl->k.nmos * 9;
+    memset(t, 0, sizeof *t);
+    t->abc = calloc(nabc + (size_t)pl->k.nsources, sizeof(double));
+    if (t->abc == NULL) {
+        return NBG_ENOMEM;
+    }
+    t->lam = t->abc + nabc;
+    return NBG_OK;
+}
+
+/* The chain rule from the reduced accumulators to the user's parameters: dL/dp = <acc, t_p>. */
+static int chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_adjacc *acc, nbg_param_mask mask,
+                      double *g)
+{
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (!(mask & NBG_MASK(p))) {
+            continue;
         }
+        nbg_adjacc t;
+        if (nbg_tangent_alloc(pl, &t) != NBG_OK) {
+            return NBG_ENOMEM;
+        }
+        nbg_plan_tangent(e, pl, (nbg_param)p, &t);
+        g[p] = plan_dot(pl, acc, &t);
+        free(t.abc);
     }
+    return NBG_OK;
 }
 
 /* Runs the adjoint over the plan with per-thread accumulators and reduces them into grad. */
@@ -391,7 +416,11 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         }
     }
     memset(grad->g, 0, sizeof grad->g);
-    chain_rule(e, pl, acc, mask, grad->g);
+    if (chain_rule(e, pl, acc, mask, grad->g) != NBG_OK) {
+        free(buf);
+        free(tacc);
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the chain rule");
+    }
     if (wantF) {
         if (k->F != NULL) {
             memcpy(grad->dF, acc->F, nF * sizeof(double));
@@ -423,7 +452,7 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
         return nbg_error(ctx, NBG_EINVAL, "image buffers hold %zu pixels, the detector has %d x %d", npix,
                          pl.k.fpixels, pl.k.spixels);
     }
-    rc = check_supported(ctx, e, &pl, mask);
+    rc = nbg_grad_supported(ctx, e, &pl, mask);
     if (rc == NBG_OK) {
         rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     }
@@ -463,7 +492,7 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         return nbg_error(ctx, NBG_EINVAL, "the observed image has %zu pixels, the detector %d x %d = %zu", npix,
                          pl.k.fpixels, pl.k.spixels, (size_t)pl.k.fpixels * pl.k.spixels);
     }
-    rc = check_supported(ctx, e, &pl, mask);
+    rc = nbg_grad_supported(ctx, e, &pl, mask);
     float *dLdI = NULL;
     if (rc == NBG_OK) {
         rc = nbg_forward_plan(ctx, &pl, image);
@@ -498,6 +527,52 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     }
     free(dLdI);
+    nbg_plan_free(&pl);
+    return rc;
+}
+
+int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
+                     float *image, size_t npix)
+{
+    if (ctx == NULL || e == NULL || params == NULL || tangents == NULL || image == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
+    }
+    if (nparams < 1 || nparams > NBG_NPARAMS) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+    }
+    nbg_param_mask mask = 0;
+    for (int j = 0; j < nparams; ++j) {
+        if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
+            return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: unknown parameter %d", (int)params[j]);
+        }
+        mask |= NBG_MASK(params[j]);
+    }
+    nbg_plan pl;
+    int rc = nbg_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
+        nbg_plan_free(&pl);
+        return nbg_error(ctx, NBG_EINVAL, "image buffers hold %zu pixels, the detector has %d x %d", npix,
+                         pl.k.fpixels, pl.k.spixels);
+    }
+    rc = nbg_grad_supported(ctx, e, &pl, mask);
+    nbg_adjacc t[NBG_NPARAMS];
+    int nt = 0;
+    for (; rc == NBG_OK && nt < nparams; ++nt) {
+        if (nbg_tangent_alloc(&pl, &t[nt]) != NBG_OK) {
+            rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
+            break;
+        }
+        nbg_plan_tangent(e, &pl, params[nt], &t[nt]);
+    }
+    if (rc == NBG_OK) {
+        nbg_jvp_cpu(&pl.k, t, nparams, tangents, image);
+    }
+    for (int j = 0; j < nt; ++j) {
+        free(t[j].abc);
+    }
     nbg_plan_free(&pl);
     return rc;
 }

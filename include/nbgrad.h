@@ -280,6 +280,12 @@ typedef struct {
 int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, nbg_param_mask mask,
                       nbg_grad *grad, float *image, size_t npix, nbg_report *report);
 
+/* Forward-mode tangents (sensitivity maps): for each of the nparams parameters, the image dI/dtheta in
+ * tangents[j * npix .. (j+1) * npix) (double), computed in one pass over the detector together with the image.
+ * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply. */
+int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
+                     float *image, size_t npix);
+
 typedef enum {
     NBG_LOSS_LSQ = 0,    /* L = sum w_p (I_p - obs_p)^2 (w = 1 when weights is NULL)       */
     NBG_LOSS_POISSON = 1 /* L = sum I_p - obs_p log I_p (negative log-likelihood, constants dropped) */

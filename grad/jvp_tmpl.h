@@ -1,0 +1,189 @@
+/*
+ * jvp_tmpl.h -- forward-mode tangents (Jacobian-vector products) of one pixel: the same loop nest as
+ * src/pixel_tmpl.h and grad/adjoint_tmpl.h, carrying, next to each forward quantity x, its tangents t_x along
+ * nt parameter directions at once.  The directions enter as tangents of the plan-level quantities (detector
+ * vectors, crystal vectors per phi step and domain, wavelengths, N, a*, K, scale, I_bg; see nbg_plan_tangent).
+ * Derivatives of the per-sample physics come from the same helpers the adjoint uses (src/physics_tmpl.h).
+ *
+ * Instantiated for NBG_R = double by grad/jvp_cpu.c.
+ */
+#ifdef NBG_FLOAT_MODE
+#define NBG_M(fn) fn##f
+#else
+#define NBG_M(fn) fn
+#endif
+
+#define NBG_JVP_MAX 32
+
+static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const NBG_SFX(nbg_ray) * r, const nbg_adjacc *t, NBG_R *dP,
+                                                  NBG_R *dd, NBG_R *dR)
+{
+    /* P = Fdet f + Sdet s + Odet o + pix0;  R = |P|: dR = d . dP;  d = P / R: dd = (dP - d dR) / R */
+    for (int x = 0; x < 3; ++x) {
+        dP[x] = (NBG_R)(r->Fdet * t->f[x] + r->Sdet * t->s[x] + r->Odet * t->o[x] + t->pix0[x]);
+    }
+    *dR = r->d[0] * dP[0] + r->d[1] * dP[1] + r->d[2] * dP[2];
+    for (int x = 0; x < 3; ++x) {
+        dd[x] = (dP[x] - r->d[x] * *dR) / r->R;
+    }
+}
+
+static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpixel, int spixel,
+                                                  const nbg_adjacc *t, int nt, double *dS)
+{
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R K = (NBG_R)p->polarization;
+    const NBG_R scale = (NBG_R)p->scale;
+    NBG_R dP[3], dd[3], dR;
+
+    /* --- the once-per-pixel factors and their tangents ---------------------------------------------------- */
+    NBG_SFX(nbg_ray) r_om, r_cap, r_pol;
+    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, 0, &r_om);
+    const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
+                                       : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
+                                             r_om.R;
+    NBG_R t_om[NBG_JVP_MAX], t_cap[NBG_JVP_MAX], t_pol[NBG_JVP_MAX], t_I[NBG_JVP_MAX];
+    for (int j = 0; j < nt; ++j) {
+        /* omega = px^2 close / R^3: t_omega = omega (t_close / close - 3 dR / R); 1/R^2: -2 omega dR / R */
+        NBG_SFX(nbg_ray_tangent)(&r_om, &t[j], dP, dd, &dR);
+        t_om[j] = p->point_pixel ? -2 * omega * dR / r_om.R
+                                 : omega * ((NBG_R)t[j].close / (NBG_R)p->close_distance - 3 * dR / r_om.R);
+        t_cap[j] = 0;
+        t_pol[j] = 0;
+        t_I[j] = (NBG_R)t[j].Ibg;
+    }
+    NBG_R capture = 1;
+    const int tl = p->thicksteps - 1;
+    if (p->thick != 0) {
+        NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, tl, &r_cap);
+        const NBG_R rho =
+            r_cap.d[0] * (NBG_R)p->odet[0] + r_cap.d[1] * (NBG_R)p->odet[1] + r_cap.d[2] * (NBG_R)p->odet[2];
+        const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
+        capture = NBG_M(exp)(-(NBG_R)tl * a) - NBG_M(exp)(-(NBG_R)(tl + 1) * a);
+        const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * a) + (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * a);
+        for (int j = 0; j < nt; ++j) {
+            /* rho = d . o: t_rho = dd . o + d . t_o;  a = dz mu / rho: t_a = -a t_rho / rho */
+            NBG_SFX(nbg_ray_tangent)(&r_cap, &t[j], dP, dd, &dR);
+            NBG_R trho = 0;
+            for (int x = 0; x < 3; ++x) {
+                trho += dd[x] * (NBG_R)p->odet[x] + r_cap.d[x] * (NBG_R)t[j].o[x];
+            }
+            t_cap[j] = dcap_da * (-a * trho / rho);
+        }
+    }
+    NBG_R polar = p->nopolar ? 1 : 0;
+    if (!p->nopolar) {
+        int found = 0;
+        for (int tt = 0; tt < p->thicksteps && !found; ++tt) {
+            for (int subS = 0; subS < os && !found; ++subS) {
+                for (int subF = 0; subF < os && !found; ++subF) {
+                    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, tt, &r_pol);
+                    for (int src = 0; src < p->nsources; ++src) {
+                        NBG_R q[3];
+                        if (NBG_SFX(nbg_scatter_q)(p, r_pol.d, src, q)) {
+                            const double *sr = p->src + NBG_SRC_STRIDE * src;
+                            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+                            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+                            NBG_R dP_dd[3], dP_dK;
+                            polar = NBG_SFX(nbg_polar)(K, inc, r_pol.d, E, B);
+                            NBG_SFX(nbg_polar_grad)(K, inc, r_pol.d, E, B, dP_dd, &dP_dK);
+                            for (int j = 0; j < nt; ++j) {
+                                NBG_SFX(nbg_ray_tangent)(&r_pol, &t[j], dP, dd, &dR);
+                                t_pol[j] = dP_dd[0] * dd[0] + dP_dd[1] * dd[1] + dP_dd[2] * dd[2] +
+                                           dP_dK * (NBG_R)t[j].K;
+                            }
+                            found = 1;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /* --- main pass --------------------------------------------------------------------------------------- */
+    NBG_R I = (NBG_R)p->I_bg;
+    for (int tt = 0; tt < p->thicksteps; ++tt) {
+        for (int subS = 0; subS < os; ++subS) {
+            for (int subF = 0; subF < os; ++subF) {
+                NBG_SFX(nbg_ray) ray;
+                NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, tt, &ray);
+                NBG_R t_d[NBG_JVP_MAX][3];
+                for (int j = 0; j < nt; ++j) {
+                    NBG_SFX(nbg_ray_tangent)(&ray, &t[j], dP, t_d[j], &dR);
+                }
+                for (int src = 0; src < p->nsources; ++src) {
+                    NBG_R q[3];
+                    if (!NBG_SFX(nbg_scatter_q)(p, ray.d, src, q)) {
+                        continue;
+                    }
+                    const NBG_R ilambda = 1 / (NBG_R)p->src[NBG_SRC_STRIDE * src + 3];
+                    /* q = (d - i) / lambda: t_q = t_d / lambda - q t_lambda / lambda */
+                    NBG_R t_q[NBG_JVP_MAX][3];
+                    for (int j = 0; j < nt; ++j) {
+                        for (int x = 0; x < 3; ++x) {
+                            t_q[j][x] = t_d[j][x] * ilambda - q[x] * (NBG_R)t[j].lam[src] * ilambda;
+                        }
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
+                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
+                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
+                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
+                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        NBG_R dL_dhkl[3], dL_dN[3], dL_dastar[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+                        const NBG_R F_latt =
+                            NBG_SFX(nbg_lattice_grad)(p, h, k, l, h0, k0, l0, dL_dhkl, dL_dN, dL_dastar);
+                        if (F_latt == 0 && !p->water) {
+                            continue;
+                        }
+                        NBG_R dF_dhkl[3];
+                        double unused = 0;
+                        const NBG_R F_cell = NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, dF_dhkl,
+                                                                     0, 0, &unused);
+                        I += F_cell * F_cell * F_latt * F_latt;
+                        const NBG_R cF = 2 * F_cell * F_latt * F_latt, cL = 2 * F_cell * F_cell * F_latt;
+                        for (int j = 0; j < nt; ++j) {
+                            /* h = a . q: t_h = t_a . q + a . t_q */
+                            const double *ta = t[j].abc + 9 * m;
+                            NBG_R th[3];
+                            for (int v = 0; v < 3; ++v) {
+                                th[v] = (NBG_R)ta[3 * v] * q[0] + (NBG_R)ta[3 * v + 1] * q[1] +
+                                        (NBG_R)ta[3 * v + 2] * q[2] + (NBG_R)abc[3 * v] * t_q[j][0] +
+                                        (NBG_R)abc[3 * v + 1] * t_q[j][1] + (NBG_R)abc[3 * v + 2] * t_q[j][2];
+                            }
+                            NBG_R tL = dL_dhkl[0] * th[0] + dL_dhkl[1] * th[1] + dL_dhkl[2] * th[2] +
+                                       dL_dN[0] * (NBG_R)t[j].N[0] + dL_dN[1] * (NBG_R)t[j].N[1] +
+                                       dL_dN[2] * (NBG_R)t[j].N[2];
+                            if (p->shape == NBG_GAUSS) {
+                                for (int i = 0; i < 9; ++i) {
+                                    tL += dL_dastar[i] * (NBG_R)t[j].astar[i];
+                                }
+                            }
+                            const NBG_R tF = dF_dhkl[0] * th[0] + dF_dhkl[1] * th[1] + dF_dhkl[2] * th[2];
+                            t_I[j] += cF * tF + cL * tL;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    double S = p->scale * (double)I;
+    S *= (double)capture;
+    S *= (double)polar;
+    S *= (double)omega;
+    const NBG_R cpo = capture * polar * omega;
+    for (int j = 0; j < nt; ++j) {
+        /* S = scale I capture polar omega */
+        dS[j] = (double)((NBG_R)t[j].scale * I * cpo +
+                         scale * (t_I[j] * cpo + I * (t_cap[j] * polar * omega + capture * t_pol[j] * omega +
+                                                      capture * polar * t_om[j])));
+    }
+    return S;
+}
+
+#undef NBG_M

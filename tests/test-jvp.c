@@ -1,0 +1,172 @@
+/*
+ * test-jvp.c -- forward-mode tangents (sensitivity maps): the dot-product identity <v, J u> = <J^T v, u> against
+ * the adjoint for every parameter, and the tangent images against finite differences of images.
+ */
+#include "testutil.h" /* first: it sets _GNU_SOURCE */
+#include "nbgrad.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static nbg_ctx *ctx;
+
+static void base(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {70, 80, 90, 75, 85, 95};
+    memcpy(e->cell, cell, sizeof cell);
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 100;
+    e->fpixels = e->spixels = 40;
+    e->oversample = 1;
+    e->polarization = 0.6;
+    e->misset[0] = 10;
+    e->misset[1] = 5;
+    e->misset[2] = 3;
+}
+
+/* <v, J u> = <J^T v, u> for u the unit vector of each parameter. */
+static void dot_identity(const char *id, const nbg_experiment *e, int with_mosaic)
+{
+    nbg_param params[NBG_NPARAMS];
+    int n = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (p == NBG_P_MOSAIC && !with_mosaic) {
+            continue;
+        }
+        params[n++] = (nbg_param)p;
+    }
+    nbg_report r;
+    nbg_describe(ctx, e, &r);
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    double *T = malloc(sizeof(double) * npix * (size_t)n);
+    float *img = malloc(sizeof(float) * npix), *img2 = malloc(sizeof(float) * npix), *v = malloc(sizeof(float) * npix);
+    int rc = nbg_simulate_jvp(ctx, e, params, n, T, img, npix);
+    if (!nbg_test_check(rc == NBG_OK, id, "nbg_simulate_jvp ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+        goto out;
+    }
+    nbg_simulate(ctx, e, img2, npix, NULL);
+    nbg_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, id, "the JVP call's image is nbg_simulate's");
+    for (size_t i = 0; i < npix; ++i) {
+        v[i] = (float)(0.5 + 0.5 * cos(0.37 * (double)i));
+    }
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    nbg_param_mask mask = 0;
+    for (int j = 0; j < n; ++j) {
+        mask |= NBG_MASK(params[j]);
+    }
+    rc = nbg_simulate_grad(ctx, e, v, mask, &g, img2, npix, NULL);
+    if (!nbg_test_check(rc == NBG_OK, id, "nbg_simulate_grad ran")) {
+        goto out;
+    }
+    for (int j = 0; j < n; ++j) {
+        double vJu = 0;
+        for (size_t i = 0; i < npix; ++i) {
+            vJu += (double)v[i] * T[(size_t)j * npix + i];
+        }
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(params[j]));
+        const double rel = fabs(vJu - g.g[params[j]]) / fmax(fabs(g.g[params[j]]), 1e-300);
+        nbg_test_check(rel <= 1e-10 && g.g[params[j]] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g",
+                       vJu, g.g[params[j]], rel);
+    }
+out:
+    free(T);
+    free(img);
+    free(img2);
+    free(v);
+}
+
+/* Tangent images against central differences of images (Richardson-extrapolated), on the bright pixels. */
+static void fd_images(const char *id, const nbg_experiment *e, nbg_param p, double h)
+{
+    nbg_report r;
+    nbg_describe(ctx, e, &r);
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    double *T = malloc(sizeof(double) * npix);
+    float *img = malloc(sizeof(float) * npix), *im[4];
+    for (int j = 0; j < 4; ++j) {
+        im[j] = malloc(sizeof(float) * npix);
+    }
+    nbg_simulate_jvp(ctx, e, &p, 1, T, img, npix);
+    double x0;
+    nbg_param_get(e, p, &x0);
+    const double off[4] = {h, -h, h / 2, -h / 2};
+    for (int j = 0; j < 4; ++j) {
+        nbg_experiment ep = *e;
+        nbg_param_set(&ep, p, x0 + off[j]);
+        nbg_simulate(ctx, &ep, im[j], npix, NULL);
+    }
+    double tmax = 0, worst = 0;
+    for (size_t i = 0; i < npix; ++i) {
+        tmax = fmax(tmax, fabs(T[i]));
+    }
+    for (size_t i = 0; i < npix; ++i) {
+        const double D1 = ((double)im[0][i] - im[1][i]) / (2 * h), D2 = ((double)im[2][i] - im[3][i]) / h;
+        const double fd = (4 * D2 - D1) / 3;
+        worst = fmax(worst, fabs(fd - T[i]));
+    }
+    char sub[96];
+    snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(p));
+    nbg_test_check(tmax > 0 && worst <= 2e-3 * tmax, sub,
+                   "max |dI/dtheta - finite difference| = %.3g of max |dI/dtheta| = %.3g", worst / tmax, tmax);
+    free(T);
+    free(img);
+    for (int j = 0; j < 4; ++j) {
+        free(im[j]);
+    }
+}
+
+int main(void)
+{
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        printf("FAIL jvp-0 context\n");
+        return 1;
+    }
+    nbg_experiment e;
+    base(&e);
+    dot_identity("jvp-1-triclinic", &e, 0);
+    e.mosaic = 0.4;
+    e.mosaic_domains = 3;
+    e.phi0 = 1;
+    e.osc = 1;
+    e.phisteps = 2;
+    dot_identity("jvp-2-mosaic-phi", &e, 1);
+    base(&e);
+    e.oversample = 2;
+    e.thick = 100;
+    e.thick_abs = 50;
+    e.thicksteps = 2;
+    e.hdivrange = e.vdivrange = 0.4;
+    e.hdivsteps = e.vdivsteps = 2;
+    e.dispersion = 1;
+    e.dispsteps = 2;
+    e.det_rot[0] = 4;
+    e.twotheta = 6;
+    dot_identity("jvp-3-sampling-detector", &e, 0);
+    e.shape = NBG_SHAPE_ROUND;
+    dot_identity("jvp-4-round", &e, 0);
+
+    base(&e);
+    e.fpixels = e.spixels = 64;
+    fd_images("jvp-5-fd", &e, NBG_P_A, 0.02);
+    fd_images("jvp-5-fd", &e, NBG_P_ROTX, 0.01);
+    fd_images("jvp-5-fd", &e, NBG_P_DISTANCE, 0.05);
+    fd_images("jvp-5-fd", &e, NBG_P_BEAM_FAST, 0.005);
+    fd_images("jvp-5-fd", &e, NBG_P_NA, 0.01);
+    fd_images("jvp-5-fd", &e, NBG_P_LAMBDA, 1e-4);
+
+    const nbg_param bad = (nbg_param)99;
+    double t1;
+    float i1;
+    nbg_test_check(nbg_simulate_jvp(ctx, &e, &bad, 1, &t1, &i1, 1) == NBG_EINVAL, "jvp-6-bad-param",
+                   "an unknown parameter is an error: %s", nbg_errmsg(ctx));
+    nbg_ctx_destroy(ctx);
+    return nbg_test_summary();
+}
