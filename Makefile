@@ -15,7 +15,7 @@ OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -MMD -MP
-LDLIBS  += -fopenmp -lm
+LDLIBS  += -fopenmp -lgsl -lgslcblas -llapacke -llapack -lblas -lm
 
 B := build
 

@@ -296,6 +296,47 @@ typedef enum {
 int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const float *observed,
                   const float *weights, nbg_param_mask mask, double *L, nbg_grad *grad, float *image, size_t npix);
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Refinement                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    NBG_OPT_LM = 0,  /* Levenberg-Marquardt on the Gauss-Newton model (Jacobian images, LAPACKE solves)      */
+    NBG_OPT_BFGS = 1 /* quasi-Newton BFGS (GSL multimin vector_bfgs2) on the adjoint gradient, scaled variables */
+} nbg_optimizer;
+
+typedef struct {
+    nbg_optimizer method;
+    nbg_loss loss;
+    int max_iter;         /* (100) */
+    double ftol;          /* stop when the loss changes by less than ftol * loss (1e-12) */
+    double gtol;          /* BFGS: stop when the scaled gradient norm is below gtol (1e-9) */
+    /* called after each iteration: loss, gradient norm and step length */
+    void (*progress)(void *user, int iter, double loss, double gnorm, double step);
+    void *user;
+} nbg_refine_options;
+
+typedef struct {
+    int nparams;
+    nbg_param params[NBG_NPARAMS];
+    double start[NBG_NPARAMS], value[NBG_NPARAMS];
+    double sigma[NBG_NPARAMS];                 /* standard errors at the optimum */
+    double corr[NBG_NPARAMS * NBG_NPARAMS];    /* correlation matrix, row-major nparams x nparams */
+    double start_loss, loss;
+    int iterations, converged;
+} nbg_refine_result;
+
+void nbg_refine_options_default(nbg_refine_options *o);
+/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance > 0,
+ * N >= 1, cell angles in (0, 180), mosaic >= 0, polarization in [-1, 1]). */
+int nbg_param_in_bounds(nbg_param p, double value);
+/* Fits the listed parameters of e to the observed image (npix floats; weights NULL = 1).  e is updated with the
+ * fitted values on success.  The standard errors come from the information matrix at the optimum:
+ * s^2 (J^T W J)^-1 with s^2 the reduced chi-square for least squares, the inverse Fisher information for the
+ * Poisson loss. */
+int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
+               const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res);
+
 /* Finite-difference check of the adjoint for each parameter in the mask, on L = sum_p w_p I_p with fixed
  * pseudo-random weights w_p in [0.5, 1.5).  Central differences in double at steps h and h/2 (h per parameter,
  * scaled by h_scale, 1 = default), Richardson-extrapolated; passes when |adjoint - numeric| <= atol +

@@ -15,7 +15,12 @@ void usage_main(FILE *out);
 /* Options of the gradient subcommands. */
 typedef struct {
     nbg_param_mask mask;
+    nbg_param order[NBG_NPARAMS]; /* parameters in the order given */
+    int norder;
     int want_F;
+    nbg_optimizer method;
+    int max_iter;
+    const char *residual;
     double rtol, hscale;
     const char *observed, *json, *weights;
     nbg_loss loss;
@@ -49,6 +54,12 @@ static int parse_params(const char *list, grad_opts *o)
             o->mask |= NBG_MASK(p);
         }
     }
+    o->norder = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (o->mask & NBG_MASK(p)) {
+            o->order[o->norder++] = (nbg_param)p;
+        }
+    }
     return 1;
 }
 
@@ -58,7 +69,8 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
     const char *a = argv[i];
     if (strcmp(a, "-params") == 0 || strcmp(a, "-rtol") == 0 || strcmp(a, "-hscale") == 0 ||
         strcmp(a, "-observed") == 0 || strcmp(a, "-loss") == 0 || strcmp(a, "-json") == 0 ||
-        strcmp(a, "-weights") == 0 || strcmp(a, "-debug_break_adjoint") == 0) {
+        strcmp(a, "-weights") == 0 || strcmp(a, "-debug_break_adjoint") == 0 || strcmp(a, "-method") == 0 ||
+        strcmp(a, "-maxiter") == 0 || strcmp(a, "-residual") == 0) {
         if (i + 1 >= argc) {
             fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
             return -1;
@@ -76,6 +88,24 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
             o->weights = v;
         } else if (strcmp(a, "-json") == 0) {
             o->json = v;
+        } else if (strcmp(a, "-residual") == 0) {
+            o->residual = v;
+        } else if (strcmp(a, "-maxiter") == 0) {
+            double m;
+            if (!nbg_cli_number(a, v, &m) || m < 1 || m != floor(m)) {
+                fprintf(stderr, "nbgrad: error: -maxiter expects a positive integer, got '%s'\n", v);
+                return -1;
+            }
+            o->max_iter = (int)m;
+        } else if (strcmp(a, "-method") == 0) {
+            if (strcmp(v, "lm") == 0) {
+                o->method = NBG_OPT_LM;
+            } else if (strcmp(v, "bfgs") == 0 || strcmp(v, "lbfgs") == 0) {
+                o->method = NBG_OPT_BFGS;
+            } else {
+                fprintf(stderr, "nbgrad: error: -method expects lm or bfgs, got '%s'\n", v);
+                return -1;
+            }
         } else if (strcmp(a, "-debug_break_adjoint") == 0) {
             o->break_param = nbg_param_from_name(v);
             if (o->break_param < 0) {
@@ -417,8 +447,130 @@ void usage_main(FILE *out)
                  "usage: nbgrad [simulate] <nanoBragg flags>   render images (nbgrad simulate -h for the flags)\n"
                  "       nbgrad grad <flags> -params LIST [-observed FILE -loss lsq|poisson] [-json FILE]\n"
                  "       nbgrad gradcheck <flags> -params LIST [-rtol 1e-6]\n"
+                 "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n"
                  "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
                  "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n");
+}
+
+static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
+{
+    (void)user;
+    printf("iter %3d  loss %.10g  |grad| %.4g  step %.4g\n", iter, loss, gnorm, step);
+    fflush(stdout);
+}
+
+static int cmd_refine(int argc, char **argv, int first)
+{
+    nbg_cli c;
+    grad_opts o = {0};
+    o.break_param = -1;
+    o.max_iter = 100;
+    nbg_cli_init(&c);
+    c.extra_handler = grad_flags;
+    c.extra = &o;
+    int status = 1;
+    float *obs = NULL, *wts = NULL, *img = NULL;
+    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    if (ctx == NULL) {
+        if (c.help) {
+            printf("usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
+                   "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n");
+            status = 0;
+        }
+        c.extra = NULL;
+        nbg_cli_free(&c);
+        return status;
+    }
+    if (o.observed == NULL || o.norder == 0) {
+        fprintf(stderr, "nbgrad: error: refine needs -observed FILE and -params LIST\n");
+        goto done;
+    }
+    if (o.want_F) {
+        fprintf(stderr, "nbgrad: error: refine does not fit structure factors (F); use nbgrad grad for dL/dF\n");
+        goto done;
+    }
+    nbg_report r;
+    if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    if ((obs = read_image(ctx, o.observed, npix)) == NULL) goto done;
+    if (o.weights != NULL && (wts = read_image(ctx, o.weights, npix)) == NULL) goto done;
+    nbg_refine_options ro;
+    nbg_refine_options_default(&ro);
+    ro.method = o.method;
+    ro.loss = o.loss;
+    ro.max_iter = o.max_iter;
+    ro.progress = refine_progress;
+    nbg_refine_result res;
+    printf("refining %d parameters with %s on the %s loss\n", o.norder,
+           o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS", o.loss == NBG_LOSS_LSQ ? "least-squares" : "Poisson");
+    if (nbg_refine(ctx, &c.e, obs, wts, npix, o.order, o.norder, &ro, &res) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    printf("%s after %d iterations: loss %.10g -> %.10g\n", res.converged ? "converged" : "stopped (iteration limit)",
+           res.iterations, res.start_loss, res.loss);
+    printf("%-10s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
+    for (int j = 0; j < res.nparams; ++j) {
+        printf("%-10s %16.8g %16.8g %14.4g\n", nbg_param_name(res.params[j]), res.start[j], res.value[j], res.sigma[j]);
+    }
+    printf("correlations:\n");
+    for (int a = 0; a < res.nparams; ++a) {
+        printf("  %-10s", nbg_param_name(res.params[a]));
+        for (int b = 0; b <= a; ++b) printf(" %6.3f", res.corr[a * res.nparams + b]);
+        printf("\n");
+    }
+    if (o.residual != NULL) {
+        img = malloc(sizeof(float) * npix);
+        if (img == NULL || nbg_simulate(ctx, &c.e, img, npix, NULL) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: cannot render the residual image\n");
+            goto done;
+        }
+        for (size_t i = 0; i < npix; ++i) img[i] = obs[i] - img[i];
+        if (nbg_write_float(ctx, o.residual, img, npix) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            goto done;
+        }
+        printf("wrote the residual image (observed - model) to %s\n", o.residual);
+    }
+    if (o.json != NULL) {
+        FILE *j = fopen(o.json, "w");
+        if (j == NULL) {
+            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+            goto done;
+        }
+        fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"iterations\": %d,\n"
+                   "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
+                o.method == NBG_OPT_LM ? "lm" : "bfgs", o.loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
+                res.converged ? "true" : "false", res.iterations, res.start_loss, res.loss);
+        for (int k = 0; k < res.nparams; ++k) {
+            fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
+                    nbg_param_name(res.params[k]), res.start[k], res.value[k], res.sigma[k]);
+        }
+        fprintf(j, "\n  },\n  \"correlation\": [");
+        for (int a = 0; a < res.nparams; ++a) {
+            fprintf(j, "%s[", a ? ", " : "");
+            for (int b = 0; b < res.nparams; ++b) fprintf(j, "%s%.6f", b ? ", " : "", res.corr[a * res.nparams + b]);
+            fprintf(j, "]");
+        }
+        fprintf(j, "]\n}\n");
+        if (fclose(j) != 0) {
+            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+            goto done;
+        }
+        printf("wrote %s\n", o.json);
+    }
+    status = 0;
+done:
+    free(obs);
+    free(wts);
+    free(img);
+    c.extra = NULL;
+    nbg_cli_free(&c);
+    nbg_ctx_destroy(ctx);
+    return status;
 }
 
 int main(int argc, char **argv)
@@ -435,6 +587,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "gradcheck") == 0) {
         return cmd_gradcheck(argc, argv, 2);
+    }
+    if (strcmp(argv[1], "refine") == 0) {
+        return cmd_refine(argc, argv, 2);
     }
     if (strcmp(argv[1], "grad") == 0) {
         return cmd_grad(argc, argv, 2);

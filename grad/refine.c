@@ -1,0 +1,451 @@
+/*
+ * refine.c -- fitting parameters to an observed image, and their standard errors.
+ *
+ *   - Levenberg-Marquardt on the Gauss-Newton model: the Jacobian images J = dI/dtheta come from the
+ *     forward-mode kernel in one pass; H = J^T C J with C = 2w (least squares) or 1/I (Poisson, Fisher scoring);
+ *     each step solves (H + mu diag H) delta = -g with LAPACKE (Cholesky), mu adapted on success or failure.
+ *   - BFGS (GSL's vector_bfgs2) on the loss and its adjoint gradient, in variables scaled by the Gauss-Newton
+ *     curvature at the start so that every parameter moves on the same scale.
+ *   - Standard errors and correlations from the information matrix at the optimum: (J^T W J)^-1 scaled by the
+ *     reduced chi-square for least squares, the inverse Fisher information for Poisson.
+ *
+ * Parameter bounds that physics needs: cell lengths, N, wavelength, distance > 0 (N >= 1), cell angles in
+ * (0, 180) deg, mosaic >= 0, polarization in [-1, 1].  A step that would leave them is shortened.
+ */
+#include "grad.h"
+
+#include <gsl/gsl_blas.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_multimin.h>
+#include <lapacke.h>
+#undef I /* lapacke.h brings complex.h */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int nbg_param_in_bounds(nbg_param p, double v)
+{
+    switch (p) {
+    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_LAMBDA: case NBG_P_DISTANCE: case NBG_P_FLUENCE:
+        return v > 0;
+    case NBG_P_NA: case NBG_P_NB: case NBG_P_NC:
+        return v >= 1;
+    case NBG_P_ALPHA: case NBG_P_BETA: case NBG_P_GAMMA:
+        return v > 0 && v < 180;
+    case NBG_P_MOSAIC:
+        return v >= 0;
+    case NBG_P_POLAR:
+        return v >= -1 && v <= 1;
+    default:
+        return isfinite(v);
+    }
+}
+
+typedef struct {
+    nbg_ctx *ctx;
+    nbg_experiment e;            /* working copy; parameters written into it */
+    const float *obs, *w;
+    nbg_loss loss;
+    const nbg_param *params;
+    int n;
+    size_t npix;
+    float *img;
+    double *T;                   /* n * npix tangent images */
+    double scale[NBG_NPARAMS];   /* BFGS variable scaling */
+    int evals;
+    int status;                  /* first failure */
+} refine_ws;
+
+static int set_params(refine_ws *ws, const double *x)
+{
+    for (int j = 0; j < ws->n; ++j) {
+        if (!nbg_param_in_bounds(ws->params[j], x[j])) {
+            return 0;
+        }
+        nbg_param_set(&ws->e, ws->params[j], x[j]);
+    }
+    return 1;
+}
+
+/* Loss only (a forward pass). */
+static int loss_only(refine_ws *ws, double *L)
+{
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    return nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, 0, L, &g, ws->img, ws->npix);
+}
+
+/* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
+static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
+{
+    int rc = nbg_simulate_jvp(ws->ctx, &ws->e, ws->params, ws->n, ws->T, ws->img, ws->npix);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const int n = ws->n;
+    double sum = 0;
+    memset(g, 0, sizeof(double) * (size_t)n);
+    memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
+    for (size_t i = 0; i < ws->npix; ++i) {
+        const double wi = ws->w ? ws->w[i] : 1.0;
+        const double I = ws->img[i], y = ws->obs[i];
+        double dLdI, c;
+        if (ws->loss == NBG_LOSS_LSQ) {
+            sum += wi * (I - y) * (I - y);
+            dLdI = 2 * wi * (I - y);
+            c = 2 * wi;
+        } else {
+            const double Ie = I > 1e-12 ? I : 1e-12;
+            sum += wi * (Ie - y * log(Ie));
+            dLdI = wi * (1 - y / Ie);
+            c = wi / Ie; /* Fisher scoring: E[y] / I^2 = 1 / I */
+        }
+        if (wi == 0) {
+            continue;
+        }
+        for (int a = 0; a < n; ++a) {
+            const double Ta = ws->T[(size_t)a * ws->npix + i];
+            if (Ta == 0) {
+                continue;
+            }
+            g[a] += dLdI * Ta;
+            for (int b = 0; b <= a; ++b) {
+                H[a * n + b] += c * Ta * ws->T[(size_t)b * ws->npix + i];
+            }
+        }
+    }
+    for (int a = 0; a < n; ++a) {
+        for (int b = a + 1; b < n; ++b) {
+            H[a * n + b] = H[b * n + a];
+        }
+    }
+    *L = sum;
+    return NBG_OK;
+}
+
+static double norm2(const double *v, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; ++i) {
+        s += v[i] * v[i];
+    }
+    return sqrt(s);
+}
+
+static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    const int n = ws->n;
+    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], A[NBG_NPARAMS * NBG_NPARAMS], d[NBG_NPARAMS];
+    double xn[NBG_NPARAMS];
+    double L;
+    int rc = gauss_newton(ws, &L, g, H);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    double mu = 1e-3;
+    int it;
+    for (it = 1; it <= opt->max_iter; ++it) {
+        int accepted = 0;
+        double Ln = L, step = 0;
+        for (int tries = 0; tries < 30 && !accepted; ++tries) {
+            memcpy(A, H, sizeof(double) * (size_t)n * n);
+            for (int a = 0; a < n; ++a) {
+                A[a * n + a] += mu * (H[a * n + a] > 0 ? H[a * n + a] : 1.0);
+                d[a] = -g[a];
+            }
+            if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', n, 1, A, n, d, 1) != 0) {
+                mu *= 10;
+                continue;
+            }
+            /* shorten a step that leaves the bounds */
+            double frac = 1;
+            for (int k = 0; k < 40; ++k) {
+                int ok = 1;
+                for (int a = 0; a < n; ++a) {
+                    xn[a] = x[a] + frac * d[a];
+                    ok &= nbg_param_in_bounds(ws->params[a], xn[a]);
+                }
+                if (ok) {
+                    break;
+                }
+                frac *= 0.5;
+            }
+            if (!set_params(ws, xn)) {
+                mu *= 10;
+                continue;
+            }
+            rc = loss_only(ws, &Ln);
+            if (rc != NBG_OK) {
+                return rc;
+            }
+            if (Ln < L) {
+                accepted = 1;
+                step = frac * norm2(d, n);
+                mu = fmax(mu / 3, 1e-12);
+            } else {
+                mu *= 4;
+                set_params(ws, x);
+            }
+        }
+        if (!accepted) {
+            break; /* no step lowers the loss: converged to the precision available */
+        }
+        const double Lold = L;
+        memcpy(x, xn, sizeof(double) * (size_t)n);
+        rc = gauss_newton(ws, &L, g, H);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        if (opt->progress) {
+            opt->progress(opt->user, it, L, norm2(g, n), step);
+        }
+        if (fabs(Lold - L) <= opt->ftol * fmax(fabs(L), 1e-300)) {
+            res->converged = 1;
+            break;
+        }
+    }
+    res->iterations = it > opt->max_iter ? opt->max_iter : it;
+    if (it <= opt->max_iter) {
+        res->converged = 1;
+    }
+    res->loss = L;
+    return NBG_OK;
+}
+
+/* GSL callbacks in scaled variables u_j = x_j / scale_j. */
+static double bfgs_f(const gsl_vector *u, void *p)
+{
+    refine_ws *ws = p;
+    double x[NBG_NPARAMS], L;
+    for (int j = 0; j < ws->n; ++j) {
+        x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
+    }
+    if (!set_params(ws, x)) {
+        return GSL_POSINF;
+    }
+    const int rc = loss_only(ws, &L);
+    if (rc != NBG_OK) {
+        ws->status = rc;
+        return GSL_NAN;
+    }
+    ++ws->evals;
+    return L;
+}
+
+static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
+{
+    refine_ws *ws = p;
+    double x[NBG_NPARAMS];
+    for (int j = 0; j < ws->n; ++j) {
+        x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
+    }
+    if (!set_params(ws, x)) {
+        *f = GSL_POSINF;
+        gsl_vector_set_zero(df);
+        return;
+    }
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    nbg_param_mask mask = 0;
+    for (int j = 0; j < ws->n; ++j) {
+        mask |= NBG_MASK(ws->params[j]);
+    }
+    const int rc = nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, mask, f, &g, ws->img, ws->npix);
+    if (rc != NBG_OK) {
+        ws->status = rc;
+        *f = GSL_NAN;
+        return;
+    }
+    ++ws->evals;
+    for (int j = 0; j < ws->n; ++j) {
+        gsl_vector_set(df, (size_t)j, g.g[ws->params[j]] * ws->scale[j]);
+    }
+}
+
+static void bfgs_df(const gsl_vector *u, void *p, gsl_vector *df)
+{
+    double f;
+    bfgs_fdf(u, p, &f, df);
+}
+
+static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    const int n = ws->n;
+    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], L;
+    int rc = gauss_newton(ws, &L, g, H);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    for (int j = 0; j < n; ++j) {
+        ws->scale[j] = H[j * n + j] > 0 ? 1 / sqrt(H[j * n + j]) : 1;
+    }
+    gsl_set_error_handler_off();
+    gsl_multimin_function_fdf fn = {bfgs_f, bfgs_df, bfgs_fdf, (size_t)n, ws};
+    gsl_vector *u = gsl_vector_alloc((size_t)n);
+    gsl_multimin_fdfminimizer *m = gsl_multimin_fdfminimizer_alloc(gsl_multimin_fdfminimizer_vector_bfgs2, (size_t)n);
+    if (u == NULL || m == NULL) {
+        gsl_vector_free(u);
+        gsl_multimin_fdfminimizer_free(m);
+        return nbg_error(ws->ctx, NBG_ENOMEM, "out of memory for the BFGS minimizer");
+    }
+    for (int j = 0; j < n; ++j) {
+        gsl_vector_set(u, (size_t)j, x[j] / ws->scale[j]);
+    }
+    gsl_multimin_fdfminimizer_set(m, &fn, u, 0.1, 0.1);
+    int it;
+    double Lold = m->f;
+    for (it = 1; it <= opt->max_iter; ++it) {
+        const int st = gsl_multimin_fdfminimizer_iterate(m);
+        if (ws->status != NBG_OK) {
+            rc = ws->status;
+            break;
+        }
+        const double gn = gsl_blas_dnrm2(m->gradient);
+        if (opt->progress) {
+            opt->progress(opt->user, it, m->f, gn, gsl_blas_dnrm2(m->dx));
+        }
+        if (st != GSL_SUCCESS) {
+            res->converged = 1; /* no further progress possible along the search direction */
+            break;
+        }
+        if (gsl_multimin_test_gradient(m->gradient, opt->gtol) == GSL_SUCCESS ||
+            fabs(Lold - m->f) <= opt->ftol * fmax(fabs(m->f), 1e-300)) {
+            res->converged = 1;
+            break;
+        }
+        Lold = m->f;
+    }
+    res->iterations = it > opt->max_iter ? opt->max_iter : it;
+    for (int j = 0; j < n; ++j) {
+        x[j] = gsl_vector_get(m->x, (size_t)j) * ws->scale[j];
+    }
+    res->loss = m->f;
+    gsl_multimin_fdfminimizer_free(m);
+    gsl_vector_free(u);
+    set_params(ws, x);
+    return rc;
+}
+
+/* Standard errors and correlations from the information matrix at x. */
+static int information(refine_ws *ws, nbg_refine_result *res)
+{
+    const int n = ws->n;
+    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], L;
+    int rc = gauss_newton(ws, &L, g, H);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    /* H = 2 J^T W J (least squares) or the Fisher information (Poisson); the covariance is its inverse, times
+     * the reduced chi-square for least squares: cov = s^2 (J^T W J)^-1, s^2 = L / (n_obs - n) */
+    size_t nobs = 0;
+    for (size_t i = 0; i < ws->npix; ++i) {
+        nobs += (ws->w ? ws->w[i] : 1.0f) > 0;
+    }
+    double fac = 1;
+    if (ws->loss == NBG_LOSS_LSQ) {
+        for (int a = 0; a < n * n; ++a) {
+            H[a] /= 2;
+        }
+        fac = nobs > (size_t)n ? L / (double)(nobs - (size_t)n) : 1;
+    }
+    if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0 || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0) {
+        return nbg_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
+                         "change the image, or two parameters are degenerate");
+    }
+    for (int a = 0; a < n; ++a) {
+        for (int b = a + 1; b < n; ++b) {
+            H[a * n + b] = H[b * n + a];
+        }
+    }
+    for (int a = 0; a < n; ++a) {
+        res->sigma[a] = sqrt(fmax(H[a * n + a] * fac, 0));
+    }
+    for (int a = 0; a < n; ++a) {
+        for (int b = 0; b < n; ++b) {
+            const double den = sqrt(H[a * n + a] * H[b * n + b]);
+            res->corr[a * n + b] = den > 0 ? H[a * n + b] / den : 0;
+        }
+    }
+    return NBG_OK;
+}
+
+void nbg_refine_options_default(nbg_refine_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->method = NBG_OPT_LM;
+    o->loss = NBG_LOSS_LSQ;
+    o->max_iter = 100;
+    o->ftol = 1e-12;
+    o->gtol = 1e-9;
+}
+
+int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
+               const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    if (ctx == NULL || e == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
+    }
+    if (nparams < 1 || nparams > NBG_NPARAMS) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+    }
+    if (opt->method != NBG_OPT_LM && opt->method != NBG_OPT_BFGS) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
+    }
+    memset(res, 0, sizeof *res);
+    double x[NBG_NPARAMS];
+    for (int j = 0; j < nparams; ++j) {
+        if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
+            return nbg_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d", (int)params[j]);
+        }
+        for (int k = 0; k < j; ++k) {
+            if (params[k] == params[j]) {
+                return nbg_error(ctx, NBG_EINVAL, "parameter %s is listed twice", nbg_param_name(params[j]));
+            }
+        }
+        nbg_param_get(e, params[j], &x[j]);
+        if (!nbg_param_in_bounds(params[j], x[j])) {
+            return nbg_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j],
+                             nbg_param_name(params[j]));
+        }
+        res->params[j] = params[j];
+        res->start[j] = x[j];
+    }
+    res->nparams = nparams;
+    refine_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.ctx = ctx;
+    ws.e = *e;
+    ws.obs = observed;
+    ws.w = weights;
+    ws.loss = opt->loss;
+    ws.params = params;
+    ws.n = nparams;
+    ws.npix = npix;
+    ws.img = malloc(sizeof(float) * npix);
+    ws.T = malloc(sizeof(double) * npix * (size_t)nparams);
+    if (ws.img == NULL || ws.T == NULL) {
+        free(ws.img);
+        free(ws.T);
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
+    }
+    /* validates sizes, the observed image and the parameters' support */
+    double L0;
+    int rc = loss_only(&ws, &L0);
+    if (rc == NBG_OK) {
+        res->start_loss = L0;
+        rc = opt->method == NBG_OPT_LM ? refine_lm(&ws, x, opt, res) : refine_bfgs(&ws, x, opt, res);
+    }
+    if (rc == NBG_OK) {
+        set_params(&ws, x);
+        for (int j = 0; j < nparams; ++j) {
+            res->value[j] = x[j];
+        }
+        rc = information(&ws, res);
+        if (rc == NBG_OK) {
+            *e = ws.e;
+        }
+    }
+    free(ws.img);
+    free(ws.T);
+    return rc;
+}

@@ -1,0 +1,168 @@
+/*
+ * test-refine.c -- refinement of cell and orientation: recovery from seeded random starts with both optimizers
+ * on a noise-free image, standard errors that cover the truth under Poisson noise, and bad input.
+ */
+#include "testutil.h" /* first: it sets _GNU_SOURCE */
+#include "nbgrad.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const nbg_param P9[9] = {NBG_P_A, NBG_P_B, NBG_P_C, NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA,
+                                NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ};
+
+static void truth(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {70, 80, 90, 75, 85, 95};
+    memcpy(e->cell, cell, sizeof cell);
+    e->misset[0] = 10;
+    e->misset[1] = 5;
+    e->misset[2] = 3;
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 100;
+    e->fpixels = e->spixels = 128;
+    e->oversample = 1;
+}
+
+/* A uniform deviate in [-1, 1) from a 64-bit LCG. */
+static double uni(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+/* Perturbs the truth: +-frac of the cell lengths, +-ang deg of the angles and orientation. */
+static void perturb(nbg_experiment *e, uint64_t *s, double frac, double ang)
+{
+    for (int i = 0; i < 3; ++i) {
+        e->cell[i] *= 1 + frac * uni(s);
+        e->cell[3 + i] += ang * uni(s);
+        e->misset[i] += ang * uni(s);
+    }
+}
+
+int main(void)
+{
+    nbg_ctx *ctx;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        printf("FAIL refine-0 context\n");
+        return 1;
+    }
+    nbg_experiment t;
+    truth(&t);
+    const size_t npix = 128 * 128;
+    float *obs = malloc(npix * sizeof(float));
+    nbg_simulate(ctx, &t, obs, npix, NULL);
+    double tv[9];
+    for (int j = 0; j < 9; ++j) {
+        nbg_param_get(&t, P9[j], &tv[j]);
+    }
+
+    /* refine-1: recovery from 10 seeded starts, both optimizers */
+    const char *names[2] = {"lm", "bfgs"};
+    for (int m = 0; m < 2; ++m) {
+        int recovered = 0, maxit = 0;
+        for (int k = 0; k < 10; ++k) {
+            uint64_t seed = 1000 + (uint64_t)k;
+            nbg_experiment e = t;
+            perturb(&e, &seed, 0.01, 0.5);
+            nbg_refine_options o;
+            nbg_refine_options_default(&o);
+            o.method = m == 0 ? NBG_OPT_LM : NBG_OPT_BFGS;
+            nbg_refine_result r;
+            const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r);
+            double dlen = 0, dang = 0, drot = 0;
+            for (int j = 0; j < 3; ++j) {
+                dlen = fmax(dlen, fabs(r.value[j] - tv[j]) / tv[j]);
+                dang = fmax(dang, fabs(r.value[3 + j] - tv[3 + j]));
+                drot = fmax(drot, fabs(r.value[6 + j] - tv[6 + j]));
+            }
+            const int ok = rc == NBG_OK && dlen <= 5e-4 && dang <= 0.01 && drot <= 0.01 && r.iterations <= 100;
+            char id[64];
+            snprintf(id, sizeof id, "refine-1-%s-start%d", names[m], k);
+            nbg_test_check(ok, id, "%d iterations; worst errors: length %.2g%%, angle %.2g deg, orientation %.2g deg%s",
+                           r.iterations, dlen * 100, dang, drot, rc == NBG_OK ? "" : nbg_errmsg(ctx));
+            recovered += ok;
+            maxit = r.iterations > maxit ? r.iterations : maxit;
+        }
+        char id[64];
+        snprintf(id, sizeof id, "refine-1-%s", names[m]);
+        nbg_test_check(recovered == 10, id, "%d of 10 starts recovered, at most %d iterations", recovered, maxit);
+    }
+
+    /* refine-2: Poisson noise; the truth lies within 3 reported standard errors for at least 9 of 10 seeds */
+    {
+        nbg_experiment tb = t;
+        tb.fluence *= 20;
+        float *mean = malloc(npix * sizeof(float));
+        uint16_t *counts = malloc(npix * sizeof(uint16_t));
+        nbg_simulate(ctx, &tb, mean, npix, NULL);
+        int covered = 0;
+        for (int k = 0; k < 10; ++k) {
+            long photons, overloads;
+            nbg_noise_image(mean, 128, 128, NULL, 0, 4242 + k, counts, &photons, &overloads);
+            for (size_t i = 0; i < npix; ++i) {
+                obs[i] = counts[i];
+            }
+            uint64_t seed = 77 + (uint64_t)k;
+            nbg_experiment e = tb;
+            perturb(&e, &seed, 0.003, 0.1);
+            nbg_refine_options o;
+            nbg_refine_options_default(&o);
+            o.loss = NBG_LOSS_POISSON;
+            nbg_refine_result r;
+            const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r);
+            double worst = 0;
+            for (int j = 0; j < 9; ++j) {
+                worst = fmax(worst, fabs(r.value[j] - tv[j]) / r.sigma[j]);
+            }
+            char id[64];
+            snprintf(id, sizeof id, "refine-2-noise-seed%d", k);
+            nbg_test_check(rc == NBG_OK && r.sigma[0] > 0, id,
+                           "refined with Poisson loss in %d iterations; worst |value - truth| = %.2f sigma "
+                           "(sigma a = %.2g A, rotx = %.2g deg)",
+                           r.iterations, worst, r.sigma[0], r.sigma[6]);
+            covered += rc == NBG_OK && worst <= 3;
+        }
+        nbg_test_check(covered >= 9, "refine-2-coverage", "%d of 10 noise seeds within 3 standard errors", covered);
+        free(mean);
+        free(counts);
+    }
+
+    /* refine-3: bad input */
+    {
+        nbg_simulate(ctx, &t, obs, npix, NULL);
+        nbg_refine_options o;
+        nbg_refine_options_default(&o);
+        nbg_refine_result r;
+        nbg_experiment e = t;
+        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix - 5, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-size",
+                       "an observed image of the wrong size: %s", nbg_errmsg(ctx));
+        obs[100] = -1;
+        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
+                           strstr(nbg_errmsg(ctx), "100") != NULL,
+                       "refine-3-negative", "a negative observed pixel: %s", nbg_errmsg(ctx));
+        obs[100] = NAN;
+        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-nan",
+                       "a NaN observed pixel: %s", nbg_errmsg(ctx));
+        obs[100] = 0;
+        const nbg_param badp = (nbg_param)77;
+        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, &badp, 1, &o, &r) == NBG_EINVAL, "refine-3-param",
+                       "an unknown parameter: %s", nbg_errmsg(ctx));
+        nbg_test_check(nbg_param_from_name("cell_a") == -1 && nbg_param_from_name("gamma") == NBG_P_GAMMA,
+                       "refine-3-param-name", "parameter names resolve, unknown ones do not");
+        e.cell[0] = -70;
+        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
+                           strstr(nbg_errmsg(ctx), "bounds") != NULL,
+                       "refine-3-bounds", "a start outside the bounds: %s", nbg_errmsg(ctx));
+    }
+    free(obs);
+    nbg_ctx_destroy(ctx);
+    return nbg_test_summary();
+}
