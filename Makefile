@@ -1,7 +1,7 @@
 # nbgrad -- build, test and benchmark.
 #
 #   make            build the library (build/libnbgrad.a), the CLI (build/nbgrad), tests, examples, benches
-#   make demo       build and render the built-in example
+#   make demo       build, then refine cell and orientation on the built-in example (examples/refine_cell.c)
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
@@ -69,10 +69,9 @@ $(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
 test: all
 	@sh tests/run-all.sh $(B)
 
+# The main job on the built-in example: fit a crystal's cell and orientation to a noisy image.
 demo: all
-	@mkdir -p $(B)/demo
-	$(B)/nbgrad -cell 100 100 100 90 90 90 -default_F 100 -lambda 6.2 -N 5 -distance 100 -detpixels 512 \
-	  -floatfile $(B)/demo/demo.float.bin -intfile $(B)/demo/demo.img -pgmfile $(B)/demo/demo.pgm -nonoise
+	$(B)/examples/refine_cell
 
 bench: all
 	@sh bench/run.sh $(B)

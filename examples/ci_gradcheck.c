@@ -1,0 +1,56 @@
+/*
+ * ci_gradcheck.c -- a gradient check to put in your CI: it checks nbgrad's adjoint against central finite
+ * differences on your own experiment and fails (exit 1) if any parameter disagrees.  Copy it, put your
+ * experiment in setup(), and run it after each build.  (The same check from the shell:
+ * nbgrad gradcheck <your flags> -params all.)
+ */
+#include "nbgrad.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void setup(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {78.9, 78.9, 38.1, 90, 90, 90}; /* a lysozyme-like tetragonal cell */
+    memcpy(e->cell, cell, sizeof cell);
+    e->misset[0] = 12, e->misset[1] = -7, e->misset[2] = 31;
+    e->default_F = 50;
+    e->Na = e->Nb = 6;
+    e->Nc = 9;
+    e->lambda = 0.98;
+    e->distance = 120;
+    e->fpixels = e->spixels = 64;
+    e->pixel = 0.172;
+    e->oversample = 1;
+    e->polarization = 0.99;
+    e->mosaic = 0.2;
+    e->mosaic_domains = 3;
+}
+
+int main(void)
+{
+    nbg_ctx *ctx;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        return 1;
+    }
+    nbg_experiment e;
+    setup(&e);
+    nbg_gradcheck_result res[NBG_NPARAMS + 1];
+    int n = 0;
+    if (nbg_gradcheck(ctx, &e, NBG_MASK_ALL, 1e-6, 1, res, &n) != NBG_OK) {
+        printf("FAIL gradcheck could not run: %s\n", nbg_errmsg(ctx));
+        return 1;
+    }
+    int passed = 0;
+    for (int i = 0; i < n; ++i) {
+        printf("%s %s adjoint=%.10g numeric=%.10g relerr=%.2g%s%s\n", res[i].pass ? "PASS" : "FAIL",
+               nbg_param_name(res[i].param), res[i].adjoint, res[i].numeric, res[i].relerr,
+               res[i].reason[0] ? " # " : "", res[i].reason);
+        passed += res[i].pass;
+    }
+    printf("%d passed, %d failed\n", passed, n - passed);
+    nbg_ctx_destroy(ctx);
+    return passed == n ? 0 : 1;
+}
