@@ -12,22 +12,20 @@ void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *
     double osum = 0;
     long nout = 0;
     const int F = p->fpixels, S = p->spixels;
+    const int W = use_float ? 16 : 8;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : osum, nout)
     for (int s = 0; s < S; ++s) {
-        for (int f = 0; f < F; ++f) {
-            float *out = image + (long)s * F + f;
-            if (!nbg_pixel_active(p, f, s)) {
-                *out = 0.0f;
-                continue;
-            }
+        for (int f0 = 0; f0 < F; f0 += W) {
+            const int n = F - f0 < W ? F - f0 : W;
+            float *out = image + (long)s * F + f0;
             if (use_float) {
                 nbg_pixstat_f st = {0, 0};
-                *out = (float)nbg_pixel_f(p, f, s, &st);
+                nbg_row_f(p, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             } else {
                 nbg_pixstat_d st = {0, 0};
-                *out = (float)nbg_pixel_d(p, f, s, &st);
+                nbg_row_d(p, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             }

@@ -6,9 +6,21 @@
 
 #include "physics.h"
 
+/* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
+static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
+{
+    if (f < 0 || f >= p->fpixels || f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
+        return 0;
+    }
+    return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
+}
+
 #define NBG_R double
 #define NBG_SFX(name) name##_d
 #include "pixel_tmpl.h"
+#ifndef __CUDACC__
+#include "row_tmpl.h"
+#endif
 #undef NBG_R
 #undef NBG_SFX
 
@@ -16,17 +28,11 @@
 #define NBG_SFX(name) name##_f
 #define NBG_FLOAT_MODE 1
 #include "pixel_tmpl.h"
+#ifndef __CUDACC__
+#include "row_tmpl.h"
+#endif
 #undef NBG_FLOAT_MODE
 #undef NBG_R
 #undef NBG_SFX
-
-/* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
-static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
-{
-    if (f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
-        return 0;
-    }
-    return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
-}
 
 #endif

@@ -1,0 +1,226 @@
+/*
+ * row_tmpl.h -- the CPU forward kernel's vectorised form: the loop nest of src/pixel_tmpl.h for NBG_LANES
+ * neighbouring pixels of a row at once, each sample's physics (the same functions of physics_tmpl.h) evaluated
+ * across the lanes in `omp simd` loops, nanoBragg's per-pixel conditions (resolution cut, first-subpixel factors,
+ * skipped zero lattice factors) as per-lane selects.  Same arithmetic, same order per pixel, as the scalar
+ * nbg_pixel, so the two give the same values (the tests compare them bit for bit).  Instantiated by kernel.h.
+ */
+#ifdef NBG_FLOAT_MODE
+#define NBG_M(fn) fn##f
+#define NBG_LANES 16
+#else
+#define NBG_M(fn) fn
+#define NBG_LANES 8
+#endif
+
+/* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
+static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
+                                   NBG_SFX(nbg_pixstat) * st)
+{
+    enum { W = NBG_LANES };
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R K = (NBG_R)p->polarization;
+    NBG_R I[W], polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
+    int valid[W], active[W];
+    double osum = 0;
+    long oor = 0;
+    for (int j = 0; j < W; ++j) {
+        active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
+        I[j] = (NBG_R)p->I_bg;
+        polar[j] = p->nopolar ? 1 : 0;
+        omega[j] = 0;
+        capture[j] = 0;
+    }
+    const NBG_R sub = (NBG_R)p->subpixel;
+    for (int t = 0; t < p->thicksteps; ++t) {
+        const NBG_R Odet = (NBG_R)(t * p->thickstep);
+        for (int j = 0; j < W; ++j) {
+            capture[j] = (p->thick == 0) ? 1 : 0;
+        }
+        for (int subS = 0; subS < os; ++subS) {
+            const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+            for (int subF = 0; subF < os; ++subF) {
+                if (p->curved) {
+                    for (int j = 0; j < W; ++j) {
+                        NBG_R P[3];
+                        NBG_SFX(nbg_subpixel_pos)(p, f0 + j, spixel, subF, subS, t, P);
+                        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                        d0[j] = P[0] / R;
+                        d1[j] = P[1] / R;
+                        d2[j] = P[2] / R;
+                        q0[j] = R;
+                    }
+                } else {
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
+                        NBG_R P[3];
+                        for (int x = 0; x < 3; ++x) {
+                            P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
+                                   (NBG_R)p->pix0[x];
+                        }
+                        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                        d0[j] = P[0] / R;
+                        d1[j] = P[1] / R;
+                        d2[j] = P[2] / R;
+                        q0[j] = R;
+                    }
+                }
+                /* once-per-pixel factors: solid angle, then this layer's capture fraction */
+#pragma omp simd reduction(+ : osum)
+                for (int j = 0; j < W; ++j) {
+                    const NBG_R R = q0[j];
+                    if (omega[j] == 0 || p->os_omega) {
+                        omega[j] = p->point_pixel
+                                       ? 1 / (R * R)
+                                       : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
+                    }
+                    osum += active[j] ? (double)omega[j] : 0.0;
+                }
+                for (int j = 0; j < W; ++j) {
+                    if (capture[j] == 0 || p->os_thick) {
+                        const NBG_R rho =
+                            d0[j] * (NBG_R)p->odet[0] + d1[j] * (NBG_R)p->odet[1] + d2[j] * (NBG_R)p->odet[2];
+                        const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
+                        capture[j] = NBG_M(exp)(-(NBG_R)t * a) - NBG_M(exp)(-(NBG_R)(t + 1) * a);
+                    }
+                }
+                for (int src = 0; src < p->nsources; ++src) {
+                    const double *sr = p->src + NBG_SRC_STRIDE * src;
+                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                    const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+                    const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
+                    const NBG_R dmin = (NBG_R)p->dmin;
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        q0[j] = (d0[j] - inc[0]) * ilambda;
+                        q1[j] = (d1[j] - inc[1]) * ilambda;
+                        q2[j] = (d2[j] - inc[2]) * ilambda;
+                        int ok = 1;
+                        if (p->dmin > 0) {
+                            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
+                            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
+                        }
+                        valid[j] = ok;
+                        if (ok && (polar[j] == 0 || p->os_polar)) {
+                            const NBG_R d[3] = {d0[j], d1[j], d2[j]};
+                            polar[j] = NBG_SFX(nbg_polar)(K, inc, d, E, B);
+                        }
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        NBG_R v[9];
+                        for (int x = 0; x < 9; ++x) {
+                            v[x] = (NBG_R)abc[x];
+                        }
+                        /* phase 1: Miller indices */
+                        NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            for (int x = 0; x < 3; ++x) {
+                                hkl[x][j] = v[3 * x] * q0[j] + v[3 * x + 1] * q1[j] + v[3 * x + 2] * q2[j];
+                                rnd[x][j] = NBG_M(ceil)(hkl[x][j] - (NBG_R)0.5);
+                            }
+                        }
+                        /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
+                        if (p->shape == NBG_SQUARE) {
+                            for (int j = 0; j < W; ++j) {
+                                L[j] = 1;
+                            }
+                            for (int x = 0; x < 3; ++x) {
+                                const int Ni = p->Ni[x];
+                                const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
+                                NBG_R u0[W], u1[W], c2[W];
+                                if (Ni == 0) {
+#pragma omp simd
+                                    for (int j = 0; j < W; ++j) {
+                                        L[j] *= NBG_SFX(nbg_sincg)(hkl[x][j], N);
+                                    }
+                                    continue;
+                                }
+                                if (Ni == 1) {
+                                    continue;
+                                }
+#pragma omp simd
+                                for (int j = 0; j < W; ++j) {
+                                    const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                                    c2[j] = 2 * NBG_SFX(nbg_cospi_reduced)(d);
+                                    u0[j] = 1;
+                                    u1[j] = c2[j];
+                                }
+                                for (int kk = 2; kk < Ni; ++kk) {
+#pragma omp simd
+                                    for (int j = 0; j < W; ++j) {
+                                        const NBG_R u2 = c2[j] * u1[j] - u0[j];
+                                        u0[j] = u1[j];
+                                        u1[j] = u2;
+                                    }
+                                }
+#pragma omp simd
+                                for (int j = 0; j < W; ++j) {
+                                    L[j] *= u1[j];
+                                }
+                            }
+                        } else {
+                            for (int j = 0; j < W; ++j) {
+                                L[j] = NBG_SFX(nbg_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
+                                                            rnd[2][j]);
+                            }
+                        }
+                        /* phase 3: structure factor */
+                        if (p->F == 0) {
+                            for (int j = 0; j < W; ++j) {
+                                Fc[j] = (NBG_R)p->default_F;
+                            }
+                        } else {
+                            for (int j = 0; j < W; ++j) {
+                                long o = 0;
+                                Fc[j] = (valid[j] && active[j] && (L[j] != 0 || p->water))
+                                            ? NBG_SFX(nbg_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                                                 (int)rnd[1][j], (int)rnd[2][j], &o)
+                                            : 0;
+                                oor += o;
+                            }
+                        }
+                        /* phase 4: accumulate */
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            if (valid[j] && active[j] && (L[j] != 0 || p->water)) {
+                                I[j] += Fc[j] * Fc[j] * L[j] * L[j];
+                                if (p->os_thick) {
+                                    I[j] *= capture[j];
+                                }
+                                if (p->os_polar) {
+                                    I[j] *= polar[j];
+                                }
+                                if (p->os_omega) {
+                                    I[j] *= omega[j];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int j = 0; j < n; ++j) {
+        double S = p->scale * (double)I[j];
+        if (!p->os_thick) {
+            S *= (double)capture[j];
+        }
+        if (!p->os_polar) {
+            S *= (double)polar[j];
+        }
+        if (!p->os_omega) {
+            S *= (double)omega[j];
+        }
+        out[j] = active[j] ? (float)S : 0.0f;
+    }
+    st->omega_sum += osum;
+    st->oor += oor;
+}
+
+#undef NBG_LANES
+#undef NBG_M
