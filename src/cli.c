@@ -574,8 +574,18 @@ void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_
     st->rmsd = sqrt(dev / (nall > 1 ? nall - 1 : 1));
 }
 
+/* Removes the outputs this run already wrote, so that a failure leaves none of them behind. */
+static void remove_written(const char *const *written, int n)
+{
+    for (int i = 0; i < n; ++i) {
+        remove(written[i]);
+    }
+}
+
 int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img)
 {
+    const char *written[4];
+    int nw = 0;
     const int F = r->fpixels, S = r->spixels;
     const size_t npix = (size_t)F * (size_t)S;
     nbg_stats st;
@@ -596,6 +606,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             return 0;
         }
+        written[nw++] = c->floatfile;
         printf("wrote %s as %zu 4-byte floats\n", c->floatfile, npix);
     }
     double scale = c->scale;
@@ -609,6 +620,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         buf = malloc(sizeof(uint16_t) * (npix ? npix : 1));
         if (buf == NULL) {
             fprintf(stderr, "nbgrad: error: out of memory for the integer image\n");
+            remove_written(written, nw);
             return 0;
         }
     }
@@ -618,8 +630,10 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         if (nbg_write_smv(ctx, c->intfile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
+            remove_written(written, nw);
             return 0;
         }
+        written[nw++] = c->intfile;
         printf("wrote %s as 2-byte integers\n", c->intfile);
     }
     if (c->pgmfile != NULL && !c->nopgm) {
@@ -630,8 +644,10 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         if (nbg_write_pgm(ctx, c->pgmfile, img, F, S, ps) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
+            remove_written(written, nw);
             return 0;
         }
+        written[nw++] = c->pgmfile;
         printf("wrote %s with pixels scaled by %g\n", c->pgmfile, ps);
     }
     if (c->noisefile != NULL && !c->nonoise) {
@@ -646,6 +662,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         if (nbg_write_smv(ctx, c->noisefile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
+            remove_written(written, nw);
             return 0;
         }
         printf("wrote %s as 2-byte integers\n", c->noisefile);

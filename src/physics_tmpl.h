@@ -269,6 +269,36 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, 
     return val;
 }
 
+/* The same for a small integer N, from one reduced sine and cosine: with c = cos(pi d),
+ *   sincg = U_{N-1}(c),  d/dh = U'_{N-1}(c) (-pi sin(pi d)),  d/dN = pi d cos(N pi d) / sin(pi d) = pi d T_N(c) / s,
+ * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = 2 U_k + 2c U'_k - U'_{k-1},
+ * T_{k+1} = 2c T_k - T_{k-1} (T_N(cos x) = cos(N x)). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
+{
+    const NBG_R d = h - NBG_M(rint)(h);
+    const NBG_R c = NBG_SFX(nbg_cospi_reduced)(d), s = NBG_SFX(nbg_sinpi)(d);
+    NBG_R u0 = 1, u1 = 2 * c, du0 = 0, du1 = 2, t0 = 1, t1 = c;
+    if (Ni == 1) {
+        u1 = 1;
+        du1 = 0;
+    }
+    for (int k = 2; k < Ni; ++k) {
+        const NBG_R u2 = 2 * c * u1 - u0, du2 = 2 * u1 + 2 * c * du1 - du0;
+        u0 = u1;
+        u1 = u2;
+        du0 = du1;
+        du1 = du2;
+    }
+    for (int k = 1; k < Ni; ++k) {
+        const NBG_R t2 = 2 * c * t1 - t0;
+        t0 = t1;
+        t1 = t2;
+    }
+    *dh = du1 * (-(NBG_R)M_PI * s);
+    *dN = s != 0 ? (NBG_R)M_PI * d * t1 / s : 1;
+    return u1;
+}
+
 /* G(u) = sinc3(sqrt(u)) and dG/du (series for small u, where the closed form cancels). */
 static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3_u)(NBG_R u, NBG_R *dG)
 {
@@ -292,9 +322,11 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R
     const NBG_R N[3] = {Na, Nb, Nc};
     if (p->shape == NBG_SQUARE) {
         NBG_R f[3], fh[3], fN[3];
-        f[0] = NBG_SFX(nbg_sincg_grad)(h, Na, &fh[0], &fN[0]);
-        f[1] = NBG_SFX(nbg_sincg_grad)(k, Nb, &fh[1], &fN[1]);
-        f[2] = NBG_SFX(nbg_sincg_grad)(l, Nc, &fh[2], &fN[2]);
+        const NBG_R hv[3] = {h, k, l};
+        for (int x = 0; x < 3; ++x) {
+            f[x] = p->Ni[x] ? NBG_SFX(nbg_sincg_grad_int)(hv[x], p->Ni[x], &fh[x], &fN[x])
+                            : NBG_SFX(nbg_sincg_grad)(hv[x], N[x], &fh[x], &fN[x]);
+        }
         /* L = f_a f_b f_c: dL/dh = f_a' f_b f_c, ... */
         dhkl[0] = fh[0] * f[1] * f[2];
         dhkl[1] = f[0] * fh[1] * f[2];

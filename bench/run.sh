@@ -1,0 +1,124 @@
+#!/bin/sh
+# run.sh -- nbgrad's forward benchmark (make bench runs: sh bench/run.sh build).
+#
+#   sh bench/run.sh [BUILD_DIR]
+#
+# 1. The library (BUILD_DIR/bench/bench-forward): each case in double and float precision: wall time (best of 3
+#    after a warm-up; one run when the warm-up exceeds NBG_BENCH_LONG=5 s; the 4096^2 case 1 run), samples per
+#    second (pixels x steps), peak RSS and an image checksum (the sum of the pixels).
+# 2. The program (BUILD_DIR/nbgrad) on the same command lines, and, when NB_REF_BIN names a reference nanoBragg
+#    binary, that binary too (with -nopgm -nonoise -noprogress -floatfile <tmp> -intfile /dev/null, in an empty
+#    temporary directory, OMP_NUM_THREADS = the same thread count), with the ratio reference_time / nbgrad_time
+#    and both checksums.
+#
+# Threads: $NBG_THREADS, or all cores.  Environment: NB_REF_BIN, NBG_THREADS, NBG_BENCH_REPS (3), NBG_BENCH_LONG (5).
+# Takes about 3 minutes on 2 cores with a reference binary (the reference's heavy-sampling case alone is ~1 min).
+
+B=${1:-build}
+START=$(pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
+cd "$ROOT" || exit 2
+case "$B" in /*) ;; *) B="$ROOT/$B" ;; esac
+
+BF="$B/bench/bench-forward"
+NB="$B/nbgrad"
+for f in "$BF" "$NB"; do
+    if [ ! -x "$f" ]; then
+        echo "bench: $f is missing (run make first)"
+        exit 2
+    fi
+done
+
+if [ -z "$NBG_THREADS" ]; then
+    NBG_THREADS=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+fi
+export NBG_THREADS
+REPS=${NBG_BENCH_REPS:-3}
+
+REF=""
+if [ -n "$NB_REF_BIN" ]; then
+    case "$NB_REF_BIN" in /*) REF=$NB_REF_BIN ;; *) REF="$START/$NB_REF_BIN" ;; esac
+    if [ ! -x "$REF" ]; then
+        echo "bench: NB_REF_BIN=$NB_REF_BIN is not an executable file; timing nbgrad only"
+        REF=""
+    fi
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-bench.XXXXXX") || { echo "bench: cannot make a temporary directory"; exit 2; }
+trap 'rm -rf "$TMP"' EXIT
+trap 'rm -rf "$TMP"; exit 130' INT TERM
+
+echo "nbgrad benchmark: $(uname -m), $(getconf _NPROCESSORS_ONLN 2>/dev/null || echo '?') cores, $NBG_THREADS threads"
+echo
+
+# --- 1. the library ------------------------------------------------------------------------------------------
+"$BF" || status=1
+
+# --- 2. the program, and the reference ------------------------------------------------------------------------
+CUBIC="-cell 100 100 100 90 90 90 -default_F 100 -lambda 6.2 -N 5 -distance 100"
+TRIC="-cell 70 80 90 85 95 105 -misset 10 5 3 -N 8 -lambda 1.5 -default_F 100 -distance 100"
+HEAVY="-oversample 2 -mosaic 0.5 -mosaic_dom 10 -phi 0.01 -osc 0.5 -phisteps 5 -hdivrange 0.1 -vdivrange 0.1 -hdivsteps 3 -vdivsteps 3 -dispersion 0.1 -dispsteps 3"
+
+case_args() {
+    case "$1" in
+        cubic1k) echo "$CUBIC -detpixels 1024" ;;
+        cubic4k) echo "$CUBIC -detpixels 4096" ;;
+        tric1k) echo "$TRIC -detpixels 1024" ;;
+        heavy512) echo "$CUBIC $HEAVY -detpixels 512" ;;
+    esac
+}
+case_reps() {
+    case "$1" in
+        cubic4k) echo 1 ;;
+        *) echo "$REPS" ;;
+    esac
+}
+
+echo
+echo "command line: nbgrad (CLI, double) $( [ -n "$REF" ] && echo "vs the reference $REF" ), $NBG_THREADS threads;" \
+     "wall time includes start-up and writing the float image"
+if [ -n "$REF" ]; then
+    printf '%-9s %10s %10s %9s %8s %8s %18s %18s %9s\n' case nbgrad_s ref_s ref/nbgrad nb_MB ref_MB \
+        nbgrad_checksum ref_checksum rel_diff
+else
+    printf '%-9s %10s %8s %18s\n' case nbgrad_s nb_MB nbgrad_checksum
+fi
+for c in cubic1k cubic4k tric1k heavy512; do
+    args=$(case_args "$c")
+    reps=$(case_reps "$c")
+    d="$TMP/nbgrad.$c"
+    mkdir -p "$d"
+    # shellcheck disable=SC2086
+    set -- $("$BF" exec "$d" "$reps" -- "$NB" $args -threads "$NBG_THREADS" -floatfile "$d/img.bin")
+    if [ $# -ne 3 ]; then
+        echo "$c: nbgrad failed"
+        status=1
+        continue
+    fi
+    nb_t=$1
+    nb_mb=$(awk -v k="$3" 'BEGIN { printf "%.1f", k / 1024 }')
+    nb_sum=$("$BF" sum "$d/img.bin")
+    rm -rf "$d"
+    if [ -z "$REF" ]; then
+        printf '%-9s %10.3f %8s %18s\n' "$c" "$nb_t" "$nb_mb" "$nb_sum"
+        continue
+    fi
+    d="$TMP/ref.$c"
+    mkdir -p "$d"
+    # shellcheck disable=SC2086
+    set -- $(OMP_NUM_THREADS=$NBG_THREADS "$BF" exec "$d" "$reps" -- "$REF" $args -nopgm -nonoise -noprogress \
+        -floatfile "$d/img.bin" -intfile /dev/null)
+    if [ $# -ne 3 ]; then
+        echo "$c: the reference failed"
+        status=1
+        continue
+    fi
+    ref_t=$1
+    ref_mb=$(awk -v k="$3" 'BEGIN { printf "%.1f", k / 1024 }')
+    ref_sum=$("$BF" sum "$d/img.bin")
+    rm -rf "$d"
+    awk -v c="$c" -v nt="$nb_t" -v rt="$ref_t" -v nm="$nb_mb" -v rm="$ref_mb" -v ns="$nb_sum" -v rs="$ref_sum" \
+        'BEGIN { d = ns - rs; if (d < 0) d = -d; r = (rs != 0) ? d / (rs < 0 ? -rs : rs) : d;
+                 printf "%-9s %10.3f %10.3f %9.2fx %8s %8s %18s %18s %9.2e\n", c, nt, rt, rt / nt, nm, rm, ns, rs, r }'
+done
+exit ${status:-0}
