@@ -22,10 +22,11 @@ typedef struct {
 #define NBG_ADJ_FIXED (offsetof(nbg_adjacc, abc) / sizeof(double))
 
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
- * acc the gradients of L given dLdI.  acc must be zeroed; F gradients are gathered only when acc->F != NULL.
- * nthreads accumulator sets are used (tacc, each with its own arrays) and summed into acc in thread order, so
- * the result is reproducible for a given thread count. */
-void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads);
+ * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only
+ * when tacc->F != NULL.  The caller sums the nthreads sets in thread order, so the result is reproducible for a
+ * given thread count.  vectorised selects the row form (adjoint_row_tmpl.h) over the scalar twin. */
+void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads,
+                     int vectorised);
 
 /* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbg_plan_tangent),
  * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values. */

@@ -11,6 +11,7 @@
 #define NBG_R double
 #define NBG_SFX(name) name##_d
 #include "adjoint_tmpl.h"
+#include "adjoint_row_tmpl.h"
 #include "jvp_tmpl.h"
 #undef NBG_R
 #undef NBG_SFX
@@ -19,7 +20,8 @@
 #include <omp.h>
 #endif
 
-void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads)
+void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads,
+                     int vectorised)
 {
     const int F = p->fpixels, S = p->spixels;
 #pragma omp parallel num_threads(nthreads)
@@ -31,6 +33,20 @@ void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_
 #endif
 #pragma omp for schedule(static)
         for (int s = 0; s < S; ++s) {
+            if (vectorised) {
+                for (int f0 = 0; f0 < F; f0 += 8) {
+                    const long i = (long)s * F + f0;
+                    const int n = F - f0 < 8 ? F - f0 : 8;
+                    float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    if (dLdI != NULL) {
+                        for (int j = 0; j < n; ++j) {
+                            g[j] = dLdI[i + j];
+                        }
+                    }
+                    nbg_row_adjoint_d(p, s, f0, n, g, image + i, acc);
+                }
+                continue;
+            }
             for (int f = 0; f < F; ++f) {
                 const long i = (long)s * F + f;
                 if (!nbg_pixel_active(p, f, s)) {

@@ -54,9 +54,9 @@ static inline NBG_HD void NBG_SFX(nbg_ray_adjoint)(const NBG_SFX(nbg_ray) * r, c
 static inline NBG_HD int NBG_SFX(nbg_scatter_q)(const nbg_kparams *p, const NBG_R *d, int src, NBG_R *q)
 {
     const double *sr = p->src + NBG_SRC_STRIDE * src;
-    const NBG_R lambda = (NBG_R)sr[3];
+    const NBG_R ilambda = 1 / (NBG_R)sr[3];
     for (int x = 0; x < 3; ++x) {
-        q[x] = (d[x] - (NBG_R)sr[x]) / lambda;
+        q[x] = (d[x] - (NBG_R)sr[x]) * ilambda;
     }
     if (p->dmin > 0) {
         const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);

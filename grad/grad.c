@@ -403,7 +403,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         tacc[t].lam = tacc[t].abc + nabc;
         tacc[t].F = nF ? tacc[t].lam + nsrc : NULL;
     }
-    nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads);
+    nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
     /* reduce in thread order */
     nbg_adjacc *acc = &tacc[0];
     for (int t = 1; t < nthreads; ++t) {
@@ -575,4 +575,11 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     }
     nbg_plan_free(&pl);
     return rc;
+}
+
+void nbg_debug_scalar_adjoint(nbg_ctx *ctx, int on)
+{
+    if (ctx != NULL) {
+        ctx->scalar_adjoint = on != 0;
+    }
 }

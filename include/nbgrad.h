@@ -359,6 +359,8 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
 /* Test-only switch: when set, the adjoint deliberately corrupts the gradient of the given parameter (so that
  * tests can show the checker fails).  -1 turns it off. */
 void nbg_debug_break_adjoint(nbg_ctx *ctx, int param);
+/* Test-only switch: run the CPU adjoint's scalar twin instead of its vectorised form (they must agree). */
+void nbg_debug_scalar_adjoint(nbg_ctx *ctx, int on);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Detector files and noise                                                                                    */

@@ -16,6 +16,7 @@ struct nbg_ctx {
     char errmsg[1024];
     void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
     int break_param; /* nbg_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
+    int scalar_adjoint; /* nbg_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
 };
 
 /* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns

@@ -1,0 +1,392 @@
+/*
+ * adjoint_row_tmpl.h -- the CPU adjoint's vectorised form: grad/adjoint_tmpl.h for NBG_ALANES neighbouring
+ * pixels of a row at once.  The once-per-pixel prologue and epilogue run per lane with the scalar twin's
+ * functions; the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
+ * contributions to the plan-level gradients (crystal vectors, wavelengths, detector vectors, N) as reductions.
+ * The forward values are the scalar kernel's (same arithmetic per pixel); the gradients equal the scalar
+ * adjoint's up to the order of the sums.  Instantiated for double by grad/adjoint_cpu.c.
+ */
+#define NBG_M(fn) fn
+#define NBG_ALANES 8
+
+static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, int f0, int n, const float *gin,
+                                           float *out, nbg_adjacc *acc)
+{
+    enum { W = NBG_ALANES };
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R K = (NBG_R)p->polarization;
+    const NBG_R scale = (NBG_R)p->scale;
+    int active[W], pol_src[W];
+    NBG_R g[W], omega[W], capture[W], cap_a[W], rho[W], polar[W], d_I[W], I[W];
+    NBG_SFX(nbg_ray) r_om[W], r_cap[W], r_pol[W];
+    const int tl = p->thicksteps - 1;
+
+    /* --- prologue, per lane: the once-per-pixel factors and where they were taken -------------------------- */
+    int any = 0;
+    for (int j = 0; j < W; ++j) {
+        const int f = f0 + j;
+        active[j] = j < n && nbg_pixel_active(p, f, spixel);
+        g[j] = active[j] ? (NBG_R)gin[j] : 0;
+        any |= g[j] != 0;
+        const int fe = active[j] ? f : f0; /* inactive lanes compute on a valid pixel and contribute nothing */
+        NBG_SFX(nbg_ray_at)(p, fe, spixel, 0, 0, 0, &r_om[j]);
+        const NBG_R R = r_om[j].R;
+        omega[j] = p->point_pixel ? 1 / (R * R) : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
+        capture[j] = 1;
+        cap_a[j] = 0;
+        rho[j] = 1;
+        if (p->thick != 0) {
+            NBG_SFX(nbg_ray_at)(p, fe, spixel, 0, 0, tl, &r_cap[j]);
+            rho[j] = r_cap[j].d[0] * (NBG_R)p->odet[0] + r_cap[j].d[1] * (NBG_R)p->odet[1] +
+                     r_cap[j].d[2] * (NBG_R)p->odet[2];
+            cap_a[j] = (NBG_R)(p->thickstep * p->mu) / rho[j];
+            capture[j] = NBG_M(exp)(-(NBG_R)tl * cap_a[j]) - NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
+        }
+        polar[j] = p->nopolar ? 1 : 0;
+        pol_src[j] = -1;
+        if (!p->nopolar) {
+            for (int t = 0; t < p->thicksteps && pol_src[j] < 0; ++t) {
+                for (int subS = 0; subS < os && pol_src[j] < 0; ++subS) {
+                    for (int subF = 0; subF < os && pol_src[j] < 0; ++subF) {
+                        if (t == 0 && subS == 0 && subF == 0) {
+                            r_pol[j] = r_om[j]; /* the first subpixel's ray, already computed */
+                        } else {
+                            NBG_SFX(nbg_ray_at)(p, fe, spixel, subF, subS, t, &r_pol[j]);
+                        }
+                        for (int src = 0; src < p->nsources; ++src) {
+                            NBG_R q[3];
+                            if (NBG_SFX(nbg_scatter_q)(p, r_pol[j].d, src, q)) {
+                                const double *sr = p->src + NBG_SRC_STRIDE * src;
+                                const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                                const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+                                const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+                                polar[j] = NBG_SFX(nbg_polar)(K, inc, r_pol[j].d, E, B);
+                                pol_src[j] = src;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        d_I[j] = g[j] * scale * capture[j] * polar[j] * omega[j];
+        I[j] = (NBG_R)p->I_bg;
+    }
+
+    /* --- main pass across the lanes ----------------------------------------------------------------------- */
+    const NBG_R sub = (NBG_R)p->subpixel;
+    NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W], dd0[W], dd1[W], dd2[W], dq0[W], dq1[W], dq2[W];
+    int valid[W];
+    for (int t = 0; t < p->thicksteps; ++t) {
+        const NBG_R Odet = (NBG_R)(t * p->thickstep);
+        for (int subS = 0; subS < os; ++subS) {
+            const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+            for (int subF = 0; subF < os; ++subF) {
+#pragma omp simd
+                for (int j = 0; j < W; ++j) {
+                    const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
+                    NBG_R P[3];
+                    for (int x = 0; x < 3; ++x) {
+                        P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
+                               (NBG_R)p->pix0[x];
+                    }
+                    const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                    d0[j] = P[0] / R;
+                    d1[j] = P[1] / R;
+                    d2[j] = P[2] / R;
+                    Rl[j] = R;
+                    Fd[j] = Fdet;
+                    dd0[j] = dd1[j] = dd2[j] = 0;
+                }
+                for (int src = 0; src < p->nsources; ++src) {
+                    const double *sr = p->src + NBG_SRC_STRIDE * src;
+                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
+                    const NBG_R lambda = (NBG_R)sr[3];
+                    const NBG_R dmin = (NBG_R)p->dmin;
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        q0[j] = (d0[j] - inc[0]) * ilambda;
+                        q1[j] = (d1[j] - inc[1]) * ilambda;
+                        q2[j] = (d2[j] - inc[2]) * ilambda;
+                        int ok = 1;
+                        if (p->dmin > 0) {
+                            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
+                            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
+                        }
+                        valid[j] = ok && active[j];
+                        dq0[j] = dq1[j] = dq2[j] = 0;
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        NBG_R v[9];
+                        for (int x = 0; x < 9; ++x) {
+                            v[x] = (NBG_R)abc[x];
+                        }
+                        NBG_R hkl[3][W], rnd[3][W], fl[3][W], fh[3][W], fN[3][W], L[W], Fc[W], dFh[3][W];
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            for (int x = 0; x < 3; ++x) {
+                                hkl[x][j] = v[3 * x] * q0[j] + v[3 * x + 1] * q1[j] + v[3 * x + 2] * q2[j];
+                                rnd[x][j] = NBG_M(ceil)(hkl[x][j] - (NBG_R)0.5);
+                            }
+                        }
+                        /* lattice factor and its partials: the square shape across the lanes */
+                        NBG_R dLdN[3][W], dLh[3][W];
+                        if (p->shape == NBG_SQUARE) {
+                            for (int x = 0; x < 3; ++x) {
+                                const int Ni = p->Ni[x];
+                                const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
+                                if (Ni == 0) {
+                                    for (int j = 0; j < W; ++j) {
+                                        fl[x][j] = NBG_SFX(nbg_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j]);
+                                    }
+                                    continue;
+                                }
+                                NBG_R c[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
+#pragma omp simd
+                                for (int j = 0; j < W; ++j) {
+                                    dl[j] = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                                    c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
+                                    s[j] = NBG_SFX(nbg_sinpi)(dl[j]);
+                                    u0[j] = 1;
+                                    u1[j] = Ni == 1 ? 1 : 2 * c[j];
+                                    du0[j] = 0;
+                                    du1[j] = Ni == 1 ? 0 : 2;
+                                    t0[j] = 1;
+                                    t1[j] = c[j];
+                                }
+                                for (int k = 2; k < Ni; ++k) {
+#pragma omp simd
+                                    for (int j = 0; j < W; ++j) {
+                                        const NBG_R u2 = 2 * c[j] * u1[j] - u0[j];
+                                        const NBG_R du2 = 2 * u1[j] + 2 * c[j] * du1[j] - du0[j];
+                                        u0[j] = u1[j];
+                                        u1[j] = u2;
+                                        du0[j] = du1[j];
+                                        du1[j] = du2;
+                                    }
+                                }
+                                for (int k = 1; k < Ni; ++k) {
+#pragma omp simd
+                                    for (int j = 0; j < W; ++j) {
+                                        const NBG_R t2 = 2 * c[j] * t1[j] - t0[j];
+                                        t0[j] = t1[j];
+                                        t1[j] = t2;
+                                    }
+                                }
+#pragma omp simd
+                                for (int j = 0; j < W; ++j) {
+                                    fl[x][j] = u1[j];
+                                    fh[x][j] = du1[j] * (-(NBG_R)M_PI * s[j]);
+                                    fN[x][j] = s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
+                                }
+                            }
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                L[j] = fl[0][j] * fl[1][j] * fl[2][j];
+                                dLh[0][j] = fh[0][j] * fl[1][j] * fl[2][j];
+                                dLh[1][j] = fl[0][j] * fh[1][j] * fl[2][j];
+                                dLh[2][j] = fl[0][j] * fl[1][j] * fh[2][j];
+                                dLdN[0][j] = fN[0][j] * fl[1][j] * fl[2][j];
+                                dLdN[1][j] = fl[0][j] * fN[1][j] * fl[2][j];
+                                dLdN[2][j] = fl[0][j] * fl[1][j] * fN[2][j];
+                            }
+                        } else {
+                            for (int j = 0; j < W; ++j) {
+                                NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+                                L[j] = NBG_SFX(nbg_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
+                                                                 rnd[1][j], rnd[2][j], dh3, dN3, dast);
+                                for (int x = 0; x < 3; ++x) {
+                                    dLh[x][j] = dh3[x];
+                                    dLdN[x][j] = dN3[x];
+                                }
+                                if (p->shape == NBG_GAUSS && valid[j] && d_I[j] != 0) {
+                                    /* d_Fl is needed here: form it from this sample's values */
+                                    long unused = 0;
+                                    const NBG_R Fcv = NBG_SFX(nbg_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j],
+                                                                         (int)rnd[0][j], (int)rnd[1][j],
+                                                                         (int)rnd[2][j], &unused);
+                                    const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
+                                    if (L[j] != 0 || p->water) {
+                                        for (int i = 0; i < 9; ++i) {
+                                            acc->astar[i] += (double)(dFl * dast[i]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        /* structure factor and its partials */
+                        if (p->F == 0) {
+                            for (int j = 0; j < W; ++j) {
+                                Fc[j] = (NBG_R)p->default_F;
+                                dFh[0][j] = dFh[1][j] = dFh[2][j] = 0;
+                            }
+                        } else {
+                            for (int j = 0; j < W; ++j) {
+                                double unused = 0;
+                                NBG_R d3[3];
+                                Fc[j] = NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                                                (int)rnd[1][j], (int)rnd[2][j], d3, 0, 0, &unused);
+                                dFh[0][j] = d3[0];
+                                dFh[1][j] = d3[1];
+                                dFh[2][j] = d3[2];
+                            }
+                        }
+                        /* accumulate I and the sample's gradients; sum the lanes */
+                        double sN0 = 0, sN1 = 0, sN2 = 0, sdef = 0;
+                        double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0, a8 = 0;
+#pragma omp simd reduction(+ : sN0, sN1, sN2, sdef, a0, a1, a2, a3, a4, a5, a6, a7, a8)
+                        for (int j = 0; j < W; ++j) {
+                            const int use = valid[j] && (L[j] != 0 || p->water);
+                            const NBG_R T = Fc[j] * Fc[j] * L[j] * L[j];
+                            I[j] += use ? T : 0;
+                            const NBG_R dFc = use ? d_I[j] * 2 * Fc[j] * L[j] * L[j] : 0;
+                            const NBG_R dFl = use ? d_I[j] * 2 * Fc[j] * Fc[j] * L[j] : 0;
+                            sdef += (double)dFc;
+                            sN0 += (double)(dFl * dLdN[0][j]);
+                            sN1 += (double)(dFl * dLdN[1][j]);
+                            sN2 += (double)(dFl * dLdN[2][j]);
+                            const NBG_R dh = dFl * dLh[0][j] + dFc * dFh[0][j];
+                            const NBG_R dk = dFl * dLh[1][j] + dFc * dFh[1][j];
+                            const NBG_R dl = dFl * dLh[2][j] + dFc * dFh[2][j];
+                            a0 += (double)(dh * q0[j]);
+                            a1 += (double)(dh * q1[j]);
+                            a2 += (double)(dh * q2[j]);
+                            a3 += (double)(dk * q0[j]);
+                            a4 += (double)(dk * q1[j]);
+                            a5 += (double)(dk * q2[j]);
+                            a6 += (double)(dl * q0[j]);
+                            a7 += (double)(dl * q1[j]);
+                            a8 += (double)(dl * q2[j]);
+                            dq0[j] += dh * v[0] + dk * v[3] + dl * v[6];
+                            dq1[j] += dh * v[1] + dk * v[4] + dl * v[7];
+                            dq2[j] += dh * v[2] + dk * v[5] + dl * v[8];
+                        }
+                        double *d_abc = acc->abc + 9 * m;
+                        d_abc[0] += a0;
+                        d_abc[1] += a1;
+                        d_abc[2] += a2;
+                        d_abc[3] += a3;
+                        d_abc[4] += a4;
+                        d_abc[5] += a5;
+                        d_abc[6] += a6;
+                        d_abc[7] += a7;
+                        d_abc[8] += a8;
+                        acc->N[0] += sN0;
+                        acc->N[1] += sN1;
+                        acc->N[2] += sN2;
+                        if (p->F == 0) {
+                            acc->defF += sdef;
+                        } else if (acc->F != 0) {
+                            for (int j = 0; j < W; ++j) {
+                                if (valid[j] && (L[j] != 0 || p->water) && d_I[j] != 0) {
+                                    NBG_R tmp[3];
+                                    const NBG_R dFc = d_I[j] * 2 * Fc[j] * L[j] * L[j];
+                                    NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                                            (int)rnd[1][j], (int)rnd[2][j], tmp, dFc, acc->F,
+                                                            &acc->defF);
+                                }
+                            }
+                        }
+                    }
+                    /* q = (d - i) / lambda: d_d += d_q / lambda, d_lambda -= d_q . q / lambda */
+                    double slam = 0;
+#pragma omp simd reduction(+ : slam)
+                    for (int j = 0; j < W; ++j) {
+                        dd0[j] += dq0[j] / lambda;
+                        dd1[j] += dq1[j] / lambda;
+                        dd2[j] += dq2[j] / lambda;
+                        slam -= (double)((dq0[j] * q0[j] + dq1[j] * q1[j] + dq2[j] * q2[j]) / lambda);
+                    }
+                    acc->lam[src] += slam;
+                }
+                /* the ray: d_P = (d_d - d (d . d_d)) / R into pix0, f, s, o */
+                double p0 = 0, p1 = 0, p2 = 0, fa0 = 0, fa1 = 0, fa2 = 0, sa0 = 0, sa1 = 0, sa2 = 0;
+#pragma omp simd reduction(+ : p0, p1, p2, fa0, fa1, fa2, sa0, sa1, sa2)
+                for (int j = 0; j < W; ++j) {
+                    const NBG_R dot = d0[j] * dd0[j] + d1[j] * dd1[j] + d2[j] * dd2[j];
+                    const NBG_R e0 = (dd0[j] - d0[j] * dot) / Rl[j];
+                    const NBG_R e1 = (dd1[j] - d1[j] * dot) / Rl[j];
+                    const NBG_R e2 = (dd2[j] - d2[j] * dot) / Rl[j];
+                    p0 += (double)e0;
+                    p1 += (double)e1;
+                    p2 += (double)e2;
+                    fa0 += (double)(e0 * Fd[j]);
+                    fa1 += (double)(e1 * Fd[j]);
+                    fa2 += (double)(e2 * Fd[j]);
+                    sa0 += (double)e0;
+                    sa1 += (double)e1;
+                    sa2 += (double)e2;
+                }
+                acc->pix0[0] += p0;
+                acc->pix0[1] += p1;
+                acc->pix0[2] += p2;
+                acc->f[0] += fa0;
+                acc->f[1] += fa1;
+                acc->f[2] += fa2;
+                acc->s[0] += sa0 * (double)Sdet;
+                acc->s[1] += sa1 * (double)Sdet;
+                acc->s[2] += sa2 * (double)Sdet;
+                acc->o[0] += sa0 * (double)Odet;
+                acc->o[1] += sa1 * (double)Odet;
+                acc->o[2] += sa2 * (double)Odet;
+            }
+        }
+    }
+
+    /* --- values and the epilogue, per lane ---------------------------------------------------------------- */
+    for (int j = 0; j < W; ++j) {
+        double S = p->scale * (double)I[j];
+        S *= (double)capture[j];
+        S *= (double)polar[j];
+        S *= (double)omega[j];
+        if (j < n) {
+            out[j] = active[j] ? (float)S : 0.0f;
+        }
+        if (!any || g[j] == 0) {
+            continue;
+        }
+        const NBG_R Ic = I[j];
+        acc->scale += (double)(g[j] * Ic * capture[j] * polar[j] * omega[j]);
+        acc->Ibg += (double)d_I[j];
+        const NBG_R zero[3] = {0, 0, 0};
+        const NBG_R d_om = g[j] * scale * Ic * capture[j] * polar[j];
+        const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega[j] / r_om[j].R;
+        if (!p->point_pixel) {
+            acc->close += (double)(d_om * omega[j] / (NBG_R)p->close_distance);
+        }
+        NBG_SFX(nbg_ray_adjoint)(&r_om[j], zero, d_R, acc);
+        if (p->thick != 0) {
+            const NBG_R d_cap = g[j] * scale * Ic * polar[j] * omega[j];
+            const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a[j]) +
+                                  (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
+            const NBG_R d_rho = d_cap * dcap_da * (-cap_a[j] / rho[j]);
+            NBG_R d_d[3];
+            for (int x = 0; x < 3; ++x) {
+                d_d[x] = d_rho * (NBG_R)p->odet[x];
+                acc->o[x] += (double)(d_rho * r_cap[j].d[x]);
+            }
+            NBG_SFX(nbg_ray_adjoint)(&r_cap[j], d_d, 0, acc);
+        }
+        if (pol_src[j] >= 0) {
+            const NBG_R d_pol = g[j] * scale * Ic * capture[j] * omega[j];
+            const double *sr = p->src + NBG_SRC_STRIDE * pol_src[j];
+            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
+            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
+            NBG_R dP_dd[3], dP_dK;
+            NBG_SFX(nbg_polar_grad)(K, inc, r_pol[j].d, E, B, dP_dd, &dP_dK);
+            NBG_R d_d[3];
+            for (int x = 0; x < 3; ++x) {
+                d_d[x] = d_pol * dP_dd[x];
+            }
+            acc->K += (double)(d_pol * dP_dK);
+            NBG_SFX(nbg_ray_adjoint)(&r_pol[j], d_d, 0, acc);
+        }
+    }
+}
+
+#undef NBG_ALANES
+#undef NBG_M
