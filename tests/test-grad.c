@@ -247,6 +247,52 @@ int main(void)
     nbg_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix - 1) == NBG_EINVAL,
                    "grad-11-size", "an observed image of the wrong size is an error: %s", nbg_errmsg(ctx));
 
+    /* grad-13: the vectorised adjoint equals its scalar twin (gradients to rounding, images bit for bit) */
+    {
+        nbg_experiment cfg[3];
+        base(&cfg[0]);
+        cfg[0].mosaic = 0.4, cfg[0].mosaic_domains = 3, cfg[0].phi0 = 1, cfg[0].osc = 1, cfg[0].phisteps = 2;
+        base(&cfg[1]);
+        cfg[1].oversample = 2, cfg[1].thick = 100, cfg[1].thick_abs = 50, cfg[1].thicksteps = 2;
+        cfg[1].hdivrange = cfg[1].vdivrange = 0.4, cfg[1].hdivsteps = cfg[1].vdivsteps = 2, cfg[1].dmin = 30;
+        cfg[1].det_rot[1] = 4, cfg[1].twotheta = 5, cfg[1].Na = 4.5;
+        base(&cfg[2]);
+        cfg[2].shape = NBG_SHAPE_GAUSS, cfg[2].Na = cfg[2].Nb = cfg[2].Nc = 8, cfg[2].fpixels = 37;
+        for (int c = 0; c < 3; ++c) {
+            nbg_grad ga, gb;
+            memset(&ga, 0, sizeof ga);
+            memset(&gb, 0, sizeof gb);
+            nbg_describe(ctx, &cfg[c], &r);
+            const size_t np = (size_t)r.fpixels * r.spixels;
+            float *ia = malloc(np * sizeof(float)), *ib = malloc(np * sizeof(float)), *w = malloc(np * sizeof(float));
+            for (size_t i = 0; i < np; ++i) {
+                w[i] = (float)(1.0 + 0.5 * cos((double)i));
+            }
+            const nbg_param_mask m = mask_of(ALL);
+            nbg_simulate_grad(ctx, &cfg[c], w, m, &ga, ia, np, NULL);
+            nbg_debug_scalar_adjoint(ctx, 1);
+            nbg_simulate_grad(ctx, &cfg[c], w, m, &gb, ib, np, NULL);
+            nbg_debug_scalar_adjoint(ctx, 0);
+            /* relative per parameter; a gradient that is zero up to rounding (|g| < 1e-12 of the largest, as
+             * d/da of the gauss shape here) is compared against that floor */
+            double wr = 0, gmax = 0;
+            for (int q = 0; q < NBG_NPARAMS; ++q) {
+                gmax = fmax(gmax, fabs(gb.g[q]));
+            }
+            for (int q = 0; q < NBG_NPARAMS; ++q) {
+                wr = fmax(wr, fabs(ga.g[q] - gb.g[q]) / fmax(fabs(gb.g[q]), 1e-12 * gmax));
+            }
+            char id[64];
+            snprintf(id, sizeof id, "grad-13-vector-vs-scalar-%d", c);
+            nbg_test_check(wr < 1e-10 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
+                           "worst relative difference %.2g, images %s", wr,
+                           memcmp(ia, ib, np * sizeof(float)) == 0 ? "identical" : "differ");
+            free(ia);
+            free(ib);
+            free(w);
+        }
+    }
+
     /* grad-12: unsupported modes say so */
     e.oversample_omega = 1;
     nbg_test_check(nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL) == NBG_EUNSUP, "grad-12-unsupported",
