@@ -121,4 +121,8 @@ for c in cubic1k cubic4k tric1k heavy512; do
         'BEGIN { d = ns - rs; if (d < 0) d = -d; r = (rs != 0) ? d / (rs < 0 ? -rs : rs) : d;
                  printf "%-9s %10.3f %10.3f %9.2fx %8s %8s %18s %18s %9.2e\n", c, nt, rt, rt / nt, nm, rm, ns, rs, r }'
 done
+
+# --- 3. gradients and refinement, as ratios to the forward call ------------------------------------------------
+echo
+"$B/bench/bench-grad" || status=1
 exit ${status:-0}

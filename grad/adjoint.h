@@ -16,6 +16,7 @@ typedef struct {
     double *abc;                             /* nphi*nmos*9: real-space vectors per phi step and domain (m) */
     double *lam;                             /* nsources: wavelengths (m) */
     double *F;                               /* structure-factor table, or NULL when not wanted */
+    double *lane_abc, *lane_lam;             /* scratch of the vectorised adjoint: nmat*9*8 and nsources*8 */
 } nbg_adjacc;
 
 /* Number of doubles in the fixed part of nbg_adjacc. */

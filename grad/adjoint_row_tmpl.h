@@ -9,6 +9,8 @@
 #define NBG_M(fn) fn
 #define NBG_ALANES 8
 
+#include <string.h>
+
 static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, int f0, int n, const float *gin,
                                            float *out, nbg_adjacc *acc)
 {
@@ -75,6 +77,16 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     }
 
     /* --- main pass across the lanes ----------------------------------------------------------------------- */
+    /* per-lane accumulators, summed over the lanes once at the end of the chunk (a horizontal sum per sample
+     * would cost more than the sample) */
+    double *lab = acc->lane_abc; /* nmat * 9 * W */
+    double *llam = acc->lane_lam; /* nsources * W */
+    memset(lab, 0, sizeof(double) * (size_t)nmat * 9 * W);
+    memset(llam, 0, sizeof(double) * (size_t)p->nsources * W);
+    double lN[3][W], ldef[W], lray[12][W];
+    memset(lN, 0, sizeof lN);
+    memset(ldef, 0, sizeof ldef);
+    memset(lray, 0, sizeof lray);
     const NBG_R sub = (NBG_R)p->subpixel;
     NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W], dd0[W], dd1[W], dd2[W], dq0[W], dq1[W], dq2[W];
     int valid[W];
@@ -125,11 +137,13 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                             v[x] = (NBG_R)abc[x];
                         }
                         NBG_R hkl[3][W], rnd[3][W], fl[3][W], fh[3][W], fN[3][W], L[W], Fc[W], dFh[3][W];
+                        for (int x = 0; x < 3; ++x) {
+                            NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
+                            const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
-                        for (int j = 0; j < W; ++j) {
-                            for (int x = 0; x < 3; ++x) {
-                                hkl[x][j] = v[3 * x] * q0[j] + v[3 * x + 1] * q1[j] + v[3 * x + 2] * q2[j];
-                                rnd[x][j] = NBG_M(ceil)(hkl[x][j] - (NBG_R)0.5);
+                            for (int j = 0; j < W; ++j) {
+                                hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+                                rx[j] = NBG_M(ceil)(hx[j] - (NBG_R)0.5);
                             }
                         }
                         /* lattice factor and its partials: the square shape across the lanes */
@@ -145,9 +159,10 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                     continue;
                                 }
                                 NBG_R c[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
+                                const NBG_R *restrict hx = hkl[x];
 #pragma omp simd
                                 for (int j = 0; j < W; ++j) {
-                                    dl[j] = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                                    dl[j] = hx[j] - NBG_M(rint)(hx[j]);
                                     c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
                                     s[j] = NBG_SFX(nbg_sinpi)(dl[j]);
                                     u0[j] = 1;
@@ -176,11 +191,12 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                         t1[j] = t2;
                                     }
                                 }
+                                NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
 #pragma omp simd
                                 for (int j = 0; j < W; ++j) {
-                                    fl[x][j] = u1[j];
-                                    fh[x][j] = du1[j] * (-(NBG_R)M_PI * s[j]);
-                                    fN[x][j] = s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
+                                    flx[j] = u1[j];
+                                    fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
+                                    fNx[j] = s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
                                 }
                             }
 #pragma omp simd
@@ -234,52 +250,36 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                 dFh[2][j] = d3[2];
                             }
                         }
-                        /* accumulate I and the sample's gradients; sum the lanes */
-                        double sN0 = 0, sN1 = 0, sN2 = 0, sdef = 0;
-                        double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0, a8 = 0;
-#pragma omp simd reduction(+ : sN0, sN1, sN2, sdef, a0, a1, a2, a3, a4, a5, a6, a7, a8)
+                        /* accumulate I and the sample's gradients per lane */
+                        double *la = lab + (size_t)m * 9 * W;
+#pragma omp simd
                         for (int j = 0; j < W; ++j) {
                             const int use = valid[j] && (L[j] != 0 || p->water);
                             const NBG_R T = Fc[j] * Fc[j] * L[j] * L[j];
                             I[j] += use ? T : 0;
                             const NBG_R dFc = use ? d_I[j] * 2 * Fc[j] * L[j] * L[j] : 0;
                             const NBG_R dFl = use ? d_I[j] * 2 * Fc[j] * Fc[j] * L[j] : 0;
-                            sdef += (double)dFc;
-                            sN0 += (double)(dFl * dLdN[0][j]);
-                            sN1 += (double)(dFl * dLdN[1][j]);
-                            sN2 += (double)(dFl * dLdN[2][j]);
+                            ldef[j] += (double)dFc;
+                            lN[0][j] += (double)(dFl * dLdN[0][j]);
+                            lN[1][j] += (double)(dFl * dLdN[1][j]);
+                            lN[2][j] += (double)(dFl * dLdN[2][j]);
                             const NBG_R dh = dFl * dLh[0][j] + dFc * dFh[0][j];
                             const NBG_R dk = dFl * dLh[1][j] + dFc * dFh[1][j];
                             const NBG_R dl = dFl * dLh[2][j] + dFc * dFh[2][j];
-                            a0 += (double)(dh * q0[j]);
-                            a1 += (double)(dh * q1[j]);
-                            a2 += (double)(dh * q2[j]);
-                            a3 += (double)(dk * q0[j]);
-                            a4 += (double)(dk * q1[j]);
-                            a5 += (double)(dk * q2[j]);
-                            a6 += (double)(dl * q0[j]);
-                            a7 += (double)(dl * q1[j]);
-                            a8 += (double)(dl * q2[j]);
+                            la[0 * W + j] += (double)(dh * q0[j]);
+                            la[1 * W + j] += (double)(dh * q1[j]);
+                            la[2 * W + j] += (double)(dh * q2[j]);
+                            la[3 * W + j] += (double)(dk * q0[j]);
+                            la[4 * W + j] += (double)(dk * q1[j]);
+                            la[5 * W + j] += (double)(dk * q2[j]);
+                            la[6 * W + j] += (double)(dl * q0[j]);
+                            la[7 * W + j] += (double)(dl * q1[j]);
+                            la[8 * W + j] += (double)(dl * q2[j]);
                             dq0[j] += dh * v[0] + dk * v[3] + dl * v[6];
                             dq1[j] += dh * v[1] + dk * v[4] + dl * v[7];
                             dq2[j] += dh * v[2] + dk * v[5] + dl * v[8];
                         }
-                        double *d_abc = acc->abc + 9 * m;
-                        d_abc[0] += a0;
-                        d_abc[1] += a1;
-                        d_abc[2] += a2;
-                        d_abc[3] += a3;
-                        d_abc[4] += a4;
-                        d_abc[5] += a5;
-                        d_abc[6] += a6;
-                        d_abc[7] += a7;
-                        d_abc[8] += a8;
-                        acc->N[0] += sN0;
-                        acc->N[1] += sN1;
-                        acc->N[2] += sN2;
-                        if (p->F == 0) {
-                            acc->defF += sdef;
-                        } else if (acc->F != 0) {
+                        if (p->F != 0 && acc->F != 0) {
                             for (int j = 0; j < W; ++j) {
                                 if (valid[j] && (L[j] != 0 || p->water) && d_I[j] != 0) {
                                     NBG_R tmp[3];
@@ -292,48 +292,66 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         }
                     }
                     /* q = (d - i) / lambda: d_d += d_q / lambda, d_lambda -= d_q . q / lambda */
-                    double slam = 0;
-#pragma omp simd reduction(+ : slam)
+                    double *ll = llam + (size_t)src * W;
+#pragma omp simd
                     for (int j = 0; j < W; ++j) {
                         dd0[j] += dq0[j] / lambda;
                         dd1[j] += dq1[j] / lambda;
                         dd2[j] += dq2[j] / lambda;
-                        slam -= (double)((dq0[j] * q0[j] + dq1[j] * q1[j] + dq2[j] * q2[j]) / lambda);
+                        ll[j] -= (double)((dq0[j] * q0[j] + dq1[j] * q1[j] + dq2[j] * q2[j]) / lambda);
                     }
-                    acc->lam[src] += slam;
                 }
-                /* the ray: d_P = (d_d - d (d . d_d)) / R into pix0, f, s, o */
-                double p0 = 0, p1 = 0, p2 = 0, fa0 = 0, fa1 = 0, fa2 = 0, sa0 = 0, sa1 = 0, sa2 = 0;
-#pragma omp simd reduction(+ : p0, p1, p2, fa0, fa1, fa2, sa0, sa1, sa2)
+                /* the ray: d_P = (d_d - d (d . d_d)) / R into pix0, f (times Fdet), s and o (times Sdet, Odet) */
+#pragma omp simd
                 for (int j = 0; j < W; ++j) {
                     const NBG_R dot = d0[j] * dd0[j] + d1[j] * dd1[j] + d2[j] * dd2[j];
                     const NBG_R e0 = (dd0[j] - d0[j] * dot) / Rl[j];
                     const NBG_R e1 = (dd1[j] - d1[j] * dot) / Rl[j];
                     const NBG_R e2 = (dd2[j] - d2[j] * dot) / Rl[j];
-                    p0 += (double)e0;
-                    p1 += (double)e1;
-                    p2 += (double)e2;
-                    fa0 += (double)(e0 * Fd[j]);
-                    fa1 += (double)(e1 * Fd[j]);
-                    fa2 += (double)(e2 * Fd[j]);
-                    sa0 += (double)e0;
-                    sa1 += (double)e1;
-                    sa2 += (double)e2;
+                    lray[0][j] += (double)e0;
+                    lray[1][j] += (double)e1;
+                    lray[2][j] += (double)e2;
+                    lray[3][j] += (double)(e0 * Fd[j]);
+                    lray[4][j] += (double)(e1 * Fd[j]);
+                    lray[5][j] += (double)(e2 * Fd[j]);
+                    lray[6][j] += (double)(e0 * Sdet);
+                    lray[7][j] += (double)(e1 * Sdet);
+                    lray[8][j] += (double)(e2 * Sdet);
+                    lray[9][j] += (double)(e0 * Odet);
+                    lray[10][j] += (double)(e1 * Odet);
+                    lray[11][j] += (double)(e2 * Odet);
                 }
-                acc->pix0[0] += p0;
-                acc->pix0[1] += p1;
-                acc->pix0[2] += p2;
-                acc->f[0] += fa0;
-                acc->f[1] += fa1;
-                acc->f[2] += fa2;
-                acc->s[0] += sa0 * (double)Sdet;
-                acc->s[1] += sa1 * (double)Sdet;
-                acc->s[2] += sa2 * (double)Sdet;
-                acc->o[0] += sa0 * (double)Odet;
-                acc->o[1] += sa1 * (double)Odet;
-                acc->o[2] += sa2 * (double)Odet;
             }
         }
+    }
+    /* sum the lanes */
+    for (int j = 0; j < W; ++j) {
+        for (int x = 0; x < 3; ++x) {
+            acc->pix0[x] += lray[x][j];
+            acc->f[x] += lray[3 + x][j];
+            acc->s[x] += lray[6 + x][j];
+            acc->o[x] += lray[9 + x][j];
+            acc->N[x] += lN[x][j];
+        }
+        if (p->F == 0) {
+            acc->defF += ldef[j];
+        }
+    }
+    for (int m = 0; m < nmat; ++m) {
+        for (int x = 0; x < 9; ++x) {
+            double sum = 0;
+            for (int j = 0; j < W; ++j) {
+                sum += lab[((size_t)m * 9 + x) * W + j];
+            }
+            acc->abc[9 * m + x] += sum;
+        }
+    }
+    for (int src = 0; src < p->nsources; ++src) {
+        double sum = 0;
+        for (int j = 0; j < W; ++j) {
+            sum += llam[(size_t)src * W + j];
+        }
+        acc->lam[src] += sum;
     }
 
     /* --- values and the epilogue, per lane ---------------------------------------------------------------- */

@@ -390,7 +390,8 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
                              grad->ndF);
         }
     }
-    const size_t per = nabc + nsrc + nF;
+    const size_t nlane = (nabc + nsrc) * 8; /* the vectorised adjoint's per-lane scratch */
+    const size_t per = nabc + nsrc + nF + nlane;
     nbg_adjacc *tacc = calloc((size_t)nthreads, sizeof *tacc);
     double *buf = calloc((size_t)nthreads * (per ? per : 1), sizeof(double));
     if (tacc == NULL || buf == NULL) {
@@ -402,6 +403,8 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         tacc[t].abc = buf + (size_t)t * per;
         tacc[t].lam = tacc[t].abc + nabc;
         tacc[t].F = nF ? tacc[t].lam + nsrc : NULL;
+        tacc[t].lane_abc = tacc[t].lam + nsrc + nF;
+        tacc[t].lane_lam = tacc[t].lane_abc + nabc * 8;
     }
     nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
     /* reduce in thread order */
@@ -411,7 +414,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         for (size_t i = 0; i < NBG_ADJ_FIXED; ++i) {
             dst[i] += src[i];
         }
-        for (size_t i = 0; i < per; ++i) {
+        for (size_t i = 0; i < nabc + nsrc + nF; ++i) {
             acc->abc[i] += tacc[t].abc[i];
         }
     }

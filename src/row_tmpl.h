@@ -117,11 +117,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                         }
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
+                        for (int x = 0; x < 3; ++x) {
+                            NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
+                            const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
-                        for (int j = 0; j < W; ++j) {
-                            for (int x = 0; x < 3; ++x) {
-                                hkl[x][j] = v[3 * x] * q0[j] + v[3 * x + 1] * q1[j] + v[3 * x + 2] * q2[j];
-                                rnd[x][j] = NBG_M(ceil)(hkl[x][j] - (NBG_R)0.5);
+                            for (int j = 0; j < W; ++j) {
+                                hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+                                rx[j] = NBG_M(ceil)(hx[j] - (NBG_R)0.5);
                             }
                         }
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
@@ -143,9 +145,10 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                                 if (Ni == 1) {
                                     continue;
                                 }
+                                const NBG_R *restrict hx = hkl[x];
 #pragma omp simd
                                 for (int j = 0; j < W; ++j) {
-                                    const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                                    const NBG_R d = hx[j] - NBG_M(rint)(hx[j]);
                                     c2[j] = 2 * NBG_SFX(nbg_cospi_reduced)(d);
                                     u0[j] = 1;
                                     u1[j] = c2[j];
