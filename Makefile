@@ -80,4 +80,5 @@ clean:
 	rm -rf $(B)
 
 .PHONY: all deps test demo bench clean
+.SECONDARY:
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
