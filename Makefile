@@ -7,17 +7,30 @@
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
 #   make clean
 #
-# Variables: CC, NVCC, CUDA (auto: 1 when nvcc is found), OPT.
+# Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT.
 
 CC      ?= cc
 NVCC    ?= nvcc
 OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -MMD -MP
-LDLIBS  += -fopenmp -lgsl -lgslcblas -llapacke -llapack -lblas -lm
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+LDLIBS  += -Wl,--as-needed -fopenmp -lgsl -lgslcblas -llapacke -llapack -lblas -lm
 
 B := build
+
+# CUDA: built when nvcc is found (CUDA=0 turns it off); the runtime is linked statically, so the program needs
+# no CUDA library at run time and runs on machines without a GPU (the CUDA backend then reports no device).
+NVCC_FOUND := $(shell command -v $(NVCC) 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC_FOUND),1,0)
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_FOUND))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fno-math-errno
+CUDA_OBJ := $(B)/cuda/backend.o
+CFLAGS += -DNBG_HAVE_CUDA
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
 
 LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
 CLI_SRC  := src/cli.c src/main.c
@@ -51,7 +64,11 @@ $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/libnbgrad.a: $(LIB_OBJ)
+$(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC_FOUND) $(NVFLAGS) -DNBG_HAVE_CUDA -Iinclude -Isrc -Igrad -Icuda -c $< -o $@
+
+$(B)/libnbgrad.a: $(LIB_OBJ) $(CUDA_OBJ)
 	ar rcs $@ $^
 
 $(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a

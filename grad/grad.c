@@ -18,6 +18,9 @@
 #include "forward.h"
 #include "plan.h"
 #include "kernel.h"
+#ifdef NBG_HAVE_CUDA
+#include "nbg_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -406,6 +409,32 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         tacc[t].lane_abc = tacc[t].lam + nsrc + nF;
         tacc[t].lane_lam = tacc[t].lane_abc + nabc * 8;
     }
+#ifdef NBG_HAVE_CUDA
+    if (ctx->backend == NBG_BACKEND_CUDA) {
+        if (wantF) {
+            free(buf);
+            free(tacc);
+            return nbg_error(ctx, NBG_EUNSUP, "structure-factor gradients are not implemented on the CUDA backend "
+                                              "(use the CPU backend for F)");
+        }
+        /* the device returns the fixed part, abc and lam, reduced in a fixed order */
+        const int ncomp = (int)(NBG_ADJ_FIXED + nabc + nsrc);
+        double *out = malloc(sizeof(double) * (size_t)ncomp);
+        int rc = out == NULL ? nbg_error(ctx, NBG_ENOMEM, "out of memory")
+                             : nbg_cuda_adjoint(ctx, k, dLdI, image, out, ncomp);
+        if (rc == NBG_OK) {
+            memcpy(&tacc[0], out, NBG_ADJ_FIXED * sizeof(double));
+            memcpy(tacc[0].abc, out + NBG_ADJ_FIXED, (nabc + nsrc) * sizeof(double));
+        }
+        free(out);
+        if (rc != NBG_OK) {
+            free(buf);
+            free(tacc);
+            return rc;
+        }
+        nthreads = 1;
+    } else
+#endif
     nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
     /* reduce in thread order */
     nbg_adjacc *acc = &tacc[0];

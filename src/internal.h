@@ -9,6 +9,10 @@
 
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct nbg_ctx {
     nbg_backend backend;
     nbg_precision precision;
@@ -27,4 +31,7 @@ int nbg_error(nbg_ctx *ctx, int code, const char *fmt, ...)
 #endif
     ;
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #ifdef __CUDACC__
-#define NBG_HD __host__ __device__ __forceinline__
+#define NBG_HD __host__ __device__
 #else
 #define NBG_HD
 #endif

@@ -11,7 +11,7 @@
 #endif
 
 #ifdef NBG_HAVE_CUDA
-#include "../cuda/nbg_cuda.h"
+#include "nbg_cuda.h"
 #endif
 
 int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, int nthreads)
