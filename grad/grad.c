@@ -468,6 +468,26 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
     return NBG_OK;
 }
 
+/* Builds the plan of a gradient call and checks the buffers' size and what the mask asks for; on failure the
+ * plan holds nothing. */
+static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg_param_mask mask, nbg_plan *pl)
+{
+    int rc = nbg_plan_build(ctx, e, pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if ((size_t)pl->k.fpixels * pl->k.spixels != npix) {
+        rc = nbg_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector has %d x %d = %zu", npix,
+                       pl->k.fpixels, pl->k.spixels, (size_t)pl->k.fpixels * pl->k.spixels);
+    } else {
+        rc = nbg_grad_supported(ctx, e, pl, mask);
+    }
+    if (rc != NBG_OK) {
+        nbg_plan_free(pl);
+    }
+    return rc;
+}
+
 int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, nbg_param_mask mask,
                       nbg_grad *grad, float *image, size_t npix, nbg_report *report)
 {
@@ -475,19 +495,11 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
         return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_grad: NULL argument");
     }
     nbg_plan pl;
-    int rc = nbg_plan_build(ctx, e, &pl);
+    int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
-        nbg_plan_free(&pl);
-        return nbg_error(ctx, NBG_EINVAL, "image buffers hold %zu pixels, the detector has %d x %d", npix,
-                         pl.k.fpixels, pl.k.spixels);
-    }
-    rc = nbg_grad_supported(ctx, e, &pl, mask);
-    if (rc == NBG_OK) {
-        rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
-    }
+    rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;
     }
@@ -515,20 +527,12 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         }
     }
     nbg_plan pl;
-    int rc = nbg_plan_build(ctx, e, &pl);
+    int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
-        nbg_plan_free(&pl);
-        return nbg_error(ctx, NBG_EINVAL, "the observed image has %zu pixels, the detector %d x %d = %zu", npix,
-                         pl.k.fpixels, pl.k.spixels, (size_t)pl.k.fpixels * pl.k.spixels);
-    }
-    rc = nbg_grad_supported(ctx, e, &pl, mask);
     float *dLdI = NULL;
-    if (rc == NBG_OK) {
-        rc = nbg_forward_plan(ctx, &pl, image);
-    }
+    rc = nbg_forward_plan(ctx, &pl, image);
     if (rc == NBG_OK) {
         dLdI = malloc(sizeof(float) * npix);
         if (dLdI == NULL) {
@@ -580,16 +584,10 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
         mask |= NBG_MASK(params[j]);
     }
     nbg_plan pl;
-    int rc = nbg_plan_build(ctx, e, &pl);
+    int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
-        nbg_plan_free(&pl);
-        return nbg_error(ctx, NBG_EINVAL, "image buffers hold %zu pixels, the detector has %d x %d", npix,
-                         pl.k.fpixels, pl.k.spixels);
-    }
-    rc = nbg_grad_supported(ctx, e, &pl, mask);
     nbg_adjacc t[NBG_NPARAMS];
     int nt = 0;
     for (; rc == NBG_OK && nt < nparams; ++nt) {
