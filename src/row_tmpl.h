@@ -78,7 +78,8 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                     }
                     osum += active[j] ? (double)omega[j] : 0.0;
                 }
-                for (int j = 0; j < W; ++j) {
+                /* without a sensor thickness capture stays 1 (unless -oversample_thick recomputes it to 0) */
+                for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
                     if (capture[j] == 0 || p->os_thick) {
                         const NBG_R rho =
                             d0[j] * (NBG_R)p->odet[0] + d1[j] * (NBG_R)p->odet[1] + d2[j] * (NBG_R)p->odet[2];
