@@ -232,7 +232,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                         du1[j] = du2;
                                     }
                                 }
-                                for (int k = 1; k < Ni; ++k) {
+                                for (int k = 1; k < Ni && p->want_dN; ++k) {
 #pragma omp simd
                                     for (int j = 0; j < W; ++j) {
                                         const NBG_R t2 = 2 * c[j] * t1[j] - t0[j];
@@ -245,7 +245,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                 for (int j = 0; j < W; ++j) {
                                     flx[j] = u1[j];
                                     fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
-                                    fNx[j] = s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
+                                    fNx[j] = !p->want_dN ? 0 : s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
                                 }
                             }
 #pragma omp simd

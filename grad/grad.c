@@ -476,6 +476,7 @@ static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg
     if (rc != NBG_OK) {
         return rc;
     }
+    pl->k.want_dN = (mask & (NBG_MASK(NBG_P_NA) | NBG_MASK(NBG_P_NB) | NBG_MASK(NBG_P_NC))) != 0;
     if ((size_t)pl->k.fpixels * pl->k.spixels != npix) {
         rc = nbg_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector has %d x %d = %zu", npix,
                        pl->k.fpixels, pl->k.spixels, (size_t)pl->k.fpixels * pl->k.spixels);

@@ -58,6 +58,8 @@ typedef struct {
     const double *abc;
     double Na, Nb, Nc, fudge;
     int Ni[3];                      /* N as a small integer (<= 32) for the Chebyshev lattice factor, else 0 */
+    int want_dN;                    /* adjoint: the gradient in N is wanted (the vectorised adjoint skips it
+                                       otherwise; the scalar twin always computes it) */
     int shape;
     double astar[9];                /* a*, b*, c* (1/A), unrotated, for the gauss and tophat shapes */
     /* structure factors */
