@@ -7,7 +7,9 @@
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
 #   make clean
 #
-# Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT.
+# Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
+# GSL (1; GSL=0 builds without GSL and LAPACKE, i.e. without refinement and its tests, installs nothing: for a
+# GPU machine without Debian packages, `make GSL=0 test`).
 
 CC      ?= cc
 NVCC    ?= nvcc
@@ -15,7 +17,15 @@ OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
-LDLIBS  += -Wl,--as-needed -fopenmp -lgsl -lgslcblas -llapacke -llapack -lblas -lm
+GSL     ?= 1
+LDLIBS  += -Wl,--as-needed -fopenmp -lm
+ifeq ($(GSL),1)
+LDLIBS  += -lgsl -lgslcblas -llapacke -llapack -lblas
+DEPS    := $(B)/.deps
+else
+CFLAGS  += -DNBG_NO_REFINE
+DEPS    :=
+endif
 
 B := build
 
@@ -35,15 +45,25 @@ endif
 LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
 CLI_SRC  := src/cli.c src/main.c
 LIB_SRC  := $(filter-out $(CLI_SRC),$(LIB_SRC))
+ifneq ($(GSL),1)
+LIB_SRC  := $(filter-out grad/refine.c,$(LIB_SRC))
+endif
 LIB_OBJ  := $(patsubst %.c,$(B)/%.o,$(LIB_SRC))
 TEST_SRC := $(wildcard tests/test-*.c)
 TESTS    := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
 BENCH_SRC:= $(wildcard bench/*.c)
 BENCHES  := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 EX_SRC   := $(wildcard examples/*.c)
+ifneq ($(GSL),1)
+TEST_SRC := $(filter-out tests/test-refine.c tests/test-examples.c,$(TEST_SRC))
+BENCH_SRC:= $(filter-out bench/bench-grad.c,$(BENCH_SRC))
+EX_SRC   := $(filter-out examples/refine_cell.c,$(EX_SRC))
+TESTS    := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))
+BENCHES  := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
+endif
 EXAMPLES := $(patsubst examples/%.c,$(B)/examples/%,$(EX_SRC))
 
-all: deps $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES)
+all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES)
 
 # Install what a fresh Debian machine lacks.  Uses sudo only when not root.
 deps: $(B)/.deps
@@ -60,7 +80,7 @@ $(B)/.deps:
 	     { echo "could not install:$$missing"; exit 1; }; \
 	 fi; touch $@
 
-$(B)/%.o: %.c
+$(B)/%.o: %.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

@@ -461,6 +461,11 @@ static void refine_progress(void *user, int iter, double loss, double gnorm, dou
 
 static int cmd_refine(int argc, char **argv, int first)
 {
+#ifdef NBG_NO_REFINE
+    (void)argc, (void)argv, (void)first, (void)refine_progress;
+    fprintf(stderr, "nbgrad: error: this build has no refinement (built with GSL=0, without GSL and LAPACKE)\n");
+    return 1;
+#else
     nbg_cli c;
     grad_opts o = {0};
     o.break_param = -1;
@@ -571,6 +576,7 @@ done:
     nbg_cli_free(&c);
     nbg_ctx_destroy(ctx);
     return status;
+#endif
 }
 
 int main(int argc, char **argv)
