@@ -17,6 +17,7 @@ OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+B       ?= build
 GSL     ?= 1
 LDLIBS  += -Wl,--as-needed -fopenmp -lm
 ifeq ($(GSL),1)
@@ -27,7 +28,6 @@ CFLAGS  += -DNBG_NO_REFINE
 DEPS    :=
 endif
 
-B := build
 
 # CUDA: built when nvcc is found (CUDA=0 turns it off); the runtime is linked statically, so the program needs
 # no CUDA library at run time and runs on machines without a GPU (the CUDA backend then reports no device).
