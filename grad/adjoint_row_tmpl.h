@@ -144,6 +144,17 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
         for (int subS = 0; subS < os; ++subS) {
             const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {
+                if (uniform && t == 0 && subS == 0 && subF == 0) {
+                    /* the prologue's first ray */
+                    for (int j = 0; j < W; ++j) {
+                        d0[j] = e0x[j];
+                        d1[j] = e0y[j];
+                        d2[j] = e0z[j];
+                        Rl[j] = R0[j];
+                        Fd[j] = F0[j];
+                        dd0[j] = dd1[j] = dd2[j] = 0;
+                    }
+                } else
 #pragma omp simd
                 for (int j = 0; j < W; ++j) {
                     const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
@@ -186,13 +197,15 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                             v[x] = (NBG_R)abc[x];
                         }
                         NBG_R hkl[3][W], rnd[3][W], fl[3][W], fh[3][W], fN[3][W], L[W], Fc[W], dFh[3][W];
+                        /* the rounded indices serve the table lookup and the non-square shapes only */
+                        const int need_rnd = p->F != 0 || p->shape != NBG_SQUARE;
                         for (int x = 0; x < 3; ++x) {
                             NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
                             const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-                                rx[j] = NBG_M(ceil)(hx[j] - (NBG_R)0.5);
+                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
                             }
                         }
                         /* lattice factor and its partials: the square shape across the lanes */
@@ -213,7 +226,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                 for (int j = 0; j < W; ++j) {
                                     dl[j] = hx[j] - NBG_M(rint)(hx[j]);
                                     c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
-                                    s[j] = NBG_SFX(nbg_sinpi)(dl[j]);
+                                    s[j] = NBG_SFX(nbg_sinpi_reduced)(dl[j]);
                                     u0[j] = 1;
                                     u1[j] = Ni == 1 ? 1 : 2 * c[j];
                                     du0[j] = 0;

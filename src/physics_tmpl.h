@@ -12,10 +12,20 @@ typedef NBG_R NBG_SFX(nbg_real);
 
 /* sin(pi x) with the argument reduced to [-1/2, 1/2] exactly (x - rint(x) is exact in binary floating point),
  * then an odd Taylor polynomial: truncation below 1e-20 in double (degree 23), below 1e-9 in float (degree 15). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi_reduced)(NBG_R d);
+
 static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi)(NBG_R x)
 {
     const NBG_R n = NBG_M(rint)(x);
-    const NBG_R d = x - n;
+    const NBG_R s = NBG_SFX(nbg_sinpi_reduced)(x - n);
+    /* (-1)^n: n is an integer-valued float. */
+    const NBG_R half = n * (NBG_R)0.5;
+    return (half != NBG_M(floor)(half)) ? -s : s;
+}
+
+/* sin(pi d) for |d| <= 1/2 (an argument already reduced). */
+static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi_reduced)(NBG_R d)
+{
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
     NBG_R s;
 #ifdef NBG_FLOAT_MODE
@@ -40,10 +50,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi)(NBG_R x)
     s = 1.0 - y * (1.0 / 20.0) * s;
     s = 1.0 - y * (1.0 / 6.0) * s;
 #endif
-    s *= (NBG_R)M_PI * d;
-    /* (-1)^n: n is an integer-valued float. */
-    const NBG_R half = n * (NBG_R)0.5;
-    return (half != NBG_M(floor)(half)) ? -s : s;
+    return s * ((NBG_R)M_PI * d);
 }
 
 /* cos(pi x) = sin(pi (x + 1/2)), with the shift applied after reduction to keep it exact. */
@@ -276,7 +283,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, 
 static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R c = NBG_SFX(nbg_cospi_reduced)(d), s = NBG_SFX(nbg_sinpi)(d);
+    const NBG_R c = NBG_SFX(nbg_cospi_reduced)(d), s = NBG_SFX(nbg_sinpi_reduced)(d);
     NBG_R u0 = 1, u1 = 2 * c, du0 = 0, du1 = 2, t0 = 1, t1 = c;
     if (Ni == 1) {
         u1 = 1;

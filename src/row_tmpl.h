@@ -118,13 +118,15 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                         }
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
+                        /* the rounded indices serve the table lookup and the non-square shapes only */
+                        const int need_rnd = p->F != 0 || p->shape != NBG_SQUARE;
                         for (int x = 0; x < 3; ++x) {
                             NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
                             const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-                                rx[j] = NBG_M(ceil)(hx[j] - (NBG_R)0.5);
+                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
                             }
                         }
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
