@@ -661,6 +661,11 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     if (rec_os < 1) {
         rec_os = 1;
     }
+    if (e->oversample <= 0 && rec_os > 64) {
+        /* nanoBragg would silently run rec_os^2 subpixels per pixel, which for a large crystal takes hours */
+        return nbg_error(ctx, NBG_EINVAL, "automatic oversampling would use %d x %d subpixels per pixel (the crystal "
+                         "is %g mm across); give -oversample explicitly", rec_os, rec_os, xtal_max * 1000);
+    }
     int os = e->oversample <= 0 ? rec_os : e->oversample;
     r->warn_oversample = os < rec_os;
 

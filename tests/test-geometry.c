@@ -836,6 +836,36 @@ static void test_float_precision(void)
     }
 }
 
+/* geometry-9: impossible or runaway experiments are refused with a message, through the API */
+static void test_bad_experiments(void)
+{
+    nbg_experiment e;
+    nbg_report r;
+    base_experiment(&e);
+    e.sample_z = 100; /* a 0.1 mm crystal (clipped to the beam): automatic oversampling of 3000 x 3000 */
+    int rc = nbg_describe(g_ctx, &e, &r);
+    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(g_ctx), "-oversample") != NULL, "geometry-9.1",
+                   "runaway automatic oversampling is refused: %s", nbg_errmsg(g_ctx));
+    e.oversample = 1;
+    nbg_test_check(nbg_describe(g_ctx, &e, &r) == NBG_OK, "geometry-9.2", "an explicit -oversample is honoured");
+    base_experiment(&e);
+    e.distance = NAN;
+    nbg_test_check(nbg_describe(g_ctx, &e, &r) == NBG_EINVAL && strstr(nbg_errmsg(g_ctx), "distance") != NULL,
+                   "geometry-9.3", "a NaN distance is named: %s", nbg_errmsg(g_ctx));
+    base_experiment(&e);
+    e.cell[3] = 90, e.cell[4] = 90, e.cell[5] = 180;
+    nbg_test_check(nbg_describe(g_ctx, &e, &r) == NBG_EINVAL, "geometry-9.4", "a flat cell is refused: %s",
+                   nbg_errmsg(g_ctx));
+    base_experiment(&e);
+    e.default_F = 0;
+    nbg_test_check(nbg_describe(g_ctx, &e, &r) == NBG_EINVAL && strstr(nbg_errmsg(g_ctx), "blank") != NULL,
+                   "geometry-9.5", "no structure factors (a blank image) is refused: %s", nbg_errmsg(g_ctx));
+    float img[4];
+    base_experiment(&e);
+    nbg_test_check(nbg_simulate(g_ctx, &e, img, 4, NULL) == NBG_EINVAL, "geometry-9.6",
+                   "an image buffer of the wrong size is refused: %s", nbg_errmsg(g_ctx));
+}
+
 int main(void)
 {
     if (nbg_ctx_create(&g_ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK ||
@@ -851,6 +881,7 @@ int main(void)
     test_trace();
     test_phi_carryover();
     test_float_precision();
+    test_bad_experiments();
     nbg_ctx_destroy(g_ctx);
     nbg_ctx_destroy(g_ctx_float);
     return nbg_test_summary();
