@@ -445,8 +445,8 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     /* --- near point and beam centre ------------------------------------------------------------------------- */
     double Fclose = isnan(e->ORGX) ? detsize_f / 2.0 : (e->ORGX - 0.5) * px;
     double Sclose = isnan(e->ORGY) ? detsize_s / 2.0 : (e->ORGY - 0.5) * px;
-    double Xclose = isnan(e->Xclose) ? Fclose : e->Xclose / 1000.0;
-    double Yclose = isnan(e->Yclose) ? Sclose : e->Yclose / 1000.0;
+    const double Xclose = isnan(e->Xclose) ? Fclose : e->Xclose / 1000.0;
+    const double Yclose = isnan(e->Yclose) ? Sclose : e->Yclose / 1000.0;
     double Xbeam = isnan(e->Xbeam) ? NAN : e->Xbeam / 1000.0;
     double Ybeam = isnan(e->Ybeam) ? NAN : e->Ybeam / 1000.0;
     double Fbeam = Fclose, Sbeam = Sclose;
@@ -939,8 +939,6 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     r->flux = flux;
     r->xtal_size_max = xtal_max * 1000;
     r->I_bg = k->I_bg;
-    (void)Xclose;
-    (void)Yclose;
     return NBG_OK;
 }
 
