@@ -276,7 +276,9 @@ typedef struct {
  * does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a rounding
  * boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP): the
  * -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
- * -flux, and the cell with -mat but no -cell (their values are derived, not free). */
+ * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not
+ * free); the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend.
+ * The gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count. */
 int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, nbg_param_mask mask,
                       nbg_grad *grad, float *image, size_t npix, nbg_report *report);
 
