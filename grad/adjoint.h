@@ -31,6 +31,6 @@ void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_
 
 /* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbg_plan_tangent),
  * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values. */
-void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image);
+void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image, int vectorised);
 
 #endif

@@ -13,6 +13,7 @@
 #include "adjoint_tmpl.h"
 #include "adjoint_row_tmpl.h"
 #include "jvp_tmpl.h"
+#include "jvp_row_tmpl.h"
 #undef NBG_R
 #undef NBG_SFX
 
@@ -60,12 +61,19 @@ void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_
     }
 }
 
-void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image)
+void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image, int vectorised)
 {
     const int F = p->fpixels, S = p->spixels;
     const size_t npix = (size_t)F * S;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int s = 0; s < S; ++s) {
+        if (vectorised) {
+            for (int f0 = 0; f0 < F; f0 += 8) {
+                const size_t i = (size_t)s * F + f0;
+                nbg_row_jvp_d(p, s, f0, F - f0 < 8 ? F - f0 : 8, t, nt, image + i, out, npix, i);
+            }
+            continue;
+        }
         for (int f = 0; f < F; ++f) {
             const long i = (long)s * F + f;
             double dS[NBG_JVP_MAX];

@@ -599,7 +599,7 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
         nbg_plan_tangent(e, &pl, params[nt], &t[nt]);
     }
     if (rc == NBG_OK) {
-        nbg_jvp_cpu(&pl.k, t, nparams, tangents, image);
+        nbg_jvp_cpu(&pl.k, t, nparams, tangents, image, ctx->scalar_adjoint == 0);
     }
     for (int j = 0; j < nt; ++j) {
         free(t[j].abc);

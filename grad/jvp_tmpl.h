@@ -28,22 +28,21 @@ static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const NBG_SFX(nbg_ray) * r, c
     }
 }
 
-static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpixel, int spixel,
-                                                  const nbg_adjacc *t, int nt, double *dS)
+/* The once-per-pixel factors (solid angle, capture, polarization) of a pixel and their tangents along nt
+ * directions; t_I receives the tangent of I_bg. */
+static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpixel, int spixel, const nbg_adjacc *t,
+                                                  int nt, NBG_R *omega_out, NBG_R *capture_out, NBG_R *polar_out,
+                                                  NBG_R *t_om, NBG_R *t_cap, NBG_R *t_pol, NBG_R *t_I)
 {
     const int os = p->oversample;
-    const int nmat = p->nphi * p->nmos;
     const NBG_R K = (NBG_R)p->polarization;
-    const NBG_R scale = (NBG_R)p->scale;
     NBG_R dP[3], dd[3], dR;
-
     /* --- the once-per-pixel factors and their tangents ---------------------------------------------------- */
     NBG_SFX(nbg_ray) r_om, r_cap, r_pol;
     NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, 0, &r_om);
     const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
                                        : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
                                              r_om.R;
-    NBG_R t_om[NBG_JVP_MAX], t_cap[NBG_JVP_MAX], t_pol[NBG_JVP_MAX], t_I[NBG_JVP_MAX];
     for (int j = 0; j < nt; ++j) {
         /* omega = px^2 close / R^3: t_omega = omega (t_close / close - 3 dR / R); 1/R^2: -2 omega dR / R */
         NBG_SFX(nbg_ray_tangent)(&r_om, &t[j], dP, dd, &dR);
@@ -102,6 +101,22 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
             }
         }
     }
+
+    *omega_out = omega;
+    *capture_out = capture;
+    *polar_out = polar;
+}
+
+static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpixel, int spixel,
+                                                  const nbg_adjacc *t, int nt, double *dS)
+{
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R scale = (NBG_R)p->scale;
+    NBG_R dP[3], dR;
+    NBG_R omega, capture, polar;
+    NBG_R t_om[NBG_JVP_MAX], t_cap[NBG_JVP_MAX], t_pol[NBG_JVP_MAX], t_I[NBG_JVP_MAX];
+    NBG_SFX(nbg_jvp_factors)(p, fpixel, spixel, t, nt, &omega, &capture, &polar, t_om, t_cap, t_pol, t_I);
 
     /* --- main pass --------------------------------------------------------------------------------------- */
     NBG_R I = (NBG_R)p->I_bg;

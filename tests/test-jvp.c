@@ -162,6 +162,58 @@ int main(void)
     fd_images("jvp-5-fd", &e, NBG_P_NA, 0.01);
     fd_images("jvp-5-fd", &e, NBG_P_LAMBDA, 1e-4);
 
+    /* jvp-7: the vectorised tangent kernel equals its scalar twin */
+    {
+        nbg_experiment cfg[2];
+        base(&cfg[0]);
+        cfg[0].mosaic = 0.4, cfg[0].mosaic_domains = 3, cfg[0].phi0 = 1, cfg[0].osc = 1, cfg[0].phisteps = 2;
+        cfg[0].fpixels = 37;
+        base(&cfg[1]);
+        cfg[1].shape = NBG_SHAPE_GAUSS, cfg[1].Na = cfg[1].Nb = cfg[1].Nc = 8, cfg[1].oversample = 2;
+        cfg[1].dmin = 25, cfg[1].thick = 80, cfg[1].thicksteps = 2;
+        nbg_param all[NBG_NPARAMS];
+        for (int c = 0; c < 2; ++c) {
+            int n = 0;
+            for (int q = 0; q < NBG_NPARAMS; ++q) {
+                if (q != NBG_P_MOSAIC || c == 0) {
+                    all[n++] = (nbg_param)q;
+                }
+            }
+            nbg_report r;
+            nbg_describe(ctx, &cfg[c], &r);
+            const size_t np = (size_t)r.fpixels * r.spixels;
+            double *Ta = malloc(sizeof(double) * np * n), *Tb = malloc(sizeof(double) * np * n);
+            float *ia = malloc(np * sizeof(float)), *ib = malloc(np * sizeof(float));
+            nbg_simulate_jvp(ctx, &cfg[c], all, n, Ta, ia, np);
+            nbg_debug_scalar_adjoint(ctx, 1);
+            nbg_simulate_jvp(ctx, &cfg[c], all, n, Tb, ib, np);
+            nbg_debug_scalar_adjoint(ctx, 0);
+            /* each tangent image against its own maximum; one that is zero up to rounding (d/da of the gauss shape
+             * with the beam along a) against 1e-6 of the largest */
+            double worst = 0, gmax = 0, mx[NBG_NPARAMS], md[NBG_NPARAMS];
+            for (int k = 0; k < n; ++k) {
+                mx[k] = md[k] = 0;
+                for (size_t i = 0; i < np; ++i) {
+                    mx[k] = fmax(mx[k], fabs(Tb[(size_t)k * np + i]));
+                    md[k] = fmax(md[k], fabs(Ta[(size_t)k * np + i] - Tb[(size_t)k * np + i]));
+                }
+                gmax = fmax(gmax, mx[k]);
+            }
+            for (int k = 0; k < n; ++k) {
+                worst = fmax(worst, md[k] / fmax(mx[k], 1e-6 * gmax));
+            }
+            char id[64];
+            snprintf(id, sizeof id, "jvp-7-vector-vs-scalar-%d", c);
+            nbg_test_check(worst < 1e-11 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
+                           "worst difference %.2g of each tangent image's maximum, images %s", worst,
+                           memcmp(ia, ib, np * sizeof(float)) == 0 ? "identical" : "differ");
+            free(Ta);
+            free(Tb);
+            free(ia);
+            free(ib);
+        }
+    }
+
     const nbg_param bad = (nbg_param)99;
     double t1;
     float i1;

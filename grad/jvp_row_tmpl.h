@@ -1,0 +1,210 @@
+/*
+ * jvp_row_tmpl.h -- the tangent kernel's vectorised form: grad/jvp_tmpl.h for NBG_JLANES neighbouring pixels of a
+ * row.  The once-per-pixel factors and their tangents come per lane from the scalar twin (nbg_jvp_factors); each
+ * sample's tangents are propagated across the lanes in `omp simd` loops.  Same arithmetic per pixel as the
+ * scalar twin up to the order of additions.  Instantiated for double by grad/adjoint_cpu.c.
+ */
+#define NBG_M(fn) fn
+#define NBG_JLANES 8
+
+static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0, int n, const nbg_adjacc *t, int nt,
+                                       float *out, double *dS, size_t npix, size_t base)
+{
+    enum { W = NBG_JLANES };
+    const int os = p->oversample;
+    const int nmat = p->nphi * p->nmos;
+    const NBG_R scale = (NBG_R)p->scale;
+    int active[W];
+    NBG_R omega[W], capture[W], polar[W], I[W];
+    NBG_R t_om[NBG_JVP_MAX][W], t_cap[NBG_JVP_MAX][W], t_pol[NBG_JVP_MAX][W], t_I[NBG_JVP_MAX][W];
+    for (int j = 0; j < W; ++j) {
+        active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
+        const int fe = active[j] ? f0 + j : f0;
+        NBG_R a[NBG_JVP_MAX], b[NBG_JVP_MAX], c[NBG_JVP_MAX], d[NBG_JVP_MAX];
+        NBG_SFX(nbg_jvp_factors)(p, fe, spixel, t, nt, &omega[j], &capture[j], &polar[j], a, b, c, d);
+        for (int k = 0; k < nt; ++k) {
+            t_om[k][j] = a[k];
+            t_cap[k][j] = b[k];
+            t_pol[k][j] = c[k];
+            t_I[k][j] = d[k];
+        }
+        I[j] = (NBG_R)p->I_bg;
+    }
+    const NBG_R sub = (NBG_R)p->subpixel;
+    NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W];
+    NBG_R td[NBG_JVP_MAX][3][W], tq[NBG_JVP_MAX][3][W];
+    int valid[W];
+    for (int tt = 0; tt < p->thicksteps; ++tt) {
+        const NBG_R Odet = (NBG_R)(tt * p->thickstep);
+        for (int subS = 0; subS < os; ++subS) {
+            const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+            for (int subF = 0; subF < os; ++subF) {
+#pragma omp simd
+                for (int j = 0; j < W; ++j) {
+                    const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
+                    NBG_R P[3];
+                    for (int x = 0; x < 3; ++x) {
+                        P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
+                               (NBG_R)p->pix0[x];
+                    }
+                    const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                    d0[j] = P[0] / R;
+                    d1[j] = P[1] / R;
+                    d2[j] = P[2] / R;
+                    Rl[j] = R;
+                    Fd[j] = Fdet;
+                }
+                /* P = Fdet f + Sdet s + Odet o + pix0: t_P; d = P / R: t_d = (t_P - d (d . t_P)) / R */
+                for (int k = 0; k < nt; ++k) {
+                    const nbg_adjacc *tk = &t[k];
+                    NBG_R *restrict a0 = td[k][0], *restrict a1 = td[k][1], *restrict a2 = td[k][2];
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        const NBG_R P0 = (NBG_R)(Fd[j] * tk->f[0] + Sdet * tk->s[0] + Odet * tk->o[0] + tk->pix0[0]);
+                        const NBG_R P1 = (NBG_R)(Fd[j] * tk->f[1] + Sdet * tk->s[1] + Odet * tk->o[1] + tk->pix0[1]);
+                        const NBG_R P2 = (NBG_R)(Fd[j] * tk->f[2] + Sdet * tk->s[2] + Odet * tk->o[2] + tk->pix0[2]);
+                        const NBG_R dR = d0[j] * P0 + d1[j] * P1 + d2[j] * P2;
+                        a0[j] = (P0 - d0[j] * dR) / Rl[j];
+                        a1[j] = (P1 - d1[j] * dR) / Rl[j];
+                        a2[j] = (P2 - d2[j] * dR) / Rl[j];
+                    }
+                }
+                for (int src = 0; src < p->nsources; ++src) {
+                    const double *sr = p->src + NBG_SRC_STRIDE * src;
+                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
+                    const NBG_R dmin = (NBG_R)p->dmin;
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        q0[j] = (d0[j] - inc[0]) * ilambda;
+                        q1[j] = (d1[j] - inc[1]) * ilambda;
+                        q2[j] = (d2[j] - inc[2]) * ilambda;
+                        int ok = 1;
+                        if (p->dmin > 0) {
+                            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
+                            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
+                        }
+                        valid[j] = ok && active[j];
+                    }
+                    /* q = (d - i) / lambda: t_q = t_d / lambda - q t_lambda / lambda */
+                    for (int k = 0; k < nt; ++k) {
+                        const NBG_R tl = (NBG_R)t[k].lam[src];
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            tq[k][0][j] = td[k][0][j] * ilambda - q0[j] * tl * ilambda;
+                            tq[k][1][j] = td[k][1][j] * ilambda - q1[j] * tl * ilambda;
+                            tq[k][2][j] = td[k][2][j] * ilambda - q2[j] * tl * ilambda;
+                        }
+                    }
+                    for (int m = 0; m < nmat; ++m) {
+                        const double *abc = p->abc + 9 * m;
+                        NBG_R v[9];
+                        for (int x = 0; x < 9; ++x) {
+                            v[x] = (NBG_R)abc[x];
+                        }
+                        NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W], dLh[3][W], dLdN[3][W], dFh[3][W];
+                        const int need_rnd = p->F != 0 || p->shape != NBG_SQUARE;
+                        for (int x = 0; x < 3; ++x) {
+                            NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
+                            const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
+                            }
+                        }
+                        NBG_R dast[W][9];
+                        if (p->shape == NBG_SQUARE) {
+                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN);
+                        }
+                        for (int j = 0; j < W; ++j) {
+                            for (int i = 0; i < 9; ++i) {
+                                dast[j][i] = 0;
+                            }
+                            if (p->shape != NBG_SQUARE) {
+                                NBG_R dh3[3], dN3[3];
+                                L[j] = NBG_SFX(nbg_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
+                                                                 rnd[1][j], rnd[2][j], dh3, dN3, dast[j]);
+                                for (int x = 0; x < 3; ++x) {
+                                    dLh[x][j] = dh3[x];
+                                    dLdN[x][j] = dN3[x];
+                                }
+                            }
+                            if (p->F == 0) {
+                                Fc[j] = (NBG_R)p->default_F;
+                                dFh[0][j] = dFh[1][j] = dFh[2][j] = 0;
+                            } else {
+                                double unused = 0;
+                                NBG_R d3[3];
+                                Fc[j] = NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                                                (int)rnd[1][j], (int)rnd[2][j], d3, 0, 0, &unused);
+                                dFh[0][j] = d3[0];
+                                dFh[1][j] = d3[1];
+                                dFh[2][j] = d3[2];
+                            }
+                        }
+                        NBG_R cF[W], cL[W];
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            const int use = valid[j] && (L[j] != 0 || p->water);
+                            I[j] += use ? Fc[j] * Fc[j] * L[j] * L[j] : 0;
+                            cF[j] = use ? 2 * Fc[j] * L[j] * L[j] : 0;
+                            cL[j] = use ? 2 * Fc[j] * Fc[j] * L[j] : 0;
+                        }
+                        for (int k = 0; k < nt; ++k) {
+                            const double *ta = t[k].abc + 9 * m;
+                            NBG_R tv[9];
+                            for (int x = 0; x < 9; ++x) {
+                                tv[x] = (NBG_R)ta[x];
+                            }
+                            const NBG_R tN0 = (NBG_R)t[k].N[0], tN1 = (NBG_R)t[k].N[1], tN2 = (NBG_R)t[k].N[2];
+                            NBG_R *restrict tIk = t_I[k];
+                            const NBG_R *restrict tq0 = tq[k][0], *restrict tq1 = tq[k][1], *restrict tq2 = tq[k][2];
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                /* h = a . q: t_h = t_a . q + a . t_q */
+                                const NBG_R th = tv[0] * q0[j] + tv[1] * q1[j] + tv[2] * q2[j] + v[0] * tq0[j] +
+                                                 v[1] * tq1[j] + v[2] * tq2[j];
+                                const NBG_R tk = tv[3] * q0[j] + tv[4] * q1[j] + tv[5] * q2[j] + v[3] * tq0[j] +
+                                                 v[4] * tq1[j] + v[5] * tq2[j];
+                                const NBG_R tl = tv[6] * q0[j] + tv[7] * q1[j] + tv[8] * q2[j] + v[6] * tq0[j] +
+                                                 v[7] * tq1[j] + v[8] * tq2[j];
+                                const NBG_R tL = dLh[0][j] * th + dLh[1][j] * tk + dLh[2][j] * tl +
+                                                 dLdN[0][j] * tN0 + dLdN[1][j] * tN1 + dLdN[2][j] * tN2;
+                                const NBG_R tF = dFh[0][j] * th + dFh[1][j] * tk + dFh[2][j] * tl;
+                                tIk[j] += cF[j] * tF + cL[j] * tL;
+                            }
+                            if (p->shape == NBG_GAUSS) {
+                                for (int j = 0; j < W; ++j) {
+                                    for (int i = 0; i < 9; ++i) {
+                                        tIk[j] += cL[j] * dast[j][i] * (NBG_R)t[k].astar[i];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int j = 0; j < n; ++j) {
+        double S = p->scale * (double)I[j];
+        S *= (double)capture[j];
+        S *= (double)polar[j];
+        S *= (double)omega[j];
+        out[j] = active[j] ? (float)S : 0.0f;
+        const NBG_R cpo = capture[j] * polar[j] * omega[j];
+        for (int k = 0; k < nt; ++k) {
+            /* S = scale I capture polar omega */
+            const double v = (double)((NBG_R)t[k].scale * I[j] * cpo +
+                                      scale * (t_I[k][j] * cpo +
+                                               I[j] * (t_cap[k][j] * polar[j] * omega[j] +
+                                                       capture[j] * t_pol[k][j] * omega[j] +
+                                                       capture[j] * polar[j] * t_om[k][j])));
+            dS[(size_t)k * npix + base + (size_t)j] = active[j] ? v : 0;
+        }
+    }
+}
+
+#undef NBG_JLANES
+#undef NBG_M
