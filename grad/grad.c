@@ -561,7 +561,11 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
             }
         }
         *L = sum;
-        rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+        if (mask == 0) {
+            memset(grad->g, 0, sizeof grad->g); /* the loss alone: no reverse pass */
+        } else {
+            rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+        }
     }
     free(dLdI);
     nbg_plan_free(&pl);

@@ -294,7 +294,8 @@ typedef enum {
 } nbg_loss;
 
 /* Fused loss and gradient against an observed image (npix floats; pixels outside the ROI or masked are left
- * out).  The observed image and the weights must be finite and non-negative. */
+ * out).  The observed image and the weights must be finite and non-negative.  With mask 0 only the loss (and
+ * the image) is computed, at the cost of one forward pass. */
 int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const float *observed,
                   const float *weights, nbg_param_mask mask, double *L, nbg_grad *grad, float *image, size_t npix);
 
