@@ -377,9 +377,10 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
 #pragma omp simd
                 for (int j = 0; j < W; ++j) {
                     const NBG_R dot = d0[j] * dd0[j] + d1[j] * dd1[j] + d2[j] * dd2[j];
-                    const NBG_R e0 = (dd0[j] - d0[j] * dot) / Rl[j];
-                    const NBG_R e1 = (dd1[j] - d1[j] * dot) / Rl[j];
-                    const NBG_R e2 = (dd2[j] - d2[j] * dot) / Rl[j];
+                    const NBG_R iR = 1 / Rl[j];
+                    const NBG_R e0 = (dd0[j] - d0[j] * dot) * iR;
+                    const NBG_R e1 = (dd1[j] - d1[j] * dot) * iR;
+                    const NBG_R e2 = (dd2[j] - d2[j] * dot) * iR;
                     lray[0][j] += (double)e0;
                     lray[1][j] += (double)e1;
                     lray[2][j] += (double)e2;
@@ -451,7 +452,8 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
             sc += (double)(g[j] * Ic * capture[j] * polar[j] * omega[j]);
             sb += (double)d_I[j];
             const NBG_R d_om = g[j] * scale * Ic * capture[j] * polar[j];
-            const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega[j] / R0[j];
+            const NBG_R iR0 = 1 / R0[j];
+            const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega[j] * iR0;
             scl += p->point_pixel ? 0.0 : (double)(d_om * omega[j] / (NBG_R)p->close_distance);
             NBG_R dd[3] = {0, 0, 0};
             if (!p->nopolar) {
@@ -465,9 +467,9 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 dd[2] = d_pol * dP_dd[2];
             }
             const NBG_R dot = e0x[j] * dd[0] + e0y[j] * dd[1] + e0z[j] * dd[2];
-            const NBG_R q0v = (dd[0] - e0x[j] * dot) / R0[j] + d_R * e0x[j];
-            const NBG_R q1v = (dd[1] - e0y[j] * dot) / R0[j] + d_R * e0y[j];
-            const NBG_R q2v = (dd[2] - e0z[j] * dot) / R0[j] + d_R * e0z[j];
+            const NBG_R q0v = (dd[0] - e0x[j] * dot) * iR0 + d_R * e0x[j];
+            const NBG_R q1v = (dd[1] - e0y[j] * dot) * iR0 + d_R * e0y[j];
+            const NBG_R q2v = (dd[2] - e0z[j] * dot) * iR0 + d_R * e0z[j];
             r0 += (double)q0v;
             r1 += (double)q1v;
             r2 += (double)q2v;
