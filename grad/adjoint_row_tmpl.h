@@ -223,22 +223,11 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         Fd[j] = F0[j];
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
-                } else
-#pragma omp simd
-                for (int j = 0; j < W; ++j) {
-                    const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
-                    NBG_R P[3];
-                    for (int x = 0; x < 3; ++x) {
-                        P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
-                               (NBG_R)p->pix0[x];
+                } else {
+                    NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
+                    for (int j = 0; j < W; ++j) {
+                        dd0[j] = dd1[j] = dd2[j] = 0;
                     }
-                    const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-                    d0[j] = P[0] / R;
-                    d1[j] = P[1] / R;
-                    d2[j] = P[2] / R;
-                    Rl[j] = R;
-                    Fd[j] = Fdet;
-                    dd0[j] = dd1[j] = dd2[j] = 0;
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;

@@ -39,21 +39,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
         for (int subS = 0; subS < os; ++subS) {
             const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {
-#pragma omp simd
-                for (int j = 0; j < W; ++j) {
-                    const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
-                    NBG_R P[3];
-                    for (int x = 0; x < 3; ++x) {
-                        P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
-                               (NBG_R)p->pix0[x];
-                    }
-                    const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-                    d0[j] = P[0] / R;
-                    d1[j] = P[1] / R;
-                    d2[j] = P[2] / R;
-                    Rl[j] = R;
-                    Fd[j] = Fdet;
-                }
+                NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                 /* P = Fdet f + Sdet s + Odet o + pix0: t_P; d = P / R: t_d = (t_P - d (d . t_P)) / R */
                 for (int k = 0; k < nt; ++k) {
                     const nbg_adjacc *tk = &t[k];

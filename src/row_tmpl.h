@@ -13,6 +13,31 @@
 #define NBG_LANES 8
 #endif
 
+/* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
+ * lanes starting at fpixel f0 on a flat detector: nbg_subpixel_pos's arithmetic, across the lanes.  Shared by the
+ * forward, adjoint and tangent row kernels. */
+static inline void NBG_SFX(nbg_lane_rays)(const nbg_kparams *p, int f0, int subF, NBG_R Sdet, NBG_R Odet, int w,
+                                         NBG_R *restrict d0, NBG_R *restrict d1, NBG_R *restrict d2,
+                                         NBG_R *restrict Rl, NBG_R *restrict Fd)
+{
+    const int os = p->oversample;
+    const NBG_R sub = (NBG_R)p->subpixel;
+#pragma omp simd
+    for (int j = 0; j < w; ++j) {
+        const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
+        NBG_R P[3];
+        for (int x = 0; x < 3; ++x) {
+            P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] + (NBG_R)p->pix0[x];
+        }
+        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+        d0[j] = P[0] / R;
+        d1[j] = P[1] / R;
+        d2[j] = P[2] / R;
+        Rl[j] = R;
+        Fd[j] = Fdet;
+    }
+}
+
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
 static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
                                    NBG_SFX(nbg_pixstat) * st)
@@ -52,20 +77,8 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                         q0[j] = R;
                     }
                 } else {
-#pragma omp simd
-                    for (int j = 0; j < W; ++j) {
-                        const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
-                        NBG_R P[3];
-                        for (int x = 0; x < 3; ++x) {
-                            P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] +
-                                   (NBG_R)p->pix0[x];
-                        }
-                        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-                        d0[j] = P[0] / R;
-                        d1[j] = P[1] / R;
-                        d2[j] = P[2] / R;
-                        q0[j] = R;
-                    }
+                    NBG_R Fd[W];
+                    NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
                 }
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction */
 #pragma omp simd reduction(+ : osum)
