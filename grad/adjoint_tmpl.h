@@ -67,6 +67,37 @@ static inline NBG_HD int NBG_SFX(nbg_scatter_q)(const nbg_kparams *p, const NBG_
     return 1;
 }
 
+/* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
+ * vectors abc (one phi step and domain) and scattering vector q.  Returns 0 where the sample contributes nothing
+ * (zero lattice factor and no water), as the forward loop skips it. */
+typedef struct {
+    NBG_R h, k, l, h0, k0, l0;
+    NBG_R L, dLh[3], dLN[3], dLast[9]; /* lattice factor; d/d(h,k,l), d/dN, d/da* (gauss) */
+    NBG_R F, dFh[3];                   /* structure factor; d/d(h,k,l) */
+} NBG_SFX(nbg_sample);
+
+static inline NBG_HD int NBG_SFX(nbg_sample_eval)(const nbg_kparams *p, const double *abc, const NBG_R *q,
+                                                 NBG_SFX(nbg_sample) * sm)
+{
+    sm->h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
+    sm->k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
+    sm->l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+    sm->h0 = NBG_M(ceil)(sm->h - (NBG_R)0.5);
+    sm->k0 = NBG_M(ceil)(sm->k - (NBG_R)0.5);
+    sm->l0 = NBG_M(ceil)(sm->l - (NBG_R)0.5);
+    for (int i = 0; i < 9; ++i) {
+        sm->dLast[i] = 0;
+    }
+    sm->L = NBG_SFX(nbg_lattice_grad)(p, sm->h, sm->k, sm->l, sm->h0, sm->k0, sm->l0, sm->dLh, sm->dLN, sm->dLast);
+    if (sm->L == 0 && !p->water) {
+        return 0;
+    }
+    double unused = 0;
+    sm->F = NBG_SFX(nbg_fcell_grad)(p, sm->h, sm->k, sm->l, (int)sm->h0, (int)sm->k0, (int)sm->l0, sm->dFh, 0, 0,
+                                    &unused);
+    return 1;
+}
+
 static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int fpixel, int spixel, NBG_R g,
                                                       nbg_adjacc *acc)
 {
@@ -131,22 +162,11 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                     NBG_R d_q[3] = {0, 0, 0};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
-                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
-                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
-                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
-                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
-                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
-                        NBG_R dL_dhkl[3], dL_dN[3], dL_dastar[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-                        const NBG_R F_latt =
-                            NBG_SFX(nbg_lattice_grad)(p, h, k, l, h0, k0, l0, dL_dhkl, dL_dN, dL_dastar);
-                        if (F_latt == 0 && !p->water) {
+                        NBG_SFX(nbg_sample) sm;
+                        if (!NBG_SFX(nbg_sample_eval)(p, abc, q, &sm)) {
                             continue;
                         }
-                        NBG_R dF_dhkl[3];
-                        double unused = 0;
-                        const NBG_R F_cell = NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, dF_dhkl,
-                                                                     0, 0, &unused);
+                        const NBG_R F_cell = sm.F, F_latt = sm.L;
                         I += F_cell * F_cell * F_latt * F_latt;
                         if (d_I == 0) {
                             continue;
@@ -156,21 +176,21 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                         const NBG_R d_Fl = d_I * 2 * F_cell * F_cell * F_latt;
                         if (acc->F != 0 || p->F == 0) {
                             NBG_R tmp[3];
-                            NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, tmp, d_Fc, acc->F,
-                                                    &acc->defF);
+                            NBG_SFX(nbg_fcell_grad)(p, sm.h, sm.k, sm.l, (int)sm.h0, (int)sm.k0, (int)sm.l0, tmp, d_Fc,
+                                                    acc->F, &acc->defF);
                         }
                         for (int i = 0; i < 3; ++i) {
-                            acc->N[i] += (double)(d_Fl * dL_dN[i]);
+                            acc->N[i] += (double)(d_Fl * sm.dLN[i]);
                         }
                         if (p->shape == NBG_GAUSS) {
                             for (int i = 0; i < 9; ++i) {
-                                acc->astar[i] += (double)(d_Fl * dL_dastar[i]);
+                                acc->astar[i] += (double)(d_Fl * sm.dLast[i]);
                             }
                         }
                         /* h = a . q:  d_a += d_h q,  d_q += d_h a */
-                        const NBG_R d_h = d_Fl * dL_dhkl[0] + d_Fc * dF_dhkl[0];
-                        const NBG_R d_k = d_Fl * dL_dhkl[1] + d_Fc * dF_dhkl[1];
-                        const NBG_R d_l = d_Fl * dL_dhkl[2] + d_Fc * dF_dhkl[2];
+                        const NBG_R d_h = d_Fl * sm.dLh[0] + d_Fc * sm.dFh[0];
+                        const NBG_R d_k = d_Fl * sm.dLh[1] + d_Fc * sm.dFh[1];
+                        const NBG_R d_l = d_Fl * sm.dLh[2] + d_Fc * sm.dFh[2];
                         double *d_abc = acc->abc + 9 * m;
                         for (int x = 0; x < 3; ++x) {
                             d_abc[x] += (double)(d_h * q[x]);

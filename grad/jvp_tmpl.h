@@ -144,24 +144,12 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
-                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
-                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
-                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
-                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
-                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
-                        NBG_R dL_dhkl[3], dL_dN[3], dL_dastar[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-                        const NBG_R F_latt =
-                            NBG_SFX(nbg_lattice_grad)(p, h, k, l, h0, k0, l0, dL_dhkl, dL_dN, dL_dastar);
-                        if (F_latt == 0 && !p->water) {
+                        NBG_SFX(nbg_sample) sm;
+                        if (!NBG_SFX(nbg_sample_eval)(p, abc, q, &sm)) {
                             continue;
                         }
-                        NBG_R dF_dhkl[3];
-                        double unused = 0;
-                        const NBG_R F_cell = NBG_SFX(nbg_fcell_grad)(p, h, k, l, (int)h0, (int)k0, (int)l0, dF_dhkl,
-                                                                     0, 0, &unused);
-                        I += F_cell * F_cell * F_latt * F_latt;
-                        const NBG_R cF = 2 * F_cell * F_latt * F_latt, cL = 2 * F_cell * F_cell * F_latt;
+                        I += sm.F * sm.F * sm.L * sm.L;
+                        const NBG_R cF = 2 * sm.F * sm.L * sm.L, cL = 2 * sm.F * sm.F * sm.L;
                         for (int j = 0; j < nt; ++j) {
                             /* h = a . q: t_h = t_a . q + a . t_q */
                             const double *ta = t[j].abc + 9 * m;
@@ -171,15 +159,15 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
                                         (NBG_R)ta[3 * v + 2] * q[2] + (NBG_R)abc[3 * v] * t_q[j][0] +
                                         (NBG_R)abc[3 * v + 1] * t_q[j][1] + (NBG_R)abc[3 * v + 2] * t_q[j][2];
                             }
-                            NBG_R tL = dL_dhkl[0] * th[0] + dL_dhkl[1] * th[1] + dL_dhkl[2] * th[2] +
-                                       dL_dN[0] * (NBG_R)t[j].N[0] + dL_dN[1] * (NBG_R)t[j].N[1] +
-                                       dL_dN[2] * (NBG_R)t[j].N[2];
+                            NBG_R tL = sm.dLh[0] * th[0] + sm.dLh[1] * th[1] + sm.dLh[2] * th[2] +
+                                       sm.dLN[0] * (NBG_R)t[j].N[0] + sm.dLN[1] * (NBG_R)t[j].N[1] +
+                                       sm.dLN[2] * (NBG_R)t[j].N[2];
                             if (p->shape == NBG_GAUSS) {
                                 for (int i = 0; i < 9; ++i) {
-                                    tL += dL_dastar[i] * (NBG_R)t[j].astar[i];
+                                    tL += sm.dLast[i] * (NBG_R)t[j].astar[i];
                                 }
                             }
-                            const NBG_R tF = dF_dhkl[0] * th[0] + dF_dhkl[1] * th[1] + dF_dhkl[2] * th[2];
+                            const NBG_R tF = sm.dFh[0] * th[0] + sm.dFh[1] * th[1] + sm.dFh[2] * th[2];
                             t_I[j] += cF * tF + cL * tL;
                         }
                     }
