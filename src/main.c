@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void usage_main(FILE *out);
 
@@ -156,6 +157,28 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
         return NULL;
     }
     return ctx;
+}
+
+/* JSON outputs are written like every other output: to a temporary name, renamed when complete. */
+static FILE *json_open(const char *path, char *tmp, size_t n)
+{
+    snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) {
+        fprintf(stderr, "nbgrad: error: cannot write %s\n", path);
+    }
+    return f;
+}
+
+static int json_close(FILE *f, const char *path, const char *tmp)
+{
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        remove(tmp);
+        fprintf(stderr, "nbgrad: error: cannot write %s\n", path);
+        return 0;
+    }
+    printf("wrote %s\n", path);
+    return 1;
 }
 
 static int cmd_gradcheck(int argc, char **argv, int first)
@@ -335,9 +358,9 @@ static int cmd_grad(int argc, char **argv, int first)
         printf("dL/dF: %zu entries, norm %.6g\n", g.ndF, sqrt(norm));
     }
     if (o.json != NULL) {
-        FILE *j = fopen(o.json, "w");
+        char tmp[4096];
+        FILE *j = json_open(o.json, tmp, sizeof tmp);
         if (j == NULL) {
-            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
             goto done;
         }
         fprintf(j, "{\n  \"loss\": %.17g,\n  \"gradient\": {", L);
@@ -355,11 +378,9 @@ static int cmd_grad(int argc, char **argv, int first)
             fprintf(j, "]");
         }
         fprintf(j, "\n}\n");
-        if (fclose(j) != 0) {
-            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+        if (!json_close(j, o.json, tmp)) {
             goto done;
         }
-        printf("wrote %s\n", o.json);
     }
     status = 0;
 done:
@@ -541,9 +562,9 @@ static int cmd_refine(int argc, char **argv, int first)
         printf("wrote the residual image (observed - model) to %s\n", o.residual);
     }
     if (o.json != NULL) {
-        FILE *j = fopen(o.json, "w");
+        char tmp[4096];
+        FILE *j = json_open(o.json, tmp, sizeof tmp);
         if (j == NULL) {
-            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
             goto done;
         }
         fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"iterations\": %d,\n"
@@ -561,11 +582,9 @@ static int cmd_refine(int argc, char **argv, int first)
             fprintf(j, "]");
         }
         fprintf(j, "]\n}\n");
-        if (fclose(j) != 0) {
-            fprintf(stderr, "nbgrad: error: cannot write %s\n", o.json);
+        if (!json_close(j, o.json, tmp)) {
             goto done;
         }
-        printf("wrote %s\n", o.json);
     }
     status = 0;
 done:
