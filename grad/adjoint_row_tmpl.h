@@ -231,21 +231,10 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
-                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
                     const NBG_R lambda = (NBG_R)sr[3];
-                    const NBG_R dmin = (NBG_R)p->dmin;
-#pragma omp simd
+                    NBG_SFX(nbg_lane_q)(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
-                        q0[j] = (d0[j] - inc[0]) * ilambda;
-                        q1[j] = (d1[j] - inc[1]) * ilambda;
-                        q2[j] = (d2[j] - inc[2]) * ilambda;
-                        int ok = 1;
-                        if (p->dmin > 0) {
-                            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
-                            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
-                        }
-                        valid[j] = ok && active[j];
+                        valid[j] = valid[j] && active[j];
                         dq0[j] = dq1[j] = dq2[j] = 0;
                     }
                     for (int m = 0; m < nmat; ++m) {

@@ -38,6 +38,30 @@ static inline void NBG_SFX(nbg_lane_rays)(const nbg_kparams *p, int f0, int subF
     }
 }
 
+/* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
+ * resolution cut (valid): nbg_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
+static inline void NBG_SFX(nbg_lane_q)(const nbg_kparams *p, int src, int w, const NBG_R *d0, const NBG_R *d1,
+                                      const NBG_R *d2, NBG_R *restrict q0, NBG_R *restrict q1, NBG_R *restrict q2,
+                                      int *restrict valid)
+{
+    const double *sr = p->src + NBG_SRC_STRIDE * src;
+    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
+    const NBG_R ilambda = 1 / (NBG_R)sr[3];
+    const NBG_R dmin = (NBG_R)p->dmin;
+#pragma omp simd
+    for (int j = 0; j < w; ++j) {
+        q0[j] = (d0[j] - inc[0]) * ilambda;
+        q1[j] = (d1[j] - inc[1]) * ilambda;
+        q2[j] = (d2[j] - inc[2]) * ilambda;
+        int ok = 1;
+        if (p->dmin > 0) {
+            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
+            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
+        }
+        valid[j] = ok;
+    }
+}
+
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
 static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
                                    NBG_SFX(nbg_pixstat) * st)
@@ -105,19 +129,10 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                     const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
                     const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
                     const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-                    const NBG_R ilambda = 1 / (NBG_R)sr[3];
-                    const NBG_R dmin = (NBG_R)p->dmin;
+                    NBG_SFX(nbg_lane_q)(p, src, W, d0, d1, d2, q0, q1, q2, valid);
 #pragma omp simd
                     for (int j = 0; j < W; ++j) {
-                        q0[j] = (d0[j] - inc[0]) * ilambda;
-                        q1[j] = (d1[j] - inc[1]) * ilambda;
-                        q2[j] = (d2[j] - inc[2]) * ilambda;
-                        int ok = 1;
-                        if (p->dmin > 0) {
-                            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
-                            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
-                        }
-                        valid[j] = ok;
+                        const int ok = valid[j];
                         if (ok && (polar[j] == 0 || p->os_polar)) {
                             const NBG_R d[3] = {d0[j], d1[j], d2[j]};
                             polar[j] = NBG_SFX(nbg_polar)(K, inc, d, E, B);
