@@ -146,13 +146,27 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
     ctx = NULL;
     const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
     if (rc != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot use the requested backend: %s\n", nbg_strerror(rc));
+        fprintf(stderr, "nbgrad: error: cannot use the %s backend: %s\n",
+                c->backend == NBG_BACKEND_CUDA ? "cuda" : "requested", nbg_strerror(rc));
         return NULL;
     }
     if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
         printf("no usable GPU: running on the CPU\n");
     }
     if (!nbg_cli_load(ctx, c)) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    /* a -mask must cover the detector the other flags describe (the kernels index it per pixel) */
+    nbg_report r;
+    if (nbg_describe(ctx, &c->e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    if (c->mask != NULL && (c->mask_f != r.fpixels || c->mask_s != r.spixels)) {
+        fprintf(stderr, "nbgrad: error: the mask is %dx%d pixels but the detector is %dx%d\n", c->mask_f, c->mask_s,
+                r.fpixels, r.spixels);
         nbg_ctx_destroy(ctx);
         return NULL;
     }
@@ -399,43 +413,19 @@ static int cmd_simulate(int argc, char **argv, int first)
 {
     nbg_cli c;
     nbg_cli_init(&c);
-    nbg_ctx *ctx = NULL;
     int ok = 0;
     float *img = NULL;
-    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot create a context\n");
-        return 1;
-    }
-    if (!nbg_cli_parse(ctx, &c, argc, argv, first)) {
-        goto done;
-    }
-    if (c.help) {
-        nbg_cli_usage(stdout);
-        ok = 1;
-        goto done;
-    }
-    nbg_ctx_destroy(ctx);
-    ctx = NULL;
-    const int rc = nbg_ctx_create(&ctx, c.backend, c.precision, c.threads);
-    if (rc != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot use the %s backend: %s\n",
-                c.backend == NBG_BACKEND_CUDA ? "cuda" : "requested", nbg_strerror(rc));
-        goto done;
-    }
-    if (c.backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
-        printf("no usable GPU: running on the CPU\n");
-    }
-    if (!nbg_cli_load(ctx, &c)) {
+    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    if (ctx == NULL) {
+        if (c.help) {
+            nbg_cli_usage(stdout);
+            ok = 1;
+        }
         goto done;
     }
     nbg_report r;
     if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-        goto done;
-    }
-    if (c.mask != NULL && (c.mask_f != r.fpixels || c.mask_s != r.spixels)) {
-        fprintf(stderr, "nbgrad: error: the mask is %dx%d pixels but the detector is %dx%d\n", c.mask_f, c.mask_s,
-                r.fpixels, r.spixels);
         goto done;
     }
     nbg_cli_print_setup(&c, &r);
