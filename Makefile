@@ -64,7 +64,18 @@ BENCHES  := $(patsubst bench/%.c,$(B)/bench/%,$(BENCH_SRC))
 endif
 EXAMPLES := $(patsubst examples/%.c,$(B)/examples/%,$(EX_SRC))
 
-all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES)
+# The CUDA backend run on the CPU (tests/cudaemu/): cuda/backend.cu compiled by the host C++ compiler against an
+# emulated CUDA runtime, linked with the library's dispatch built for CUDA, as the test program test-cuda-emu and
+# the program $(B)/emu/nbgrad.  Built everywhere, with or without nvcc, so that the backend's launch, indexing and
+# reduction code is tested in CI.
+CXX     ?= c++
+EMU_CUDA_SRC := src/simulate.c grad/grad.c
+EMU_OBJ  := $(patsubst %.c,$(B)/emu/%.o,$(EMU_CUDA_SRC)) $(B)/emu/cuda/backend.o \
+            $(filter-out $(patsubst %.c,$(B)/%.o,$(EMU_CUDA_SRC)),$(LIB_OBJ))
+EMU_FLAGS := -DNBG_HAVE_CUDA -DNBG_CUDA_EMU
+EMU      := $(B)/emu/libnbgrad.a $(B)/tests/test-cuda-emu $(B)/emu/nbgrad
+
+all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES) $(EMU)
 
 # Install what a fresh Debian machine lacks.  Uses sudo only when not root.
 deps: $(B)/.deps
@@ -91,6 +102,29 @@ $(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h)
 
 $(B)/libnbgrad.a: $(LIB_OBJ) $(CUDA_OBJ)
 	ar rcs $@ $^
+
+$(B)/emu/%.o: %.c | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(EMU_FLAGS) -c $< -o $@
+
+$(B)/emu/cuda/backend.o: cuda/backend.cu tests/cudaemu/cuda_runtime.h | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ -std=c++17 $(OPT) -fopenmp -fno-math-errno -Wall -Wno-unused-parameter -Wno-unknown-pragmas \
+	  $(EMU_FLAGS) -Itests/cudaemu -Iinclude -Isrc -Igrad -Icuda -MMD -MP -c $< -o $@
+
+$(B)/emu/libnbgrad.a: $(EMU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/emu/nbgrad: $(patsubst %.c,$(B)/emu/%.o,$(CLI_SRC)) $(B)/emu/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lstdc++
+
+# test-cuda also reads the golden cases through the program's flag parser (src/cli.c)
+$(B)/tests/test-cuda: $(B)/tests/test-cuda.o $(B)/src/cli.o $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(B)/tests/test-cuda-emu: $(B)/emu/tests/test-cuda.o $(B)/emu/src/cli.o $(B)/emu/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lstdc++
 
 $(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

@@ -2,11 +2,18 @@
  * backend.cu -- the CUDA forward and adjoint kernels and the device memory they keep between calls.
  *
  * No physics lives here: the kernels call the per-pixel loop nests the CPU uses (src/pixel_tmpl.h for the
- * forward, grad/adjoint_tmpl.h for the adjoint), whose functions are marked NBG_HD (host and device).  One
- * forward call launches one kernel; one adjoint call launches one kernel.  Reductions (solid-angle sum,
- * interpolation fallbacks, gradients) go through a fixed-order tree per block and a block-order sum on the host,
- * so results are reproducible bit for bit.  Nothing here needs GSL or LAPACKE; the CUDA runtime is linked
- * statically.
+ * forward, grad/adjoint_tmpl.h for the adjoint), whose functions are marked NBG_HD (host and device), one thread
+ * per pixel.  Each comes in double and in float (the float lattice factor takes the phase relative to the nearest
+ * integer; the adjoint accumulates its gradients in double in both).
+ *
+ * One call launches two kernels whatever the sampling: the pixel kernel, which also reduces its per-pixel sums
+ * (solid angle, interpolation fallbacks; for the adjoint, the gradients) over each block, and a reduction kernel
+ * that sums the block partials.  Both reductions have a fixed order (warp shuffles, then warps in order; blocks in
+ * order), so the same call twice gives bit-identical results.  The context keeps its device buffers between calls
+ * and grows them only when a size grows, so a repeated call pays no allocation, only the parameter copies.
+ *
+ * Nothing here needs GSL or LAPACKE; the CUDA runtime is linked statically.  tests/cudaemu/ runs this same file on
+ * the CPU (NBG_CUDA_EMU), so that the launch, indexing and reduction code is tested where there is no GPU.
  */
 #include "nbg_cuda.h"
 
@@ -18,21 +25,35 @@ extern "C" {
 #include "adjoint_tmpl.h"
 #undef NBG_R
 #undef NBG_SFX
+#define NBG_R float
+#define NBG_SFX(name) name##_f
+#define NBG_FLOAT_MODE 1
+#include "adjoint_tmpl.h"
+#undef NBG_FLOAT_MODE
+#undef NBG_R
+#undef NBG_SFX
 }
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NBG_BLOCK 128
-#define NBG_CUDA_MAXACC 1024 /* plan-level gradient components one thread can hold (fixed + abc + lam) */
+#ifndef NBG_LAUNCH
+#define NBG_LAUNCH(kern, grid, block, ...) kern<<<(grid), (block)>>>(__VA_ARGS__)
+#endif
+
+#define NBG_BLOCK 128                 /* threads per block of the pixel kernels */
+#define NBG_WARPS (NBG_BLOCK / 32)
+#define NBG_RBLOCK 256                /* threads per block of the reduction kernel */
+#define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbg_adjacc */
+#define NBG_CUDA_MAXACC 1024          /* crystal-vector and wavelength gradients one thread can hold */
 
 typedef struct {
     int device;
     float *img, *g;
-    double *src, *abc, *F, *part;
+    double *src, *abc, *F, *part, *sums;
     uint8_t *mask;
-    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_mask;
+    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask;
 } nbg_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
@@ -67,7 +88,7 @@ extern "C" int nbg_cuda_init(nbg_ctx *ctx)
     }
     nbg_cuda_state *st = (nbg_cuda_state *)calloc(1, sizeof *st);
     if (st == NULL) {
-        return NBG_ENOMEM;
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the CUDA state");
     }
     cudaGetDevice(&st->device);
     ctx->cuda = st;
@@ -86,13 +107,15 @@ extern "C" void nbg_cuda_release(nbg_ctx *ctx)
     cudaFree(st->abc);
     cudaFree(st->F);
     cudaFree(st->part);
+    cudaFree(st->sums);
     cudaFree(st->mask);
     free(st);
     ctx->cuda = NULL;
 }
 
-/* Copies the plan's arrays into the context's device buffers and returns the device copy of k. */
-static int upload(nbg_ctx *ctx, const nbg_kparams *k, nbg_kparams *kd)
+/* Copies the plan's arrays into the context's device buffers, makes room for the image, ncomp per-block partials
+ * and their ncomp sums, and returns the device copy of k. */
+static int upload(nbg_ctx *ctx, const nbg_kparams *k, int ncomp, unsigned nblocks, nbg_kparams *kd)
 {
     nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
     *kd = *k;
@@ -100,12 +123,15 @@ static int upload(nbg_ctx *ctx, const nbg_kparams *k, nbg_kparams *kd)
     const size_t npix = (size_t)k->fpixels * k->spixels;
     cudaError_t e;
     if ((e = ensure((void **)&st->src, &st->cap_src, nsrc * sizeof(double))) != cudaSuccess ||
-        (e = ensure((void **)&st->abc, &st->cap_abc, nabc * sizeof(double))) != cudaSuccess) {
-        return cuda_fail(ctx, e, "allocation");
+        (e = ensure((void **)&st->abc, &st->cap_abc, nabc * sizeof(double))) != cudaSuccess ||
+        (e = ensure((void **)&st->img, &st->cap_img, npix * sizeof(float))) != cudaSuccess ||
+        (e = ensure((void **)&st->part, &st->cap_part, (size_t)ncomp * nblocks * sizeof(double))) != cudaSuccess ||
+        (e = ensure((void **)&st->sums, &st->cap_sums, (size_t)ncomp * sizeof(double))) != cudaSuccess) {
+        return cuda_fail(ctx, e, "device allocation");
     }
     if ((e = cudaMemcpy(st->src, k->src, nsrc * sizeof(double), cudaMemcpyHostToDevice)) != cudaSuccess ||
         (e = cudaMemcpy(st->abc, k->abc, nabc * sizeof(double), cudaMemcpyHostToDevice)) != cudaSuccess) {
-        return cuda_fail(ctx, e, "copy");
+        return cuda_fail(ctx, e, "copy of the sources and crystal vectors");
     }
     kd->src = st->src;
     kd->abc = st->abc;
@@ -124,184 +150,205 @@ static int upload(nbg_ctx *ctx, const nbg_kparams *k, nbg_kparams *kd)
         }
         kd->mask = st->mask;
     }
-    if ((e = ensure((void **)&st->img, &st->cap_img, npix * sizeof(float))) != cudaSuccess) {
-        return cuda_fail(ctx, e, "image allocation");
-    }
     return NBG_OK;
 }
 
-/* Fixed-order tree sum over the block of v; the result is valid in thread 0. */
-__device__ static double block_sum(double v, double *sh)
+/* Sums v over the warp in a fixed order (a shuffle tree); the result is valid in lane 0.  Every thread of the
+ * block calls it. */
+__device__ static inline double warp_sum(double v)
 {
+    for (int d = 16; d > 0; d >>= 1) {
+        v += __shfl_down_sync(0xffffffffu, v, d);
+    }
+    return v;
+}
+
+/* Writes the block's sums of ncomp per-thread values, component c at part[c * nblocks + block]: each warp sums
+ * its lanes (warp_sum), then thread c adds the warps' sums in warp order.  sh holds ncomp * NBG_WARPS doubles. */
+template <typename Get>
+__device__ static inline void block_partials(Get get, int ncomp, double *sh, double *part, unsigned nblocks)
+{
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    for (int c = 0; c < ncomp; ++c) {
+        const double v = warp_sum(get(c));
+        if (lane == 0) {
+            sh[c * NBG_WARPS + warp] = v;
+        }
+    }
+    __syncthreads();
+    for (int c = (int)threadIdx.x; c < ncomp; c += NBG_BLOCK) {
+        double s = 0;
+        for (int w = 0; w < NBG_WARPS; ++w) {
+            s += sh[c * NBG_WARPS + w];
+        }
+        part[(size_t)c * nblocks + blockIdx.x] = s;
+    }
+}
+
+/* out[c] = sum over blocks b of part[c * nblocks + b], one block per component: each thread sums a fixed stride
+ * of blocks in order, then a fixed tree over the threads. */
+__global__ void nbg_reduce_kernel(const double *part, unsigned nblocks, double *out)
+{
+    __shared__ double sh[NBG_RBLOCK];
+    const size_t c = blockIdx.x;
+    double v = 0;
+    for (unsigned b = threadIdx.x; b < nblocks; b += NBG_RBLOCK) {
+        v += part[c * nblocks + b];
+    }
     sh[threadIdx.x] = v;
     __syncthreads();
-    for (int w = NBG_BLOCK / 2; w > 0; w >>= 1) {
+    for (int w = NBG_RBLOCK / 2; w > 0; w >>= 1) {
         if ((int)threadIdx.x < w) {
             sh[threadIdx.x] += sh[threadIdx.x + w];
         }
         __syncthreads();
     }
-    const double r = sh[0];
-    __syncthreads();
-    return r;
+    if (threadIdx.x == 0) {
+        out[c] = sh[0];
+    }
 }
 
 template <int FLOAT>
-__global__ void nbg_forward_kernel(nbg_kparams p, float *img, double *part)
+__global__ void nbg_forward_kernel(nbg_kparams p, float *img, double *part, unsigned nblocks)
 {
-    __shared__ double sh[NBG_BLOCK];
+    __shared__ double sh[2 * NBG_WARPS];
     const long npix = (long)p.fpixels * p.spixels;
     const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
-    double om = 0, oor = 0;
+    double sums[2] = {0, 0}; /* solid angle, interpolation fallbacks */
     if (i < npix) {
         const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
         float v = 0.0f;
         if (nbg_pixel_active(&p, f, s)) {
             if (FLOAT) {
-                nbg_pixstat_f st = {0, 0};
-                v = (float)nbg_pixel_f(&p, f, s, &st);
-                om = st.omega_sum;
-                oor = (double)st.oor;
+                nbg_pixstat_f ps = {0, 0};
+                v = (float)nbg_pixel_f(&p, f, s, &ps);
+                sums[0] = ps.omega_sum;
+                sums[1] = (double)ps.oor;
             } else {
-                nbg_pixstat_d st = {0, 0};
-                v = (float)nbg_pixel_d(&p, f, s, &st);
-                om = st.omega_sum;
-                oor = (double)st.oor;
+                nbg_pixstat_d ps = {0, 0};
+                v = (float)nbg_pixel_d(&p, f, s, &ps);
+                sums[0] = ps.omega_sum;
+                sums[1] = (double)ps.oor;
             }
         }
         img[i] = v;
     }
-    const double so = block_sum(om, sh), sr = block_sum(oor, sh);
-    if (threadIdx.x == 0) {
-        part[2 * blockIdx.x] = so;
-        part[2 * blockIdx.x + 1] = sr;
+    block_partials([&](int c) { return sums[c]; }, 2, sh, part, nblocks);
+}
+
+/* The adjoint pixel kernel: CAP bounds the per-thread crystal-vector and wavelength accumulators (nvar of them
+ * are used), so that a thread's local memory is no larger than the experiment needs. */
+template <int FLOAT, int CAP>
+__global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, double *part, unsigned nblocks,
+                                   int nvar)
+{
+    __shared__ double sh[(NBG_NFIX + CAP) * NBG_WARPS];
+    double local[CAP];
+    for (int c = 0; c < nvar; ++c) {
+        local[c] = 0;
     }
+    nbg_adjacc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.abc = local;
+    acc.lam = local + p.nphi * p.nmos * 9;
+    const long npix = (long)p.fpixels * p.spixels;
+    const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    if (i < npix) {
+        const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
+        float v = 0.0f;
+        if (nbg_pixel_active(&p, f, s)) {
+            v = FLOAT ? (float)nbg_pixel_adjoint_f(&p, f, s, g[i], &acc)
+                      : (float)nbg_pixel_adjoint_d(&p, f, s, (double)g[i], &acc);
+        }
+        img[i] = v;
+    }
+    const double *fixed = (const double *)&acc;
+    block_partials([&](int c) { return c < NBG_NFIX ? fixed[c] : local[c - NBG_NFIX]; }, NBG_NFIX + nvar, sh, part,
+                   nblocks);
+}
+
+/* Launches the reduction of ncomp components, copies the image and the sums back. */
+static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float *image, double *sums,
+                  const char *what)
+{
+    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        return cuda_fail(ctx, e, what);
+    }
+    NBG_LAUNCH(nbg_reduce_kernel, ncomp, NBG_RBLOCK, st->part, nblocks, st->sums);
+    if ((e = cudaGetLastError()) != cudaSuccess) {
+        return cuda_fail(ctx, e, "reduction kernel launch");
+    }
+    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        return cuda_fail(ctx, e, what);
+    }
+    if ((e = cudaMemcpy(sums, st->sums, (size_t)ncomp * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        return cuda_fail(ctx, e, "copy of the sums");
+    }
+    return NBG_OK;
 }
 
 extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum,
                                 long *oor)
 {
     nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
-    nbg_kparams kd;
-    int rc = upload(ctx, k, &kd);
-    if (rc != NBG_OK) {
-        return rc;
-    }
     const size_t npix = (size_t)k->fpixels * k->spixels;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
-    cudaError_t e = ensure((void **)&st->part, &st->cap_part, 2 * (size_t)nblocks * sizeof(double));
-    if (e != cudaSuccess) {
-        return cuda_fail(ctx, e, "allocation");
+    nbg_kparams kd;
+    int rc = upload(ctx, k, 2, nblocks, &kd);
+    if (rc != NBG_OK) {
+        return rc;
     }
     if (use_float) {
-        nbg_forward_kernel<1><<<nblocks, NBG_BLOCK>>>(kd, st->img, st->part);
+        NBG_LAUNCH(nbg_forward_kernel<1>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
     } else {
-        nbg_forward_kernel<0><<<nblocks, NBG_BLOCK>>>(kd, st->img, st->part);
+        NBG_LAUNCH(nbg_forward_kernel<0>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
     }
-    if ((e = cudaGetLastError()) != cudaSuccess) {
-        return cuda_fail(ctx, e, "forward kernel launch");
+    double sums[2];
+    rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel");
+    if (rc == NBG_OK) {
+        *omega_sum = sums[0];
+        *oor = (long)sums[1];
     }
-    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-        return cuda_fail(ctx, e, "forward kernel");
-    }
-    double *part = (double *)malloc(2 * (size_t)nblocks * sizeof(double));
-    if (part == NULL) {
-        return NBG_ENOMEM;
-    }
-    if ((e = cudaMemcpy(part, st->part, 2 * (size_t)nblocks * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-        free(part);
-        return cuda_fail(ctx, e, "copy");
-    }
-    double so = 0, sr = 0;
-    for (unsigned b = 0; b < nblocks; ++b) {
-        so += part[2 * b];
-        sr += part[2 * b + 1];
-    }
-    free(part);
-    *omega_sum = so;
-    *oor = (long)sr;
-    return NBG_OK;
+    return rc;
 }
 
-__global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, double *part, int ncomp)
+template <int FLOAT>
+static void launch_adjoint(const nbg_kparams &kd, nbg_cuda_state *st, unsigned nblocks, int nvar)
 {
-    __shared__ double sh[NBG_BLOCK];
-    double local[NBG_CUDA_MAXACC];
-    const int nfixed = (int)NBG_ADJ_FIXED;
-    const int nabc = p.nphi * p.nmos * 9;
-    for (int c = 0; c < ncomp - nfixed; ++c) {
-        local[c] = 0;
-    }
-    nbg_adjacc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.abc = local;
-    acc.lam = local + nabc;
-    const long npix = (long)p.fpixels * p.spixels;
-    const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
-    if (i < npix) {
-        const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
-        float v = 0.0f;
-        if (nbg_pixel_active(&p, f, s)) {
-            v = (float)nbg_pixel_adjoint_d(&p, f, s, (double)g[i], &acc);
-        }
-        img[i] = v;
-    }
-    const double *fixed = (const double *)&acc;
-    for (int c = 0; c < ncomp; ++c) {
-        const double r = block_sum(c < nfixed ? fixed[c] : local[c - nfixed], sh);
-        if (threadIdx.x == 0) {
-            part[(size_t)blockIdx.x * ncomp + c] = r;
-        }
-    }
+    void (*kern)(nbg_kparams, const float *, float *, double *, unsigned, int) =
+        nvar <= 16 ? nbg_adjoint_kernel<FLOAT, 16>
+                   : nvar <= 128 ? nbg_adjoint_kernel<FLOAT, 128> : nbg_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC>;
+    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->g, st->img, st->part, nblocks, nvar);
 }
 
-extern "C" int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, const float *dLdI, float *image, double *out,
-                                int ncomp)
+extern "C" int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_float, const float *dLdI, float *image,
+                                double *out, int ncomp)
 {
-    if (ncomp - (int)NBG_ADJ_FIXED > NBG_CUDA_MAXACC) {
+    const int nvar = ncomp - NBG_NFIX;
+    if (nvar < 0 || nvar > NBG_CUDA_MAXACC) {
         return nbg_error(ctx, NBG_EUNSUP, "the CUDA adjoint holds at most %d crystal-vector and wavelength "
-                         "gradients per thread (this experiment has %d phi x mosaic x 9 + sources)",
-                         NBG_CUDA_MAXACC, ncomp - (int)NBG_ADJ_FIXED);
+                         "gradients per thread (this experiment has %d: phi steps x mosaic domains x 9 + sources)",
+                         NBG_CUDA_MAXACC, nvar);
     }
     nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbg_kparams kd;
-    int rc = upload(ctx, k, &kd);
+    int rc = upload(ctx, k, ncomp, nblocks, &kd);
     if (rc != NBG_OK) {
         return rc;
     }
-    const size_t npix = (size_t)k->fpixels * k->spixels;
-    const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     cudaError_t e;
-    if ((e = ensure((void **)&st->part, &st->cap_part, (size_t)ncomp * nblocks * sizeof(double))) != cudaSuccess ||
-        (e = ensure((void **)&st->g, &st->cap_g, npix * sizeof(float))) != cudaSuccess) {
-        return cuda_fail(ctx, e, "allocation");
+    if ((e = ensure((void **)&st->g, &st->cap_g, npix * sizeof(float))) != cudaSuccess ||
+        (e = cudaMemcpy(st->g, dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) {
+        return cuda_fail(ctx, e, "copy of dL/dI");
     }
-    if ((e = cudaMemcpy(st->g, dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) {
-        return cuda_fail(ctx, e, "copy");
+    if (use_float) {
+        launch_adjoint<1>(kd, st, nblocks, nvar);
+    } else {
+        launch_adjoint<0>(kd, st, nblocks, nvar);
     }
-    nbg_adjoint_kernel<<<nblocks, NBG_BLOCK>>>(kd, st->g, st->img, st->part, ncomp);
-    if ((e = cudaGetLastError()) != cudaSuccess) {
-        return cuda_fail(ctx, e, "adjoint kernel launch");
-    }
-    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-        return cuda_fail(ctx, e, "adjoint kernel");
-    }
-    double *part = (double *)malloc((size_t)ncomp * nblocks * sizeof(double));
-    if (part == NULL) {
-        return NBG_ENOMEM;
-    }
-    if ((e = cudaMemcpy(part, st->part, (size_t)ncomp * nblocks * sizeof(double), cudaMemcpyDeviceToHost)) !=
-        cudaSuccess) {
-        free(part);
-        return cuda_fail(ctx, e, "copy");
-    }
-    for (int c = 0; c < ncomp; ++c) {
-        double s = 0;
-        for (unsigned b = 0; b < nblocks; ++b) {
-            s += part[(size_t)b * ncomp + c];
-        }
-        out[c] = s;
-    }
-    free(part);
-    return NBG_OK;
+    return finish(ctx, npix, nblocks, ncomp, image, out, "adjoint kernel");
 }

@@ -18,14 +18,15 @@ void nbg_cuda_release(nbg_ctx *ctx);
 
 /* The forward kernel on the device: the same per-pixel loop nest as the CPU (src/pixel_tmpl.h), one thread per
  * pixel.  k's arrays are host arrays; they are copied into device buffers kept by the context between calls
- * (reallocated only when a size grows).  omega_sum and oor are reduced per block and summed in block order. */
+ * (reallocated only when a size grows).  omega_sum and oor are summed on the device in a fixed order. */
 int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum, long *oor);
 
-/* The adjoint on the device (double): the scalar twin grad/adjoint_tmpl.h, one thread per pixel, each thread's
- * gradients of the plan-level quantities (fixed part, crystal vectors, wavelengths: ncomp doubles laid out as
- * nbg_adjacc's fixed part, then abc, then lam) reduced in a fixed-order tree per block, the block partials summed
- * in block order on the host: the same call twice gives bit-identical gradients.  out receives the ncomp sums. */
-int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, const float *dLdI, float *image, double *out, int ncomp);
+/* The adjoint on the device, in double or (use_float) float arithmetic: the scalar twin grad/adjoint_tmpl.h, one
+ * thread per pixel, each thread's gradients of the plan-level quantities (ncomp doubles laid out as nbg_adjacc's
+ * fixed part, then abc, then lam) summed in a fixed order per block and then over blocks on the device: the same
+ * call twice gives bit-identical gradients.  out receives the ncomp sums, image the forward values. */
+int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_float, const float *dLdI, float *image, double *out,
+                     int ncomp);
 
 #ifdef __cplusplus
 }

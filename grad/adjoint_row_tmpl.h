@@ -90,7 +90,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     const NBG_R scale = (NBG_R)p->scale;
     int active[W], pol_src[W];
     NBG_R g[W], omega[W], capture[W], cap_a[W], rho[W], polar[W], d_I[W], I[W];
-    NBG_SFX(nbg_ray) r_om[W], r_cap[W], r_pol[W];
+    nbg_ray r_om[W], r_cap[W], r_pol[W];
     const int tl = p->thicksteps - 1;
     const NBG_R sub0 = (NBG_R)p->subpixel;
 
@@ -150,14 +150,14 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     }
     for (int j = 0; j < W && !uniform; ++j) {
         const int fe = active[j] ? f0 + j : f0; /* inactive lanes compute on a valid pixel, contribute nothing */
-        NBG_SFX(nbg_ray_at)(p, fe, spixel, 0, 0, 0, &r_om[j]);
+        nbg_ray_at(p, fe, spixel, 0, 0, 0, &r_om[j]);
         const NBG_R R = r_om[j].R;
         omega[j] = p->point_pixel ? 1 / (R * R) : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
         capture[j] = 1;
         cap_a[j] = 0;
         rho[j] = 1;
         if (p->thick != 0) {
-            NBG_SFX(nbg_ray_at)(p, fe, spixel, 0, 0, tl, &r_cap[j]);
+            nbg_ray_at(p, fe, spixel, 0, 0, tl, &r_cap[j]);
             rho[j] = r_cap[j].d[0] * (NBG_R)p->odet[0] + r_cap[j].d[1] * (NBG_R)p->odet[1] +
                      r_cap[j].d[2] * (NBG_R)p->odet[2];
             cap_a[j] = (NBG_R)(p->thickstep * p->mu) / rho[j];
@@ -172,11 +172,11 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         if (t == 0 && subS == 0 && subF == 0) {
                             r_pol[j] = r_om[j]; /* the first subpixel's ray, already computed */
                         } else {
-                            NBG_SFX(nbg_ray_at)(p, fe, spixel, subF, subS, t, &r_pol[j]);
+                            nbg_ray_at(p, fe, spixel, subF, subS, t, &r_pol[j]);
                         }
                         for (int src = 0; src < p->nsources; ++src) {
                             NBG_R q[3];
-                            if (NBG_SFX(nbg_scatter_q)(p, r_pol[j].d, src, q)) {
+                            if (nbg_scatter_q(p, r_pol[j].d, src, q)) {
                                 const double *sr = p->src + NBG_SRC_STRIDE * src;
                                 const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
                                 const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
@@ -224,7 +224,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
                 } else {
-                    NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
+                    nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                     for (int j = 0; j < W; ++j) {
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
@@ -232,7 +232,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     const NBG_R lambda = (NBG_R)sr[3];
-                    NBG_SFX(nbg_lane_q)(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
                         valid[j] = valid[j] && active[j];
                         dq0[j] = dq1[j] = dq2[j] = 0;
@@ -502,7 +502,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
         if (!p->point_pixel) {
             acc->close += (double)(d_om * omega[j] / (NBG_R)p->close_distance);
         }
-        NBG_SFX(nbg_ray_adjoint)(&r_om[j], zero, d_R, acc);
+        nbg_ray_adjoint(&r_om[j], zero, d_R, acc);
         if (p->thick != 0) {
             const NBG_R d_cap = g[j] * scale * Ic * polar[j] * omega[j];
             const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a[j]) +
@@ -513,7 +513,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 d_d[x] = d_rho * (NBG_R)p->odet[x];
                 acc->o[x] += (double)(d_rho * r_cap[j].d[x]);
             }
-            NBG_SFX(nbg_ray_adjoint)(&r_cap[j], d_d, 0, acc);
+            nbg_ray_adjoint(&r_cap[j], d_d, 0, acc);
         }
         if (pol_src[j] >= 0) {
             const NBG_R d_pol = g[j] * scale * Ic * capture[j] * omega[j];
@@ -528,7 +528,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 d_d[x] = d_pol * dP_dd[x];
             }
             acc->K += (double)(d_pol * dP_dK);
-            NBG_SFX(nbg_ray_adjoint)(&r_pol[j], d_d, 0, acc);
+            nbg_ray_adjoint(&r_pol[j], d_d, 0, acc);
         }
     }
 }

@@ -11,7 +11,10 @@
  * d_capture, which need the final I, through the recorded geometry.  The -oversample_thick/_polar/_omega
  * running-sum modes are not differentiated (the API refuses them).
  *
- * Instantiated for NBG_R = double by grad/adjoint_cpu.c.
+ * Instantiated for NBG_R = double by grad/adjoint_cpu.c and cuda/backend.cu, and for float by cuda/backend.cu.
+ * As in the forward kernel (src/pixel_tmpl.h), the geometry of each subpixel and source and its adjoint are
+ * double in both; the per-sample work is NBG_R.  The ray functions are therefore defined once, by the double
+ * instantiation, which must come first.
  */
 #ifdef NBG_FLOAT_MODE
 #define NBG_M(fn) fn##f
@@ -19,17 +22,18 @@
 #define NBG_M(fn) fn
 #endif
 
+#ifndef NBG_FLOAT_MODE
 /* Unit diffracted direction d = P / |P| for a subpixel, with its detector coordinates. */
 typedef struct {
-    NBG_R P[3], d[3], R, Fdet, Sdet, Odet;
-} NBG_SFX(nbg_ray);
+    double P[3], d[3], R, Fdet, Sdet, Odet;
+} nbg_ray;
 
-static inline NBG_HD void NBG_SFX(nbg_ray_at)(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS,
-                                             int t, NBG_SFX(nbg_ray) * r)
+static inline NBG_HD void nbg_ray_at(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
+                                     nbg_ray *r)
 {
-    NBG_SFX(nbg_subpixel_coords)(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
-    NBG_SFX(nbg_subpixel_pos)(p, fpixel, spixel, subF, subS, t, r->P);
-    r->R = NBG_M(sqrt)(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
+    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
+    nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, r->P);
+    r->R = sqrt(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
     for (int x = 0; x < 3; ++x) {
         r->d[x] = r->P[x] / r->R;
     }
@@ -37,35 +41,18 @@ static inline NBG_HD void NBG_SFX(nbg_ray_at)(const nbg_kparams *p, int fpixel, 
 
 /* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
  * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
-static inline NBG_HD void NBG_SFX(nbg_ray_adjoint)(const NBG_SFX(nbg_ray) * r, const NBG_R *d_d, NBG_R d_R,
-                                                  nbg_adjacc *acc)
+static inline NBG_HD void nbg_ray_adjoint(const nbg_ray *r, const double *d_d, double d_R, nbg_adjacc *acc)
 {
-    const NBG_R dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
+    const double dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
     for (int x = 0; x < 3; ++x) {
-        const NBG_R d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
-        acc->pix0[x] += (double)d_P;
-        acc->f[x] += (double)(d_P * r->Fdet);
-        acc->s[x] += (double)(d_P * r->Sdet);
-        acc->o[x] += (double)(d_P * r->Odet);
+        const double d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
+        acc->pix0[x] += d_P;
+        acc->f[x] += d_P * r->Fdet;
+        acc->s[x] += d_P * r->Sdet;
+        acc->o[x] += d_P * r->Odet;
     }
 }
-
-/* Whether source src survives the resolution cut for direction d; fills q. */
-static inline NBG_HD int NBG_SFX(nbg_scatter_q)(const nbg_kparams *p, const NBG_R *d, int src, NBG_R *q)
-{
-    const double *sr = p->src + NBG_SRC_STRIDE * src;
-    const NBG_R ilambda = 1 / (NBG_R)sr[3];
-    for (int x = 0; x < 3; ++x) {
-        q[x] = (d[x] - (NBG_R)sr[x]) * ilambda;
-    }
-    if (p->dmin > 0) {
-        const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
-        if (stol > 0 && (NBG_R)p->dmin > (NBG_R)0.5 / stol) {
-            return 0;
-        }
-    }
-    return 1;
-}
+#endif
 
 /* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
  * vectors abc (one phi step and domain) and scattering vector q.  Returns 0 where the sample contributes nothing
@@ -103,38 +90,34 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
-    const NBG_R K = (NBG_R)p->polarization;
-    const NBG_R scale = (NBG_R)p->scale;
+    const double K = p->polarization;
+    const double scale = p->scale;
 
     /* --- prologue: the once-per-pixel factors and where they were taken ------------------------------------ */
-    NBG_SFX(nbg_ray) r_om, r_cap, r_pol;
-    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, 0, &r_om);
-    const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
-                                       : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
-                                             r_om.R;
-    NBG_R capture = 1, cap_a = 0, rho = 1;
+    nbg_ray r_om, r_cap, r_pol;
+    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &r_om);
+    const double omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
+                                        : (p->pixel * p->pixel) / (r_om.R * r_om.R) * p->close_distance / r_om.R;
+    double capture = 1, cap_a = 0, rho = 1;
     const int tl = p->thicksteps - 1;
     if (p->thick != 0) {
-        NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, tl, &r_cap);
-        rho = r_cap.d[0] * (NBG_R)p->odet[0] + r_cap.d[1] * (NBG_R)p->odet[1] + r_cap.d[2] * (NBG_R)p->odet[2];
-        cap_a = (NBG_R)(p->thickstep * p->mu) / rho;
-        capture = NBG_M(exp)(-(NBG_R)tl * cap_a) - NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a);
+        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &r_cap);
+        rho = r_cap.d[0] * p->odet[0] + r_cap.d[1] * p->odet[1] + r_cap.d[2] * p->odet[2];
+        cap_a = (p->thickstep * p->mu) / rho;
+        capture = exp(-(double)tl * cap_a) - exp(-(double)(tl + 1) * cap_a);
     }
-    NBG_R polar = p->nopolar ? 1 : 0;
+    double polar = p->nopolar ? 1 : 0;
     int pol_src = -1;
     if (!p->nopolar) {
         for (int t = 0; t < p->thicksteps && pol_src < 0; ++t) {
             for (int subS = 0; subS < os && pol_src < 0; ++subS) {
                 for (int subF = 0; subF < os && pol_src < 0; ++subF) {
-                    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, t, &r_pol);
+                    nbg_ray_at(p, fpixel, spixel, subF, subS, t, &r_pol);
                     for (int src = 0; src < p->nsources; ++src) {
-                        NBG_R q[3];
-                        if (NBG_SFX(nbg_scatter_q)(p, r_pol.d, src, q)) {
+                        double q[3];
+                        if (nbg_scatter_q(p, r_pol.d, src, q)) {
                             const double *sr = p->src + NBG_SRC_STRIDE * src;
-                            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-                            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-                            polar = NBG_SFX(nbg_polar)(K, inc, r_pol.d, E, B);
+                            polar = nbg_polar_d(K, sr, r_pol.d, sr + 4, sr + 7);
                             pol_src = src;
                             break;
                         }
@@ -145,20 +128,21 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
     }
 
     /* --- main pass: I and every sample's gradient, with d_I known ------------------------------------------ */
-    const NBG_R d_I = g * scale * capture * polar * omega;
+    const NBG_R d_I = (NBG_R)(g * scale * capture * polar * omega);
     NBG_R I = (NBG_R)p->I_bg;
     for (int t = 0; t < p->thicksteps; ++t) {
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
-                NBG_SFX(nbg_ray) ray;
-                NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, t, &ray);
-                NBG_R d_d[3] = {0, 0, 0};
+                nbg_ray ray;
+                nbg_ray_at(p, fpixel, spixel, subF, subS, t, &ray);
+                double d_d[3] = {0, 0, 0};
                 for (int src = 0; src < p->nsources; ++src) {
-                    NBG_R q[3];
-                    if (!NBG_SFX(nbg_scatter_q)(p, ray.d, src, q)) {
+                    double qd[3];
+                    if (!nbg_scatter_q(p, ray.d, src, qd)) {
                         continue;
                     }
-                    const NBG_R lambda = (NBG_R)p->src[NBG_SRC_STRIDE * src + 3];
+                    const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
+                    const double lambda = p->src[NBG_SRC_STRIDE * src + 3];
                     NBG_R d_q[3] = {0, 0, 0};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
@@ -201,65 +185,61 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                     }
                     /* q = (d - i) / lambda:  d_d += d_q / lambda,  d_lambda -= d_q . q / lambda */
                     for (int x = 0; x < 3; ++x) {
-                        d_d[x] += d_q[x] / lambda;
+                        d_d[x] += (double)d_q[x] / lambda;
                     }
-                    acc->lam[src] -= (double)((d_q[0] * q[0] + d_q[1] * q[1] + d_q[2] * q[2]) / lambda);
+                    acc->lam[src] -= ((double)d_q[0] * qd[0] + (double)d_q[1] * qd[1] + (double)d_q[2] * qd[2]) / lambda;
                 }
                 if (d_I != 0) {
-                    NBG_SFX(nbg_ray_adjoint)(&ray, d_d, 0, acc);
+                    nbg_ray_adjoint(&ray, d_d, 0, acc);
                 }
             }
         }
     }
     double S = p->scale * (double)I;
-    S *= (double)capture;
-    S *= (double)polar;
-    S *= (double)omega;
+    S *= capture;
+    S *= polar;
+    S *= omega;
     if (g == 0) {
         return S;
     }
 
     /* --- epilogue: the once-per-pixel factors -------------------------------------------------------------- */
-    const NBG_R Ic = I;
-    acc->scale += (double)(g * Ic * capture * polar * omega);
+    const double Ic = (double)I, gd = (double)g;
+    acc->scale += gd * Ic * capture * polar * omega;
     acc->Ibg += (double)d_I;
-    const NBG_R zero[3] = {0, 0, 0};
+    const double zero[3] = {0, 0, 0};
     {
         /* omega = px^2 close / R^3 (or 1 / R^2): d_R = -3 omega / R (-2 omega / R), d_close = omega / close */
-        const NBG_R d_om = g * scale * Ic * capture * polar;
-        const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega / r_om.R;
+        const double d_om = gd * scale * Ic * capture * polar;
+        const double d_R = d_om * (p->point_pixel ? -2 : -3) * omega / r_om.R;
         if (!p->point_pixel) {
-            acc->close += (double)(d_om * omega / (NBG_R)p->close_distance);
+            acc->close += d_om * omega / p->close_distance;
         }
-        NBG_SFX(nbg_ray_adjoint)(&r_om, zero, d_R, acc);
+        nbg_ray_adjoint(&r_om, zero, d_R, acc);
     }
     if (p->thick != 0) {
         /* capture = exp(-t a) - exp(-(t+1) a), a = dz mu / rho, rho = d . o */
-        const NBG_R d_cap = g * scale * Ic * polar * omega;
-        const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a) +
-                              (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a);
-        const NBG_R d_rho = d_cap * dcap_da * (-cap_a / rho);
-        NBG_R d_d[3];
+        const double d_cap = gd * scale * Ic * polar * omega;
+        const double dcap_da = -(double)tl * exp(-(double)tl * cap_a) + (double)(tl + 1) * exp(-(double)(tl + 1) * cap_a);
+        const double d_rho = d_cap * dcap_da * (-cap_a / rho);
+        double d_d[3];
         for (int x = 0; x < 3; ++x) {
-            d_d[x] = d_rho * (NBG_R)p->odet[x];
-            acc->o[x] += (double)(d_rho * r_cap.d[x]);
+            d_d[x] = d_rho * p->odet[x];
+            acc->o[x] += d_rho * r_cap.d[x];
         }
-        NBG_SFX(nbg_ray_adjoint)(&r_cap, d_d, 0, acc);
+        nbg_ray_adjoint(&r_cap, d_d, 0, acc);
     }
     if (pol_src >= 0) {
-        const NBG_R d_pol = g * scale * Ic * capture * omega;
+        const double d_pol = gd * scale * Ic * capture * omega;
         const double *sr = p->src + NBG_SRC_STRIDE * pol_src;
-        const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-        const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-        const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-        NBG_R dP_dd[3], dP_dK;
-        NBG_SFX(nbg_polar_grad)(K, inc, r_pol.d, E, B, dP_dd, &dP_dK);
-        NBG_R d_d[3];
+        double dP_dd[3], dP_dK;
+        nbg_polar_grad_d(K, sr, r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
+        double d_d[3];
         for (int x = 0; x < 3; ++x) {
             d_d[x] = d_pol * dP_dd[x];
         }
-        acc->K += (double)(d_pol * dP_dK);
-        NBG_SFX(nbg_ray_adjoint)(&r_pol, d_d, 0, acc);
+        acc->K += d_pol * dP_dK;
+        nbg_ray_adjoint(&r_pol, d_d, 0, acc);
     }
     return S;
 }

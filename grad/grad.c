@@ -421,7 +421,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         const int ncomp = (int)(NBG_ADJ_FIXED + nabc + nsrc);
         double *out = malloc(sizeof(double) * (size_t)ncomp);
         int rc = out == NULL ? nbg_error(ctx, NBG_ENOMEM, "out of memory")
-                             : nbg_cuda_adjoint(ctx, k, dLdI, image, out, ncomp);
+                             : nbg_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp);
         if (rc == NBG_OK) {
             memcpy(&tacc[0], out, NBG_ADJ_FIXED * sizeof(double));
             memcpy(tacc[0].abc, out + NBG_ADJ_FIXED, (nabc + nsrc) * sizeof(double));

@@ -39,7 +39,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
         for (int subS = 0; subS < os; ++subS) {
             const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {
-                NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
+                nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                 /* P = Fdet f + Sdet s + Odet o + pix0: t_P; d = P / R: t_d = (t_P - d (d . t_P)) / R */
                 for (int k = 0; k < nt; ++k) {
                     const nbg_adjacc *tk = &t[k];
@@ -58,7 +58,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     const NBG_R ilambda = 1 / (NBG_R)sr[3];
-                    NBG_SFX(nbg_lane_q)(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
                         valid[j] = valid[j] && active[j];
                     }

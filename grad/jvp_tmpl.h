@@ -15,7 +15,7 @@
 
 #define NBG_JVP_MAX 32
 
-static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const NBG_SFX(nbg_ray) * r, const nbg_adjacc *t, NBG_R *dP,
+static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const nbg_ray * r, const nbg_adjacc *t, NBG_R *dP,
                                                   NBG_R *dd, NBG_R *dR)
 {
     /* P = Fdet f + Sdet s + Odet o + pix0;  R = |P|: dR = d . dP;  d = P / R: dd = (dP - d dR) / R */
@@ -38,8 +38,8 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
     const NBG_R K = (NBG_R)p->polarization;
     NBG_R dP[3], dd[3], dR;
     /* --- the once-per-pixel factors and their tangents ---------------------------------------------------- */
-    NBG_SFX(nbg_ray) r_om, r_cap, r_pol;
-    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, 0, &r_om);
+    nbg_ray r_om, r_cap, r_pol;
+    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &r_om);
     const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
                                        : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
                                              r_om.R;
@@ -55,7 +55,7 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
     NBG_R capture = 1;
     const int tl = p->thicksteps - 1;
     if (p->thick != 0) {
-        NBG_SFX(nbg_ray_at)(p, fpixel, spixel, 0, 0, tl, &r_cap);
+        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &r_cap);
         const NBG_R rho =
             r_cap.d[0] * (NBG_R)p->odet[0] + r_cap.d[1] * (NBG_R)p->odet[1] + r_cap.d[2] * (NBG_R)p->odet[2];
         const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
@@ -77,10 +77,10 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
         for (int tt = 0; tt < p->thicksteps && !found; ++tt) {
             for (int subS = 0; subS < os && !found; ++subS) {
                 for (int subF = 0; subF < os && !found; ++subF) {
-                    NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, tt, &r_pol);
+                    nbg_ray_at(p, fpixel, spixel, subF, subS, tt, &r_pol);
                     for (int src = 0; src < p->nsources; ++src) {
                         NBG_R q[3];
-                        if (NBG_SFX(nbg_scatter_q)(p, r_pol.d, src, q)) {
+                        if (nbg_scatter_q(p, r_pol.d, src, q)) {
                             const double *sr = p->src + NBG_SRC_STRIDE * src;
                             const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
                             const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
@@ -123,15 +123,15 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
     for (int tt = 0; tt < p->thicksteps; ++tt) {
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
-                NBG_SFX(nbg_ray) ray;
-                NBG_SFX(nbg_ray_at)(p, fpixel, spixel, subF, subS, tt, &ray);
+                nbg_ray ray;
+                nbg_ray_at(p, fpixel, spixel, subF, subS, tt, &ray);
                 NBG_R t_d[NBG_JVP_MAX][3];
                 for (int j = 0; j < nt; ++j) {
                     NBG_SFX(nbg_ray_tangent)(&ray, &t[j], dP, t_d[j], &dR);
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     NBG_R q[3];
-                    if (!NBG_SFX(nbg_scatter_q)(p, ray.d, src, q)) {
+                    if (!nbg_scatter_q(p, ray.d, src, q)) {
                         continue;
                     }
                     const NBG_R ilambda = 1 / (NBG_R)p->src[NBG_SRC_STRIDE * src + 3];

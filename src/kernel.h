@@ -18,7 +18,7 @@ static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
 #define NBG_R double
 #define NBG_SFX(name) name##_d
 #include "pixel_tmpl.h"
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
 #endif
 #undef NBG_R
@@ -28,7 +28,7 @@ static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
 #define NBG_SFX(name) name##_f
 #define NBG_FLOAT_MODE 1
 #include "pixel_tmpl.h"
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
 #endif
 #undef NBG_FLOAT_MODE

@@ -4,6 +4,8 @@
  * across the lanes in `omp simd` loops, nanoBragg's per-pixel conditions (resolution cut, first-subpixel factors,
  * skipped zero lattice factors) as per-lane selects.  Same arithmetic, same order per pixel, as the scalar
  * nbg_pixel, so the two give the same values (the tests compare them bit for bit).  Instantiated by kernel.h.
+ * As in nbg_pixel, the geometry (rays, scattering vectors, per-pixel factors) is double in both instantiations, so
+ * the lane routines are defined once, by the double instantiation (included first).
  */
 #ifdef NBG_FLOAT_MODE
 #define NBG_M(fn) fn##f
@@ -13,23 +15,24 @@
 #define NBG_LANES 8
 #endif
 
+#ifndef NBG_FLOAT_MODE
 /* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
  * lanes starting at fpixel f0 on a flat detector: nbg_subpixel_pos's arithmetic, across the lanes.  Shared by the
  * forward, adjoint and tangent row kernels. */
-static inline void NBG_SFX(nbg_lane_rays)(const nbg_kparams *p, int f0, int subF, NBG_R Sdet, NBG_R Odet, int w,
-                                         NBG_R *restrict d0, NBG_R *restrict d1, NBG_R *restrict d2,
-                                         NBG_R *restrict Rl, NBG_R *restrict Fd)
+static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                 double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
+                                 double *restrict Fd)
 {
     const int os = p->oversample;
-    const NBG_R sub = (NBG_R)p->subpixel;
+    const double sub = p->subpixel;
 #pragma omp simd
     for (int j = 0; j < w; ++j) {
-        const NBG_R Fdet = sub * (NBG_R)((f0 + j) * os + subF) + sub / 2;
-        NBG_R P[3];
+        const double Fdet = sub * (double)((f0 + j) * os + subF) + sub / 2;
+        double P[3];
         for (int x = 0; x < 3; ++x) {
-            P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet * (NBG_R)p->sdet[x] + Odet * (NBG_R)p->odet[x] + (NBG_R)p->pix0[x];
+            P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
         }
-        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
         d0[j] = P[0] / R;
         d1[j] = P[1] / R;
         d2[j] = P[2] / R;
@@ -40,14 +43,14 @@ static inline void NBG_SFX(nbg_lane_rays)(const nbg_kparams *p, int f0, int subF
 
 /* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
  * resolution cut (valid): nbg_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
-static inline void NBG_SFX(nbg_lane_q)(const nbg_kparams *p, int src, int w, const NBG_R *d0, const NBG_R *d1,
-                                      const NBG_R *d2, NBG_R *restrict q0, NBG_R *restrict q1, NBG_R *restrict q2,
-                                      int *restrict valid)
+static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double *d0, const double *d1,
+                              const double *d2, double *restrict q0, double *restrict q1, double *restrict q2,
+                              int *restrict valid)
 {
     const double *sr = p->src + NBG_SRC_STRIDE * src;
-    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-    const NBG_R ilambda = 1 / (NBG_R)sr[3];
-    const NBG_R dmin = (NBG_R)p->dmin;
+    const double inc[3] = {sr[0], sr[1], sr[2]};
+    const double ilambda = 1 / sr[3];
+    const double dmin = p->dmin;
 #pragma omp simd
     for (int j = 0; j < w; ++j) {
         q0[j] = (d0[j] - inc[0]) * ilambda;
@@ -55,12 +58,13 @@ static inline void NBG_SFX(nbg_lane_q)(const nbg_kparams *p, int src, int w, con
         q2[j] = (d2[j] - inc[2]) * ilambda;
         int ok = 1;
         if (p->dmin > 0) {
-            const NBG_R stol = (NBG_R)0.5 * NBG_M(sqrt)(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
-            ok = !(stol > 0 && dmin > (NBG_R)0.5 / stol);
+            const double stol = 0.5 * sqrt(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
+            ok = !(stol > 0 && dmin > 0.5 / stol);
         }
         valid[j] = ok;
     }
 }
+#endif
 
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
 static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
@@ -69,8 +73,9 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
     enum { W = NBG_LANES };
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
-    const NBG_R K = (NBG_R)p->polarization;
-    NBG_R I[W], polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
+    const double K = p->polarization;
+    NBG_R I[W], qf0[W], qf1[W], qf2[W];
+    double polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
     int valid[W], active[W];
     double osum = 0;
     long oor = 0;
@@ -81,62 +86,63 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
         omega[j] = 0;
         capture[j] = 0;
     }
-    const NBG_R sub = (NBG_R)p->subpixel;
+    const double sub = p->subpixel;
     for (int t = 0; t < p->thicksteps; ++t) {
-        const NBG_R Odet = (NBG_R)(t * p->thickstep);
+        const double Odet = (double)(t * p->thickstep);
         for (int j = 0; j < W; ++j) {
             capture[j] = (p->thick == 0) ? 1 : 0;
         }
         for (int subS = 0; subS < os; ++subS) {
-            const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+            const double Sdet = sub * (double)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {
                 if (p->curved) {
                     for (int j = 0; j < W; ++j) {
-                        NBG_R P[3];
-                        NBG_SFX(nbg_subpixel_pos)(p, f0 + j, spixel, subF, subS, t, P);
-                        const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+                        double P[3];
+                        nbg_subpixel_pos(p, f0 + j, spixel, subF, subS, t, P);
+                        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
                         d0[j] = P[0] / R;
                         d1[j] = P[1] / R;
                         d2[j] = P[2] / R;
                         q0[j] = R;
                     }
                 } else {
-                    NBG_R Fd[W];
-                    NBG_SFX(nbg_lane_rays)(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
+                    double Fd[W];
+                    nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
                 }
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction */
 #pragma omp simd reduction(+ : osum)
                 for (int j = 0; j < W; ++j) {
-                    const NBG_R R = q0[j];
+                    const double R = q0[j];
                     if (omega[j] == 0 || p->os_omega) {
-                        omega[j] = p->point_pixel
-                                       ? 1 / (R * R)
-                                       : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
+                        omega[j] = p->point_pixel ? 1 / (R * R)
+                                                  : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
                     }
-                    osum += active[j] ? (double)omega[j] : 0.0;
+                    osum += active[j] ? omega[j] : 0.0;
                 }
                 /* without a sensor thickness capture stays 1 (unless -oversample_thick recomputes it to 0) */
                 for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
                     if (capture[j] == 0 || p->os_thick) {
-                        const NBG_R rho =
-                            d0[j] * (NBG_R)p->odet[0] + d1[j] * (NBG_R)p->odet[1] + d2[j] * (NBG_R)p->odet[2];
-                        const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
-                        capture[j] = NBG_M(exp)(-(NBG_R)t * a) - NBG_M(exp)(-(NBG_R)(t + 1) * a);
+                        const double rho = d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2];
+                        const double a = (p->thickstep * p->mu) / rho;
+                        capture[j] = exp(-(double)t * a) - exp(-(double)(t + 1) * a);
                     }
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
-                    const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                    const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-                    const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-                    NBG_SFX(nbg_lane_q)(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    const double inc[3] = {sr[0], sr[1], sr[2]};
+                    const double E[3] = {sr[4], sr[5], sr[6]};
+                    const double B[3] = {sr[7], sr[8], sr[9]};
+                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
 #pragma omp simd
                     for (int j = 0; j < W; ++j) {
                         const int ok = valid[j];
                         if (ok && (polar[j] == 0 || p->os_polar)) {
-                            const NBG_R d[3] = {d0[j], d1[j], d2[j]};
-                            polar[j] = NBG_SFX(nbg_polar)(K, inc, d, E, B);
+                            const double d[3] = {d0[j], d1[j], d2[j]};
+                            polar[j] = nbg_polar_d(K, inc, d, E, B);
                         }
+                        qf0[j] = (NBG_R)q0[j];
+                        qf1[j] = (NBG_R)q1[j];
+                        qf2[j] = (NBG_R)q2[j];
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
@@ -153,7 +159,7 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                             const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
-                                hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+                                hx[j] = vx0 * qf0[j] + vx1 * qf1[j] + vx2 * qf2[j];
                                 rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
                             }
                         }
@@ -224,13 +230,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                             if (valid[j] && active[j] && (L[j] != 0 || p->water)) {
                                 I[j] += Fc[j] * Fc[j] * L[j] * L[j];
                                 if (p->os_thick) {
-                                    I[j] *= capture[j];
+                                    I[j] *= (NBG_R)capture[j];
                                 }
                                 if (p->os_polar) {
-                                    I[j] *= polar[j];
+                                    I[j] *= (NBG_R)polar[j];
                                 }
                                 if (p->os_omega) {
-                                    I[j] *= omega[j];
+                                    I[j] *= (NBG_R)omega[j];
                                 }
                             }
                         }
@@ -242,13 +248,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
     for (int j = 0; j < n; ++j) {
         double S = p->scale * (double)I[j];
         if (!p->os_thick) {
-            S *= (double)capture[j];
+            S *= capture[j];
         }
         if (!p->os_polar) {
-            S *= (double)polar[j];
+            S *= polar[j];
         }
         if (!p->os_omega) {
-            S *= (double)omega[j];
+            S *= omega[j];
         }
         out[j] = active[j] ? (float)S : 0.0f;
     }

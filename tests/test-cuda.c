@@ -1,10 +1,33 @@
 /*
- * test-cuda.c -- the CUDA backend against the CPU backend: every golden case's experiment rendered on both
- * (double: max difference <= 1e-9 of the image maximum; float: correlation >= 0.99999), gradients against the CPU
- * gradients (relative 1e-8 in double), repeated calls bit-identical, the gradient check on the GPU.  Where there
- * is no GPU (or no CUDA build) it says SKIP with the reason.
+ * test-cuda.c -- the CUDA backend against the CPU backend.
+ *
+ * Built twice:
+ *   test-cuda       with the real backend (nvcc): runs where a GPU is present; elsewhere it checks that asking
+ *                   for CUDA is a clear NBG_ENODEV and that auto falls back to the CPU, and SKIPs the rest;
+ *   test-cuda-emu   with the backend compiled for the CPU against tests/cudaemu/cuda_runtime.h (NBG_CUDA_EMU):
+ *                   the same kernels, launches and reductions, run everywhere (CI has no GPU).
+ *
+ * Checks (prefix cuda- or cuda-emu-):
+ *   nodevice-*        CUDA without a device is NBG_ENODEV; auto falls back to the CPU (emulator: NBG_CUDA_EMU_NODEV)
+ *   golden-<id>-double  every golden case's experiment (parsed by the program's flag parser) through the CUDA
+ *                     backend in double against the CPU backend: max |gpu - cpu| <= 1e-9 of the image maximum,
+ *                     plus one float rounding of that maximum (both are stored as float)
+ *   golden-<id>-float   the CUDA float image: correlation with the CPU double image >= 0.99999, and the reference
+ *                     criteria of the golden README against <golden>/images/<id>.float.bin (correlation >=
+ *                     0.99999, max |diff| <= 1e-4 of the maximum, sums within 1e-5)
+ *   forward-*, grad-*, grad-float-*, image-*, repeat-*   five configurations (triclinic, mosaic with phi, sampling,
+ *                     round shape, rotated detector): gradients against the CPU (relative 1e-8 in double, 1e-3 in
+ *                     float), the gradient call's image against the forward image (1e-9 of the maximum in
+ *                     double, 1e-6 in float), repeated calls bit-identical
+ *   shapes            a context reused across image sizes (buffers grow and are reused) gives the CPU's images
+ *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
+ *
+ * The emulator runs one CPU thread per launch, so test-cuda-emu uses fewer golden cases (NBG_CUDA_EMU_CASES,
+ * default a fixed set covering every code path of the kernels; "all" for every case) and smaller images.
+ * NBG_GOLDEN_CASES selects golden cases for either build.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
+#include "cli.h"
 #include "nbgrad.h"
 
 #include <math.h>
@@ -12,20 +35,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void base(nbg_experiment *e)
-{
-    nbg_experiment_default(e);
-    e->has_cell = 1;
-    const double cell[6] = {70, 80, 90, 75, 85, 95};
-    memcpy(e->cell, cell, sizeof cell);
-    e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
-    e->default_F = 100;
-    e->Na = e->Nb = e->Nc = 5;
-    e->lambda = 1;
-    e->distance = 100;
-    e->fpixels = e->spixels = 128;
-    e->polarization = 0.9;
-}
+#ifdef NBG_CUDA_EMU
+#define PFX "cuda-emu"
+#define NPIX 48
+/* mosaic, phi, sources, oversampling, thickness, shapes, interpolation, curved detector, ROI and mask, dmin */
+static const char *emu_cases = "triclinic_misset,mosaic_domains,phi_sweep,divergence_dispersion,oversample_thick,"
+                               "oversample_omega_polar,shape_round,shape_gauss,shape_tophat,hkl_interpolate_forced,"
+                               "hkl_pattern,curved_det,roi,mask,dmin_cut,water_background,point_pixel,sourcefile";
+#else
+#define PFX "cuda"
+#define NPIX 128
+static const char *emu_cases = NULL;
+#endif
 
 static double corr(const float *a, const float *b, size_t n)
 {
@@ -41,19 +62,207 @@ static double corr(const float *a, const float *b, size_t n)
         saa += (a[i] - ma) * (a[i] - ma);
         sbb += (b[i] - mb) * (b[i] - mb);
     }
-    return sab / sqrt(saa * sbb);
+    return (saa > 0 && sbb > 0) ? sab / sqrt(saa * sbb) : 0;
 }
 
-int main(void)
+/* max |a - b| relative to max |a|; *mx receives max |a|. */
+static double maxrel(const float *a, const float *b, size_t n, double *mx)
 {
-    nbg_ctx *gpu = NULL, *gpuf = NULL, *cpu = NULL;
-    const int rc = nbg_ctx_create(&gpu, NBG_BACKEND_CUDA, NBG_DOUBLE, 0);
-    if (rc != NBG_OK) {
-        nbg_test_skip("cuda", "no GPU here (%s): the CUDA tests run where one is present", nbg_strerror(rc));
-        return nbg_test_summary();
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; ++i) {
+        m = fmax(m, fabs((double)a[i]));
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
     }
-    nbg_ctx_create(&gpuf, NBG_BACKEND_CUDA, NBG_FLOAT, 0);
-    nbg_ctx_create(&cpu, NBG_BACKEND_CPU, NBG_DOUBLE, 0);
+    *mx = m;
+    return m > 0 ? d / m : INFINITY;
+}
+
+static double sum(const float *a, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) {
+        s += a[i];
+    }
+    return s;
+}
+
+/* 1 when id is in the comma-separated list, or the list is NULL, empty or "all". */
+static int selected(const char *list, const char *id)
+{
+    if (list == NULL || list[0] == '\0' || strcmp(list, "all") == 0) {
+        return 1;
+    }
+    const size_t n = strlen(id);
+    for (const char *p = list; (p = strstr(p, id)) != NULL; p += n) {
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* every golden case through both backends                                                                       */
+
+static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *golden, const char *id, char *args)
+{
+    char *argv[256];
+    char *store[256];
+    int argc = 0, nstore = 0;
+    argv[argc++] = (char *)"nbgrad";
+    for (char *save = NULL, *tok = strtok_r(args, " \t", &save); tok != NULL && argc < 254;
+         tok = strtok_r(NULL, " \t", &save)) {
+        if (strncmp(tok, "@data/", 6) == 0) {
+            const size_t len = strlen(golden) + strlen(tok) + 8;
+            char *p = malloc(len);
+            snprintf(p, len, "%s/data/%s", golden, tok + 6);
+            argv[argc++] = store[nstore++] = p;
+        } else {
+            argv[argc++] = tok;
+        }
+    }
+    argv[argc++] = (char *)"-nodump"; /* as test-golden: no structure-factor cache is written or read */
+    argv[argc] = NULL;
+    char cid[160];
+    snprintf(cid, sizeof cid, PFX "-golden-%s", id);
+    nbg_cli c;
+    nbg_cli_init(&c);
+    /* the parser and loader print their own errors; what they print here goes to the log with the FAIL line */
+    if (!nbg_cli_parse(cpu, &c, argc, argv, 1) || !nbg_cli_load(cpu, &c)) {
+        nbg_test_check(0, cid, "the case's flags did not parse or load");
+        nbg_cli_free(&c);
+        for (int i = 0; i < nstore; ++i) {
+            free(store[i]);
+        }
+        return;
+    }
+    nbg_report r;
+    nbg_describe(cpu, &c.e, &r);
+    const size_t n = (size_t)r.fpixels * r.spixels;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *bf = malloc(n * 4), *ref = NULL;
+    const int rca = nbg_simulate(cpu, &c.e, a, n, NULL);
+    const int rcb = nbg_simulate(gpu, &c.e, b, n, NULL);
+    const int rcf = nbg_simulate(gpuf, &c.e, bf, n, NULL);
+    char name[200];
+    snprintf(name, sizeof name, "%s-double", cid);
+    if (rca != NBG_OK || rcb != NBG_OK || rcf != NBG_OK) {
+        nbg_test_check(0, name, "simulate failed: cpu %d, cuda %d (%s), cuda float %d (%s)", rca, rcb,
+                       nbg_errmsg(gpu), rcf, nbg_errmsg(gpuf));
+    } else {
+        double mx;
+        const double d = maxrel(a, b, n, &mx);
+        /* 1e-9 of the maximum plus one float rounding of it: the device contracts multiply-adds, so values a
+         * rounding apart may round to neighbouring floats */
+        nbg_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, name, "max |gpu - cpu| = %.3g of max %.6g", d, mx);
+        snprintf(name, sizeof name, "%s-float", cid);
+        char path[4400];
+        snprintf(path, sizeof path, "%s/images/%s.float.bin", golden, id);
+        size_t bytes = 0;
+        ref = (float *)nbg_test_read_file(path, &bytes);
+        const double cc = corr(a, bf, n);
+        if (ref == NULL || bytes != n * 4) {
+            nbg_test_check(0, name, "reference %s missing or of %zu bytes (want %zu)", path, bytes, n * 4);
+        } else {
+            double mref;
+            const double cref = corr(ref, bf, n), dref = maxrel(ref, bf, n, &mref);
+            const double sref = sum(ref, n), sout = sum(bf, n);
+            const double srel = fabs(sout - sref) / fmax(fabs(sref), 1e-300);
+            nbg_test_check(mref > 0 && cc >= 0.99999 && cref >= 0.99999 && dref <= 1e-4 && srel <= 1e-5, name,
+                           "corr(cpu)=%.9f vs reference: corr=%.9f maxrel=%.3g sumrel=%.3g", cc, cref, dref, srel);
+        }
+    }
+    free(a);
+    free(b);
+    free(bf);
+    free(ref);
+    nbg_cli_free(&c);
+    for (int i = 0; i < nstore; ++i) {
+        free(store[i]);
+    }
+}
+
+static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
+    char golden_abs[4096];
+    const char *golden = nbg_test_golden_dir();
+    if (golden != NULL && realpath(golden, golden_abs) != NULL) {
+        golden = golden_abs; /* the cases run in a temporary directory */
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/cases.tsv", golden != NULL ? golden : "");
+    size_t len = 0;
+    char *text = golden != NULL ? nbg_test_read_file(path, &len) : NULL;
+    if (text == NULL) {
+        nbg_test_skip(PFX "-golden", "(golden folder not found; set NBG_GOLDEN)");
+        return;
+    }
+    const char *only = getenv("NBG_GOLDEN_CASES");
+    const char *emu = getenv("NBG_CUDA_EMU_CASES");
+    if (emu == NULL) {
+        emu = emu_cases;
+    }
+    /* run where the program would: in a fresh directory (nanoBragg reads a Fdump.bin it finds there) */
+    char cwd[4096], tmpbuf[4096];
+    char *tmp = nbg_test_mkdtemp("nbg-test-cuda", tmpbuf, sizeof tmpbuf);
+    if (tmp == NULL || getcwd(cwd, sizeof cwd) == NULL || chdir(tmp) != 0) {
+        nbg_test_check(0, PFX "-golden", "cannot make and enter a temporary directory");
+        free(text);
+        return;
+    }
+    int ran = 0;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        char *t1 = strchr(line, '\t');
+        char *t2 = t1 != NULL ? strchr(t1 + 1, '\t') : NULL;
+        if (line[0] == '#' || t2 == NULL) {
+            continue;
+        }
+        *t1 = '\0';
+        if (!selected(only, line) || !selected(emu, line)) {
+            continue;
+        }
+        golden_case(cpu, gpu, gpuf, golden, line, t2 + 1);
+        ++ran;
+    }
+    free(text);
+    if (chdir(cwd) != 0) {
+        nbg_test_check(0, PFX "-golden", "cannot return to %s", cwd);
+    }
+    nbg_test_rmtree(tmp);
+    nbg_test_check(ran > 0, PFX "-golden-selection", "%d golden cases run", ran);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* gradients                                                                                                     */
+
+static void base(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {70, 80, 90, 75, 85, 95};
+    memcpy(e->cell, cell, sizeof cell);
+    e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 100;
+    e->fpixels = e->spixels = NPIX;
+    e->polarization = 0.9;
+}
+
+static double grad_diff(const nbg_grad *got, const nbg_grad *want)
+{
+    double worst = 0, gmax = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        gmax = fmax(gmax, fabs(want->g[p]));
+    }
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        worst = fmax(worst, fabs(got->g[p] - want->g[p]) / fmax(fabs(want->g[p]), 1e-6 * gmax));
+    }
+    return gmax > 0 ? worst : INFINITY;
+}
+
+static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
     nbg_experiment cfg[5];
     const char *names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
     for (int c = 0; c < 5; ++c) {
@@ -70,62 +279,146 @@ int main(void)
         nbg_describe(cpu, &cfg[c], &r);
         const size_t n = (size_t)r.fpixels * r.spixels;
         float *a = malloc(n * 4), *b = malloc(n * 4), *bf = malloc(n * 4), *w = malloc(n * 4), *b2 = malloc(n * 4);
+        float *fa = malloc(n * 4), *ff = malloc(n * 4);
         for (size_t i = 0; i < n; ++i) {
             w[i] = (float)(0.5 + 0.5 * cos(0.1 * (double)i));
         }
         nbg_simulate(cpu, &cfg[c], a, n, NULL);
         nbg_simulate(gpu, &cfg[c], b, n, NULL);
         nbg_simulate(gpuf, &cfg[c], bf, n, NULL);
-        double mx = 0, md = 0;
-        for (size_t i = 0; i < n; ++i) {
-            mx = fmax(mx, a[i]);
-            md = fmax(md, fabs((double)a[i] - b[i]));
-        }
+        double mx;
+        const double d = maxrel(a, b, n, &mx);
         char id[96];
-        /* both images are stored as float: 1e-9 of the maximum, plus one float rounding of the brightest pixel
-         * (the device contracts multiply-adds, so values a rounding apart may round to neighbouring floats) */
-        snprintf(id, sizeof id, "cuda-forward-%s-double", names[c]);
-        nbg_test_check(mx > 0 && md <= 1e-9 * mx + 1.2e-7 * mx, id, "max |gpu - cpu| = %.3g of max %.4g", md / mx, mx);
-        snprintf(id, sizeof id, "cuda-forward-%s-float", names[c]);
+        snprintf(id, sizeof id, PFX "-forward-%s-double", names[c]);
+        nbg_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, id, "max |gpu - cpu| = %.3g of max %.4g", d, mx);
+        snprintf(id, sizeof id, PFX "-forward-%s-float", names[c]);
         nbg_test_check(corr(a, bf, n) >= 0.99999, id, "correlation %.9f", corr(a, bf, n));
-        nbg_grad gc, gg, gg2;
+
+        nbg_grad gc, gg, gg2, gf;
         memset(&gc, 0, sizeof gc);
         memset(&gg, 0, sizeof gg);
         memset(&gg2, 0, sizeof gg2);
+        memset(&gf, 0, sizeof gf);
         nbg_param_mask m = NBG_MASK_ALL;
         if (cfg[c].mosaic <= 0) {
             m &= ~NBG_MASK(NBG_P_MOSAIC);
         }
         nbg_simulate_grad(cpu, &cfg[c], w, m, &gc, a, n, NULL);
-        int grc = nbg_simulate_grad(gpu, &cfg[c], w, m, &gg, b, n, NULL);
+        const int grc = nbg_simulate_grad(gpu, &cfg[c], w, m, &gg, b, n, NULL);
         nbg_simulate_grad(gpu, &cfg[c], w, m, &gg2, b2, n, NULL);
-        double worst = 0, gmax = 0;
-        for (int p = 0; p < NBG_NPARAMS; ++p) {
-            gmax = fmax(gmax, fabs(gc.g[p]));
-        }
-        for (int p = 0; p < NBG_NPARAMS; ++p) {
-            worst = fmax(worst, fabs(gg.g[p] - gc.g[p]) / fmax(fabs(gc.g[p]), 1e-6 * gmax));
-        }
-        snprintf(id, sizeof id, "cuda-grad-%s", names[c]);
+        const int frc = nbg_simulate_grad(gpuf, &cfg[c], w, m, &gf, fa, n, NULL);
+        snprintf(id, sizeof id, PFX "-grad-%s", names[c]);
+        const double worst = grad_diff(&gg, &gc);
         nbg_test_check(grc == NBG_OK && worst <= 1e-8, id, "worst relative difference to the CPU %.3g (%s)", worst,
                        grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
-        snprintf(id, sizeof id, "cuda-repeat-%s", names[c]);
-        nbg_test_check(memcmp(gg.g, gg2.g, sizeof gg.g) == 0 && memcmp(b, b2, n * 4) == 0, id,
-                       "two calls give bit-identical gradients and images");
+        /* the float adjoint: float arithmetic per sample, double accumulation */
+        snprintf(id, sizeof id, PFX "-grad-float-%s", names[c]);
+        const double fworst = grad_diff(&gf, &gc);
+        nbg_test_check(frc == NBG_OK && fworst <= 1e-3, id, "worst relative difference to the CPU double %.3g (%s)",
+                       fworst, frc == NBG_OK ? "ok" : nbg_errmsg(gpuf));
+        /* the gradient call's image is the forward image of the same precision (in float to 1e-6 of the maximum:
+         * the adjoint evaluates the round and gauss lattice factors through their gradient forms, which round
+         * differently in float) */
+        nbg_simulate(gpuf, &cfg[c], ff, n, NULL);
+        double m1, m2;
+        const double d1 = maxrel(b, b2, n, &m1), d2 = maxrel(ff, fa, n, &m2);
+        nbg_simulate(gpu, &cfg[c], b2, n, NULL);
+        const double d0 = maxrel(b2, b, n, &m1);
+        snprintf(id, sizeof id, PFX "-image-%s", names[c]);
+        nbg_test_check(d0 <= 1e-9 + 1.2e-7 && d2 <= 1e-6, id,
+                       "gradient-call image vs forward: double %.3g, float %.3g of the maximum", d0, d2);
+        snprintf(id, sizeof id, PFX "-repeat-%s", names[c]);
+        nbg_test_check(memcmp(gg.g, gg2.g, sizeof gg.g) == 0 && d1 == 0, id,
+                       "two gradient calls give bit-identical gradients and images");
         free(a);
         free(b);
         free(bf);
         free(w);
         free(b2);
+        free(fa);
+        free(ff);
     }
+}
+
+/* One context across image sizes: its device buffers grow, and are reused when smaller. */
+static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
+{
+    const int sizes[4] = {NPIX, NPIX / 2, NPIX + 17, NPIX / 3};
+    double worst = 0;
+    for (int k = 0; k < 4; ++k) {
+        nbg_experiment e;
+        base(&e);
+        e.fpixels = sizes[k];
+        e.spixels = sizes[(k + 1) % 4];
+        const size_t n = (size_t)e.fpixels * e.spixels;
+        float *a = malloc(n * 4), *b = malloc(n * 4);
+        nbg_simulate(cpu, &e, a, n, NULL);
+        const int rc = nbg_simulate(gpu, &e, b, n, NULL);
+        double mx;
+        const double d = rc == NBG_OK ? maxrel(a, b, n, &mx) : INFINITY;
+        worst = fmax(worst, mx > 0 ? d : INFINITY);
+        free(a);
+        free(b);
+    }
+    nbg_test_check(worst <= 1e-9 + 1.2e-7, PFX "-shapes", "4 image sizes on one context: worst %.3g of the maximum",
+                   worst);
+}
+
+int main(void)
+{
+    nbg_ctx *gpu = NULL, *gpuf = NULL, *cpu = NULL, *aut = NULL;
+#ifdef NBG_CUDA_EMU
+    setenv("NBG_CUDA_EMU_NODEV", "1", 1);
+#endif
+    int rc = nbg_ctx_create(&gpu, NBG_BACKEND_CUDA, NBG_DOUBLE, 0);
+    if (rc != NBG_OK) {
+        nbg_test_check(rc == NBG_ENODEV && gpu == NULL, PFX "-nodevice-cuda",
+                       "asking for CUDA without a device: %s (%d)", nbg_strerror(rc), rc);
+        const int arc = nbg_ctx_create(&aut, NBG_BACKEND_AUTO, NBG_DOUBLE, 0);
+        nbg_test_check(arc == NBG_OK && nbg_ctx_backend(aut) == NBG_BACKEND_CPU, PFX "-nodevice-auto",
+                       "auto without a device runs on the CPU");
+        nbg_ctx_destroy(aut);
+        aut = NULL;
+#ifndef NBG_CUDA_EMU
+        nbg_test_skip(PFX, "no GPU here (%s): the CUDA tests run where one is present; test-cuda-emu runs the "
+                           "same kernels on the CPU", nbg_strerror(rc));
+        return nbg_test_summary();
+#endif
+    } else {
+#ifdef NBG_CUDA_EMU
+        nbg_test_check(0, PFX "-nodevice-cuda", "the emulator's no-device switch was ignored");
+#endif
+        nbg_ctx_destroy(gpu);
+        gpu = NULL;
+    }
+#ifdef NBG_CUDA_EMU
+    unsetenv("NBG_CUDA_EMU_NODEV");
+#endif
+    rc = nbg_ctx_create(&gpu, NBG_BACKEND_CUDA, NBG_DOUBLE, 0);
+    nbg_ctx_create(&aut, NBG_BACKEND_AUTO, NBG_DOUBLE, 0);
+    nbg_test_check(rc == NBG_OK && nbg_ctx_backend(gpu) == NBG_BACKEND_CUDA && nbg_ctx_backend(aut) ==
+                   NBG_BACKEND_CUDA, PFX "-device", "a CUDA context, and auto picks CUDA");
+    nbg_ctx_destroy(aut);
+    if (rc != NBG_OK) {
+        return nbg_test_summary();
+    }
+    nbg_ctx_create(&gpuf, NBG_BACKEND_CUDA, NBG_FLOAT, 0);
+    nbg_ctx_create(&cpu, NBG_BACKEND_CPU, NBG_DOUBLE, 0);
+
+    golden_cases(cpu, gpu, gpuf);
+    gradients(cpu, gpu, gpuf);
+    shapes(cpu, gpu);
+
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int nres = 0;
-    base(&cfg[0]);
-    cfg[0].fpixels = cfg[0].spixels = 64;
-    nbg_gradcheck(gpu, &cfg[0], NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, &nres);
+    nbg_experiment e;
+    base(&e);
+    e.fpixels = e.spixels = NPIX / 2;
+    nbg_gradcheck(gpu, &e, NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, &nres);
+    nbg_test_check(nres > 0, PFX "-gradcheck", "%d parameters checked", nres);
     for (int i = 0; i < nres; ++i) {
         char id[96];
-        snprintf(id, sizeof id, "cuda-gradcheck-%s", nbg_param_name(res[i].param));
+        snprintf(id, sizeof id, PFX "-gradcheck-%s", nbg_param_name(res[i].param));
         nbg_test_check(res[i].pass, id, "adjoint=%.10g numeric=%.10g relerr=%.2g %s", res[i].adjoint, res[i].numeric,
                        res[i].relerr, res[i].reason);
     }
