@@ -19,6 +19,7 @@
  * physics shows.
  */
 #define _GNU_SOURCE
+#include "cases.h"
 #include "nbgrad.h"
 
 #include <errno.h>
@@ -86,63 +87,10 @@ static const bench_case cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
-static void cubic(nbg_experiment *e, int npix)
-{
-    nbg_experiment_default(e);
-    e->has_cell = 1;
-    e->cell[0] = e->cell[1] = e->cell[2] = 100;
-    e->cell[3] = e->cell[4] = e->cell[5] = 90;
-    e->default_F = 100;
-    e->lambda = 6.2;
-    e->Na = e->Nb = e->Nc = 5;
-    e->distance = 100;
-    e->fpixels = e->spixels = npix;
-}
-
-static int make_case(const char *name, nbg_experiment *e)
-{
-    if (strcmp(name, "cubic1k") == 0) {
-        cubic(e, 1024);
-    } else if (strcmp(name, "cubic4k") == 0) {
-        cubic(e, 4096);
-    } else if (strcmp(name, "tric1k") == 0) {
-        nbg_experiment_default(e);
-        e->has_cell = 1;
-        const double c[6] = {70, 80, 90, 85, 95, 105};
-        memcpy(e->cell, c, sizeof c);
-        e->misset[0] = 10;
-        e->misset[1] = 5;
-        e->misset[2] = 3;
-        e->Na = e->Nb = e->Nc = 8;
-        e->lambda = 1.5;
-        e->default_F = 100;
-        e->distance = 100;
-        e->fpixels = e->spixels = 1024;
-    } else if (strcmp(name, "heavy512") == 0) {
-        cubic(e, 512);
-        e->oversample = 2;
-        e->mosaic = 0.5;
-        e->mosaic_domains = 10;
-        e->phi0 = 0.01;
-        e->osc = 0.5;
-        e->phisteps = 5;
-        e->hdivrange = 0.1;
-        e->vdivrange = 0.1;
-        e->hdivsteps = 3;
-        e->vdivsteps = 3;
-        e->dispersion = 0.1;
-        e->dispsteps = 3;
-    } else {
-        return 0;
-    }
-    return 1;
-}
-
-/* Times one (case, precision) in this process and prints its table row.  Returns 0 on success. */
 static int run_case(const bench_case *bc, nbg_precision prec)
 {
     nbg_experiment e;
-    make_case(bc->name, &e);
+    nbg_bench_case(bc->name, &e);
     nbg_ctx *ctx = NULL;
     int rc = nbg_ctx_create(&ctx, NBG_BACKEND_CPU, prec, threads_wanted());
     if (rc != NBG_OK) {

@@ -9,6 +9,7 @@
  *
  * Threads: $NBG_THREADS or all cores.  Each timing is the best of NBG_BENCH_REPS (3) after a warm-up.
  */
+#include "cases.h"
 #include "nbgrad.h"
 
 #include <math.h>
@@ -40,49 +41,6 @@ static int reps(void)
     return r > 0 ? r : 3;
 }
 
-static void cubic(nbg_experiment *e, int n)
-{
-    nbg_experiment_default(e);
-    e->has_cell = 1;
-    const double c[6] = {100, 100, 100, 90, 90, 90};
-    memcpy(e->cell, c, sizeof c);
-    e->default_F = 100;
-    e->lambda = 6.2;
-    e->Na = e->Nb = e->Nc = 5;
-    e->distance = 100;
-    e->fpixels = e->spixels = n;
-}
-
-static void make_case(int which, nbg_experiment *e)
-{
-    if (which == 0) {
-        cubic(e, 1024);
-    } else if (which == 1) {
-        nbg_experiment_default(e);
-        e->has_cell = 1;
-        const double c[6] = {70, 80, 90, 85, 95, 105};
-        memcpy(e->cell, c, sizeof c);
-        e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
-        e->Na = e->Nb = e->Nc = 8;
-        e->lambda = 1.5;
-        e->default_F = 100;
-        e->distance = 100;
-        e->fpixels = e->spixels = 1024;
-    } else {
-        cubic(e, 256);
-        e->oversample = 2;
-        e->mosaic = 0.5;
-        e->mosaic_domains = 10;
-        e->phi0 = 0.01;
-        e->osc = 0.5;
-        e->phisteps = 5;
-        e->hdivrange = e->vdivrange = 0.1;
-        e->hdivsteps = e->vdivsteps = 3;
-        e->dispersion = 0.1;
-        e->dispsteps = 3;
-    }
-}
-
 static const char *const names[3] = {"cubic1k", "tric1k", "heavy256"};
 
 /* mode 0: forward, 1: gradient of every parameter, 2: JVP of the nine cell and orientation tangents */
@@ -91,7 +49,7 @@ static double time_call(int which, int mode, long *rss_kb)
     nbg_ctx *ctx;
     nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, threads());
     nbg_experiment e;
-    make_case(which, &e);
+    nbg_bench_case(names[which], &e);
     nbg_report r;
     nbg_describe(ctx, &e, &r);
     const size_t npix = (size_t)r.fpixels * r.spixels;

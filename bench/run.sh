@@ -11,6 +11,12 @@
 #    temporary directory, OMP_NUM_THREADS = the same thread count), with the ratio reference_time / nbgrad_time
 #    and both checksums.
 #
+# 3. Gradients and refinement (BUILD_DIR/bench/bench-grad), as ratios to the forward call.
+# 4. The CUDA backend (BUILD_DIR/bench/bench-cuda) where there is a GPU: kernel, copy, set-up and call times on
+#    cubic4k, samples per second and the fraction of the GPU's peak (with the arithmetic per sample counted by
+#    ncu when it is on the PATH) on the heavy case at 512 and 2048, gradients over the forward call, and the cold
+#    start of the program.
+#
 # Threads: $NBG_THREADS, or all cores.  Environment: NB_REF_BIN, NBG_THREADS, NBG_BENCH_REPS (3), NBG_BENCH_LONG (5).
 # Takes about 3 minutes on 2 cores with a reference binary (the reference's heavy-sampling case alone is ~1 min).
 
@@ -128,5 +134,44 @@ if [ -x "$B/bench/bench-grad" ]; then
     "$B/bench/bench-grad" || status=1
 else
     echo "bench-grad is not built (GSL=0 build)"
+fi
+# --- 4. the CUDA backend ------------------------------------------------------------------------------------------
+echo
+BC="$B/bench/bench-cuda"
+if [ ! -x "$BC" ]; then
+    echo "bench-cuda is not built"
+elif ! "$BC" one cubic256 float >/dev/null 2>&1; then
+    "$BC"
+else
+    # the arithmetic per sample of the heavy case's forward kernel, counted by Nsight Compute where it is present:
+    # floating-point instructions (a fused multiply-add counted as 2) over the 512x512x3000 samples of heavy512
+    if command -v ncu >/dev/null 2>&1; then
+        for prec in float double; do
+            case $prec in float) p=f ;; *) p=d ;; esac
+            m="smsp__sass_thread_inst_executed_op_${p}add_pred_on.sum,smsp__sass_thread_inst_executed_op_${p}mul_pred_on.sum,smsp__sass_thread_inst_executed_op_${p}fma_pred_on.sum"
+            fl=$(ncu --csv --metrics "$m" --kernel-name regex:nbg_forward_kernel --launch-count 1 \
+                   "$BC" one heavy512 "$prec" 2>/dev/null |
+                 awk -F'","' -v s=$((512 * 512 * 3000)) '
+                     /op_.(add|mul|fma)_pred_on/ { v = $NF; gsub(/[",]/, "", v); n += (($0 ~ /fma_pred/) ? 2 : 1) * v; ok = 1 }
+                     END { if (ok) printf "%.0f", n / s }')
+            if [ -n "$fl" ] && [ "$fl" != 0 ]; then
+                echo "ncu: $fl floating-point operations per sample in the $prec forward kernel (heavy512)"
+                case $prec in
+                    float) NBG_FLOPS_PER_SAMPLE_FLOAT=$fl; export NBG_FLOPS_PER_SAMPLE_FLOAT ;;
+                    *) NBG_FLOPS_PER_SAMPLE_DOUBLE=$fl; export NBG_FLOPS_PER_SAMPLE_DOUBLE ;;
+                esac
+            fi
+        done
+    fi
+    "$BC" || status=1
+    # cold start: process start to the first image written, with the CUDA context created on the way
+    d="$TMP/cold"
+    mkdir -p "$d"
+    for c in cubic1k cubic4k; do
+        # shellcheck disable=SC2086
+        set -- $("$BF" exec "$d" 1 -- "$NB" $(case_args "$c") -device cuda -precision float -floatfile "$d/img.bin")
+        [ $# -eq 3 ] && echo "cold start, nbgrad -device cuda -precision float, $c: $1 s (process start to the float image written)"
+    done
+    rm -rf "$d"
 fi
 exit ${status:-0}

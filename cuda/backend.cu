@@ -35,6 +35,7 @@ extern "C" {
 }
 
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,7 @@ extern "C" {
 
 typedef struct {
     int device;
+    cudaEvent_t ev[2]; /* around the kernels of a call */
     float *img, *g;
     double *src, *abc, *F, *part, *sums;
     uint8_t *mask;
@@ -91,6 +93,11 @@ extern "C" int nbg_cuda_init(nbg_ctx *ctx)
         return nbg_error(ctx, NBG_ENOMEM, "out of memory for the CUDA state");
     }
     cudaGetDevice(&st->device);
+    cudaError_t ee;
+    if ((ee = cudaEventCreate(&st->ev[0])) != cudaSuccess || (ee = cudaEventCreate(&st->ev[1])) != cudaSuccess) {
+        free(st);
+        return nbg_error(ctx, NBG_ECUDA, "CUDA event creation failed: %s", cudaGetErrorString(ee));
+    }
     ctx->cuda = st;
     return NBG_OK;
 }
@@ -109,8 +116,41 @@ extern "C" void nbg_cuda_release(nbg_ctx *ctx)
     cudaFree(st->part);
     cudaFree(st->sums);
     cudaFree(st->mask);
+    cudaEventDestroy(st->ev[0]);
+    cudaEventDestroy(st->ev[1]);
     free(st);
     ctx->cuda = NULL;
+}
+
+extern "C" int nbg_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info)
+{
+    const nbg_cuda_state *st = (const nbg_cuda_state *)ctx->cuda;
+    cudaDeviceProp prop;
+    int sms = 0, khz = 0, major = 0, minor = 0;
+    if (cudaGetDeviceProperties(&prop, st->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, st->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, st->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device) != cudaSuccess) {
+        return NBG_ECUDA;
+    }
+    snprintf(info->name, sizeof info->name, "%.200s (compute %d.%d)", prop.name, major, minor);
+    info->units = sms;
+    info->clock_ghz = 1e-6 * khz;
+    info->memory_gib = (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
+    /* FP64 and FP32 lanes per multiprocessor: the data-centre parts (6.0, 7.0, 8.0, 9.0, 10.0) have half as many
+     * FP64 as FP32 lanes; the others 1/32 or 1/64 */
+    int f32 = 0, f64 = 0;
+    if (major == 9 || major == 10) {
+        f32 = 128, f64 = 64;
+    } else if ((major == 8 || major == 7 || major == 6) && minor == 0) {
+        f32 = 64, f64 = 32;
+    } else if (major >= 7) {
+        f32 = 128, f64 = 2;
+    }
+    info->peak_gflops[NBG_DOUBLE] = 2.0 * f64 * sms * info->clock_ghz;
+    info->peak_gflops[NBG_FLOAT] = 2.0 * f32 * sms * info->clock_ghz;
+    return NBG_OK;
 }
 
 /* Copies the plan's arrays into the context's device buffers, makes room for the image, ncomp per-block partials
@@ -267,9 +307,10 @@ __global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, do
                    nblocks);
 }
 
-/* Launches the reduction of ncomp components, copies the image and the sums back. */
+/* After the pixel kernel: launches the reduction of ncomp components, waits, copies the image and the sums back;
+ * times[1] receives the device time of both kernels, times[2] the copies. */
 static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float *image, double *sums,
-                  const char *what)
+                  const char *what, double *times)
 {
     nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
     cudaError_t e = cudaGetLastError();
@@ -280,23 +321,44 @@ static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float 
     if ((e = cudaGetLastError()) != cudaSuccess) {
         return cuda_fail(ctx, e, "reduction kernel launch");
     }
-    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+    float ms = 0;
+    if ((e = cudaEventRecord(st->ev[1], 0)) != cudaSuccess || (e = cudaEventSynchronize(st->ev[1])) != cudaSuccess) {
         return cuda_fail(ctx, e, what);
+    }
+    cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
+    times[1] = 1e-3 * ms;
+    const double t0 = nbg_now();
+    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        return cuda_fail(ctx, e, "copy of the image");
     }
     if ((e = cudaMemcpy(sums, st->sums, (size_t)ncomp * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of the sums");
     }
+    times[2] = nbg_now() - t0;
     return NBG_OK;
 }
 
-extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum,
-                                long *oor)
+/* Marks the start of a call's kernels; times[0] receives the host time spent since t0 (the uploads). */
+static int start(nbg_ctx *ctx, double t0, double *times)
 {
+    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    times[0] = nbg_now() - t0;
+    const cudaError_t e = cudaEventRecord(st->ev[0], 0);
+    return e == cudaSuccess ? NBG_OK : cuda_fail(ctx, e, "event record");
+}
+
+extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum,
+                                long *oor, double times[3])
+{
+    const double t0 = nbg_now();
     nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
     const size_t npix = (size_t)k->fpixels * k->spixels;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbg_kparams kd;
     int rc = upload(ctx, k, 2, nblocks, &kd);
+    if (rc == NBG_OK) {
+        rc = start(ctx, t0, times);
+    }
     if (rc != NBG_OK) {
         return rc;
     }
@@ -306,7 +368,7 @@ extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_floa
         NBG_LAUNCH(nbg_forward_kernel<0>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
     }
     double sums[2];
-    rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel");
+    rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel", times);
     if (rc == NBG_OK) {
         *omega_sum = sums[0];
         *oor = (long)sums[1];
@@ -324,8 +386,9 @@ static void launch_adjoint(const nbg_kparams &kd, nbg_cuda_state *st, unsigned n
 }
 
 extern "C" int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_float, const float *dLdI, float *image,
-                                double *out, int ncomp)
+                                double *out, int ncomp, double times[3])
 {
+    const double t0 = nbg_now();
     const int nvar = ncomp - NBG_NFIX;
     if (nvar < 0 || nvar > NBG_CUDA_MAXACC) {
         return nbg_error(ctx, NBG_EUNSUP, "the CUDA adjoint holds at most %d crystal-vector and wavelength "
@@ -345,10 +408,13 @@ extern "C" int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_floa
         (e = cudaMemcpy(st->g, dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of dL/dI");
     }
+    if ((rc = start(ctx, t0, times)) != NBG_OK) {
+        return rc;
+    }
     if (use_float) {
         launch_adjoint<1>(kd, st, nblocks, nvar);
     } else {
         launch_adjoint<0>(kd, st, nblocks, nvar);
     }
-    return finish(ctx, npix, nblocks, ncomp, image, out, "adjoint kernel");
+    return finish(ctx, npix, nblocks, ncomp, image, out, "adjoint kernel", times);
 }

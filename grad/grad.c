@@ -420,8 +420,12 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         /* the device returns the fixed part, abc and lam, reduced in a fixed order */
         const int ncomp = (int)(NBG_ADJ_FIXED + nabc + nsrc);
         double *out = malloc(sizeof(double) * (size_t)ncomp);
+        double t[3] = {0, 0, 0};
         int rc = out == NULL ? nbg_error(ctx, NBG_ENOMEM, "out of memory")
-                             : nbg_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp);
+                             : nbg_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp, t);
+        pl->rep.time_setup += t[0];
+        pl->rep.time_kernel = t[1];
+        pl->rep.time_copy = t[2];
         if (rc == NBG_OK) {
             memcpy(&tacc[0], out, NBG_ADJ_FIXED * sizeof(double));
             memcpy(tacc[0].abc, out + NBG_ADJ_FIXED, (nabc + nsrc) * sizeof(double));
@@ -435,7 +439,12 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         nthreads = 1;
     } else
 #endif
-    nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
+    {
+        const double t0 = nbg_now();
+        nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
+        pl->rep.time_kernel = nbg_now() - t0;
+        pl->rep.time_copy = 0;
+    }
     /* reduce in thread order */
     nbg_adjacc *acc = &tacc[0];
     for (int t = 1; t < nthreads; ++t) {
@@ -495,11 +504,13 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
     if (ctx == NULL || e == NULL || dLdI == NULL || grad == NULL || image == NULL) {
         return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_grad: NULL argument");
     }
+    const double t0 = nbg_now();
     nbg_plan pl;
     int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
+    pl.rep.time_setup = nbg_now() - t0;
     rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;

@@ -58,6 +58,16 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
 void nbg_ctx_destroy(nbg_ctx *ctx); /* NULL is a no-op */
 /* The backend actually in use (AUTO resolved). */
 nbg_backend nbg_ctx_backend(const nbg_ctx *ctx);
+/* What a context runs on. */
+typedef struct {
+    char name[256];        /* the GPU's name, or "CPU" */
+    int units;             /* multiprocessors (CUDA) or threads (CPU) */
+    double clock_ghz;      /* the GPU's peak clock; 0 on the CPU */
+    double peak_gflops[2]; /* the GPU's peak arithmetic rate, a fused multiply-add counted as 2, indexed by
+                              nbg_precision ([NBG_DOUBLE], [NBG_FLOAT]); 0 where unknown (the CPU) */
+    double memory_gib;     /* the GPU's memory; 0 on the CPU */
+} nbg_device_info;
+int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info);
 /* The message of the last failure on this context ("" when none). */
 const char *nbg_errmsg(const nbg_ctx *ctx);
 
@@ -218,6 +228,10 @@ typedef struct {
     int warn_clipped_sample;        /* sample size clipped to the beam size */
     long interp_fallbacks;          /* tricubic windows that left the table (nearest neighbour used) */
     double solid_angle;             /* sum of subpixel solid angles / steps, sr (nanoBragg's printed value) */
+    /* Where the call's time went, in seconds (nbg_simulate, nbg_simulate_grad): the host set-up (the plan, and
+     * on CUDA the copies of the parameters to the device), the kernels (on CUDA the device time between events
+     * around them), and on CUDA copying the image and sums back. */
+    double time_setup, time_kernel, time_copy;
 } nbg_report;
 
 /* Derives the geometry and sampling without rendering. */
@@ -271,14 +285,17 @@ typedef struct {
     size_t ndF;
 } nbg_grad;
 
-/* Vector-Jacobian product: renders the image (identical to nbg_simulate's) and returns
+/* Vector-Jacobian product: renders the image (nbg_simulate's; see precision below) and returns
  * dL/dtheta = sum_p dLdI[p] * dI[p]/dtheta for every masked parameter, in one reverse pass.  Where a derivative
  * does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a rounding
  * boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP): the
  * -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
  * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not
  * free); the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend.
- * The gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count. */
+ * The gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
+ * Precision: the CPU adjoint always computes in double (on an NBG_FLOAT context its image is the double one); the
+ * CUDA adjoint follows the context (on NBG_FLOAT, float per-sample arithmetic: gradients to ~1e-4 relative, the
+ * image nbg_simulate's float image to ~1e-6 of its maximum). */
 int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, nbg_param_mask mask,
                       nbg_grad *grad, float *image, size_t npix, nbg_report *report);
 

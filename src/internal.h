@@ -23,6 +23,9 @@ struct nbg_ctx {
     int scalar_adjoint; /* nbg_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
 };
 
+/* Seconds on a monotonic clock. */
+double nbg_now(void);
+
 /* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns
  * code, so callers write `return nbg_error(ctx, NBG_EINVAL, "...", ...);`. */
 int nbg_error(nbg_ctx *ctx, int code, const char *fmt, ...)

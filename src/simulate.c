@@ -4,6 +4,7 @@
 #include "forward.h"
 #include "plan.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -67,6 +68,26 @@ void nbg_ctx_destroy(nbg_ctx *ctx)
 
 nbg_backend nbg_ctx_backend(const nbg_ctx *ctx) { return ctx ? ctx->backend : NBG_BACKEND_CPU; }
 
+int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info)
+{
+    if (ctx == NULL || info == NULL) {
+        return NBG_EINVAL;
+    }
+    memset(info, 0, sizeof *info);
+#ifdef NBG_HAVE_CUDA
+    if (ctx->backend == NBG_BACKEND_CUDA) {
+        return nbg_cuda_describe(ctx, info);
+    }
+#endif
+    snprintf(info->name, sizeof info->name, "CPU");
+#ifdef _OPENMP
+    info->units = ctx->nthreads > 0 ? ctx->nthreads : omp_get_max_threads();
+#else
+    info->units = 1;
+#endif
+    return NBG_OK;
+}
+
 int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out)
 {
     if (ctx == NULL || e == NULL || out == NULL) {
@@ -89,15 +110,20 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
     long oor = 0;
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
-        const int rc = nbg_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor);
+        double t[3] = {0, 0, 0};
+        const int rc = nbg_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, t);
         if (rc != NBG_OK) {
             return rc;
         }
         pl->rep.interp_fallbacks = oor;
         pl->rep.solid_angle = omega_sum / pl->rep.steps;
+        pl->rep.time_setup += t[0];
+        pl->rep.time_kernel = t[1];
+        pl->rep.time_copy = t[2];
         return NBG_OK;
     }
 #endif
+    const double t0 = nbg_now();
 #ifdef _OPENMP
     const int saved = omp_get_max_threads();
     if (ctx->nthreads > 0) {
@@ -110,6 +136,8 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
         omp_set_num_threads(saved);
     }
 #endif
+    pl->rep.time_kernel = nbg_now() - t0;
+    pl->rep.time_copy = 0;
     pl->rep.interp_fallbacks = oor;
     pl->rep.solid_angle = omega_sum / pl->rep.steps;
     return NBG_OK;
@@ -120,11 +148,13 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
     if (ctx == NULL || e == NULL || image == NULL) {
         return nbg_error(ctx, NBG_EINVAL, "nbg_simulate: NULL argument");
     }
+    const double t0 = nbg_now();
     nbg_plan pl;
     int rc = nbg_plan_build(ctx, e, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
+    pl.rep.time_setup = nbg_now() - t0;
     const size_t need = (size_t)pl.k.fpixels * (size_t)pl.k.spixels;
     if (npix != need) {
         nbg_plan_free(&pl);

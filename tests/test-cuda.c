@@ -21,6 +21,8 @@
  *                     double, 1e-6 in float), repeated calls bit-identical
  *   shapes            a context reused across image sizes (buffers grow and are reused) gives the CPU's images
  *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
+ *   sanitizer-<tool>  (GPU only) this program rerun on a few cases under compute-sanitizer's memcheck, racecheck
+ *                     and synccheck, when compute-sanitizer is on the PATH: no error reported
  *
  * The emulator runs one CPU thread per launch, so test-cuda-emu uses fewer golden cases (NBG_CUDA_EMU_CASES,
  * default a fixed set covering every code path of the kernels; "all" for every case) and smaller images.
@@ -34,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #ifdef NBG_CUDA_EMU
 #define PFX "cuda-emu"
@@ -47,6 +50,9 @@ static const char *emu_cases = "triclinic_misset,mosaic_domains,phi_sweep,diverg
 #define NPIX 128
 static const char *emu_cases = NULL;
 #endif
+
+/* Set in the child that compute-sanitizer runs: a few cases, no gradient check (the tools are slow). */
+static int sanitized;
 
 static double corr(const float *a, const float *b, size_t n)
 {
@@ -197,6 +203,9 @@ static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         return;
     }
     const char *only = getenv("NBG_GOLDEN_CASES");
+    if (sanitized && (only == NULL || only[0] == '\0')) {
+        only = "triclinic_misset,mosaic_domains,mask,hkl_interpolate_forced,roi";
+    }
     const char *emu = getenv("NBG_CUDA_EMU_CASES");
     if (emu == NULL) {
         emu = emu_cases;
@@ -274,7 +283,7 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     cfg[2].dispersion = 1, cfg[2].dispsteps = 3;
     cfg[3].shape = NBG_SHAPE_ROUND;
     cfg[4].det_rot[0] = 5, cfg[4].det_rot[1] = 3, cfg[4].twotheta = 10, cfg[4].convention = NBG_CONV_XDS;
-    for (int c = 0; c < 5; ++c) {
+    for (int c = 0; c < (sanitized ? 2 : 5); ++c) {
         nbg_report r;
         nbg_describe(cpu, &cfg[c], &r);
         const size_t n = (size_t)r.fpixels * r.spixels;
@@ -364,8 +373,46 @@ static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
                    worst);
 }
 
+#ifndef NBG_CUDA_EMU
+/* Reruns this program under compute-sanitizer's tools on a few cases (NBG_CUDA_SANITIZED=1 in the child). */
+static void sanitizer(void)
+{
+    if (system("command -v compute-sanitizer >/dev/null 2>&1") != 0) {
+        nbg_test_skip(PFX "-sanitizer", "compute-sanitizer is not on the PATH");
+        return;
+    }
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        nbg_test_check(0, PFX "-sanitizer", "cannot find this program's path");
+        return;
+    }
+    self[n] = '\0';
+    const char *tools[3] = {"memcheck", "racecheck", "synccheck"};
+    for (int t = 0; t < 3; ++t) {
+        char cmd[8400], log[64], id[64];
+        snprintf(log, sizeof log, "/tmp/nbg-sanitizer-%d-%s.log", (int)getpid(), tools[t]);
+        snprintf(cmd, sizeof cmd,
+                 "NBG_CUDA_SANITIZED=1 compute-sanitizer --tool %s --error-exitcode 99 '%s' > %s 2>&1", tools[t],
+                 self, log);
+        const int st = system(cmd);
+        const int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+        snprintf(id, sizeof id, PFX "-sanitizer-%s", tools[t]);
+        if (!nbg_test_check(code == 0, id, "compute-sanitizer --tool %s on a few cases: exit status %d%s", tools[t],
+                            code, code == 99 ? " (errors reported)" : code == 1 ? " (checks failed)" : "")) {
+            snprintf(cmd, sizeof cmd, "tail -n 40 %s", log);
+            if (system(cmd) != 0) {
+                printf("    (no log)\n");
+            }
+        }
+        remove(log);
+    }
+}
+#endif
+
 int main(void)
 {
+    sanitized = getenv("NBG_CUDA_SANITIZED") != NULL;
     nbg_ctx *gpu = NULL, *gpuf = NULL, *cpu = NULL, *aut = NULL;
 #ifdef NBG_CUDA_EMU
     setenv("NBG_CUDA_EMU_NODEV", "1", 1);
@@ -408,6 +455,12 @@ int main(void)
     golden_cases(cpu, gpu, gpuf);
     gradients(cpu, gpu, gpuf);
     shapes(cpu, gpu);
+    if (sanitized) {
+        nbg_ctx_destroy(gpu);
+        nbg_ctx_destroy(gpuf);
+        nbg_ctx_destroy(cpu);
+        return nbg_test_summary();
+    }
 
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int nres = 0;
@@ -425,5 +478,8 @@ int main(void)
     nbg_ctx_destroy(gpu);
     nbg_ctx_destroy(gpuf);
     nbg_ctx_destroy(cpu);
+#ifndef NBG_CUDA_EMU
+    sanitizer();
+#endif
     return nbg_test_summary();
 }

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucontext.h>
 
 #define __global__
@@ -238,6 +239,65 @@ inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKi
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+/* The emulated device: one "multiprocessor" (the launch runs on one CPU thread), no clock, no peak. */
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+};
+enum cudaDeviceAttr {
+    cudaDevAttrClockRate = 13,
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76
+};
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
+{
+    (void)dev;
+    snprintf(p->name, sizeof p->name, "CUDA emulated on the CPU");
+    p->totalGlobalMem = 0;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev)
+{
+    (void)dev;
+    *v = a == cudaDevAttrMultiProcessorCount ? 1 : 0;
+    return cudaSuccess;
+}
+
+/* Events hold the host's monotonic time when recorded (launches are synchronous here). */
+typedef struct nbg_emu_event {
+    double t;
+} *cudaEvent_t;
+typedef struct nbg_emu_stream *cudaStream_t;
+inline cudaError_t cudaEventCreate(cudaEvent_t *ev)
+{
+    *ev = (cudaEvent_t)calloc(1, sizeof **ev);
+    return *ev ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t ev)
+{
+    free(ev);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream = 0)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ev->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    (void)stream;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t ev)
+{
+    (void)ev;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    *ms = (float)(1e3 * (b->t - a->t));
+    return cudaSuccess;
+}
 inline cudaError_t cudaGetLastError(void)
 {
     const cudaError_t e = nbg_emu::st().last;
