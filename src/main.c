@@ -153,6 +153,12 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
     if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
         printf("no usable GPU: running on the CPU\n");
     }
+    if (nbg_ctx_backend(ctx) == NBG_BACKEND_CUDA) {
+        nbg_device_info dev;
+        if (nbg_ctx_device(ctx, &dev) == NBG_OK) {
+            printf("running on the GPU: %s, %d multiprocessors\n", dev.name, dev.units);
+        }
+    }
     if (!nbg_cli_load(ctx, c)) {
         nbg_ctx_destroy(ctx);
         return NULL;
