@@ -73,7 +73,7 @@ EMU_CUDA_SRC := src/simulate.c grad/grad.c
 EMU_OBJ  := $(patsubst %.c,$(B)/emu/%.o,$(EMU_CUDA_SRC)) $(B)/emu/cuda/backend.o \
             $(filter-out $(patsubst %.c,$(B)/%.o,$(EMU_CUDA_SRC)),$(LIB_OBJ))
 EMU_FLAGS := -DNBG_HAVE_CUDA -DNBG_CUDA_EMU
-EMU      := $(B)/emu/libnbgrad.a $(B)/tests/test-cuda-emu $(B)/emu/nbgrad
+EMU      := $(B)/emu/libnbgrad.a $(B)/tests/test-cuda-emu $(B)/emu/nbgrad $(B)/tests/test-cudaemu
 
 all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES) $(EMU)
 
@@ -125,6 +125,11 @@ $(B)/tests/test-cuda: $(B)/tests/test-cuda.o $(B)/src/cli.o $(B)/libnbgrad.a
 
 $(B)/tests/test-cuda-emu: $(B)/emu/tests/test-cuda.o $(B)/emu/src/cli.o $(B)/emu/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lstdc++
+
+# the emulator's own test: it catches a missing barrier and a divergent one
+$(B)/tests/test-cudaemu: tests/test-cudaemu.cc tests/cudaemu/cuda_runtime.h tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Wno-unused-parameter -DNBG_CUDA_EMU -Itests/cudaemu -Itests $< -o $@
 
 $(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

@@ -213,14 +213,14 @@ static inline void *nbg_test_read_file(const char *path, size_t *size)
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
+    char *buf = (char *)malloc(cap + 1);
     while (buf != NULL) {
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap) {
             break;
         }
         cap *= 2;
-        char *b = realloc(buf, cap + 1);
+        char *b = (char *)realloc(buf, cap + 1);
         if (b == NULL) {
             free(buf);
         }

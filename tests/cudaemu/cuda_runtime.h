@@ -7,8 +7,9 @@
  * `#include <cuda_runtime.h>` find this file.  What it models:
  *   - a launch runs its blocks one after another; the threads of a block are fibers on one OS thread (started
  *     with makecontext, then switched with _setjmp/_longjmp, which make no system call) switched at every
- *     __syncthreads() and warp shuffle, in forward order on even rounds and reverse order on odd
- *     ones, so code that reads shared memory before the barrier that orders it gives a wrong answer here too;
+ *     __syncthreads() and warp shuffle, in a different shuffled order in every round between barriers, so code that
+ *     reads shared memory that no barrier orders after its write gives a wrong answer here too (tests/test-cudaemu.cc
+ *     checks that it does);
  *   - __shared__ variables are static storage (one block runs at a time), threadIdx and blockIdx are set before
  *     each switch;
  *   - a __syncthreads() reached by some threads of a block while others have returned (a divergent barrier) makes
@@ -65,6 +66,7 @@ struct state {
     ucontext_t fib[MAXTHREADS];
     jmp_buf sched_jb, fib_jb[MAXTHREADS];
     int started[MAXTHREADS];
+    int order[MAXTHREADS];
     int status[MAXTHREADS];
     char *stacks;
     int cur;
@@ -140,8 +142,20 @@ inline cudaError_t launch(dim3 grid, dim3 block, void (*body)(void *), void *arg
             s.started[t] = 0;
         }
         for (int round = 0;; ++round) {
+            /* a fresh order for every round of every block: a deterministic shuffle (Fisher-Yates, LCG) */
+            uint64_t x = 0x9E3779B97F4A7C15ULL * (b + 1) + 0xD1B54A32D192ED03ULL * (uint64_t)(round + 1);
             for (int j = 0; j < n; ++j) {
-                const int t = (round & 1) ? n - 1 - j : j;
+                s.order[j] = j;
+            }
+            for (int j = n - 1; j > 0; --j) {
+                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+                const int k = (int)((x >> 33) % (uint64_t)(j + 1));
+                const int tmp = s.order[j];
+                s.order[j] = s.order[k];
+                s.order[k] = tmp;
+            }
+            for (int j = 0; j < n; ++j) {
+                const int t = s.order[j];
                 if (s.status[t] == READY) {
                     resume(t);
                 }
