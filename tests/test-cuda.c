@@ -48,23 +48,6 @@
 /* Set in the child that compute-sanitizer runs: a few cases, no gradient check (the tools are slow). */
 static int sanitized;
 
-static double corr(const float *a, const float *b, size_t n)
-{
-    double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
-    for (size_t i = 0; i < n; ++i) {
-        ma += a[i];
-        mb += b[i];
-    }
-    ma /= (double)n;
-    mb /= (double)n;
-    for (size_t i = 0; i < n; ++i) {
-        sab += (a[i] - ma) * (b[i] - mb);
-        saa += (a[i] - ma) * (a[i] - ma);
-        sbb += (b[i] - mb) * (b[i] - mb);
-    }
-    return (saa > 0 && sbb > 0) ? sab / sqrt(saa * sbb) : 0;
-}
-
 /* max |a - b| relative to max |a|; *mx receives max |a|. */
 static double maxrel(const float *a, const float *b, size_t n, double *mx)
 {
@@ -84,21 +67,6 @@ static double sum(const float *a, size_t n)
         s += a[i];
     }
     return s;
-}
-
-/* 1 when id is in the comma-separated list, or the list is NULL, empty or "all". */
-static int selected(const char *list, const char *id)
-{
-    if (list == NULL || list[0] == '\0' || strcmp(list, "all") == 0) {
-        return 1;
-    }
-    const size_t n = strlen(id);
-    for (const char *p = list; (p = strstr(p, id)) != NULL; p += n) {
-        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) {
-            return 1;
-        }
-    }
-    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -159,12 +127,12 @@ static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *g
         snprintf(path, sizeof path, "%s/images/%s.float.bin", golden, id);
         size_t bytes = 0;
         ref = (float *)nbg_test_read_file(path, &bytes);
-        const double cc = corr(a, bf, n);
+        const double cc = nbg_test_corr(a, bf, n);
         if (ref == NULL || bytes != n * 4) {
             nbg_test_check(0, name, "reference %s missing or of %zu bytes (want %zu)", path, bytes, n * 4);
         } else {
             double mref;
-            const double cref = corr(ref, bf, n), dref = maxrel(ref, bf, n, &mref);
+            const double cref = nbg_test_corr(ref, bf, n), dref = maxrel(ref, bf, n, &mref);
             const double sref = sum(ref, n), sout = sum(bf, n);
             const double srel = fabs(sout - sref) / fmax(fabs(sref), 1e-300);
             nbg_test_check(mref > 0 && cc >= 0.99999 && cref >= 0.99999 && dref <= 1e-4 && srel <= 1e-5, name,
@@ -216,7 +184,7 @@ static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
             continue;
         }
         *t1 = '\0';
-        if (!selected(only, line)) {
+        if (!nbg_test_selected(only, line)) {
             continue;
         }
         golden_case(cpu, gpu, gpuf, golden, line, t2 + 1);
@@ -291,7 +259,8 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         snprintf(id, sizeof id, PFX "-forward-%s-double", names[c]);
         nbg_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, id, "max |gpu - cpu| = %.3g of max %.4g", d, mx);
         snprintf(id, sizeof id, PFX "-forward-%s-float", names[c]);
-        nbg_test_check(corr(a, bf, n) >= 0.99999, id, "correlation %.9f", corr(a, bf, n));
+        const double cf = nbg_test_corr(a, bf, n);
+        nbg_test_check(cf >= 0.99999, id, "correlation %.9f", cf);
 
         nbg_grad gc, gg, gg2, gf;
         memset(&gc, 0, sizeof gc);

@@ -785,25 +785,6 @@ static void test_phi_carryover(void)
     free(i5);
 }
 
-static double correlation(const float *a, const float *b, size_t n)
-{
-    double ma = 0, mb = 0;
-    for (size_t i = 0; i < n; ++i) {
-        ma += a[i];
-        mb += b[i];
-    }
-    ma /= (double)n;
-    mb /= (double)n;
-    double sab = 0, saa = 0, sbb = 0;
-    for (size_t i = 0; i < n; ++i) {
-        const double x = a[i] - ma, y = b[i] - mb;
-        sab += x * y;
-        saa += x * x;
-        sbb += y * y;
-    }
-    return sab / sqrt(saa * sbb);
-}
-
 static void test_float_precision(void)
 {
     static const char *ids[] = {"A1", "A3", "A11"};
@@ -816,7 +797,7 @@ static void test_float_precision(void)
         float *d = render(g_ctx, &e, id, NULL, &nd);
         float *f = render(g_ctx_float, &e, id, NULL, &nf);
         if (d != NULL && f != NULL && nd == nf) {
-            const double c = correlation(d, f, nd);
+            const double c = nbg_test_corr(d, f, nd);
             double maxdiff = 0, max = 0;
             for (size_t i = 0; i < nd; ++i) {
                 maxdiff = fmax(maxdiff, fabs((double)d[i] - f[i]));

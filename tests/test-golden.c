@@ -828,33 +828,6 @@ static int read_cases(const char *path, gcase **cases, int *ncases)
     return 1;
 }
 
-/* 1 when id is in the comma-separated list (or the list is NULL/empty). */
-static int selected(const char *list, const char *id)
-{
-    if (list == NULL || list[0] == '\0') {
-        return 1;
-    }
-    const size_t n = strlen(id);
-    for (const char *p = list; *p != '\0';) {
-        while (*p == ',' || *p == ' ') {
-            ++p;
-        }
-        const char *e = p;
-        while (*e != '\0' && *e != ',') {
-            ++e;
-        }
-        const char *q = e;
-        while (q > p && q[-1] == ' ') {
-            --q;
-        }
-        if ((size_t)(q - p) == n && strncmp(p, id, n) == 0) {
-            return 1;
-        }
-        p = e;
-    }
-    return 0;
-}
-
 /* Replaces every "@data/" in token by "<golden>/data/". */
 static void expand_token(const char *tok, const char *golden, char *buf, size_t size)
 {
@@ -1039,7 +1012,7 @@ int main(void)
            only != NULL && only[0] ? only : "");
     const double t0 = now_s();
     for (int i = 0; i < ncases; ++i) {
-        if (selected(only, cases[i].id)) {
+        if (nbg_test_selected(only, cases[i].id)) {
             run_case(&cases[i], bin, golden, tmproot, timeout_s);
         }
     }

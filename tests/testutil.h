@@ -12,7 +12,8 @@
  * reads that line.
  *
  * Helpers: the golden folder (nbg_test_golden_dir), a fresh temporary directory that is removed recursively
- * afterwards (nbg_test_mkdtemp, nbg_test_rmtree), and reading a whole file (nbg_test_read_file).
+ * afterwards (nbg_test_mkdtemp, nbg_test_rmtree), reading a whole file (nbg_test_read_file), the correlation of
+ * two images (nbg_test_corr) and case selection from a comma-separated list (nbg_test_selected).
  *
  * Everything is static (inline), so a test includes this header once and needs nothing else.
  */
@@ -237,6 +238,52 @@ static inline void *nbg_test_read_file(const char *path, size_t *size)
         *size = n;
     }
     return buf;
+}
+
+/* Pearson correlation of two float images of n pixels; 0 when either is constant. */
+static inline double nbg_test_corr(const float *a, const float *b, size_t n)
+{
+    double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        ma += a[i];
+        mb += b[i];
+    }
+    ma /= (double)n;
+    mb /= (double)n;
+    for (size_t i = 0; i < n; ++i) {
+        const double x = a[i] - ma, y = b[i] - mb;
+        sab += x * y;
+        saa += x * x;
+        sbb += y * y;
+    }
+    return (saa > 0 && sbb > 0) ? sab / sqrt(saa * sbb) : 0;
+}
+
+/* 1 when id is in the comma-separated list (spaces around entries ignored), or the list is NULL or empty. */
+static inline int nbg_test_selected(const char *list, const char *id)
+{
+    if (list == NULL || list[0] == '\0') {
+        return 1;
+    }
+    const size_t n = strlen(id);
+    for (const char *p = list; *p != '\0';) {
+        while (*p == ',' || *p == ' ') {
+            ++p;
+        }
+        const char *e = p;
+        while (*e != '\0' && *e != ',') {
+            ++e;
+        }
+        const char *q = e;
+        while (q > p && q[-1] == ' ') {
+            --q;
+        }
+        if ((size_t)(q - p) == n && strncmp(p, id, n) == 0) {
+            return 1;
+        }
+        p = e;
+    }
+    return 0;
 }
 
 #endif /* NBG_TESTUTIL_H */
