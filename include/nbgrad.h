@@ -52,8 +52,12 @@ typedef enum { NBG_DOUBLE = 0, NBG_FLOAT = 1 } nbg_precision;
 
 typedef struct nbg_ctx nbg_ctx;
 
+/* The most threads a context may ask for. */
+#define NBG_MAX_THREADS 1024
+
 /* Creates a context.  backend AUTO picks CUDA when a GPU is usable and the CPU otherwise; CUDA without a GPU
- * fails with NBG_ENODEV.  nthreads <= 0 means the OpenMP default.  On failure *out is NULL. */
+ * fails with NBG_ENODEV.  nthreads <= 0 means the OpenMP default; above NBG_MAX_THREADS is NBG_EINVAL.  On
+ * failure *out is NULL. */
 int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, int nthreads);
 void nbg_ctx_destroy(nbg_ctx *ctx); /* NULL is a no-op */
 /* The backend actually in use (AUTO resolved). */
@@ -70,6 +74,22 @@ typedef struct {
 int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info);
 /* The message of the last failure on this context ("" when none). */
 const char *nbg_errmsg(const nbg_ctx *ctx);
+
+/* What an input may ask of the machine.  Every allocation whose size derives from input (a structure-factor
+ * table, an image read from a file, the plan's sources and crystal orientations, gradient accumulators) and the
+ * total work of a call are checked against these before anything is allocated or run; going over is an error
+ * (NBG_ENOMEM for memory, NBG_EINVAL for work) whose message states the size and names the limit, so that a
+ * two-line HKL file or a mistyped step count cannot allocate gigabytes or run for days.  A caller who does mean
+ * it raises the limit. */
+typedef struct {
+    double max_bytes;   /* the largest single allocation derived from input, bytes (4 GiB)                     */
+    double max_samples; /* the largest work of one call: pixels x samples per pixel (subpixels x layers x
+                           sources x phi steps x mosaic domains), (1e12: about an hour on a few CPU cores)       */
+} nbg_limits;
+void nbg_limits_default(nbg_limits *l);
+/* Sets the context's limits (both must be positive; NBG_EINVAL otherwise).  nbg_ctx_create sets the defaults. */
+int nbg_ctx_set_limits(nbg_ctx *ctx, const nbg_limits *l);
+int nbg_ctx_limits(const nbg_ctx *ctx, nbg_limits *l);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Structure factors                                                                                          */

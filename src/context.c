@@ -45,3 +45,56 @@ const char *nbg_errmsg(const nbg_ctx *ctx)
 {
     return ctx != NULL ? ctx->errmsg : "no context";
 }
+
+/* --- limits ------------------------------------------------------------------------------------------------ */
+
+void nbg_limits_default(nbg_limits *l)
+{
+    if (l != NULL) {
+        l->max_bytes = 4.0 * 1024 * 1024 * 1024;
+        l->max_samples = 1e12;
+    }
+}
+
+int nbg_ctx_set_limits(nbg_ctx *ctx, const nbg_limits *l)
+{
+    if (ctx == NULL || l == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_ctx_set_limits: NULL argument");
+    }
+    if (!(l->max_bytes > 0) || !(l->max_samples > 0)) {
+        return nbg_error(ctx, NBG_EINVAL, "limits must be positive (got max_bytes %g, max_samples %g)", l->max_bytes,
+                         l->max_samples);
+    }
+    ctx->limits = *l;
+    return NBG_OK;
+}
+
+int nbg_ctx_limits(const nbg_ctx *ctx, nbg_limits *l)
+{
+    if (ctx == NULL || l == NULL) {
+        return NBG_EINVAL;
+    }
+    *l = ctx->limits;
+    return NBG_OK;
+}
+
+void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l)
+{
+    if (ctx != NULL) {
+        *l = ctx->limits;
+    } else {
+        nbg_limits_default(l);
+    }
+}
+
+int nbg_check_bytes(nbg_ctx *ctx, double bytes, const char *what)
+{
+    nbg_limits l;
+    nbg_limits_of(ctx, &l);
+    if (bytes <= l.max_bytes) {
+        return NBG_OK;
+    }
+    return nbg_error(ctx, NBG_ENOMEM, "%s would need %.3g GB of memory, above the limit of %.3g GB: check the input, "
+                     "or raise the limit (-max_memory GB on the command line, nbg_ctx_set_limits in the library)",
+                     what, bytes / 1e9, l.max_bytes / 1e9);
+}

@@ -21,7 +21,16 @@ struct nbg_ctx {
     void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
     int break_param; /* nbg_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
     int scalar_adjoint; /* nbg_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
+    nbg_limits limits;  /* what an input may ask for (nbg_ctx_set_limits) */
 };
+
+/* The context's limits, or the defaults when ctx is NULL. */
+void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l);
+
+/* The one check of every allocation whose size derives from input, made before allocating: NBG_OK when bytes is
+ * within the memory limit, otherwise NBG_ENOMEM with a message naming what (e.g. "the structure-factor table of
+ * x.hkl (1001 x 1001 x 1001 entries)"), its size and how to proceed. */
+int nbg_check_bytes(nbg_ctx *ctx, double bytes, const char *what);
 
 /* Seconds on a monotonic clock. */
 double nbg_now(void);

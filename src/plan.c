@@ -14,11 +14,19 @@
 #include "setup.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define RTD (180.0 / M_PI)
+/* The most pixels along one detector side, and the most steps of one sampled quantity (phi, divergence,
+ * wavelength, sensor layers, mosaic domains); their product is bounded by the work limit (nbg_limits). */
+#define NBG_MAX_SIDE 10000000
+#define NBG_MAX_STEPS 100000000
+/* The largest Miller index the kernels may meet (they round indices to int). */
+#define NBG_MAX_MILLER 1e9
 
 void nbg_cross(const double a[3], const double b[3], double out[3]) { cross_d(a, b, out); }
 
@@ -67,8 +75,9 @@ static void set3(double v[3], double x, double y, double z)
     v[2] = z;
 }
 
-/* nanoBragg's auto-selection of a sampled range (divergence, dispersion): count, range and step given or not. */
-static void resolve_range(int *steps, double *range, double *step)
+/* nanoBragg's auto-selection of a sampled range (divergence, dispersion): count, range and step given or not.
+ * The counts are doubles here, so that a range over a tiny step cannot overflow an int before it is checked. */
+static void resolve_range(double *steps, double *range, double *step)
 {
     if (*steps <= 0) {
         if (*range < 0) {
@@ -84,7 +93,7 @@ static void resolve_range(int *steps, double *range, double *step)
             *step = *range;
             *steps = 2;
         } else {
-            *steps = (int)ceil(*range / *step);
+            *steps = ceil(*range / *step);
         }
     } else {
         if (*range < 0) {
@@ -110,7 +119,7 @@ static void resolve_range(int *steps, double *range, double *step)
 }
 
 /* The same for the sensor thickness, whose range-only rule differs (two layers of half the thickness). */
-static void resolve_thickness(int *steps, double *thick, double *step)
+static void resolve_thickness(double *steps, double *thick, double *step)
 {
     if (*steps <= 0) {
         if (*thick < 0) {
@@ -126,7 +135,7 @@ static void resolve_thickness(int *steps, double *thick, double *step)
             *steps = 2;
             *step = *thick / *steps;
         } else {
-            *steps = (int)ceil(*thick / *step);
+            *steps = ceil(*thick / *step);
         }
     } else {
         if (*thick < 0) {
@@ -151,7 +160,7 @@ static void resolve_thickness(int *steps, double *thick, double *step)
     }
 }
 
-static void resolve_phi(int *steps, double *osc, double *step)
+static void resolve_phi(double *steps, double *osc, double *step)
 {
     if (*steps < 0) {
         if (*osc < 0) {
@@ -167,7 +176,7 @@ static void resolve_phi(int *steps, double *osc, double *step)
             *steps = 2;
             *step = *osc / 2.0;
         } else {
-            *steps = (int)ceil(*osc / *step);
+            *steps = ceil(*osc / *step);
         }
     } else {
         if (*steps == 0) {
@@ -194,96 +203,209 @@ static void resolve_phi(int *steps, double *osc, double *step)
         }                                                                                                         \
     } while (0)
 
-static int validate(nbg_ctx *ctx, const nbg_experiment *e)
+/* The domain of one input quantity: a finite value in [lo, hi] (an open end where lo_open / hi_open), or exactly
+ * the field's "unset" value where it has one (NAN: none).  name is what the message calls it, with its flag. */
+typedef struct {
+    double v;
+    const char *name;
+    double lo, hi;
+    int lo_open, hi_open;
+    double unset;
+    const char *unit;
+} nbg_domain;
+
+static int check_domain(nbg_ctx *ctx, const nbg_domain *d)
 {
-    CHECK_FINITE(e->pixel, "pixel size");
-    CHECK_FINITE(e->distance, "distance");
-    CHECK_FINITE(e->lambda, "wavelength");
-    CHECK_FINITE(e->detsize_f, "detector size (fast)");
-    CHECK_FINITE(e->detsize_s, "detector size (slow)");
-    CHECK_FINITE(e->fluence, "fluence");
-    CHECK_FINITE(e->flux, "flux");
-    CHECK_FINITE(e->exposure, "exposure");
-    CHECK_FINITE(e->beamsize, "beam size");
-    CHECK_FINITE(e->polarization, "polarization factor");
-    CHECK_FINITE(e->Na, "Na");
-    CHECK_FINITE(e->Nb, "Nb");
-    CHECK_FINITE(e->Nc, "Nc");
-    CHECK_FINITE(e->fudge, "fudge");
-    CHECK_FINITE(e->phi0, "phi");
-    CHECK_FINITE(e->osc, "osc");
-    CHECK_FINITE(e->phistep, "phistep");
-    CHECK_FINITE(e->mosaic, "mosaic spread");
-    CHECK_FINITE(e->default_F, "default_F");
-    CHECK_FINITE(e->dmin, "dmin");
-    CHECK_FINITE(e->water, "water");
-    CHECK_FINITE(e->thick, "detector thickness");
-    CHECK_FINITE(e->dispersion, "dispersion");
-    CHECK_FINITE(e->hdivrange, "hdivrange");
-    CHECK_FINITE(e->vdivrange, "vdivrange");
-    CHECK_FINITE(e->hdivstep, "hdivstep");
-    CHECK_FINITE(e->vdivstep, "vdivstep");
-    CHECK_FINITE(e->twotheta, "twotheta");
-    CHECK_FINITE(e->sample_x, "sample size x");
-    CHECK_FINITE(e->sample_y, "sample size y");
-    CHECK_FINITE(e->sample_z, "sample size z");
-    CHECK_FINITE(e->beam_shift[0], "beam_fast shift");
-    CHECK_FINITE(e->beam_shift[1], "beam_slow shift");
-    for (int i = 0; i < 3; ++i) {
-        CHECK_FINITE(e->det_rot[i], "detector rotation");
-        CHECK_FINITE(e->misset[i], "misset angle");
+    if (!isnan(d->unset) && d->v == d->unset) {
+        return NBG_OK;
     }
-    if (!isnan(e->close_distance)) {
-        CHECK_FINITE(e->close_distance, "close_distance");
+    if (!isfinite(d->v)) {
+        return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", d->name, d->v);
     }
-    const double *opt[] = {&e->Xbeam, &e->Ybeam, &e->Xclose, &e->Yclose, &e->ORGX, &e->ORGY, &e->thick_abs};
-    const char *optname[] = {"Xbeam", "Ybeam", "Xclose", "Yclose", "ORGX", "ORGY", "detector_abs"};
-    for (int i = 0; i < 7; ++i) {
-        if (isinf(*opt[i]) && i != 6) {
-            return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", optname[i], *opt[i]);
+    const int below = d->lo_open ? !(d->v > d->lo) : !(d->v >= d->lo);
+    const int above = d->hi_open ? !(d->v < d->hi) : !(d->v <= d->hi);
+    if (below || above) {
+        char lo[32], hi[32];
+        snprintf(lo, sizeof lo, "%g", d->lo);
+        snprintf(hi, sizeof hi, "%g", d->hi);
+        return nbg_error(ctx, NBG_EINVAL, "%s must be in %s%s, %s%s%s%s (got %g%s%s)%s", d->name, d->lo_open ? "(" : "[",
+                         isinf(d->lo) ? "-inf" : lo, isinf(d->hi) ? "inf" : hi, d->hi_open ? ")" : "]",
+                         d->unit[0] ? " " : "", d->unit, d->v, d->unit[0] ? " " : "", d->unit,
+                         isnan(d->unset) ? "" : " or unset");
+    }
+    return NBG_OK;
+}
+
+/* A sampling count: -1 (automatic) or at least 1. */
+static int check_count(nbg_ctx *ctx, int n, const char *name)
+{
+    if (n == -1 || n >= 1) {
+        return NBG_OK;
+    }
+    return nbg_error(ctx, NBG_EINVAL, "%s must be a positive count (got %d; leave it unset for the automatic choice)",
+                     name, n);
+}
+
+/* The cell as given must describe a cell: positive lengths (b, c of 0 take a's value), angles in (0, 180) deg (0
+ * takes 90), and a positive volume, i.e. a positive-definite metric: each angle below the sum of the other two and
+ * the three below 360 deg.  nanoBragg renders an impossible cell as some other, flat or folded one. */
+static int check_cell(nbg_ctx *ctx, const double cell[6])
+{
+    static const char *len[3] = {"a", "b", "c"}, *ang[3] = {"alpha", "beta", "gamma"};
+    double c[3];
+    for (int i = 0; i < 6; ++i) {
+        CHECK_FINITE(cell[i], "unit cell parameter (-cell)");
+    }
+    if (!(cell[0] > 0)) {
+        return nbg_error(ctx, NBG_EINVAL, "unit cell length a must be positive (got %g A)", cell[0]);
+    }
+    for (int i = 1; i < 3; ++i) {
+        if (cell[i] < 0) {
+            return nbg_error(ctx, NBG_EINVAL, "unit cell length %s must be positive (got %g A)", len[i], cell[i]);
         }
     }
-    if (e->pixel <= 0) {
-        return nbg_error(ctx, NBG_EINVAL, "pixel size must be positive (got %g mm)", e->pixel);
+    for (int i = 0; i < 3; ++i) {
+        const double g = cell[3 + i];
+        if (g < 0 || g >= 180) {
+            return nbg_error(ctx, NBG_EINVAL, "unit cell angle %s must be in (0, 180) deg (got %g)", ang[i], g);
+        }
+        c[i] = cos((g == 0 ? 90.0 : g) / RTD);
+    }
+    const double v2 = 1 - c[0] * c[0] - c[1] * c[1] - c[2] * c[2] + 2 * c[0] * c[1] * c[2];
+    if (!(v2 > 1e-9)) {
+        return nbg_error(ctx, NBG_EINVAL, "the cell angles %g %g %g deg describe no cell (zero or negative volume): "
+                         "each angle must be less than the sum of the other two, and all three less than 360 deg in sum",
+                         cell[3], cell[4], cell[5]);
+    }
+    return NBG_OK;
+}
+
+/* Every input quantity's domain, in one place: the library calls and every subcommand go through here. */
+static int validate(nbg_ctx *ctx, const nbg_experiment *e)
+{
+    const double inf = INFINITY;
+    const nbg_domain dom[] = {
+        /* value, name, lo, hi, lo_open, hi_open, unset, unit */
+        {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, NAN, "mm"},
+        {e->distance, "distance (-distance)", 0, inf, 1, 1, NAN, "mm"},
+        {e->lambda, "wavelength (-lambda)", 1e-4, 1e4, 0, 0, NAN, "A"},
+        {e->detsize_f, "detector size, fast (-detsize_f)", 0, inf, 1, 1, NAN, "mm"},
+        {e->detsize_s, "detector size, slow (-detsize_s)", 0, inf, 1, 1, NAN, "mm"},
+        {e->fluence, "fluence (-fluence)", 0, inf, 0, 1, NAN, "photons/m^2"},
+        {e->flux, "flux (-flux)", 0, inf, 0, 1, NAN, "photons/s"},
+        {e->exposure, "exposure (-exposure)", 0, inf, 0, 1, NAN, "s"},
+        {e->beamsize, "beam size (-beamsize)", 0, inf, 0, 1, NAN, "mm"},
+        {e->polarization, "polarization factor (-polar)", -1, 1, 0, 0, NAN, ""},
+        {e->Na, "crystal size Na (-N, -Na)", 1, inf, 0, 1, NAN, "cells"},
+        {e->Nb, "crystal size Nb (-N, -Nb)", 1, inf, 0, 1, NAN, "cells"},
+        {e->Nc, "crystal size Nc (-N, -Nc)", 1, inf, 0, 1, NAN, "cells"},
+        {e->sample_x, "crystal size x (-samplesize, -sample_x)", 0, inf, 0, 1, NAN, "mm"},
+        {e->sample_y, "crystal size y (-samplesize, -sample_y)", 0, inf, 0, 1, NAN, "mm"},
+        {e->sample_z, "crystal size z (-samplesize, -sample_z)", 0, inf, 0, 1, NAN, "mm"},
+        {e->fudge, "shape fudge factor (-fudge)", 0, inf, 1, 1, NAN, ""},
+        {e->phi0, "spindle start (-phi)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->osc, "oscillation range (-osc)", 0, inf, 0, 1, -1, "deg"},
+        {e->phistep, "phi step (-phistep)", 0, inf, 0, 1, -1, "deg"},
+        {e->mosaic, "mosaic spread (-mosaic)", 0, 180, 0, 0, -1, "deg"},
+        {e->default_F, "default structure factor (-default_F)", -inf, inf, 1, 1, NAN, ""},
+        {e->dmin, "resolution limit (-dmin)", 0, inf, 0, 1, NAN, "A"},
+        {e->water, "water thickness (-water)", 0, inf, 0, 1, NAN, "um"},
+        {e->thick, "sensor thickness (-detector_thick)", 0, inf, 0, 1, NAN, "um"},
+        {e->dispersion, "spectral dispersion (-dispersion)", 0, 200, 0, 1, NAN, "percent"},
+        {e->hdivrange, "horizontal divergence (-hdivrange, -divergence)", 0, inf, 0, 1, -1, "mrad"},
+        {e->vdivrange, "vertical divergence (-vdivrange, -divergence)", 0, inf, 0, 1, -1, "mrad"},
+        {e->hdivstep, "horizontal divergence step (-hdivstep)", 0, inf, 0, 1, -1, "mrad"},
+        {e->vdivstep, "vertical divergence step (-vdivstep)", 0, inf, 0, 1, -1, "mrad"},
+        {e->twotheta, "two-theta (-twotheta)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->det_rot[0], "detector rotation x (-detector_rotx)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->det_rot[1], "detector rotation y (-detector_roty)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->det_rot[2], "detector rotation z (-detector_rotz)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->misset[0], "misset angle x (-misset)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->misset[1], "misset angle y (-misset)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->misset[2], "misset angle z (-misset)", -inf, inf, 1, 1, NAN, "deg"},
+        {e->beam_shift[0], "beam_fast shift", -inf, inf, 1, 1, NAN, "mm"},
+        {e->beam_shift[1], "beam_slow shift", -inf, inf, 1, 1, NAN, "mm"},
+    };
+    for (size_t i = 0; i < sizeof dom / sizeof dom[0]; ++i) {
+        const int rc = check_domain(ctx, &dom[i]);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+    }
+    if (!isnan(e->close_distance)) {
+        const nbg_domain cd = {e->close_distance, "close distance (-close_distance)", 0, inf, 1, 1, NAN, "mm"};
+        const int rc = check_domain(ctx, &cd);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+    }
+    /* optional positions: unset (NAN) or finite; the attenuation length: unset, 0 or inf (none), or positive */
+    const double opt[] = {e->Xbeam, e->Ybeam, e->Xclose, e->Yclose, e->ORGX, e->ORGY};
+    const char *optname[] = {"Xbeam (-Xbeam)", "Ybeam (-Ybeam)", "Xclose (-Xclose)", "Yclose (-Yclose)",
+                             "ORGX (-ORGX)", "ORGY (-ORGY)"};
+    for (int i = 0; i < 6; ++i) {
+        if (isinf(opt[i])) {
+            return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", optname[i], opt[i]);
+        }
+    }
+    if (e->thick_abs < 0) {
+        return nbg_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
+                         e->thick_abs);
     }
     if (e->fpixels < 0 || e->spixels < 0) {
         return nbg_error(ctx, NBG_EINVAL, "pixel counts must not be negative (got %d x %d)", e->fpixels,
                          e->spixels);
     }
-    if (e->lambda <= 0) {
-        return nbg_error(ctx, NBG_EINVAL, "wavelength must be positive (got %g A)", e->lambda);
+    const struct {
+        int n;
+        const char *name;
+    } counts[] = {{e->oversample, "oversampling (-oversample)"},   {e->thicksteps, "sensor layers (-thicksteps)"},
+                  {e->dispsteps, "wavelength steps (-dispsteps)"},  {e->hdivsteps, "divergence steps (-hdivsteps)"},
+                  {e->vdivsteps, "divergence steps (-vdivsteps)"},  {e->phisteps, "phi steps (-phisteps)"},
+                  {e->mosaic_domains, "mosaic domains (-mosaic_dom)"}};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; ++i) {
+        const int rc = check_count(ctx, counts[i].n, counts[i].name);
+        if (rc != NBG_OK) {
+            return rc;
+        }
     }
-    if (e->distance <= 0 && isnan(e->close_distance)) {
-        return nbg_error(ctx, NBG_EINVAL, "distance must be positive (got %g mm)", e->distance);
+    if ((unsigned)e->convention > NBG_CONV_CUSTOM || (unsigned)e->pivot > NBG_PIVOT_SAMPLE ||
+        (unsigned)e->shape > NBG_SHAPE_TOPHAT || e->interpolate < -1 || e->interpolate > 1) {
+        return nbg_error(ctx, NBG_EINVAL, "unknown convention (%d), pivot (%d), crystal shape (%d) or interpolation "
+                         "mode (%d)", (int)e->convention, (int)e->pivot, (int)e->shape, e->interpolate);
+    }
+    for (int i = 0; i < 4; ++i) {
+        if (e->roi[i] < -1) {
+            return nbg_error(ctx, NBG_EINVAL, "region of interest (-roi) bounds must be pixel indices (got %d)",
+                             e->roi[i]);
+        }
+    }
+    for (int i = 0; i < 4; i += 2) {
+        if (e->roi[i] >= 0 && e->roi[i + 1] >= 0 && e->roi[i] > e->roi[i + 1]) {
+            return nbg_error(ctx, NBG_EINVAL, "region of interest (-roi) is empty: %s from %d to %d",
+                             i == 0 ? "x" : "y", e->roi[i], e->roi[i + 1]);
+        }
     }
     if (!e->has_cell && !e->has_mat) {
         return nbg_error(ctx, NBG_EINVAL, "no crystal: give a unit cell or an orientation matrix");
     }
     if (e->has_cell) {
-        for (int i = 0; i < 6; ++i) {
-            CHECK_FINITE(e->cell[i], "unit cell parameter");
-        }
-        if (e->cell[0] <= 0) {
-            return nbg_error(ctx, NBG_EINVAL, "unit cell length a must be positive (got %g A)", e->cell[0]);
+        const int rc = check_cell(ctx, e->cell);
+        if (rc != NBG_OK) {
+            return rc;
         }
     }
     if (e->has_mat) {
         for (int i = 0; i < 9; ++i) {
-            CHECK_FINITE(e->mat[i], "orientation matrix element");
+            CHECK_FINITE(e->mat[i], "orientation matrix element (-mat)");
         }
     }
     if (e->hkl == NULL && e->default_F == 0) {
         return nbg_error(ctx, NBG_EINVAL,
                          "no structure factors: give an HKL table or a non-zero default_F (the image would be blank)");
     }
-    if (e->mosaic_domains == 0 || e->mosaic_domains < -1) {
-        return nbg_error(ctx, NBG_EINVAL, "mosaic domain count must be positive (got %d)", e->mosaic_domains);
-    }
     if (e->nsources < 0 || (e->nsources > 0 && e->sources == NULL)) {
         return nbg_error(ctx, NBG_EINVAL, "source list is inconsistent (%d sources)", e->nsources);
-    }
-    if (e->oversample > 1000 || e->thicksteps > 100000 || e->phisteps > 1000000 || e->mosaic_domains > 1000000) {
-        return nbg_error(ctx, NBG_EINVAL, "sampling counts are unreasonably large");
     }
     return NBG_OK;
 }
@@ -352,6 +474,57 @@ void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doubl
     }
 }
 
+/* nanoBragg's elliptical cut of the divergence grid: 1 when grid point (hi, vi) is left out.  A zero range gives
+ * NaN, which is never cut. */
+static int divergence_cut(int round_div, int hi, int vi, int hsteps, int vsteps, double hrange, double vrange,
+                          double hstep, double vstep)
+{
+    const double hdiv = hstep * hi - hrange / 2.0;
+    const double vdiv = vstep * vi - vrange / 2.0;
+    double test = (hdiv * hdiv - hstep * hstep / 4.0 * (1 - hsteps % 2)) / hrange / hrange;
+    test += (vdiv * vdiv - vstep * vstep / 4.0 * (1 - vsteps % 2)) / vrange / vrange;
+    return round_div && test * 4.0 > 1.1;
+}
+
+/* The total work of a call, pixels x samples per pixel, against the work limit; checked before anything is
+ * allocated for it.  The pixels are those of the region of interest. */
+static int check_work(nbg_ctx *ctx, const nbg_experiment *e, int fpixels, int spixels, int os, int thicksteps,
+                      int nsrc, int phisteps, int domains)
+{
+    const double per = (double)os * os * thicksteps * nsrc * phisteps * domains;
+    const int x0 = e->roi[0] < 0 ? 0 : e->roi[0], y0 = e->roi[2] < 0 ? 0 : e->roi[2];
+    const int x1 = e->roi[1] < 0 || e->roi[1] >= fpixels ? fpixels - 1 : e->roi[1];
+    const int y1 = e->roi[3] < 0 || e->roi[3] >= spixels ? spixels - 1 : e->roi[3];
+    const double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
+    nbg_limits lim;
+    nbg_limits_of(ctx, &lim);
+    if (per > INT_MAX || pixels * per > lim.max_samples) {
+        return nbg_error(ctx, NBG_EINVAL, "this run would evaluate %.3g samples: %.0f pixels x %.3g per pixel (%d x %d "
+                         "subpixels x %d sensor layers x %d sources x %d phi steps x %d mosaic domains), above the "
+                         "limit of %.3g%s: reduce the sampling, or raise the limit (-max_samples on the command line, "
+                         "nbg_ctx_set_limits in the library)", pixels * per, pixels, per, os, os, thicksteps, nsrc,
+                         phisteps, domains, per > INT_MAX ? (double)INT_MAX : lim.max_samples,
+                         per > INT_MAX ? " per pixel" : "");
+    }
+    return NBG_OK;
+}
+
+/* A sampling count resolved from ranges and steps: at least 1 and small enough for an int (the product of all
+ * counts is checked against the work limit later).  A range over a tiny step gives a huge count here rather than
+ * an integer overflow. */
+static int step_count(nbg_ctx *ctx, double n, const char *what, int *out)
+{
+    if (!(n >= 1)) {
+        return nbg_error(ctx, NBG_EINVAL, "%s: the range and step give no step (%g)", what, n);
+    }
+    if (!(n <= NBG_MAX_STEPS)) {
+        return nbg_error(ctx, NBG_EINVAL, "%s: the range and step give %.3g steps, beyond the limit of %g", what, n,
+                         (double)NBG_MAX_STEPS);
+    }
+    *out = (int)n;
+    return NBG_OK;
+}
+
 static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, double lambda0)
 {
     nbg_report *r = &pl->rep;
@@ -411,9 +584,18 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         detsize_s = px * e->spixels;
     }
     const double nf = ceil(detsize_f / px - 0.5), ns = ceil(detsize_s / px - 0.5);
-    if (!(nf >= 1 && ns >= 1 && nf * ns <= 1e9)) {
-        return nbg_error(ctx, NBG_EINVAL, "detector of %g x %g pixels is impossible (size %g x %g mm, pixel %g mm)",
-                         nf, ns, detsize_f * 1000, detsize_s * 1000, e->pixel);
+    if (!(nf >= 1 && ns >= 1 && nf <= NBG_MAX_SIDE && ns <= NBG_MAX_SIDE)) {
+        return nbg_error(ctx, NBG_EINVAL, "a detector of %g x %g pixels is impossible (size %g x %g mm, pixel %g mm; "
+                         "each side must have 1 to %g pixels)", nf, ns, detsize_f * 1000, detsize_s * 1000, e->pixel,
+                         (double)NBG_MAX_SIDE);
+    }
+    {
+        char what[96];
+        snprintf(what, sizeof what, "an image of %g x %g pixels", nf, ns);
+        rc = nbg_check_bytes(ctx, nf * ns * sizeof(float), what);
+        if (rc != NBG_OK) {
+            return rc;
+        }
     }
     const int fpixels = (int)nf, spixels = (int)ns;
 
@@ -547,20 +729,20 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     /* --- sampling ----------------------------------------------------------------------------------------- */
     double phi0 = e->phi0 / RTD, osc = e->osc < 0 ? e->osc : e->osc / RTD;
     double phistep = e->phistep < 0 ? e->phistep : e->phistep / RTD;
-    int phisteps = e->phisteps;
-    resolve_phi(&phisteps, &osc, &phistep);
+    double phisteps_d = e->phisteps;
+    resolve_phi(&phisteps_d, &osc, &phistep);
     double hrange = e->hdivrange < 0 ? e->hdivrange : e->hdivrange / 1000.0;
     double vrange = e->vdivrange < 0 ? e->vdivrange : e->vdivrange / 1000.0;
     double hstep = e->hdivstep < 0 ? e->hdivstep : e->hdivstep / 1000.0;
     double vstep = e->vdivstep < 0 ? e->vdivstep : e->vdivstep / 1000.0;
-    int hsteps = e->hdivsteps, vsteps = e->vdivsteps;
-    resolve_range(&hsteps, &hrange, &hstep);
-    resolve_range(&vsteps, &vrange, &vstep);
+    double hsteps_d = e->hdivsteps, vsteps_d = e->vdivsteps;
+    resolve_range(&hsteps_d, &hrange, &hstep);
+    resolve_range(&vsteps_d, &vrange, &vstep);
     double disp = e->dispersion / 100.0, dispstep = -1;
-    int dispsteps = e->dispsteps;
-    resolve_range(&dispsteps, &disp, &dispstep);
+    double dispsteps_d = e->dispsteps;
+    resolve_range(&dispsteps_d, &disp, &dispstep);
     double thick = e->thick / 1e6, thickstep = -1, mu = -1;
-    int thicksteps = e->thicksteps;
+    double thicksteps_d = e->thicksteps;
     if (!isnan(e->thick_abs)) {
         if (e->thick_abs == 0 || isinf(e->thick_abs)) {
             mu = 0; /* no attenuation; nanoBragg then also drops the thickness */
@@ -569,7 +751,17 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
             mu = 1.0 / (e->thick_abs * 1e-6);
         }
     }
-    resolve_thickness(&thicksteps, &thick, &thickstep);
+    resolve_thickness(&thicksteps_d, &thick, &thickstep);
+    int phisteps = 0, hsteps = 0, vsteps = 0, dispsteps = 0, thicksteps = 0;
+    if ((rc = step_count(ctx, phisteps_d, "phi steps (-osc / -phistep, -phisteps)", &phisteps)) != NBG_OK ||
+        (rc = step_count(ctx, hsteps_d, "horizontal divergence steps (-hdivrange / -hdivstep, -divsteps)", &hsteps)) !=
+            NBG_OK ||
+        (rc = step_count(ctx, vsteps_d, "vertical divergence steps (-vdivrange / -vdivstep, -divsteps)", &vsteps)) !=
+            NBG_OK ||
+        (rc = step_count(ctx, dispsteps_d, "wavelength steps (-dispersion, -dispsteps)", &dispsteps)) != NBG_OK ||
+        (rc = step_count(ctx, thicksteps_d, "sensor layers (-detector_thick / -thicksteps)", &thicksteps)) != NBG_OK) {
+        return rc;
+    }
     if (thick > 0 && mu < 0) {
         mu = 1.0 / thick;
     }
@@ -626,9 +818,10 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     Sbeam = dout.Sbeam;
     Fclose = dout.Fclose;
     Sclose = dout.Sclose;
-    if (!(fabs(close_distance) > 0) || !isfinite(distance)) {
-        return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through the "
-                         "sample (close distance %g mm)", close_distance * 1000);
+    if (!(close_distance > 0) || !isfinite(distance)) {
+        return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
+                         "behind the sample (close distance %g mm along the detector normal; check -distance, "
+                         "-close_distance and the detector rotations)", close_distance * 1000);
     }
 
     /* --- crystal ------------------------------------------------------------------------------------------ */
@@ -657,31 +850,59 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         }
         xtal_max = fmax(xtal_max, len * N[i]);
     }
-    int rec_os = (int)ceil(3.0 * xtal_max / (lambda0 * distance / px));
-    if (rec_os < 1) {
-        rec_os = 1;
-    }
-    if (e->oversample <= 0 && rec_os > 64) {
+    /* in double first: an absurd crystal size must not overflow the int */
+    const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (lambda0 * distance / px)));
+    if (e->oversample <= 0 && !(rec_os_d <= 64)) {
         /* nanoBragg would silently run rec_os^2 subpixels per pixel, which for a large crystal takes hours */
-        return nbg_error(ctx, NBG_EINVAL, "automatic oversampling would use %d x %d subpixels per pixel (the crystal "
-                         "is %g mm across); give -oversample explicitly", rec_os, rec_os, xtal_max * 1000);
+        return nbg_error(ctx, NBG_EINVAL, "automatic oversampling would use %.3g x %.3g subpixels per pixel (the "
+                         "crystal is %g mm across); give -oversample explicitly", rec_os_d, rec_os_d, xtal_max * 1000);
     }
+    const int rec_os = rec_os_d < INT_MAX ? (int)rec_os_d : INT_MAX;
     int os = e->oversample <= 0 ? rec_os : e->oversample;
     r->warn_oversample = os < rec_os;
 
     /* --- sources ------------------------------------------------------------------------------------------ */
-    int nsrc;
-    double *pos;
-    double *lamrel = NULL; /* d lambda_i / d lambda0 */
-    if (e->nsources > 0) {
-        nsrc = e->nsources;
-        pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
-        lamrel = malloc(sizeof(double) * (size_t)nsrc);
-        if (pos == NULL || lamrel == NULL) {
-            free(pos);
-            free(lamrel);
-            return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
+    /* the count first (bounded by the memory limit before any loop over the divergence grid), then the work
+     * check, then the arrays */
+    int nsrc = e->nsources;
+    if (nsrc == 0) {
+        char what[160];
+        snprintf(what, sizeof what, "the X-ray sources (%d x %d divergence x %d wavelength steps)", hsteps, vsteps,
+                 dispsteps);
+        rc = nbg_check_bytes(ctx, (double)hsteps * vsteps * dispsteps * (5 + NBG_SRC_STRIDE) * sizeof(double), what);
+        if (rc != NBG_OK) {
+            return rc;
         }
+        int ndiv = 0;
+        for (int hi = 0; hi < hsteps; ++hi) {
+            for (int vi = 0; vi < vsteps; ++vi) {
+                ndiv += !divergence_cut(e->round_div, hi, vi, hsteps, vsteps, hrange, vrange, hstep, vstep);
+            }
+        }
+        nsrc = ndiv * dispsteps;
+        if (nsrc <= 0) {
+            return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
+        }
+    } else {
+        rc = nbg_check_bytes(ctx, (double)nsrc * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
+        if (rc != NBG_OK) {
+            return rc;
+        }
+    }
+    rc = check_work(ctx, e, fpixels, spixels, os, thicksteps, nsrc, phisteps, domains);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
+    double *lamrel = malloc(sizeof(double) * (size_t)nsrc); /* d lambda_i / d lambda0 */
+    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
+    pl->src_lamrel = lamrel;
+    if (pos == NULL || lamrel == NULL || pl->src == NULL) {
+        free(pos);
+        nbg_plan_free(pl);
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
+    }
+    if (e->nsources > 0) {
         for (int i = 0; i < nsrc; ++i) {
             const nbg_source *sr = &e->sources[i];
             for (int j = 0; j < 3; ++j) {
@@ -692,65 +913,34 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
                 !isfinite(pos[4 * i + 3]) || nbg_norm(pos + 4 * i) == 0) {
                 free(pos);
-                free(lamrel);
+                nbg_plan_free(pl);
                 return nbg_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
             }
         }
     } else {
-        int ndiv = 0;
-        for (int pass = 0; pass < 2; ++pass) {
-            pos = NULL;
-            if (pass == 1) {
-                pos = malloc(sizeof(double) * 4 * (size_t)(ndiv * dispsteps));
-                lamrel = malloc(sizeof(double) * (size_t)(ndiv * dispsteps));
-                if (pos == NULL || lamrel == NULL) {
-                    free(pos);
-                    free(lamrel);
-                    return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", ndiv * dispsteps);
+        int n = 0;
+        for (int hi = 0; hi < hsteps; ++hi) {
+            for (int vi = 0; vi < vsteps; ++vi) {
+                if (divergence_cut(e->round_div, hi, vi, hsteps, vsteps, hrange, vrange, hstep, vstep)) {
+                    continue;
                 }
-            }
-            int n = 0;
-            for (int hi = 0; hi < hsteps; ++hi) {
-                for (int vi = 0; vi < vsteps; ++vi) {
-                    const double hdiv = hstep * hi - hrange / 2.0;
-                    const double vdiv = vstep * vi - vrange / 2.0;
-                    /* elliptical cut; a zero range gives NaN, which is never cut */
-                    double test = (hdiv * hdiv - hstep * hstep / 4.0 * (1 - hsteps % 2)) / hrange / hrange;
-                    test += (vdiv * vdiv - vstep * vstep / 4.0 * (1 - vsteps % 2)) / vrange / vrange;
-                    if (e->round_div && test * 4.0 > 1.1) {
-                        continue;
-                    }
-                    if (pass == 0) {
-                        ++ndiv;
-                        continue;
-                    }
-                    double v0[3] = {-10.0 * b[0], -10.0 * b[1], -10.0 * b[2]}, v1[3];
-                    rotate_axis(v0, pol, vdiv, v1);
-                    rotate_axis(v1, vert, hdiv, v0);
-                    for (int di = 0; di < dispsteps; ++di) {
-                        pos[4 * n + 0] = v0[0];
-                        pos[4 * n + 1] = v0[1];
-                        pos[4 * n + 2] = v0[2];
-                        pos[4 * n + 3] = lambda0 * (1.0 + dispstep * di - disp / 2.0);
-                        lamrel[n] = 1.0 + dispstep * di - disp / 2.0;
-                        ++n;
-                    }
+                const double hdiv = hstep * hi - hrange / 2.0;
+                const double vdiv = vstep * vi - vrange / 2.0;
+                double v0[3] = {-10.0 * b[0], -10.0 * b[1], -10.0 * b[2]}, v1[3];
+                rotate_axis(v0, pol, vdiv, v1);
+                rotate_axis(v1, vert, hdiv, v0);
+                for (int di = 0; di < dispsteps; ++di) {
+                    pos[4 * n + 0] = v0[0];
+                    pos[4 * n + 1] = v0[1];
+                    pos[4 * n + 2] = v0[2];
+                    pos[4 * n + 3] = lambda0 * (1.0 + dispstep * di - disp / 2.0);
+                    lamrel[n] = 1.0 + dispstep * di - disp / 2.0;
+                    ++n;
                 }
             }
         }
-        nsrc = ndiv * dispsteps;
     }
-    if (nsrc <= 0) {
-        free(pos);
-        free(lamrel);
-        return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
-    }
-    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
-    pl->src_lamrel = lamrel;
-    if (pl->src == NULL) {
-        free(pos);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
-    }
+    double lambda_min = INFINITY;
     for (int i = 0; i < nsrc; ++i) {
         double *sr = pl->src + NBG_SRC_STRIDE * i;
         double inc[3] = {-pos[4 * i], -pos[4 * i + 1], -pos[4 * i + 2]};
@@ -763,18 +953,43 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         memcpy(sr, inc, sizeof inc);
         sr[3] = pos[4 * i + 3];
         if (!(sr[3] > 0)) {
+            const double bad = sr[3];
             free(pos);
             nbg_plan_free(pl);
             return nbg_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
-                             i + 1, sr[3] * 1e10);
+                             i + 1, bad * 1e10);
         }
+        lambda_min = fmin(lambda_min, sr[3]);
         memcpy(sr + 4, Ev, sizeof Ev);
         memcpy(sr + 7, Bv, sizeof Bv);
     }
     free(pos);
+    /* the kernels round Miller indices to int: |h| <= 2 |a| / lambda must stay well inside that range */
+    {
+        double amax = 0;
+        for (int i = 0; i < 3; ++i) {
+            amax = fmax(amax, nbg_norm(pl->a0 + 3 * i));
+        }
+        const double hmax = 2.0 * amax / lambda_min;
+        if (!(hmax < NBG_MAX_MILLER)) {
+            nbg_plan_free(pl);
+            return nbg_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
+                             "wavelength %g A), beyond the %g the kernels handle: check the cell and the wavelength",
+                             hmax, amax * 1e10, lambda_min * 1e10, NBG_MAX_MILLER);
+        }
+    }
 
     /* --- spindle and mosaic rotations --------------------------------------------------------------------- */
     memcpy(pl->spindle, u, sizeof u);
+    {
+        char what[128];
+        snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
+        rc = nbg_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
+        if (rc != NBG_OK) {
+            nbg_plan_free(pl);
+            return rc;
+        }
+    }
     pl->phi = malloc(sizeof(double) * (size_t)phisteps);
     pl->umat = malloc(sizeof(double) * 9 * (size_t)domains);
     pl->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
@@ -887,7 +1102,7 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     const double w = e->water / 1e6;
     k->water = w != 0;
     k->I_bg = 2.57 * 2.57 * NBG_RE2 * fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
-    const int steps = nsrc * domains * phisteps * os * os;
+    const int steps = nsrc * domains * phisteps * os * os; /* fits: check_work */
     k->scale = NBG_RE2 * fluence / steps;
 
     pl->lambda0 = lambda0;

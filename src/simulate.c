@@ -27,6 +27,9 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
     if (precision != NBG_DOUBLE && precision != NBG_FLOAT) {
         return NBG_EINVAL;
     }
+    if (nthreads > NBG_MAX_THREADS) {
+        return NBG_EINVAL;
+    }
     nbg_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx == NULL) {
         return NBG_ENOMEM;
@@ -35,6 +38,7 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
     ctx->nthreads = nthreads;
     ctx->backend = NBG_BACKEND_CPU;
     ctx->break_param = -1;
+    nbg_limits_default(&ctx->limits);
     if (backend != NBG_BACKEND_CPU) {
 #ifdef NBG_HAVE_CUDA
         int rc = nbg_cuda_init(ctx);

@@ -327,7 +327,7 @@ static void test_failures(void)
     FAILCASE("CLI-negative-pixels", "-detpixels -5", ARGS(BASE, OUTS, "-detpixels", "-5"), ARGS("-detpixels"), none);
     FAILCASE("CLI-zero-volume", "-cell 100 100 100 90 90 180 (coplanar a, b)",
              ARGS(OUTS, "-default_F", "100", "-detpixels", "64", "-cell", "100", "100", "100", "90", "90", "180"),
-             ARGS("cell", "volume"), none);
+             ARGS("cell", "gamma", "(0, 180)"), none);
     FAILCASE("CLI-zero-volume", "-cell 100 100 100 60 60 120 (alpha + beta = gamma: coplanar axes)",
              ARGS(OUTS, "-default_F", "100", "-detpixels", "64", "-cell", "100", "100", "100", "60", "60", "120"),
              ARGS("cell", "volume"), none);

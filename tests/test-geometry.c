@@ -412,6 +412,10 @@ static void test_rotations(void)
             e.det_rot[2] = rots[ir][2];
             e.twotheta = rots[ir][3];
             if (nbg_describe(g_ctx, &e, &r) != NBG_OK) {
+                /* an extreme rotation may turn the detector edge-on or away from the sample: refused, rightly */
+                if (strstr(nbg_errmsg(g_ctx), "behind the sample") != NULL) {
+                    continue;
+                }
                 nbg_test_check(0, "ROT-orthonormal", "%s rotation %g %g %g twotheta %g: %s", names[ic], rots[ir][0],
                                rots[ir][1], rots[ir][2], rots[ir][3], nbg_errmsg(g_ctx));
                 continue;
