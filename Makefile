@@ -166,3 +166,91 @@ clean:
 .PHONY: all deps test demo bench clean checksymbols
 .SECONDARY:
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sanitizer and fuzzing tiers (run by .ci/run after `make test`).
+#
+#   make test-asan  the library, the program and a fast subset of the tests built with ASan + UBSan into
+#                   $(B)/asan and run by tests/run-all.sh ($(B)/asan/nbgrad is the program they test)
+#   make fuzz       builds the libFuzzer harnesses (tests/fuzz/fuzz-*.c) into $(B)/fuzz and runs each for FUZZ_TIME
+#                   seconds on a scratch corpus $(B)/fuzz/corpus/<target> seeded from tests/fuzz/corpus/<target>,
+#                   going on past findings (fork mode); findings are saved under $(B)/fuzz/findings/<target>/
+#   make fuzz-ci    every committed corpus and tests/fuzz/regress/<target>/ input once, then each harness for
+#                   FUZZ_CI_TIME seconds from the committed corpus, stopping at the first finding
+#   make fuzz-build the harnesses only
+#
+# The fuzzing build needs clang with its libFuzzer runtime ($(B)/fuzz/.deps installs clang and libclang-rt-14-dev
+# when missing); it uses OpenMP when clang can link it, else runs serially (tests/fuzz/noomp/omp.h).
+# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (60), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
+# ASAN_TESTS, ASAN_GOLDEN_CASES.
+
+FUZZ_CC      ?= clang
+FZ           := $(B)/fuzz
+FUZZ_TARGETS ?= hkl fdump smv sources matrix cli
+FUZZ_TIME    ?= 300
+FUZZ_CI_TIME ?= 60
+FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
+FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsanitize=fuzzer,address,undefined \
+                -fsanitize=float-cast-overflow -fno-sanitize-recover=all -DNBG_NO_REFINE $(WARN) -Wno-pass-failed \
+                -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
+FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))
+
+$(FZ)/.deps:
+	@mkdir -p $(FZ)
+	@check() { echo 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return d == 0 && n; }' | \
+	   $(FUZZ_CC) -fsanitize=fuzzer,address,undefined -x c - -o $(FZ)/.fuzz-check >/dev/null 2>&1; }; \
+	 if ! check; then \
+	   missing=""; command -v $(FUZZ_CC) >/dev/null 2>&1 || missing="clang"; missing="$$missing libclang-rt-14-dev"; \
+	   echo "installing Debian packages: $$missing"; \
+	   SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	   $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null || \
+	     { echo "could not install: $$missing"; exit 1; }; \
+	   check || { echo "$(FUZZ_CC) cannot build a libFuzzer program (-fsanitize=fuzzer)"; exit 1; }; \
+	 fi; \
+	 if printf '#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n' | \
+	    $(FUZZ_CC) -fopenmp -x c - -o $(FZ)/.fuzz-check >/dev/null 2>&1; then echo "-fopenmp" > $(FZ)/omp-flags; \
+	 else echo "-Wno-unknown-pragmas -Itests/fuzz/noomp" > $(FZ)/omp-flags; fi; \
+	 rm -f $(FZ)/.fuzz-check; touch $@
+
+$(FZ)/obj/%.o: %.c | $(FZ)/.deps
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) -c $< -o $@
+
+$(FZ)/libnbgrad.a: $(patsubst %.c,$(FZ)/obj/%.o,$(FUZZ_LIB_SRC))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FZ)/fuzz-cli: $(FZ)/obj/tests/fuzz/fuzz-cli.o $(FZ)/obj/src/cli.o $(FZ)/libnbgrad.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm
+
+$(FZ)/fuzz-%: $(FZ)/obj/tests/fuzz/fuzz-%.o $(FZ)/libnbgrad.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@sh tests/fuzz/run.sh fuzz $(FZ) $(FUZZ_TIME) "$(FUZZ_OPTS)" $(FUZZ_TARGETS)
+
+fuzz-ci: fuzz-build
+	@sh tests/fuzz/run.sh ci $(FZ) $(FUZZ_CI_TIME) "$(FUZZ_OPTS)" $(FUZZ_TARGETS)
+
+# The ASan + UBSan tier: a second build of the same sources (CUDA off) with its own program, which the tests
+# that run the program find through NBG_BIN.  test-golden runs ASAN_GOLDEN_CASES only.  test-examples is left
+# out (it runs build/examples/... by fixed paths); so are the slow test-refine, test-cuda*, test-jvp.
+ASAN_B            := $(B)/asan
+ASAN_OPT          := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+ASAN_TESTS        ?= test-io test-cli test-rng test-geometry test-grad test-cli-grad test-golden
+ASAN_GOLDEN_CASES ?= beam_center_64,hkl_pattern,sourcefile,mask,img_header,roi,noise_seeded,divergence_dispersion
+ASAN_ENV          := ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1 \
+                     UBSAN_OPTIONS=abort_on_error=1:halt_on_error=1:print_stacktrace=1
+
+test-asan:
+	@$(MAKE) --no-print-directory B=$(ASAN_B) OPT="$(ASAN_OPT)" CUDA=0 \
+	   $(ASAN_B)/nbgrad $(patsubst %,$(ASAN_B)/tests/%,$(ASAN_TESTS))
+	@for p in $(ASAN_B)/tests/test-*; do \
+	   case " $(ASAN_TESTS) " in *" $${p##*/} "*) ;; *) case "$$p" in *.o|*.d) ;; *) rm -f "$$p" ;; esac ;; esac; \
+	 done
+	@$(ASAN_ENV) NBG_BIN=$(ASAN_B)/nbgrad NBG_GOLDEN_CASES=$(ASAN_GOLDEN_CASES) sh tests/run-all.sh $(ASAN_B)
+
+.PHONY: fuzz fuzz-ci fuzz-build test-asan

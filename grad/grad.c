@@ -477,6 +477,27 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
     return NBG_OK;
 }
 
+/* A gradient that is not finite (an image that is, but a loss whose derivative overflows) is an error, not a
+ * result. */
+static int gradient_check(nbg_ctx *ctx, nbg_param_mask mask, const nbg_grad *grad)
+{
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if ((mask & NBG_MASK(p)) && !isfinite(grad->g[p])) {
+            return nbg_error(ctx, NBG_EINVAL, "the gradient in %s is not finite (%g)", nbg_param_name((nbg_param)p),
+                             grad->g[p]);
+        }
+    }
+    if ((mask & NBG_MASK_F) && grad->dF != NULL) {
+        for (size_t i = 0; i < grad->ndF; ++i) {
+            if (!isfinite(grad->dF[i])) {
+                return nbg_error(ctx, NBG_EINVAL, "the gradient in structure factor %zu is not finite (%g)", i,
+                                 grad->dF[i]);
+            }
+        }
+    }
+    return NBG_OK;
+}
+
 /* Builds the plan of a gradient call and checks the buffers' size and what the mask asks for; on failure the
  * plan holds nothing. */
 static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg_param_mask mask, nbg_plan *pl)
@@ -512,6 +533,12 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
     }
     pl.rep.time_setup = nbg_now() - t0;
     rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+    if (rc == NBG_OK) {
+        rc = nbg_image_check(ctx, &pl, image, NAN);
+    }
+    if (rc == NBG_OK) {
+        rc = gradient_check(ctx, mask, grad);
+    }
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;
     }
@@ -576,6 +603,9 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
             memset(grad->g, 0, sizeof grad->g); /* the loss alone: no reverse pass */
         } else {
             rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+            if (rc == NBG_OK) {
+                rc = gradient_check(ctx, mask, grad);
+            }
         }
     }
     free(dLdI);
@@ -615,6 +645,7 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     }
     if (rc == NBG_OK) {
         nbg_jvp_cpu(&pl.k, t, nparams, tangents, image, ctx->scalar_adjoint == 0);
+        rc = nbg_image_check(ctx, &pl, image, NAN);
     }
     for (int j = 0; j < nt; ++j) {
         free(t[j].abc);

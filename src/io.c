@@ -21,8 +21,11 @@
 
 /* Miller indices beyond this magnitude are treated as a malformed file rather than a table to allocate. */
 #define IO_MAX_INDEX 1000000L
-/* The largest structure-factor table (entries, padding included) that a file may ask for: 16 GiB of doubles. */
-#define IO_MAX_TABLE (1LL << 31)
+/* An HKL table above IO_SPARSE_BYTES filled with fewer than one reflection per IO_SPARSE_RATIO entries is a file
+ * with stray indices, not a structure: the sparsest asymmetric unit (cubic, 1/48 of a sphere in its cube) fills
+ * about 1 %. */
+#define IO_SPARSE_BYTES (256.0 * 1024 * 1024)
+#define IO_SPARSE_RATIO 1000.0
 /* The largest SMV header accepted, in bytes. */
 #define IO_MAX_SMV_HEADER (1L << 20)
 /* The largest SMV image side accepted, in pixels. */
@@ -88,37 +91,56 @@ static int split_tokens(char *line, const char *delims, char **tok, int max)
 /* Writing through a temporary file                                                                            */
 /* ---------------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    FILE *fp;
-    char *tmp;        /* the temporary name, or NULL when writing straight to the target */
-    const char *path; /* the target */
-} out_file;
-
-/* Opens a temporary file next to path.  When path exists and is not a regular file (a device such as /dev/null,
- * a FIFO, a symbolic link) it is opened directly, since renaming over it would not write through it. */
-static int out_open(nbg_ctx *ctx, const char *path, out_file *o)
+/* Opens a temporary file next to the target.  The target is path itself, or, when path is a symbolic link, the
+ * file the link resolves to (so that writing through a link is as atomic as writing a plain file; a dangling link
+ * is refused).  When the target exists and is not a regular file (a device such as /dev/null, a FIFO) it is opened
+ * directly, since renaming over it would not write through it. */
+int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o)
 {
     o->fp = NULL;
     o->tmp = NULL;
+    o->target = NULL;
     o->path = path;
     if (path == NULL || path[0] == '\0')
         return nbg_error(ctx, NBG_EINVAL, "output file name is empty");
 
     struct stat st;
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        o->fp = fopen(path, "wb");
-        if (o->fp == NULL)
-            return nbg_error(ctx, NBG_EIO, "cannot open %s for writing: %s", path, strerror(errno));
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        o->target = realpath(path, NULL);
+        if (o->target == NULL)
+            return nbg_error(ctx, NBG_EIO, "cannot write %s: it is a symbolic link to a missing file or directory "
+                             "(%s)", path, strerror(errno));
+    } else {
+        o->target = strdup(path);
+        if (o->target == NULL)
+            return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+    }
+    if (stat(o->target, &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (S_ISDIR(st.st_mode)) {
+            free(o->target);
+            o->target = NULL;
+            return nbg_error(ctx, NBG_EIO, "cannot write %s: it is a directory", path);
+        }
+        o->fp = fopen(o->target, "wb");
+        if (o->fp == NULL) {
+            const int err = errno;
+            free(o->target);
+            o->target = NULL;
+            return nbg_error(ctx, NBG_EIO, "cannot open %s for writing: %s", path, strerror(err));
+        }
         return NBG_OK;
     }
 
-    size_t len = strlen(path) + 48;
+    size_t len = strlen(o->target) + 48;
     o->tmp = malloc(len);
-    if (o->tmp == NULL)
+    if (o->tmp == NULL) {
+        free(o->target);
+        o->target = NULL;
         return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+    }
     int fd = -1;
     for (int attempt = 0; attempt < 1000 && fd < 0; ++attempt) {
-        snprintf(o->tmp, len, "%s.tmp%ld.%d", path, (long)getpid(), attempt);
+        snprintf(o->tmp, len, "%s.tmp%ld.%d", o->target, (long)getpid(), attempt);
         fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST)
             break;
@@ -126,7 +148,8 @@ static int out_open(nbg_ctx *ctx, const char *path, out_file *o)
     if (fd < 0) {
         int err = errno;
         free(o->tmp);
-        o->tmp = NULL;
+        free(o->target);
+        o->tmp = o->target = NULL;
         return nbg_error(ctx, NBG_EIO, "cannot create a temporary file to write %s: %s", path, strerror(err));
     }
     o->fp = fdopen(fd, "wb");
@@ -135,14 +158,14 @@ static int out_open(nbg_ctx *ctx, const char *path, out_file *o)
         close(fd);
         unlink(o->tmp);
         free(o->tmp);
-        o->tmp = NULL;
+        free(o->target);
+        o->tmp = o->target = NULL;
         return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", path, strerror(err));
     }
     return NBG_OK;
 }
 
-/* Abandons a write: closes and removes the temporary file. */
-static void out_abort(out_file *o)
+void nbg_out_abort(nbg_out *o)
 {
     if (o->fp != NULL)
         fclose(o->fp);
@@ -150,23 +173,22 @@ static void out_abort(out_file *o)
         unlink(o->tmp);
         free(o->tmp);
     }
+    free(o->target);
     o->fp = NULL;
-    o->tmp = NULL;
+    o->tmp = o->target = NULL;
 }
 
-/* Writes n bytes; on failure abandons the file and reports the error. */
-static int out_write(nbg_ctx *ctx, out_file *o, const void *buf, size_t n)
+int nbg_out_write(nbg_ctx *ctx, nbg_out *o, const void *buf, size_t n)
 {
     if (n > 0 && fwrite(buf, 1, n, o->fp) != n) {
         int err = errno;
-        out_abort(o);
+        nbg_out_abort(o);
         return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
     }
     return NBG_OK;
 }
 
-/* Finishes a write: flushes, closes and renames the temporary file over the target. */
-static int out_close(nbg_ctx *ctx, out_file *o)
+int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set)
 {
     int bad = fflush(o->fp) != 0 || ferror(o->fp);
     int err = errno;
@@ -175,18 +197,66 @@ static int out_close(nbg_ctx *ctx, out_file *o)
         err = errno;
     }
     o->fp = NULL;
-    if (!bad && o->tmp != NULL && rename(o->tmp, o->path) != 0) {
+    if (!bad && o->tmp != NULL && set != NULL) {
+        if (set->n >= NBG_OUTSET_MAX) {
+            nbg_out_abort(o);
+            return nbg_error(ctx, NBG_EINVAL, "too many outputs in one run (at most %d)", NBG_OUTSET_MAX);
+        }
+        set->tmp[set->n] = o->tmp;
+        set->target[set->n] = o->target;
+        set->path[set->n] = o->path;
+        ++set->n;
+        o->tmp = o->target = NULL;
+        return NBG_OK;
+    }
+    if (!bad && o->tmp != NULL && rename(o->tmp, o->target) != 0) {
         bad = 1;
         err = errno;
     }
     if (bad) {
-        out_abort(o);
+        nbg_out_abort(o);
         return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
     }
     free(o->tmp);
-    o->tmp = NULL;
+    free(o->target);
+    o->tmp = o->target = NULL;
     return NBG_OK;
 }
+
+void nbg_outset_init(nbg_outset *set) { memset(set, 0, sizeof *set); }
+
+void nbg_outset_abort(nbg_outset *set)
+{
+    for (int i = 0; i < set->n; ++i) {
+        unlink(set->tmp[i]);
+        free(set->tmp[i]);
+        free(set->target[i]);
+    }
+    set->n = 0;
+}
+
+int nbg_outset_commit(nbg_ctx *ctx, nbg_outset *set)
+{
+    int rc = NBG_OK;
+    for (int i = 0; i < set->n; ++i) {
+        if (rc == NBG_OK && rename(set->tmp[i], set->target[i]) != 0) {
+            rc = nbg_error(ctx, NBG_EIO, "cannot write %s: %s", set->path[i], strerror(errno));
+        }
+        if (rc != NBG_OK) {
+            unlink(set->tmp[i]);
+        }
+        free(set->tmp[i]);
+        free(set->target[i]);
+    }
+    set->n = 0;
+    return rc;
+}
+
+/* The writers below use these short names. */
+typedef nbg_out out_file;
+#define out_open nbg_out_open
+#define out_write nbg_out_write
+#define out_abort nbg_out_abort
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Structure factors                                                                                           */
@@ -197,22 +267,25 @@ typedef struct {
     double F;
 } hkl_entry;
 
-/* Checks that index bounds describe a table that can be allocated; stores its entry count. */
+/* Checks that index bounds describe a table within the memory limit (nbg_limits; the Fdump's padded table is the
+ * larger); stores its entry count.  A two-line HKL file with indices 0 and 1000 would otherwise allocate and fill
+ * a 1001^3 table (8 GB). */
 static int table_size(nbg_ctx *ctx, const char *path, const int lo[3], const int hi[3], size_t *count)
 {
-    long long n = 1, padded = 1;
+    double n = 1, padded = 1;
     for (int i = 0; i < 3; ++i) {
-        long long r = (long long)hi[i] - lo[i] + 1;
+        const double r = (double)hi[i] - lo[i] + 1;
         if (r < 1 || lo[i] < -IO_MAX_INDEX || hi[i] > IO_MAX_INDEX)
             return nbg_error(ctx, NBG_EFORMAT, "%s: invalid index range %d..%d", path, lo[i], hi[i]);
         n *= r;
         padded *= r + 1;
-        if (padded > IO_MAX_TABLE)
-            return nbg_error(ctx, NBG_EFORMAT, "%s: index ranges %d..%d, %d..%d, %d..%d give an implausibly large "
-                             "table", path, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
     }
-    if ((unsigned long long)n > SIZE_MAX / sizeof(double))
-        return nbg_error(ctx, NBG_ENOMEM, "%s: structure-factor table too large for memory", path);
+    char what[PATH_MAX + 160];
+    snprintf(what, sizeof what, "the structure-factor table of %s (h %d..%d, k %d..%d, l %d..%d: %.0f entries)", path,
+             lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], n);
+    const int rc = nbg_check_bytes(ctx, padded * sizeof(double), what);
+    if (rc != NBG_OK)
+        return rc;
     *count = (size_t)n;
     return NBG_OK;
 }
@@ -291,6 +364,22 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
                 hi[a] = v[a];
         }
     }
+    /* a dense table that a few stray reflections blow up: even an asymmetric unit fills a few percent of it */
+    const double entries = ((double)hi[0] - lo[0] + 1) * ((double)hi[1] - lo[1] + 1) * ((double)hi[2] - lo[2] + 1);
+    if (entries * sizeof(double) > IO_SPARSE_BYTES && (double)nent * IO_SPARSE_RATIO < entries) {
+        size_t far = 0;
+        for (size_t i = 1; i < nent; ++i) {
+            if (labs((long)ent[i].h) + labs((long)ent[i].k) + labs((long)ent[i].l) >
+                labs((long)ent[far].h) + labs((long)ent[far].k) + labs((long)ent[far].l))
+                far = i;
+        }
+        rc = nbg_error(ctx, NBG_EFORMAT, "%s: %zu reflections span h %d..%d, k %d..%d, l %d..%d, a table of %.3g "
+                       "entries that would be almost all default_F (%.2g GB); the farthest reflection is %d %d %d, "
+                       "reflection %zu of the file: check for a stray index", path, nent, lo[0], hi[0], lo[1], hi[1],
+                       lo[2], hi[2], entries, entries * sizeof(double) / 1e9, ent[far].h, ent[far].k, ent[far].l,
+                       far + 1);
+        goto done;
+    }
     size_t count = 0;
     rc = table_size(ctx, path, lo, hi, &count);
     if (rc != NBG_OK)
@@ -337,6 +426,11 @@ void nbg_hkl_free(nbg_hkl *hkl)
  * the reference allocates and writes; it holds 0 here. */
 int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl)
 {
+    return nbg_hkl_write_fdump_set(ctx, NULL, path, hkl);
+}
+
+int nbg_hkl_write_fdump_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_hkl *hkl)
+{
     if (hkl == NULL || hkl->F == NULL || path == NULL)
         return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_write_fdump: NULL argument");
     const int lo[3] = {hkl->h_min, hkl->k_min, hkl->l_min}, hi[3] = {hkl->h_max, hkl->k_max, hkl->l_max};
@@ -371,7 +465,7 @@ int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl)
     free(row);
     if (rc != NBG_OK)
         return rc; /* out_write already abandoned the file. */
-    return out_close(ctx, &o);
+    return nbg_out_finish(ctx, &o, set);
 }
 
 int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
@@ -407,6 +501,16 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
     }
     const size_t nh = (size_t)(hi[0] - lo[0] + 1), nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
     const size_t expected = (nh + 1) * (nk + 1) * (nl + 1) * sizeof(double);
+    /* the file's size must match its header before the header's table is allocated */
+    struct stat st;
+    const long here = ftell(fp);
+    if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && here >= 0 &&
+        (unsigned long long)st.st_size != (unsigned long long)here + expected) {
+        fclose(fp);
+        return nbg_error(ctx, NBG_EFORMAT, "%s: wrong Fdump size: its header (h %d..%d, k %d..%d, l %d..%d) needs %zu "
+                         "bytes of data, the file has %lld", path, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], expected,
+                         (long long)st.st_size - here);
+    }
 
     double *F = malloc(count * sizeof *F);
     double *row = malloc((nl + 1) * sizeof *row);
@@ -494,6 +598,11 @@ static int image_size(nbg_ctx *ctx, const char *path, int fpixels, int spixels, 
 
 int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const uint16_t *data)
 {
+    return nbg_write_smv_set(ctx, NULL, path, h, data);
+}
+
+int nbg_write_smv_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_smv_header *h, const uint16_t *data)
+{
     if (path == NULL || h == NULL || data == NULL)
         return nbg_error(ctx, NBG_EINVAL, "nbg_write_smv: NULL argument");
     size_t npix = 0;
@@ -545,7 +654,7 @@ int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const
         rc = out_write(ctx, &o, data, npix * sizeof *data);
     if (rc != NBG_OK)
         return rc;
-    return out_close(ctx, &o);
+    return nbg_out_finish(ctx, &o, set);
 }
 
 /* Finds the value of the last statement "KEY=value" in an SMV header whose key is exactly one of names.  A key
@@ -591,12 +700,12 @@ static int smv_number(nbg_ctx *ctx, const char *path, const char *hdr, const cha
         return NBG_OK;
     char *end = NULL;
     double x = strtod(v, &end);
-    if (end == v) {
+    if (end == v || !isfinite(x)) {
         int n = 0;
         while (n < 20 && v[n] != '\0' && v[n] != ';' && v[n] != '\n')
             ++n;
-        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header key %s has a non-numeric value \"%.*s\"", path, names[0],
-                         n, v);
+        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header key %s has a value that is not a finite number \"%.*s\"",
+                         path, names[0], n, v);
     }
     *out = x;
     return NBG_OK;
@@ -771,7 +880,13 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
     }
     if (data == NULL)
         goto done;
-
+    {
+        char what[PATH_MAX + 64];
+        snprintf(what, sizeof what, "the %d x %d image of %s", h->fpixels, h->spixels, path);
+        rc = nbg_check_bytes(ctx, (double)npix * sizeof *pix, what);
+        if (rc != NBG_OK)
+            goto done;
+    }
     pix = malloc(npix * sizeof *pix);
     if (pix == NULL) {
         rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the %d x %d image of %s", h->fpixels, h->spixels, path);
@@ -812,6 +927,12 @@ done:
 
 int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixels, int spixels, double scale)
 {
+    return nbg_write_pgm_set(ctx, NULL, path, image, fpixels, spixels, scale);
+}
+
+int nbg_write_pgm_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, int fpixels, int spixels,
+                      double scale)
+{
     if (path == NULL || image == NULL)
         return nbg_error(ctx, NBG_EINVAL, "nbg_write_pgm: NULL argument");
     size_t npix = 0;
@@ -835,12 +956,17 @@ int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixel
     if (rc == NBG_OK)
         rc = out_write(ctx, &o, bytes, npix);
     if (rc == NBG_OK)
-        rc = out_close(ctx, &o);
+        rc = nbg_out_finish(ctx, &o, set);
     free(bytes);
     return rc;
 }
 
 int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t npix)
+{
+    return nbg_write_float_set(ctx, NULL, path, image, npix);
+}
+
+int nbg_write_float_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, size_t npix)
 {
     if (path == NULL || (image == NULL && npix > 0))
         return nbg_error(ctx, NBG_EINVAL, "nbg_write_float: NULL argument");
@@ -851,7 +977,7 @@ int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t n
     if (rc == NBG_OK)
         rc = out_write(ctx, &o, image, npix * sizeof *image);
     if (rc == NBG_OK)
-        rc = out_close(ctx, &o);
+        rc = nbg_out_finish(ctx, &o, set);
     return rc;
 }
 

@@ -30,8 +30,14 @@ typedef struct {
 int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl);
 void nbg_plan_free(nbg_plan *pl);
 
-/* Runs the forward kernel of the context's backend on a built plan (simulate.c). */
+/* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbg_image_check) when
+ * the image is not finite. */
 int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image);
+
+/* NBG_OK when every pixel of the plan's image is finite; otherwise NBG_EINVAL with a message that counts the
+ * non-finite pixels and names the likely cause (intensities beyond single precision: fluence, F, N; or a
+ * non-finite intermediate).  sum is the image's sum in double when the caller has it, NAN to scan. */
+int nbg_image_check(nbg_ctx *ctx, const nbg_plan *pl, const float *image, double sum);
 
 /* Fills the crystal set-up's inputs from an experiment (cell defaults applied, angles in radians). */
 void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbg_xtal_in_d *in);

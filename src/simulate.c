@@ -4,6 +4,8 @@
 #include "forward.h"
 #include "plan.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,52 @@ int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out)
     return NBG_OK;
 }
 
+int nbg_image_check(nbg_ctx *ctx, const nbg_plan *pl, const float *image, double sum)
+{
+    const nbg_kparams *k = &pl->k;
+    const long n = (long)k->fpixels * k->spixels;
+    if (isnan(sum)) {
+        sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+        for (long i = 0; i < n; ++i) {
+            sum += image[i];
+        }
+    }
+    if (isfinite(sum)) {
+        return NBG_OK;
+    }
+    long bad = 0, first = -1;
+    for (long i = 0; i < n; ++i) {
+        if (!isfinite(image[i])) {
+            first = first < 0 ? i : first;
+            ++bad;
+        }
+    }
+    /* an order-of-magnitude estimate of the brightest Bragg spot */
+    double Fmax = fabs(k->default_F);
+    if (k->F != NULL) {
+        const size_t nF = (size_t)k->nh * k->nk * k->nl;
+        for (size_t i = 0; i < nF; ++i) {
+            Fmax = fmax(Fmax, fabs(k->F[i]));
+        }
+    }
+    const double re2flu = NBG_RE2 * pl->rep.fluence, cells = k->Na * k->Nb * k->Nc;
+    const double omega = (k->pixel / k->close_distance) * (k->pixel / k->close_distance);
+    const double peak = re2flu * Fmax * Fmax * cells * cells * omega + k->I_bg * omega;
+    const long f = first >= 0 ? first % k->fpixels : -1, s = first >= 0 ? first / k->fpixels : -1;
+    if (!(peak < FLT_MAX / 16)) {
+        return nbg_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): the "
+                         "intensities overflow single precision; the brightest spot would be about %.2g photons (r_e^2 "
+                         "x fluence %.3g photons/m^2 x F^2 %.3g x (Na Nb Nc)^2 %.3g x pixel solid angle %.3g sr%s): "
+                         "lower the fluence (-fluence, -flux) or the structure factors (-default_F, -hkl)", bad, f, s,
+                         peak, pl->rep.fluence, Fmax * Fmax, cells * cells, omega,
+                         k->I_bg > 0 ? ", plus the water background" : "");
+    }
+    return nbg_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): a "
+                     "non-finite intermediate; check the wavelength (%g A), the cell, the sources and the detector "
+                     "geometry", bad, f, s, pl->rep.lambda);
+}
+
 /* Runs the forward kernel of the context's backend on a built plan. */
 int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
 {
@@ -124,7 +172,7 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
         pl->rep.time_setup += t[0];
         pl->rep.time_kernel = t[1];
         pl->rep.time_copy = t[2];
-        return NBG_OK;
+        return nbg_image_check(ctx, pl, image, NAN);
     }
 #endif
     const double t0 = nbg_now();
@@ -134,7 +182,8 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
         omp_set_num_threads(ctx->nthreads);
     }
 #endif
-    nbg_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor);
+    double image_sum = 0;
+    nbg_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, &image_sum);
 #ifdef _OPENMP
     if (ctx->nthreads > 0) {
         omp_set_num_threads(saved);
@@ -144,7 +193,7 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
     pl->rep.time_copy = 0;
     pl->rep.interp_fallbacks = oor;
     pl->rep.solid_angle = omega_sum / pl->rep.steps;
-    return NBG_OK;
+    return nbg_image_check(ctx, pl, image, image_sum);
 }
 
 int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report)

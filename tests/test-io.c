@@ -678,17 +678,18 @@ int main(void)
     if (stat(probe, &st) == 0 && S_ISDIR(st.st_mode))
         snprintf(t.golden, sizeof t.golden, "%s", golden);
 
-    /* A bare CPU context is enough: the I/O functions only use it to record errors. */
-    nbg_ctx ctx;
-    memset(&ctx, 0, sizeof ctx);
-    ctx.backend = NBG_BACKEND_CPU;
-
-    test_hkl(&t, &ctx);
-    test_fdump(&t, &ctx);
-    test_smv(&t, &ctx);
-    test_images(&t, &ctx);
-    test_sources(&t, &ctx);
-    test_matrix(&t, &ctx);
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
+        printf("FAIL io-context cannot create a context\n0 passed, 1 failed\n");
+        return 1;
+    }
+    test_hkl(&t, ctx);
+    test_fdump(&t, ctx);
+    test_smv(&t, ctx);
+    test_images(&t, ctx);
+    test_sources(&t, ctx);
+    test_matrix(&t, ctx);
+    nbg_ctx_destroy(ctx);
 
     cleanup(&t);
     printf("%d passed, %d failed\n", t.passed, t.failed);
