@@ -26,14 +26,16 @@
 int nbg_param_in_bounds(nbg_param p, double v)
 {
     switch (p) {
-    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_LAMBDA: case NBG_P_DISTANCE: case NBG_P_FLUENCE:
-        return v > 0;
+    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_DISTANCE: case NBG_P_FLUENCE:
+        return v > 0 && isfinite(v);
+    case NBG_P_LAMBDA:
+        return v >= 1e-4 && v <= 1e4; /* the plan's domain */
     case NBG_P_NA: case NBG_P_NB: case NBG_P_NC:
-        return v >= 1;
+        return v >= 1 && isfinite(v);
     case NBG_P_ALPHA: case NBG_P_BETA: case NBG_P_GAMMA:
         return v > 0 && v < 180;
     case NBG_P_MOSAIC:
-        return v >= 0;
+        return v >= 0 && v <= 180;
     case NBG_P_POLAR:
         return v >= -1 && v <= 1;
     default:
@@ -73,6 +75,19 @@ static int loss_only(refine_ws *ws, double *L)
     nbg_grad g;
     memset(&g, 0, sizeof g);
     return nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, 0, L, &g, ws->img, ws->npix);
+}
+
+/* The loss at a trial point.  A point that the plan refuses (NBG_EINVAL: a cell with no volume, a detector
+ * behind the sample, a crystal that needs too many subpixels) is not a failure of the refinement but a step too
+ * far: it gets an infinite loss, so the step is shortened.  Any other failure is returned. */
+static int loss_trial(refine_ws *ws, double *L)
+{
+    const int rc = loss_only(ws, L);
+    if (rc == NBG_EINVAL) {
+        *L = INFINITY;
+        return NBG_OK;
+    }
+    return rc;
 }
 
 /* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
@@ -174,7 +189,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
                 mu *= 10;
                 continue;
             }
-            rc = loss_only(ws, &Ln);
+            rc = loss_trial(ws, &Ln);
             if (rc != NBG_OK) {
                 return rc;
             }
@@ -223,7 +238,7 @@ static double bfgs_f(const gsl_vector *u, void *p)
     if (!set_params(ws, x)) {
         return GSL_POSINF;
     }
-    const int rc = loss_only(ws, &L);
+    const int rc = loss_trial(ws, &L);
     if (rc != NBG_OK) {
         ws->status = rc;
         return GSL_NAN;
@@ -251,6 +266,11 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
         mask |= NBG_MASK(ws->params[j]);
     }
     const int rc = nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, mask, f, &g, ws->img, ws->npix);
+    if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
+        *f = GSL_POSINF;
+        gsl_vector_set_zero(df);
+        return;
+    }
     if (rc != NBG_OK) {
         ws->status = rc;
         *f = GSL_NAN;
@@ -411,6 +431,16 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         res->start[j] = x[j];
     }
     res->nparams = nparams;
+    /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
+     * ever larger cell, say) and least squares to no particular place */
+    size_t lit = 0;
+    for (size_t i = 0; i < npix; ++i) {
+        lit += observed[i] > 0 && (weights == NULL || weights[i] > 0);
+    }
+    if (lit == 0) {
+        return nbg_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above 0%s): there is nothing "
+                         "to fit", weights != NULL ? " with a positive weight" : "");
+    }
     refine_ws ws;
     memset(&ws, 0, sizeof ws);
     ws.ctx = ctx;

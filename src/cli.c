@@ -13,6 +13,8 @@
 #include "io.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +106,14 @@ static int longint(const char *flag, const char *s, long *out)
     return 1;
 }
 
+/* Whether s is a number (so that a value such as -90 is not taken for a flag). */
+static int looks_numeric(const char *s)
+{
+    char *end;
+    strtod(s, &end);
+    return end != s && *end == '\0';
+}
+
 static int vec3(int argc, char **argv, int *i, double v[3])
 {
     if (!need(argc, argv, *i, 3)) {
@@ -129,10 +139,12 @@ void nbg_cli_init(nbg_cli *c)
     c->backend = NBG_BACKEND_CPU;
     c->precision = NBG_DOUBLE;
     c->dumpfile = "Fdump.bin";
+    nbg_limits_default(&c->limits);
 }
 
 void nbg_cli_free(nbg_cli *c)
 {
+    nbg_outset_abort(&c->outs); /* whatever was not committed: the targets stay as they were */
     nbg_hkl_free(&c->hkl);
     free(c->sources);
     free(c->mask);
@@ -146,6 +158,26 @@ static int ingest_header(nbg_ctx *ctx, nbg_cli *c, const char *path, int is_mask
     if (nbg_read_smv(ctx, path, &h, is_mask ? &data : NULL) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s: %s\n", is_mask ? "-mask" : "-img", nbg_errmsg(ctx));
         return 0;
+    }
+    /* header values that cannot describe an experiment are the file's fault: name it and the key */
+    const struct {
+        double v;
+        const char *key;
+        int strict; /* 1: must be > 0, 0: must be >= 0 */
+    } keys[] = {{h.pixel, "PIXEL_SIZE", 1}, {h.distance, "DISTANCE", 1}, {h.close_distance, "CLOSE_DISTANCE", 1},
+                {h.lambda, "WAVELENGTH", 1}, {h.osc, "OSC_RANGE", 0}};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k) {
+        if (!isnan(keys[k].v) && (keys[k].strict ? !(keys[k].v > 0) : !(keys[k].v >= 0))) {
+            fprintf(stderr, "nbgrad: error: %s %s: header %s=%g must be %s\n", is_mask ? "-mask" : "-img", path,
+                    keys[k].key, keys[k].v, keys[k].strict ? "positive" : "non-negative");
+            free(data);
+            return 0;
+        }
+    }
+    if (is_mask) {
+        c->maskfile = path;
+    } else {
+        c->imgfile = path;
     }
     nbg_experiment *e = &c->e;
     e->fpixels = h.fpixels;
@@ -205,6 +237,17 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
     nbg_experiment *e = &c->e;
     int custom = 0;
     /* -mask then -img are read first, whatever their place, so that flags override their headers */
+    /* the memory limit applies to the files read here too */
+    for (int i = first; i + 1 < argc; ++i) {
+        double v;
+        char *end;
+        if (strcmp(argv[i], "-max_memory") == 0 && (v = strtod(argv[i + 1], &end)) > 0 && *end == '\0' && isfinite(v)) {
+            nbg_limits l;
+            nbg_ctx_limits(ctx, &l);
+            l.max_bytes = v * 1073741824.0;
+            nbg_ctx_set_limits(ctx, &l);
+        }
+    }
     for (int pass = 0; pass < 2; ++pass) {
         const char *want = pass == 0 ? "-mask" : "-img";
         for (int i = first; i < argc; ++i) {
@@ -236,6 +279,14 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         (dst) = n;                                                                                                \
         ++i;                                                                                                      \
     } while (0)
+#define COUNT(dst)                                                                                                \
+    do {                                                                                                          \
+        INT(dst);                                                                                                 \
+        if (n < 1) {                                                                                              \
+            fprintf(stderr, "nbgrad: error: %s must be a positive count, got %d\n", a, n);                        \
+            return 0;                                                                                             \
+        }                                                                                                         \
+    } while (0)
 #define STR(dst)                                                                                                  \
     do {                                                                                                          \
         if (!need(argc, argv, i, 1)) {                                                                            \
@@ -252,9 +303,9 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         else if (IS("-detsize")) { NUM(e->detsize_f); e->detsize_s = e->detsize_f; }
         else if (IS("-detsize_f")) NUM(e->detsize_f);
         else if (IS("-detsize_s")) NUM(e->detsize_s);
-        else if (IS("-detpixels")) { INT(e->fpixels); e->spixels = e->fpixels; if (n < 0) goto negpix; }
-        else if (IS("-detpixels_f") || IS("-detpixels_x")) { INT(e->fpixels); if (n < 0) goto negpix; }
-        else if (IS("-detpixels_s") || IS("-detpixels_y")) { INT(e->spixels); if (n < 0) goto negpix; }
+        else if (IS("-detpixels")) { COUNT(e->fpixels); e->spixels = e->fpixels; }
+        else if (IS("-detpixels_f") || IS("-detpixels_x")) COUNT(e->fpixels);
+        else if (IS("-detpixels_s") || IS("-detpixels_y")) COUNT(e->spixels);
         else if (IS("-distance")) { NUM(e->distance); c->last_pivot = NBG_PIVOT_BEAM; }
         else if (IS("-close_distance")) { NUM(e->close_distance); c->last_pivot = NBG_PIVOT_SAMPLE; }
         else if (IS("-mosflm")) { e->convention = NBG_CONV_MOSFLM; custom = 0; }
@@ -313,8 +364,8 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
                 NUM(e->thick_abs);
             }
         }
-        else if (IS("-detector_thicksteps") || IS("-thicksteps")) INT(e->thicksteps);
-        else if (IS("-oversample")) INT(e->oversample);
+        else if (IS("-detector_thicksteps") || IS("-thicksteps")) COUNT(e->thicksteps);
+        else if (IS("-oversample")) COUNT(e->oversample);
         else if (IS("-oversample_thick")) e->oversample_thick = 1;
         else if (IS("-oversample_polar")) e->oversample_polar = 1;
         else if (IS("-oversample_omega")) e->oversample_omega = 1;
@@ -322,15 +373,15 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         else if (IS("-lambda") || IS("-wave")) NUM(e->lambda);
         else if (IS("-energy")) { NUM(v); e->lambda = 12398.42 / v; }
         else if (IS("-dispersion")) NUM(e->dispersion);
-        else if (IS("-dispsteps")) INT(e->dispsteps);
+        else if (IS("-dispsteps")) COUNT(e->dispsteps);
         else if (IS("-divergence")) { NUM(e->hdivrange); e->vdivrange = e->hdivrange; }
         else if (IS("-hdivrange")) NUM(e->hdivrange);
         else if (IS("-vdivrange")) NUM(e->vdivrange);
         else if (IS("-hdivstep")) NUM(e->hdivstep);
         else if (IS("-vdivstep")) NUM(e->vdivstep);
-        else if (IS("-hdivsteps")) INT(e->hdivsteps);
-        else if (IS("-vdivsteps")) INT(e->vdivsteps);
-        else if (IS("-divsteps")) { INT(e->hdivsteps); e->vdivsteps = e->hdivsteps; }
+        else if (IS("-hdivsteps")) COUNT(e->hdivsteps);
+        else if (IS("-vdivsteps")) COUNT(e->vdivsteps);
+        else if (IS("-divsteps")) { COUNT(e->hdivsteps); e->vdivsteps = e->hdivsteps; }
         else if (IS("-round_div")) e->round_div = 1;
         else if (IS("-square_div")) e->round_div = 0;
         else if (IS("-sourcefile")) STR(c->sourcefile);
@@ -344,7 +395,8 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         /* crystal */
         else if (IS("-cell")) {
             int got = 0;
-            while (got < 6 && i + 1 < argc && argv[i + 1][0] != '-') {
+            /* a value may be negative ("-cell 50 60 70 -90 90 90" is then refused by the cell check, by name) */
+            while (got < 6 && i + 1 < argc && (argv[i + 1][0] != '-' || looks_numeric(argv[i + 1]))) {
                 if (!nbg_cli_number(a, argv[i + 1], &e->cell[got])) return 0;
                 ++got;
                 ++i;
@@ -387,14 +439,10 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         else if (IS("-phi")) NUM(e->phi0);
         else if (IS("-osc")) NUM(e->osc);
         else if (IS("-phistep")) NUM(e->phistep);
-        else if (IS("-phisteps")) INT(e->phisteps);
+        else if (IS("-phisteps")) COUNT(e->phisteps);
         else if (IS("-mosaic")) NUM(e->mosaic);
         else if (IS("-mosaic_dom") || IS("-mosaic_domains")) {
-            INT(e->mosaic_domains);
-            if (n <= 0) {
-                fprintf(stderr, "nbgrad: error: %s must be a positive count, got %d\n", a, n);
-                return 0;
-            }
+            COUNT(e->mosaic_domains);
         }
         else if (IS("-mosaic_seed")) { if (!need(argc, argv, i, 1) || !longint(a, argv[i + 1], &e->mosaic_seed)) return 0; ++i; }
         else if (IS("-density") || IS("-sample_den") || IS("-MW") || IS("-molec")) {
@@ -443,7 +491,29 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
             else if (strcmp(d, "float") == 0) c->precision = NBG_FLOAT;
             else { fprintf(stderr, "nbgrad: error: -precision expects double or float, got '%s'\n", d); return 0; }
         }
-        else if (IS("-threads")) INT(c->threads);
+        else if (IS("-threads")) {
+            INT(c->threads);
+            if (n < 0 || n > NBG_MAX_THREADS) {
+                fprintf(stderr, "nbgrad: error: -threads must be 0 (the OpenMP default) to %d, got %d\n", NBG_MAX_THREADS, n);
+                return 0;
+            }
+        }
+        else if (IS("-max_memory")) {
+            NUM(v);
+            if (!(v > 0)) {
+                fprintf(stderr, "nbgrad: error: -max_memory must be a positive number of GiB, got %g\n", v);
+                return 0;
+            }
+            c->limits.max_bytes = v * 1073741824.0;
+        }
+        else if (IS("-max_samples")) {
+            NUM(v);
+            if (!(v > 0)) {
+                fprintf(stderr, "nbgrad: error: -max_samples must be positive, got %g\n", v);
+                return 0;
+            }
+            c->limits.max_samples = v;
+        }
         else if (c->extra_handler != NULL && (n = c->extra_handler(c, argc, argv, i)) != 0) {
             if (n < 0) return 0;
             i += n - 1;
@@ -457,13 +527,11 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
             return 0;
         }
         continue;
-    negpix:
-        fprintf(stderr, "nbgrad: error: %s must not be negative (got %d)\n", a, n);
-        return 0;
 #undef IS
 #undef NUM
 #undef INT
 #undef STR
+#undef COUNT
     }
     if (custom) {
         e->convention = NBG_CONV_CUSTOM;
@@ -489,7 +557,7 @@ int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c)
             return 0;
         }
         e->hkl = &c->hkl;
-        if (!c->nodump && nbg_hkl_write_fdump(ctx, c->dumpfile, &c->hkl) != NBG_OK) {
+        if (!c->nodump && nbg_hkl_write_fdump_set(ctx, &c->outs, c->dumpfile, &c->hkl) != NBG_OK) {
             fprintf(stderr, "nbgrad: warning: could not write the F cache: %s\n", nbg_errmsg(ctx));
         }
     } else if (!c->nodump && access(c->dumpfile, R_OK) == 0) {
@@ -574,18 +642,8 @@ void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_
     st->rmsd = sqrt(dev / (nall > 1 ? nall - 1 : 1));
 }
 
-/* Removes the outputs this run already wrote, so that a failure leaves none of them behind. */
-static void remove_written(const char *const *written, int n)
-{
-    for (int i = 0; i < n; ++i) {
-        remove(written[i]);
-    }
-}
-
 int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img)
 {
-    const char *written[4];
-    int nw = 0;
     const int F = r->fpixels, S = r->spixels;
     const size_t npix = (size_t)F * (size_t)S;
     nbg_stats st;
@@ -602,11 +660,10 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
     }
     printf("mean= %g rms= %g rmsd= %g\n", st.mean, st.rms, st.rmsd);
     if (c->floatfile != NULL) {
-        if (nbg_write_float(ctx, c->floatfile, img, npix) != NBG_OK) {
+        if (nbg_write_float_set(ctx, &c->outs, c->floatfile, img, npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             return 0;
         }
-        written[nw++] = c->floatfile;
         printf("wrote %s as %zu 4-byte floats\n", c->floatfile, npix);
     }
     double scale = c->scale;
@@ -620,20 +677,17 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         buf = malloc(sizeof(uint16_t) * (npix ? npix : 1));
         if (buf == NULL) {
             fprintf(stderr, "nbgrad: error: out of memory for the integer image\n");
-            remove_written(written, nw);
             return 0;
         }
     }
     if (c->intfile != NULL) {
         nbg_int_image(img, F, S, c->e.roi, scale, c->adc, buf);
         printf("intfile_scale = %g\n", scale);
-        if (nbg_write_smv(ctx, c->intfile, &h, buf) != NBG_OK) {
+        if (nbg_write_smv_set(ctx, &c->outs, c->intfile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
-            remove_written(written, nw);
             return 0;
         }
-        written[nw++] = c->intfile;
         printf("wrote %s as 2-byte integers\n", c->intfile);
     }
     if (c->pgmfile != NULL && !c->nopgm) {
@@ -641,13 +695,11 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         if (ps <= 0) {
             ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
         }
-        if (nbg_write_pgm(ctx, c->pgmfile, img, F, S, ps) != NBG_OK) {
+        if (nbg_write_pgm_set(ctx, &c->outs, c->pgmfile, img, F, S, ps) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
-            remove_written(written, nw);
             return 0;
         }
-        written[nw++] = c->pgmfile;
         printf("wrote %s with pixels scaled by %g\n", c->pgmfile, ps);
     }
     if (c->noisefile != NULL && !c->nonoise) {
@@ -659,10 +711,9 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         long photons = 0, overloads = 0;
         nbg_noise_image(img, F, S, c->e.roi, c->adc, seed, buf, &photons, &overloads);
         printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
-        if (nbg_write_smv(ctx, c->noisefile, &h, buf) != NBG_OK) {
+        if (nbg_write_smv_set(ctx, &c->outs, c->noisefile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
-            remove_written(written, nw);
             return 0;
         }
         printf("wrote %s as 2-byte integers\n", c->noisefile);
@@ -705,4 +756,94 @@ void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r)
     if (r->warn_clipped_sample) {
         printf("WARNING: sample size clipped to the beam size\n");
     }
+}
+
+int nbg_cli_commit(nbg_ctx *ctx, nbg_cli *c)
+{
+    if (nbg_outset_commit(ctx, &c->outs) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    return 1;
+}
+
+/* --- the run's files ------------------------------------------------------------------------------------------ */
+
+/* The canonical name of a file that may not exist yet: its real path, or its directory's real path and its name. */
+static void canonical(const char *path, char *out, size_t size)
+{
+    char *r = realpath(path, NULL);
+    if (r != NULL) {
+        snprintf(out, size, "%s", r);
+        free(r);
+        return;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = path;
+    if (slash != NULL) {
+        *slash = '\0';
+        base = slash + 1;
+    }
+    r = realpath(slash == NULL ? "." : (dir[0] != '\0' ? dir : "/"), NULL);
+    if (r != NULL) {
+        snprintf(out, size, "%s/%s", strcmp(r, "/") == 0 ? "" : r, base);
+        free(r);
+    } else {
+        snprintf(out, size, "%s", path);
+    }
+}
+
+int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n)
+{
+    nbg_cli_path p[32];
+    int np = 0;
+    const int fdump_out = c->hklfile != NULL && !c->nodump;
+    const int fdump_in = c->hklfile == NULL && !c->nodump && access(c->dumpfile, R_OK) == 0;
+    const nbg_cli_path own[] = {
+        {"-hkl", c->hklfile, 0},         {"-mat", c->matfile, 0},          {"-sourcefile", c->sourcefile, 0},
+        {"-mask", c->maskfile, 0},       {"-img", c->imgfile, 0},          {"-dump", fdump_in ? c->dumpfile : NULL, 0},
+        {"-dump", fdump_out ? c->dumpfile : NULL, 1},                      {"-floatfile", c->floatfile, 1},
+        {"-intfile", c->intfile, 1},     {"-pgmfile", c->nopgm ? NULL : c->pgmfile, 1},
+        {"-noisefile", c->nonoise ? NULL : c->noisefile, 1},
+    };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) {
+        if (own[i].path != NULL) {
+            p[np++] = own[i];
+        }
+    }
+    for (int i = 0; i < n && np < 32; ++i) {
+        if (extra[i].path != NULL) {
+            p[np++] = extra[i];
+        }
+    }
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    for (int i = 0; i < np; ++i) {
+        struct stat st;
+        /* a device or a FIFO (/dev/null, /dev/stdout) may be named as often as one likes */
+        if (stat(p[i].path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+            continue;
+        }
+        canonical(p[i].path, ca, sizeof ca);
+        for (int j = 0; j < i; ++j) {
+            if (!p[i].output && !p[j].output) {
+                continue;
+            }
+            canonical(p[j].path, cb, sizeof cb);
+            if (strcmp(ca, cb) != 0) {
+                continue;
+            }
+            if (p[i].output && p[j].output) {
+                fprintf(stderr, "nbgrad: error: %s %s and %s %s name the same file: one output would overwrite the "
+                        "other\n", p[j].flag, p[j].path, p[i].flag, p[i].path);
+            } else {
+                const nbg_cli_path *out = p[i].output ? &p[i] : &p[j], *in = p[i].output ? &p[j] : &p[i];
+                fprintf(stderr, "nbgrad: error: the output %s %s is the input %s %s: it would be overwritten\n",
+                        out->flag, out->path, in->flag, in->path);
+            }
+            return 0;
+        }
+    }
+    return 1;
 }

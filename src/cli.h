@@ -7,6 +7,7 @@
 #define NBG_CLI_H
 
 #include "nbgrad.h"
+#include "io.h"
 
 #include <stdio.h>
 
@@ -19,7 +20,7 @@ struct nbg_cli {
     int nsources;
     uint8_t *mask;
     int mask_f, mask_s;
-    const char *hklfile, *matfile, *sourcefile, *dumpfile;
+    const char *hklfile, *matfile, *sourcefile, *dumpfile, *maskfile, *imgfile;
     const char *floatfile, *intfile, *pgmfile, *noisefile;
     double scale, adc, pgmscale;
     long seed;
@@ -29,6 +30,8 @@ struct nbg_cli {
     nbg_backend backend;
     nbg_precision precision;
     int threads;
+    nbg_limits limits;      /* -max_memory, -max_samples */
+    nbg_outset outs;        /* the run's outputs, written to temporaries and renamed together by nbg_cli_commit */
     /* a subcommand's own flags: returns the number of argv entries consumed (flag included), 0 when the flag is
      * not its own, -1 after printing an error */
     int (*extra_handler)(nbg_cli *c, int argc, char **argv, int i);
@@ -51,6 +54,18 @@ int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c);
 int nbg_cli_number(const char *flag, const char *s, double *out);
 void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r);
 void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_stats *st);
+/* Writes the images asked for into the run's output set (nothing is renamed over a target yet). */
 int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img);
+/* Renames every output of the run over its target; prints the error and returns 0 on failure. */
+int nbg_cli_commit(nbg_ctx *ctx, nbg_cli *c);
+
+/* A file a run reads or writes, with the flag that names it. */
+typedef struct {
+    const char *flag, *path;
+    int output;
+} nbg_cli_path;
+/* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
+ * an error (printed).  extra lists a subcommand's own files (n entries). */
+int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n);
 
 #endif

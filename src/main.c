@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 void usage_main(FILE *out);
 
@@ -26,7 +28,33 @@ typedef struct {
     const char *observed, *json, *weights;
     nbg_loss loss;
     int break_param;
+    unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
+
+enum { CMD_GRAD = 1, CMD_GRADCHECK = 2, CMD_REFINE = 4 };
+static const char *cmd_name(unsigned cmd)
+{
+    return cmd == CMD_GRAD ? "grad" : cmd == CMD_GRADCHECK ? "gradcheck" : "refine";
+}
+
+/* The gradient subcommands' own flags, and which subcommands take each: a flag that another subcommand takes is
+ * refused with a message rather than silently ignored. */
+static const struct {
+    const char *flag;
+    unsigned cmds;
+} grad_flag_table[] = {
+    {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE},
+    {"-observed", CMD_GRAD | CMD_REFINE},
+    {"-weights", CMD_GRAD | CMD_REFINE},
+    {"-loss", CMD_GRAD | CMD_REFINE},
+    {"-json", CMD_GRAD | CMD_REFINE},
+    {"-debug_break_adjoint", CMD_GRAD | CMD_GRADCHECK},
+    {"-rtol", CMD_GRADCHECK},
+    {"-hscale", CMD_GRADCHECK},
+    {"-method", CMD_REFINE},
+    {"-maxiter", CMD_REFINE},
+    {"-residual", CMD_REFINE},
+};
 
 /* Parses "a,b,c" (or "all", "cell", "orientation", "detector") into a mask; prints the error. */
 static int parse_params(const char *list, grad_opts *o)
@@ -68,10 +96,20 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
 {
     grad_opts *o = c->extra;
     const char *a = argv[i];
-    if (strcmp(a, "-params") == 0 || strcmp(a, "-rtol") == 0 || strcmp(a, "-hscale") == 0 ||
-        strcmp(a, "-observed") == 0 || strcmp(a, "-loss") == 0 || strcmp(a, "-json") == 0 ||
-        strcmp(a, "-weights") == 0 || strcmp(a, "-debug_break_adjoint") == 0 || strcmp(a, "-method") == 0 ||
-        strcmp(a, "-maxiter") == 0 || strcmp(a, "-residual") == 0) {
+    unsigned cmds = 0;
+    for (size_t k = 0; k < sizeof grad_flag_table / sizeof grad_flag_table[0]; ++k) {
+        if (strcmp(a, grad_flag_table[k].flag) == 0) {
+            cmds = grad_flag_table[k].cmds;
+        }
+    }
+    if (cmds != 0 && (cmds & o->cmd) == 0) {
+        fprintf(stderr, "nbgrad: error: nbgrad %s does not take %s (a flag of nbgrad%s%s%s)%s\n", cmd_name(o->cmd), a,
+                cmds & CMD_GRAD ? " grad" : "", cmds & CMD_GRADCHECK ? " gradcheck" : "",
+                cmds & CMD_REFINE ? " refine" : "",
+                o->cmd == CMD_GRADCHECK ? "; gradcheck checks L = sum w I with fixed pseudo-random weights" : "");
+        return -1;
+    }
+    if (cmds != 0) {
         if (i + 1 >= argc) {
             fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
             return -1;
@@ -79,10 +117,14 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
         const char *v = argv[i + 1];
         if (strcmp(a, "-params") == 0) {
             if (!parse_params(v, o)) return -1;
-        } else if (strcmp(a, "-rtol") == 0) {
-            if (!nbg_cli_number(a, v, &o->rtol)) return -1;
-        } else if (strcmp(a, "-hscale") == 0) {
-            if (!nbg_cli_number(a, v, &o->hscale)) return -1;
+        } else if (strcmp(a, "-rtol") == 0 || strcmp(a, "-hscale") == 0) {
+            double x;
+            if (!nbg_cli_number(a, v, &x)) return -1;
+            if (!(x > 0)) {
+                fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", a, v);
+                return -1;
+            }
+            *(strcmp(a, "-rtol") == 0 ? &o->rtol : &o->hscale) = x;
         } else if (strcmp(a, "-observed") == 0) {
             o->observed = v;
         } else if (strcmp(a, "-weights") == 0) {
@@ -126,8 +168,9 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
     return 0;
 }
 
-/* Common set-up of a subcommand: parse, create the context, load files.  Returns the context or NULL. */
-static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
+/* Common set-up of a subcommand: parse, check the run's files, create the context, load files.  o is the gradient
+ * subcommands' options (NULL for simulate).  Returns the context or NULL. */
+static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first, const grad_opts *o)
 {
     nbg_ctx *ctx = NULL;
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
@@ -144,12 +187,19 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
     }
     nbg_ctx_destroy(ctx);
     ctx = NULL;
+    /* the same file named twice, or an output that is an input: refused before any work */
+    const nbg_cli_path extra[] = {{"-observed", o ? o->observed : NULL, 0}, {"-weights", o ? o->weights : NULL, 0},
+                                  {"-json", o ? o->json : NULL, 1}, {"-residual", o ? o->residual : NULL, 1}};
+    if (!nbg_cli_check_paths(c, extra, 4)) {
+        return NULL;
+    }
     const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
     if (rc != NBG_OK) {
         fprintf(stderr, "nbgrad: error: cannot use the %s backend: %s\n",
                 c->backend == NBG_BACKEND_CUDA ? "cuda" : "requested", nbg_strerror(rc));
         return NULL;
     }
+    nbg_ctx_set_limits(ctx, &c->limits);
     if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
         printf("no usable GPU: running on the CPU\n");
     }
@@ -179,25 +229,23 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first)
     return ctx;
 }
 
-/* JSON outputs are written like every other output: to a temporary name, renamed when complete. */
-static FILE *json_open(const char *path, char *tmp, size_t n)
+/* JSON outputs are written like every other output: to a temporary file in the run's output set. */
+static FILE *json_open(nbg_ctx *ctx, const char *path, nbg_out *o)
 {
-    snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) {
-        fprintf(stderr, "nbgrad: error: cannot write %s\n", path);
+    if (nbg_out_open(ctx, path, o) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return NULL;
     }
-    return f;
+    return o->fp;
 }
 
-static int json_close(FILE *f, const char *path, const char *tmp)
+static int json_close(nbg_ctx *ctx, nbg_cli *c, nbg_out *o)
 {
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        remove(tmp);
-        fprintf(stderr, "nbgrad: error: cannot write %s\n", path);
+    if (nbg_out_finish(ctx, o, &c->outs) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
-    printf("wrote %s\n", path);
+    printf("wrote %s\n", o->path);
     return 1;
 }
 
@@ -206,12 +254,13 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     nbg_cli c;
     grad_opts o = {0};
     o.break_param = -1;
+    o.cmd = CMD_GRADCHECK;
     nbg_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     c.nodump = 1;
     int status = 1;
-    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
             printf("usage: nbgrad gradcheck <nanoBragg flags> -params LIST [-rtol 1e-6] [-hscale 1]\n");
@@ -228,7 +277,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     nbg_debug_break_adjoint(ctx, o.break_param);
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale, res, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
@@ -248,32 +297,44 @@ done:
     return status;
 }
 
-/* Reads a raw float image or an SMV file of npix pixels. */
-static float *read_image(nbg_ctx *ctx, const char *path, size_t npix)
+/* Reads a raw float image or an SMV file of npix pixels (the observed image, the weights); prints the error. */
+static float *read_image(nbg_ctx *ctx, const char *flag, const char *path, size_t npix)
 {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "nbgrad: error: %s %s: %s\n", flag, path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "nbgrad: error: %s %s is not a regular file%s\n", flag, path,
+                S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        fprintf(stderr, "nbgrad: error: cannot open %s\n", path);
+        fprintf(stderr, "nbgrad: error: %s: cannot open %s: %s\n", flag, path, strerror(errno));
         return NULL;
     }
     char head[16] = {0};
     const size_t got = fread(head, 1, 15, f);
-    fclose(f);
     float *img = malloc(sizeof(float) * (npix ? npix : 1));
     if (img == NULL) {
+        fprintf(stderr, "nbgrad: error: %s %s: out of memory for an image of %zu pixels\n", flag, path, npix);
+        fclose(f);
         return NULL;
     }
     if (got >= 12 && strncmp(head, "{\nHEADER_BYT", 12) == 0) {
+        fclose(f);
         nbg_smv_header h;
         uint16_t *data = NULL;
         if (nbg_read_smv(ctx, path, &h, &data) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            fprintf(stderr, "nbgrad: error: %s: %s\n", flag, nbg_errmsg(ctx));
             free(img);
             return NULL;
         }
         if ((size_t)h.fpixels * h.spixels != npix) {
-            fprintf(stderr, "nbgrad: error: %s is %dx%d pixels, the detector has %zu pixels\n", path, h.fpixels,
-                    h.spixels, npix);
+            fprintf(stderr, "nbgrad: error: %s %s is %dx%d pixels, the detector has %zu pixels\n", flag, path,
+                    h.fpixels, h.spixels, npix);
             free(data);
             free(img);
             return NULL;
@@ -282,19 +343,15 @@ static float *read_image(nbg_ctx *ctx, const char *path, size_t npix)
         free(data);
         return img;
     }
-    f = fopen(path, "rb");
-    fseek(f, 0, SEEK_END);
-    const long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (size != (long)(npix * sizeof(float))) {
-        fprintf(stderr, "nbgrad: error: %s has %ld bytes; a raw float image of this detector has %zu\n", path, size,
-                npix * sizeof(float));
+    if ((unsigned long long)st.st_size != (unsigned long long)npix * sizeof(float)) {
+        fprintf(stderr, "nbgrad: error: %s %s has %lld bytes; a raw float image of this detector has %zu\n", flag, path,
+                (long long)st.st_size, npix * sizeof(float));
         fclose(f);
         free(img);
         return NULL;
     }
-    if (fread(img, sizeof(float), npix, f) != npix) {
-        fprintf(stderr, "nbgrad: error: cannot read %s\n", path);
+    if (fseek(f, 0, SEEK_SET) != 0 || fread(img, sizeof(float), npix, f) != npix) {
+        fprintf(stderr, "nbgrad: error: %s: cannot read %s\n", flag, path);
         fclose(f);
         free(img);
         return NULL;
@@ -308,13 +365,14 @@ static int cmd_grad(int argc, char **argv, int first)
     nbg_cli c;
     grad_opts o = {0};
     o.break_param = -1;
+    o.cmd = CMD_GRAD;
     nbg_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
     float *img = NULL, *obs = NULL, *wts = NULL, *dl = NULL;
     double *dF = NULL;
-    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
             printf("usage: nbgrad grad <nanoBragg flags> -params LIST [-observed FILE -loss lsq|poisson "
@@ -337,6 +395,10 @@ static int cmd_grad(int argc, char **argv, int first)
     }
     const size_t npix = (size_t)r.fpixels * r.spixels;
     img = malloc(sizeof(float) * npix);
+    if (img == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
+        goto done;
+    }
     nbg_grad g;
     memset(&g, 0, sizeof g);
     if (o.want_F) {
@@ -344,18 +406,26 @@ static int cmd_grad(int argc, char **argv, int first)
                               (size_t)(c.e.hkl->l_max - c.e.hkl->l_min + 1)
                         : 1;
         dF = calloc(g.ndF, sizeof(double));
+        if (dF == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory for %zu structure-factor gradients\n", g.ndF);
+            goto done;
+        }
         g.dF = dF;
     }
     const nbg_param_mask mask = o.mask | (o.want_F ? NBG_MASK_F : 0);
     double L = 0;
     int rc;
     if (o.observed != NULL) {
-        obs = read_image(ctx, o.observed, npix);
+        obs = read_image(ctx, "-observed", o.observed, npix);
         if (obs == NULL) goto done;
-        if (o.weights != NULL && (wts = read_image(ctx, o.weights, npix)) == NULL) goto done;
+        if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
         rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, mask, &L, &g, img, npix);
     } else {
         dl = malloc(sizeof(float) * npix);
+        if (dl == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
+            goto done;
+        }
         for (size_t i = 0; i < npix; ++i) dl[i] = 1.0f;
         rc = nbg_simulate_grad(ctx, &c.e, dl, mask, &g, img, npix, NULL);
         for (size_t i = 0; i < npix; ++i) L += img[i];
@@ -378,8 +448,8 @@ static int cmd_grad(int argc, char **argv, int first)
         printf("dL/dF: %zu entries, norm %.6g\n", g.ndF, sqrt(norm));
     }
     if (o.json != NULL) {
-        char tmp[4096];
-        FILE *j = json_open(o.json, tmp, sizeof tmp);
+        nbg_out jo;
+        FILE *j = json_open(ctx, o.json, &jo);
         if (j == NULL) {
             goto done;
         }
@@ -398,11 +468,11 @@ static int cmd_grad(int argc, char **argv, int first)
             fprintf(j, "]");
         }
         fprintf(j, "\n}\n");
-        if (!json_close(j, o.json, tmp)) {
+        if (!json_close(ctx, &c, &jo)) {
             goto done;
         }
     }
-    status = 0;
+    status = nbg_cli_commit(ctx, &c) ? 0 : 1;
 done:
     free(img);
     free(obs);
@@ -421,7 +491,7 @@ static int cmd_simulate(int argc, char **argv, int first)
     nbg_cli_init(&c);
     int ok = 0;
     float *img = NULL;
-    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    nbg_ctx *ctx = setup(&c, argc, argv, first, NULL);
     if (ctx == NULL) {
         if (c.help) {
             nbg_cli_usage(stdout);
@@ -450,7 +520,7 @@ static int cmd_simulate(int argc, char **argv, int first)
                r.interp_fallbacks);
     }
     printf("solid angle subtended by detector = %g steradian\n", r.solid_angle);
-    ok = nbg_cli_write_outputs(ctx, &c, &r, img);
+    ok = nbg_cli_write_outputs(ctx, &c, &r, img) && nbg_cli_commit(ctx, &c);
 done:
     free(img);
     nbg_cli_free(&c);
@@ -487,12 +557,13 @@ static int cmd_refine(int argc, char **argv, int first)
     grad_opts o = {0};
     o.break_param = -1;
     o.max_iter = 100;
+    o.cmd = CMD_REFINE;
     nbg_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
     float *obs = NULL, *wts = NULL, *img = NULL;
-    nbg_ctx *ctx = setup(&c, argc, argv, first);
+    nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
             printf("usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
@@ -517,8 +588,8 @@ static int cmd_refine(int argc, char **argv, int first)
         goto done;
     }
     const size_t npix = (size_t)r.fpixels * r.spixels;
-    if ((obs = read_image(ctx, o.observed, npix)) == NULL) goto done;
-    if (o.weights != NULL && (wts = read_image(ctx, o.weights, npix)) == NULL) goto done;
+    if ((obs = read_image(ctx, "-observed", o.observed, npix)) == NULL) goto done;
+    if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     nbg_refine_options ro;
     nbg_refine_options_default(&ro);
     ro.method = o.method;
@@ -551,15 +622,15 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
         for (size_t i = 0; i < npix; ++i) img[i] = obs[i] - img[i];
-        if (nbg_write_float(ctx, o.residual, img, npix) != NBG_OK) {
+        if (nbg_write_float_set(ctx, &c.outs, o.residual, img, npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             goto done;
         }
         printf("wrote the residual image (observed - model) to %s\n", o.residual);
     }
     if (o.json != NULL) {
-        char tmp[4096];
-        FILE *j = json_open(o.json, tmp, sizeof tmp);
+        nbg_out jo;
+        FILE *j = json_open(ctx, o.json, &jo);
         if (j == NULL) {
             goto done;
         }
@@ -578,11 +649,11 @@ static int cmd_refine(int argc, char **argv, int first)
             fprintf(j, "]");
         }
         fprintf(j, "]\n}\n");
-        if (!json_close(j, o.json, tmp)) {
+        if (!json_close(ctx, &c, &jo)) {
             goto done;
         }
     }
-    status = 0;
+    status = nbg_cli_commit(ctx, &c) ? 0 : 1;
 done:
     free(obs);
     free(wts);

@@ -288,7 +288,7 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         /* value, name, lo, hi, lo_open, hi_open, unset, unit */
         {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, NAN, "mm"},
         {e->distance, "distance (-distance)", 0, inf, 1, 1, NAN, "mm"},
-        {e->lambda, "wavelength (-lambda)", 1e-4, 1e4, 0, 0, NAN, "A"},
+        {e->lambda, "wavelength (-lambda, -energy)", 1e-4, 1e4, 0, 0, NAN, "A"},
         {e->detsize_f, "detector size, fast (-detsize_f)", 0, inf, 1, 1, NAN, "mm"},
         {e->detsize_s, "detector size, slow (-detsize_s)", 0, inf, 1, 1, NAN, "mm"},
         {e->fluence, "fluence (-fluence)", 0, inf, 0, 1, NAN, "photons/m^2"},
