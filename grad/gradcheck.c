@@ -139,11 +139,9 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
     }
     *nresults = 0;
-    if (!(rtol > 0)) {
-        rtol = 1e-6;
-    }
-    if (!(h_scale > 0)) {
-        h_scale = 1;
+    if (!(rtol > 0 && rtol < 1) || !(h_scale > 0 && isfinite(h_scale))) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
+                         rtol, h_scale);
     }
     nbg_report rep;
     int rc = nbg_describe(ctx, e, &rep);

@@ -392,7 +392,8 @@ typedef struct {
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 
-/* results must hold NBG_NPARAMS + 1 entries. */
+/* results must hold NBG_NPARAMS + 1 entries.  rtol in (0, 1) (1e-6 is a good choice) and h_scale > 0 (1 is the
+ * default step), NBG_EINVAL otherwise. */
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
                   nbg_gradcheck_result *results, int *nresults);
 

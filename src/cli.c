@@ -144,6 +144,10 @@ void nbg_cli_init(nbg_cli *c)
 
 void nbg_cli_free(nbg_cli *c)
 {
+    if (c->outs.n > 0) {
+        fprintf(stderr, "nbgrad: nothing was written: the %d output%s prepared %s discarded and existing files are "
+                "unchanged\n", c->outs.n, c->outs.n > 1 ? "s" : "", c->outs.n > 1 ? "are" : "is");
+    }
     nbg_outset_abort(&c->outs); /* whatever was not committed: the targets stay as they were */
     nbg_hkl_free(&c->hkl);
     free(c->sources);
@@ -819,6 +823,21 @@ int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n)
         }
     }
     char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    for (int i = 0; i < np; ++i) {
+        /* an output whose directory is missing or not writable fails now rather than after the work */
+        if (p[i].output && access(p[i].path, F_OK) != 0) {
+            canonical(p[i].path, ca, sizeof ca);
+            char *slash = strrchr(ca, '/');
+            if (slash != NULL) {
+                *slash = '\0';
+            }
+            if (slash != NULL && access(ca[0] != '\0' ? ca : "/", W_OK | X_OK) != 0) {
+                fprintf(stderr, "nbgrad: error: cannot write %s %s: its directory %s %s\n", p[i].flag, p[i].path,
+                        ca[0] != '\0' ? ca : "/", errno == ENOENT ? "does not exist" : "is not writable");
+                return 0;
+            }
+        }
+    }
     for (int i = 0; i < np; ++i) {
         struct stat st;
         /* a device or a FIFO (/dev/null, /dev/stdout) may be named as often as one likes */

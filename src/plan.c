@@ -818,7 +818,8 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     Sbeam = dout.Sbeam;
     Fclose = dout.Fclose;
     Sclose = dout.Sclose;
-    if (!(close_distance > 0) || !isfinite(distance)) {
+    /* the plane must face the sample and not pass through it (an edge-on detector comes out 1e-15 mm off) */
+    if (!(close_distance > 1e-9) || !isfinite(distance)) {
         return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
                          "behind the sample (close distance %g mm along the detector normal; check -distance, "
                          "-close_distance and the detector rotations)", close_distance * 1000);
