@@ -47,7 +47,9 @@ void nbg_cli_usage(FILE *out)
             "           -oversample_thick -oversample_polar -oversample_omega\n"
             "output:    -floatfile f -intfile f -scale x -adc x -pgmfile f -pgmscale x -noisefile f -seed n\n"
             "           -nopgm -nonoise   (only the files asked for are written)\n"
-            "nbgrad:    -device cpu|cuda|auto   -precision double|float   -threads n\n");
+            "nbgrad:    -device cpu|cuda|auto   -precision double|float   -threads n (0: OpenMP default, <= 1024)\n"
+            "           -max_memory GiB (4: the largest allocation an input may ask for)\n"
+            "           -max_samples n (1e12: the most pixels x samples per pixel one run may evaluate)\n");
 }
 
 /* --- strict argument parsing ----------------------------------------------------------------------------- */
