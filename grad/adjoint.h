@@ -4,6 +4,7 @@
 #ifndef NBG_ADJOINT_H
 #define NBG_ADJOINT_H
 
+#include "geometry.h"
 #include "physics.h"
 
 #include <stddef.h>
@@ -19,8 +20,123 @@ typedef struct {
     double *lane_abc, *lane_lam;             /* scratch of the vectorised adjoint: nmat*9*8 and nsources*8 */
 } nbg_adjacc;
 
-/* Number of doubles in the fixed part of nbg_adjacc. */
+/* Number of doubles in the fixed part of nbg_adjacc (the CUDA backend and the thread reduction read it as a flat
+ * array of doubles: every member before abc is a double). */
 #define NBG_ADJ_FIXED (offsetof(nbg_adjacc, abc) / sizeof(double))
+#ifndef __cplusplus
+_Static_assert(offsetof(nbg_adjacc, abc) == 29 * sizeof(double), "nbg_adjacc's fixed part must be 29 doubles");
+#endif
+
+/* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
+ * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
+static inline NBG_HD void nbg_ray_adjoint(const nbg_ray *r, const double *d_d, double d_R, nbg_adjacc *acc)
+{
+    const double dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
+    for (int x = 0; x < 3; ++x) {
+        const double d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
+        acc->pix0[x] += d_P;
+        acc->f[x] += d_P * r->Fdet;
+        acc->s[x] += d_P * r->Sdet;
+        acc->o[x] += d_P * r->Odet;
+    }
+}
+
+/* A pixel's once-per-pixel factors, as the forward kernel takes them (without the -oversample_thick/_polar/_omega
+ * running sums, which are not differentiated): the solid angle at the first subpixel, the capture fraction at
+ * the last layer's first subpixel, the polarization at the first (subpixel, source) that survives the resolution
+ * cut, with the rays they were taken on.  Shared by the adjoint (prologue and epilogue) and tangent kernels. */
+typedef struct {
+    nbg_ray r_om, r_cap, r_pol;
+    double omega, capture, cap_a, rho, polar;
+    int pol_src; /* the source polar was taken on; -1 when none (-nopolar, or every sample cut) */
+} nbg_pixfactors;
+
+static inline NBG_HD void nbg_pixel_factors(const nbg_kparams *p, int fpixel, int spixel, nbg_pixfactors *pf)
+{
+    const int os = p->oversample;
+    const int tl = p->thicksteps - 1;
+    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &pf->r_om);
+    pf->omega = nbg_solid_angle(p, pf->r_om.R);
+    pf->capture = 1;
+    pf->cap_a = 0;
+    pf->rho = 1;
+    if (p->thick != 0) {
+        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &pf->r_cap);
+        pf->rho = pf->r_cap.d[0] * p->odet[0] + pf->r_cap.d[1] * p->odet[1] + pf->r_cap.d[2] * p->odet[2];
+        pf->capture = nbg_capture(p, tl, pf->rho, &pf->cap_a);
+    }
+    pf->polar = p->nopolar ? 1 : 0;
+    pf->pol_src = -1;
+    if (p->nopolar) {
+        return;
+    }
+    for (int t = 0; t < p->thicksteps; ++t) {
+        for (int subS = 0; subS < os; ++subS) {
+            for (int subF = 0; subF < os; ++subF) {
+                if (t == 0 && subS == 0 && subF == 0) {
+                    pf->r_pol = pf->r_om; /* the first subpixel's ray, already computed */
+                } else {
+                    nbg_ray_at(p, fpixel, spixel, subF, subS, t, &pf->r_pol);
+                }
+                for (int src = 0; src < p->nsources; ++src) {
+                    double q[3];
+                    if (nbg_scatter_q(p, pf->r_pol.d, src, q)) {
+                        const double *sr = p->src + NBG_SRC_STRIDE * src;
+                        pf->polar = nbg_polar_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7);
+                        pf->pol_src = src;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The epilogue of the adjoint: with the pixel's final sum I and its incoming gradient g (S = scale I capture polar
+ * omega), back-propagates through the once-per-pixel factors into acc: the scale, the water term (d_I = g scale
+ * capture polar omega), the solid angle (its ray and the close distance), the capture fraction (its ray and the
+ * normal) and the polarization (its ray and K). */
+static inline NBG_HD void nbg_pixel_factors_adjoint(const nbg_kparams *p, const nbg_pixfactors *pf, double g,
+                                                    double I, double d_I, nbg_adjacc *acc)
+{
+    const double scale = p->scale;
+    const double omega = pf->omega, capture = pf->capture, polar = pf->polar;
+    acc->scale += g * I * capture * polar * omega;
+    acc->Ibg += d_I;
+    const double zero[3] = {0, 0, 0};
+    {
+        /* omega(R, close): d_R = d omega / dR, d_close = omega / close */
+        const double d_om = g * scale * I * capture * polar;
+        const double d_R = d_om * nbg_solid_angle_dR(p, pf->r_om.R, omega);
+        if (!p->point_pixel) {
+            acc->close += d_om * omega / p->close_distance;
+        }
+        nbg_ray_adjoint(&pf->r_om, zero, d_R, acc);
+    }
+    if (p->thick != 0) {
+        /* capture(a), a = dz mu / rho, rho = d . o */
+        const double d_cap = g * scale * I * polar * omega;
+        const double d_rho = d_cap * nbg_capture_da(p->thicksteps - 1, pf->cap_a) * (-pf->cap_a / pf->rho);
+        double d_d[3];
+        for (int x = 0; x < 3; ++x) {
+            d_d[x] = d_rho * p->odet[x];
+            acc->o[x] += d_rho * pf->r_cap.d[x];
+        }
+        nbg_ray_adjoint(&pf->r_cap, d_d, 0, acc);
+    }
+    if (pf->pol_src >= 0) {
+        const double d_pol = g * scale * I * capture * omega;
+        const double *sr = p->src + NBG_SRC_STRIDE * pf->pol_src;
+        double dP_dd[3], dP_dK;
+        nbg_polar_grad_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
+        double d_d[3];
+        for (int x = 0; x < 3; ++x) {
+            d_d[x] = d_pol * dP_dd[x];
+        }
+        acc->K += d_pol * dP_dK;
+        nbg_ray_adjoint(&pf->r_pol, d_d, 0, acc);
+    }
+}
 
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
  * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only

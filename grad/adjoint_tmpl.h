@@ -13,45 +13,14 @@
  *
  * Instantiated for NBG_R = double by grad/adjoint_cpu.c and cuda/backend.cu, and for float by cuda/backend.cu.
  * As in the forward kernel (src/pixel_tmpl.h), the geometry of each subpixel and source and its adjoint are
- * double in both; the per-sample work is NBG_R.  The ray functions are therefore defined once, by the double
- * instantiation, which must come first.
+ * double in both (src/geometry.h); the per-sample work is NBG_R.  The prologue and epilogue (the once-per-pixel
+ * factors and their adjoint) are nbg_pixel_factors and nbg_pixel_factors_adjoint (grad/adjoint.h), shared with
+ * the row form and the tangent kernels.
  */
 #ifdef NBG_FLOAT_MODE
 #define NBG_M(fn) fn##f
 #else
 #define NBG_M(fn) fn
-#endif
-
-#ifndef NBG_FLOAT_MODE
-/* Unit diffracted direction d = P / |P| for a subpixel, with its detector coordinates. */
-typedef struct {
-    double P[3], d[3], R, Fdet, Sdet, Odet;
-} nbg_ray;
-
-static inline NBG_HD void nbg_ray_at(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
-                                     nbg_ray *r)
-{
-    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
-    nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, r->P);
-    r->R = sqrt(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
-    for (int x = 0; x < 3; ++x) {
-        r->d[x] = r->P[x] / r->R;
-    }
-}
-
-/* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
- * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
-static inline NBG_HD void nbg_ray_adjoint(const nbg_ray *r, const double *d_d, double d_R, nbg_adjacc *acc)
-{
-    const double dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
-    for (int x = 0; x < 3; ++x) {
-        const double d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
-        acc->pix0[x] += d_P;
-        acc->f[x] += d_P * r->Fdet;
-        acc->s[x] += d_P * r->Sdet;
-        acc->o[x] += d_P * r->Odet;
-    }
-}
 #endif
 
 /* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
@@ -69,9 +38,9 @@ static inline NBG_HD int NBG_SFX(nbg_sample_eval)(const nbg_kparams *p, const do
     sm->h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
     sm->k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
     sm->l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
-    sm->h0 = NBG_M(ceil)(sm->h - (NBG_R)0.5);
-    sm->k0 = NBG_M(ceil)(sm->k - (NBG_R)0.5);
-    sm->l0 = NBG_M(ceil)(sm->l - (NBG_R)0.5);
+    sm->h0 = NBG_SFX(nbg_round_index)(sm->h);
+    sm->k0 = NBG_SFX(nbg_round_index)(sm->k);
+    sm->l0 = NBG_SFX(nbg_round_index)(sm->l);
     for (int i = 0; i < 9; ++i) {
         sm->dLast[i] = 0;
     }
@@ -90,42 +59,10 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
-    const double K = p->polarization;
-    const double scale = p->scale;
-
     /* --- prologue: the once-per-pixel factors and where they were taken ------------------------------------ */
-    nbg_ray r_om, r_cap, r_pol;
-    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &r_om);
-    const double omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
-                                        : (p->pixel * p->pixel) / (r_om.R * r_om.R) * p->close_distance / r_om.R;
-    double capture = 1, cap_a = 0, rho = 1;
-    const int tl = p->thicksteps - 1;
-    if (p->thick != 0) {
-        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &r_cap);
-        rho = r_cap.d[0] * p->odet[0] + r_cap.d[1] * p->odet[1] + r_cap.d[2] * p->odet[2];
-        cap_a = (p->thickstep * p->mu) / rho;
-        capture = exp(-(double)tl * cap_a) - exp(-(double)(tl + 1) * cap_a);
-    }
-    double polar = p->nopolar ? 1 : 0;
-    int pol_src = -1;
-    if (!p->nopolar) {
-        for (int t = 0; t < p->thicksteps && pol_src < 0; ++t) {
-            for (int subS = 0; subS < os && pol_src < 0; ++subS) {
-                for (int subF = 0; subF < os && pol_src < 0; ++subF) {
-                    nbg_ray_at(p, fpixel, spixel, subF, subS, t, &r_pol);
-                    for (int src = 0; src < p->nsources; ++src) {
-                        double q[3];
-                        if (nbg_scatter_q(p, r_pol.d, src, q)) {
-                            const double *sr = p->src + NBG_SRC_STRIDE * src;
-                            polar = nbg_polar_d(K, sr, r_pol.d, sr + 4, sr + 7);
-                            pol_src = src;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    }
+    nbg_pixfactors pf;
+    nbg_pixel_factors(p, fpixel, spixel, &pf);
+    const double capture = pf.capture, polar = pf.polar, omega = pf.omega, scale = p->scale;
 
     /* --- main pass: I and every sample's gradient, with d_I known ------------------------------------------ */
     const NBG_R d_I = (NBG_R)(g * scale * capture * polar * omega);
@@ -204,43 +141,7 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
     }
 
     /* --- epilogue: the once-per-pixel factors -------------------------------------------------------------- */
-    const double Ic = (double)I, gd = (double)g;
-    acc->scale += gd * Ic * capture * polar * omega;
-    acc->Ibg += (double)d_I;
-    const double zero[3] = {0, 0, 0};
-    {
-        /* omega = px^2 close / R^3 (or 1 / R^2): d_R = -3 omega / R (-2 omega / R), d_close = omega / close */
-        const double d_om = gd * scale * Ic * capture * polar;
-        const double d_R = d_om * (p->point_pixel ? -2 : -3) * omega / r_om.R;
-        if (!p->point_pixel) {
-            acc->close += d_om * omega / p->close_distance;
-        }
-        nbg_ray_adjoint(&r_om, zero, d_R, acc);
-    }
-    if (p->thick != 0) {
-        /* capture = exp(-t a) - exp(-(t+1) a), a = dz mu / rho, rho = d . o */
-        const double d_cap = gd * scale * Ic * polar * omega;
-        const double dcap_da = -(double)tl * exp(-(double)tl * cap_a) + (double)(tl + 1) * exp(-(double)(tl + 1) * cap_a);
-        const double d_rho = d_cap * dcap_da * (-cap_a / rho);
-        double d_d[3];
-        for (int x = 0; x < 3; ++x) {
-            d_d[x] = d_rho * p->odet[x];
-            acc->o[x] += d_rho * r_cap.d[x];
-        }
-        nbg_ray_adjoint(&r_cap, d_d, 0, acc);
-    }
-    if (pol_src >= 0) {
-        const double d_pol = gd * scale * Ic * capture * omega;
-        const double *sr = p->src + NBG_SRC_STRIDE * pol_src;
-        double dP_dd[3], dP_dK;
-        nbg_polar_grad_d(K, sr, r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
-        double d_d[3];
-        for (int x = 0; x < 3; ++x) {
-            d_d[x] = d_pol * dP_dd[x];
-        }
-        acc->K += d_pol * dP_dK;
-        nbg_ray_adjoint(&r_pol, d_d, 0, acc);
-    }
+    nbg_pixel_factors_adjoint(p, &pf, (double)g, (double)I, (double)d_I, acc);
     return S;
 }
 

@@ -4,16 +4,8 @@
 #ifndef NBG_KERNEL_H
 #define NBG_KERNEL_H
 
+#include "geometry.h"
 #include "physics.h"
-
-/* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
-static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
-{
-    if (f < 0 || f >= p->fpixels || f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
-        return 0;
-    }
-    return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
-}
 
 #define NBG_R double
 #define NBG_SFX(name) name##_d

@@ -19,10 +19,12 @@
 #include <math.h>
 #include <stdint.h>
 
+#ifndef NBG_HD
 #ifdef __CUDACC__
 #define NBG_HD __host__ __device__
 #else
 #define NBG_HD
+#endif
 #endif
 
 /* Physical constants, with their source. */

@@ -237,15 +237,11 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell)(const nbg_kparams *p, NBG_R h, NBG
     return (NBG_R)p->default_F;
 }
 
-/* Rodrigues rotation of v about a unit axis by angle phi (radians). */
-static inline NBG_HD void NBG_SFX(nbg_rotate_axis)(const NBG_R *v, const NBG_R *ax, NBG_R phi, NBG_R *out)
+/* The nearest integer to a Miller index, halves rounded up (nanoBragg's ceil(h - 0.5)): the reflection a sample
+ * belongs to.  Every nest rounds through here. */
+static inline NBG_HD NBG_R NBG_SFX(nbg_round_index)(NBG_R h)
 {
-    const NBG_R c = NBG_M(cos)(phi), s = NBG_M(sin)(phi);
-    const NBG_R dot = (ax[0] * v[0] + ax[1] * v[1] + ax[2] * v[2]) * (1 - c);
-    const NBG_R x = v[0], y = v[1], z = v[2];
-    out[0] = x * c + (ax[1] * z - ax[2] * y) * s + ax[0] * dot;
-    out[1] = y * c + (ax[2] * x - ax[0] * z) * s + ax[1] * dot;
-    out[2] = z * c + (ax[0] * y - ax[1] * x) * s + ax[2] * dot;
+    return NBG_M(ceil)(h - (NBG_R)0.5);
 }
 
 /* ---- derivatives for the adjoint kernels ------------------------------------------------------------------ */

@@ -16,7 +16,7 @@
  * subpixel and source, not per sample, so it costs little; in float, d - i cancels at low angles and a pixel's
  * position is resolved to only ~1e-8 m, which moved the golden images by up to 2e-4 of their maximum and their
  * sums by 3e-5 (divergence_dispersion, dmin_cut); with double geometry the float images meet the golden criteria.
- * The subpixel functions below are therefore defined once, in double (the _d instantiation, included first).
+ * The geometry is src/geometry.h.
  */
 #ifdef NBG_FLOAT_MODE
 #define NBG_M(fn) fn##f
@@ -30,62 +30,6 @@ typedef struct {
     double omega_sum;
     long oor;
 } NBG_SFX(nbg_pixstat);
-
-#ifndef NBG_FLOAT_MODE
-/* The detector-frame coordinates (m) of subpixel (subF, subS) of layer t: along fast, slow and the normal. */
-static inline NBG_HD void nbg_subpixel_coords(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS,
-                                              int t, double *Fdet, double *Sdet, double *Odet)
-{
-    const int os = p->oversample;
-    const double sub = p->subpixel;
-    *Fdet = sub * (double)(fpixel * os + subF) + sub / 2;
-    *Sdet = sub * (double)(spixel * os + subS) + sub / 2;
-    *Odet = (double)(t * p->thickstep);
-}
-
-/* The position of subpixel (subF, subS) of layer t, relative to the sample (m). */
-static inline NBG_HD void nbg_subpixel_pos(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
-                                           double *P)
-{
-    double Fdet, Sdet, Odet;
-    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &Fdet, &Sdet, &Odet);
-    for (int x = 0; x < 3; ++x) {
-        P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
-    }
-    if (p->curved) {
-        /* every pixel at `distance` from the sample: swing distance*beam about s by P_y/distance, then about f by
-         * P_z/distance (nanoBragg uses the flat position's lab y and z components as the angles) */
-        const double dist = p->distance;
-        double v[3], w[3], f[3], s[3];
-        for (int x = 0; x < 3; ++x) {
-            v[x] = dist * p->beam[x];
-            f[x] = p->fdet[x];
-            s[x] = p->sdet[x];
-        }
-        const double ay = P[1] / dist, az = P[2] / dist;
-        nbg_rotate_axis_d(v, s, ay, w);
-        nbg_rotate_axis_d(w, f, az, P);
-    }
-}
-
-/* The scattering vector q = (d - i) / lambda (1/m) of unit direction d and source src; 0 when the resolution cut
- * removes it (dmin > 1 / |q|, nanoBragg's 0.5 / stol). */
-static inline NBG_HD int nbg_scatter_q(const nbg_kparams *p, const double *d, int src, double *q)
-{
-    const double *sr = p->src + NBG_SRC_STRIDE * src;
-    const double ilambda = 1 / sr[3];
-    for (int x = 0; x < 3; ++x) {
-        q[x] = (d[x] - sr[x]) * ilambda;
-    }
-    if (p->dmin > 0) {
-        const double stol = 0.5 * sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2]);
-        if (stol > 0 && p->dmin > 0.5 / stol) {
-            return 0;
-        }
-    }
-    return 1;
-}
-#endif
 
 static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel, int spixel,
                                               NBG_SFX(nbg_pixstat) * st)
@@ -107,17 +51,14 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
                 const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
                 const double d[3] = {P[0] / R, P[1] / R, P[2] / R};
 
-                /* solid angle of the pixel: pixel^2 / R^2 * cos(obliquity), obliquity = close_distance / R */
+                /* the once-per-pixel factors: solid angle, then this layer's capture fraction */
                 if (omega == 0 || p->os_omega) {
-                    omega = p->point_pixel ? 1 / (R * R) : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
+                    omega = nbg_solid_angle(p, R);
                 }
                 st->omega_sum += omega;
-
-                /* fraction of photons absorbed in layer t: exp(-t dz mu / rho) - exp(-(t+1) dz mu / rho) */
                 if (capture == 0 || p->os_thick) {
-                    const double rho = d[0] * p->odet[0] + d[1] * p->odet[1] + d[2] * p->odet[2];
-                    const double a = (p->thickstep * p->mu) / rho;
-                    capture = exp(-(double)t * a) - exp(-(double)(t + 1) * a);
+                    double a;
+                    capture = nbg_capture(p, t, d[0] * p->odet[0] + d[1] * p->odet[1] + d[2] * p->odet[2], &a);
                 }
 
                 for (int src = 0; src < p->nsources; ++src) {
@@ -135,9 +76,9 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
                         const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
                         const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
                         const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
-                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
-                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
-                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
+                        const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
+                        const NBG_R l0 = NBG_SFX(nbg_round_index)(l);
                         const NBG_R F_latt = NBG_SFX(nbg_lattice)(p, h, k, l, h0, k0, l0);
                         if (F_latt == 0 && !p->water) {
                             continue;
@@ -200,9 +141,9 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
                         const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
                         const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
                         const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
-                        const NBG_R h0 = NBG_M(ceil)(h - (NBG_R)0.5);
-                        const NBG_R k0 = NBG_M(ceil)(k - (NBG_R)0.5);
-                        const NBG_R l0 = NBG_M(ceil)(l - (NBG_R)0.5);
+                        const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
+                        const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
+                        const NBG_R l0 = NBG_SFX(nbg_round_index)(l);
                         NBG_MIX(h0);
                         NBG_MIX(k0);
                         NBG_MIX(l0);

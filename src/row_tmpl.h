@@ -23,15 +23,11 @@ static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double 
                                  double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
                                  double *restrict Fd)
 {
-    const int os = p->oversample;
-    const double sub = p->subpixel;
 #pragma omp simd
     for (int j = 0; j < w; ++j) {
-        const double Fdet = sub * (double)((f0 + j) * os + subF) + sub / 2;
+        const double Fdet = nbg_subpixel_at(p, f0 + j, subF);
         double P[3];
-        for (int x = 0; x < 3; ++x) {
-            P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
-        }
+        nbg_flat_pos(p, Fdet, Sdet, Odet, P);
         const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
         d0[j] = P[0] / R;
         d1[j] = P[1] / R;
@@ -56,12 +52,7 @@ static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double
         q0[j] = (d0[j] - inc[0]) * ilambda;
         q1[j] = (d1[j] - inc[1]) * ilambda;
         q2[j] = (d2[j] - inc[2]) * ilambda;
-        int ok = 1;
-        if (p->dmin > 0) {
-            const double stol = 0.5 * sqrt(q0[j] * q0[j] + q1[j] * q1[j] + q2[j] * q2[j]);
-            ok = !(stol > 0 && dmin > 0.5 / stol);
-        }
-        valid[j] = ok;
+        valid[j] = nbg_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
     }
 }
 #endif
@@ -86,14 +77,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
         omega[j] = 0;
         capture[j] = 0;
     }
-    const double sub = p->subpixel;
     for (int t = 0; t < p->thicksteps; ++t) {
-        const double Odet = (double)(t * p->thickstep);
+        const double Odet = nbg_layer_at(p, t);
         for (int j = 0; j < W; ++j) {
             capture[j] = (p->thick == 0) ? 1 : 0;
         }
         for (int subS = 0; subS < os; ++subS) {
-            const double Sdet = sub * (double)(spixel * os + subS) + sub / 2;
+            const double Sdet = nbg_subpixel_at(p, spixel, subS);
             for (int subF = 0; subF < os; ++subF) {
                 if (p->curved) {
                     for (int j = 0; j < W; ++j) {
@@ -112,19 +102,16 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction */
 #pragma omp simd reduction(+ : osum)
                 for (int j = 0; j < W; ++j) {
-                    const double R = q0[j];
                     if (omega[j] == 0 || p->os_omega) {
-                        omega[j] = p->point_pixel ? 1 / (R * R)
-                                                  : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
+                        omega[j] = nbg_solid_angle(p, q0[j]);
                     }
                     osum += active[j] ? omega[j] : 0.0;
                 }
                 /* without a sensor thickness capture stays 1 (unless -oversample_thick recomputes it to 0) */
                 for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
                     if (capture[j] == 0 || p->os_thick) {
-                        const double rho = d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2];
-                        const double a = (p->thickstep * p->mu) / rho;
-                        capture[j] = exp(-(double)t * a) - exp(-(double)(t + 1) * a);
+                        double a;
+                        capture[j] = nbg_capture(p, t, d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2], &a);
                     }
                 }
                 for (int src = 0; src < p->nsources; ++src) {
@@ -160,7 +147,7 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 hx[j] = vx0 * qf0[j] + vx1 * qf1[j] + vx2 * qf2[j];
-                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
+                                rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
                             }
                         }
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */

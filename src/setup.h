@@ -8,8 +8,17 @@
 #include <float.h>
 #include <math.h>
 
+#ifndef NBG_HD
+#ifdef __CUDACC__
+#define NBG_HD __host__ __device__
+#else
+#define NBG_HD
+#endif
+#endif
+
 #define NBG_T double
 #define NBG_T_SFX(name) name##_d
+#define NBG_T_HD NBG_HD /* the double vector helpers also serve the kernels (src/geometry.h) */
 #define NBG_T_COS cos
 #define NBG_T_SIN sin
 #define NBG_T_SQRT sqrt
@@ -21,6 +30,7 @@
 #undef NBG_T_SIN
 #undef NBG_T_SQRT
 #undef NBG_T_RE
+#undef NBG_T_HD
 
 #endif
 
@@ -30,6 +40,7 @@
 #undef I
 #define NBG_T double _Complex
 #define NBG_T_SFX(name) name##_z
+#define NBG_T_HD
 #define NBG_T_COS ccos
 #define NBG_T_SIN csin
 #define NBG_T_SQRT csqrt
@@ -41,4 +52,5 @@
 #undef NBG_T_SIN
 #undef NBG_T_SQRT
 #undef NBG_T_RE
+#undef NBG_T_HD
 #endif

@@ -8,7 +8,7 @@
  */
 
 /* v rotated by R_xyz = Rz*Ry*Rx (x first); a zero angle is skipped exactly as nanoBragg does. */
-static inline void NBG_T_SFX(rotate_xyz)(const NBG_T *v, NBG_T rx, NBG_T ry, NBG_T rz, NBG_T *out)
+static inline NBG_T_HD void NBG_T_SFX(rotate_xyz)(const NBG_T *v, NBG_T rx, NBG_T ry, NBG_T rz, NBG_T *out)
 {
     NBG_T x = v[0], y = v[1], z = v[2];
     if (rx != 0) {
@@ -35,7 +35,7 @@ static inline void NBG_T_SFX(rotate_xyz)(const NBG_T *v, NBG_T rx, NBG_T ry, NBG
 }
 
 /* Rodrigues rotation about an axis used as given (not normalised, as in nanoBragg). */
-static inline void NBG_T_SFX(rotate_axis)(const NBG_T *v, const NBG_T *ax, NBG_T phi, NBG_T *out)
+static inline NBG_T_HD void NBG_T_SFX(rotate_axis)(const NBG_T *v, const NBG_T *ax, NBG_T phi, NBG_T *out)
 {
     const NBG_T c = NBG_T_COS(phi), s = NBG_T_SIN(phi);
     const NBG_T dot = (ax[0] * v[0] + ax[1] * v[1] + ax[2] * v[2]) * (1 - c);
@@ -45,7 +45,7 @@ static inline void NBG_T_SFX(rotate_axis)(const NBG_T *v, const NBG_T *ax, NBG_T
     out[2] = z * c + (ax[0] * y - ax[1] * x) * s + ax[2] * dot;
 }
 
-static inline void NBG_T_SFX(cross)(const NBG_T *a, const NBG_T *b, NBG_T *out)
+static inline NBG_T_HD void NBG_T_SFX(cross)(const NBG_T *a, const NBG_T *b, NBG_T *out)
 {
     const NBG_T x = a[1] * b[2] - a[2] * b[1];
     const NBG_T y = a[2] * b[0] - a[0] * b[2];
@@ -55,10 +55,10 @@ static inline void NBG_T_SFX(cross)(const NBG_T *a, const NBG_T *b, NBG_T *out)
     out[2] = z;
 }
 
-static inline NBG_T NBG_T_SFX(dot)(const NBG_T *a, const NBG_T *b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
+static inline NBG_T_HD NBG_T NBG_T_SFX(dot)(const NBG_T *a, const NBG_T *b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
 
 /* Rescales v to length len (a vector of length 0 is left alone). */
-static inline void NBG_T_SFX(rescale)(NBG_T *v, NBG_T len)
+static inline NBG_T_HD void NBG_T_SFX(rescale)(NBG_T *v, NBG_T len)
 {
     const NBG_T m = NBG_T_SQRT(NBG_T_SFX(dot)(v, v));
     if (m != 0) {

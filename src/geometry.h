@@ -1,0 +1,151 @@
+/*
+ * geometry.h -- the pixel-level geometry of nbgrad, in one place, for every loop nest: forward, adjoint and
+ * tangent, scalar and row (lane) forms, CPU and CUDA.  Each formula is one NBG_HD inline function with its
+ * derivative beside it; the nests call these and write none of them again.
+ *
+ *   which pixels are rendered          nbg_pixel_active
+ *   where a subpixel is                nbg_subpixel_at, nbg_layer_at, nbg_subpixel_coords, nbg_flat_pos,
+ *                                      nbg_subpixel_pos (flat and curved detectors)
+ *   the ray to it                      nbg_ray, nbg_ray_at (unit direction d = P / R)
+ *   scattering vector, resolution cut  nbg_scatter_q, nbg_dmin_keeps
+ *   solid angle                        nbg_solid_angle, nbg_solid_angle_dR (and d omega / d close = omega / close)
+ *   sensor capture fraction            nbg_capture, nbg_capture_da
+ *
+ * The per-sample physics (lattice and structure factors, polarization, their derivatives) is src/physics_tmpl.h;
+ * the set-up maps (cell, detector rotations) are src/setup_tmpl.h.  Geometry is double in every precision: it
+ * runs once per subpixel and source, and in float the low-angle d - i cancellation and the ~1e-8 m position
+ * resolution moved golden images by up to 2e-4 of their maximum (see src/pixel_tmpl.h).
+ */
+#ifndef NBG_GEOMETRY_H
+#define NBG_GEOMETRY_H
+
+#include "physics.h"
+#include "setup.h"
+
+#include <math.h>
+
+/* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
+static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
+{
+    if (f < 0 || f >= p->fpixels || f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
+        return 0;
+    }
+    return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
+}
+
+/* The centre of subpixel sub of pixel `pixel` along one detector axis (m). */
+static inline NBG_HD double nbg_subpixel_at(const nbg_kparams *p, int pixel, int sub)
+{
+    return p->subpixel * (double)(pixel * p->oversample + sub) + p->subpixel / 2;
+}
+
+/* The depth of sensor layer t along the normal (m). */
+static inline NBG_HD double nbg_layer_at(const nbg_kparams *p, int t) { return (double)(t * p->thickstep); }
+
+/* The detector-frame coordinates (m) of subpixel (subF, subS) of layer t: along fast, slow and the normal. */
+static inline NBG_HD void nbg_subpixel_coords(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS,
+                                              int t, double *Fdet, double *Sdet, double *Odet)
+{
+    *Fdet = nbg_subpixel_at(p, fpixel, subF);
+    *Sdet = nbg_subpixel_at(p, spixel, subS);
+    *Odet = nbg_layer_at(p, t);
+}
+
+/* The point at detector coordinates (Fdet, Sdet, Odet) of a flat detector, relative to the sample (m). */
+static inline NBG_HD void nbg_flat_pos(const nbg_kparams *p, double Fdet, double Sdet, double Odet, double *P)
+{
+    for (int x = 0; x < 3; ++x) {
+        P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
+    }
+}
+
+/* The position of subpixel (subF, subS) of layer t, relative to the sample (m). */
+static inline NBG_HD void nbg_subpixel_pos(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
+                                           double *P)
+{
+    double Fdet, Sdet, Odet;
+    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &Fdet, &Sdet, &Odet);
+    nbg_flat_pos(p, Fdet, Sdet, Odet, P);
+    if (p->curved) {
+        /* every pixel at `distance` from the sample: swing distance*beam about s by P_y/distance, then about f by
+         * P_z/distance (nanoBragg uses the flat position's lab y and z components as the angles) */
+        const double dist = p->distance;
+        double v[3], w[3], f[3], s[3];
+        for (int x = 0; x < 3; ++x) {
+            v[x] = dist * p->beam[x];
+            f[x] = p->fdet[x];
+            s[x] = p->sdet[x];
+        }
+        const double ay = P[1] / dist, az = P[2] / dist;
+        rotate_axis_d(v, s, ay, w);
+        rotate_axis_d(w, f, az, P);
+    }
+}
+
+/* The ray to a subpixel: position P, unit direction d = P / |P|, distance R and the detector coordinates. */
+typedef struct {
+    double P[3], d[3], R, Fdet, Sdet, Odet;
+} nbg_ray;
+
+static inline NBG_HD void nbg_ray_at(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
+                                     nbg_ray *r)
+{
+    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
+    nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, r->P);
+    r->R = sqrt(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
+    for (int x = 0; x < 3; ++x) {
+        r->d[x] = r->P[x] / r->R;
+    }
+}
+
+/* Whether scattering vector q (1/m) survives the resolution cut: dmin <= 1 / |q| (nanoBragg's 0.5 / stol). */
+static inline NBG_HD int nbg_dmin_keeps(double dmin, double q0, double q1, double q2)
+{
+    if (dmin > 0) {
+        const double stol = 0.5 * sqrt(q0 * q0 + q1 * q1 + q2 * q2);
+        return !(stol > 0 && dmin > 0.5 / stol);
+    }
+    return 1;
+}
+
+/* The scattering vector q = (d - i) / lambda (1/m) of unit direction d and source src; 0 when the resolution cut
+ * removes it. */
+static inline NBG_HD int nbg_scatter_q(const nbg_kparams *p, const double *d, int src, double *q)
+{
+    const double *sr = p->src + NBG_SRC_STRIDE * src;
+    const double ilambda = 1 / sr[3];
+    for (int x = 0; x < 3; ++x) {
+        q[x] = (d[x] - sr[x]) * ilambda;
+    }
+    return nbg_dmin_keeps(p->dmin, q[0], q[1], q[2]);
+}
+
+/* The solid angle of a pixel seen at distance R: pixel^2 / R^2 * cos(obliquity), cos(obliquity) = close / R;
+ * 1 / R^2 for -point_pixel. */
+static inline NBG_HD double nbg_solid_angle(const nbg_kparams *p, double R)
+{
+    return p->point_pixel ? 1 / (R * R) : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
+}
+
+/* d omega / d R of nbg_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel).  The other
+ * partial, d omega / d close_distance, is omega / close_distance (0 for a point pixel). */
+static inline NBG_HD double nbg_solid_angle_dR(const nbg_kparams *p, double R, double omega)
+{
+    return (p->point_pixel ? -2 : -3) * omega / R;
+}
+
+/* The fraction of photons absorbed in sensor layer t for a ray with rho = d . o (the cosine of its angle to the
+ * normal): exp(-t a) - exp(-(t+1) a), a = dz mu / rho.  *a receives a. */
+static inline NBG_HD double nbg_capture(const nbg_kparams *p, int t, double rho, double *a)
+{
+    *a = (p->thickstep * p->mu) / rho;
+    return exp(-(double)t * *a) - exp(-(double)(t + 1) * *a);
+}
+
+/* d capture / d a of nbg_capture; d a / d rho = -a / rho. */
+static inline NBG_HD double nbg_capture_da(int t, double a)
+{
+    return -(double)t * exp(-(double)t * a) + (double)(t + 1) * exp(-(double)(t + 1) * a);
+}
+
+#endif
