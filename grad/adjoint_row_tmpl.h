@@ -1,7 +1,7 @@
 /*
  * adjoint_row_tmpl.h -- the CPU adjoint's vectorised form: grad/adjoint_tmpl.h for NBG_ALANES neighbouring
  * pixels of a row at once.  The once-per-pixel prologue and epilogue run per lane with the scalar twin's
- * functions; the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
+ * functions (nbg_pixel_factors, nbg_pixel_factors_adjoint in grad/adjoint.h); the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
  * contributions to the plan-level gradients (crystal vectors, wavelengths, detector vectors, N) as reductions.
  * The forward values are the scalar kernel's (same arithmetic per pixel); the gradients equal the scalar
  * adjoint's up to the order of the sums.  Instantiated for double by grad/adjoint_cpu.c.
@@ -86,111 +86,20 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     enum { W = NBG_ALANES };
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
-    const NBG_R K = (NBG_R)p->polarization;
     const NBG_R scale = (NBG_R)p->scale;
-    int active[W], pol_src[W];
-    NBG_R g[W], omega[W], capture[W], cap_a[W], rho[W], polar[W], d_I[W], I[W];
-    nbg_ray r_om[W], r_cap[W], r_pol[W];
-    const int tl = p->thicksteps - 1;
-    const NBG_R sub0 = (NBG_R)p->subpixel;
+    int active[W];
+    NBG_R g[W], d_I[W], I[W];
+    nbg_pixfactors pf[W];
 
-    /* --- prologue: the once-per-pixel factors and where they were taken ----------------------------------- */
-    /* Without a resolution cut, every lane takes its polarization at the first subpixel and the first source,
-     * like its solid angle: then the prologue and epilogue run across the lanes too (the "uniform" case). */
-    const int uniform = !(p->dmin > 0);
-    NBG_R R0[W], e0x[W], e0y[W], e0z[W], F0[W], Rc[W], ecx[W], ecy[W], ecz[W], Fc0[W];
-    const NBG_R Sdet0 = sub0 * (NBG_R)(spixel * os) + sub0 / 2;
+    /* --- prologue: the once-per-pixel factors and where they were taken (grad/adjoint.h) ------------------ */
     int any = 0;
     for (int j = 0; j < W; ++j) {
         active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
         g[j] = active[j] ? (NBG_R)gin[j] : 0;
         any |= g[j] != 0;
-    }
-    if (uniform) {
-        const double *sr = p->src;
-        const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-        const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-        const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-        const NBG_R Oc = (NBG_R)(tl * p->thickstep);
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            const NBG_R Fdet = sub0 * (NBG_R)((f0 + j) * os) + sub0 / 2;
-            NBG_R P[3], Pc[3];
-            for (int x = 0; x < 3; ++x) {
-                P[x] = Fdet * (NBG_R)p->fdet[x] + Sdet0 * (NBG_R)p->sdet[x] + (NBG_R)p->pix0[x];
-                Pc[x] = P[x] + Oc * (NBG_R)p->odet[x];
-            }
-            const NBG_R R = NBG_M(sqrt)(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-            const NBG_R d[3] = {P[0] / R, P[1] / R, P[2] / R};
-            R0[j] = R;
-            e0x[j] = d[0];
-            e0y[j] = d[1];
-            e0z[j] = d[2];
-            F0[j] = Fdet;
-            omega[j] = p->point_pixel ? 1 / (R * R) : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
-            polar[j] = p->nopolar ? 1 : NBG_SFX(nbg_polar)(K, inc, d, E, B);
-            pol_src[j] = p->nopolar ? -1 : 0;
-            capture[j] = 1;
-            cap_a[j] = 0;
-            rho[j] = 1;
-            if (p->thick != 0) {
-                const NBG_R Rcc = NBG_M(sqrt)(Pc[0] * Pc[0] + Pc[1] * Pc[1] + Pc[2] * Pc[2]);
-                Rc[j] = Rcc;
-                ecx[j] = Pc[0] / Rcc;
-                ecy[j] = Pc[1] / Rcc;
-                ecz[j] = Pc[2] / Rcc;
-                Fc0[j] = Fdet;
-                rho[j] = ecx[j] * (NBG_R)p->odet[0] + ecy[j] * (NBG_R)p->odet[1] + ecz[j] * (NBG_R)p->odet[2];
-                cap_a[j] = (NBG_R)(p->thickstep * p->mu) / rho[j];
-                capture[j] = NBG_M(exp)(-(NBG_R)tl * cap_a[j]) - NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
-            }
-            d_I[j] = g[j] * scale * capture[j] * polar[j] * omega[j];
-            I[j] = (NBG_R)p->I_bg;
-        }
-    }
-    for (int j = 0; j < W && !uniform; ++j) {
-        const int fe = active[j] ? f0 + j : f0; /* inactive lanes compute on a valid pixel, contribute nothing */
-        nbg_ray_at(p, fe, spixel, 0, 0, 0, &r_om[j]);
-        const NBG_R R = r_om[j].R;
-        omega[j] = p->point_pixel ? 1 / (R * R) : (NBG_R)(p->pixel * p->pixel) / (R * R) * (NBG_R)p->close_distance / R;
-        capture[j] = 1;
-        cap_a[j] = 0;
-        rho[j] = 1;
-        if (p->thick != 0) {
-            nbg_ray_at(p, fe, spixel, 0, 0, tl, &r_cap[j]);
-            rho[j] = r_cap[j].d[0] * (NBG_R)p->odet[0] + r_cap[j].d[1] * (NBG_R)p->odet[1] +
-                     r_cap[j].d[2] * (NBG_R)p->odet[2];
-            cap_a[j] = (NBG_R)(p->thickstep * p->mu) / rho[j];
-            capture[j] = NBG_M(exp)(-(NBG_R)tl * cap_a[j]) - NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
-        }
-        polar[j] = p->nopolar ? 1 : 0;
-        pol_src[j] = -1;
-        if (!p->nopolar) {
-            for (int t = 0; t < p->thicksteps && pol_src[j] < 0; ++t) {
-                for (int subS = 0; subS < os && pol_src[j] < 0; ++subS) {
-                    for (int subF = 0; subF < os && pol_src[j] < 0; ++subF) {
-                        if (t == 0 && subS == 0 && subF == 0) {
-                            r_pol[j] = r_om[j]; /* the first subpixel's ray, already computed */
-                        } else {
-                            nbg_ray_at(p, fe, spixel, subF, subS, t, &r_pol[j]);
-                        }
-                        for (int src = 0; src < p->nsources; ++src) {
-                            NBG_R q[3];
-                            if (nbg_scatter_q(p, r_pol[j].d, src, q)) {
-                                const double *sr = p->src + NBG_SRC_STRIDE * src;
-                                const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                                const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-                                const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-                                polar[j] = NBG_SFX(nbg_polar)(K, inc, r_pol[j].d, E, B);
-                                pol_src[j] = src;
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        d_I[j] = g[j] * scale * capture[j] * polar[j] * omega[j];
+        /* inactive lanes compute on a valid pixel and contribute nothing */
+        nbg_pixel_factors(p, active[j] ? f0 + j : f0, spixel, &pf[j]);
+        d_I[j] = g[j] * scale * (NBG_R)pf[j].capture * (NBG_R)pf[j].polar * (NBG_R)pf[j].omega;
         I[j] = (NBG_R)p->I_bg;
     }
 
@@ -205,22 +114,21 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     memset(lN, 0, sizeof lN);
     memset(ldef, 0, sizeof ldef);
     memset(lray, 0, sizeof lray);
-    const NBG_R sub = (NBG_R)p->subpixel;
     NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W], dd0[W], dd1[W], dd2[W], dq0[W], dq1[W], dq2[W];
     int valid[W];
     for (int t = 0; t < p->thicksteps; ++t) {
-        const NBG_R Odet = (NBG_R)(t * p->thickstep);
+        const NBG_R Odet = nbg_layer_at(p, t);
         for (int subS = 0; subS < os; ++subS) {
-            const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
+            const NBG_R Sdet = nbg_subpixel_at(p, spixel, subS);
             for (int subF = 0; subF < os; ++subF) {
-                if (uniform && t == 0 && subS == 0 && subF == 0) {
-                    /* the prologue's first ray */
+                if (t == 0 && subS == 0 && subF == 0 && !p->curved) {
+                    /* the prologue's first ray (of the lane's own pixel where it is active) */
                     for (int j = 0; j < W; ++j) {
-                        d0[j] = e0x[j];
-                        d1[j] = e0y[j];
-                        d2[j] = e0z[j];
-                        Rl[j] = R0[j];
-                        Fd[j] = F0[j];
+                        d0[j] = pf[j].r_om.d[0];
+                        d1[j] = pf[j].r_om.d[1];
+                        d2[j] = pf[j].r_om.d[2];
+                        Rl[j] = pf[j].r_om.R;
+                        Fd[j] = pf[j].r_om.Fdet;
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
                 } else {
@@ -252,7 +160,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
+                                rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
                             }
                         }
                         /* lattice factor and its partials: the square shape across the lanes */
@@ -405,130 +313,17 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
         acc->lam[src] += sum;
     }
 
-    /* --- values and the epilogue ---------------------------------------------------------------------------- */
+    /* --- values and the epilogue (grad/adjoint.h) --------------------------------------------------------- */
     for (int j = 0; j < n; ++j) {
         double S = p->scale * (double)I[j];
-        S *= (double)capture[j];
-        S *= (double)polar[j];
-        S *= (double)omega[j];
+        S *= pf[j].capture;
+        S *= pf[j].polar;
+        S *= pf[j].omega;
         out[j] = active[j] ? (float)S : 0.0f;
     }
-    if (uniform && any) {
-        /* across the lanes: omega and polar back through the first subpixel's ray, capture through the last
-         * layer's (the same formulas as the per-lane epilogue below) */
-        const double *sr = p->src;
-        const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-        const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-        const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-        const NBG_R Oc = (NBG_R)(tl * p->thickstep);
-        double sc = 0, sb = 0, scl = 0, sK = 0;
-        double r0 = 0, r1 = 0, r2 = 0, rf0 = 0, rf1 = 0, rf2 = 0, c0 = 0, c1 = 0, c2 = 0, cf0 = 0, cf1 = 0, cf2 = 0;
-        double oo0 = 0, oo1 = 0, oo2 = 0;
-#pragma omp simd reduction(+ : sc, sb, scl, sK, r0, r1, r2, rf0, rf1, rf2, c0, c1, c2, cf0, cf1, cf2, oo0, oo1, oo2)
-        for (int j = 0; j < W; ++j) {
-            const NBG_R Ic = I[j];
-            sc += (double)(g[j] * Ic * capture[j] * polar[j] * omega[j]);
-            sb += (double)d_I[j];
-            const NBG_R d_om = g[j] * scale * Ic * capture[j] * polar[j];
-            const NBG_R iR0 = 1 / R0[j];
-            const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega[j] * iR0;
-            scl += p->point_pixel ? 0.0 : (double)(d_om * omega[j] / (NBG_R)p->close_distance);
-            NBG_R dd[3] = {0, 0, 0};
-            if (!p->nopolar) {
-                const NBG_R d_pol = g[j] * scale * Ic * capture[j] * omega[j];
-                const NBG_R d[3] = {e0x[j], e0y[j], e0z[j]};
-                NBG_R dP_dd[3], dP_dK;
-                NBG_SFX(nbg_polar_grad)(K, inc, d, E, B, dP_dd, &dP_dK);
-                sK += (double)(d_pol * dP_dK);
-                dd[0] = d_pol * dP_dd[0];
-                dd[1] = d_pol * dP_dd[1];
-                dd[2] = d_pol * dP_dd[2];
-            }
-            const NBG_R dot = e0x[j] * dd[0] + e0y[j] * dd[1] + e0z[j] * dd[2];
-            const NBG_R q0v = (dd[0] - e0x[j] * dot) * iR0 + d_R * e0x[j];
-            const NBG_R q1v = (dd[1] - e0y[j] * dot) * iR0 + d_R * e0y[j];
-            const NBG_R q2v = (dd[2] - e0z[j] * dot) * iR0 + d_R * e0z[j];
-            r0 += (double)q0v;
-            r1 += (double)q1v;
-            r2 += (double)q2v;
-            rf0 += (double)(q0v * F0[j]);
-            rf1 += (double)(q1v * F0[j]);
-            rf2 += (double)(q2v * F0[j]);
-            if (p->thick != 0) {
-                const NBG_R d_cap = g[j] * scale * Ic * polar[j] * omega[j];
-                const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a[j]) +
-                                      (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
-                const NBG_R d_rho = d_cap * dcap_da * (-cap_a[j] / rho[j]);
-                const NBG_R cd[3] = {d_rho * (NBG_R)p->odet[0], d_rho * (NBG_R)p->odet[1], d_rho * (NBG_R)p->odet[2]};
-                oo0 += (double)(d_rho * ecx[j]);
-                oo1 += (double)(d_rho * ecy[j]);
-                oo2 += (double)(d_rho * ecz[j]);
-                const NBG_R cdot = ecx[j] * cd[0] + ecy[j] * cd[1] + ecz[j] * cd[2];
-                const NBG_R w0 = (cd[0] - ecx[j] * cdot) / Rc[j];
-                const NBG_R w1 = (cd[1] - ecy[j] * cdot) / Rc[j];
-                const NBG_R w2 = (cd[2] - ecz[j] * cdot) / Rc[j];
-                c0 += (double)w0;
-                c1 += (double)w1;
-                c2 += (double)w2;
-                cf0 += (double)(w0 * Fc0[j]);
-                cf1 += (double)(w1 * Fc0[j]);
-                cf2 += (double)(w2 * Fc0[j]);
-            }
-        }
-        acc->scale += sc;
-        acc->Ibg += sb;
-        acc->close += scl;
-        acc->K += sK;
-        const double rr[3] = {r0, r1, r2}, rf[3] = {rf0, rf1, rf2}, cc[3] = {c0, c1, c2}, cf[3] = {cf0, cf1, cf2};
-        const double oo[3] = {oo0, oo1, oo2};
-        for (int x = 0; x < 3; ++x) {
-            acc->pix0[x] += rr[x] + cc[x];
-            acc->f[x] += rf[x] + cf[x];
-            acc->s[x] += (rr[x] + cc[x]) * (double)Sdet0;
-            acc->o[x] += cc[x] * (double)Oc + oo[x];
-        }
-        return;
-    }
-    for (int j = 0; j < W; ++j) {
-        if (!any || g[j] == 0) {
-            continue;
-        }
-        const NBG_R Ic = I[j];
-        acc->scale += (double)(g[j] * Ic * capture[j] * polar[j] * omega[j]);
-        acc->Ibg += (double)d_I[j];
-        const NBG_R zero[3] = {0, 0, 0};
-        const NBG_R d_om = g[j] * scale * Ic * capture[j] * polar[j];
-        const NBG_R d_R = d_om * (p->point_pixel ? -2 : -3) * omega[j] / r_om[j].R;
-        if (!p->point_pixel) {
-            acc->close += (double)(d_om * omega[j] / (NBG_R)p->close_distance);
-        }
-        nbg_ray_adjoint(&r_om[j], zero, d_R, acc);
-        if (p->thick != 0) {
-            const NBG_R d_cap = g[j] * scale * Ic * polar[j] * omega[j];
-            const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * cap_a[j]) +
-                                  (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * cap_a[j]);
-            const NBG_R d_rho = d_cap * dcap_da * (-cap_a[j] / rho[j]);
-            NBG_R d_d[3];
-            for (int x = 0; x < 3; ++x) {
-                d_d[x] = d_rho * (NBG_R)p->odet[x];
-                acc->o[x] += (double)(d_rho * r_cap[j].d[x]);
-            }
-            nbg_ray_adjoint(&r_cap[j], d_d, 0, acc);
-        }
-        if (pol_src[j] >= 0) {
-            const NBG_R d_pol = g[j] * scale * Ic * capture[j] * omega[j];
-            const double *sr = p->src + NBG_SRC_STRIDE * pol_src[j];
-            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-            NBG_R dP_dd[3], dP_dK;
-            NBG_SFX(nbg_polar_grad)(K, inc, r_pol[j].d, E, B, dP_dd, &dP_dK);
-            NBG_R d_d[3];
-            for (int x = 0; x < 3; ++x) {
-                d_d[x] = d_pol * dP_dd[x];
-            }
-            acc->K += (double)(d_pol * dP_dK);
-            nbg_ray_adjoint(&r_pol[j], d_d, 0, acc);
+    for (int j = 0; j < W && any; ++j) {
+        if (g[j] != 0) {
+            nbg_pixel_factors_adjoint(p, &pf[j], (double)g[j], (double)I[j], (double)d_I[j], acc);
         }
     }
 }
