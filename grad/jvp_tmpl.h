@@ -34,77 +34,45 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
                                                   int nt, NBG_R *omega_out, NBG_R *capture_out, NBG_R *polar_out,
                                                   NBG_R *t_om, NBG_R *t_cap, NBG_R *t_pol, NBG_R *t_I)
 {
-    const int os = p->oversample;
-    const NBG_R K = (NBG_R)p->polarization;
     NBG_R dP[3], dd[3], dR;
-    /* --- the once-per-pixel factors and their tangents ---------------------------------------------------- */
-    nbg_ray r_om, r_cap, r_pol;
-    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &r_om);
-    const NBG_R omega = p->point_pixel ? 1 / (r_om.R * r_om.R)
-                                       : (NBG_R)(p->pixel * p->pixel) / (r_om.R * r_om.R) * (NBG_R)p->close_distance /
-                                             r_om.R;
+    nbg_pixfactors pf; /* the factors and the rays they were taken on (grad/adjoint.h) */
+    nbg_pixel_factors(p, fpixel, spixel, &pf);
+    const NBG_R omega = (NBG_R)pf.omega;
     for (int j = 0; j < nt; ++j) {
-        /* omega = px^2 close / R^3: t_omega = omega (t_close / close - 3 dR / R); 1/R^2: -2 omega dR / R */
-        NBG_SFX(nbg_ray_tangent)(&r_om, &t[j], dP, dd, &dR);
-        t_om[j] = p->point_pixel ? -2 * omega * dR / r_om.R
-                                 : omega * ((NBG_R)t[j].close / (NBG_R)p->close_distance - 3 * dR / r_om.R);
+        /* omega(R, close): t_omega = d omega / dR * dR + omega / close * t_close (no close term for a point pixel) */
+        NBG_SFX(nbg_ray_tangent)(&pf.r_om, &t[j], dP, dd, &dR);
+        t_om[j] = (NBG_R)nbg_solid_angle_dR(p, pf.r_om.R, pf.omega) * dR +
+                  (p->point_pixel ? 0 : omega * (NBG_R)t[j].close / (NBG_R)p->close_distance);
         t_cap[j] = 0;
         t_pol[j] = 0;
         t_I[j] = (NBG_R)t[j].Ibg;
     }
-    NBG_R capture = 1;
-    const int tl = p->thicksteps - 1;
     if (p->thick != 0) {
-        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &r_cap);
-        const NBG_R rho =
-            r_cap.d[0] * (NBG_R)p->odet[0] + r_cap.d[1] * (NBG_R)p->odet[1] + r_cap.d[2] * (NBG_R)p->odet[2];
-        const NBG_R a = (NBG_R)(p->thickstep * p->mu) / rho;
-        capture = NBG_M(exp)(-(NBG_R)tl * a) - NBG_M(exp)(-(NBG_R)(tl + 1) * a);
-        const NBG_R dcap_da = -(NBG_R)tl * NBG_M(exp)(-(NBG_R)tl * a) + (NBG_R)(tl + 1) * NBG_M(exp)(-(NBG_R)(tl + 1) * a);
+        const NBG_R a = (NBG_R)pf.cap_a, rho = (NBG_R)pf.rho;
+        const NBG_R dcap_da = (NBG_R)nbg_capture_da(p->thicksteps - 1, pf.cap_a);
         for (int j = 0; j < nt; ++j) {
             /* rho = d . o: t_rho = dd . o + d . t_o;  a = dz mu / rho: t_a = -a t_rho / rho */
-            NBG_SFX(nbg_ray_tangent)(&r_cap, &t[j], dP, dd, &dR);
+            NBG_SFX(nbg_ray_tangent)(&pf.r_cap, &t[j], dP, dd, &dR);
             NBG_R trho = 0;
             for (int x = 0; x < 3; ++x) {
-                trho += dd[x] * (NBG_R)p->odet[x] + r_cap.d[x] * (NBG_R)t[j].o[x];
+                trho += dd[x] * (NBG_R)p->odet[x] + pf.r_cap.d[x] * (NBG_R)t[j].o[x];
             }
             t_cap[j] = dcap_da * (-a * trho / rho);
         }
     }
-    NBG_R polar = p->nopolar ? 1 : 0;
-    if (!p->nopolar) {
-        int found = 0;
-        for (int tt = 0; tt < p->thicksteps && !found; ++tt) {
-            for (int subS = 0; subS < os && !found; ++subS) {
-                for (int subF = 0; subF < os && !found; ++subF) {
-                    nbg_ray_at(p, fpixel, spixel, subF, subS, tt, &r_pol);
-                    for (int src = 0; src < p->nsources; ++src) {
-                        NBG_R q[3];
-                        if (nbg_scatter_q(p, r_pol.d, src, q)) {
-                            const double *sr = p->src + NBG_SRC_STRIDE * src;
-                            const NBG_R inc[3] = {(NBG_R)sr[0], (NBG_R)sr[1], (NBG_R)sr[2]};
-                            const NBG_R E[3] = {(NBG_R)sr[4], (NBG_R)sr[5], (NBG_R)sr[6]};
-                            const NBG_R B[3] = {(NBG_R)sr[7], (NBG_R)sr[8], (NBG_R)sr[9]};
-                            NBG_R dP_dd[3], dP_dK;
-                            polar = NBG_SFX(nbg_polar)(K, inc, r_pol.d, E, B);
-                            NBG_SFX(nbg_polar_grad)(K, inc, r_pol.d, E, B, dP_dd, &dP_dK);
-                            for (int j = 0; j < nt; ++j) {
-                                NBG_SFX(nbg_ray_tangent)(&r_pol, &t[j], dP, dd, &dR);
-                                t_pol[j] = dP_dd[0] * dd[0] + dP_dd[1] * dd[1] + dP_dd[2] * dd[2] +
-                                           dP_dK * (NBG_R)t[j].K;
-                            }
-                            found = 1;
-                            break;
-                        }
-                    }
-                }
-            }
+    if (pf.pol_src >= 0) {
+        const double *sr = p->src + NBG_SRC_STRIDE * pf.pol_src;
+        double dP_dd[3], dP_dK;
+        nbg_polar_grad_d(p->polarization, sr, pf.r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
+        for (int j = 0; j < nt; ++j) {
+            NBG_SFX(nbg_ray_tangent)(&pf.r_pol, &t[j], dP, dd, &dR);
+            t_pol[j] = (NBG_R)dP_dd[0] * dd[0] + (NBG_R)dP_dd[1] * dd[1] + (NBG_R)dP_dd[2] * dd[2] +
+                       (NBG_R)dP_dK * (NBG_R)t[j].K;
         }
     }
-
     *omega_out = omega;
-    *capture_out = capture;
-    *polar_out = polar;
+    *capture_out = (NBG_R)pf.capture;
+    *polar_out = (NBG_R)pf.polar;
 }
 
 static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpixel, int spixel,
