@@ -11,75 +11,6 @@
 
 #include <string.h>
 
-/* The square shape's lattice factor across the lanes, with its partials in (h, k, l) and (when p->want_dN) in N:
- * per axis the Chebyshev recurrences of nbg_sincg_grad_int, each step an `omp simd` loop over the lanes. */
-static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][NBG_ALANES], NBG_R *L,
-                                            NBG_R dLh[3][NBG_ALANES], NBG_R dLdN[3][NBG_ALANES])
-{
-    enum { W = NBG_ALANES };
-    NBG_R fl[3][W], fh[3][W], fN[3][W];
-    for (int x = 0; x < 3; ++x) {
-        const int Ni = p->Ni[x];
-        const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
-        if (Ni == 0) {
-            for (int j = 0; j < W; ++j) {
-                fl[x][j] = NBG_SFX(nbg_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j]);
-            }
-            continue;
-        }
-        NBG_R c[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
-        const NBG_R *restrict hx = hkl[x];
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            dl[j] = hx[j] - NBG_M(rint)(hx[j]);
-            c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
-            s[j] = NBG_SFX(nbg_sinpi_reduced)(dl[j]);
-            u0[j] = 1;
-            u1[j] = Ni == 1 ? 1 : 2 * c[j];
-            du0[j] = 0;
-            du1[j] = Ni == 1 ? 0 : 2;
-            t0[j] = 1;
-            t1[j] = c[j];
-        }
-        for (int k = 2; k < Ni; ++k) {
-#pragma omp simd
-            for (int j = 0; j < W; ++j) {
-                const NBG_R u2 = 2 * c[j] * u1[j] - u0[j];
-                const NBG_R du2 = 2 * u1[j] + 2 * c[j] * du1[j] - du0[j];
-                u0[j] = u1[j];
-                u1[j] = u2;
-                du0[j] = du1[j];
-                du1[j] = du2;
-            }
-        }
-        for (int k = 1; k < Ni && p->want_dN; ++k) {
-#pragma omp simd
-            for (int j = 0; j < W; ++j) {
-                const NBG_R t2 = 2 * c[j] * t1[j] - t0[j];
-                t0[j] = t1[j];
-                t1[j] = t2;
-            }
-        }
-        NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            flx[j] = u1[j];
-            fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
-            fNx[j] = !p->want_dN ? 0 : s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
-        }
-    }
-#pragma omp simd
-    for (int j = 0; j < W; ++j) {
-        L[j] = fl[0][j] * fl[1][j] * fl[2][j];
-        dLh[0][j] = fh[0][j] * fl[1][j] * fl[2][j];
-        dLh[1][j] = fl[0][j] * fh[1][j] * fl[2][j];
-        dLh[2][j] = fl[0][j] * fl[1][j] * fh[2][j];
-        dLdN[0][j] = fN[0][j] * fl[1][j] * fl[2][j];
-        dLdN[1][j] = fl[0][j] * fN[1][j] * fl[2][j];
-        dLdN[2][j] = fl[0][j] * fl[1][j] * fN[2][j];
-    }
-}
-
 static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, int f0, int n, const float *gin,
                                            float *out, nbg_adjacc *acc)
 {
@@ -166,7 +97,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         /* lattice factor and its partials: the square shape across the lanes */
                         NBG_R dLdN[3][W], dLh[3][W];
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN);
+                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};

@@ -86,12 +86,12 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-                                rx[j] = need_rnd ? NBG_M(ceil)(hx[j] - (NBG_R)0.5) : 0;
+                                rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
                             }
                         }
                         NBG_R dast[W][9];
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN);
+                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
                         }
                         for (int j = 0; j < W; ++j) {
                             for (int i = 0; i < 9; ++i) {

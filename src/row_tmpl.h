@@ -57,6 +57,87 @@ static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double
 }
 #endif
 
+/* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
+ * U_{N-1}(cos pi d) of nbg_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
+ * loop over the lanes, nbg_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
+ * in N; without, dLh and dLdN are not touched (the forward kernel passes want_grad 0 and the derivative code
+ * folds away).  Shared by the forward and adjoint row kernels. */
+static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R *L,
+                                            NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES], const int want_grad)
+{
+    enum { W = NBG_LANES };
+    NBG_R fl[3][W], fh[3][W], fN[3][W];
+    for (int x = 0; x < 3; ++x) {
+        const int Ni = p->Ni[x];
+        const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
+        if (Ni == 0) {
+            for (int j = 0; j < W; ++j) {
+                fl[x][j] = want_grad ? NBG_SFX(nbg_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j])
+                                     : NBG_SFX(nbg_sincg)(hkl[x][j], N);
+            }
+            continue;
+        }
+        NBG_R c[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
+        const NBG_R *restrict hx = hkl[x];
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            dl[j] = hx[j] - NBG_M(rint)(hx[j]);
+            c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
+            u0[j] = 1;
+            u1[j] = Ni == 1 ? 1 : 2 * c[j];
+            if (want_grad) {
+                s[j] = NBG_SFX(nbg_sinpi_reduced)(dl[j]);
+                du0[j] = 0;
+                du1[j] = Ni == 1 ? 0 : 2;
+                t0[j] = 1;
+                t1[j] = c[j];
+            }
+        }
+        for (int k = 2; k < Ni; ++k) {
+#pragma omp simd
+            for (int j = 0; j < W; ++j) {
+                const NBG_R u2 = 2 * c[j] * u1[j] - u0[j];
+                if (want_grad) {
+                    const NBG_R du2 = 2 * u1[j] + 2 * c[j] * du1[j] - du0[j];
+                    du0[j] = du1[j];
+                    du1[j] = du2;
+                }
+                u0[j] = u1[j];
+                u1[j] = u2;
+            }
+        }
+        for (int k = 1; k < Ni && want_grad && p->want_dN; ++k) {
+#pragma omp simd
+            for (int j = 0; j < W; ++j) {
+                const NBG_R t2 = 2 * c[j] * t1[j] - t0[j];
+                t0[j] = t1[j];
+                t1[j] = t2;
+            }
+        }
+        NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            flx[j] = u1[j];
+            if (want_grad) {
+                fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
+                fNx[j] = !p->want_dN ? 0 : s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
+            }
+        }
+    }
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        L[j] = fl[0][j] * fl[1][j] * fl[2][j];
+        if (want_grad) {
+            dLh[0][j] = fh[0][j] * fl[1][j] * fl[2][j];
+            dLh[1][j] = fl[0][j] * fh[1][j] * fl[2][j];
+            dLh[2][j] = fl[0][j] * fl[1][j] * fh[2][j];
+            dLdN[0][j] = fN[0][j] * fl[1][j] * fl[2][j];
+            dLdN[1][j] = fl[0][j] * fN[1][j] * fl[2][j];
+            dLdN[2][j] = fl[0][j] * fl[1][j] * fN[2][j];
+        }
+    }
+}
+
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
 static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
                                    NBG_SFX(nbg_pixstat) * st)
@@ -152,44 +233,7 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                         }
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
                         if (p->shape == NBG_SQUARE) {
-                            for (int j = 0; j < W; ++j) {
-                                L[j] = 1;
-                            }
-                            for (int x = 0; x < 3; ++x) {
-                                const int Ni = p->Ni[x];
-                                const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
-                                NBG_R u0[W], u1[W], c2[W];
-                                if (Ni == 0) {
-#pragma omp simd
-                                    for (int j = 0; j < W; ++j) {
-                                        L[j] *= NBG_SFX(nbg_sincg)(hkl[x][j], N);
-                                    }
-                                    continue;
-                                }
-                                if (Ni == 1) {
-                                    continue;
-                                }
-                                const NBG_R *restrict hx = hkl[x];
-#pragma omp simd
-                                for (int j = 0; j < W; ++j) {
-                                    const NBG_R d = hx[j] - NBG_M(rint)(hx[j]);
-                                    c2[j] = 2 * NBG_SFX(nbg_cospi_reduced)(d);
-                                    u0[j] = 1;
-                                    u1[j] = c2[j];
-                                }
-                                for (int kk = 2; kk < Ni; ++kk) {
-#pragma omp simd
-                                    for (int j = 0; j < W; ++j) {
-                                        const NBG_R u2 = c2[j] * u1[j] - u0[j];
-                                        u0[j] = u1[j];
-                                        u1[j] = u2;
-                                    }
-                                }
-#pragma omp simd
-                                for (int j = 0; j < W; ++j) {
-                                    L[j] *= u1[j];
-                                }
-                            }
+                            NBG_SFX(nbg_square_lanes)(p, hkl, L, 0, 0, 0);
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 L[j] = NBG_SFX(nbg_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
