@@ -1,8 +1,28 @@
 /*
  * plan.c -- turns an nbg_experiment (user units) into kernel parameters (SI units), following the reference
- * program's set-up order: detector size, fluence, near point and beam centre, convention vectors, sampling
- * auto-selection, detector rotations and pivot, crystal orientation, crystal size, oversampling, sources, spindle
- * and mosaic rotations, structure factors, normalisation.  See ../shared/reference/nanobragg-behaviour.md §2.
+ * program's set-up order (../shared/reference/nanobragg-behaviour.md §2).
+ *
+ * The file's map.  nbg_plan_build (at the end) runs these steps in order; each is a static function that reads the
+ * experiment and what earlier steps left in a plan_build (SI units), and fills its own part of it or of the plan:
+ *
+ *   validate           every input quantity within its domain (one table)
+ *   detector_size      pixel size, detector size and pixel counts; the image within the memory limit
+ *   beam_and_sample    fluence (from flux, exposure and beam size), the crystal size clipped to the beam
+ *   detector_frame     the convention's beam, detector, polarization and spindle vectors, beam centre, near
+ *                      point and pivot
+ *   sampling           phi, divergence, dispersion, sensor layers and mosaic domains: ranges, steps, counts
+ *   detector_geometry  rotations, two-theta and pivot: pix0, the rotated axes and the distances
+ *   crystal            real and reciprocal vectors from the cell or matrix and the misset; interpolation
+ *   crystal_size       the crystal size in cells and the oversampling
+ *   source_count       the number of sources; their arrays within the memory limit
+ *   check_work         pixels x samples per pixel within the work limit
+ *   sources            each source's direction, wavelength and polarization vectors
+ *   miller_range       Miller indices within what the kernels round to int
+ *   orientations       spindle and mosaic rotations: the crystal vectors of every phi step and domain
+ *   kernel_params      what the kernels read: geometry, sampling, structure factors, normalisation
+ *   report             what the set-up derived, in user units
+ *
+ * The first step that fails ends the build with its message; nbg_plan_build then frees what was allocated.
  *
  * Where nanoBragg has a bug nbgrad does not copy it: the phi step at phi = 0 uses the unrotated crystal (the
  * reference reuses a stale orientation), and an interpolation window leaving the table falls back to the nearest
@@ -193,6 +213,25 @@ static void resolve_phi(double *steps, double *osc, double *step)
         } else if (*step < 0) {
             *step = *osc / *steps;
         }
+    }
+}
+
+/* nanoBragg's choice of the mosaic domains: the spread (rad, negative when unset) and the count (0 or less when
+ * automatic) as given -> both resolved (no spread: one domain; a spread without a count: 10 domains). */
+static void resolve_mosaic(double *spread, int *domains)
+{
+    if (*domains <= 0) {
+        if (*spread < 0) {
+            *domains = 1;
+            *spread = 0;
+        } else {
+            *domains = *spread == 0 ? 1 : 10;
+        }
+    } else if (*spread < 0) {
+        *spread = 0;
+        *domains = 1;
+    } else if (*spread == 0) {
+        *domains = 1;
     }
 }
 
@@ -486,28 +525,61 @@ static int divergence_cut(int round_div, int hi, int vi, int hsteps, int vsteps,
     return round_div && test * 4.0 > 1.1;
 }
 
-/* The total work of a call, pixels x samples per pixel, against the work limit; checked before anything is
- * allocated for it.  The pixels are those of the region of interest. */
-static int check_work(nbg_ctx *ctx, const nbg_experiment *e, int fpixels, int spixels, int os, int thicksteps,
-                      int nsrc, int phisteps, int domains)
-{
-    const double per = (double)os * os * thicksteps * nsrc * phisteps * domains;
-    const int x0 = e->roi[0] < 0 ? 0 : e->roi[0], y0 = e->roi[2] < 0 ? 0 : e->roi[2];
-    const int x1 = e->roi[1] < 0 || e->roi[1] >= fpixels ? fpixels - 1 : e->roi[1];
-    const int y1 = e->roi[3] < 0 || e->roi[3] >= spixels ? spixels - 1 : e->roi[3];
-    const double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
-    nbg_limits lim;
-    nbg_limits_of(ctx, &lim);
-    if (per > INT_MAX || pixels * per > lim.max_samples) {
-        return nbg_error(ctx, NBG_EINVAL, "this run would evaluate %.3g samples: %.0f pixels x %.3g per pixel (%d x %d "
-                         "subpixels x %d sensor layers x %d sources x %d phi steps x %d mosaic domains), above the "
-                         "limit of %.3g%s: reduce the sampling, or raise the limit (-max_samples on the command line, "
-                         "nbg_ctx_set_limits in the library)", pixels * per, pixels, per, os, os, thicksteps, nsrc,
-                         phisteps, domains, per > INT_MAX ? (double)INT_MAX : lim.max_samples,
-                         per > INT_MAX ? " per pixel" : "");
-    }
-    return NBG_OK;
-}
+/* ---- the steps of nbg_plan_build -------------------------------------------------------------------------------- */
+
+/* What the steps hand on to each other, in SI units (m, rad) unless named otherwise.  Each part is written by the
+ * step named beside it and only read after. */
+typedef struct {
+    double px;              /* pixel size (m) */
+    double size_f, size_s;  /* detector size (m) */
+    int fpixels, spixels;
+} pb_detector;
+
+typedef struct {
+    double fluence, flux;   /* photons/m^2, photons/s */
+    double sample[3];       /* crystal size x, y, z (m; 0: from N), clipped to the beam */
+} pb_beam;
+
+typedef struct {
+    double b[3], f[3], s[3], o[3]; /* beam and detector unit vectors of the convention, before the rotations */
+    double tta[3];                 /* two-theta axis (as given) */
+    double pol[3], u[3];           /* polarization and spindle unit vectors */
+    double vert[3];                /* b x pol, normalised: the axis of the horizontal divergence */
+    double Xbeam, Ybeam;           /* the header's beam centre */
+    double Fbeam, Sbeam;           /* the beam spot along the fast and slow axes (BEAM pivot) */
+    double Fclose, Sclose;         /* the near point (SAMPLE pivot) */
+    int pivot;                     /* NBG_PIVOT_BEAM or NBG_PIVOT_SAMPLE */
+} pb_frame;
+
+typedef struct {
+    double phi0, osc, phistep;           /* spindle */
+    double hrange, vrange, hstep, vstep; /* divergence */
+    double disp, dispstep;               /* relative spectral width and step */
+    double thick, thickstep, mu;         /* sensor (m, m, 1/m) */
+    double spread;                       /* mosaic spread */
+    int phisteps, hsteps, vsteps, dispsteps, thicksteps, domains;
+} pb_sampling;
+
+typedef struct {
+    double lambda0;         /* m */
+    int interpolate;        /* tricubic interpolation of F, resolved */
+    double N[3];            /* crystal size in cells along a, b, c */
+    double xtal_max;        /* the crystal's largest extent */
+    int rec_os, os;         /* the recommended and the used oversampling */
+} pb_crystal;
+
+typedef struct {
+    pb_detector det;        /* detector_size */
+    pb_beam beam;           /* beam_and_sample */
+    pb_frame frame;         /* detector_frame */
+    pb_sampling samp;       /* sampling */
+    nbg_det_out_d geom;     /* detector_geometry: the positioned detector (pix0, f, s, o, distances, beam spot and
+                               near point on the rotated axes) */
+    pb_crystal xtal;        /* crystal (lambda0, interpolate), crystal_size (the rest) */
+    int nsrc;               /* source_count */
+    double lambda_min;      /* sources: the shortest wavelength */
+    int steps;              /* kernel_params: samples per pixel (the normalisation) */
+} plan_build;
 
 /* A sampling count resolved from ranges and steps: at least 1 and small enough for an int (the product of all
  * counts is checked against the work limit later).  A range over a tiny step gives a huge count here rather than
@@ -525,6 +597,8 @@ static int step_count(nbg_ctx *ctx, double n, const char *what, int *out)
     return NBG_OK;
 }
 
+/* Part of crystal: e's cell or matrix and misset (drawn when random) with lambda0 -> pl->misset, pl->a0 (m),
+ * pl->k.astar and the report's cell, vectors and random misset; a cell with a volume and three axes. */
 static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, double lambda0)
 {
     nbg_report *r = &pl->rep;
@@ -564,17 +638,10 @@ static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, do
     return NBG_OK;
 }
 
-int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
+/* detector_size: e's pixel size, detector size and pixel counts -> pb->det; each side 1 to NBG_MAX_SIDE pixels,
+ * the image within the memory limit. */
+static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
 {
-    memset(pl, 0, sizeof *pl);
-    int rc = validate(ctx, e);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    nbg_kparams *k = &pl->k;
-    nbg_report *r = &pl->rep;
-
-    /* --- detector size ------------------------------------------------------------------------------------ */
     const double px = e->pixel / 1000.0;
     double detsize_f = e->detsize_f / 1000.0, detsize_s = e->detsize_s / 1000.0;
     if (e->fpixels > 0) {
@@ -589,17 +656,24 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
                          "each side must have 1 to %g pixels)", nf, ns, detsize_f * 1000, detsize_s * 1000, e->pixel,
                          (double)NBG_MAX_SIDE);
     }
-    {
-        char what[96];
-        snprintf(what, sizeof what, "an image of %g x %g pixels", nf, ns);
-        rc = nbg_check_bytes(ctx, nf * ns * sizeof(float), what);
-        if (rc != NBG_OK) {
-            return rc;
-        }
+    char what[96];
+    snprintf(what, sizeof what, "an image of %g x %g pixels", nf, ns);
+    const int rc = nbg_check_bytes(ctx, nf * ns * sizeof(float), what);
+    if (rc != NBG_OK) {
+        return rc;
     }
-    const int fpixels = (int)nf, spixels = (int)ns;
+    pb->det.px = px;
+    pb->det.size_f = detsize_f;
+    pb->det.size_s = detsize_s;
+    pb->det.fpixels = (int)nf;
+    pb->det.spixels = (int)ns;
+    return NBG_OK;
+}
 
-    /* --- beam fluence and sample clipping ------------------------------------------------------------------- */
+/* beam_and_sample: e's fluence, flux, exposure, beam size and crystal size -> pb->beam (the fluence from the flux
+ * where one is given, the crystal clipped to the beam: r->warn_clipped_sample); the fluence finite, not negative. */
+static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_report *r)
+{
     double fluence = e->fluence, flux = e->flux;
     const double beamsize = e->beamsize / 1000.0;
     double sample_x = e->sample_x / 1000.0, sample_y = e->sample_y / 1000.0, sample_z = e->sample_z / 1000.0;
@@ -623,53 +697,56 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         return nbg_error(ctx, NBG_EINVAL, "fluence is not a finite non-negative number (%g; check -flux, "
                          "-exposure, -beamsize)", fluence);
     }
+    pb->beam.fluence = fluence;
+    pb->beam.flux = flux;
+    set3(pb->beam.sample, sample_x, sample_y, sample_z);
+    return NBG_OK;
+}
 
-    /* --- near point and beam centre ------------------------------------------------------------------------- */
-    double Fclose = isnan(e->ORGX) ? detsize_f / 2.0 : (e->ORGX - 0.5) * px;
-    double Sclose = isnan(e->ORGY) ? detsize_s / 2.0 : (e->ORGY - 0.5) * px;
-    const double Xclose = isnan(e->Xclose) ? Fclose : e->Xclose / 1000.0;
-    const double Yclose = isnan(e->Yclose) ? Sclose : e->Yclose / 1000.0;
-    double Xbeam = isnan(e->Xbeam) ? NAN : e->Xbeam / 1000.0;
-    double Ybeam = isnan(e->Ybeam) ? NAN : e->Ybeam / 1000.0;
-    double Fbeam = Fclose, Sbeam = Sclose;
-
-    double b[3], f[3], s[3], o[3], tta[3], pol[3], u[3];
-    int pivot = NBG_PIVOT_BEAM;
+/* The convention's table (part of detector_frame): e's convention and custom vectors, with pb->det, the near point
+ * already in pb->frame and Xclose, Yclose -> pb->frame's vectors (as given, not yet normalised), header beam centre,
+ * beam spot and pivot (a custom convention also takes the near point from the beam centre). */
+static int convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double Xclose, double Yclose, plan_build *pb)
+{
+    const double px = pb->det.px, detsize_f = pb->det.size_f, detsize_s = pb->det.size_s;
+    pb_frame *fr = &pb->frame;
+    double *b = fr->b, *f = fr->f, *s = fr->s, *o = fr->o, *tta = fr->tta, *pol = fr->pol, *u = fr->u;
+    fr->pivot = NBG_PIVOT_BEAM;
     switch (e->convention) {
     case NBG_CONV_ADXV:
-        if (isnan(Xbeam)) {
-            Xbeam = (detsize_f + px) / 2.0;
+        if (isnan(fr->Xbeam)) {
+            fr->Xbeam = (detsize_f + px) / 2.0;
         }
-        if (isnan(Ybeam)) {
-            Ybeam = (detsize_s - px) / 2.0;
+        if (isnan(fr->Ybeam)) {
+            fr->Ybeam = (detsize_s - px) / 2.0;
         }
         set3(b, 0, 0, 1), set3(f, 1, 0, 0), set3(s, 0, -1, 0), set3(o, 0, 0, 1);
         set3(tta, -1, 0, 0), set3(pol, 1, 0, 0), set3(u, 1, 0, 0);
-        Fbeam = Xbeam;
-        Sbeam = detsize_s - Ybeam;
+        fr->Fbeam = fr->Xbeam;
+        fr->Sbeam = detsize_s - fr->Ybeam;
         break;
     case NBG_CONV_MOSFLM:
     case NBG_CONV_DENZO: {
-        if (isnan(Xbeam)) {
-            Xbeam = (detsize_s + px) / 2.0;
+        if (isnan(fr->Xbeam)) {
+            fr->Xbeam = (detsize_s + px) / 2.0;
         }
-        if (isnan(Ybeam)) {
-            Ybeam = (detsize_f + px) / 2.0;
+        if (isnan(fr->Ybeam)) {
+            fr->Ybeam = (detsize_f + px) / 2.0;
         }
         set3(b, 1, 0, 0), set3(o, 1, 0, 0), set3(f, 0, 0, 1), set3(s, 0, -1, 0);
         set3(tta, 0, 0, -1), set3(pol, 0, 0, 1), set3(u, 0, 0, 1);
         const double half = e->convention == NBG_CONV_MOSFLM ? 0.5 * px : 0.0;
-        Fbeam = Ybeam + half;
-        Sbeam = Xbeam + half;
+        fr->Fbeam = fr->Ybeam + half;
+        fr->Sbeam = fr->Xbeam + half;
         break;
     }
     case NBG_CONV_XDS:
     case NBG_CONV_DIALS:
-        if (isnan(Xbeam)) {
-            Xbeam = Xclose;
+        if (isnan(fr->Xbeam)) {
+            fr->Xbeam = Xclose;
         }
-        if (isnan(Ybeam)) {
-            Ybeam = Yclose;
+        if (isnan(fr->Ybeam)) {
+            fr->Ybeam = Yclose;
         }
         set3(b, 0, 0, 1), set3(f, 1, 0, 0), set3(s, 0, 1, 0), set3(o, 0, 0, 1);
         if (e->convention == NBG_CONV_XDS) {
@@ -677,16 +754,16 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         } else {
             set3(tta, 0, 1, 0), set3(pol, 0, 1, 0), set3(u, 0, 1, 0);
         }
-        Fbeam = Xbeam;
-        Sbeam = Ybeam;
-        pivot = NBG_PIVOT_SAMPLE;
+        fr->Fbeam = fr->Xbeam;
+        fr->Sbeam = fr->Ybeam;
+        fr->pivot = NBG_PIVOT_SAMPLE;
         break;
     case NBG_CONV_CUSTOM: {
-        if (isnan(Xbeam)) {
-            Xbeam = Xclose;
+        if (isnan(fr->Xbeam)) {
+            fr->Xbeam = Xclose;
         }
-        if (isnan(Ybeam)) {
-            Ybeam = Yclose;
+        if (isnan(fr->Ybeam)) {
+            fr->Ybeam = Yclose;
         }
         const double *src[7] = {e->beam, e->fdet, e->sdet, e->odet, e->twotheta_axis, e->polar_axis, e->spindle};
         double *dst[7] = {b, f, s, o, tta, pol, u};
@@ -701,104 +778,130 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
                 set3(dst[i], src[i][0], src[i][1], src[i][2]);
             }
         }
-        Fbeam = Xbeam;
-        Sbeam = Ybeam;
-        Fclose = Xbeam;
-        Sclose = Ybeam;
+        fr->Fbeam = fr->Xbeam;
+        fr->Sbeam = fr->Ybeam;
+        fr->Fclose = fr->Xbeam;
+        fr->Sclose = fr->Ybeam;
         break;
     }
     default:
         return nbg_error(ctx, NBG_EINVAL, "unknown detector convention %d", (int)e->convention);
     }
-    if (e->pivot == NBG_PIVOT_BEAM || e->pivot == NBG_PIVOT_SAMPLE) {
-        pivot = e->pivot;
+    return NBG_OK;
+}
+
+/* detector_frame: e's convention, custom vectors, beam centre (Xbeam/Ybeam, Xclose/Yclose, ORGX/ORGY) and pivot,
+ * with pb->det -> pb->frame: unit vectors (o = f x s when the one given is not a unit vector), the header beam
+ * centre, beam spot, near point and pivot; no vector of zero length, f and s not parallel. */
+static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+{
+    const double px = pb->det.px;
+    pb_frame *fr = &pb->frame;
+    fr->Fclose = isnan(e->ORGX) ? pb->det.size_f / 2.0 : (e->ORGX - 0.5) * px;
+    fr->Sclose = isnan(e->ORGY) ? pb->det.size_s / 2.0 : (e->ORGY - 0.5) * px;
+    const double Xclose = isnan(e->Xclose) ? fr->Fclose : e->Xclose / 1000.0;
+    const double Yclose = isnan(e->Yclose) ? fr->Sclose : e->Yclose / 1000.0;
+    fr->Xbeam = isnan(e->Xbeam) ? NAN : e->Xbeam / 1000.0;
+    fr->Ybeam = isnan(e->Ybeam) ? NAN : e->Ybeam / 1000.0;
+    const int rc = convention_frame(ctx, e, Xclose, Yclose, pb);
+    if (rc != NBG_OK) {
+        return rc;
     }
-    if (unitize(b) == 0 || unitize(f) == 0 || unitize(s) == 0 || unitize(pol) == 0 || unitize(u) == 0) {
+    if (e->pivot == NBG_PIVOT_BEAM || e->pivot == NBG_PIVOT_SAMPLE) {
+        fr->pivot = e->pivot;
+    }
+    if (unitize(fr->b) == 0 || unitize(fr->f) == 0 || unitize(fr->s) == 0 || unitize(fr->pol) == 0 ||
+        unitize(fr->u) == 0) {
         return nbg_error(ctx, NBG_EINVAL, "a beam, detector, polarization or spindle vector has zero length");
     }
-    if (unitize(o) != 1.0) {
-        nbg_cross(f, s, o);
-        if (unitize(o) == 0) {
+    if (unitize(fr->o) != 1.0) {
+        nbg_cross(fr->f, fr->s, fr->o);
+        if (unitize(fr->o) == 0) {
             return nbg_error(ctx, NBG_EINVAL, "detector fast and slow axes are parallel");
         }
     }
-    double vert[3];
-    nbg_cross(b, pol, vert);
-    unitize(vert);
+    nbg_cross(fr->b, fr->pol, fr->vert);
+    unitize(fr->vert);
+    return NBG_OK;
+}
 
-    /* --- sampling ----------------------------------------------------------------------------------------- */
-    double phi0 = e->phi0 / RTD, osc = e->osc < 0 ? e->osc : e->osc / RTD;
-    double phistep = e->phistep < 0 ? e->phistep : e->phistep / RTD;
+/* sampling: e's spindle, divergence, dispersion, sensor and mosaic settings -> pb->samp: nanoBragg's automatic
+ * ranges, steps and counts (every count in 1 to NBG_MAX_STEPS), the sensor's attenuation. */
+static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+{
+    pb_sampling *sp = &pb->samp;
+    sp->phi0 = e->phi0 / RTD;
+    sp->osc = e->osc < 0 ? e->osc : e->osc / RTD;
+    sp->phistep = e->phistep < 0 ? e->phistep : e->phistep / RTD;
     double phisteps_d = e->phisteps;
-    resolve_phi(&phisteps_d, &osc, &phistep);
-    double hrange = e->hdivrange < 0 ? e->hdivrange : e->hdivrange / 1000.0;
-    double vrange = e->vdivrange < 0 ? e->vdivrange : e->vdivrange / 1000.0;
-    double hstep = e->hdivstep < 0 ? e->hdivstep : e->hdivstep / 1000.0;
-    double vstep = e->vdivstep < 0 ? e->vdivstep : e->vdivstep / 1000.0;
+    resolve_phi(&phisteps_d, &sp->osc, &sp->phistep);
+    sp->hrange = e->hdivrange < 0 ? e->hdivrange : e->hdivrange / 1000.0;
+    sp->vrange = e->vdivrange < 0 ? e->vdivrange : e->vdivrange / 1000.0;
+    sp->hstep = e->hdivstep < 0 ? e->hdivstep : e->hdivstep / 1000.0;
+    sp->vstep = e->vdivstep < 0 ? e->vdivstep : e->vdivstep / 1000.0;
     double hsteps_d = e->hdivsteps, vsteps_d = e->vdivsteps;
-    resolve_range(&hsteps_d, &hrange, &hstep);
-    resolve_range(&vsteps_d, &vrange, &vstep);
-    double disp = e->dispersion / 100.0, dispstep = -1;
+    resolve_range(&hsteps_d, &sp->hrange, &sp->hstep);
+    resolve_range(&vsteps_d, &sp->vrange, &sp->vstep);
+    sp->disp = e->dispersion / 100.0;
+    sp->dispstep = -1;
     double dispsteps_d = e->dispsteps;
-    resolve_range(&dispsteps_d, &disp, &dispstep);
-    double thick = e->thick / 1e6, thickstep = -1, mu = -1;
+    resolve_range(&dispsteps_d, &sp->disp, &sp->dispstep);
+    sp->thick = e->thick / 1e6;
+    sp->thickstep = -1;
+    sp->mu = -1;
     double thicksteps_d = e->thicksteps;
     if (!isnan(e->thick_abs)) {
         if (e->thick_abs == 0 || isinf(e->thick_abs)) {
-            mu = 0; /* no attenuation; nanoBragg then also drops the thickness */
-            thick = 0;
+            sp->mu = 0; /* no attenuation; nanoBragg then also drops the thickness */
+            sp->thick = 0;
         } else {
-            mu = 1.0 / (e->thick_abs * 1e-6);
+            sp->mu = 1.0 / (e->thick_abs * 1e-6);
         }
     }
-    resolve_thickness(&thicksteps_d, &thick, &thickstep);
-    int phisteps = 0, hsteps = 0, vsteps = 0, dispsteps = 0, thicksteps = 0;
-    if ((rc = step_count(ctx, phisteps_d, "phi steps (-osc / -phistep, -phisteps)", &phisteps)) != NBG_OK ||
-        (rc = step_count(ctx, hsteps_d, "horizontal divergence steps (-hdivrange / -hdivstep, -divsteps)", &hsteps)) !=
-            NBG_OK ||
-        (rc = step_count(ctx, vsteps_d, "vertical divergence steps (-vdivrange / -vdivstep, -divsteps)", &vsteps)) !=
-            NBG_OK ||
-        (rc = step_count(ctx, dispsteps_d, "wavelength steps (-dispersion, -dispsteps)", &dispsteps)) != NBG_OK ||
-        (rc = step_count(ctx, thicksteps_d, "sensor layers (-detector_thick / -thicksteps)", &thicksteps)) != NBG_OK) {
+    resolve_thickness(&thicksteps_d, &sp->thick, &sp->thickstep);
+    int rc;
+    if ((rc = step_count(ctx, phisteps_d, "phi steps (-osc / -phistep, -phisteps)", &sp->phisteps)) != NBG_OK ||
+        (rc = step_count(ctx, hsteps_d, "horizontal divergence steps (-hdivrange / -hdivstep, -divsteps)",
+                         &sp->hsteps)) != NBG_OK ||
+        (rc = step_count(ctx, vsteps_d, "vertical divergence steps (-vdivrange / -vdivstep, -divsteps)",
+                         &sp->vsteps)) != NBG_OK ||
+        (rc = step_count(ctx, dispsteps_d, "wavelength steps (-dispersion, -dispsteps)", &sp->dispsteps)) != NBG_OK ||
+        (rc = step_count(ctx, thicksteps_d, "sensor layers (-detector_thick / -thicksteps)", &sp->thicksteps)) !=
+            NBG_OK) {
         return rc;
     }
-    if (thick > 0 && mu < 0) {
-        mu = 1.0 / thick;
+    if (sp->thick > 0 && sp->mu < 0) {
+        sp->mu = 1.0 / sp->thick;
     }
-    double spread = e->mosaic < 0 ? e->mosaic : e->mosaic / RTD;
-    int domains = e->mosaic_domains;
-    if (domains <= 0) {
-        if (spread < 0) {
-            domains = 1;
-            spread = 0;
-        } else {
-            domains = spread == 0 ? 1 : 10;
-        }
-    } else if (spread < 0) {
-        spread = 0;
-        domains = 1;
-    } else if (spread == 0) {
-        domains = 1;
-    }
+    sp->spread = e->mosaic < 0 ? e->mosaic : e->mosaic / RTD;
+    sp->domains = e->mosaic_domains;
+    resolve_mosaic(&sp->spread, &sp->domains);
+    return NBG_OK;
+}
 
-    /* --- detector geometry -------------------------------------------------------------------------------- */
+/* detector_geometry: pb->frame with e's distance, close distance, rotations, two-theta and beam shift ->
+ * pl->det_in (the set-up's inputs, for the gradient's chain rule) and pb->geom (the positioned detector); the plane
+ * must face the sample, not pass through it. */
+static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+{
+    const pb_frame *fr = &pb->frame;
     const double rx = e->det_rot[0] / RTD, ry = e->det_rot[1] / RTD, rz = e->det_rot[2] / RTD;
     const double tt = e->twotheta / RTD;
     nbg_det_in_d din;
     memset(&din, 0, sizeof din);
-    memcpy(din.b, b, sizeof b);
-    memcpy(din.f, f, sizeof f);
-    memcpy(din.s, s, sizeof s);
-    memcpy(din.o, o, sizeof o);
-    memcpy(din.tta, tta, sizeof tta);
-    din.pivot_sample = pivot == NBG_PIVOT_SAMPLE;
+    memcpy(din.b, fr->b, sizeof fr->b);
+    memcpy(din.f, fr->f, sizeof fr->f);
+    memcpy(din.s, fr->s, sizeof fr->s);
+    memcpy(din.o, fr->o, sizeof fr->o);
+    memcpy(din.tta, fr->tta, sizeof fr->tta);
+    din.pivot_sample = fr->pivot == NBG_PIVOT_SAMPLE;
     din.have_close = !isnan(e->close_distance);
     /* the refinement shift moves the detector in its plane: the beam spot (BEAM pivot) or the near point
      * (SAMPLE pivot) moves along the detector's own axes */
-    din.Fbeam = Fbeam + e->beam_shift[0] / 1000.0;
-    din.Sbeam = Sbeam + e->beam_shift[1] / 1000.0;
-    din.Fclose = Fclose + e->beam_shift[0] / 1000.0;
-    din.Sclose = Sclose + e->beam_shift[1] / 1000.0;
+    din.Fbeam = fr->Fbeam + e->beam_shift[0] / 1000.0;
+    din.Sbeam = fr->Sbeam + e->beam_shift[1] / 1000.0;
+    din.Fclose = fr->Fclose + e->beam_shift[0] / 1000.0;
+    din.Sclose = fr->Sclose + e->beam_shift[1] / 1000.0;
     din.distance = e->distance / 1000.0;
     din.close_distance = din.have_close ? e->close_distance / 1000.0 : 0;
     din.rot[0] = rx;
@@ -806,27 +909,22 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     din.rot[2] = rz;
     din.twotheta = tt;
     pl->det_in = din;
-    nbg_det_out_d dout;
-    nbg_detector_d(&din, &dout);
-    double pix0[3];
-    memcpy(pix0, dout.pix0, sizeof pix0);
-    memcpy(f, dout.f, sizeof f);
-    memcpy(s, dout.s, sizeof s);
-    memcpy(o, dout.o, sizeof o);
-    const double close_distance = dout.close_distance, distance = dout.distance;
-    Fbeam = dout.Fbeam;
-    Sbeam = dout.Sbeam;
-    Fclose = dout.Fclose;
-    Sclose = dout.Sclose;
+    nbg_detector_d(&din, &pb->geom);
+    const double close_distance = pb->geom.close_distance, distance = pb->geom.distance;
     /* the plane must face the sample and not pass through it (an edge-on detector comes out 1e-15 mm off) */
     if (!(close_distance > 1e-9) || !isfinite(distance)) {
         return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
                          "behind the sample (close distance %g mm along the detector normal; check -distance, "
                          "-close_distance and the detector rotations)", close_distance * 1000);
     }
+    return NBG_OK;
+}
 
-    /* --- crystal ------------------------------------------------------------------------------------------ */
-    const double lambda0 = e->lambda * 1e-10;
+/* crystal: e's cell or matrix, misset, wavelength, N and interpolation mode -> pb->xtal.lambda0, .interpolate;
+ * pl->a0, pl->misset, pl->k.astar and the report's cell (build_crystal); a cell with a volume. */
+static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+{
+    pb->xtal.lambda0 = e->lambda * 1e-10;
     int interpolate = e->interpolate;
     if (interpolate < 0) {
         interpolate = (e->Na <= 2 || e->Nb <= 2 || e->Nc <= 2);
@@ -834,12 +932,17 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     if (e->hkl == NULL) {
         interpolate = 0;
     }
-    rc = build_crystal(ctx, e, pl, lambda0);
-    if (rc != NBG_OK) {
-        return rc;
-    }
+    pb->xtal.interpolate = interpolate;
+    return build_crystal(ctx, e, pl, pb->xtal.lambda0);
+}
+
+/* crystal_size: e's N and oversampling, pb->beam.sample, pl->a0, pb->geom.distance, pb->det.px, pb->xtal.lambda0 ->
+ * pb->xtal.N, .xtal_max, .rec_os, .os (r->warn_oversample); the automatic oversampling at most 64. */
+static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+{
+    pb_crystal *x = &pb->xtal;
+    const double *samp = pb->beam.sample;
     double N[3] = {e->Na, e->Nb, e->Nc};
-    const double samp[3] = {sample_x, sample_y, sample_z};
     double xtal_max = 0;
     for (int i = 0; i < 3; ++i) {
         const double len = nbg_norm(pl->a0 + 3 * i);
@@ -852,59 +955,86 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         xtal_max = fmax(xtal_max, len * N[i]);
     }
     /* in double first: an absurd crystal size must not overflow the int */
-    const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (lambda0 * distance / px)));
+    const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (x->lambda0 * pb->geom.distance / pb->det.px)));
     if (e->oversample <= 0 && !(rec_os_d <= 64)) {
         /* nanoBragg would silently run rec_os^2 subpixels per pixel, which for a large crystal takes hours */
         return nbg_error(ctx, NBG_EINVAL, "automatic oversampling would use %.3g x %.3g subpixels per pixel (the "
                          "crystal is %g mm across); give -oversample explicitly", rec_os_d, rec_os_d, xtal_max * 1000);
     }
-    const int rec_os = rec_os_d < INT_MAX ? (int)rec_os_d : INT_MAX;
-    int os = e->oversample <= 0 ? rec_os : e->oversample;
-    r->warn_oversample = os < rec_os;
+    memcpy(x->N, N, sizeof N);
+    x->xtal_max = xtal_max;
+    x->rec_os = rec_os_d < INT_MAX ? (int)rec_os_d : INT_MAX;
+    x->os = e->oversample <= 0 ? x->rec_os : e->oversample;
+    pl->rep.warn_oversample = x->os < x->rec_os;
+    return NBG_OK;
+}
 
-    /* --- sources ------------------------------------------------------------------------------------------ */
-    /* the count first (bounded by the memory limit before any loop over the divergence grid), then the work
-     * check, then the arrays */
-    int nsrc = e->nsources;
-    if (nsrc == 0) {
-        char what[160];
-        snprintf(what, sizeof what, "the X-ray sources (%d x %d divergence x %d wavelength steps)", hsteps, vsteps,
-                 dispsteps);
-        rc = nbg_check_bytes(ctx, (double)hsteps * vsteps * dispsteps * (5 + NBG_SRC_STRIDE) * sizeof(double), what);
-        if (rc != NBG_OK) {
-            return rc;
-        }
-        int ndiv = 0;
-        for (int hi = 0; hi < hsteps; ++hi) {
-            for (int vi = 0; vi < vsteps; ++vi) {
-                ndiv += !divergence_cut(e->round_div, hi, vi, hsteps, vsteps, hrange, vrange, hstep, vstep);
-            }
-        }
-        nsrc = ndiv * dispsteps;
-        if (nsrc <= 0) {
-            return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
-        }
-    } else {
-        rc = nbg_check_bytes(ctx, (double)nsrc * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
-        if (rc != NBG_OK) {
-            return rc;
-        }
+/* source_count: e's sources, or pb->samp's divergence grid (less its elliptical cut) x wavelength steps ->
+ * pb->nsrc; the source arrays within the memory limit, checked before any loop over the grid; at least one. */
+static int source_count(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+{
+    const pb_sampling *sp = &pb->samp;
+    int rc;
+    if (e->nsources > 0) {
+        rc = nbg_check_bytes(ctx, (double)e->nsources * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
+        pb->nsrc = e->nsources;
+        return rc;
     }
-    rc = check_work(ctx, e, fpixels, spixels, os, thicksteps, nsrc, phisteps, domains);
+    char what[160];
+    snprintf(what, sizeof what, "the X-ray sources (%d x %d divergence x %d wavelength steps)", sp->hsteps,
+             sp->vsteps, sp->dispsteps);
+    rc = nbg_check_bytes(ctx, (double)sp->hsteps * sp->vsteps * sp->dispsteps * (5 + NBG_SRC_STRIDE) * sizeof(double),
+                         what);
     if (rc != NBG_OK) {
         return rc;
     }
-    double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
-    double *lamrel = malloc(sizeof(double) * (size_t)nsrc); /* d lambda_i / d lambda0 */
-    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
-    pl->src_lamrel = lamrel;
-    if (pos == NULL || lamrel == NULL || pl->src == NULL) {
-        free(pos);
-        nbg_plan_free(pl);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
+    int ndiv = 0;
+    for (int hi = 0; hi < sp->hsteps; ++hi) {
+        for (int vi = 0; vi < sp->vsteps; ++vi) {
+            ndiv += !divergence_cut(e->round_div, hi, vi, sp->hsteps, sp->vsteps, sp->hrange, sp->vrange, sp->hstep,
+                                    sp->vstep);
+        }
     }
+    pb->nsrc = ndiv * sp->dispsteps;
+    if (pb->nsrc <= 0) {
+        return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
+    }
+    return NBG_OK;
+}
+
+/* check_work: the pixels of e's region of interest x the samples per pixel of pb (oversampling, sensor layers,
+ * sources, phi steps, domains) within the work limit; run before the arrays of the sources and orientations. */
+static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb)
+{
+    const int fpixels = pb->det.fpixels, spixels = pb->det.spixels, os = pb->xtal.os;
+    const int thicksteps = pb->samp.thicksteps, nsrc = pb->nsrc, phisteps = pb->samp.phisteps;
+    const int domains = pb->samp.domains;
+    const double per = (double)os * os * thicksteps * nsrc * phisteps * domains;
+    const int x0 = e->roi[0] < 0 ? 0 : e->roi[0], y0 = e->roi[2] < 0 ? 0 : e->roi[2];
+    const int x1 = e->roi[1] < 0 || e->roi[1] >= fpixels ? fpixels - 1 : e->roi[1];
+    const int y1 = e->roi[3] < 0 || e->roi[3] >= spixels ? spixels - 1 : e->roi[3];
+    const double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
+    nbg_limits lim;
+    nbg_limits_of(ctx, &lim);
+    if (per > INT_MAX || pixels * per > lim.max_samples) {
+        return nbg_error(ctx, NBG_EINVAL, "this run would evaluate %.3g samples: %.0f pixels x %.3g per pixel (%d x %d "
+                         "subpixels x %d sensor layers x %d sources x %d phi steps x %d mosaic domains), above the "
+                         "limit of %.3g%s: reduce the sampling, or raise the limit (-max_samples on the command line, "
+                         "nbg_ctx_set_limits in the library)", pixels * per, pixels, per, os, os, thicksteps, nsrc,
+                         phisteps, domains, per > INT_MAX ? (double)INT_MAX : lim.max_samples,
+                         per > INT_MAX ? " per pixel" : "");
+    }
+    return NBG_OK;
+}
+
+/* Part of sources: e's sources, or the divergence grid about pb->frame's beam (-10 m along it, rotated about pol
+ * and vert) x the wavelength steps about pb->xtal.lambda0 -> pos (x, y, z, lambda per source) and lamrel
+ * (d lambda_i / d lambda0); a given source finite and off the origin. */
+static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, double *pos, double *lamrel)
+{
+    const double lambda0 = pb->xtal.lambda0;
     if (e->nsources > 0) {
-        for (int i = 0; i < nsrc; ++i) {
+        for (int i = 0; i < pb->nsrc; ++i) {
             const nbg_source *sr = &e->sources[i];
             for (int j = 0; j < 3; ++j) {
                 pos[4 * i + j] = sr->pos[j];
@@ -913,37 +1043,48 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
             lamrel[i] = (sr->lambda > 0) ? 0.0 : 1.0;
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
                 !isfinite(pos[4 * i + 3]) || nbg_norm(pos + 4 * i) == 0) {
-                free(pos);
-                nbg_plan_free(pl);
                 return nbg_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
             }
         }
-    } else {
-        int n = 0;
-        for (int hi = 0; hi < hsteps; ++hi) {
-            for (int vi = 0; vi < vsteps; ++vi) {
-                if (divergence_cut(e->round_div, hi, vi, hsteps, vsteps, hrange, vrange, hstep, vstep)) {
-                    continue;
-                }
-                const double hdiv = hstep * hi - hrange / 2.0;
-                const double vdiv = vstep * vi - vrange / 2.0;
-                double v0[3] = {-10.0 * b[0], -10.0 * b[1], -10.0 * b[2]}, v1[3];
-                rotate_axis(v0, pol, vdiv, v1);
-                rotate_axis(v1, vert, hdiv, v0);
-                for (int di = 0; di < dispsteps; ++di) {
-                    pos[4 * n + 0] = v0[0];
-                    pos[4 * n + 1] = v0[1];
-                    pos[4 * n + 2] = v0[2];
-                    pos[4 * n + 3] = lambda0 * (1.0 + dispstep * di - disp / 2.0);
-                    lamrel[n] = 1.0 + dispstep * di - disp / 2.0;
-                    ++n;
-                }
+        return NBG_OK;
+    }
+    const pb_sampling *sp = &pb->samp;
+    const double *b = pb->frame.b, *pol = pb->frame.pol, *vert = pb->frame.vert;
+    const int hsteps = sp->hsteps, vsteps = sp->vsteps, dispsteps = sp->dispsteps;
+    const double hrange = sp->hrange, vrange = sp->vrange, hstep = sp->hstep, vstep = sp->vstep;
+    const double disp = sp->disp, dispstep = sp->dispstep;
+    int n = 0;
+    for (int hi = 0; hi < hsteps; ++hi) {
+        for (int vi = 0; vi < vsteps; ++vi) {
+            if (divergence_cut(e->round_div, hi, vi, hsteps, vsteps, hrange, vrange, hstep, vstep)) {
+                continue;
+            }
+            const double hdiv = hstep * hi - hrange / 2.0;
+            const double vdiv = vstep * vi - vrange / 2.0;
+            double v0[3] = {-10.0 * b[0], -10.0 * b[1], -10.0 * b[2]}, v1[3];
+            rotate_axis(v0, pol, vdiv, v1);
+            rotate_axis(v1, vert, hdiv, v0);
+            for (int di = 0; di < dispsteps; ++di) {
+                pos[4 * n + 0] = v0[0];
+                pos[4 * n + 1] = v0[1];
+                pos[4 * n + 2] = v0[2];
+                pos[4 * n + 3] = lambda0 * (1.0 + dispstep * di - disp / 2.0);
+                lamrel[n] = 1.0 + dispstep * di - disp / 2.0;
+                ++n;
             }
         }
     }
+    return NBG_OK;
+}
+
+/* Part of sources: pos and pb->frame.pol -> src rows of NBG_SRC_STRIDE (incident unit vector, lambda, E and B
+ * polarization unit vectors) and pb->lambda_min; every wavelength positive. */
+static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double *src)
+{
+    const double *pol = pb->frame.pol;
     double lambda_min = INFINITY;
-    for (int i = 0; i < nsrc; ++i) {
-        double *sr = pl->src + NBG_SRC_STRIDE * i;
+    for (int i = 0; i < pb->nsrc; ++i) {
+        double *sr = src + NBG_SRC_STRIDE * i;
         double inc[3] = {-pos[4 * i], -pos[4 * i + 1], -pos[4 * i + 2]};
         unitize(inc);
         double Bv[3], Ev[3];
@@ -954,77 +1095,88 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         memcpy(sr, inc, sizeof inc);
         sr[3] = pos[4 * i + 3];
         if (!(sr[3] > 0)) {
-            const double bad = sr[3];
-            free(pos);
-            nbg_plan_free(pl);
             return nbg_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
-                             i + 1, bad * 1e10);
+                             i + 1, sr[3] * 1e10);
         }
         lambda_min = fmin(lambda_min, sr[3]);
         memcpy(sr + 4, Ev, sizeof Ev);
         memcpy(sr + 7, Bv, sizeof Bv);
     }
-    free(pos);
-    /* the kernels round Miller indices to int: |h| <= 2 |a| / lambda must stay well inside that range */
-    {
-        double amax = 0;
-        for (int i = 0; i < 3; ++i) {
-            amax = fmax(amax, nbg_norm(pl->a0 + 3 * i));
-        }
-        const double hmax = 2.0 * amax / lambda_min;
-        if (!(hmax < NBG_MAX_MILLER)) {
-            nbg_plan_free(pl);
-            return nbg_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
-                             "wavelength %g A), beyond the %g the kernels handle: check the cell and the wavelength",
-                             hmax, amax * 1e10, lambda_min * 1e10, NBG_MAX_MILLER);
-        }
-    }
+    pb->lambda_min = lambda_min;
+    return NBG_OK;
+}
 
-    /* --- spindle and mosaic rotations --------------------------------------------------------------------- */
-    memcpy(pl->spindle, u, sizeof u);
-    {
-        char what[128];
-        snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
-        rc = nbg_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
-        if (rc != NBG_OK) {
-            nbg_plan_free(pl);
-            return rc;
-        }
+/* sources: pb->nsrc sources (source_positions, source_frames) -> pl->src, pl->src_lamrel, pb->lambda_min; the
+ * temporary positions are freed whatever happens. */
+static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+{
+    const int nsrc = pb->nsrc;
+    double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
+    pl->src_lamrel = malloc(sizeof(double) * (size_t)nsrc);
+    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
+    int rc;
+    if (pos == NULL || pl->src_lamrel == NULL || pl->src == NULL) {
+        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
+    } else if ((rc = source_positions(ctx, e, pb, pos, pl->src_lamrel)) == NBG_OK) {
+        rc = source_frames(ctx, pos, pb, pl->src);
     }
-    pl->phi = malloc(sizeof(double) * (size_t)phisteps);
-    pl->umat = malloc(sizeof(double) * 9 * (size_t)domains);
-    pl->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
-    pl->mos_angle = malloc(sizeof(double) * (size_t)domains);
-    pl->abc = malloc(sizeof(double) * 9 * (size_t)phisteps * (size_t)domains);
-    if (!pl->phi || !pl->umat || !pl->mos_axis || !pl->mos_angle || !pl->abc) {
-        nbg_plan_free(pl);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
+    free(pos);
+    return rc;
+}
+
+/* miller_range: pl->a0 and pb->lambda_min -> nothing; the largest Miller index, 2 |a|max / lambda_min, well inside
+ * the int the kernels round indices to (NBG_MAX_MILLER). */
+static int miller_range(nbg_ctx *ctx, const plan_build *pb, const nbg_plan *pl)
+{
+    double amax = 0;
+    for (int i = 0; i < 3; ++i) {
+        amax = fmax(amax, nbg_norm(pl->a0 + 3 * i));
     }
-    {
-        nbg_rng rng;
-        nbg_rng_init(&rng, e->mosaic_seed);
-        /* The reference forms each domain's angle in single precision from a float spread; nbgrad keeps the
-         * single-precision cap factor (the same domains) but multiplies by the spread in double, so the angle is
-         * exactly proportional to the spread, as the mosaic gradient and its finite-difference check need. */
-        for (int m = 0; m < domains; ++m) {
-            float capf;
-            nbg_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
-            pl->mos_angle[m] = spread * (double)capf;
-            nbg_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
-        }
-        /* domain 0 is the unrotated crystal */
-        static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
-        memcpy(pl->umat, I3, sizeof I3);
-        set3(pl->mos_axis, 0, 0, 1);
-        pl->mos_angle[0] = 0;
+    const double hmax = 2.0 * amax / pb->lambda_min;
+    if (!(hmax < NBG_MAX_MILLER)) {
+        return nbg_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
+                         "wavelength %g A), beyond the %g the kernels handle: check the cell and the wavelength",
+                         hmax, amax * 1e10, pb->lambda_min * 1e10, NBG_MAX_MILLER);
     }
-    for (int ip = 0; ip < phisteps; ++ip) {
+    return NBG_OK;
+}
+
+/* Part of orientations: e's mosaic seed and pb->samp.spread -> pl->umat, pl->mos_axis, pl->mos_angle of
+ * pb->samp.domains domains, domain 0 the unrotated crystal. */
+static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+{
+    const double spread = pb->samp.spread;
+    nbg_rng rng;
+    nbg_rng_init(&rng, e->mosaic_seed);
+    /* The reference forms each domain's angle in single precision from a float spread; nbgrad keeps the
+     * single-precision cap factor (the same domains) but multiplies by the spread in double, so the angle is
+     * exactly proportional to the spread, as the mosaic gradient and its finite-difference check need. */
+    for (int m = 0; m < pb->samp.domains; ++m) {
+        float capf;
+        nbg_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
+        pl->mos_angle[m] = spread * (double)capf;
+        nbg_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
+    }
+    /* domain 0 is the unrotated crystal */
+    static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    memcpy(pl->umat, I3, sizeof I3);
+    set3(pl->mos_axis, 0, 0, 1);
+    pl->mos_angle[0] = 0;
+}
+
+/* Part of orientations: pl->a0, the spindle pl->spindle, pb->samp's phi steps and pl->umat -> pl->phi and pl->abc
+ * (a, b, c of phi step ip and domain m at 9 * (ip * domains + m)); phi = 0 and a zero spread rotate nothing. */
+static void rotate_crystal(const plan_build *pb, nbg_plan *pl)
+{
+    const double phi0 = pb->samp.phi0, phistep = pb->samp.phistep, spread = pb->samp.spread;
+    const int domains = pb->samp.domains;
+    for (int ip = 0; ip < pb->samp.phisteps; ++ip) {
         const double phi = phi0 + phistep * ip;
         pl->phi[ip] = phi;
         double ap[9];
         for (int v = 0; v < 3; ++v) {
             if (phi != 0) {
-                rotate_axis(pl->a0 + 3 * v, u, phi, ap + 3 * v);
+                rotate_axis(pl->a0 + 3 * v, pl->spindle, phi, ap + 3 * v);
             } else {
                 memcpy(ap + 3 * v, pl->a0 + 3 * v, 3 * sizeof(double));
             }
@@ -1040,40 +1192,74 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
             }
         }
     }
+}
 
-    /* --- kernel parameters -------------------------------------------------------------------------------- */
+/* orientations: pb->frame.u, pb->samp (phi steps, mosaic spread and domains), pl->a0 -> pl->spindle, pl->phi,
+ * pl->umat, pl->mos_axis, pl->mos_angle, pl->abc; the orientations within the memory limit, checked first. */
+static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+{
+    const int phisteps = pb->samp.phisteps, domains = pb->samp.domains;
+    memcpy(pl->spindle, pb->frame.u, sizeof pb->frame.u);
+    char what[128];
+    snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
+    const int rc = nbg_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    pl->phi = malloc(sizeof(double) * (size_t)phisteps);
+    pl->umat = malloc(sizeof(double) * 9 * (size_t)domains);
+    pl->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
+    pl->mos_angle = malloc(sizeof(double) * (size_t)domains);
+    pl->abc = malloc(sizeof(double) * 9 * (size_t)phisteps * (size_t)domains);
+    if (!pl->phi || !pl->umat || !pl->mos_axis || !pl->mos_angle || !pl->abc) {
+        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
+    }
+    mosaic_domains(e, pb, pl);
+    rotate_crystal(pb, pl);
+    return NBG_OK;
+}
+
+/* kernel_params: everything pb resolved, the plan's arrays, e's switches, HKL table, default F, dmin and water ->
+ * pl->k, pl->lambda0, pl->mosaic_spread and pb->steps; the HKL table non-empty. */
+static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+{
+    nbg_kparams *k = &pl->k;
+    const nbg_det_out_d *g = &pb->geom;
+    const pb_sampling *sp = &pb->samp;
+    const double *N = pb->xtal.N;
+    const int fpixels = pb->det.fpixels, spixels = pb->det.spixels, os = pb->xtal.os;
     k->fpixels = fpixels;
     k->spixels = spixels;
     k->oversample = os;
-    k->thicksteps = thicksteps;
+    k->thicksteps = sp->thicksteps;
     k->roi_xmin = e->roi[0] < 0 ? 0 : e->roi[0];
     k->roi_xmax = e->roi[1] < 0 ? fpixels : e->roi[1];
     k->roi_ymin = e->roi[2] < 0 ? 0 : e->roi[2];
     k->roi_ymax = e->roi[3] < 0 ? spixels : e->roi[3];
     k->mask = e->mask;
-    memcpy(k->pix0, pix0, sizeof pix0);
-    memcpy(k->fdet, f, sizeof f);
-    memcpy(k->sdet, s, sizeof s);
-    memcpy(k->odet, o, sizeof o);
-    memcpy(k->beam, b, sizeof b);
-    k->pixel = px;
-    k->subpixel = px / os;
-    k->close_distance = close_distance;
-    k->distance = distance;
+    memcpy(k->pix0, g->pix0, sizeof g->pix0);
+    memcpy(k->fdet, g->f, sizeof g->f);
+    memcpy(k->sdet, g->s, sizeof g->s);
+    memcpy(k->odet, g->o, sizeof g->o);
+    memcpy(k->beam, pb->frame.b, sizeof pb->frame.b);
+    k->pixel = pb->det.px;
+    k->subpixel = pb->det.px / os;
+    k->close_distance = g->close_distance;
+    k->distance = g->distance;
     k->curved = e->curved != 0;
     k->point_pixel = e->point_pixel != 0;
     k->os_thick = e->oversample_thick != 0;
     k->os_polar = e->oversample_polar != 0;
     k->os_omega = e->oversample_omega != 0;
-    k->thick = thick;
-    k->thickstep = thickstep;
-    k->mu = mu;
-    k->nsources = nsrc;
+    k->thick = sp->thick;
+    k->thickstep = sp->thickstep;
+    k->mu = sp->mu;
+    k->nsources = pb->nsrc;
     k->src = pl->src;
     k->polarization = e->polarization;
     k->nopolar = e->nopolar != 0;
-    k->nphi = phisteps;
-    k->nmos = domains;
+    k->nphi = sp->phisteps;
+    k->nmos = sp->domains;
     k->abc = pl->abc;
     k->Na = N[0];
     k->Nb = N[1];
@@ -1086,7 +1272,6 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
     if (e->hkl != NULL) {
         const nbg_hkl *t = e->hkl;
         if (t->F == NULL || t->h_max < t->h_min || t->k_max < t->k_min || t->l_max < t->l_min) {
-            nbg_plan_free(pl);
             return nbg_error(ctx, NBG_EINVAL, "the structure-factor table is empty or has negative ranges");
         }
         k->F = t->F;
@@ -1098,63 +1283,97 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         k->nl = t->l_max - t->l_min + 1;
     }
     k->default_F = e->default_F;
-    k->interpolate = interpolate;
+    k->interpolate = pb->xtal.interpolate;
     k->dmin = e->dmin * 1e-10;
     const double w = e->water / 1e6;
     k->water = w != 0;
-    k->I_bg = 2.57 * 2.57 * NBG_RE2 * fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
-    const int steps = nsrc * domains * phisteps * os * os; /* fits: check_work */
-    k->scale = NBG_RE2 * fluence / steps;
+    k->I_bg = 2.57 * 2.57 * NBG_RE2 * pb->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
+    pb->steps = pb->nsrc * sp->domains * sp->phisteps * os * os; /* fits: check_work */
+    k->scale = NBG_RE2 * pb->beam.fluence / pb->steps;
+    pl->lambda0 = pb->xtal.lambda0;
+    pl->mosaic_spread = sp->spread;
+    return NBG_OK;
+}
 
-    pl->lambda0 = lambda0;
-    pl->mosaic_spread = spread;
-
-    /* --- report ------------------------------------------------------------------------------------------- */
-    r->fpixels = fpixels;
-    r->spixels = spixels;
+/* report: pb, e's header values and pl->k.I_bg -> pl->rep, in user units (mm, deg), beside what the earlier steps
+ * put there (cell, vectors, random misset, warnings). */
+static void report(const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+{
+    nbg_report *r = &pl->rep;
+    const nbg_det_out_d *g = &pb->geom;
+    const pb_frame *fr = &pb->frame;
+    const double px = pb->det.px;
+    r->fpixels = pb->det.fpixels;
+    r->spixels = pb->det.spixels;
     r->pixel = e->pixel;
-    r->detsize_f = detsize_f * 1000;
-    r->detsize_s = detsize_s * 1000;
-    r->distance = distance * 1000;
-    r->close_distance = close_distance * 1000;
-    r->Xbeam = Xbeam * 1000;
-    r->Ybeam = Ybeam * 1000;
-    r->Fbeam = Fbeam * 1000;
-    r->Sbeam = Sbeam * 1000;
-    r->Fclose = Fclose * 1000;
-    r->Sclose = Sclose * 1000;
-    r->ORGX = Fclose / px + 0.5;
-    r->ORGY = Sclose / px + 0.5;
-    r->dials_origin[0] = 1000.0 * pix0[2];
-    r->dials_origin[1] = 1000.0 * pix0[1];
-    r->dials_origin[2] = -1000.0 * pix0[0];
-    memcpy(r->pix0, pix0, sizeof pix0);
-    memcpy(r->fdet, f, sizeof f);
-    memcpy(r->sdet, s, sizeof s);
-    memcpy(r->odet, o, sizeof o);
-    memcpy(r->beam, b, sizeof b);
-    memcpy(r->polar_axis, pol, sizeof pol);
-    memcpy(r->spindle, u, sizeof u);
+    r->detsize_f = pb->det.size_f * 1000;
+    r->detsize_s = pb->det.size_s * 1000;
+    r->distance = g->distance * 1000;
+    r->close_distance = g->close_distance * 1000;
+    r->Xbeam = fr->Xbeam * 1000;
+    r->Ybeam = fr->Ybeam * 1000;
+    r->Fbeam = g->Fbeam * 1000;
+    r->Sbeam = g->Sbeam * 1000;
+    r->Fclose = g->Fclose * 1000;
+    r->Sclose = g->Sclose * 1000;
+    r->ORGX = g->Fclose / px + 0.5;
+    r->ORGY = g->Sclose / px + 0.5;
+    r->dials_origin[0] = 1000.0 * g->pix0[2];
+    r->dials_origin[1] = 1000.0 * g->pix0[1];
+    r->dials_origin[2] = -1000.0 * g->pix0[0];
+    memcpy(r->pix0, g->pix0, sizeof g->pix0);
+    memcpy(r->fdet, g->f, sizeof g->f);
+    memcpy(r->sdet, g->s, sizeof g->s);
+    memcpy(r->odet, g->o, sizeof g->o);
+    memcpy(r->beam, fr->b, sizeof fr->b);
+    memcpy(r->polar_axis, fr->pol, sizeof fr->pol);
+    memcpy(r->spindle, fr->u, sizeof fr->u);
     r->lambda = e->lambda;
-    r->phi0 = phi0 * RTD;
-    r->osc = osc * RTD;
+    r->phi0 = pb->samp.phi0 * RTD;
+    r->osc = pb->samp.osc * RTD;
     r->twotheta = e->twotheta;
-    r->pivot = pivot;
-    r->oversample = os;
-    r->recommended_oversample = rec_os;
-    r->thicksteps = thicksteps;
-    r->nsources = nsrc;
-    r->phisteps = phisteps;
-    r->mosaic_domains = domains;
-    r->steps = steps;
-    r->Na = N[0];
-    r->Nb = N[1];
-    r->Nc = N[2];
-    r->interpolate = interpolate;
-    r->fluence = fluence;
-    r->flux = flux;
-    r->xtal_size_max = xtal_max * 1000;
-    r->I_bg = k->I_bg;
+    r->pivot = fr->pivot;
+    r->oversample = pb->xtal.os;
+    r->recommended_oversample = pb->xtal.rec_os;
+    r->thicksteps = pb->samp.thicksteps;
+    r->nsources = pb->nsrc;
+    r->phisteps = pb->samp.phisteps;
+    r->mosaic_domains = pb->samp.domains;
+    r->steps = pb->steps;
+    r->Na = pb->xtal.N[0];
+    r->Nb = pb->xtal.N[1];
+    r->Nc = pb->xtal.N[2];
+    r->interpolate = pb->xtal.interpolate;
+    r->fluence = pb->beam.fluence;
+    r->flux = pb->beam.flux;
+    r->xtal_size_max = pb->xtal.xtal_max * 1000;
+    r->I_bg = pl->k.I_bg;
+}
+
+int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    plan_build pb;
+    memset(&pb, 0, sizeof pb);
+    int rc;
+    if ((rc = validate(ctx, e)) != NBG_OK ||
+        (rc = detector_size(ctx, e, &pb)) != NBG_OK ||
+        (rc = beam_and_sample(ctx, e, &pb, &pl->rep)) != NBG_OK ||
+        (rc = detector_frame(ctx, e, &pb)) != NBG_OK ||
+        (rc = sampling(ctx, e, &pb)) != NBG_OK ||
+        (rc = detector_geometry(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = crystal(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = crystal_size(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = source_count(ctx, e, &pb)) != NBG_OK ||
+        (rc = check_work(ctx, e, &pb)) != NBG_OK ||
+        (rc = sources(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = miller_range(ctx, &pb, pl)) != NBG_OK ||
+        (rc = orientations(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = kernel_params(ctx, e, &pb, pl)) != NBG_OK) {
+        nbg_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
+        return rc;
+    }
+    report(e, &pb, pl);
     return NBG_OK;
 }
 
