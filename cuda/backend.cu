@@ -20,18 +20,14 @@
 extern "C" {
 #include "adjoint.h"
 #include "kernel.h"
-#define NBG_R double
-#define NBG_SFX(name) name##_d
+#define NBG_TMPL NBG_TMPL_DOUBLE
+#include "tmpl_on.h"
 #include "adjoint_tmpl.h"
-#undef NBG_R
-#undef NBG_SFX
-#define NBG_R float
-#define NBG_SFX(name) name##_f
-#define NBG_FLOAT_MODE 1
+#include "tmpl_off.h"
+#define NBG_TMPL NBG_TMPL_FLOAT
+#include "tmpl_on.h"
 #include "adjoint_tmpl.h"
-#undef NBG_FLOAT_MODE
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 }
 
 #include <cuda_runtime.h>

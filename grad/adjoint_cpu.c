@@ -8,14 +8,13 @@
 
 #include <stddef.h>
 
-#define NBG_R double
-#define NBG_SFX(name) name##_d
+#define NBG_TMPL NBG_TMPL_DOUBLE
+#include "tmpl_on.h"
 #include "adjoint_tmpl.h"
 #include "adjoint_row_tmpl.h"
 #include "jvp_tmpl.h"
 #include "jvp_row_tmpl.h"
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 
 #ifdef _OPENMP
 #include <omp.h>

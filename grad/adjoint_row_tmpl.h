@@ -6,7 +6,13 @@
  * The forward values are the scalar kernel's (same arithmetic per pixel); the gradients equal the scalar
  * adjoint's up to the order of the sums.  Instantiated for double by grad/adjoint_cpu.c.
  */
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "adjoint_row_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
+#endif
+#ifndef NBG_TMPL_HAS_ADJOINT
+#error "adjoint_row_tmpl.h needs adjoint_tmpl.h instantiated for the same type first"
+#endif
+#define NBG_TMPL_HAS_ADJOINT_ROW 1
 #define NBG_ALANES 8
 
 #include <string.h>
@@ -260,4 +266,3 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
 }
 
 #undef NBG_ALANES
-#undef NBG_M

@@ -17,11 +17,16 @@
  * factors and their adjoint) are nbg_pixel_factors and nbg_pixel_factors_adjoint (grad/adjoint.h), shared with
  * the row form and the tangent kernels.
  */
-#ifdef NBG_FLOAT_MODE
-#define NBG_M(fn) fn##f
-#else
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "adjoint_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
 #endif
+#ifndef NBG_KERNEL_H
+#error "adjoint_tmpl.h needs kernel.h instantiated for the same type first"
+#endif
+#ifndef NBG_ADJOINT_H
+#error "adjoint_tmpl.h needs adjoint.h instantiated for the same type first"
+#endif
+#define NBG_TMPL_HAS_ADJOINT 1
 
 /* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
  * vectors abc (one phi step and domain) and scattering vector q.  Returns 0 where the sample contributes nothing
@@ -145,4 +150,3 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
     return S;
 }
 
-#undef NBG_M

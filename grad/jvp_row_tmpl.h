@@ -4,7 +4,15 @@
  * sample's tangents are propagated across the lanes in `omp simd` loops.  Same arithmetic per pixel as the
  * scalar twin up to the order of additions.  Instantiated for double by grad/adjoint_cpu.c.
  */
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "jvp_row_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
+#endif
+#ifndef NBG_TMPL_HAS_JVP
+#error "jvp_row_tmpl.h needs jvp_tmpl.h instantiated for the same type first"
+#endif
+#ifndef NBG_TMPL_HAS_ADJOINT_ROW
+#error "jvp_row_tmpl.h needs adjoint_row_tmpl.h instantiated for the same type first"
+#endif
 #define NBG_JLANES 8
 
 static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0, int n, const nbg_adjacc *t, int nt,
@@ -183,4 +191,3 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
 }
 
 #undef NBG_JLANES
-#undef NBG_M

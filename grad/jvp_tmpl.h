@@ -7,11 +7,13 @@
  *
  * Instantiated for NBG_R = double by grad/jvp_cpu.c.
  */
-#ifdef NBG_FLOAT_MODE
-#define NBG_M(fn) fn##f
-#else
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "jvp_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
 #endif
+#ifndef NBG_TMPL_HAS_ADJOINT
+#error "jvp_tmpl.h needs adjoint_tmpl.h instantiated for the same type first"
+#endif
+#define NBG_TMPL_HAS_JVP 1
 
 #define NBG_JVP_MAX 32
 
@@ -157,4 +159,3 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
     return S;
 }
 
-#undef NBG_M

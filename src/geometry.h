@@ -8,6 +8,7 @@
  *                                      nbg_subpixel_pos (flat and curved detectors)
  *   the ray to it                      nbg_ray, nbg_ray_at (unit direction d = P / R)
  *   scattering vector, resolution cut  nbg_scatter_q, nbg_dmin_keeps
+ *   their lane forms (CPU row kernels) nbg_lane_rays, nbg_lane_q
  *   solid angle                        nbg_solid_angle, nbg_solid_angle_dR (and d omega / d close = omega / close)
  *   sensor capture fraction            nbg_capture, nbg_capture_da
  *
@@ -147,5 +148,48 @@ static inline NBG_HD double nbg_capture_da(int t, double a)
 {
     return -(double)t * exp(-(double)t * a) + (double)(t + 1) * exp(-(double)(t + 1) * a);
 }
+
+/* --- lane forms (the CPU row kernels; C only, for restrict and omp simd) ------------------------------------- */
+#if !defined(__CUDACC__) && !defined(__cplusplus)
+/* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
+ * lanes starting at fpixel f0 on a flat detector: nbg_subpixel_pos's arithmetic, across the lanes.  Shared by the
+ * forward, adjoint and tangent row kernels. */
+static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                 double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
+                                 double *restrict Fd)
+{
+#pragma omp simd
+    for (int j = 0; j < w; ++j) {
+        const double Fdet = nbg_subpixel_at(p, f0 + j, subF);
+        double P[3];
+        nbg_flat_pos(p, Fdet, Sdet, Odet, P);
+        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+        d0[j] = P[0] / R;
+        d1[j] = P[1] / R;
+        d2[j] = P[2] / R;
+        Rl[j] = R;
+        Fd[j] = Fdet;
+    }
+}
+
+/* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
+ * resolution cut (valid): nbg_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
+static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double *d0, const double *d1,
+                              const double *d2, double *restrict q0, double *restrict q1, double *restrict q2,
+                              int *restrict valid)
+{
+    const double *sr = p->src + NBG_SRC_STRIDE * src;
+    const double inc[3] = {sr[0], sr[1], sr[2]};
+    const double ilambda = 1 / sr[3];
+    const double dmin = p->dmin;
+#pragma omp simd
+    for (int j = 0; j < w; ++j) {
+        q0[j] = (d0[j] - inc[0]) * ilambda;
+        q1[j] = (d1[j] - inc[1]) * ilambda;
+        q2[j] = (d2[j] - inc[2]) * ilambda;
+        valid[j] = nbg_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
+    }
+}
+#endif
 
 #endif

@@ -7,24 +7,20 @@
 #include "geometry.h"
 #include "physics.h"
 
-#define NBG_R double
-#define NBG_SFX(name) name##_d
+#define NBG_TMPL NBG_TMPL_DOUBLE
+#include "tmpl_on.h"
 #include "pixel_tmpl.h"
 #if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
 #endif
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 
-#define NBG_R float
-#define NBG_SFX(name) name##_f
-#define NBG_FLOAT_MODE 1
+#define NBG_TMPL NBG_TMPL_FLOAT
+#include "tmpl_on.h"
 #include "pixel_tmpl.h"
 #if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
 #endif
-#undef NBG_FLOAT_MODE
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 
 #endif

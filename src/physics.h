@@ -19,13 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef NBG_HD
-#ifdef __CUDACC__
-#define NBG_HD __host__ __device__
-#else
-#define NBG_HD
-#endif
-#endif
+#include "hd.h"
 
 /* Physical constants, with their source. */
 #define NBG_RE2 7.94079248018965e-30       /* classical electron radius squared, m^2 (nanoBragg's value) */
@@ -79,18 +73,14 @@ typedef struct {
 /* Per-source record layout in nbg_kparams.src. */
 #define NBG_SRC_STRIDE 10
 
-#define NBG_R double
-#define NBG_SFX(name) name##_d
+#define NBG_TMPL NBG_TMPL_DOUBLE
+#include "tmpl_on.h"
 #include "physics_tmpl.h"
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 
-#define NBG_R float
-#define NBG_SFX(name) name##_f
-#define NBG_FLOAT_MODE 1
+#define NBG_TMPL NBG_TMPL_FLOAT
+#include "tmpl_on.h"
 #include "physics_tmpl.h"
-#undef NBG_FLOAT_MODE
-#undef NBG_R
-#undef NBG_SFX
+#include "tmpl_off.h"
 
 #endif

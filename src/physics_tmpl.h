@@ -2,11 +2,10 @@
  * physics_tmpl.h -- per-sample physics, instantiated by physics.h for NBG_R = double (suffix _d) and
  * NBG_R = float (suffix _f).  Do not include directly.
  */
-#ifdef NBG_FLOAT_MODE
-#define NBG_M(fn) fn##f
-#else
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "physics_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
 #endif
+#define NBG_TMPL_HAS_PHYSICS 1
 
 typedef NBG_R NBG_SFX(nbg_real);
 
@@ -479,4 +478,3 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell_grad)(const nbg_kparams *p, NBG_R h
     return (NBG_R)p->default_F;
 }
 
-#undef NBG_M

@@ -18,11 +18,13 @@
  * sums by 3e-5 (divergence_dispersion, dmin_cut); with double geometry the float images meet the golden criteria.
  * The geometry is src/geometry.h.
  */
-#ifdef NBG_FLOAT_MODE
-#define NBG_M(fn) fn##f
-#else
-#define NBG_M(fn) fn
+#ifndef NBG_TMPL_OPEN
+#error "pixel_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
 #endif
+#ifndef NBG_PHYSICS_H
+#error "pixel_tmpl.h needs physics.h instantiated for the same type first"
+#endif
+#define NBG_TMPL_HAS_PIXEL 1
 
 /* Statistics a pixel contributes: the sum of solid angles over subpixels and the count of interpolation
  * windows that left the table. */
@@ -164,4 +166,3 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
     return sig;
 }
 
-#undef NBG_M

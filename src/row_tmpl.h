@@ -7,55 +7,18 @@
  * As in nbg_pixel, the geometry (rays, scattering vectors, per-pixel factors) is double in both instantiations, so
  * the lane routines are defined once, by the double instantiation (included first).
  */
+#ifndef NBG_TMPL_OPEN
+#error "row_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
+#endif
+#ifndef NBG_TMPL_HAS_PIXEL
+#error "row_tmpl.h needs pixel_tmpl.h instantiated for the same type first"
+#endif
 #ifdef NBG_FLOAT_MODE
-#define NBG_M(fn) fn##f
 #define NBG_LANES 16
 #else
-#define NBG_M(fn) fn
 #define NBG_LANES 8
 #endif
 
-#ifndef NBG_FLOAT_MODE
-/* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
- * lanes starting at fpixel f0 on a flat detector: nbg_subpixel_pos's arithmetic, across the lanes.  Shared by the
- * forward, adjoint and tangent row kernels. */
-static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
-                                 double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
-                                 double *restrict Fd)
-{
-#pragma omp simd
-    for (int j = 0; j < w; ++j) {
-        const double Fdet = nbg_subpixel_at(p, f0 + j, subF);
-        double P[3];
-        nbg_flat_pos(p, Fdet, Sdet, Odet, P);
-        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-        d0[j] = P[0] / R;
-        d1[j] = P[1] / R;
-        d2[j] = P[2] / R;
-        Rl[j] = R;
-        Fd[j] = Fdet;
-    }
-}
-
-/* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
- * resolution cut (valid): nbg_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
-static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double *d0, const double *d1,
-                              const double *d2, double *restrict q0, double *restrict q1, double *restrict q2,
-                              int *restrict valid)
-{
-    const double *sr = p->src + NBG_SRC_STRIDE * src;
-    const double inc[3] = {sr[0], sr[1], sr[2]};
-    const double ilambda = 1 / sr[3];
-    const double dmin = p->dmin;
-#pragma omp simd
-    for (int j = 0; j < w; ++j) {
-        q0[j] = (d0[j] - inc[0]) * ilambda;
-        q1[j] = (d1[j] - inc[1]) * ilambda;
-        q2[j] = (d2[j] - inc[2]) * ilambda;
-        valid[j] = nbg_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
-    }
-}
-#endif
 
 /* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
  * U_{N-1}(cos pi d) of nbg_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
@@ -294,4 +257,3 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
 }
 
 #undef NBG_LANES
-#undef NBG_M
