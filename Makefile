@@ -4,7 +4,7 @@
 #   make demo       build, then refine cell and orientation on the built-in example (examples/refine_cell.c)
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
-#   make checksymbols  fail if the library exports a symbol without the nbg_ prefix (run by make test)
+#   make checksymbols  fail if the library exports a symbol without the nbg_ (API) or nbgi_ (internal) prefix
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
 #   make clean
 #
@@ -150,7 +150,7 @@ test: all checksymbols
 # and its C++ runtime reference excepted).
 checksymbols: $(B)/libnbgrad.a
 	@bad=$$(nm -g --defined-only $(B)/libnbgrad.a 2>/dev/null | awk 'NF == 3 { print $$3 }' | \
-	   grep -v -E '^nbg_|^_Z[0-9]+(__device_stub__)?.*nbg_|^DW\.ref\.__gxx_personality_v0$$' | sort -u); \
+	   grep -v -E '^nbgi?_|^_Z[0-9]+(__device_stub__)?.*nbgi?_|^DW\.ref\.__gxx_personality_v0$$' | sort -u); \
 	 if [ -n "$$bad" ]; then echo "exported symbols without the nbg_ prefix:"; echo "$$bad"; exit 1; fi
 
 # The main job on the built-in example: fit a crystal's cell and orientation to a noisy image.

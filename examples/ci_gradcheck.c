@@ -39,7 +39,7 @@ int main(void)
     setup(&e);
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    if (nbg_gradcheck(ctx, &e, NBG_MASK_ALL, 1e-6, 1, res, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &e, NBG_MASK_ALL, 1e-6, 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
         printf("FAIL gradcheck could not run: %s\n", nbg_errmsg(ctx));
         return 1;
     }

@@ -51,7 +51,10 @@ int main(void)
         return 1;
     }
     long photons, overloads;
-    nbg_noise_image(mean, 128, 128, NULL, 0, 1, counts, &photons, &overloads);
+    if (nbg_noise_image(ctx, mean, 128, 128, NULL, 0, 1, counts, &photons, &overloads) != NBG_OK) {
+        fprintf(stderr, "noise: %s\n", nbg_errmsg(ctx));
+        return 1;
+    }
     for (size_t i = 0; i < npix; ++i) {
         obs[i] = counts[i];
     }

@@ -99,7 +99,7 @@ int nbg_param_set(nbg_experiment *e, nbg_param p, double value)
     return NBG_OK;
 }
 
-void nbg_debug_break_adjoint(nbg_ctx *ctx, int param)
+void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 {
     if (ctx != NULL) {
         ctx->break_param = param;
@@ -654,7 +654,7 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     return rc;
 }
 
-void nbg_debug_scalar_adjoint(nbg_ctx *ctx, int on)
+void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on)
 {
     if (ctx != NULL) {
         ctx->scalar_adjoint = on != 0;

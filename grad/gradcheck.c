@@ -133,7 +133,7 @@ out:
 }
 
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
-                  nbg_gradcheck_result *results, int *nresults)
+                  nbg_gradcheck_result *results, int capacity, int *nresults)
 {
     if (ctx == NULL || e == NULL || results == NULL || nresults == NULL) {
         return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
@@ -142,6 +142,14 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     if (!(rtol > 0 && rtol < 1) || !(h_scale > 0 && isfinite(h_scale))) {
         return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
                          rtol, h_scale);
+    }
+    int need = (mask & NBG_MASK_F) != 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        need += (mask & NBG_MASK(p)) != 0;
+    }
+    if (capacity < need) {
+        return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: results holds %d entries, the mask asks for %d", capacity,
+                         need);
     }
     nbg_report rep;
     int rc = nbg_describe(ctx, e, &rep);

@@ -140,7 +140,8 @@ typedef struct {
     double lambda;
 } nbg_source;
 
-/* "Unset" for the double fields documented as optional is NAN; for counts it is -1. */
+/* "Unset" is NAN for every double field documented as optional (the default then applies, as nanoBragg's), and
+ * -1 for every count (automatic).  nbg_experiment_default sets every field to its default or unset value. */
 typedef struct {
     /* --- detector --------------------------------------------------------------------------------------- */
     nbg_convention convention;
@@ -171,8 +172,8 @@ typedef struct {
     double lambda;                  /* wavelength, A (1) */
     double dispersion;              /* spectral width, percent (0) */
     int dispsteps;                  /* wavelengths (-1 auto) */
-    double hdivrange, vdivrange;    /* divergence ranges, mrad (-1 unset) */
-    double hdivstep, vdivstep;      /* divergence steps, mrad (-1 unset) */
+    double hdivrange, vdivrange;    /* divergence ranges, mrad (NAN unset) */
+    double hdivstep, vdivstep;      /* divergence steps, mrad (NAN unset) */
     int hdivsteps, vdivsteps;       /* divergence counts (-1 auto) */
     int round_div;                  /* elliptical cut of the divergence grid (1) */
     const nbg_source *sources;      /* explicit sources (caller-owned), or NULL to generate them */
@@ -186,7 +187,7 @@ typedef struct {
 
     /* --- crystal ---------------------------------------------------------------------------------------- */
     int has_cell;
-    double cell[6];                 /* a b c (A) alpha beta gamma (deg) */
+    double cell[6];                 /* a b c (A) alpha beta gamma (deg); b, c NAN: a's value; angles NAN: 90 */
     int has_mat;
     double mat[9];                  /* MOSFLM A matrix in file order (rows x,y,z; columns a*,b*,c*), at lambda */
     double misset[3];               /* deg, applied as Rz*Ry*Rx to the reciprocal vectors */
@@ -196,9 +197,9 @@ typedef struct {
     double sample_x, sample_y, sample_z; /* crystal size, mm (0 = use N) */
     nbg_shape shape;
     double fudge;                   /* shape fudge factor (1) */
-    double phi0, osc, phistep;      /* spindle start, range, step, deg (0, -1, -1) */
+    double phi0, osc, phistep;      /* spindle start, range, step, deg (0, NAN, NAN) */
     int phisteps;                   /* (-1 auto) */
-    double mosaic;                  /* mosaic spread, deg (-1 unset) */
+    double mosaic;                  /* mosaic spread, deg (NAN unset) */
     int mosaic_domains;             /* (-1 auto) */
     long mosaic_seed;               /* (12345678) */
 
@@ -392,16 +393,11 @@ typedef struct {
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 
-/* results must hold NBG_NPARAMS + 1 entries.  rtol in (0, 1) (1e-6 is a good choice) and h_scale > 0 (1 is the
- * default step), NBG_EINVAL otherwise. */
+/* results holds capacity entries; one per parameter in the mask, plus one for NBG_MASK_F (NBG_NPARAMS + 1 is
+ * always enough; fewer than the mask needs is NBG_EINVAL).  rtol in (0, 1) (1e-6 is a good choice) and
+ * h_scale > 0 (1 is the default step), NBG_EINVAL otherwise.  *nresults receives the number filled. */
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
-                  nbg_gradcheck_result *results, int *nresults);
-
-/* Test-only switch: when set, the adjoint deliberately corrupts the gradient of the given parameter (so that
- * tests can show the checker fails).  -1 turns it off. */
-void nbg_debug_break_adjoint(nbg_ctx *ctx, int param);
-/* Test-only switch: run the CPU adjoint's scalar twin instead of its vectorised form (they must agree). */
-void nbg_debug_scalar_adjoint(nbg_ctx *ctx, int on);
+                  nbg_gradcheck_result *results, int capacity, int *nresults);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Detector files and noise                                                                                    */
@@ -430,16 +426,18 @@ int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixel
 /* Writes the raw float image. */
 int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t npix);
 
-/* Integer image as nanoBragg makes it: inside the ROI, clip(v*scale + adc, 0, 65535) rounded to nearest;
- * outside, 0. */
-void nbg_int_image(const float *image, int fpixels, int spixels, const int roi[4], double scale, double adc,
-                   uint16_t *out);
+/* Integer image as nanoBragg makes it: inside the ROI (NULL: the whole image), clip(v*scale + adc, 0, 65535)
+ * rounded to nearest; outside, 0.  NBG_EINVAL for a NULL image or output, a non-positive size, a non-finite scale
+ * or adc. */
+int nbg_int_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, const int roi[4], double scale,
+                  double adc, uint16_t *out);
 
 /* Poisson noise image, bit-for-bit as nanoBragg makes it for the same seed: within the ROI, in row-major
  * order, n = Poisson(v) + adc, truncated, clipped at 65535 (counted in *overloads); outside, 0.
- * *photons receives the sum of n. */
-void nbg_noise_image(const float *image, int fpixels, int spixels, const int roi[4], double adc, long seed,
-                     uint16_t *out, long *photons, long *overloads);
+ * *photons receives the sum of n (photons and overloads may be NULL).  NBG_EINVAL as for nbg_int_image, and for
+ * a negative or non-finite pixel. */
+int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, const int roi[4], double adc,
+                    long seed, uint16_t *out, long *photons, long *overloads);
 
 #ifdef __cplusplus
 }

@@ -687,7 +687,11 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         }
     }
     if (c->intfile != NULL) {
-        nbg_int_image(img, F, S, c->e.roi, scale, c->adc, buf);
+        if (nbg_int_image(ctx, img, F, S, c->e.roi, scale, c->adc, buf) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            free(buf);
+            return 0;
+        }
         printf("intfile_scale = %g\n", scale);
         if (nbg_write_smv_set(ctx, &c->outs, c->intfile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
@@ -715,7 +719,11 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
             printf("noise seed: %ld (repeat with -seed %ld)\n", seed, seed);
         }
         long photons = 0, overloads = 0;
-        nbg_noise_image(img, F, S, c->e.roi, c->adc, seed, buf, &photons, &overloads);
+        if (nbg_noise_image(ctx, img, F, S, c->e.roi, c->adc, seed, buf, &photons, &overloads) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            free(buf);
+            return 0;
+        }
         printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
         if (nbg_write_smv_set(ctx, &c->outs, c->noisefile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));

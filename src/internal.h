@@ -19,10 +19,16 @@ struct nbg_ctx {
     int nthreads;
     char errmsg[1024];
     void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
-    int break_param; /* nbg_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
-    int scalar_adjoint; /* nbg_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
+    int break_param; /* nbgi_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
+    int scalar_adjoint; /* nbgi_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
     nbg_limits limits;  /* what an input may ask for (nbg_ctx_set_limits) */
 };
+
+/* Test-only switches (not API).  nbgi_debug_break_adjoint: the adjoint deliberately corrupts the gradient of the
+ * given parameter, so that tests can show the checker fails (-1 turns it off).  nbgi_debug_scalar_adjoint: the CPU
+ * adjoint runs its scalar twin instead of the vectorised form (they must agree). */
+void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param);
+void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on);
 
 /* The context's limits, or the defaults when ctx is NULL. */
 void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l);

@@ -4,6 +4,7 @@
  *   nbgrad [simulate] <nanoBragg flags>     render images
  */
 #include "cli.h"
+#include "internal.h" /* nbgi_debug_break_adjoint */
 
 #include <math.h>
 #include <stdio.h>
@@ -274,10 +275,10 @@ static int cmd_gradcheck(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: gradcheck needs -params (e.g. -params a,b,c,rotx,distance)\n");
         goto done;
     }
-    nbg_debug_break_adjoint(ctx, o.break_param);
+    nbgi_debug_break_adjoint(ctx, o.break_param);
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }

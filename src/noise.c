@@ -27,12 +27,29 @@ static int inside(const int b[4], int f, int s)
     return !(f < b[0] || f > b[1] || s < b[2] || s > b[3]);
 }
 
-void nbg_int_image(const float *image, int fpixels, int spixels, const int roi[4], double scale, double adc,
-                   uint16_t *out)
+/* The arguments both image makers share. */
+static int check_args(nbg_ctx *ctx, const char *fn, const float *image, int fpixels, int spixels, double adc,
+                      const uint16_t *out)
+{
+    if (image == NULL || out == NULL) {
+        return nbg_error(ctx, NBG_EINVAL, "%s: NULL argument", fn);
+    }
+    if (fpixels <= 0 || spixels <= 0) {
+        return nbg_error(ctx, NBG_EINVAL, "%s: image size %d x %d is not positive", fn, fpixels, spixels);
+    }
+    if (!isfinite(adc)) {
+        return nbg_error(ctx, NBG_EINVAL, "%s: the ADC offset %g is not finite", fn, adc);
+    }
+    return NBG_OK;
+}
+
+int nbg_int_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, const int roi[4], double scale,
+                  double adc, uint16_t *out)
 {
     int b[4], f, s;
-
-    if (image == NULL || out == NULL || fpixels <= 0 || spixels <= 0) return;
+    int rc = check_args(ctx, "nbg_int_image", image, fpixels, spixels, adc, out);
+    if (rc != NBG_OK) return rc;
+    if (!isfinite(scale)) return nbg_error(ctx, NBG_EINVAL, "nbg_int_image: the scale %g is not finite", scale);
     roi_bounds(roi, fpixels, spixels, b);
     for (s = 0; s < spixels; ++s) {
         for (f = 0; f < fpixels; ++f) {
@@ -53,10 +70,11 @@ void nbg_int_image(const float *image, int fpixels, int spixels, const int roi[4
             out[i] = (rounded >= 0.0f && rounded <= 65535.0f) ? (uint16_t)rounded : 0;
         }
     }
+    return NBG_OK;
 }
 
-void nbg_noise_image(const float *image, int fpixels, int spixels, const int roi[4], double adc, long seed,
-                     uint16_t *out, long *photons, long *overloads)
+int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, const int roi[4], double adc,
+                    long seed, uint16_t *out, long *photons, long *overloads)
 {
     int b[4], f, s;
     double sum = 0.0;
@@ -65,8 +83,18 @@ void nbg_noise_image(const float *image, int fpixels, int spixels, const int roi
 
     if (photons != NULL) *photons = 0;
     if (overloads != NULL) *overloads = 0;
-    if (image == NULL || out == NULL || fpixels <= 0 || spixels <= 0) return;
+    int rc = check_args(ctx, "nbg_noise_image", image, fpixels, spixels, adc, out);
+    if (rc != NBG_OK) return rc;
     roi_bounds(roi, fpixels, spixels, b);
+    for (s = b[2]; s <= b[3] && s < spixels; ++s) {
+        for (f = b[0]; f <= b[1] && f < fpixels; ++f) {
+            const float v = image[(size_t)s * (size_t)fpixels + (size_t)f];
+            if (!(v >= 0) || isinf(v)) {
+                return nbg_error(ctx, NBG_EINVAL, "nbg_noise_image: pixel (%d, %d) is %g; a Poisson mean must be "
+                                 "finite and non-negative", f, s, (double)v);
+            }
+        }
+    }
     nbg_rng_init(&rng, seed);
 
     /* One stream visits the ROI in row-major order; pixels outside draw nothing and stay 0. */
@@ -97,4 +125,5 @@ void nbg_noise_image(const float *image, int fpixels, int spixels, const int roi
     /* The reference prints the total with "%.0f": round half to even. */
     if (photons != NULL) *photons = lrint(sum);
     if (overloads != NULL) *overloads = nover;
+    return NBG_OK;
 }

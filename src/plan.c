@@ -242,20 +242,20 @@ static void resolve_mosaic(double *spread, int *domains)
         }                                                                                                         \
     } while (0)
 
-/* The domain of one input quantity: a finite value in [lo, hi] (an open end where lo_open / hi_open), or exactly
- * the field's "unset" value where it has one (NAN: none).  name is what the message calls it, with its flag. */
+/* The domain of one input quantity: a finite value in [lo, hi] (an open end where lo_open / hi_open), or, for an
+ * optional field, NAN (unset).  name is what the message calls it, with its flag. */
 typedef struct {
     double v;
     const char *name;
     double lo, hi;
     int lo_open, hi_open;
-    double unset;
+    int optional;
     const char *unit;
 } nbg_domain;
 
 static int check_domain(nbg_ctx *ctx, const nbg_domain *d)
 {
-    if (!isnan(d->unset) && d->v == d->unset) {
+    if (d->optional && isnan(d->v)) {
         return NBG_OK;
     }
     if (!isfinite(d->v)) {
@@ -270,7 +270,7 @@ static int check_domain(nbg_ctx *ctx, const nbg_domain *d)
         return nbg_error(ctx, NBG_EINVAL, "%s must be in %s%s, %s%s%s%s (got %g%s%s)%s", d->name, d->lo_open ? "(" : "[",
                          isinf(d->lo) ? "-inf" : lo, isinf(d->hi) ? "inf" : hi, d->hi_open ? ")" : "]",
                          d->unit[0] ? " " : "", d->unit, d->v, d->unit[0] ? " " : "", d->unit,
-                         isnan(d->unset) ? "" : " or unset");
+                         d->optional ? " or unset" : "");
     }
     return NBG_OK;
 }
@@ -285,30 +285,29 @@ static int check_count(nbg_ctx *ctx, int n, const char *name)
                      name, n);
 }
 
-/* The cell as given must describe a cell: positive lengths (b, c of 0 take a's value), angles in (0, 180) deg (0
- * takes 90), and a positive volume, i.e. a positive-definite metric: each angle below the sum of the other two and
- * the three below 360 deg.  nanoBragg renders an impossible cell as some other, flat or folded one. */
+/* The cell as given must describe a cell: a positive length a, positive lengths b and c or unset (NAN: a's
+ * value), angles in (0, 180) deg or unset (NAN: 90), and a positive volume, i.e. a positive-definite metric: each
+ * angle below the sum of the other two and the three below 360 deg.  nanoBragg renders an impossible cell as some
+ * other, flat or folded one. */
 static int check_cell(nbg_ctx *ctx, const double cell[6])
 {
     static const char *len[3] = {"a", "b", "c"}, *ang[3] = {"alpha", "beta", "gamma"};
     double c[3];
-    for (int i = 0; i < 6; ++i) {
-        CHECK_FINITE(cell[i], "unit cell parameter (-cell)");
-    }
-    if (!(cell[0] > 0)) {
-        return nbg_error(ctx, NBG_EINVAL, "unit cell length a must be positive (got %g A)", cell[0]);
+    if (!(cell[0] > 0) || isinf(cell[0])) {
+        return nbg_error(ctx, NBG_EINVAL, "unit cell length a must be a positive number (got %g A)", cell[0]);
     }
     for (int i = 1; i < 3; ++i) {
-        if (cell[i] < 0) {
-            return nbg_error(ctx, NBG_EINVAL, "unit cell length %s must be positive (got %g A)", len[i], cell[i]);
+        if (!isnan(cell[i]) && (!(cell[i] > 0) || isinf(cell[i]))) {
+            return nbg_error(ctx, NBG_EINVAL, "unit cell length %s must be a positive number (got %g A)", len[i],
+                             cell[i]);
         }
     }
     for (int i = 0; i < 3; ++i) {
         const double g = cell[3 + i];
-        if (g < 0 || g >= 180) {
+        if (!isnan(g) && !(g > 0 && g < 180)) {
             return nbg_error(ctx, NBG_EINVAL, "unit cell angle %s must be in (0, 180) deg (got %g)", ang[i], g);
         }
-        c[i] = cos((g == 0 ? 90.0 : g) / RTD);
+        c[i] = cos((isnan(g) ? 90.0 : g) / RTD);
     }
     const double v2 = 1 - c[0] * c[0] - c[1] * c[1] - c[2] * c[2] + 2 * c[0] * c[1] * c[2];
     if (!(v2 > 1e-9)) {
@@ -324,46 +323,46 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
 {
     const double inf = INFINITY;
     const nbg_domain dom[] = {
-        /* value, name, lo, hi, lo_open, hi_open, unset, unit */
-        {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, NAN, "mm"},
-        {e->distance, "distance (-distance)", 0, inf, 1, 1, NAN, "mm"},
-        {e->lambda, "wavelength (-lambda, -energy)", 1e-4, 1e4, 0, 0, NAN, "A"},
-        {e->detsize_f, "detector size, fast (-detsize_f)", 0, inf, 1, 1, NAN, "mm"},
-        {e->detsize_s, "detector size, slow (-detsize_s)", 0, inf, 1, 1, NAN, "mm"},
-        {e->fluence, "fluence (-fluence)", 0, inf, 0, 1, NAN, "photons/m^2"},
-        {e->flux, "flux (-flux)", 0, inf, 0, 1, NAN, "photons/s"},
-        {e->exposure, "exposure (-exposure)", 0, inf, 0, 1, NAN, "s"},
-        {e->beamsize, "beam size (-beamsize)", 0, inf, 0, 1, NAN, "mm"},
-        {e->polarization, "polarization factor (-polar)", -1, 1, 0, 0, NAN, ""},
-        {e->Na, "crystal size Na (-N, -Na)", 1, inf, 0, 1, NAN, "cells"},
-        {e->Nb, "crystal size Nb (-N, -Nb)", 1, inf, 0, 1, NAN, "cells"},
-        {e->Nc, "crystal size Nc (-N, -Nc)", 1, inf, 0, 1, NAN, "cells"},
-        {e->sample_x, "crystal size x (-samplesize, -sample_x)", 0, inf, 0, 1, NAN, "mm"},
-        {e->sample_y, "crystal size y (-samplesize, -sample_y)", 0, inf, 0, 1, NAN, "mm"},
-        {e->sample_z, "crystal size z (-samplesize, -sample_z)", 0, inf, 0, 1, NAN, "mm"},
-        {e->fudge, "shape fudge factor (-fudge)", 0, inf, 1, 1, NAN, ""},
-        {e->phi0, "spindle start (-phi)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->osc, "oscillation range (-osc)", 0, inf, 0, 1, -1, "deg"},
-        {e->phistep, "phi step (-phistep)", 0, inf, 0, 1, -1, "deg"},
-        {e->mosaic, "mosaic spread (-mosaic)", 0, 180, 0, 0, -1, "deg"},
-        {e->default_F, "default structure factor (-default_F)", -inf, inf, 1, 1, NAN, ""},
-        {e->dmin, "resolution limit (-dmin)", 0, inf, 0, 1, NAN, "A"},
-        {e->water, "water thickness (-water)", 0, inf, 0, 1, NAN, "um"},
-        {e->thick, "sensor thickness (-detector_thick)", 0, inf, 0, 1, NAN, "um"},
-        {e->dispersion, "spectral dispersion (-dispersion)", 0, 200, 0, 1, NAN, "percent"},
-        {e->hdivrange, "horizontal divergence (-hdivrange, -divergence)", 0, inf, 0, 1, -1, "mrad"},
-        {e->vdivrange, "vertical divergence (-vdivrange, -divergence)", 0, inf, 0, 1, -1, "mrad"},
-        {e->hdivstep, "horizontal divergence step (-hdivstep)", 0, inf, 0, 1, -1, "mrad"},
-        {e->vdivstep, "vertical divergence step (-vdivstep)", 0, inf, 0, 1, -1, "mrad"},
-        {e->twotheta, "two-theta (-twotheta)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->det_rot[0], "detector rotation x (-detector_rotx)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->det_rot[1], "detector rotation y (-detector_roty)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->det_rot[2], "detector rotation z (-detector_rotz)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->misset[0], "misset angle x (-misset)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->misset[1], "misset angle y (-misset)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->misset[2], "misset angle z (-misset)", -inf, inf, 1, 1, NAN, "deg"},
-        {e->beam_shift[0], "beam_fast shift", -inf, inf, 1, 1, NAN, "mm"},
-        {e->beam_shift[1], "beam_slow shift", -inf, inf, 1, 1, NAN, "mm"},
+        /* value, name, lo, hi, lo_open, hi_open, optional (NAN = unset), unit */
+        {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, 0, "mm"},
+        {e->distance, "distance (-distance)", 0, inf, 1, 1, 0, "mm"},
+        {e->lambda, "wavelength (-lambda, -energy)", 1e-4, 1e4, 0, 0, 0, "A"},
+        {e->detsize_f, "detector size, fast (-detsize_f)", 0, inf, 1, 1, 0, "mm"},
+        {e->detsize_s, "detector size, slow (-detsize_s)", 0, inf, 1, 1, 0, "mm"},
+        {e->fluence, "fluence (-fluence)", 0, inf, 0, 1, 0, "photons/m^2"},
+        {e->flux, "flux (-flux)", 0, inf, 0, 1, 0, "photons/s"},
+        {e->exposure, "exposure (-exposure)", 0, inf, 0, 1, 0, "s"},
+        {e->beamsize, "beam size (-beamsize)", 0, inf, 0, 1, 0, "mm"},
+        {e->polarization, "polarization factor (-polar)", -1, 1, 0, 0, 0, ""},
+        {e->Na, "crystal size Na (-N, -Na)", 1, inf, 0, 1, 0, "cells"},
+        {e->Nb, "crystal size Nb (-N, -Nb)", 1, inf, 0, 1, 0, "cells"},
+        {e->Nc, "crystal size Nc (-N, -Nc)", 1, inf, 0, 1, 0, "cells"},
+        {e->sample_x, "crystal size x (-samplesize, -sample_x)", 0, inf, 0, 1, 0, "mm"},
+        {e->sample_y, "crystal size y (-samplesize, -sample_y)", 0, inf, 0, 1, 0, "mm"},
+        {e->sample_z, "crystal size z (-samplesize, -sample_z)", 0, inf, 0, 1, 0, "mm"},
+        {e->fudge, "shape fudge factor (-fudge)", 0, inf, 1, 1, 0, ""},
+        {e->phi0, "spindle start (-phi)", -inf, inf, 1, 1, 0, "deg"},
+        {e->osc, "oscillation range (-osc)", 0, inf, 0, 1, 1, "deg"},
+        {e->phistep, "phi step (-phistep)", 0, inf, 0, 1, 1, "deg"},
+        {e->mosaic, "mosaic spread (-mosaic)", 0, 180, 0, 0, 1, "deg"},
+        {e->default_F, "default structure factor (-default_F)", -inf, inf, 1, 1, 0, ""},
+        {e->dmin, "resolution limit (-dmin)", 0, inf, 0, 1, 0, "A"},
+        {e->water, "water thickness (-water)", 0, inf, 0, 1, 0, "um"},
+        {e->thick, "sensor thickness (-detector_thick)", 0, inf, 0, 1, 0, "um"},
+        {e->dispersion, "spectral dispersion (-dispersion)", 0, 200, 0, 1, 0, "percent"},
+        {e->hdivrange, "horizontal divergence (-hdivrange, -divergence)", 0, inf, 0, 1, 1, "mrad"},
+        {e->vdivrange, "vertical divergence (-vdivrange, -divergence)", 0, inf, 0, 1, 1, "mrad"},
+        {e->hdivstep, "horizontal divergence step (-hdivstep)", 0, inf, 0, 1, 1, "mrad"},
+        {e->vdivstep, "vertical divergence step (-vdivstep)", 0, inf, 0, 1, 1, "mrad"},
+        {e->twotheta, "two-theta (-twotheta)", -inf, inf, 1, 1, 0, "deg"},
+        {e->det_rot[0], "detector rotation x (-detector_rotx)", -inf, inf, 1, 1, 0, "deg"},
+        {e->det_rot[1], "detector rotation y (-detector_roty)", -inf, inf, 1, 1, 0, "deg"},
+        {e->det_rot[2], "detector rotation z (-detector_rotz)", -inf, inf, 1, 1, 0, "deg"},
+        {e->misset[0], "misset angle x (-misset)", -inf, inf, 1, 1, 0, "deg"},
+        {e->misset[1], "misset angle y (-misset)", -inf, inf, 1, 1, 0, "deg"},
+        {e->misset[2], "misset angle z (-misset)", -inf, inf, 1, 1, 0, "deg"},
+        {e->beam_shift[0], "beam_fast shift", -inf, inf, 1, 1, 0, "mm"},
+        {e->beam_shift[1], "beam_slow shift", -inf, inf, 1, 1, 0, "mm"},
     };
     for (size_t i = 0; i < sizeof dom / sizeof dom[0]; ++i) {
         const int rc = check_domain(ctx, &dom[i]);
@@ -372,7 +371,7 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         }
     }
     if (!isnan(e->close_distance)) {
-        const nbg_domain cd = {e->close_distance, "close distance (-close_distance)", 0, inf, 1, 1, NAN, "mm"};
+        const nbg_domain cd = {e->close_distance, "close distance (-close_distance)", 0, inf, 1, 1, 0, "mm"};
         const int rc = check_domain(ctx, &cd);
         if (rc != NBG_OK) {
             return rc;
@@ -469,18 +468,21 @@ void nbg_experiment_default(nbg_experiment *e)
     e->oversample = -1;
     e->lambda = 1;
     e->dispsteps = -1;
-    e->hdivrange = e->vdivrange = e->hdivstep = e->vdivstep = -1;
+    e->hdivrange = e->vdivrange = e->hdivstep = e->vdivstep = NAN;
     e->hdivsteps = e->vdivsteps = -1;
     e->round_div = 1;
     e->fluence = NBG_DEFAULT_FLUENCE;
     e->exposure = 1;
     e->beamsize = 0.1;
+    for (int i = 0; i < 6; ++i) {
+        e->cell[i] = NAN; /* has_cell = 0; a cell given with fewer values keeps the others unset */
+    }
     e->Na = e->Nb = e->Nc = 1;
     e->shape = NBG_SHAPE_SQUARE;
     e->fudge = 1;
-    e->osc = e->phistep = -1;
+    e->osc = e->phistep = NAN;
     e->phisteps = -1;
-    e->mosaic = -1;
+    e->mosaic = NAN;
     e->mosaic_domains = -1;
     e->mosaic_seed = 12345678;
     e->interpolate = -1;
@@ -496,14 +498,15 @@ void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doubl
         for (int i = 0; i < 6; ++i) {
             in->cell[i] = e->cell[i];
         }
-        if (in->cell[1] <= 0) {
+        /* unset (NAN) lengths b, c take a's value, unset angles 90 deg */
+        if (isnan(in->cell[1])) {
             in->cell[1] = in->cell[0];
         }
-        if (in->cell[2] <= 0) {
+        if (isnan(in->cell[2])) {
             in->cell[2] = in->cell[0];
         }
         for (int i = 3; i < 6; ++i) {
-            in->cell[i] = in->cell[i] <= 0 ? M_PI / 2 : in->cell[i] / RTD;
+            in->cell[i] = isnan(in->cell[i]) ? M_PI / 2 : in->cell[i] / RTD;
         }
     }
     memcpy(in->mat, e->mat, sizeof in->mat);
@@ -831,14 +834,14 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
 {
     pb_sampling *sp = &pb->samp;
     sp->phi0 = e->phi0 / RTD;
-    sp->osc = e->osc < 0 ? e->osc : e->osc / RTD;
-    sp->phistep = e->phistep < 0 ? e->phistep : e->phistep / RTD;
+    sp->osc = isnan(e->osc) ? -1 : e->osc / RTD; /* the resolve_* rules take -1 for unset */
+    sp->phistep = isnan(e->phistep) ? -1 : e->phistep / RTD;
     double phisteps_d = e->phisteps;
     resolve_phi(&phisteps_d, &sp->osc, &sp->phistep);
-    sp->hrange = e->hdivrange < 0 ? e->hdivrange : e->hdivrange / 1000.0;
-    sp->vrange = e->vdivrange < 0 ? e->vdivrange : e->vdivrange / 1000.0;
-    sp->hstep = e->hdivstep < 0 ? e->hdivstep : e->hdivstep / 1000.0;
-    sp->vstep = e->vdivstep < 0 ? e->vdivstep : e->vdivstep / 1000.0;
+    sp->hrange = isnan(e->hdivrange) ? -1 : e->hdivrange / 1000.0;
+    sp->vrange = isnan(e->vdivrange) ? -1 : e->vdivrange / 1000.0;
+    sp->hstep = isnan(e->hdivstep) ? -1 : e->hdivstep / 1000.0;
+    sp->vstep = isnan(e->vdivstep) ? -1 : e->vdivstep / 1000.0;
     double hsteps_d = e->hdivsteps, vsteps_d = e->vdivsteps;
     resolve_range(&hsteps_d, &sp->hrange, &sp->hstep);
     resolve_range(&vsteps_d, &sp->vrange, &sp->vstep);
@@ -873,7 +876,7 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     if (sp->thick > 0 && sp->mu < 0) {
         sp->mu = 1.0 / sp->thick;
     }
-    sp->spread = e->mosaic < 0 ? e->mosaic : e->mosaic / RTD;
+    sp->spread = isnan(e->mosaic) ? -1 : e->mosaic / RTD;
     sp->domains = e->mosaic_domains;
     resolve_mosaic(&sp->spread, &sp->domains);
     return NBG_OK;

@@ -268,7 +268,7 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         memset(&gg2, 0, sizeof gg2);
         memset(&gf, 0, sizeof gf);
         nbg_param_mask m = NBG_MASK_ALL;
-        if (cfg[c].mosaic <= 0) {
+        if (!(cfg[c].mosaic > 0)) { /* unset (NAN) or zero: no mosaic gradient */
             m &= ~NBG_MASK(NBG_P_MOSAIC);
         }
         nbg_simulate_grad(cpu, &cfg[c], w, m, &gc, a, n, NULL);
@@ -426,7 +426,7 @@ int main(void)
     nbg_experiment e;
     base(&e);
     e.fpixels = e.spixels = NPIX / 2;
-    nbg_gradcheck(gpu, &e, NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, &nres);
+    nbg_gradcheck(gpu, &e, NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, NBG_NPARAMS + 1, &nres);
     nbg_test_check(nres > 0, PFX "-gradcheck", "%d parameters checked", nres);
     for (int i = 0; i < nres; ++i) {
         char id[96];

@@ -5,6 +5,7 @@
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
+#include "internal.h" /* the test-only switches */
 
 #include <math.h>
 #include <stdio.h>
@@ -59,7 +60,7 @@ static void gradcheck(const char *id, const nbg_experiment *e, const char *param
 {
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    const int rc = nbg_gradcheck(ctx, e, mask_of(params), 1e-6, 1, res, &n);
+    const int rc = nbg_gradcheck(ctx, e, mask_of(params), 1e-6, 1, res, NBG_NPARAMS + 1, &n);
     if (!nbg_test_check(rc == NBG_OK, id, "gradcheck ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
         return;
     }
@@ -175,9 +176,9 @@ int main(void)
 
     /* grad-9: the checker can fail: a deliberately broken adjoint (1e-3 relative error) is reported */
     base(&e);
-    nbg_debug_break_adjoint(ctx, NBG_P_B);
+    nbgi_debug_break_adjoint(ctx, NBG_P_B);
     gradcheck("grad-9-broken-adjoint", &e, "b", 0);
-    nbg_debug_break_adjoint(ctx, -1);
+    nbgi_debug_break_adjoint(ctx, -1);
 
     /* grad-10: the gradient call's image is the forward call's; gradients are reproducible */
     base(&e);
@@ -270,9 +271,9 @@ int main(void)
             }
             const nbg_param_mask m = mask_of(ALL);
             nbg_simulate_grad(ctx, &cfg[c], w, m, &ga, ia, np, NULL);
-            nbg_debug_scalar_adjoint(ctx, 1);
+            nbgi_debug_scalar_adjoint(ctx, 1);
             nbg_simulate_grad(ctx, &cfg[c], w, m, &gb, ib, np, NULL);
-            nbg_debug_scalar_adjoint(ctx, 0);
+            nbgi_debug_scalar_adjoint(ctx, 0);
             /* relative per parameter; a gradient that is zero up to rounding (as d/da of the gauss shape here) is
              * compared against 1e-6 of the largest */
             double wr = 0, gmax = 0;

@@ -504,10 +504,10 @@ static void test_library(void)
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
     base_experiment(&e);
-    rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 0, 1, res, &n);
+    rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 0, 1, res, NBG_NPARAMS + 1, &n);
     nbg_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with rtol 0 is NBG_EINVAL (was the "
                    "default)");
-    rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 1e-6, -1, res, &n);
+    rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 1e-6, -1, res, NBG_NPARAMS + 1, &n);
     nbg_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with h_scale -1 is NBG_EINVAL");
 
 #ifndef NBG_NO_REFINE

@@ -4,6 +4,7 @@
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
+#include "internal.h" /* the test-only switches */
 
 #include <math.h>
 #include <stdio.h>
@@ -185,9 +186,9 @@ int main(void)
             double *Ta = malloc(sizeof(double) * np * n), *Tb = malloc(sizeof(double) * np * n);
             float *ia = malloc(np * sizeof(float)), *ib = malloc(np * sizeof(float));
             nbg_simulate_jvp(ctx, &cfg[c], all, n, Ta, ia, np);
-            nbg_debug_scalar_adjoint(ctx, 1);
+            nbgi_debug_scalar_adjoint(ctx, 1);
             nbg_simulate_jvp(ctx, &cfg[c], all, n, Tb, ib, np);
-            nbg_debug_scalar_adjoint(ctx, 0);
+            nbgi_debug_scalar_adjoint(ctx, 0);
             /* each tangent image against its own maximum; one that is zero up to rounding (d/da of the gauss shape
              * with the beam along a) against 1e-6 of the largest */
             double worst = 0, gmax = 0, mx[NBG_NPARAMS], md[NBG_NPARAMS];

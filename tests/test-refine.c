@@ -106,7 +106,7 @@ int main(void)
         int covered = 0;
         for (int k = 0; k < 10; ++k) {
             long photons, overloads;
-            nbg_noise_image(mean, 128, 128, NULL, 0, 4242 + k, counts, &photons, &overloads);
+            nbg_noise_image(ctx, mean, 128, 128, NULL, 0, 4242 + k, counts, &photons, &overloads);
             for (size_t i = 0; i < npix; ++i) {
                 obs[i] = counts[i];
             }

@@ -504,7 +504,7 @@ static void test_golden_noise(tally *t, const char *name, int size, long seed)
         return;
     }
     out = malloc((size_t)npix * sizeof(uint16_t));
-    nbg_noise_image(img, size, size, roi, 40.0, seed, out, &photons, &overloads);
+    nbg_noise_image(NULL, img, size, size, roi, 40.0, seed, out, &photons, &overloads);
     for (i = 0; i < npix; ++i)
         if (out[i] != ref[i]) {
             if (first < 0) first = i;
@@ -533,7 +533,7 @@ static void test_golden_noise(tally *t, const char *name, int size, long seed)
         int r2[4] = {5, 30, 10, 20}, f, s, ok = 1;
         nbg_rng rng;
         long ph = 0, ov = 0;
-        nbg_noise_image(img, size, size, r2, 40.0, seed, out, &ph, &ov);
+        nbg_noise_image(NULL, img, size, size, r2, 40.0, seed, out, &ph, &ov);
         nbg_rng_init(&rng, seed);
         for (s = 0; s < size; ++s)
             for (f = 0; f < size; ++f) {
@@ -563,7 +563,7 @@ static void test_golden_int(tally *t)
         return;
     }
     out = malloc((size_t)npix * sizeof(uint16_t));
-    nbg_int_image(img, size, size, roi, 2000.0, 10.0, out);
+    nbg_int_image(NULL, img, size, size, roi, 2000.0, 10.0, out);
     for (i = 0; i < npix; ++i) {
         int d = abs((int)out[i] - (int)ref[i]);
         if (d > worst) {
@@ -600,13 +600,13 @@ static void test_int_image_small(tally *t)
     char g[128];
     int i, ok = 1;
 
-    nbg_int_image(img, 4, 3, roi, 1.0, 10.0, out);
+    nbg_int_image(NULL, img, 4, 3, roi, 1.0, 10.0, out);
     for (i = 0; i < 12; ++i) ok &= out[i] == expected[i];
     snprintf(g, sizeof g, "%u %u %u %u / %u %u %u %u", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
              out[7]);
     report(t, ok, "int-image-roi", "ROI x 1..2, y 0..1 (inclusive); outside 0", g, "0 11 5 0 / 0 10 0 0");
 
-    nbg_int_image(img, 4, 3, NULL, 1.0, 10.0, out);
+    nbg_int_image(NULL, img, 4, 3, NULL, 1.0, 10.0, out);
     ok = 1;
     for (i = 0; i < 12; ++i) ok &= out[i] == full[i];
     snprintf(g, sizeof g, "%u %u %u %u / %u %u %u %u", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
@@ -622,14 +622,14 @@ static void test_noise_small(tally *t)
     uint16_t out[4], out2[4];
     long ph = 0, ov = 0, ph2 = 0, ov2 = 0;
     char g[96];
-    nbg_noise_image(img, 2, 2, NULL, 100.0, 3, out, &ph, &ov);
+    nbg_noise_image(NULL, img, 2, 2, NULL, 100.0, 3, out, &ph, &ov);
     snprintf(g, sizeof g, "out0=%u out2=%u ov=%ld", out[0], out[2], ov);
     report(t, out[0] == 65535 && out[2] == 100 && ov >= 1, "noise-overload", "overloads clamp at 65535 and count",
            g, "out0=65535 out2=100 ov>=1");
-    nbg_noise_image(img, 2, 2, NULL, 100.0, 3, out2, &ph2, &ov2);
+    nbg_noise_image(NULL, img, 2, 2, NULL, 100.0, 3, out2, &ph2, &ov2);
     report(t, memcmp(out, out2, sizeof out) == 0 && ph == ph2 && ov == ov2, "noise-repeat",
            "the same seed gives the same image", "differs", "same");
-    nbg_noise_image(img, 2, 2, NULL, 100.0, 4, out2, &ph2, &ov2);
+    nbg_noise_image(NULL, img, 2, 2, NULL, 100.0, 4, out2, &ph2, &ov2);
     report(t, ph != ph2, "noise-seed", "seeds 3 and 4 give different photon totals", "same", "different");
 }
 
