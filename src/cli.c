@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <sys/stat.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,40 +25,13 @@
 
 #define RTD (180.0 / M_PI)
 
-void nbg_cli_usage(FILE *out)
-{
-    fprintf(out,
-            "nbgrad " NBG_VERSION " -- differentiable nanoBragg\n"
-            "usage: nbgrad [simulate] <flags>        render an image, nanoBragg's flags\n"
-            "       nbgrad -h | --help\n"
-            "crystal:   -cell a b c al be ga | -mat A.mat   -misset rx ry rz | random  -misset_seed n\n"
-            "           -N n | -Na -Nb -Nc   -samplesize mm   -square_xtal -round_xtal -gauss_xtal -tophat_spots\n"
-            "           -fudge x   -mosaic deg -mosaic_dom n -mosaic_seed n   -phi -osc -phistep deg -phisteps n\n"
-            "           -spindle_axis x y z\n"
-            "F:         -hkl file   -default_F F   -interpolate | -nointerpolate   -dmin A   -nodump\n"
-            "beam:      -lambda A | -energy eV   -dispersion %% -dispsteps n   -divergence mrad -divsteps n\n"
-            "           -hdivrange -vdivrange -hdivstep -vdivstep mrad -hdivsteps -vdivsteps n -round_div -square_div\n"
-            "           -sourcefile f   -polar K | -nopolar   -fluence | -flux -exposure -beamsize mm   -water um\n"
-            "detector:  -pixel mm -detpixels n -detsize mm -distance mm -close_distance mm\n"
-            "           -mosflm -denzo -adxv -xds -dials   -Xbeam -Ybeam -Xclose -Yclose mm -ORGX -ORGY px\n"
-            "           -fdet_vector -sdet_vector -odet_vector -beam_vector -polar_vector -twotheta_axis x y z\n"
-            "           -pivot beam|sample -detector_rotx -detector_roty -detector_rotz -twotheta deg\n"
-            "           -curved_det -point_pixel -roi xmin xmax ymin ymax -mask f.img -img f.img\n"
-            "           -detector_thick um -detector_abs um -thicksteps n -oversample n\n"
-            "           -oversample_thick -oversample_polar -oversample_omega\n"
-            "output:    -floatfile f -intfile f -scale x -adc x -pgmfile f -pgmscale x -noisefile f -seed n\n"
-            "           -nopgm -nonoise   (only the files asked for are written)\n"
-            "nbgrad:    -device cpu|cuda|auto   -precision double|float   -threads n (0: OpenMP default, <= 1024)\n"
-            "           -max_memory GiB (4: the largest allocation an input may ask for)\n"
-            "           -max_samples n (1e12: the most pixels x samples per pixel one run may evaluate)\n");
-}
-
 /* --- strict argument parsing ----------------------------------------------------------------------------- */
 
-static int need(int argc, char **argv, int i, int n)
+/* Whether a flag has the n values it needs among the nv that follow it. */
+static int need(const char *flag, int nv, int n)
 {
-    if (i + n >= argc) {
-        fprintf(stderr, "nbgrad: error: %s needs %d value%s\n", argv[i], n, n > 1 ? "s" : "");
+    if (nv < n) {
+        fprintf(stderr, "nbgrad: error: %s needs %d value%s\n", flag, n, n > 1 ? "s" : "");
         return 0;
     }
     return 1;
@@ -116,17 +90,14 @@ static int looks_numeric(const char *s)
     return end != s && *end == '\0';
 }
 
-static int vec3(int argc, char **argv, int *i, double v[3])
+/* Reads n numbers into v. */
+static int numbers(const char *flag, char **s, int n, double *v)
 {
-    if (!need(argc, argv, *i, 3)) {
-        return 0;
-    }
-    for (int j = 0; j < 3; ++j) {
-        if (!nbg_cli_number(argv[*i], argv[*i + 1 + j], &v[j])) {
+    for (int j = 0; j < n; ++j) {
+        if (!nbg_cli_number(flag, s[j], &v[j])) {
             return 0;
         }
     }
-    *i += 3;
     return 1;
 }
 
@@ -238,10 +209,638 @@ static int ingest_header(nbg_ctx *ctx, nbg_cli *c, const char *path, int is_mask
     return 1;
 }
 
+/* --- the flag table ---------------------------------------------------------------------------------------- */
+
+/*
+ * One table, flags[] below, drives the parser (nbg_cli_parse), the help (nbg_cli_usage) and the README's list of
+ * flags (nbg_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the gradient
+ * subcommands' flags of src/main.c).  After changing either table, regenerate the README's "All flags" section
+ * (tests/test-flags.c fails until it matches):
+ *
+ *   make build/nbgrad && build/nbgrad --flags-markdown > build/flags.md &&
+ *   awk 'FNR == NR { g = g $0 "\n"; next } /^<!-- BEGIN FLAGS/ { printf "%s", g; skip = 1 } !skip { print }
+ *        /^<!-- END FLAGS/ { skip = 0 }' build/flags.md README.md > build/README.md && cp build/README.md README.md
+ *
+ * An entry holds the flag's names (the main one first, then its aliases, space-separated), its kind (how many
+ * values it takes and how they are converted), where it stores them (E(field) in the experiment, C(field) in
+ * nbg_cli; 0: nowhere, the values are read and dropped), its side effects, and its documentation: a help group,
+ * the name of its values and a one-line help with the unit.
+ */
+typedef enum {
+    K_SWITCH,  /* no value: stores .value (an int or enum field) */
+    K_NUM,     /* .n numbers (1 when 0) into consecutive double fields */
+    K_INT,     /* .n integers (1 when 0) into consecutive int fields */
+    K_COUNT,   /* a positive integer into an int field */
+    K_LONG,    /* an integer into a long field */
+    K_STR,     /* a string (a file name) into a const char * field */
+    K_CHOICE,  /* one of the words of .choices into an int or enum field: the corresponding entry of .values */
+    K_FN,      /* .fn reads the values, after the parser has checked that at least .n of them follow */
+    K_HELP,    /* stop parsing: the caller prints the usage */
+    K_REFUSED, /* an error (nanoBragg's debug printouts), unless a subcommand's extra_handler takes the flag */
+} flag_kind;
+
+typedef enum { G_CRYSTAL, G_F, G_BEAM, G_DETECTOR, G_OUTPUT, G_NBGRAD, G_IGNORED, G_REFUSED, G_COUNT } flag_group;
+
+static const char *const group_title[G_COUNT] = {
+    "crystal", "structure factors", "beam", "detector", "output", "nbgrad's own",
+    "accepted and ignored, as by nanoBragg", "refused",
+};
+
+/* Reads a flag's values: v holds the nv arguments that follow it.  Returns how many it used, or -1 after printing
+ * an error. */
+typedef int (*flag_fn)(nbg_cli *c, const char *flag, int nv, char **v);
+
+typedef struct {
+    const char *names;
+    flag_kind kind;
+    size_t off;          /* where the values go, E() or C(); 0: nowhere */
+    int n;               /* K_NUM, K_INT: how many values (at most 4); K_FN: how many at least */
+    int value;           /* K_SWITCH: the value stored */
+    const char *choices; /* K_CHOICE: the words accepted, space-separated */
+    int values[3];       /* K_CHOICE: the value each word stores */
+    flag_fn fn;          /* K_FN */
+    /* side effects */
+    size_t also[2];      /* the (first) value is stored in these fields too: -N sets Nb and Nc */
+    size_t set;          /* an int field set to .setv: -polar sets nopolar = 0, -seed have_seed = 1 */
+    int setv;
+    nbg_pivot pivot;     /* the pivot the flag chooses (honoured in the custom convention only, the last wins) */
+    int custom;          /* 1: selects the custom convention; -1: a named one */
+    const char *note;    /* printed to stderr after the flag (and its value, for a string read and dropped) */
+    /* documentation */
+    flag_group group;
+    const char *arg, *help;
+} cli_flag;
+
+/* Offsets into nbg_cli, plus one so that 0 means "nowhere". */
+#define E(field) (offsetof(nbg_cli, e.field) + 1)
+#define C(field) (offsetof(nbg_cli, field) + 1)
+
+static void *field_at(nbg_cli *c, size_t off)
+{
+    return (char *)c + off - 1;
+}
+
+/* enumerations are stored as int */
+_Static_assert(sizeof(nbg_convention) == sizeof(int) && sizeof(nbg_shape) == sizeof(int) &&
+                   sizeof(nbg_backend) == sizeof(int) && sizeof(nbg_precision) == sizeof(int),
+               "enumerations stored through int");
+
+static int fn_cell(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    int got = 0;
+    /* a value may be negative ("-cell 50 60 70 -90 90 90" is then refused by the cell check, by name) */
+    while (got < 6 && got < nv && (v[got][0] != '-' || looks_numeric(v[got]))) {
+        if (!nbg_cli_number(flag, v[got], &c->e.cell[got])) {
+            return -1;
+        }
+        ++got;
+    }
+    if (got == 0) {
+        fprintf(stderr, "nbgrad: error: -cell needs a b c alpha beta gamma\n");
+        return -1;
+    }
+    c->e.has_cell = 1;
+    return got;
+}
+
+static int fn_misset(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    if (strcmp(v[0], "random") == 0) {
+        c->e.misset_random = 1;
+        return 1;
+    }
+    if (!need(flag, nv, 3) || !numbers(flag, v, 3, c->e.misset)) {
+        return -1;
+    }
+    c->e.misset_random = 0;
+    return 3;
+}
+
+static int fn_detector_abs(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    if (strstr(v[0], "inf") != NULL) {
+        c->e.thick_abs = INFINITY;
+        return 1;
+    }
+    return nbg_cli_number(flag, v[0], &c->e.thick_abs) ? 1 : -1;
+}
+
+static int fn_energy(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    double eV;
+    if (!nbg_cli_number(flag, v[0], &eV)) {
+        return -1;
+    }
+    c->e.lambda = 12398.42 / eV;
+    return 1;
+}
+
+static int fn_threads(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    int n;
+    if (!integer(flag, v[0], &n)) {
+        return -1;
+    }
+    if (n < 0 || n > NBG_MAX_THREADS) {
+        fprintf(stderr, "nbgrad: error: -threads must be 0 (the OpenMP default) to %d, got %d\n", NBG_MAX_THREADS, n);
+        return -1;
+    }
+    c->threads = n;
+    return 1;
+}
+
+static int fn_max_memory(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    double x;
+    if (!nbg_cli_number(flag, v[0], &x)) {
+        return -1;
+    }
+    if (!(x > 0)) {
+        fprintf(stderr, "nbgrad: error: -max_memory must be a positive number of GiB, got %g\n", x);
+        return -1;
+    }
+    c->limits.max_bytes = x * 1073741824.0;
+    return 1;
+}
+
+static int fn_max_samples(nbg_cli *c, const char *flag, int nv, char **v)
+{
+    double x;
+    if (!nbg_cli_number(flag, v[0], &x)) {
+        return -1;
+    }
+    if (!(x > 0)) {
+        fprintf(stderr, "nbgrad: error: -max_samples must be positive, got %g\n", x);
+        return -1;
+    }
+    c->limits.max_samples = x;
+    return 1;
+}
+
+#define CUSTOM_AXIS(name, fld, what, grp)                                                                         \
+    {name, K_NUM, E(fld), .n = 3, .custom = 1, .group = grp, .arg = "x y z",                                    \
+     .help = what " (selects the custom convention)"}
+#define CONVENTION(name, conv, what)                                                                              \
+    {name, K_SWITCH, E(convention), .value = conv, .custom = -1, .group = G_DETECTOR, .help = what}
+#define IGNORED_NOTE " is accepted and ignored, as by nanoBragg"
+
+static const cli_flag flags[] = {
+    /* crystal */
+    {"-cell", K_FN, .fn = fn_cell, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
+     .help = "unit cell: lengths in A, angles in deg"},
+    {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
+     .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
+    {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
+     .help = "misset rotations about x, y, z, deg; random: drawn from -misset_seed"},
+    {"-misset_seed", K_LONG, E(misset_seed), .set = C(have_misset_seed), .setv = 1, .group = G_CRYSTAL,
+     .arg = "n", .help = "seed of -misset random (a run without one prints the seed it drew)"},
+    {"-N", K_NUM, E(Na), .also = {E(Nb), E(Nc)}, .group = G_CRYSTAL, .arg = "n",
+     .help = "crystal size in unit cells along a, b and c (need not be an integer)"},
+    {"-Na", K_NUM, E(Na), .group = G_CRYSTAL, .arg = "n", .help = "unit cells along a"},
+    {"-Nb", K_NUM, E(Nb), .group = G_CRYSTAL, .arg = "n", .help = "unit cells along b"},
+    {"-Nc", K_NUM, E(Nc), .group = G_CRYSTAL, .arg = "n", .help = "unit cells along c"},
+    {"-samplesize -sample_size -xtalsize -xtal_size", K_NUM, E(sample_x), .also = {E(sample_y), E(sample_z)},
+     .group = G_CRYSTAL, .arg = "mm", .help = "crystal size along x, y and z, mm (sets N; 0: use -N)"},
+    {"-sample_thick -sample_x -xtal_thick -xtal_x", K_NUM, E(sample_x), .group = G_CRYSTAL, .arg = "mm",
+     .help = "crystal size along x, mm"},
+    {"-sample_width -sample_y -width -xtal_width -xtal_y", K_NUM, E(sample_y), .group = G_CRYSTAL, .arg = "mm",
+     .help = "crystal size along y, mm"},
+    {"-sample_height -sample_heigh -sample_z -height -heigh -xtal_height -xtal_heigh -xtal_z", K_NUM, E(sample_z),
+     .group = G_CRYSTAL, .arg = "mm", .help = "crystal size along z, mm"},
+    {"-square_xtal", K_SWITCH, E(shape), .value = NBG_SHAPE_SQUARE, .group = G_CRYSTAL,
+     .help = "parallelepiped crystal: the sinc lattice factor (the default)"},
+    {"-round_xtal", K_SWITCH, E(shape), .value = NBG_SHAPE_ROUND, .group = G_CRYSTAL,
+     .help = "spherical crystal"},
+    {"-gauss_xtal", K_SWITCH, E(shape), .value = NBG_SHAPE_GAUSS, .group = G_CRYSTAL,
+     .help = "Gaussian lattice factor"},
+    {"-tophat_spots -binary_spots", K_SWITCH, E(shape), .value = NBG_SHAPE_TOPHAT, .group = G_CRYSTAL,
+     .help = "tophat lattice factor: uniform spots"},
+    {"-fudge", K_NUM, E(fudge), .group = G_CRYSTAL, .arg = "x", .help = "shape fudge factor (1)"},
+    {"-mosaic", K_NUM, E(mosaic), .group = G_CRYSTAL, .arg = "deg", .help = "mosaic spread, deg"},
+    {"-mosaic_dom -mosaic_domains", K_COUNT, E(mosaic_domains), .group = G_CRYSTAL, .arg = "n",
+     .help = "mosaic domains"},
+    {"-mosaic_seed", K_LONG, E(mosaic_seed), .group = G_CRYSTAL, .arg = "n",
+     .help = "seed of the mosaic domains' orientations"},
+    {"-phi", K_NUM, E(phi0), .group = G_CRYSTAL, .arg = "deg", .help = "spindle angle at the start, deg"},
+    {"-osc", K_NUM, E(osc), .group = G_CRYSTAL, .arg = "deg", .help = "rotation range, deg"},
+    {"-phistep", K_NUM, E(phistep), .group = G_CRYSTAL, .arg = "deg", .help = "rotation step, deg"},
+    {"-phisteps", K_COUNT, E(phisteps), .group = G_CRYSTAL, .arg = "n", .help = "rotation steps"},
+    CUSTOM_AXIS("-spindle_axis", spindle, "rotation axis", G_CRYSTAL),
+
+    /* structure factors */
+    {"-hkl", K_STR, C(hklfile), .group = G_F, .arg = "file",
+     .help = "structure factors: \"h k l F\" lines (a 5th and 6th column and # comments are allowed)"},
+    {"-default_F", K_NUM, E(default_F), .group = G_F, .arg = "F",
+     .help = "F of every reflection the -hkl table does not list (0)"},
+    {"-interpolate", K_SWITCH, E(interpolate), .value = 1, .group = G_F,
+     .help = "tricubic interpolation of F (default: on when an N is at most 2)"},
+    {"-nointerpolate", K_SWITCH, E(interpolate), .value = 0, .group = G_F, .help = "no interpolation of F"},
+    {"-dmin", K_NUM, E(dmin), .group = G_F, .arg = "A", .help = "resolution limit, A: no intensity beyond (0: none)"},
+    {"-dump", K_STR, C(dumpfile), .group = G_F, .arg = "file",
+     .help = "the F cache, written with -hkl and read without it (Fdump.bin)"},
+    {"-nodump", K_SWITCH, C(nodump), .value = 1, .group = G_F, .help = "neither write nor read the F cache"},
+
+    /* beam */
+    {"-lambda -wave", K_NUM, E(lambda), .group = G_BEAM, .arg = "A", .help = "wavelength, A (1)"},
+    {"-energy", K_FN, .n = 1, .fn = fn_energy, .group = G_BEAM, .arg = "eV",
+     .help = "photon energy, eV: sets the wavelength to 12398.42 / eV A"},
+    {"-dispersion", K_NUM, E(dispersion), .group = G_BEAM, .arg = "%", .help = "spectral width, percent"},
+    {"-dispsteps", K_COUNT, E(dispsteps), .group = G_BEAM, .arg = "n", .help = "wavelengths across the width"},
+    {"-divergence", K_NUM, E(hdivrange), .also = {E(vdivrange)}, .group = G_BEAM, .arg = "mrad",
+     .help = "horizontal and vertical divergence range, mrad"},
+    {"-hdivrange", K_NUM, E(hdivrange), .group = G_BEAM, .arg = "mrad", .help = "horizontal divergence range, mrad"},
+    {"-vdivrange", K_NUM, E(vdivrange), .group = G_BEAM, .arg = "mrad", .help = "vertical divergence range, mrad"},
+    {"-hdivstep", K_NUM, E(hdivstep), .group = G_BEAM, .arg = "mrad", .help = "horizontal divergence step, mrad"},
+    {"-vdivstep", K_NUM, E(vdivstep), .group = G_BEAM, .arg = "mrad", .help = "vertical divergence step, mrad"},
+    {"-divsteps", K_COUNT, E(hdivsteps), .also = {E(vdivsteps)}, .group = G_BEAM, .arg = "n",
+     .help = "divergence steps, horizontal and vertical"},
+    {"-hdivsteps", K_COUNT, E(hdivsteps), .group = G_BEAM, .arg = "n", .help = "horizontal divergence steps"},
+    {"-vdivsteps", K_COUNT, E(vdivsteps), .group = G_BEAM, .arg = "n", .help = "vertical divergence steps"},
+    {"-round_div", K_SWITCH, E(round_div), .value = 1, .group = G_BEAM,
+     .help = "elliptical cut of the divergence grid (the default)"},
+    {"-square_div", K_SWITCH, E(round_div), .value = 0, .group = G_BEAM, .help = "the whole divergence grid"},
+    {"-sourcefile", K_STR, C(sourcefile), .group = G_BEAM, .arg = "file",
+     .help = "sources: \"X Y Z weight lambda(m)\" lines (# comments are allowed)"},
+    CUSTOM_AXIS("-beam_vector", beam, "beam direction", G_BEAM),
+    {"-polar", K_NUM, E(polarization), .set = E(nopolar), .setv = 0, .group = G_BEAM, .arg = "K",
+     .help = "Kahn polarization factor (0)"},
+    {"-nopolar", K_SWITCH, E(nopolar), .value = 1, .group = G_BEAM, .help = "polarization factor fixed at 1"},
+    CUSTOM_AXIS("-polar_vector", polar_axis, "polarization axis", G_BEAM),
+    {"-fluence", K_NUM, E(fluence), .group = G_BEAM, .arg = "photons/m^2", .help = "photons per area"},
+    {"-flux", K_NUM, E(flux), .group = G_BEAM, .arg = "photons/s",
+     .help = "flux: with -exposure and -beamsize, sets the fluence (0: use -fluence)"},
+    {"-exposure", K_NUM, E(exposure), .group = G_BEAM, .arg = "s", .help = "exposure time, s (1)"},
+    {"-beamsize", K_NUM, E(beamsize), .group = G_BEAM, .arg = "mm", .help = "beam size, mm (0.1)"},
+    {"-water", K_NUM, E(water), .group = G_BEAM, .arg = "um", .help = "water layer in the beam (background), um"},
+
+    /* detector */
+    {"-pixel", K_NUM, E(pixel), .group = G_DETECTOR, .arg = "mm", .help = "pixel size, mm (0.1)"},
+    {"-detpixels", K_COUNT, E(fpixels), .also = {E(spixels)}, .group = G_DETECTOR, .arg = "n",
+     .help = "pixels along both axes"},
+    {"-detpixels_f -detpixels_x", K_COUNT, E(fpixels), .group = G_DETECTOR, .arg = "n",
+     .help = "pixels along the fast axis"},
+    {"-detpixels_s -detpixels_y", K_COUNT, E(spixels), .group = G_DETECTOR, .arg = "n",
+     .help = "pixels along the slow axis"},
+    {"-detsize", K_NUM, E(detsize_f), .also = {E(detsize_s)}, .group = G_DETECTOR, .arg = "mm",
+     .help = "detector size along both axes, mm, when no pixel count is given (102.4)"},
+    {"-detsize_f", K_NUM, E(detsize_f), .group = G_DETECTOR, .arg = "mm", .help = "detector size along the fast axis, mm"},
+    {"-detsize_s", K_NUM, E(detsize_s), .group = G_DETECTOR, .arg = "mm", .help = "detector size along the slow axis, mm"},
+    {"-distance", K_NUM, E(distance), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+     .help = "sample to the direct-beam spot along the beam, mm (100)"},
+    {"-close_distance", K_NUM, E(close_distance), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+     .help = "sample to the detector plane along its normal, mm"},
+    CONVENTION("-mosflm", NBG_CONV_MOSFLM, "MOSFLM convention (the default)"),
+    CONVENTION("-denzo", NBG_CONV_DENZO, "DENZO convention"),
+    CONVENTION("-adxv", NBG_CONV_ADXV, "ADXV convention"),
+    CONVENTION("-xds", NBG_CONV_XDS, "XDS convention (pivot sample; beam centre from -ORGX -ORGY)"),
+    CONVENTION("-dials", NBG_CONV_DIALS, "DIALS convention (pivot sample; beam centre from -ORGX -ORGY)"),
+    {"-Xbeam", K_NUM, E(Xbeam), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+     .help = "beam centre, mm, as the convention defines it"},
+    {"-Ybeam", K_NUM, E(Ybeam), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+     .help = "beam centre, mm, as the convention defines it"},
+    {"-Xclose", K_NUM, E(Xclose), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+     .help = "the detector point nearest the sample, mm"},
+    {"-Yclose", K_NUM, E(Yclose), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+     .help = "the detector point nearest the sample, mm"},
+    {"-ORGX", K_NUM, E(ORGX), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "px",
+     .help = "XDS origin, fast pixel coordinate"},
+    {"-ORGY", K_NUM, E(ORGY), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "px",
+     .help = "XDS origin, slow pixel coordinate"},
+    CUSTOM_AXIS("-fdet_vector", fdet, "detector fast axis", G_DETECTOR),
+    CUSTOM_AXIS("-sdet_vector", sdet, "detector slow axis", G_DETECTOR),
+    CUSTOM_AXIS("-odet_vector", odet, "detector normal", G_DETECTOR),
+    {"-pix0_vector -pix0_vector_mm", K_NUM, 0, .n = 3, .custom = 1,
+     .note = " only selects the custom convention; pix0 is derived from the beam centre and distance (as nanoBragg "
+             "does)",
+     .group = G_DETECTOR, .arg = "x y z",
+     .help = "only selects the custom convention: pix0 follows the beam centre and distance"},
+    {"-pivot", K_CHOICE, C(last_pivot), .choices = "beam sample", .values = {NBG_PIVOT_BEAM, NBG_PIVOT_SAMPLE},
+     .group = G_DETECTOR, .arg = "beam|sample", .help = "the detector's rotation pivot (custom convention only)"},
+    {"-detector_rotx", K_NUM, E(det_rot[0]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about x, deg"},
+    {"-detector_roty", K_NUM, E(det_rot[1]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about y, deg"},
+    {"-detector_rotz", K_NUM, E(det_rot[2]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about z, deg"},
+    {"-twotheta", K_NUM, E(twotheta), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "deg",
+     .help = "detector swing about the two-theta axis, deg"},
+    CUSTOM_AXIS("-twotheta_axis", twotheta_axis, "two-theta axis", G_DETECTOR),
+    {"-curved_det", K_SWITCH, E(curved), .value = 1, .group = G_DETECTOR,
+     .help = "every pixel at the same distance from the sample"},
+    {"-point_pixel", K_SWITCH, E(point_pixel), .value = 1, .group = G_DETECTOR,
+     .help = "solid angle 1/R^2, no obliquity factor"},
+    {"-roi", K_INT, E(roi), .n = 4, .group = G_DETECTOR, .arg = "xmin xmax ymin ymax",
+     .help = "the pixels rendered, inclusive"},
+    {"-mask", K_STR, 0, .group = G_DETECTOR, .arg = "file",
+     .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
+    {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",
+     .help = "SMV image whose header, read first, sets the detector"},
+    {"-detector_thick", K_NUM, E(thick), .group = G_DETECTOR, .arg = "um", .help = "sensor thickness, um (0: none)"},
+    {"-detector_abs -detector_absorb", K_FN, .n = 1, .fn = fn_detector_abs, .group = G_DETECTOR, .arg = "um|inf",
+     .help = "sensor attenuation length, um (inf or 0: no absorption)"},
+    {"-thicksteps -detector_thicksteps", K_COUNT, E(thicksteps), .group = G_DETECTOR, .arg = "n",
+     .help = "sensor layers"},
+    {"-oversample", K_COUNT, E(oversample), .group = G_DETECTOR, .arg = "n", .help = "subpixels per pixel axis"},
+    {"-oversample_thick", K_SWITCH, E(oversample_thick), .value = 1, .group = G_DETECTOR,
+     .help = "sensor capture at every subpixel (nanoBragg's running-sum semantics)"},
+    {"-oversample_polar", K_SWITCH, E(oversample_polar), .value = 1, .group = G_DETECTOR,
+     .help = "polarization at every subpixel (nanoBragg's running-sum semantics)"},
+    {"-oversample_omega", K_SWITCH, E(oversample_omega), .value = 1, .group = G_DETECTOR,
+     .help = "solid angle at every subpixel (nanoBragg's running-sum semantics)"},
+
+    /* output */
+    {"-floatfile -floatimage", K_STR, C(floatfile), .group = G_OUTPUT, .arg = "file",
+     .help = "the image as 4-byte floats"},
+    {"-intfile -intimage", K_STR, C(intfile), .group = G_OUTPUT, .arg = "file",
+     .help = "the image as an SMV file of 2-byte integers"},
+    {"-pgmfile -pgmimage", K_STR, C(pgmfile), .group = G_OUTPUT, .arg = "file", .help = "the image as an 8-bit PGM"},
+    {"-noisefile -noiseimage", K_STR, C(noisefile), .group = G_OUTPUT, .arg = "file",
+     .help = "the image with Poisson noise, as an SMV file"},
+    {"-scale", K_NUM, C(scale), .group = G_OUTPUT, .arg = "x",
+     .help = "intensity scale of the integer images (0: 55000 / the maximum)"},
+    {"-adc", K_NUM, C(adc), .group = G_OUTPUT, .arg = "x", .help = "offset added to the integer images (40)"},
+    {"-pgmscale", K_NUM, C(pgmscale), .group = G_OUTPUT, .arg = "x",
+     .help = "pixel scale of the PGM (0: 50 / the rms deviation)"},
+    {"-nopgm", K_SWITCH, C(nopgm), .value = 1, .group = G_OUTPUT, .help = "no PGM after all"},
+    {"-nonoise", K_SWITCH, C(nonoise), .value = 1, .group = G_OUTPUT, .help = "no noise image after all"},
+    {"-seed", K_LONG, C(seed), .set = C(have_seed), .setv = 1, .group = G_OUTPUT, .arg = "n",
+     .help = "noise seed (a run without one prints the seed it drew)"},
+
+    /* nbgrad's own */
+    {"-h --help -help", K_HELP, .group = G_NBGRAD, .help = "this help"},
+    {"-device", K_CHOICE, C(backend), .choices = "cpu cuda auto",
+     .values = {NBG_BACKEND_CPU, NBG_BACKEND_CUDA, NBG_BACKEND_AUTO}, .group = G_NBGRAD, .arg = "cpu|cuda|auto",
+     .help = "where to run (cpu); auto: the GPU when there is one"},
+    {"-precision", K_CHOICE, C(precision), .choices = "double float", .values = {NBG_DOUBLE, NBG_FLOAT},
+     .group = G_NBGRAD, .arg = "double|float", .help = "arithmetic of the per-sample work (double)"},
+    {"-threads", K_FN, .n = 1, .fn = fn_threads, .group = G_NBGRAD, .arg = "n",
+     .help = "CPU threads, 0 (the OpenMP default) to 1024"},
+    {"-max_memory", K_FN, .n = 1, .fn = fn_max_memory, .group = G_NBGRAD, .arg = "GiB",
+     .help = "the largest allocation an input may ask for, GiB (4)"},
+    {"-max_samples", K_FN, .n = 1, .fn = fn_max_samples, .group = G_NBGRAD, .arg = "n",
+     .help = "the most pixels x samples per pixel one run may evaluate (1e12)"},
+
+    /* accepted and ignored */
+    {"-density -sample_den -MW -molec", K_NUM, 0, .note = IGNORED_NOTE, .group = G_IGNORED, .arg = "x",
+     .help = "read and ignored, with a note"},
+    {"-coherent", K_SWITCH, 0, .note = IGNORED_NOTE, .group = G_IGNORED, .help = "ignored, with a note"},
+    {"-stol -4stol -Q -stolout", K_STR, 0, .note = " is ignored (nanoBragg reads it but never uses it)",
+     .group = G_IGNORED, .arg = "file", .help = "read and ignored, with a note"},
+    {"-progress -noprogress", K_SWITCH, 0, .group = G_IGNORED, .help = "ignored: there is no progress meter"},
+
+    /* refused */
+    {"-printout -printout_pixel -trace_pixel -dump_pixel", K_REFUSED, .group = G_REFUSED,
+     .help = "nanoBragg's debug printouts: an error"},
+};
+
+#undef CUSTOM_AXIS
+#undef CONVENTION
+#undef IGNORED_NOTE
+
+/* The i-th space-separated word of s and its length, or NULL. */
+static const char *word(const char *s, int i, int *len)
+{
+    for (s += strspn(s, " "); *s != '\0'; s += strspn(s, " ")) {
+        *len = (int)strcspn(s, " ");
+        if (i-- == 0) {
+            return s;
+        }
+        s += *len;
+    }
+    return NULL;
+}
+
+/* Which of the space-separated words a is, or -1. */
+static int word_index(const char *words, const char *a)
+{
+    const size_t n = strlen(a);
+    const char *w;
+    int len;
+    for (int i = 0; (w = word(words, i, &len)) != NULL; ++i) {
+        if ((size_t)len == n && strncmp(w, a, n) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static const cli_flag *find_flag(const char *a)
+{
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; ++k) {
+        if (word_index(flags[k].names, a) >= 0) {
+            return &flags[k];
+        }
+    }
+    return NULL;
+}
+
+/* "-pivot expects beam or sample, got 'x'": the words of a choice as a phrase. */
+static void choice_error(const cli_flag *f, const char *a, const char *got)
+{
+    int n = 0, len = 0;
+    while (word(f->choices, n, &len) != NULL) {
+        ++n;
+    }
+    fprintf(stderr, "nbgrad: error: %s expects ", a);
+    for (int i = 0; i < n; ++i) {
+        const char *w = word(f->choices, i, &len);
+        fprintf(stderr, "%s%.*s", i == 0 ? "" : i == n - 1 ? " or " : ", ", len, w);
+    }
+    fprintf(stderr, ", got '%s'\n", got);
+}
+
+/* Stores n converted values at off (nowhere when 0): doubles for K_NUM, ints for the integer kinds. */
+static void store(nbg_cli *c, size_t off, flag_kind kind, int n, const double *x, const int *k)
+{
+    if (off != 0 && kind == K_NUM) {
+        memcpy(field_at(c, off), x, sizeof *x * (size_t)n);
+    } else if (off != 0 && (kind == K_SWITCH || kind == K_INT || kind == K_COUNT || kind == K_CHOICE)) {
+        memcpy(field_at(c, off), k, sizeof *k * (size_t)n);
+    }
+}
+
+/* A flag's side effects, after its values are stored. */
+static void side_effects(nbg_cli *c, const cli_flag *f, const char *a, char **v, const double *x, const int *k,
+                         int *custom)
+{
+    for (int j = 0; j < 2; ++j) {
+        store(c, f->also[j], f->kind, 1, x, k);
+    }
+    if (f->set != 0) {
+        *(int *)field_at(c, f->set) = f->setv;
+    }
+    if (f->pivot != NBG_PIVOT_AUTO) {
+        c->last_pivot = f->pivot;
+    }
+    if (f->custom != 0) {
+        *custom = f->custom > 0;
+    }
+    if (f->note != NULL) {
+        const int echo = f->kind == K_STR && f->off == 0;
+        fprintf(stderr, "nbgrad: note: %s%s%s%s\n", a, echo ? " " : "", echo ? v[0] : "", f->note);
+    }
+}
+
+/* How many values follow a flag (for K_FN: at least how many). */
+static int arity(const cli_flag *f)
+{
+    switch (f->kind) {
+    case K_NUM:
+    case K_INT:
+        return f->n > 0 ? f->n : 1;
+    case K_FN:
+        return f->n;
+    case K_SWITCH:
+    case K_HELP:
+    case K_REFUSED:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* Reads n integers into k; a K_COUNT must be positive. */
+static int read_ints(const cli_flag *f, const char *a, char **v, int n, int *k)
+{
+    for (int j = 0; j < n; ++j) {
+        if (!integer(a, v[j], &k[j])) {
+            return 0;
+        }
+    }
+    if (f->kind == K_COUNT && k[0] < 1) {
+        fprintf(stderr, "nbgrad: error: %s must be a positive count, got %d\n", a, k[0]);
+        return 0;
+    }
+    return 1;
+}
+
+/* Converts a flag's values: numbers into x, integers and switch or choice values into k; seeds and strings are
+ * stored here, a K_FN reads (and stores) its own.  Returns how many values it used, or -1 after an error. */
+static int read_values(nbg_cli *c, const cli_flag *f, const char *a, int nv, char **v, double *x, int *k)
+{
+    const int n = arity(f);
+    int w;
+    switch (f->kind) {
+    case K_SWITCH:
+        k[0] = f->value;
+        return 0;
+    case K_NUM:
+        return numbers(a, v, n, x) ? n : -1;
+    case K_INT:
+    case K_COUNT:
+        return read_ints(f, a, v, n, k) ? n : -1;
+    case K_LONG:
+        return longint(a, v[0], field_at(c, f->off)) ? 1 : -1;
+    case K_STR:
+        if (f->off != 0) {
+            *(const char **)field_at(c, f->off) = v[0];
+        }
+        return 1;
+    case K_CHOICE:
+        if ((w = word_index(f->choices, v[0])) < 0) {
+            choice_error(f, a, v[0]);
+            return -1;
+        }
+        k[0] = f->values[w];
+        return 1;
+    case K_FN:
+        return f->fn(c, a, nv, v);
+    default:
+        return 0;
+    }
+}
+
+/* Converts and stores the values of one flag (nv arguments follow it in v) and applies its side effects.  Returns
+ * how many values it used, or -1 after printing an error. */
+static int apply_flag(nbg_cli *c, const cli_flag *f, const char *a, int nv, char **v, int *custom)
+{
+    if (!need(a, nv, arity(f))) {
+        return -1;
+    }
+    double x[4] = {0};
+    int k[4] = {0};
+    const int used = read_values(c, f, a, nv, v, x, k);
+    if (used < 0) {
+        return -1;
+    }
+    store(c, f->off, f->kind, arity(f) > 0 ? arity(f) : 1, x, k);
+    side_effects(c, f, a, v, x, k, custom);
+    return used;
+}
+
+/* --- help, from the table ----------------------------------------------------------------------------------- */
+
+void nbg_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
+                       int markdown)
+{
+    int len = 0, alen = 0;
+    const char *name = word(names, 0, &len), *alias;
+    const char *sp = arg != NULL ? " " : "", *val = arg != NULL ? arg : "";
+    if (markdown) {
+        fprintf(out, "- `%.*s%s%s`", len, name, sp, val);
+        for (int i = 1; (alias = word(names, i, &alen)) != NULL; ++i) {
+            fprintf(out, "%s`%.*s`", i == 1 ? " (also " : ", ", alen, alias);
+        }
+        fprintf(out, "%s: %s", word(names, 1, &alen) != NULL ? ")" : "", help);
+    } else {
+        char head[512];
+        int at = snprintf(head, sizeof head, "%.*s", len, name);
+        for (int i = 1; (alias = word(names, i, &alen)) != NULL && at < (int)sizeof head; ++i) {
+            at += snprintf(head + at, sizeof head - (size_t)at, ", %.*s", alen, alias);
+        }
+        if (at < (int)sizeof head) {
+            snprintf(head + at, sizeof head - (size_t)at, "%s%s", sp, val);
+        }
+        fprintf(out, strlen(head) > 30 ? "  %s\n%33s%s" : "  %-30s %s%s", head, "", help);
+    }
+    fprintf(out, "%s%s%s\n", scope != NULL ? " [" : "", scope != NULL ? scope : "", scope != NULL ? "]" : "");
+}
+
+/* Every flag of the table, grouped; markdown: as a list for the README. */
+static void flags_doc(FILE *out, int markdown)
+{
+    for (int g = 0; g < G_COUNT; ++g) {
+        fprintf(out, markdown ? "**%s**\n\n" : "%s:\n", group_title[g]);
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; ++k) {
+            if (flags[k].group == (flag_group)g) {
+                nbg_cli_help_line(out, flags[k].names, flags[k].arg, flags[k].help, NULL, markdown);
+            }
+        }
+        if (markdown) {
+            fprintf(out, "\n");
+        }
+    }
+}
+
+void nbg_cli_usage(FILE *out)
+{
+    fprintf(out, "nbgrad " NBG_VERSION " -- differentiable nanoBragg\n"
+                 "usage: nbgrad [simulate] <flags>        render an image, nanoBragg's flags\n"
+                 "       nbgrad -h | --help\n"
+                 "Only the output files asked for are written.  The flags:\n");
+    flags_doc(out, 0);
+}
+
+void nbg_cli_flags_help(FILE *out)
+{
+    flags_doc(out, 0);
+}
+
+void nbg_cli_flags_markdown(FILE *out)
+{
+    flags_doc(out, 1);
+}
+
+void nbg_cli_flags_list(FILE *out)
+{
+    const char *w;
+    int len;
+    for (size_t k = 0; k < sizeof flags / sizeof flags[0]; ++k) {
+        for (int i = 0; (w = word(flags[k].names, i, &len)) != NULL; ++i) {
+            fprintf(out, "%.*s\n", len, w);
+        }
+    }
+}
+
 int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
 {
-    nbg_experiment *e = &c->e;
-    int custom = 0;
     /* -mask then -img are read first, whatever their place, so that flags override their headers */
     /* the memory limit applies to the files read here too */
     for (int i = first; i + 1 < argc; ++i) {
@@ -258,291 +857,41 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
         const char *want = pass == 0 ? "-mask" : "-img";
         for (int i = first; i < argc; ++i) {
             if (strcmp(argv[i], want) == 0) {
-                if (!need(argc, argv, i, 1) || !ingest_header(ctx, c, argv[i + 1], pass == 0)) {
+                if (!need(want, argc - i - 1, 1) || !ingest_header(ctx, c, argv[i + 1], pass == 0)) {
                     return 0;
                 }
             }
         }
     }
+    int custom = 0;
     for (int i = first; i < argc; ++i) {
         const char *a = argv[i];
-        double v;
-        int n;
-#define IS(name) (strcmp(a, name) == 0)
-#define NUM(dst)                                                                                                  \
-    do {                                                                                                          \
-        if (!need(argc, argv, i, 1) || !nbg_cli_number(a, argv[i + 1], &v)) {                                  \
-            return 0;                                                                                             \
-        }                                                                                                         \
-        (dst) = v;                                                                                                \
-        ++i;                                                                                                      \
-    } while (0)
-#define INT(dst)                                                                                                  \
-    do {                                                                                                          \
-        if (!need(argc, argv, i, 1) || !integer(a, argv[i + 1], &n)) {                                          \
-            return 0;                                                                                             \
-        }                                                                                                         \
-        (dst) = n;                                                                                                \
-        ++i;                                                                                                      \
-    } while (0)
-#define COUNT(dst)                                                                                                \
-    do {                                                                                                          \
-        INT(dst);                                                                                                 \
-        if (n < 1) {                                                                                              \
-            fprintf(stderr, "nbgrad: error: %s must be a positive count, got %d\n", a, n);                        \
-            return 0;                                                                                             \
-        }                                                                                                         \
-    } while (0)
-#define STR(dst)                                                                                                  \
-    do {                                                                                                          \
-        if (!need(argc, argv, i, 1)) {                                                                            \
-            return 0;                                                                                             \
-        }                                                                                                         \
-        (dst) = argv[++i];                                                                                        \
-    } while (0)
-        if (IS("-h") || IS("--help") || IS("-help")) {
+        const cli_flag *f = find_flag(a);
+        int used;
+        if (f != NULL && f->kind == K_HELP) {
             c->help = 1;
             return 1;
         }
-        /* detector */
-        else if (IS("-pixel")) NUM(e->pixel);
-        else if (IS("-detsize")) { NUM(e->detsize_f); e->detsize_s = e->detsize_f; }
-        else if (IS("-detsize_f")) NUM(e->detsize_f);
-        else if (IS("-detsize_s")) NUM(e->detsize_s);
-        else if (IS("-detpixels")) { COUNT(e->fpixels); e->spixels = e->fpixels; }
-        else if (IS("-detpixels_f") || IS("-detpixels_x")) COUNT(e->fpixels);
-        else if (IS("-detpixels_s") || IS("-detpixels_y")) COUNT(e->spixels);
-        else if (IS("-distance")) { NUM(e->distance); c->last_pivot = NBG_PIVOT_BEAM; }
-        else if (IS("-close_distance")) { NUM(e->close_distance); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-mosflm")) { e->convention = NBG_CONV_MOSFLM; custom = 0; }
-        else if (IS("-denzo")) { e->convention = NBG_CONV_DENZO; custom = 0; }
-        else if (IS("-adxv")) { e->convention = NBG_CONV_ADXV; custom = 0; }
-        else if (IS("-xds")) { e->convention = NBG_CONV_XDS; custom = 0; }
-        else if (IS("-dials")) { e->convention = NBG_CONV_DIALS; custom = 0; }
-        else if (IS("-fdet_vector")) { if (!vec3(argc, argv, &i, e->fdet)) return 0; custom = 1; }
-        else if (IS("-sdet_vector")) { if (!vec3(argc, argv, &i, e->sdet)) return 0; custom = 1; }
-        else if (IS("-odet_vector")) { if (!vec3(argc, argv, &i, e->odet)) return 0; custom = 1; }
-        else if (IS("-beam_vector")) { if (!vec3(argc, argv, &i, e->beam)) return 0; custom = 1; }
-        else if (IS("-polar_vector")) { if (!vec3(argc, argv, &i, e->polar_axis)) return 0; custom = 1; }
-        else if (IS("-spindle_axis")) { if (!vec3(argc, argv, &i, e->spindle)) return 0; custom = 1; }
-        else if (IS("-twotheta_axis")) { if (!vec3(argc, argv, &i, e->twotheta_axis)) return 0; custom = 1; }
-        else if (IS("-pix0_vector") || IS("-pix0_vector_mm")) {
-            double ignored[3];
-            if (!vec3(argc, argv, &i, ignored)) return 0;
-            custom = 1;
-            fprintf(stderr, "nbgrad: note: %s only selects the custom convention; pix0 is derived from the beam "
-                            "centre and distance (as nanoBragg does)\n", a);
-        }
-        else if (IS("-pivot")) {
-            const char *p;
-            STR(p);
-            if (strcmp(p, "beam") == 0) c->last_pivot = NBG_PIVOT_BEAM;
-            else if (strcmp(p, "sample") == 0) c->last_pivot = NBG_PIVOT_SAMPLE;
-            else { fprintf(stderr, "nbgrad: error: -pivot expects beam or sample, got '%s'\n", p); return 0; }
-        }
-        else if (IS("-Xbeam")) { NUM(e->Xbeam); c->last_pivot = NBG_PIVOT_BEAM; }
-        else if (IS("-Ybeam")) { NUM(e->Ybeam); c->last_pivot = NBG_PIVOT_BEAM; }
-        else if (IS("-Xclose")) { NUM(e->Xclose); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-Yclose")) { NUM(e->Yclose); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-ORGX")) { NUM(e->ORGX); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-ORGY")) { NUM(e->ORGY); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-detector_rotx")) NUM(e->det_rot[0]);
-        else if (IS("-detector_roty")) NUM(e->det_rot[1]);
-        else if (IS("-detector_rotz")) NUM(e->det_rot[2]);
-        else if (IS("-twotheta")) { NUM(e->twotheta); c->last_pivot = NBG_PIVOT_SAMPLE; }
-        else if (IS("-curved_det")) e->curved = 1;
-        else if (IS("-point_pixel")) e->point_pixel = 1;
-        else if (IS("-roi")) {
-            if (!need(argc, argv, i, 4)) return 0;
-            for (int j = 0; j < 4; ++j) {
-                if (!integer(a, argv[i + 1 + j], &e->roi[j])) return 0;
-            }
-            i += 4;
-        }
-        else if (IS("-mask") || IS("-img")) ++i; /* read above */
-        else if (IS("-detector_thick")) NUM(e->thick);
-        else if (IS("-detector_abs") || IS("-detector_absorb")) {
-            if (!need(argc, argv, i, 1)) return 0;
-            if (strstr(argv[i + 1], "inf") != NULL) {
-                e->thick_abs = INFINITY;
-                ++i;
-            } else {
-                NUM(e->thick_abs);
-            }
-        }
-        else if (IS("-detector_thicksteps") || IS("-thicksteps")) COUNT(e->thicksteps);
-        else if (IS("-oversample")) COUNT(e->oversample);
-        else if (IS("-oversample_thick")) e->oversample_thick = 1;
-        else if (IS("-oversample_polar")) e->oversample_polar = 1;
-        else if (IS("-oversample_omega")) e->oversample_omega = 1;
-        /* beam */
-        else if (IS("-lambda") || IS("-wave")) NUM(e->lambda);
-        else if (IS("-energy")) { NUM(v); e->lambda = 12398.42 / v; }
-        else if (IS("-dispersion")) NUM(e->dispersion);
-        else if (IS("-dispsteps")) COUNT(e->dispsteps);
-        else if (IS("-divergence")) { NUM(e->hdivrange); e->vdivrange = e->hdivrange; }
-        else if (IS("-hdivrange")) NUM(e->hdivrange);
-        else if (IS("-vdivrange")) NUM(e->vdivrange);
-        else if (IS("-hdivstep")) NUM(e->hdivstep);
-        else if (IS("-vdivstep")) NUM(e->vdivstep);
-        else if (IS("-hdivsteps")) COUNT(e->hdivsteps);
-        else if (IS("-vdivsteps")) COUNT(e->vdivsteps);
-        else if (IS("-divsteps")) { COUNT(e->hdivsteps); e->vdivsteps = e->hdivsteps; }
-        else if (IS("-round_div")) e->round_div = 1;
-        else if (IS("-square_div")) e->round_div = 0;
-        else if (IS("-sourcefile")) STR(c->sourcefile);
-        else if (IS("-polar")) { NUM(e->polarization); e->nopolar = 0; }
-        else if (IS("-nopolar")) e->nopolar = 1;
-        else if (IS("-fluence")) NUM(e->fluence);
-        else if (IS("-flux")) NUM(e->flux);
-        else if (IS("-exposure")) NUM(e->exposure);
-        else if (IS("-beamsize")) NUM(e->beamsize);
-        else if (IS("-water")) NUM(e->water);
-        /* crystal */
-        else if (IS("-cell")) {
-            int got = 0;
-            /* a value may be negative ("-cell 50 60 70 -90 90 90" is then refused by the cell check, by name) */
-            while (got < 6 && i + 1 < argc && (argv[i + 1][0] != '-' || looks_numeric(argv[i + 1]))) {
-                if (!nbg_cli_number(a, argv[i + 1], &e->cell[got])) return 0;
-                ++got;
-                ++i;
-            }
-            if (got == 0) {
-                fprintf(stderr, "nbgrad: error: -cell needs a b c alpha beta gamma\n");
-                return 0;
-            }
-            e->has_cell = 1;
-        }
-        else if (IS("-mat") || IS("-matrix")) STR(c->matfile);
-        else if (IS("-misset")) {
-            if (!need(argc, argv, i, 1)) return 0;
-            if (strcmp(argv[i + 1], "random") == 0) {
-                e->misset_random = 1;
-                ++i;
-            } else {
-                if (!vec3(argc, argv, &i, e->misset)) return 0;
-                e->misset_random = 0;
-            }
-        }
-        else if (IS("-misset_seed")) { if (!need(argc, argv, i, 1) || !longint(a, argv[i + 1], &e->misset_seed)) return 0; ++i; c->have_misset_seed = 1; }
-        else if (IS("-N")) { NUM(e->Na); e->Nb = e->Nc = e->Na; }
-        else if (IS("-Na")) NUM(e->Na);
-        else if (IS("-Nb")) NUM(e->Nb);
-        else if (IS("-Nc")) NUM(e->Nc);
-        else if (IS("-samplesize") || IS("-sample_size") || IS("-xtalsize") || IS("-xtal_size")) {
-            NUM(e->sample_x);
-            e->sample_y = e->sample_z = e->sample_x;
-        }
-        else if (IS("-sample_thick") || IS("-sample_x") || IS("-xtal_thick") || IS("-xtal_x")) NUM(e->sample_x);
-        else if (IS("-sample_width") || IS("-sample_y") || IS("-width") || IS("-xtal_width") || IS("-xtal_y")) NUM(e->sample_y);
-        else if (IS("-sample_height") || IS("-sample_heigh") || IS("-sample_z") || IS("-height") || IS("-heigh") ||
-                 IS("-xtal_height") || IS("-xtal_heigh") || IS("-xtal_z")) NUM(e->sample_z);
-        else if (IS("-square_xtal")) e->shape = NBG_SHAPE_SQUARE;
-        else if (IS("-round_xtal")) e->shape = NBG_SHAPE_ROUND;
-        else if (IS("-gauss_xtal")) e->shape = NBG_SHAPE_GAUSS;
-        else if (IS("-binary_spots") || IS("-tophat_spots")) e->shape = NBG_SHAPE_TOPHAT;
-        else if (IS("-fudge")) NUM(e->fudge);
-        else if (IS("-phi")) NUM(e->phi0);
-        else if (IS("-osc")) NUM(e->osc);
-        else if (IS("-phistep")) NUM(e->phistep);
-        else if (IS("-phisteps")) COUNT(e->phisteps);
-        else if (IS("-mosaic")) NUM(e->mosaic);
-        else if (IS("-mosaic_dom") || IS("-mosaic_domains")) {
-            COUNT(e->mosaic_domains);
-        }
-        else if (IS("-mosaic_seed")) { if (!need(argc, argv, i, 1) || !longint(a, argv[i + 1], &e->mosaic_seed)) return 0; ++i; }
-        else if (IS("-density") || IS("-sample_den") || IS("-MW") || IS("-molec")) {
-            NUM(v);
-            fprintf(stderr, "nbgrad: note: %s is accepted and ignored, as by nanoBragg\n", a);
-        }
-        else if (IS("-coherent")) fprintf(stderr, "nbgrad: note: -coherent is accepted and ignored, as by nanoBragg\n");
-        /* structure factors */
-        else if (IS("-hkl")) STR(c->hklfile);
-        else if (IS("-default_F")) NUM(e->default_F);
-        else if (IS("-interpolate")) e->interpolate = 1;
-        else if (IS("-nointerpolate")) e->interpolate = 0;
-        else if (IS("-dmin")) NUM(e->dmin);
-        else if (IS("-dump")) STR(c->dumpfile);
-        else if (IS("-nodump")) c->nodump = 1;
-        else if (IS("-stol") || IS("-4stol") || IS("-Q") || IS("-stolout")) {
-            const char *ignored;
-            STR(ignored);
-            fprintf(stderr, "nbgrad: note: %s %s is ignored (nanoBragg reads it but never uses it)\n", a, ignored);
-        }
-        /* output */
-        else if (IS("-floatfile") || IS("-floatimage")) STR(c->floatfile);
-        else if (IS("-intfile") || IS("-intimage")) STR(c->intfile);
-        else if (IS("-pgmfile") || IS("-pgmimage")) STR(c->pgmfile);
-        else if (IS("-noisefile") || IS("-noiseimage")) STR(c->noisefile);
-        else if (IS("-scale")) NUM(c->scale);
-        else if (IS("-adc")) NUM(c->adc);
-        else if (IS("-pgmscale")) NUM(c->pgmscale);
-        else if (IS("-nopgm")) c->nopgm = 1;
-        else if (IS("-nonoise")) c->nonoise = 1;
-        else if (IS("-seed")) { if (!need(argc, argv, i, 1) || !longint(a, argv[i + 1], &c->seed)) return 0; ++i; c->have_seed = 1; }
-        else if (IS("-progress") || IS("-noprogress")) { /* no progress meter */ }
-        /* nbgrad's own */
-        else if (IS("-device")) {
-            const char *d;
-            STR(d);
-            if (strcmp(d, "cpu") == 0) c->backend = NBG_BACKEND_CPU;
-            else if (strcmp(d, "cuda") == 0) c->backend = NBG_BACKEND_CUDA;
-            else if (strcmp(d, "auto") == 0) c->backend = NBG_BACKEND_AUTO;
-            else { fprintf(stderr, "nbgrad: error: -device expects cpu, cuda or auto, got '%s'\n", d); return 0; }
-        }
-        else if (IS("-precision")) {
-            const char *d;
-            STR(d);
-            if (strcmp(d, "double") == 0) c->precision = NBG_DOUBLE;
-            else if (strcmp(d, "float") == 0) c->precision = NBG_FLOAT;
-            else { fprintf(stderr, "nbgrad: error: -precision expects double or float, got '%s'\n", d); return 0; }
-        }
-        else if (IS("-threads")) {
-            INT(c->threads);
-            if (n < 0 || n > NBG_MAX_THREADS) {
-                fprintf(stderr, "nbgrad: error: -threads must be 0 (the OpenMP default) to %d, got %d\n", NBG_MAX_THREADS, n);
-                return 0;
-            }
-        }
-        else if (IS("-max_memory")) {
-            NUM(v);
-            if (!(v > 0)) {
-                fprintf(stderr, "nbgrad: error: -max_memory must be a positive number of GiB, got %g\n", v);
-                return 0;
-            }
-            c->limits.max_bytes = v * 1073741824.0;
-        }
-        else if (IS("-max_samples")) {
-            NUM(v);
-            if (!(v > 0)) {
-                fprintf(stderr, "nbgrad: error: -max_samples must be positive, got %g\n", v);
-                return 0;
-            }
-            c->limits.max_samples = v;
-        }
-        else if (c->extra_handler != NULL && (n = c->extra_handler(c, argc, argv, i)) != 0) {
-            if (n < 0) return 0;
-            i += n - 1;
-        }
-        else if (IS("-printout") || IS("-printout_pixel") || IS("-trace_pixel") || IS("-dump_pixel")) {
+        if (f != NULL && f->kind != K_REFUSED) {
+            used = apply_flag(c, f, a, argc - i - 1, argv + i + 1, &custom);
+        } else if (c->extra_handler != NULL && (used = c->extra_handler(c, argc, argv, i)) != 0) {
+            used = used < 0 ? -1 : used - 1;
+        } else if (f != NULL) {
             fprintf(stderr, "nbgrad: error: %s (nanoBragg's debug printout) is not supported\n", a);
             return 0;
-        }
-        else {
+        } else {
             fprintf(stderr, "nbgrad: error: unknown flag '%s' (nbgrad -h lists the flags)\n", a);
             return 0;
         }
-        continue;
-#undef IS
-#undef NUM
-#undef INT
-#undef STR
-#undef COUNT
+        if (used < 0) {
+            return 0;
+        }
+        i += used;
     }
     if (custom) {
-        e->convention = NBG_CONV_CUSTOM;
+        c->e.convention = NBG_CONV_CUSTOM;
         /* nanoBragg honours pivot-setting flags in the custom convention only, the last one winning */
-        e->pivot = c->last_pivot;
+        c->e.pivot = c->last_pivot;
     }
     return 1;
 }

@@ -44,8 +44,18 @@ typedef struct {
 } nbg_stats;
 
 void nbg_cli_init(nbg_cli *c);
-/* Prints the flag list. */
+/* Prints the usage and every flag, grouped, with its help (from the flag table in cli.c). */
 void nbg_cli_usage(FILE *out);
+/* The flags alone, grouped, with their help. */
+void nbg_cli_flags_help(FILE *out);
+/* The flag table as the markdown list of the README's "All flags" section (nbgrad --flags-markdown). */
+void nbg_cli_flags_markdown(FILE *out);
+/* Every name the parser accepts, aliases included, one a line (nbgrad --flags-list). */
+void nbg_cli_flags_list(FILE *out);
+/* One flag's help line: names holds the main name then its aliases, space-separated; arg names its value (NULL:
+ * none); scope, when not NULL, is appended in brackets.  markdown: as an item of the README's list. */
+void nbg_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
+                       int markdown);
 void nbg_cli_free(nbg_cli *c);
 /* Parses argv[first..]; prints the error and returns 0 on a bad flag. */
 int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first);

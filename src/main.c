@@ -7,6 +7,7 @@
 #include "internal.h" /* nbgi_debug_break_adjoint */
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,13 @@
 #include <sys/stat.h>
 
 void usage_main(FILE *out);
+
+/* The names -params takes. */
+static void params_help(FILE *out)
+{
+    fprintf(out, "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
+                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n");
+}
 
 /* Options of the gradient subcommands. */
 typedef struct {
@@ -37,25 +45,6 @@ static const char *cmd_name(unsigned cmd)
 {
     return cmd == CMD_GRAD ? "grad" : cmd == CMD_GRADCHECK ? "gradcheck" : "refine";
 }
-
-/* The gradient subcommands' own flags, and which subcommands take each: a flag that another subcommand takes is
- * refused with a message rather than silently ignored. */
-static const struct {
-    const char *flag;
-    unsigned cmds;
-} grad_flag_table[] = {
-    {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE},
-    {"-observed", CMD_GRAD | CMD_REFINE},
-    {"-weights", CMD_GRAD | CMD_REFINE},
-    {"-loss", CMD_GRAD | CMD_REFINE},
-    {"-json", CMD_GRAD | CMD_REFINE},
-    {"-debug_break_adjoint", CMD_GRAD | CMD_GRADCHECK},
-    {"-rtol", CMD_GRADCHECK},
-    {"-hscale", CMD_GRADCHECK},
-    {"-method", CMD_REFINE},
-    {"-maxiter", CMD_REFINE},
-    {"-residual", CMD_REFINE},
-};
 
 /* Parses "a,b,c" (or "all", "cell", "orientation", "detector") into a mask; prints the error. */
 static int parse_params(const char *list, grad_opts *o)
@@ -93,80 +82,170 @@ static int parse_params(const char *list, grad_opts *o)
     return 1;
 }
 
+/* Setters of the gradient subcommands' flags: v is the flag's value, dst the field it sets; print the error and
+ * return 0 on a bad value. */
+static int set_params(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    return parse_params(v, o);
+}
+
+static int set_path(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    *(const char **)dst = v;
+    return 1;
+}
+
+static int set_positive(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    double x;
+    if (!nbg_cli_number(flag, v, &x)) return 0;
+    if (!(x > 0)) {
+        fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", flag, v);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+static int set_maxiter(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    double m;
+    if (!nbg_cli_number(flag, v, &m) || m < 1 || m != floor(m)) {
+        fprintf(stderr, "nbgrad: error: -maxiter expects a positive integer, got '%s'\n", v);
+        return 0;
+    }
+    o->max_iter = (int)m;
+    return 1;
+}
+
+static int set_method(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    if (strcmp(v, "lm") == 0) {
+        o->method = NBG_OPT_LM;
+    } else if (strcmp(v, "bfgs") == 0 || strcmp(v, "lbfgs") == 0) {
+        o->method = NBG_OPT_BFGS;
+    } else {
+        fprintf(stderr, "nbgrad: error: -method expects lm or bfgs, got '%s'\n", v);
+        return 0;
+    }
+    return 1;
+}
+
+static int set_loss(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    if (strcmp(v, "lsq") == 0) {
+        o->loss = NBG_LOSS_LSQ;
+    } else if (strcmp(v, "poisson") == 0) {
+        o->loss = NBG_LOSS_POISSON;
+    } else {
+        fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v);
+        return 0;
+    }
+    return 1;
+}
+
+static int set_break(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    o->break_param = nbg_param_from_name(v);
+    if (o->break_param < 0) {
+        fprintf(stderr, "nbgrad: error: unknown parameter '%s'\n", v);
+        return 0;
+    }
+    return 1;
+}
+
+/* The gradient subcommands' own flags (each takes one value), which subcommands take each, and their help: a flag
+ * that only another subcommand takes is refused with a message rather than silently ignored.  Like the flag table
+ * of src/cli.c, this table drives the parser (grad_flags), each subcommand's -h and the README's "All flags"
+ * section (see the comment above that table for how to regenerate it). */
+#define GO(field) offsetof(grad_opts, field)
+static const struct {
+    const char *flag;
+    unsigned cmds;
+    int (*set)(grad_opts *o, const char *flag, const char *v, void *dst);
+    size_t off; /* the field set_path and set_positive set */
+    const char *arg, *help;
+} grad_flag_table[] = {
+    {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
+     "parameters, comma-separated: names, or all, cell, orientation, detector"},
+    {"-observed", CMD_GRAD | CMD_REFINE, set_path, GO(observed), "FILE",
+     "observed image, raw 4-byte floats or SMV (grad without it: L = sum of pixels)"},
+    {"-weights", CMD_GRAD | CMD_REFINE, set_path, GO(weights), "FILE",
+     "per-pixel weights of the loss, raw 4-byte floats or SMV"},
+    {"-loss", CMD_GRAD | CMD_REFINE, set_loss, 0, "lsq|poisson",
+     "least squares (the default) or the Poisson negative log-likelihood"},
+    {"-json", CMD_GRAD | CMD_REFINE, set_path, GO(json), "FILE", "the results as JSON, too"},
+    {"-debug_break_adjoint", CMD_GRAD | CMD_GRADCHECK, set_break, 0, "PARAM",
+     "testing: corrupts that parameter's adjoint (the check must fail)"},
+    {"-rtol", CMD_GRADCHECK, set_positive, GO(rtol), "x", "relative tolerance of the check (1e-6)"},
+    {"-hscale", CMD_GRADCHECK, set_positive, GO(hscale), "x", "scale of the finite-difference steps (1)"},
+    {"-method", CMD_REFINE, set_method, 0, "lm|bfgs",
+     "Levenberg-Marquardt (the default) or BFGS (also lbfgs)"},
+    {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
+    {"-residual", CMD_REFINE, set_path, GO(residual), "FILE",
+     "the residual image, observed - model, as raw 4-byte floats"},
+};
+#undef GO
+#define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
+
+/* "grad, refine": the subcommands of a set. */
+static const char *cmd_names(unsigned cmds, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s%s%s%s", cmds & CMD_GRAD ? "grad" : "",
+             (cmds & CMD_GRAD) && (cmds & (CMD_GRADCHECK | CMD_REFINE)) ? ", " : "",
+             cmds & CMD_GRADCHECK ? "gradcheck" : "", (cmds & CMD_GRADCHECK) && (cmds & CMD_REFINE) ? ", " : "",
+             cmds & CMD_REFINE ? "refine" : "");
+    return buf;
+}
+
+/* The gradient subcommands' flags: those of cmd (every one with its subcommands when cmd is 0), as help lines or
+ * as the README's markdown. */
+static void grad_flags_doc(FILE *out, unsigned cmd, int markdown)
+{
+    char scope[64];
+    for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
+        if (cmd == 0 || (grad_flag_table[k].cmds & cmd)) {
+            nbg_cli_help_line(out, grad_flag_table[k].flag, grad_flag_table[k].arg, grad_flag_table[k].help,
+                              cmd == 0 ? cmd_names(grad_flag_table[k].cmds, scope, sizeof scope) : NULL, markdown);
+        }
+    }
+}
+
+/* A gradient subcommand's -h: its usage, its own flags, then nanoBragg's. */
+static void grad_usage(unsigned cmd, const char *usage)
+{
+    printf("%s\n", usage);
+    params_help(stdout);
+    printf("%s's own flags:\n", cmd_name(cmd));
+    grad_flags_doc(stdout, cmd, 0);
+    printf("nanoBragg's flags, as for nbgrad simulate:\n");
+    nbg_cli_flags_help(stdout);
+}
+
 static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
 {
     grad_opts *o = c->extra;
     const char *a = argv[i];
-    unsigned cmds = 0;
-    for (size_t k = 0; k < sizeof grad_flag_table / sizeof grad_flag_table[0]; ++k) {
-        if (strcmp(a, grad_flag_table[k].flag) == 0) {
-            cmds = grad_flag_table[k].cmds;
-        }
+    size_t k = 0;
+    while (k < NGRAD_FLAGS && strcmp(a, grad_flag_table[k].flag) != 0) {
+        ++k;
     }
-    if (cmds != 0 && (cmds & o->cmd) == 0) {
+    if (k == NGRAD_FLAGS) {
+        return 0;
+    }
+    const unsigned cmds = grad_flag_table[k].cmds;
+    if ((cmds & o->cmd) == 0) {
         fprintf(stderr, "nbgrad: error: nbgrad %s does not take %s (a flag of nbgrad%s%s%s)%s\n", cmd_name(o->cmd), a,
                 cmds & CMD_GRAD ? " grad" : "", cmds & CMD_GRADCHECK ? " gradcheck" : "",
                 cmds & CMD_REFINE ? " refine" : "",
                 o->cmd == CMD_GRADCHECK ? "; gradcheck checks L = sum w I with fixed pseudo-random weights" : "");
         return -1;
     }
-    if (cmds != 0) {
-        if (i + 1 >= argc) {
-            fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
-            return -1;
-        }
-        const char *v = argv[i + 1];
-        if (strcmp(a, "-params") == 0) {
-            if (!parse_params(v, o)) return -1;
-        } else if (strcmp(a, "-rtol") == 0 || strcmp(a, "-hscale") == 0) {
-            double x;
-            if (!nbg_cli_number(a, v, &x)) return -1;
-            if (!(x > 0)) {
-                fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", a, v);
-                return -1;
-            }
-            *(strcmp(a, "-rtol") == 0 ? &o->rtol : &o->hscale) = x;
-        } else if (strcmp(a, "-observed") == 0) {
-            o->observed = v;
-        } else if (strcmp(a, "-weights") == 0) {
-            o->weights = v;
-        } else if (strcmp(a, "-json") == 0) {
-            o->json = v;
-        } else if (strcmp(a, "-residual") == 0) {
-            o->residual = v;
-        } else if (strcmp(a, "-maxiter") == 0) {
-            double m;
-            if (!nbg_cli_number(a, v, &m) || m < 1 || m != floor(m)) {
-                fprintf(stderr, "nbgrad: error: -maxiter expects a positive integer, got '%s'\n", v);
-                return -1;
-            }
-            o->max_iter = (int)m;
-        } else if (strcmp(a, "-method") == 0) {
-            if (strcmp(v, "lm") == 0) {
-                o->method = NBG_OPT_LM;
-            } else if (strcmp(v, "bfgs") == 0 || strcmp(v, "lbfgs") == 0) {
-                o->method = NBG_OPT_BFGS;
-            } else {
-                fprintf(stderr, "nbgrad: error: -method expects lm or bfgs, got '%s'\n", v);
-                return -1;
-            }
-        } else if (strcmp(a, "-debug_break_adjoint") == 0) {
-            o->break_param = nbg_param_from_name(v);
-            if (o->break_param < 0) {
-                fprintf(stderr, "nbgrad: error: unknown parameter '%s'\n", v);
-                return -1;
-            }
-        } else if (strcmp(v, "lsq") == 0) {
-            o->loss = NBG_LOSS_LSQ;
-        } else if (strcmp(v, "poisson") == 0) {
-            o->loss = NBG_LOSS_POISSON;
-        } else {
-            fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v);
-            return -1;
-        }
-        return 2;
+    if (i + 1 >= argc) {
+        fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
+        return -1;
     }
-    return 0;
+    return grad_flag_table[k].set(o, a, argv[i + 1], (char *)o + grad_flag_table[k].off) ? 2 : -1;
 }
 
 /* Common set-up of a subcommand: parse, check the run's files, create the context, load files.  o is the gradient
@@ -264,7 +343,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
-            printf("usage: nbgrad gradcheck <nanoBragg flags> -params LIST [-rtol 1e-6] [-hscale 1]\n");
+            grad_usage(CMD_GRADCHECK, "usage: nbgrad gradcheck <nanoBragg flags> -params LIST [-rtol 1e-6] [-hscale 1]");
             status = 0;
         }
         c.extra = NULL;
@@ -376,9 +455,9 @@ static int cmd_grad(int argc, char **argv, int first)
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
-            printf("usage: nbgrad grad <nanoBragg flags> -params LIST [-observed FILE -loss lsq|poisson "
-                   "-weights FILE] [-json FILE]\n"
-                   "without -observed the loss is L = sum I (the gradient of the total intensity)\n");
+            grad_usage(CMD_GRAD, "usage: nbgrad grad <nanoBragg flags> -params LIST [-observed FILE -loss lsq|poisson "
+                                 "-weights FILE] [-json FILE]\n"
+                                 "without -observed the loss is L = sum I (the gradient of the total intensity)");
             status = 0;
         }
         c.extra = NULL;
@@ -535,9 +614,8 @@ void usage_main(FILE *out)
                  "usage: nbgrad [simulate] <nanoBragg flags>   render images (nbgrad simulate -h for the flags)\n"
                  "       nbgrad grad <flags> -params LIST [-observed FILE -loss lsq|poisson] [-json FILE]\n"
                  "       nbgrad gradcheck <flags> -params LIST [-rtol 1e-6]\n"
-                 "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n"
-                 "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
-                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n");
+                 "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n");
+    params_help(out);
 }
 
 static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
@@ -567,8 +645,8 @@ static int cmd_refine(int argc, char **argv, int first)
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
-            printf("usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
-                   "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n");
+            grad_usage(CMD_REFINE, "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
+                                   "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]");
             status = 0;
         }
         c.extra = NULL;
@@ -676,6 +754,26 @@ int main(int argc, char **argv)
         usage_main(stdout);
         printf("\n");
         nbg_cli_usage(stdout);
+        printf("the gradient subcommands' own flags:\n");
+        grad_flags_doc(stdout, 0, 0);
+        return 0;
+    }
+    /* hidden: the flag tables as the README's "All flags" section, and every flag name the program accepts */
+    if (strcmp(argv[1], "--flags-markdown") == 0) {
+        printf("<!-- BEGIN FLAGS: generated by `nbgrad --flags-markdown` from the flag tables (src/cli.c, src/main.c); "
+               "do not edit by hand -->\n");
+        nbg_cli_flags_markdown(stdout);
+        printf("**the gradient subcommands' own flags** (each only where its subcommands use it)\n\n");
+        grad_flags_doc(stdout, 0, 1);
+        printf("<!-- END FLAGS -->\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "--flags-list") == 0) {
+        char scope[64];
+        nbg_cli_flags_list(stdout);
+        for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
+            printf("%s %s\n", grad_flag_table[k].flag, cmd_names(grad_flag_table[k].cmds, scope, sizeof scope));
+        }
         return 0;
     }
     if (strcmp(argv[1], "gradcheck") == 0) {
