@@ -40,9 +40,11 @@ typedef struct {
 static inline NBG_HD int NBG_SFX(nbg_sample_eval)(const nbg_kparams *p, const double *abc, const NBG_R *q,
                                                  NBG_SFX(nbg_sample) * sm)
 {
-    sm->h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
-    sm->k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
-    sm->l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+    NBG_R hkl[3];
+    NBG_SFX(nbg_miller)(abc, q, hkl);
+    sm->h = hkl[0];
+    sm->k = hkl[1];
+    sm->l = hkl[2];
     sm->h0 = NBG_SFX(nbg_round_index)(sm->h);
     sm->k0 = NBG_SFX(nbg_round_index)(sm->k);
     sm->l0 = NBG_SFX(nbg_round_index)(sm->l);

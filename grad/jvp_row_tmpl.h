@@ -87,16 +87,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                             v[x] = (NBG_R)abc[x];
                         }
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W], dLh[3][W], dLdN[3][W], dFh[3][W];
-                        const int need_rnd = p->F != 0 || p->shape != NBG_SQUARE;
-                        for (int x = 0; x < 3; ++x) {
-                            NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
-                            const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
-#pragma omp simd
-                            for (int j = 0; j < W; ++j) {
-                                hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-                                rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
-                            }
-                        }
+                        NBG_SFX(nbg_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         NBG_R dast[W][9];
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */

@@ -236,6 +236,15 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell)(const nbg_kparams *p, NBG_R h, NBG
     return (NBG_R)p->default_F;
 }
 
+/* The Miller indices of a sample, h = a . q, k = b . q, l = c . q, for crystal vectors abc (a, b, c; m) and
+ * scattering vector q (1/m).  The row kernels' lane form is nbg_lane_hkl (src/row_tmpl.h). */
+static inline NBG_HD void NBG_SFX(nbg_miller)(const double *abc, const NBG_R *q, NBG_R *hkl)
+{
+    for (int x = 0; x < 3; ++x) {
+        hkl[x] = (NBG_R)abc[3 * x] * q[0] + (NBG_R)abc[3 * x + 1] * q[1] + (NBG_R)abc[3 * x + 2] * q[2];
+    }
+}
+
 /* The nearest integer to a Miller index, halves rounded up (nanoBragg's ceil(h - 0.5)): the reflection a sample
  * belongs to.  Every nest rounds through here. */
 static inline NBG_HD NBG_R NBG_SFX(nbg_round_index)(NBG_R h)

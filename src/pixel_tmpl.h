@@ -75,9 +75,9 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
                     const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
-                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
-                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        NBG_R hkl[3];
+                        NBG_SFX(nbg_miller)(abc, q, hkl);
+                        const NBG_R h = hkl[0], k = hkl[1], l = hkl[2];
                         const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
                         const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
                         const NBG_R l0 = NBG_SFX(nbg_round_index)(l);
@@ -140,9 +140,9 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
                     const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        const NBG_R h = (NBG_R)abc[0] * q[0] + (NBG_R)abc[1] * q[1] + (NBG_R)abc[2] * q[2];
-                        const NBG_R k = (NBG_R)abc[3] * q[0] + (NBG_R)abc[4] * q[1] + (NBG_R)abc[5] * q[2];
-                        const NBG_R l = (NBG_R)abc[6] * q[0] + (NBG_R)abc[7] * q[1] + (NBG_R)abc[8] * q[2];
+                        NBG_R hkl[3];
+                        NBG_SFX(nbg_miller)(abc, q, hkl);
+                        const NBG_R h = hkl[0], k = hkl[1], l = hkl[2];
                         const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
                         const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
                         const NBG_R l0 = NBG_SFX(nbg_round_index)(l);

@@ -20,6 +20,23 @@
 #endif
 
 
+/* The Miller indices h = a . q of crystal vectors abc across the lanes (nbg_miller's arithmetic), and, where
+ * need_rnd (the table lookup and the non-square shapes use them), their rounding (nbg_round_index); rnd is 0
+ * otherwise.  Shared by the forward, adjoint and tangent row kernels. */
+static inline void NBG_SFX(nbg_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1, const NBG_R *q2,
+                                        int need_rnd, NBG_R hkl[3][NBG_LANES], NBG_R rnd[3][NBG_LANES])
+{
+    for (int x = 0; x < 3; ++x) {
+        NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
+        const NBG_R vx0 = (NBG_R)abc[3 * x], vx1 = (NBG_R)abc[3 * x + 1], vx2 = (NBG_R)abc[3 * x + 2];
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+            rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
+        }
+    }
+}
+
 /* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
  * U_{N-1}(cos pi d) of nbg_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
  * loop over the lanes, nbg_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
@@ -177,23 +194,10 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        NBG_R v[9];
-                        for (int x = 0; x < 9; ++x) {
-                            v[x] = (NBG_R)abc[x];
-                        }
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
                         /* the rounded indices serve the table lookup and the non-square shapes only */
-                        const int need_rnd = p->F != 0 || p->shape != NBG_SQUARE;
-                        for (int x = 0; x < 3; ++x) {
-                            NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
-                            const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
-#pragma omp simd
-                            for (int j = 0; j < W; ++j) {
-                                hx[j] = vx0 * qf0[j] + vx1 * qf1[j] + vx2 * qf2[j];
-                                rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
-                            }
-                        }
+                        NBG_SFX(nbg_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbg_square_lanes)(p, hkl, L, 0, 0, 0);
