@@ -4,7 +4,7 @@
 #   make demo       build, then refine cell and orientation on the built-in example (examples/refine_cell.c)
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
-#   make checksymbols  fail if the library exports a symbol without the nbg_ (API) or nbgi_ (internal) prefix
+#   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_)
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
 #   make clean
 #
@@ -146,12 +146,15 @@ $(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
 test: all checksymbols
 	@sh tests/run-all.sh $(B)
 
-# Every symbol the library exports carries the nbg_ prefix (the CUDA compiler's own symbols for nbg_ kernels
-# and its C++ runtime reference excepted).
+# Every symbol the library exports is either the API (an nbg_ name declared in include/nbgrad.h) or internal (the
+# nbgi_ prefix); the CUDA compiler's own symbols for the kernels and its C++ runtime reference excepted.
 checksymbols: $(B)/libnbgrad.a
-	@bad=$$(nm -g --defined-only $(B)/libnbgrad.a 2>/dev/null | awk 'NF == 3 { print $$3 }' | \
-	   grep -v -E '^nbgi?_|^_Z[0-9]+(__device_stub__)?.*nbgi?_|^DW\.ref\.__gxx_personality_v0$$' | sort -u); \
-	 if [ -n "$$bad" ]; then echo "exported symbols without the nbg_ prefix:"; echo "$$bad"; exit 1; fi
+	@pub=$$(grep -o -E '\bnbg_[a-z0-9_]+' include/nbgrad.h | sort -u); \
+	 bad=$$(nm -g --defined-only $(B)/libnbgrad.a 2>/dev/null | awk 'NF == 3 { print $$3 }' | sort -u | \
+	   grep -v -E '^nbgi_|^_Z[0-9]+(__device_stub__)?.*nbgi?_|^DW\.ref\.__gxx_personality_v0$$' | \
+	   grep -v -x -F "$$pub"); \
+	 if [ -n "$$bad" ]; then echo "exported symbols neither declared in include/nbgrad.h nor internal (nbgi_):"; \
+	   echo "$$bad"; exit 1; fi
 
 # The main job on the built-in example: fit a crystal's cell and orientation to a noisy image.
 demo: all
@@ -170,8 +173,9 @@ clean:
 # ---------------------------------------------------------------------------------------------------------------
 # Sanitizer and fuzzing tiers (run by .ci/run after `make test`).
 #
-#   make test-asan  the library, the program and a fast subset of the tests built with ASan + UBSan into
-#                   $(B)/asan and run by tests/run-all.sh ($(B)/asan/nbgrad is the program they test)
+#   make test-asan  the library, the program and the tests (but test-examples and the CUDA ones) built with
+#                   ASan + UBSan into $(B)/asan and run by tests/run-all.sh ($(B)/asan/nbgrad is the program
+#                   they test); about a minute
 #   make fuzz       builds the libFuzzer harnesses (tests/fuzz/fuzz-*.c) into $(B)/fuzz and runs each for FUZZ_TIME
 #                   seconds on a scratch corpus $(B)/fuzz/corpus/<target> seeded from tests/fuzz/corpus/<target>,
 #                   going on past findings (fork mode); findings are saved under $(B)/fuzz/findings/<target>/
@@ -236,12 +240,13 @@ fuzz-ci: fuzz-build
 	@sh tests/fuzz/run.sh ci $(FZ) $(FUZZ_CI_TIME) "$(FUZZ_OPTS)" $(FUZZ_TARGETS)
 
 # The ASan + UBSan tier: a second build of the same sources (CUDA off) with its own program, which the tests
-# that run the program find through NBG_BIN.  test-golden runs ASAN_GOLDEN_CASES only.  test-examples is left
-# out (it runs build/examples/... by fixed paths); so are the slow test-refine, test-cuda*, test-jvp.
+# that run the program find through NBG_BIN.  Left out: test-examples (it runs build/examples/... by fixed
+# paths, i.e. the unsanitized programs) and the CUDA tests.  ASAN_GOLDEN_CASES (comma-separated ids) limits
+# test-golden to some cases; empty runs them all.
 ASAN_B            := $(B)/asan
 ASAN_OPT          := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-ASAN_TESTS        ?= test-io test-cli test-rng test-geometry test-grad test-cli-grad test-golden
-ASAN_GOLDEN_CASES ?= beam_center_64,hkl_pattern,sourcefile,mask,img_header,roi,noise_seeded,divergence_dispersion
+ASAN_TESTS        ?= $(filter-out test-examples test-cuda,$(patsubst tests/%.c,%,$(TEST_SRC)))
+ASAN_GOLDEN_CASES ?=
 ASAN_ENV          := ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1 \
                      UBSAN_OPTIONS=abort_on_error=1:halt_on_error=1:print_stacktrace=1
 
@@ -251,6 +256,6 @@ test-asan:
 	@for p in $(ASAN_B)/tests/test-*; do \
 	   case " $(ASAN_TESTS) " in *" $${p##*/} "*) ;; *) case "$$p" in *.o|*.d) ;; *) rm -f "$$p" ;; esac ;; esac; \
 	 done
-	@$(ASAN_ENV) NBG_BIN=$(ASAN_B)/nbgrad NBG_GOLDEN_CASES=$(ASAN_GOLDEN_CASES) sh tests/run-all.sh $(ASAN_B)
+	@$(ASAN_ENV) NBG_BIN=$(ASAN_B)/nbgrad NBG_GOLDEN_CASES="$(ASAN_GOLDEN_CASES)" sh tests/run-all.sh $(ASAN_B)
 
 .PHONY: fuzz fuzz-ci fuzz-build test-asan

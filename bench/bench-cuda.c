@@ -128,7 +128,7 @@ static int measure(nbg_ctx *ctx, const nbg_experiment *e, int grad, int r, timin
 static int one(int argc, char **argv)
 {
     nbg_experiment e;
-    if (argc < 4 || !nbg_bench_case(argv[2], &e)) {
+    if (argc < 4 || !nbgi_bench_case(argv[2], &e)) {
         fprintf(stderr, "usage: bench-cuda one CASE float|double\n");
         return 2;
     }
@@ -174,7 +174,7 @@ int main(int argc, char **argv)
 
     /* 1. cubic4k */
     nbg_experiment e;
-    nbg_bench_case(cubic, &e);
+    nbgi_bench_case(cubic, &e);
     timing tc;
     if (!measure(cpu, &e, 0, 1, &tc)) {
         status = 1;
@@ -199,7 +199,7 @@ int main(int argc, char **argv)
            "of_peak", "cpu/gpu");
     timing th[2][2];
     for (int c = 0; c < 2; ++c) {
-        nbg_bench_case(heavy[c], &e);
+        nbgi_bench_case(heavy[c], &e);
         nbg_report rep;
         nbg_describe(cpu, &e, &rep);
         const double samples = (double)rep.fpixels * rep.spixels * rep.steps;
@@ -233,7 +233,7 @@ int main(int argc, char **argv)
     printf("%-10s %-7s %12s %12s %12s %12s\n", "case", "prec", "grad_kern_ms", "kernel_x", "grad_call_ms", "call_x");
     const char *gcases[2] = {cubic, heavy[0]};
     for (int c = 0; c < 2; ++c) {
-        nbg_bench_case(gcases[c], &e);
+        nbgi_bench_case(gcases[c], &e);
         for (int p = 0; p < 2; ++p) {
             const timing *f = c == 0 ? &tf[p] : &th[0][p];
             timing tg;
@@ -250,7 +250,7 @@ int main(int argc, char **argv)
     printf("\n4. host set-up of a repeated call on a warm context (plan, parameter copies), %d calls\n", 2 * r);
     const char *scases[2] = {cubic, heavy[0]};
     for (int c = 0; c < 2; ++c) {
-        nbg_bench_case(scases[c], &e);
+        nbgi_bench_case(scases[c], &e);
         timing ts;
         if (measure(gpu[NBG_FLOAT], &e, 0, 2 * r, &ts)) {
             printf("%-10s median %.3f ms, max %.3f ms\n", scases[c], 1e3 * ts.setup, 1e3 * ts.setup_max);

@@ -90,7 +90,7 @@ static const bench_case cases[] = {
 static int run_case(const bench_case *bc, nbg_precision prec)
 {
     nbg_experiment e;
-    nbg_bench_case(bc->name, &e);
+    nbgi_bench_case(bc->name, &e);
     nbg_ctx *ctx = NULL;
     int rc = nbg_ctx_create(&ctx, NBG_BACKEND_CPU, prec, threads_wanted());
     if (rc != NBG_OK) {

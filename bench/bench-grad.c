@@ -49,7 +49,7 @@ static double time_call(int which, int mode, long *rss_kb)
     nbg_ctx *ctx;
     nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, threads());
     nbg_experiment e;
-    nbg_bench_case(names[which], &e);
+    nbgi_bench_case(names[which], &e);
     nbg_report r;
     nbg_describe(ctx, &e, &r);
     const size_t npix = (size_t)r.fpixels * r.spixels;

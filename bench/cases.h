@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* Fills e for the named case; 0 when the name is not one. */
-static inline int nbg_bench_case(const char *name, nbg_experiment *e)
+static inline int nbgi_bench_case(const char *name, nbg_experiment *e)
 {
     static const char *const sizes[] = {"256", "512", "1k", "2048", "4k"};
     static const int npix[] = {256, 512, 1024, 2048, 4096};

@@ -149,7 +149,7 @@ else
         for prec in float double; do
             case $prec in float) p=f ;; *) p=d ;; esac
             m="smsp__sass_thread_inst_executed_op_${p}add_pred_on.sum,smsp__sass_thread_inst_executed_op_${p}mul_pred_on.sum,smsp__sass_thread_inst_executed_op_${p}fma_pred_on.sum"
-            fl=$(ncu --csv --metrics "$m" --kernel-name regex:nbg_forward_kernel --launch-count 1 \
+            fl=$(ncu --csv --metrics "$m" --kernel-name regex:nbgi_forward_kernel --launch-count 1 \
                    "$BC" one heavy512 "$prec" 2>/dev/null |
                  awk -F'","' -v s=$((512 * 512 * 3000)) '
                      /op_.(add|mul|fma)_pred_on/ { v = $NF; gsub(/[",]/, "", v); n += (($0 ~ /fma_pred/) ? 2 : 1) * v; ok = 1 }

@@ -15,7 +15,7 @@
  * Nothing here needs GSL or LAPACKE; the CUDA runtime is linked statically.  tests/cudaemu/ runs this same file on
  * the CPU (NBG_CUDA_EMU), so that the launch, indexing and reduction code is tested where there is no GPU.
  */
-#include "nbg_cuda.h"
+#include "nbgi_cuda.h"
 
 extern "C" {
 #include "adjoint.h"
@@ -42,7 +42,7 @@ extern "C" {
 #define NBG_BLOCK 128                 /* threads per block of the pixel kernels */
 #define NBG_WARPS (NBG_BLOCK / 32)
 #define NBG_RBLOCK 256                /* threads per block of the reduction kernel */
-#define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbg_adjacc */
+#define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbgi_adjacc */
 #define NBG_CUDA_MAXACC 1024          /* crystal-vector and wavelength gradients one thread can hold */
 
 typedef struct {
@@ -52,11 +52,11 @@ typedef struct {
     double *src, *abc, *F, *part, *sums;
     uint8_t *mask;
     size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask;
-} nbg_cuda_state;
+} nbgi_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
 {
-    return nbg_error(ctx, NBG_ECUDA, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+    return nbgi_error(ctx, NBG_ECUDA, "CUDA %s failed: %s", what, cudaGetErrorString(e));
 }
 
 /* Grows a device buffer to at least need bytes (kept between calls). */
@@ -77,30 +77,30 @@ static cudaError_t ensure(void **p, size_t *cap, size_t need)
     return e;
 }
 
-extern "C" int nbg_cuda_init(nbg_ctx *ctx)
+extern "C" int nbgi_cuda_init(nbg_ctx *ctx)
 {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        return nbg_error(ctx, NBG_ENODEV, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none");
+        return nbgi_error(ctx, NBG_ENODEV, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none");
     }
-    nbg_cuda_state *st = (nbg_cuda_state *)calloc(1, sizeof *st);
+    nbgi_cuda_state *st = (nbgi_cuda_state *)calloc(1, sizeof *st);
     if (st == NULL) {
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the CUDA state");
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the CUDA state");
     }
     cudaGetDevice(&st->device);
     cudaError_t ee;
     if ((ee = cudaEventCreate(&st->ev[0])) != cudaSuccess || (ee = cudaEventCreate(&st->ev[1])) != cudaSuccess) {
         free(st);
-        return nbg_error(ctx, NBG_ECUDA, "CUDA event creation failed: %s", cudaGetErrorString(ee));
+        return nbgi_error(ctx, NBG_ECUDA, "CUDA event creation failed: %s", cudaGetErrorString(ee));
     }
     ctx->cuda = st;
     return NBG_OK;
 }
 
-extern "C" void nbg_cuda_release(nbg_ctx *ctx)
+extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
 {
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     if (st == NULL) {
         return;
     }
@@ -118,9 +118,9 @@ extern "C" void nbg_cuda_release(nbg_ctx *ctx)
     ctx->cuda = NULL;
 }
 
-extern "C" int nbg_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info)
+extern "C" int nbgi_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info)
 {
-    const nbg_cuda_state *st = (const nbg_cuda_state *)ctx->cuda;
+    const nbgi_cuda_state *st = (const nbgi_cuda_state *)ctx->cuda;
     cudaDeviceProp prop;
     int sms = 0, khz = 0, major = 0, minor = 0;
     if (cudaGetDeviceProperties(&prop, st->device) != cudaSuccess ||
@@ -151,9 +151,9 @@ extern "C" int nbg_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info)
 
 /* Copies the plan's arrays into the context's device buffers, makes room for the image, ncomp per-block partials
  * and their ncomp sums, and returns the device copy of k. */
-static int upload(nbg_ctx *ctx, const nbg_kparams *k, int ncomp, unsigned nblocks, nbg_kparams *kd)
+static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nblocks, nbgi_kparams *kd)
 {
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     *kd = *k;
     const size_t nsrc = (size_t)k->nsources * NBG_SRC_STRIDE, nabc = (size_t)k->nphi * k->nmos * 9;
     const size_t npix = (size_t)k->fpixels * k->spixels;
@@ -223,7 +223,7 @@ __device__ static inline void block_partials(Get get, int ncomp, double *sh, dou
 
 /* out[c] = sum over blocks b of part[c * nblocks + b], one block per component: each thread sums a fixed stride
  * of blocks in order, then a fixed tree over the threads. */
-__global__ void nbg_reduce_kernel(const double *part, unsigned nblocks, double *out)
+__global__ void nbgi_reduce_kernel(const double *part, unsigned nblocks, double *out)
 {
     __shared__ double sh[NBG_RBLOCK];
     const size_t c = blockIdx.x;
@@ -245,7 +245,7 @@ __global__ void nbg_reduce_kernel(const double *part, unsigned nblocks, double *
 }
 
 template <int FLOAT>
-__global__ void nbg_forward_kernel(nbg_kparams p, float *img, double *part, unsigned nblocks)
+__global__ void nbgi_forward_kernel(nbgi_kparams p, float *img, double *part, unsigned nblocks)
 {
     __shared__ double sh[2 * NBG_WARPS];
     const long npix = (long)p.fpixels * p.spixels;
@@ -254,15 +254,15 @@ __global__ void nbg_forward_kernel(nbg_kparams p, float *img, double *part, unsi
     if (i < npix) {
         const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
         float v = 0.0f;
-        if (nbg_pixel_active(&p, f, s)) {
+        if (nbgi_pixel_active(&p, f, s)) {
             if (FLOAT) {
-                nbg_pixstat_f ps = {0, 0};
-                v = (float)nbg_pixel_f(&p, f, s, &ps);
+                nbgi_pixstat_f ps = {0, 0};
+                v = (float)nbgi_pixel_f(&p, f, s, &ps);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             } else {
-                nbg_pixstat_d ps = {0, 0};
-                v = (float)nbg_pixel_d(&p, f, s, &ps);
+                nbgi_pixstat_d ps = {0, 0};
+                v = (float)nbgi_pixel_d(&p, f, s, &ps);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             }
@@ -275,7 +275,7 @@ __global__ void nbg_forward_kernel(nbg_kparams p, float *img, double *part, unsi
 /* The adjoint pixel kernel: CAP bounds the per-thread crystal-vector and wavelength accumulators (nvar of them
  * are used), so that a thread's local memory is no larger than the experiment needs. */
 template <int FLOAT, int CAP>
-__global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, double *part, unsigned nblocks,
+__global__ void nbgi_adjoint_kernel(nbgi_kparams p, const float *g, float *img, double *part, unsigned nblocks,
                                    int nvar)
 {
     __shared__ double sh[(NBG_NFIX + CAP) * NBG_WARPS];
@@ -283,7 +283,7 @@ __global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, do
     for (int c = 0; c < nvar; ++c) {
         local[c] = 0;
     }
-    nbg_adjacc acc;
+    nbgi_adjacc acc;
     memset(&acc, 0, sizeof acc);
     acc.abc = local;
     acc.lam = local + p.nphi * p.nmos * 9;
@@ -292,9 +292,9 @@ __global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, do
     if (i < npix) {
         const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
         float v = 0.0f;
-        if (nbg_pixel_active(&p, f, s)) {
-            v = FLOAT ? (float)nbg_pixel_adjoint_f(&p, f, s, g[i], &acc)
-                      : (float)nbg_pixel_adjoint_d(&p, f, s, (double)g[i], &acc);
+        if (nbgi_pixel_active(&p, f, s)) {
+            v = FLOAT ? (float)nbgi_pixel_adjoint_f(&p, f, s, g[i], &acc)
+                      : (float)nbgi_pixel_adjoint_d(&p, f, s, (double)g[i], &acc);
         }
         img[i] = v;
     }
@@ -308,12 +308,12 @@ __global__ void nbg_adjoint_kernel(nbg_kparams p, const float *g, float *img, do
 static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float *image, double *sums,
                   const char *what, double *times)
 {
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         return cuda_fail(ctx, e, what);
     }
-    NBG_LAUNCH(nbg_reduce_kernel, ncomp, NBG_RBLOCK, st->part, nblocks, st->sums);
+    NBG_LAUNCH(nbgi_reduce_kernel, ncomp, NBG_RBLOCK, st->part, nblocks, st->sums);
     if ((e = cudaGetLastError()) != cudaSuccess) {
         return cuda_fail(ctx, e, "reduction kernel launch");
     }
@@ -323,34 +323,34 @@ static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float 
     }
     cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
     times[1] = 1e-3 * ms;
-    const double t0 = nbg_now();
+    const double t0 = nbgi_now();
     if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of the image");
     }
     if ((e = cudaMemcpy(sums, st->sums, (size_t)ncomp * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of the sums");
     }
-    times[2] = nbg_now() - t0;
+    times[2] = nbgi_now() - t0;
     return NBG_OK;
 }
 
 /* Marks the start of a call's kernels; times[0] receives the host time spent since t0 (the uploads). */
 static int start(nbg_ctx *ctx, double t0, double *times)
 {
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
-    times[0] = nbg_now() - t0;
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
+    times[0] = nbgi_now() - t0;
     const cudaError_t e = cudaEventRecord(st->ev[0], 0);
     return e == cudaSuccess ? NBG_OK : cuda_fail(ctx, e, "event record");
 }
 
-extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum,
+extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float *image, double *omega_sum,
                                 long *oor, double times[3])
 {
-    const double t0 = nbg_now();
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    const double t0 = nbgi_now();
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     const size_t npix = (size_t)k->fpixels * k->spixels;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
-    nbg_kparams kd;
+    nbgi_kparams kd;
     int rc = upload(ctx, k, 2, nblocks, &kd);
     if (rc == NBG_OK) {
         rc = start(ctx, t0, times);
@@ -359,9 +359,9 @@ extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_floa
         return rc;
     }
     if (use_float) {
-        NBG_LAUNCH(nbg_forward_kernel<1>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
+        NBG_LAUNCH(nbgi_forward_kernel<1>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
     } else {
-        NBG_LAUNCH(nbg_forward_kernel<0>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
+        NBG_LAUNCH(nbgi_forward_kernel<0>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
     }
     double sums[2];
     rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel", times);
@@ -373,28 +373,28 @@ extern "C" int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_floa
 }
 
 template <int FLOAT>
-static void launch_adjoint(const nbg_kparams &kd, nbg_cuda_state *st, unsigned nblocks, int nvar)
+static void launch_adjoint(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned nblocks, int nvar)
 {
-    void (*kern)(nbg_kparams, const float *, float *, double *, unsigned, int) =
-        nvar <= 16 ? nbg_adjoint_kernel<FLOAT, 16>
-                   : nvar <= 128 ? nbg_adjoint_kernel<FLOAT, 128> : nbg_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC>;
+    void (*kern)(nbgi_kparams, const float *, float *, double *, unsigned, int) =
+        nvar <= 16 ? nbgi_adjoint_kernel<FLOAT, 16>
+                   : nvar <= 128 ? nbgi_adjoint_kernel<FLOAT, 128> : nbgi_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC>;
     NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->g, st->img, st->part, nblocks, nvar);
 }
 
-extern "C" int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_float, const float *dLdI, float *image,
+extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image,
                                 double *out, int ncomp, double times[3])
 {
-    const double t0 = nbg_now();
+    const double t0 = nbgi_now();
     const int nvar = ncomp - NBG_NFIX;
     if (nvar < 0 || nvar > NBG_CUDA_MAXACC) {
-        return nbg_error(ctx, NBG_EUNSUP, "the CUDA adjoint holds at most %d crystal-vector and wavelength "
+        return nbgi_error(ctx, NBG_EUNSUP, "the CUDA adjoint holds at most %d crystal-vector and wavelength "
                          "gradients per thread (this experiment has %d: phi steps x mosaic domains x 9 + sources)",
                          NBG_CUDA_MAXACC, nvar);
     }
-    nbg_cuda_state *st = (nbg_cuda_state *)ctx->cuda;
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     const size_t npix = (size_t)k->fpixels * k->spixels;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
-    nbg_kparams kd;
+    nbgi_kparams kd;
     int rc = upload(ctx, k, ncomp, nblocks, &kd);
     if (rc != NBG_OK) {
         return rc;

@@ -18,18 +18,18 @@ typedef struct {
     double *lam;                             /* nsources: wavelengths (m) */
     double *F;                               /* structure-factor table, or NULL when not wanted */
     double *lane_abc, *lane_lam;             /* scratch of the vectorised adjoint: nmat*9*8 and nsources*8 */
-} nbg_adjacc;
+} nbgi_adjacc;
 
-/* Number of doubles in the fixed part of nbg_adjacc (the CUDA backend and the thread reduction read it as a flat
+/* Number of doubles in the fixed part of nbgi_adjacc (the CUDA backend and the thread reduction read it as a flat
  * array of doubles: every member before abc is a double). */
-#define NBG_ADJ_FIXED (offsetof(nbg_adjacc, abc) / sizeof(double))
+#define NBG_ADJ_FIXED (offsetof(nbgi_adjacc, abc) / sizeof(double))
 #ifndef __cplusplus
-_Static_assert(offsetof(nbg_adjacc, abc) == 29 * sizeof(double), "nbg_adjacc's fixed part must be 29 doubles");
+_Static_assert(offsetof(nbgi_adjacc, abc) == 29 * sizeof(double), "nbgi_adjacc's fixed part must be 29 doubles");
 #endif
 
 /* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
  * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
-static inline NBG_HD void nbg_ray_adjoint(const nbg_ray *r, const double *d_d, double d_R, nbg_adjacc *acc)
+static inline NBG_HD void nbgi_ray_adjoint(const nbgi_ray *r, const double *d_d, double d_R, nbgi_adjacc *acc)
 {
     const double dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
     for (int x = 0; x < 3; ++x) {
@@ -46,24 +46,24 @@ static inline NBG_HD void nbg_ray_adjoint(const nbg_ray *r, const double *d_d, d
  * the last layer's first subpixel, the polarization at the first (subpixel, source) that survives the resolution
  * cut, with the rays they were taken on.  Shared by the adjoint (prologue and epilogue) and tangent kernels. */
 typedef struct {
-    nbg_ray r_om, r_cap, r_pol;
+    nbgi_ray r_om, r_cap, r_pol;
     double omega, capture, cap_a, rho, polar;
     int pol_src; /* the source polar was taken on; -1 when none (-nopolar, or every sample cut) */
-} nbg_pixfactors;
+} nbgi_pixfactors;
 
-static inline NBG_HD void nbg_pixel_factors(const nbg_kparams *p, int fpixel, int spixel, nbg_pixfactors *pf)
+static inline NBG_HD void nbgi_pixel_factors(const nbgi_kparams *p, int fpixel, int spixel, nbgi_pixfactors *pf)
 {
     const int os = p->oversample;
     const int tl = p->thicksteps - 1;
-    nbg_ray_at(p, fpixel, spixel, 0, 0, 0, &pf->r_om);
-    pf->omega = nbg_solid_angle(p, pf->r_om.R);
+    nbgi_ray_at(p, fpixel, spixel, 0, 0, 0, &pf->r_om);
+    pf->omega = nbgi_solid_angle(p, pf->r_om.R);
     pf->capture = 1;
     pf->cap_a = 0;
     pf->rho = 1;
     if (p->thick != 0) {
-        nbg_ray_at(p, fpixel, spixel, 0, 0, tl, &pf->r_cap);
+        nbgi_ray_at(p, fpixel, spixel, 0, 0, tl, &pf->r_cap);
         pf->rho = pf->r_cap.d[0] * p->odet[0] + pf->r_cap.d[1] * p->odet[1] + pf->r_cap.d[2] * p->odet[2];
-        pf->capture = nbg_capture(p, tl, pf->rho, &pf->cap_a);
+        pf->capture = nbgi_capture(p, tl, pf->rho, &pf->cap_a);
     }
     pf->polar = p->nopolar ? 1 : 0;
     pf->pol_src = -1;
@@ -76,13 +76,13 @@ static inline NBG_HD void nbg_pixel_factors(const nbg_kparams *p, int fpixel, in
                 if (t == 0 && subS == 0 && subF == 0) {
                     pf->r_pol = pf->r_om; /* the first subpixel's ray, already computed */
                 } else {
-                    nbg_ray_at(p, fpixel, spixel, subF, subS, t, &pf->r_pol);
+                    nbgi_ray_at(p, fpixel, spixel, subF, subS, t, &pf->r_pol);
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     double q[3];
-                    if (nbg_scatter_q(p, pf->r_pol.d, src, q)) {
+                    if (nbgi_scatter_q(p, pf->r_pol.d, src, q)) {
                         const double *sr = p->src + NBG_SRC_STRIDE * src;
-                        pf->polar = nbg_polar_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7);
+                        pf->polar = nbgi_polar_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7);
                         pf->pol_src = src;
                         return;
                     }
@@ -96,8 +96,8 @@ static inline NBG_HD void nbg_pixel_factors(const nbg_kparams *p, int fpixel, in
  * omega), back-propagates through the once-per-pixel factors into acc: the scale, the water term (d_I = g scale
  * capture polar omega), the solid angle (its ray and the close distance), the capture fraction (its ray and the
  * normal) and the polarization (its ray and K). */
-static inline NBG_HD void nbg_pixel_factors_adjoint(const nbg_kparams *p, const nbg_pixfactors *pf, double g,
-                                                    double I, double d_I, nbg_adjacc *acc)
+static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_pixfactors *pf, double g,
+                                                    double I, double d_I, nbgi_adjacc *acc)
 {
     const double scale = p->scale;
     const double omega = pf->omega, capture = pf->capture, polar = pf->polar;
@@ -107,34 +107,34 @@ static inline NBG_HD void nbg_pixel_factors_adjoint(const nbg_kparams *p, const 
     {
         /* omega(R, close): d_R = d omega / dR, d_close = omega / close */
         const double d_om = g * scale * I * capture * polar;
-        const double d_R = d_om * nbg_solid_angle_dR(p, pf->r_om.R, omega);
+        const double d_R = d_om * nbgi_solid_angle_dR(p, pf->r_om.R, omega);
         if (!p->point_pixel) {
             acc->close += d_om * omega / p->close_distance;
         }
-        nbg_ray_adjoint(&pf->r_om, zero, d_R, acc);
+        nbgi_ray_adjoint(&pf->r_om, zero, d_R, acc);
     }
     if (p->thick != 0) {
         /* capture(a), a = dz mu / rho, rho = d . o */
         const double d_cap = g * scale * I * polar * omega;
-        const double d_rho = d_cap * nbg_capture_da(p->thicksteps - 1, pf->cap_a) * (-pf->cap_a / pf->rho);
+        const double d_rho = d_cap * nbgi_capture_da(p->thicksteps - 1, pf->cap_a) * (-pf->cap_a / pf->rho);
         double d_d[3];
         for (int x = 0; x < 3; ++x) {
             d_d[x] = d_rho * p->odet[x];
             acc->o[x] += d_rho * pf->r_cap.d[x];
         }
-        nbg_ray_adjoint(&pf->r_cap, d_d, 0, acc);
+        nbgi_ray_adjoint(&pf->r_cap, d_d, 0, acc);
     }
     if (pf->pol_src >= 0) {
         const double d_pol = g * scale * I * capture * omega;
         const double *sr = p->src + NBG_SRC_STRIDE * pf->pol_src;
         double dP_dd[3], dP_dK;
-        nbg_polar_grad_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
+        nbgi_polar_grad_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
         double d_d[3];
         for (int x = 0; x < 3; ++x) {
             d_d[x] = d_pol * dP_dd[x];
         }
         acc->K += d_pol * dP_dK;
-        nbg_ray_adjoint(&pf->r_pol, d_d, 0, acc);
+        nbgi_ray_adjoint(&pf->r_pol, d_d, 0, acc);
     }
 }
 
@@ -142,11 +142,11 @@ static inline NBG_HD void nbg_pixel_factors_adjoint(const nbg_kparams *p, const 
  * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only
  * when tacc->F != NULL.  The caller sums the nthreads sets in thread order, so the result is reproducible for a
  * given thread count.  vectorised selects the row form (adjoint_row_tmpl.h) over the scalar twin. */
-void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads,
+void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
                      int vectorised);
 
-/* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbg_plan_tangent),
+/* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbgi_plan_tangent),
  * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values. */
-void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image, int vectorised);
+void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised);
 
 #endif

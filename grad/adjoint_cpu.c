@@ -20,16 +20,16 @@
 #include <omp.h>
 #endif
 
-void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_adjacc *tacc, int nthreads,
+void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
                      int vectorised)
 {
     const int F = p->fpixels, S = p->spixels;
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
-        nbg_adjacc *acc = &tacc[omp_get_thread_num()];
+        nbgi_adjacc *acc = &tacc[omp_get_thread_num()];
 #else
-        nbg_adjacc *acc = &tacc[0];
+        nbgi_adjacc *acc = &tacc[0];
 #endif
 #pragma omp for schedule(static)
         for (int s = 0; s < S; ++s) {
@@ -43,24 +43,24 @@ void nbg_adjoint_cpu(const nbg_kparams *p, const float *dLdI, float *image, nbg_
                             g[j] = dLdI[i + j];
                         }
                     }
-                    nbg_row_adjoint_d(p, s, f0, n, g, image + i, acc);
+                    nbgi_row_adjoint_d(p, s, f0, n, g, image + i, acc);
                 }
                 continue;
             }
             for (int f = 0; f < F; ++f) {
                 const long i = (long)s * F + f;
-                if (!nbg_pixel_active(p, f, s)) {
+                if (!nbgi_pixel_active(p, f, s)) {
                     image[i] = 0.0f;
                     continue;
                 }
                 const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
-                image[i] = (float)nbg_pixel_adjoint_d(p, f, s, g, acc);
+                image[i] = (float)nbgi_pixel_adjoint_d(p, f, s, g, acc);
             }
         }
     }
 }
 
-void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out, float *image, int vectorised)
+void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised)
 {
     const int F = p->fpixels, S = p->spixels;
     const size_t npix = (size_t)F * S;
@@ -69,21 +69,21 @@ void nbg_jvp_cpu(const nbg_kparams *p, const nbg_adjacc *t, int nt, double *out,
         if (vectorised) {
             for (int f0 = 0; f0 < F; f0 += 8) {
                 const size_t i = (size_t)s * F + f0;
-                nbg_row_jvp_d(p, s, f0, F - f0 < 8 ? F - f0 : 8, t, nt, image + i, out, npix, i);
+                nbgi_row_jvp_d(p, s, f0, F - f0 < 8 ? F - f0 : 8, t, nt, image + i, out, npix, i);
             }
             continue;
         }
         for (int f = 0; f < F; ++f) {
             const long i = (long)s * F + f;
             double dS[NBG_JVP_MAX];
-            if (!nbg_pixel_active(p, f, s)) {
+            if (!nbgi_pixel_active(p, f, s)) {
                 image[i] = 0.0f;
                 for (int j = 0; j < nt; ++j) {
                     out[(size_t)j * npix + (size_t)i] = 0;
                 }
                 continue;
             }
-            image[i] = (float)nbg_pixel_jvp_d(p, f, s, t, nt, dS);
+            image[i] = (float)nbgi_pixel_jvp_d(p, f, s, t, nt, dS);
             for (int j = 0; j < nt; ++j) {
                 out[(size_t)j * npix + (size_t)i] = dS[j];
             }

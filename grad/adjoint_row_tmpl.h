@@ -1,7 +1,7 @@
 /*
  * adjoint_row_tmpl.h -- the CPU adjoint's vectorised form: grad/adjoint_tmpl.h for NBG_ALANES neighbouring
  * pixels of a row at once.  The once-per-pixel prologue and epilogue run per lane with the scalar twin's
- * functions (nbg_pixel_factors, nbg_pixel_factors_adjoint in grad/adjoint.h); the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
+ * functions (nbgi_pixel_factors, nbgi_pixel_factors_adjoint in grad/adjoint.h); the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
  * contributions to the plan-level gradients (crystal vectors, wavelengths, detector vectors, N) as reductions.
  * The forward values are the scalar kernel's (same arithmetic per pixel); the gradients equal the scalar
  * adjoint's up to the order of the sums.  Instantiated for double by grad/adjoint_cpu.c.
@@ -17,8 +17,8 @@
 
 #include <string.h>
 
-static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, int f0, int n, const float *gin,
-                                           float *out, nbg_adjacc *acc)
+static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, int f0, int n, const float *gin,
+                                           float *out, nbgi_adjacc *acc)
 {
     enum { W = NBG_ALANES };
     const int os = p->oversample;
@@ -26,16 +26,16 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     const NBG_R scale = (NBG_R)p->scale;
     int active[W];
     NBG_R g[W], d_I[W], I[W];
-    nbg_pixfactors pf[W];
+    nbgi_pixfactors pf[W];
 
     /* --- prologue: the once-per-pixel factors and where they were taken (grad/adjoint.h) ------------------ */
     int any = 0;
     for (int j = 0; j < W; ++j) {
-        active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
         g[j] = active[j] ? (NBG_R)gin[j] : 0;
         any |= g[j] != 0;
         /* inactive lanes compute on a valid pixel and contribute nothing */
-        nbg_pixel_factors(p, active[j] ? f0 + j : f0, spixel, &pf[j]);
+        nbgi_pixel_factors(p, active[j] ? f0 + j : f0, spixel, &pf[j]);
         d_I[j] = g[j] * scale * (NBG_R)pf[j].capture * (NBG_R)pf[j].polar * (NBG_R)pf[j].omega;
         I[j] = (NBG_R)p->I_bg;
     }
@@ -54,9 +54,9 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W], dd0[W], dd1[W], dd2[W], dq0[W], dq1[W], dq2[W];
     int valid[W];
     for (int t = 0; t < p->thicksteps; ++t) {
-        const NBG_R Odet = nbg_layer_at(p, t);
+        const NBG_R Odet = nbgi_layer_at(p, t);
         for (int subS = 0; subS < os; ++subS) {
-            const NBG_R Sdet = nbg_subpixel_at(p, spixel, subS);
+            const NBG_R Sdet = nbgi_subpixel_at(p, spixel, subS);
             for (int subF = 0; subF < os; ++subF) {
                 if (t == 0 && subS == 0 && subF == 0 && !p->curved) {
                     /* the prologue's first ray (of the lane's own pixel where it is active) */
@@ -69,7 +69,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
                 } else {
-                    nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
+                    nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                     for (int j = 0; j < W; ++j) {
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
@@ -77,7 +77,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     const NBG_R lambda = (NBG_R)sr[3];
-                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
                         valid[j] = valid[j] && active[j];
                         dq0[j] = dq1[j] = dq2[j] = 0;
@@ -90,15 +90,15 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                         }
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W], dFh[3][W];
                         /* the rounded indices serve the table lookup and the non-square shapes only */
-                        NBG_SFX(nbg_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         /* lattice factor and its partials: the square shape across the lanes */
                         NBG_R dLdN[3][W], dLh[3][W];
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
+                            NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-                                L[j] = NBG_SFX(nbg_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
+                                L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
                                                                  rnd[1][j], rnd[2][j], dh3, dN3, dast);
                                 for (int x = 0; x < 3; ++x) {
                                     dLh[x][j] = dh3[x];
@@ -107,7 +107,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                 if (p->shape == NBG_GAUSS && valid[j] && d_I[j] != 0) {
                                     /* d_Fl is needed here: form it from this sample's values */
                                     long unused = 0;
-                                    const NBG_R Fcv = NBG_SFX(nbg_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j],
+                                    const NBG_R Fcv = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j],
                                                                          (int)rnd[0][j], (int)rnd[1][j],
                                                                          (int)rnd[2][j], &unused);
                                     const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
@@ -129,7 +129,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                             for (int j = 0; j < W; ++j) {
                                 double unused = 0;
                                 NBG_R d3[3];
-                                Fc[j] = NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                Fc[j] = NBG_SFX(nbgi_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
                                                                 (int)rnd[1][j], (int)rnd[2][j], d3, 0, 0, &unused);
                                 dFh[0][j] = d3[0];
                                 dFh[1][j] = d3[1];
@@ -170,7 +170,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
                                 if (valid[j] && (L[j] != 0 || p->water) && d_I[j] != 0) {
                                     NBG_R tmp[3];
                                     const NBG_R dFc = d_I[j] * 2 * Fc[j] * L[j] * L[j];
-                                    NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                    NBG_SFX(nbgi_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
                                                             (int)rnd[1][j], (int)rnd[2][j], tmp, dFc, acc->F,
                                                             &acc->defF);
                                 }
@@ -251,7 +251,7 @@ static inline void NBG_SFX(nbg_row_adjoint)(const nbg_kparams *p, int spixel, in
     }
     for (int j = 0; j < W && any; ++j) {
         if (g[j] != 0) {
-            nbg_pixel_factors_adjoint(p, &pf[j], (double)g[j], (double)I[j], (double)d_I[j], acc);
+            nbgi_pixel_factors_adjoint(p, &pf[j], (double)g[j], (double)I[j], (double)d_I[j], acc);
         }
     }
 }

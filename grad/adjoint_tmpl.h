@@ -14,7 +14,7 @@
  * Instantiated for NBG_R = double by grad/adjoint_cpu.c and cuda/backend.cu, and for float by cuda/backend.cu.
  * As in the forward kernel (src/pixel_tmpl.h), the geometry of each subpixel and source and its adjoint are
  * double in both (src/geometry.h); the per-sample work is NBG_R.  The prologue and epilogue (the once-per-pixel
- * factors and their adjoint) are nbg_pixel_factors and nbg_pixel_factors_adjoint (grad/adjoint.h), shared with
+ * factors and their adjoint) are nbgi_pixel_factors and nbgi_pixel_factors_adjoint (grad/adjoint.h), shared with
  * the row form and the tangent kernels.
  */
 #ifndef NBG_TMPL_OPEN
@@ -35,40 +35,40 @@ typedef struct {
     NBG_R h, k, l, h0, k0, l0;
     NBG_R L, dLh[3], dLN[3], dLast[9]; /* lattice factor; d/d(h,k,l), d/dN, d/da* (gauss) */
     NBG_R F, dFh[3];                   /* structure factor; d/d(h,k,l) */
-} NBG_SFX(nbg_sample);
+} NBG_SFX(nbgi_sample);
 
-static inline NBG_HD int NBG_SFX(nbg_sample_eval)(const nbg_kparams *p, const double *abc, const NBG_R *q,
-                                                 NBG_SFX(nbg_sample) * sm)
+static inline NBG_HD int NBG_SFX(nbgi_sample_eval)(const nbgi_kparams *p, const double *abc, const NBG_R *q,
+                                                 NBG_SFX(nbgi_sample) * sm)
 {
     NBG_R hkl[3];
-    NBG_SFX(nbg_miller)(abc, q, hkl);
+    NBG_SFX(nbgi_miller)(abc, q, hkl);
     sm->h = hkl[0];
     sm->k = hkl[1];
     sm->l = hkl[2];
-    sm->h0 = NBG_SFX(nbg_round_index)(sm->h);
-    sm->k0 = NBG_SFX(nbg_round_index)(sm->k);
-    sm->l0 = NBG_SFX(nbg_round_index)(sm->l);
+    sm->h0 = NBG_SFX(nbgi_round_index)(sm->h);
+    sm->k0 = NBG_SFX(nbgi_round_index)(sm->k);
+    sm->l0 = NBG_SFX(nbgi_round_index)(sm->l);
     for (int i = 0; i < 9; ++i) {
         sm->dLast[i] = 0;
     }
-    sm->L = NBG_SFX(nbg_lattice_grad)(p, sm->h, sm->k, sm->l, sm->h0, sm->k0, sm->l0, sm->dLh, sm->dLN, sm->dLast);
+    sm->L = NBG_SFX(nbgi_lattice_grad)(p, sm->h, sm->k, sm->l, sm->h0, sm->k0, sm->l0, sm->dLh, sm->dLN, sm->dLast);
     if (sm->L == 0 && !p->water) {
         return 0;
     }
     double unused = 0;
-    sm->F = NBG_SFX(nbg_fcell_grad)(p, sm->h, sm->k, sm->l, (int)sm->h0, (int)sm->k0, (int)sm->l0, sm->dFh, 0, 0,
+    sm->F = NBG_SFX(nbgi_fcell_grad)(p, sm->h, sm->k, sm->l, (int)sm->h0, (int)sm->k0, (int)sm->l0, sm->dFh, 0, 0,
                                     &unused);
     return 1;
 }
 
-static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int fpixel, int spixel, NBG_R g,
-                                                      nbg_adjacc *acc)
+static inline NBG_HD double NBG_SFX(nbgi_pixel_adjoint)(const nbgi_kparams *p, int fpixel, int spixel, NBG_R g,
+                                                      nbgi_adjacc *acc)
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     /* --- prologue: the once-per-pixel factors and where they were taken ------------------------------------ */
-    nbg_pixfactors pf;
-    nbg_pixel_factors(p, fpixel, spixel, &pf);
+    nbgi_pixfactors pf;
+    nbgi_pixel_factors(p, fpixel, spixel, &pf);
     const double capture = pf.capture, polar = pf.polar, omega = pf.omega, scale = p->scale;
 
     /* --- main pass: I and every sample's gradient, with d_I known ------------------------------------------ */
@@ -77,12 +77,12 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
     for (int t = 0; t < p->thicksteps; ++t) {
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
-                nbg_ray ray;
-                nbg_ray_at(p, fpixel, spixel, subF, subS, t, &ray);
+                nbgi_ray ray;
+                nbgi_ray_at(p, fpixel, spixel, subF, subS, t, &ray);
                 double d_d[3] = {0, 0, 0};
                 for (int src = 0; src < p->nsources; ++src) {
                     double qd[3];
-                    if (!nbg_scatter_q(p, ray.d, src, qd)) {
+                    if (!nbgi_scatter_q(p, ray.d, src, qd)) {
                         continue;
                     }
                     const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
@@ -90,8 +90,8 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                     NBG_R d_q[3] = {0, 0, 0};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        NBG_SFX(nbg_sample) sm;
-                        if (!NBG_SFX(nbg_sample_eval)(p, abc, q, &sm)) {
+                        NBG_SFX(nbgi_sample) sm;
+                        if (!NBG_SFX(nbgi_sample_eval)(p, abc, q, &sm)) {
                             continue;
                         }
                         const NBG_R F_cell = sm.F, F_latt = sm.L;
@@ -104,7 +104,7 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                         const NBG_R d_Fl = d_I * 2 * F_cell * F_cell * F_latt;
                         if (acc->F != 0 || p->F == 0) {
                             NBG_R tmp[3];
-                            NBG_SFX(nbg_fcell_grad)(p, sm.h, sm.k, sm.l, (int)sm.h0, (int)sm.k0, (int)sm.l0, tmp, d_Fc,
+                            NBG_SFX(nbgi_fcell_grad)(p, sm.h, sm.k, sm.l, (int)sm.h0, (int)sm.k0, (int)sm.l0, tmp, d_Fc,
                                                     acc->F, &acc->defF);
                         }
                         for (int i = 0; i < 3; ++i) {
@@ -134,7 +134,7 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
                     acc->lam[src] -= ((double)d_q[0] * qd[0] + (double)d_q[1] * qd[1] + (double)d_q[2] * qd[2]) / lambda;
                 }
                 if (d_I != 0) {
-                    nbg_ray_adjoint(&ray, d_d, 0, acc);
+                    nbgi_ray_adjoint(&ray, d_d, 0, acc);
                 }
             }
         }
@@ -148,7 +148,7 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_adjoint)(const nbg_kparams *p, int
     }
 
     /* --- epilogue: the once-per-pixel factors -------------------------------------------------------------- */
-    nbg_pixel_factors_adjoint(p, &pf, (double)g, (double)I, (double)d_I, acc);
+    nbgi_pixel_factors_adjoint(p, &pf, (double)g, (double)I, (double)d_I, acc);
     return S;
 }
 

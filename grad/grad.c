@@ -19,7 +19,7 @@
 #include "plan.h"
 #include "kernel.h"
 #ifdef NBG_HAVE_CUDA
-#include "nbg_cuda.h"
+#include "nbgi_cuda.h"
 #endif
 
 #include <math.h>
@@ -107,36 +107,36 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 }
 
 /* Which parameters have a free value in this experiment, and which modes the adjoint does not cover. */
-int nbg_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbg_plan *pl, nbg_param_mask mask)
+int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *pl, nbg_param_mask mask)
 {
     if (e->oversample_thick || e->oversample_polar || e->oversample_omega) {
-        return nbg_error(ctx, NBG_EUNSUP, "gradients are not available with -oversample_thick/_polar/_omega "
+        return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available with -oversample_thick/_polar/_omega "
                                           "(nanoBragg's running-sum modes)");
     }
     if (e->curved) {
-        return nbg_error(ctx, NBG_EUNSUP, "gradients are not available for the curved detector");
+        return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available for the curved detector");
     }
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (!(mask & NBG_MASK(p))) {
             continue;
         }
         if (p <= NBG_P_GAMMA && !e->has_cell) {
-            return nbg_error(ctx, NBG_EUNSUP, "the gradient in %s needs -cell (with -mat alone the cell is not "
+            return nbgi_error(ctx, NBG_EUNSUP, "the gradient in %s needs -cell (with -mat alone the cell is not "
                              "a free parameter)", param_names[p]);
         }
         if (p >= NBG_P_ROTX && p <= NBG_P_ROTZ && e->misset_random) {
-            return nbg_error(ctx, NBG_EUNSUP, "the gradient in %s needs explicit -misset angles (pass the random "
+            return nbgi_error(ctx, NBG_EUNSUP, "the gradient in %s needs explicit -misset angles (pass the random "
                              "ones printed by the simulation with -misset)", param_names[p]);
         }
         if (p >= NBG_P_NA && p <= NBG_P_NC && e->sample_x + e->sample_y + e->sample_z > 0) {
-            return nbg_error(ctx, NBG_EUNSUP, "the gradient in %s needs N given directly (not -samplesize)",
+            return nbgi_error(ctx, NBG_EUNSUP, "the gradient in %s needs N given directly (not -samplesize)",
                              param_names[p]);
         }
         if (p == NBG_P_MOSAIC && !(pl->mosaic_spread > 0 && pl->k.nmos > 1)) {
-            return nbg_error(ctx, NBG_EUNSUP, "the gradient in mosaic needs a positive spread and several domains");
+            return nbgi_error(ctx, NBG_EUNSUP, "the gradient in mosaic needs a positive spread and several domains");
         }
         if (p == NBG_P_FLUENCE && e->flux != 0) {
-            return nbg_error(ctx, NBG_EUNSUP, "the gradient in fluence is not free when -flux sets the fluence");
+            return nbgi_error(ctx, NBG_EUNSUP, "the gradient in fluence is not free when -flux sets the fluence");
         }
     }
     return NBG_OK;
@@ -161,17 +161,17 @@ static void rodrigues_dtheta(const double v[3], double th, double D[9])
  * p": the forward-mode half of the chain rule.  t must be zeroed, with t->abc (nphi*nmos*9) and t->lam
  * (nsources) allocated.  The adjoint's chain rule is then dL/dp = <accumulators, t_p>, and the JVP kernel
  * propagates t_p through each sample. */
-void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, nbg_adjacc *t)
+void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, nbgi_adjacc *t)
 {
-    const nbg_kparams *k = &pl->k;
+    const nbgi_kparams *k = &pl->k;
     const double _Complex ih = CSTEP * _Complex_I;
     if (p <= NBG_P_ROTZ || p == NBG_P_LAMBDA) {
         /* crystal set-up by the complex step: a0 (m) and a* (1/A) */
         double ta0[9] = {0};
         if (p != NBG_P_LAMBDA || e->has_mat) {
-            nbg_xtal_in_d din;
-            nbg_plan_xtal_in(e, pl->misset, pl->lambda0, &din);
-            nbg_xtal_in_z zin;
+            nbgi_xtal_in_d din;
+            nbgi_plan_xtal_in(e, pl->misset, pl->lambda0, &din);
+            nbgi_xtal_in_z zin;
             zin.has_cell = din.has_cell;
             zin.has_mat = din.has_mat;
             for (int i = 0; i < 6; ++i) {
@@ -197,7 +197,7 @@ void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, 
                 unit = 1e-10;
             }
             double _Complex abc[9], astar[9];
-            nbg_crystal_z(&zin, abc, astar);
+            nbgi_crystal_z(&zin, abc, astar);
             for (int i = 0; i < 9; ++i) {
                 ta0[i] = cimag(abc[i]) / CSTEP * 1e-10 * unit;
                 t->astar[i] = cimag(astar[i]) / CSTEP * unit;
@@ -261,8 +261,8 @@ void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, 
     }
     if (p >= NBG_P_DISTANCE) {
         /* detector set-up by the complex step */
-        const nbg_det_in_d *d = &pl->det_in;
-        nbg_det_in_z z;
+        const nbgi_det_in_d *d = &pl->det_in;
+        nbgi_det_in_z z;
         memcpy(z.b, d->b, sizeof z.b);
         memcpy(z.f, d->f, sizeof z.f);
         memcpy(z.s, d->s, sizeof z.s);
@@ -290,8 +290,8 @@ void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, 
         case NBG_P_DET_ROTZ: z.rot[2] += ih; break;
         default: z.twotheta += ih; break;
         }
-        nbg_det_out_z out;
-        nbg_detector_z(&z, &out);
+        nbgi_det_out_z out;
+        nbgi_detector_z(&z, &out);
         t->close = cimag(out.close_distance) / CSTEP * unit;
         for (int i = 0; i < 3; ++i) {
             t->pix0[i] = cimag(out.pix0[i]) / CSTEP * unit;
@@ -321,7 +321,7 @@ void nbg_plan_tangent(const nbg_experiment *e, const nbg_plan *pl, nbg_param p, 
 }
 
 /* <a, t> over the plan-level quantities (structure factors excluded). */
-static double plan_dot(const nbg_plan *pl, const nbg_adjacc *a, const nbg_adjacc *t)
+static double plan_dot(const nbgi_plan *pl, const nbgi_adjacc *a, const nbgi_adjacc *t)
 {
     const double *x = (const double *)a, *y = (const double *)t;
     double s = 0;
@@ -338,7 +338,7 @@ static double plan_dot(const nbg_plan *pl, const nbg_adjacc *a, const nbg_adjacc
     return s;
 }
 
-int nbg_tangent_alloc(const nbg_plan *pl, nbg_adjacc *t)
+int nbgi_tangent_alloc(const nbgi_plan *pl, nbgi_adjacc *t)
 {
     const size_t nabc = (size_t)pl->k.nphi * pl->k.nmos * 9;
     memset(t, 0, sizeof *t);
@@ -351,18 +351,18 @@ int nbg_tangent_alloc(const nbg_plan *pl, nbg_adjacc *t)
 }
 
 /* The chain rule from the reduced accumulators to the user's parameters: dL/dp = <acc, t_p>. */
-static int chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_adjacc *acc, nbg_param_mask mask,
+static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_adjacc *acc, nbg_param_mask mask,
                       double *g)
 {
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (!(mask & NBG_MASK(p))) {
             continue;
         }
-        nbg_adjacc t;
-        if (nbg_tangent_alloc(pl, &t) != NBG_OK) {
+        nbgi_adjacc t;
+        if (nbgi_tangent_alloc(pl, &t) != NBG_OK) {
             return NBG_ENOMEM;
         }
-        nbg_plan_tangent(e, pl, (nbg_param)p, &t);
+        nbgi_plan_tangent(e, pl, (nbg_param)p, &t);
         g[p] = plan_dot(pl, acc, &t);
         free(t.abc);
     }
@@ -370,10 +370,10 @@ static int chain_rule(const nbg_experiment *e, const nbg_plan *pl, const nbg_adj
 }
 
 /* Runs the adjoint over the plan with per-thread accumulators and reduces them into grad. */
-static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, const float *dLdI,
+static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, const float *dLdI,
                        nbg_param_mask mask, nbg_grad *grad, float *image)
 {
-    const nbg_kparams *k = &pl->k;
+    const nbgi_kparams *k = &pl->k;
     int nthreads = ctx->nthreads;
 #ifdef _OPENMP
     if (nthreads <= 0) {
@@ -389,18 +389,18 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
     if (wantF) {
         const size_t need = k->F != NULL ? nF : 1;
         if (grad->dF == NULL || grad->ndF != need) {
-            return nbg_error(ctx, NBG_EINVAL, "structure-factor gradients need dF with %zu entries (got %zu)", need,
+            return nbgi_error(ctx, NBG_EINVAL, "structure-factor gradients need dF with %zu entries (got %zu)", need,
                              grad->ndF);
         }
     }
     const size_t nlane = (nabc + nsrc) * 8; /* the vectorised adjoint's per-lane scratch */
     const size_t per = nabc + nsrc + nF + nlane;
-    nbg_adjacc *tacc = calloc((size_t)nthreads, sizeof *tacc);
+    nbgi_adjacc *tacc = calloc((size_t)nthreads, sizeof *tacc);
     double *buf = calloc((size_t)nthreads * (per ? per : 1), sizeof(double));
     if (tacc == NULL || buf == NULL) {
         free(tacc);
         free(buf);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d gradient accumulators of %zu doubles", nthreads, per);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d gradient accumulators of %zu doubles", nthreads, per);
     }
     for (int t = 0; t < nthreads; ++t) {
         tacc[t].abc = buf + (size_t)t * per;
@@ -414,15 +414,15 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
         if (wantF) {
             free(buf);
             free(tacc);
-            return nbg_error(ctx, NBG_EUNSUP, "structure-factor gradients are not implemented on the CUDA backend "
+            return nbgi_error(ctx, NBG_EUNSUP, "structure-factor gradients are not implemented on the CUDA backend "
                                               "(use the CPU backend for F)");
         }
         /* the device returns the fixed part, abc and lam, reduced in a fixed order */
         const int ncomp = (int)(NBG_ADJ_FIXED + nabc + nsrc);
         double *out = malloc(sizeof(double) * (size_t)ncomp);
         double t[3] = {0, 0, 0};
-        int rc = out == NULL ? nbg_error(ctx, NBG_ENOMEM, "out of memory")
-                             : nbg_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp, t);
+        int rc = out == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory")
+                             : nbgi_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp, t);
         pl->rep.time_setup += t[0];
         pl->rep.time_kernel = t[1];
         pl->rep.time_copy = t[2];
@@ -440,13 +440,13 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
     } else
 #endif
     {
-        const double t0 = nbg_now();
-        nbg_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
-        pl->rep.time_kernel = nbg_now() - t0;
+        const double t0 = nbgi_now();
+        nbgi_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
+        pl->rep.time_kernel = nbgi_now() - t0;
         pl->rep.time_copy = 0;
     }
     /* reduce in thread order */
-    nbg_adjacc *acc = &tacc[0];
+    nbgi_adjacc *acc = &tacc[0];
     for (int t = 1; t < nthreads; ++t) {
         double *dst = (double *)acc, *src = (double *)&tacc[t];
         for (size_t i = 0; i < NBG_ADJ_FIXED; ++i) {
@@ -460,7 +460,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, cons
     if (chain_rule(e, pl, acc, mask, grad->g) != NBG_OK) {
         free(buf);
         free(tacc);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the chain rule");
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the chain rule");
     }
     if (wantF) {
         if (k->F != NULL) {
@@ -483,14 +483,14 @@ static int gradient_check(nbg_ctx *ctx, nbg_param_mask mask, const nbg_grad *gra
 {
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if ((mask & NBG_MASK(p)) && !isfinite(grad->g[p])) {
-            return nbg_error(ctx, NBG_EINVAL, "the gradient in %s is not finite (%g)", nbg_param_name((nbg_param)p),
+            return nbgi_error(ctx, NBG_EINVAL, "the gradient in %s is not finite (%g)", nbg_param_name((nbg_param)p),
                              grad->g[p]);
         }
     }
     if ((mask & NBG_MASK_F) && grad->dF != NULL) {
         for (size_t i = 0; i < grad->ndF; ++i) {
             if (!isfinite(grad->dF[i])) {
-                return nbg_error(ctx, NBG_EINVAL, "the gradient in structure factor %zu is not finite (%g)", i,
+                return nbgi_error(ctx, NBG_EINVAL, "the gradient in structure factor %zu is not finite (%g)", i,
                                  grad->dF[i]);
             }
         }
@@ -500,21 +500,21 @@ static int gradient_check(nbg_ctx *ctx, nbg_param_mask mask, const nbg_grad *gra
 
 /* Builds the plan of a gradient call and checks the buffers' size and what the mask asks for; on failure the
  * plan holds nothing. */
-static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg_param_mask mask, nbg_plan *pl)
+static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg_param_mask mask, nbgi_plan *pl)
 {
-    int rc = nbg_plan_build(ctx, e, pl);
+    int rc = nbgi_plan_build(ctx, e, pl);
     if (rc != NBG_OK) {
         return rc;
     }
     pl->k.want_dN = (mask & (NBG_MASK(NBG_P_NA) | NBG_MASK(NBG_P_NB) | NBG_MASK(NBG_P_NC))) != 0;
     if ((size_t)pl->k.fpixels * pl->k.spixels != npix) {
-        rc = nbg_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector has %d x %d = %zu", npix,
+        rc = nbgi_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector has %d x %d = %zu", npix,
                        pl->k.fpixels, pl->k.spixels, (size_t)pl->k.fpixels * pl->k.spixels);
     } else {
-        rc = nbg_grad_supported(ctx, e, pl, mask);
+        rc = nbgi_grad_supported(ctx, e, pl, mask);
     }
     if (rc != NBG_OK) {
-        nbg_plan_free(pl);
+        nbgi_plan_free(pl);
     }
     return rc;
 }
@@ -523,18 +523,18 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
                       nbg_grad *grad, float *image, size_t npix, nbg_report *report)
 {
     if (ctx == NULL || e == NULL || dLdI == NULL || grad == NULL || image == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_grad: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_grad: NULL argument");
     }
-    const double t0 = nbg_now();
-    nbg_plan pl;
+    const double t0 = nbgi_now();
+    nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    pl.rep.time_setup = nbg_now() - t0;
+    pl.rep.time_setup = nbgi_now() - t0;
     rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     if (rc == NBG_OK) {
-        rc = nbg_image_check(ctx, &pl, image, NAN);
+        rc = nbgi_image_check(ctx, &pl, image, NAN);
     }
     if (rc == NBG_OK) {
         rc = gradient_check(ctx, mask, grad);
@@ -542,7 +542,7 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;
     }
-    nbg_plan_free(&pl);
+    nbgi_plan_free(&pl);
     return rc;
 }
 
@@ -550,39 +550,39 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
                   const float *weights, nbg_param_mask mask, double *L, nbg_grad *grad, float *image, size_t npix)
 {
     if (ctx == NULL || e == NULL || observed == NULL || L == NULL || grad == NULL || image == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_loss_grad: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_loss_grad: NULL argument");
     }
     if (loss != NBG_LOSS_LSQ && loss != NBG_LOSS_POISSON) {
-        return nbg_error(ctx, NBG_EINVAL, "unknown loss %d", (int)loss);
+        return nbgi_error(ctx, NBG_EINVAL, "unknown loss %d", (int)loss);
     }
     for (size_t i = 0; i < npix; ++i) {
         if (!isfinite(observed[i]) || observed[i] < 0) {
-            return nbg_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite and non-negative)", i,
+            return nbgi_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite and non-negative)", i,
                              (double)observed[i]);
         }
         if (weights != NULL && (!isfinite(weights[i]) || weights[i] < 0)) {
-            return nbg_error(ctx, NBG_EINVAL, "weight of pixel %zu is %g (must be finite and non-negative)", i,
+            return nbgi_error(ctx, NBG_EINVAL, "weight of pixel %zu is %g (must be finite and non-negative)", i,
                              (double)weights[i]);
         }
     }
-    nbg_plan pl;
+    nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
     float *dLdI = NULL;
-    rc = nbg_forward_plan(ctx, &pl, image);
+    rc = nbgi_forward_plan(ctx, &pl, image);
     if (rc == NBG_OK) {
         dLdI = malloc(sizeof(float) * npix);
         if (dLdI == NULL) {
-            rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for dL/dI");
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI");
         }
     }
     if (rc == NBG_OK) {
         double sum = 0;
         for (size_t i = 0; i < npix; ++i) {
             const int f = (int)(i % (size_t)pl.k.fpixels), s = (int)(i / (size_t)pl.k.fpixels);
-            if (!nbg_pixel_active(&pl.k, f, s)) {
+            if (!nbgi_pixel_active(&pl.k, f, s)) {
                 dLdI[i] = 0;
                 continue;
             }
@@ -609,7 +609,7 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         }
     }
     free(dLdI);
-    nbg_plan_free(&pl);
+    nbgi_plan_free(&pl);
     return rc;
 }
 
@@ -617,40 +617,40 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
                      float *image, size_t npix)
 {
     if (ctx == NULL || e == NULL || params == NULL || tangents == NULL || image == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
     }
     if (nparams < 1 || nparams > NBG_NPARAMS) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
     }
     nbg_param_mask mask = 0;
     for (int j = 0; j < nparams; ++j) {
         if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
-            return nbg_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: unknown parameter %d", (int)params[j]);
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: unknown parameter %d", (int)params[j]);
         }
         mask |= NBG_MASK(params[j]);
     }
-    nbg_plan pl;
+    nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    nbg_adjacc t[NBG_NPARAMS];
+    nbgi_adjacc t[NBG_NPARAMS];
     int nt = 0;
     for (; rc == NBG_OK && nt < nparams; ++nt) {
-        if (nbg_tangent_alloc(&pl, &t[nt]) != NBG_OK) {
-            rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
+        if (nbgi_tangent_alloc(&pl, &t[nt]) != NBG_OK) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
             break;
         }
-        nbg_plan_tangent(e, &pl, params[nt], &t[nt]);
+        nbgi_plan_tangent(e, &pl, params[nt], &t[nt]);
     }
     if (rc == NBG_OK) {
-        nbg_jvp_cpu(&pl.k, t, nparams, tangents, image, ctx->scalar_adjoint == 0);
-        rc = nbg_image_check(ctx, &pl, image, NAN);
+        nbgi_jvp_cpu(&pl.k, t, nparams, tangents, image, ctx->scalar_adjoint == 0);
+        rc = nbgi_image_check(ctx, &pl, image, NAN);
     }
     for (int j = 0; j < nt; ++j) {
         free(t[j].abc);
     }
-    nbg_plan_free(&pl);
+    nbgi_plan_free(&pl);
     return rc;
 }
 

@@ -40,15 +40,15 @@ static double default_step(nbg_param p, double x)
 static int eval_loss(nbg_ctx *ctx, const nbg_experiment *e, const float *w, const uint8_t *skip, uint64_t *sig,
                      double *L)
 {
-    nbg_plan pl;
-    const int rc = nbg_plan_build(ctx, e, &pl);
+    nbgi_plan pl;
+    const int rc = nbgi_plan_build(ctx, e, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    *L = nbg_forward_wsum_cpu(&pl.k, w, skip, sig);
-    nbg_plan_free(&pl);
+    *L = nbgi_forward_wsum_cpu(&pl.k, w, skip, sig);
+    nbgi_plan_free(&pl);
     if (isnan(*L)) {
-        return nbg_error(ctx, NBG_ENOMEM, "gradcheck: out of memory");
+        return nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory");
     }
     return NBG_OK;
 }
@@ -78,7 +78,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
         tp.F = malloc(n * sizeof(double));
     }
     if (dF == NULL || v == NULL || img == NULL || (t != NULL && tp.F == NULL)) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu structure factors", n);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu structure factors", n);
         goto out;
     }
     nbg_grad g = {{0}, dF, n};
@@ -136,11 +136,11 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
                   nbg_gradcheck_result *results, int capacity, int *nresults)
 {
     if (ctx == NULL || e == NULL || results == NULL || nresults == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
     }
     *nresults = 0;
     if (!(rtol > 0 && rtol < 1) || !(h_scale > 0 && isfinite(h_scale))) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
                          rtol, h_scale);
     }
     int need = (mask & NBG_MASK_F) != 0;
@@ -148,7 +148,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         need += (mask & NBG_MASK(p)) != 0;
     }
     if (capacity < need) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_gradcheck: results holds %d entries, the mask asks for %d", capacity,
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: results holds %d entries, the mask asks for %d", capacity,
                          need);
     }
     nbg_report rep;
@@ -164,7 +164,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     uint64_t *sig = malloc(sizeof(uint64_t) * npix);
     uint8_t *skip = malloc(npix);
     if (!w || !wx || !img || !sig0 || !sig || !skip) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu pixels", npix);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu pixels", npix);
         goto done;
     }
     /* fixed pseudo-random weights (a 64-bit LCG, independent of the simulation's random streams) */
@@ -189,7 +189,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         imax = fmaxf(imax, img[i]);
     }
     if (!(imax > 0)) {
-        rc = nbg_error(ctx, NBG_EINVAL, "gradcheck: the image is blank; a check on it proves nothing");
+        rc = nbgi_error(ctx, NBG_EINVAL, "gradcheck: the image is blank; a check on it proves nothing");
         goto done;
     }
     for (int p = 0; p < NBG_NPARAMS; ++p) {

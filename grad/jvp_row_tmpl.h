@@ -1,6 +1,6 @@
 /*
  * jvp_row_tmpl.h -- the tangent kernel's vectorised form: grad/jvp_tmpl.h for NBG_JLANES neighbouring pixels of a
- * row.  The once-per-pixel factors and their tangents come per lane from the scalar twin (nbg_jvp_factors); each
+ * row.  The once-per-pixel factors and their tangents come per lane from the scalar twin (nbgi_jvp_factors); each
  * sample's tangents are propagated across the lanes in `omp simd` loops.  Same arithmetic per pixel as the
  * scalar twin up to the order of additions.  Instantiated for double by grad/adjoint_cpu.c.
  */
@@ -15,7 +15,7 @@
 #endif
 #define NBG_JLANES 8
 
-static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0, int n, const nbg_adjacc *t, int nt,
+static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int f0, int n, const nbgi_adjacc *t, int nt,
                                        float *out, double *dS, size_t npix, size_t base)
 {
     enum { W = NBG_JLANES };
@@ -26,10 +26,10 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
     NBG_R omega[W], capture[W], polar[W], I[W];
     NBG_R t_om[NBG_JVP_MAX][W], t_cap[NBG_JVP_MAX][W], t_pol[NBG_JVP_MAX][W], t_I[NBG_JVP_MAX][W];
     for (int j = 0; j < W; ++j) {
-        active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
         const int fe = active[j] ? f0 + j : f0;
         NBG_R a[NBG_JVP_MAX], b[NBG_JVP_MAX], c[NBG_JVP_MAX], d[NBG_JVP_MAX];
-        NBG_SFX(nbg_jvp_factors)(p, fe, spixel, t, nt, &omega[j], &capture[j], &polar[j], a, b, c, d);
+        NBG_SFX(nbgi_jvp_factors)(p, fe, spixel, t, nt, &omega[j], &capture[j], &polar[j], a, b, c, d);
         for (int k = 0; k < nt; ++k) {
             t_om[k][j] = a[k];
             t_cap[k][j] = b[k];
@@ -47,10 +47,10 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
         for (int subS = 0; subS < os; ++subS) {
             const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {
-                nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
+                nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                 /* P = Fdet f + Sdet s + Odet o + pix0: t_P; d = P / R: t_d = (t_P - d (d . t_P)) / R */
                 for (int k = 0; k < nt; ++k) {
-                    const nbg_adjacc *tk = &t[k];
+                    const nbgi_adjacc *tk = &t[k];
                     NBG_R *restrict a0 = td[k][0], *restrict a1 = td[k][1], *restrict a2 = td[k][2];
 #pragma omp simd
                     for (int j = 0; j < W; ++j) {
@@ -66,7 +66,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     const NBG_R ilambda = 1 / (NBG_R)sr[3];
-                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
                         valid[j] = valid[j] && active[j];
                     }
@@ -87,10 +87,10 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                             v[x] = (NBG_R)abc[x];
                         }
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W], dLh[3][W], dLdN[3][W], dFh[3][W];
-                        NBG_SFX(nbg_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         NBG_R dast[W][9];
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbg_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
+                            NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
                         }
                         for (int j = 0; j < W; ++j) {
                             for (int i = 0; i < 9; ++i) {
@@ -98,7 +98,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                             }
                             if (p->shape != NBG_SQUARE) {
                                 NBG_R dh3[3], dN3[3];
-                                L[j] = NBG_SFX(nbg_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
+                                L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
                                                                  rnd[1][j], rnd[2][j], dh3, dN3, dast[j]);
                                 for (int x = 0; x < 3; ++x) {
                                     dLh[x][j] = dh3[x];
@@ -111,7 +111,7 @@ static inline void NBG_SFX(nbg_row_jvp)(const nbg_kparams *p, int spixel, int f0
                             } else {
                                 double unused = 0;
                                 NBG_R d3[3];
-                                Fc[j] = NBG_SFX(nbg_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                Fc[j] = NBG_SFX(nbgi_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
                                                                 (int)rnd[1][j], (int)rnd[2][j], d3, 0, 0, &unused);
                                 dFh[0][j] = d3[0];
                                 dFh[1][j] = d3[1];

@@ -2,7 +2,7 @@
  * jvp_tmpl.h -- forward-mode tangents (Jacobian-vector products) of one pixel: the same loop nest as
  * src/pixel_tmpl.h and grad/adjoint_tmpl.h, carrying, next to each forward quantity x, its tangents t_x along
  * nt parameter directions at once.  The directions enter as tangents of the plan-level quantities (detector
- * vectors, crystal vectors per phi step and domain, wavelengths, N, a*, K, scale, I_bg; see nbg_plan_tangent).
+ * vectors, crystal vectors per phi step and domain, wavelengths, N, a*, K, scale, I_bg; see nbgi_plan_tangent).
  * Derivatives of the per-sample physics come from the same helpers the adjoint uses (src/physics_tmpl.h).
  *
  * Instantiated for NBG_R = double by grad/jvp_cpu.c.
@@ -17,7 +17,7 @@
 
 #define NBG_JVP_MAX 32
 
-static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const nbg_ray * r, const nbg_adjacc *t, NBG_R *dP,
+static inline NBG_HD void NBG_SFX(nbgi_ray_tangent)(const nbgi_ray * r, const nbgi_adjacc *t, NBG_R *dP,
                                                   NBG_R *dd, NBG_R *dR)
 {
     /* P = Fdet f + Sdet s + Odet o + pix0;  R = |P|: dR = d . dP;  d = P / R: dd = (dP - d dR) / R */
@@ -32,18 +32,18 @@ static inline NBG_HD void NBG_SFX(nbg_ray_tangent)(const nbg_ray * r, const nbg_
 
 /* The once-per-pixel factors (solid angle, capture, polarization) of a pixel and their tangents along nt
  * directions; t_I receives the tangent of I_bg. */
-static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpixel, int spixel, const nbg_adjacc *t,
+static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int fpixel, int spixel, const nbgi_adjacc *t,
                                                   int nt, NBG_R *omega_out, NBG_R *capture_out, NBG_R *polar_out,
                                                   NBG_R *t_om, NBG_R *t_cap, NBG_R *t_pol, NBG_R *t_I)
 {
     NBG_R dP[3], dd[3], dR;
-    nbg_pixfactors pf; /* the factors and the rays they were taken on (grad/adjoint.h) */
-    nbg_pixel_factors(p, fpixel, spixel, &pf);
+    nbgi_pixfactors pf; /* the factors and the rays they were taken on (grad/adjoint.h) */
+    nbgi_pixel_factors(p, fpixel, spixel, &pf);
     const NBG_R omega = (NBG_R)pf.omega;
     for (int j = 0; j < nt; ++j) {
         /* omega(R, close): t_omega = d omega / dR * dR + omega / close * t_close (no close term for a point pixel) */
-        NBG_SFX(nbg_ray_tangent)(&pf.r_om, &t[j], dP, dd, &dR);
-        t_om[j] = (NBG_R)nbg_solid_angle_dR(p, pf.r_om.R, pf.omega) * dR +
+        NBG_SFX(nbgi_ray_tangent)(&pf.r_om, &t[j], dP, dd, &dR);
+        t_om[j] = (NBG_R)nbgi_solid_angle_dR(p, pf.r_om.R, pf.omega) * dR +
                   (p->point_pixel ? 0 : omega * (NBG_R)t[j].close / (NBG_R)p->close_distance);
         t_cap[j] = 0;
         t_pol[j] = 0;
@@ -51,10 +51,10 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
     }
     if (p->thick != 0) {
         const NBG_R a = (NBG_R)pf.cap_a, rho = (NBG_R)pf.rho;
-        const NBG_R dcap_da = (NBG_R)nbg_capture_da(p->thicksteps - 1, pf.cap_a);
+        const NBG_R dcap_da = (NBG_R)nbgi_capture_da(p->thicksteps - 1, pf.cap_a);
         for (int j = 0; j < nt; ++j) {
             /* rho = d . o: t_rho = dd . o + d . t_o;  a = dz mu / rho: t_a = -a t_rho / rho */
-            NBG_SFX(nbg_ray_tangent)(&pf.r_cap, &t[j], dP, dd, &dR);
+            NBG_SFX(nbgi_ray_tangent)(&pf.r_cap, &t[j], dP, dd, &dR);
             NBG_R trho = 0;
             for (int x = 0; x < 3; ++x) {
                 trho += dd[x] * (NBG_R)p->odet[x] + pf.r_cap.d[x] * (NBG_R)t[j].o[x];
@@ -65,9 +65,9 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
     if (pf.pol_src >= 0) {
         const double *sr = p->src + NBG_SRC_STRIDE * pf.pol_src;
         double dP_dd[3], dP_dK;
-        nbg_polar_grad_d(p->polarization, sr, pf.r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
+        nbgi_polar_grad_d(p->polarization, sr, pf.r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
         for (int j = 0; j < nt; ++j) {
-            NBG_SFX(nbg_ray_tangent)(&pf.r_pol, &t[j], dP, dd, &dR);
+            NBG_SFX(nbgi_ray_tangent)(&pf.r_pol, &t[j], dP, dd, &dR);
             t_pol[j] = (NBG_R)dP_dd[0] * dd[0] + (NBG_R)dP_dd[1] * dd[1] + (NBG_R)dP_dd[2] * dd[2] +
                        (NBG_R)dP_dK * (NBG_R)t[j].K;
         }
@@ -77,8 +77,8 @@ static inline NBG_HD void NBG_SFX(nbg_jvp_factors)(const nbg_kparams *p, int fpi
     *polar_out = (NBG_R)pf.polar;
 }
 
-static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpixel, int spixel,
-                                                  const nbg_adjacc *t, int nt, double *dS)
+static inline NBG_HD double NBG_SFX(nbgi_pixel_jvp)(const nbgi_kparams *p, int fpixel, int spixel,
+                                                  const nbgi_adjacc *t, int nt, double *dS)
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
@@ -86,22 +86,22 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
     NBG_R dP[3], dR;
     NBG_R omega, capture, polar;
     NBG_R t_om[NBG_JVP_MAX], t_cap[NBG_JVP_MAX], t_pol[NBG_JVP_MAX], t_I[NBG_JVP_MAX];
-    NBG_SFX(nbg_jvp_factors)(p, fpixel, spixel, t, nt, &omega, &capture, &polar, t_om, t_cap, t_pol, t_I);
+    NBG_SFX(nbgi_jvp_factors)(p, fpixel, spixel, t, nt, &omega, &capture, &polar, t_om, t_cap, t_pol, t_I);
 
     /* --- main pass --------------------------------------------------------------------------------------- */
     NBG_R I = (NBG_R)p->I_bg;
     for (int tt = 0; tt < p->thicksteps; ++tt) {
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
-                nbg_ray ray;
-                nbg_ray_at(p, fpixel, spixel, subF, subS, tt, &ray);
+                nbgi_ray ray;
+                nbgi_ray_at(p, fpixel, spixel, subF, subS, tt, &ray);
                 NBG_R t_d[NBG_JVP_MAX][3];
                 for (int j = 0; j < nt; ++j) {
-                    NBG_SFX(nbg_ray_tangent)(&ray, &t[j], dP, t_d[j], &dR);
+                    NBG_SFX(nbgi_ray_tangent)(&ray, &t[j], dP, t_d[j], &dR);
                 }
                 for (int src = 0; src < p->nsources; ++src) {
                     NBG_R q[3];
-                    if (!nbg_scatter_q(p, ray.d, src, q)) {
+                    if (!nbgi_scatter_q(p, ray.d, src, q)) {
                         continue;
                     }
                     const NBG_R ilambda = 1 / (NBG_R)p->src[NBG_SRC_STRIDE * src + 3];
@@ -114,8 +114,8 @@ static inline NBG_HD double NBG_SFX(nbg_pixel_jvp)(const nbg_kparams *p, int fpi
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
-                        NBG_SFX(nbg_sample) sm;
-                        if (!NBG_SFX(nbg_sample_eval)(p, abc, q, &sm)) {
+                        NBG_SFX(nbgi_sample) sm;
+                        if (!NBG_SFX(nbgi_sample_eval)(p, abc, q, &sm)) {
                             continue;
                         }
                         I += sm.F * sm.F * sm.L * sm.L;

@@ -306,7 +306,7 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
     if (u == NULL || m == NULL) {
         gsl_vector_free(u);
         gsl_multimin_fdfminimizer_free(m);
-        return nbg_error(ws->ctx, NBG_ENOMEM, "out of memory for the BFGS minimizer");
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for the BFGS minimizer");
     }
     for (int j = 0; j < n; ++j) {
         gsl_vector_set(u, (size_t)j, x[j] / ws->scale[j]);
@@ -369,7 +369,7 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         fac = nobs > (size_t)n ? L / (double)(nobs - (size_t)n) : 1;
     }
     if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0 || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0) {
-        return nbg_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
+        return nbgi_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
                          "change the image, or two parameters are degenerate");
     }
     for (int a = 0; a < n; ++a) {
@@ -403,28 +403,28 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
                const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     if (ctx == NULL || e == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
     }
     if (nparams < 1 || nparams > NBG_NPARAMS) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
     }
     if (opt->method != NBG_OPT_LM && opt->method != NBG_OPT_BFGS) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
     }
     memset(res, 0, sizeof *res);
     double x[NBG_NPARAMS];
     for (int j = 0; j < nparams; ++j) {
         if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
-            return nbg_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d", (int)params[j]);
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d", (int)params[j]);
         }
         for (int k = 0; k < j; ++k) {
             if (params[k] == params[j]) {
-                return nbg_error(ctx, NBG_EINVAL, "parameter %s is listed twice", nbg_param_name(params[j]));
+                return nbgi_error(ctx, NBG_EINVAL, "parameter %s is listed twice", nbg_param_name(params[j]));
             }
         }
         nbg_param_get(e, params[j], &x[j]);
         if (!nbg_param_in_bounds(params[j], x[j])) {
-            return nbg_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j],
+            return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j],
                              nbg_param_name(params[j]));
         }
         res->params[j] = params[j];
@@ -438,7 +438,7 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         lit += observed[i] > 0 && (weights == NULL || weights[i] > 0);
     }
     if (lit == 0) {
-        return nbg_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above 0%s): there is nothing "
+        return nbgi_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above 0%s): there is nothing "
                          "to fit", weights != NULL ? " with a positive weight" : "");
     }
     refine_ws ws;
@@ -456,7 +456,7 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     if (ws.img == NULL || ws.T == NULL) {
         free(ws.img);
         free(ws.T);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
     }
     /* validates sizes, the observed image and the parameters' support */
     double L0;

@@ -37,7 +37,7 @@ static int need(const char *flag, int nv, int n)
     return 1;
 }
 
-int nbg_cli_number(const char *flag, const char *s, double *out)
+int nbgi_cli_number(const char *flag, const char *s, double *out)
 {
     char *end;
     errno = 0;
@@ -57,7 +57,7 @@ int nbg_cli_number(const char *flag, const char *s, double *out)
 static int integer(const char *flag, const char *s, int *out)
 {
     double v;
-    if (!nbg_cli_number(flag, s, &v)) {
+    if (!nbgi_cli_number(flag, s, &v)) {
         return 0;
     }
     if (v != floor(v) || fabs(v) > 2e9) {
@@ -71,7 +71,7 @@ static int integer(const char *flag, const char *s, int *out)
 static int longint(const char *flag, const char *s, long *out)
 {
     double v;
-    if (!nbg_cli_number(flag, s, &v)) {
+    if (!nbgi_cli_number(flag, s, &v)) {
         return 0;
     }
     if (v != floor(v) || fabs(v) > 2147483647.0) {
@@ -94,14 +94,14 @@ static int looks_numeric(const char *s)
 static int numbers(const char *flag, char **s, int n, double *v)
 {
     for (int j = 0; j < n; ++j) {
-        if (!nbg_cli_number(flag, s[j], &v[j])) {
+        if (!nbgi_cli_number(flag, s[j], &v[j])) {
             return 0;
         }
     }
     return 1;
 }
 
-void nbg_cli_init(nbg_cli *c)
+void nbgi_cli_init(nbgi_cli *c)
 {
     memset(c, 0, sizeof *c);
     nbg_experiment_default(&c->e);
@@ -115,20 +115,20 @@ void nbg_cli_init(nbg_cli *c)
     nbg_limits_default(&c->limits);
 }
 
-void nbg_cli_free(nbg_cli *c)
+void nbgi_cli_free(nbgi_cli *c)
 {
     if (c->outs.n > 0) {
         fprintf(stderr, "nbgrad: nothing was written: the %d output%s prepared %s discarded and existing files are "
                 "unchanged\n", c->outs.n, c->outs.n > 1 ? "s" : "", c->outs.n > 1 ? "are" : "is");
     }
-    nbg_outset_abort(&c->outs); /* whatever was not committed: the targets stay as they were */
+    nbgi_outset_abort(&c->outs); /* whatever was not committed: the targets stay as they were */
     nbg_hkl_free(&c->hkl);
     free(c->sources);
     free(c->mask);
 }
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them. */
-static int ingest_header(nbg_ctx *ctx, nbg_cli *c, const char *path, int is_mask)
+static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mask)
 {
     nbg_smv_header h;
     uint16_t *data = NULL;
@@ -212,8 +212,8 @@ static int ingest_header(nbg_ctx *ctx, nbg_cli *c, const char *path, int is_mask
 /* --- the flag table ---------------------------------------------------------------------------------------- */
 
 /*
- * One table, flags[] below, drives the parser (nbg_cli_parse), the help (nbg_cli_usage) and the README's list of
- * flags (nbg_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the gradient
+ * One table, flags[] below, drives the parser (nbgi_cli_parse), the help (nbgi_cli_usage) and the README's list of
+ * flags (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the gradient
  * subcommands' flags of src/main.c).  After changing either table, regenerate the README's "All flags" section
  * (tests/test-flags.c fails until it matches):
  *
@@ -223,7 +223,7 @@ static int ingest_header(nbg_ctx *ctx, nbg_cli *c, const char *path, int is_mask
  *
  * An entry holds the flag's names (the main one first, then its aliases, space-separated), its kind (how many
  * values it takes and how they are converted), where it stores them (E(field) in the experiment, C(field) in
- * nbg_cli; 0: nowhere, the values are read and dropped), its side effects, and its documentation: a help group,
+ * nbgi_cli; 0: nowhere, the values are read and dropped), its side effects, and its documentation: a help group,
  * the name of its values and a one-line help with the unit.
  */
 typedef enum {
@@ -248,7 +248,7 @@ static const char *const group_title[G_COUNT] = {
 
 /* Reads a flag's values: v holds the nv arguments that follow it.  Returns how many it used, or -1 after printing
  * an error. */
-typedef int (*flag_fn)(nbg_cli *c, const char *flag, int nv, char **v);
+typedef int (*flag_fn)(nbgi_cli *c, const char *flag, int nv, char **v);
 
 typedef struct {
     const char *names;
@@ -271,11 +271,11 @@ typedef struct {
     const char *arg, *help;
 } cli_flag;
 
-/* Offsets into nbg_cli, plus one so that 0 means "nowhere". */
-#define E(field) (offsetof(nbg_cli, e.field) + 1)
-#define C(field) (offsetof(nbg_cli, field) + 1)
+/* Offsets into nbgi_cli, plus one so that 0 means "nowhere". */
+#define E(field) (offsetof(nbgi_cli, e.field) + 1)
+#define C(field) (offsetof(nbgi_cli, field) + 1)
 
-static void *field_at(nbg_cli *c, size_t off)
+static void *field_at(nbgi_cli *c, size_t off)
 {
     return (char *)c + off - 1;
 }
@@ -285,12 +285,12 @@ _Static_assert(sizeof(nbg_convention) == sizeof(int) && sizeof(nbg_shape) == siz
                    sizeof(nbg_backend) == sizeof(int) && sizeof(nbg_precision) == sizeof(int),
                "enumerations stored through int");
 
-static int fn_cell(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_cell(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     int got = 0;
     /* a value may be negative ("-cell 50 60 70 -90 90 90" is then refused by the cell check, by name) */
     while (got < 6 && got < nv && (v[got][0] != '-' || looks_numeric(v[got]))) {
-        if (!nbg_cli_number(flag, v[got], &c->e.cell[got])) {
+        if (!nbgi_cli_number(flag, v[got], &c->e.cell[got])) {
             return -1;
         }
         ++got;
@@ -303,7 +303,7 @@ static int fn_cell(nbg_cli *c, const char *flag, int nv, char **v)
     return got;
 }
 
-static int fn_misset(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_misset(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     if (strcmp(v[0], "random") == 0) {
         c->e.misset_random = 1;
@@ -316,26 +316,26 @@ static int fn_misset(nbg_cli *c, const char *flag, int nv, char **v)
     return 3;
 }
 
-static int fn_detector_abs(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_detector_abs(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     if (strstr(v[0], "inf") != NULL) {
         c->e.thick_abs = INFINITY;
         return 1;
     }
-    return nbg_cli_number(flag, v[0], &c->e.thick_abs) ? 1 : -1;
+    return nbgi_cli_number(flag, v[0], &c->e.thick_abs) ? 1 : -1;
 }
 
-static int fn_energy(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_energy(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     double eV;
-    if (!nbg_cli_number(flag, v[0], &eV)) {
+    if (!nbgi_cli_number(flag, v[0], &eV)) {
         return -1;
     }
     c->e.lambda = 12398.42 / eV;
     return 1;
 }
 
-static int fn_threads(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_threads(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     int n;
     if (!integer(flag, v[0], &n)) {
@@ -349,10 +349,10 @@ static int fn_threads(nbg_cli *c, const char *flag, int nv, char **v)
     return 1;
 }
 
-static int fn_max_memory(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_max_memory(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     double x;
-    if (!nbg_cli_number(flag, v[0], &x)) {
+    if (!nbgi_cli_number(flag, v[0], &x)) {
         return -1;
     }
     if (!(x > 0)) {
@@ -363,10 +363,10 @@ static int fn_max_memory(nbg_cli *c, const char *flag, int nv, char **v)
     return 1;
 }
 
-static int fn_max_samples(nbg_cli *c, const char *flag, int nv, char **v)
+static int fn_max_samples(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     double x;
-    if (!nbg_cli_number(flag, v[0], &x)) {
+    if (!nbgi_cli_number(flag, v[0], &x)) {
         return -1;
     }
     if (!(x > 0)) {
@@ -647,7 +647,7 @@ static void choice_error(const cli_flag *f, const char *a, const char *got)
 }
 
 /* Stores n converted values at off (nowhere when 0): doubles for K_NUM, ints for the integer kinds. */
-static void store(nbg_cli *c, size_t off, flag_kind kind, int n, const double *x, const int *k)
+static void store(nbgi_cli *c, size_t off, flag_kind kind, int n, const double *x, const int *k)
 {
     if (off != 0 && kind == K_NUM) {
         memcpy(field_at(c, off), x, sizeof *x * (size_t)n);
@@ -657,7 +657,7 @@ static void store(nbg_cli *c, size_t off, flag_kind kind, int n, const double *x
 }
 
 /* A flag's side effects, after its values are stored. */
-static void side_effects(nbg_cli *c, const cli_flag *f, const char *a, char **v, const double *x, const int *k,
+static void side_effects(nbgi_cli *c, const cli_flag *f, const char *a, char **v, const double *x, const int *k,
                          int *custom)
 {
     for (int j = 0; j < 2; ++j) {
@@ -713,7 +713,7 @@ static int read_ints(const cli_flag *f, const char *a, char **v, int n, int *k)
 
 /* Converts a flag's values: numbers into x, integers and switch or choice values into k; seeds and strings are
  * stored here, a K_FN reads (and stores) its own.  Returns how many values it used, or -1 after an error. */
-static int read_values(nbg_cli *c, const cli_flag *f, const char *a, int nv, char **v, double *x, int *k)
+static int read_values(nbgi_cli *c, const cli_flag *f, const char *a, int nv, char **v, double *x, int *k)
 {
     const int n = arity(f);
     int w;
@@ -749,7 +749,7 @@ static int read_values(nbg_cli *c, const cli_flag *f, const char *a, int nv, cha
 
 /* Converts and stores the values of one flag (nv arguments follow it in v) and applies its side effects.  Returns
  * how many values it used, or -1 after printing an error. */
-static int apply_flag(nbg_cli *c, const cli_flag *f, const char *a, int nv, char **v, int *custom)
+static int apply_flag(nbgi_cli *c, const cli_flag *f, const char *a, int nv, char **v, int *custom)
 {
     if (!need(a, nv, arity(f))) {
         return -1;
@@ -767,7 +767,7 @@ static int apply_flag(nbg_cli *c, const cli_flag *f, const char *a, int nv, char
 
 /* --- help, from the table ----------------------------------------------------------------------------------- */
 
-void nbg_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
+void nbgi_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
                        int markdown)
 {
     int len = 0, alen = 0;
@@ -800,7 +800,7 @@ static void flags_doc(FILE *out, int markdown)
         fprintf(out, markdown ? "**%s**\n\n" : "%s:\n", group_title[g]);
         for (size_t k = 0; k < sizeof flags / sizeof flags[0]; ++k) {
             if (flags[k].group == (flag_group)g) {
-                nbg_cli_help_line(out, flags[k].names, flags[k].arg, flags[k].help, NULL, markdown);
+                nbgi_cli_help_line(out, flags[k].names, flags[k].arg, flags[k].help, NULL, markdown);
             }
         }
         if (markdown) {
@@ -809,7 +809,7 @@ static void flags_doc(FILE *out, int markdown)
     }
 }
 
-void nbg_cli_usage(FILE *out)
+void nbgi_cli_usage(FILE *out)
 {
     fprintf(out, "nbgrad " NBG_VERSION " -- differentiable nanoBragg\n"
                  "usage: nbgrad [simulate] <flags>        render an image, nanoBragg's flags\n"
@@ -818,17 +818,17 @@ void nbg_cli_usage(FILE *out)
     flags_doc(out, 0);
 }
 
-void nbg_cli_flags_help(FILE *out)
+void nbgi_cli_flags_help(FILE *out)
 {
     flags_doc(out, 0);
 }
 
-void nbg_cli_flags_markdown(FILE *out)
+void nbgi_cli_flags_markdown(FILE *out)
 {
     flags_doc(out, 1);
 }
 
-void nbg_cli_flags_list(FILE *out)
+void nbgi_cli_flags_list(FILE *out)
 {
     const char *w;
     int len;
@@ -839,7 +839,7 @@ void nbg_cli_flags_list(FILE *out)
     }
 }
 
-int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
+int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
 {
     /* -mask then -img are read first, whatever their place, so that flags override their headers */
     /* the memory limit applies to the files read here too */
@@ -896,11 +896,11 @@ int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first)
     return 1;
 }
 
-int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c)
+int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
 {
     nbg_experiment *e = &c->e;
     if (c->matfile != NULL) {
-        if (nbg_read_matrix(ctx, c->matfile, e->mat) != NBG_OK) {
+        if (nbgi_read_matrix(ctx, c->matfile, e->mat) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: -mat: %s\n", nbg_errmsg(ctx));
             return 0;
         }
@@ -912,7 +912,7 @@ int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c)
             return 0;
         }
         e->hkl = &c->hkl;
-        if (!c->nodump && nbg_hkl_write_fdump_set(ctx, &c->outs, c->dumpfile, &c->hkl) != NBG_OK) {
+        if (!c->nodump && nbgi_hkl_write_fdump_set(ctx, &c->outs, c->dumpfile, &c->hkl) != NBG_OK) {
             fprintf(stderr, "nbgrad: warning: could not write the F cache: %s\n", nbg_errmsg(ctx));
         }
     } else if (!c->nodump && access(c->dumpfile, R_OK) == 0) {
@@ -934,7 +934,7 @@ int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c)
         if (nbg_describe(ctx, &probe, &r) == NBG_OK) {
             memcpy(beam, r.beam, sizeof beam);
         }
-        if (nbg_read_sources(ctx, c->sourcefile, e->lambda, beam, &c->sources, &c->nsources) != NBG_OK) {
+        if (nbgi_read_sources(ctx, c->sourcefile, e->lambda, beam, &c->sources, &c->nsources) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: -sourcefile: %s\n", nbg_errmsg(ctx));
             return 0;
         }
@@ -953,7 +953,7 @@ int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c)
 
 /* --- statistics and outputs -------------------------------------------------------------------------------- */
 
-void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_stats *st)
+void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st)
 {
     const nbg_experiment *e = &c->e;
     const int F = r->fpixels, S = r->spixels;
@@ -997,12 +997,12 @@ void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_
     st->rmsd = sqrt(dev / (nall > 1 ? nall - 1 : 1));
 }
 
-int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img)
+int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img)
 {
     const int F = r->fpixels, S = r->spixels;
     const size_t npix = (size_t)F * (size_t)S;
-    nbg_stats st;
-    nbg_cli_stats(c, r, img, &st);
+    nbgi_stats st;
+    nbgi_cli_stats(c, r, img, &st);
     if (st.imax >= 0) {
         /* nanoBragg reports the position of the last subpixel of the brightest pixel */
         const int os = r->oversample;
@@ -1015,7 +1015,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
     }
     printf("mean= %g rms= %g rmsd= %g\n", st.mean, st.rms, st.rmsd);
     if (c->floatfile != NULL) {
-        if (nbg_write_float_set(ctx, &c->outs, c->floatfile, img, npix) != NBG_OK) {
+        if (nbgi_write_float_set(ctx, &c->outs, c->floatfile, img, npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             return 0;
         }
@@ -1042,7 +1042,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
             return 0;
         }
         printf("intfile_scale = %g\n", scale);
-        if (nbg_write_smv_set(ctx, &c->outs, c->intfile, &h, buf) != NBG_OK) {
+        if (nbgi_write_smv_set(ctx, &c->outs, c->intfile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
             return 0;
@@ -1054,7 +1054,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
         if (ps <= 0) {
             ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
         }
-        if (nbg_write_pgm_set(ctx, &c->outs, c->pgmfile, img, F, S, ps) != NBG_OK) {
+        if (nbgi_write_pgm_set(ctx, &c->outs, c->pgmfile, img, F, S, ps) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
             return 0;
@@ -1074,7 +1074,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
             return 0;
         }
         printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
-        if (nbg_write_smv_set(ctx, &c->outs, c->noisefile, &h, buf) != NBG_OK) {
+        if (nbgi_write_smv_set(ctx, &c->outs, c->noisefile, &h, buf) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             free(buf);
             return 0;
@@ -1089,7 +1089,7 @@ int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const f
     return 1;
 }
 
-void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r)
+void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r)
 {
     static const char *conv[] = {"mosflm", "denzo", "adxv", "xds", "dials", "custom"};
     printf("nbgrad %s: %s convention, pivoting detector around %s\n", NBG_VERSION, conv[c->e.convention],
@@ -1121,9 +1121,9 @@ void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r)
     }
 }
 
-int nbg_cli_commit(nbg_ctx *ctx, nbg_cli *c)
+int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c)
 {
-    if (nbg_outset_commit(ctx, &c->outs) != NBG_OK) {
+    if (nbgi_outset_commit(ctx, &c->outs) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
@@ -1158,13 +1158,13 @@ static void canonical(const char *path, char *out, size_t size)
     }
 }
 
-int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n)
+int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n)
 {
-    nbg_cli_path p[32];
+    nbgi_cli_path p[32];
     int np = 0;
     const int fdump_out = c->hklfile != NULL && !c->nodump;
     const int fdump_in = c->hklfile == NULL && !c->nodump && access(c->dumpfile, R_OK) == 0;
-    const nbg_cli_path own[] = {
+    const nbgi_cli_path own[] = {
         {"-hkl", c->hklfile, 0},         {"-mat", c->matfile, 0},          {"-sourcefile", c->sourcefile, 0},
         {"-mask", c->maskfile, 0},       {"-img", c->imgfile, 0},          {"-dump", fdump_in ? c->dumpfile : NULL, 0},
         {"-dump", fdump_out ? c->dumpfile : NULL, 1},                      {"-floatfile", c->floatfile, 1},
@@ -1216,7 +1216,7 @@ int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n)
                 fprintf(stderr, "nbgrad: error: %s %s and %s %s name the same file: one output would overwrite the "
                         "other\n", p[j].flag, p[j].path, p[i].flag, p[i].path);
             } else {
-                const nbg_cli_path *out = p[i].output ? &p[i] : &p[j], *in = p[i].output ? &p[j] : &p[i];
+                const nbgi_cli_path *out = p[i].output ? &p[i] : &p[j], *in = p[i].output ? &p[j] : &p[i];
                 fprintf(stderr, "nbgrad: error: the output %s %s is the input %s %s: it would be overwritten\n",
                         out->flag, out->path, in->flag, in->path);
             }

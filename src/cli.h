@@ -11,9 +11,9 @@
 
 #include <stdio.h>
 
-typedef struct nbg_cli nbg_cli;
+typedef struct nbgi_cli nbgi_cli;
 
-struct nbg_cli {
+struct nbgi_cli {
     nbg_experiment e;
     nbg_hkl hkl;
     nbg_source *sources;
@@ -31,51 +31,51 @@ struct nbg_cli {
     nbg_precision precision;
     int threads;
     nbg_limits limits;      /* -max_memory, -max_samples */
-    nbg_outset outs;        /* the run's outputs, written to temporaries and renamed together by nbg_cli_commit */
+    nbgi_outset outs;        /* the run's outputs, written to temporaries and renamed together by nbgi_cli_commit */
     /* a subcommand's own flags: returns the number of argv entries consumed (flag included), 0 when the flag is
      * not its own, -1 after printing an error */
-    int (*extra_handler)(nbg_cli *c, int argc, char **argv, int i);
+    int (*extra_handler)(nbgi_cli *c, int argc, char **argv, int i);
     void *extra;
 };
 
 typedef struct {
     double max, sum, mean, rms, rmsd;
     long imax, n;
-} nbg_stats;
+} nbgi_stats;
 
-void nbg_cli_init(nbg_cli *c);
+void nbgi_cli_init(nbgi_cli *c);
 /* Prints the usage and every flag, grouped, with its help (from the flag table in cli.c). */
-void nbg_cli_usage(FILE *out);
+void nbgi_cli_usage(FILE *out);
 /* The flags alone, grouped, with their help. */
-void nbg_cli_flags_help(FILE *out);
+void nbgi_cli_flags_help(FILE *out);
 /* The flag table as the markdown list of the README's "All flags" section (nbgrad --flags-markdown). */
-void nbg_cli_flags_markdown(FILE *out);
+void nbgi_cli_flags_markdown(FILE *out);
 /* Every name the parser accepts, aliases included, one a line (nbgrad --flags-list). */
-void nbg_cli_flags_list(FILE *out);
+void nbgi_cli_flags_list(FILE *out);
 /* One flag's help line: names holds the main name then its aliases, space-separated; arg names its value (NULL:
  * none); scope, when not NULL, is appended in brackets.  markdown: as an item of the README's list. */
-void nbg_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
+void nbgi_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
                        int markdown);
-void nbg_cli_free(nbg_cli *c);
+void nbgi_cli_free(nbgi_cli *c);
 /* Parses argv[first..]; prints the error and returns 0 on a bad flag. */
-int nbg_cli_parse(nbg_ctx *ctx, nbg_cli *c, int argc, char **argv, int first);
+int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first);
 /* Reads the files the flags name (matrix, HKL or Fdump, sources) into the experiment. */
-int nbg_cli_load(nbg_ctx *ctx, nbg_cli *c);
-int nbg_cli_number(const char *flag, const char *s, double *out);
-void nbg_cli_print_setup(const nbg_cli *c, const nbg_report *r);
-void nbg_cli_stats(const nbg_cli *c, const nbg_report *r, const float *img, nbg_stats *st);
+int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c);
+int nbgi_cli_number(const char *flag, const char *s, double *out);
+void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);
+void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st);
 /* Writes the images asked for into the run's output set (nothing is renamed over a target yet). */
-int nbg_cli_write_outputs(nbg_ctx *ctx, nbg_cli *c, const nbg_report *r, const float *img);
+int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img);
 /* Renames every output of the run over its target; prints the error and returns 0 on failure. */
-int nbg_cli_commit(nbg_ctx *ctx, nbg_cli *c);
+int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c);
 
 /* A file a run reads or writes, with the flag that names it. */
 typedef struct {
     const char *flag, *path;
     int output;
-} nbg_cli_path;
+} nbgi_cli_path;
 /* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
  * an error (printed).  extra lists a subcommand's own files (n entries). */
-int nbg_cli_check_paths(const nbg_cli *c, const nbg_cli_path *extra, int n);
+int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n);
 
 #endif

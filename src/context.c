@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-double nbg_now(void)
+double nbgi_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -30,7 +30,7 @@ const char *nbg_strerror(int status)
     }
 }
 
-int nbg_error(nbg_ctx *ctx, int code, const char *fmt, ...)
+int nbgi_error(nbg_ctx *ctx, int code, const char *fmt, ...)
 {
     if (ctx != NULL) {
         va_list ap;
@@ -59,10 +59,10 @@ void nbg_limits_default(nbg_limits *l)
 int nbg_ctx_set_limits(nbg_ctx *ctx, const nbg_limits *l)
 {
     if (ctx == NULL || l == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_ctx_set_limits: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_ctx_set_limits: NULL argument");
     }
     if (!(l->max_bytes > 0) || !(l->max_samples > 0)) {
-        return nbg_error(ctx, NBG_EINVAL, "limits must be positive (got max_bytes %g, max_samples %g)", l->max_bytes,
+        return nbgi_error(ctx, NBG_EINVAL, "limits must be positive (got max_bytes %g, max_samples %g)", l->max_bytes,
                          l->max_samples);
     }
     ctx->limits = *l;
@@ -78,7 +78,7 @@ int nbg_ctx_limits(const nbg_ctx *ctx, nbg_limits *l)
     return NBG_OK;
 }
 
-void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l)
+void nbgi_limits_of(const nbg_ctx *ctx, nbg_limits *l)
 {
     if (ctx != NULL) {
         *l = ctx->limits;
@@ -87,14 +87,14 @@ void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l)
     }
 }
 
-int nbg_check_bytes(nbg_ctx *ctx, double bytes, const char *what)
+int nbgi_check_bytes(nbg_ctx *ctx, double bytes, const char *what)
 {
     nbg_limits l;
-    nbg_limits_of(ctx, &l);
+    nbgi_limits_of(ctx, &l);
     if (bytes <= l.max_bytes) {
         return NBG_OK;
     }
-    return nbg_error(ctx, NBG_ENOMEM, "%s would need %.3g GiB of memory, above the limit of %.3g GiB: check the input, "
+    return nbgi_error(ctx, NBG_ENOMEM, "%s would need %.3g GiB of memory, above the limit of %.3g GiB: check the input, "
                      "or raise the limit (-max_memory GiB on the command line, nbg_ctx_set_limits in the library)",
                      what, bytes / 1073741824.0, l.max_bytes / 1073741824.0);
 }

@@ -9,13 +9,13 @@
 /* Renders every pixel of the image (zero outside the ROI and where masked).  use_float selects the single
  * precision instantiation.  *omega_sum receives the sum of subpixel solid angles, *oor the count of tricubic
  * windows that left the table, *image_sum the sum of the image in double (finite exactly when every pixel is). */
-void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
+void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum);
 
 /* sum_p w[p] * I[p] over the active pixels not flagged in skip, with every pixel value in double (the gradient
  * check's loss; images themselves are stored as float).  When sig is not NULL it receives each pixel's signature
- * of discrete choices (rounded Miller indices and the like; see nbg_pixel_signature).  Rows are summed in order,
+ * of discrete choices (rounded Miller indices and the like; see nbgi_pixel_signature).  Rows are summed in order,
  * so the result does not depend on the thread count.  NaN when out of memory. */
-double nbg_forward_wsum_cpu(const nbg_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig);
+double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig);
 
 #endif

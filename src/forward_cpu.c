@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
+void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum)
 {
     double osum = 0, isum = 0;
@@ -20,13 +20,13 @@ void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *
             const int n = F - f0 < W ? F - f0 : W;
             float *out = image + (long)s * F + f0;
             if (use_float) {
-                nbg_pixstat_f st = {0, 0};
-                nbg_row_f(p, s, f0, n, out, &st);
+                nbgi_pixstat_f st = {0, 0};
+                nbgi_row_f(p, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             } else {
-                nbg_pixstat_d st = {0, 0};
-                nbg_row_d(p, s, f0, n, out, &st);
+                nbgi_pixstat_d st = {0, 0};
+                nbgi_row_d(p, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             }
@@ -40,7 +40,7 @@ void nbg_forward_cpu(const nbg_kparams *p, int use_float, float *image, double *
     *oor = nout;
 }
 
-double nbg_forward_wsum_cpu(const nbg_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
+double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
 {
     const int F = p->fpixels, S = p->spixels;
     double *rows = calloc((size_t)S, sizeof(double));
@@ -52,20 +52,20 @@ double nbg_forward_wsum_cpu(const nbg_kparams *p, const float *w, const uint8_t 
         double acc = 0;
         for (int f = 0; f < F; ++f) {
             const long i = (long)s * F + f;
-            if (!nbg_pixel_active(p, f, s)) {
+            if (!nbgi_pixel_active(p, f, s)) {
                 if (sig != NULL) {
                     sig[i] = 0;
                 }
                 continue;
             }
             if (sig != NULL) {
-                sig[i] = nbg_pixel_signature_d(p, f, s);
+                sig[i] = nbgi_pixel_signature_d(p, f, s);
             }
             if (skip != NULL && skip[i]) {
                 continue;
             }
-            nbg_pixstat_d st = {0, 0};
-            acc += (double)w[i] * nbg_pixel_d(p, f, s, &st);
+            nbgi_pixstat_d st = {0, 0};
+            acc += (double)w[i] * nbgi_pixel_d(p, f, s, &st);
         }
         rows[s] = acc;
     }

@@ -3,14 +3,14 @@
  * tangent, scalar and row (lane) forms, CPU and CUDA.  Each formula is one NBG_HD inline function with its
  * derivative beside it; the nests call these and write none of them again.
  *
- *   which pixels are rendered          nbg_pixel_active
- *   where a subpixel is                nbg_subpixel_at, nbg_layer_at, nbg_subpixel_coords, nbg_flat_pos,
- *                                      nbg_subpixel_pos (flat and curved detectors)
- *   the ray to it                      nbg_ray, nbg_ray_at (unit direction d = P / R)
- *   scattering vector, resolution cut  nbg_scatter_q, nbg_dmin_keeps
- *   their lane forms (CPU row kernels) nbg_lane_rays, nbg_lane_q
- *   solid angle                        nbg_solid_angle, nbg_solid_angle_dR (and d omega / d close = omega / close)
- *   sensor capture fraction            nbg_capture, nbg_capture_da
+ *   which pixels are rendered          nbgi_pixel_active
+ *   where a subpixel is                nbgi_subpixel_at, nbgi_layer_at, nbgi_subpixel_coords, nbgi_flat_pos,
+ *                                      nbgi_subpixel_pos (flat and curved detectors)
+ *   the ray to it                      nbgi_ray, nbgi_ray_at (unit direction d = P / R)
+ *   scattering vector, resolution cut  nbgi_scatter_q, nbgi_dmin_keeps
+ *   their lane forms (CPU row kernels) nbgi_lane_rays, nbgi_lane_q
+ *   solid angle                        nbgi_solid_angle, nbgi_solid_angle_dR (and d omega / d close = omega / close)
+ *   sensor capture fraction            nbgi_capture, nbgi_capture_da
  *
  * The per-sample physics (lattice and structure factors, polarization, their derivatives) is src/physics_tmpl.h;
  * the set-up maps (cell, detector rotations) are src/setup_tmpl.h.  Geometry is double in every precision: it
@@ -26,7 +26,7 @@
 #include <math.h>
 
 /* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
-static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
+static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
 {
     if (f < 0 || f >= p->fpixels || f < p->roi_xmin || f > p->roi_xmax || s < p->roi_ymin || s > p->roi_ymax) {
         return 0;
@@ -35,25 +35,25 @@ static inline NBG_HD int nbg_pixel_active(const nbg_kparams *p, int f, int s)
 }
 
 /* The centre of subpixel sub of pixel `pixel` along one detector axis (m). */
-static inline NBG_HD double nbg_subpixel_at(const nbg_kparams *p, int pixel, int sub)
+static inline NBG_HD double nbgi_subpixel_at(const nbgi_kparams *p, int pixel, int sub)
 {
     return p->subpixel * (double)(pixel * p->oversample + sub) + p->subpixel / 2;
 }
 
 /* The depth of sensor layer t along the normal (m). */
-static inline NBG_HD double nbg_layer_at(const nbg_kparams *p, int t) { return (double)(t * p->thickstep); }
+static inline NBG_HD double nbgi_layer_at(const nbgi_kparams *p, int t) { return (double)(t * p->thickstep); }
 
 /* The detector-frame coordinates (m) of subpixel (subF, subS) of layer t: along fast, slow and the normal. */
-static inline NBG_HD void nbg_subpixel_coords(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS,
+static inline NBG_HD void nbgi_subpixel_coords(const nbgi_kparams *p, int fpixel, int spixel, int subF, int subS,
                                               int t, double *Fdet, double *Sdet, double *Odet)
 {
-    *Fdet = nbg_subpixel_at(p, fpixel, subF);
-    *Sdet = nbg_subpixel_at(p, spixel, subS);
-    *Odet = nbg_layer_at(p, t);
+    *Fdet = nbgi_subpixel_at(p, fpixel, subF);
+    *Sdet = nbgi_subpixel_at(p, spixel, subS);
+    *Odet = nbgi_layer_at(p, t);
 }
 
 /* The point at detector coordinates (Fdet, Sdet, Odet) of a flat detector, relative to the sample (m). */
-static inline NBG_HD void nbg_flat_pos(const nbg_kparams *p, double Fdet, double Sdet, double Odet, double *P)
+static inline NBG_HD void nbgi_flat_pos(const nbgi_kparams *p, double Fdet, double Sdet, double Odet, double *P)
 {
     for (int x = 0; x < 3; ++x) {
         P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
@@ -61,12 +61,12 @@ static inline NBG_HD void nbg_flat_pos(const nbg_kparams *p, double Fdet, double
 }
 
 /* The position of subpixel (subF, subS) of layer t, relative to the sample (m). */
-static inline NBG_HD void nbg_subpixel_pos(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
+static inline NBG_HD void nbgi_subpixel_pos(const nbgi_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
                                            double *P)
 {
     double Fdet, Sdet, Odet;
-    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &Fdet, &Sdet, &Odet);
-    nbg_flat_pos(p, Fdet, Sdet, Odet, P);
+    nbgi_subpixel_coords(p, fpixel, spixel, subF, subS, t, &Fdet, &Sdet, &Odet);
+    nbgi_flat_pos(p, Fdet, Sdet, Odet, P);
     if (p->curved) {
         /* every pixel at `distance` from the sample: swing distance*beam about s by P_y/distance, then about f by
          * P_z/distance (nanoBragg uses the flat position's lab y and z components as the angles) */
@@ -86,13 +86,13 @@ static inline NBG_HD void nbg_subpixel_pos(const nbg_kparams *p, int fpixel, int
 /* The ray to a subpixel: position P, unit direction d = P / |P|, distance R and the detector coordinates. */
 typedef struct {
     double P[3], d[3], R, Fdet, Sdet, Odet;
-} nbg_ray;
+} nbgi_ray;
 
-static inline NBG_HD void nbg_ray_at(const nbg_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
-                                     nbg_ray *r)
+static inline NBG_HD void nbgi_ray_at(const nbgi_kparams *p, int fpixel, int spixel, int subF, int subS, int t,
+                                     nbgi_ray *r)
 {
-    nbg_subpixel_coords(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
-    nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, r->P);
+    nbgi_subpixel_coords(p, fpixel, spixel, subF, subS, t, &r->Fdet, &r->Sdet, &r->Odet);
+    nbgi_subpixel_pos(p, fpixel, spixel, subF, subS, t, r->P);
     r->R = sqrt(r->P[0] * r->P[0] + r->P[1] * r->P[1] + r->P[2] * r->P[2]);
     for (int x = 0; x < 3; ++x) {
         r->d[x] = r->P[x] / r->R;
@@ -100,7 +100,7 @@ static inline NBG_HD void nbg_ray_at(const nbg_kparams *p, int fpixel, int spixe
 }
 
 /* Whether scattering vector q (1/m) survives the resolution cut: dmin <= 1 / |q| (nanoBragg's 0.5 / stol). */
-static inline NBG_HD int nbg_dmin_keeps(double dmin, double q0, double q1, double q2)
+static inline NBG_HD int nbgi_dmin_keeps(double dmin, double q0, double q1, double q2)
 {
     if (dmin > 0) {
         const double stol = 0.5 * sqrt(q0 * q0 + q1 * q1 + q2 * q2);
@@ -111,40 +111,40 @@ static inline NBG_HD int nbg_dmin_keeps(double dmin, double q0, double q1, doubl
 
 /* The scattering vector q = (d - i) / lambda (1/m) of unit direction d and source src; 0 when the resolution cut
  * removes it. */
-static inline NBG_HD int nbg_scatter_q(const nbg_kparams *p, const double *d, int src, double *q)
+static inline NBG_HD int nbgi_scatter_q(const nbgi_kparams *p, const double *d, int src, double *q)
 {
     const double *sr = p->src + NBG_SRC_STRIDE * src;
     const double ilambda = 1 / sr[3];
     for (int x = 0; x < 3; ++x) {
         q[x] = (d[x] - sr[x]) * ilambda;
     }
-    return nbg_dmin_keeps(p->dmin, q[0], q[1], q[2]);
+    return nbgi_dmin_keeps(p->dmin, q[0], q[1], q[2]);
 }
 
 /* The solid angle of a pixel seen at distance R: pixel^2 / R^2 * cos(obliquity), cos(obliquity) = close / R;
  * 1 / R^2 for -point_pixel. */
-static inline NBG_HD double nbg_solid_angle(const nbg_kparams *p, double R)
+static inline NBG_HD double nbgi_solid_angle(const nbgi_kparams *p, double R)
 {
     return p->point_pixel ? 1 / (R * R) : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
 }
 
-/* d omega / d R of nbg_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel).  The other
+/* d omega / d R of nbgi_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel).  The other
  * partial, d omega / d close_distance, is omega / close_distance (0 for a point pixel). */
-static inline NBG_HD double nbg_solid_angle_dR(const nbg_kparams *p, double R, double omega)
+static inline NBG_HD double nbgi_solid_angle_dR(const nbgi_kparams *p, double R, double omega)
 {
     return (p->point_pixel ? -2 : -3) * omega / R;
 }
 
 /* The fraction of photons absorbed in sensor layer t for a ray with rho = d . o (the cosine of its angle to the
  * normal): exp(-t a) - exp(-(t+1) a), a = dz mu / rho.  *a receives a. */
-static inline NBG_HD double nbg_capture(const nbg_kparams *p, int t, double rho, double *a)
+static inline NBG_HD double nbgi_capture(const nbgi_kparams *p, int t, double rho, double *a)
 {
     *a = (p->thickstep * p->mu) / rho;
     return exp(-(double)t * *a) - exp(-(double)(t + 1) * *a);
 }
 
-/* d capture / d a of nbg_capture; d a / d rho = -a / rho. */
-static inline NBG_HD double nbg_capture_da(int t, double a)
+/* d capture / d a of nbgi_capture; d a / d rho = -a / rho. */
+static inline NBG_HD double nbgi_capture_da(int t, double a)
 {
     return -(double)t * exp(-(double)t * a) + (double)(t + 1) * exp(-(double)(t + 1) * a);
 }
@@ -152,17 +152,17 @@ static inline NBG_HD double nbg_capture_da(int t, double a)
 /* --- lane forms (the CPU row kernels; C only, for restrict and omp simd) ------------------------------------- */
 #if !defined(__CUDACC__) && !defined(__cplusplus)
 /* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
- * lanes starting at fpixel f0 on a flat detector: nbg_subpixel_pos's arithmetic, across the lanes.  Shared by the
+ * lanes starting at fpixel f0 on a flat detector: nbgi_subpixel_pos's arithmetic, across the lanes.  Shared by the
  * forward, adjoint and tangent row kernels. */
-static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+static inline void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
                                  double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
                                  double *restrict Fd)
 {
 #pragma omp simd
     for (int j = 0; j < w; ++j) {
-        const double Fdet = nbg_subpixel_at(p, f0 + j, subF);
+        const double Fdet = nbgi_subpixel_at(p, f0 + j, subF);
         double P[3];
-        nbg_flat_pos(p, Fdet, Sdet, Odet, P);
+        nbgi_flat_pos(p, Fdet, Sdet, Odet, P);
         const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
         d0[j] = P[0] / R;
         d1[j] = P[1] / R;
@@ -173,8 +173,8 @@ static inline void nbg_lane_rays(const nbg_kparams *p, int f0, int subF, double 
 }
 
 /* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
- * resolution cut (valid): nbg_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
-static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double *d0, const double *d1,
+ * resolution cut (valid): nbgi_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
+static inline void nbgi_lane_q(const nbgi_kparams *p, int src, int w, const double *d0, const double *d1,
                               const double *d2, double *restrict q0, double *restrict q1, double *restrict q2,
                               int *restrict valid)
 {
@@ -187,7 +187,7 @@ static inline void nbg_lane_q(const nbg_kparams *p, int src, int w, const double
         q0[j] = (d0[j] - inc[0]) * ilambda;
         q1[j] = (d1[j] - inc[1]) * ilambda;
         q2[j] = (d2[j] - inc[2]) * ilambda;
-        valid[j] = nbg_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
+        valid[j] = nbgi_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
     }
 }
 #endif

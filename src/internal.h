@@ -31,19 +31,19 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param);
 void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on);
 
 /* The context's limits, or the defaults when ctx is NULL. */
-void nbg_limits_of(const nbg_ctx *ctx, nbg_limits *l);
+void nbgi_limits_of(const nbg_ctx *ctx, nbg_limits *l);
 
 /* The one check of every allocation whose size derives from input, made before allocating: NBG_OK when bytes is
  * within the memory limit, otherwise NBG_ENOMEM with a message naming what (e.g. "the structure-factor table of
  * x.hkl (1001 x 1001 x 1001 entries)"), its size and how to proceed. */
-int nbg_check_bytes(nbg_ctx *ctx, double bytes, const char *what);
+int nbgi_check_bytes(nbg_ctx *ctx, double bytes, const char *what);
 
 /* Seconds on a monotonic clock. */
-double nbg_now(void);
+double nbgi_now(void);
 
 /* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns
- * code, so callers write `return nbg_error(ctx, NBG_EINVAL, "...", ...);`. */
-int nbg_error(nbg_ctx *ctx, int code, const char *fmt, ...)
+ * code, so callers write `return nbgi_error(ctx, NBG_EINVAL, "...", ...);`. */
+int nbgi_error(nbg_ctx *ctx, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

@@ -95,38 +95,38 @@ static int split_tokens(char *line, const char *delims, char **tok, int max)
  * file the link resolves to (so that writing through a link is as atomic as writing a plain file; a dangling link
  * is refused).  When the target exists and is not a regular file (a device such as /dev/null, a FIFO) it is opened
  * directly, since renaming over it would not write through it. */
-int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o)
+int nbgi_out_open(nbg_ctx *ctx, const char *path, nbgi_out *o)
 {
     o->fp = NULL;
     o->tmp = NULL;
     o->target = NULL;
     o->path = path;
     if (path == NULL || path[0] == '\0')
-        return nbg_error(ctx, NBG_EINVAL, "output file name is empty");
+        return nbgi_error(ctx, NBG_EINVAL, "output file name is empty");
 
     struct stat st;
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
         o->target = realpath(path, NULL);
         if (o->target == NULL)
-            return nbg_error(ctx, NBG_EIO, "cannot write %s: it is a symbolic link to a missing file or directory "
+            return nbgi_error(ctx, NBG_EIO, "cannot write %s: it is a symbolic link to a missing file or directory "
                              "(%s)", path, strerror(errno));
     } else {
         o->target = strdup(path);
         if (o->target == NULL)
-            return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
     }
     if (stat(o->target, &st) == 0 && !S_ISREG(st.st_mode)) {
         if (S_ISDIR(st.st_mode)) {
             free(o->target);
             o->target = NULL;
-            return nbg_error(ctx, NBG_EIO, "cannot write %s: it is a directory", path);
+            return nbgi_error(ctx, NBG_EIO, "cannot write %s: it is a directory", path);
         }
         o->fp = fopen(o->target, "wb");
         if (o->fp == NULL) {
             const int err = errno;
             free(o->target);
             o->target = NULL;
-            return nbg_error(ctx, NBG_EIO, "cannot open %s for writing: %s", path, strerror(err));
+            return nbgi_error(ctx, NBG_EIO, "cannot open %s for writing: %s", path, strerror(err));
         }
         return NBG_OK;
     }
@@ -136,7 +136,7 @@ int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o)
     if (o->tmp == NULL) {
         free(o->target);
         o->target = NULL;
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
     }
     int fd = -1;
     for (int attempt = 0; attempt < 1000 && fd < 0; ++attempt) {
@@ -150,7 +150,7 @@ int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o)
         free(o->tmp);
         free(o->target);
         o->tmp = o->target = NULL;
-        return nbg_error(ctx, NBG_EIO, "cannot create a temporary file to write %s: %s", path, strerror(err));
+        return nbgi_error(ctx, NBG_EIO, "cannot create a temporary file to write %s: %s", path, strerror(err));
     }
     o->fp = fdopen(fd, "wb");
     if (o->fp == NULL) {
@@ -160,12 +160,12 @@ int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o)
         free(o->tmp);
         free(o->target);
         o->tmp = o->target = NULL;
-        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", path, strerror(err));
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", path, strerror(err));
     }
     return NBG_OK;
 }
 
-void nbg_out_abort(nbg_out *o)
+void nbgi_out_abort(nbgi_out *o)
 {
     if (o->fp != NULL)
         fclose(o->fp);
@@ -178,17 +178,17 @@ void nbg_out_abort(nbg_out *o)
     o->tmp = o->target = NULL;
 }
 
-int nbg_out_write(nbg_ctx *ctx, nbg_out *o, const void *buf, size_t n)
+int nbgi_out_write(nbg_ctx *ctx, nbgi_out *o, const void *buf, size_t n)
 {
     if (n > 0 && fwrite(buf, 1, n, o->fp) != n) {
         int err = errno;
-        nbg_out_abort(o);
-        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
+        nbgi_out_abort(o);
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
     }
     return NBG_OK;
 }
 
-int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set)
+int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
 {
     int bad = fflush(o->fp) != 0 || ferror(o->fp);
     int err = errno;
@@ -199,8 +199,8 @@ int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set)
     o->fp = NULL;
     if (!bad && o->tmp != NULL && set != NULL) {
         if (set->n >= NBG_OUTSET_MAX) {
-            nbg_out_abort(o);
-            return nbg_error(ctx, NBG_EINVAL, "too many outputs in one run (at most %d)", NBG_OUTSET_MAX);
+            nbgi_out_abort(o);
+            return nbgi_error(ctx, NBG_EINVAL, "too many outputs in one run (at most %d)", NBG_OUTSET_MAX);
         }
         set->tmp[set->n] = o->tmp;
         set->target[set->n] = o->target;
@@ -214,8 +214,8 @@ int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set)
         err = errno;
     }
     if (bad) {
-        nbg_out_abort(o);
-        return nbg_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
+        nbgi_out_abort(o);
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", o->path, strerror(err));
     }
     free(o->tmp);
     free(o->target);
@@ -223,9 +223,9 @@ int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set)
     return NBG_OK;
 }
 
-void nbg_outset_init(nbg_outset *set) { memset(set, 0, sizeof *set); }
+void nbgi_outset_init(nbgi_outset *set) { memset(set, 0, sizeof *set); }
 
-void nbg_outset_abort(nbg_outset *set)
+void nbgi_outset_abort(nbgi_outset *set)
 {
     for (int i = 0; i < set->n; ++i) {
         unlink(set->tmp[i]);
@@ -235,12 +235,12 @@ void nbg_outset_abort(nbg_outset *set)
     set->n = 0;
 }
 
-int nbg_outset_commit(nbg_ctx *ctx, nbg_outset *set)
+int nbgi_outset_commit(nbg_ctx *ctx, nbgi_outset *set)
 {
     int rc = NBG_OK;
     for (int i = 0; i < set->n; ++i) {
         if (rc == NBG_OK && rename(set->tmp[i], set->target[i]) != 0) {
-            rc = nbg_error(ctx, NBG_EIO, "cannot write %s: %s", set->path[i], strerror(errno));
+            rc = nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", set->path[i], strerror(errno));
         }
         if (rc != NBG_OK) {
             unlink(set->tmp[i]);
@@ -253,10 +253,10 @@ int nbg_outset_commit(nbg_ctx *ctx, nbg_outset *set)
 }
 
 /* The writers below use these short names. */
-typedef nbg_out out_file;
-#define out_open nbg_out_open
-#define out_write nbg_out_write
-#define out_abort nbg_out_abort
+typedef nbgi_out out_file;
+#define out_open nbgi_out_open
+#define out_write nbgi_out_write
+#define out_abort nbgi_out_abort
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Structure factors                                                                                           */
@@ -276,14 +276,14 @@ static int table_size(nbg_ctx *ctx, const char *path, const int lo[3], const int
     for (int i = 0; i < 3; ++i) {
         const double r = (double)hi[i] - lo[i] + 1;
         if (r < 1 || lo[i] < -IO_MAX_INDEX || hi[i] > IO_MAX_INDEX)
-            return nbg_error(ctx, NBG_EFORMAT, "%s: invalid index range %d..%d", path, lo[i], hi[i]);
+            return nbgi_error(ctx, NBG_EFORMAT, "%s: invalid index range %d..%d", path, lo[i], hi[i]);
         n *= r;
         padded *= r + 1;
     }
     char what[PATH_MAX + 160];
     snprintf(what, sizeof what, "the structure-factor table of %s (h %d..%d, k %d..%d, l %d..%d: %.0f entries)", path,
              lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], n);
-    const int rc = nbg_check_bytes(ctx, padded * sizeof(double), what);
+    const int rc = nbgi_check_bytes(ctx, padded * sizeof(double), what);
     if (rc != NBG_OK)
         return rc;
     *count = (size_t)n;
@@ -293,12 +293,12 @@ static int table_size(nbg_ctx *ctx, const char *path, const int lo[3], const int
 int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
 {
     if (out == NULL || path == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
     memset(out, 0, sizeof *out);
 
     FILE *fp = fopen(path, "r");
     if (fp == NULL)
-        return nbg_error(ctx, NBG_EIO, "cannot open HKL file %s: %s", path, strerror(errno));
+        return nbgi_error(ctx, NBG_EIO, "cannot open HKL file %s: %s", path, strerror(errno));
 
     hkl_entry *ent = NULL;
     size_t nent = 0, cap = 0;
@@ -315,7 +315,7 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         if (nt == 0)
             continue;
         if (nt < 4 || nt > 6) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: expected \"h k l F\" with at most two extra columns, found %d "
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: expected \"h k l F\" with at most two extra columns, found %d "
                            "field%s", path, lineno, nt, nt == 1 ? "" : "s");
             goto done;
         }
@@ -324,20 +324,20 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         static const char axis[3] = {'h', 'k', 'l'};
         for (int i = 0; i < 3; ++i) {
             if (parse_index(tok[i], idx[i]) != 0) {
-                rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: %c index \"%s\" is not an integer (or is beyond +-%ld)",
+                rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: %c index \"%s\" is not an integer (or is beyond +-%ld)",
                                path, lineno, axis[i], tok[i], IO_MAX_INDEX);
                 goto done;
             }
         }
         if (parse_double(tok[3], &e.F) != 0) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: F \"%s\" is not a finite number", path, lineno, tok[3]);
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: F \"%s\" is not a finite number", path, lineno, tok[3]);
             goto done;
         }
         if (nent == cap) {
             size_t ncap = cap ? 2 * cap : 1024;
             hkl_entry *grown = realloc(ent, ncap * sizeof *grown);
             if (grown == NULL) {
-                rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+                rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
                 goto done;
             }
             ent = grown;
@@ -346,11 +346,11 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         ent[nent++] = e;
     }
     if (ferror(fp)) {
-        rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+        rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
         goto done;
     }
     if (nent == 0) {
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
         goto done;
     }
 
@@ -373,7 +373,7 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
                 labs((long)ent[far].h) + labs((long)ent[far].k) + labs((long)ent[far].l))
                 far = i;
         }
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: %zu reflections span h %d..%d, k %d..%d, l %d..%d, a table of %.3g "
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: %zu reflections span h %d..%d, k %d..%d, l %d..%d, a table of %.3g "
                        "entries that would be almost all default_F (%.2g GB); the farthest reflection is %d %d %d, "
                        "reflection %zu of the file: check for a stray index", path, nent, lo[0], hi[0], lo[1], hi[1],
                        lo[2], hi[2], entries, entries * sizeof(double) / 1e9, ent[far].h, ent[far].k, ent[far].l,
@@ -386,7 +386,7 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         goto done;
     double *F = malloc(count * sizeof *F);
     if (F == NULL) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
         goto done;
     }
     for (size_t i = 0; i < count; ++i)
@@ -426,23 +426,23 @@ void nbg_hkl_free(nbg_hkl *hkl)
  * the reference allocates and writes; it holds 0 here. */
 int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl)
 {
-    return nbg_hkl_write_fdump_set(ctx, NULL, path, hkl);
+    return nbgi_hkl_write_fdump_set(ctx, NULL, path, hkl);
 }
 
-int nbg_hkl_write_fdump_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_hkl *hkl)
+int nbgi_hkl_write_fdump_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_hkl *hkl)
 {
     if (hkl == NULL || hkl->F == NULL || path == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_write_fdump: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_write_fdump: NULL argument");
     const int lo[3] = {hkl->h_min, hkl->k_min, hkl->l_min}, hi[3] = {hkl->h_max, hkl->k_max, hkl->l_max};
     size_t count = 0;
     int rc = table_size(ctx, path, lo, hi, &count);
     if (rc != NBG_OK)
-        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: the table's index ranges are invalid", path);
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the table's index ranges are invalid", path);
     const size_t nh = (size_t)(hi[0] - lo[0] + 1), nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
 
     double *row = malloc((nl + 1) * sizeof *row);
     if (row == NULL)
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
     out_file o;
     rc = out_open(ctx, path, &o);
     if (rc != NBG_OK) {
@@ -465,18 +465,18 @@ int nbg_hkl_write_fdump_set(nbg_ctx *ctx, nbg_outset *set, const char *path, con
     free(row);
     if (rc != NBG_OK)
         return rc; /* out_write already abandoned the file. */
-    return nbg_out_finish(ctx, &o, set);
+    return nbgi_out_finish(ctx, &o, set);
 }
 
 int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
 {
     if (out == NULL || path == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_hkl_read_fdump: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read_fdump: NULL argument");
     memset(out, 0, sizeof *out);
 
     FILE *fp = fopen(path, "rb");
     if (fp == NULL)
-        return nbg_error(ctx, NBG_EIO, "cannot open Fdump file %s: %s", path, strerror(errno));
+        return nbgi_error(ctx, NBG_EIO, "cannot open Fdump file %s: %s", path, strerror(errno));
 
     /* The header line, then exactly one form feed. */
     char head[256];
@@ -490,7 +490,7 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
     if (c != '\n' || sscanf(head, "%d %d %d %d %d %d %c", &lo[0], &hi[0], &lo[1], &hi[1], &lo[2], &hi[2], &extra) != 6
         || fgetc(fp) != '\f') {
         fclose(fp);
-        return nbg_error(ctx, NBG_EFORMAT, "%s: not an Fdump file (expected a line of six index bounds followed by "
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: not an Fdump file (expected a line of six index bounds followed by "
                          "a form feed)", path);
     }
     size_t count = 0;
@@ -507,7 +507,7 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
     if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && here >= 0 &&
         (unsigned long long)st.st_size != (unsigned long long)here + expected) {
         fclose(fp);
-        return nbg_error(ctx, NBG_EFORMAT, "%s: wrong Fdump size: its header (h %d..%d, k %d..%d, l %d..%d) needs %zu "
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: wrong Fdump size: its header (h %d..%d, k %d..%d, l %d..%d) needs %zu "
                          "bytes of data, the file has %lld", path, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], expected,
                          (long long)st.st_size - here);
     }
@@ -518,7 +518,7 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
         free(F);
         free(row);
         fclose(fp);
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
     }
     size_t got = 0;
     for (size_t h = 0; h <= nh && rc == NBG_OK; ++h) {
@@ -527,9 +527,9 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
             got += n * sizeof *row;
             if (n != nl + 1) {
                 if (ferror(fp))
-                    rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+                    rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
                 else
-                    rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated Fdump: expected %zu bytes of data after the "
+                    rc = nbgi_error(ctx, NBG_EFORMAT, "%s: truncated Fdump: expected %zu bytes of data after the "
                                    "header, found %zu", path, expected, got);
             } else if (h < nh && k < nk) {
                 memcpy(F + (h * nk + k) * nl, row, nl * sizeof *row);
@@ -537,7 +537,7 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
         }
     }
     if (rc == NBG_OK && fgetc(fp) != EOF)
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: Fdump has data beyond the expected %zu bytes after the header", path,
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: Fdump has data beyond the expected %zu bytes after the header", path,
                        expected);
     free(row);
     fclose(fp);
@@ -588,23 +588,23 @@ void nbg_smv_header_from_report(const nbg_report *r, nbg_smv_header *h)
 static int image_size(nbg_ctx *ctx, const char *path, int fpixels, int spixels, size_t elem, size_t *npix)
 {
     if (fpixels <= 0 || spixels <= 0)
-        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is not positive", path, fpixels,
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is not positive", path, fpixels,
                          spixels);
     if ((size_t)fpixels > SIZE_MAX / elem / (size_t)spixels)
-        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is too large", path, fpixels, spixels);
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: image size %d x %d is too large", path, fpixels, spixels);
     *npix = (size_t)fpixels * (size_t)spixels;
     return NBG_OK;
 }
 
 int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const uint16_t *data)
 {
-    return nbg_write_smv_set(ctx, NULL, path, h, data);
+    return nbgi_write_smv_set(ctx, NULL, path, h, data);
 }
 
-int nbg_write_smv_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_smv_header *h, const uint16_t *data)
+int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_smv_header *h, const uint16_t *data)
 {
     if (path == NULL || h == NULL || data == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_write_smv: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_write_smv: NULL argument");
     size_t npix = 0;
     int rc = image_size(ctx, path, h->fpixels, h->spixels, sizeof *data, &npix);
     if (rc != NBG_OK)
@@ -639,7 +639,7 @@ int nbg_write_smv_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg
         h->phi0, h->phi0, h->osc,
         h->twotheta);
     if (len < 0 || len > 512)
-        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in 512 bytes",
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in 512 bytes",
                          path, len);
     char header[512];
     memcpy(header, text, (size_t)len);
@@ -654,7 +654,7 @@ int nbg_write_smv_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg
         rc = out_write(ctx, &o, data, npix * sizeof *data);
     if (rc != NBG_OK)
         return rc;
-    return nbg_out_finish(ctx, &o, set);
+    return nbgi_out_finish(ctx, &o, set);
 }
 
 /* Finds the value of the last statement "KEY=value" in an SMV header whose key is exactly one of names.  A key
@@ -704,7 +704,7 @@ static int smv_number(nbg_ctx *ctx, const char *path, const char *hdr, const cha
         int n = 0;
         while (n < 20 && v[n] != '\0' && v[n] != ';' && v[n] != '\n')
             ++n;
-        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header key %s has a value that is not a finite number \"%.*s\"",
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: SMV header key %s has a value that is not a finite number \"%.*s\"",
                          path, names[0], n, v);
     }
     *out = x;
@@ -741,7 +741,7 @@ static int smv_side(nbg_ctx *ctx, const char *path, const char *hdr, const char 
     if (isnan(v))
         return NBG_OK;
     if (!(v >= 1.0 && v <= (double)IO_MAX_SMV_SIDE) || v != floor(v))
-        return nbg_error(ctx, NBG_EFORMAT, "%s: SMV header %s=%g is not a valid image size", path, name, v);
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: SMV header %s=%g is not a valid image size", path, name, v);
     *out = (int)v;
     return NBG_OK;
 }
@@ -793,7 +793,7 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
     char word[64];
     smv_word(hdr, "TYPE", word, sizeof word);
     if (word[0] != '\0' && strcmp(word, "unsigned_short") != 0)
-        return nbg_error(ctx, NBG_EUNSUP, "%s: SMV pixel type %s is not supported (only unsigned_short)", path, word);
+        return nbgi_error(ctx, NBG_EUNSUP, "%s: SMV pixel type %s is not supported (only unsigned_short)", path, word);
     smv_word(hdr, "BYTE_ORDER", word, sizeof word);
     int little = host_is_little_endian();
     if (word[0] == '\0')
@@ -803,7 +803,7 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
     else if (strcmp(word, "big_endian") == 0)
         *swap = little;
     else
-        return nbg_error(ctx, NBG_EFORMAT, "%s: unknown SMV BYTE_ORDER \"%s\"", path, word);
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: unknown SMV BYTE_ORDER \"%s\"", path, word);
     return NBG_OK;
 }
 
@@ -812,24 +812,24 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
     if (data != NULL)
         *data = NULL;
     if (path == NULL || h == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_read_smv: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_smv: NULL argument");
     smv_header_unset(h);
 
     FILE *fp = fopen(path, "rb");
     if (fp == NULL)
-        return nbg_error(ctx, NBG_EIO, "cannot open SMV file %s: %s", path, strerror(errno));
+        return nbgi_error(ctx, NBG_EIO, "cannot open SMV file %s: %s", path, strerror(errno));
 
     int rc = NBG_OK;
     uint16_t *pix = NULL;
     char *hdr = malloc(513);
     if (hdr == NULL) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
         goto done;
     }
     size_t got = fread(hdr, 1, 512, fp);
     hdr[got] = '\0';
     if (got < 12 || memcmp(hdr, "{\nHEADER_BYT", 12) != 0) {
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: not an SMV file (it does not start with \"{\\nHEADER_BYTES\")", path);
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: not an SMV file (it does not start with \"{\\nHEADER_BYTES\")", path);
         goto done;
     }
     static const char *const k_bytes[] = {"HEADER_BYTES"};
@@ -838,20 +838,20 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
     if (rc != NBG_OK)
         goto done;
     if (!(hb >= 16.0 && hb <= (double)IO_MAX_SMV_HEADER) || hb != floor(hb)) {
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: SMV HEADER_BYTES=%g is not a valid header size", path, hb);
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: SMV HEADER_BYTES=%g is not a valid header size", path, hb);
         goto done;
     }
     const size_t header_bytes = (size_t)hb;
     if (header_bytes > got) {
         char *bigger = realloc(hdr, header_bytes + 1);
         if (bigger == NULL) {
-            rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
             goto done;
         }
         hdr = bigger;
         got += fread(hdr + got, 1, header_bytes - got, fp);
         if (got < header_bytes) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: the header is %zu bytes, the file has only %zu",
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: the header is %zu bytes, the file has only %zu",
                            path, header_bytes, got);
             goto done;
         }
@@ -865,7 +865,7 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
         goto done;
     if (h->fpixels == 0 || h->spixels == 0) {
         if (data != NULL)
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s: SMV header has no SIZE1/SIZE2, so the image size is unknown", path);
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s: SMV header has no SIZE1/SIZE2, so the image size is unknown", path);
         goto done;
     }
 
@@ -873,7 +873,7 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
     const long long expected = (long long)header_bytes + 2LL * (long long)npix;
     struct stat st;
     if (fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) && (long long)st.st_size != expected) {
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: wrong SMV file size: expected %lld bytes (%zu-byte header + %d x %d "
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: wrong SMV file size: expected %lld bytes (%zu-byte header + %d x %d "
                        "16-bit pixels), found %lld", path, expected, header_bytes, h->fpixels, h->spixels,
                        (long long)st.st_size);
         goto done;
@@ -883,25 +883,25 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
     {
         char what[PATH_MAX + 64];
         snprintf(what, sizeof what, "the %d x %d image of %s", h->fpixels, h->spixels, path);
-        rc = nbg_check_bytes(ctx, (double)npix * sizeof *pix, what);
+        rc = nbgi_check_bytes(ctx, (double)npix * sizeof *pix, what);
         if (rc != NBG_OK)
             goto done;
     }
     pix = malloc(npix * sizeof *pix);
     if (pix == NULL) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for the %d x %d image of %s", h->fpixels, h->spixels, path);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %d x %d image of %s", h->fpixels, h->spixels, path);
         goto done;
     }
     if (fseek(fp, (long)header_bytes, SEEK_SET) != 0) {
-        rc = nbg_error(ctx, NBG_EIO, "cannot seek in %s: %s", path, strerror(errno));
+        rc = nbgi_error(ctx, NBG_EIO, "cannot seek in %s: %s", path, strerror(errno));
         goto done;
     }
     size_t n = fread(pix, sizeof *pix, npix, fp);
     if (n != npix) {
         if (ferror(fp))
-            rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+            rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
         else
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: expected %lld bytes, found %lld", path, expected,
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s: truncated SMV file: expected %lld bytes, found %lld", path, expected,
                            (long long)header_bytes + 2LL * (long long)n);
         goto done;
     }
@@ -927,21 +927,21 @@ done:
 
 int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixels, int spixels, double scale)
 {
-    return nbg_write_pgm_set(ctx, NULL, path, image, fpixels, spixels, scale);
+    return nbgi_write_pgm_set(ctx, NULL, path, image, fpixels, spixels, scale);
 }
 
-int nbg_write_pgm_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, int fpixels, int spixels,
+int nbgi_write_pgm_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const float *image, int fpixels, int spixels,
                       double scale)
 {
     if (path == NULL || image == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_write_pgm: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_write_pgm: NULL argument");
     size_t npix = 0;
     int rc = image_size(ctx, path, fpixels, spixels, 1, &npix);
     if (rc != NBG_OK)
         return rc;
     unsigned char *bytes = malloc(npix);
     if (bytes == NULL)
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
     for (size_t i = 0; i < npix; ++i) {
         double v = (double)image[i] * scale;
         /* Truncation as in the reference; negative and NaN values become 0, which the reference leaves undefined. */
@@ -956,28 +956,28 @@ int nbg_write_pgm_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const flo
     if (rc == NBG_OK)
         rc = out_write(ctx, &o, bytes, npix);
     if (rc == NBG_OK)
-        rc = nbg_out_finish(ctx, &o, set);
+        rc = nbgi_out_finish(ctx, &o, set);
     free(bytes);
     return rc;
 }
 
 int nbg_write_float(nbg_ctx *ctx, const char *path, const float *image, size_t npix)
 {
-    return nbg_write_float_set(ctx, NULL, path, image, npix);
+    return nbgi_write_float_set(ctx, NULL, path, image, npix);
 }
 
-int nbg_write_float_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, size_t npix)
+int nbgi_write_float_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const float *image, size_t npix)
 {
     if (path == NULL || (image == NULL && npix > 0))
-        return nbg_error(ctx, NBG_EINVAL, "nbg_write_float: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_write_float: NULL argument");
     if (npix > SIZE_MAX / sizeof *image)
-        return nbg_error(ctx, NBG_EINVAL, "cannot write %s: %zu pixels is too many", path, npix);
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: %zu pixels is too many", path, npix);
     out_file o;
     int rc = out_open(ctx, path, &o);
     if (rc == NBG_OK)
         rc = out_write(ctx, &o, image, npix * sizeof *image);
     if (rc == NBG_OK)
-        rc = nbg_out_finish(ctx, &o, set);
+        rc = nbgi_out_finish(ctx, &o, set);
     return rc;
 }
 
@@ -985,18 +985,18 @@ int nbg_write_float_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const f
 /* Source and matrix files                                                                                     */
 /* ---------------------------------------------------------------------------------------------------------- */
 
-int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double beam[3], nbg_source **out, int *n)
+int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double beam[3], nbg_source **out, int *n)
 {
     if (out != NULL)
         *out = NULL;
     if (n != NULL)
         *n = 0;
     if (path == NULL || beam == NULL || out == NULL || n == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_read_sources: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_sources: NULL argument");
 
     FILE *fp = fopen(path, "r");
     if (fp == NULL)
-        return nbg_error(ctx, NBG_EIO, "cannot open source file %s: %s", path, strerror(errno));
+        return nbgi_error(ctx, NBG_EIO, "cannot open source file %s: %s", path, strerror(errno));
 
     static const char *const field[5] = {"X", "Y", "Z", "weight", "lambda"};
     /* The reference places a default source 10 m up-beam of the sample. */
@@ -1021,7 +1021,7 @@ int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double be
         for (int i = 0; i < 5; ++i) {
             v[i] = NAN;
             if (i < nt && parse_double(tok[i], &v[i]) != 0) {
-                rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: source %s \"%s\" is not a finite number", path, lineno,
+                rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: source %s \"%s\" is not a finite number", path, lineno,
                                field[i], tok[i]);
                 goto done;
             }
@@ -1031,19 +1031,19 @@ int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double be
             s.pos[i] = isnan(v[i]) ? -source_distance * beam[i] : v[i];
         s.lambda = isnan(v[4]) ? lambda0_A : v[4] * 1e10;
         if (s.pos[0] == 0.0 && s.pos[1] == 0.0 && s.pos[2] == 0.0) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: source position is (0,0,0), which gives no direction", path,
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: source position is (0,0,0), which gives no direction", path,
                            lineno);
             goto done;
         }
         if (nsrc == (size_t)INT_MAX) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s:%ld: too many sources", path, lineno);
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: too many sources", path, lineno);
             goto done;
         }
         if (nsrc == cap) {
             size_t ncap = cap ? 2 * cap : 16;
             nbg_source *grown = realloc(src, ncap * sizeof *grown);
             if (grown == NULL) {
-                rc = nbg_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+                rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
                 goto done;
             }
             src = grown;
@@ -1052,11 +1052,11 @@ int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double be
         src[nsrc++] = s;
     }
     if (ferror(fp)) {
-        rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+        rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
         goto done;
     }
     if (nsrc == 0) {
-        rc = nbg_error(ctx, NBG_EFORMAT, "%s: no sources found", path);
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: no sources found", path);
         goto done;
     }
     *out = src;
@@ -1070,24 +1070,24 @@ done:
     return rc;
 }
 
-int nbg_read_matrix(nbg_ctx *ctx, const char *path, double mat[9])
+int nbgi_read_matrix(nbg_ctx *ctx, const char *path, double mat[9])
 {
     if (path == NULL || mat == NULL)
-        return nbg_error(ctx, NBG_EINVAL, "nbg_read_matrix: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_matrix: NULL argument");
     FILE *fp = fopen(path, "r");
     if (fp == NULL)
-        return nbg_error(ctx, NBG_EIO, "cannot open matrix file %s: %s", path, strerror(errno));
+        return nbgi_error(ctx, NBG_EIO, "cannot open matrix file %s: %s", path, strerror(errno));
     int rc = NBG_OK;
     double m[9];
     char tok[128];
     for (int i = 0; i < 9 && rc == NBG_OK; ++i) {
         if (fscanf(fp, "%127s", tok) != 1) {
             if (ferror(fp))
-                rc = nbg_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+                rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
             else
-                rc = nbg_error(ctx, NBG_EFORMAT, "%s: expected 9 numbers (a MOSFLM A matrix), found %d", path, i);
+                rc = nbgi_error(ctx, NBG_EFORMAT, "%s: expected 9 numbers (a MOSFLM A matrix), found %d", path, i);
         } else if (parse_double(tok, &m[i]) != 0) {
-            rc = nbg_error(ctx, NBG_EFORMAT, "%s: matrix element %d (\"%s\") is not a finite number", path, i + 1,
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s: matrix element %d (\"%s\") is not a finite number", path, i + 1,
                            tok);
         }
     }

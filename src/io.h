@@ -20,13 +20,13 @@
  * On success *out is a malloc'd array of *n >= 1 sources that the caller frees with free().  A field that is not
  * a finite number, or a source at the origin, is NBG_EFORMAT naming the file and line; a file with no sources is
  * NBG_EFORMAT; a file that cannot be opened or read is NBG_EIO.  On failure *out is NULL and *n is 0. */
-int nbg_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double beam[3], nbg_source **out, int *n);
+int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double beam[3], nbg_source **out, int *n);
 
 /* Reads a MOSFLM orientation (A) matrix: the first nine whitespace-separated numbers of the file, in file order
  * (rows x, y, z; columns a*, b*, c*).  Anything after the ninth number (MOSFLM also writes a U matrix and the
  * cell) is ignored.  Fewer than nine numbers, or a token among the first nine that is not a finite number, is
  * NBG_EFORMAT naming the file. */
-int nbg_read_matrix(nbg_ctx *ctx, const char *path, double mat[9]);
+int nbgi_read_matrix(nbg_ctx *ctx, const char *path, double mat[9]);
 
 /* Writing an output file atomically: to a temporary file beside its target, renamed over the target when
  * complete.  The target is the path, or the file a symbolic link at the path resolves to (a dangling link is
@@ -36,7 +36,7 @@ typedef struct {
     char *tmp;        /* the temporary name, or NULL when writing straight to the target */
     char *target;     /* the file that is replaced (the path, or what its link resolves to) */
     const char *path; /* the name the caller gave, for messages */
-} nbg_out;
+} nbgi_out;
 
 /* Outputs written together (the files of one run): nothing is renamed over a target until every one of them has
  * been written, so a failure leaves every earlier file as it was. */
@@ -45,27 +45,27 @@ typedef struct {
     int n;
     char *tmp[NBG_OUTSET_MAX], *target[NBG_OUTSET_MAX];
     const char *path[NBG_OUTSET_MAX];
-} nbg_outset;
+} nbgi_outset;
 
-int nbg_out_open(nbg_ctx *ctx, const char *path, nbg_out *o);
-/* Writes n bytes; on failure abandons the file (nbg_out_abort) and reports the error. */
-int nbg_out_write(nbg_ctx *ctx, nbg_out *o, const void *buf, size_t n);
+int nbgi_out_open(nbg_ctx *ctx, const char *path, nbgi_out *o);
+/* Writes n bytes; on failure abandons the file (nbgi_out_abort) and reports the error. */
+int nbgi_out_write(nbg_ctx *ctx, nbgi_out *o, const void *buf, size_t n);
 /* Flushes and closes the file (no fsync: a full disk or a write error is caught, a power cut is not); with set NULL renames it over its target now, otherwise adds it to set. */
-int nbg_out_finish(nbg_ctx *ctx, nbg_out *o, nbg_outset *set);
+int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set);
 /* Abandons a file: closes and removes the temporary. */
-void nbg_out_abort(nbg_out *o);
+void nbgi_out_abort(nbgi_out *o);
 
-void nbg_outset_init(nbg_outset *set);
+void nbgi_outset_init(nbgi_outset *set);
 /* Renames every staged file over its target, in order (each rename is atomic). */
-int nbg_outset_commit(nbg_ctx *ctx, nbg_outset *set);
+int nbgi_outset_commit(nbg_ctx *ctx, nbgi_outset *set);
 /* Removes every staged temporary: the targets stay as they were. */
-void nbg_outset_abort(nbg_outset *set);
+void nbgi_outset_abort(nbgi_outset *set);
 
 /* The public writers (nbgrad.h) with an output set: set NULL writes at once. */
-int nbg_write_smv_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_smv_header *h, const uint16_t *data);
-int nbg_write_pgm_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, int fpixels, int spixels,
+int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_smv_header *h, const uint16_t *data);
+int nbgi_write_pgm_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const float *image, int fpixels, int spixels,
                       double scale);
-int nbg_write_float_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const float *image, size_t npix);
-int nbg_hkl_write_fdump_set(nbg_ctx *ctx, nbg_outset *set, const char *path, const nbg_hkl *hkl);
+int nbgi_write_float_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const float *image, size_t npix);
+int nbgi_hkl_write_fdump_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_hkl *hkl);
 
 #endif

@@ -98,7 +98,7 @@ static int set_path(grad_opts *o, const char *flag, const char *v, void *dst)
 static int set_positive(grad_opts *o, const char *flag, const char *v, void *dst)
 {
     double x;
-    if (!nbg_cli_number(flag, v, &x)) return 0;
+    if (!nbgi_cli_number(flag, v, &x)) return 0;
     if (!(x > 0)) {
         fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", flag, v);
         return 0;
@@ -110,7 +110,7 @@ static int set_positive(grad_opts *o, const char *flag, const char *v, void *dst
 static int set_maxiter(grad_opts *o, const char *flag, const char *v, void *dst)
 {
     double m;
-    if (!nbg_cli_number(flag, v, &m) || m < 1 || m != floor(m)) {
+    if (!nbgi_cli_number(flag, v, &m) || m < 1 || m != floor(m)) {
         fprintf(stderr, "nbgrad: error: -maxiter expects a positive integer, got '%s'\n", v);
         return 0;
     }
@@ -205,7 +205,7 @@ static void grad_flags_doc(FILE *out, unsigned cmd, int markdown)
     char scope[64];
     for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
         if (cmd == 0 || (grad_flag_table[k].cmds & cmd)) {
-            nbg_cli_help_line(out, grad_flag_table[k].flag, grad_flag_table[k].arg, grad_flag_table[k].help,
+            nbgi_cli_help_line(out, grad_flag_table[k].flag, grad_flag_table[k].arg, grad_flag_table[k].help,
                               cmd == 0 ? cmd_names(grad_flag_table[k].cmds, scope, sizeof scope) : NULL, markdown);
         }
     }
@@ -219,10 +219,10 @@ static void grad_usage(unsigned cmd, const char *usage)
     printf("%s's own flags:\n", cmd_name(cmd));
     grad_flags_doc(stdout, cmd, 0);
     printf("nanoBragg's flags, as for nbgrad simulate:\n");
-    nbg_cli_flags_help(stdout);
+    nbgi_cli_flags_help(stdout);
 }
 
-static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
+static int grad_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
     grad_opts *o = c->extra;
     const char *a = argv[i];
@@ -250,14 +250,14 @@ static int grad_flags(nbg_cli *c, int argc, char **argv, int i)
 
 /* Common set-up of a subcommand: parse, check the run's files, create the context, load files.  o is the gradient
  * subcommands' options (NULL for simulate).  Returns the context or NULL. */
-static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first, const grad_opts *o)
+static nbg_ctx *setup(nbgi_cli *c, int argc, char **argv, int first, const grad_opts *o)
 {
     nbg_ctx *ctx = NULL;
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: cannot create a context\n");
         return NULL;
     }
-    if (!nbg_cli_parse(ctx, c, argc, argv, first)) {
+    if (!nbgi_cli_parse(ctx, c, argc, argv, first)) {
         nbg_ctx_destroy(ctx);
         return NULL;
     }
@@ -268,9 +268,9 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first, const grad_o
     nbg_ctx_destroy(ctx);
     ctx = NULL;
     /* the same file named twice, or an output that is an input: refused before any work */
-    const nbg_cli_path extra[] = {{"-observed", o ? o->observed : NULL, 0}, {"-weights", o ? o->weights : NULL, 0},
+    const nbgi_cli_path extra[] = {{"-observed", o ? o->observed : NULL, 0}, {"-weights", o ? o->weights : NULL, 0},
                                   {"-json", o ? o->json : NULL, 1}, {"-residual", o ? o->residual : NULL, 1}};
-    if (!nbg_cli_check_paths(c, extra, 4)) {
+    if (!nbgi_cli_check_paths(c, extra, 4)) {
         return NULL;
     }
     const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
@@ -289,7 +289,7 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first, const grad_o
             printf("running on the GPU: %s, %d multiprocessors\n", dev.name, dev.units);
         }
     }
-    if (!nbg_cli_load(ctx, c)) {
+    if (!nbgi_cli_load(ctx, c)) {
         nbg_ctx_destroy(ctx);
         return NULL;
     }
@@ -310,18 +310,18 @@ static nbg_ctx *setup(nbg_cli *c, int argc, char **argv, int first, const grad_o
 }
 
 /* JSON outputs are written like every other output: to a temporary file in the run's output set. */
-static FILE *json_open(nbg_ctx *ctx, const char *path, nbg_out *o)
+static FILE *json_open(nbg_ctx *ctx, const char *path, nbgi_out *o)
 {
-    if (nbg_out_open(ctx, path, o) != NBG_OK) {
+    if (nbgi_out_open(ctx, path, o) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return NULL;
     }
     return o->fp;
 }
 
-static int json_close(nbg_ctx *ctx, nbg_cli *c, nbg_out *o)
+static int json_close(nbg_ctx *ctx, nbgi_cli *c, nbgi_out *o)
 {
-    if (nbg_out_finish(ctx, o, &c->outs) != NBG_OK) {
+    if (nbgi_out_finish(ctx, o, &c->outs) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
@@ -331,11 +331,11 @@ static int json_close(nbg_ctx *ctx, nbg_cli *c, nbg_out *o)
 
 static int cmd_gradcheck(int argc, char **argv, int first)
 {
-    nbg_cli c;
+    nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
     o.cmd = CMD_GRADCHECK;
-    nbg_cli_init(&c);
+    nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     c.nodump = 1;
@@ -347,7 +347,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
             status = 0;
         }
         c.extra = NULL;
-        nbg_cli_free(&c);
+        nbgi_cli_free(&c);
         return status;
     }
     if (o.mask == 0 && !o.want_F) {
@@ -372,7 +372,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     status = passed == n ? 0 : 1;
 done:
     c.extra = NULL;
-    nbg_cli_free(&c);
+    nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
     return status;
 }
@@ -442,11 +442,11 @@ static float *read_image(nbg_ctx *ctx, const char *flag, const char *path, size_
 
 static int cmd_grad(int argc, char **argv, int first)
 {
-    nbg_cli c;
+    nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
     o.cmd = CMD_GRAD;
-    nbg_cli_init(&c);
+    nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
@@ -461,7 +461,7 @@ static int cmd_grad(int argc, char **argv, int first)
             status = 0;
         }
         c.extra = NULL;
-        nbg_cli_free(&c);
+        nbgi_cli_free(&c);
         return status;
     }
     if (o.mask == 0 && !o.want_F) {
@@ -528,7 +528,7 @@ static int cmd_grad(int argc, char **argv, int first)
         printf("dL/dF: %zu entries, norm %.6g\n", g.ndF, sqrt(norm));
     }
     if (o.json != NULL) {
-        nbg_out jo;
+        nbgi_out jo;
         FILE *j = json_open(ctx, o.json, &jo);
         if (j == NULL) {
             goto done;
@@ -552,7 +552,7 @@ static int cmd_grad(int argc, char **argv, int first)
             goto done;
         }
     }
-    status = nbg_cli_commit(ctx, &c) ? 0 : 1;
+    status = nbgi_cli_commit(ctx, &c) ? 0 : 1;
 done:
     free(img);
     free(obs);
@@ -560,21 +560,21 @@ done:
     free(dl);
     free(dF);
     c.extra = NULL;
-    nbg_cli_free(&c);
+    nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
     return status;
 }
 
 static int cmd_simulate(int argc, char **argv, int first)
 {
-    nbg_cli c;
-    nbg_cli_init(&c);
+    nbgi_cli c;
+    nbgi_cli_init(&c);
     int ok = 0;
     float *img = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, NULL);
     if (ctx == NULL) {
         if (c.help) {
-            nbg_cli_usage(stdout);
+            nbgi_cli_usage(stdout);
             ok = 1;
         }
         goto done;
@@ -584,7 +584,7 @@ static int cmd_simulate(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    nbg_cli_print_setup(&c, &r);
+    nbgi_cli_print_setup(&c, &r);
     const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
@@ -600,10 +600,10 @@ static int cmd_simulate(int argc, char **argv, int first)
                r.interp_fallbacks);
     }
     printf("solid angle subtended by detector = %g steradian\n", r.solid_angle);
-    ok = nbg_cli_write_outputs(ctx, &c, &r, img) && nbg_cli_commit(ctx, &c);
+    ok = nbgi_cli_write_outputs(ctx, &c, &r, img) && nbgi_cli_commit(ctx, &c);
 done:
     free(img);
-    nbg_cli_free(&c);
+    nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
     return ok ? 0 : 1;
 }
@@ -632,12 +632,12 @@ static int cmd_refine(int argc, char **argv, int first)
     fprintf(stderr, "nbgrad: error: this build has no refinement (built with GSL=0, without GSL and LAPACKE)\n");
     return 1;
 #else
-    nbg_cli c;
+    nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
     o.max_iter = 100;
     o.cmd = CMD_REFINE;
-    nbg_cli_init(&c);
+    nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
@@ -650,7 +650,7 @@ static int cmd_refine(int argc, char **argv, int first)
             status = 0;
         }
         c.extra = NULL;
-        nbg_cli_free(&c);
+        nbgi_cli_free(&c);
         return status;
     }
     if (o.observed == NULL || o.norder == 0) {
@@ -701,14 +701,14 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
         for (size_t i = 0; i < npix; ++i) img[i] = obs[i] - img[i];
-        if (nbg_write_float_set(ctx, &c.outs, o.residual, img, npix) != NBG_OK) {
+        if (nbgi_write_float_set(ctx, &c.outs, o.residual, img, npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             goto done;
         }
         printf("wrote the residual image (observed - model) to %s\n", o.residual);
     }
     if (o.json != NULL) {
-        nbg_out jo;
+        nbgi_out jo;
         FILE *j = json_open(ctx, o.json, &jo);
         if (j == NULL) {
             goto done;
@@ -732,13 +732,13 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
     }
-    status = nbg_cli_commit(ctx, &c) ? 0 : 1;
+    status = nbgi_cli_commit(ctx, &c) ? 0 : 1;
 done:
     free(obs);
     free(wts);
     free(img);
     c.extra = NULL;
-    nbg_cli_free(&c);
+    nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
     return status;
 #endif
@@ -753,7 +753,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage_main(stdout);
         printf("\n");
-        nbg_cli_usage(stdout);
+        nbgi_cli_usage(stdout);
         printf("the gradient subcommands' own flags:\n");
         grad_flags_doc(stdout, 0, 0);
         return 0;
@@ -762,7 +762,7 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "--flags-markdown") == 0) {
         printf("<!-- BEGIN FLAGS: generated by `nbgrad --flags-markdown` from the flag tables (src/cli.c, src/main.c); "
                "do not edit by hand -->\n");
-        nbg_cli_flags_markdown(stdout);
+        nbgi_cli_flags_markdown(stdout);
         printf("**the gradient subcommands' own flags** (each only where its subcommands use it)\n\n");
         grad_flags_doc(stdout, 0, 1);
         printf("<!-- END FLAGS -->\n");
@@ -770,7 +770,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--flags-list") == 0) {
         char scope[64];
-        nbg_cli_flags_list(stdout);
+        nbgi_cli_flags_list(stdout);
         for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
             printf("%s %s\n", grad_flag_table[k].flag, cmd_names(grad_flag_table[k].cmds, scope, sizeof scope));
         }

@@ -32,13 +32,13 @@ static int check_args(nbg_ctx *ctx, const char *fn, const float *image, int fpix
                       const uint16_t *out)
 {
     if (image == NULL || out == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "%s: NULL argument", fn);
+        return nbgi_error(ctx, NBG_EINVAL, "%s: NULL argument", fn);
     }
     if (fpixels <= 0 || spixels <= 0) {
-        return nbg_error(ctx, NBG_EINVAL, "%s: image size %d x %d is not positive", fn, fpixels, spixels);
+        return nbgi_error(ctx, NBG_EINVAL, "%s: image size %d x %d is not positive", fn, fpixels, spixels);
     }
     if (!isfinite(adc)) {
-        return nbg_error(ctx, NBG_EINVAL, "%s: the ADC offset %g is not finite", fn, adc);
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the ADC offset %g is not finite", fn, adc);
     }
     return NBG_OK;
 }
@@ -49,7 +49,7 @@ int nbg_int_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, co
     int b[4], f, s;
     int rc = check_args(ctx, "nbg_int_image", image, fpixels, spixels, adc, out);
     if (rc != NBG_OK) return rc;
-    if (!isfinite(scale)) return nbg_error(ctx, NBG_EINVAL, "nbg_int_image: the scale %g is not finite", scale);
+    if (!isfinite(scale)) return nbgi_error(ctx, NBG_EINVAL, "nbg_int_image: the scale %g is not finite", scale);
     roi_bounds(roi, fpixels, spixels, b);
     for (s = 0; s < spixels; ++s) {
         for (f = 0; f < fpixels; ++f) {
@@ -79,7 +79,7 @@ int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, 
     int b[4], f, s;
     double sum = 0.0;
     long nover = 0;
-    nbg_rng rng;
+    nbgi_rng rng;
 
     if (photons != NULL) *photons = 0;
     if (overloads != NULL) *overloads = 0;
@@ -90,12 +90,12 @@ int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, 
         for (f = b[0]; f <= b[1] && f < fpixels; ++f) {
             const float v = image[(size_t)s * (size_t)fpixels + (size_t)f];
             if (!(v >= 0) || isinf(v)) {
-                return nbg_error(ctx, NBG_EINVAL, "nbg_noise_image: pixel (%d, %d) is %g; a Poisson mean must be "
+                return nbgi_error(ctx, NBG_EINVAL, "nbg_noise_image: pixel (%d, %d) is %g; a Poisson mean must be "
                                  "finite and non-negative", f, s, (double)v);
             }
         }
     }
-    nbg_rng_init(&rng, seed);
+    nbgi_rng_init(&rng, seed);
 
     /* One stream visits the ROI in row-major order; pixels outside draw nothing and stay 0. */
     for (s = 0; s < spixels; ++s) {
@@ -107,7 +107,7 @@ int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, 
                 out[i] = 0;
                 continue;
             }
-            n = nbg_poidev((double)image[i], &rng);
+            n = nbgi_poidev((double)image[i], &rng);
             /* Above a mean of 1e6 n is a rounded Gaussian and may be fractional; the total keeps the fraction. */
             if (isfinite(n)) sum += n;
             v = n + adc;

@@ -68,9 +68,9 @@ typedef struct {
     double I_bg;
     int water;                      /* water background present */
     double scale;                   /* r_e^2 * fluence / steps */
-} nbg_kparams;
+} nbgi_kparams;
 
-/* Per-source record layout in nbg_kparams.src. */
+/* Per-source record layout in nbgi_kparams.src. */
 #define NBG_SRC_STRIDE 10
 
 #define NBG_TMPL NBG_TMPL_DOUBLE

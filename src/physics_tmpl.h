@@ -7,23 +7,23 @@
 #endif
 #define NBG_TMPL_HAS_PHYSICS 1
 
-typedef NBG_R NBG_SFX(nbg_real);
+typedef NBG_R NBG_SFX(nbgi_real);
 
 /* sin(pi x) with the argument reduced to [-1/2, 1/2] exactly (x - rint(x) is exact in binary floating point),
  * then an odd Taylor polynomial: truncation below 1e-20 in double (degree 23), below 1e-9 in float (degree 15). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi_reduced)(NBG_R d);
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_reduced)(NBG_R d);
 
-static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi)(NBG_R x)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi)(NBG_R x)
 {
     const NBG_R n = NBG_M(rint)(x);
-    const NBG_R s = NBG_SFX(nbg_sinpi_reduced)(x - n);
+    const NBG_R s = NBG_SFX(nbgi_sinpi_reduced)(x - n);
     /* (-1)^n: n is an integer-valued float. */
     const NBG_R half = n * (NBG_R)0.5;
     return (half != NBG_M(floor)(half)) ? -s : s;
 }
 
 /* sin(pi d) for |d| <= 1/2 (an argument already reduced). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi_reduced)(NBG_R d)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
     NBG_R s;
@@ -53,14 +53,14 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sinpi_reduced)(NBG_R d)
 }
 
 /* cos(pi x) = sin(pi (x + 1/2)), with the shift applied after reduction to keep it exact. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_cospi)(NBG_R x)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
 {
     const NBG_R n = NBG_M(rint)(x);
-    return NBG_SFX(nbg_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
+    return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
 }
 
 /* cos(pi d) for |d| <= 1/2: even Taylor polynomial, truncation below 1e-19 (double) / 1e-10 (float). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_cospi_reduced)(NBG_R d)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
     NBG_R c;
@@ -94,10 +94,10 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_cospi_reduced)(NBG_R d)
  * physics.h); equal to N where sin(pi d) = 0.  For a small integer N (Ni = N, else 0) it is the Chebyshev
  * polynomial U_{N-1}(cos(pi d)), by the recurrence U_{k+1} = 2c U_k - U_{k-1}: one polynomial instead of two,
  * no division, and exact at d = 0. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_int)(NBG_R h, int Ni)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_int)(NBG_R h, int Ni)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R c2 = 2 * NBG_SFX(nbg_cospi_reduced)(d);
+    const NBG_R c2 = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
     NBG_R u0 = 1, u1 = c2;
     if (Ni == 1) {
         return 1;
@@ -110,18 +110,18 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_int)(NBG_R h, int Ni)
     return u1;
 }
 
-static inline NBG_HD NBG_R NBG_SFX(nbg_sincg)(NBG_R h, NBG_R N)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg)(NBG_R h, NBG_R N)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R s = NBG_SFX(nbg_sinpi)(d);
+    const NBG_R s = NBG_SFX(nbgi_sinpi)(d);
     if (s == 0) {
         return N;
     }
-    return NBG_SFX(nbg_sinpi)(N * d) / s;
+    return NBG_SFX(nbgi_sinpi)(N * d) / s;
 }
 
 /* 3 (sin x / x - cos x) / x^2, the transform of a sphere; a series near 0 avoids the cancellation. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3)(NBG_R x)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinc3)(NBG_R x)
 {
     const NBG_R x2 = x * x;
     if (NBG_M(fabs)(x) < (NBG_R)0.05) {
@@ -132,14 +132,14 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3)(NBG_R x)
 
 /* Crystal-shape lattice factor at fractional Miller indices (h, k, l); (h0, k0, l0) are the nearest integers as
  * nanoBragg rounds them, ceil(x - 1/2). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_lattice)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0, NBG_R k0,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0, NBG_R k0,
                                                NBG_R l0)
 {
     const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc;
     if (p->shape == NBG_SQUARE) {
-        const NBG_R fa = p->Ni[0] ? NBG_SFX(nbg_sincg_int)(h, p->Ni[0]) : NBG_SFX(nbg_sincg)(h, Na);
-        const NBG_R fb = p->Ni[1] ? NBG_SFX(nbg_sincg_int)(k, p->Ni[1]) : NBG_SFX(nbg_sincg)(k, Nb);
-        const NBG_R fc = p->Ni[2] ? NBG_SFX(nbg_sincg_int)(l, p->Ni[2]) : NBG_SFX(nbg_sincg)(l, Nc);
+        const NBG_R fa = p->Ni[0] ? NBG_SFX(nbgi_sincg_int)(h, p->Ni[0]) : NBG_SFX(nbgi_sincg)(h, Na);
+        const NBG_R fb = p->Ni[1] ? NBG_SFX(nbgi_sincg_int)(k, p->Ni[1]) : NBG_SFX(nbgi_sincg)(k, Nb);
+        const NBG_R fc = p->Ni[2] ? NBG_SFX(nbgi_sincg_int)(l, p->Ni[2]) : NBG_SFX(nbgi_sincg)(l, Nc);
         return fa * fb * fc;
     }
     const NBG_R dh = h - h0, dk = k - k0, dl = l - l0;
@@ -147,7 +147,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice)(const nbg_kparams *p, NBG_R h, N
     if (p->shape == NBG_ROUND) {
         const NBG_R hrad2 = dh * dh * Na * Na + dk * dk * Nb * Nb + dl * dl * Nc * Nc;
         return NNN * (NBG_R)NBG_ROUND_SCALE *
-               NBG_SFX(nbg_sinc3)((NBG_R)M_PI * NBG_M(sqrt)(hrad2 * (NBG_R)p->fudge));
+               NBG_SFX(nbgi_sinc3)((NBG_R)M_PI * NBG_M(sqrt)(hrad2 * (NBG_R)p->fudge));
     }
     /* gauss and tophat: distance from the nearest node in reciprocal space (1/A), times N^3 */
     const double *s = p->astar;
@@ -166,7 +166,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice)(const nbg_kparams *p, NBG_R h, N
  *     P = (1 + cos^2 2theta - K cos(2 psi) sin^2 2theta) / 2,   psi = -atan2(d.B_in, d.E_in).
  * cos(2 psi) = (x^2 - y^2) / (x^2 + y^2) with x = d.E_in, y = d.B_in, and 1 where both vanish (d along i),
  * which is atan2(0, 0) = 0: no trigonometric call. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
                                              const NBG_R *B)
 {
     const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
@@ -183,7 +183,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_polar)(NBG_R K, const NBG_R *i, const NBG
 
 /* Four-point Lagrange weights at t in [1, 2) for nodes 0, 1, 2, 3 (tricubic interpolation is their tensor
  * product, which equals nanoBragg's nested polint, a Lagrange, not spline, interpolation). */
-static inline NBG_HD void NBG_SFX(nbg_lagrange4)(NBG_R t, NBG_R *w)
+static inline NBG_HD void NBG_SFX(nbgi_lagrange4)(NBG_R t, NBG_R *w)
 {
     const NBG_R t0 = t, t1 = t - 1, t2 = t - 2, t3 = t - 3;
     w[0] = -t1 * t2 * t3 / 6;
@@ -196,7 +196,7 @@ static inline NBG_HD void NBG_SFX(nbg_lagrange4)(NBG_R t, NBG_R *w)
  * on and the 4x4x4 window lies inside the table; otherwise the nearest entry, or default_F outside the table.
  * *oor is incremented when an interpolation window left the table (nanoBragg then falls back in the same way,
  * but also switches interpolation off for the rest of the run, which depends on thread scheduling). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_fcell)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, int h0, int k0,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_fcell)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, int h0, int k0,
                                              int l0, long *oor)
 {
     if (p->F == 0) {
@@ -210,9 +210,9 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell)(const nbg_kparams *p, NBG_R h, NBG
         } else {
             const int hf = (int)NBG_M(floor)(h), kf = (int)NBG_M(floor)(k), lf = (int)NBG_M(floor)(l);
             NBG_R wh[4], wk[4], wl[4];
-            NBG_SFX(nbg_lagrange4)(h - (NBG_R)(hf - 1), wh);
-            NBG_SFX(nbg_lagrange4)(k - (NBG_R)(kf - 1), wk);
-            NBG_SFX(nbg_lagrange4)(l - (NBG_R)(lf - 1), wl);
+            NBG_SFX(nbgi_lagrange4)(h - (NBG_R)(hf - 1), wh);
+            NBG_SFX(nbgi_lagrange4)(k - (NBG_R)(kf - 1), wk);
+            NBG_SFX(nbgi_lagrange4)(l - (NBG_R)(lf - 1), wl);
             NBG_R F = 0;
             for (int a = 0; a < 4; ++a) {
                 NBG_R Fk = 0;
@@ -237,8 +237,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell)(const nbg_kparams *p, NBG_R h, NBG
 }
 
 /* The Miller indices of a sample, h = a . q, k = b . q, l = c . q, for crystal vectors abc (a, b, c; m) and
- * scattering vector q (1/m).  The row kernels' lane form is nbg_lane_hkl (src/row_tmpl.h). */
-static inline NBG_HD void NBG_SFX(nbg_miller)(const double *abc, const NBG_R *q, NBG_R *hkl)
+ * scattering vector q (1/m).  The row kernels' lane form is nbgi_lane_hkl (src/row_tmpl.h). */
+static inline NBG_HD void NBG_SFX(nbgi_miller)(const double *abc, const NBG_R *q, NBG_R *hkl)
 {
     for (int x = 0; x < 3; ++x) {
         hkl[x] = (NBG_R)abc[3 * x] * q[0] + (NBG_R)abc[3 * x + 1] * q[1] + (NBG_R)abc[3 * x + 2] * q[2];
@@ -247,7 +247,7 @@ static inline NBG_HD void NBG_SFX(nbg_miller)(const double *abc, const NBG_R *q,
 
 /* The nearest integer to a Miller index, halves rounded up (nanoBragg's ceil(h - 0.5)): the reflection a sample
  * belongs to.  Every nest rounds through here. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_round_index)(NBG_R h)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_round_index)(NBG_R h)
 {
     return NBG_M(ceil)(h - (NBG_R)0.5);
 }
@@ -258,23 +258,23 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_round_index)(NBG_R h)
  *   d/dh = pi [N cos(N x) sin(x) - sin(N x) cos(x)] / sin(x)^2,   d/dN = x cos(N x) / sin(x).
  * Where N|x| is small the first form cancels; the series N [-(N^2-1) x/3 + (3N^4 - 10N^2 + 7) x^3/90] is used
  * instead.  At x = 0 the limits are d/dh = 0 and d/dN = 1. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, NBG_R *dN)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, NBG_R *dN)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R s = NBG_SFX(nbg_sinpi)(d);
+    const NBG_R s = NBG_SFX(nbgi_sinpi)(d);
     if (s == 0) {
         *dh = 0;
         *dN = 1;
         return N;
     }
     const NBG_R x = (NBG_R)M_PI * d;
-    const NBG_R sN = NBG_SFX(nbg_sinpi)(N * d), cN = NBG_SFX(nbg_cospi)(N * d);
+    const NBG_R sN = NBG_SFX(nbgi_sinpi)(N * d), cN = NBG_SFX(nbgi_cospi)(N * d);
     const NBG_R val = sN / s;
     if (NBG_M(fabs)(N * x) < (NBG_R)1e-3) {
         const NBG_R N2 = N * N;
         *dh = (NBG_R)M_PI * N * (-(N2 - 1) * x / 3 + (3 * N2 * N2 - 10 * N2 + 7) * x * x * x / 90);
     } else {
-        *dh = (NBG_R)M_PI * (N * cN - val * NBG_SFX(nbg_cospi)(d)) / s;
+        *dh = (NBG_R)M_PI * (N * cN - val * NBG_SFX(nbgi_cospi)(d)) / s;
     }
     *dN = x * cN / s;
     return val;
@@ -284,10 +284,10 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh, 
  *   sincg = U_{N-1}(c),  d/dh = U'_{N-1}(c) (-pi sin(pi d)),  d/dN = pi d cos(N pi d) / sin(pi d) = pi d T_N(c) / s,
  * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = 2 U_k + 2c U'_k - U'_{k-1},
  * T_{k+1} = 2c T_k - T_{k-1} (T_N(cos x) = cos(N x)). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R c = NBG_SFX(nbg_cospi_reduced)(d), s = NBG_SFX(nbg_sinpi_reduced)(d);
+    const NBG_R c = NBG_SFX(nbgi_cospi_reduced)(d), s = NBG_SFX(nbgi_sinpi_reduced)(d);
     NBG_R u0 = 1, u1 = 2 * c, du0 = 0, du1 = 2, t0 = 1, t1 = c;
     if (Ni == 1) {
         u1 = 1;
@@ -311,14 +311,14 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sincg_grad_int)(NBG_R h, int Ni, NBG_R *d
 }
 
 /* G(u) = sinc3(sqrt(u)) and dG/du (series for small u, where the closed form cancels). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3_u)(NBG_R u, NBG_R *dG)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinc3_u)(NBG_R u, NBG_R *dG)
 {
     if (u < (NBG_R)0.0025) {
         *dG = -(NBG_R)1 / 10 + u / 140 - u * u / 5040 + u * u * u / 332640;
         return 1 - u / 10 + u * u / 280 - u * u * u / 15120;
     }
     const NBG_R x = NBG_M(sqrt)(u);
-    const NBG_R G = NBG_SFX(nbg_sinc3)(x);
+    const NBG_R G = NBG_SFX(nbgi_sinc3)(x);
     const NBG_R dx = 3 * NBG_M(sin)(x) / (x * x) - 3 * G / x; /* d sinc3 / dx */
     *dG = dx / (2 * x);
     return G;
@@ -326,7 +326,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_sinc3_u)(NBG_R u, NBG_R *dG)
 
 /* The lattice factor and its partial derivatives in (h, k, l), in (Na, Nb, Nc) and, for the gauss shape, in the
  * reciprocal vectors astar[9].  The tophat edge and the rounding (h0, k0, l0) contribute nothing (taken branch). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0,
                                                     NBG_R k0, NBG_R l0, NBG_R *dhkl, NBG_R *dN, NBG_R *dastar)
 {
     const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc;
@@ -335,8 +335,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R
         NBG_R f[3], fh[3], fN[3];
         const NBG_R hv[3] = {h, k, l};
         for (int x = 0; x < 3; ++x) {
-            f[x] = p->Ni[x] ? NBG_SFX(nbg_sincg_grad_int)(hv[x], p->Ni[x], &fh[x], &fN[x])
-                            : NBG_SFX(nbg_sincg_grad)(hv[x], N[x], &fh[x], &fN[x]);
+            f[x] = p->Ni[x] ? NBG_SFX(nbgi_sincg_grad_int)(hv[x], p->Ni[x], &fh[x], &fN[x])
+                            : NBG_SFX(nbgi_sincg_grad)(hv[x], N[x], &fh[x], &fN[x]);
         }
         /* L = f_a f_b f_c: dL/dh = f_a' f_b f_c, ... */
         dhkl[0] = fh[0] * f[1] * f[2];
@@ -354,7 +354,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R
         const NBG_R hrad2 = dv[0] * dv[0] * Na * Na + dv[1] * dv[1] * Nb * Nb + dv[2] * dv[2] * Nc * Nc;
         const NBG_R pf = (NBG_R)(M_PI * M_PI) * (NBG_R)p->fudge;
         NBG_R dG;
-        const NBG_R G = NBG_SFX(nbg_sinc3_u)(pf * hrad2, &dG);
+        const NBG_R G = NBG_SFX(nbgi_sinc3_u)(pf * hrad2, &dG);
         const NBG_R L = NNN * (NBG_R)NBG_ROUND_SCALE * G;
         const NBG_R dL_dhrad2 = NNN * (NBG_R)NBG_ROUND_SCALE * dG * pf;
         for (int i = 0; i < 3; ++i) {
@@ -394,7 +394,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_lattice_grad)(const nbg_kparams *p, NBG_R
 }
 
 /* Kahn factor with its derivatives in d (the diffracted unit vector) and in K. */
-static inline NBG_HD NBG_R NBG_SFX(nbg_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
                                                   const NBG_R *B, NBG_R *dd, NBG_R *dK)
 {
     const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
@@ -424,7 +424,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_polar_grad)(NBG_R K, const NBG_R *i, cons
 }
 
 /* d/dt of the four Lagrange weights at t. */
-static inline NBG_HD void NBG_SFX(nbg_lagrange4_grad)(NBG_R t, NBG_R *dw)
+static inline NBG_HD void NBG_SFX(nbgi_lagrange4_grad)(NBG_R t, NBG_R *dw)
 {
     const NBG_R t0 = t, t1 = t - 1, t2 = t - 2, t3 = t - 3;
     dw[0] = -(t2 * t3 + t1 * t3 + t1 * t2) / 6;
@@ -435,7 +435,7 @@ static inline NBG_HD void NBG_SFX(nbg_lagrange4_grad)(NBG_R t, NBG_R *dw)
 
 /* Structure factor with its derivatives in (h, k, l) (0 for nearest-neighbour, the taken branch), and, when
  * dFtab is not NULL, scatters dL/dF_cell = gF into the table entries it used (or into *dFdef for default_F). */
-static inline NBG_HD NBG_R NBG_SFX(nbg_fcell_grad)(const nbg_kparams *p, NBG_R h, NBG_R k, NBG_R l, int h0, int k0,
+static inline NBG_HD NBG_R NBG_SFX(nbgi_fcell_grad)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, int h0, int k0,
                                                   int l0, NBG_R *dhkl, NBG_R gF, double *dFtab, double *dFdef)
 {
     dhkl[0] = dhkl[1] = dhkl[2] = 0;
@@ -447,12 +447,12 @@ static inline NBG_HD NBG_R NBG_SFX(nbg_fcell_grad)(const nbg_kparams *p, NBG_R h
                             k - 2 < p->k_min || l - p->l_min + 3 > p->nl || l - 2 < p->l_min)) {
         const int hf = (int)NBG_M(floor)(h), kf = (int)NBG_M(floor)(k), lf = (int)NBG_M(floor)(l);
         NBG_R wh[4], wk[4], wl[4], dwh[4], dwk[4], dwl[4];
-        NBG_SFX(nbg_lagrange4)(h - (NBG_R)(hf - 1), wh);
-        NBG_SFX(nbg_lagrange4)(k - (NBG_R)(kf - 1), wk);
-        NBG_SFX(nbg_lagrange4)(l - (NBG_R)(lf - 1), wl);
-        NBG_SFX(nbg_lagrange4_grad)(h - (NBG_R)(hf - 1), dwh);
-        NBG_SFX(nbg_lagrange4_grad)(k - (NBG_R)(kf - 1), dwk);
-        NBG_SFX(nbg_lagrange4_grad)(l - (NBG_R)(lf - 1), dwl);
+        NBG_SFX(nbgi_lagrange4)(h - (NBG_R)(hf - 1), wh);
+        NBG_SFX(nbgi_lagrange4)(k - (NBG_R)(kf - 1), wk);
+        NBG_SFX(nbgi_lagrange4)(l - (NBG_R)(lf - 1), wl);
+        NBG_SFX(nbgi_lagrange4_grad)(h - (NBG_R)(hf - 1), dwh);
+        NBG_SFX(nbgi_lagrange4_grad)(k - (NBG_R)(kf - 1), dwk);
+        NBG_SFX(nbgi_lagrange4_grad)(l - (NBG_R)(lf - 1), dwl);
         NBG_R F = 0;
         for (int a = 0; a < 4; ++a) {
             for (int b = 0; b < 4; ++b) {

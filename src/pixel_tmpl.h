@@ -31,10 +31,10 @@
 typedef struct {
     double omega_sum;
     long oor;
-} NBG_SFX(nbg_pixstat);
+} NBG_SFX(nbgi_pixstat);
 
-static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel, int spixel,
-                                              NBG_SFX(nbg_pixstat) * st)
+static inline NBG_HD double NBG_SFX(nbgi_pixel)(const nbgi_kparams *p, int fpixel, int spixel,
+                                              NBG_SFX(nbgi_pixstat) * st)
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
@@ -49,44 +49,44 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
                 double P[3];
-                nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, P);
+                nbgi_subpixel_pos(p, fpixel, spixel, subF, subS, t, P);
                 const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
                 const double d[3] = {P[0] / R, P[1] / R, P[2] / R};
 
                 /* the once-per-pixel factors: solid angle, then this layer's capture fraction */
                 if (omega == 0 || p->os_omega) {
-                    omega = nbg_solid_angle(p, R);
+                    omega = nbgi_solid_angle(p, R);
                 }
                 st->omega_sum += omega;
                 if (capture == 0 || p->os_thick) {
                     double a;
-                    capture = nbg_capture(p, t, d[0] * p->odet[0] + d[1] * p->odet[1] + d[2] * p->odet[2], &a);
+                    capture = nbgi_capture(p, t, d[0] * p->odet[0] + d[1] * p->odet[1] + d[2] * p->odet[2], &a);
                 }
 
                 for (int src = 0; src < p->nsources; ++src) {
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     double qd[3];
-                    if (!nbg_scatter_q(p, d, src, qd)) {
+                    if (!nbgi_scatter_q(p, d, src, qd)) {
                         continue;
                     }
                     if (polar == 0 || p->os_polar) {
-                        polar = nbg_polar_d(K, sr, d, sr + 4, sr + 7);
+                        polar = nbgi_polar_d(K, sr, d, sr + 4, sr + 7);
                     }
                     const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
                         NBG_R hkl[3];
-                        NBG_SFX(nbg_miller)(abc, q, hkl);
+                        NBG_SFX(nbgi_miller)(abc, q, hkl);
                         const NBG_R h = hkl[0], k = hkl[1], l = hkl[2];
-                        const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
-                        const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
-                        const NBG_R l0 = NBG_SFX(nbg_round_index)(l);
-                        const NBG_R F_latt = NBG_SFX(nbg_lattice)(p, h, k, l, h0, k0, l0);
+                        const NBG_R h0 = NBG_SFX(nbgi_round_index)(h);
+                        const NBG_R k0 = NBG_SFX(nbgi_round_index)(k);
+                        const NBG_R l0 = NBG_SFX(nbgi_round_index)(l);
+                        const NBG_R F_latt = NBG_SFX(nbgi_lattice)(p, h, k, l, h0, k0, l0);
                         if (F_latt == 0 && !p->water) {
                             continue;
                         }
                         const NBG_R F_cell =
-                            NBG_SFX(nbg_fcell)(p, h, k, l, (int)h0, (int)k0, (int)l0, &st->oor);
+                            NBG_SFX(nbgi_fcell)(p, h, k, l, (int)h0, (int)k0, (int)l0, &st->oor);
                         I += F_cell * F_cell * F_latt * F_latt;
                         if (p->os_thick) {
                             I *= (NBG_R)capture;
@@ -118,7 +118,7 @@ static inline NBG_HD double NBG_SFX(nbg_pixel)(const nbg_kparams *p, int fpixel,
 /* A signature of the discrete choices the pixel's samples make (rounded Miller indices, interpolation windows,
  * samples cut by dmin or zeroed by the tophat edge).  Where it differs between two evaluations, the image is
  * not differentiable between them; the gradient check leaves such pixels out. */
-static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p, int fpixel, int spixel)
+static inline NBG_HD uint64_t NBG_SFX(nbgi_pixel_signature)(const nbgi_kparams *p, int fpixel, int spixel)
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
@@ -128,12 +128,12 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
         for (int subS = 0; subS < os; ++subS) {
             for (int subF = 0; subF < os; ++subF) {
                 double P[3];
-                nbg_subpixel_pos(p, fpixel, spixel, subF, subS, t, P);
+                nbgi_subpixel_pos(p, fpixel, spixel, subF, subS, t, P);
                 const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
                 const double d[3] = {P[0] / R, P[1] / R, P[2] / R};
                 for (int src = 0; src < p->nsources; ++src) {
                     double qd[3];
-                    if (!nbg_scatter_q(p, d, src, qd)) {
+                    if (!nbgi_scatter_q(p, d, src, qd)) {
                         NBG_MIX(-7);
                         continue;
                     }
@@ -141,11 +141,11 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
                         NBG_R hkl[3];
-                        NBG_SFX(nbg_miller)(abc, q, hkl);
+                        NBG_SFX(nbgi_miller)(abc, q, hkl);
                         const NBG_R h = hkl[0], k = hkl[1], l = hkl[2];
-                        const NBG_R h0 = NBG_SFX(nbg_round_index)(h);
-                        const NBG_R k0 = NBG_SFX(nbg_round_index)(k);
-                        const NBG_R l0 = NBG_SFX(nbg_round_index)(l);
+                        const NBG_R h0 = NBG_SFX(nbgi_round_index)(h);
+                        const NBG_R k0 = NBG_SFX(nbgi_round_index)(k);
+                        const NBG_R l0 = NBG_SFX(nbgi_round_index)(l);
                         NBG_MIX(h0);
                         NBG_MIX(k0);
                         NBG_MIX(l0);
@@ -155,7 +155,7 @@ static inline NBG_HD uint64_t NBG_SFX(nbg_pixel_signature)(const nbg_kparams *p,
                             NBG_MIX(NBG_M(floor)(l));
                         }
                         if (p->shape == NBG_TOPHAT) {
-                            NBG_MIX(NBG_SFX(nbg_lattice)(p, h, k, l, h0, k0, l0) == 0);
+                            NBG_MIX(NBG_SFX(nbgi_lattice)(p, h, k, l, h0, k0, l0) == 0);
                         }
                     }
                 }

@@ -2,7 +2,7 @@
  * plan.c -- turns an nbg_experiment (user units) into kernel parameters (SI units), following the reference
  * program's set-up order (../shared/reference/nanobragg-behaviour.md §2).
  *
- * The file's map.  nbg_plan_build (at the end) runs these steps in order; each is a static function that reads the
+ * The file's map.  nbgi_plan_build (at the end) runs these steps in order; each is a static function that reads the
  * experiment and what earlier steps left in a plan_build (SI units), and fills its own part of it or of the plan:
  *
  *   validate           every input quantity within its domain (one table)
@@ -22,7 +22,7 @@
  *   kernel_params      what the kernels read: geometry, sampling, structure factors, normalisation
  *   report             what the set-up derived, in user units
  *
- * The first step that fails ends the build with its message; nbg_plan_build then frees what was allocated.
+ * The first step that fails ends the build with its message; nbgi_plan_build then frees what was allocated.
  *
  * Where nanoBragg has a bug nbgrad does not copy it: the phi step at phi = 0 uses the unrotated crystal (the
  * reference reuses a stale orientation), and an interpolation window leaving the table falls back to the nearest
@@ -48,16 +48,16 @@
 /* The largest Miller index the kernels may meet (they round indices to int). */
 #define NBG_MAX_MILLER 1e9
 
-void nbg_cross(const double a[3], const double b[3], double out[3]) { cross_d(a, b, out); }
+void nbgi_cross(const double a[3], const double b[3], double out[3]) { cross_d(a, b, out); }
 
-double nbg_dot(const double a[3], const double b[3]) { return dot_d(a, b); }
+double nbgi_dot(const double a[3], const double b[3]) { return dot_d(a, b); }
 
-double nbg_norm(const double a[3]) { return sqrt(dot_d(a, a)); }
+double nbgi_norm(const double a[3]) { return sqrt(dot_d(a, a)); }
 
 /* Scales v to unit length in place and returns its former length (0 leaves it unchanged). */
 static double unitize(double v[3])
 {
-    const double m = nbg_norm(v);
+    const double m = nbgi_norm(v);
     if (m != 0) {
         v[0] /= m;
         v[1] /= m;
@@ -67,7 +67,7 @@ static double unitize(double v[3])
 }
 
 /* R_xyz = Rz * Ry * Rx applied to a column vector (x first), each right-handed; a zero angle is skipped. */
-void nbg_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3])
+void nbgi_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3])
 {
     rotate_xyz_d(v, rx, ry, rz, out);
 }
@@ -238,7 +238,7 @@ static void resolve_mosaic(double *spread, int *domains)
 #define CHECK_FINITE(x, name)                                                                                     \
     do {                                                                                                          \
         if (!isfinite(x)) {                                                                                       \
-            return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", name, (double)(x));             \
+            return nbgi_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", name, (double)(x));             \
         }                                                                                                         \
     } while (0)
 
@@ -251,15 +251,15 @@ typedef struct {
     int lo_open, hi_open;
     int optional;
     const char *unit;
-} nbg_domain;
+} nbgi_domain;
 
-static int check_domain(nbg_ctx *ctx, const nbg_domain *d)
+static int check_domain(nbg_ctx *ctx, const nbgi_domain *d)
 {
     if (d->optional && isnan(d->v)) {
         return NBG_OK;
     }
     if (!isfinite(d->v)) {
-        return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", d->name, d->v);
+        return nbgi_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", d->name, d->v);
     }
     const int below = d->lo_open ? !(d->v > d->lo) : !(d->v >= d->lo);
     const int above = d->hi_open ? !(d->v < d->hi) : !(d->v <= d->hi);
@@ -267,7 +267,7 @@ static int check_domain(nbg_ctx *ctx, const nbg_domain *d)
         char lo[32], hi[32];
         snprintf(lo, sizeof lo, "%g", d->lo);
         snprintf(hi, sizeof hi, "%g", d->hi);
-        return nbg_error(ctx, NBG_EINVAL, "%s must be in %s%s, %s%s%s%s (got %g%s%s)%s", d->name, d->lo_open ? "(" : "[",
+        return nbgi_error(ctx, NBG_EINVAL, "%s must be in %s%s, %s%s%s%s (got %g%s%s)%s", d->name, d->lo_open ? "(" : "[",
                          isinf(d->lo) ? "-inf" : lo, isinf(d->hi) ? "inf" : hi, d->hi_open ? ")" : "]",
                          d->unit[0] ? " " : "", d->unit, d->v, d->unit[0] ? " " : "", d->unit,
                          d->optional ? " or unset" : "");
@@ -281,7 +281,7 @@ static int check_count(nbg_ctx *ctx, int n, const char *name)
     if (n == -1 || n >= 1) {
         return NBG_OK;
     }
-    return nbg_error(ctx, NBG_EINVAL, "%s must be a positive count (got %d; leave it unset for the automatic choice)",
+    return nbgi_error(ctx, NBG_EINVAL, "%s must be a positive count (got %d; leave it unset for the automatic choice)",
                      name, n);
 }
 
@@ -294,24 +294,24 @@ static int check_cell(nbg_ctx *ctx, const double cell[6])
     static const char *len[3] = {"a", "b", "c"}, *ang[3] = {"alpha", "beta", "gamma"};
     double c[3];
     if (!(cell[0] > 0) || isinf(cell[0])) {
-        return nbg_error(ctx, NBG_EINVAL, "unit cell length a must be a positive number (got %g A)", cell[0]);
+        return nbgi_error(ctx, NBG_EINVAL, "unit cell length a must be a positive number (got %g A)", cell[0]);
     }
     for (int i = 1; i < 3; ++i) {
         if (!isnan(cell[i]) && (!(cell[i] > 0) || isinf(cell[i]))) {
-            return nbg_error(ctx, NBG_EINVAL, "unit cell length %s must be a positive number (got %g A)", len[i],
+            return nbgi_error(ctx, NBG_EINVAL, "unit cell length %s must be a positive number (got %g A)", len[i],
                              cell[i]);
         }
     }
     for (int i = 0; i < 3; ++i) {
         const double g = cell[3 + i];
         if (!isnan(g) && !(g > 0 && g < 180)) {
-            return nbg_error(ctx, NBG_EINVAL, "unit cell angle %s must be in (0, 180) deg (got %g)", ang[i], g);
+            return nbgi_error(ctx, NBG_EINVAL, "unit cell angle %s must be in (0, 180) deg (got %g)", ang[i], g);
         }
         c[i] = cos((isnan(g) ? 90.0 : g) / RTD);
     }
     const double v2 = 1 - c[0] * c[0] - c[1] * c[1] - c[2] * c[2] + 2 * c[0] * c[1] * c[2];
     if (!(v2 > 1e-9)) {
-        return nbg_error(ctx, NBG_EINVAL, "the cell angles %g %g %g deg describe no cell (zero or negative volume): "
+        return nbgi_error(ctx, NBG_EINVAL, "the cell angles %g %g %g deg describe no cell (zero or negative volume): "
                          "each angle must be less than the sum of the other two, and all three less than 360 deg in sum",
                          cell[3], cell[4], cell[5]);
     }
@@ -322,7 +322,7 @@ static int check_cell(nbg_ctx *ctx, const double cell[6])
 static int validate(nbg_ctx *ctx, const nbg_experiment *e)
 {
     const double inf = INFINITY;
-    const nbg_domain dom[] = {
+    const nbgi_domain dom[] = {
         /* value, name, lo, hi, lo_open, hi_open, optional (NAN = unset), unit */
         {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, 0, "mm"},
         {e->distance, "distance (-distance)", 0, inf, 1, 1, 0, "mm"},
@@ -371,7 +371,7 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         }
     }
     if (!isnan(e->close_distance)) {
-        const nbg_domain cd = {e->close_distance, "close distance (-close_distance)", 0, inf, 1, 1, 0, "mm"};
+        const nbgi_domain cd = {e->close_distance, "close distance (-close_distance)", 0, inf, 1, 1, 0, "mm"};
         const int rc = check_domain(ctx, &cd);
         if (rc != NBG_OK) {
             return rc;
@@ -383,15 +383,15 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
                              "ORGX (-ORGX)", "ORGY (-ORGY)"};
     for (int i = 0; i < 6; ++i) {
         if (isinf(opt[i])) {
-            return nbg_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", optname[i], opt[i]);
+            return nbgi_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", optname[i], opt[i]);
         }
     }
     if (e->thick_abs < 0) {
-        return nbg_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
+        return nbgi_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
                          e->thick_abs);
     }
     if (e->fpixels < 0 || e->spixels < 0) {
-        return nbg_error(ctx, NBG_EINVAL, "pixel counts must not be negative (got %d x %d)", e->fpixels,
+        return nbgi_error(ctx, NBG_EINVAL, "pixel counts must not be negative (got %d x %d)", e->fpixels,
                          e->spixels);
     }
     const struct {
@@ -409,23 +409,23 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
     }
     if ((unsigned)e->convention > NBG_CONV_CUSTOM || (unsigned)e->pivot > NBG_PIVOT_SAMPLE ||
         (unsigned)e->shape > NBG_SHAPE_TOPHAT || e->interpolate < -1 || e->interpolate > 1) {
-        return nbg_error(ctx, NBG_EINVAL, "unknown convention (%d), pivot (%d), crystal shape (%d) or interpolation "
+        return nbgi_error(ctx, NBG_EINVAL, "unknown convention (%d), pivot (%d), crystal shape (%d) or interpolation "
                          "mode (%d)", (int)e->convention, (int)e->pivot, (int)e->shape, e->interpolate);
     }
     for (int i = 0; i < 4; ++i) {
         if (e->roi[i] < -1) {
-            return nbg_error(ctx, NBG_EINVAL, "region of interest (-roi) bounds must be pixel indices (got %d)",
+            return nbgi_error(ctx, NBG_EINVAL, "region of interest (-roi) bounds must be pixel indices (got %d)",
                              e->roi[i]);
         }
     }
     for (int i = 0; i < 4; i += 2) {
         if (e->roi[i] >= 0 && e->roi[i + 1] >= 0 && e->roi[i] > e->roi[i + 1]) {
-            return nbg_error(ctx, NBG_EINVAL, "region of interest (-roi) is empty: %s from %d to %d",
+            return nbgi_error(ctx, NBG_EINVAL, "region of interest (-roi) is empty: %s from %d to %d",
                              i == 0 ? "x" : "y", e->roi[i], e->roi[i + 1]);
         }
     }
     if (!e->has_cell && !e->has_mat) {
-        return nbg_error(ctx, NBG_EINVAL, "no crystal: give a unit cell or an orientation matrix");
+        return nbgi_error(ctx, NBG_EINVAL, "no crystal: give a unit cell or an orientation matrix");
     }
     if (e->has_cell) {
         const int rc = check_cell(ctx, e->cell);
@@ -439,11 +439,11 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         }
     }
     if (e->hkl == NULL && e->default_F == 0) {
-        return nbg_error(ctx, NBG_EINVAL,
+        return nbgi_error(ctx, NBG_EINVAL,
                          "no structure factors: give an HKL table or a non-zero default_F (the image would be blank)");
     }
     if (e->nsources < 0 || (e->nsources > 0 && e->sources == NULL)) {
-        return nbg_error(ctx, NBG_EINVAL, "source list is inconsistent (%d sources)", e->nsources);
+        return nbgi_error(ctx, NBG_EINVAL, "source list is inconsistent (%d sources)", e->nsources);
     }
     return NBG_OK;
 }
@@ -489,7 +489,7 @@ void nbg_experiment_default(nbg_experiment *e)
 }
 
 /* The crystal inputs of the smooth set-up map (angles in radians, defaults applied). */
-void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbg_xtal_in_d *in)
+void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbgi_xtal_in_d *in)
 {
     memset(in, 0, sizeof *in);
     in->has_cell = e->has_cell;
@@ -528,7 +528,7 @@ static int divergence_cut(int round_div, int hi, int vi, int hsteps, int vsteps,
     return round_div && test * 4.0 > 1.1;
 }
 
-/* ---- the steps of nbg_plan_build -------------------------------------------------------------------------------- */
+/* ---- the steps of nbgi_plan_build -------------------------------------------------------------------------------- */
 
 /* What the steps hand on to each other, in SI units (m, rad) unless named otherwise.  Each part is written by the
  * step named beside it and only read after. */
@@ -576,7 +576,7 @@ typedef struct {
     pb_beam beam;           /* beam_and_sample */
     pb_frame frame;         /* detector_frame */
     pb_sampling samp;       /* sampling */
-    nbg_det_out_d geom;     /* detector_geometry: the positioned detector (pix0, f, s, o, distances, beam spot and
+    nbgi_det_out_d geom;     /* detector_geometry: the positioned detector (pix0, f, s, o, distances, beam spot and
                                near point on the rotated axes) */
     pb_crystal xtal;        /* crystal (lambda0, interpolate), crystal_size (the rest) */
     int nsrc;               /* source_count */
@@ -590,10 +590,10 @@ typedef struct {
 static int step_count(nbg_ctx *ctx, double n, const char *what, int *out)
 {
     if (!(n >= 1)) {
-        return nbg_error(ctx, NBG_EINVAL, "%s: the range and step give no step (%g)", what, n);
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the range and step give no step (%g)", what, n);
     }
     if (!(n <= NBG_MAX_STEPS)) {
-        return nbg_error(ctx, NBG_EINVAL, "%s: the range and step give %.3g steps, beyond the limit of %g", what, n,
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the range and step give %.3g steps, beyond the limit of %g", what, n,
                          (double)NBG_MAX_STEPS);
     }
     *out = (int)n;
@@ -602,37 +602,37 @@ static int step_count(nbg_ctx *ctx, double n, const char *what, int *out)
 
 /* Part of crystal: e's cell or matrix and misset (drawn when random) with lambda0 -> pl->misset, pl->a0 (m),
  * pl->k.astar and the report's cell, vectors and random misset; a cell with a volume and three axes. */
-static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl, double lambda0)
+static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, double lambda0)
 {
     nbg_report *r = &pl->rep;
     double mis[3] = {e->misset[0] / RTD, e->misset[1] / RTD, e->misset[2] / RTD};
     if (e->misset_random) {
-        nbg_rng rng;
+        nbgi_rng rng;
         double U[9], axis[3], angle;
-        nbg_rng_init(&rng, e->misset_seed);
-        nbg_mosaic_umat(90.0, &rng, U, axis, &angle); /* 90 "radians", as nanoBragg: uniform orientations */
-        nbg_umat2misset(U, mis);
+        nbgi_rng_init(&rng, e->misset_seed);
+        nbgi_mosaic_umat(90.0, &rng, U, axis, &angle); /* 90 "radians", as nanoBragg: uniform orientations */
+        nbgi_umat2misset(U, mis);
         for (int i = 0; i < 3; ++i) {
             r->misset_random_deg[i] = mis[i] * RTD;
         }
     }
     memcpy(pl->misset, mis, sizeof mis);
-    nbg_xtal_in_d in;
-    nbg_plan_xtal_in(e, mis, lambda0, &in);
+    nbgi_xtal_in_d in;
+    nbgi_plan_xtal_in(e, mis, lambda0, &in);
     double abc[9];
-    const double Vstar = nbg_crystal_d(&in, abc, pl->k.astar);
+    const double Vstar = nbgi_crystal_d(&in, abc, pl->k.astar);
     const double *a = abc, *b = abc + 3, *c = abc + 6;
-    const double la = nbg_norm(a), lb = nbg_norm(b), lc = nbg_norm(c);
+    const double la = nbgi_norm(a), lb = nbgi_norm(b), lc = nbgi_norm(c);
     if (!isfinite(Vstar) || Vstar == 0 || !(la > 0 && lb > 0 && lc > 0) || !isfinite(la * lb * lc) ||
         !(1.0 / fabs(Vstar) > 1e-6)) {
-        return nbg_error(ctx, NBG_EINVAL, "the unit cell has zero volume or a zero-length axis (check -cell or -mat)");
+        return nbgi_error(ctx, NBG_EINVAL, "the unit cell has zero volume or a zero-length axis (check -cell or -mat)");
     }
     r->cell[0] = la;
     r->cell[1] = lb;
     r->cell[2] = lc;
-    r->cell[3] = acos(fmax(-1, fmin(1, nbg_dot(b, c) / lb / lc))) * RTD;
-    r->cell[4] = acos(fmax(-1, fmin(1, nbg_dot(a, c) / la / lc))) * RTD;
-    r->cell[5] = acos(fmax(-1, fmin(1, nbg_dot(a, b) / la / lb))) * RTD;
+    r->cell[3] = acos(fmax(-1, fmin(1, nbgi_dot(b, c) / lb / lc))) * RTD;
+    r->cell[4] = acos(fmax(-1, fmin(1, nbgi_dot(a, c) / la / lc))) * RTD;
+    r->cell[5] = acos(fmax(-1, fmin(1, nbgi_dot(a, b) / la / lb))) * RTD;
     for (int i = 0; i < 9; ++i) {
         r->real_vectors[i] = abc[i];
         r->recip_vectors[i] = pl->k.astar[i];
@@ -655,13 +655,13 @@ static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     }
     const double nf = ceil(detsize_f / px - 0.5), ns = ceil(detsize_s / px - 0.5);
     if (!(nf >= 1 && ns >= 1 && nf <= NBG_MAX_SIDE && ns <= NBG_MAX_SIDE)) {
-        return nbg_error(ctx, NBG_EINVAL, "a detector of %g x %g pixels is impossible (size %g x %g mm, pixel %g mm; "
+        return nbgi_error(ctx, NBG_EINVAL, "a detector of %g x %g pixels is impossible (size %g x %g mm, pixel %g mm; "
                          "each side must have 1 to %g pixels)", nf, ns, detsize_f * 1000, detsize_s * 1000, e->pixel,
                          (double)NBG_MAX_SIDE);
     }
     char what[96];
     snprintf(what, sizeof what, "an image of %g x %g pixels", nf, ns);
-    const int rc = nbg_check_bytes(ctx, nf * ns * sizeof(float), what);
+    const int rc = nbgi_check_bytes(ctx, nf * ns * sizeof(float), what);
     if (rc != NBG_OK) {
         return rc;
     }
@@ -697,7 +697,7 @@ static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb
         flux = fluence / e->exposure * beamsize * beamsize;
     }
     if (!isfinite(fluence) || fluence < 0) {
-        return nbg_error(ctx, NBG_EINVAL, "fluence is not a finite non-negative number (%g; check -flux, "
+        return nbgi_error(ctx, NBG_EINVAL, "fluence is not a finite non-negative number (%g; check -flux, "
                          "-exposure, -beamsize)", fluence);
     }
     pb->beam.fluence = fluence;
@@ -788,7 +788,7 @@ static int convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double Xclose
         break;
     }
     default:
-        return nbg_error(ctx, NBG_EINVAL, "unknown detector convention %d", (int)e->convention);
+        return nbgi_error(ctx, NBG_EINVAL, "unknown detector convention %d", (int)e->convention);
     }
     return NBG_OK;
 }
@@ -815,15 +815,15 @@ static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     }
     if (unitize(fr->b) == 0 || unitize(fr->f) == 0 || unitize(fr->s) == 0 || unitize(fr->pol) == 0 ||
         unitize(fr->u) == 0) {
-        return nbg_error(ctx, NBG_EINVAL, "a beam, detector, polarization or spindle vector has zero length");
+        return nbgi_error(ctx, NBG_EINVAL, "a beam, detector, polarization or spindle vector has zero length");
     }
     if (unitize(fr->o) != 1.0) {
-        nbg_cross(fr->f, fr->s, fr->o);
+        nbgi_cross(fr->f, fr->s, fr->o);
         if (unitize(fr->o) == 0) {
-            return nbg_error(ctx, NBG_EINVAL, "detector fast and slow axes are parallel");
+            return nbgi_error(ctx, NBG_EINVAL, "detector fast and slow axes are parallel");
         }
     }
-    nbg_cross(fr->b, fr->pol, fr->vert);
+    nbgi_cross(fr->b, fr->pol, fr->vert);
     unitize(fr->vert);
     return NBG_OK;
 }
@@ -885,12 +885,12 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
 /* detector_geometry: pb->frame with e's distance, close distance, rotations, two-theta and beam shift ->
  * pl->det_in (the set-up's inputs, for the gradient's chain rule) and pb->geom (the positioned detector); the plane
  * must face the sample, not pass through it. */
-static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
     const pb_frame *fr = &pb->frame;
     const double rx = e->det_rot[0] / RTD, ry = e->det_rot[1] / RTD, rz = e->det_rot[2] / RTD;
     const double tt = e->twotheta / RTD;
-    nbg_det_in_d din;
+    nbgi_det_in_d din;
     memset(&din, 0, sizeof din);
     memcpy(din.b, fr->b, sizeof fr->b);
     memcpy(din.f, fr->f, sizeof fr->f);
@@ -912,11 +912,11 @@ static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *
     din.rot[2] = rz;
     din.twotheta = tt;
     pl->det_in = din;
-    nbg_detector_d(&din, &pb->geom);
+    nbgi_detector_d(&din, &pb->geom);
     const double close_distance = pb->geom.close_distance, distance = pb->geom.distance;
     /* the plane must face the sample and not pass through it (an edge-on detector comes out 1e-15 mm off) */
     if (!(close_distance > 1e-9) || !isfinite(distance)) {
-        return nbg_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
+        return nbgi_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
                          "behind the sample (close distance %g mm along the detector normal; check -distance, "
                          "-close_distance and the detector rotations)", close_distance * 1000);
     }
@@ -925,7 +925,7 @@ static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *
 
 /* crystal: e's cell or matrix, misset, wavelength, N and interpolation mode -> pb->xtal.lambda0, .interpolate;
  * pl->a0, pl->misset, pl->k.astar and the report's cell (build_crystal); a cell with a volume. */
-static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
     pb->xtal.lambda0 = e->lambda * 1e-10;
     int interpolate = e->interpolate;
@@ -941,14 +941,14 @@ static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_pl
 
 /* crystal_size: e's N and oversampling, pb->beam.sample, pl->a0, pb->geom.distance, pb->det.px, pb->xtal.lambda0 ->
  * pb->xtal.N, .xtal_max, .rec_os, .os (r->warn_oversample); the automatic oversampling at most 64. */
-static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
     pb_crystal *x = &pb->xtal;
     const double *samp = pb->beam.sample;
     double N[3] = {e->Na, e->Nb, e->Nc};
     double xtal_max = 0;
     for (int i = 0; i < 3; ++i) {
-        const double len = nbg_norm(pl->a0 + 3 * i);
+        const double len = nbgi_norm(pl->a0 + 3 * i);
         if (samp[i] > 0) {
             N[i] = ceil(samp[i] / len);
         }
@@ -961,7 +961,7 @@ static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, n
     const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (x->lambda0 * pb->geom.distance / pb->det.px)));
     if (e->oversample <= 0 && !(rec_os_d <= 64)) {
         /* nanoBragg would silently run rec_os^2 subpixels per pixel, which for a large crystal takes hours */
-        return nbg_error(ctx, NBG_EINVAL, "automatic oversampling would use %.3g x %.3g subpixels per pixel (the "
+        return nbgi_error(ctx, NBG_EINVAL, "automatic oversampling would use %.3g x %.3g subpixels per pixel (the "
                          "crystal is %g mm across); give -oversample explicitly", rec_os_d, rec_os_d, xtal_max * 1000);
     }
     memcpy(x->N, N, sizeof N);
@@ -979,14 +979,14 @@ static int source_count(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     const pb_sampling *sp = &pb->samp;
     int rc;
     if (e->nsources > 0) {
-        rc = nbg_check_bytes(ctx, (double)e->nsources * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
+        rc = nbgi_check_bytes(ctx, (double)e->nsources * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
         pb->nsrc = e->nsources;
         return rc;
     }
     char what[160];
     snprintf(what, sizeof what, "the X-ray sources (%d x %d divergence x %d wavelength steps)", sp->hsteps,
              sp->vsteps, sp->dispsteps);
-    rc = nbg_check_bytes(ctx, (double)sp->hsteps * sp->vsteps * sp->dispsteps * (5 + NBG_SRC_STRIDE) * sizeof(double),
+    rc = nbgi_check_bytes(ctx, (double)sp->hsteps * sp->vsteps * sp->dispsteps * (5 + NBG_SRC_STRIDE) * sizeof(double),
                          what);
     if (rc != NBG_OK) {
         return rc;
@@ -1000,7 +1000,7 @@ static int source_count(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     }
     pb->nsrc = ndiv * sp->dispsteps;
     if (pb->nsrc <= 0) {
-        return nbg_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
+        return nbgi_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
     }
     return NBG_OK;
 }
@@ -1018,9 +1018,9 @@ static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *p
     const int y1 = e->roi[3] < 0 || e->roi[3] >= spixels ? spixels - 1 : e->roi[3];
     const double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
     nbg_limits lim;
-    nbg_limits_of(ctx, &lim);
+    nbgi_limits_of(ctx, &lim);
     if (per > INT_MAX || pixels * per > lim.max_samples) {
-        return nbg_error(ctx, NBG_EINVAL, "this run would evaluate %.3g samples: %.0f pixels x %.3g per pixel (%d x %d "
+        return nbgi_error(ctx, NBG_EINVAL, "this run would evaluate %.3g samples: %.0f pixels x %.3g per pixel (%d x %d "
                          "subpixels x %d sensor layers x %d sources x %d phi steps x %d mosaic domains), above the "
                          "limit of %.3g%s: reduce the sampling, or raise the limit (-max_samples on the command line, "
                          "nbg_ctx_set_limits in the library)", pixels * per, pixels, per, os, os, thicksteps, nsrc,
@@ -1045,8 +1045,8 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
             pos[4 * i + 3] = (sr->lambda > 0) ? sr->lambda * 1e-10 : lambda0;
             lamrel[i] = (sr->lambda > 0) ? 0.0 : 1.0;
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
-                !isfinite(pos[4 * i + 3]) || nbg_norm(pos + 4 * i) == 0) {
-                return nbg_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
+                !isfinite(pos[4 * i + 3]) || nbgi_norm(pos + 4 * i) == 0) {
+                return nbgi_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
             }
         }
         return NBG_OK;
@@ -1091,14 +1091,14 @@ static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double
         double inc[3] = {-pos[4 * i], -pos[4 * i + 1], -pos[4 * i + 2]};
         unitize(inc);
         double Bv[3], Ev[3];
-        nbg_cross(pol, inc, Bv);
+        nbgi_cross(pol, inc, Bv);
         unitize(Bv);
-        nbg_cross(inc, Bv, Ev);
+        nbgi_cross(inc, Bv, Ev);
         unitize(Ev);
         memcpy(sr, inc, sizeof inc);
         sr[3] = pos[4 * i + 3];
         if (!(sr[3] > 0)) {
-            return nbg_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
+            return nbgi_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
                              i + 1, sr[3] * 1e10);
         }
         lambda_min = fmin(lambda_min, sr[3]);
@@ -1111,7 +1111,7 @@ static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double
 
 /* sources: pb->nsrc sources (source_positions, source_frames) -> pl->src, pl->src_lamrel, pb->lambda_min; the
  * temporary positions are freed whatever happens. */
-static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
     const int nsrc = pb->nsrc;
     double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
@@ -1119,7 +1119,7 @@ static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_pl
     pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
     int rc;
     if (pos == NULL || pl->src_lamrel == NULL || pl->src == NULL) {
-        rc = nbg_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
     } else if ((rc = source_positions(ctx, e, pb, pos, pl->src_lamrel)) == NBG_OK) {
         rc = source_frames(ctx, pos, pb, pl->src);
     }
@@ -1129,15 +1129,15 @@ static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_pl
 
 /* miller_range: pl->a0 and pb->lambda_min -> nothing; the largest Miller index, 2 |a|max / lambda_min, well inside
  * the int the kernels round indices to (NBG_MAX_MILLER). */
-static int miller_range(nbg_ctx *ctx, const plan_build *pb, const nbg_plan *pl)
+static int miller_range(nbg_ctx *ctx, const plan_build *pb, const nbgi_plan *pl)
 {
     double amax = 0;
     for (int i = 0; i < 3; ++i) {
-        amax = fmax(amax, nbg_norm(pl->a0 + 3 * i));
+        amax = fmax(amax, nbgi_norm(pl->a0 + 3 * i));
     }
     const double hmax = 2.0 * amax / pb->lambda_min;
     if (!(hmax < NBG_MAX_MILLER)) {
-        return nbg_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
+        return nbgi_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
                          "wavelength %g A), beyond the %g the kernels handle: check the cell and the wavelength",
                          hmax, amax * 1e10, pb->lambda_min * 1e10, NBG_MAX_MILLER);
     }
@@ -1146,19 +1146,19 @@ static int miller_range(nbg_ctx *ctx, const plan_build *pb, const nbg_plan *pl)
 
 /* Part of orientations: e's mosaic seed and pb->samp.spread -> pl->umat, pl->mos_axis, pl->mos_angle of
  * pb->samp.domains domains, domain 0 the unrotated crystal. */
-static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
 {
     const double spread = pb->samp.spread;
-    nbg_rng rng;
-    nbg_rng_init(&rng, e->mosaic_seed);
+    nbgi_rng rng;
+    nbgi_rng_init(&rng, e->mosaic_seed);
     /* The reference forms each domain's angle in single precision from a float spread; nbgrad keeps the
      * single-precision cap factor (the same domains) but multiplies by the spread in double, so the angle is
      * exactly proportional to the spread, as the mosaic gradient and its finite-difference check need. */
     for (int m = 0; m < pb->samp.domains; ++m) {
         float capf;
-        nbg_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
+        nbgi_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
         pl->mos_angle[m] = spread * (double)capf;
-        nbg_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
+        nbgi_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
     }
     /* domain 0 is the unrotated crystal */
     static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
@@ -1169,7 +1169,7 @@ static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbg_pl
 
 /* Part of orientations: pl->a0, the spindle pl->spindle, pb->samp's phi steps and pl->umat -> pl->phi and pl->abc
  * (a, b, c of phi step ip and domain m at 9 * (ip * domains + m)); phi = 0 and a zero spread rotate nothing. */
-static void rotate_crystal(const plan_build *pb, nbg_plan *pl)
+static void rotate_crystal(const plan_build *pb, nbgi_plan *pl)
 {
     const double phi0 = pb->samp.phi0, phistep = pb->samp.phistep, spread = pb->samp.spread;
     const int domains = pb->samp.domains;
@@ -1199,13 +1199,13 @@ static void rotate_crystal(const plan_build *pb, nbg_plan *pl)
 
 /* orientations: pb->frame.u, pb->samp (phi steps, mosaic spread and domains), pl->a0 -> pl->spindle, pl->phi,
  * pl->umat, pl->mos_axis, pl->mos_angle, pl->abc; the orientations within the memory limit, checked first. */
-static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
 {
     const int phisteps = pb->samp.phisteps, domains = pb->samp.domains;
     memcpy(pl->spindle, pb->frame.u, sizeof pb->frame.u);
     char what[128];
     snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
-    const int rc = nbg_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
+    const int rc = nbgi_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
     if (rc != NBG_OK) {
         return rc;
     }
@@ -1215,7 +1215,7 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
     pl->mos_angle = malloc(sizeof(double) * (size_t)domains);
     pl->abc = malloc(sizeof(double) * 9 * (size_t)phisteps * (size_t)domains);
     if (!pl->phi || !pl->umat || !pl->mos_axis || !pl->mos_angle || !pl->abc) {
-        return nbg_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
     }
     mosaic_domains(e, pb, pl);
     rotate_crystal(pb, pl);
@@ -1224,10 +1224,10 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
 
 /* kernel_params: everything pb resolved, the plan's arrays, e's switches, HKL table, default F, dmin and water ->
  * pl->k, pl->lambda0, pl->mosaic_spread and pb->steps; the HKL table non-empty. */
-static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_plan *pl)
+static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
-    nbg_kparams *k = &pl->k;
-    const nbg_det_out_d *g = &pb->geom;
+    nbgi_kparams *k = &pl->k;
+    const nbgi_det_out_d *g = &pb->geom;
     const pb_sampling *sp = &pb->samp;
     const double *N = pb->xtal.N;
     const int fpixels = pb->det.fpixels, spixels = pb->det.spixels, os = pb->xtal.os;
@@ -1275,7 +1275,7 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
     if (e->hkl != NULL) {
         const nbg_hkl *t = e->hkl;
         if (t->F == NULL || t->h_max < t->h_min || t->k_max < t->k_min || t->l_max < t->l_min) {
-            return nbg_error(ctx, NBG_EINVAL, "the structure-factor table is empty or has negative ranges");
+            return nbgi_error(ctx, NBG_EINVAL, "the structure-factor table is empty or has negative ranges");
         }
         k->F = t->F;
         k->h_min = t->h_min;
@@ -1300,10 +1300,10 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
 
 /* report: pb, e's header values and pl->k.I_bg -> pl->rep, in user units (mm, deg), beside what the earlier steps
  * put there (cell, vectors, random misset, warnings). */
-static void report(const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
+static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
 {
     nbg_report *r = &pl->rep;
-    const nbg_det_out_d *g = &pb->geom;
+    const nbgi_det_out_d *g = &pb->geom;
     const pb_frame *fr = &pb->frame;
     const double px = pb->det.px;
     r->fpixels = pb->det.fpixels;
@@ -1353,7 +1353,7 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbg_plan *pl)
     r->I_bg = pl->k.I_bg;
 }
 
-int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
+int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
 {
     memset(pl, 0, sizeof *pl);
     plan_build pb;
@@ -1373,14 +1373,14 @@ int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl)
         (rc = miller_range(ctx, &pb, pl)) != NBG_OK ||
         (rc = orientations(ctx, e, &pb, pl)) != NBG_OK ||
         (rc = kernel_params(ctx, e, &pb, pl)) != NBG_OK) {
-        nbg_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
+        nbgi_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
         return rc;
     }
     report(e, &pb, pl);
     return NBG_OK;
 }
 
-void nbg_plan_free(nbg_plan *pl)
+void nbgi_plan_free(nbgi_plan *pl)
 {
     if (pl == NULL) {
         return;

@@ -9,7 +9,7 @@
 #include "setup.h"
 
 typedef struct {
-    nbg_kparams k;       /* what the kernels read; its arrays point into the buffers below */
+    nbgi_kparams k;       /* what the kernels read; its arrays point into the buffers below */
     nbg_report rep;      /* what the setup derived, in user units */
     double *src;         /* nsources * NBG_SRC_STRIDE */
     double *src_lamrel;  /* nsources: d lambda_i / d lambda0 (0 for a wavelength given in a source file) */
@@ -23,29 +23,29 @@ typedef struct {
     double lambda0;      /* m */
     double mosaic_spread;/* rad */
     double misset[3];    /* rad, the misset applied (drawn when random) */
-    nbg_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
-} nbg_plan;
+    nbgi_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
+} nbgi_plan;
 
 /* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */
-int nbg_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbg_plan *pl);
-void nbg_plan_free(nbg_plan *pl);
+int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl);
+void nbgi_plan_free(nbgi_plan *pl);
 
-/* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbg_image_check) when
+/* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbgi_image_check) when
  * the image is not finite. */
-int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image);
+int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image);
 
 /* NBG_OK when every pixel of the plan's image is finite; otherwise NBG_EINVAL with a message that counts the
  * non-finite pixels and names the likely cause (intensities beyond single precision: fluence, F, N; or a
  * non-finite intermediate).  sum is the image's sum in double when the caller has it, NAN to scan. */
-int nbg_image_check(nbg_ctx *ctx, const nbg_plan *pl, const float *image, double sum);
+int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, double sum);
 
 /* Fills the crystal set-up's inputs from an experiment (cell defaults applied, angles in radians). */
-void nbg_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbg_xtal_in_d *in);
+void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbgi_xtal_in_d *in);
 
 /* Small vector helpers shared by the setup and the host-side chain rules. */
-void nbg_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);
-void nbg_cross(const double a[3], const double b[3], double out[3]);
-double nbg_dot(const double a[3], const double b[3]);
-double nbg_norm(const double a[3]);
+void nbgi_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);
+void nbgi_cross(const double a[3], const double b[3], double out[3]);
+double nbgi_dot(const double a[3], const double b[3]);
+double nbgi_norm(const double a[3]);
 
 #endif

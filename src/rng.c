@@ -33,7 +33,7 @@
 #define M_PI 3.14159265358979323846
 #endif
 
-void nbg_rng_init(nbg_rng *r, long seed)
+void nbgi_rng_init(nbgi_rng *r, long seed)
 {
     int j;
 
@@ -53,7 +53,7 @@ static long schrage_step(long idum)
     return idum;
 }
 
-float nbg_ran1(nbg_rng *r)
+float nbgi_ran1(nbgi_rng *r)
 {
     long j;
     float out;
@@ -79,7 +79,7 @@ float nbg_ran1(nbg_rng *r)
     return out;
 }
 
-double nbg_gaussdev(nbg_rng *r)
+double nbgi_gaussdev(nbgi_rng *r)
 {
     float v1, v2, rsq, fac;
 
@@ -90,8 +90,8 @@ double nbg_gaussdev(nbg_rng *r)
     /* Polar Box-Muller: a point uniform in the unit disc gives two independent normal deviates.  The point and
      * the factor are floats in the reference. */
     do {
-        v1 = (float)(2.0 * (double)nbg_ran1(r) - 1.0);
-        v2 = (float)(2.0 * (double)nbg_ran1(r) - 1.0);
+        v1 = (float)(2.0 * (double)nbgi_ran1(r) - 1.0);
+        v2 = (float)(2.0 * (double)nbgi_ran1(r) - 1.0);
         rsq = v1 * v1 + v2 * v2;
     } while (rsq >= 1.0f || rsq == 0.0f);
     fac = (float)sqrt(-2.0 * log((double)rsq) / (double)rsq);
@@ -119,7 +119,7 @@ static float gammln_f(float xx)
     return (float)(-tmp + log(2.5066282746310005 * ser / x));
 }
 
-double nbg_poidev(double xm_in, nbg_rng *r)
+double nbgi_poidev(double xm_in, nbgi_rng *r)
 {
     /* The reference takes and returns float, and keeps its working values in float. */
     const float xm = (float)xm_in;
@@ -127,7 +127,7 @@ double nbg_poidev(double xm_in, nbg_rng *r)
 
     if (xm > 1.0e6f) {
         /* Normal approximation, evaluated in double and rounded to float on return. */
-        double gd = nbg_gaussdev(r);
+        double gd = nbgi_gaussdev(r);
         return (double)(float)((double)xm + sqrt((double)xm) * gd);
     }
 
@@ -139,7 +139,7 @@ double nbg_poidev(double xm_in, nbg_rng *r)
         t = 1.0f;
         do {
             em += 1.0f;
-            t *= nbg_ran1(r);
+            t *= nbgi_ran1(r);
         } while (t > g);
         return (double)em;
     }
@@ -153,7 +153,7 @@ double nbg_poidev(double xm_in, nbg_rng *r)
         g = xm * alxm - gammln_f((float)((double)xm + 1.0));
         do {
             do {
-                y = (float)tan(M_PI * (double)nbg_ran1(r));
+                y = (float)tan(M_PI * (double)nbgi_ran1(r));
                 em = sq * y + xm;
             } while (em < 0.0f);
             em = (float)floor((double)em);
@@ -163,16 +163,16 @@ double nbg_poidev(double xm_in, nbg_rng *r)
                 ex = ex - g;
                 t = (float)(0.9 * (1.0 + (double)ylor) * exp((double)ex));
             }
-        } while (nbg_ran1(r) > t);
+        } while (nbgi_ran1(r) > t);
         return (double)em;
     }
 }
 
-void nbg_mosaic_draw(nbg_rng *r, double axis[3], float *capf)
+void nbgi_mosaic_draw(nbgi_rng *r, double axis[3], float *capf)
 {
-    const double r1 = 2.0 * (double)nbg_ran1(r) - 1.0;
-    const double r2 = 2.0 * (double)nbg_ran1(r) - 1.0;
-    const double r3 = 2.0 * (double)nbg_ran1(r) - 1.0;
+    const double r1 = 2.0 * (double)nbgi_ran1(r) - 1.0;
+    const double r2 = 2.0 * (double)nbgi_ran1(r) - 1.0;
+    const double r3 = 2.0 * (double)nbgi_ran1(r) - 1.0;
     /* Axis uniform on the sphere: z = r2 uniform, azimuth pi*r1.  Angle density on the cap from (1-r3^2)^(1/3). */
     const double xyrad = sqrt(1.0 - r2 * r2);
     *capf = powf((float)(1.0 - r3 * r3), (float)(1.0 / 3.0));
@@ -181,7 +181,7 @@ void nbg_mosaic_draw(nbg_rng *r, double axis[3], float *capf)
     axis[2] = r2;
 }
 
-void nbg_rodrigues_umat(const double v[3], double rot, double U[9])
+void nbgi_rodrigues_umat(const double v[3], double rot, double U[9])
 {
     /* U = c I + s [v]x + (1-c) v v^T, with the reference's grouping of the products. */
     const double v1 = v[0], v2 = v[1], v3 = v[2];
@@ -197,15 +197,15 @@ void nbg_rodrigues_umat(const double v[3], double rot, double U[9])
     U[8] = c + omc * (v3 * v3);
 }
 
-void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3], double *angle)
+void nbgi_mosaic_umat(double spread_rad, nbgi_rng *r, double U[9], double axis[3], double *angle)
 {
     /* The reference passes the spread as a float and forms the angle in single precision. */
     const float spread = (float)spread_rad;
     double v[3];
     float capf;
-    nbg_mosaic_draw(r, v, &capf);
+    nbgi_mosaic_draw(r, v, &capf);
     const double rot = (double)(spread * capf);
-    nbg_rodrigues_umat(v, rot, U);
+    nbgi_rodrigues_umat(v, rot, U);
     if (axis != NULL) {
         axis[0] = v[0];
         axis[1] = v[1];
@@ -239,7 +239,7 @@ static void cross_unit(const double a[3], const double b[3], double out[3])
     unit_if_nonzero(out, norm3(out));
 }
 
-void nbg_umat2misset(const double U[9], double angles_rad[3])
+void nbgi_umat2misset(const double U[9], double angles_rad[3])
 {
     double row[3][3], m[3], xcy[3], ycz[3], zcx[3];
     int i, j, pass;

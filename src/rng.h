@@ -15,35 +15,35 @@ typedef struct {
     long iv[32];       /* Bays-Durham shuffle table */
     int have_gauss;    /* gauss_next holds the second value of the last Box-Muller pair */
     double gauss_next;
-} nbg_rng;
+} nbgi_rng;
 
 /* Starts a stream as the reference does for a command-line seed n (stored as -n): the first draw initialises
  * the shuffle table from max(1, |seed|). */
-void nbg_rng_init(nbg_rng *r, long seed);
+void nbgi_rng_init(nbgi_rng *r, long seed);
 
 /* Uniform deviate in (0, 1), as a float, exactly as the reference's ran1. */
-float nbg_ran1(nbg_rng *r);
+float nbgi_ran1(nbgi_rng *r);
 
 /* Unit normal deviate (polar Box-Muller, second value cached), rounded to float as in the reference. */
-double nbg_gaussdev(nbg_rng *r);
+double nbgi_gaussdev(nbgi_rng *r);
 
 /* Poisson deviate of mean xm (taken as a float), exactly as the reference's poidev.  Above a mean of 1e6 the
  * result is a Gaussian approximation and need not be an integer. */
-double nbg_poidev(double xm, nbg_rng *r);
+double nbgi_poidev(double xm, nbgi_rng *r);
 
 /* Random rotation within a spherical cap, as the reference's mosaic_rotation_umat: three draws give a unit axis
  * and an angle spread*(1-r3^2)^(1/3) (computed in single precision).  U is row-major and equals
  * Rodrigues(axis, *angle), i.e. cos(a) I + sin(a) [axis]x + (1 - cos(a)) axis axis^T. */
-void nbg_mosaic_umat(double spread_rad, nbg_rng *r, double U[9], double axis[3], double *angle);
+void nbgi_mosaic_umat(double spread_rad, nbgi_rng *r, double U[9], double axis[3], double *angle);
 
 /* The three draws of one random rotation: a unit axis and the cap factor (1-r3^2)^(1/3) in single precision. */
-void nbg_mosaic_draw(nbg_rng *r, double axis[3], float *capf);
+void nbgi_mosaic_draw(nbgi_rng *r, double axis[3], float *capf);
 
 /* Rodrigues rotation matrix (row-major) about unit axis v by angle rot, with the reference's grouping. */
-void nbg_rodrigues_umat(const double v[3], double rot, double U[9]);
+void nbgi_rodrigues_umat(const double v[3], double rot, double U[9]);
 
 /* Misset angles (rotx, roty, rotz) in radians with U = Rz*Ry*Rx, as the reference's umat2misset, including its
  * re-orthonormalisation and its treatment of the gimbal-lock case. */
-void nbg_umat2misset(const double U[9], double angles_rad[3]);
+void nbgi_umat2misset(const double U[9], double angles_rad[3]);
 
 #endif

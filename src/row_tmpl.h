@@ -3,8 +3,8 @@
  * neighbouring pixels of a row at once, each sample's physics (the same functions of physics_tmpl.h) evaluated
  * across the lanes in `omp simd` loops, nanoBragg's per-pixel conditions (resolution cut, first-subpixel factors,
  * skipped zero lattice factors) as per-lane selects.  Same arithmetic, same order per pixel, as the scalar
- * nbg_pixel, so the two give the same values (the tests compare them bit for bit).  Instantiated by kernel.h.
- * As in nbg_pixel, the geometry (rays, scattering vectors, per-pixel factors) is double in both instantiations, so
+ * nbgi_pixel, so the two give the same values (the tests compare them bit for bit).  Instantiated by kernel.h.
+ * As in nbgi_pixel, the geometry (rays, scattering vectors, per-pixel factors) is double in both instantiations, so
  * the lane routines are defined once, by the double instantiation (included first).
  */
 #ifndef NBG_TMPL_OPEN
@@ -20,10 +20,10 @@
 #endif
 
 
-/* The Miller indices h = a . q of crystal vectors abc across the lanes (nbg_miller's arithmetic), and, where
- * need_rnd (the table lookup and the non-square shapes use them), their rounding (nbg_round_index); rnd is 0
+/* The Miller indices h = a . q of crystal vectors abc across the lanes (nbgi_miller's arithmetic), and, where
+ * need_rnd (the table lookup and the non-square shapes use them), their rounding (nbgi_round_index); rnd is 0
  * otherwise.  Shared by the forward, adjoint and tangent row kernels. */
-static inline void NBG_SFX(nbg_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1, const NBG_R *q2,
+static inline void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1, const NBG_R *q2,
                                         int need_rnd, NBG_R hkl[3][NBG_LANES], NBG_R rnd[3][NBG_LANES])
 {
     for (int x = 0; x < 3; ++x) {
@@ -32,17 +32,17 @@ static inline void NBG_SFX(nbg_lane_hkl)(const double *abc, const NBG_R *q0, con
 #pragma omp simd
         for (int j = 0; j < NBG_LANES; ++j) {
             hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-            rx[j] = need_rnd ? NBG_SFX(nbg_round_index)(hx[j]) : 0;
+            rx[j] = need_rnd ? NBG_SFX(nbgi_round_index)(hx[j]) : 0;
         }
     }
 }
 
 /* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
- * U_{N-1}(cos pi d) of nbg_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
- * loop over the lanes, nbg_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
+ * U_{N-1}(cos pi d) of nbgi_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
+ * loop over the lanes, nbgi_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
  * in N; without, dLh and dLdN are not touched (the forward kernel passes want_grad 0 and the derivative code
  * folds away).  Shared by the forward and adjoint row kernels. */
-static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R *L,
+static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R *L,
                                             NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
     enum { W = NBG_LANES };
@@ -52,8 +52,8 @@ static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][
         const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
         if (Ni == 0) {
             for (int j = 0; j < W; ++j) {
-                fl[x][j] = want_grad ? NBG_SFX(nbg_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j])
-                                     : NBG_SFX(nbg_sincg)(hkl[x][j], N);
+                fl[x][j] = want_grad ? NBG_SFX(nbgi_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j])
+                                     : NBG_SFX(nbgi_sincg)(hkl[x][j], N);
             }
             continue;
         }
@@ -62,11 +62,11 @@ static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
             dl[j] = hx[j] - NBG_M(rint)(hx[j]);
-            c[j] = NBG_SFX(nbg_cospi_reduced)(dl[j]);
+            c[j] = NBG_SFX(nbgi_cospi_reduced)(dl[j]);
             u0[j] = 1;
             u1[j] = Ni == 1 ? 1 : 2 * c[j];
             if (want_grad) {
-                s[j] = NBG_SFX(nbg_sinpi_reduced)(dl[j]);
+                s[j] = NBG_SFX(nbgi_sinpi_reduced)(dl[j]);
                 du0[j] = 0;
                 du1[j] = Ni == 1 ? 0 : 2;
                 t0[j] = 1;
@@ -119,8 +119,8 @@ static inline void NBG_SFX(nbg_square_lanes)(const nbg_kparams *p, NBG_R hkl[3][
 }
 
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
-static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, int n, float *out,
-                                   NBG_SFX(nbg_pixstat) * st)
+static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, int n, float *out,
+                                   NBG_SFX(nbgi_pixstat) * st)
 {
     enum { W = NBG_LANES };
     const int os = p->oversample;
@@ -132,24 +132,24 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
     double osum = 0;
     long oor = 0;
     for (int j = 0; j < W; ++j) {
-        active[j] = j < n && nbg_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
         I[j] = (NBG_R)p->I_bg;
         polar[j] = p->nopolar ? 1 : 0;
         omega[j] = 0;
         capture[j] = 0;
     }
     for (int t = 0; t < p->thicksteps; ++t) {
-        const double Odet = nbg_layer_at(p, t);
+        const double Odet = nbgi_layer_at(p, t);
         for (int j = 0; j < W; ++j) {
             capture[j] = (p->thick == 0) ? 1 : 0;
         }
         for (int subS = 0; subS < os; ++subS) {
-            const double Sdet = nbg_subpixel_at(p, spixel, subS);
+            const double Sdet = nbgi_subpixel_at(p, spixel, subS);
             for (int subF = 0; subF < os; ++subF) {
                 if (p->curved) {
                     for (int j = 0; j < W; ++j) {
                         double P[3];
-                        nbg_subpixel_pos(p, f0 + j, spixel, subF, subS, t, P);
+                        nbgi_subpixel_pos(p, f0 + j, spixel, subF, subS, t, P);
                         const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
                         d0[j] = P[0] / R;
                         d1[j] = P[1] / R;
@@ -158,13 +158,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                     }
                 } else {
                     double Fd[W];
-                    nbg_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
+                    nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
                 }
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction */
 #pragma omp simd reduction(+ : osum)
                 for (int j = 0; j < W; ++j) {
                     if (omega[j] == 0 || p->os_omega) {
-                        omega[j] = nbg_solid_angle(p, q0[j]);
+                        omega[j] = nbgi_solid_angle(p, q0[j]);
                     }
                     osum += active[j] ? omega[j] : 0.0;
                 }
@@ -172,7 +172,7 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                 for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
                     if (capture[j] == 0 || p->os_thick) {
                         double a;
-                        capture[j] = nbg_capture(p, t, d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2], &a);
+                        capture[j] = nbgi_capture(p, t, d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2], &a);
                     }
                 }
                 for (int src = 0; src < p->nsources; ++src) {
@@ -180,13 +180,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                     const double inc[3] = {sr[0], sr[1], sr[2]};
                     const double E[3] = {sr[4], sr[5], sr[6]};
                     const double B[3] = {sr[7], sr[8], sr[9]};
-                    nbg_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
 #pragma omp simd
                     for (int j = 0; j < W; ++j) {
                         const int ok = valid[j];
                         if (ok && (polar[j] == 0 || p->os_polar)) {
                             const double d[3] = {d0[j], d1[j], d2[j]};
-                            polar[j] = nbg_polar_d(K, inc, d, E, B);
+                            polar[j] = nbgi_polar_d(K, inc, d, E, B);
                         }
                         qf0[j] = (NBG_R)q0[j];
                         qf1[j] = (NBG_R)q1[j];
@@ -197,13 +197,13 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
                         /* the rounded indices serve the table lookup and the non-square shapes only */
-                        NBG_SFX(nbg_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        NBG_SFX(nbgi_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbg_square_lanes)(p, hkl, L, 0, 0, 0);
+                            NBG_SFX(nbgi_square_lanes)(p, hkl, L, 0, 0, 0);
                         } else {
                             for (int j = 0; j < W; ++j) {
-                                L[j] = NBG_SFX(nbg_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
+                                L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
                                                             rnd[2][j]);
                             }
                         }
@@ -216,7 +216,7 @@ static inline void NBG_SFX(nbg_row)(const nbg_kparams *p, int spixel, int f0, in
                             for (int j = 0; j < W; ++j) {
                                 long o = 0;
                                 Fc[j] = (valid[j] && active[j] && (L[j] != 0 || p->water))
-                                            ? NBG_SFX(nbg_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                            ? NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
                                                                  (int)rnd[1][j], (int)rnd[2][j], &o)
                                             : 0;
                                 oor += o;

@@ -78,12 +78,12 @@ typedef struct {
     double mat[9];      /* MOSFLM A matrix, file order */
     NBG_R lambda0;      /* m; scales the matrix */
     NBG_R misset[3];    /* rad */
-} NBG_SFX(nbg_xtal_in);
+} NBG_SFX(nbgi_xtal_in);
 
 /* Real-space vectors a, b, c (A) of the oriented crystal and the reciprocal vectors a*, b*, c* (1/A) rebuilt
  * from them, by nanoBragg's construction (section 2.7 of the behaviour description).  Returns the reciprocal
  * volume V* (0 or non-finite for a degenerate cell). */
-static inline NBG_R NBG_SFX(nbg_crystal)(const NBG_SFX(nbg_xtal_in) * in, NBG_R *abc, NBG_R *astar)
+static inline NBG_R NBG_SFX(nbgi_crystal)(const NBG_SFX(nbgi_xtal_in) * in, NBG_R *abc, NBG_R *astar)
 {
     NBG_R as[3] = {0, 0, 0}, bs[3] = {0, 0, 0}, cs[3] = {0, 0, 0};
     NBG_R Vcell = 0;
@@ -199,17 +199,17 @@ typedef struct {
     NBG_R Fclose, Sclose; /* near point (SAMPLE pivot) */
     NBG_R distance, close_distance;
     NBG_R rot[3], twotheta;
-} NBG_SFX(nbg_det_in);
+} NBG_SFX(nbgi_det_in);
 
 typedef struct {
     NBG_R pix0[3], f[3], s[3], o[3];
     NBG_R close_distance, distance, ratio;
     NBG_R Fbeam, Sbeam, Fclose, Sclose;
-} NBG_SFX(nbg_det_out);
+} NBG_SFX(nbgi_det_out);
 
 /* nanoBragg's detector positioning (section 2.6): rotations then two-theta; BEAM pivot keeps the beam spot at
  * (Fbeam, Sbeam), SAMPLE pivot swings the near point; the ratio b.o ignores two-theta, as in the reference. */
-static inline void NBG_SFX(nbg_detector)(const NBG_SFX(nbg_det_in) * in, NBG_SFX(nbg_det_out) * out)
+static inline void NBG_SFX(nbgi_detector)(const NBG_SFX(nbgi_det_in) * in, NBG_SFX(nbgi_det_out) * out)
 {
     NBG_R b[3], f[3], s[3], o[3], tta[3], tmp[3], pix0[3] = {0, 0, 0};
     for (int i = 0; i < 3; ++i) {

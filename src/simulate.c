@@ -14,7 +14,7 @@
 #endif
 
 #ifdef NBG_HAVE_CUDA
-#include "nbg_cuda.h"
+#include "nbgi_cuda.h"
 #endif
 
 int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, int nthreads)
@@ -43,7 +43,7 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
     nbg_limits_default(&ctx->limits);
     if (backend != NBG_BACKEND_CPU) {
 #ifdef NBG_HAVE_CUDA
-        int rc = nbg_cuda_init(ctx);
+        int rc = nbgi_cuda_init(ctx);
         if (rc == NBG_OK) {
             ctx->backend = NBG_BACKEND_CUDA;
         } else if (backend == NBG_BACKEND_CUDA) {
@@ -67,7 +67,7 @@ void nbg_ctx_destroy(nbg_ctx *ctx)
         return;
     }
 #ifdef NBG_HAVE_CUDA
-    nbg_cuda_release(ctx);
+    nbgi_cuda_release(ctx);
 #endif
     free(ctx);
 }
@@ -82,7 +82,7 @@ int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info)
     memset(info, 0, sizeof *info);
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
-        return nbg_cuda_describe(ctx, info);
+        return nbgi_cuda_describe(ctx, info);
     }
 #endif
     snprintf(info->name, sizeof info->name, "CPU");
@@ -97,21 +97,21 @@ int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info)
 int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out)
 {
     if (ctx == NULL || e == NULL || out == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_describe: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_describe: NULL argument");
     }
-    nbg_plan pl;
-    const int rc = nbg_plan_build(ctx, e, &pl);
+    nbgi_plan pl;
+    const int rc = nbgi_plan_build(ctx, e, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
     *out = pl.rep;
-    nbg_plan_free(&pl);
+    nbgi_plan_free(&pl);
     return NBG_OK;
 }
 
-int nbg_image_check(nbg_ctx *ctx, const nbg_plan *pl, const float *image, double sum)
+int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, double sum)
 {
-    const nbg_kparams *k = &pl->k;
+    const nbgi_kparams *k = &pl->k;
     const long n = (long)k->fpixels * k->spixels;
     if (isnan(sum)) {
         sum = 0;
@@ -143,27 +143,27 @@ int nbg_image_check(nbg_ctx *ctx, const nbg_plan *pl, const float *image, double
     const double peak = re2flu * Fmax * Fmax * cells * cells * omega + k->I_bg * omega;
     const long f = first >= 0 ? first % k->fpixels : -1, s = first >= 0 ? first / k->fpixels : -1;
     if (!(peak < FLT_MAX / 16)) {
-        return nbg_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): the "
+        return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): the "
                          "intensities overflow single precision; the brightest spot would be about %.2g photons (r_e^2 "
                          "x fluence %.3g photons/m^2 x F^2 %.3g x (Na Nb Nc)^2 %.3g x pixel solid angle %.3g sr%s): "
                          "lower the fluence (-fluence, -flux) or the structure factors (-default_F, -hkl)", bad, f, s,
                          peak, pl->rep.fluence, Fmax * Fmax, cells * cells, omega,
                          k->I_bg > 0 ? ", plus the water background" : "");
     }
-    return nbg_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): a "
+    return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): a "
                      "non-finite intermediate; check the wavelength (%g A), the cell, the sources and the detector "
                      "geometry", bad, f, s, pl->rep.lambda);
 }
 
 /* Runs the forward kernel of the context's backend on a built plan. */
-int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
+int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image)
 {
     double omega_sum = 0;
     long oor = 0;
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
         double t[3] = {0, 0, 0};
-        const int rc = nbg_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, t);
+        const int rc = nbgi_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, t);
         if (rc != NBG_OK) {
             return rc;
         }
@@ -172,10 +172,10 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
         pl->rep.time_setup += t[0];
         pl->rep.time_kernel = t[1];
         pl->rep.time_copy = t[2];
-        return nbg_image_check(ctx, pl, image, NAN);
+        return nbgi_image_check(ctx, pl, image, NAN);
     }
 #endif
-    const double t0 = nbg_now();
+    const double t0 = nbgi_now();
 #ifdef _OPENMP
     const int saved = omp_get_max_threads();
     if (ctx->nthreads > 0) {
@@ -183,41 +183,41 @@ int nbg_forward_plan(nbg_ctx *ctx, nbg_plan *pl, float *image)
     }
 #endif
     double image_sum = 0;
-    nbg_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, &image_sum);
+    nbgi_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, &image_sum);
 #ifdef _OPENMP
     if (ctx->nthreads > 0) {
         omp_set_num_threads(saved);
     }
 #endif
-    pl->rep.time_kernel = nbg_now() - t0;
+    pl->rep.time_kernel = nbgi_now() - t0;
     pl->rep.time_copy = 0;
     pl->rep.interp_fallbacks = oor;
     pl->rep.solid_angle = omega_sum / pl->rep.steps;
-    return nbg_image_check(ctx, pl, image, image_sum);
+    return nbgi_image_check(ctx, pl, image, image_sum);
 }
 
 int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report)
 {
     if (ctx == NULL || e == NULL || image == NULL) {
-        return nbg_error(ctx, NBG_EINVAL, "nbg_simulate: NULL argument");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate: NULL argument");
     }
-    const double t0 = nbg_now();
-    nbg_plan pl;
-    int rc = nbg_plan_build(ctx, e, &pl);
+    const double t0 = nbgi_now();
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, e, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
-    pl.rep.time_setup = nbg_now() - t0;
+    pl.rep.time_setup = nbgi_now() - t0;
     const size_t need = (size_t)pl.k.fpixels * (size_t)pl.k.spixels;
     if (npix != need) {
-        nbg_plan_free(&pl);
-        return nbg_error(ctx, NBG_EINVAL, "image buffer holds %zu pixels, the detector has %d x %d = %zu", npix,
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "image buffer holds %zu pixels, the detector has %d x %d = %zu", npix,
                          pl.k.fpixels, pl.k.spixels, need);
     }
-    rc = nbg_forward_plan(ctx, &pl, image);
+    rc = nbgi_forward_plan(ctx, &pl, image);
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;
     }
-    nbg_plan_free(&pl);
+    nbgi_plan_free(&pl);
     return rc;
 }

@@ -133,8 +133,8 @@ static inline void run_in(run_result *r, const char *const *args)
         fprintf(stderr, "test-cli: the program ran over 120 s and was killed\n");
     }
     r->status = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-    r->out = nbg_test_read_file(outp, NULL);
-    r->err = nbg_test_read_file(errp, NULL);
+    r->out = nbgi_test_read_file(outp, NULL);
+    r->err = nbgi_test_read_file(errp, NULL);
     if (r->out == NULL) {
         r->out = calloc(1, 1);
     }
@@ -190,7 +190,7 @@ static inline void expect_failure(const char *id, const char *what, run_result *
                            const char *const *words, const char *const *inputs)
 {
     run_in(r, args);
-    nbg_test_check(r->status > 0 && r->status < 128, id, "%s: exits non-zero (got %d)", what, r->status);
+    nbgi_test_check(r->status > 0 && r->status < 128, id, "%s: exits non-zero (got %d)", what, r->status);
     int all = r->err[0] != '\0';
     const char *missing = "";
     for (int i = 0; words[i] != NULL; ++i) {
@@ -199,11 +199,11 @@ static inline void expect_failure(const char *id, const char *what, run_result *
             missing = words[i];
         }
     }
-    nbg_test_check(all, id, "%s: stderr names the problem%s%s%s (stderr: \"%s\")", what, missing[0] ? " (no \"" : "",
+    nbgi_test_check(all, id, "%s: stderr names the problem%s%s%s (stderr: \"%s\")", what, missing[0] ? " (no \"" : "",
                    missing, missing[0] ? "\")" : "", first_line(r->err));
     char extra[1024];
     unexpected_files(r->work, inputs, extra, sizeof extra);
-    nbg_test_check(!exists_in(r->work, "out.float") && !exists_in(r->work, "out.img") && extra[0] == '\0', id,
+    nbgi_test_check(!exists_in(r->work, "out.float") && !exists_in(r->work, "out.img") && extra[0] == '\0', id,
                    "%s: no output file left behind%s%s%s", what, extra[0] ? " (found: " : "", extra,
                    extra[0] ? ")" : "");
 }
@@ -214,7 +214,7 @@ static inline void *read_in(const run_result *r, const char *name, size_t *size)
     char path[PATH_MAX + 256];
     snprintf(path, sizeof path, "%s/%s", r->work, name);
     *size = 0;
-    return nbg_test_read_file(path, size);
+    return nbgi_test_read_file(path, size);
 }
 
 /* 1 when two files (in two case directories) exist, are non-empty and are byte for byte identical. */
@@ -237,11 +237,11 @@ static inline int clirun_setup(const char *prefix)
         bin = "build/nbgrad";
     }
     if (realpath(bin, g_bin) == NULL || access(g_bin, X_OK) != 0) {
-        nbg_test_check(0, "CLI-setup", "the program %s is not there (set NBG_BIN)", bin);
+        nbgi_test_check(0, "CLI-setup", "the program %s is not there (set NBG_BIN)", bin);
         return 0;
     }
-    if (nbg_test_mkdtemp(prefix, g_root, sizeof g_root) == NULL) {
-        nbg_test_check(0, "CLI-setup", "cannot make a temporary directory");
+    if (nbgi_test_mkdtemp(prefix, g_root, sizeof g_root) == NULL) {
+        nbgi_test_check(0, "CLI-setup", "cannot make a temporary directory");
         return 0;
     }
     return 1;

@@ -31,34 +31,34 @@ int main(void)
 {
     const char *bin = getenv("NBG_BIN") ? getenv("NBG_BIN") : "build/nbgrad";
     char dir[512], cmd[4096], path[1024];
-    if (nbg_test_mkdtemp("nbgrad-cligrad", dir, sizeof dir) == NULL) {
-        nbg_test_check(0, "cligrad-0", "could not make a temporary folder");
-        return nbg_test_summary();
+    if (nbgi_test_mkdtemp("nbgrad-cligrad", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "cligrad-0", "could not make a temporary folder");
+        return nbgi_test_summary();
     }
 
     snprintf(cmd, sizeof cmd, "%s gradcheck " XTAL " -params a,rotx,distance,Na 2>&1", bin);
     int rc = run(cmd);
-    nbg_test_check(rc == 0 && strstr(out, "PASS a adjoint=") != NULL && strstr(out, "PASS rotx adjoint=") != NULL &&
+    nbgi_test_check(rc == 0 && strstr(out, "PASS a adjoint=") != NULL && strstr(out, "PASS rotx adjoint=") != NULL &&
                        strstr(out, "\n4 passed, 0 failed\n") != NULL,
                    "cligrad-1-gradcheck", "gradcheck passes and prints one line per parameter (exit %d)", rc);
 
     snprintf(cmd, sizeof cmd, "%s gradcheck " XTAL " -params a,distance -debug_break_adjoint distance 2>&1", bin);
     rc = run(cmd);
-    nbg_test_check(rc == 1 && strstr(out, "FAIL distance adjoint=") != NULL && strstr(out, "1 passed, 1 failed") != NULL,
+    nbgi_test_check(rc == 1 && strstr(out, "FAIL distance adjoint=") != NULL && strstr(out, "1 passed, 1 failed") != NULL,
                    "cligrad-2-broken", "a broken adjoint makes gradcheck fail (exit %d)", rc);
 
     snprintf(cmd, sizeof cmd, "%s gradcheck -cell 100 100 100 90 90 90 -default_F 100 -N 5 -detpixels 32 "
                               "-tophat_spots -params a 2>&1", bin);
     rc = run(cmd);
-    nbg_test_check(rc == 1 && strstr(out, "proves nothing") != NULL, "cligrad-3-zero",
+    nbgi_test_check(rc == 1 && strstr(out, "proves nothing") != NULL, "cligrad-3-zero",
                    "a zero gradient is refused as proof (exit %d)", rc);
 
     snprintf(path, sizeof path, "%s/g.json", dir);
     snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params cell,distance -json %s 2>&1", bin, path);
     rc = run(cmd);
     size_t size = 0;
-    char *json = nbg_test_read_file(path, &size);
-    nbg_test_check(rc == 0 && strstr(out, "dL/dgamma") != NULL && json != NULL && strstr(json, "\"distance\":") != NULL &&
+    char *json = nbgi_test_read_file(path, &size);
+    nbgi_test_check(rc == 0 && strstr(out, "dL/dgamma") != NULL && json != NULL && strstr(json, "\"distance\":") != NULL &&
                        strstr(json, "\"loss\":") != NULL,
                    "cligrad-4-grad-json", "grad prints the gradient and writes it as JSON (exit %d)", rc);
     free(json);
@@ -70,16 +70,16 @@ int main(void)
     snprintf(rjson, sizeof rjson, "%s/r.json", dir);
     snprintf(cmd, sizeof cmd, "%s " XTAL " -floatfile %s 2>&1", bin, obs);
     rc = run(cmd);
-    nbg_test_check(rc == 0, "cligrad-5-truth", "rendered the observed image (exit %d)", rc);
+    nbgi_test_check(rc == 0, "cligrad-5-truth", "rendered the observed image (exit %d)", rc);
     snprintf(cmd, sizeof cmd,
              "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
              "-distance 100 -detpixels 64 -oversample 1 -observed %s -params cell,orientation -json %s -residual %s 2>&1",
              bin, obs, rjson, res);
     rc = run(cmd);
-    json = nbg_test_read_file(rjson, &size);
+    json = nbgi_test_read_file(rjson, &size);
     size_t rsize = 0;
-    char *resid = nbg_test_read_file(res, &rsize);
-    nbg_test_check(rc == 0 && strstr(out, "converged") != NULL && strstr(out, "iter   1") != NULL && json != NULL &&
+    char *resid = nbgi_test_read_file(res, &rsize);
+    nbgi_test_check(rc == 0 && strstr(out, "converged") != NULL && strstr(out, "iter   1") != NULL && json != NULL &&
                        strstr(json, "\"sigma\"") != NULL && resid != NULL && rsize == 64 * 64 * 4,
                    "cligrad-6-refine", "refine converges, prints progress, writes JSON and the residual (exit %d)", rc);
     free(json);
@@ -87,11 +87,11 @@ int main(void)
 
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -detpixels 32 -observed %s -params a 2>&1", bin, obs);
     rc = run(cmd);
-    nbg_test_check(rc != 0 && strstr(out, "bytes") != NULL, "cligrad-7-size", "an observed image of the wrong size: %s",
+    nbgi_test_check(rc != 0 && strstr(out, "bytes") != NULL, "cligrad-7-size", "an observed image of the wrong size: %s",
                    rc != 0 ? "refused" : "accepted");
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -observed %s -params a,cellsize 2>&1", bin, obs);
     rc = run(cmd);
-    nbg_test_check(rc != 0 && strstr(out, "'cellsize'") != NULL, "cligrad-8-param", "an unknown parameter is named");
+    nbgi_test_check(rc != 0 && strstr(out, "'cellsize'") != NULL, "cligrad-8-param", "an unknown parameter is named");
     /* a negative pixel in the observed image */
     FILE *f = fopen(obs, "r+b");
     const float neg = -5.0f;
@@ -102,12 +102,12 @@ int main(void)
     }
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -observed %s -params a 2>&1", bin, obs);
     rc = run(cmd);
-    nbg_test_check(rc != 0 && strstr(out, "pixel 100") != NULL, "cligrad-9-negative", "a negative observed pixel is named");
+    nbgi_test_check(rc != 0 && strstr(out, "pixel 100") != NULL, "cligrad-9-negative", "a negative observed pixel is named");
     snprintf(cmd, sizeof cmd, "%s refine -cell 70 80 90 75 85 195 -default_F 100 -N 5 -detpixels 64 -observed %s "
                               "-params gamma 2>&1", bin, obs);
     rc = run(cmd);
-    nbg_test_check(rc != 0 && (strstr(out, "bounds") != NULL || strstr(out, "cell") != NULL), "cligrad-10-bounds",
+    nbgi_test_check(rc != 0 && (strstr(out, "bounds") != NULL || strstr(out, "cell") != NULL), "cligrad-10-bounds",
                    "a start outside the bounds is refused");
-    nbg_test_rmtree(dir);
-    return nbg_test_summary();
+    nbgi_test_rmtree(dir);
+    return nbgi_test_summary();
 }

@@ -52,18 +52,18 @@ static void test_help(void)
         char what[64];
         snprintf(what, sizeof what, "nbgrad %s%s%s", variants[v][0], variants[v][1] ? " " : "",
                  variants[v][1] ? variants[v][1] : "");
-        nbg_test_check(r.status == 0, "CLI-help", "%s exits 0 (got %d)", what, r.status);
+        nbgi_test_check(r.status == 0, "CLI-help", "%s exits 0 (got %d)", what, r.status);
         const char *missing = NULL;
         for (int i = 0; flags[i] != NULL; ++i) {
             if (strstr(r.out, flags[i]) == NULL) {
                 missing = flags[i];
             }
         }
-        nbg_test_check(missing == NULL, "CLI-help", "%s lists the flags on stdout%s%s", what,
+        nbgi_test_check(missing == NULL, "CLI-help", "%s lists the flags on stdout%s%s", what,
                        missing ? ", missing " : "", missing ? missing : "");
         char extra[1024];
         unexpected_files(r.work, NULL, extra, sizeof extra);
-        nbg_test_check(extra[0] == '\0', "CLI-help", "%s writes no file%s%s", what, extra[0] ? ": " : "", extra);
+        nbgi_test_check(extra[0] == '\0', "CLI-help", "%s writes no file%s%s", what, extra[0] ? ": " : "", extra);
         result_free(&r);
     }
 }
@@ -186,7 +186,7 @@ static void test_failures(void)
             expect_failure("CLI-mask-truncated", "a truncated SMV mask", &r, ARGS(BASE, OUTS, "-mask", "trunc.img"),
                            ARGS("trunc.img"), ARGS("trunc.img"));
         } else {
-            nbg_test_check(0, "CLI-mask-truncated", "cannot write the mask");
+            nbgi_test_check(0, "CLI-mask-truncated", "cannot write the mask");
         }
         result_free(&r);
     }
@@ -195,7 +195,7 @@ static void test_failures(void)
             expect_failure("CLI-mask-truncated", "an SMV mask cut inside its header", &r,
                            ARGS(BASE, OUTS, "-mask", "hdr.img"), ARGS("hdr.img"), ARGS("hdr.img"));
         } else {
-            nbg_test_check(0, "CLI-mask-truncated", "cannot write the mask");
+            nbgi_test_check(0, "CLI-mask-truncated", "cannot write the mask");
         }
         result_free(&r);
     }
@@ -206,7 +206,7 @@ static void test_failures(void)
                            ARGS(BASE, OUTS, "-mask", "mask64.img", "-detpixels", "32"), ARGS("mask", "64", "32"),
                            ARGS("mask64.img"));
         } else {
-            nbg_test_check(0, "CLI-mask-size", "cannot write the mask");
+            nbgi_test_check(0, "CLI-mask-size", "cannot write the mask");
         }
         result_free(&r);
     }
@@ -216,7 +216,7 @@ static void test_failures(void)
             run_in(&r, ARGS(BASE, "-floatfile", "out.float", "-mask", "mask64.img"));
             size_t n = 0;
             void *img = read_in(&r, "out.float", &n);
-            nbg_test_check(r.status == 0 && img != NULL && n == 64 * 64 * sizeof(float), "CLI-mask-size",
+            nbgi_test_check(r.status == 0 && img != NULL && n == 64 * 64 * sizeof(float), "CLI-mask-size",
                            "a 64x64 mask with -detpixels 64 works (exit %d, %zu bytes) %s", r.status, n,
                            first_line(r.err));
             free(img);
@@ -246,13 +246,13 @@ static void test_sourcefile_comments(void)
                             "-10 0.02 0.01 1 1.02e-10   # trailing comment\n#\n");
     run_in(&a, ARGS(BASE, "-sourcefile", "src.txt", "-floatfile", "out.float"));
     run_in(&b, ARGS(BASE, "-sourcefile", "src.txt", "-floatfile", "out.float"));
-    nbg_test_check(a.status == 0 && b.status == 0, "CLI-sourcefile-comment",
+    nbgi_test_check(a.status == 0 && b.status == 0, "CLI-sourcefile-comment",
                    "runs with and without '#' lines succeed (exit %d, %d) %s", a.status, b.status, first_line(b.err));
     size_t n = 0;
     const int same = same_file(&a, "out.float", &b, "out.float", &n);
-    nbg_test_check(same && n == 64 * 64 * sizeof(float), "CLI-sourcefile-comment",
+    nbgi_test_check(same && n == 64 * 64 * sizeof(float), "CLI-sourcefile-comment",
                    "'#' comment lines give the identical image (%zu bytes)", n);
-    nbg_test_check(strstr(b.out, " 2 sources") != NULL, "CLI-sourcefile-comment",
+    nbgi_test_check(strstr(b.out, " 2 sources") != NULL, "CLI-sourcefile-comment",
                    "and the program reports 2 sources (comment lines are not sources)");
     result_free(&a);
     result_free(&b);
@@ -271,15 +271,15 @@ static void test_misset_seed(void)
     run_in(&c, ARGS(TRIC, "-misset", "random", "-misset_seed", "12345", "-floatfile", "out.float"));
     run_in(&d, ARGS(TRIC, "-misset_seed", "12345", "-misset", "random", "-floatfile", "out.float"));
 #undef TRIC
-    nbg_test_check(a.status == 0 && b.status == 0 && c.status == 0 && d.status == 0, "CLI-misset-seed",
+    nbgi_test_check(a.status == 0 && b.status == 0 && c.status == 0 && d.status == 0, "CLI-misset-seed",
                    "runs succeed (exit %d %d %d %d)", a.status, b.status, c.status, d.status);
     size_t n = 0;
     const int same = same_file(&a, "out.float", &b, "out.float", &n);
-    nbg_test_check(same && n == 64 * 64 * sizeof(float), "CLI-misset-seed",
+    nbgi_test_check(same && n == 64 * 64 * sizeof(float), "CLI-misset-seed",
                    "-misset_seed without -misset random leaves the image identical (%zu bytes)", n);
-    nbg_test_check(!same_file(&a, "out.float", &c, "out.float", &n), "CLI-misset-seed",
+    nbgi_test_check(!same_file(&a, "out.float", &c, "out.float", &n), "CLI-misset-seed",
                    "-misset random -misset_seed 12345 does change the image");
-    nbg_test_check(same_file(&c, "out.float", &d, "out.float", &n), "CLI-misset-seed",
+    nbgi_test_check(same_file(&c, "out.float", &d, "out.float", &n), "CLI-misset-seed",
                    "-misset random with the same seed, flags in either order, gives the identical image");
     result_free(&a);
     result_free(&b);
@@ -308,31 +308,31 @@ static void test_fdump(void)
     if (new_case(&a)) {
         put_file(&a, "t.hkl", hkl);
         run_in(&a, ARGS(XTAL, "-hkl", "t.hkl", "-floatfile", "one.float"));
-        nbg_test_check(a.status == 0, "CLI-fdump", "a run with -hkl succeeds (exit %d) %s", a.status, first_line(a.err));
-        nbg_test_check(exists_in(a.work, "Fdump.bin"), "CLI-fdump", "and writes Fdump.bin in the working directory");
+        nbgi_test_check(a.status == 0, "CLI-fdump", "a run with -hkl succeeds (exit %d) %s", a.status, first_line(a.err));
+        nbgi_test_check(exists_in(a.work, "Fdump.bin"), "CLI-fdump", "and writes Fdump.bin in the working directory");
         result_free(&a);
         /* the same directory, no -hkl: the cache is read */
         run_in(&a, ARGS(XTAL, "-floatfile", "two.float"));
-        nbg_test_check(a.status == 0, "CLI-fdump", "a second run without -hkl succeeds (exit %d) %s", a.status,
+        nbgi_test_check(a.status == 0, "CLI-fdump", "a second run without -hkl succeeds (exit %d) %s", a.status,
                        first_line(a.err));
-        nbg_test_check(strstr(a.out, "Fdump.bin") != NULL, "CLI-fdump", "and says it reads Fdump.bin");
+        nbgi_test_check(strstr(a.out, "Fdump.bin") != NULL, "CLI-fdump", "and says it reads Fdump.bin");
         size_t n = 0;
         const int same = same_file(&a, "one.float", &a, "two.float", &n);
-        nbg_test_check(same && n == 64 * 64 * sizeof(float), "CLI-fdump", "and gives the identical image (%zu bytes)",
+        nbgi_test_check(same && n == 64 * 64 * sizeof(float), "CLI-fdump", "and gives the identical image (%zu bytes)",
                        n);
         result_free(&a);
         /* -nodump ignores the cache: with no -hkl and no -default_F there are no structure factors */
         run_in(&a, ARGS(XTAL, "-nodump", "-floatfile", "three.float"));
-        nbg_test_check(a.status != 0 && !exists_in(a.work, "three.float"), "CLI-fdump",
+        nbgi_test_check(a.status != 0 && !exists_in(a.work, "three.float"), "CLI-fdump",
                        "-nodump without -hkl does not read Fdump.bin (exit %d: %s)", a.status, first_line(a.err));
         result_free(&a);
     }
     if (new_case(&c)) {
         put_file(&c, "t.hkl", hkl);
         run_in(&c, ARGS(XTAL, "-hkl", "t.hkl", "-nodump", "-floatfile", "one.float"));
-        nbg_test_check(c.status == 0 && exists_in(c.work, "one.float"), "CLI-nodump", "-hkl -nodump runs (exit %d)",
+        nbgi_test_check(c.status == 0 && exists_in(c.work, "one.float"), "CLI-nodump", "-hkl -nodump runs (exit %d)",
                        c.status);
-        nbg_test_check(!exists_in(c.work, "Fdump.bin"), "CLI-nodump", "-nodump writes no Fdump.bin");
+        nbgi_test_check(!exists_in(c.work, "Fdump.bin"), "CLI-nodump", "-nodump writes no Fdump.bin");
         result_free(&c);
     }
 #undef XTAL
@@ -346,12 +346,12 @@ static void test_no_output(void)
         return;
     }
     run_in(&r, ARGS(BASE));
-    nbg_test_check(r.status == 0, "CLI-no-output", "a run without output flags exits 0 (got %d) %s", r.status,
+    nbgi_test_check(r.status == 0, "CLI-no-output", "a run without output flags exits 0 (got %d) %s", r.status,
                    first_line(r.err));
     char extra[1024];
     unexpected_files(r.work, NULL, extra, sizeof extra);
-    nbg_test_check(extra[0] == '\0', "CLI-no-output", "and writes no file%s%s", extra[0] ? ": " : "", extra);
-    nbg_test_check(strstr(r.out, "no output file") != NULL || strstr(r.err, "no output file") != NULL,
+    nbgi_test_check(extra[0] == '\0', "CLI-no-output", "and writes no file%s%s", extra[0] ? ": " : "", extra);
+    nbgi_test_check(strstr(r.out, "no output file") != NULL || strstr(r.err, "no output file") != NULL,
                    "CLI-no-output", "and says that no output file was asked for");
     result_free(&r);
 
@@ -359,13 +359,13 @@ static void test_no_output(void)
     if (new_case(&r)) {
         run_in(&r, ARGS(BASE, OUTS));
         unexpected_files(r.work, ARGS("out.float", "out.img"), extra, sizeof extra);
-        nbg_test_check(r.status == 0 && exists_in(r.work, "out.float") && exists_in(r.work, "out.img") &&
+        nbgi_test_check(r.status == 0 && exists_in(r.work, "out.float") && exists_in(r.work, "out.img") &&
                            extra[0] == '\0',
                        "CLI-outputs", "-floatfile and -intfile write exactly those two files (exit %d%s%s)", r.status,
                        extra[0] ? ", also " : "", extra);
         size_t n = 0;
         void *img = read_in(&r, "out.img", &n);
-        nbg_test_check(img != NULL && n == 512 + 64 * 64 * 2, "CLI-outputs", "the SMV file is 512 + 64*64*2 bytes "
+        nbgi_test_check(img != NULL && n == 512 + 64 * 64 * 2, "CLI-outputs", "the SMV file is 512 + 64*64*2 bytes "
                        "(got %zu)", n);
         free(img);
         result_free(&r);
@@ -375,7 +375,7 @@ static void test_no_output(void)
 int main(void)
 {
     if (!clirun_setup("nbg-test-cli-")) {
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
     test_help();
     test_failures();
@@ -383,6 +383,6 @@ int main(void)
     test_misset_seed();
     test_fdump();
     test_no_output();
-    nbg_test_rmtree(g_root);
-    return nbg_test_summary();
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
 }

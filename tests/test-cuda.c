@@ -93,12 +93,12 @@ static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *g
     argv[argc] = NULL;
     char cid[160];
     snprintf(cid, sizeof cid, PFX "-golden-%s", id);
-    nbg_cli c;
-    nbg_cli_init(&c);
+    nbgi_cli c;
+    nbgi_cli_init(&c);
     /* the parser and loader print their own errors; what they print here goes to the log with the FAIL line */
-    if (!nbg_cli_parse(cpu, &c, argc, argv, 1) || !nbg_cli_load(cpu, &c)) {
-        nbg_test_check(0, cid, "the case's flags did not parse or load");
-        nbg_cli_free(&c);
+    if (!nbgi_cli_parse(cpu, &c, argc, argv, 1) || !nbgi_cli_load(cpu, &c)) {
+        nbgi_test_check(0, cid, "the case's flags did not parse or load");
+        nbgi_cli_free(&c);
         for (int i = 0; i < nstore; ++i) {
             free(store[i]);
         }
@@ -114,28 +114,28 @@ static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *g
     char name[200];
     snprintf(name, sizeof name, "%s-double", cid);
     if (rca != NBG_OK || rcb != NBG_OK || rcf != NBG_OK) {
-        nbg_test_check(0, name, "simulate failed: cpu %d, cuda %d (%s), cuda float %d (%s)", rca, rcb,
+        nbgi_test_check(0, name, "simulate failed: cpu %d, cuda %d (%s), cuda float %d (%s)", rca, rcb,
                        nbg_errmsg(gpu), rcf, nbg_errmsg(gpuf));
     } else {
         double mx;
         const double d = maxrel(a, b, n, &mx);
         /* 1e-9 of the maximum plus one float rounding of it: the device contracts multiply-adds, so values a
          * rounding apart may round to neighbouring floats */
-        nbg_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, name, "max |gpu - cpu| = %.3g of max %.6g", d, mx);
+        nbgi_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, name, "max |gpu - cpu| = %.3g of max %.6g", d, mx);
         snprintf(name, sizeof name, "%s-float", cid);
         char path[4400];
         snprintf(path, sizeof path, "%s/images/%s.float.bin", golden, id);
         size_t bytes = 0;
-        ref = (float *)nbg_test_read_file(path, &bytes);
-        const double cc = nbg_test_corr(a, bf, n);
+        ref = (float *)nbgi_test_read_file(path, &bytes);
+        const double cc = nbgi_test_corr(a, bf, n);
         if (ref == NULL || bytes != n * 4) {
-            nbg_test_check(0, name, "reference %s missing or of %zu bytes (want %zu)", path, bytes, n * 4);
+            nbgi_test_check(0, name, "reference %s missing or of %zu bytes (want %zu)", path, bytes, n * 4);
         } else {
             double mref;
-            const double cref = nbg_test_corr(ref, bf, n), dref = maxrel(ref, bf, n, &mref);
+            const double cref = nbgi_test_corr(ref, bf, n), dref = maxrel(ref, bf, n, &mref);
             const double sref = sum(ref, n), sout = sum(bf, n);
             const double srel = fabs(sout - sref) / fmax(fabs(sref), 1e-300);
-            nbg_test_check(mref > 0 && cc >= 0.99999 && cref >= 0.99999 && dref <= 1e-4 && srel <= 1e-5, name,
+            nbgi_test_check(mref > 0 && cc >= 0.99999 && cref >= 0.99999 && dref <= 1e-4 && srel <= 1e-5, name,
                            "corr(cpu)=%.9f vs reference: corr=%.9f maxrel=%.3g sumrel=%.3g", cc, cref, dref, srel);
         }
     }
@@ -143,7 +143,7 @@ static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *g
     free(b);
     free(bf);
     free(ref);
-    nbg_cli_free(&c);
+    nbgi_cli_free(&c);
     for (int i = 0; i < nstore; ++i) {
         free(store[i]);
     }
@@ -152,16 +152,16 @@ static void golden_case(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf, const char *g
 static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
 {
     char golden_abs[4096];
-    const char *golden = nbg_test_golden_dir();
+    const char *golden = nbgi_test_golden_dir();
     if (golden != NULL && realpath(golden, golden_abs) != NULL) {
         golden = golden_abs; /* the cases run in a temporary directory */
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/cases.tsv", golden != NULL ? golden : "");
     size_t len = 0;
-    char *text = golden != NULL ? nbg_test_read_file(path, &len) : NULL;
+    char *text = golden != NULL ? nbgi_test_read_file(path, &len) : NULL;
     if (text == NULL) {
-        nbg_test_skip(PFX "-golden", "(golden folder not found; set NBG_GOLDEN)");
+        nbgi_test_skip(PFX "-golden", "(golden folder not found; set NBG_GOLDEN)");
         return;
     }
     const char *only = getenv("NBG_GOLDEN_CASES");
@@ -170,9 +170,9 @@ static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     }
     /* run where the program would: in a fresh directory (nanoBragg reads a Fdump.bin it finds there) */
     char cwd[4096], tmpbuf[4096];
-    char *tmp = nbg_test_mkdtemp("nbg-test-cuda", tmpbuf, sizeof tmpbuf);
+    char *tmp = nbgi_test_mkdtemp("nbg-test-cuda", tmpbuf, sizeof tmpbuf);
     if (tmp == NULL || getcwd(cwd, sizeof cwd) == NULL || chdir(tmp) != 0) {
-        nbg_test_check(0, PFX "-golden", "cannot make and enter a temporary directory");
+        nbgi_test_check(0, PFX "-golden", "cannot make and enter a temporary directory");
         free(text);
         return;
     }
@@ -184,7 +184,7 @@ static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
             continue;
         }
         *t1 = '\0';
-        if (!nbg_test_selected(only, line)) {
+        if (!nbgi_test_selected(only, line)) {
             continue;
         }
         golden_case(cpu, gpu, gpuf, golden, line, t2 + 1);
@@ -192,10 +192,10 @@ static void golden_cases(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     }
     free(text);
     if (chdir(cwd) != 0) {
-        nbg_test_check(0, PFX "-golden", "cannot return to %s", cwd);
+        nbgi_test_check(0, PFX "-golden", "cannot return to %s", cwd);
     }
-    nbg_test_rmtree(tmp);
-    nbg_test_check(ran > 0, PFX "-golden-selection", "%d golden cases run", ran);
+    nbgi_test_rmtree(tmp);
+    nbgi_test_check(ran > 0, PFX "-golden-selection", "%d golden cases run", ran);
 }
 
 /* ------------------------------------------------------------------------------------------------------------ */
@@ -257,10 +257,10 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         const double d = maxrel(a, b, n, &mx);
         char id[96];
         snprintf(id, sizeof id, PFX "-forward-%s-double", names[c]);
-        nbg_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, id, "max |gpu - cpu| = %.3g of max %.4g", d, mx);
+        nbgi_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, id, "max |gpu - cpu| = %.3g of max %.4g", d, mx);
         snprintf(id, sizeof id, PFX "-forward-%s-float", names[c]);
-        const double cf = nbg_test_corr(a, bf, n);
-        nbg_test_check(cf >= 0.99999, id, "correlation %.9f", cf);
+        const double cf = nbgi_test_corr(a, bf, n);
+        nbgi_test_check(cf >= 0.99999, id, "correlation %.9f", cf);
 
         nbg_grad gc, gg, gg2, gf;
         memset(&gc, 0, sizeof gc);
@@ -277,12 +277,12 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         const int frc = nbg_simulate_grad(gpuf, &cfg[c], w, m, &gf, fa, n, NULL);
         snprintf(id, sizeof id, PFX "-grad-%s", names[c]);
         const double worst = grad_diff(&gg, &gc);
-        nbg_test_check(grc == NBG_OK && worst <= 1e-8, id, "worst relative difference to the CPU %.3g (%s)", worst,
+        nbgi_test_check(grc == NBG_OK && worst <= 1e-8, id, "worst relative difference to the CPU %.3g (%s)", worst,
                        grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
         /* the float adjoint: float arithmetic per sample, double accumulation */
         snprintf(id, sizeof id, PFX "-grad-float-%s", names[c]);
         const double fworst = grad_diff(&gf, &gc);
-        nbg_test_check(frc == NBG_OK && fworst <= 1e-3, id, "worst relative difference to the CPU double %.3g (%s)",
+        nbgi_test_check(frc == NBG_OK && fworst <= 1e-3, id, "worst relative difference to the CPU double %.3g (%s)",
                        fworst, frc == NBG_OK ? "ok" : nbg_errmsg(gpuf));
         /* the gradient call's image is the forward image of the same precision (in float to 1e-6 of the maximum:
          * the adjoint evaluates the round and gauss lattice factors through their gradient forms, which round
@@ -293,10 +293,10 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         nbg_simulate(gpu, &cfg[c], b2, n, NULL);
         const double d0 = maxrel(b2, b, n, &m1);
         snprintf(id, sizeof id, PFX "-image-%s", names[c]);
-        nbg_test_check(d0 <= 1e-9 + 1.2e-7 && d2 <= 1e-6, id,
+        nbgi_test_check(d0 <= 1e-9 + 1.2e-7 && d2 <= 1e-6, id,
                        "gradient-call image vs forward: double %.3g, float %.3g of the maximum", d0, d2);
         snprintf(id, sizeof id, PFX "-repeat-%s", names[c]);
-        nbg_test_check(memcmp(gg.g, gg2.g, sizeof gg.g) == 0 && d1 == 0, id,
+        nbgi_test_check(memcmp(gg.g, gg2.g, sizeof gg.g) == 0 && d1 == 0, id,
                        "two gradient calls give bit-identical gradients and images");
         free(a);
         free(b);
@@ -328,7 +328,7 @@ static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
         free(a);
         free(b);
     }
-    nbg_test_check(worst <= 1e-9 + 1.2e-7, PFX "-shapes", "4 image sizes on one context: worst %.3g of the maximum",
+    nbgi_test_check(worst <= 1e-9 + 1.2e-7, PFX "-shapes", "4 image sizes on one context: worst %.3g of the maximum",
                    worst);
 }
 
@@ -337,13 +337,13 @@ static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
 static void sanitizer(void)
 {
     if (system("command -v compute-sanitizer >/dev/null 2>&1") != 0) {
-        nbg_test_skip(PFX "-sanitizer", "compute-sanitizer is not on the PATH");
+        nbgi_test_skip(PFX "-sanitizer", "compute-sanitizer is not on the PATH");
         return;
     }
     char self[4096];
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        nbg_test_check(0, PFX "-sanitizer", "cannot find this program's path");
+        nbgi_test_check(0, PFX "-sanitizer", "cannot find this program's path");
         return;
     }
     self[n] = '\0';
@@ -357,7 +357,7 @@ static void sanitizer(void)
         const int st = system(cmd);
         const int code = (st != -1 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
         snprintf(id, sizeof id, PFX "-sanitizer-%s", tools[t]);
-        if (!nbg_test_check(code == 0, id, "compute-sanitizer --tool %s on a few cases: exit status %d%s", tools[t],
+        if (!nbgi_test_check(code == 0, id, "compute-sanitizer --tool %s on a few cases: exit status %d%s", tools[t],
                             code, code == 99 ? " (errors reported)" : code == 1 ? " (checks failed)" : "")) {
             snprintf(cmd, sizeof cmd, "tail -n 40 %s", log);
             if (system(cmd) != 0) {
@@ -378,21 +378,21 @@ int main(void)
 #endif
     int rc = nbg_ctx_create(&gpu, NBG_BACKEND_CUDA, NBG_DOUBLE, 0);
     if (rc != NBG_OK) {
-        nbg_test_check(rc == NBG_ENODEV && gpu == NULL, PFX "-nodevice-cuda",
+        nbgi_test_check(rc == NBG_ENODEV && gpu == NULL, PFX "-nodevice-cuda",
                        "asking for CUDA without a device: %s (%d)", nbg_strerror(rc), rc);
         const int arc = nbg_ctx_create(&aut, NBG_BACKEND_AUTO, NBG_DOUBLE, 0);
-        nbg_test_check(arc == NBG_OK && nbg_ctx_backend(aut) == NBG_BACKEND_CPU, PFX "-nodevice-auto",
+        nbgi_test_check(arc == NBG_OK && nbg_ctx_backend(aut) == NBG_BACKEND_CPU, PFX "-nodevice-auto",
                        "auto without a device runs on the CPU");
         nbg_ctx_destroy(aut);
         aut = NULL;
 #ifndef NBG_CUDA_EMU
-        nbg_test_skip(PFX, "no GPU here (%s): the CUDA tests run where one is present; test-cuda-emu runs the "
+        nbgi_test_skip(PFX, "no GPU here (%s): the CUDA tests run where one is present; test-cuda-emu runs the "
                            "same kernels on the CPU", nbg_strerror(rc));
-        return nbg_test_summary();
+        return nbgi_test_summary();
 #endif
     } else {
 #ifdef NBG_CUDA_EMU
-        nbg_test_check(0, PFX "-nodevice-cuda", "the emulator's no-device switch was ignored");
+        nbgi_test_check(0, PFX "-nodevice-cuda", "the emulator's no-device switch was ignored");
 #endif
         nbg_ctx_destroy(gpu);
         gpu = NULL;
@@ -402,11 +402,11 @@ int main(void)
 #endif
     rc = nbg_ctx_create(&gpu, NBG_BACKEND_CUDA, NBG_DOUBLE, 0);
     nbg_ctx_create(&aut, NBG_BACKEND_AUTO, NBG_DOUBLE, 0);
-    nbg_test_check(rc == NBG_OK && nbg_ctx_backend(gpu) == NBG_BACKEND_CUDA && nbg_ctx_backend(aut) ==
+    nbgi_test_check(rc == NBG_OK && nbg_ctx_backend(gpu) == NBG_BACKEND_CUDA && nbg_ctx_backend(aut) ==
                    NBG_BACKEND_CUDA, PFX "-device", "a CUDA context, and auto picks CUDA");
     nbg_ctx_destroy(aut);
     if (rc != NBG_OK) {
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
     nbg_ctx_create(&gpuf, NBG_BACKEND_CUDA, NBG_FLOAT, 0);
     nbg_ctx_create(&cpu, NBG_BACKEND_CPU, NBG_DOUBLE, 0);
@@ -418,7 +418,7 @@ int main(void)
         nbg_ctx_destroy(gpu);
         nbg_ctx_destroy(gpuf);
         nbg_ctx_destroy(cpu);
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
 
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
@@ -427,11 +427,11 @@ int main(void)
     base(&e);
     e.fpixels = e.spixels = NPIX / 2;
     nbg_gradcheck(gpu, &e, NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, NBG_NPARAMS + 1, &nres);
-    nbg_test_check(nres > 0, PFX "-gradcheck", "%d parameters checked", nres);
+    nbgi_test_check(nres > 0, PFX "-gradcheck", "%d parameters checked", nres);
     for (int i = 0; i < nres; ++i) {
         char id[96];
         snprintf(id, sizeof id, PFX "-gradcheck-%s", nbg_param_name(res[i].param));
-        nbg_test_check(res[i].pass, id, "adjoint=%.10g numeric=%.10g relerr=%.2g %s", res[i].adjoint, res[i].numeric,
+        nbgi_test_check(res[i].pass, id, "adjoint=%.10g numeric=%.10g relerr=%.2g %s", res[i].adjoint, res[i].numeric,
                        res[i].relerr, res[i].reason);
     }
     nbg_ctx_destroy(gpu);
@@ -440,5 +440,5 @@ int main(void)
 #ifndef NBG_CUDA_EMU
     sanitizer();
 #endif
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

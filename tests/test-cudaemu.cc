@@ -73,7 +73,7 @@ int main(void)
     for (int b = 0; b < NB; ++b) {
         ok = ok && out[b] == want[b];
     }
-    nbg_test_check(ok, "cudaemu-reduce-correct", "3 blocks of 128: sums %g %g %g (want %g %g %g)", out[0], out[1],
+    nbgi_test_check(ok, "cudaemu-reduce-correct", "3 blocks of 128: sums %g %g %g (want %g %g %g)", out[0], out[1],
                    out[2], want[0], want[1], want[2]);
     /* without the barrier between levels, a thread reads a partial sum its neighbour has not yet written */
     e = NBG_LAUNCH(tree, NB, NT, in, out, 0);
@@ -81,14 +81,14 @@ int main(void)
     for (int b = 0; b < NB; ++b) {
         wrong += out[b] != want[b];
     }
-    nbg_test_check(e == cudaSuccess && wrong > 0, "cudaemu-reduce-missing-sync",
+    nbgi_test_check(e == cudaSuccess && wrong > 0, "cudaemu-reduce-missing-sync",
                    "a tree without its barriers between levels gives %d wrong block sums of %d", wrong, NB);
     int flag = 0;
     e = NBG_LAUNCH(divergent, 1, NT, &flag);
     const cudaError_t last = cudaGetLastError();
-    nbg_test_check(e == cudaErrorLaunchFailure && last == cudaErrorLaunchFailure, "cudaemu-divergent-barrier",
+    nbgi_test_check(e == cudaErrorLaunchFailure && last == cudaErrorLaunchFailure, "cudaemu-divergent-barrier",
                    "a barrier half the block skips: %s", cudaGetErrorString(e));
-    nbg_test_check(cudaGetLastError() == cudaSuccess, "cudaemu-last-error-cleared",
+    nbgi_test_check(cudaGetLastError() == cudaSuccess, "cudaemu-last-error-cleared",
                    "cudaGetLastError clears the error");
     double wout[NT / 32];
     e = NBG_LAUNCH(warps, 1, NT, in, wout);
@@ -100,13 +100,13 @@ int main(void)
         }
         ok = ok && wout[w] == s;
     }
-    nbg_test_check(ok, "cudaemu-shuffle", "warp sums by __shfl_down_sync equal the serial sums");
+    nbgi_test_check(ok, "cudaemu-shuffle", "warp sums by __shfl_down_sync equal the serial sums");
     int count[5 * 64] = {0};
     e = NBG_LAUNCH(visit, 5, 64, count);
     ok = e == cudaSuccess;
     for (int i = 0; i < 5 * 64; ++i) {
         ok = ok && count[i] == 1;
     }
-    nbg_test_check(ok, "cudaemu-blocks", "5 blocks x 64 threads: every (block, thread) runs once");
-    return nbg_test_summary();
+    nbgi_test_check(ok, "cudaemu-blocks", "5 blocks x 64 threads: every (block, thread) runs once");
+    return nbgi_test_summary();
 }

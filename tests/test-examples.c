@@ -26,23 +26,23 @@ int main(void)
 {
     static char out[1 << 16];
     int rc = run("build/examples/refine_cell 2>&1", out, sizeof out);
-    nbg_test_check(rc == 0 && strstr(out, "9 of 9 parameters within 3 standard errors") != NULL, "examples-1-refine",
+    nbgi_test_check(rc == 0 && strstr(out, "9 of 9 parameters within 3 standard errors") != NULL, "examples-1-refine",
                    "refine_cell converges and recovers the truth within 3 standard errors (exit %d)", rc);
 
     char dir[512];
-    if (nbg_test_mkdtemp("nbgrad-sens", dir, sizeof dir) == NULL) {
-        nbg_test_check(0, "examples-2-sensitivity", "could not make a temporary folder");
+    if (nbgi_test_mkdtemp("nbgrad-sens", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "examples-2-sensitivity", "could not make a temporary folder");
     } else {
         char cmd[1024];
         snprintf(cmd, sizeof cmd, "build/examples/sensitivity_map %s 2>&1", dir);
         rc = run(cmd, out, sizeof out);
-        nbg_test_check(rc == 0, "examples-2-sensitivity", "sensitivity_map ran (exit %d)", rc);
+        nbgi_test_check(rc == 0, "examples-2-sensitivity", "sensitivity_map ran (exit %d)", rc);
         const char *maps[] = {"a", "gamma", "rotx", "Na", "lambda", "distance", "beam_fast", "det_roty"};
         for (int i = 0; i < 8; ++i) {
             char path[1024];
             snprintf(path, sizeof path, "%s/dI_d%s.pgm", dir, maps[i]);
             size_t size = 0;
-            unsigned char *d = nbg_test_read_file(path, &size);
+            unsigned char *d = nbgi_test_read_file(path, &size);
             int varied = 0;
             if (d != NULL && size > 256 * 256) {
                 const unsigned char *px = d + size - 256 * 256;
@@ -50,14 +50,14 @@ int main(void)
                     varied += px[k] != 127 && px[k] != 128;
                 }
             }
-            nbg_test_check(varied > 100, "examples-2-map", "%s holds a map (%d pixels respond)", path, varied);
+            nbgi_test_check(varied > 100, "examples-2-map", "%s holds a map (%d pixels respond)", path, varied);
             free(d);
         }
-        nbg_test_rmtree(dir);
+        nbgi_test_rmtree(dir);
     }
 
     rc = run("build/examples/ci_gradcheck 2>&1", out, sizeof out);
-    nbg_test_check(rc == 0 && strstr(out, " 0 failed") != NULL, "examples-3-ci-gradcheck",
+    nbgi_test_check(rc == 0 && strstr(out, " 0 failed") != NULL, "examples-3-ci-gradcheck",
                    "ci_gradcheck passes on its lysozyme-like experiment (exit %d)", rc);
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

@@ -80,10 +80,10 @@ static int read_list(listed_flag *flags, int cap)
         }
         ++n;
     }
-    nbg_test_check(r.status == 0 && n > 150, "FLAGS-list", "nbgrad --flags-list exits 0 and lists over 150 flags "
+    nbgi_test_check(r.status == 0 && n > 150, "FLAGS-list", "nbgrad --flags-list exits 0 and lists over 150 flags "
                    "(exit %d, %d flags)", r.status, n);
-    nbg_test_check(bad == 0, "FLAGS-list", "every entry is a flag%s%s", bad ? ", not: " : "", badname);
-    nbg_test_check(dup == 0, "FLAGS-list", "no flag is listed twice%s%s", dup ? ", twice: " : "", dupname);
+    nbgi_test_check(bad == 0, "FLAGS-list", "every entry is a flag%s%s", bad ? ", not: " : "", badname);
+    nbgi_test_check(dup == 0, "FLAGS-list", "no flag is listed twice%s%s", dup ? ", twice: " : "", dupname);
     result_free(&r);
     return n;
 }
@@ -111,9 +111,9 @@ static void test_accepted(const listed_flag *flags, int n)
         crashed += r.status < 0 || r.status >= 126;
         result_free(&r);
     }
-    nbg_test_check(missing[0] == '\0', "FLAGS-accepted", "the parser accepts every listed flag%s%s",
+    nbgi_test_check(missing[0] == '\0', "FLAGS-accepted", "the parser accepts every listed flag%s%s",
                    missing[0] ? "; unknown: " : "", missing);
-    nbg_test_check(crashed == 0, "FLAGS-accepted", "and no run of a flag with arbitrary values crashes (%d did)",
+    nbgi_test_check(crashed == 0, "FLAGS-accepted", "and no run of a flag with arbitrary values crashes (%d did)",
                    crashed);
 }
 
@@ -135,7 +135,7 @@ static void test_help(const listed_flag *flags, int n, const char *const *args, 
             note_missing(missing, sizeof missing, flags[i].name);
         }
     }
-    nbg_test_check(r.status == 0 && missing[0] == '\0' && count > 0, "FLAGS-help",
+    nbgi_test_check(r.status == 0 && missing[0] == '\0' && count > 0, "FLAGS-help",
                    "%s exits 0 (got %d) and lists all %d flags%s%s", what, r.status, count,
                    missing[0] ? "; missing: " : "", missing);
     result_free(&r);
@@ -153,22 +153,22 @@ static void test_readme(const listed_flag *flags, int n)
             note_missing(missing, sizeof missing, flags[i].name);
         }
     }
-    nbg_test_check(r.status == 0 && missing[0] == '\0', "FLAGS-readme",
+    nbgi_test_check(r.status == 0 && missing[0] == '\0', "FLAGS-readme",
                    "nbgrad --flags-markdown exits 0 (got %d) and lists every flag%s%s", r.status,
                    missing[0] ? "; missing: " : "", missing);
     const char *path = getenv("NBG_README");
     if (path == NULL || path[0] == '\0') {
         path = "README.md";
     }
-    char *readme = nbg_test_read_file(path, NULL);
-    if (!nbg_test_check(readme != NULL, "FLAGS-readme", "%s can be read", path)) {
+    char *readme = nbgi_test_read_file(path, NULL);
+    if (!nbgi_test_check(readme != NULL, "FLAGS-readme", "%s can be read", path)) {
         result_free(&r);
         return;
     }
     static const char begin[] = "<!-- BEGIN FLAGS", end[] = "<!-- END FLAGS -->\n";
     char *b = strstr(readme, begin), *e = b != NULL ? strstr(b, end) : NULL;
     const int once = b != NULL && (b == readme || b[-1] == '\n') && strstr(b + 1, begin) == NULL;
-    nbg_test_check(once && e != NULL, "FLAGS-readme", "%s has one generated section (\"%s\" ... \"<!-- END FLAGS -->\")",
+    nbgi_test_check(once && e != NULL, "FLAGS-readme", "%s has one generated section (\"%s\" ... \"<!-- END FLAGS -->\")",
                    path, begin);
     if (once && e != NULL) {
         e += strlen(end);
@@ -183,9 +183,9 @@ static void test_readme(const listed_flag *flags, int n)
             line += b[k] == '\n';
         }
         if (same) {
-            nbg_test_check(1, "FLAGS-readme", "the section is exactly the output of nbgrad --flags-markdown");
+            nbgi_test_check(1, "FLAGS-readme", "the section is exactly the output of nbgrad --flags-markdown");
         } else {
-            nbg_test_check(0, "FLAGS-readme", "the section is not the output of nbgrad --flags-markdown (they differ "
+            nbgi_test_check(0, "FLAGS-readme", "the section is not the output of nbgrad --flags-markdown (they differ "
                            "from line %zu of the section): regenerate it with the command above the flag table in "
                            "src/cli.c", line);
         }
@@ -197,7 +197,7 @@ static void test_readme(const listed_flag *flags, int n)
 int main(void)
 {
     if (!clirun_setup("nbg-test-flags-")) {
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
     static listed_flag flags[512];
     const int n = read_list(flags, 512);
@@ -213,7 +213,7 @@ int main(void)
                     note_missing(common, sizeof common, flags[i].name);
                 }
             }
-            nbg_test_check(r.status == 0 && common[0] == '\0', "FLAGS-help",
+            nbgi_test_check(r.status == 0 && common[0] == '\0', "FLAGS-help",
                            "nbgrad simulate -h exits 0 (got %d) and lists every common flag%s%s", r.status,
                            common[0] ? "; missing: " : "", common);
             result_free(&r);
@@ -225,6 +225,6 @@ int main(void)
 #endif
         test_readme(flags, n);
     }
-    nbg_test_rmtree(g_root);
-    return nbg_test_summary();
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
 }

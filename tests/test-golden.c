@@ -98,7 +98,7 @@ static void sv_free(strvec *a)
 static void print_tail(const char *path, int max_lines)
 {
     size_t n = 0;
-    char *s = nbg_test_read_file(path, &n);
+    char *s = nbgi_test_read_file(path, &n);
     if (s == NULL) {
         printf("    | (no output: %s cannot be read)\n", path);
         return;
@@ -238,19 +238,19 @@ static void compare_float(const char *id, const char *out_path, const char *ref_
     char name[512];
     snprintf(name, sizeof name, "golden-%s-float", id);
     size_t nref = 0, nout = 0;
-    float *ref = nbg_test_read_file(ref_path, &nref);
+    float *ref = nbgi_test_read_file(ref_path, &nref);
     float *out = NULL;
     if (ref == NULL || nref == 0 || nref % sizeof(float) != 0) {
-        nbg_test_check(0, name, "unreadable reference %s (%zu bytes)", ref_path, nref);
+        nbgi_test_check(0, name, "unreadable reference %s (%zu bytes)", ref_path, nref);
         goto done;
     }
-    out = nbg_test_read_file(out_path, &nout);
+    out = nbgi_test_read_file(out_path, &nout);
     if (out == NULL) {
-        nbg_test_check(0, name, "no output file (-floatfile was not written)");
+        nbgi_test_check(0, name, "no output file (-floatfile was not written)");
         goto done;
     }
     if (nout != nref) {
-        nbg_test_check(0, name, "size %zu bytes, reference %zu bytes (%zu vs %zu pixels)", nout, nref,
+        nbgi_test_check(0, name, "size %zu bytes, reference %zu bytes (%zu vs %zu pixels)", nout, nref,
                        nout / sizeof(float), nref / sizeof(float));
         goto done;
     }
@@ -283,19 +283,19 @@ static void compare_float(const char *id, const char *out_path, const char *ref_
     char where[64];
     describe_index(where, sizeof where, worst, n);
     if (ref_nonfinite > 0) {
-        nbg_test_check(0, name, "the reference has %zu non-finite pixels", ref_nonfinite);
+        nbgi_test_check(0, name, "the reference has %zu non-finite pixels", ref_nonfinite);
         goto done;
     }
     if (maxref == 0) {
-        nbg_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", n);
+        nbgi_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", n);
         goto done;
     }
     if (nonfinite > 0) {
-        nbg_test_check(0, name, "%zu non-finite output pixels (first at %s: %g)", nonfinite, where, (double)out[worst]);
+        nbgi_test_check(0, name, "%zu non-finite output pixels (first at %s: %g)", nonfinite, where, (double)out[worst]);
         goto done;
     }
     if (maxout == 0) {
-        nbg_test_check(0, name, "blank output (all %zu pixels 0; reference max %.6g)", n, maxref);
+        nbgi_test_check(0, name, "blank output (all %zu pixels 0; reference max %.6g)", n, maxref);
         goto done;
     }
     const double mr = sr / (double)n, mo = so / (double)n;
@@ -316,7 +316,7 @@ static void compare_float(const char *id, const char *out_path, const char *ref_
     const double sumratio = sr != 0 ? so / sr : (so == 0 ? 1 : INFINITY);
     const double sumrel = sr != 0 ? fabs(so - sr) / fabs(sr) : fabs(so - sr);
     const int ok = corr >= 0.99999 && maxrel <= 1e-4 && sumrel <= 1e-5;
-    nbg_test_check(ok, name, "corr=%.9f maxrel=%.3g sumratio=%.9f", corr, maxrel, sumratio);
+    nbgi_test_check(ok, name, "corr=%.9f maxrel=%.3g sumratio=%.9f", corr, maxrel, sumratio);
     if (!ok) {
         printf("    worst pixel %s: got %.9g want %.9g; sum got %.9g want %.9g; max got %.9g want %.9g\n", where,
                (double)out[worst], (double)ref[worst], so, sr, maxout, maxref);
@@ -370,7 +370,7 @@ static const char *smv_get(const smv_file *f, const char *key)
 static int smv_read(const char *path, smv_file *f)
 {
     memset(f, 0, sizeof *f);
-    f->data = nbg_test_read_file(path, &f->size);
+    f->data = nbgi_test_read_file(path, &f->size);
     if (f->data == NULL) {
         f->error = "cannot be read";
         return 0;
@@ -564,11 +564,11 @@ static void compare_smv(const char *id, const char *kind, int tol, const char *o
         memset(&out, 0, sizeof out);
     }
     if (!ok_ref) {
-        nbg_test_check(0, name, "unreadable reference %s: %s", ref_path, ref.error);
+        nbgi_test_check(0, name, "unreadable reference %s: %s", ref_path, ref.error);
         goto done;
     }
     if (!ok_out) {
-        nbg_test_check(0, name, "output %s", out.data == NULL ? "file not written" : out.error);
+        nbgi_test_check(0, name, "output %s", out.data == NULL ? "file not written" : out.error);
         goto done;
     }
     int ndiff = 0;
@@ -576,12 +576,12 @@ static void compare_smv(const char *id, const char *kind, int tol, const char *o
     size_t nr = 0, no = 0;
     rp = smv_pixels(&ref, &nr, &why);
     if (rp == NULL) {
-        nbg_test_check(0, name, "reference pixels: %s", why);
+        nbgi_test_check(0, name, "reference pixels: %s", why);
         goto done;
     }
     op = smv_pixels(&out, &no, &why);
     if (op == NULL || no != nr) {
-        nbg_test_check(0, name, "header=%s%s output pixels: %s", hdr_ok ? "ok" : "DIFFERS",
+        nbgi_test_check(0, name, "header=%s%s output pixels: %s", hdr_ok ? "ok" : "DIFFERS",
                        hdr_ok ? "" : " (see below)", op == NULL ? why : "pixel count differs from the reference");
         fputs(detail, stdout);
         goto done;
@@ -604,11 +604,11 @@ static void compare_smv(const char *id, const char *kind, int tol, const char *o
         }
     }
     if (refmax == 0) {
-        nbg_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", nr);
+        nbgi_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", nr);
         goto done;
     }
     if (outmax == 0) {
-        nbg_test_check(0, name, "blank output (all %zu pixels 0; reference max %d)", nr, refmax);
+        nbgi_test_check(0, name, "blank output (all %zu pixels 0; reference max %d)", nr, refmax);
         goto done;
     }
     const int ok = hdr_ok && over == 0;
@@ -618,7 +618,7 @@ static void compare_smv(const char *id, const char *kind, int tol, const char *o
     } else {
         snprintf(hdr, sizeof hdr, "%d-keys-differ", ndiff);
     }
-    nbg_test_check(ok, name, "header=%s maxdiff=%d over%d=%zu differ=%zu/%zu refmax=%d", hdr, maxdiff, tol, over,
+    nbgi_test_check(ok, name, "header=%s maxdiff=%d over%d=%zu differ=%zu/%zu refmax=%d", hdr, maxdiff, tol, over,
                    differ, nr, refmax);
     if (!ok) {
         fputs(detail, stdout);
@@ -706,24 +706,24 @@ static void compare_pgm(const char *id, const char *out_path, const char *ref_pa
     snprintf(name, sizeof name, "golden-%s-pgm", id);
     size_t nr = 0, no = 0, hr = 0, ho = 0;
     long wr, hgt_r, mr, wo, hgt_o, mo;
-    unsigned char *ref = nbg_test_read_file(ref_path, &nr);
+    unsigned char *ref = nbgi_test_read_file(ref_path, &nr);
     unsigned char *out = NULL;
     if (ref == NULL || !pgm_parse(ref, nr, &hr, &wr, &hgt_r, &mr) || nr < hr + (size_t)(wr * hgt_r)) {
-        nbg_test_check(0, name, "unreadable reference %s", ref_path);
+        nbgi_test_check(0, name, "unreadable reference %s", ref_path);
         goto done;
     }
-    out = nbg_test_read_file(out_path, &no);
+    out = nbgi_test_read_file(out_path, &no);
     if (out == NULL) {
-        nbg_test_check(0, name, "no output file (-pgmfile was not written)");
+        nbgi_test_check(0, name, "no output file (-pgmfile was not written)");
         goto done;
     }
     if (!pgm_parse(out, no, &ho, &wo, &hgt_o, &mo) || no < ho + (size_t)(wo * hgt_o)) {
-        nbg_test_check(0, name, "output is not a whole binary PGM (%zu bytes)", no);
+        nbgi_test_check(0, name, "output is not a whole binary PGM (%zu bytes)", no);
         goto done;
     }
     const int hdr_ok = ho == hr && memcmp(out, ref, hr) == 0;
     if (wo != wr || hgt_o != hgt_r) {
-        nbg_test_check(0, name, "output is %ldx%ld, reference %ldx%ld", wo, hgt_o, wr, hgt_r);
+        nbgi_test_check(0, name, "output is %ldx%ld, reference %ldx%ld", wo, hgt_o, wr, hgt_r);
         goto done;
     }
     const size_t n = (size_t)(wr * hgt_r);
@@ -742,15 +742,15 @@ static void compare_pgm(const char *id, const char *out_path, const char *ref_pa
         }
     }
     if (refmax == 0) {
-        nbg_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", n);
+        nbgi_test_check(0, name, "blank reference (all %zu pixels 0): proves nothing", n);
         goto done;
     }
     if (outmax == 0) {
-        nbg_test_check(0, name, "blank output (all %zu pixels 0; reference max %d)", n, refmax);
+        nbgi_test_check(0, name, "blank output (all %zu pixels 0; reference max %d)", n, refmax);
         goto done;
     }
     const int ok = hdr_ok && over == 0 && no - ho == nr - hr;
-    nbg_test_check(ok, name, "header=%s maxdiff=%d over1=%zu differ=%zu/%zu refmax=%d", hdr_ok ? "ok" : "DIFFERS",
+    nbgi_test_check(ok, name, "header=%s maxdiff=%d over1=%zu differ=%zu/%zu refmax=%d", hdr_ok ? "ok" : "DIFFERS",
                    maxdiff, over, differ, n, refmax);
     if (!ok) {
         char a[512], b[512];
@@ -785,7 +785,7 @@ typedef struct {
 static int read_cases(const char *path, gcase **cases, int *ncases)
 {
     size_t n = 0;
-    char *text = nbg_test_read_file(path, &n);
+    char *text = nbgi_test_read_file(path, &n);
     if (text == NULL) {
         return 0;
     }
@@ -870,14 +870,14 @@ static void run_case(const gcase *c, const char *bin, const char *golden, const 
     if (nk == 0 || strspn(c->outputs, "finp") != strlen(c->outputs)) {
         char name[512];
         snprintf(name, sizeof name, "golden-%s", c->id);
-        nbg_test_check(0, name, "bad outputs field '%s' in cases.tsv", c->outputs);
+        nbgi_test_check(0, name, "bad outputs field '%s' in cases.tsv", c->outputs);
         return;
     }
     if (mkdir(dir, 0755) != 0) {
         for (int k = 0; k < nk; ++k) {
             char name[512];
             snprintf(name, sizeof name, "golden-%s-%s", c->id, kinds[k]);
-            nbg_test_check(0, name, "cannot make %s: %s", dir, strerror(errno));
+            nbgi_test_check(0, name, "cannot make %s: %s", dir, strerror(errno));
         }
         return;
     }
@@ -927,7 +927,7 @@ static void run_case(const gcase *c, const char *bin, const char *golden, const 
         for (int k = 0; k < nk; ++k) {
             char name[512];
             snprintf(name, sizeof name, "golden-%s-%s", c->id, kinds[k]);
-            nbg_test_check(0, name, "%s (%.2f s)", why, wall);
+            nbgi_test_check(0, name, "%s (%.2f s)", why, wall);
         }
         printf("    command:");
         for (int i = 0; i < av.n; ++i) {
@@ -970,32 +970,32 @@ static void run_case(const gcase *c, const char *bin, const char *golden, const 
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *g = nbg_test_golden_dir();
+    const char *g = nbgi_test_golden_dir();
     if (g == NULL) {
         const char *env = getenv("NBG_GOLDEN");
-        nbg_test_skip("golden", "(golden folder %s not found; set NBG_GOLDEN)",
+        nbgi_test_skip("golden", "(golden folder %s not found; set NBG_GOLDEN)",
                       env != NULL && env[0] != '\0' ? env : "../shared/golden");
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
     char golden[PATHMAX], cases_path[PATHMAX], bin[PATHMAX];
     if (realpath(g, golden) == NULL) {
-        nbg_test_check(0, "golden", "cannot resolve %s: %s", g, strerror(errno));
-        return nbg_test_summary();
+        nbgi_test_check(0, "golden", "cannot resolve %s: %s", g, strerror(errno));
+        return nbgi_test_summary();
     }
     const char *b = getenv("NBG_BIN");
     if (b == NULL || b[0] == '\0') {
         b = "build/nbgrad";
     }
     if (realpath(b, bin) == NULL || access(bin, X_OK) != 0) {
-        nbg_test_check(0, "golden-bin", "no runnable program %s (build it, or set NBG_BIN)", b);
-        return nbg_test_summary();
+        nbgi_test_check(0, "golden-bin", "no runnable program %s (build it, or set NBG_BIN)", b);
+        return nbgi_test_summary();
     }
     mkpath(cases_path, sizeof cases_path, "%s/cases.tsv", golden);
     gcase *cases = NULL;
     int ncases = 0;
     if (!read_cases(cases_path, &cases, &ncases) || ncases == 0) {
-        nbg_test_check(0, "golden-cases", "cannot read the cases from %s", cases_path);
-        return nbg_test_summary();
+        nbgi_test_check(0, "golden-cases", "cannot read the cases from %s", cases_path);
+        return nbgi_test_summary();
     }
     double timeout_s = 120;
     const char *to = getenv("NBG_GOLDEN_TIMEOUT");
@@ -1004,15 +1004,15 @@ int main(void)
     }
     const char *only = getenv("NBG_GOLDEN_CASES");
     char tmproot[PATHMAX];
-    if (nbg_test_mkdtemp("nbg-golden-", tmproot, sizeof tmproot) == NULL) {
-        nbg_test_check(0, "golden-tmp", "cannot make a temporary directory");
-        return nbg_test_summary();
+    if (nbgi_test_mkdtemp("nbg-golden-", tmproot, sizeof tmproot) == NULL) {
+        nbgi_test_check(0, "golden-tmp", "cannot make a temporary directory");
+        return nbgi_test_summary();
     }
     printf("golden parity: %s against %s (%d cases%s%s)\n", bin, golden, ncases, only != NULL && only[0] ? ", only " : "",
            only != NULL && only[0] ? only : "");
     const double t0 = now_s();
     for (int i = 0; i < ncases; ++i) {
-        if (nbg_test_selected(only, cases[i].id)) {
+        if (nbgi_test_selected(only, cases[i].id)) {
             run_case(&cases[i], bin, golden, tmproot, timeout_s);
         }
     }
@@ -1027,7 +1027,7 @@ int main(void)
             if (!found) {
                 char name[512];
                 snprintf(name, sizeof name, "golden-%s", t);
-                nbg_test_check(0, name, "no such case in %s (NBG_GOLDEN_CASES)", cases_path);
+                nbgi_test_check(0, name, "no such case in %s (NBG_GOLDEN_CASES)", cases_path);
             }
         }
         free(list);
@@ -1037,7 +1037,7 @@ int main(void)
     if (keep != NULL && keep[0] != '\0') {
         printf("kept the outputs in %s\n", tmproot);
     } else {
-        nbg_test_rmtree(tmproot);
+        nbgi_test_rmtree(tmproot);
     }
     for (int i = 0; i < ncases; ++i) {
         free(cases[i].id);
@@ -1045,5 +1045,5 @@ int main(void)
         free(cases[i].args);
     }
     free(cases);
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

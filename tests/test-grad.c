@@ -61,13 +61,13 @@ static void gradcheck(const char *id, const nbg_experiment *e, const char *param
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
     const int rc = nbg_gradcheck(ctx, e, mask_of(params), 1e-6, 1, res, NBG_NPARAMS + 1, &n);
-    if (!nbg_test_check(rc == NBG_OK, id, "gradcheck ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+    if (!nbgi_test_check(rc == NBG_OK, id, "gradcheck ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
         return;
     }
     for (int i = 0; i < n; ++i) {
         char sub[96];
         snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(res[i].param));
-        nbg_test_check(res[i].pass == expect_pass, sub, "adjoint=%.12g numeric=%.12g relerr=%.2g order=%.2f%s%s",
+        nbgi_test_check(res[i].pass == expect_pass, sub, "adjoint=%.12g numeric=%.12g relerr=%.2g order=%.2f%s%s",
                        res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order, res[i].reason[0] ? " # " : "",
                        res[i].reason);
     }
@@ -151,14 +151,14 @@ int main(void)
     gradcheck("grad-7-round-fudge", &e, "a,rotx,Na,distance", 1);
 
     /* grad-8: an interpolated HKL table, with the structure factors */
-    const char *gold = nbg_test_golden_dir();
+    const char *gold = nbgi_test_golden_dir();
     if (gold == NULL) {
-        nbg_test_skip("grad-8-interpolated-hkl", "golden data folder not found (set NBG_GOLDEN)");
+        nbgi_test_skip("grad-8-interpolated-hkl", "golden data folder not found (set NBG_GOLDEN)");
     } else {
         char path[1024];
         snprintf(path, sizeof path, "%s/data/grid.hkl", gold);
         nbg_hkl hkl;
-        if (nbg_test_check(nbg_hkl_read(ctx, path, 0, &hkl) == NBG_OK, "grad-8-read", "read %s", path)) {
+        if (nbgi_test_check(nbg_hkl_read(ctx, path, 0, &hkl) == NBG_OK, "grad-8-read", "read %s", path)) {
             base(&e);
             e.hkl = &hkl;
             e.default_F = 0;
@@ -198,15 +198,15 @@ int main(void)
     memset(&g2, 0, sizeof g2);
     const nbg_param_mask all = mask_of(ALL) | NBG_MASK(NBG_P_MOSAIC);
     nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL);
-    nbg_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, "grad-10-image",
+    nbgi_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, "grad-10-image",
                    "nbg_simulate_grad's image is bit-identical to nbg_simulate's");
     nbg_simulate_grad(ctx, &e, dl, all, &g2, img2, npix, NULL);
-    nbg_test_check(memcmp(g1.g, g2.g, sizeof g1.g) == 0, "grad-10-repeat", "two calls give bit-identical gradients");
+    nbgi_test_check(memcmp(g1.g, g2.g, sizeof g1.g) == 0, "grad-10-repeat", "two calls give bit-identical gradients");
     int nonzero = 0;
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         nonzero += g1.g[p] != 0;
     }
-    nbg_test_check(nonzero == NBG_NPARAMS, "grad-10-nonzero", "%d of %d gradients non-zero", nonzero, NBG_NPARAMS);
+    nbgi_test_check(nonzero == NBG_NPARAMS, "grad-10-nonzero", "%d of %d gradients non-zero", nonzero, NBG_NPARAMS);
 
     /* grad-11: the fused least-squares loss equals the VJP with dL/dI = 2 (I - obs) */
     float *obs = malloc(npix * sizeof(float));
@@ -222,12 +222,12 @@ int main(void)
     for (size_t i = 0; i < npix; ++i) {
         Lref += ((double)img[i] - obs[i]) * ((double)img[i] - obs[i]);
     }
-    nbg_test_rel(L, Lref, 1e-12, "grad-11-lsq-loss", "least-squares loss");
+    nbgi_test_rel(L, Lref, 1e-12, "grad-11-lsq-loss", "least-squares loss");
     double worst = 0;
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         worst = fmax(worst, fabs(gl.g[p] - g1.g[p]) / fmax(fabs(g1.g[p]), 1e-300));
     }
-    nbg_test_check(worst < 1e-12, "grad-11-lsq-grad", "fused gradient equals the VJP (worst rel %.2g)", worst);
+    nbgi_test_check(worst < 1e-12, "grad-11-lsq-grad", "fused gradient equals the VJP (worst rel %.2g)", worst);
     /* Poisson: dL/dI = 1 - obs / I */
     for (size_t i = 0; i < npix; ++i) {
         dl[i] = (float)(1.0 - obs[i] / fmax(img[i], 1e-12));
@@ -238,14 +238,14 @@ int main(void)
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         worst = fmax(worst, fabs(gl.g[p] - g1.g[p]) / fmax(fabs(g1.g[p]), 1e-300));
     }
-    nbg_test_check(worst < 1e-12, "grad-11-poisson-grad", "fused Poisson gradient equals the VJP (worst rel %.2g)",
+    nbgi_test_check(worst < 1e-12, "grad-11-poisson-grad", "fused Poisson gradient equals the VJP (worst rel %.2g)",
                    worst);
     obs[7] = NAN;
-    nbg_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix) == NBG_EINVAL &&
+    nbgi_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix) == NBG_EINVAL &&
                        strstr(nbg_errmsg(ctx), "pixel 7") != NULL,
                    "grad-11-nan-observed", "a NaN observed pixel is an error naming it: %s", nbg_errmsg(ctx));
     obs[7] = 1;
-    nbg_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix - 1) == NBG_EINVAL,
+    nbgi_test_check(nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, obs, NULL, all, &L, &gl, img2, npix - 1) == NBG_EINVAL,
                    "grad-11-size", "an observed image of the wrong size is an error: %s", nbg_errmsg(ctx));
 
     /* grad-13: the vectorised adjoint equals its scalar twin (gradients to rounding, images bit for bit) */
@@ -285,7 +285,7 @@ int main(void)
             }
             char id[64];
             snprintf(id, sizeof id, "grad-13-vector-vs-scalar-%d", c);
-            nbg_test_check(wr < 1e-10 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
+            nbgi_test_check(wr < 1e-10 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
                            "worst relative difference %.2g, images %s", wr,
                            memcmp(ia, ib, np * sizeof(float)) == 0 ? "identical" : "differ");
             free(ia);
@@ -296,12 +296,12 @@ int main(void)
 
     /* grad-12: unsupported modes say so */
     e.oversample_omega = 1;
-    nbg_test_check(nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL) == NBG_EUNSUP, "grad-12-unsupported",
+    nbgi_test_check(nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL) == NBG_EUNSUP, "grad-12-unsupported",
                    "-oversample_omega is refused: %s", nbg_errmsg(ctx));
     free(img);
     free(img2);
     free(dl);
     free(obs);
     nbg_ctx_destroy(ctx);
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

@@ -219,7 +219,7 @@ static void test_files(void)
         run_in(&r, ARGS(BASE, "-floatfile", "keep.bin", "-intfile", "adir"));
         char extra[1024];
         unexpected_files(r.work, ARGS("keep.bin", "adir"), extra, sizeof extra);
-        nbg_test_check(r.status == 1 && strstr(r.err, "adir") != NULL && file_is(&r, "keep.bin", "keep") &&
+        nbgi_test_check(r.status == 1 && strstr(r.err, "adir") != NULL && file_is(&r, "keep.bin", "keep") &&
                            extra[0] == '\0',
                        "HARD-keep-previous", "-floatfile keep.bin -intfile <a directory>: fails naming it, keep.bin "
                        "keeps its content, no temporary left (exit %d%s%s)", r.status, extra[0] ? ", found " : "",
@@ -230,7 +230,7 @@ static void test_files(void)
     if (new_case(&r)) {
         put_file(&r, "keep.bin", "keep");
         run_in(&r, ARGS(BASE, "-floatfile", "keep.bin", "-intfile", "missing/x.img"));
-        nbg_test_check(r.status == 1 && strstr(r.err, "does not exist") != NULL && file_is(&r, "keep.bin", "keep") &&
+        nbgi_test_check(r.status == 1 && strstr(r.err, "does not exist") != NULL && file_is(&r, "keep.bin", "keep") &&
                            strstr(r.out, "max_I") == NULL,
                        "HARD-keep-previous", "-intfile into a missing directory: refused before simulating, keep.bin "
                        "kept (exit %d: %s)", r.status, first_line(r.err));
@@ -248,7 +248,7 @@ static void test_files(void)
         const int size_ok = stat(target, &ts) == 0 && ts.st_size == 64 * 64 * 4;
         char extra[1024];
         unexpected_files(r.work, ARGS("real.bin", "link.bin"), extra, sizeof extra);
-        nbg_test_check(linked && r.status == 0 && is_link && size_ok && extra[0] == '\0', "HARD-symlink",
+        nbgi_test_check(linked && r.status == 0 && is_link && size_ok && extra[0] == '\0', "HARD-symlink",
                        "-floatfile <a link to a file>: the link stays, its target gets the image (exit %d, link %d, "
                        "size %d%s%s)", r.status, is_link, size_ok, extra[0] ? ", found " : "", extra);
         result_free(&r);
@@ -256,7 +256,7 @@ static void test_files(void)
     if (new_case(&r)) {
         const int linked = symlink("nowhere/missing.bin", work_path(&r, "dangling.bin", path, sizeof path)) == 0;
         run_in(&r, ARGS(BASE, "-floatfile", "dangling.bin"));
-        nbg_test_check(linked && r.status == 1 && strstr(r.err, "dangling.bin") != NULL &&
+        nbgi_test_check(linked && r.status == 1 && strstr(r.err, "dangling.bin") != NULL &&
                            strstr(r.err, "symbolic link") != NULL,
                        "HARD-symlink", "-floatfile <a dangling link>: refused by name (exit %d: %s)", r.status,
                        first_line(r.err));
@@ -273,7 +273,7 @@ static void test_files(void)
     if (new_case(&r)) {
         put_file(&r, "my.hkl", "1 1 1 10\n");
         run_in(&r, ARGS(BASE, "-hkl", "my.hkl", "-dump", "my.hkl"));
-        nbg_test_check(file_is(&r, "my.hkl", "1 1 1 10\n"), "HARD-same-path", "and the HKL file is unchanged");
+        nbgi_test_check(file_is(&r, "my.hkl", "1 1 1 10\n"), "HARD-same-path", "and the HKL file is unchanged");
         result_free(&r);
     }
     fail_case_files("HARD-same-path", "refine -residual obs.bin -observed obs.bin", ARGS("obs.bin", "0"),
@@ -282,7 +282,7 @@ static void test_files(void)
     /* the same device twice is fine */
     if (new_case(&r)) {
         run_in(&r, ARGS(BASE, "-floatfile", "/dev/null", "-intfile", "/dev/null"));
-        nbg_test_check(r.status == 0, "HARD-same-path", "/dev/null named twice is allowed (exit %d)", r.status);
+        nbgi_test_check(r.status == 0, "HARD-same-path", "/dev/null named twice is allowed (exit %d)", r.status);
         result_free(&r);
     }
 }
@@ -314,7 +314,7 @@ static int smv_with(const run_result *r, const char *name, const char *key, cons
     int ok = nbg_write_smv(ctx, path, &h, data) == NBG_OK;
     nbg_ctx_destroy(ctx);
     size_t n = 0;
-    char *img = ok ? nbg_test_read_file(path, &n) : NULL;
+    char *img = ok ? nbgi_test_read_file(path, &n) : NULL;
     char want[64];
     snprintf(want, sizeof want, "\n%s=", key);
     char *at = img != NULL ? strstr(img, want) : NULL;
@@ -351,7 +351,7 @@ static void test_messages(void)
         char what[128];
         snprintf(what, sizeof what, "%s with %s=%s in its header", bad[i].flag, bad[i].key, bad[i].value);
         if (!made) {
-            nbg_test_check(0, "HARD-header", "%s: could not make the file", what);
+            nbgi_test_check(0, "HARD-header", "%s: could not make the file", what);
         } else {
             expect_failure("HARD-header", what, &r, ARGS(BASE, OUTS, bad[i].flag, "hdr.img"),
                            ARGS("hdr.img", bad[i].word), ARGS("hdr.img"));
@@ -390,7 +390,7 @@ static void test_messages(void)
 static void test_memory_limit(void)
 {
 #if defined(__SANITIZE_ADDRESS__)
-    nbg_test_skip("HARD-ulimit", "address-space limits and AddressSanitizer do not mix");
+    nbgi_test_skip("HARD-ulimit", "address-space limits and AddressSanitizer do not mix");
 #else
     /* ulimit -v 3000000 (KiB): the 31000^2 images (3.8 GB each) cannot be allocated */
     g_child_as_limit = 3e9;
@@ -419,23 +419,23 @@ static void base_experiment(nbg_experiment *e)
 static void test_library(void)
 {
     nbg_ctx *ctx = NULL;
-    nbg_test_check(nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, NBG_MAX_THREADS + 1) == NBG_EINVAL &&
+    nbgi_test_check(nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, NBG_MAX_THREADS + 1) == NBG_EINVAL &&
                        ctx == NULL,
                    "HARD-lib-threads", "nbg_ctx_create with NBG_MAX_THREADS + 1 threads is NBG_EINVAL");
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 2) != NBG_OK) {
-        nbg_test_check(0, "HARD-lib", "cannot create a context");
+        nbgi_test_check(0, "HARD-lib", "cannot create a context");
         return;
     }
     nbg_limits lim, bad;
     nbg_ctx_limits(ctx, &lim);
-    nbg_test_check(lim.max_bytes == 4.0 * 1024 * 1024 * 1024 && lim.max_samples == 1e12, "HARD-lib-limits",
+    nbgi_test_check(lim.max_bytes == 4.0 * 1024 * 1024 * 1024 && lim.max_samples == 1e12, "HARD-lib-limits",
                    "default limits 4 GiB and 1e12 samples (got %g, %g)", lim.max_bytes, lim.max_samples);
     bad = lim;
     bad.max_bytes = 0;
-    nbg_test_check(nbg_ctx_set_limits(ctx, &bad) == NBG_EINVAL, "HARD-lib-limits", "a zero memory limit is refused");
+    nbgi_test_check(nbg_ctx_set_limits(ctx, &bad) == NBG_EINVAL, "HARD-lib-limits", "a zero memory limit is refused");
     bad = lim;
     bad.max_samples = NAN;
-    nbg_test_check(nbg_ctx_set_limits(ctx, &bad) == NBG_EINVAL, "HARD-lib-limits", "a NaN work limit is refused");
+    nbgi_test_check(nbg_ctx_set_limits(ctx, &bad) == NBG_EINVAL, "HARD-lib-limits", "a NaN work limit is refused");
 
     nbg_experiment e;
     nbg_report rep;
@@ -447,19 +447,19 @@ static void test_library(void)
     e.hdivsteps = e.vdivsteps = 10;
     e.phisteps = 10;
     e.osc = 1;
-    nbg_test_check(nbg_describe(ctx, &e, &rep) == NBG_OK, "HARD-lib-work", "a 32x32 run with 100 x 10 samples "
+    nbgi_test_check(nbg_describe(ctx, &e, &rep) == NBG_OK, "HARD-lib-work", "a 32x32 run with 100 x 10 samples "
                    "describes (%s)", nbg_errmsg(ctx));
     nbg_limits small = lim;
     small.max_samples = 1e5;
     nbg_ctx_set_limits(ctx, &small);
     int rc = nbg_simulate(ctx, &e, img, 32 * 32, NULL);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "samples") != NULL, "HARD-lib-work",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "samples") != NULL, "HARD-lib-work",
                    "with max_samples 1e5 the same run is refused before any work (rc %d: %s)", rc, nbg_errmsg(ctx));
     small = lim;
     small.max_bytes = 1000;
     nbg_ctx_set_limits(ctx, &small);
     rc = nbg_describe(ctx, &e, &rep);
-    nbg_test_check(rc == NBG_ENOMEM && strstr(nbg_errmsg(ctx), "GiB") != NULL, "HARD-lib-memory",
+    nbgi_test_check(rc == NBG_ENOMEM && strstr(nbg_errmsg(ctx), "GiB") != NULL, "HARD-lib-memory",
                    "with max_bytes 1000 the 32x32 image is refused by the memory limit (rc %d: %s)", rc,
                    nbg_errmsg(ctx));
     nbg_ctx_set_limits(ctx, &lim);
@@ -468,7 +468,7 @@ static void test_library(void)
     base_experiment(&e);
     e.default_F = 1e30;
     rc = nbg_simulate(ctx, &e, img, 32 * 32, NULL);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
                    "nbg_simulate with default_F 1e30 fails (rc %d: %s)", rc, nbg_errmsg(ctx));
     float dl[32 * 32];
     for (int i = 0; i < 32 * 32; ++i) {
@@ -477,38 +477,38 @@ static void test_library(void)
     nbg_grad g;
     memset(&g, 0, sizeof g);
     rc = nbg_simulate_grad(ctx, &e, dl, NBG_MASK(NBG_P_A), &g, img, 32 * 32, NULL);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
                    "nbg_simulate_grad with default_F 1e30 fails (rc %d: %s)", rc, nbg_errmsg(ctx));
     double L = 0;
     rc = nbg_loss_grad(ctx, &e, NBG_LOSS_LSQ, dl, NULL, NBG_MASK(NBG_P_A), &L, &g, img, 32 * 32);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
                    "nbg_loss_grad with default_F 1e30 fails (rc %d: %s)", rc, nbg_errmsg(ctx));
     double tan[32 * 32];
     const nbg_param pa = NBG_P_A;
     rc = nbg_simulate_jvp(ctx, &e, &pa, 1, tan, img, 32 * 32);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "non-finite") != NULL, "HARD-lib-nonfinite",
                    "nbg_simulate_jvp with default_F 1e30 fails (rc %d: %s)", rc, nbg_errmsg(ctx));
 
     /* every documented domain: a few spot checks through the library (the program's cases cover the rest) */
     base_experiment(&e);
     e.polarization = 1.5;
-    nbg_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "polarization 1.5 is refused");
+    nbgi_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "polarization 1.5 is refused");
     base_experiment(&e);
     e.phisteps = 0;
-    nbg_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "phisteps 0 is refused");
+    nbgi_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "phisteps 0 is refused");
     base_experiment(&e);
     e.cell[3] = e.cell[4] = e.cell[5] = 120;
-    nbg_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "a flat cell is refused");
+    nbgi_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "a flat cell is refused");
 
     /* gradcheck's tolerances */
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
     base_experiment(&e);
     rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 0, 1, res, NBG_NPARAMS + 1, &n);
-    nbg_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with rtol 0 is NBG_EINVAL (was the "
+    nbgi_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with rtol 0 is NBG_EINVAL (was the "
                    "default)");
     rc = nbg_gradcheck(ctx, &e, NBG_MASK(NBG_P_A), 1e-6, -1, res, NBG_NPARAMS + 1, &n);
-    nbg_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with h_scale -1 is NBG_EINVAL");
+    nbgi_test_check(rc == NBG_EINVAL, "HARD-lib-gradcheck", "nbg_gradcheck with h_scale -1 is NBG_EINVAL");
 
 #ifndef NBG_NO_REFINE
     /* refinement against an image without signal */
@@ -517,7 +517,7 @@ static void test_library(void)
     nbg_refine_options_default(&ro);
     nbg_refine_result rr;
     rc = nbg_refine(ctx, &e, zero, NULL, 32 * 32, &pa, 1, &ro, &rr);
-    nbg_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "no signal") != NULL, "HARD-lib-refine",
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "no signal") != NULL, "HARD-lib-refine",
                    "nbg_refine against an all-zero image is refused (rc %d: %s)", rc, nbg_errmsg(ctx));
 #endif
     nbg_ctx_destroy(ctx);
@@ -526,7 +526,7 @@ static void test_library(void)
 int main(void)
 {
     if (!clirun_setup("nbg-test-harden-")) {
-        return nbg_test_summary();
+        return nbgi_test_summary();
     }
     test_values();
     test_big_tables();
@@ -534,6 +534,6 @@ int main(void)
     test_messages();
     test_memory_limit();
     test_library();
-    nbg_test_rmtree(g_root);
-    return nbg_test_summary();
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
 }

@@ -565,7 +565,7 @@ static void test_sources(env *t, nbg_ctx *ctx)
     write_text(t, "src.txt",
                "# X Y Z weight lambda\n-10 0 0 1 1.0e-10\n\n-10,0.5;0.1:1!2e-10\n   # indented comment\n0 1\n", p,
                sizeof p);
-    int rr = nbg_read_sources(ctx, p, 1.25, beam, &s, &n);
+    int rr = nbgi_read_sources(ctx, p, 1.25, beam, &s, &n);
     int ok = rr == NBG_OK && n == 3;
     for (int i = 0; ok && i < n; ++i)
         ok = !isnan(s[i].pos[0]) && !isnan(s[i].pos[1]) && !isnan(s[i].pos[2]) && !isnan(s[i].lambda);
@@ -579,7 +579,7 @@ static void test_sources(env *t, nbg_ctx *ctx)
     s = NULL;
 
     write_text(t, "src-default.txt", "\n\n5e-3\n", p, sizeof p);
-    rr = nbg_read_sources(ctx, p, 1.0, beam, &s, &n);
+    rr = nbgi_read_sources(ctx, p, 1.0, beam, &s, &n);
     ok = rr == NBG_OK && n == 1 && s[0].pos[0] == 5e-3 && s[0].pos[1] == 0.0 && s[0].pos[2] == 0.0;
     check(t, ok, "sources-defaults", "a single field gives X and the default Y, Z from -10*beam", "rc %d", rr);
     free(s);
@@ -587,11 +587,11 @@ static void test_sources(env *t, nbg_ctx *ctx)
     beam[0] = 0;
     beam[2] = -1;
     write_text(t, "src-default2.txt", "\n", p, sizeof p);
-    rr = nbg_read_sources(ctx, p, 1.0, beam, &s, &n);
+    rr = nbgi_read_sources(ctx, p, 1.0, beam, &s, &n);
     check(t, rr != NBG_OK && s == NULL && n == 0, "sources-empty", "a source file with no sources is an error",
           "rc %d", rr);
     write_text(t, "src-bad.txt", "-10 0 0\n-10 abc 0\n", p, sizeof p);
-    rr = nbg_read_sources(ctx, p, 1.0, beam, &s, &n);
+    rr = nbgi_read_sources(ctx, p, 1.0, beam, &s, &n);
     char want[4300];
     snprintf(want, sizeof want, "%s:2:", p);
     check(t, rr == NBG_EFORMAT && strstr(nbg_errmsg(ctx), want) != NULL, "sources-malformed",
@@ -604,7 +604,7 @@ static void test_sources(env *t, nbg_ctx *ctx)
     golden_path(t, "data/sources.txt", p, sizeof p);
     beam[0] = 1;
     beam[2] = 0;
-    rr = nbg_read_sources(ctx, p, 1.0, beam, &s, &n);
+    rr = nbgi_read_sources(ctx, p, 1.0, beam, &s, &n);
     ok = rr == NBG_OK && n == 2 && s[0].pos[0] == -10 && s[1].pos[1] == 0.002 && s[1].pos[2] == 0.001
          && close_to(s[0].lambda, 1.0) && close_to(s[1].lambda, 1.02);
     check(t, ok, "sources-golden", "golden sources.txt gives two sources with lambda 1 and 1.02 A", "rc %d n %d: %s",
@@ -617,16 +617,16 @@ static void test_matrix(env *t, nbg_ctx *ctx)
     char p[4200];
     double m[9];
     write_text(t, "five.mat", "1 2 3\n4 5\n", p, sizeof p);
-    int rr = nbg_read_matrix(ctx, p, m);
+    int rr = nbgi_read_matrix(ctx, p, m);
     check(t, rr == NBG_EFORMAT && strstr(nbg_errmsg(ctx), p) != NULL, "mat-short",
           "a matrix file with 5 numbers is NBG_EFORMAT naming it", "rc %d: %s", rr, nbg_errmsg(ctx));
     write_text(t, "word.mat", "1 2 3\n4 five 6\n7 8 9\n", p, sizeof p);
-    rr = nbg_read_matrix(ctx, p, m);
+    rr = nbgi_read_matrix(ctx, p, m);
     check(t, rr == NBG_EFORMAT, "mat-word", "a non-number among the nine is NBG_EFORMAT", "rc %d: %s", rr,
           nbg_errmsg(ctx));
     write_text(t, "long.mat", "1 2 3\n4 5 6\n7 8 9\n0 0 0\n 1 0 0\n 0 1 0\n 0 0 1\n 50 60 70 90 90 90\n", p,
                sizeof p);
-    rr = nbg_read_matrix(ctx, p, m);
+    rr = nbgi_read_matrix(ctx, p, m);
     check(t, rr == NBG_OK && m[0] == 1 && m[4] == 5 && m[8] == 9, "mat-mosflm",
           "a full MOSFLM matrix file reads its first nine numbers in file order", "rc %d: %s", rr, nbg_errmsg(ctx));
 
@@ -635,7 +635,7 @@ static void test_matrix(env *t, nbg_ctx *ctx)
         return;
     }
     golden_path(t, "data/A.mat", p, sizeof p);
-    rr = nbg_read_matrix(ctx, p, m);
+    rr = nbgi_read_matrix(ctx, p, m);
     int ok = rr == NBG_OK && m[0] == 0.0125070311 && m[1] == -0.0065857094 && m[3] == 0.0081221610
              && m[8] == 0.0107268970;
     check(t, ok, "mat-golden", "golden A.mat gives its nine numbers in file order", "rc %d: %s", rr, nbg_errmsg(ctx));

@@ -48,11 +48,11 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
     double *T = malloc(sizeof(double) * npix * (size_t)n);
     float *img = malloc(sizeof(float) * npix), *img2 = malloc(sizeof(float) * npix), *v = malloc(sizeof(float) * npix);
     int rc = nbg_simulate_jvp(ctx, e, params, n, T, img, npix);
-    if (!nbg_test_check(rc == NBG_OK, id, "nbg_simulate_jvp ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+    if (!nbgi_test_check(rc == NBG_OK, id, "nbg_simulate_jvp ran (%s)", rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
         goto out;
     }
     nbg_simulate(ctx, e, img2, npix, NULL);
-    nbg_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, id, "the JVP call's image is nbg_simulate's");
+    nbgi_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, id, "the JVP call's image is nbg_simulate's");
     for (size_t i = 0; i < npix; ++i) {
         v[i] = (float)(0.5 + 0.5 * cos(0.37 * (double)i));
     }
@@ -63,7 +63,7 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
         mask |= NBG_MASK(params[j]);
     }
     rc = nbg_simulate_grad(ctx, e, v, mask, &g, img2, npix, NULL);
-    if (!nbg_test_check(rc == NBG_OK, id, "nbg_simulate_grad ran")) {
+    if (!nbgi_test_check(rc == NBG_OK, id, "nbg_simulate_grad ran")) {
         goto out;
     }
     for (int j = 0; j < n; ++j) {
@@ -74,7 +74,7 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
         char sub[96];
         snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(params[j]));
         const double rel = fabs(vJu - g.g[params[j]]) / fmax(fabs(g.g[params[j]]), 1e-300);
-        nbg_test_check(rel <= 1e-10 && g.g[params[j]] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g",
+        nbgi_test_check(rel <= 1e-10 && g.g[params[j]] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g",
                        vJu, g.g[params[j]], rel);
     }
 out:
@@ -115,7 +115,7 @@ static void fd_images(const char *id, const nbg_experiment *e, nbg_param p, doub
     }
     char sub[96];
     snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(p));
-    nbg_test_check(tmax > 0 && worst <= 2e-3 * tmax, sub,
+    nbgi_test_check(tmax > 0 && worst <= 2e-3 * tmax, sub,
                    "max |dI/dtheta - finite difference| = %.3g of max |dI/dtheta| = %.3g", worst / tmax, tmax);
     free(T);
     free(img);
@@ -205,7 +205,7 @@ int main(void)
             }
             char id[64];
             snprintf(id, sizeof id, "jvp-7-vector-vs-scalar-%d", c);
-            nbg_test_check(worst < 1e-11 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
+            nbgi_test_check(worst < 1e-11 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
                            "worst difference %.2g of each tangent image's maximum, images %s", worst,
                            memcmp(ia, ib, np * sizeof(float)) == 0 ? "identical" : "differ");
             free(Ta);
@@ -218,8 +218,8 @@ int main(void)
     const nbg_param bad = (nbg_param)99;
     double t1;
     float i1;
-    nbg_test_check(nbg_simulate_jvp(ctx, &e, &bad, 1, &t1, &i1, 1) == NBG_EINVAL, "jvp-6-bad-param",
+    nbgi_test_check(nbg_simulate_jvp(ctx, &e, &bad, 1, &t1, &i1, 1) == NBG_EINVAL, "jvp-6-bad-param",
                    "an unknown parameter is an error: %s", nbg_errmsg(ctx));
     nbg_ctx_destroy(ctx);
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

@@ -86,14 +86,14 @@ int main(void)
             const int ok = rc == NBG_OK && dlen <= 5e-4 && dang <= 0.01 && drot <= 0.01 && r.iterations <= 100;
             char id[64];
             snprintf(id, sizeof id, "refine-1-%s-start%d", names[m], k);
-            nbg_test_check(ok, id, "%d iterations; worst errors: length %.2g%%, angle %.2g deg, orientation %.2g deg%s",
+            nbgi_test_check(ok, id, "%d iterations; worst errors: length %.2g%%, angle %.2g deg, orientation %.2g deg%s",
                            r.iterations, dlen * 100, dang, drot, rc == NBG_OK ? "" : nbg_errmsg(ctx));
             recovered += ok;
             maxit = r.iterations > maxit ? r.iterations : maxit;
         }
         char id[64];
         snprintf(id, sizeof id, "refine-1-%s", names[m]);
-        nbg_test_check(recovered == 10, id, "%d of 10 starts recovered, at most %d iterations", recovered, maxit);
+        nbgi_test_check(recovered == 10, id, "%d of 10 starts recovered, at most %d iterations", recovered, maxit);
     }
 
     /* refine-2: Poisson noise; the truth lies within 3 reported standard errors for at least 9 of 10 seeds */
@@ -124,13 +124,13 @@ int main(void)
             }
             char id[64];
             snprintf(id, sizeof id, "refine-2-noise-seed%d", k);
-            nbg_test_check(rc == NBG_OK && r.sigma[0] > 0, id,
+            nbgi_test_check(rc == NBG_OK && r.sigma[0] > 0, id,
                            "refined with Poisson loss in %d iterations; worst |value - truth| = %.2f sigma "
                            "(sigma a = %.2g A, rotx = %.2g deg)",
                            r.iterations, worst, r.sigma[0], r.sigma[6]);
             covered += rc == NBG_OK && worst <= 3;
         }
-        nbg_test_check(covered >= 9, "refine-2-coverage", "%d of 10 noise seeds within 3 standard errors", covered);
+        nbgi_test_check(covered >= 9, "refine-2-coverage", "%d of 10 noise seeds within 3 standard errors", covered);
         free(mean);
         free(counts);
     }
@@ -142,27 +142,27 @@ int main(void)
         nbg_refine_options_default(&o);
         nbg_refine_result r;
         nbg_experiment e = t;
-        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix - 5, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-size",
+        nbgi_test_check(nbg_refine(ctx, &e, obs, NULL, npix - 5, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-size",
                        "an observed image of the wrong size: %s", nbg_errmsg(ctx));
         obs[100] = -1;
-        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
+        nbgi_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
                            strstr(nbg_errmsg(ctx), "100") != NULL,
                        "refine-3-negative", "a negative observed pixel: %s", nbg_errmsg(ctx));
         obs[100] = NAN;
-        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-nan",
+        nbgi_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL, "refine-3-nan",
                        "a NaN observed pixel: %s", nbg_errmsg(ctx));
         obs[100] = 0;
         const nbg_param badp = (nbg_param)77;
-        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, &badp, 1, &o, &r) == NBG_EINVAL, "refine-3-param",
+        nbgi_test_check(nbg_refine(ctx, &e, obs, NULL, npix, &badp, 1, &o, &r) == NBG_EINVAL, "refine-3-param",
                        "an unknown parameter: %s", nbg_errmsg(ctx));
-        nbg_test_check(nbg_param_from_name("cell_a") == -1 && nbg_param_from_name("gamma") == NBG_P_GAMMA,
+        nbgi_test_check(nbg_param_from_name("cell_a") == -1 && nbg_param_from_name("gamma") == NBG_P_GAMMA,
                        "refine-3-param-name", "parameter names resolve, unknown ones do not");
         e.cell[0] = -70;
-        nbg_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
+        nbgi_test_check(nbg_refine(ctx, &e, obs, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
                            strstr(nbg_errmsg(ctx), "bounds") != NULL,
                        "refine-3-bounds", "a start outside the bounds: %s", nbg_errmsg(ctx));
     }
     free(obs);
     nbg_ctx_destroy(ctx);
-    return nbg_test_summary();
+    return nbgi_test_summary();
 }

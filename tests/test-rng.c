@@ -82,12 +82,12 @@ static void test_ran1(tally *t)
     int i;
 
     for (c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
-        nbg_rng r;
+        nbgi_rng r;
         double got[6], exp6[6];
         char id[64], what[96];
-        nbg_rng_init(&r, cases[c].seed);
+        nbgi_rng_init(&r, cases[c].seed);
         for (i = 0; i < 6; ++i) {
-            got[i] = nbg_ran1(&r);
+            got[i] = nbgi_ran1(&r);
             exp6[i] = cases[c].v[i];
         }
         snprintf(id, sizeof id, "ran1-seed%ld", cases[c].seed);
@@ -97,21 +97,21 @@ static void test_ran1(tally *t)
 
     /* A negative seed is treated like its absolute value. */
     {
-        nbg_rng a, b;
+        nbgi_rng a, b;
         int same = 1;
-        nbg_rng_init(&a, -42);
-        nbg_rng_init(&b, 42);
-        for (i = 0; i < 100; ++i) same &= nbg_ran1(&a) == nbg_ran1(&b);
+        nbgi_rng_init(&a, -42);
+        nbgi_rng_init(&b, 42);
+        for (i = 0; i < 100; ++i) same &= nbgi_ran1(&a) == nbgi_ran1(&b);
         report(t, same, "ran1-negseed", "seed -42 gives the same stream as 42", "differs", "same");
     }
 
     /* Range: (0, 1) over many draws. */
     {
-        nbg_rng r;
+        nbgi_rng r;
         float lo = 1.0f, hi = 0.0f;
-        nbg_rng_init(&r, 99);
+        nbgi_rng_init(&r, 99);
         for (i = 0; i < 1000000; ++i) {
-            float v = nbg_ran1(&r);
+            float v = nbgi_ran1(&r);
             if (v < lo) lo = v;
             if (v > hi) hi = v;
         }
@@ -129,11 +129,11 @@ static void test_gaussdev(tally *t)
     static const double expected[8] = {-0.312969714, -1.31993592, -0.52765137,  0.915552139,
                                        -0.618791521, -1.24118972, -0.0945106819, 0.817465007};
     double got[8], e[8];
-    nbg_rng r;
+    nbgi_rng r;
     int i;
-    nbg_rng_init(&r, 9);
+    nbgi_rng_init(&r, 9);
     for (i = 0; i < 8; ++i) {
-        got[i] = nbg_gaussdev(&r);
+        got[i] = nbgi_gaussdev(&r);
         e[i] = (float)expected[i];
     }
     check_seq(t, "gaussdev-seed9", "first 8 gaussdev values for seed 9 match the reference", got, e, 8, 0.0);
@@ -142,11 +142,11 @@ static void test_gaussdev(tally *t)
 static void poidev_seq(tally *t, const char *id, const char *what, double mean, long seed, const double *expected)
 {
     double got[12], e[12];
-    nbg_rng r;
+    nbgi_rng r;
     int i;
-    nbg_rng_init(&r, seed);
+    nbgi_rng_init(&r, seed);
     for (i = 0; i < 12; ++i) {
-        got[i] = nbg_poidev(mean, &r);
+        got[i] = nbgi_poidev(mean, &r);
         e[i] = (float)expected[i];
     }
     check_seq(t, id, what, got, e, 12, 0.0);
@@ -154,14 +154,14 @@ static void poidev_seq(tally *t, const char *id, const char *what, double mean, 
 
 static void poidev_stats(tally *t, const char *id, double mean, long seed, int n)
 {
-    nbg_rng r;
+    nbgi_rng r;
     double s = 0.0, s2 = 0.0, m, var, tol_m, tol_v;
     int i;
     char what[128], g[96], e[96];
 
-    nbg_rng_init(&r, seed);
+    nbgi_rng_init(&r, seed);
     for (i = 0; i < n; ++i) {
-        double x = nbg_poidev(mean, &r);
+        double x = nbgi_poidev(mean, &r);
         s += x;
         s2 += x * x;
     }
@@ -199,12 +199,12 @@ static void test_poidev(tally *t)
 
     /* A zero mean still draws once per call, like the reference. */
     {
-        nbg_rng a, b;
-        nbg_rng_init(&a, 11);
-        nbg_rng_init(&b, 11);
-        (void)nbg_poidev(0.0, &a);
-        (void)nbg_ran1(&b);
-        report(t, nbg_ran1(&a) == nbg_ran1(&b), "poidev-0-draw", "mean 0 consumes exactly one draw", "differs",
+        nbgi_rng a, b;
+        nbgi_rng_init(&a, 11);
+        nbgi_rng_init(&b, 11);
+        (void)nbgi_poidev(0.0, &a);
+        (void)nbgi_ran1(&b);
+        report(t, nbgi_ran1(&a) == nbgi_ran1(&b), "poidev-0-draw", "mean 0 consumes exactly one draw", "differs",
                "one draw");
     }
 
@@ -309,28 +309,28 @@ static void test_mosaic(tally *t)
                                                 {2.1647104735480838, -0.83003087566223888, -1.9293106614332562}};
     /* libm's sin/cos/atan2 may differ by an ulp between systems: allow a few. */
     const double tol = 1e-14;
-    nbg_rng r;
+    nbgi_rng r;
     double U[9], axis[3], angle, ang[3];
     int k;
 
-    nbg_rng_init(&r, 12345678);
+    nbgi_rng_init(&r, 12345678);
     for (k = 0; k < 2; ++k) {
         char id[64];
         snprintf(id, sizeof id, "mosaic-umat-0.5-%d", k);
-        nbg_mosaic_umat(0.5, &r, U, axis, &angle);
+        nbgi_mosaic_umat(0.5, &r, U, axis, &angle);
         check_seq(t, id, "matrix for spread 0.5 rad, seed 12345678 matches the reference", U, ref_small[k], 9, tol);
         check_rotation(t, id, U, axis, angle, 0.5);
-        nbg_umat2misset(U, ang);
+        nbgi_umat2misset(U, ang);
         check_seq(t, id, "umat2misset matches the reference", ang, ref_small_misset[k], 3, tol);
     }
-    nbg_rng_init(&r, 1234);
+    nbgi_rng_init(&r, 1234);
     for (k = 0; k < 2; ++k) {
         char id[64];
         snprintf(id, sizeof id, "mosaic-umat-90-%d", k);
-        nbg_mosaic_umat(90.0, &r, U, axis, &angle);
+        nbgi_mosaic_umat(90.0, &r, U, axis, &angle);
         check_seq(t, id, "matrix for spread 90, seed 1234 matches the reference", U, ref_big[k], 9, tol);
         check_rotation(t, id, U, axis, angle, 90.0);
-        nbg_umat2misset(U, ang);
+        nbgi_umat2misset(U, ang);
         check_seq(t, id, "umat2misset matches the reference", ang, ref_big_misset[k], 3, tol);
     }
 
@@ -338,9 +338,9 @@ static void test_mosaic(tally *t)
     {
         static const double deg[3] = {105.720755, -34.951318, -97.823571};
         double got[3];
-        nbg_rng_init(&r, 12345);
-        nbg_mosaic_umat(90.0, &r, U, NULL, NULL);
-        nbg_umat2misset(U, ang);
+        nbgi_rng_init(&r, 12345);
+        nbgi_mosaic_umat(90.0, &r, U, NULL, NULL);
+        nbgi_umat2misset(U, ang);
         for (k = 0; k < 3; ++k) got[k] = ang[k] * 180.0 / M_PI;
         check_seq(t, "misset-random-12345", "random misset for seed 12345 is the golden run's (deg, %f)", got, deg,
                   3, 5e-7);
@@ -358,7 +358,7 @@ static void test_umat2misset(tally *t)
 
     for (c = 0; c < sizeof angles / sizeof angles[0]; ++c) {
         rot_xyz(angles[c][0], angles[c][1], angles[c][2], R);
-        nbg_umat2misset(R, got);
+        nbgi_umat2misset(R, got);
         snprintf(id, sizeof id, "umat2misset-roundtrip-%zu", c);
         check_seq(t, id, "angles of Rz*Ry*Rx are recovered", got, angles[c], 3, 1e-12);
     }
@@ -366,7 +366,7 @@ static void test_umat2misset(tally *t)
     /* A matrix scaled by 3 is re-normalised first. */
     rot_xyz(0.4, 0.2, -0.9, R);
     for (i = 0; i < 9; ++i) R[i] *= 3.0;
-    nbg_umat2misset(R, got);
+    nbgi_umat2misset(R, got);
     {
         const double e[3] = {0.4, 0.2, -0.9};
         check_seq(t, "umat2misset-scaled", "rows are normalised before the angles are read", got, e, 3, 1e-12);
@@ -378,7 +378,7 @@ static void test_umat2misset(tally *t)
         for (i = 0; i < 3; ++i) {
             rot_xyz(e[0], e[1], e[2], R);
             R[3 * i] = R[3 * i + 1] = R[3 * i + 2] = 0.0;
-            nbg_umat2misset(R, got);
+            nbgi_umat2misset(R, got);
             snprintf(id, sizeof id, "umat2misset-zero-row-%d", i);
             check_seq(t, id, "a zero row is rebuilt from the other two", got, e, 3, 1e-12);
         }
@@ -387,14 +387,14 @@ static void test_umat2misset(tally *t)
     /* The zero matrix becomes the identity. */
     {
         const double Z[9] = {0}, e[3] = {0, 0, 0};
-        nbg_umat2misset(Z, got);
+        nbgi_umat2misset(Z, got);
         check_seq(t, "umat2misset-zero", "the zero matrix gives zero angles", got, e, 3, 0.0);
     }
 
     /* Gimbal lock (roty = +-90 deg): the reference's fixed rotx = pi, roty = pi/2, rotz = atan2(U_xy, -U_yy). */
     {
         double U[9] = {0, 0, 1, 0, 1, 0, -1, 0, 0}, e[3];
-        nbg_umat2misset(U, got);
+        nbgi_umat2misset(U, got);
         e[0] = M_PI;
         e[1] = M_PI / 2;
         e[2] = atan2(0.0, -1.0);
@@ -531,14 +531,14 @@ static void test_golden_noise(tally *t, const char *name, int size, long seed)
     /* ROI: outside pixels are 0 and draw nothing, so the inside follows one stream in row-major order. */
     {
         int r2[4] = {5, 30, 10, 20}, f, s, ok = 1;
-        nbg_rng rng;
+        nbgi_rng rng;
         long ph = 0, ov = 0;
         nbg_noise_image(NULL, img, size, size, r2, 40.0, seed, out, &ph, &ov);
-        nbg_rng_init(&rng, seed);
+        nbgi_rng_init(&rng, seed);
         for (s = 0; s < size; ++s)
             for (f = 0; f < size; ++f) {
                 int in = f >= r2[0] && f <= r2[1] && s >= r2[2] && s <= r2[3];
-                double v = in ? nbg_poidev(img[s * size + f], &rng) + 40.0 : 0.0;
+                double v = in ? nbgi_poidev(img[s * size + f], &rng) + 40.0 : 0.0;
                 if (v > 65535.0) v = 65535.0;
                 if (out[s * size + f] != (uint16_t)v) ok = 0;
             }

@@ -7,13 +7,13 @@
  *     FAIL <id> <message>
  *     SKIP <id> <reason>
  *
- * and nbg_test_summary() prints the last line of the program's output, exactly "N passed, M failed" (followed by
+ * and nbgi_test_summary() prints the last line of the program's output, exactly "N passed, M failed" (followed by
  * ", K skipped" when something was skipped), and returns the exit status: 0 iff no check failed.  tests/run-all.sh
  * reads that line.
  *
- * Helpers: the golden folder (nbg_test_golden_dir), a fresh temporary directory that is removed recursively
- * afterwards (nbg_test_mkdtemp, nbg_test_rmtree), reading a whole file (nbg_test_read_file), the correlation of
- * two images (nbg_test_corr) and case selection from a comma-separated list (nbg_test_selected).
+ * Helpers: the golden folder (nbgi_test_golden_dir), a fresh temporary directory that is removed recursively
+ * afterwards (nbgi_test_mkdtemp, nbgi_test_rmtree), reading a whole file (nbgi_test_read_file), the correlation of
+ * two images (nbgi_test_corr) and case selection from a comma-separated list (nbgi_test_selected).
  *
  * Everything is static (inline), so a test includes this header once and needs nothing else.
  */
@@ -36,17 +36,17 @@
 
 typedef struct {
     int passed, failed, skipped;
-} nbg_test_counts;
+} nbgi_test_counts;
 
 /* The counters of this program (one set per program). */
-static inline nbg_test_counts *nbg_test_counts_(void)
+static inline nbgi_test_counts *nbgi_test_counts_(void)
 {
-    static nbg_test_counts counts;
+    static nbgi_test_counts counts;
     return &counts;
 }
 
 /* Prints "<word> <id>[ <message>]" and a newline. */
-static inline void nbg_test_vline_(const char *word, const char *id, const char *fmt, va_list ap)
+static inline void nbgi_test_vline_(const char *word, const char *id, const char *fmt, va_list ap)
 {
     printf("%s %s", word, id != NULL ? id : "?");
     if (fmt != NULL && fmt[0] != '\0') {
@@ -58,16 +58,16 @@ static inline void nbg_test_vline_(const char *word, const char *id, const char 
 }
 
 /* Records a check: prints "PASS <id> <msg>" when ok, else "FAIL <id> <msg>".  Returns ok (0 or 1). */
-static inline int nbg_test_check(int ok, const char *id, const char *fmt, ...)
+static inline int nbgi_test_check(int ok, const char *id, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    nbg_test_vline_(ok ? "PASS" : "FAIL", id, fmt, ap);
+    nbgi_test_vline_(ok ? "PASS" : "FAIL", id, fmt, ap);
     va_end(ap);
     if (ok) {
-        ++nbg_test_counts_()->passed;
+        ++nbgi_test_counts_()->passed;
     } else {
-        ++nbg_test_counts_()->failed;
+        ++nbgi_test_counts_()->failed;
     }
     return ok != 0;
 }
@@ -78,7 +78,7 @@ static inline int nbg_test_check(int ok, const char *id, const char *fmt, ...)
  * expected +-Inf only for the same infinity, and a non-finite got never matches a finite expected.  The message
  * is printed after the id; on failure the two values (%.17g) and the relative error follow it.
  */
-static inline int nbg_test_rel(double got, double expected, double rtol, const char *id, const char *fmt, ...)
+static inline int nbgi_test_rel(double got, double expected, double rtol, const char *id, const char *fmt, ...)
 {
     int ok;
     double rel = 0;
@@ -107,27 +107,27 @@ static inline int nbg_test_rel(double got, double expected, double rtol, const c
     printf("\n");
     fflush(stdout);
     if (ok) {
-        ++nbg_test_counts_()->passed;
+        ++nbgi_test_counts_()->passed;
     } else {
-        ++nbg_test_counts_()->failed;
+        ++nbgi_test_counts_()->failed;
     }
     return ok;
 }
 
 /* Records a skipped check: prints "SKIP <id> <reason>". */
-static inline void nbg_test_skip(const char *id, const char *fmt, ...)
+static inline void nbgi_test_skip(const char *id, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    nbg_test_vline_("SKIP", id, fmt, ap);
+    nbgi_test_vline_("SKIP", id, fmt, ap);
     va_end(ap);
-    ++nbg_test_counts_()->skipped;
+    ++nbgi_test_counts_()->skipped;
 }
 
 /* Prints "N passed, M failed" (", K skipped" when any) as the last line; returns 0 iff nothing failed. */
-static inline int nbg_test_summary(void)
+static inline int nbgi_test_summary(void)
 {
-    const nbg_test_counts *c = nbg_test_counts_();
+    const nbgi_test_counts *c = nbgi_test_counts_();
     printf("%d passed, %d failed", c->passed, c->failed);
     if (c->skipped > 0) {
         printf(", %d skipped", c->skipped);
@@ -138,7 +138,7 @@ static inline int nbg_test_summary(void)
 }
 
 /* 1 when path names an existing directory. */
-static inline int nbg_test_is_dir(const char *path)
+static inline int nbgi_test_is_dir(const char *path)
 {
     struct stat st;
     return path != NULL && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -148,49 +148,49 @@ static inline int nbg_test_is_dir(const char *path)
  * The folder of golden reference images: $NBG_GOLDEN when set and not empty, else ../shared/golden (relative to
  * the repository root, where the tests run).  NULL when that directory does not exist.
  */
-static inline const char *nbg_test_golden_dir(void)
+static inline const char *nbgi_test_golden_dir(void)
 {
     const char *d = getenv("NBG_GOLDEN");
     if (d == NULL || d[0] == '\0') {
         d = "../shared/golden";
     }
-    return nbg_test_is_dir(d) ? d : NULL;
+    return nbgi_test_is_dir(d) ? d : NULL;
 }
 
 /*
  * Makes a fresh directory $TMPDIR/<prefix>XXXXXX (or under /tmp) and writes its path to buf.  Returns buf, or
  * NULL (with a message on stderr) on failure.
  */
-static inline char *nbg_test_mkdtemp(const char *prefix, char *buf, size_t size)
+static inline char *nbgi_test_mkdtemp(const char *prefix, char *buf, size_t size)
 {
     const char *base = getenv("TMPDIR");
-    if (base == NULL || base[0] == '\0' || !nbg_test_is_dir(base)) {
+    if (base == NULL || base[0] == '\0' || !nbgi_test_is_dir(base)) {
         base = "/tmp";
     }
     const int n = snprintf(buf, size, "%s/%sXXXXXX", base, prefix != NULL ? prefix : "nbg-test-");
     if (n < 0 || (size_t)n >= size) {
-        fprintf(stderr, "nbg_test_mkdtemp: path too long\n");
+        fprintf(stderr, "nbgi_test_mkdtemp: path too long\n");
         return NULL;
     }
     if (mkdtemp(buf) == NULL) {
-        fprintf(stderr, "nbg_test_mkdtemp: %s: %s\n", buf, strerror(errno));
+        fprintf(stderr, "nbgi_test_mkdtemp: %s: %s\n", buf, strerror(errno));
         return NULL;
     }
     return buf;
 }
 
-static inline int nbg_test_rmtree_one_(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+static inline int nbgi_test_rmtree_one_(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
     (void)ftw;
     if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0) {
-        fprintf(stderr, "nbg_test_rmtree: %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "nbgi_test_rmtree: %s: %s\n", path, strerror(errno));
     }
     return 0; /* go on regardless */
 }
 
 /* Removes path and everything under it (symbolic links are removed, not followed).  Returns 0 on success. */
-static inline int nbg_test_rmtree(const char *path)
+static inline int nbgi_test_rmtree(const char *path)
 {
     if (path == NULL || path[0] == '\0' || strcmp(path, "/") == 0) {
         return -1;
@@ -199,7 +199,7 @@ static inline int nbg_test_rmtree(const char *path)
     if (lstat(path, &st) != 0) {
         return errno == ENOENT ? 0 : -1;
     }
-    nftw(path, nbg_test_rmtree_one_, 16, FTW_DEPTH | FTW_PHYS);
+    nftw(path, nbgi_test_rmtree_one_, 16, FTW_DEPTH | FTW_PHYS);
     return lstat(path, &st) == 0 ? -1 : 0;
 }
 
@@ -207,7 +207,7 @@ static inline int nbg_test_rmtree(const char *path)
  * Reads a whole file.  Returns a malloc'ed buffer (with one extra NUL byte after the contents, so text can be
  * used as a string) and stores the size in *size; NULL when the file cannot be read.
  */
-static inline void *nbg_test_read_file(const char *path, size_t *size)
+static inline void *nbgi_test_read_file(const char *path, size_t *size)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
@@ -241,7 +241,7 @@ static inline void *nbg_test_read_file(const char *path, size_t *size)
 }
 
 /* Pearson correlation of two float images of n pixels; 0 when either is constant. */
-static inline double nbg_test_corr(const float *a, const float *b, size_t n)
+static inline double nbgi_test_corr(const float *a, const float *b, size_t n)
 {
     double ma = 0, mb = 0, sab = 0, saa = 0, sbb = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -260,7 +260,7 @@ static inline double nbg_test_corr(const float *a, const float *b, size_t n)
 }
 
 /* 1 when id is in the comma-separated list (spaces around entries ignored), or the list is NULL or empty. */
-static inline int nbg_test_selected(const char *list, const char *id)
+static inline int nbgi_test_selected(const char *list, const char *id)
 {
     if (list == NULL || list[0] == '\0') {
         return 1;

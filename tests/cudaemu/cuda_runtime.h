@@ -56,7 +56,7 @@ struct dim3 {
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 
-namespace nbg_emu {
+namespace nbgi_emu {
 enum { MAXTHREADS = 1024, STACK = 256 * 1024 };
 enum { READY = 0, BARRIER = 1, DONE = 2 };
 
@@ -193,35 +193,35 @@ template <typename F> inline cudaError_t launch_fn(dim3 grid, dim3 block, F f)
     st().last = e;
     return e;
 }
-} // namespace nbg_emu
+} // namespace nbgi_emu
 
-#define threadIdx (nbg_emu::st().tid)
-#define blockIdx (nbg_emu::st().bid)
-#define blockDim (nbg_emu::st().bdim)
-#define gridDim (nbg_emu::st().gdim)
+#define threadIdx (nbgi_emu::st().tid)
+#define blockIdx (nbgi_emu::st().bid)
+#define blockDim (nbgi_emu::st().bdim)
+#define gridDim (nbgi_emu::st().gdim)
 #define warpSize 32
 
-inline void __syncthreads(void) { nbg_emu::barrier(); }
+inline void __syncthreads(void) { nbgi_emu::barrier(); }
 
 /* Every thread of the block must call it together (the backend's reductions do). */
 template <typename T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta)
 {
-    nbg_emu::state &s = nbg_emu::st();
+    nbgi_emu::state &s = nbgi_emu::st();
     const unsigned t = s.tid.x;
     static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of a type wider than 8 bytes");
     memcpy(&s.exch[t], &v, sizeof v);
-    nbg_emu::barrier();
+    nbgi_emu::barrier();
     T r = v;
     if ((t % 32) + delta < 32 && t + delta < s.bdim.x) {
         memcpy(&r, &s.exch[t + delta], sizeof r);
     }
-    nbg_emu::barrier();
+    nbgi_emu::barrier();
     (void)mask;
     return r;
 }
 
 /* `kernel<<<grid, block>>>(args)` is written NBG_LAUNCH(kernel, grid, block, args) in backend.cu. */
-#define NBG_LAUNCH(kern, grid, block, ...) nbg_emu::launch_fn((grid), (block), [&]() { kern(__VA_ARGS__); })
+#define NBG_LAUNCH(kern, grid, block, ...) nbgi_emu::launch_fn((grid), (block), [&]() { kern(__VA_ARGS__); })
 
 inline cudaError_t cudaGetDeviceCount(int *n)
 {
@@ -280,10 +280,10 @@ inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev)
 }
 
 /* Events hold the host's monotonic time when recorded (launches are synchronous here). */
-typedef struct nbg_emu_event {
+typedef struct nbgi_emu_event {
     double t;
 } *cudaEvent_t;
-typedef struct nbg_emu_stream *cudaStream_t;
+typedef struct nbgi_emu_stream *cudaStream_t;
 inline cudaError_t cudaEventCreate(cudaEvent_t *ev)
 {
     *ev = (cudaEvent_t)calloc(1, sizeof **ev);
@@ -314,8 +314,8 @@ inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 }
 inline cudaError_t cudaGetLastError(void)
 {
-    const cudaError_t e = nbg_emu::st().last;
-    nbg_emu::st().last = cudaSuccess;
+    const cudaError_t e = nbgi_emu::st().last;
+    nbgi_emu::st().last = cudaSuccess;
     return e;
 }
 inline const char *cudaGetErrorString(cudaError_t e)

@@ -1,5 +1,5 @@
 /*
- * nbg_cuda.h -- the CUDA backend's entry points, called by the library's dispatch (src/simulate.c,
+ * nbgi_cuda.h -- the CUDA backend's entry points, called by the library's dispatch (src/simulate.c,
  * grad/grad.c) when the context's backend is CUDA.  Compiled only where nvcc is found (NBG_HAVE_CUDA).
  */
 #ifndef NBG_CUDA_H
@@ -13,24 +13,24 @@ extern "C" {
 #endif
 
 /* Finds a usable GPU and creates the context's device state; NBG_ENODEV when there is none. */
-int nbg_cuda_init(nbg_ctx *ctx);
-void nbg_cuda_release(nbg_ctx *ctx);
+int nbgi_cuda_init(nbg_ctx *ctx);
+void nbgi_cuda_release(nbg_ctx *ctx);
 /* The context's GPU: name, multiprocessors, clock, peak rates (from the compute capability), memory. */
-int nbg_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info);
+int nbgi_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info);
 
 /* The forward kernel on the device: the same per-pixel loop nest as the CPU (src/pixel_tmpl.h), one thread per
  * pixel.  k's arrays are host arrays; they are copied into device buffers kept by the context between calls
  * (reallocated only when a size grows).  omega_sum and oor are summed on the device in a fixed order.  times
  * receives the seconds spent copying the parameters to the device, in the kernels (device time between CUDA
  * events) and copying the results back. */
-int nbg_cuda_forward(nbg_ctx *ctx, const nbg_kparams *k, int use_float, float *image, double *omega_sum, long *oor,
+int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float *image, double *omega_sum, long *oor,
                      double times[3]);
 
 /* The adjoint on the device, in double or (use_float) float arithmetic: the scalar twin grad/adjoint_tmpl.h, one
- * thread per pixel, each thread's gradients of the plan-level quantities (ncomp doubles laid out as nbg_adjacc's
+ * thread per pixel, each thread's gradients of the plan-level quantities (ncomp doubles laid out as nbgi_adjacc's
  * fixed part, then abc, then lam) summed in a fixed order per block and then over blocks on the device: the same
  * call twice gives bit-identical gradients.  out receives the ncomp sums, image the forward values. */
-int nbg_cuda_adjoint(nbg_ctx *ctx, const nbg_kparams *k, int use_float, const float *dLdI, float *image, double *out,
+int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image, double *out,
                      int ncomp, double times[3]);
 
 #ifdef __cplusplus
