@@ -1045,7 +1045,7 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
             pos[4 * i + 3] = (sr->lambda > 0) ? sr->lambda * 1e-10 : lambda0;
             lamrel[i] = (sr->lambda > 0) ? 0.0 : 1.0;
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
-                !isfinite(pos[4 * i + 3]) || nbgi_norm(pos + 4 * i) == 0) {
+                !isfinite(pos[4 * i + 3]) || !(nbgi_norm(pos + 4 * i) > 0 && isfinite(nbgi_norm(pos + 4 * i)))) {
                 return nbgi_error(ctx, NBG_EINVAL, "source %d has an invalid position or wavelength", i + 1);
             }
         }

@@ -161,6 +161,12 @@ static void test_big_tables(void)
     fail_case_files("HARD-hkl-sparse", "a two-line HKL file spanning 0..1000 (was an 8 GB table)",
                     ARGS("two.hkl", "0 0 0 1\n1000 1000 1000 1\n"), ARGS(BASE, OUTS, "-hkl", "two.hkl", "-nodump"),
                     ARGS("two.hkl", "1000 1000 1000", "stray"));
+    fail_case_files("HARD-sources", "a source file with a wavelength of 1e308 m (was read as inf)",
+                    ARGS("src.txt", "0 0 -1 1 1e-10\n0 0 -1 1 1e308\n"), ARGS(BASE, OUTS, "-sourcefile", "src.txt"),
+                    ARGS("src.txt:2", "wavelength"));
+    fail_case_files("HARD-sources", "a source 1e308 m away (its direction overflows)",
+                    ARGS("far.txt", "0 0 -1 1\n0 1e200 -1e200 1\n"), ARGS(BASE, OUTS, "-sourcefile", "far.txt"),
+                    ARGS("source 2", "invalid position"));
     fail_case_files("HARD-hkl-limit", "an HKL table above -max_memory",
                     ARGS("dense.hkl", "0 0 0 1\n1 1 1 2\n2 2 2 3\n"),
                     ARGS(BASE, OUTS, "-hkl", "dense.hkl", "-nodump", "-max_memory", "1e-7"),

@@ -1,0 +1,106 @@
+/*
+ * fuzz_util.h -- shared pieces of the libFuzzer harnesses in tests/fuzz/.
+ *
+ * The readers take a path, so each harness keeps one anonymous in-memory file per process (memfd_create; where
+ * that is unavailable, a file under $TMPDIR or /tmp that is unlinked at once) and hands the readers its
+ * /proc/self/fd/N name.  Nothing is left on disk and no descriptor is opened per input.
+ */
+#ifndef NBG_FUZZ_UTIL_H
+#define NBG_FUZZ_UTIL_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* memfd_create */
+#endif
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct {
+    int fd;
+    char path[64];
+} nbgi_fuzz_file;
+
+/* Opens the per-process scratch file; aborts when it cannot (that is a broken machine, not a finding). */
+static inline void nbgi_fuzz_file_open(nbgi_fuzz_file *f, const char *name)
+{
+    f->fd = memfd_create(name, MFD_CLOEXEC);
+    if (f->fd < 0) {
+        const char *base = getenv("TMPDIR");
+        char tmpl[4096];
+        snprintf(tmpl, sizeof tmpl, "%s/nbg-fuzz-XXXXXX", base != NULL && base[0] != '\0' ? base : "/tmp");
+        f->fd = mkstemp(tmpl);
+        if (f->fd >= 0) {
+            unlink(tmpl);
+        }
+    }
+    if (f->fd < 0) {
+        fprintf(stderr, "nbgi_fuzz_file_open: no scratch file: %s\n", strerror(errno));
+        abort();
+    }
+    snprintf(f->path, sizeof f->path, "/proc/self/fd/%d", f->fd);
+}
+
+/* Replaces the file's contents with data[0..size). */
+static inline void nbgi_fuzz_file_set(nbgi_fuzz_file *f, const uint8_t *data, size_t size)
+{
+    if (ftruncate(f->fd, 0) != 0) {
+        perror("nbgi_fuzz_file_set: ftruncate");
+        abort();
+    }
+    size_t done = 0;
+    while (done < size) {
+        const ssize_t n = pwrite(f->fd, data + done, size - done, (off_t)done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            perror("nbgi_fuzz_file_set: pwrite");
+            abort();
+        }
+        done += (size_t)n;
+    }
+}
+
+/* Reads v so that the compiler cannot drop the load: ASan then checks that the memory is really there. */
+static inline void nbgi_fuzz_touch(const volatile void *p, size_t n)
+{
+    if (n > 0) {
+        (void)((const volatile unsigned char *)p)[0];
+        (void)((const volatile unsigned char *)p)[n - 1];
+    }
+}
+
+/* An invariant the library promises, checked on what it returned: a violation is a finding.  The message goes
+ * straight to file descriptor 2 (the CLI harness points the stdio streams elsewhere), then abort() hands the
+ * input to libFuzzer as a crash. */
+#define NBG_FUZZ_CHECK(cond, msg)                                                                                  \
+    do {                                                                                                          \
+        if (!(cond)) {                                                                                            \
+            nbgi_fuzz_fail(__FILE__, __LINE__, (msg));                                                             \
+        }                                                                                                         \
+    } while (0)
+
+static inline void nbgi_fuzz_fail(const char *file, int line, const char *msg)
+{
+    char buf[512];
+    const int n = snprintf(buf, sizeof buf, "==fuzz== ERROR: invariant violated: %s (%s:%d)\n", msg, file, line);
+    if (n > 0 && write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1) < 0) {
+        /* nowhere to say it */
+    }
+    abort();
+}
+
+/* LeakSanitizer: the OpenMP runtime's own thread bookkeeping, freed by no one at exit, is not nbgrad's leak.
+ * (Each harness is one translation unit, so this definition appears once per program.) */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libomp.so\n";
+}
+
+#endif
