@@ -34,10 +34,18 @@ static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
     return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
 }
 
-/* The centre of subpixel sub of pixel `pixel` along one detector axis (m). */
+/* The centre of subpixel sub of pixel `pixel` along one detector axis (m), subpixels of size subpixel, os per
+ * pixel.  Scalars rather than the kernel parameters, so that a lane loop keeps them in registers (reading them
+ * through the parameters' pointer inside the loop stopped its vectorisation). */
+static inline NBG_HD double nbgi_subpixel_center(double subpixel, int os, int pixel, int sub)
+{
+    return subpixel * (double)(pixel * os + sub) + subpixel / 2;
+}
+
+/* The same for the kernel parameters' detector. */
 static inline NBG_HD double nbgi_subpixel_at(const nbgi_kparams *p, int pixel, int sub)
 {
-    return p->subpixel * (double)(pixel * p->oversample + sub) + p->subpixel / 2;
+    return nbgi_subpixel_center(p->subpixel, p->oversample, pixel, sub);
 }
 
 /* The depth of sensor layer t along the normal (m). */
@@ -52,11 +60,20 @@ static inline NBG_HD void nbgi_subpixel_coords(const nbgi_kparams *p, int fpixel
     *Odet = nbgi_layer_at(p, t);
 }
 
+/* One lab component of the point at detector coordinates (Fdet, Sdet, Odet) of a flat detector, relative to the
+ * sample (m), from that component of the fast, slow and normal axes and of pix0.  (Per component, with scalars:
+ * the lane loops vectorise it; the three-vector form through the parameters' pointer stopped that.) */
+static inline NBG_HD double nbgi_flat_component(double Fdet, double Sdet, double Odet, double f, double s, double o,
+                                                double pix0)
+{
+    return Fdet * f + Sdet * s + Odet * o + pix0;
+}
+
 /* The point at detector coordinates (Fdet, Sdet, Odet) of a flat detector, relative to the sample (m). */
 static inline NBG_HD void nbgi_flat_pos(const nbgi_kparams *p, double Fdet, double Sdet, double Odet, double *P)
 {
     for (int x = 0; x < 3; ++x) {
-        P[x] = Fdet * p->fdet[x] + Sdet * p->sdet[x] + Odet * p->odet[x] + p->pix0[x];
+        P[x] = nbgi_flat_component(Fdet, Sdet, Odet, p->fdet[x], p->sdet[x], p->odet[x], p->pix0[x]);
     }
 }
 
@@ -158,11 +175,15 @@ static inline void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, doubl
                                  double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
                                  double *restrict Fd)
 {
+    const int os = p->oversample;
+    const double sub = p->subpixel;
 #pragma omp simd
     for (int j = 0; j < w; ++j) {
-        const double Fdet = nbgi_subpixel_at(p, f0 + j, subF);
+        const double Fdet = nbgi_subpixel_center(sub, os, f0 + j, subF);
         double P[3];
-        nbgi_flat_pos(p, Fdet, Sdet, Odet, P);
+        for (int x = 0; x < 3; ++x) {
+            P[x] = nbgi_flat_component(Fdet, Sdet, Odet, p->fdet[x], p->sdet[x], p->odet[x], p->pix0[x]);
+        }
         const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
         d0[j] = P[0] / R;
         d1[j] = P[1] / R;
