@@ -12,7 +12,8 @@
 /* Reads a nanoBragg source file.  Each non-blank line holds up to five fields "X Y Z weight lambda", separated by
  * any of " \t,;:!"; X Y Z is the source position (any length unit, only its direction matters), the weight is
  * read but unused (as in the reference) and lambda is in metres.  Missing trailing fields default to the position
- * -10 * beam (beam being the unit beam direction) and to lambda0_A; lambda is returned in Angstrom.
+ * -10 * beam (beam being the unit beam direction) and to lambda0_A; lambda is returned in Angstrom.  A wavelength
+ * given outside 1e-14 to 1e-6 m (zero and negative included) is NBG_EFORMAT naming the line.
  *
  * Deliberate fix: the reference turns a '#' line into a source at the origin with lambda 0, which gives a NaN
  * image; here '#' starts a comment that runs to the end of the line.
