@@ -94,7 +94,7 @@ int nbgi_check_bytes(nbg_ctx *ctx, double bytes, const char *what)
     if (bytes <= l.max_bytes) {
         return NBG_OK;
     }
-    return nbgi_error(ctx, NBG_ENOMEM, "%s would need %.3g GiB of memory, above the limit of %.3g GiB: check the input, "
-                     "or raise the limit (-max_memory GiB on the command line, nbg_ctx_set_limits in the library)",
+    return nbgi_error(ctx, NBG_ENOMEM, "%s would need %.3g GiB of memory, above the limit of %.3g GiB: check the "
+                     "input, or raise the limit (-max_memory GiB on the command line, nbg_ctx_set_limits in the library)",
                      what, bytes / 1073741824.0, l.max_bytes / 1073741824.0);
 }

@@ -1031,8 +1031,8 @@ int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double b
             s.pos[i] = isnan(v[i]) ? -source_distance * beam[i] : v[i];
         s.lambda = isnan(v[4]) ? lambda0_A : v[4] * 1e10;
         if (!isnan(v[4]) && !(s.lambda >= 1e-4 && s.lambda <= 1e4)) {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: wavelength %g m is outside 1e-14 to 1e-6 m (1e-4 to 1e4 A)", path,
-                           lineno, v[4]);
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: wavelength %g m is outside 1e-14 to 1e-6 m (1e-4 to 1e4 A)",
+                            path, lineno, v[4]);
             goto done;
         }
         if (s.pos[0] == 0.0 && s.pos[1] == 0.0 && s.pos[2] == 0.0) {

@@ -357,7 +357,8 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     nbgi_debug_break_adjoint(ctx, o.break_param);
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
-    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6,
+                      o.hscale > 0 ? o.hscale : 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
