@@ -24,13 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     NBG_FUZZ_CHECK(nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) == NBG_OK, "no CPU context");
     nbg_hkl hkl;
     if (nbg_hkl_read_fdump(ctx, file.path, &hkl) == NBG_OK) {
-        NBG_FUZZ_CHECK(hkl.F != NULL, "nbg_hkl_read_fdump succeeded without a table");
-        NBG_FUZZ_CHECK(hkl.h_min <= hkl.h_max && hkl.k_min <= hkl.k_max && hkl.l_min <= hkl.l_max,
-                       "nbg_hkl_read_fdump returned bounds out of order");
-        const size_t n = (size_t)(hkl.h_max - hkl.h_min + 1) * (size_t)(hkl.k_max - hkl.k_min + 1) *
-                         (size_t)(hkl.l_max - hkl.l_min + 1);
-        nbgi_fuzz_touch(hkl.F, n * sizeof *hkl.F);
-        nbg_hkl_free(&hkl);
+        NBG_FUZZ_CHECK_TABLE(hkl, "nbg_hkl_read_fdump");
     } else {
         NBG_FUZZ_CHECK(nbg_errmsg(ctx)[0] != '\0', "nbg_hkl_read_fdump failed without a message");
     }

@@ -24,14 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     NBG_FUZZ_CHECK(nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) == NBG_OK, "no CPU context");
     nbg_hkl hkl;
     if (nbg_hkl_read(ctx, file.path, 0.5, &hkl) == NBG_OK) {
-        NBG_FUZZ_CHECK(hkl.F != NULL, "nbg_hkl_read succeeded without a table");
-        NBG_FUZZ_CHECK(hkl.h_min <= hkl.h_max && hkl.k_min <= hkl.k_max && hkl.l_min <= hkl.l_max,
-                       "nbg_hkl_read returned bounds out of order");
         NBG_FUZZ_CHECK(hkl.nrefl >= 1, "nbg_hkl_read succeeded with no reflection");
-        const size_t n = (size_t)(hkl.h_max - hkl.h_min + 1) * (size_t)(hkl.k_max - hkl.k_min + 1) *
-                         (size_t)(hkl.l_max - hkl.l_min + 1);
-        nbgi_fuzz_touch(hkl.F, n * sizeof *hkl.F);
-        nbg_hkl_free(&hkl);
+        NBG_FUZZ_CHECK_TABLE(hkl, "nbg_hkl_read");
     } else {
         NBG_FUZZ_CHECK(nbg_errmsg(ctx)[0] != '\0', "nbg_hkl_read failed without a message");
     }

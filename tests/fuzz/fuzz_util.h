@@ -75,6 +75,19 @@ static inline void nbgi_fuzz_touch(const volatile void *p, size_t n)
     }
 }
 
+/* The invariants of a structure-factor table a reader returned (reader names it in the messages): a table, bounds
+ * in order, every entry addressable; then frees it. */
+#define NBG_FUZZ_CHECK_TABLE(hkl, reader)                                                                          \
+    do {                                                                                                          \
+        NBG_FUZZ_CHECK((hkl).F != NULL, reader " succeeded without a table");                                    \
+        NBG_FUZZ_CHECK((hkl).h_min <= (hkl).h_max && (hkl).k_min <= (hkl).k_max && (hkl).l_min <= (hkl).l_max, \
+                       reader " returned bounds out of order");                                                  \
+        const size_t n_ = (size_t)((hkl).h_max - (hkl).h_min + 1) * (size_t)((hkl).k_max - (hkl).k_min + 1) *   \
+                          (size_t)((hkl).l_max - (hkl).l_min + 1);                                              \
+        nbgi_fuzz_touch((hkl).F, n_ * sizeof *(hkl).F);                                                          \
+        nbg_hkl_free(&(hkl));                                                                                    \
+    } while (0)
+
 /* An invariant the library promises, checked on what it returned: a violation is a finding.  The message goes
  * straight to file descriptor 2 (the CLI harness points the stdio streams elsewhere), then abort() hands the
  * input to libFuzzer as a crash. */
