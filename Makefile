@@ -5,7 +5,8 @@
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
 #   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_)
-#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime); run by every build
+#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson); run by
+#                   every build
 #   make clean
 #
 # Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
@@ -27,6 +28,17 @@ DEPS    := $(B)/.deps
 else
 CFLAGS  += -DNBG_NO_REFINE
 DEPS    :=
+endif
+# The formats that carry the whole geometry: NeXus/NXmx (HDF5), CBF (CBFlib), DIALS experiment lists (jansson).
+# FORMATS=0 leaves them out (their calls then return NBG_EUNSUP), e.g. on a GPU machine without Debian packages;
+# it follows GSL by default.
+FORMATS ?= $(GSL)
+ifeq ($(FORMATS),1)
+HDF5_INC ?= $(firstword $(wildcard /usr/include/hdf5/serial) /usr/include)
+HDF5_LIB ?= $(if $(wildcard /usr/lib/*/libhdf5_serial.so /usr/lib/libhdf5_serial.so),-lhdf5_serial,-lhdf5)
+CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
+LDLIBS  += $(HDF5_LIB) -lcbf -ljansson
+DEPS    := $(B)/.deps
 endif
 
 
@@ -85,6 +97,11 @@ $(B)/.deps:
 	 [ -f /usr/include/gsl/gsl_multimin.h ] || missing="$$missing libgsl-dev"; \
 	 [ -f /usr/include/lapacke.h ] || missing="$$missing liblapacke-dev"; \
 	 echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o $(B)/.omp-check 2>/dev/null || missing="$$missing libgomp1"; \
+	 if [ "$(FORMATS)" = 1 ]; then \
+	   [ -f /usr/include/hdf5/serial/hdf5.h ] || [ -f /usr/include/hdf5.h ] || missing="$$missing libhdf5-dev"; \
+	   [ -f /usr/include/cbflib/cbf.h ] || missing="$$missing libcbf-dev"; \
+	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
+	 fi; \
 	 if [ -n "$$missing" ]; then \
 	   echo "installing Debian packages:$$missing"; \
 	   SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \

@@ -439,6 +439,91 @@ int nbg_int_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, co
 int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, const int roi[4], double adc,
                     long seed, uint16_t *out, long *photons, long *overloads);
 
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* The experiment as the field's files describe it: DIALS's models, NeXus/NXmx, CBF, experiment lists       */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* One experiment (single panel, rotation scan) in DIALS's laboratory frame, the frame of dxtbx's models, of
+ * NXmx (McStas) and of imgCIF: the beam travels along -z.  nbgrad's own frame depends on the convention (the beam
+ * travels along +x in MOSFLM's, +z in XDS's); nbg_geometry_from_report applies the one rotation that takes the
+ * beam to -z (about the axis beam x -z; for a beam along +z, 180 deg about x), to every vector alike, so that
+ * the description is physically the same experiment.  Lengths in mm, wavelength in Angstrom, angles in degrees.
+ * Every vector is a unit vector unless said otherwise. */
+typedef struct {
+    /* --- detector (one flat panel) --- */
+    int fpixels, spixels;
+    double pixel_f, pixel_s;          /* pixel size along fast and slow, mm */
+    double fast[3], slow[3];          /* the panel's axes */
+    double origin[3];                 /* the corner of pixel (0,0) (not its centre), mm from the sample */
+    double thickness;                 /* sensor thickness, mm (0: none) */
+    double mu;                        /* sensor linear attenuation coefficient, 1/mm (0: unknown) */
+    char material[16];                /* sensor material, e.g. "Si" ("" unknown) */
+    double saturation;                /* the first value that is an overload, counts (the trusted range's top) */
+    double pedestal;                  /* the ADC offset the data carry, counts (nanoBragg's is 40) */
+    double gain;                      /* counts per photon (1) */
+    /* --- beam --- */
+    double direction[3];              /* from the sample towards the source (dxtbx's beam direction: -travel) */
+    double wavelength;                /* Angstrom */
+    double polarization_normal[3];    /* normal to the polarization plane (dxtbx) */
+    double polarization_fraction;     /* fraction in the polarization plane; 0.5 = unpolarized */
+    /* --- goniometer and scan --- */
+    double axis[3];                   /* the rotation axis: the crystal turns right-handed about it */
+    double scan_start, scan_width;    /* the first image's start angle and every image's oscillation, deg */
+    int nframes;                      /* images in the scan (>= 1) */
+    double exposure;                  /* seconds per image */
+    /* --- crystal (optional) --- */
+    int has_crystal;
+    double real_space[9];             /* a, b, c (rows), Angstrom, at scan angle 0 (dxtbx's A = (a b c)^-1) */
+    char space_group[32];             /* Hall symbol, " P 1" unless known */
+} nbg_geometry;
+
+/* nbg_geometry of the experiment an nbg_describe/nbg_simulate report derived (e supplies the sensor, exposure and
+ * polarization, which the report does not carry).  scan: nframes frames from the report's phi0, each osc wide. */
+int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, int nframes,
+                             nbg_geometry *g);
+
+/* Sets e's detector, beam, spindle, scan start and width and (when g has one) crystal to describe g: the custom
+ * convention with g's vectors (nbgrad's frame is then DIALS's), the sample pivot, pix0 = g's origin exactly, the
+ * A matrix from g's real-space vectors.  The other fields of e are left as they are.  Refused (NBG_EINVAL, named):
+ * non-orthogonal or zero axes, a detector plane through the sample, a beam parallel to the panel, pixels of
+ * different sizes along fast and slow, a crystal with a singular cell. */
+int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e);
+
+/* Data types of image files. */
+typedef enum { NBG_DATA_FLOAT32 = 0, NBG_DATA_INT32 = 1 } nbg_dtype;
+
+/* NeXus NXmx (HDF5): writes nframes images (frame-major, fpixels*spixels each, float32 or int32 as dtype says),
+ * the pixel mask (NULL: all good; else fpixels*spixels, nonzero = bad, written as NXmx's pixel_mask bit 0) and
+ * the whole geometry of g as DIALS's FormatNXmx reads it.  Written to a temporary and renamed (nothing
+ * half-written is left). */
+int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dtype dtype, const void *frames,
+                   int nframes, const uint8_t *mask);
+
+/* Full CBF (imgCIF with the axis categories, byte-offset compressed int32), one image: frame index `frame` of g's
+ * scan (its start angle is scan_start + frame * scan_width). */
+int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int frame, const int32_t *data);
+
+/* DIALS experiment list (.expt, JSON): g's beam, detector, goniometer, scan and crystal (when it has one); the
+ * image set names images: one path (an NXmx file, or a template with # for the frame number of a file series). */
+int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images);
+
+/* Reads a DIALS experiment list of one experiment with one panel into *g (fields the list lacks take their
+ * defaults: no crystal, one frame).  Refused with a message naming the file and the field: several experiments or
+ * panels, a missing or malformed field, a model nbgrad cannot represent (e.g. a multi-axis goniometer with
+ * non-zero angles). */
+int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
+
+/* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
+ * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the
+ * pedestal left in), the caller frees it; *npix receives its size.  g, when not NULL, receives what the file says
+ * of the geometry (from SMV: pixel counts, size, distance, wavelength and pedestal; nothing from raw float), with
+ * *have_geometry (may be NULL) set when it is the whole geometry (NXmx, full CBF).  mask, when not NULL, receives a
+ * malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, and its overloads) or NULL when the file has
+ * none. */
+int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
+                   nbg_geometry *g, int *have_geometry, uint8_t **mask);
+
 #ifdef __cplusplus
 }
 #endif

@@ -188,27 +188,76 @@ int nbgi_out_write(nbg_ctx *ctx, nbgi_out *o, const void *buf, size_t n)
     return NBG_OK;
 }
 
-int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
+int nbgi_out_open_path(nbg_ctx *ctx, const char *path, nbgi_out *o, const char **write_to)
 {
-    int bad = fflush(o->fp) != 0 || ferror(o->fp);
-    int err = errno;
-    if (fclose(o->fp) != 0 && !bad) {
-        bad = 1;
-        err = errno;
-    }
-    o->fp = NULL;
-    if (!bad && o->tmp != NULL && set != NULL) {
-        if (set->n >= NBG_OUTSET_MAX) {
-            nbgi_out_abort(o);
-            return nbgi_error(ctx, NBG_EINVAL, "too many outputs in one run (at most %d)", NBG_OUTSET_MAX);
-        }
-        set->tmp[set->n] = o->tmp;
-        set->target[set->n] = o->target;
-        set->path[set->n] = o->path;
-        ++set->n;
-        o->tmp = o->target = NULL;
+    const int rc = nbgi_out_open(ctx, path, o);
+    if (rc != NBG_OK)
+        return rc;
+    if (o->tmp == NULL) {
+        /* not a regular file (/dev/null): the library writes the target itself */
+        fclose(o->fp);
+        o->fp = NULL;
+        *write_to = o->target;
         return NBG_OK;
     }
+    if (fclose(o->fp) != 0) {
+        o->fp = NULL;
+        const int err = errno;
+        nbgi_out_abort(o);
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", path, strerror(err));
+    }
+    o->fp = NULL;
+    *write_to = o->tmp;
+    return NBG_OK;
+}
+
+/* Adds a finished temporary to a set (which then owns the names). */
+static int outset_add(nbg_ctx *ctx, nbgi_outset *set, nbgi_out *o)
+{
+    if (set->n == set->cap) {
+        const int cap = set->cap ? 2 * set->cap : 16;
+        char **tmp = realloc(set->tmp, cap * sizeof *tmp);
+        if (tmp != NULL)
+            set->tmp = tmp;
+        char **target = realloc(set->target, cap * sizeof *target);
+        if (target != NULL)
+            set->target = target;
+        char **pth = realloc(set->path, cap * sizeof *pth);
+        if (pth != NULL)
+            set->path = pth;
+        if (tmp == NULL || target == NULL || pth == NULL) {
+            nbgi_out_abort(o);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory listing the outputs of a run");
+        }
+        set->cap = cap;
+    }
+    char *name = strdup(o->path);
+    if (name == NULL) {
+        nbgi_out_abort(o);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory listing the outputs of a run");
+    }
+    set->tmp[set->n] = o->tmp;
+    set->target[set->n] = o->target;
+    set->path[set->n] = name;
+    ++set->n;
+    o->tmp = o->target = NULL;
+    return NBG_OK;
+}
+
+int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
+{
+    int bad = 0, err = 0;
+    if (o->fp != NULL) {
+        bad = fflush(o->fp) != 0 || ferror(o->fp);
+        err = errno;
+        if (fclose(o->fp) != 0 && !bad) {
+            bad = 1;
+            err = errno;
+        }
+        o->fp = NULL;
+    }
+    if (!bad && o->tmp != NULL && set != NULL)
+        return outset_add(ctx, set, o);
     if (!bad && o->tmp != NULL && rename(o->tmp, o->target) != 0) {
         bad = 1;
         err = errno;
@@ -225,14 +274,23 @@ int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
 
 void nbgi_outset_init(nbgi_outset *set) { memset(set, 0, sizeof *set); }
 
+static void outset_release(nbgi_outset *set)
+{
+    free(set->tmp);
+    free(set->target);
+    free(set->path);
+    memset(set, 0, sizeof *set);
+}
+
 void nbgi_outset_abort(nbgi_outset *set)
 {
     for (int i = 0; i < set->n; ++i) {
         unlink(set->tmp[i]);
         free(set->tmp[i]);
         free(set->target[i]);
+        free(set->path[i]);
     }
-    set->n = 0;
+    outset_release(set);
 }
 
 int nbgi_outset_commit(nbg_ctx *ctx, nbgi_outset *set)
@@ -247,8 +305,9 @@ int nbgi_outset_commit(nbg_ctx *ctx, nbgi_outset *set)
         }
         free(set->tmp[i]);
         free(set->target[i]);
+        free(set->path[i]);
     }
-    set->n = 0;
+    outset_release(set);
     return rc;
 }
 

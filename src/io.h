@@ -40,15 +40,18 @@ typedef struct {
 } nbgi_out;
 
 /* Outputs written together (the files of one run): nothing is renamed over a target until every one of them has
- * been written, so a failure leaves every earlier file as it was. */
-#define NBG_OUTSET_MAX 16
+ * been written, so a failure leaves every earlier file as it was.  The set grows as needed and owns its names;
+ * nbgi_outset_commit or nbgi_outset_abort releases it. */
 typedef struct {
-    int n;
-    char *tmp[NBG_OUTSET_MAX], *target[NBG_OUTSET_MAX];
-    const char *path[NBG_OUTSET_MAX];
+    int n, cap;
+    char **tmp, **target, **path;
 } nbgi_outset;
 
 int nbgi_out_open(nbg_ctx *ctx, const char *path, nbgi_out *o);
+/* For a library that writes by file name (HDF5): opens like nbgi_out_open, then closes the temporary and gives
+ * the name to write in *write_to (the temporary, or the target itself when that is not a regular file).  Finish
+ * with nbgi_out_finish (which then only renames) or nbgi_out_abort. */
+int nbgi_out_open_path(nbg_ctx *ctx, const char *path, nbgi_out *o, const char **write_to);
 /* Writes n bytes; on failure abandons the file (nbgi_out_abort) and reports the error. */
 int nbgi_out_write(nbg_ctx *ctx, nbgi_out *o, const void *buf, size_t n);
 /* Flushes and closes the file (no fsync: a full disk or a write error is caught, a power cut is not); with set NULL renames it over its target now, otherwise adds it to set. */

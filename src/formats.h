@@ -1,0 +1,36 @@
+/*
+ * formats.h -- private pieces of the file formats that carry the whole geometry (NeXus/NXmx through HDF5, CBF
+ * through CBFlib, DIALS experiment lists through jansson).  The public calls are in nbgrad.h; these are the
+ * format-specific readers that nbg_read_image dispatches to, and the writers with an output set (io.h) so that
+ * the command-line program renames every file of a run together.
+ */
+#ifndef NBG_FORMATS_H
+#define NBG_FORMATS_H
+
+#include "internal.h"
+#include "io.h"
+
+/* Sets g to the defaults: no detector (0 pixels), beam along -z (direction (0,0,1)), wavelength NAN, rotation
+ * axis (1,0,0), one frame of 0 width at 0, exposure 1 s, gain 1, pedestal 0, saturation NAN, unpolarized, no
+ * crystal, space group " P 1". */
+void nbgi_geometry_init(nbg_geometry *g);
+
+/* Checks what every writer and nbg_experiment_from_geometry need of g (finite values, unit axes, pixel counts);
+ * NBG_EINVAL naming the field otherwise.  what names the caller for the message ("writing x.nxs"). */
+int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what);
+
+/* The writers of nbgrad.h with an output set (NULL: write at once). */
+int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
+                        const void *frames, int nframes, const uint8_t *mask);
+int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
+                       const int32_t *data);
+int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                        const char *images);
+
+/* The format readers behind nbg_read_image (same contract: one frame, *image malloc'd, g and mask optional).
+ * Each checks sizes against the context's memory limit before allocating. */
+int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
+                   uint8_t **mask);
+int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
+
+#endif
