@@ -275,4 +275,21 @@ test-asan:
 	 done
 	@$(ASAN_ENV) NBG_BIN=$(ASAN_B)/nbgrad NBG_GOLDEN_CASES="$(ASAN_GOLDEN_CASES)" sh tests/run-all.sh $(ASAN_B)
 
-.PHONY: fuzz fuzz-ci fuzz-build test-asan
+# The DIALS tier: nbgrad's NXmx, CBF and experiment list through the real client (tests/dials/roundtrip.py:
+# dials.import, find_spots, index, refine on a 20-image series; a few minutes).  Installs Debian's dials when it is
+# missing; runs it with Debian's /usr/bin/python3 (another python3 may come first on PATH).
+DIALS_PY ?= /usr/bin/python3
+$(B)/.dials-deps:
+	@mkdir -p $(B)
+	@if ! $(DIALS_PY) -c 'import dxtbx, dials' >/dev/null 2>&1 || ! command -v dials.import >/dev/null 2>&1; then \
+	   echo "installing Debian packages: dials"; \
+	   SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	   $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dials >/dev/null || \
+	     { echo "could not install: dials"; exit 1; }; \
+	 fi; touch $@
+
+test-dials: $(B)/nbgrad $(B)/.dials-deps
+	@rm -rf $(B)/dials
+	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/roundtrip.py $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
+
+.PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials

@@ -410,6 +410,9 @@ typedef struct {
     double Xbeam, Ybeam, Fbeam, Sbeam, detsize_s;
     double dials_origin[3];
     double ORGX, ORGY, phi0, osc, twotheta;
+    int has_adc_offset; /* 1: the header has (reading) or gets (writing) an ADC_OFFSET key; nanoBragg writes none,
+                           so nbg_smv_header_from_report and a zeroed header leave it out (byte-identical files) */
+    double adc_offset;  /* the pedestal the data carry, counts */
 } nbg_smv_header;
 
 /* Fills an SMV header from a report. */

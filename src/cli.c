@@ -10,7 +10,9 @@
  * failure never leaves a half-written file.
  */
 #include "cli.h"
+#include "formats.h"
 #include "io.h"
+#include "plan.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -112,6 +114,7 @@ void nbgi_cli_init(nbgi_cli *c)
     c->backend = NBG_BACKEND_CPU;
     c->precision = NBG_DOUBLE;
     c->dumpfile = "Fdump.bin";
+    c->filedata = NBGI_DATA_INT;
     nbg_limits_default(&c->limits);
 }
 
@@ -122,6 +125,8 @@ void nbgi_cli_free(nbgi_cli *c)
                 "unchanged\n", c->outs.n, c->outs.n > 1 ? "s" : "", c->outs.n > 1 ? "are" : "is");
     }
     nbgi_outset_abort(&c->outs); /* whatever was not committed: the targets stay as they were */
+    free(c->series);
+    c->series = NULL;
     nbg_hkl_free(&c->hkl);
     free(c->sources);
     free(c->mask);
@@ -388,6 +393,9 @@ static const cli_flag flags[] = {
     /* crystal */
     {"-cell", K_FN, .fn = fn_cell, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
      .help = "unit cell: lengths in A, angles in deg"},
+    {"-expt", K_STR, C(exptin), .group = G_DETECTOR, .arg = "file",
+     .help = "a DIALS experiment list (one panel): its detector, beam, goniometer, scan and crystal replace the "
+             "flags'"},
     {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
      .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
     {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
@@ -553,6 +561,20 @@ static const cli_flag flags[] = {
     {"-pgmfile -pgmimage", K_STR, C(pgmfile), .group = G_OUTPUT, .arg = "file", .help = "the image as an 8-bit PGM"},
     {"-noisefile -noiseimage", K_STR, C(noisefile), .group = G_OUTPUT, .arg = "file",
      .help = "the image with Poisson noise, as an SMV file"},
+    {"-nxsfile -nexusfile", K_STR, C(nxsfile), .group = G_OUTPUT, .arg = "file",
+     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file"},
+    {"-cbffile", K_STR, C(cbffile), .group = G_OUTPUT, .arg = "file",
+     .help = "the image as a full CBF (imgCIF with the axes; byte-offset 4-byte integers)"},
+    {"-exptfile", K_STR, C(exptfile), .group = G_OUTPUT, .arg = "file",
+     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included)"},
+    {"-data", K_CHOICE, C(filedata), .choices = "int float noise",
+     .values = {NBGI_DATA_INT, NBGI_DATA_FLOAT, NBGI_DATA_NOISE}, .group = G_OUTPUT, .arg = "int|float|noise",
+     .help = "what -nxsfile and -cbffile hold: -intfile's counts (the default), photons as floats (NXmx only), "
+             "or -noisefile's counts"},
+    {"-frames", K_COUNT, C(nframes), .group = G_OUTPUT, .arg = "n",
+     .help = "a rotation series of n images, image i from phi0 + i osc; per-image files get the frame number"},
+    {"-smv_adc_offset", K_SWITCH, C(smv_adc), .value = 1, .group = G_OUTPUT,
+     .help = "SMV headers carry the pedestal as ADC_OFFSET (nanoBragg's have no such key)"},
     {"-scale", K_NUM, C(scale), .group = G_OUTPUT, .arg = "x",
      .help = "intensity scale of the integer images (0: 55000 / the maximum)"},
     {"-adc", K_NUM, C(adc), .group = G_OUTPUT, .arg = "x", .help = "offset added to the integer images (40)"},
@@ -899,6 +921,26 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
 int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
 {
     nbg_experiment *e = &c->e;
+    if (c->exptin != NULL) {
+        nbg_geometry g;
+        if (nbg_read_expt(ctx, c->exptin, &g) != NBG_OK || nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
+            return 0;
+        }
+        if (g.has_crystal && c->matfile != NULL) {
+            printf("note: the crystal of -expt %s replaces -mat %s\n", c->exptin, c->matfile);
+            c->matfile = NULL;
+        }
+        if (c->nframes <= 0) {
+            c->nframes = g.nframes;
+        }
+        printf("read %s: %dx%d pixels of %g mm, wavelength %g A, scan %d image%s from %g deg by %g deg%s\n",
+               c->exptin, g.fpixels, g.spixels, g.pixel_f, g.wavelength, g.nframes, g.nframes > 1 ? "s" : "",
+               g.scan_start, g.scan_width, g.has_crystal ? ", with a crystal" : "");
+    }
+    if (c->nframes <= 0) {
+        c->nframes = 1;
+    }
     if (c->matfile != NULL) {
         if (nbgi_read_matrix(ctx, c->matfile, e->mat) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: -mat: %s\n", nbg_errmsg(ctx));
@@ -997,12 +1039,88 @@ void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nb
     st->rmsd = sqrt(dev / (nall > 1 ? nall - 1 : 1));
 }
 
-int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img)
+void nbgi_cli_frame_name(const char *path, int frame, int n, char *out, size_t size)
+{
+    if (n <= 1) {
+        snprintf(out, size, "%s", path);
+        return;
+    }
+    const char *hash = strchr(path, '#');
+    if (hash != NULL) {
+        const size_t width = strspn(hash, "#");
+        snprintf(out, size, "%.*s%0*d%s", (int)(hash - path), path, (int)width, frame + 1, hash + width);
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(path, '.');
+    if (dot == NULL || (slash != NULL && dot < slash) || dot == path || (slash != NULL && dot == slash + 1)) {
+        dot = path + strlen(path);
+    }
+    snprintf(out, size, "%.*s_%05d%s", (int)(dot - path), path, frame + 1, dot);
+}
+
+/* The template of a file series for an experiment list: the name with the frame number as '#'s. */
+static void series_template(const char *path, int n, char *out, size_t size)
+{
+    if (n <= 1 || strchr(path, '#') != NULL) {
+        snprintf(out, size, "%s", path);
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(path, '.');
+    if (dot == NULL || (slash != NULL && dot < slash) || dot == path || (slash != NULL && dot == slash + 1)) {
+        dot = path + strlen(path);
+    }
+    snprintf(out, size, "%.*s_#####%s", (int)(dot - path), path, dot);
+}
+
+/* Prints an error and returns 0. */
+static int out_error(nbg_ctx *ctx)
+{
+    fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+    return 0;
+}
+
+/* The dials.import line that makes dxtbx read nbgrad's SMV files right: its SMV reader takes the beam centre from
+ * BEAM_CENTER_X/Y in a fixed convention, the spindle along the fast axis and a pedestal of 1; a rotated detector
+ * it cannot describe at all. */
+static void print_dials_import(const nbgi_cli *c, const char *smv)
+{
+    const nbg_geometry *g = &c->geom;
+    double n[3];
+    nbgi_cross(g->fast, g->slow, n);
+    const double dn = -nbgi_dot(g->direction, n), on = nbgi_dot(g->origin, n);
+    const int flat = fabs(fabs(n[2]) - 1) < 1e-9 && fabs(g->fast[0] - 1) < 1e-9;
+    if (!flat) {
+        printf("note: SMV cannot describe this detector (rotated, or not facing the beam): DIALS will read its "
+               "geometry wrong; write -nxsfile or -cbffile for DIALS\n");
+        return;
+    }
+    if (fabs(dn) < 1e-12) {
+        return;
+    }
+    /* where the beam meets the detector plane, in the panel's fast/slow pixels */
+    double p[3];
+    for (int i = 0; i < 3; ++i) p[i] = -g->direction[i] * on / dn - g->origin[i];
+    char tmpl[PATH_MAX];
+    series_template(smv, c->nframes, tmpl, sizeof tmpl);
+    printf("to import %s in DIALS: dials.import %s fast_slow_beam_centre=%.4f,%.4f goniometer.axes=%g,%g,%g "
+           "geometry.detector.panel.pedestal=%g\n", c->nframes > 1 ? "the SMV series" : "the SMV file", tmpl,
+           nbgi_dot(p, g->fast) / g->pixel_f, nbgi_dot(p, g->slow) / g->pixel_s, g->axis[0], g->axis[1], g->axis[2],
+           c->adc);
+}
+
+int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame)
 {
     const int F = r->fpixels, S = r->spixels;
     const size_t npix = (size_t)F * (size_t)S;
+    const int nframes = c->nframes > 0 ? c->nframes : 1;
+    char name[PATH_MAX];
     nbgi_stats st;
     nbgi_cli_stats(c, r, img, &st);
+    if (nframes > 1) {
+        printf("frame %d of %d: phi %g to %g deg\n", frame + 1, nframes, r->phi0, r->phi0 + r->osc);
+    }
     if (st.imax >= 0) {
         /* nanoBragg reports the position of the last subpixel of the brightest pixel */
         const int os = r->oversample;
@@ -1014,79 +1132,172 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         printf("max_I = %g\n", st.max);
     }
     printf("mean= %g rms= %g rmsd= %g\n", st.mean, st.rms, st.rmsd);
-    if (c->floatfile != NULL) {
-        if (nbgi_write_float_set(ctx, &c->outs, c->floatfile, img, npix) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            return 0;
+    if (frame == 0 && (c->nxsfile != NULL || c->cbffile != NULL || c->exptfile != NULL || c->intfile != NULL ||
+                       (c->noisefile != NULL && !c->nonoise))) {
+        if (nbg_geometry_from_report(ctx, &c->e, r, nframes, &c->geom) != NBG_OK) {
+            return out_error(ctx);
         }
-        printf("wrote %s as %zu 4-byte floats\n", c->floatfile, npix);
+        const int integer = c->filedata != NBGI_DATA_FLOAT;
+        c->geom.pedestal = integer ? c->adc : 0;
+        c->geom.saturation = integer ? 65535 : 1e10;
     }
+    if (c->floatfile != NULL) {
+        nbgi_cli_frame_name(c->floatfile, frame, nframes, name, sizeof name);
+        if (nbgi_write_float_set(ctx, &c->outs, name, img, npix) != NBG_OK) {
+            return out_error(ctx);
+        }
+        printf("wrote %s as %zu 4-byte floats\n", name, npix);
+    }
+    /* the integer scale: -scale, else 55000 / the maximum, of the first frame for a whole series */
     double scale = c->scale;
     if (scale <= 0) {
-        scale = st.max > 0 ? 55000.0 / st.max : 1.0;
+        scale = frame > 0 ? c->series_scale : st.max > 0 ? 55000.0 / st.max : 1.0;
+        c->series_scale = scale;
     }
     nbg_smv_header h;
     nbg_smv_header_from_report(r, &h);
-    uint16_t *buf = NULL;
-    if (c->intfile != NULL || (c->noisefile != NULL && !c->nonoise)) {
-        buf = malloc(sizeof(uint16_t) * (npix ? npix : 1));
-        if (buf == NULL) {
-            fprintf(stderr, "nbgrad: error: out of memory for the integer image\n");
-            return 0;
-        }
+    h.has_adc_offset = c->smv_adc;
+    h.adc_offset = c->adc;
+    const int want_int = c->intfile != NULL || ((c->nxsfile != NULL || c->cbffile != NULL) &&
+                                                c->filedata == NBGI_DATA_INT);
+    const int want_noise = (c->noisefile != NULL && !c->nonoise) ||
+                           ((c->nxsfile != NULL || c->cbffile != NULL) && c->filedata == NBGI_DATA_NOISE);
+    uint16_t *ibuf = NULL, *nbuf = NULL;
+    int32_t *cbuf = NULL;
+    int ok = 0;
+    if ((want_int && (ibuf = malloc(sizeof(uint16_t) * npix)) == NULL) ||
+        (want_noise && (nbuf = malloc(sizeof(uint16_t) * npix)) == NULL) ||
+        (c->cbffile != NULL && (cbuf = malloc(sizeof(int32_t) * npix)) == NULL)) {
+        fprintf(stderr, "nbgrad: error: out of memory for the integer images (%zu pixels)\n", npix);
+        goto done;
     }
-    if (c->intfile != NULL) {
-        if (nbg_int_image(ctx, img, F, S, c->e.roi, scale, c->adc, buf) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            free(buf);
-            return 0;
+    if (want_int) {
+        if (nbg_int_image(ctx, img, F, S, c->e.roi, scale, c->adc, ibuf) != NBG_OK) {
+            out_error(ctx);
+            goto done;
         }
         printf("intfile_scale = %g\n", scale);
-        if (nbgi_write_smv_set(ctx, &c->outs, c->intfile, &h, buf) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            free(buf);
-            return 0;
+    }
+    if (c->intfile != NULL) {
+        nbgi_cli_frame_name(c->intfile, frame, nframes, name, sizeof name);
+        if (nbgi_write_smv_set(ctx, &c->outs, name, &h, ibuf) != NBG_OK) {
+            out_error(ctx);
+            goto done;
         }
-        printf("wrote %s as 2-byte integers\n", c->intfile);
+        printf("wrote %s as 2-byte integers\n", name);
     }
     if (c->pgmfile != NULL && !c->nopgm) {
         double ps = c->pgmscale;
         if (ps <= 0) {
             ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
         }
-        if (nbgi_write_pgm_set(ctx, &c->outs, c->pgmfile, img, F, S, ps) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            free(buf);
-            return 0;
+        nbgi_cli_frame_name(c->pgmfile, frame, nframes, name, sizeof name);
+        if (nbgi_write_pgm_set(ctx, &c->outs, name, img, F, S, ps) != NBG_OK) {
+            out_error(ctx);
+            goto done;
         }
-        printf("wrote %s with pixels scaled by %g\n", c->pgmfile, ps);
+        printf("wrote %s with pixels scaled by %g\n", name, ps);
     }
-    if (c->noisefile != NULL && !c->nonoise) {
+    if (want_noise) {
         long seed = c->seed;
         if (!c->have_seed) {
             seed = (long)time(NULL);
+            c->seed = seed;
+            c->have_seed = 1;
             printf("noise seed: %ld (repeat with -seed %ld)\n", seed, seed);
         }
         long photons = 0, overloads = 0;
-        if (nbg_noise_image(ctx, img, F, S, c->e.roi, c->adc, seed, buf, &photons, &overloads) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            free(buf);
-            return 0;
+        /* frame i of a series draws from seed + i: the first frame is the single image's */
+        if (nbg_noise_image(ctx, img, F, S, c->e.roi, c->adc, seed + frame, nbuf, &photons, &overloads) != NBG_OK) {
+            out_error(ctx);
+            goto done;
         }
         printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
-        if (nbgi_write_smv_set(ctx, &c->outs, c->noisefile, &h, buf) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            free(buf);
-            return 0;
+    }
+    if (c->noisefile != NULL && !c->nonoise) {
+        nbgi_cli_frame_name(c->noisefile, frame, nframes, name, sizeof name);
+        if (nbgi_write_smv_set(ctx, &c->outs, name, &h, nbuf) != NBG_OK) {
+            out_error(ctx);
+            goto done;
         }
-        printf("wrote %s as 2-byte integers\n", c->noisefile);
+        printf("wrote %s as 2-byte integers\n", name);
     }
-    free(buf);
+    const uint16_t *counts = c->filedata == NBGI_DATA_NOISE ? nbuf : ibuf;
+    if (c->cbffile != NULL) {
+        for (size_t i = 0; i < npix; ++i) cbuf[i] = counts[i];
+        nbgi_cli_frame_name(c->cbffile, frame, nframes, name, sizeof name);
+        if (nbgi_write_cbf_set(ctx, &c->outs, name, &c->geom, frame, cbuf) != NBG_OK) {
+            out_error(ctx);
+            goto done;
+        }
+        printf("wrote %s as a CBF of 4-byte integers\n", name);
+    }
+    if (c->nxsfile != NULL) {
+        /* NXmx holds the whole series in one file: gather the frames, write after the last */
+        const size_t elem = c->filedata == NBGI_DATA_FLOAT ? sizeof(float) : sizeof(int32_t);
+        if (frame == 0) {
+            if (nbgi_check_bytes(ctx, (double)elem * npix * nframes, "the frames of the NXmx file") != NBG_OK) {
+                out_error(ctx);
+                goto done;
+            }
+            free(c->series);
+            c->series = malloc(elem * npix * nframes);
+            if (c->series == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory for %d frames of %zu pixels\n", nframes, npix);
+                goto done;
+            }
+        }
+        if (c->filedata == NBGI_DATA_FLOAT) {
+            memcpy((float *)c->series + (size_t)frame * npix, img, npix * sizeof(float));
+        } else {
+            int32_t *dst = (int32_t *)c->series + (size_t)frame * npix;
+            for (size_t i = 0; i < npix; ++i) dst[i] = counts[i];
+        }
+        if (frame == nframes - 1) {
+            if (nbgi_write_nxmx_set(ctx, &c->outs, c->nxsfile, &c->geom,
+                                    c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32 : NBG_DATA_INT32, c->series,
+                                    nframes, c->e.mask) != NBG_OK) {
+                out_error(ctx);
+                goto done;
+            }
+            printf("wrote %s as NeXus NXmx (%d frame%s of %s)\n", c->nxsfile, nframes, nframes > 1 ? "s" : "",
+                   c->filedata == NBGI_DATA_FLOAT ? "4-byte floats" : "4-byte integers");
+        }
+    }
+    if (c->exptfile != NULL && frame == nframes - 1) {
+        /* the images the list names: the NXmx file, else the CBF, SMV or noise series */
+        const char *img_path = c->nxsfile != NULL    ? c->nxsfile
+                               : c->cbffile != NULL  ? c->cbffile
+                               : c->intfile != NULL  ? c->intfile
+                               : c->noisefile != NULL ? c->noisefile
+                                                      : "";
+        char tmpl[PATH_MAX];
+        if (c->nxsfile != NULL) {
+            snprintf(tmpl, sizeof tmpl, "%s", img_path);
+        } else {
+            series_template(img_path, nframes, tmpl, sizeof tmpl);
+        }
+        if (nbgi_write_expt_set(ctx, &c->outs, c->exptfile, &c->geom, tmpl) != NBG_OK) {
+            out_error(ctx);
+            goto done;
+        }
+        printf("wrote %s, the DIALS experiment list (truth: beam, detector, goniometer, scan, crystal)\n",
+               c->exptfile);
+    }
+    if (frame == nframes - 1 && (c->intfile != NULL || (c->noisefile != NULL && !c->nonoise))) {
+        print_dials_import(c, c->intfile != NULL ? c->intfile : c->noisefile);
+    }
     if (c->floatfile == NULL && c->intfile == NULL && (c->pgmfile == NULL || c->nopgm) &&
-        (c->noisefile == NULL || c->nonoise)) {
-        printf("no output file asked for (-floatfile, -intfile, -pgmfile, -noisefile)\n");
+        (c->noisefile == NULL || c->nonoise) && c->nxsfile == NULL && c->cbffile == NULL && c->exptfile == NULL) {
+        printf("no output file asked for (-floatfile, -intfile, -pgmfile, -noisefile, -nxsfile, -cbffile, "
+               "-exptfile)\n");
     }
-    return 1;
+    ok = 1;
+done:
+    free(ibuf);
+    free(nbuf);
+    free(cbuf);
+    return ok;
 }
 
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r)
@@ -1170,6 +1381,8 @@ int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n)
         {"-dump", fdump_out ? c->dumpfile : NULL, 1},                      {"-floatfile", c->floatfile, 1},
         {"-intfile", c->intfile, 1},     {"-pgmfile", c->nopgm ? NULL : c->pgmfile, 1},
         {"-noisefile", c->nonoise ? NULL : c->noisefile, 1},
+        {"-nxsfile", c->nxsfile, 1},     {"-cbffile", c->cbffile, 1},      {"-exptfile", c->exptfile, 1},
+        {"-expt", c->exptin, 0},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) {
         if (own[i].path != NULL) {

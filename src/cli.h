@@ -22,6 +22,15 @@ struct nbgi_cli {
     int mask_f, mask_s;
     const char *hklfile, *matfile, *sourcefile, *dumpfile, *maskfile, *imgfile;
     const char *floatfile, *intfile, *pgmfile, *noisefile;
+    const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
+    const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
+    int nframes;            /* -frames: images of the rotation series (1) */
+    int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
+    int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
+    /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
+    void *series;
+    double series_scale;
+    nbg_geometry geom;
     double scale, adc, pgmscale;
     long seed;
     int have_seed, have_misset_seed;
@@ -37,6 +46,9 @@ struct nbgi_cli {
     int (*extra_handler)(nbgi_cli *c, int argc, char **argv, int i);
     void *extra;
 };
+
+/* What -data puts in NXmx and CBF files. */
+enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };
 
 typedef struct {
     double max, sum, mean, rms, rmsd;
@@ -64,8 +76,14 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c);
 int nbgi_cli_number(const char *flag, const char *s, double *out);
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);
 void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st);
-/* Writes the images asked for into the run's output set (nothing is renamed over a target yet). */
-int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img);
+/* Writes frame `frame` (0-based, of c->nframes) of the images asked for into the run's output set (nothing is
+ * renamed over a target yet); with several frames, the per-image files get the frame number (1-based) in their
+ * names, and the last frame also writes the NXmx file and the experiment list of the series. */
+int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame);
+/* The name of frame `frame` (0-based) of a series of n images written to path: path itself when n is 1; else a
+ * run of '#' in the name replaced by the 1-based frame number (zero-padded to the run's width), or "_00001"
+ * inserted before the extension.  out holds size bytes. */
+void nbgi_cli_frame_name(const char *path, int frame, int n, char *out, size_t size);
 /* Renames every output of the run over its target; prints the error and returns 0 on failure. */
 int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c);
 

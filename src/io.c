@@ -641,6 +641,8 @@ void nbg_smv_header_from_report(const nbg_report *r, nbg_smv_header *h)
     h->phi0 = r->phi0;
     h->osc = r->osc;
     h->twotheta = r->twotheta;
+    h->has_adc_offset = 0;
+    h->adc_offset = 0;
 }
 
 /* Checks image dimensions and returns the pixel count through *npix. */
@@ -669,7 +671,13 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
     if (rc != NBG_OK)
         return rc;
 
-    /* The header text, in the reference's order and %g formatting.  DIALS_ORIGIN has no ';' there either. */
+    /* The header text, in the reference's order and %g formatting.  DIALS_ORIGIN has no ';' there either.  The
+     * pedestal key is nbgrad's addition, written only when asked for. */
+    char adc[64] = "";
+    if (h->has_adc_offset && !isfinite(h->adc_offset))
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the ADC offset %g is not finite", path, h->adc_offset);
+    if (h->has_adc_offset)
+        snprintf(adc, sizeof adc, "ADC_OFFSET=%g;\n", h->adc_offset);
     char text[2048];
     int len = snprintf(text, sizeof text,
         "{\nHEADER_BYTES=512;\nDIM=2;\nBYTE_ORDER=%s;\nTYPE=unsigned_short;\n"
@@ -684,6 +692,7 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
         "CLOSE_DISTANCE=%g;\n"
         "PHI=%g;\nOSC_START=%g;\nOSC_RANGE=%g;\n"
         "TWOTHETA=%g;\n"
+        "%s"
         "DETECTOR_SN=000;\nBEAMLINE=fake;\n}\f",
         host_is_little_endian() ? "little_endian" : "big_endian",
         h->fpixels, h->spixels, h->pixel, h->distance,
@@ -696,7 +705,7 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
         h->ORGX, h->ORGY,
         h->close_distance,
         h->phi0, h->phi0, h->osc,
-        h->twotheta);
+        h->twotheta, adc);
     if (len < 0 || len > 512)
         return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in 512 bytes",
                          path, len);
@@ -812,6 +821,8 @@ static void smv_header_unset(nbg_smv_header *h)
     h->Xbeam = h->Ybeam = h->Fbeam = h->Sbeam = h->detsize_s = NAN;
     h->dials_origin[0] = h->dials_origin[1] = h->dials_origin[2] = NAN;
     h->ORGX = h->ORGY = h->phi0 = h->osc = h->twotheta = NAN;
+    h->has_adc_offset = 0;
+    h->adc_offset = NAN;
 }
 
 /* Parses the header keys into h and checks byte order and pixel type; *swap says whether the data need swapping. */
@@ -832,7 +843,8 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
                              *const k_close[] = {"CLOSE_DISTANCE"}, *const k_lambda[] = {"WAVELENGTH"},
                              *const k_bx[] = {"BEAM_CENTER_X"}, *const k_by[] = {"BEAM_CENTER_Y"},
                              *const k_orgx[] = {"ORGX", "XDS_ORGX"}, *const k_orgy[] = {"ORGY", "XDS_ORGY"},
-                             *const k_phi[] = {"PHI"}, *const k_osc[] = {"OSC_RANGE"}, *const k_tt[] = {"TWOTHETA"};
+                             *const k_phi[] = {"PHI"}, *const k_osc[] = {"OSC_RANGE"}, *const k_tt[] = {"TWOTHETA"},
+                             *const k_adc[] = {"ADC_OFFSET"};
     struct {
         const char *const *names;
         int n;
@@ -841,7 +853,7 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
         {k_pixel, 1, &h->pixel},   {k_dist, 1, &h->distance}, {k_close, 1, &h->close_distance},
         {k_lambda, 1, &h->lambda}, {k_bx, 1, &h->Xbeam},      {k_by, 1, &h->Ybeam},
         {k_orgx, 2, &h->ORGX},     {k_orgy, 2, &h->ORGY},     {k_phi, 1, &h->phi0},
-        {k_osc, 1, &h->osc},       {k_tt, 1, &h->twotheta},
+        {k_osc, 1, &h->osc},       {k_tt, 1, &h->twotheta},   {k_adc, 1, &h->adc_offset},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
         rc = smv_number(ctx, path, hdr, keys[i].names, keys[i].n, keys[i].dst);
@@ -849,6 +861,7 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
             return rc;
     }
 
+    h->has_adc_offset = !isnan(h->adc_offset);
     char word[64];
     smv_word(hdr, "TYPE", word, sizeof word);
     if (word[0] != '\0' && strcmp(word, "unsigned_short") != 0)

@@ -104,3 +104,296 @@ int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what)
     }
     return NBG_OK;
 }
+
+/* The rotation that takes the unit vector b to (0,0,-1): about b x (0,0,-1) by their angle; for b along +z, 180
+ * degrees about x (any perpendicular axis would do; x keeps XDS's and DIALS's fast axis). */
+static void rotation_to_minus_z(const double b[3], double R[9])
+{
+    const double t[3] = {0, 0, -1};
+    double k[3];
+    nbgi_cross(b, t, k);
+    const double s = nbgi_norm(k), c = nbgi_dot(b, t);
+    if (s < 1e-12) {
+        const double sign = c > 0 ? 1 : -1;
+        const double Rm[9] = {1, 0, 0, 0, sign, 0, 0, 0, sign};
+        memcpy(R, Rm, sizeof Rm);
+        return;
+    }
+    for (int i = 0; i < 3; ++i) k[i] /= s;
+    /* Rodrigues: R = c I + s [k]x + (1 - c) k k^T */
+    const double K[9] = {0, -k[2], k[1], k[2], 0, -k[0], -k[1], k[0], 0};
+    for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            R[3 * i + j] = (i == j ? c : 0) + s * K[3 * i + j] + (1 - c) * k[i] * k[j];
+        }
+    }
+}
+
+static void apply(const double R[9], const double v[3], double out[3])
+{
+    double w[3];
+    for (int i = 0; i < 3; ++i) w[i] = R[3 * i] * v[0] + R[3 * i + 1] * v[1] + R[3 * i + 2] * v[2];
+    memcpy(out, w, sizeof w);
+}
+
+int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, int nframes,
+                             nbg_geometry *g)
+{
+    if (e == NULL || r == NULL || g == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_geometry_from_report: NULL argument");
+    if (nframes < 1)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_geometry_from_report: %d frames (at least 1)", nframes);
+    nbgi_geometry_init(g);
+    double R[9];
+    rotation_to_minus_z(r->beam, R);
+    g->fpixels = r->fpixels;
+    g->spixels = r->spixels;
+    g->pixel_f = g->pixel_s = r->pixel;
+    apply(R, r->fdet, g->fast);
+    apply(R, r->sdet, g->slow);
+    apply(R, r->pix0, g->origin);
+    for (int i = 0; i < 3; ++i) g->origin[i] *= 1000.0; /* m -> mm */
+    double travel[3];
+    apply(R, r->beam, travel);
+    for (int i = 0; i < 3; ++i) g->direction[i] = -travel[i];
+    g->wavelength = r->lambda;
+    /* nanoBragg's Kahn factor K along the polarization axis p: the fraction of the intensity polarized along p is
+     * (1 + K) / 2, and the polarization plane (beam, p) has the normal b x p. */
+    double n[3];
+    nbgi_cross(r->beam, r->polar_axis, n);
+    const double nn = nbgi_norm(n);
+    if (nn > 1e-12) {
+        for (int i = 0; i < 3; ++i) n[i] /= nn;
+        apply(R, n, g->polarization_normal);
+    }
+    g->polarization_fraction = e->nopolar ? 0.5 : 0.5 * (1 + e->polarization);
+    apply(R, r->spindle, g->axis);
+    g->scan_start = r->phi0;
+    g->scan_width = r->osc;
+    g->nframes = nframes;
+    g->exposure = e->exposure;
+    if (e->thick > 0) {
+        g->thickness = e->thick / 1000.0;
+        const double att_um = isnan(e->thick_abs) ? e->thick : e->thick_abs;
+        g->mu = (att_um > 0 && isfinite(att_um)) ? 1000.0 / att_um : 0;
+        snprintf(g->material, sizeof g->material, "Si");
+    }
+    g->has_crystal = 1;
+    for (int i = 0; i < 3; ++i) apply(R, r->real_vectors + 3 * i, g->real_space + 3 * i);
+    return nbgi_geometry_check(ctx, g, "describing the experiment");
+}
+
+int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)
+{
+    if (g == NULL || e == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_experiment_from_geometry: NULL argument");
+    int rc = nbgi_geometry_check(ctx, g, "using the geometry");
+    if (rc != NBG_OK)
+        return rc;
+    if (fabs(g->pixel_f - g->pixel_s) > 1e-9 * g->pixel_f)
+        return nbgi_error(ctx, NBG_EINVAL, "the pixels are %g x %g mm: nbgrad's detector has square pixels",
+                          g->pixel_f, g->pixel_s);
+    double b[3], o[3];
+    for (int i = 0; i < 3; ++i) b[i] = -g->direction[i];
+    nbgi_cross(g->fast, g->slow, o);
+    double close = nbgi_dot(g->origin, o);
+    if (close < 0) {
+        /* the normal must point away from the sample: nanoBragg's sensor layers and close distance go along it */
+        for (int i = 0; i < 3; ++i) o[i] = -o[i];
+        close = -close;
+    }
+    if (!(close > 1e-6))
+        return nbgi_error(ctx, NBG_EINVAL, "the detector plane passes through the sample (distance %g mm)", close);
+    if (!(nbgi_dot(b, o) > 1e-6))
+        return nbgi_error(ctx, NBG_EINVAL, "the beam does not reach the detector plane (it is parallel to it or "
+                          "points away from it)");
+    e->convention = NBG_CONV_CUSTOM;
+    e->pivot = NBG_PIVOT_SAMPLE;
+    e->pixel = g->pixel_f;
+    e->fpixels = g->fpixels;
+    e->spixels = g->spixels;
+    e->detsize_f = g->fpixels * g->pixel_f;
+    e->detsize_s = g->spixels * g->pixel_s;
+    /* the sample pivot puts pix0 at -Fclose f - Sclose s + close o, which is g's origin exactly */
+    e->Xbeam = -nbgi_dot(g->origin, g->fast);
+    e->Ybeam = -nbgi_dot(g->origin, g->slow);
+    e->close_distance = close;
+    e->distance = close / nbgi_dot(b, o);
+    e->Xclose = e->Yclose = e->ORGX = e->ORGY = NAN;
+    memcpy(e->fdet, g->fast, sizeof e->fdet);
+    memcpy(e->sdet, g->slow, sizeof e->sdet);
+    memcpy(e->odet, o, sizeof e->odet);
+    memcpy(e->beam, b, sizeof e->beam);
+    memcpy(e->spindle, g->axis, sizeof e->spindle);
+    /* the polarization axis p lies in the polarization plane: p = n x b */
+    nbgi_cross(g->polarization_normal, b, e->polar_axis);
+    e->polarization = 2 * g->polarization_fraction - 1;
+    for (int i = 0; i < 3; ++i) e->det_rot[i] = 0;
+    e->twotheta = 0;
+    e->twotheta_axis[0] = NAN;
+    e->beam_shift[0] = e->beam_shift[1] = 0;
+    e->lambda = g->wavelength;
+    e->phi0 = g->scan_start;
+    e->osc = g->scan_width;
+    e->exposure = g->exposure;
+    if (g->thickness > 0) {
+        e->thick = g->thickness * 1000.0;
+        e->thick_abs = g->mu > 0 ? 1000.0 / g->mu : INFINITY;
+    }
+    if (g->has_crystal) {
+        /* the reciprocal vectors, times the wavelength: the MOSFLM A matrix (rows x, y, z; columns a*, b*, c*) */
+        const double *a = g->real_space, *bb = g->real_space + 3, *c = g->real_space + 6;
+        double bxc[3], cxa[3], axb[3];
+        nbgi_cross(bb, c, bxc);
+        nbgi_cross(c, a, cxa);
+        nbgi_cross(a, bb, axb);
+        const double V = nbgi_dot(a, bxc);
+        for (int i = 0; i < 3; ++i) {
+            e->mat[3 * i + 0] = bxc[i] / V * g->wavelength;
+            e->mat[3 * i + 1] = cxa[i] / V * g->wavelength;
+            e->mat[3 * i + 2] = axb[i] / V * g->wavelength;
+        }
+        e->has_mat = 1;
+        e->has_cell = 0;
+        e->misset[0] = e->misset[1] = e->misset[2] = 0;
+        e->misset_random = 0;
+    }
+    return NBG_OK;
+}
+
+/* What a file is, from its first bytes. */
+typedef enum { FILE_RAW = 0, FILE_HDF5, FILE_CBF, FILE_SMV } file_kind;
+
+static file_kind sniff(const unsigned char *head, size_t n)
+{
+    static const unsigned char hdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    if (n >= 8 && memcmp(head, hdf5, 8) == 0)
+        return FILE_HDF5;
+    if (n >= 6 && memcmp(head, "###CBF", 6) == 0)
+        return FILE_CBF;
+    if (n >= 12 && memcmp(head, "{\nHEADER_BYT", 12) == 0)
+        return FILE_SMV;
+    return FILE_RAW;
+}
+
+static int read_smv_image(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g)
+{
+    nbg_smv_header h;
+    uint16_t *data = NULL;
+    int rc = nbg_read_smv(ctx, path, &h, &data);
+    if (rc != NBG_OK)
+        return rc;
+    const size_t n = (size_t)h.fpixels * (size_t)h.spixels;
+    float *img = malloc(n * sizeof *img);
+    if (img == NULL) {
+        free(data);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s (%zu pixels)", path, n);
+    }
+    for (size_t i = 0; i < n; ++i) img[i] = data[i];
+    free(data);
+    if (g != NULL) {
+        /* SMV says little of the geometry: sizes, wavelength, distance (in the origin along -z, for a flat
+         * detector facing the beam) and the pedestal when nbgrad wrote one */
+        g->fpixels = h.fpixels;
+        g->spixels = h.spixels;
+        g->pixel_f = g->pixel_s = h.pixel;
+        g->wavelength = h.lambda;
+        if (isfinite(h.distance))
+            g->origin[2] = -h.distance;
+        g->pedestal = h.has_adc_offset ? h.adc_offset : NAN;
+        g->saturation = 65535;
+        if (isfinite(h.phi0))
+            g->scan_start = h.phi0;
+        if (isfinite(h.osc))
+            g->scan_width = h.osc;
+    }
+    *image = img;
+    *npix = n;
+    return NBG_OK;
+}
+
+static int read_raw_image(nbg_ctx *ctx, const char *path, size_t expect_npix, off_t size, float **image, size_t *npix)
+{
+    if (expect_npix == 0)
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not an NXmx, CBF or SMV file, and raw floats were not expected",
+                          path);
+    if ((unsigned long long)size != (unsigned long long)expect_npix * sizeof(float))
+        return nbgi_error(ctx, NBG_EFORMAT, "%s has %lld bytes; a raw float image of this detector has %zu", path,
+                          (long long)size, expect_npix * sizeof(float));
+    int rc = nbgi_check_bytes(ctx, (double)expect_npix * sizeof(float), path);
+    if (rc != NBG_OK)
+        return rc;
+    float *img = malloc(expect_npix * sizeof *img);
+    if (img == NULL)
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s (%zu pixels)", path, expect_npix);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        const int err = errno;
+        free(img);
+        return nbgi_error(ctx, NBG_EIO, "cannot open %s: %s", path, strerror(err));
+    }
+    const size_t got = fread(img, sizeof *img, expect_npix, f);
+    fclose(f);
+    if (got != expect_npix) {
+        free(img);
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s", path);
+    }
+    *image = img;
+    *npix = expect_npix;
+    return NBG_OK;
+}
+
+int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
+                   nbg_geometry *g, int *have_geometry, uint8_t **mask)
+{
+    if (image == NULL || npix == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_image: NULL argument");
+    *image = NULL;
+    *npix = 0;
+    if (mask != NULL)
+        *mask = NULL;
+    if (have_geometry != NULL)
+        *have_geometry = 0;
+    if (path == NULL || path[0] == '\0')
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_image: empty file name");
+    if (frame < 0)
+        return nbgi_error(ctx, NBG_EINVAL, "%s: frame %d (frames count from 0)", path, frame);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s: not a regular file%s", path,
+                          S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
+    unsigned char head[16] = {0};
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return nbgi_error(ctx, NBG_EIO, "cannot open %s: %s", path, strerror(errno));
+    const size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    if (g != NULL)
+        nbgi_geometry_init(g);
+    int rc;
+    switch (sniff(head, n)) {
+    case FILE_HDF5:
+        rc = nbgi_read_nxmx(ctx, path, frame, image, npix, g, mask);
+        if (rc == NBG_OK && have_geometry != NULL)
+            *have_geometry = 1;
+        return rc;
+    case FILE_CBF:
+        if (frame != 0)
+            return nbgi_error(ctx, NBG_EINVAL, "%s: a CBF file holds one image; frame %d was asked for", path, frame);
+        rc = nbgi_read_cbf(ctx, path, image, npix, g, mask);
+        if (rc == NBG_OK && have_geometry != NULL && g != NULL)
+            *have_geometry = g->fpixels > 0 && isfinite(g->wavelength);
+        return rc;
+    case FILE_SMV:
+        if (frame != 0)
+            return nbgi_error(ctx, NBG_EINVAL, "%s: an SMV file holds one image; frame %d was asked for", path, frame);
+        return read_smv_image(ctx, path, image, npix, g);
+    default:
+        if (frame != 0)
+            return nbgi_error(ctx, NBG_EINVAL, "%s: a raw float file holds one image; frame %d was asked for", path,
+                              frame);
+        return read_raw_image(ctx, path, expect_npix, st.st_size, image, npix);
+    }
+}

@@ -378,66 +378,21 @@ done:
     return status;
 }
 
-/* Reads a raw float image or an SMV file of npix pixels (the observed image, the weights); prints the error. */
+/* Reads an image of npix pixels (the observed image, the weights) in any format nbg_read_image knows: NXmx, CBF,
+ * SMV or raw floats; prints the error. */
 static float *read_image(nbg_ctx *ctx, const char *flag, const char *path, size_t npix)
 {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        fprintf(stderr, "nbgrad: error: %s %s: %s\n", flag, path, strerror(errno));
+    float *img = NULL;
+    size_t n = 0;
+    if (nbg_read_image(ctx, path, 0, npix, &img, &n, NULL, NULL, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s: %s\n", flag, nbg_errmsg(ctx));
         return NULL;
     }
-    if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "nbgrad: error: %s %s is not a regular file%s\n", flag, path,
-                S_ISDIR(st.st_mode) ? " (it is a directory)" : "");
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        fprintf(stderr, "nbgrad: error: %s: cannot open %s: %s\n", flag, path, strerror(errno));
-        return NULL;
-    }
-    char head[16] = {0};
-    const size_t got = fread(head, 1, 15, f);
-    float *img = malloc(sizeof(float) * (npix ? npix : 1));
-    if (img == NULL) {
-        fprintf(stderr, "nbgrad: error: %s %s: out of memory for an image of %zu pixels\n", flag, path, npix);
-        fclose(f);
-        return NULL;
-    }
-    if (got >= 12 && strncmp(head, "{\nHEADER_BYT", 12) == 0) {
-        fclose(f);
-        nbg_smv_header h;
-        uint16_t *data = NULL;
-        if (nbg_read_smv(ctx, path, &h, &data) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s: %s\n", flag, nbg_errmsg(ctx));
-            free(img);
-            return NULL;
-        }
-        if ((size_t)h.fpixels * h.spixels != npix) {
-            fprintf(stderr, "nbgrad: error: %s %s is %dx%d pixels, the detector has %zu pixels\n", flag, path,
-                    h.fpixels, h.spixels, npix);
-            free(data);
-            free(img);
-            return NULL;
-        }
-        for (size_t i = 0; i < npix; ++i) img[i] = data[i];
-        free(data);
-        return img;
-    }
-    if ((unsigned long long)st.st_size != (unsigned long long)npix * sizeof(float)) {
-        fprintf(stderr, "nbgrad: error: %s %s has %lld bytes; a raw float image of this detector has %zu\n", flag, path,
-                (long long)st.st_size, npix * sizeof(float));
-        fclose(f);
+    if (n != npix) {
+        fprintf(stderr, "nbgrad: error: %s %s has %zu pixels, the detector has %zu\n", flag, path, n, npix);
         free(img);
         return NULL;
     }
-    if (fseek(f, 0, SEEK_SET) != 0 || fread(img, sizeof(float), npix, f) != npix) {
-        fprintf(stderr, "nbgrad: error: %s: cannot read %s\n", flag, path);
-        fclose(f);
-        free(img);
-        return NULL;
-    }
-    fclose(f);
     return img;
 }
 
@@ -586,22 +541,38 @@ static int cmd_simulate(int argc, char **argv, int first)
         goto done;
     }
     nbgi_cli_print_setup(&c, &r);
+    if (c.cbffile != NULL && c.filedata == NBGI_DATA_FLOAT) {
+        fprintf(stderr, "nbgrad: error: -cbffile holds integers: -data float is for -nxsfile (use -data int or "
+                        "noise)\n");
+        goto done;
+    }
     const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
         goto done;
     }
-    if (nbg_simulate(ctx, &c.e, img, npix, &r) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-        goto done;
+    /* a rotation series: frame i turns the crystal from phi0 + i osc through osc */
+    const double phi0 = r.phi0, osc = r.osc;
+    ok = 1;
+    for (int frame = 0; frame < c.nframes && ok; ++frame) {
+        nbg_experiment ef = c.e;
+        ef.phi0 = phi0 + frame * osc;
+        if (nbg_simulate(ctx, &ef, img, npix, &r) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            ok = 0;
+            break;
+        }
+        if (r.interp_fallbacks > 0) {
+            printf("WARNING: %ld interpolation windows left the HKL table; nearest neighbours used there\n",
+                   r.interp_fallbacks);
+        }
+        if (frame == 0) {
+            printf("solid angle subtended by detector = %g steradian\n", r.solid_angle);
+        }
+        ok = nbgi_cli_write_outputs(ctx, &c, &r, img, frame);
     }
-    if (r.interp_fallbacks > 0) {
-        printf("WARNING: %ld interpolation windows left the HKL table; nearest neighbours used there\n",
-               r.interp_fallbacks);
-    }
-    printf("solid angle subtended by detector = %g steradian\n", r.solid_angle);
-    ok = nbgi_cli_write_outputs(ctx, &c, &r, img) && nbgi_cli_commit(ctx, &c);
+    ok = ok && nbgi_cli_commit(ctx, &c);
 done:
     free(img);
     nbgi_cli_free(&c);

@@ -817,7 +817,10 @@ static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
         unitize(fr->u) == 0) {
         return nbgi_error(ctx, NBG_EINVAL, "a beam, detector, polarization or spindle vector has zero length");
     }
-    if (unitize(fr->o) != 1.0) {
+    /* nanoBragg rebuilds o = f x s unless the o given is a unit vector; "unit" within rounding (1e-12) here, so
+     * that a normal computed elsewhere (nbg_experiment_from_geometry: it may point along -(f x s), as ADXV's
+     * does) is kept rather than flipped by a last-bit difference */
+    if (fabs(unitize(fr->o) - 1.0) > 1e-12) {
         nbgi_cross(fr->f, fr->s, fr->o);
         if (unitize(fr->o) == 0) {
             return nbgi_error(ctx, NBG_EINVAL, "detector fast and slow axes are parallel");
