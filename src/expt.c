@@ -1,0 +1,835 @@
+/*
+ * expt.c -- DIALS experiment lists (.expt, JSON through jansson): the writer lays out one experiment exactly as
+ * DIALS 3.12 (dxtbx's ExperimentList.to_dict) writes it, so that dials.* programs take it as their own; the reader
+ * takes one experiment of one panel from a list that DIALS (or this writer) wrote.
+ *
+ * Frames: nbg_geometry is already in DIALS's laboratory frame, so every vector is copied as it is.  The only
+ * composition is on reading: a goniometer with a setting rotation S and a fixed rotation F turns the crystal
+ * by S R(axis, phi) F, which equals R(S axis, phi) S F; nbg_geometry has no S or F, so the reader stores the
+ * rotation axis as S axis and the crystal's real-space vectors as S F a (exact, not an approximation).  A
+ * multi-axis goniometer is the same thing: F and S are the products of the rotations of the axes inside and
+ * outside the scan axis, as dxtbx computes them.
+ */
+#include "formats.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef NBG_HAVE_FORMATS
+
+#include <jansson.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Writing                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* JSON has no NaN: an unknown saturation (NaN in nbg_geometry) is written as the largest double, which dxtbx
+ * takes as "no overload" and which the reader maps back to NaN. */
+#define EXPT_NO_SATURATION DBL_MAX
+
+/* A JSON array of n reals (NULL when jansson runs out of memory: json_pack's "o" then fails, and the caller
+ * reports it). */
+static json_t *reals(const double *v, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < n; ++i) {
+        if (json_array_append_new(a, json_real(v[i])) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static json_t *ints2(json_int_t a, json_int_t b)
+{
+    return json_pack("[I, I]", a, b);
+}
+
+static json_t *identity9(void)
+{
+    static const double id[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    return reals(id, 9);
+}
+
+/* The panel as dxtbx's Panel.to_dict writes it (also used for the hierarchy's root group, with its fields). */
+static json_t *panel_json(const char *name, const char *type, const double fast[3], const double slow[3],
+                          const double origin[3], json_int_t fpix, json_int_t spix, const double pixel[2],
+                          const double trusted[2], double thickness, const char *material, double mu, double gain,
+                          double pedestal, const char *strategy)
+{
+    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:s, s:f, s:s, s:[], s:f, s:f, s:{s:s}}",
+                     "name", name, "type", type, "fast_axis", reals(fast, 3), "slow_axis", reals(slow, 3), "origin",
+                     reals(origin, 3), "raw_image_offset", ints2(0, 0), "image_size", ints2(fpix, spix), "pixel_size",
+                     reals(pixel, 2), "trusted_range", reals(trusted, 2), "thickness", thickness, "material",
+                     material, "mu", mu, "identifier", "", "mask", "gain", gain, "pedestal", pedestal,
+                     "px_mm_strategy", "type", strategy);
+}
+
+static json_t *detector_json(const nbg_geometry *g)
+{
+    /* DIALS's parallax correction needs both the thickness and mu; without either it uses the simple mapping. */
+    const char *strategy =
+        g->thickness > 0 && g->mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy";
+    const double pixel[2] = {g->pixel_f, g->pixel_s};
+    /* The lower end: dxtbx masks values at or below it; -1 is what it uses for counting detectors, and nbgrad's
+     * images (pedestal included) never go below 0. */
+    const double trusted[2] = {-1, isnan(g->saturation) ? EXPT_NO_SATURATION : g->saturation};
+    json_t *panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
+                               trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal, strategy);
+    /* The root group of the hierarchy, with the identity frame and empty fields DIALS writes for it. */
+    static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
+    json_t *root = panel_json("", "", ex, ey, zero, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+    if (root != NULL && json_object_set_new(root, "children", json_pack("[{s:i}]", "panel", 0)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
+    return json_pack("{s:[o], s:o}", "panels", panel, "hierarchy", root);
+}
+
+static json_t *beam_json(const nbg_geometry *g)
+{
+    return json_pack("{s:o, s:f, s:f, s:f, s:o, s:f, s:f, s:f}", "direction", reals(g->direction, 3), "wavelength",
+                     g->wavelength, "divergence", 0.0, "sigma_divergence", 0.0, "polarization_normal",
+                     reals(g->polarization_normal, 3), "polarization_fraction", g->polarization_fraction, "flux", 0.0,
+                     "transmission", 1.0);
+}
+
+static json_t *scan_json(const nbg_geometry *g)
+{
+    json_t *exposure = json_array(), *epochs = json_array();
+    /* nbgrad knows no clock: the epochs are the images' start times had they been taken back to back from 0,
+     * which keeps them increasing as DIALS expects of a sequence. */
+    for (int i = 0; exposure != NULL && epochs != NULL && i < g->nframes; ++i) {
+        if (json_array_append_new(exposure, json_real(g->exposure)) != 0 ||
+            json_array_append_new(epochs, json_real(i * g->exposure)) != 0) {
+            json_decref(exposure);
+            json_decref(epochs);
+            exposure = epochs = NULL;
+        }
+    }
+    const double osc[2] = {g->scan_start, g->scan_width};
+    return json_pack("{s:o, s:i, s:o, s:o, s:o, s:{}}", "image_range", ints2(1, g->nframes), "batch_offset", 0,
+                     "oscillation", reals(osc, 2), "exposure_time", exposure, "epochs", epochs,
+                     "valid_image_ranges");
+}
+
+static json_t *crystal_json(const nbg_geometry *g)
+{
+    return json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(g->real_space, 3),
+                     "real_space_b", reals(g->real_space + 3, 3), "real_space_c", reals(g->real_space + 6, 3),
+                     "space_group_hall_symbol", g->space_group);
+}
+
+/* 1 when name ends in an HDF5 extension (NXmx: one file holds every frame). */
+static int is_hdf5_name(const char *name)
+{
+    static const char *ext[] = {".nxs", ".h5", ".hdf5", ".nx5"};
+    const size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; ++i) {
+        const size_t m = strlen(ext[i]);
+        if (n > m && strcasecmp(name + n - m, ext[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* The absolute form of path as Python's os.path.abspath makes it (the current directory joined, then ".", ".."
+ * and repeated slashes removed textually; the file need not exist yet).  DIALS writes absolute image paths and
+ * resolves a relative one against the .expt's directory, not the current one, so a relative name would point
+ * elsewhere as soon as the .expt is not in the current directory.  malloc'd; NULL when out of memory or when
+ * the current directory cannot be named. */
+static char *abspath(const char *path)
+{
+    char *cwd = NULL;
+    if (path[0] != '/') {
+        cwd = getcwd(NULL, 0);
+        if (cwd == NULL)
+            return NULL;
+    }
+    const size_t len = (cwd != NULL ? strlen(cwd) + 1 : 0) + strlen(path) + 2;
+    char *joined = malloc(len), *out = malloc(len);
+    if (joined == NULL || out == NULL) {
+        free(cwd);
+        free(joined);
+        free(out);
+        return NULL;
+    }
+    snprintf(joined, len, "%s%s%s", cwd != NULL ? cwd : "", cwd != NULL ? "/" : "", path);
+    free(cwd);
+    size_t n = 0;
+    for (char *p = joined; *p != '\0';) {
+        while (*p == '/')
+            ++p;
+        char *e = p;
+        while (*e != '/' && *e != '\0')
+            ++e;
+        const size_t m = (size_t)(e - p);
+        if (m == 0 || (m == 1 && p[0] == '.')) {
+            /* nothing */
+        } else if (m == 2 && p[0] == '.' && p[1] == '.') {
+            while (n > 0 && out[n - 1] != '/')
+                --n;
+            if (n > 0)
+                --n; /* drop the slash too; at the root ".." stays at the root */
+        } else {
+            out[n++] = '/';
+            memcpy(out + n, p, m);
+            n += m;
+        }
+        p = e;
+    }
+    if (n == 0)
+        out[n++] = '/';
+    out[n] = '\0';
+    free(joined);
+    return out;
+}
+
+/* The image set as DIALS writes an ImageSequence: an NXmx file is one "template" with the 0-based indices of its
+ * frames (single_file_indices); a file series is a template with '#' for the frame number. */
+static json_t *imageset_json(const nbg_geometry *g, const char *template_abs, int hdf5)
+{
+    json_t *set = json_pack("{s:s, s:s}", "__id__", "ImageSequence", "template", template_abs);
+    if (set == NULL)
+        return NULL;
+    if (hdf5) {
+        json_t *idx = json_array();
+        for (int i = 0; idx != NULL && i < g->nframes; ++i) {
+            if (json_array_append_new(idx, json_integer(i)) != 0) {
+                json_decref(idx);
+                idx = NULL;
+            }
+        }
+        if (idx == NULL || json_object_set_new(set, "single_file_indices", idx) != 0) {
+            json_decref(set);
+            return NULL;
+        }
+    }
+    static const char *lookups[] = {"mask", "gain", "pedestal", "dx", "dy"};
+    for (size_t i = 0; i < sizeof lookups / sizeof lookups[0]; ++i) {
+        if (json_object_set_new(set, lookups[i], json_null()) != 0) {
+            json_decref(set);
+            return NULL;
+        }
+    }
+    if (json_object_set_new(set, "params", json_object()) != 0) {
+        json_decref(set);
+        return NULL;
+    }
+    return set;
+}
+
+/* The whole list, keys in the order dxtbx writes them.  NULL when out of memory. */
+static json_t *experiment_list_json(const nbg_geometry *g, const char *template_abs, int hdf5)
+{
+    json_t *expt = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "__id__", "Experiment", "identifier", "", "beam", 0,
+                             "detector", 0, "goniometer", 0, "scan", 0);
+    json_t *imagesets = json_array(), *crystals = json_array();
+    json_t *root = NULL;
+    int ok = expt != NULL && imagesets != NULL && crystals != NULL;
+    if (ok && g->has_crystal)
+        ok = json_object_set_new(expt, "crystal", json_integer(0)) == 0 &&
+             json_array_append_new(crystals, crystal_json(g)) == 0;
+    if (ok && template_abs != NULL)
+        ok = json_object_set_new(expt, "imageset", json_integer(0)) == 0 &&
+             json_array_append_new(imagesets, imageset_json(g, template_abs, hdf5)) == 0;
+    if (ok) {
+        root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[{s:o, s:o, s:o}], s:[o], s:o, s:[], s:[]}", "__id__",
+                         "ExperimentList", "experiment", expt, "imageset", imagesets, "beam", beam_json(g),
+                         "detector", detector_json(g), "goniometer", "rotation_axis", reals(g->axis, 3),
+                         "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan", scan_json(g),
+                         "crystal", crystals, "profile", "scaling_model");
+        return root; /* json_pack consumed every "o" reference, on failure too */
+    }
+    json_decref(expt);
+    json_decref(imagesets);
+    json_decref(crystals);
+    return NULL;
+}
+
+int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                        const char *images)
+{
+    if (path == NULL || path[0] == '\0')
+        return nbgi_error(ctx, NBG_EINVAL, "writing an experiment list: no file name");
+    char what[1200];
+    snprintf(what, sizeof what, "writing %s", path);
+    int rc = nbgi_geometry_check(ctx, g, what);
+    if (rc != NBG_OK)
+        return rc;
+    /* The JSON's size grows with the frame count (exposure, epochs and indices per frame, about 80 bytes each
+     * in jansson's tree and the text), so it goes through the memory limit like any input-sized allocation. */
+    rc = nbgi_check_bytes(ctx, 200.0 * g->nframes + 65536.0, "the experiment list's per-image scan entries");
+    if (rc != NBG_OK)
+        return rc;
+
+    char *template_abs = NULL;
+    int hdf5 = 0;
+    if (images != NULL && images[0] != '\0') {
+        hdf5 = is_hdf5_name(images);
+        /* A file series must name its frame digits; anything else would make DIALS look for one file. */
+        if (!hdf5 && strchr(images, '#') == NULL && g->nframes > 1)
+            return nbgi_error(ctx, NBG_EINVAL, "writing %s: the images %s of %d frames are neither an NXmx file "
+                              "(.nxs, .h5) nor a template with '#' for the frame number", path, images, g->nframes);
+        template_abs = abspath(images);
+        if (template_abs == NULL)
+            return nbgi_error(ctx, NBG_EIO, "writing %s: cannot make the image path %s absolute", path, images);
+    }
+
+    json_t *root = experiment_list_json(g, template_abs, hdf5);
+    free(template_abs);
+    /* 17 significant digits: every double reads back to the same bits. */
+    char *text = root != NULL ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(root);
+    if (text == NULL)
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory writing %s", path);
+
+    nbgi_out o;
+    rc = nbgi_out_open(ctx, path, &o);
+    if (rc == NBG_OK)
+        rc = nbgi_out_write(ctx, &o, text, strlen(text));
+    if (rc == NBG_OK)
+        rc = nbgi_out_write(ctx, &o, "\n", 1);
+    if (rc == NBG_OK)
+        rc = nbgi_out_finish(ctx, &o, set);
+    free(text);
+    return rc;
+}
+
+int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images)
+{
+    return nbgi_write_expt_set(ctx, NULL, path, g, images);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Reading                                                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* Every failure names the file and the JSON path of the field, e.g. "x.expt: detector[0].panels[0].fast_axis:
+ * expected 3 numbers". */
+typedef struct {
+    nbg_ctx *ctx;
+    const char *file;
+} reader;
+
+static int bad(const reader *r, const char *where, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int bad(const reader *r, const char *where, const char *key, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *dot = where[0] != '\0' && key[0] != '\0' ? "." : "";
+    if (where[0] == '\0' && key[0] == '\0') /* the document itself */
+        return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s", r->file, msg);
+    return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s%s%s: %s", r->file, where, dot, key, msg);
+}
+
+/* The member key of obj; NULL (and NBG_OK) when it is absent or null and optional, NBG_EFORMAT when required. */
+static int member(const reader *r, json_t *obj, const char *where, const char *key, int required, json_t **out)
+{
+    *out = json_object_get(obj, key);
+    if (*out != NULL && json_is_null(*out))
+        *out = NULL;
+    if (*out == NULL && required)
+        return bad(r, where, key, "missing");
+    return NBG_OK;
+}
+
+/* A number (a JSON integer or real; jansson admits no NaN or infinity). */
+static int number(const reader *r, json_t *obj, const char *where, const char *key, int required, double *out)
+{
+    json_t *v;
+    int rc = member(r, obj, where, key, required, &v);
+    if (rc != NBG_OK || v == NULL)
+        return rc;
+    if (!json_is_number(v))
+        return bad(r, where, key, "expected a number");
+    *out = json_number_value(v);
+    return NBG_OK;
+}
+
+/* An array of exactly n numbers. */
+static int numbers(const reader *r, json_t *obj, const char *where, const char *key, int required, size_t n,
+                   double *out)
+{
+    json_t *v;
+    int rc = member(r, obj, where, key, required, &v);
+    if (rc != NBG_OK || v == NULL)
+        return rc;
+    if (!json_is_array(v) || json_array_size(v) != n)
+        return bad(r, where, key, "expected %zu numbers", n);
+    for (size_t i = 0; i < n; ++i) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_number(x))
+            return bad(r, where, key, "expected %zu numbers (element %zu is not a number)", n, i);
+    }
+    for (size_t i = 0; i < n; ++i)
+        out[i] = json_number_value(json_array_get(v, i));
+    return NBG_OK;
+}
+
+/* An array of exactly n integers within [lo, hi]. */
+static int integers(const reader *r, json_t *obj, const char *where, const char *key, size_t n, json_int_t lo,
+                    json_int_t hi, json_int_t *out)
+{
+    json_t *v;
+    int rc = member(r, obj, where, key, 1, &v);
+    if (rc != NBG_OK)
+        return rc;
+    if (!json_is_array(v) || json_array_size(v) != n)
+        return bad(r, where, key, "expected %zu integers", n);
+    for (size_t i = 0; i < n; ++i) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+            return bad(r, where, key, "expected %zu integers from %lld to %lld", n, (long long)lo, (long long)hi);
+        out[i] = json_integer_value(x);
+    }
+    return NBG_OK;
+}
+
+/* A string that fits in size bytes (with its terminator). */
+static int string(const reader *r, json_t *obj, const char *where, const char *key, int required, char *out,
+                  size_t size)
+{
+    json_t *v;
+    int rc = member(r, obj, where, key, required, &v);
+    if (rc != NBG_OK || v == NULL)
+        return rc;
+    if (!json_is_string(v))
+        return bad(r, where, key, "expected a string");
+    if (json_string_length(v) >= size || strlen(json_string_value(v)) != json_string_length(v))
+        return bad(r, where, key, "the string is longer than %zu characters", size - 1);
+    memcpy(out, json_string_value(v), json_string_length(v) + 1);
+    return NBG_OK;
+}
+
+/* Scales v to unit length (a zero vector is refused: it has no direction). */
+static int unit(const reader *r, const char *where, const char *key, double v[3])
+{
+    const double n = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    if (!(n > 0) || !isfinite(n))
+        return bad(r, where, key, "the vector (%g, %g, %g) has no direction", v[0], v[1], v[2]);
+    for (int i = 0; i < 3; ++i)
+        v[i] /= n;
+    return NBG_OK;
+}
+
+/* The model name of experiment[0] (an index into the top-level list name, or the model itself inline).  *out is
+ * NULL when the experiment has none; *mwhere receives the model's JSON path for messages. */
+static int model(const reader *r, json_t *root, json_t *expt, const char *name, int required, json_t **out,
+                 char *mwhere, size_t wsize)
+{
+    json_t *ref;
+    int rc = member(r, expt, "experiment[0]", name, required, &ref);
+    *out = NULL;
+    if (rc != NBG_OK || ref == NULL)
+        return rc;
+    if (json_is_object(ref)) {
+        snprintf(mwhere, wsize, "experiment[0].%s", name);
+        *out = ref;
+        return NBG_OK;
+    }
+    if (!json_is_integer(ref))
+        return bad(r, "experiment[0]", name, "expected an index into the list \"%s\"", name);
+    json_t *list = json_object_get(root, name);
+    const json_int_t i = json_integer_value(ref);
+    const size_t n = json_is_array(list) ? json_array_size(list) : 0;
+    if (i < 0 || (size_t)i >= n)
+        return bad(r, "experiment[0]", name, "index %lld is out of range (the list \"%s\" has %zu)", (long long)i,
+                   name, n);
+    snprintf(mwhere, wsize, "%s[%lld]", name, (long long)i);
+    *out = json_array_get(list, (size_t)i);
+    if (!json_is_object(*out))
+        return bad(r, mwhere, "", "expected an object");
+    return NBG_OK;
+}
+
+static int read_beam(const reader *r, json_t *b, const char *where, nbg_geometry *g)
+{
+    int rc;
+    json_t *v;
+    if ((rc = member(r, b, where, "direction", 0, &v)) != NBG_OK)
+        return rc;
+    if (v != NULL) {
+        if ((rc = numbers(r, b, where, "direction", 1, 3, g->direction)) != NBG_OK ||
+            (rc = unit(r, where, "direction", g->direction)) != NBG_OK ||
+            (rc = number(r, b, where, "wavelength", 1, &g->wavelength)) != NBG_OK)
+            return rc;
+    } else if ((rc = member(r, b, where, "unit_s0", 0, &v)) == NBG_OK && v != NULL) {
+        /* older lists: the unit vector along the travel, and the wavelength */
+        double s[3];
+        if ((rc = numbers(r, b, where, "unit_s0", 1, 3, s)) != NBG_OK ||
+            (rc = unit(r, where, "unit_s0", s)) != NBG_OK ||
+            (rc = number(r, b, where, "wavelength", 1, &g->wavelength)) != NBG_OK)
+            return rc;
+        for (int i = 0; i < 3; ++i)
+            g->direction[i] = -s[i];
+    } else {
+        /* the oldest: s0 alone, along the travel with length 1/wavelength */
+        double s[3];
+        if ((rc = numbers(r, b, where, "s0", 0, 3, s)) != NBG_OK)
+            return rc;
+        if (json_object_get(b, "s0") == NULL)
+            return bad(r, where, "direction", "missing (and no s0 either)");
+        const double len = sqrt(s[0] * s[0] + s[1] * s[1] + s[2] * s[2]);
+        if ((rc = unit(r, where, "s0", s)) != NBG_OK)
+            return rc;
+        for (int i = 0; i < 3; ++i)
+            g->direction[i] = -s[i];
+        g->wavelength = 1 / len;
+    }
+    if (!(g->wavelength > 0))
+        return bad(r, where, "wavelength", "%g is not a positive wavelength", g->wavelength);
+    /* dxtbx's defaults when a list lacks them */
+    g->polarization_normal[0] = 0, g->polarization_normal[1] = 1, g->polarization_normal[2] = 0;
+    g->polarization_fraction = 0.999;
+    if ((rc = numbers(r, b, where, "polarization_normal", 0, 3, g->polarization_normal)) != NBG_OK ||
+        (rc = unit(r, where, "polarization_normal", g->polarization_normal)) != NBG_OK ||
+        (rc = number(r, b, where, "polarization_fraction", 0, &g->polarization_fraction)) != NBG_OK)
+        return rc;
+    return NBG_OK;
+}
+
+static int read_detector(const reader *r, json_t *d, const char *where, nbg_geometry *g)
+{
+    json_t *panels;
+    int rc = member(r, d, where, "panels", 1, &panels);
+    if (rc != NBG_OK)
+        return rc;
+    if (!json_is_array(panels))
+        return bad(r, where, "panels", "expected a list of panels");
+    if (json_array_size(panels) != 1)
+        return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels; %s", r->file, where,
+                          json_array_size(panels), json_array_size(panels) == 0 ? "nbgrad needs one" :
+                          "multi-panel detectors are not supported yet");
+    char pw[96];
+    snprintf(pw, sizeof pw, "%s.panels[0]", where);
+    json_t *p = json_array_get(panels, 0);
+    if (!json_is_object(p))
+        return bad(r, pw, "", "expected an object");
+    /* The panel's vectors are in the laboratory frame whatever the hierarchy above it (dxtbx writes each panel's
+     * global frame), so the hierarchy is not needed. */
+    double pixel[2] = {0, 0}, trusted[2] = {-1, NAN};
+    json_int_t size[2];
+    if ((rc = numbers(r, p, pw, "fast_axis", 1, 3, g->fast)) != NBG_OK ||
+        (rc = unit(r, pw, "fast_axis", g->fast)) != NBG_OK ||
+        (rc = numbers(r, p, pw, "slow_axis", 1, 3, g->slow)) != NBG_OK ||
+        (rc = unit(r, pw, "slow_axis", g->slow)) != NBG_OK ||
+        (rc = numbers(r, p, pw, "origin", 1, 3, g->origin)) != NBG_OK ||
+        (rc = numbers(r, p, pw, "pixel_size", 1, 2, pixel)) != NBG_OK ||
+        (rc = integers(r, p, pw, "image_size", 2, 1, 1000000000, size)) != NBG_OK ||
+        (rc = numbers(r, p, pw, "trusted_range", 0, 2, trusted)) != NBG_OK ||
+        (rc = number(r, p, pw, "thickness", 0, &g->thickness)) != NBG_OK ||
+        (rc = number(r, p, pw, "mu", 0, &g->mu)) != NBG_OK ||
+        (rc = string(r, p, pw, "material", 0, g->material, sizeof g->material)) != NBG_OK ||
+        (rc = number(r, p, pw, "gain", 0, &g->gain)) != NBG_OK ||
+        (rc = number(r, p, pw, "pedestal", 0, &g->pedestal)) != NBG_OK)
+        return rc;
+    g->pixel_f = pixel[0];
+    g->pixel_s = pixel[1];
+    g->fpixels = (int)size[0];
+    g->spixels = (int)size[1];
+    g->saturation = trusted[1] >= EXPT_NO_SATURATION ? NAN : trusted[1];
+    return NBG_OK;
+}
+
+/* The rotation about unit axis u by angle deg, right-handed (row-major). */
+static void rotation(const double u[3], double deg, double m[9])
+{
+    const double t = deg * (M_PI / 180), c = cos(t), s = sin(t), k = 1 - c;
+    m[0] = c + u[0] * u[0] * k, m[1] = u[0] * u[1] * k - u[2] * s, m[2] = u[0] * u[2] * k + u[1] * s;
+    m[3] = u[1] * u[0] * k + u[2] * s, m[4] = c + u[1] * u[1] * k, m[5] = u[1] * u[2] * k - u[0] * s;
+    m[6] = u[2] * u[0] * k - u[1] * s, m[7] = u[2] * u[1] * k + u[0] * s, m[8] = c + u[2] * u[2] * k;
+}
+
+static void matmul(const double a[9], const double b[9], double out[9])
+{
+    double t[9];
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
+    memcpy(out, t, sizeof t);
+}
+
+static void matvec(const double m[9], const double v[3], double out[3])
+{
+    double t[3];
+    for (int i = 0; i < 3; ++i)
+        t[i] = m[3 * i] * v[0] + m[3 * i + 1] * v[1] + m[3 * i + 2] * v[2];
+    memcpy(out, t, sizeof t);
+}
+
+/* A proper rotation (orthonormal rows, determinant +1) within 1e-6: anything else is not a goniometer setting. */
+static int is_rotation(const double m[9])
+{
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+            const double d = m[3 * i] * m[3 * j] + m[3 * i + 1] * m[3 * j + 1] + m[3 * i + 2] * m[3 * j + 2];
+            if (!(fabs(d - (i == j)) < 1e-6))
+                return 0;
+        }
+    const double det = m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
+                       m[2] * (m[3] * m[7] - m[4] * m[6]);
+    return fabs(det - 1) < 1e-6;
+}
+
+/* The goniometer: g->axis = S axis, and F, S into fixed/setting for the crystal (see the top of the file). */
+static int read_goniometer(const reader *r, json_t *gon, const char *where, nbg_geometry *g, double fixed[9],
+                           double setting[9])
+{
+    static const double id[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    memcpy(fixed, id, sizeof id);
+    memcpy(setting, id, sizeof id);
+    int rc;
+    json_t *axes;
+    if ((rc = member(r, gon, where, "axes", 0, &axes)) != NBG_OK)
+        return rc;
+    if (axes != NULL) {
+        /* dxtbx's MultiAxisGoniometer: axes from the innermost out; F = R(k-1) ... R(0), S = R(n-1) ... R(k+1)
+         * for scan axis k, and the scan axis's own angle plays no part (the scan gives it). */
+        json_t *angles, *scan_axis;
+        if (!json_is_array(axes) || json_array_size(axes) == 0 || json_array_size(axes) > 64)
+            return bad(r, where, "axes", "expected a list of 1 to 64 axes");
+        const size_t n = json_array_size(axes);
+        if ((rc = member(r, gon, where, "angles", 1, &angles)) != NBG_OK ||
+            (rc = member(r, gon, where, "scan_axis", 1, &scan_axis)) != NBG_OK)
+            return rc;
+        if (!json_is_array(angles) || json_array_size(angles) != n)
+            return bad(r, where, "angles", "expected %zu numbers (one per axis)", n);
+        if (!json_is_integer(scan_axis) || json_integer_value(scan_axis) < 0 ||
+            (size_t)json_integer_value(scan_axis) >= n)
+            return bad(r, where, "scan_axis", "expected an axis index from 0 to %zu", n - 1);
+        const size_t k = (size_t)json_integer_value(scan_axis);
+        for (size_t i = 0; i < n; ++i) {
+            char aw[128];
+            double e[3], angle, m[9];
+            snprintf(aw, sizeof aw, "%s.axes", where);
+            json_t *a = json_array_get(axes, i), *an = json_array_get(angles, i);
+            if (!json_is_array(a) || json_array_size(a) != 3 || !json_is_number(json_array_get(a, 0)) ||
+                !json_is_number(json_array_get(a, 1)) || !json_is_number(json_array_get(a, 2)))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s[%zu]: expected 3 numbers", r->file, aw, i);
+            for (int j = 0; j < 3; ++j)
+                e[j] = json_number_value(json_array_get(a, (size_t)j));
+            char ew[32];
+            snprintf(ew, sizeof ew, "[%zu]", i);
+            if ((rc = unit(r, aw, ew, e)) != NBG_OK)
+                return rc;
+            if (!json_is_number(an))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.angles[%zu]: expected a number", r->file, where, i);
+            angle = json_number_value(an);
+            if (!(fabs(angle) <= 1e6))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.angles[%zu]: %g is not a usable angle", r->file,
+                                  where, i, angle);
+            if (i == k) {
+                memcpy(g->axis, e, sizeof e);
+                continue;
+            }
+            rotation(e, angle, m);
+            if (i < k)
+                matmul(m, fixed, fixed);
+            else
+                matmul(m, setting, setting);
+        }
+    } else {
+        if ((rc = numbers(r, gon, where, "rotation_axis", 1, 3, g->axis)) != NBG_OK ||
+            (rc = unit(r, where, "rotation_axis", g->axis)) != NBG_OK ||
+            (rc = numbers(r, gon, where, "fixed_rotation", 0, 9, fixed)) != NBG_OK ||
+            (rc = numbers(r, gon, where, "setting_rotation", 0, 9, setting)) != NBG_OK)
+            return rc;
+        if (!is_rotation(fixed))
+            return bad(r, where, "fixed_rotation", "not a rotation matrix");
+        if (!is_rotation(setting))
+            return bad(r, where, "setting_rotation", "not a rotation matrix");
+    }
+    matvec(setting, g->axis, g->axis);
+    return NBG_OK;
+}
+
+static int read_scan(const reader *r, json_t *s, const char *where, nbg_geometry *g)
+{
+    json_int_t range[2];
+    double osc[2] = {0, 0};
+    char pw[96];
+    int rc;
+    if ((rc = integers(r, s, where, "image_range", 2, 0, 2000000000, range)) != NBG_OK)
+        return rc;
+    if (range[1] < range[0] || range[1] - range[0] >= 100000000)
+        return bad(r, where, "image_range", "[%lld, %lld] is not a range of 1 to 100000000 images",
+                   (long long)range[0], (long long)range[1]);
+    g->nframes = (int)(range[1] - range[0] + 1);
+    /* dxtbx's oscillation is the start and width of the first image of image_range, which is nbgrad's first
+     * frame whatever its number. */
+    json_t *props = json_object_get(s, "properties"), *exp;
+    if (json_object_get(s, "oscillation") == NULL && json_is_object(props)) {
+        /* newer dxtbx: per-image columns, the oscillation as each image's start and the width beside it */
+        snprintf(pw, sizeof pw, "%s.properties", where);
+        json_t *o = json_object_get(props, "oscillation"), *w = json_object_get(props, "oscillation_width");
+        if (!json_is_array(o) || json_array_size(o) < 1 || !json_is_number(json_array_get(o, 0)))
+            return bad(r, pw, "oscillation", "expected a list of numbers");
+        osc[0] = json_number_value(json_array_get(o, 0));
+        if (json_is_array(w) && json_array_size(w) >= 1)
+            w = json_array_get(w, 0);
+        if (!json_is_number(w))
+            return bad(r, pw, "oscillation_width", "expected a number");
+        osc[1] = json_number_value(w);
+        exp = json_object_get(props, "exposure_time");
+        where = pw;
+    } else {
+        if ((rc = numbers(r, s, where, "oscillation", 1, 2, osc)) != NBG_OK)
+            return rc;
+        exp = json_object_get(s, "exposure_time");
+    }
+    g->scan_start = osc[0];
+    g->scan_width = osc[1];
+    /* a list (one per image; the first is taken) or, in old lists, one number */
+    if (json_is_array(exp) && json_array_size(exp) >= 1)
+        exp = json_array_get(exp, 0);
+    if (exp != NULL && !json_is_null(exp)) {
+        if (!json_is_number(exp))
+            return bad(r, where, "exposure_time", "expected a list of numbers");
+        g->exposure = json_number_value(exp);
+    }
+    return NBG_OK;
+}
+
+static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geometry *g, const double fixed[9],
+                        const double setting[9])
+{
+    int rc;
+    if ((rc = numbers(r, c, where, "real_space_a", 1, 3, g->real_space)) != NBG_OK ||
+        (rc = numbers(r, c, where, "real_space_b", 1, 3, g->real_space + 3)) != NBG_OK ||
+        (rc = numbers(r, c, where, "real_space_c", 1, 3, g->real_space + 6)) != NBG_OK ||
+        (rc = string(r, c, where, "space_group_hall_symbol", 0, g->space_group, sizeof g->space_group)) != NBG_OK)
+        return rc;
+    double sf[9];
+    matmul(setting, fixed, sf);
+    for (int i = 0; i < 3; ++i)
+        matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
+    g->has_crystal = 1;
+    return NBG_OK;
+}
+
+/* Everything after parsing; root is the parsed document. */
+static int read_list(const reader *r, json_t *root, nbg_geometry *g)
+{
+    if (!json_is_object(root))
+        return bad(r, "", "", "expected a JSON object (an ExperimentList)");
+    json_t *id = json_object_get(root, "__id__"), *list = json_object_get(root, "experiment");
+    if (!json_is_string(id) || strcmp(json_string_value(id), "ExperimentList") != 0)
+        return bad(r, "__id__", "", "expected \"ExperimentList\"");
+    if (!json_is_array(list))
+        return bad(r, "experiment", "", "expected a list of experiments");
+    if (json_array_size(list) != 1)
+        return nbgi_error(r->ctx, NBG_EFORMAT, "%s has %zu experiments; nbgrad reads one", r->file,
+                          json_array_size(list));
+    json_t *expt = json_array_get(list, 0), *b, *d, *gon, *s, *c;
+    if (!json_is_object(expt))
+        return bad(r, "experiment[0]", "", "expected an object");
+    char bw[64], dw[64], gw[64], sw[64], cw[64];
+    int rc;
+    if ((rc = model(r, root, expt, "beam", 1, &b, bw, sizeof bw)) != NBG_OK ||
+        (rc = model(r, root, expt, "detector", 1, &d, dw, sizeof dw)) != NBG_OK ||
+        (rc = model(r, root, expt, "goniometer", 0, &gon, gw, sizeof gw)) != NBG_OK ||
+        (rc = model(r, root, expt, "scan", 0, &s, sw, sizeof sw)) != NBG_OK ||
+        (rc = model(r, root, expt, "crystal", 0, &c, cw, sizeof cw)) != NBG_OK)
+        return rc;
+    double fixed[9], setting[9];
+    if ((rc = read_beam(r, b, bw, g)) != NBG_OK || (rc = read_detector(r, d, dw, g)) != NBG_OK)
+        return rc;
+    /* A still (no goniometer or scan) keeps the defaults: axis (1,0,0), one frame of width 0. */
+    if (gon != NULL) {
+        if ((rc = read_goniometer(r, gon, gw, g, fixed, setting)) != NBG_OK)
+            return rc;
+    } else {
+        static const double ident[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+        memcpy(fixed, ident, sizeof ident);
+        memcpy(setting, ident, sizeof ident);
+    }
+    if (s != NULL && (rc = read_scan(r, s, sw, g)) != NBG_OK)
+        return rc;
+    if (c != NULL && (rc = read_crystal(r, c, cw, g, fixed, setting)) != NBG_OK)
+        return rc;
+    return NBG_OK;
+}
+
+int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
+{
+    if (path == NULL || path[0] == '\0')
+        return nbgi_error(ctx, NBG_EINVAL, "reading an experiment list: no file name");
+    if (g == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "reading %s: no geometry to fill", path);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s: not a regular file", path);
+    /* jansson's tree takes several times the text (an object per value); 16 bytes per byte of text is a bound
+     * with room to spare. */
+    char what[1200];
+    snprintf(what, sizeof what, "the parsed experiment list %s", path);
+    int rc = nbgi_check_bytes(ctx, 16.0 * (double)st.st_size, what);
+    if (rc != NBG_OK)
+        return rc;
+
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (root == NULL) {
+        if (json_error_code(&err) == json_error_cannot_open_file)
+            return nbgi_error(ctx, NBG_EIO, "cannot read %s: %s", path, err.text);
+        if (json_error_code(&err) == json_error_out_of_memory)
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: line %d, column %d: %s", path, err.line, err.column, err.text);
+    }
+    nbg_geometry tmp;
+    nbgi_geometry_init(&tmp);
+    const reader r = {ctx, path};
+    rc = read_list(&r, root, &tmp);
+    json_decref(root);
+    if (rc != NBG_OK)
+        return rc;
+    snprintf(what, sizeof what, "reading %s", path);
+    /* A list DIALS would take but nbgrad cannot use (a zero pixel size, say) is a format error of the file. */
+    rc = nbgi_geometry_check(ctx, &tmp, what);
+    if (rc != NBG_OK)
+        return NBG_EFORMAT;
+    *g = tmp;
+    return NBG_OK;
+}
+
+#else /* !NBG_HAVE_FORMATS */
+
+int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                        const char *images)
+{
+    (void)set;
+    (void)g;
+    (void)images;
+    return nbgi_error(ctx, NBG_EUNSUP, "writing %s: DIALS experiment lists need jansson, and nbgrad was built "
+                      "without jansson (FORMATS=0)", path != NULL ? path : "an experiment list");
+}
+
+int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images)
+{
+    return nbgi_write_expt_set(ctx, NULL, path, g, images);
+}
+
+int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
+{
+    (void)g;
+    return nbgi_error(ctx, NBG_EUNSUP, "reading %s: DIALS experiment lists need jansson, and nbgrad was built "
+                      "without jansson (FORMATS=0)", path != NULL ? path : "an experiment list");
+}
+
+#endif

@@ -1,0 +1,359 @@
+/*
+ * test-expt.c -- DIALS experiment lists (src/expt.c): a write -> read round trip of every field (with and
+ * without a crystal, NXmx and template image sets), the goniometer compositions the reader makes (setting and
+ * fixed rotations, multi-axis), the older beam forms, and the refusals: each with the right status and a message
+ * naming the file and the JSON path of the field.  Without jansson (FORMATS=0) the calls must say so.
+ */
+#include "testutil.h" /* first: it defines _GNU_SOURCE for nftw and mkdtemp */
+
+#include "nbgrad.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The number of entries in dir (besides . and ..): a failed write must leave nothing, temporaries included. */
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* A geometry with nothing at a default: every field distinguishable after a round trip. */
+static void sample_geometry(nbg_geometry *g)
+{
+    memset(g, 0, sizeof *g);
+    const double t = 10 * M_PI / 180;
+    g->fpixels = 256, g->spixels = 300;
+    g->pixel_f = 0.172, g->pixel_s = 0.172;
+    g->fast[0] = cos(t), g->fast[2] = -sin(t);
+    g->slow[1] = -1;
+    g->origin[0] = -40.123456789, g->origin[1] = 30.5, g->origin[2] = -180.25;
+    g->thickness = 0.45, g->mu = 3.9;
+    strcpy(g->material, "Si");
+    g->saturation = 65535, g->pedestal = 40, g->gain = 1.5;
+    g->direction[0] = 0.01, g->direction[2] = 1;
+    const double n = sqrt(1 + 1e-4);
+    g->direction[0] /= n, g->direction[2] /= n;
+    g->wavelength = 0.98;
+    g->polarization_normal[0] = 0.6, g->polarization_normal[1] = 0.8;
+    g->polarization_fraction = 0.97;
+    g->axis[1] = sqrt(0.5), g->axis[0] = sqrt(0.5);
+    g->scan_start = 5, g->scan_width = 0.5, g->nframes = 3, g->exposure = 0.1;
+    g->has_crystal = 1;
+    const double rs[9] = {51.2, 3.1, -2.4, 7.5, 62.3, 4.4, -6.1, 9.8, 83.7};
+    memcpy(g->real_space, rs, sizeof rs);
+    strcpy(g->space_group, " P 2yb");
+}
+
+#ifdef NBG_HAVE_FORMATS
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f != NULL) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void check_vec(const double *got, const double *want, int n, const char *id, const char *what)
+{
+    for (int i = 0; i < n; ++i)
+        nbgi_test_rel(got[i], want[i], 1e-12, id, "%s[%d]", what, i);
+}
+
+/* Every field of b against a. */
+static void check_same(const nbg_geometry *a, const nbg_geometry *b, const char *id)
+{
+    nbgi_test_check(a->fpixels == b->fpixels && a->spixels == b->spixels, id, "image size %d x %d", b->fpixels,
+                    b->spixels);
+    nbgi_test_rel(b->pixel_f, a->pixel_f, 1e-12, id, "pixel_f");
+    nbgi_test_rel(b->pixel_s, a->pixel_s, 1e-12, id, "pixel_s");
+    check_vec(b->fast, a->fast, 3, id, "fast");
+    check_vec(b->slow, a->slow, 3, id, "slow");
+    check_vec(b->origin, a->origin, 3, id, "origin");
+    nbgi_test_rel(b->thickness, a->thickness, 1e-12, id, "thickness");
+    nbgi_test_rel(b->mu, a->mu, 1e-12, id, "mu");
+    nbgi_test_check(strcmp(a->material, b->material) == 0, id, "material '%s'", b->material);
+    nbgi_test_rel(b->saturation, a->saturation, 1e-12, id, "saturation");
+    nbgi_test_rel(b->pedestal, a->pedestal, 1e-12, id, "pedestal");
+    nbgi_test_rel(b->gain, a->gain, 1e-12, id, "gain");
+    check_vec(b->direction, a->direction, 3, id, "direction");
+    nbgi_test_rel(b->wavelength, a->wavelength, 1e-12, id, "wavelength");
+    check_vec(b->polarization_normal, a->polarization_normal, 3, id, "polarization_normal");
+    nbgi_test_rel(b->polarization_fraction, a->polarization_fraction, 1e-12, id, "polarization_fraction");
+    check_vec(b->axis, a->axis, 3, id, "axis");
+    nbgi_test_rel(b->scan_start, a->scan_start, 1e-12, id, "scan_start");
+    nbgi_test_rel(b->scan_width, a->scan_width, 1e-12, id, "scan_width");
+    nbgi_test_check(b->nframes == a->nframes, id, "nframes %d", b->nframes);
+    nbgi_test_rel(b->exposure, a->exposure, 1e-12, id, "exposure");
+    nbgi_test_check(b->has_crystal == a->has_crystal, id, "has_crystal %d", b->has_crystal);
+    if (a->has_crystal) {
+        check_vec(b->real_space, a->real_space, 9, id, "real_space");
+        nbgi_test_check(strcmp(a->space_group, b->space_group) == 0, id, "space group '%s'", b->space_group);
+    }
+}
+
+/* A small valid list with pieces replaced: the experiments, the beam reference, the panels and the goniometer. */
+static void write_list(const char *path, const char *experiments, const char *panels, const char *goniometer,
+                       const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "{\n  \"__id__\": \"ExperimentList\",\n  \"experiment\": [%s],\n"
+             "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+             "  \"detector\": [{\"panels\": [%s]}],\n"
+             "  \"goniometer\": [%s],\n"
+             "  \"scan\": [{\"image_range\": [1, 2], \"oscillation\": [0, 0.1], \"exposure_time\": [1, 1]}]%s\n}\n",
+             experiments, panels, goniometer, extra);
+    write_text(path, text);
+}
+
+#define EXPT(beam) "{\"__id__\": \"Experiment\", \"beam\": " beam ", \"detector\": 0, \"goniometer\": 0, \"scan\": 0}"
+#define EXPT_C "{\"beam\": 0, \"detector\": 0, \"goniometer\": 0, \"scan\": 0, \"crystal\": 0}"
+#define PANEL(fast) \
+    "{" fast "\"slow_axis\": [0, -1, 0], \"origin\": [-10, 10, -100], \"pixel_size\": [0.1, 0.1], " \
+    "\"image_size\": [100, 120]}"
+#define FAST "\"fast_axis\": [1, 0, 0], "
+#define GON "{\"rotation_axis\": [1, 0, 0]}"
+#define CRYSTAL ",\n  \"crystal\": [{\"__id__\": \"crystal\", \"real_space_a\": [51.2, 3.1, -2.4], " \
+    "\"real_space_b\": [7.5, 62.3, 4.4], \"real_space_c\": [-6.1, 9.8, 83.7], \"space_group_hall_symbol\": \" P 1\"}]"
+
+/* Reads path and checks the status and that the message names the file and every one of the needles. */
+static void expect_error(nbg_ctx *ctx, const char *path, int want, const char *id, const char *needle1,
+                         const char *needle2)
+{
+    nbg_geometry g;
+    g.fpixels = 77;
+    const int rc = nbg_read_expt(ctx, path, &g);
+    const char *msg = nbg_errmsg(ctx);
+    const int named = strstr(msg, path) != NULL && (needle1 == NULL || strstr(msg, needle1) != NULL) &&
+                      (needle2 == NULL || strstr(msg, needle2) != NULL);
+    nbgi_test_check(rc == want && named && g.fpixels == 77, id, "status %d (want %d), message: %s", rc, want, msg);
+}
+
+static void test_round_trip(nbg_ctx *ctx, const char *dir)
+{
+    char path[512];
+    nbg_geometry a, b;
+
+    sample_geometry(&a);
+    snprintf(path, sizeof path, "%s/rt.expt", dir);
+    int rc = nbg_write_expt(ctx, path, &a, "img_#####.cbf");
+    nbgi_test_check(rc == NBG_OK, "rt-write", "writing with a crystal: %s", rc ? nbg_errmsg(ctx) : "ok");
+    rc = nbg_read_expt(ctx, path, &b);
+    nbgi_test_check(rc == NBG_OK, "rt-read", "reading it back: %s", rc ? nbg_errmsg(ctx) : "ok");
+    check_same(&a, &b, "rt-crystal");
+
+    /* the DIALS layout: the keys DIALS 3.12 writes, and an absolute template */
+    char *text = nbgi_test_read_file(path, NULL);
+    nbgi_test_check(text != NULL && strstr(text, "\"__id__\": \"ExperimentList\"") != NULL &&
+                        strstr(text, "\"__id__\": \"ImageSequence\"") != NULL &&
+                        strstr(text, "img_#####.cbf\"") != NULL && strstr(text, "\"template\": \"/") != NULL &&
+                        strstr(text, "\"ParallaxCorrectedPxMmStrategy\"") != NULL &&
+                        strstr(text, "\"valid_image_ranges\": {}") != NULL &&
+                        strstr(text, "\"hierarchy\"") != NULL && strstr(text, "\"scaling_model\": []") != NULL,
+                    "rt-layout", "the file has DIALS's keys");
+    free(text);
+
+    /* no crystal, unknown saturation (NaN), no sensor, an NXmx image set */
+    sample_geometry(&a);
+    a.has_crystal = 0;
+    a.saturation = NAN;
+    a.thickness = 0, a.mu = 0, a.material[0] = '\0';
+    a.nframes = 1, a.scan_width = 0;
+    snprintf(path, sizeof path, "%s/rt2.expt", dir);
+    rc = nbg_write_expt(ctx, path, &a, "data.nxs");
+    nbgi_test_check(rc == NBG_OK, "rt2-write", "writing without a crystal: %s", rc ? nbg_errmsg(ctx) : "ok");
+    rc = nbg_read_expt(ctx, path, &b);
+    nbgi_test_check(rc == NBG_OK, "rt2-read", "reading it back: %s", rc ? nbg_errmsg(ctx) : "ok");
+    check_same(&a, &b, "rt-nocrystal");
+    text = nbgi_test_read_file(path, NULL);
+    nbgi_test_check(text != NULL && strstr(text, "\"single_file_indices\"") != NULL &&
+                        strstr(text, "\"SimplePxMmStrategy\"") != NULL && strstr(text, "\"crystal\": []") != NULL,
+                    "rt2-layout", "NXmx image set with single_file_indices, no crystal");
+    free(text);
+
+    /* no image set at all */
+    snprintf(path, sizeof path, "%s/rt3.expt", dir);
+    rc = nbg_write_expt(ctx, path, &a, NULL);
+    nbgi_test_check(rc == NBG_OK && nbg_read_expt(ctx, path, &b) == NBG_OK, "rt3", "no image set: %s",
+                    rc ? nbg_errmsg(ctx) : "ok");
+}
+
+static void test_write_errors(nbg_ctx *ctx, const char *dir)
+{
+    char sub[512], path[600];
+    snprintf(sub, sizeof sub, "%s/w", dir);
+    mkdir(sub, 0700);
+    snprintf(path, sizeof path, "%s/bad.expt", sub);
+    nbg_geometry g;
+    sample_geometry(&g);
+    g.wavelength = NAN;
+    int rc = nbg_write_expt(ctx, path, &g, "img_#####.cbf");
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), path) != NULL &&
+                        strstr(nbg_errmsg(ctx), "wavelength") != NULL && count_entries(sub) == 0,
+                    "write-invalid", "invalid geometry refused, nothing left: %s", nbg_errmsg(ctx));
+    sample_geometry(&g);
+    rc = nbg_write_expt(ctx, path, &g, "img_00001.cbf");
+    nbgi_test_check(rc == NBG_EINVAL && count_entries(sub) == 0, "write-template",
+                    "3 frames named by one file refused: %s", nbg_errmsg(ctx));
+    rc = nbg_write_expt(ctx, sub, &g, "img_#####.cbf");
+    nbgi_test_check(rc == NBG_EIO && count_entries(sub) == 0, "write-dir", "a directory as target: %s",
+                    nbg_errmsg(ctx));
+}
+
+static void test_read_errors(nbg_ctx *ctx, const char *dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/e.expt", dir);
+
+    write_list(path, EXPT("0"), PANEL(FAST), GON, "");
+    nbg_geometry g;
+    int rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_OK && g.nframes == 2 && isnan(g.saturation) && g.fpixels == 100 && g.spixels == 120 &&
+                        !g.has_crystal && g.polarization_fraction == 0.999,
+                    "read-minimal", "a minimal list with the defaults: %s", rc ? nbg_errmsg(ctx) : "ok");
+
+    write_list(path, EXPT("0") ", " EXPT("0"), PANEL(FAST), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-2expts", "2 experiments", "reads one");
+    write_list(path, EXPT("0"), PANEL(FAST) ", " PANEL(FAST), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-2panels", "detector[0] has 2 panels", "multi-panel");
+    write_list(path, EXPT("0"), PANEL(""), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-nofast", "detector[0].panels[0].fast_axis: missing", NULL);
+    write_list(path, EXPT("0"), PANEL("\"fast_axis\": [1, 0], "), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-fast2", "detector[0].panels[0].fast_axis: expected 3 numbers", NULL);
+    write_list(path, EXPT("0"), PANEL("\"fast_axis\": [1, \"0\", 0], "), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-string", "detector[0].panels[0].fast_axis: expected 3 numbers",
+                 "not a number");
+    write_list(path, EXPT("3"), PANEL(FAST), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-beamidx", "experiment[0].beam", "out of range");
+    write_list(path, EXPT("\"x\""), PANEL(FAST), GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-beamstr", "experiment[0].beam", "expected an index");
+    write_list(path, EXPT("0"), PANEL(FAST), "{\"rotation_axis\": [1, 0, 0], \"setting_rotation\": [1, 0, 0, 0, 2, 0, "
+               "0, 0, 1]}", "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-setting", "goniometer[0].setting_rotation", "not a rotation");
+    write_list(path, EXPT("0"), PANEL(FAST), "{\"axes\": [[1, 0, 0], [0, 0, 1]], \"angles\": [0], \"scan_axis\": 0}",
+               "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-angles", "goniometer[0].angles", "expected 2 numbers");
+    write_list(path, EXPT("0"), PANEL(FAST), GON, CRYSTAL);
+    {
+        /* a crystal at index 0 that the experiment references by a wrong index */
+        char text[4096];
+        char *t = nbgi_test_read_file(path, NULL);
+        snprintf(text, sizeof text, "%s", t != NULL ? t : "");
+        free(t);
+        char *e = strstr(text, "\"scan\": 0}");
+        if (e != NULL) {
+            memmove(e + strlen("\"scan\": 0, \"crystal\": 1}"), e + strlen("\"scan\": 0}"),
+                    strlen(e + strlen("\"scan\": 0}")) + 1);
+            memcpy(e, "\"scan\": 0, \"crystal\": 1}", strlen("\"scan\": 0, \"crystal\": 1}"));
+        }
+        write_text(path, text);
+        expect_error(ctx, path, NBG_EFORMAT, "read-crystalidx", "experiment[0].crystal", "index 1 is out of range");
+    }
+
+    /* malformed JSON: a missing value on line 3 */
+    write_text(path, "{\n  \"__id__\": \"ExperimentList\",\n  \"experiment\": [,]\n}\n");
+    expect_error(ctx, path, NBG_EFORMAT, "read-json", "line 3", "column");
+    write_text(path, "[1, 2]\n");
+    expect_error(ctx, path, NBG_EFORMAT, "read-notobject", "expected a JSON object", NULL);
+    write_text(path, "{\"__id__\": \"DataBlock\", \"experiment\": []}\n");
+    expect_error(ctx, path, NBG_EFORMAT, "read-id", "__id__", "ExperimentList");
+
+    /* not a file */
+    expect_error(ctx, dir, NBG_EIO, "read-dir", "not a regular file", NULL);
+    snprintf(path, sizeof path, "%s/missing.expt", dir);
+    expect_error(ctx, path, NBG_EIO, "read-missing", "cannot read", NULL);
+
+    /* a valid list whose geometry nbgrad cannot use (zero pixel size) */
+    snprintf(path, sizeof path, "%s/e.expt", dir);
+    write_list(path, EXPT("0"), "{" FAST "\"slow_axis\": [0, -1, 0], \"origin\": [-10, 10, -100], \"pixel_size\": "
+               "[0, 0.1], \"image_size\": [100, 120]}", GON, "");
+    expect_error(ctx, path, NBG_EFORMAT, "read-geometry", "pixel size", NULL);
+}
+
+/* What the reader composes: the numbers are dxtbx's own (Goniometer.get_rotation_axis() and S F a for its
+ * get_setting_rotation() and get_fixed_rotation()), for the goniometers written here. */
+static void test_compose(nbg_ctx *ctx, const char *dir)
+{
+    char path[512];
+    nbg_geometry g;
+    snprintf(path, sizeof path, "%s/c.expt", dir);
+
+    /* S = 90 deg about z, F = 90 deg about x */
+    write_list(path, EXPT_C, PANEL(FAST), "{\"rotation_axis\": [1, 0, 0], \"fixed_rotation\": [1, 0, 0, 0, 0, -1, 0, "
+               "1, 0], \"setting_rotation\": [0, -1, 0, 1, 0, 0, 0, 0, 1]}", CRYSTAL);
+    int rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_OK, "compose-sf", "setting and fixed rotations: %s", rc ? nbg_errmsg(ctx) : "ok");
+    const double axis1[3] = {0, 1, 0};
+    const double rs1[9] = {-2.4, 51.2, 3.1, 4.4, 7.5, 62.3, 83.7, -6.1, 9.8};
+    check_vec(g.axis, axis1, 3, "compose-sf", "axis");
+    check_vec(g.real_space, rs1, 9, "compose-sf", "real_space");
+
+    /* a four-axis goniometer with non-zero angles, scan axis 2 (non-unit axes as dxtbx accepts them) */
+    write_list(path, EXPT_C, PANEL(FAST), "{\"axes\": [[0.64, 0, 0.77], [0, 0.6, 0.8], [1, 0, 0], [0, 0, 1]], "
+               "\"angles\": [12, 30, 7, -20], \"names\": [\"a\", \"b\", \"c\", \"d\"], \"scan_axis\": 2}", CRYSTAL);
+    rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_OK, "compose-multi", "multi-axis goniometer: %s", rc ? nbg_errmsg(ctx) : "ok");
+    const double axis2[3] = {0.9396926207859084, -0.3420201433256687, 0.0};
+    const double rs2[9] = {46.38680654881815, 15.535747958507578, -15.611364884988392, -2.4101527524830315,
+                           60.56580142303285, 16.818884079969493, 19.3855814119847, -6.586571883550854,
+                           81.9741197216666};
+    for (int i = 0; i < 3; ++i)
+        nbgi_test_check(fabs(g.axis[i] - axis2[i]) < 1e-12, "compose-multi", "axis[%d] %.17g", i, g.axis[i]);
+    check_vec(g.real_space, rs2, 9, "compose-multi", "real_space");
+
+    /* older beams: s0 alone (along the travel, length 1/wavelength) and inline models */
+    write_text(path, "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"beam\": {\"s0\": [0, 0, -2]}, "
+               "\"detector\": {\"panels\": [" PANEL(FAST) "]}}]}\n");
+    rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_OK && g.wavelength == 0.5 && g.direction[2] == 1 && g.nframes == 1 &&
+                        g.scan_width == 0,
+                    "read-s0", "s0 beam, inline models, a still: %s", rc ? nbg_errmsg(ctx) : "ok");
+}
+
+#endif /* NBG_HAVE_FORMATS */
+
+int main(void)
+{
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
+        nbgi_test_check(0, "ctx", "cannot create a context");
+        return nbgi_test_summary();
+    }
+    char dir[256];
+    if (nbgi_test_mkdtemp("nbg-expt-", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "tmpdir", "cannot make a temporary directory");
+        nbg_ctx_destroy(ctx);
+        return nbgi_test_summary();
+    }
+#ifdef NBG_HAVE_FORMATS
+    test_round_trip(ctx, dir);
+    test_write_errors(ctx, dir);
+    test_read_errors(ctx, dir);
+    test_compose(ctx, dir);
+#else
+    char path[600];
+    nbg_geometry g;
+    sample_geometry(&g);
+    snprintf(path, sizeof path, "%s/x.expt", dir);
+    int rc = nbg_write_expt(ctx, path, &g, "img_#####.cbf");
+    nbgi_test_check(rc == NBG_EUNSUP && strstr(nbg_errmsg(ctx), "FORMATS=0") != NULL && count_entries(dir) == 0,
+                    "unsup-write", "%s", nbg_errmsg(ctx));
+    rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_EUNSUP && strstr(nbg_errmsg(ctx), "FORMATS=0") != NULL, "unsup-read", "%s",
+                    nbg_errmsg(ctx));
+#endif
+    nbgi_test_rmtree(dir);
+    nbg_ctx_destroy(ctx);
+    return nbgi_test_summary();
+}
