@@ -207,13 +207,17 @@ clean:
 
 FUZZ_CC      ?= clang
 FZ           := $(B)/fuzz
-FUZZ_TARGETS ?= hkl fdump smv sources matrix cli
+FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt
 FUZZ_TIME    ?= 300
 FUZZ_CI_TIME ?= 60
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsanitize=fuzzer,address,undefined \
                 -fsanitize=float-cast-overflow -fno-sanitize-recover=all -DNBG_NO_REFINE $(WARN) -Wno-pass-failed \
                 -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+ifeq ($(FORMATS),1)
+FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
+FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson
+endif
 FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
 FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))
 
@@ -243,10 +247,10 @@ $(FZ)/libnbgrad.a: $(patsubst %.c,$(FZ)/obj/%.o,$(FUZZ_LIB_SRC))
 	ar rcs $@ $^
 
 $(FZ)/fuzz-cli: $(FZ)/obj/tests/fuzz/fuzz-cli.o $(FZ)/obj/src/cli.o $(FZ)/libnbgrad.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm $(FUZZ_LIBS)
 
 $(FZ)/fuzz-%: $(FZ)/obj/tests/fuzz/fuzz-%.o $(FZ)/libnbgrad.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $$(cat $(FZ)/omp-flags) $^ -o $@ -lm $(FUZZ_LIBS)
 
 fuzz-build: $(FUZZ_BINS)
 

@@ -1104,8 +1104,9 @@ static void print_dials_import(const nbgi_cli *c, const char *smv)
     for (int i = 0; i < 3; ++i) p[i] = -g->direction[i] * on / dn - g->origin[i];
     char tmpl[PATH_MAX];
     series_template(smv, c->nframes, tmpl, sizeof tmpl);
-    printf("to import %s in DIALS: dials.import %s fast_slow_beam_centre=%.4f,%.4f goniometer.axes=%g,%g,%g "
-           "geometry.detector.panel.pedestal=%g\n", c->nframes > 1 ? "the SMV series" : "the SMV file", tmpl,
+    printf("to import %s in DIALS: dials.import %s%s fast_slow_beam_centre=%.4f,%.4f goniometer.axes=%g,%g,%g "
+           "geometry.detector.panel.pedestal=%g\n", c->nframes > 1 ? "the SMV series" : "the SMV file",
+           c->nframes > 1 ? "template=" : "", tmpl,
            nbgi_dot(p, g->fast) / g->pixel_f, nbgi_dot(p, g->slow) / g->pixel_s, g->axis[0], g->axis[1], g->axis[2],
            c->adc);
 }

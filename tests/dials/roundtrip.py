@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """The round trip through the real client: nbgrad simulates a rotation series with an off-centre beam and a
-rotated detector, writes it as NXmx and as CBF together with the true experiment (.expt), and DIALS (Debian's
+rotated detector (a Gaussian lattice factor: the sinc's side lobes would be found as spots of their own; 16 phi
+steps per image: nanoBragg's steps start at the image's start, which turns the crystal by osc/(2 steps) =
+0.016 deg on average), writes it as NXmx and as CBF together with the true experiment (.expt), and DIALS (Debian's
 dials, run with Debian's /usr/bin/python3) imports, finds spots, indexes and refines it.  Checks:
 
   - the geometry dxtbx imports from each file equals the truth nbgrad wrote (beam centre and distance within
@@ -132,11 +134,11 @@ def main(argv):
     os.makedirs(work, exist_ok=True)
     nframes = 10 if quick else 20
     sim = [nbgrad, "-dials", "-cell"] + ["%g" % x for x in TRUE_CELL] + [
-        "-misset", "12", "-25", "33", "-default_F", "100", "-N", "12", "-lambda", "0.9795",
+        "-misset", "12", "-25", "33", "-default_F", "100", "-N", "8", "-gauss_xtal", "-lambda", "0.9795",
         "-detpixels", "1024", "-pixel", "0.1", "-close_distance", "110",
         "-ORGX", "420", "-ORGY", "600", "-detector_rotx", "2", "-detector_roty", "-4", "-detector_rotz", "1.5",
-        "-phi", "0", "-osc", "0.5", "-phisteps", "20", "-frames", str(nframes),
-        "-data", "noise", "-seed", "7", "-scale", "2", "-adc", "40",
+        "-phi", "0", "-osc", "0.5", "-phisteps", "16", "-oversample", "1", "-frames", str(nframes),
+        "-data", "noise", "-seed", "7", "-adc", "40",
         "-nxsfile", "series.nxs", "-cbffile", "series_#####.cbf", "-exptfile", "truth.expt"]
     rc, t = run(sim, work, "simulate.log")
     if not check(rc == 0, "simulate", "nbgrad wrote %d frames as NXmx and CBF with the true .expt (%.1f s)"
