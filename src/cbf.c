@@ -577,7 +577,8 @@ static void mini_geometry(const char *text, nbg_geometry *g)
             --p;
         if (sscanf(p, " %15s sensor, thickness %lf", mat, &a) == 2) {
             g->thickness = a * 1e3;
-            snprintf(g->material, sizeof g->material, "%s", strcmp(mat, "Silicon") == 0 ? "Si" : mat);
+            if (strcmp(mat, "unknown") != 0)
+                snprintf(g->material, sizeof g->material, "%s", strcmp(mat, "Silicon") == 0 ? "Si" : mat);
         }
     }
 }
