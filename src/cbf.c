@@ -1,0 +1,885 @@
+/*
+ * cbf.c -- CBF (imgCIF) images through CBFlib: the full-CBF writer (one frame of an nbg_geometry's scan, with the
+ * axis categories that describe the whole experiment) and the reader behind nbg_read_image (full CBF with its
+ * geometry, or a Pilatus-style miniCBF with what its text header carries).
+ *
+ * How the geometry is written (DIALS's laboratory frame is imgCIF's: beam along -z, z towards the source):
+ *
+ *   GONIOMETER_PHI  rotation     goniometer  vector g->axis (the one scan axis)
+ *   SOURCE          general      source      vector g->direction (sample -> source; dxtbx reads it so)
+ *   DETECTOR_Z      translation  detector    vector n = unit(fast x slow), turned so that the distance is >= 0
+ *   DETECTOR_Y      translation  detector    vector slow, depends on DETECTOR_Z
+ *   DETECTOR_X      translation  detector    vector fast, depends on DETECTOR_Y
+ *   ELEMENT_X       translation  detector    vector fast, depends on DETECTOR_X   (the array's fast index)
+ *   ELEMENT_Y       translation  detector    vector slow, depends on ELEMENT_X    (the array's slow index)
+ *
+ * The settings of DETECTOR_X/Y/Z (diffrn_scan_frame_axis) are the components of g->origin along fast, slow and n,
+ * and the element axes start at displacement 0 with the pixel sizes as increments.  So CBFlib's
+ * cbf_get_pixel_coordinates(0, 0) is g->origin exactly, which is what dxtbx (DetectorFactory.imgCIF_H) takes as
+ * the panel's origin, the corner of pixel (0,0).  The imgCIF dictionary calls that point the centre of the first
+ * pixel; we follow dxtbx, the reader that matters, and this reader does the same, so a round trip is exact and a
+ * dxtbx read-back gives g->origin (not origin + half a pixel).
+ *
+ * Also following dxtbx rather than the dictionary: _diffrn_radiation.polarizn_source_ratio holds dxtbx's
+ * polarization fraction (dxtbx reads it as such) and polarizn_source_norm the angle of the polarization normal
+ * from +y towards +x (dxtbx builds the normal (sin a, cos a, 0); a normal with a z component loses it).
+ *
+ * Numbers are written with as many digits as make them read back to the same double (%.15g to %.17g).
+ */
+#include "formats.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#ifndef NBG_HAVE_FORMATS
+
+int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
+                       const int32_t *data)
+{
+    (void)set, (void)g, (void)frame, (void)data;
+    return nbgi_error(ctx, NBG_EUNSUP, "writing %s: CBF is not available: nbgrad was built without CBFlib (FORMATS=0)",
+                      path != NULL ? path : "(null)");
+}
+
+int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int frame, const int32_t *data)
+{
+    return nbgi_write_cbf_set(ctx, NULL, path, g, frame, data);
+}
+
+int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+{
+    (void)g;
+    if (image != NULL)
+        *image = NULL;
+    if (npix != NULL)
+        *npix = 0;
+    if (mask != NULL)
+        *mask = NULL;
+    return nbgi_error(ctx, NBG_EUNSUP, "reading %s: CBF is not available: nbgrad was built without CBFlib (FORMATS=0)",
+                      path != NULL ? path : "(null)");
+}
+
+#else /* NBG_HAVE_FORMATS */
+
+#include <cbf.h>
+#include <cbf_simple.h>
+#include <time.h>
+
+#include "plan.h" /* nbgi_dot, nbgi_cross, nbgi_norm */
+
+/* CBFlib's error codes are bit flags; the name of the lowest one set, for messages. */
+static const char *cbf_code_name(int code)
+{
+    static const char *const names[] = {"CBF_FORMAT",   "CBF_ALLOC",    "CBF_ARGUMENT", "CBF_ASCII",
+                                        "CBF_BINARY",   "CBF_BITCOUNT", "CBF_ENDOFDATA", "CBF_FILECLOSE",
+                                        "CBF_FILEOPEN", "CBF_FILEREAD", "CBF_FILESEEK", "CBF_FILETELL",
+                                        "CBF_FILEWRITE", "CBF_IDENTICAL", "CBF_NOTFOUND", "CBF_OVERFLOW",
+                                        "CBF_UNDEFINED", "CBF_NOTIMPLEMENTED", "CBF_NOCOMPRESSION"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+        if (code & (1 << i))
+            return names[i];
+    }
+    return "CBFlib error";
+}
+
+/* The status a CBFlib error maps to: memory, I/O, or a malformed file. */
+static int cbf_status(int code)
+{
+    if (code & CBF_ALLOC)
+        return NBG_ENOMEM;
+    if (code & (CBF_FILEOPEN | CBF_FILEREAD | CBF_FILESEEK | CBF_FILETELL | CBF_FILEWRITE | CBF_FILECLOSE))
+        return NBG_EIO;
+    return NBG_EFORMAT;
+}
+
+/* CBFlib's log (its messages about the file, e.g. the line of a syntax error): into memory, never to stderr, so
+ * that a failure's message can quote it.  A NULL logfile would be simpler, but CBFlib 0.9.7's cbf_log then leaks
+ * its message buffer. */
+typedef struct {
+    FILE *fp;
+    char *buf;
+    size_t len;
+} cbflog;
+
+static void log_open(cbflog *l, cbf_handle h)
+{
+    l->buf = NULL, l->len = 0;
+    l->fp = open_memstream(&l->buf, &l->len);
+    if (l->fp == NULL)
+        l->fp = fopen("/dev/null", "w");
+    cbf_set_cbf_logfile(h, l->fp);
+}
+
+/* The first line CBFlib logged, without its "CBFlib: " prefix, into out ("" when none). */
+static void log_first(cbflog *l, char *out, size_t size)
+{
+    out[0] = '\0';
+    if (l->fp == NULL || fflush(l->fp) != 0 || l->buf == NULL || l->len == 0)
+        return;
+    const char *p = l->buf;
+    if (strncmp(p, "CBFlib: ", 8) == 0)
+        p += 8;
+    const size_t n = strcspn(p, "\r\n");
+    snprintf(out, size, "; %.*s", (int)(n < size - 3 ? n : size - 3), p);
+}
+
+/* After cbf_free_handle: CBFlib may log until then. */
+static void log_close(cbflog *l)
+{
+    if (l->fp != NULL)
+        fclose(l->fp);
+    free(l->buf);
+    l->fp = NULL, l->buf = NULL;
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Writing                                                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+#define W_MAXCOLS 12
+#define W_NUMS 40
+
+/* A category being written: its columns, and the first CBFlib error (later calls do nothing after one, so the
+ * writer reads as a list of categories and checks once). */
+typedef struct {
+    cbf_handle h;
+    int err;
+    const char *where; /* the category where err happened */
+    const char *cat;
+    const char *cols[W_MAXCOLS];
+    int ncols;
+    char num[W_NUMS][40]; /* ring of formatted numbers: a row's values live until W_NUMS more are formatted */
+    int inum;
+} cbfw;
+
+static void w_fail(cbfw *w, int code)
+{
+    if (code != 0 && w->err == 0) {
+        w->err = code;
+        w->where = w->cat;
+    }
+}
+
+/* Starts category cat with the columns given (NULL-terminated). */
+static void w_category(cbfw *w, const char *cat, ...)
+{
+    if (w->err != 0)
+        return;
+    w->cat = cat;
+    w->ncols = 0;
+    w_fail(w, cbf_new_category(w->h, cat));
+    va_list ap;
+    va_start(ap, cat);
+    for (const char *c; w->err == 0 && (c = va_arg(ap, const char *)) != NULL;) {
+        if (w->ncols == W_MAXCOLS) {
+            w_fail(w, CBF_ARGUMENT);
+            break;
+        }
+        w->cols[w->ncols++] = c;
+        w_fail(w, cbf_new_column(w->h, c));
+    }
+    va_end(ap);
+}
+
+/* Sets the current cell: "." is CIF's null (not applicable), a value with blanks or quotes is double-quoted text. */
+static void w_value(cbfw *w, const char *v)
+{
+    w_fail(w, cbf_set_value(w->h, v));
+    if (w->err == 0 && strcmp(v, ".") == 0)
+        w_fail(w, cbf_set_typeofvalue(w->h, "null"));
+    else if (w->err == 0 && (v[0] == '\0' || strpbrk(v, " \t'\"#;[]") != NULL))
+        w_fail(w, cbf_set_typeofvalue(w->h, "dblq"));
+}
+
+/* Adds a row: one string per column. */
+static void w_row(cbfw *w, ...)
+{
+    if (w->err != 0)
+        return;
+    w_fail(w, cbf_new_row(w->h));
+    va_list ap;
+    va_start(ap, w);
+    for (int i = 0; i < w->ncols && w->err == 0; ++i) {
+        const char *v = va_arg(ap, const char *);
+        w_fail(w, cbf_find_column(w->h, w->cols[i]));
+        if (w->err == 0)
+            w_value(w, v);
+    }
+    va_end(ap);
+}
+
+/* A double as the shortest of %.15g..%.17g that reads back to the same value (so 0.1 stays "0.1"). */
+static const char *w_num(cbfw *w, double x)
+{
+    char *b = w->num[w->inum++ % W_NUMS];
+    if (x == 0)
+        x = 0; /* no "-0" */
+    for (int p = 15; p <= 17; ++p) {
+        snprintf(b, sizeof w->num[0], "%.*g", p, x);
+        if (strtod(b, NULL) == x)
+            break;
+    }
+    return b;
+}
+
+static const char *w_int(cbfw *w, long x)
+{
+    char *b = w->num[w->inum++ % W_NUMS];
+    snprintf(b, sizeof w->num[0], "%ld", x);
+    return b;
+}
+
+/* Solves o = a f + b s + c n for (a, b, c) by Cramer's rule (f, s, n need not be exactly orthogonal). */
+static void decompose(const double o[3], const double f[3], const double s[3], const double n[3], double out[3])
+{
+    double sxn[3], oxn[3], sxo[3];
+    nbgi_cross(s, n, sxn);
+    nbgi_cross(o, n, oxn);
+    nbgi_cross(s, o, sxo);
+    const double det = nbgi_dot(f, sxn);
+    out[0] = nbgi_dot(o, sxn) / det;
+    out[1] = nbgi_dot(f, oxn) / det;
+    out[2] = nbgi_dot(f, sxo) / det;
+}
+
+/* The date written into _diffrn_scan_frame.date (dxtbx requires one): $SOURCE_DATE_EPOCH when set, so that a
+ * run can be made byte-reproducible, otherwise now. */
+static void w_date(char *buf, size_t size)
+{
+    time_t t = time(NULL);
+    const char *e = getenv("SOURCE_DATE_EPOCH");
+    if (e != NULL && e[0] != '\0') {
+        char *end;
+        const long long v = strtoll(e, &end, 10);
+        if (*end == '\0' && v >= 0)
+            t = (time_t)v;
+    }
+    struct tm tm;
+    if (gmtime_r(&t, &tm) == NULL || strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm) == 0)
+        snprintf(buf, size, "1970-01-01T00:00:00");
+}
+
+/* Builds the whole data block in w->h. */
+static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *data)
+{
+    const double angle = g->scan_start + frame * g->scan_width;
+    double n[3], pos[3];
+    nbgi_cross(g->fast, g->slow, n);
+    const double nn = nbgi_norm(n);
+    for (int i = 0; i < 3; ++i)
+        n[i] /= nn;
+    decompose(g->origin, g->fast, g->slow, n, pos);
+    if (pos[2] < 0) { /* the detector normal pointing away from the sample: a positive distance reads better */
+        for (int i = 0; i < 3; ++i)
+            n[i] = -n[i];
+        pos[2] = -pos[2];
+    }
+    /* dxtbx's normal is (sin a, cos a, 0): the angle from +y towards +x */
+    const double pol_angle = atan2(g->polarization_normal[0], g->polarization_normal[1]) * (180 / M_PI);
+    char date[40];
+    w_date(date, sizeof date);
+
+    w_fail(w, cbf_new_datablock(w->h, "image_1"));
+
+    w_category(w, "diffrn", "id", "crystal_id", NULL);
+    w_row(w, "DS1", "DIFFRN_CRYSTAL");
+
+    w_category(w, "diffrn_source", "diffrn_id", "source", "type", NULL);
+    w_row(w, "DS1", "simulated", "nbgrad simulation");
+
+    w_category(w, "diffrn_radiation", "diffrn_id", "wavelength_id", "probe", "polarizn_source_ratio",
+               "polarizn_source_norm", "div_x_source", "div_y_source", NULL);
+    w_row(w, "DS1", "WAVELENGTH1", "x-ray", w_num(w, g->polarization_fraction), w_num(w, pol_angle), "0", "0");
+
+    w_category(w, "diffrn_radiation_wavelength", "id", "wavelength", "wt", NULL);
+    w_row(w, "WAVELENGTH1", w_num(w, g->wavelength), "1");
+
+    w_category(w, "diffrn_measurement", "diffrn_id", "id", "number_of_axes", "method", NULL);
+    w_row(w, "DS1", "GONIOMETER", "1", "rotation");
+
+    w_category(w, "diffrn_measurement_axis", "measurement_id", "axis_id", NULL);
+    w_row(w, "GONIOMETER", "GONIOMETER_PHI");
+
+    /* The sensor material and mu have no imgCIF item: they go into the details text, which this reader parses. */
+    char details[96];
+    snprintf(details, sizeof details, "sensor %s mu %s /mm", g->material[0] != '\0' ? g->material : "unknown",
+             w_num(w, g->mu));
+    w_category(w, "diffrn_detector", "diffrn_id", "id", "type", "details", "number_of_axes", "layer_thickness", NULL);
+    w_row(w, "DS1", "DETECTOR", "nbgrad simulated detector", details, "3", w_num(w, g->thickness));
+
+    w_category(w, "diffrn_detector_axis", "detector_id", "axis_id", NULL);
+    w_row(w, "DETECTOR", "DETECTOR_X");
+    w_row(w, "DETECTOR", "DETECTOR_Y");
+    w_row(w, "DETECTOR", "DETECTOR_Z");
+
+    w_category(w, "diffrn_detector_element", "id", "detector_id", NULL);
+    w_row(w, "ELEMENT1", "DETECTOR");
+
+    w_category(w, "diffrn_data_frame", "id", "detector_element_id", "array_id", "binary_id", NULL);
+    w_row(w, "FRAME1", "ELEMENT1", "ARRAY1", "1");
+
+    w_category(w, "diffrn_scan", "id", "frame_id_start", "frame_id_end", "frames", NULL);
+    w_row(w, "SCAN1", "FRAME1", "FRAME1", "1");
+
+    /* The scan of this file is its one frame: dxtbx takes angle_start as the goniometer's setting and CBFlib the
+     * increment as the oscillation width. */
+    w_category(w, "diffrn_scan_axis", "scan_id", "axis_id", "angle_start", "angle_range", "angle_increment",
+               "displacement_start", "displacement_range", "displacement_increment", NULL);
+    w_row(w, "SCAN1", "GONIOMETER_PHI", w_num(w, angle), w_num(w, g->scan_width), w_num(w, g->scan_width), "0", "0",
+          "0");
+    w_row(w, "SCAN1", "DETECTOR_Z", "0", "0", "0", w_num(w, pos[2]), "0", "0");
+    w_row(w, "SCAN1", "DETECTOR_Y", "0", "0", "0", w_num(w, pos[1]), "0", "0");
+    w_row(w, "SCAN1", "DETECTOR_X", "0", "0", "0", w_num(w, pos[0]), "0", "0");
+
+    w_category(w, "diffrn_scan_frame", "frame_id", "scan_id", "frame_number", "integration_time", "date", NULL);
+    w_row(w, "FRAME1", "SCAN1", w_int(w, frame + 1L), w_num(w, g->exposure), date);
+
+    w_category(w, "diffrn_scan_frame_axis", "frame_id", "axis_id", "angle", "displacement", NULL);
+    w_row(w, "FRAME1", "GONIOMETER_PHI", w_num(w, angle), "0");
+    w_row(w, "FRAME1", "DETECTOR_Z", "0", w_num(w, pos[2]));
+    w_row(w, "FRAME1", "DETECTOR_Y", "0", w_num(w, pos[1]));
+    w_row(w, "FRAME1", "DETECTOR_X", "0", w_num(w, pos[0]));
+
+    w_category(w, "axis", "id", "type", "equipment", "depends_on", "vector[1]", "vector[2]", "vector[3]",
+               "offset[1]", "offset[2]", "offset[3]", NULL);
+    w_row(w, "GONIOMETER_PHI", "rotation", "goniometer", ".", w_num(w, g->axis[0]), w_num(w, g->axis[1]),
+          w_num(w, g->axis[2]), "0", "0", "0");
+    w_row(w, "SOURCE", "general", "source", ".", w_num(w, g->direction[0]), w_num(w, g->direction[1]),
+          w_num(w, g->direction[2]), "0", "0", "0");
+    w_row(w, "DETECTOR_Z", "translation", "detector", ".", w_num(w, n[0]), w_num(w, n[1]), w_num(w, n[2]), "0", "0",
+          "0");
+    w_row(w, "DETECTOR_Y", "translation", "detector", "DETECTOR_Z", w_num(w, g->slow[0]), w_num(w, g->slow[1]),
+          w_num(w, g->slow[2]), "0", "0", "0");
+    w_row(w, "DETECTOR_X", "translation", "detector", "DETECTOR_Y", w_num(w, g->fast[0]), w_num(w, g->fast[1]),
+          w_num(w, g->fast[2]), "0", "0", "0");
+    w_row(w, "ELEMENT_X", "translation", "detector", "DETECTOR_X", w_num(w, g->fast[0]), w_num(w, g->fast[1]),
+          w_num(w, g->fast[2]), "0", "0", "0");
+    w_row(w, "ELEMENT_Y", "translation", "detector", "ELEMENT_X", w_num(w, g->slow[0]), w_num(w, g->slow[1]),
+          w_num(w, g->slow[2]), "0", "0", "0");
+
+    w_category(w, "array_structure_list", "array_id", "index", "dimension", "precedence", "direction", "axis_set_id",
+               NULL);
+    w_row(w, "ARRAY1", "1", w_int(w, g->fpixels), "1", "increasing", "ELEMENT_X");
+    w_row(w, "ARRAY1", "2", w_int(w, g->spixels), "2", "increasing", "ELEMENT_Y");
+
+    w_category(w, "array_structure_list_axis", "axis_set_id", "axis_id", "displacement", "displacement_increment",
+               NULL);
+    w_row(w, "ELEMENT_X", "ELEMENT_X", "0", w_num(w, g->pixel_f));
+    w_row(w, "ELEMENT_Y", "ELEMENT_Y", "0", w_num(w, g->pixel_s));
+
+    /* array_element_size is in metres (imgCIF): the mm value with an exponent, so that it reads as written */
+    char size_f[48], size_s[48];
+    const char *mf = w_num(w, g->pixel_f), *ms = w_num(w, g->pixel_s);
+    snprintf(size_f, sizeof size_f, "%s%s", strchr(mf, 'e') ? w_num(w, g->pixel_f * 1e-3) : mf,
+             strchr(mf, 'e') ? "" : "e-3");
+    snprintf(size_s, sizeof size_s, "%s%s", strchr(ms, 'e') ? w_num(w, g->pixel_s * 1e-3) : ms,
+             strchr(ms, 'e') ? "" : "e-3");
+    w_category(w, "array_element_size", "array_id", "index", "size", NULL);
+    w_row(w, "ARRAY1", "1", size_f);
+    w_row(w, "ARRAY1", "2", size_s);
+
+    /* The pedestal is what the stored values carry on top of the signal: linearity 'offset' adds
+     * _array_intensities.offset = -pedestal to each value.  undefined_value -1 marks gaps as on Pilatus (dxtbx's
+     * trusted range is (undefined_value, overload)); an unknown saturation leaves the overload out. */
+    const int has_overload = isfinite(g->saturation);
+    if (has_overload) {
+        w_category(w, "array_intensities", "array_id", "binary_id", "linearity", "offset", "gain", "gain_esd",
+                   "overload", "undefined_value", "pixel_fast_bin_size", "pixel_slow_bin_size", NULL);
+        w_row(w, "ARRAY1", "1", g->pedestal != 0 ? "offset" : "linear", w_num(w, -g->pedestal), w_num(w, g->gain),
+              "0", w_num(w, g->saturation), "-1", "1", "1");
+    } else {
+        w_category(w, "array_intensities", "array_id", "binary_id", "linearity", "offset", "gain", "gain_esd",
+                   "undefined_value", "pixel_fast_bin_size", "pixel_slow_bin_size", NULL);
+        w_row(w, "ARRAY1", "1", g->pedestal != 0 ? "offset" : "linear", w_num(w, -g->pedestal), w_num(w, g->gain),
+              "0", "-1", "1", "1");
+    }
+
+    w_category(w, "array_structure", "id", "encoding_type", "compression_type", "byte_order", NULL);
+    w_row(w, "ARRAY1", "signed 32-bit integer", "byte_offsets", "little_endian");
+
+    w_category(w, "array_data", "array_id", "binary_id", "data", NULL);
+    w_row(w, "ARRAY1", "1", "?");
+    if (w->err == 0)
+        w_fail(w, cbf_find_column(w->h, "data"));
+    if (w->err == 0) {
+        /* CBFlib compresses from the caller's array without writing to it (its prototype is not const). */
+        const size_t nel = (size_t)g->fpixels * (size_t)g->spixels;
+        w_fail(w, cbf_set_integerarray_wdims_fs(w->h, CBF_BYTE_OFFSET, 1, (void *)(uintptr_t)data, sizeof(int32_t), 1,
+                                                nel, "little_endian", (size_t)g->fpixels, (size_t)g->spixels, 0, 0));
+    }
+}
+
+int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
+                       const int32_t *data)
+{
+    if (path == NULL || path[0] == '\0')
+        return nbgi_error(ctx, NBG_EINVAL, "writing a CBF file: no file name");
+    char what[300];
+    snprintf(what, sizeof what, "writing %s", path);
+    int rc = nbgi_geometry_check(ctx, g, what);
+    if (rc != NBG_OK)
+        return rc;
+    if (frame < 0 || frame >= g->nframes)
+        return nbgi_error(ctx, NBG_EINVAL, "writing %s: frame %d is outside the scan of %d images (0 to %d)", path,
+                          frame, g->nframes, g->nframes - 1);
+    if (data == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "writing %s: no image data", path);
+
+    cbfw w;
+    memset(&w, 0, sizeof w);
+    int code = cbf_make_handle(&w.h);
+    if (code != 0)
+        return nbgi_error(ctx, cbf_status(code), "writing %s: CBFlib could not make a handle (%s)", path,
+                          cbf_code_name(code));
+    cbflog log;
+    log_open(&log, w.h); /* the library never prints: failures come back as codes */
+    w_build(&w, g, frame, data);
+    if (w.err != 0) {
+        cbf_free_handle(w.h);
+        log_close(&log);
+        return nbgi_error(ctx, cbf_status(w.err), "writing %s: CBFlib failed building category %s (%s)", path,
+                          w.where != NULL ? w.where : "(data block)", cbf_code_name(w.err));
+    }
+
+    nbgi_out o;
+    rc = nbgi_out_open(ctx, path, &o);
+    if (rc != NBG_OK) {
+        cbf_free_handle(w.h);
+        log_close(&log);
+        return rc;
+    }
+    /* isbuffer = 0: CBFlib neither reads the stream back nor closes it, so o.fp stays ours to finish or abort.
+     * Binary sections as raw bytes (ENC_NONE) with MIME headers and an MD5 digest, as Pilatus and dxtbx expect. */
+    code = cbf_write_widefile(w.h, o.fp, 0, CBF, MIME_HEADERS | MSG_DIGEST, ENC_NONE | ENC_CRTERM | ENC_LFTERM);
+    cbf_free_handle(w.h);
+    log_close(&log);
+    if (code != 0) {
+        nbgi_out_abort(&o);
+        return nbgi_error(ctx, cbf_status(code), "writing %s: CBFlib could not write the file (%s)", path,
+                          cbf_code_name(code));
+    }
+    return nbgi_out_finish(ctx, &o, set);
+}
+
+int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int frame, const int32_t *data)
+{
+    return nbgi_write_cbf_set(ctx, NULL, path, g, frame, data);
+}
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Reading                                                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* The double in column col of the first row of category cat; 0 when found. */
+static int r_double(cbf_handle h, const char *cat, const char *col, double *v)
+{
+    int code = cbf_find_category(h, cat);
+    if (code == 0)
+        code = cbf_find_column(h, col);
+    if (code == 0)
+        code = cbf_rewind_row(h);
+    if (code == 0)
+        code = cbf_get_doublevalue(h, v);
+    return code;
+}
+
+static int r_string(cbf_handle h, const char *cat, const char *col, const char **v)
+{
+    int code = cbf_find_category(h, cat);
+    if (code == 0)
+        code = cbf_find_column(h, col);
+    if (code == 0)
+        code = cbf_rewind_row(h);
+    if (code == 0)
+        code = cbf_get_value(h, v);
+    return code == 0 && *v == NULL ? CBF_NOTFOUND : code;
+}
+
+/* The vector of the first axis with the given equipment (e.g. "source"); 0 when found. */
+static int r_equipment_vector(cbf_handle h, const char *equipment, double v[3])
+{
+    unsigned int rows = 0;
+    /* CBFlib selects a row only with a current column: find one first */
+    if (cbf_find_category(h, "axis") != 0 || cbf_count_rows(h, &rows) != 0 || cbf_find_column(h, "equipment") != 0)
+        return CBF_NOTFOUND;
+    for (unsigned int r = 0; r < rows; ++r) {
+        const char *eq = NULL, *id = NULL;
+        if (cbf_select_row(h, r) != 0 || cbf_find_column(h, "equipment") != 0 || cbf_get_value(h, &eq) != 0)
+            return CBF_NOTFOUND;
+        if (eq == NULL || strcasecmp(eq, equipment) != 0)
+            continue;
+        if (cbf_find_column(h, "id") != 0 || cbf_get_value(h, &id) != 0 || id == NULL)
+            return CBF_NOTFOUND;
+        return cbf_get_axis_vector(h, id, &v[0], &v[1], &v[2]);
+    }
+    return CBF_NOTFOUND;
+}
+
+/* A Pilatus header line "# <key> <value>..." of the miniCBF text: the text after the key, or NULL. */
+static const char *mini_field(const char *text, const char *key)
+{
+    const size_t k = strlen(key);
+    for (const char *p = text; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p != NULL ? p + 1 : NULL) {
+        const char *q = p;
+        while (*q == ' ' || *q == '\t')
+            ++q;
+        if (*q != '#')
+            continue;
+        ++q;
+        while (*q == ' ' || *q == '\t')
+            ++q;
+        if (strncmp(q, key, k) == 0)
+            return q + k;
+    }
+    return NULL;
+}
+
+/* The geometry a Pilatus miniCBF header gives (dxtbx's convention for these: fast +x, slow -y, the detector normal
+ * to the beam along -z at Detector_distance, the beam at Beam_xy pixels, rotation axis +x).  Fields the header
+ * lacks keep their defaults (NaN wavelength, no detector distance: origin 0). */
+static void mini_geometry(const char *text, nbg_geometry *g)
+{
+    const char *f;
+    double a, b;
+    g->fast[0] = 1, g->fast[1] = 0, g->fast[2] = 0;
+    g->slow[0] = 0, g->slow[1] = -1, g->slow[2] = 0;
+    if ((f = mini_field(text, "Pixel_size")) != NULL && sscanf(f, " %lf m x %lf", &a, &b) == 2)
+        g->pixel_f = a * 1e3, g->pixel_s = b * 1e3;
+    if ((f = mini_field(text, "Wavelength")) != NULL && sscanf(f, " %lf", &a) == 1)
+        g->wavelength = a;
+    double dist = 0, bx = 0, by = 0;
+    if ((f = mini_field(text, "Detector_distance")) != NULL && sscanf(f, " %lf", &a) == 1)
+        dist = a * 1e3;
+    if ((f = mini_field(text, "Beam_xy")) != NULL && sscanf(f, " (%lf , %lf", &a, &b) == 2)
+        bx = a, by = b;
+    g->origin[0] = -bx * g->pixel_f;
+    g->origin[1] = by * g->pixel_s;
+    g->origin[2] = -dist;
+    if ((f = mini_field(text, "Count_cutoff")) != NULL && sscanf(f, " %lf", &a) == 1)
+        g->saturation = a;
+    if ((f = mini_field(text, "Exposure_time")) != NULL && sscanf(f, " %lf", &a) == 1)
+        g->exposure = a;
+    if ((f = mini_field(text, "Start_angle")) != NULL && sscanf(f, " %lf", &a) == 1)
+        g->scan_start = a;
+    if ((f = mini_field(text, "Angle_increment")) != NULL && sscanf(f, " %lf", &a) == 1)
+        g->scan_width = a;
+    /* "# Silicon sensor, thickness 0.000320 m" */
+    const char *p = strstr(text, "sensor, thickness");
+    if (p != NULL) {
+        char mat[16];
+        while (p > text && p[-1] != '#' && p[-1] != '\n')
+            --p;
+        if (sscanf(p, " %15s sensor, thickness %lf", mat, &a) == 2) {
+            g->thickness = a * 1e3;
+            if (strcmp(mat, "unknown") != 0)
+                snprintf(g->material, sizeof g->material, "%s", strcmp(mat, "Silicon") == 0 ? "Si" : mat);
+        }
+    }
+}
+
+/* Reads the full CBF geometry into g; 0, or the CBFlib code with *where naming what failed. */
+static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
+{
+    cbf_detector det = NULL;
+    int code;
+    *where = "the detector (diffrn_detector, array_structure_list, axis)";
+    if ((code = cbf_construct_detector(h, &det, 0)) != 0)
+        return code;
+    double o[3], f[3], s[3], pf = 0, ps = 0;
+    code = cbf_get_pixel_coordinates_fs(det, 0, 0, &o[0], &o[1], &o[2]);
+    if (code == 0)
+        code = cbf_get_detector_axis_fast(det, &f[0], &f[1], &f[2]);
+    if (code == 0)
+        code = cbf_get_detector_axis_slow(det, &s[0], &s[1], &s[2]);
+    if (code == 0)
+        code = cbf_get_inferred_pixel_size_fs(det, 1, &pf);
+    if (code == 0)
+        code = cbf_get_inferred_pixel_size_fs(det, 2, &ps);
+    cbf_free_detector(det);
+    if (code != 0)
+        return code;
+    for (int i = 0; i < 3; ++i)
+        g->origin[i] = o[i], g->fast[i] = f[i], g->slow[i] = s[i];
+    g->pixel_f = pf, g->pixel_s = ps;
+
+    *where = "the wavelength (diffrn_radiation_wavelength)";
+    if ((code = cbf_get_wavelength(h, &g->wavelength)) != 0)
+        return code;
+
+    double v[3];
+    if (r_equipment_vector(h, "source", v) == 0 && nbgi_norm(v) > 0) {
+        const double len = nbgi_norm(v);
+        for (int i = 0; i < 3; ++i)
+            g->direction[i] = v[i] / len;
+    }
+    double ratio, norm;
+    if (cbf_get_polarization(h, &ratio, &norm) == 0) {
+        g->polarization_fraction = ratio;
+        g->polarization_normal[0] = sin(norm * (M_PI / 180));
+        g->polarization_normal[1] = cos(norm * (M_PI / 180));
+        g->polarization_normal[2] = 0;
+    }
+
+    /* A file without a goniometer is a still: the default axis and a scan of width 0. */
+    cbf_goniometer gon = NULL;
+    if (cbf_construct_goniometer(h, &gon) == 0) {
+        double start = 0, inc = 0, a[3];
+        *where = "the goniometer (diffrn_measurement_axis, diffrn_scan_axis, diffrn_scan_frame_axis)";
+        code = cbf_get_rotation_axis(gon, 0, &a[0], &a[1], &a[2]);
+        if (code == 0)
+            code = cbf_get_rotation_range(gon, 0, &start, &inc);
+        cbf_free_goniometer(gon);
+        if (code != 0 && code != CBF_NOTFOUND)
+            return code;
+        if (code == 0) {
+            const double len = nbgi_norm(a);
+            for (int i = 0; i < 3 && len > 0; ++i)
+                g->axis[i] = a[i] / len;
+            g->scan_start = start, g->scan_width = inc;
+        }
+    }
+    g->nframes = 1;
+
+    double x, gain_esd;
+    if (cbf_get_integration_time(h, 0, &x) == 0)
+        g->exposure = x;
+    if (cbf_get_overload(h, 0, &x) == 0)
+        g->saturation = x;
+    if (cbf_get_gain(h, 0, &x, &gain_esd) == 0 && x > 0)
+        g->gain = x;
+    const char *lin;
+    if (r_string(h, "array_intensities", "linearity", &lin) == 0 &&
+        (strcasecmp(lin, "offset") == 0 || strcasecmp(lin, "scaling_offset") == 0) &&
+        r_double(h, "array_intensities", "offset", &x) == 0)
+        g->pedestal = -x;
+    if (r_double(h, "diffrn_detector", "layer_thickness", &x) == 0 && x >= 0)
+        g->thickness = x;
+    const char *details;
+    if (r_string(h, "diffrn_detector", "details", &details) == 0) {
+        char mat[16];
+        double mu;
+        if (sscanf(details, "sensor %15s mu %lf", mat, &mu) == 2) {
+            if (strcmp(mat, "unknown") != 0)
+                snprintf(g->material, sizeof g->material, "%s", mat);
+            g->mu = mu;
+        }
+    }
+    return 0;
+}
+
+/* The state of one read, freed in one place. */
+typedef struct {
+    cbf_handle h;
+    cbflog log;
+    void *raw;
+    float *img;
+    uint8_t *mask;
+} cbfr;
+
+static void r_free(cbfr *r)
+{
+    if (r->h != NULL)
+        cbf_free_handle(r->h); /* also closes the file CBFlib kept open for the binary section */
+    log_close(&r->log);
+    free(r->raw);
+    free(r->img);
+    free(r->mask);
+}
+
+static int r_fail(nbg_ctx *ctx, cbfr *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int r_fail(nbg_ctx *ctx, cbfr *r, int status, const char *fmt, ...)
+{
+    char msg[700], cbfmsg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_first(&r->log, cbfmsg, sizeof cbfmsg);
+    r_free(r);
+    return nbgi_error(ctx, status, "%s%s", msg, cbfmsg);
+}
+
+/* 1 when the file starts like a CBF or CIF file (CBFlib would otherwise parse any text as an empty CIF). */
+static int looks_like_cbf(FILE *fp)
+{
+    char head[4097];
+    const size_t n = fread(head, 1, sizeof head - 1, fp);
+    head[n] = '\0';
+    rewind(fp);
+    if (n >= 6 && memcmp(head, "###CBF", 6) == 0)
+        return 1;
+    if (n >= 6 && memcmp(head, "#\\#CIF", 6) == 0)
+        return 1;
+    /* a plain CIF: a data_ block header at the start of a line */
+    for (const char *p = head; p < head + n; ++p) {
+        if ((p == head || p[-1] == '\n') && strncmp(p, "data_", 5) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+{
+    if (image != NULL)
+        *image = NULL;
+    if (npix != NULL)
+        *npix = 0;
+    if (mask != NULL)
+        *mask = NULL;
+    if (path == NULL || image == NULL || npix == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "reading a CBF file: no file name or output");
+    cbfr r;
+    memset(&r, 0, sizeof r);
+
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL)
+        return nbgi_error(ctx, NBG_EIO, "reading %s: cannot open it: %s", path, strerror(errno));
+    if (!looks_like_cbf(fp)) {
+        fclose(fp);
+        return nbgi_error(ctx, NBG_EFORMAT, "reading %s: not a CBF file (no ###CBF signature or CIF data block)",
+                          path);
+    }
+    int code = cbf_make_handle(&r.h);
+    if (code != 0) {
+        fclose(fp);
+        return nbgi_error(ctx, cbf_status(code), "reading %s: CBFlib could not make a handle (%s)", path,
+                          cbf_code_name(code));
+    }
+    log_open(&r.log, r.h);
+    /* The handle owns fp from here, on success and failure alike (CBFlib reads the binary section on demand and
+     * closes the file with the handle).  MSG_DIGESTNOW checks each binary section's MD5 while parsing, so a
+     * damaged section is found here rather than half-way through decompression. */
+    code = cbf_read_widefile(r.h, fp, MSG_DIGESTNOW);
+    if (code != 0)
+        return r_fail(ctx, &r, cbf_status(code), "reading %s: CBFlib could not parse it (%s): truncated or not CBF",
+                      path, cbf_code_name(code));
+
+    if (cbf_find_category(r.h, "array_data") != 0 || cbf_find_column(r.h, "data") != 0 || cbf_rewind_row(r.h) != 0)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: no image: the file has no _array_data.data", path);
+    const char *type = NULL;
+    if (cbf_get_typeofvalue(r.h, &type) != 0 || type == NULL || strcmp(type, "bnry") != 0)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: no image: _array_data.data is not a binary section", path);
+
+    unsigned int compression;
+    int binary_id, elsigned, elunsigned, minel, maxel, realarray;
+    size_t elsize, nel, dimf, dimm, dims, padding;
+    const char *byteorder;
+    code = cbf_get_arrayparameters_wdims_fs(r.h, &compression, &binary_id, &elsize, &elsigned, &elunsigned, &nel,
+                                            &minel, &maxel, &realarray, &byteorder, &dimf, &dimm, &dims, &padding);
+    if (code != 0)
+        return r_fail(ctx, &r, cbf_status(code), "reading %s: _array_data.data: CBFlib cannot read the binary "
+                      "section's parameters (%s)", path, cbf_code_name(code));
+    /* The dimensions: the binary header's, else array_structure_list's. */
+    if (dimf == 0) {
+        size_t sf = 0, ss = 0;
+        if (cbf_get_image_size_fs(r.h, 0, 0, &sf, &ss) == 0)
+            dimf = sf, dimm = ss, dims = 1;
+    }
+    if (dims == 0)
+        dims = 1;
+    if (dimm == 0)
+        dimm = 1;
+    if (dimf == 0 || (double)dimf * dimm * dims != (double)nel)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: the dimensions %zu x %zu x %zu do not "
+                      "match the %zu elements", path, dimf, dimm, dims, nel);
+    if (dims != 1)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: a 3-D array (%zu x %zu x %zu) is not "
+                      "one image", path, dimf, dimm, dims);
+    if (dimf > INT32_MAX || dimm > INT32_MAX)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: the image size %zu x %zu is too large",
+                      path, dimf, dimm);
+    const int okreal = realarray && (elsize == 4 || elsize == 8);
+    const int okint = !realarray && (elsize == 1 || elsize == 2 || elsize == 4 || elsize == 8);
+    if (!okreal && !okint)
+        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: elements of %zu bytes (%s) are not "
+                      "supported", path, elsize, realarray ? "real" : "integer");
+    char what[400];
+    snprintf(what, sizeof what, "the image of %s (%zu x %zu pixels)", path, dimf, dimm);
+    int rc = nbgi_check_bytes(ctx, (double)nel * ((double)elsize + sizeof(float) + (mask != NULL ? 1 : 0)), what);
+    if (rc != NBG_OK) {
+        r_free(&r);
+        return rc;
+    }
+    r.raw = malloc(nel * elsize);
+    r.img = malloc(nel * sizeof(float));
+    if (r.raw == NULL || r.img == NULL)
+        return r_fail(ctx, &r, NBG_ENOMEM, "reading %s: out of memory for %s", path, what);
+    size_t got = 0;
+    int id = binary_id;
+    if (realarray)
+        code = cbf_get_realarray(r.h, &id, r.raw, elsize, nel, &got);
+    else
+        code = cbf_get_integerarray(r.h, &id, r.raw, elsize, elsigned, nel, &got);
+    if (code != 0 || got != nel)
+        return r_fail(ctx, &r, code != 0 ? cbf_status(code) : NBG_EFORMAT, "reading %s: _array_data.data: the "
+                      "binary section is damaged or truncated (%s; %zu of %zu elements)", path,
+                      code != 0 ? cbf_code_name(code) : "short", got, nel);
+    for (size_t i = 0; i < nel; ++i) {
+        double v;
+        if (realarray)
+            v = elsize == 4 ? (double)((const float *)r.raw)[i] : ((const double *)r.raw)[i];
+        else if (elsize == 1)
+            v = elsigned ? (double)((const int8_t *)r.raw)[i] : (double)((const uint8_t *)r.raw)[i];
+        else if (elsize == 2)
+            v = elsigned ? (double)((const int16_t *)r.raw)[i] : (double)((const uint16_t *)r.raw)[i];
+        else if (elsize == 4)
+            v = elsigned ? (double)((const int32_t *)r.raw)[i] : (double)((const uint32_t *)r.raw)[i];
+        else
+            v = elsigned ? (double)((const int64_t *)r.raw)[i] : (double)((const uint64_t *)r.raw)[i];
+        r.img[i] = (float)v;
+    }
+
+    /* The geometry: a full CBF's axis categories, else a miniCBF's Pilatus header. */
+    nbg_geometry gg;
+    nbgi_geometry_init(&gg);
+    gg.fpixels = (int)dimf, gg.spixels = (int)dimm;
+    const int full = cbf_find_category(r.h, "axis") == 0;
+    if (full) {
+        const char *where = "";
+        code = full_geometry(r.h, &gg, &where);
+        if (code != 0)
+            return r_fail(ctx, &r, cbf_status(code), "reading %s: CBFlib cannot read %s (%s)", path, where,
+                          cbf_code_name(code));
+        size_t sf = 0, ss = 0;
+        if (cbf_get_image_size_fs(r.h, 0, 0, &sf, &ss) == 0 && (sf != dimf || ss != dimm))
+            return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: array_structure_list gives %zu x %zu pixels but the "
+                          "binary section holds %zu x %zu", path, sf, ss, dimf, dimm);
+    } else {
+        const char *text = NULL;
+        if (r_string(r.h, "array_data", "header_contents", &text) == 0)
+            mini_geometry(text, &gg);
+    }
+
+    if (mask != NULL) {
+        const double over = isfinite(gg.saturation) ? gg.saturation : INFINITY;
+        size_t nbad = 0;
+        for (size_t i = 0; i < nel; ++i)
+            nbad += r.img[i] < 0 || r.img[i] >= over;
+        if (nbad > 0) {
+            r.mask = malloc(nel);
+            if (r.mask == NULL)
+                return r_fail(ctx, &r, NBG_ENOMEM, "reading %s: out of memory for the mask", path);
+            for (size_t i = 0; i < nel; ++i)
+                r.mask[i] = r.img[i] < 0 || r.img[i] >= over;
+        }
+        *mask = r.mask;
+        r.mask = NULL;
+    }
+    if (g != NULL)
+        *g = gg;
+    *image = r.img;
+    *npix = nel;
+    r.img = NULL;
+    r_free(&r);
+    return NBG_OK;
+}
+
+#endif /* NBG_HAVE_FORMATS */
