@@ -124,6 +124,59 @@ def match_crystal(truth, found):
     return {"cell": cd, "true_cell": ct, "len_err": len_err, "ang_err": ang_err, "rot_deg": rot}
 
 
+def round_trip(conv, fmt, cdir, files, truth, table):
+    """dials.import, find_spots, index and refine on one format of one case; checks and a table row."""
+    tag = conv + "-" + fmt
+    d = os.path.join(cdir, fmt)
+    os.makedirs(d, exist_ok=True)
+    paths = [os.path.join(cdir, f) for f in files]
+    rc, t = run(["dials.import"] + paths, d, "import.log")
+    if not check(rc == 0 and os.path.exists(os.path.join(d, "imported.expt")), tag + "-import",
+                 "dials.import read the files (%.1f s)" % t):
+        print(tail(os.path.join(d, "import.log")))
+        return
+    imported = load_expt(os.path.join(d, "imported.expt"))
+    geo = compare_geometry(tag, truth, imported)
+    rc, t1 = run(["dials.find_spots", "imported.expt", "nproc=2"], d, "find_spots.log")
+    check(rc == 0, tag + "-find-spots", "dials.find_spots (%.1f s)" % t1)
+    rc, t2 = run(["dials.index", "imported.expt", "strong.refl"], d, "index.log")
+    if not check(rc == 0, tag + "-index", "dials.index (%.1f s)" % t2):
+        print(tail(os.path.join(d, "index.log")))
+        return
+    rc, t3 = run(["dials.refine", "indexed.expt", "indexed.refl"], d, "refine.log")
+    if not check(rc == 0, tag + "-refine", "dials.refine (%.1f s)" % t3):
+        print(tail(os.path.join(d, "refine.log")))
+        return
+    for stage, name in (("indexed", "indexed.expt"), ("refined", "refined.expt")):
+        found = load_expt(os.path.join(d, name))[0].crystal
+        m = match_crystal(truth[0].crystal, found)
+        if not check(m is not None, "%s-%s-basis" % (tag, stage), "DIALS's basis is an integer transform of "
+                     "the true one"):
+            continue
+        check(m["len_err"] < 5e-4 and m["ang_err"] < 0.05, "%s-%s-cell" % (tag, stage),
+              "cell %s (truth %s): lengths off by %.3g %%, angles by %.3g deg" % (
+                  " ".join("%.3f" % x for x in m["cell"]), " ".join("%.3f" % x for x in m["true_cell"]),
+                  100 * m["len_err"], m["ang_err"]))
+        check(m["rot_deg"] < 0.05, "%s-%s-orientation" % (tag, stage), "orientation off by %.4f deg" % m["rot_deg"])
+        if stage == "refined":
+            table.append((conv, fmt, m, geo, rmsds(os.path.join(d, "refined.refl")), t + t1 + t2 + t3))
+
+
+def rmsds(path):
+    """The refined model's positional rmsds, for the table."""
+    try:
+        from dials.array_family import flex
+        refl = flex.reflection_table.from_file(path)
+        r = refl.select(refl.get_flags(refl.flags.used_in_refinement))
+        x, y, z = r["xyzcal.px"].parts()
+        xo, yo, zo = r["xyzobs.px.value"].parts()
+        return "%.3f %.3f px %.3f images" % (math.sqrt(flex.mean(flex.pow2(x - xo))),
+                                             math.sqrt(flex.mean(flex.pow2(y - yo))),
+                                             math.sqrt(flex.mean(flex.pow2(z - zo))))
+    except Exception as ex:  # noqa: BLE001 -- the rmsd is for the table only
+        return "n/a (%s)" % ex
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__)
@@ -133,79 +186,44 @@ def main(argv):
     quick = "--quick" in argv
     os.makedirs(work, exist_ok=True)
     nframes = 10 if quick else 20
-    sim = [nbgrad, "-dials", "-cell"] + ["%g" % x for x in TRUE_CELL] + [
-        "-misset", "12", "-25", "33", "-default_F", "100", "-N", "8", "-gauss_xtal", "-lambda", "0.9795",
-        "-detpixels", "1024", "-pixel", "0.1", "-close_distance", "110",
-        "-ORGX", "420", "-ORGY", "600", "-detector_rotx", "2", "-detector_roty", "-4", "-detector_rotz", "1.5",
-        "-phi", "0", "-osc", "0.5", "-phisteps", "16", "-oversample", "1", "-frames", str(nframes),
-        "-data", "noise", "-seed", "7", "-adc", "40",
-        "-nxsfile", "series.nxs", "-cbffile", "series_#####.cbf", "-exptfile", "truth.expt"]
-    rc, t = run(sim, work, "simulate.log")
-    if not check(rc == 0, "simulate", "nbgrad wrote %d frames as NXmx and CBF with the true .expt (%.1f s)"
-                 % (nframes, t)):
-        print(tail(os.path.join(work, "simulate.log")))
-        print("%d passed, %d failed" % (PASSED, FAILED))
-        return 1
-    truth = load_expt(os.path.join(work, "truth.expt"))
+    crystal = ["-cell"] + ["%g" % x for x in TRUE_CELL] + [
+        "-misset", "12", "-25", "33", "-default_F", "100", "-N", "8", "-gauss_xtal", "-lambda", "0.9795"]
+    series = ["-detpixels", "1024", "-pixel", "0.1", "-phi", "0", "-osc", "0.5", "-phisteps", "16", "-oversample", "1",
+              "-frames", str(nframes), "-data", "noise", "-seed", "7", "-adc", "40"]
+    # (convention, detector flags, formats): DIALS's convention with the sample pivot, an off-centre beam
+    # (ORGX/ORGY) and three detector rotations, as NXmx and CBF; MOSFLM's with the beam pivot, an off-centre beam
+    # and a two-theta swing, as NXmx
+    cases = [("dials", ["-dials", "-close_distance", "110", "-ORGX", "420", "-ORGY", "600", "-detector_rotx", "2",
+                        "-detector_roty", "-4", "-detector_rotz", "1.5"], ("nxmx", "cbf")),
+             ("mosflm", ["-mosflm", "-distance", "120", "-Xbeam", "45", "-Ybeam", "58", "-twotheta", "6"],
+              ("nxmx",))]
     table = []
-    for fmt, files in (("nxmx", ["series.nxs"]), ("cbf", ["series_%05d.cbf" % (i + 1) for i in range(nframes)])):
-        d = os.path.join(work, fmt)
-        os.makedirs(d, exist_ok=True)
-        paths = [os.path.join(work, f) for f in files]
-        rc, t = run(["dials.import"] + paths, d, "import.log")
-        if not check(rc == 0 and os.path.exists(os.path.join(d, "imported.expt")), fmt + "-import",
-                     "dials.import read the files (%.1f s)" % t):
-            print(tail(os.path.join(d, "import.log")))
+    for conv, det, formats in cases:
+        cdir = os.path.join(work, conv)
+        os.makedirs(cdir, exist_ok=True)
+        sim = [nbgrad] + det + crystal + series + ["-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
+        if "cbf" in formats:
+            sim += ["-cbffile", "series_#####.cbf"]
+        rc, t = run(sim, cdir, "simulate.log")
+        if not check(rc == 0, conv + "-simulate", "nbgrad wrote %d frames (%s) with the true .expt (%.1f s)"
+                     % (nframes, ", ".join(formats), t)):
+            print(tail(os.path.join(cdir, "simulate.log")))
             continue
-        imported = load_expt(os.path.join(d, "imported.expt"))
-        geo = compare_geometry(fmt, truth, imported)
-        rc, t1 = run(["dials.find_spots", "imported.expt", "nproc=2"], d, "find_spots.log")
-        check(rc == 0, fmt + "-find-spots", "dials.find_spots (%.1f s)" % t1)
-        rc, t2 = run(["dials.index", "imported.expt", "strong.refl"], d, "index.log")
-        if not check(rc == 0, fmt + "-index", "dials.index (%.1f s)" % t2):
-            print(tail(os.path.join(d, "index.log")))
-            continue
-        rc, t3 = run(["dials.refine", "indexed.expt", "indexed.refl"], d, "refine.log")
-        if not check(rc == 0, fmt + "-refine", "dials.refine (%.1f s)" % t3):
-            print(tail(os.path.join(d, "refine.log")))
-            continue
-        for stage, name in (("indexed", "indexed.expt"), ("refined", "refined.expt")):
-            found = load_expt(os.path.join(d, name))[0].crystal
-            m = match_crystal(truth[0].crystal, found)
-            if not check(m is not None, "%s-%s-basis" % (fmt, stage), "DIALS's basis is an integer transform of "
-                         "the true one"):
-                continue
-            check(m["len_err"] < 5e-4 and m["ang_err"] < 0.05, "%s-%s-cell" % (fmt, stage),
-                  "cell %s (truth %s): lengths off by %.3g %%, angles by %.3g deg" % (
-                      " ".join("%.3f" % x for x in m["cell"]), " ".join("%.3f" % x for x in m["true_cell"]),
-                      100 * m["len_err"], m["ang_err"]))
-            check(m["rot_deg"] < 0.05, "%s-%s-orientation" % (fmt, stage),
-                  "orientation off by %.4f deg" % m["rot_deg"])
-            if stage == "refined":
-                rmsd = ""
-                try:
-                    import dials.array_family.flex  # noqa: F401 -- registers the reflection table
-                    from dials.array_family import flex
-                    refl = flex.reflection_table.from_file(os.path.join(d, "refined.refl"))
-                    sel = refl.get_flags(refl.flags.used_in_refinement)
-                    r = refl.select(sel)
-                    x, y, z = r["xyzcal.px"].parts()
-                    xo, yo, zo = r["xyzobs.px.value"].parts()
-                    rmsd = "%.3f %.3f px %.3f images" % (
-                        math.sqrt(flex.mean(flex.pow2(x - xo))), math.sqrt(flex.mean(flex.pow2(y - yo))),
-                        math.sqrt(flex.mean(flex.pow2(z - zo))))
-                except Exception as ex:  # noqa: BLE001 -- the rmsd is for the table only
-                    rmsd = "n/a (%s)" % ex
-                table.append((fmt, m, geo, rmsd, t + t1 + t2 + t3))
-    print("\nround trip (truth %s; -dials convention, off-centre beam, rotated detector, %d frames of 0.5 deg)"
+        truth = load_expt(os.path.join(cdir, "truth.expt"))
+        for fmt in formats:
+            files = ["series.nxs"] if fmt == "nxmx" else ["series_%05d.cbf" % (i + 1) for i in range(nframes)]
+            round_trip(conv, fmt, cdir, files, truth, table)
+
+    print("\nround trip (truth %s; off-centre beam, rotated detector, %d frames of 0.5 deg)"
           % (" ".join("%g" % x for x in TRUE_CELL), nframes))
-    print("| format | refined cell | max length error | max angle error | orientation error | rmsd (x y z) |"
-          " geometry: centre / distance / axes / spindle | DIALS time |")
-    print("|---|---|---|---|---|---|---|---|")
-    for fmt, m, geo, rmsd, t in table:
-        print("| %s | %s | %.4f %% | %.4f deg | %.4f deg | %s | %.1e mm / %.1e mm / %.1e deg / %.1e deg | %.0f s |" % (
-            fmt, " ".join("%.3f" % x for x in m["cell"]), 100 * m["len_err"], m["ang_err"], m["rot_deg"], rmsd,
-            geo["beam_centre_mm"], geo["distance_mm"], geo["axes_deg"], geo["spindle_deg"], t))
+    print("| convention | format | refined cell | max length error | max angle error | orientation error |"
+          " rmsd (x y z) | imported geometry: centre / distance / axes / spindle | DIALS time |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for conv, fmt, m, geo, rmsd, t in table:
+        print("| %s | %s | %s | %.4f %% | %.4f deg | %.4f deg | %s | %.1e mm / %.1e mm / %.1e deg / %.1e deg |"
+              " %.0f s |" % (conv, fmt, " ".join("%.3f" % x for x in m["cell"]), 100 * m["len_err"], m["ang_err"],
+                             m["rot_deg"], rmsd, geo["beam_centre_mm"], geo["distance_mm"], geo["axes_deg"],
+                             geo["spindle_deg"], t))
     print("%d passed, %d failed" % (PASSED, FAILED))
     return 0 if FAILED == 0 else 1
 
