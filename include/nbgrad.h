@@ -520,10 +520,11 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the
  * pedestal left in), the caller frees it; *npix receives its size.  g, when not NULL, receives what the file says
- * of the geometry (from SMV: pixel counts, size, distance, wavelength and pedestal; nothing from raw float), with
- * *have_geometry (may be NULL) set when it is the whole geometry (NXmx, full CBF).  mask, when not NULL, receives a
- * malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, and its overloads) or NULL when the file has
- * none. */
+ * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx, CBF).  From SMV:
+ * pixel counts and size, wavelength, distance (as an origin along -z), scan, saturation 65535 and the pedestal of
+ * an ADC_OFFSET key (NAN when the header has none: nanoBragg's carry 40 without saying so); from raw floats
+ * nothing.  mask, when not NULL, receives a malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's
+ * negative pixels, and every pixel at or above the saturation) or NULL when no pixel is bad. */
 int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
                    nbg_geometry *g, int *have_geometry, uint8_t **mask);
 

@@ -679,8 +679,11 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
     if (h->has_adc_offset)
         snprintf(adc, sizeof adc, "ADC_OFFSET=%g;\n", h->adc_offset);
     char text[2048];
-    int len = snprintf(text, sizeof text,
-        "{\nHEADER_BYTES=512;\nDIM=2;\nBYTE_ORDER=%s;\nTYPE=unsigned_short;\n"
+    /* 512 bytes as nanoBragg's; a header that the ADC_OFFSET key makes longer takes 1024 */
+    int hbytes = 512, len = 0;
+again:
+    len = snprintf(text, sizeof text,
+        "{\nHEADER_BYTES=%d;\nDIM=2;\nBYTE_ORDER=%s;\nTYPE=unsigned_short;\n"
         "SIZE1=%d;\nSIZE2=%d;\nPIXEL_SIZE=%g;\nDISTANCE=%g;\n"
         "WAVELENGTH=%g;\n"
         "BEAM_CENTER_X=%g;\nBEAM_CENTER_Y=%g;\n"
@@ -694,7 +697,7 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
         "TWOTHETA=%g;\n"
         "%s"
         "DETECTOR_SN=000;\nBEAMLINE=fake;\n}\f",
-        host_is_little_endian() ? "little_endian" : "big_endian",
+        hbytes, host_is_little_endian() ? "little_endian" : "big_endian",
         h->fpixels, h->spixels, h->pixel, h->distance,
         h->lambda,
         h->Xbeam, h->Ybeam,
@@ -706,18 +709,22 @@ int nbgi_write_smv_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
         h->close_distance,
         h->phi0, h->phi0, h->osc,
         h->twotheta, adc);
-    if (len < 0 || len > 512)
-        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in 512 bytes",
-                         path, len);
-    char header[512];
+    if (len > 512 && hbytes == 512 && h->has_adc_offset) {
+        hbytes = 1024;
+        goto again;
+    }
+    if (len < 0 || len > hbytes)
+        return nbgi_error(ctx, NBG_EINVAL, "cannot write %s: the SMV header text (%d bytes) does not fit in %d bytes",
+                         path, len, hbytes);
+    char header[1024];
     memcpy(header, text, (size_t)len);
-    memset(header + len, ' ', sizeof header - (size_t)len);
+    memset(header + len, ' ', (size_t)hbytes - (size_t)len);
 
     out_file o;
     rc = out_open(ctx, path, &o);
     if (rc != NBG_OK)
         return rc;
-    rc = out_write(ctx, &o, header, sizeof header);
+    rc = out_write(ctx, &o, header, (size_t)hbytes);
     if (rc == NBG_OK)
         rc = out_write(ctx, &o, data, npix * sizeof *data);
     if (rc != NBG_OK)

@@ -370,30 +370,59 @@ int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix
         return nbgi_error(ctx, NBG_EIO, "cannot open %s: %s", path, strerror(errno));
     const size_t n = fread(head, 1, sizeof head, f);
     fclose(f);
-    if (g != NULL)
-        nbgi_geometry_init(g);
-    int rc;
+    /* the readers fill a local description: the overloads need its saturation even when the caller wants none */
+    nbg_geometry lg;
+    nbgi_geometry_init(&lg);
+    uint8_t *m = NULL;
+    int rc, whole = 0;
     switch (sniff(head, n)) {
     case FILE_HDF5:
-        rc = nbgi_read_nxmx(ctx, path, frame, image, npix, g, mask);
-        if (rc == NBG_OK && have_geometry != NULL)
-            *have_geometry = 1;
-        return rc;
+        rc = nbgi_read_nxmx(ctx, path, frame, image, npix, &lg, mask != NULL ? &m : NULL);
+        whole = 1;
+        break;
     case FILE_CBF:
         if (frame != 0)
             return nbgi_error(ctx, NBG_EINVAL, "%s: a CBF file holds one image; frame %d was asked for", path, frame);
-        rc = nbgi_read_cbf(ctx, path, image, npix, g, mask);
-        if (rc == NBG_OK && have_geometry != NULL && g != NULL)
-            *have_geometry = g->fpixels > 0 && isfinite(g->wavelength);
-        return rc;
+        rc = nbgi_read_cbf(ctx, path, image, npix, &lg, mask != NULL ? &m : NULL);
+        /* a full CBF describes its axes (a miniCBF's header is read as dxtbx reads it: its fixed axes) */
+        whole = nbgi_norm(lg.fast) > 0 && isfinite(lg.wavelength);
+        break;
     case FILE_SMV:
         if (frame != 0)
             return nbgi_error(ctx, NBG_EINVAL, "%s: an SMV file holds one image; frame %d was asked for", path, frame);
-        return read_smv_image(ctx, path, image, npix, g);
+        rc = read_smv_image(ctx, path, image, npix, &lg);
+        break;
     default:
         if (frame != 0)
             return nbgi_error(ctx, NBG_EINVAL, "%s: a raw float file holds one image; frame %d was asked for", path,
                               frame);
-        return read_raw_image(ctx, path, expect_npix, st.st_size, image, npix);
+        rc = read_raw_image(ctx, path, expect_npix, st.st_size, image, npix);
+        break;
     }
+    if (rc != NBG_OK) {
+        free(m);
+        return rc;
+    }
+    if (mask != NULL && isfinite(lg.saturation) && lg.saturation > 0) {
+        /* overloads: counts at or above the saturation are not measurements */
+        const float sat = (float)lg.saturation;
+        for (size_t i = 0; i < *npix; ++i) {
+            if ((*image)[i] >= sat) {
+                if (m == NULL && (m = calloc(*npix, 1)) == NULL) {
+                    free(*image);
+                    *image = NULL;
+                    *npix = 0;
+                    return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the mask of %s", path);
+                }
+                m[i] = 1;
+            }
+        }
+    }
+    if (mask != NULL)
+        *mask = m;
+    if (g != NULL)
+        *g = lg;
+    if (have_geometry != NULL)
+        *have_geometry = whole;
+    return NBG_OK;
 }

@@ -11,6 +11,10 @@
  *   - The known MOSFLM map: DIALS's (x, y, z) = nanoBragg's (z, y, -x) (shared/reference/dials-interop.md).
  *   - Refusals, each naming what is wrong: a detector plane through the sample, a beam parallel to the panel,
  *     rectangular pixels, axes that are not orthogonal, a singular cell, non-finite values.
+ *   - nbg_read_image: one image written as SMV (with and without ADC_OFFSET), raw floats, NXmx and CBF reads back
+ *     with the same pixels, each format recognised by its content whatever its name; the geometry comes back in
+ *     full from NXmx and CBF, partly from SMV; overloads are masked; a raw file of the wrong size, a frame past
+ *     the end and a directory are refused with their names.
  */
 #include "testutil.h"
 
@@ -220,6 +224,120 @@ static void test_refusals(nbg_ctx *ctx)
                     "zero frames: %s", nbg_errmsg(ctx));
 }
 
+#ifdef NBG_HAVE_FORMATS
+static void test_read_image(nbg_ctx *ctx)
+{
+    char dirbuf[512];
+    char *dir = nbgi_test_mkdtemp("nbg-labgeom", dirbuf, sizeof dirbuf);
+    if (!nbgi_test_check(dir != NULL, "readimg-tmp", "a temporary directory")) {
+        return;
+    }
+    nbg_experiment e;
+    base(&e, NBG_CONV_XDS);
+    e.fpixels = 40, e.spixels = 30;
+    nbg_report r;
+    nbg_geometry g;
+    const size_t npix = 40 * 30;
+    float *img = malloc(npix * sizeof *img);
+    uint16_t *u16 = malloc(npix * sizeof *u16);
+    int32_t *i32 = malloc(npix * sizeof *i32);
+    if (img == NULL || u16 == NULL || i32 == NULL || nbg_simulate(ctx, &e, img, npix, &r) != NBG_OK ||
+        nbg_geometry_from_report(ctx, &e, &r, 1, &g) != NBG_OK ||
+        nbg_int_image(ctx, img, 40, 30, NULL, 30000.0 / 600, 40, u16) != NBG_OK) {
+        nbgi_test_check(0, "readimg-setup", "%s", nbg_errmsg(ctx));
+        goto done;
+    }
+    u16[7] = 65535; /* an overload */
+    for (size_t i = 0; i < npix; ++i) i32[i] = u16[i];
+    g.pedestal = 40;
+    g.saturation = 65535;
+    nbg_smv_header h;
+    nbg_smv_header_from_report(&r, &h);
+    char path[5][600];
+    /* names that say nothing of the format: the content decides */
+    for (int k = 0; k < 5; ++k) snprintf(path[k], sizeof path[k], "%s/image%d.dat", dir, k);
+    int ok = nbg_write_smv(ctx, path[0], &h, u16) == NBG_OK;
+    h.has_adc_offset = 1;
+    h.adc_offset = 40;
+    ok = ok && nbg_write_smv(ctx, path[1], &h, u16) == NBG_OK && nbg_write_float(ctx, path[2], img, npix) == NBG_OK &&
+         nbg_write_nxmx(ctx, path[3], &g, NBG_DATA_INT32, i32, 1, NULL) == NBG_OK &&
+         nbg_write_cbf(ctx, path[4], &g, 0, i32) == NBG_OK;
+    if (!nbgi_test_check(ok, "readimg-write", "SMV, SMV with ADC_OFFSET, raw, NXmx, CBF written (%s)",
+                         nbg_errmsg(ctx))) {
+        goto done;
+    }
+    static const char *names[5] = {"smv", "smv-adc", "raw", "nxmx", "cbf"};
+    for (int k = 0; k < 5; ++k) {
+        float *back = NULL;
+        size_t n = 0;
+        uint8_t *mask = NULL;
+        nbg_geometry rg;
+        int whole = -1;
+        char id[64];
+        snprintf(id, sizeof id, "readimg-%s", names[k]);
+        if (!nbgi_test_check(nbg_read_image(ctx, path[k], 0, npix, &back, &n, &rg, &whole, &mask) == NBG_OK, id,
+                             "read back (%s)", nbg_errmsg(ctx))) {
+            continue;
+        }
+        size_t bad = 0, masked = 0;
+        for (size_t i = 0; i < npix && n == npix; ++i) {
+            bad += back[i] != (k == 2 ? img[i] : (float)u16[i]);
+            masked += mask != NULL && mask[i];
+        }
+        snprintf(id, sizeof id, "readimg-%s-pixels", names[k]);
+        nbgi_test_check(n == npix && bad == 0, id, "%zu pixels, %zu differ", n, bad);
+        snprintf(id, sizeof id, "readimg-%s-geometry", names[k]);
+        if (k >= 3) {
+            double d = 0;
+            for (int i = 0; i < 3; ++i) {
+                d = fmax(d, fabs(rg.origin[i] - g.origin[i]) + fabs(rg.fast[i] - g.fast[i]) +
+                                fabs(rg.slow[i] - g.slow[i]) + fabs(rg.axis[i] - g.axis[i]));
+            }
+            nbgi_test_check(whole == 1 && d < 1e-9 && rg.fpixels == 40 && rg.spixels == 30 &&
+                                fabs(rg.wavelength - g.wavelength) < 1e-12 && rg.pedestal == 40,
+                            id, "the whole geometry (max vector difference %.2g, pedestal %g)", d, rg.pedestal);
+        } else if (k < 2) {
+            nbgi_test_check(whole == 0 && rg.fpixels == 40 && rg.spixels == 30 && rg.pixel_f == e.pixel &&
+                                (k == 0 ? isnan(rg.pedestal) : rg.pedestal == 40),
+                            id, "SMV: sizes, and the pedestal only from ADC_OFFSET (%g)", rg.pedestal);
+        } else {
+            nbgi_test_check(whole == 0 && rg.fpixels == 0, id, "raw floats say nothing of the geometry");
+        }
+        snprintf(id, sizeof id, "readimg-%s-overload", names[k]);
+        if (k == 2) {
+            nbgi_test_check(mask == NULL, id, "raw floats have no saturation: no mask");
+        } else {
+            nbgi_test_check(mask != NULL && mask[7] == 1 && masked == 1, id, "the pixel at 65535 is masked, and only "
+                            "it (%zu masked)", masked);
+        }
+        free(back);
+        free(mask);
+    }
+    float *back = NULL;
+    size_t n = 0;
+    int rc = nbg_read_image(ctx, path[2], 0, npix + 1, &back, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc == NBG_EFORMAT && strstr(nbg_errmsg(ctx), "image2.dat") != NULL && back == NULL,
+                    "readimg-raw-size", "a raw file of the wrong size: %s", nbg_errmsg(ctx));
+    rc = nbg_read_image(ctx, path[2], 0, 0, &back, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc == NBG_EFORMAT && back == NULL, "readimg-raw-unexpected",
+                    "raw floats when none are expected: %s", nbg_errmsg(ctx));
+    rc = nbg_read_image(ctx, path[3], 1, npix, &back, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc != NBG_OK && strstr(nbg_errmsg(ctx), "image3.dat") != NULL && back == NULL,
+                    "readimg-frame", "frame 1 of a 1-frame NXmx: %s", nbg_errmsg(ctx));
+    rc = nbg_read_image(ctx, path[0], 1, npix, &back, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc == NBG_EINVAL && back == NULL, "readimg-frame-smv", "frame 1 of an SMV: %s",
+                    nbg_errmsg(ctx));
+    rc = nbg_read_image(ctx, dir, 0, npix, &back, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc == NBG_EIO && strstr(nbg_errmsg(ctx), "directory") != NULL, "readimg-dir",
+                    "a directory: %s", nbg_errmsg(ctx));
+done:
+    free(img);
+    free(u16);
+    free(i32);
+    nbgi_test_rmtree(dir);
+}
+#endif
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -237,6 +355,9 @@ int main(void)
     }
     test_mosflm_map(ctx);
     test_refusals(ctx);
+#ifdef NBG_HAVE_FORMATS
+    test_read_image(ctx);
+#endif
     nbg_ctx_destroy(ctx);
     return nbgi_test_summary();
 }
