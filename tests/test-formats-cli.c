@@ -1,0 +1,234 @@
+/*
+ * test-formats-cli.c -- the program's detector files: series, NXmx, CBF, experiment lists, through build/nbgrad.
+ *
+ *   - A 3-frame series: per-image files get the frame number (with and without '#' in the name), one image keeps
+ *     its name, frame i is the single image simulated from phi0 + i osc.
+ *   - The truth written as an experiment list (-exptfile) and read back (-expt) renders the same image as the flags
+ *     that wrote it, in two conventions: the geometry of the files is the experiment's.
+ *   - The NXmx file holds the frames the per-image files hold (read back by the library); the CBF files the same.
+ *   - -observed reads NXmx and CBF: grad on an NXmx observation equals grad on the SMV of the same counts.
+ *   - SMV stays nanoBragg's byte for byte unless -smv_adc_offset; the dials.import line names the overrides.
+ *   - Refusals: -cbffile with -data float; -expt naming a list with two panels, a list with a missing field; a
+ *     failed run leaves no file.
+ */
+#include "clirun.h"
+
+#include "nbgrad.h"
+
+static nbg_ctx *g_ctx;
+
+/* Reads work/name with the library (any format); NULL on failure (message in g_ctx). */
+static float *read_back(const run_result *r, const char *name, int frame, size_t npix, size_t *n, nbg_geometry *g)
+{
+    char path[PATH_MAX + 256];
+    snprintf(path, sizeof path, "%s/%s", r->work, name);
+    float *img = NULL;
+    if (nbg_read_image(g_ctx, path, frame, npix, &img, n, g, NULL, NULL) != NBG_OK) {
+        return NULL;
+    }
+    return img;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; ++i) {
+        m = fmax(m, fabs(a[i]));
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    }
+    return m > 0 ? d / m : INFINITY;
+}
+
+#define XTAL "-cell", "57", "68", "79", "85", "105", "95", "-misset", "12", "-25", "33", "-default_F", "100", "-N", \
+             "6", "-lambda", "0.9795", "-detpixels", "64", "-pixel", "0.4", "-oversample", "1", "-phisteps", "2"
+
+static void test_series(void)
+{
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    const char *args[] = {"-dials", XTAL, "-close_distance", "80", "-ORGX", "20", "-ORGY", "40", "-detector_rotx", "3",
+                          "-phi", "10", "-osc", "0.5", "-frames", "3", "-floatfile", "f.bin", "-intfile", "i_###.img",
+                          "-nxsfile", "s.nxs", "-cbffile", "c.cbf", "-exptfile", "truth.expt", "-adc", "40",
+                          "-scale", "1", NULL};
+    run_in(&r, args);
+    nbgi_test_check(r.status == 0, "FMT-series-run", "a 3-frame series with every output (exit %d: %s)", r.status,
+                    first_line(r.err));
+    const char *want[] = {"f_00001.bin", "f_00003.bin", "i_001.img", "i_003.img", "c_00002.cbf", "s.nxs",
+                          "truth.expt"};
+    int all = 1;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; ++i) all &= exists_in(r.work, want[i]);
+    nbgi_test_check(all && !exists_in(r.work, "f.bin") && !exists_in(r.work, "i_004.img"), "FMT-series-names",
+                    "frame-numbered names: f_00001.bin .. f_00003.bin, i_001.img .. (from ###), c_00001.cbf ..");
+    nbgi_test_check(strstr(r.out, "note: SMV cannot describe this detector") != NULL, "FMT-series-smv-note",
+                    "a rotated detector: the program says SMV cannot describe it");
+
+    /* frame 2 of the series is the single image from phi0 + 2 osc */
+    run_result one;
+    if (new_case(&one)) {
+        const char *a1[] = {"-dials", XTAL, "-close_distance", "80", "-ORGX", "20", "-ORGY", "40", "-detector_rotx",
+                            "3", "-phi", "11", "-osc", "0.5", "-floatfile", "f.bin", NULL};
+        run_in(&one, a1);
+        size_t size = 0;
+        nbgi_test_check(one.status == 0 && same_file(&r, "f_00003.bin", &one, "f.bin", &size), "FMT-series-frame",
+                        "frame 3 (phi 11) equals the single image at -phi 11, byte for byte (%zu bytes)", size);
+        result_free(&one);
+    }
+
+    /* the NXmx file holds the integer frames, the CBF files the same counts as the SMV files */
+    const size_t npix = 64 * 64;
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    nbg_geometry g;
+    float *nx = read_back(&r, "s.nxs", 2, npix, &n1, &g);
+    float *smv = read_back(&r, "i_003.img", 0, npix, &n2, NULL);
+    float *cbf = read_back(&r, "c_00003.cbf", 0, npix, &n3, NULL);
+    const int ok = nx != NULL && smv != NULL && cbf != NULL && n1 == npix && n2 == npix && n3 == npix;
+    if (nbgi_test_check(ok, "FMT-series-read", "frame 3 read back from NXmx, SMV and CBF (%s)", nbg_errmsg(g_ctx))) {
+        nbgi_test_check(max_rel_diff(smv, nx, npix) == 0 && max_rel_diff(smv, cbf, npix) == 0, "FMT-series-same",
+                        "NXmx frame 3 = CBF 3 = SMV 3, pixel for pixel");
+        nbgi_test_check(g.nframes == 3 && fabs(g.scan_start - 10) < 1e-12 && fabs(g.scan_width - 0.5) < 1e-12 &&
+                            g.pedestal == 40,
+                        "FMT-series-scan", "NXmx scan: %d frames from %g by %g, pedestal %g", g.nframes, g.scan_start,
+                        g.scan_width, g.pedestal);
+    }
+    free(nx);
+    free(smv);
+    free(cbf);
+
+    /* the experiment list renders the same image as the flags that wrote it */
+    run_result back;
+    if (new_case(&back)) {
+        char expt[PATH_MAX + 256];
+        snprintf(expt, sizeof expt, "%s/truth.expt", r.work);
+        const char *a2[] = {"-expt", expt, "-default_F", "100", "-N", "6", "-oversample", "1", "-phisteps", "2",
+                            "-floatfile", "f.bin", NULL};
+        run_in(&back, a2);
+        nbgi_test_check(back.status == 0 && strstr(back.out, "3 images") != NULL, "FMT-expt-run",
+                        "-expt truth.expt: the scan's 3 images (exit %d: %s)", back.status, first_line(back.err));
+        size_t na = 0, nb = 0;
+        float *a = read_back(&r, "f_00002.bin", 0, npix, &na, NULL);
+        float *b = read_back(&back, "f_00002.bin", 0, npix, &nb, NULL);
+        const double d = a != NULL && b != NULL ? max_rel_diff(a, b, npix) : INFINITY;
+        nbgi_test_check(d < 1e-6, "FMT-expt-image",
+                        "frame 2 rendered from the experiment list equals the original: max |diff| / max = %.3g", d);
+        free(a);
+        free(b);
+        result_free(&back);
+    }
+    result_free(&r);
+}
+
+/* -observed takes NXmx and CBF: the loss and gradient equal those on the SMV of the same counts */
+static void test_observed(void)
+{
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    const char *sim[] = {"-mosflm", XTAL, "-distance", "90", "-noisefile", "n.img", "-nxsfile", "n.nxs", "-cbffile",
+                         "n.cbf", "-data", "noise", "-seed", "3", NULL};
+    run_in(&r, sim);
+    if (!nbgi_test_check(r.status == 0, "FMT-observed-sim", "noise image as SMV, NXmx, CBF (exit %d: %s)", r.status,
+                         first_line(r.err))) {
+        result_free(&r);
+        return;
+    }
+    char line[3][256] = {"", "", ""};
+    const char *files[3] = {"n.img", "n.nxs", "n.cbf"};
+    for (int k = 0; k < 3; ++k) {
+        const char *g[] = {"grad", "-mosflm", XTAL, "-distance", "90", "-observed", files[k], "-loss", "poisson",
+                           "-params", "a,rotx", NULL};
+        run_in(&r, g);
+        const char *l = strstr(r.out, "loss");
+        snprintf(line[k], sizeof line[k], "%s", l != NULL ? first_line(l) : "");
+        if (r.status != 0) {
+            snprintf(line[k], sizeof line[k], "exit %d: %s", r.status, first_line(r.err));
+        }
+    }
+    nbgi_test_check(line[0][0] != '\0' && strcmp(line[0], line[1]) == 0 && strcmp(line[0], line[2]) == 0,
+                    "FMT-observed", "grad -observed SMV / NXmx / CBF give the same loss: \"%s\" / \"%s\" / \"%s\"",
+                    line[0], line[1], line[2]);
+    result_free(&r);
+}
+
+static void test_smv_key(void)
+{
+    run_result a, b;
+    if (!new_case(&a) || !new_case(&b)) {
+        return;
+    }
+    const char *a1[] = {"-mosflm", XTAL, "-distance", "90", "-intfile", "i.img", NULL};
+    const char *b1[] = {"-mosflm", XTAL, "-distance", "90", "-intfile", "i.img", "-smv_adc_offset", NULL};
+    run_in(&a, a1);
+    run_in(&b, b1);
+    size_t sa = 0, sb = 0;
+    char *ha = read_in(&a, "i.img", &sa), *hb = read_in(&b, "i.img", &sb);
+    nbgi_test_check(ha != NULL && hb != NULL && strstr(ha, "ADC_OFFSET") == NULL && strstr(hb, "ADC_OFFSET=40;") != NULL,
+                    "FMT-smv-adc", "ADC_OFFSET only with -smv_adc_offset (nanoBragg's header otherwise)");
+    nbgi_test_check(strstr(a.out, "dials.import i.img fast_slow_beam_centre=") != NULL &&
+                        strstr(a.out, "geometry.detector.panel.pedestal=40") != NULL,
+                    "FMT-dials-import-line", "the dials.import line: %s",
+                    strstr(a.out, "dials.import") ? first_line(strstr(a.out, "dials.import")) : "(none)");
+    free(ha);
+    free(hb);
+    result_free(&a);
+    result_free(&b);
+}
+
+static void test_refusals(void)
+{
+    run_result r;
+    if (new_case(&r)) {
+        const char *args[] = {XTAL, "-cbffile", "out.cbf", "-data", "float", NULL};
+        const char *words[] = {"-cbffile", "integers", NULL};
+        const char *inputs[] = {NULL};
+        expect_failure("FMT-cbf-float", "-cbffile with -data float", &r, args, words, inputs);
+        result_free(&r);
+    }
+    if (new_case(&r)) {
+        /* a list with two panels: the first panel's JSON object twice */
+        const char *two =
+            "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"__id__\": \"Experiment\", \"beam\": 0, "
+            "\"detector\": 0}], \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1}], \"detector\": "
+            "[{\"panels\": [{\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-10, 10, -100], "
+            "\"pixel_size\": [0.1, 0.1], \"image_size\": [64, 64]}, {\"fast_axis\": [1, 0, 0], \"slow_axis\": "
+            "[0, -1, 0], \"origin\": [-10, 10, -100], \"pixel_size\": [0.1, 0.1], \"image_size\": [64, 64]}]}]}\n";
+        put_file(&r, "two.expt", two);
+        const char *args[] = {"-expt", "two.expt", "-default_F", "100", "-floatfile", "out.float", NULL};
+        const char *words[] = {"two.expt", "2 panels", NULL};
+        const char *inputs[] = {"two.expt", NULL};
+        expect_failure("FMT-expt-two-panels", "-expt with two panels", &r, args, words, inputs);
+        result_free(&r);
+    }
+    if (new_case(&r)) {
+        const char *bad = "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"__id__\": \"Experiment\", \"beam\": 0, "
+                          "\"detector\": 0}], \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1}], "
+                          "\"detector\": [{\"panels\": [{\"slow_axis\": [0, -1, 0], \"origin\": [-10, 10, -100], "
+                          "\"pixel_size\": [0.1, 0.1], \"image_size\": [64, 64]}]}]}\n";
+        put_file(&r, "bad.expt", bad);
+        const char *args[] = {"-expt", "bad.expt", "-default_F", "100", "-floatfile", "out.float", NULL};
+        const char *words[] = {"bad.expt", "fast_axis", NULL};
+        const char *inputs[] = {"bad.expt", NULL};
+        expect_failure("FMT-expt-missing", "-expt without a fast axis", &r, args, words, inputs);
+        result_free(&r);
+    }
+}
+
+int main(void)
+{
+    if (!clirun_setup("nbg-test-formats-") || nbg_ctx_create(&g_ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
+        return nbgi_test_summary();
+    }
+#ifdef NBG_HAVE_FORMATS
+    test_series();
+    test_observed();
+    test_smv_key();
+    test_refusals();
+#else
+    nbgi_test_skip("FMT", "built without the formats (FORMATS=0)");
+#endif
+    nbg_ctx_destroy(g_ctx);
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
+}
