@@ -101,6 +101,7 @@ $(B)/.deps:
 	   [ -f /usr/include/hdf5/serial/hdf5.h ] || [ -f /usr/include/hdf5.h ] || missing="$$missing libhdf5-dev"; \
 	   [ -f /usr/include/cbflib/cbf.h ] || missing="$$missing libcbf-dev"; \
 	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
+	   ls /usr/lib/*/hdf5/serial/plugins/libh5bshuf.so >/dev/null 2>&1 || missing="$$missing bitshuffle"; \
 	 fi; \
 	 if [ -n "$$missing" ]; then \
 	   echo "installing Debian packages:$$missing"; \

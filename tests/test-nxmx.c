@@ -186,6 +186,53 @@ static int make_bad_file(const char *path, int rank)
     return 0;
 }
 
+/* Eiger-style compression: the file's data set rewritten with the bitshuffle/LZ4 filter (HDF5 filter 32008, the
+ * Debian package bitshuffle's plugin), then read by nbg_read_image through HDF5's plugin loading.  Skipped, with
+ * the reason, where the plugin is not installed. */
+static void eiger_compressed(nbg_ctx *ctx, const char *dir, const nbg_geometry *g)
+{
+    const H5Z_filter_t bshuf = 32008;
+    if (H5Zfilter_avail(bshuf) <= 0) {
+        nbgi_test_skip("read-bitshuffle", "the bitshuffle HDF5 plugin (Debian package bitshuffle) is not installed");
+        return;
+    }
+    const size_t npix = (size_t)g->fpixels * g->spixels;
+    int32_t *ints = malloc(3 * npix * sizeof *ints);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/eiger.nxs", dir);
+    for (size_t k = 0; k < 3 * npix; ++k) ints[k] = (int32_t)((k * 7919) % 5000) - (k % 97 == 0 ? 1 : 0);
+    int ok = nbg_write_nxmx(ctx, path, g, NBG_DATA_INT32, ints, 3, NULL) == NBG_OK;
+    const hid_t f = ok ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT) : -1;
+    ok = f >= 0 && H5Ldelete(f, "/entry/instrument/detector/data", H5P_DEFAULT) >= 0 && H5Ldelete(f, "/entry/data/data", H5P_DEFAULT) >= 0;
+    hsize_t dims[3] = {3, (hsize_t)g->spixels, (hsize_t)g->fpixels}, chunk[3] = {1, dims[1], dims[2]};
+    const unsigned cd[2] = {0, 2}; /* block size automatic, LZ4 */
+    const hid_t space = H5Screate_simple(3, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0 && H5Pset_filter(dcpl, bshuf, H5Z_FLAG_MANDATORY, 2, cd) >= 0;
+    const hid_t d = ok ? H5Dcreate2(f, "/entry/data/data", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)
+                       : -1;
+    ok = ok && d >= 0 && H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ints) >= 0;
+    if (d >= 0)
+        H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    if (f >= 0)
+        H5Fclose(f);
+    if (!CHECK(ok, "read-bitshuffle-setup", "the data rewritten with bitshuffle/LZ4")) {
+        free(ints);
+        return;
+    }
+    float *img = NULL;
+    size_t n = 0;
+    const int rc = nbg_read_image(ctx, path, 2, npix, &img, &n, NULL, NULL, NULL);
+    size_t bad = 0;
+    for (size_t i = 0; rc == NBG_OK && i < npix; ++i) bad += img[i] != (float)ints[2 * npix + i];
+    CHECK(rc == NBG_OK && n == npix && bad == 0, "read-bitshuffle",
+          "frame 2 of bitshuffle/LZ4-compressed data read through the plugin (%zu pixels differ; %s)", bad,
+          rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(img);
+    free(ints);
+}
+
 static void run(nbg_ctx *ctx, const char *dir)
 {
     nbg_geometry g, r;
@@ -316,6 +363,7 @@ static void run(nbg_ctx *ctx, const char *dir)
     expect_error(ctx, rc, NBG_EIO, path3, "write-nodir", "a directory that does not exist");
     const char *names[2] = {"float.nxs", "int.nxs"};
     CHECK(dir_holds(dir, names, 2), "no-temporary", "failed writes left nothing behind");
+    eiger_compressed(ctx, dir, &g);
 
     free(frames);
     free(mask);
