@@ -5,8 +5,8 @@
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
 #   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_)
-#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson); run by
-#                   every build
+#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson,
+#                   Open MPI); run by every build
 #   make clean
 #
 # Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
@@ -55,8 +55,18 @@ CFLAGS += -DNBG_HAVE_CUDA
 LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
+# MPI (Open MPI's mpicc, Debian libopenmpi-dev, installed by the deps step): `nbgrad batch` splits its shots over
+# the ranks of mpirun.  Built when mpicc is found when the recipe runs (after the deps step, so that a fresh
+# machine's first build has it); MPI=0 leaves it out (batch then runs on one process and refuses mpirun).
+MPICC    ?= mpicc
+MPI      ?= 1
+ifeq ($(MPI),1)
+MPI_CFLAGS = $$(command -v $(MPICC) >/dev/null 2>&1 && echo -DNBG_HAVE_MPI $$($(MPICC) --showme:compile))
+MPI_LIBS   = $$(command -v $(MPICC) >/dev/null 2>&1 && $(MPICC) --showme:link)
+endif
+
 LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
-CLI_SRC  := src/cli.c src/main.c
+CLI_SRC  := src/cli.c src/main.c src/batch.c
 LIB_SRC  := $(filter-out $(CLI_SRC),$(LIB_SRC))
 ifneq ($(GSL),1)
 LIB_SRC  := $(filter-out grad/refine.c,$(LIB_SRC))
@@ -103,6 +113,10 @@ $(B)/.deps:
 	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
 	   ls /usr/lib/*/hdf5/serial/plugins/libh5bshuf.so >/dev/null 2>&1 || missing="$$missing bitshuffle"; \
 	 fi; \
+	 if [ "$(MPI)" = 1 ]; then \
+	   command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev"; \
+	   command -v mpirun >/dev/null 2>&1 || missing="$$missing openmpi-bin"; \
+	 fi; \
 	 if [ -n "$$missing" ]; then \
 	   echo "installing Debian packages:$$missing"; \
 	   SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -113,6 +127,14 @@ $(B)/.deps:
 $(B)/%.o: %.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/src/batch.o: src/batch.c | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
+$(B)/emu/src/batch.o: src/batch.c | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(EMU_FLAGS) $(MPI_CFLAGS) -c $< -o $@
 
 $(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h)
 	@mkdir -p $(dir $@)
@@ -135,7 +157,7 @@ $(B)/emu/libnbgrad.a: $(EMU_OBJ)
 	ar rcs $@ $^
 
 $(B)/emu/nbgrad: $(patsubst %.c,$(B)/emu/%.o,$(CLI_SRC)) $(B)/emu/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS) -lstdc++
 
 # test-cuda also reads the golden cases through the program's flag parser (src/cli.c)
 $(B)/tests/test-cuda: $(B)/tests/test-cuda.o $(B)/src/cli.o $(B)/libnbgrad.a
@@ -150,7 +172,7 @@ $(B)/tests/test-cudaemu: tests/test-cudaemu.cc tests/cudaemu/cuda_runtime.h test
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Wno-unused-parameter -DNBG_CUDA_EMU -Itests/cudaemu -Itests $< -o $@
 
 $(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 $(B)/tests/%: $(B)/tests/%.o $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -219,7 +241,7 @@ ifeq ($(FORMATS),1)
 FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
 FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson
 endif
-FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
+FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c src/batch.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
 FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))
 
 $(FZ)/.deps:

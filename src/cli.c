@@ -1285,7 +1285,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         printf("wrote %s, the DIALS experiment list (truth: beam, detector, goniometer, scan, crystal)\n",
                c->exptfile);
     }
-    if (frame == nframes - 1 && (c->intfile != NULL || (c->noisefile != NULL && !c->nonoise))) {
+    if (frame == nframes - 1 && !c->batch && (c->intfile != NULL || (c->noisefile != NULL && !c->nonoise))) {
         print_dials_import(c, c->intfile != NULL ? c->intfile : c->noisefile);
     }
     if (c->floatfile == NULL && c->intfile == NULL && (c->pgmfile == NULL || c->nopgm) &&
@@ -1331,6 +1331,66 @@ void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r)
     if (r->warn_clipped_sample) {
         printf("WARNING: sample size clipped to the beam size\n");
     }
+}
+
+/* Common set-up of a subcommand: parse, check the run's files (extra: the subcommand's own, n of them), create the
+ * context, load files, check the mask's size.  Returns the context, or NULL (after printing the error, or after
+ * -h, with c->help set). */
+nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path *extra, int n)
+{
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot create a context\n");
+        return NULL;
+    }
+    if (!nbgi_cli_parse(ctx, c, argc, argv, first)) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    if (c->help) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    nbg_ctx_destroy(ctx);
+    ctx = NULL;
+    /* the same file named twice, or an output that is an input: refused before any work */
+    if (!nbgi_cli_check_paths(c, extra, n)) {
+        return NULL;
+    }
+    const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot use the %s backend: %s\n",
+                c->backend == NBG_BACKEND_CUDA ? "cuda" : "requested", nbg_strerror(rc));
+        return NULL;
+    }
+    nbg_ctx_set_limits(ctx, &c->limits);
+    if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
+        printf("no usable GPU: running on the CPU\n");
+    }
+    if (nbg_ctx_backend(ctx) == NBG_BACKEND_CUDA) {
+        nbg_device_info dev;
+        if (nbg_ctx_device(ctx, &dev) == NBG_OK) {
+            printf("running on the GPU: %s, %d multiprocessors\n", dev.name, dev.units);
+        }
+    }
+    if (!nbgi_cli_load(ctx, c)) {
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    /* a -mask must cover the detector the other flags describe (the kernels index it per pixel) */
+    nbg_report r;
+    if (nbg_describe(ctx, &c->e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    if (c->mask != NULL && (c->mask_f != r.fpixels || c->mask_s != r.spixels)) {
+        fprintf(stderr, "nbgrad: error: the mask is %dx%d pixels but the detector is %dx%d\n", c->mask_f, c->mask_s,
+                r.fpixels, r.spixels);
+        nbg_ctx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
 }
 
 int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c)

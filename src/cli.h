@@ -27,6 +27,7 @@ struct nbgi_cli {
     int nframes;            /* -frames: images of the rotation series (1) */
     int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
+    int batch;              /* a shot of nbgrad batch: no per-image advice (the dials.import line) */
     /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
     void *series;
     double series_scale;
@@ -92,6 +93,13 @@ typedef struct {
     const char *flag, *path;
     int output;
 } nbgi_cli_path;
+/* Common set-up of a subcommand: parse argv[first..], check the run's files (extra: the subcommand's own, n of
+ * them), create the context with the flags' backend, precision, threads and limits, load the files the flags name,
+ * check the mask's size.  Returns the context, or NULL after printing the error (or after -h: c->help is set). */
+nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path *extra, int n);
+/* The subcommands of src/batch.c: many shots (batch), and writing a shot list (shots). */
+int nbgi_cmd_batch(int argc, char **argv, int first);
+int nbgi_cmd_shots(int argc, char **argv, int first);
 /* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
  * an error (printed).  extra lists a subcommand's own files (n entries). */
 int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n);

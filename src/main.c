@@ -248,65 +248,12 @@ static int grad_flags(nbgi_cli *c, int argc, char **argv, int i)
     return grad_flag_table[k].set(o, a, argv[i + 1], (char *)o + grad_flag_table[k].off) ? 2 : -1;
 }
 
-/* Common set-up of a subcommand: parse, check the run's files, create the context, load files.  o is the gradient
- * subcommands' options (NULL for simulate).  Returns the context or NULL. */
+/* Common set-up of a subcommand (nbgi_cli_setup) with the gradient subcommands' files; o is NULL for simulate. */
 static nbg_ctx *setup(nbgi_cli *c, int argc, char **argv, int first, const grad_opts *o)
 {
-    nbg_ctx *ctx = NULL;
-    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot create a context\n");
-        return NULL;
-    }
-    if (!nbgi_cli_parse(ctx, c, argc, argv, first)) {
-        nbg_ctx_destroy(ctx);
-        return NULL;
-    }
-    if (c->help) {
-        nbg_ctx_destroy(ctx);
-        return NULL;
-    }
-    nbg_ctx_destroy(ctx);
-    ctx = NULL;
-    /* the same file named twice, or an output that is an input: refused before any work */
     const nbgi_cli_path extra[] = {{"-observed", o ? o->observed : NULL, 0}, {"-weights", o ? o->weights : NULL, 0},
                                   {"-json", o ? o->json : NULL, 1}, {"-residual", o ? o->residual : NULL, 1}};
-    if (!nbgi_cli_check_paths(c, extra, 4)) {
-        return NULL;
-    }
-    const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);
-    if (rc != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot use the %s backend: %s\n",
-                c->backend == NBG_BACKEND_CUDA ? "cuda" : "requested", nbg_strerror(rc));
-        return NULL;
-    }
-    nbg_ctx_set_limits(ctx, &c->limits);
-    if (c->backend == NBG_BACKEND_AUTO && nbg_ctx_backend(ctx) == NBG_BACKEND_CPU) {
-        printf("no usable GPU: running on the CPU\n");
-    }
-    if (nbg_ctx_backend(ctx) == NBG_BACKEND_CUDA) {
-        nbg_device_info dev;
-        if (nbg_ctx_device(ctx, &dev) == NBG_OK) {
-            printf("running on the GPU: %s, %d multiprocessors\n", dev.name, dev.units);
-        }
-    }
-    if (!nbgi_cli_load(ctx, c)) {
-        nbg_ctx_destroy(ctx);
-        return NULL;
-    }
-    /* a -mask must cover the detector the other flags describe (the kernels index it per pixel) */
-    nbg_report r;
-    if (nbg_describe(ctx, &c->e, &r) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-        nbg_ctx_destroy(ctx);
-        return NULL;
-    }
-    if (c->mask != NULL && (c->mask_f != r.fpixels || c->mask_s != r.spixels)) {
-        fprintf(stderr, "nbgrad: error: the mask is %dx%d pixels but the detector is %dx%d\n", c->mask_f, c->mask_s,
-                r.fpixels, r.spixels);
-        nbg_ctx_destroy(ctx);
-        return NULL;
-    }
-    return ctx;
+    return nbgi_cli_setup(c, argc, argv, first, extra, 4);
 }
 
 /* JSON outputs are written like every other output: to a temporary file in the run's output set. */
@@ -586,7 +533,9 @@ void usage_main(FILE *out)
                  "usage: nbgrad [simulate] <nanoBragg flags>   render images (nbgrad simulate -h for the flags)\n"
                  "       nbgrad grad <flags> -params LIST [-observed FILE -loss lsq|poisson] [-json FILE]\n"
                  "       nbgrad gradcheck <flags> -params LIST [-rtol 1e-6]\n"
-                 "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n");
+                 "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n"
+                 "       nbgrad batch <flags> -shots LIST -floatfile out/{id}.bin ...   many shots (mpirun -n K)\n"
+                 "       nbgrad shots -n COUNT -seed S -o LIST   a shot list in random orientations\n");
     params_help(out);
 }
 
@@ -750,6 +699,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "gradcheck") == 0) {
         return cmd_gradcheck(argc, argv, 2);
+    }
+    if (strcmp(argv[1], "batch") == 0) {
+        return nbgi_cmd_batch(argc, argv, 2);
+    }
+    if (strcmp(argv[1], "shots") == 0) {
+        return nbgi_cmd_shots(argc, argv, 2);
     }
     if (strcmp(argv[1], "refine") == 0) {
         return cmd_refine(argc, argv, 2);

@@ -1,0 +1,699 @@
+/*
+ * batch.c -- many shots: `nbgrad shots` writes a shot list, `nbgrad batch` simulates every shot of one, on one
+ * process or split over MPI ranks (`mpirun -n K nbgrad batch ...`).  Program code (it prints), not library code.
+ *
+ * A shot list is JSON lines: one object per line, each naming what differs from the base experiment that the
+ * nanoBragg flags describe.  Keys (all optional but "id"):
+ *
+ *   id        string or integer: the shot's name, which replaces {id} in the output file names (required, unique)
+ *   misset    [rx, ry, rz] deg: the orientation, as -misset (applied as Rz*Ry*Rx after the cell)
+ *   A         [9 numbers]: a MOSFLM A matrix in file order, as -mat (replaces the cell and misset)
+ *   cell      [a, b, c, alpha, beta, gamma] (A, deg), as -cell
+ *   N         number or [Na, Nb, Nc]: unit cells along a, b, c
+ *   mosaic    deg; mosaic_domains: integer
+ *   lambda    A; phi: deg (the spindle start)
+ *   fluence   photons/m^2; scale: a factor on the fluence (or flux)
+ *   sourcefile  a nanoBragg source file (a spectrum) for this shot
+ *   seed      integer: the noise seed (default: the base -seed + the shot's line index)
+ *
+ * Blank lines and lines starting with '#' are skipped.  A malformed line, an unknown key or a value of the wrong
+ * type is an error naming the file, the line and the key.
+ *
+ * Outputs: the base run's output flags with {id} in their names (-floatfile out/{id}.bin -noisefile out/{id}.img
+ * -nxsfile out/{id}.nxs ...): one file per shot and format, each written atomically (a temporary renamed when
+ * complete).  A shot whose every output exists is skipped, so a rerun resumes an interrupted batch; -overwrite
+ * redoes them all.
+ *
+ * MPI: when the program runs under mpirun (Open MPI's environment says so) and was built with MPI, shot i goes
+ * to rank i mod K; each rank writes its own shots' files, with its OpenMP threads.  Every shot's image depends on
+ * the shot alone, so the files are the same, bit for bit, whatever K.  After each round (every rank's k-th shot)
+ * the ranks agree on whether one failed; if one did, every rank stops there, the failing rank names the shot, and
+ * the run exits 1 (the files of finished shots are complete; nothing is half-written).
+ */
+#include "cli.h"
+#include "io.h"
+#include "plan.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef NBG_HAVE_MPI
+#include <mpi.h>
+#endif
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+/* --- the shot list ------------------------------------------------------------------------------------------ */
+
+enum {
+    S_MISSET = 1 << 0, S_A = 1 << 1, S_CELL = 1 << 2, S_N = 1 << 3, S_MOSAIC = 1 << 4, S_DOMAINS = 1 << 5,
+    S_LAMBDA = 1 << 6, S_PHI = 1 << 7, S_FLUENCE = 1 << 8, S_SCALE = 1 << 9, S_SEED = 1 << 10, S_SOURCE = 1 << 11
+};
+
+typedef struct {
+    char id[64];
+    unsigned has;
+    double misset[3], A[9], cell[6], N[3], mosaic, lambda, phi, fluence, scale;
+    int mosaic_domains;
+    long seed;
+    char *sourcefile;
+    int line;
+} shot;
+
+typedef struct {
+    shot *v;
+    int n, cap;
+} shot_list;
+
+static void shots_free(shot_list *l)
+{
+    for (int i = 0; i < l->n; ++i) free(l->v[i].sourcefile);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+/* Reads n numbers (or, with scalar_ok, one number meaning all n) from v; 0 on a wrong type. */
+static int numbers(json_t *v, double *out, int n, int scalar_ok)
+{
+    if (scalar_ok && json_is_number(v)) {
+        for (int i = 0; i < n; ++i) out[i] = json_number_value(v);
+        return isfinite(out[0]);
+    }
+    if (!json_is_array(v) || (int)json_array_size(v) != n) {
+        return 0;
+    }
+    for (int i = 0; i < n; ++i) {
+        json_t *x = json_array_get(v, (size_t)i);
+        if (!json_is_number(x) || !isfinite(json_number_value(x))) {
+            return 0;
+        }
+        out[i] = json_number_value(x);
+    }
+    return 1;
+}
+
+/* Parses one shot object; prints the error and returns 0 when it is malformed. */
+static int parse_shot(const char *path, int line, json_t *o, shot *s)
+{
+    memset(s, 0, sizeof *s);
+    s->line = line;
+    if (!json_is_object(o)) {
+        fprintf(stderr, "nbgrad: error: %s line %d: a shot must be a JSON object\n", path, line);
+        return 0;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        int ok = 1;
+        const char *want = "";
+        if (strcmp(key, "id") == 0) {
+            if (json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < sizeof s->id) {
+                snprintf(s->id, sizeof s->id, "%s", json_string_value(v));
+                /* the id goes into file names: letters, digits and -_. only */
+                for (const char *c = s->id; *c != '\0'; ++c) {
+                    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                          *c == '-' || *c == '_' || *c == '.')) {
+                        ok = 0;
+                    }
+                }
+                ok = ok && strcmp(s->id, ".") != 0 && strcmp(s->id, "..") != 0;
+            } else if (json_is_integer(v) && json_integer_value(v) >= 0) {
+                snprintf(s->id, sizeof s->id, "%lld", (long long)json_integer_value(v));
+            } else {
+                ok = 0;
+            }
+            want = "a name of letters, digits, '-', '_' or '.' (at most 63) or a non-negative integer";
+        } else if (strcmp(key, "misset") == 0) {
+            ok = numbers(v, s->misset, 3, 0), want = "3 numbers (deg)", s->has |= S_MISSET;
+        } else if (strcmp(key, "A") == 0) {
+            ok = numbers(v, s->A, 9, 0), want = "9 numbers", s->has |= S_A;
+        } else if (strcmp(key, "cell") == 0) {
+            ok = numbers(v, s->cell, 6, 0), want = "6 numbers (A, deg)", s->has |= S_CELL;
+        } else if (strcmp(key, "N") == 0) {
+            ok = numbers(v, s->N, 3, 1), want = "a number or 3 numbers", s->has |= S_N;
+        } else if (strcmp(key, "mosaic") == 0) {
+            ok = numbers(v, &s->mosaic, 1, 1), want = "a number (deg)", s->has |= S_MOSAIC;
+        } else if (strcmp(key, "mosaic_domains") == 0) {
+            ok = json_is_integer(v) && json_integer_value(v) >= 1 && json_integer_value(v) <= 100000000;
+            s->mosaic_domains = ok ? (int)json_integer_value(v) : 0;
+            want = "a positive integer", s->has |= S_DOMAINS;
+        } else if (strcmp(key, "lambda") == 0) {
+            ok = numbers(v, &s->lambda, 1, 1), want = "a number (A)", s->has |= S_LAMBDA;
+        } else if (strcmp(key, "phi") == 0) {
+            ok = numbers(v, &s->phi, 1, 1), want = "a number (deg)", s->has |= S_PHI;
+        } else if (strcmp(key, "fluence") == 0) {
+            ok = numbers(v, &s->fluence, 1, 1), want = "a number (photons/m^2)", s->has |= S_FLUENCE;
+        } else if (strcmp(key, "scale") == 0) {
+            ok = numbers(v, &s->scale, 1, 1) && s->scale >= 0, want = "a non-negative number", s->has |= S_SCALE;
+        } else if (strcmp(key, "seed") == 0) {
+            ok = json_is_integer(v), want = "an integer", s->has |= S_SEED;
+            s->seed = ok ? (long)json_integer_value(v) : 0;
+        } else if (strcmp(key, "sourcefile") == 0) {
+            ok = json_is_string(v) && json_string_length(v) > 0, want = "a file name", s->has |= S_SOURCE;
+            if (ok && (s->sourcefile = strdup(json_string_value(v))) == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
+                return 0;
+            }
+        } else {
+            fprintf(stderr, "nbgrad: error: %s line %d: unknown key \"%s\" (known: id misset A cell N mosaic "
+                            "mosaic_domains lambda phi fluence scale seed sourcefile)\n", path, line, key);
+            return 0;
+        }
+        if (!ok) {
+            fprintf(stderr, "nbgrad: error: %s line %d: \"%s\" must be %s\n", path, line, key, want);
+            free(s->sourcefile);
+            s->sourcefile = NULL;
+            return 0;
+        }
+    }
+    if (s->id[0] == '\0') {
+        fprintf(stderr, "nbgrad: error: %s line %d: the shot has no \"id\"\n", path, line);
+        free(s->sourcefile);
+        s->sourcefile = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+/* Reads a shot list; prints the error and returns 0 when it cannot. */
+static int read_shots(const char *path, shot_list *l)
+{
+    memset(l, 0, sizeof *l);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "nbgrad: error: -shots %s: %s\n", path, strerror(errno));
+        return 0;
+    }
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0, ok = 1;
+    while (ok && (len = getline(&buf, &cap, f)) >= 0) {
+        ++line;
+        const char *p = buf + strspn(buf, " \t\r\n");
+        if (*p == '\0' || *p == '#') {
+            continue;
+        }
+        json_error_t err;
+        json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &err);
+        if (o == NULL) {
+            fprintf(stderr, "nbgrad: error: %s line %d, column %d: %s\n", path, line, err.column, err.text);
+            ok = 0;
+            break;
+        }
+        if (l->n == l->cap) {
+            const int ncap = l->cap ? 2 * l->cap : 64;
+            shot *v = ncap <= 100000000 ? realloc(l->v, (size_t)ncap * sizeof *v) : NULL;
+            if (v == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory reading %s (%d shots)\n", path, l->n);
+                json_decref(o);
+                ok = 0;
+                break;
+            }
+            l->v = v;
+            l->cap = ncap;
+        }
+        ok = parse_shot(path, line, o, &l->v[l->n]);
+        json_decref(o);
+        if (ok) {
+            ++l->n;
+        }
+    }
+    free(buf);
+    if (ok && ferror(f)) {
+        fprintf(stderr, "nbgrad: error: cannot read %s\n", path);
+        ok = 0;
+    }
+    fclose(f);
+    if (ok && l->n == 0) {
+        fprintf(stderr, "nbgrad: error: %s holds no shots\n", path);
+        ok = 0;
+    }
+    /* ids name files: two shots with one id would write the same files */
+    for (int i = 0; ok && i < l->n; ++i) {
+        for (int j = 0; j < i; ++j) {
+            if (strcmp(l->v[i].id, l->v[j].id) == 0) {
+                fprintf(stderr, "nbgrad: error: %s lines %d and %d: two shots with the id \"%s\"\n", path,
+                        l->v[j].line, l->v[i].line, l->v[i].id);
+                ok = 0;
+                break;
+            }
+        }
+        if (l->n > 20000 && i > 20000) {
+            break; /* quadratic beyond this: the file names collide on disk anyway, as a rename over a rename */
+        }
+    }
+    if (!ok) {
+        shots_free(l);
+    }
+    return ok;
+}
+
+/* --- the batch ----------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *shots;
+    int overwrite;
+} batch_opts;
+
+static int batch_flags(nbgi_cli *c, int argc, char **argv, int i)
+{
+    batch_opts *o = c->extra;
+    if (strcmp(argv[i], "-shots") == 0) {
+        if (i + 1 >= argc) {
+            fprintf(stderr, "nbgrad: error: -shots needs a file\n");
+            return -1;
+        }
+        o->shots = argv[i + 1];
+        return 2;
+    }
+    if (strcmp(argv[i], "-overwrite") == 0) {
+        o->overwrite = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* The name of a shot's output: the template with {id} replaced (every occurrence). */
+static int expand(const char *tmpl, const char *id, char *out, size_t size)
+{
+    size_t k = 0;
+    for (const char *p = tmpl; *p != '\0';) {
+        if (strncmp(p, "{id}", 4) == 0) {
+            const size_t n = strlen(id);
+            if (k + n >= size) {
+                return 0;
+            }
+            memcpy(out + k, id, n);
+            k += n;
+            p += 4;
+        } else {
+            if (k + 1 >= size) {
+                return 0;
+            }
+            out[k++] = *p++;
+        }
+    }
+    out[k] = '\0';
+    return 1;
+}
+
+typedef struct {
+    const char **slot; /* the field of nbgi_cli that names the output */
+    const char *tmpl;  /* the template the flag gave */
+    char name[4096];   /* this shot's name */
+} batch_out;
+
+/* Applies a shot to the base experiment; prints the error and returns 0 when its source file cannot be read. */
+static int apply_shot(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc)
+{
+    *e = c->e;
+    if (s->has & S_CELL) {
+        e->has_cell = 1;
+        memcpy(e->cell, s->cell, sizeof e->cell);
+    }
+    if (s->has & S_A) {
+        e->has_mat = 1;
+        e->has_cell = 0;
+        memcpy(e->mat, s->A, sizeof e->mat);
+        e->misset[0] = e->misset[1] = e->misset[2] = 0;
+        e->misset_random = 0;
+    }
+    if (s->has & S_MISSET) {
+        memcpy(e->misset, s->misset, sizeof e->misset);
+        e->misset_random = 0;
+    }
+    if (s->has & S_N) {
+        e->Na = s->N[0], e->Nb = s->N[1], e->Nc = s->N[2];
+    }
+    if (s->has & S_MOSAIC) {
+        e->mosaic = s->mosaic;
+    }
+    if (s->has & S_DOMAINS) {
+        e->mosaic_domains = s->mosaic_domains;
+    }
+    if (s->has & S_LAMBDA) {
+        e->lambda = s->lambda;
+    }
+    if (s->has & S_PHI) {
+        e->phi0 = s->phi;
+    }
+    if (s->has & S_FLUENCE) {
+        e->fluence = s->fluence;
+        e->flux = 0;
+    }
+    if (s->has & S_SCALE) {
+        e->fluence *= s->scale;
+        e->flux *= s->scale;
+    }
+    *src = NULL;
+    *nsrc = 0;
+    if (s->has & S_SOURCE) {
+        nbg_report r;
+        double beam[3] = {1, 0, 0};
+        if (nbg_describe(ctx, e, &r) == NBG_OK) {
+            memcpy(beam, r.beam, sizeof beam);
+        }
+        if (nbgi_read_sources(ctx, s->sourcefile, e->lambda, beam, src, nsrc) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: shot %s: %s\n", s->id, nbg_errmsg(ctx));
+            return 0;
+        }
+        e->sources = *src;
+        e->nsources = *nsrc;
+    }
+    return 1;
+}
+
+/* Runs under mpirun?  Open MPI (and PMIx launchers) set these; without them the batch runs as one process and
+ * MPI is not initialised at all. */
+static int under_mpirun(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
+}
+
+int nbgi_cmd_batch(int argc, char **argv, int first)
+{
+    int rank = 0, size = 1, mpi = 0;
+#ifdef NBG_HAVE_MPI
+    if (under_mpirun()) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        mpi = 1;
+    }
+#else
+    if (under_mpirun()) {
+        fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run "
+                        "the whole batch (rebuild where mpicc is found, or run without mpirun)\n");
+        return 1;
+    }
+#endif
+    nbgi_cli c;
+    batch_opts o = {0};
+    nbgi_cli_init(&c);
+    c.extra_handler = batch_flags;
+    c.extra = &o;
+    c.nodump = 1; /* every rank would write the same cache */
+    c.batch = 1;
+    int status = 1;
+    float *img = NULL;
+    shot_list shots = {0};
+    nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, NULL, 0);
+    if (ctx == NULL) {
+        if (c.help) {
+            printf("usage: nbgrad batch <nanoBragg flags> -shots LIST [-overwrite] with {id} in the output names, "
+                   "e.g.\n       nbgrad batch -cell 70 80 90 90 90 90 -N 5 -default_F 100 -shots shots.jsonl "
+                   "-floatfile out/{id}.bin -noisefile out/{id}.img -seed 1\n"
+                   "       mpirun -n K nbgrad batch ...   (shot i on rank i mod K)\n"
+                   "the shot list: JSON lines, keys id misset A cell N mosaic mosaic_domains lambda phi fluence "
+                   "scale seed sourcefile (nbgrad shots writes one)\n");
+            status = 0;
+        }
+        goto done;
+    }
+    if (o.shots == NULL) {
+        fprintf(stderr, "nbgrad: error: batch needs -shots FILE (a shot list; nbgrad shots writes one)\n");
+        goto done;
+    }
+    if (c.nframes > 1) {
+        fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
+        goto done;
+    }
+    if (!read_shots(o.shots, &shots)) {
+        goto done;
+    }
+    batch_out outs[] = {{&c.floatfile, c.floatfile, ""}, {&c.intfile, c.intfile, ""},
+                        {&c.pgmfile, c.nopgm ? NULL : c.pgmfile, ""}, {&c.noisefile, c.nonoise ? NULL : c.noisefile, ""},
+                        {&c.nxsfile, c.nxsfile, ""}, {&c.cbffile, c.cbffile, ""}, {&c.exptfile, c.exptfile, ""}};
+    const int nouts = sizeof outs / sizeof outs[0];
+    int any = 0;
+    for (int k = 0; k < nouts; ++k) {
+        if (outs[k].tmpl == NULL) {
+            continue;
+        }
+        any = 1;
+        if (strstr(outs[k].tmpl, "{id}") == NULL && shots.n > 1) {
+            fprintf(stderr, "nbgrad: error: every shot would write %s: put {id} in the name (e.g. out/{id}.img)\n",
+                    outs[k].tmpl);
+            goto done;
+        }
+    }
+    if (!any) {
+        fprintf(stderr, "nbgrad: error: batch writes nothing: give an output with {id} in its name (-floatfile, "
+                        "-intfile, -noisefile, -nxsfile, -cbffile, -exptfile)\n");
+        goto done;
+    }
+    nbg_report r;
+    if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
+    img = malloc(sizeof(float) * npix);
+    if (img == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
+        goto done;
+    }
+    const long base_seed = c.have_seed ? c.seed : 1;
+    const int rounds = (shots.n + size - 1) / size;
+    int done_here = 0, skipped = 0, failed = 0;
+    const double t0 = nbgi_now();
+    if (rank == 0) {
+        printf("batch: %d shots from %s over %d rank%s\n", shots.n, o.shots, size, size > 1 ? "s" : "");
+    }
+    for (int round = 0; round < rounds; ++round) {
+        const int i = round * size + rank;
+        if (!failed && i < shots.n) {
+            const shot *s = &shots.v[i];
+            int complete = !o.overwrite;
+            for (int k = 0; k < nouts; ++k) {
+                if (outs[k].tmpl != NULL) {
+                    if (!expand(outs[k].tmpl, s->id, outs[k].name, sizeof outs[k].name)) {
+                        fprintf(stderr, "nbgrad: error: shot %s: the output name is too long\n", s->id);
+                        failed = 1;
+                    }
+                    *outs[k].slot = outs[k].name;
+                    complete = complete && access(outs[k].name, F_OK) == 0;
+                }
+            }
+            if (!failed && complete) {
+                ++skipped;
+            } else if (!failed) {
+                nbg_experiment e;
+                nbg_source *src = NULL;
+                int nsrc = 0;
+                nbg_report rs;
+                c.seed = (s->has & S_SEED) ? s->seed : base_seed + i;
+                c.have_seed = 1;
+                failed = !apply_shot(ctx, &c, s, &e, &src, &nsrc);
+                if (!failed && nbg_simulate(ctx, &e, img, npix, &rs) != NBG_OK) {
+                    fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line,
+                            nbg_errmsg(ctx));
+                    failed = 1;
+                }
+                if (!failed) {
+                    printf("shot %s (%d of %d, rank %d)\n", s->id, i + 1, shots.n, rank);
+                    const nbg_experiment keep = c.e;
+                    c.e = e; /* the outputs describe the shot's experiment */
+                    failed = !nbgi_cli_write_outputs(ctx, &c, &rs, img, 0) || !nbgi_cli_commit(ctx, &c);
+                    c.e = keep;
+                    if (failed) {
+                        fprintf(stderr, "nbgrad: error: shot %s: its outputs could not be written\n", s->id);
+                    }
+                }
+                free(src);
+                done_here += !failed;
+            }
+        }
+#ifdef NBG_HAVE_MPI
+        if (mpi) {
+            /* every rank learns of a failure after this round, and stops: nothing else is started */
+            int any_failed = 0;
+            MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            if (any_failed && !failed) {
+                printf("rank %d: stopping: another rank failed\n", rank);
+            }
+            failed = failed || any_failed;
+        }
+#endif
+        if (failed) {
+            break;
+        }
+        fflush(stdout);
+    }
+    /* the totals, over the ranks */
+    int counts[3] = {done_here, skipped, failed}, total[3] = {done_here, skipped, failed};
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Reduce(counts, total, 3, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    }
+#endif
+    (void)counts;
+    const double secs = nbgi_now() - t0;
+    if (rank == 0) {
+        printf("batch: %d shots simulated, %d skipped (their outputs exist), %s in %.2f s (%.3g shots/s over %d "
+               "rank%s)\n", total[0], total[1], total[2] ? "STOPPED by a failure" : "all done", secs,
+               secs > 0 ? total[0] / secs : 0.0, size, size > 1 ? "s" : "");
+    }
+    status = total[2] != 0 || failed;
+done:
+    free(img);
+    shots_free(&shots);
+    c.extra = NULL;
+    nbgi_cli_free(&c);
+    nbg_ctx_destroy(ctx);
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Finalize();
+    }
+#endif
+    (void)mpi;
+    return status;
+}
+
+/* --- the shot list generator ------------------------------------------------------------------------------- */
+
+/* splitmix64: a small, well-mixed generator whose stream depends on the seed alone (the shot list must be the
+ * same on every machine) */
+static uint64_t next64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s)
+{
+    return (double)(next64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double gauss(uint64_t *s)
+{
+    const double u = uniform01(s), v = uniform01(s);
+    return sqrt(-2.0 * log(1.0 - u)) * cos(2 * M_PI * v);
+}
+
+/* A rotation drawn uniformly (Shoemake's unit quaternion), as the misset angles (deg) of R = Rz Ry Rx. */
+static void random_misset(uint64_t *s, double out[3])
+{
+    const double u1 = uniform01(s), u2 = uniform01(s), u3 = uniform01(s);
+    const double a = sqrt(1 - u1), b = sqrt(u1);
+    const double q[4] = {a * sin(2 * M_PI * u2), a * cos(2 * M_PI * u2), b * sin(2 * M_PI * u3),
+                         b * cos(2 * M_PI * u3)}; /* x y z w */
+    const double x = q[0], y = q[1], z = q[2], w = q[3];
+    const double R00 = 1 - 2 * (y * y + z * z), R10 = 2 * (x * y + z * w), R20 = 2 * (x * z - y * w);
+    const double R21 = 2 * (y * z + x * w), R22 = 1 - 2 * (x * x + y * y);
+    /* R = Rz(g) Ry(b) Rx(a): R20 = -sin b, R21 = cos b sin a, R22 = cos b cos a, R10 = sin g cos b, R00 = cos g cos b */
+    const double rb = asin(fmax(-1, fmin(1, -R20)));
+    out[0] = atan2(R21, R22) * 180 / M_PI;
+    out[1] = rb * 180 / M_PI;
+    out[2] = atan2(R10, R00) * 180 / M_PI;
+}
+
+int nbgi_cmd_shots(int argc, char **argv, int first)
+{
+    long n = -1, seed = 1;
+    double cell[6] = {0}, N = 0, cell_jitter = 0, N_jitter = 0, scale_jitter = 0;
+    int have_cell = 0;
+    const char *out = NULL;
+    for (int i = first; i < argc; ++i) {
+        const char *a = argv[i];
+        double x;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            printf("usage: nbgrad shots -n COUNT [-seed S] [-cell a b c alpha beta gamma -cell_jitter PCT] "
+                   "[-N n -N_jitter PCT] [-scale_jitter PCT] -o FILE\n"
+                   "writes a shot list (JSON lines) of COUNT shots in uniformly random orientations (as misset "
+                   "angles), with the cell, N and scale drawn around the values given (Gaussian, PCT percent "
+                   "rms) when a jitter is given; the same seed gives the same list\n");
+            return 0;
+        }
+        const int has_value = i + 1 < argc;
+        if (strcmp(a, "-n") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &x)) {
+            n = (x >= 1 && x <= 1e8 && x == floor(x)) ? (long)x : -2, ++i;
+        } else if (strcmp(a, "-seed") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &x)) {
+            seed = (long)x, ++i;
+        } else if (strcmp(a, "-o") == 0 && has_value) {
+            out = argv[++i];
+        } else if (strcmp(a, "-cell") == 0 && i + 6 < argc) {
+            for (int k = 0; k < 6; ++k) {
+                if (!nbgi_cli_number(a, argv[i + 1 + k], &cell[k])) {
+                    return 1;
+                }
+            }
+            have_cell = 1, i += 6;
+        } else if (strcmp(a, "-N") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &N)) {
+            ++i;
+        } else if (strcmp(a, "-cell_jitter") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &cell_jitter)) {
+            ++i;
+        } else if (strcmp(a, "-N_jitter") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &N_jitter)) {
+            ++i;
+        } else if (strcmp(a, "-scale_jitter") == 0 && has_value &&
+                   nbgi_cli_number(a, argv[i + 1], &scale_jitter)) {
+            ++i;
+        } else {
+            fprintf(stderr, "nbgrad: error: nbgrad shots: unknown flag or missing value '%s' (nbgrad shots -h)\n", a);
+            return 1;
+        }
+    }
+    if (n < 1 || out == NULL) {
+        fprintf(stderr, "nbgrad: error: nbgrad shots needs -n COUNT (1 to 1e8) and -o FILE\n");
+        return 1;
+    }
+    if (cell_jitter < 0 || N_jitter < 0 || scale_jitter < 0 || (cell_jitter > 0 && !have_cell) ||
+        (N_jitter > 0 && !(N > 0))) {
+        fprintf(stderr, "nbgrad: error: a jitter must be >= 0 and needs its value (-cell for -cell_jitter, -N for "
+                        "-N_jitter)\n");
+        return 1;
+    }
+    nbgi_out o;
+    if (nbgi_out_open(NULL, out, &o) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot write %s\n", out);
+        return 1;
+    }
+    uint64_t st = (uint64_t)seed * 0x2545F4914F6CDD1DULL + 1;
+    int ok = 1;
+    for (long i = 0; i < n && ok; ++i) {
+        json_t *s = json_object();
+        char id[32];
+        snprintf(id, sizeof id, "shot%06ld", i + 1);
+        double m[3];
+        random_misset(&st, m);
+        json_object_set_new(s, "id", json_string(id));
+        json_object_set_new(s, "misset", json_pack("[fff]", m[0], m[1], m[2]));
+        if (have_cell) {
+            double c6[6];
+            for (int k = 0; k < 6; ++k) c6[k] = cell[k] * (1 + (k < 3 ? cell_jitter / 100 * gauss(&st) : 0));
+            json_object_set_new(s, "cell", json_pack("[ffffff]", c6[0], c6[1], c6[2], c6[3], c6[4], c6[5]));
+        }
+        if (N > 0) {
+            json_object_set_new(s, "N", json_real(fmax(1, N * (1 + N_jitter / 100 * gauss(&st)))));
+        }
+        if (scale_jitter > 0) {
+            json_object_set_new(s, "scale", json_real(fmax(0, 1 + scale_jitter / 100 * gauss(&st))));
+        }
+        char *text = json_dumps(s, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        json_decref(s);
+        ok = text != NULL && nbgi_out_write(NULL, &o, text, strlen(text)) == NBG_OK &&
+             nbgi_out_write(NULL, &o, "\n", 1) == NBG_OK;
+        free(text);
+    }
+    if (!ok) {
+        nbgi_out_abort(&o);
+        fprintf(stderr, "nbgrad: error: cannot write %s (out of memory or a write error)\n", out);
+        return 1;
+    }
+    if (nbgi_out_finish(NULL, &o, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot write %s\n", out);
+        return 1;
+    }
+    printf("wrote %s: %ld shots in uniformly random orientations (seed %ld)\n", out, n, seed);
+    return 0;
+}

@@ -1,0 +1,265 @@
+/*
+ * test-batch.c -- many shots through the program: nbgrad shots and nbgrad batch, alone and under mpirun.
+ *
+ *   - nbgrad shots: the same seed gives the same list; another seed another; every line is a shot.
+ *   - batch: one output per shot and format, each shot's image equal to the single run with the shot's flags
+ *     (byte for byte); a rerun skips every shot (resume); a removed output is redone, and only it.
+ *   - mpirun -n 1, 2 and 4 (--oversubscribe; as root with Open MPI's consent variables) give the same files, bit
+ *     for bit, as the run without MPI (skipped where mpirun or the MPI build is missing, with the reason).
+ *   - Refusals: a malformed line names the file and the line, an unknown key names the key, two shots with one id,
+ *     an output name without {id}; a shot that fails (its source file is missing) stops the run, under MPI every
+ *     rank, with a non-zero exit and the shot named, and the files of the other shots are complete.
+ */
+#include "clirun.h"
+
+#define BASE "-cell", "70", "80", "90", "90", "90", "90", "-N", "5", "-default_F", "100", "-detpixels", "48", \
+             "-pixel", "0.8", "-distance", "100", "-oversample", "1"
+
+static int g_mpi; /* 1 when mpirun runs the program with MPI */
+
+static int file_eq(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = nbgi_test_read_file(a, &na), *y = nbgi_test_read_file(b, &nb);
+    const int eq = x != NULL && y != NULL && na == nb && na > 0 && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return eq;
+}
+
+/* Runs mpirun -n k on the program with args, in r->work. */
+static void run_mpi(run_result *r, int k, const char *const *args)
+{
+    static char nbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", k);
+    char keep[PATH_MAX];
+    snprintf(keep, sizeof keep, "%s", g_bin);
+    const char *mpi[64] = {"-n", nbuf, "--oversubscribe", "--bind-to", "none", keep};
+    int n = 6;
+    for (int i = 0; args[i] != NULL && n < 62; ++i) mpi[n++] = args[i];
+    mpi[n] = NULL;
+    const char *mpirun = "/usr/bin/mpirun";
+    snprintf(g_bin, sizeof g_bin, "%s", mpirun);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    run_in(r, mpi);
+    unsetenv("OMP_NUM_THREADS");
+    snprintf(g_bin, sizeof g_bin, "%s", keep);
+}
+
+static void test_shots_and_batch(void)
+{
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    const char *gen[] = {"shots", "-n", "6", "-seed", "11", "-cell", "70", "80", "90", "90", "90", "90",
+                         "-cell_jitter", "0.5", "-N", "5", "-N_jitter", "10", "-o", "shots.jsonl", NULL};
+    run_in(&r, gen);
+    const char *gen2[] = {"shots", "-n", "6", "-seed", "11", "-cell", "70", "80", "90", "90", "90", "90",
+                          "-cell_jitter", "0.5", "-N", "5", "-N_jitter", "10", "-o", "again.jsonl", NULL};
+    run_in(&r, gen2);
+    const char *gen3[] = {"shots", "-n", "6", "-seed", "12", "-o", "other.jsonl", NULL};
+    run_in(&r, gen3);
+    char p1[PATH_MAX + 64], p2[PATH_MAX + 64], p3[PATH_MAX + 64];
+    snprintf(p1, sizeof p1, "%s/shots.jsonl", r.work);
+    snprintf(p2, sizeof p2, "%s/again.jsonl", r.work);
+    snprintf(p3, sizeof p3, "%s/other.jsonl", r.work);
+    size_t n1 = 0;
+    char *list = nbgi_test_read_file(p1, &n1);
+    int lines = 0;
+    for (size_t i = 0; list != NULL && i < n1; ++i) lines += list[i] == '\n';
+    nbgi_test_check(r.status == 0 && lines == 6 && file_eq(p1, p2) && !file_eq(p1, p3), "BATCH-shots",
+                    "nbgrad shots: 6 lines, the same for the same seed, another for another seed");
+
+    /* the batch, without MPI */
+    if (mkdir(strcat(strcpy(p2, r.work), "/out"), 0700) != 0) {
+        nbgi_test_check(0, "BATCH-run", "cannot make out/");
+        free(list);
+        return;
+    }
+    const char *batch[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
+                           "out/{id}.img", "-seed", "3", NULL};
+    run_in(&r, batch);
+    int all = 1;
+    for (int i = 1; i <= 6; ++i) {
+        char name[64];
+        snprintf(name, sizeof name, "out/shot%06d.bin", i);
+        all &= exists_in(r.work, name);
+        snprintf(name, sizeof name, "out/shot%06d.img", i);
+        all &= exists_in(r.work, name);
+    }
+    nbgi_test_check(r.status == 0 && all && strstr(r.out, "6 shots simulated, 0 skipped") != NULL, "BATCH-run",
+                    "6 shots, a float and a noise file each (exit %d: %s)", r.status, first_line(r.err));
+
+    /* shot 2 equals the single run with its flags: its line's misset, cell, N, and seed 3 + 1 */
+    run_result one;
+    if (new_case(&one)) {
+        const char *l2 = list != NULL ? strchr(list, '\n') + 1 : NULL;
+        double m[3] = {0}, c[3] = {0}, N = 0;
+        const int got = l2 != NULL && sscanf(strstr(l2, "\"misset\":["), "\"misset\":[%lf,%lf,%lf", &m[0], &m[1],
+                                             &m[2]) == 3 &&
+                        sscanf(strstr(l2, "\"cell\":["), "\"cell\":[%lf,%lf,%lf", &c[0], &c[1], &c[2]) == 3 &&
+                        sscanf(strstr(l2, "\"N\":"), "\"N\":%lf", &N) == 1;
+        char ms[3][40], cs[3][40], ns[40];
+        for (int k = 0; k < 3; ++k) {
+            snprintf(ms[k], sizeof ms[k], "%.17g", m[k]);
+            snprintf(cs[k], sizeof cs[k], "%.17g", c[k]);
+        }
+        snprintf(ns, sizeof ns, "%.17g", N);
+        const char *single[] = {"-cell", cs[0], cs[1], cs[2], "90", "90", "90", "-N", ns, "-default_F", "100",
+                                "-detpixels", "48", "-pixel", "0.8", "-distance", "100", "-oversample", "1",
+                                "-misset", ms[0], ms[1], ms[2], "-floatfile", "one.bin", "-noisefile", "one.img",
+                                "-seed", "4", NULL};
+        run_in(&one, single);
+        char a[PATH_MAX + 64], b[PATH_MAX + 64], ai[PATH_MAX + 64], bi[PATH_MAX + 64];
+        snprintf(a, sizeof a, "%s/out/shot000002.bin", r.work);
+        snprintf(b, sizeof b, "%s/one.bin", one.work);
+        snprintf(ai, sizeof ai, "%s/out/shot000002.img", r.work);
+        snprintf(bi, sizeof bi, "%s/one.img", one.work);
+        nbgi_test_check(got && one.status == 0 && file_eq(a, b) && file_eq(ai, bi), "BATCH-shot-equals-single",
+                        "shot 2's float and noise files equal the single run with its misset, cell, N and seed");
+        result_free(&one);
+    }
+
+    /* resume: a rerun skips all; a removed output is redone, and only that shot */
+    run_in(&r, batch);
+    nbgi_test_check(r.status == 0 && strstr(r.out, "0 shots simulated, 6 skipped") != NULL, "BATCH-resume-skip",
+                    "a rerun skips every shot: %s", strstr(r.out, "batch: ") ? first_line(strstr(r.out, "batch: "))
+                                                                             : first_line(r.out));
+    char victim[PATH_MAX + 64], saved[PATH_MAX + 64];
+    snprintf(victim, sizeof victim, "%s/out/shot000004.img", r.work);
+    snprintf(saved, sizeof saved, "%s/saved.img", r.dir);
+    rename(victim, saved);
+    run_in(&r, batch);
+    nbgi_test_check(r.status == 0 && strstr(r.out, "1 shots simulated, 5 skipped") != NULL && file_eq(victim, saved),
+                    "BATCH-resume-redo", "the shot whose noise file was removed is redone, the same bytes: %s",
+                    strstr(r.out, "batch: ") ? first_line(strstr(r.out, "batch: ")) : first_line(r.out));
+
+    /* MPI: the same files whatever the number of ranks */
+    if (!g_mpi) {
+        nbgi_test_skip("BATCH-mpi", "mpirun or nbgrad's MPI build is missing");
+    }
+    for (int k = 1; g_mpi && k <= 4; k *= 2) {
+        char dname[64], flt[64], noi[64];
+        snprintf(dname, sizeof dname, "/mpi%d", k);
+        snprintf(p3, sizeof p3, "%s%s", r.work, dname);
+        mkdir(p3, 0700);
+        snprintf(flt, sizeof flt, "mpi%d/{id}.bin", k);
+        snprintf(noi, sizeof noi, "mpi%d/{id}.img", k);
+        const char *mb[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", flt, "-noisefile", noi, "-seed", "3",
+                            NULL};
+        run_mpi(&r, k, mb);
+        int same = 1;
+        for (int i = 1; i <= 6; ++i) {
+            char x[PATH_MAX + 64], y[PATH_MAX + 64];
+            snprintf(x, sizeof x, "%s/out/shot%06d.bin", r.work, i);
+            snprintf(y, sizeof y, "%s/mpi%d/shot%06d.bin", r.work, k, i);
+            same &= file_eq(x, y);
+            snprintf(x, sizeof x, "%s/out/shot%06d.img", r.work, i);
+            snprintf(y, sizeof y, "%s/mpi%d/shot%06d.img", r.work, k, i);
+            same &= file_eq(x, y);
+        }
+        char id[32];
+        snprintf(id, sizeof id, "BATCH-mpi-%d", k);
+        nbgi_test_check(r.status == 0 && same && strstr(r.out, "6 shots simulated") != NULL, id,
+                        "mpirun -n %d: the same 12 files, bit for bit (exit %d: %s)", k, r.status, first_line(r.err));
+    }
+    free(list);
+    result_free(&r);
+}
+
+static void test_refusals(void)
+{
+    run_result r;
+    const char *none[] = {NULL};
+    struct {
+        const char *id, *what, *text, *word1, *word2;
+    } cases[] = {
+        {"BATCH-bad-json", "a malformed line", "{\"id\": \"a\"}\n{\"id\": \"b\", \"misset\": [1, 2\n", "line 2",
+         "shots.jsonl"},
+        {"BATCH-bad-key", "an unknown key", "{\"id\": \"a\", \"missett\": [1, 2, 3]}\n", "line 1", "missett"},
+        {"BATCH-bad-type", "a value of the wrong type", "{\"id\": \"a\", \"N\": \"five\"}\n", "\"N\"", "line 1"},
+        {"BATCH-dup-id", "two shots with one id", "{\"id\": \"a\"}\n{\"id\": \"a\"}\n", "lines 1 and 2", "\"a\""},
+        {"BATCH-bad-id", "an id that is not a file name", "{\"id\": \"../x\"}\n", "\"id\"", "line 1"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        if (!new_case(&r)) {
+            return;
+        }
+        put_file(&r, "shots.jsonl", cases[k].text);
+        const char *args[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "{id}.bin", NULL};
+        const char *words[] = {cases[k].word1, cases[k].word2, NULL};
+        const char *inputs[] = {"shots.jsonl", NULL};
+        expect_failure(cases[k].id, cases[k].what, &r, args, words, inputs);
+        result_free(&r);
+    }
+    (void)none;
+    if (new_case(&r)) {
+        put_file(&r, "shots.jsonl", "{\"id\": \"a\"}\n{\"id\": \"b\"}\n");
+        const char *args[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "same.bin", NULL};
+        const char *words[] = {"{id}", NULL};
+        const char *inputs[] = {"shots.jsonl", NULL};
+        expect_failure("BATCH-no-id-in-name", "an output name without {id}", &r, args, words, inputs);
+        result_free(&r);
+    }
+    /* a failing shot stops the run; the other shots' files are complete */
+    for (int k = 0; k <= 2; k += 2) {
+        if (!new_case(&r) || (k > 0 && !g_mpi)) {
+            if (k > 0) {
+                nbgi_test_skip("BATCH-fail-mpi", "mpirun or nbgrad's MPI build is missing");
+            }
+            break;
+        }
+        put_file(&r, "shots.jsonl",
+                 "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"c\", \"sourcefile\": \"missing.txt\"}\n{\"id\": \"d\"}"
+                 "\n{\"id\": \"e\"}\n{\"id\": \"f\"}\n");
+        const char *args[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "{id}.bin", NULL};
+        if (k == 0) {
+            run_in(&r, args);
+        } else {
+            run_mpi(&r, 2, args);
+        }
+        char id[32];
+        snprintf(id, sizeof id, "BATCH-fail-%s", k == 0 ? "one" : "mpi");
+        const int named = strstr(r.err, "shot c") != NULL && strstr(r.err, "missing.txt") != NULL;
+        /* one process: a and b done, c fails, d not started; two ranks: round 0 (a, b) done, round 1 (c, d) stops */
+        const int a_ok = exists_in(r.work, "a.bin") && exists_in(r.work, "b.bin");
+        const int rest = !exists_in(r.work, "c.bin") && !exists_in(r.work, "e.bin") && !exists_in(r.work, "f.bin");
+        char extra[1024];
+        const char *allowed[] = {"shots.jsonl", "a.bin", "b.bin", "d.bin", NULL};
+        unexpected_files(r.work, allowed, extra, sizeof extra);
+        nbgi_test_check(r.status != 0 && r.status < 128 && named && a_ok && rest && extra[0] == '\0', id,
+                        "%s: exit %d, the shot named (%s), earlier shots complete, nothing after (%s)",
+                        k == 0 ? "one process" : "mpirun -n 2", r.status, first_line(r.err), extra);
+        result_free(&r);
+    }
+}
+
+int main(void)
+{
+    if (!clirun_setup("nbg-test-batch-")) {
+        return nbgi_test_summary();
+    }
+    /* MPI: mpirun present and the program built with it (its batch refuses mpirun otherwise) */
+    g_mpi = access("/usr/bin/mpirun", X_OK) == 0;
+    if (g_mpi) {
+        run_result probe;
+        if (new_case(&probe)) {
+            put_file(&probe, "s.jsonl", "{\"id\": \"p\"}\n");
+            const char *args[] = {"batch", BASE, "-shots", "s.jsonl", "-floatfile", "{id}.bin", NULL};
+            run_mpi(&probe, 1, args);
+            g_mpi = probe.status == 0 && exists_in(probe.work, "p.bin");
+            if (!g_mpi) {
+                printf("note: mpirun -n 1 nbgrad batch did not run (%s%s)\n", first_line(probe.err),
+                       first_line(probe.out));
+            }
+            result_free(&probe);
+        }
+    }
+    test_shots_and_batch();
+    test_refusals();
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
+}
