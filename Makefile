@@ -18,7 +18,7 @@ NVCC    ?= nvcc
 OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
 B       ?= build
 GSL     ?= 1
 LDLIBS  += -Wl,--as-needed -fopenmp -lm
@@ -179,6 +179,10 @@ demo: all
 
 bench: all
 	@sh bench/run.sh $(B)
+
+# the link flags, for the Python extension's build (python/setup.py)
+print-ldlibs:
+	@echo $(LDLIBS)
 
 clean:
 	rm -rf $(B)
