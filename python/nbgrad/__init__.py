@@ -149,12 +149,13 @@ class Experiment(_nbgrad.Experiment):
         else:
             F = origin = None
             kwargs["hkl"] = table
-        self._init_flags(kwargs_to_flags(**kwargs))
+        self._init_flags(kwargs_to_flags(**kwargs), validate=F is None)
         if F is not None:
             self.set_hkl(F, origin)
+            self.validate()
 
-    def _init_flags(self, argv):
-        _nbgrad.Experiment.__init__(self, argv)
+    def _init_flags(self, argv, validate=True):
+        _nbgrad.Experiment.__init__(self, argv, validate)
         object.__setattr__(self, "_flags", list(argv))
         for line in self.log.splitlines():
             if "warning:" in line or "note:" in line:
@@ -177,7 +178,9 @@ class Experiment(_nbgrad.Experiment):
     @classmethod
     def from_geometry(cls, geometry: dict, **kwargs) -> "Experiment":
         """An experiment from a geometry dict (read_expt, read_image, Experiment.geometry) and keywords."""
-        obj = cls(**kwargs)
+        obj = cls.__new__(cls)
+        # checked once complete: the geometry brings the detector and crystal the keywords may lack
+        obj._init_flags(kwargs_to_flags(**kwargs), validate=False)
         obj.apply_geometry(geometry)
         return obj
 
@@ -223,7 +226,7 @@ class Experiment(_nbgrad.Experiment):
 
     @property
     def flags(self) -> List[str]:
-        """The flags it was made from."""
+        """The flags it was made from (parameters set since, by attribute or refine, are not reflected)."""
         return list(getattr(self, "_flags", []))
 
     def __repr__(self):

@@ -146,6 +146,8 @@ static void exp_unlock(ExperimentObject *x)
     PyThread_release_lock(x->lock);
 }
 
+static int exp_validate(ExperimentObject *x);
+
 static int exp_check(PyObject *o, const char *what)
 {
     if (!PyObject_TypeCheck(o, &ExperimentType)) {
@@ -155,6 +157,11 @@ static int exp_check(PyObject *o, const char *what)
     if (!((ExperimentObject *)o)->ready) {
         PyErr_SetString(PyExc_ValueError, "the Experiment was not initialised");
         return 0;
+    }
+    /* made with validate=False and not checked since: the image size is not known yet */
+    if (((ExperimentObject *)o)->fpixels == 0 && strcmp(what, "validate") != 0 && strcmp(what, "apply_geometry") != 0 &&
+        strcmp(what, "set_hkl") != 0 && strcmp(what, "set_param") != 0) {
+        return exp_validate((ExperimentObject *)o);
     }
     return 1;
 }
@@ -283,8 +290,11 @@ static int exp_validate(ExperimentObject *x)
 static int Experiment_init(ExperimentObject *x, PyObject *args, PyObject *kw)
 {
     PyObject *seq = NULL;
-    static char *kwlist[] = {"argv", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Experiment", kwlist, &seq)) {
+    int validate = 1;
+    static char *kwlist[] = {"argv", "validate", NULL};
+    /* validate=0 defers the library's check to the first call (or apply_geometry): an experiment that gets its
+     * detector and crystal from a geometry afterwards is incomplete until then */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Op:Experiment", kwlist, &seq, &validate)) {
         return -1;
     }
     exp_release(x);
@@ -364,7 +374,7 @@ static int Experiment_init(ExperimentObject *x, PyObject *args, PyObject *kw)
         goto done;
     }
     nbg_ctx_set_limits(x->ctx, &x->cli.limits);
-    if (!exp_validate(x)) {
+    if (validate && !exp_validate(x)) {
         goto done;
     }
     rc = 0;
@@ -790,10 +800,11 @@ static int geometry_from_dict(PyObject *d, nbg_geometry *g)
            get_str(d, "space_group", g->space_group, sizeof g->space_group);
 }
 
-static PyObject *Experiment_geometry(ExperimentObject *x, PyObject *args)
+static PyObject *Experiment_geometry(ExperimentObject *x, PyObject *args, PyObject *kw)
 {
     int nframes = 1;
-    if (!PyArg_ParseTuple(args, "|i:geometry", &nframes)) return NULL;
+    static char *kwlist[] = {"nframes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|i:geometry", kwlist, &nframes)) return NULL;
     if (!exp_check((PyObject *)x, "geometry")) return NULL;
     nbg_report r;
     nbg_geometry g;
@@ -836,6 +847,16 @@ static PyObject *Experiment_apply_geometry(ExperimentObject *x, PyObject *d)
 
 static PyObject *Experiment_smv_header(ExperimentObject *x, PyObject *unused);
 
+static PyObject *Experiment_validate(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "validate")) return NULL;
+    exp_lock(x);
+    int ok = exp_validate(x);
+    exp_unlock(x);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Experiment_methods[] = {
     {"copy", (PyCFunction)Experiment_copy, METH_NOARGS, "A deep copy (own table, sources and mask)."},
     {"__copy__", (PyCFunction)Experiment_copy, METH_NOARGS, NULL},
@@ -844,11 +865,13 @@ static PyMethodDef Experiment_methods[] = {
     {"set_hkl", (PyCFunction)Experiment_set_hkl, METH_VARARGS,
      "set_hkl(F, origin): a new structure-factor table F[h-h0, k-k0, l-l0], origin = (h0, k0, l0)"},
     {"describe", (PyCFunction)Experiment_describe, METH_NOARGS, "The geometry and sampling derived (nbg_describe)."},
-    {"geometry", (PyCFunction)Experiment_geometry, METH_VARARGS,
+    {"geometry", (PyCFunction)(void (*)(void))Experiment_geometry, METH_VARARGS | METH_KEYWORDS,
      "geometry(nframes=1) -> dict: the experiment in DIALS's frame (nbg_geometry)"},
     {"apply_geometry", (PyCFunction)Experiment_apply_geometry, METH_O,
      "apply_geometry(dict): detector, beam, scan and crystal from a geometry dict (nbg_experiment_from_geometry)"},
     {"smv_header", (PyCFunction)Experiment_smv_header, METH_NOARGS, "The SMV header nanoBragg would write."},
+    {"validate", (PyCFunction)Experiment_validate, METH_NOARGS,
+     "Checks the experiment as the library does (ValueError with its message)."},
     {NULL}};
 
 static PyGetSetDef Experiment_getset[] = {
@@ -1218,8 +1241,8 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
     }
     exp_unlock(x);
     if (pc.exc_type != NULL) {
-        PyErr_Restore(pc.exc_type, pc.exc_value, pc.exc_tb);
-        pc.exc_type = NULL;
+        PyErr_Restore(pc.exc_type, pc.exc_value, pc.exc_tb); /* steals the three references */
+        pc.exc_type = pc.exc_value = pc.exc_tb = NULL;
         goto done;
     }
     PyObject *names = PyList_New(res->nparams);
