@@ -241,9 +241,10 @@ class Gradient(dict):
     loss: Optional[float] = None
 
 
-def simulate(exp: Experiment, report: bool = False):
-    """The image, float32 of shape (slow, fast) (and the report dict with report=True)."""
-    return _nbgrad.simulate(exp, report)
+def simulate(exp: Experiment, report: bool = False, out: Optional[np.ndarray] = None):
+    """The image, float32 of shape (slow, fast) (and the report dict with report=True).  out: a float32
+    C-contiguous array of that shape to render into (no allocation; it is returned)."""
+    return _nbgrad.simulate(exp, report, out)
 
 
 def grad(exp: Experiment, dLdI, params) -> Gradient:

@@ -907,13 +907,25 @@ static PyArrayObject *new_image(const ExperimentObject *x)
 
 static PyObject *py_simulate(PyObject *self, PyObject *args)
 {
-    PyObject *o;
+    PyObject *o, *outobj = Py_None;
     int want_report = 0;
-    if (!PyArg_ParseTuple(args, "O|p:simulate", &o, &want_report)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|pO:simulate", &o, &want_report, &outobj)) return NULL;
     if (!exp_check(o, "simulate")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    PyArrayObject *img = new_image(x);
-    if (img == NULL) return NULL;
+    PyArrayObject *img;
+    if (outobj == Py_None) {
+        img = new_image(x);
+        if (img == NULL) return NULL;
+    } else {
+        /* the caller's buffer, written in place: it must be exactly what the library writes (no copy back) */
+        if (!PyArray_Check(outobj) || PyArray_TYPE((PyArrayObject *)outobj) != NPY_FLOAT32 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)outobj) || !PyArray_ISWRITEABLE((PyArrayObject *)outobj) ||
+            PyArray_SIZE((PyArrayObject *)outobj) != (npy_intp)x->fpixels * x->spixels) {
+            return PyErr_Format(PyExc_ValueError, "out: expected a writable C-contiguous float32 array of shape "
+                                "(%d, %d)", x->spixels, x->fpixels);
+        }
+        img = (PyArrayObject *)Py_NewRef(outobj);
+    }
     nbg_report r;
     int st;
     exp_lock(x);
@@ -1257,7 +1269,8 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
         PyList_SET_ITEM(names, j, PyUnicode_FromString(nbg_param_name(res->params[j])));
     }
     memcpy(PyArray_DATA(corr), res->corr, (size_t)res->nparams * res->nparams * sizeof(double));
-    out = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:d,s:d,s:i,s:O}", "params", names, "start", vec(res->start, res->nparams),
+    out = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:d,s:d,s:i,s:O}", "params", names, "start",
+                        vec(res->start, res->nparams),
                         "value", vec(res->value, res->nparams), "sigma", vec(res->sigma, res->nparams), "corr", corr,
                         "start_loss", res->start_loss, "loss", res->loss, "iterations", res->iterations, "converged",
                         res->converged ? Py_True : Py_False);
@@ -1745,7 +1758,7 @@ static PyObject *py_param_names(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef module_methods[] = {
-    {"simulate", py_simulate, METH_VARARGS, "simulate(exp, report=False) -> image"},
+    {"simulate", py_simulate, METH_VARARGS, "simulate(exp, report=False, out=None) -> image"},
     {"_time_simulate", py_time_simulate, METH_VARARGS, "seconds of n library calls (benchmark)"},
     {"grad", py_grad, METH_VARARGS, "grad(exp, dLdI, params) -> (dict, image)"},
     {"loss_grad", py_loss_grad, METH_VARARGS, "loss_grad(exp, observed, weights, loss, params) -> (L, dict, image)"},
@@ -1760,7 +1773,8 @@ static PyMethodDef module_methods[] = {
     {"write_pgm", py_write_pgm, METH_VARARGS, "write_pgm(path, image, scale)"},
     {"int_image", py_int_image, METH_VARARGS, "int_image(image, scale, adc, roi) -> uint16 image"},
     {"noise_image", py_noise_image, METH_VARARGS, "noise_image(image, seed, adc, roi) -> (image, photons, overloads)"},
-    {"read_image", py_read_image, METH_VARARGS, "read_image(path, frame, expect_npix) -> (image, geom, complete, mask)"},
+    {"read_image", py_read_image, METH_VARARGS,
+     "read_image(path, frame, expect_npix) -> (image, geom, complete, mask)"},
     {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},

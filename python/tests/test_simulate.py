@@ -128,3 +128,12 @@ def test_report_and_describe(exp):
     d = exp.describe()
     assert rep["fpixels"] == d["fpixels"] == 96 and rep["oversample"] == 2
     assert d["cell"][0] == pytest.approx(70)
+
+
+def test_simulate_into_out(exp):
+    ref = nbgrad.simulate(exp)
+    buf = np.zeros(exp.shape, dtype=np.float32)
+    assert nbgrad.simulate(exp, out=buf) is buf and np.array_equal(buf, ref)
+    for bad in (np.zeros(exp.shape), np.zeros((96, 95), np.float32), np.zeros((96, 192), np.float32)[:, ::2]):
+        with pytest.raises(ValueError, match="out"):
+            nbgrad.simulate(exp, out=bad)
