@@ -44,17 +44,24 @@ def timed(fn, runs):
 
 def overhead(runs, threads):
     print(f"nbgrad.simulate vs the library call (nbg_simulate), {threads or 'default'} threads, best / median of "
-          f"{runs}")
+          f"{runs}, the three interleaved (so that the machine's drift hits them alike)")
     print(f"{'case':9} {'library s':>20} {'python s':>20} {'python out= s':>20} {'overhead':>9} {'out=':>7}")
     for name, flags in CASES.items():
         exp = nbgrad.Experiment.from_flags(flags, threads=threads)
-        lib = sorted(nbgrad._nbgrad._time_simulate(exp, runs + 1)[1:])
-        lib_best, lib_med = lib[0], statistics.median(lib)
-        py_best, py_med = timed(lambda: nbgrad.simulate(exp), runs)
         buf = np.empty(exp.shape, np.float32)
-        out_best, out_med = timed(lambda: nbgrad.simulate(exp, out=buf), runs)
-        print(f"{name:9} {lib_best:9.4f} {lib_med:9.4f}  {py_best:9.4f} {py_med:9.4f}  {out_best:9.4f} "
-              f"{out_med:9.4f}  {100 * (py_best / lib_best - 1):+7.2f}% {100 * (out_best / lib_best - 1):+6.2f}%")
+        lib, py, out = [], [], []
+        nbgrad.simulate(exp)  # warm-up
+        for _ in range(runs):
+            lib += nbgrad._nbgrad._time_simulate(exp, 1)
+            t0 = time.perf_counter()
+            nbgrad.simulate(exp)
+            py.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            nbgrad.simulate(exp, out=buf)
+            out.append(time.perf_counter() - t0)
+        (lb, lm), (pb, pm), (ob, om) = ((min(x), statistics.median(x)) for x in (lib, py, out))
+        print(f"{name:9} {lb:9.4f} {lm:9.4f}  {pb:9.4f} {pm:9.4f}  {ob:9.4f} {om:9.4f}  "
+              f"{100 * (pb / lb - 1):+7.2f}% {100 * (ob / lb - 1):+6.2f}%")
     prog = ROOT / "build" / "bench" / "bench-forward"
     if prog.exists():
         print(f"reference: {prog.relative_to(ROOT)} cubic1k (the C benchmark program)")
