@@ -2,7 +2,8 @@
 #
 #   make            build the library (build/libnbgrad.a), the CLI (build/nbgrad), tests, examples, benches
 #   make demo       build, then refine cell and orientation on the built-in example (examples/refine_cell.c)
-#   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN)
+#   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN), the Python
+#                   package's included (make test-python runs those alone; python/tests/run.sh)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
 #   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_)
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson,
@@ -18,7 +19,7 @@ NVCC    ?= nvcc
 OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += $(CSTD) $(OPT) $(WARN) -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
 B       ?= build
 GSL     ?= 1
 LDLIBS  += -Wl,--as-needed -fopenmp -lm
@@ -183,8 +184,17 @@ $(B)/bench/%: $(B)/bench/%.o $(B)/libnbgrad.a
 $(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-test: all checksymbols
+test: all checksymbols $(B)/tests/test-python
 	@sh tests/run-all.sh $(B)
+
+# The Python package's tests (python/tests, pytest; python/tests/run.sh builds the package into $(B)/py first).
+# run-all.sh runs them through $(B)/tests/test-python like a test program and adds their summary line to the total.
+$(B)/tests/test-python: python/tests/run.sh
+	@mkdir -p $(dir $@)
+	@printf '#!/bin/sh\nexec sh python/tests/run.sh $(B)\n' > $@ && chmod +x $@
+
+test-python: $(B)/nbgrad
+	@sh python/tests/run.sh $(B)
 
 # Every symbol the library exports is either the API (an nbg_ name declared in include/nbgrad.h) or internal (the
 # nbgi_ prefix); the CUDA compiler's own symbols for the kernels and its C++ runtime reference excepted.
@@ -203,10 +213,14 @@ demo: all
 bench: all
 	@sh bench/run.sh $(B)
 
+# the link flags, for the Python extension's build (python/setup.py)
+print-ldlibs:
+	@echo $(LDLIBS)
+
 clean:
 	rm -rf $(B)
 
-.PHONY: all deps test demo bench clean checksymbols
+.PHONY: all deps test test-python demo bench clean checksymbols print-ldlibs
 .SECONDARY:
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
 

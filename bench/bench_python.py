@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""bench_python.py -- the Python package's call overhead, and the PyTorch adapter's cost.
+
+    PYTHONPATH=build/py/lib python3 bench/bench_python.py [--runs 7] [--threads 0]
+
+1. nbgrad.simulate against the library call alone on the 1024 x 1024 benchmark cases (bench/cases.h): the
+   library call is timed inside the extension (_nbgrad._time_simulate: clock_gettime around nbg_simulate, into a
+   reused buffer, no Python); nbgrad.simulate is timed from Python with a fresh array each call and with out=
+   (a reused one).  Best and median of --runs after a warm-up; the target is an overhead within 5 %.
+   build/bench/bench-forward (the C benchmark program) is run on the same case when it is built, for reference.
+2. nbgrad.torch.simulate forward + backward against nbgrad.grad (the same adjoint call) on tric512, time and peak
+   memory (RSS).  The PyTorch port of nanoBragg is not on PyPI (checked: `pip index versions nanobrag-torch` finds
+   no distribution), so there is no comparison against it here.
+"""
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import nbgrad
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = {
+    "cubic1k": "-cell 100 100 100 90 90 90 -default_F 100 -lambda 6.2 -N 5 -distance 100 -detpixels 1024",
+    "tric1k": "-cell 70 80 90 85 95 105 -misset 10 5 3 -N 8 -lambda 1.5 -default_F 100 -distance 100 -detpixels 1024",
+}
+
+
+def timed(fn, runs):
+    fn()  # warm-up: first-touch of memory, thread pool start
+    t = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return min(t), statistics.median(t)
+
+
+def overhead(runs, threads):
+    print(f"nbgrad.simulate vs the library call (nbg_simulate), {threads or 'default'} threads, best / median of "
+          f"{runs}, the three interleaved (so that the machine's drift hits them alike)")
+    print(f"{'case':9} {'library s':>20} {'python s':>20} {'python out= s':>20} {'overhead':>9} {'out=':>7}")
+    for name, flags in CASES.items():
+        exp = nbgrad.Experiment.from_flags(flags, threads=threads)
+        buf = np.empty(exp.shape, np.float32)
+        lib, py, out = [], [], []
+        nbgrad.simulate(exp)  # warm-up
+        for _ in range(runs):
+            lib += nbgrad._nbgrad._time_simulate(exp, 1)
+            t0 = time.perf_counter()
+            nbgrad.simulate(exp)
+            py.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            nbgrad.simulate(exp, out=buf)
+            out.append(time.perf_counter() - t0)
+        (lb, lm), (pb, pm), (ob, om) = ((min(x), statistics.median(x)) for x in (lib, py, out))
+        print(f"{name:9} {lb:9.4f} {lm:9.4f}  {pb:9.4f} {pm:9.4f}  {ob:9.4f} {om:9.4f}  "
+              f"{100 * (pb / lb - 1):+7.2f}% {100 * (ob / lb - 1):+6.2f}%")
+    prog = ROOT / "build" / "bench" / "bench-forward"
+    if prog.exists():
+        print(f"reference: {prog.relative_to(ROOT)} cubic1k (the C benchmark program)")
+        env = dict(os.environ)
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+        r = subprocess.run([str(prog), "cubic1k"], stdout=subprocess.PIPE, text=True, env=env)
+        print("  " + "\n  ".join(r.stdout.strip().splitlines()))
+
+
+def torch_cost(runs):
+    try:
+        import torch
+
+        import nbgrad.torch as nbt
+    except ImportError:
+        print("torch adapter: torch is not importable, skipped")
+        return
+    exp = nbgrad.Experiment.from_flags(CASES["tric1k"].replace("1024", "512"))
+    w = np.random.default_rng(0).uniform(0.5, 1.5, exp.shape).astype(np.float32)
+    W = torch.from_numpy(w)
+    params = ["a", "b", "c", "rotx", "roty", "rotz"]
+
+    def direct():
+        nbgrad.grad(exp, w, params)
+
+    def through_torch():
+        ts = {p: torch.tensor(exp.get_param(p), dtype=torch.float64, requires_grad=True) for p in params}
+        (nbt.simulate(exp, ts) * W).sum().backward()
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    d_best, d_med = timed(direct, runs)
+    t_best, t_med = timed(through_torch, runs)
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"torch adapter on tric512, {len(params)} parameters: nbgrad.grad {d_best:.4f} s (median {d_med:.4f}); "
+          f"torch forward+backward {t_best:.4f} s (median {t_med:.4f}), {t_best / d_best:.2f}x: the forward "
+          f"render plus the adjoint's own render")
+    print(f"peak RSS {rss1 / 1024:.0f} MiB (grew {(rss1 - rss0) / 1024:.0f} MiB during the torch runs)")
+    print("nanoBragg's PyTorch port: not pip-installable from PyPI (no 'nanobrag-torch' distribution), "
+          "not compared")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-torch", action="store_true")
+    a = ap.parse_args()
+    overhead(a.runs, a.threads)
+    if not a.no_torch:
+        torch_cost(max(3, a.runs // 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

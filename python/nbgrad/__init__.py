@@ -1,0 +1,446 @@
+"""nbgrad: nanoBragg's diffraction images and their exact gradients, from Python.
+
+    import nbgrad
+    exp = nbgrad.Experiment(cell=(70, 80, 90, 75, 85, 95), misset=(10, 5, 3), N=5, wavelength=1.0,
+                            distance=100, detpixels=512, default_F=100)
+    img = nbgrad.simulate(exp)                                  # float32, shape (slow, fast)
+    g = nbgrad.grad(exp, dLdI, params=["a", "rotx", "F"])       # {"a": ..., "rotx": ..., "F": ...}
+    res = nbgrad.refine(exp, observed, params=["a", "b", "c"])  # values, sigmas, correlations
+
+Keyword arguments are the command line's flags without the dash (``Experiment(N=5)`` is ``-N 5``); the flags are
+parsed by the program's own parser (src/cli.c), so both spellings mean exactly the same.  Every library failure
+raises an ``nbgrad.Error`` (a RuntimeError) carrying the library's message; invalid input also is a ValueError.
+"""
+import shlex
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from . import _nbgrad
+from ._nbgrad import (DeviceError, Error, FileError, FormatError, InvalidError, LimitError,  # noqa: F401
+                      UnsupportedError)
+
+__version__ = _nbgrad.LIBRARY_VERSION
+
+#: the differentiable parameters, in the library's order (nbg_param)
+PARAMS = tuple(_nbgrad.param_names())
+_FLAGS = frozenset(_nbgrad.flag_names())
+#: parameter groups accepted wherever a parameter list is (as by the program's -params)
+GROUPS = {
+    "all": PARAMS,
+    "cell": ("a", "b", "c", "alpha", "beta", "gamma"),
+    "orientation": ("rotx", "roty", "rotz"),
+    "detector": ("distance", "beam_fast", "beam_slow", "det_rotx", "det_roty", "det_rotz", "twotheta"),
+}
+
+# Python spellings of flags the command line spells otherwise (or that are Python keywords)
+_ALIASES = {
+    "wavelength": "lambda",
+    "thick": "detector_thick",
+    "thick_abs": "detector_abs",
+    "det_rotx": "detector_rotx",
+    "det_roty": "detector_roty",
+    "det_rotz": "detector_rotz",
+    "mosaic_spread": "mosaic",
+    "polarization": "polar",
+    "sample_size": "samplesize",
+}
+# keyword=False for a switch that is on by default: the flag that turns it off
+_NEGATIONS = {"interpolate": "nointerpolate", "round_div": "square_div", "polar": "nopolar", "dump": "nodump"}
+_CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials")
+_SHAPES = {"square": "-square_xtal", "round": "-round_xtal", "gauss": "-gauss_xtal", "tophat": "-tophat_spots"}
+_LOSSES = {"lsq": 0, "poisson": 1}
+_METHODS = {"lm": 0, "bfgs": 1}
+# parameters readable as attributes under another name (exp.wavelength, exp.lambda_)
+_PARAM_ALIASES = {"wavelength": "lambda", "lambda_": "lambda"}
+
+
+def _number(v):
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError("a boolean where a number was expected")
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        # repr is the shortest string that reads back as the same double: the parser gets the exact value
+        return repr(float(v))
+    if isinstance(v, str):
+        return v
+    raise TypeError(f"expected a number or a str, got {type(v).__name__}")
+
+
+def kwargs_to_flags(**kwargs) -> List[str]:
+    """The command-line flags that mean what the keyword arguments of Experiment mean (in their order)."""
+    argv = []
+    for key, value in kwargs.items():
+        if value is None:
+            continue
+        name = key[:-1] if key.endswith("_") else key
+        name = _ALIASES.get(name, name)
+        if name == "convention":
+            if str(value).lower() not in _CONVENTIONS:
+                raise ValueError(f"convention: expected one of {', '.join(_CONVENTIONS)}, got {value!r} "
+                                 "(the custom convention follows from the vectors, e.g. fdet_vector=...)")
+            argv.append("-" + str(value).lower())
+            continue
+        if name == "shape":
+            if value not in _SHAPES:
+                raise ValueError(f"shape: expected one of {', '.join(_SHAPES)}, got {value!r}")
+            argv.append(_SHAPES[value])
+            continue
+        flag = "-" + name
+        if flag not in _FLAGS:
+            raise TypeError(f"Experiment() got an unexpected keyword argument '{key}'")
+        if isinstance(value, (bool, np.bool_)):
+            if value:
+                argv.append(flag)
+            elif name in _NEGATIONS:
+                argv.append("-" + _NEGATIONS[name])
+            # False for a switch that is off by default: nothing to say
+            continue
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        if isinstance(value, (list, tuple)):
+            argv.append(flag)
+            argv.extend(_number(v) for v in value)
+        else:
+            argv.extend([flag, _number(value) if not hasattr(value, "__fspath__") else str(value.__fspath__())])
+    return argv
+
+
+def _split_flags(flags) -> List[str]:
+    argv = shlex.split(flags) if isinstance(flags, str) else [str(a) for a in flags]
+    # a pasted command line may start with the program's name (and the simulate subcommand)
+    while argv and not argv[0].startswith("-"):
+        argv.pop(0)
+    return argv
+
+
+def _expand(params) -> List[str]:
+    if isinstance(params, str):
+        params = params.replace(",", " ").split()
+    out = []
+    for p in params:
+        for q in GROUPS.get(p, (p,)):
+            if q not in out:
+                out.append(q)
+    return out
+
+
+class Experiment(_nbgrad.Experiment):
+    """An experiment: crystal, beam, detector, and the structure factors it owns.
+
+    Keyword arguments are the command line's flags without the dash, with their values (a tuple for several):
+    ``cell=(70, 80, 90, 75, 85, 95)``, ``N=5`` (Na = Nb = Nc), ``lambda_=1`` or ``wavelength=1``,
+    ``detpixels=512``, ``convention="xds"``, ``shape="gauss"``, ``hkl="P1.hkl"``, ``interpolate=False``.
+    ``hkl`` may also be a pair (F, (h_min, k_min, l_min)) with F a 3-d array.  An unknown keyword is a TypeError;
+    a value the parser or the library refuses (NaN, out of range) is a ValueError with its message.
+
+    The differentiable parameters read and write as attributes: ``exp.a``, ``exp.rotx``, ``exp.distance``,
+    ``exp.wavelength`` ...  (``nbgrad.PARAMS`` lists them).
+    """
+
+    def __init__(self, **kwargs):
+        table = kwargs.pop("hkl", None)
+        if table is not None and not isinstance(table, (str, bytes)) and not hasattr(table, "__fspath__"):
+            F, origin = table
+            kwargs["hkl"] = None
+        else:
+            F = origin = None
+            kwargs["hkl"] = table
+        self._init_flags(kwargs_to_flags(**kwargs), validate=F is None)
+        if F is not None:
+            self.set_hkl(F, origin)
+            self.validate()
+
+    def _init_flags(self, argv, validate=True):
+        _nbgrad.Experiment.__init__(self, argv, validate)
+        object.__setattr__(self, "_flags", list(argv))
+        for line in self.log.splitlines():
+            if "warning:" in line or "note:" in line:
+                warnings.warn(line.split(": ", 1)[-1], stacklevel=3)
+
+    @classmethod
+    def from_flags(cls, flags, **kwargs) -> "Experiment":
+        """An experiment from command-line flags: a string ("-cell 70 80 90 90 90 90 -N 5") or a list of them;
+        keyword arguments add flags after them."""
+        obj = cls.__new__(cls)
+        obj._init_flags(_split_flags(flags) + kwargs_to_flags(**kwargs))
+        return obj
+
+    @classmethod
+    def from_expt(cls, path, **kwargs) -> "Experiment":
+        """An experiment from a DIALS experiment list (one experiment, one panel), as -expt reads it; keyword
+        arguments supply what the list does not say (structure factors, N, sampling)."""
+        return cls(expt=str(path), **kwargs)
+
+    @classmethod
+    def from_geometry(cls, geometry: dict, **kwargs) -> "Experiment":
+        """An experiment from a geometry dict (read_expt, read_image, Experiment.geometry) and keywords."""
+        obj = cls.__new__(cls)
+        # checked once complete: the geometry brings the detector and crystal the keywords may lack
+        obj._init_flags(kwargs_to_flags(**kwargs), validate=False)
+        obj.apply_geometry(geometry)
+        return obj
+
+    @classmethod
+    def from_dxtbx(cls, experiment, **kwargs) -> "Experiment":
+        """An experiment from a dxtbx/DIALS Experiment (beam, one-panel detector, goniometer, scan, crystal)."""
+        from .dxtbx import geometry_from_dxtbx
+
+        return cls.from_geometry(geometry_from_dxtbx(experiment), **kwargs)
+
+    def to_expt(self, path, images: str = "", nframes: int = 1) -> None:
+        """Writes the experiment as a DIALS experiment list (images: the image file or template it names)."""
+        write_expt(path, self.geometry(nframes), images)
+
+    def __copy__(self):
+        new = _nbgrad.Experiment.copy(self)
+        object.__setattr__(new, "_flags", list(getattr(self, "_flags", [])))
+        return new
+
+    copy = __copy__
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
+    def __getattr__(self, name):
+        p = _PARAM_ALIASES.get(name, name)
+        if p in PARAMS:
+            return self.get_param(p)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __setattr__(self, name, value):
+        p = _PARAM_ALIASES.get(name, name)
+        if p in PARAMS:
+            self.set_param(p, float(value))
+        else:
+            object.__setattr__(self, name, value)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(PARAMS) | {"wavelength"})
+
+    def __reduce__(self):
+        raise TypeError("an Experiment is not picklable (it owns C memory); rebuild it from its flags")
+
+    @property
+    def flags(self) -> List[str]:
+        """The flags it was made from (parameters set since, by attribute or refine, are not reflected)."""
+        return list(getattr(self, "_flags", []))
+
+    def __repr__(self):
+        return f"nbgrad.Experiment.from_flags({shlex.join(self.flags)!r})"
+
+
+class Gradient(dict):
+    """{parameter name: dL/dtheta} ("F": dL/dF per table entry, an array of the table's shape, or a float
+    without a table), with the image rendered on the way (``.image``) and the loss (``.loss``, loss_grad)."""
+
+    image: np.ndarray
+    loss: Optional[float] = None
+
+
+def simulate(exp: Experiment, report: bool = False, out: Optional[np.ndarray] = None):
+    """The image, float32 of shape (slow, fast) (and the report dict with report=True).  out: a float32
+    C-contiguous array of that shape to render into (no allocation; it is returned)."""
+    return _nbgrad.simulate(exp, report, out)
+
+
+def grad(exp: Experiment, dLdI, params) -> Gradient:
+    """dL/dtheta = sum_p dLdI[p] dI[p]/dtheta for each parameter listed (names, groups, "F"), in one reverse pass.
+    dLdI: any array-like of shape (slow, fast), converted once to float32."""
+    g, image = _nbgrad.grad(exp, dLdI, _expand(params))
+    out = Gradient(g)
+    out.image = image
+    return out
+
+
+def loss_grad(exp: Experiment, observed, loss: str = "poisson", params=(), weights=None) -> Gradient:
+    """The loss against an observed image ("lsq": sum w (I - obs)^2, "poisson": sum I - obs log I) and its
+    gradient; pixels outside the ROI or masked are left out."""
+    if loss not in _LOSSES:
+        raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
+    L, g, image = _nbgrad.loss_grad(exp, observed, weights, _LOSSES[loss], _expand(params))
+    out = Gradient(g)
+    out.image = image
+    out.loss = L
+    return out
+
+
+def jvp(exp: Experiment, params, return_image: bool = False):
+    """Sensitivity maps dI/dtheta, float64 of shape (nparams, slow, fast), in the parameters' CLI units."""
+    tangents, image = _nbgrad.jvp(exp, _expand(params))
+    return (tangents, image) if return_image else tangents
+
+
+@dataclass
+class RefineResult:
+    """What nbg_refine found.  values, start and sigmas are keyed by parameter name; corr is the correlation
+    matrix in the order of params."""
+
+    params: List[str]
+    values: Dict[str, float]
+    start: Dict[str, float]
+    sigmas: Dict[str, float]
+    corr: np.ndarray
+    loss: float
+    start_loss: float
+    iterations: int
+    converged: bool
+
+
+def refine(exp: Experiment, observed, params, method: str = "lm", loss: str = "lsq", weights=None,
+           max_iter: int = 100, ftol: float = 1e-12, gtol: float = 1e-9, progress=None) -> RefineResult:
+    """Fits the parameters of exp to the observed image; exp is updated with the fitted values.
+    progress(iter, loss, gnorm, step) is called after each iteration."""
+    if method not in _METHODS:
+        raise ValueError(f"method: expected 'lm' or 'bfgs', got {method!r}")
+    if loss not in _LOSSES:
+        raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError("progress must be callable")
+    r = _nbgrad.refine(exp, observed, weights, _expand(params), _METHODS[method], _LOSSES[loss], int(max_iter),
+                       float(ftol), float(gtol), progress)
+    names = r["params"]
+    return RefineResult(params=names, values=dict(zip(names, r["value"])), start=dict(zip(names, r["start"])),
+                        sigmas=dict(zip(names, r["sigma"])), corr=r["corr"], loss=r["loss"],
+                        start_loss=r["start_loss"], iterations=r["iterations"], converged=r["converged"])
+
+
+@dataclass
+class GradcheckResult:
+    """One parameter's finite-difference check (nbg_gradcheck_result)."""
+
+    param: str
+    adjoint: float
+    numeric: float
+    relerr: float
+    step: float
+    order: float
+    excluded: int
+    passed: bool
+    reason: str = field(default="")
+
+    def __bool__(self):
+        return self.passed
+
+
+def gradcheck(exp: Experiment, params, rtol: float = 1e-6, h_scale: float = 1.0) -> List[GradcheckResult]:
+    """The library's finite-difference check of the adjoint, one result per parameter (and "F")."""
+    return [GradcheckResult(**r) for r in _nbgrad.gradcheck(exp, _expand(params), float(rtol), float(h_scale))]
+
+
+# --- files -----------------------------------------------------------------------------------------------------
+
+def read_hkl(path, default_F: float = 0.0):
+    """An HKL text file as (F, (h_min, k_min, l_min)): F a float64 array (nh, nk, nl), unlisted entries
+    default_F."""
+    F, origin, _ = _nbgrad.read_hkl(str(path), float(default_F), False)
+    return F, origin
+
+
+def read_fdump(path):
+    """nanoBragg's Fdump.bin cache as (F, origin)."""
+    F, origin, _ = _nbgrad.read_hkl(str(path), 0.0, True)
+    return F, origin
+
+
+def write_fdump(path, F, origin) -> None:
+    _nbgrad.write_fdump(str(path), F, tuple(origin))
+
+
+def _header(header):
+    return header.smv_header() if isinstance(header, _nbgrad.Experiment) else header
+
+
+def int_image(image, scale: Optional[float] = None, adc: float = 40.0, roi=None) -> np.ndarray:
+    """The integer image nanoBragg writes: clip(image * scale + adc, 0, 65535) rounded (scale None: 55000 / max,
+    as the program's default)."""
+    image = np.asarray(image, dtype=np.float32)
+    if scale is None:
+        m = float(image.max()) if image.size else 0.0
+        scale = 55000.0 / m if m > 0 else 1.0
+    return _nbgrad.int_image(image, float(scale), float(adc), None if roi is None else tuple(roi))
+
+
+def noise_image(image, seed: int, adc: float = 40.0, roi=None):
+    """Poisson noise as nanoBragg makes it: (uint16 image, photons, overloads)."""
+    return _nbgrad.noise_image(image, int(seed), float(adc), None if roi is None else tuple(roi))
+
+
+def write_smv(path, image, header, scale: Optional[float] = None, adc: float = 40.0) -> None:
+    """Writes an SMV file.  image: uint16 counts written as they are, or photons (any other dtype) turned into
+    counts by int_image(image, scale, adc).  header: a dict (read_smv's) or an Experiment (its header)."""
+    header = _header(header)
+    image = np.asarray(image)
+    if image.dtype != np.uint16:
+        image = int_image(image, scale, adc)
+    _nbgrad.write_smv(str(path), header, image)
+
+
+def read_smv(path):
+    """An SMV file as (uint16 data (slow, fast), header dict)."""
+    return _nbgrad.read_smv(str(path))
+
+
+def write_float(path, image) -> None:
+    """The raw float32 image (as -floatfile)."""
+    _nbgrad.write_float(str(path), image)
+
+
+def write_pgm(path, image, scale: float) -> None:
+    _nbgrad.write_pgm(str(path), image, float(scale))
+
+
+class Geometry(dict):
+    """A geometry dict (nbg_geometry's fields).  ``complete`` says whether the file described the whole
+    experiment (NXmx, full CBF) or only part of it (SMV: pixel counts, size, distance, wavelength, pedestal)."""
+
+    complete: bool = True
+
+
+def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
+    """One frame of an image file of any format nbgrad knows (NXmx, CBF, SMV, raw float32) as
+    (image float32 (slow, fast), geometry or None) (and the mask, 1 = bad, or None, with with_mask=True).
+    A raw float file needs shape=(slow, fast)."""
+    expect = int(np.prod(shape)) if shape is not None else 0
+    image, geom, complete, mask = _nbgrad.read_image(str(path), int(frame), expect)
+    if geom is not None:
+        geom = Geometry(geom)
+        geom.complete = bool(complete)
+        image = image.reshape(geom["spixels"], geom["fpixels"])
+        if mask is not None:
+            mask = mask.reshape(image.shape)
+    elif shape is not None:
+        image = image.reshape(shape)
+    return (image, geom, mask) if with_mask else (image, geom)
+
+
+def read_expt(path) -> Geometry:
+    """A DIALS experiment list (one experiment, one panel) as a geometry dict."""
+    return Geometry(_nbgrad.read_expt(str(path)))
+
+
+def write_expt(path, geometry: dict, images: str = "") -> None:
+    _nbgrad.write_expt(str(path), dict(geometry), str(images))
+
+
+def write_nxmx(path, geometry: dict, frames, mask=None) -> None:
+    """NeXus NXmx: frames (nframes, slow, fast) or one (slow, fast) image; integers are written as int32,
+    anything else as float32; mask nonzero = bad pixel."""
+    _nbgrad.write_nxmx(str(path), dict(geometry), frames, mask)
+
+
+def write_cbf(path, geometry: dict, data, frame: int = 0) -> None:
+    """A full CBF of one int32 image, frame `frame` of the geometry's scan."""
+    _nbgrad.write_cbf(str(path), dict(geometry), data, int(frame))
+
+
+__all__ = [
+    "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "GROUPS",
+    "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
+    "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
+    "write_pgm", "read_image", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
+]

@@ -1,0 +1,1827 @@
+/*
+ * _nbgrad.c -- the CPython extension over libnbgrad (numpy's C API).  The pythonic layer (keyword arguments,
+ * result objects, dxtbx and PyTorch) is nbgrad/__init__.py; this file does the calls, the array checks and the
+ * error translation.
+ *
+ * Ownership: an Experiment owns an nbgi_cli (the command-line parser's state), which owns what its nbg_experiment
+ * points to (the HKL table, the sources, the mask), and one library context.  Every call that works on an
+ * Experiment takes its lock (so one context is used by one thread at a time, as the library requires) and
+ * releases the GIL while the library runs, so that two Experiments render concurrently from two threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "cli.h"
+#include "formats.h" /* nbgi_geometry_init: the library's geometry defaults */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Exceptions                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static PyObject *Error, *InvalidError, *MemError, *FileError, *FormatError, *UnsupportedError, *DeviceError;
+
+/* Raises the exception for a library status with the message; returns NULL. */
+static PyObject *raise_status(int status, const char *msg)
+{
+    PyObject *type = status == NBG_EINVAL    ? InvalidError
+                     : status == NBG_ENOMEM  ? MemError
+                     : status == NBG_EIO     ? FileError
+                     : status == NBG_EFORMAT ? FormatError
+                     : status == NBG_EUNSUP  ? UnsupportedError
+                     : status == NBG_ENODEV || status == NBG_ECUDA ? DeviceError
+                                                                   : Error;
+    if (msg == NULL || msg[0] == '\0') {
+        msg = nbg_strerror(status);
+    }
+    PyObject *exc = PyObject_CallFunction(type, "s", msg);
+    if (exc != NULL) {
+        PyObject *st = PyLong_FromLong(status);
+        if (st != NULL) {
+            PyObject_SetAttrString(exc, "status", st);
+            Py_DECREF(st);
+        }
+        PyErr_SetObject(type, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* A short-lived CPU context for the calls that need one only for its error message (file readers, writers). */
+static nbg_ctx *scratch_ctx(void)
+{
+    nbg_ctx *ctx = NULL;
+    int st = nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1);
+    if (st != NBG_OK) {
+        raise_status(st, "could not create a context");
+        return NULL;
+    }
+    return ctx;
+}
+
+static PyObject *raise_ctx(nbg_ctx *ctx, int status)
+{
+    return raise_status(status, nbg_errmsg(ctx));
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Arrays                                                                                                     */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* Converts obj once to a C-contiguous array of type `type` (any array-like of real numbers) holding exactly
+ * npix elements: shape (spixels, fpixels) or flat (npix,) when spixels is 0 any shape of npix elements.  Anything
+ * else is a ValueError naming the argument and the shape expected. */
+static PyArrayObject *as_image(PyObject *obj, const char *name, int type, int spixels, int fpixels, size_t npix)
+{
+    if (PyArray_Check(obj)) {
+        const char kind = PyArray_DESCR((PyArrayObject *)obj)->kind;
+        if (kind != 'b' && kind != 'i' && kind != 'u' && kind != 'f') {
+            PyErr_Format(PyExc_ValueError, "%s: expected real numbers (shape (%d, %d)), got an array of dtype %R",
+                         name, spixels, fpixels, (PyObject *)PyArray_DESCR((PyArrayObject *)obj));
+            return NULL;
+        }
+    }
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(obj, type, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: expected an array of real numbers of shape (%d, %d): %S", name, spixels,
+                     fpixels, v != NULL ? v : Py_None);
+        Py_XDECREF(t);
+        Py_XDECREF(v);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    const int nd = PyArray_NDIM(a);
+    const npy_intp *d = PyArray_DIMS(a);
+    int ok = (nd == 2 && d[0] == spixels && d[1] == fpixels) || (nd == 1 && (size_t)d[0] == npix);
+    if (!ok) {
+        PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
+        PyErr_Format(PyExc_ValueError, "%s: expected shape (%d, %d) (or %zu values), got shape %S", name, spixels,
+                     fpixels, npix, shape != NULL ? shape : Py_None);
+        Py_XDECREF(shape);
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Experiment                                                                                                 */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    nbgi_cli cli;          /* cli.e is the experiment; cli owns its table, sources and mask */
+    nbg_ctx *ctx;
+    PyThread_type_lock lock;
+    int ready;             /* parsed and validated */
+    int fpixels, spixels;  /* the image size (pixel counts do not depend on the differentiable parameters) */
+    PyObject *log;         /* what the parser printed (notes, warnings), a str */
+} ExperimentObject;
+
+static PyTypeObject ExperimentType;
+
+/* Takes the experiment's lock, letting other threads run while waiting. */
+static void exp_lock(ExperimentObject *x)
+{
+    if (!PyThread_acquire_lock(x->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(x->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void exp_unlock(ExperimentObject *x)
+{
+    PyThread_release_lock(x->lock);
+}
+
+static int exp_validate(ExperimentObject *x);
+
+static int exp_check(PyObject *o, const char *what)
+{
+    if (!PyObject_TypeCheck(o, &ExperimentType)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an nbgrad.Experiment, got %.100s", what, Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    if (!((ExperimentObject *)o)->ready) {
+        PyErr_SetString(PyExc_ValueError, "the Experiment was not initialised");
+        return 0;
+    }
+    /* made with validate=False and not checked since: the image size is not known yet */
+    if (((ExperimentObject *)o)->fpixels == 0 && strcmp(what, "validate") != 0 && strcmp(what, "apply_geometry") != 0 &&
+        strcmp(what, "set_hkl") != 0 && strcmp(what, "set_param") != 0) {
+        return exp_validate((ExperimentObject *)o);
+    }
+    return 1;
+}
+
+static void exp_release(ExperimentObject *x)
+{
+    if (x->ready) {
+        nbgi_cli_free(&x->cli);
+        x->ready = 0;
+    }
+    nbg_ctx_destroy(x->ctx);
+    x->ctx = NULL;
+}
+
+static PyObject *Experiment_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    ExperimentObject *x = (ExperimentObject *)type->tp_alloc(type, 0);
+    if (x == NULL) {
+        return NULL;
+    }
+    x->lock = PyThread_allocate_lock();
+    if (x->lock == NULL) {
+        Py_DECREF(x);
+        return PyErr_NoMemory();
+    }
+    x->log = PyUnicode_FromString("");
+    return (PyObject *)x;
+}
+
+static void Experiment_dealloc(ExperimentObject *x)
+{
+    exp_release(x);
+    if (x->lock != NULL) {
+        PyThread_free_lock(x->lock);
+    }
+    Py_XDECREF(x->log);
+    Py_TYPE(x)->tp_free((PyObject *)x);
+}
+
+/* The parser and the loader print their errors and notes (src/cli.c is the program's code); they are caught by
+ * pointing stdout and stderr at a temporary file for the duration.  The GIL is held meanwhile so that no Python
+ * thread writes into the capture. */
+typedef struct {
+    int saved[2];
+    FILE *tmp;
+} capture;
+
+static int capture_begin(capture *c)
+{
+    fflush(stdout);
+    fflush(stderr);
+    c->tmp = tmpfile();
+    if (c->tmp == NULL) {
+        return 0;
+    }
+    c->saved[0] = dup(1);
+    c->saved[1] = dup(2);
+    if (c->saved[0] < 0 || c->saved[1] < 0) {
+        fclose(c->tmp);
+        return 0;
+    }
+    dup2(fileno(c->tmp), 1);
+    dup2(fileno(c->tmp), 2);
+    return 1;
+}
+
+/* Restores the streams; returns what was printed (a new str). */
+static PyObject *capture_end(capture *c)
+{
+    fflush(stdout);
+    fflush(stderr);
+    dup2(c->saved[0], 1);
+    dup2(c->saved[1], 2);
+    close(c->saved[0]);
+    close(c->saved[1]);
+    long n = ftell(c->tmp);
+    char *buf = malloc(n > 0 ? (size_t)n + 1 : 1);
+    size_t got = 0;
+    if (buf != NULL && n > 0) {
+        rewind(c->tmp);
+        got = fread(buf, 1, (size_t)n, c->tmp);
+    }
+    fclose(c->tmp);
+    PyObject *s = PyUnicode_DecodeUTF8(buf != NULL ? buf : "", (Py_ssize_t)got, "replace");
+    free(buf);
+    return s;
+}
+
+/* The first error line of the parser's output, without the program's prefix (a new str). */
+static PyObject *error_line(PyObject *log)
+{
+    const char *s = PyUnicode_AsUTF8(log);
+    const char *e = s != NULL ? strstr(s, "error: ") : NULL;
+    if (e == NULL) {
+        return PyUnicode_FromString(s != NULL && s[0] ? s : "invalid flags");
+    }
+    e += 7;
+    const char *nl = strchr(e, '\n');
+    return PyUnicode_FromStringAndSize(e, nl != NULL ? nl - e : (Py_ssize_t)strlen(e));
+}
+
+/* Checks the experiment as the library sees it (nbg_describe: ranges, geometry, sampling, limits) and records
+ * the image size.  An experiment without structure factors yet (no table, default_F 0) is checked with F = 1:
+ * it may get its table later (set_hkl). */
+static int exp_validate(ExperimentObject *x)
+{
+    nbg_experiment probe = x->cli.e;
+    nbg_report r;
+    int st;
+    if (probe.hkl == NULL && probe.default_F == 0) {
+        probe.default_F = 1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_describe(x->ctx, &probe, &r);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        return 0;
+    }
+    x->fpixels = r.fpixels;
+    x->spixels = r.spixels;
+    return 1;
+}
+
+/* Experiment.__init__(argv): argv a sequence of str, the command line's flags (no program name). */
+static int Experiment_init(ExperimentObject *x, PyObject *args, PyObject *kw)
+{
+    PyObject *seq = NULL;
+    int validate = 1;
+    static char *kwlist[] = {"argv", "validate", NULL};
+    /* validate=0 defers the library's check to the first call (or apply_geometry): an experiment that gets its
+     * detector and crystal from a geometry afterwards is incomplete until then */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Op:Experiment", kwlist, &seq, &validate)) {
+        return -1;
+    }
+    exp_release(x);
+    PyObject *fast = seq != NULL ? PySequence_Fast(seq, "argv must be a sequence of str") : PyList_New(0);
+    if (fast == NULL) {
+        return -1;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    /* argv[0] is the program's name; the parser starts at 1 */
+    char **argv = calloc((size_t)n + 2, sizeof *argv);
+    int rc = -1, dump = 0;
+    if (argv == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    argv[0] = "nbgrad";
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyUnicode_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "argv[%zd]: expected str, got %.100s", i, Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        argv[i + 1] = (char *)PyUnicode_AsUTF8(item);
+        if (argv[i + 1] == NULL) {
+            goto done;
+        }
+        dump |= strcmp(argv[i + 1], "-dump") == 0;
+    }
+    nbgi_cli_init(&x->cli);
+    x->ready = 1;
+    nbg_ctx *pctx = scratch_ctx();
+    if (pctx == NULL) {
+        goto done;
+    }
+    capture cap;
+    if (!capture_begin(&cap)) {
+        nbg_ctx_destroy(pctx);
+        PyErr_SetString(PyExc_OSError, "could not capture the parser's messages");
+        goto done;
+    }
+    int ok = nbgi_cli_parse(pctx, &x->cli, (int)n + 1, argv, 1);
+    if (ok && x->cli.help) {
+        printf("nbgrad: error: -h asks for the program's help, which is no experiment\n");
+        ok = 0;
+    }
+    const int parsed = ok;
+    if (ok) {
+        /* a library does not read or write Fdump.bin in the working directory unless asked to (-dump) */
+        x->cli.nodump = dump ? x->cli.nodump : 1;
+        ok = nbgi_cli_load(pctx, &x->cli);
+        if (ok && x->cli.outs.n > 0) {
+            ok = nbgi_cli_commit(pctx, &x->cli);
+        }
+    }
+    PyObject *log = capture_end(&cap);
+    nbg_ctx_destroy(pctx);
+    if (log == NULL) {
+        goto done;
+    }
+    Py_XSETREF(x->log, log);
+    if (!ok) {
+        PyObject *msg = error_line(log);
+        if (msg != NULL) {
+            PyObject *exc = parsed ? FileError : PyExc_ValueError;
+            PyErr_SetObject(exc, msg);
+            Py_DECREF(msg);
+        }
+        goto done;
+    }
+    /* the paths pointed into argv, which goes away; they were only needed by the loader */
+    x->cli.hklfile = x->cli.matfile = x->cli.sourcefile = x->cli.dumpfile = x->cli.maskfile = NULL;
+    x->cli.imgfile = x->cli.floatfile = x->cli.intfile = x->cli.pgmfile = x->cli.noisefile = NULL;
+    x->cli.nxsfile = x->cli.cbffile = x->cli.exptfile = x->cli.exptin = NULL;
+    int st = nbg_ctx_create(&x->ctx, x->cli.backend, x->cli.precision, x->cli.threads);
+    if (st != NBG_OK) {
+        raise_status(st, "could not create the context (-device, -threads)");
+        goto done;
+    }
+    nbg_ctx_set_limits(x->ctx, &x->cli.limits);
+    if (validate && !exp_validate(x)) {
+        goto done;
+    }
+    rc = 0;
+done:
+    if (rc != 0 && x->ready) {
+        exp_release(x);
+    }
+    free(argv);
+    Py_DECREF(fast);
+    return rc;
+}
+
+/* A deep copy: the table, sources and mask are duplicated and the copy's experiment points at its own. */
+static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "copy")) {
+        return NULL;
+    }
+    ExperimentObject *y = (ExperimentObject *)Experiment_new(Py_TYPE(x), NULL, NULL);
+    if (y == NULL) {
+        return NULL;
+    }
+    exp_lock(x);
+    y->cli = x->cli;
+    nbgi_outset_init(&y->cli.outs);
+    y->cli.series = NULL;
+    y->cli.hkl.F = NULL;
+    y->cli.sources = NULL;
+    y->cli.mask = NULL;
+    y->ready = 1;
+    int fail = 0;
+    if (x->cli.hkl.F != NULL) {
+        const size_t n = (size_t)(x->cli.hkl.h_max - x->cli.hkl.h_min + 1) * (x->cli.hkl.k_max - x->cli.hkl.k_min + 1) *
+                         (x->cli.hkl.l_max - x->cli.hkl.l_min + 1);
+        y->cli.hkl.F = malloc(n * sizeof(double));
+        fail |= y->cli.hkl.F == NULL;
+        if (!fail) memcpy(y->cli.hkl.F, x->cli.hkl.F, n * sizeof(double));
+    }
+    if (x->cli.sources != NULL) {
+        y->cli.sources = malloc((size_t)x->cli.nsources * sizeof(nbg_source));
+        fail |= y->cli.sources == NULL;
+        if (!fail) memcpy(y->cli.sources, x->cli.sources, (size_t)x->cli.nsources * sizeof(nbg_source));
+    }
+    if (x->cli.mask != NULL) {
+        const size_t n = (size_t)x->cli.mask_f * x->cli.mask_s;
+        y->cli.mask = malloc(n);
+        fail |= y->cli.mask == NULL;
+        if (!fail) memcpy(y->cli.mask, x->cli.mask, n);
+    }
+    y->cli.e.hkl = x->cli.e.hkl == &x->cli.hkl ? &y->cli.hkl : NULL;
+    y->cli.e.sources = x->cli.e.sources != NULL ? y->cli.sources : NULL;
+    y->cli.e.mask = x->cli.e.mask != NULL ? y->cli.mask : NULL;
+    y->fpixels = x->fpixels;
+    y->spixels = x->spixels;
+    Py_XSETREF(y->log, Py_NewRef(x->log));
+    exp_unlock(x);
+    if (fail) {
+        Py_DECREF(y);
+        return PyErr_NoMemory();
+    }
+    int st = nbg_ctx_create(&y->ctx, y->cli.backend, y->cli.precision, y->cli.threads);
+    if (st != NBG_OK) {
+        Py_DECREF(y);
+        return raise_status(st, "could not create the context");
+    }
+    nbg_ctx_set_limits(y->ctx, &y->cli.limits);
+    return (PyObject *)y;
+}
+
+static int param_index(PyObject *name)
+{
+    const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+    if (s == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "a parameter name must be a str, got %.100s", Py_TYPE(name)->tp_name);
+        return -1;
+    }
+    int p = nbg_param_from_name(s);
+    if (p < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown parameter '%s'", s);
+    }
+    return p;
+}
+
+static PyObject *Experiment_get_param(ExperimentObject *x, PyObject *name)
+{
+    if (!exp_check((PyObject *)x, "get_param")) return NULL;
+    int p = param_index(name);
+    if (p < 0) return NULL;
+    double v;
+    exp_lock(x);
+    nbg_param_get(&x->cli.e, (nbg_param)p, &v);
+    /* a cell length or angle left unset (NAN) takes a's value or 90 deg, as the library reads it */
+    if (isnan(v) && p >= NBG_P_B && p <= NBG_P_C) v = x->cli.e.cell[0];
+    if (isnan(v) && p >= NBG_P_ALPHA && p <= NBG_P_GAMMA) v = 90;
+    exp_unlock(x);
+    return PyFloat_FromDouble(v);
+}
+
+static PyObject *Experiment_set_param(ExperimentObject *x, PyObject *args)
+{
+    PyObject *name;
+    double v;
+    if (!PyArg_ParseTuple(args, "Od:set_param", &name, &v)) return NULL;
+    if (!exp_check((PyObject *)x, "set_param")) return NULL;
+    int p = param_index(name);
+    if (p < 0) return NULL;
+    if (!nbg_param_in_bounds((nbg_param)p, v)) {
+        return PyErr_Format(PyExc_ValueError, "%s = %R is out of range (see nbg_param_in_bounds)",
+                            nbg_param_name((nbg_param)p), PyTuple_GET_ITEM(args, 1));
+    }
+    exp_lock(x);
+    /* a cell given as "a" alone has NAN b and c; setting one of them must not silently move the others */
+    if (p >= NBG_P_A && p <= NBG_P_GAMMA) {
+        for (int i = 1; i < 6; ++i) {
+            if (isnan(x->cli.e.cell[i])) x->cli.e.cell[i] = i < 3 ? x->cli.e.cell[0] : 90;
+        }
+    }
+    nbg_param_set(&x->cli.e, (nbg_param)p, v);
+    exp_unlock(x);
+    Py_RETURN_NONE;
+}
+
+/* The table as a new (nh, nk, nl) float64 array, or None without one. */
+static PyObject *Experiment_get_F(ExperimentObject *x, void *closure)
+{
+    if (!exp_check((PyObject *)x, "F")) return NULL;
+    if (x->cli.e.hkl == NULL) Py_RETURN_NONE;
+    const nbg_hkl *h = x->cli.e.hkl;
+    npy_intp dims[3] = {h->h_max - h->h_min + 1, h->k_max - h->k_min + 1, h->l_max - h->l_min + 1};
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
+    if (a == NULL) return NULL;
+    exp_lock(x);
+    memcpy(PyArray_DATA(a), h->F, (size_t)PyArray_SIZE(a) * sizeof(double));
+    exp_unlock(x);
+    return (PyObject *)a;
+}
+
+static int Experiment_set_F(ExperimentObject *x, PyObject *value, void *closure)
+{
+    if (!exp_check((PyObject *)x, "F")) return -1;
+    if (value == NULL || x->cli.e.hkl == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "F: the experiment has no table (set one with set_hkl)");
+        return -1;
+    }
+    nbg_hkl *h = &x->cli.hkl;
+    const int nh = h->h_max - h->h_min + 1, nk = h->k_max - h->k_min + 1, nl = h->l_max - h->l_min + 1;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL || PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != nh || PyArray_DIM(a, 1) != nk ||
+        PyArray_DIM(a, 2) != nl) {
+        Py_XDECREF(a);
+        PyErr_Format(PyExc_ValueError, "F: expected an array of shape (%d, %d, %d)", nh, nk, nl);
+        return -1;
+    }
+    exp_lock(x);
+    memcpy(h->F, PyArray_DATA(a), (size_t)PyArray_SIZE(a) * sizeof(double));
+    exp_unlock(x);
+    Py_DECREF(a);
+    return 0;
+}
+
+/* set_hkl(F, origin): a new table, F of shape (nh, nk, nl) indexed from origin = (h_min, k_min, l_min). */
+static PyObject *Experiment_set_hkl(ExperimentObject *x, PyObject *args)
+{
+    PyObject *obj;
+    int h0, k0, l0;
+    if (!PyArg_ParseTuple(args, "O(iii):set_hkl", &obj, &h0, &k0, &l0)) return NULL;
+    if (!exp_check((PyObject *)x, "set_hkl")) return NULL;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL || PyArray_NDIM(a) != 3 || PyArray_SIZE(a) == 0) {
+        Py_XDECREF(a);
+        return PyErr_Format(PyExc_ValueError, "F: expected a non-empty 3-d array (nh, nk, nl)");
+    }
+    double *F = malloc((size_t)PyArray_SIZE(a) * sizeof(double));
+    if (F == NULL) {
+        Py_DECREF(a);
+        return PyErr_NoMemory();
+    }
+    memcpy(F, PyArray_DATA(a), (size_t)PyArray_SIZE(a) * sizeof(double));
+    exp_lock(x);
+    nbg_hkl_free(&x->cli.hkl);
+    x->cli.hkl.h_min = h0;
+    x->cli.hkl.k_min = k0;
+    x->cli.hkl.l_min = l0;
+    x->cli.hkl.h_max = h0 + (int)PyArray_DIM(a, 0) - 1;
+    x->cli.hkl.k_max = k0 + (int)PyArray_DIM(a, 1) - 1;
+    x->cli.hkl.l_max = l0 + (int)PyArray_DIM(a, 2) - 1;
+    x->cli.hkl.F = F;
+    x->cli.hkl.nrefl = (long)PyArray_SIZE(a);
+    x->cli.e.hkl = &x->cli.hkl;
+    exp_unlock(x);
+    Py_DECREF(a);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Experiment_get_origin(ExperimentObject *x, void *closure)
+{
+    if (!exp_check((PyObject *)x, "hkl_origin")) return NULL;
+    if (x->cli.e.hkl == NULL) Py_RETURN_NONE;
+    return Py_BuildValue("(iii)", x->cli.e.hkl->h_min, x->cli.e.hkl->k_min, x->cli.e.hkl->l_min);
+}
+
+static PyObject *Experiment_get_shape(ExperimentObject *x, void *closure)
+{
+    if (!exp_check((PyObject *)x, "shape")) return NULL;
+    return Py_BuildValue("(ii)", x->spixels, x->fpixels);
+}
+
+static PyObject *Experiment_get_log(ExperimentObject *x, void *closure)
+{
+    return Py_NewRef(x->log);
+}
+
+static PyObject *Experiment_get_default_F(ExperimentObject *x, void *closure)
+{
+    return PyFloat_FromDouble(x->cli.e.default_F);
+}
+
+static PyObject *vec(const double *v, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t != NULL && i < n; ++i) {
+        PyTuple_SET_ITEM(t, i, PyFloat_FromDouble(v[i]));
+    }
+    return t;
+}
+
+#define SET(d, key, obj)                                                                                            \
+    do {                                                                                                            \
+        PyObject *o_ = (obj);                                                                                       \
+        if (o_ == NULL || PyDict_SetItemString(d, key, o_) < 0) {                                                   \
+            Py_XDECREF(o_);                                                                                         \
+            Py_DECREF(d);                                                                                           \
+            return NULL;                                                                                            \
+        }                                                                                                           \
+        Py_DECREF(o_);                                                                                              \
+    } while (0)
+
+static PyObject *report_dict(const nbg_report *r)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    SET(d, "fpixels", PyLong_FromLong(r->fpixels));
+    SET(d, "spixels", PyLong_FromLong(r->spixels));
+    SET(d, "pixel", PyFloat_FromDouble(r->pixel));
+    SET(d, "distance", PyFloat_FromDouble(r->distance));
+    SET(d, "close_distance", PyFloat_FromDouble(r->close_distance));
+    SET(d, "Xbeam", PyFloat_FromDouble(r->Xbeam));
+    SET(d, "Ybeam", PyFloat_FromDouble(r->Ybeam));
+    SET(d, "Fbeam", PyFloat_FromDouble(r->Fbeam));
+    SET(d, "Sbeam", PyFloat_FromDouble(r->Sbeam));
+    SET(d, "pix0", vec(r->pix0, 3));
+    SET(d, "fdet", vec(r->fdet, 3));
+    SET(d, "sdet", vec(r->sdet, 3));
+    SET(d, "odet", vec(r->odet, 3));
+    SET(d, "beam", vec(r->beam, 3));
+    SET(d, "spindle", vec(r->spindle, 3));
+    SET(d, "lambda", PyFloat_FromDouble(r->lambda));
+    SET(d, "oversample", PyLong_FromLong(r->oversample));
+    SET(d, "recommended_oversample", PyLong_FromLong(r->recommended_oversample));
+    SET(d, "nsources", PyLong_FromLong(r->nsources));
+    SET(d, "phisteps", PyLong_FromLong(r->phisteps));
+    SET(d, "mosaic_domains", PyLong_FromLong(r->mosaic_domains));
+    SET(d, "steps", PyLong_FromLong(r->steps));
+    SET(d, "cell", vec(r->cell, 6));
+    SET(d, "real_vectors", vec(r->real_vectors, 9));
+    SET(d, "recip_vectors", vec(r->recip_vectors, 9));
+    SET(d, "fluence", PyFloat_FromDouble(r->fluence));
+    SET(d, "solid_angle", PyFloat_FromDouble(r->solid_angle));
+    SET(d, "time_setup", PyFloat_FromDouble(r->time_setup));
+    SET(d, "time_kernel", PyFloat_FromDouble(r->time_kernel));
+    return d;
+}
+
+static PyObject *Experiment_describe(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "describe")) return NULL;
+    nbg_report r;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_describe(x->ctx, &x->cli.e, &r);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        return NULL;
+    }
+    exp_unlock(x);
+    return report_dict(&r);
+}
+
+/* --- nbg_geometry <-> dict ---------------------------------------------------------------------------------- */
+
+static PyObject *geometry_dict(const nbg_geometry *g)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    SET(d, "fpixels", PyLong_FromLong(g->fpixels));
+    SET(d, "spixels", PyLong_FromLong(g->spixels));
+    SET(d, "pixel_f", PyFloat_FromDouble(g->pixel_f));
+    SET(d, "pixel_s", PyFloat_FromDouble(g->pixel_s));
+    SET(d, "fast", vec(g->fast, 3));
+    SET(d, "slow", vec(g->slow, 3));
+    SET(d, "origin", vec(g->origin, 3));
+    SET(d, "thickness", PyFloat_FromDouble(g->thickness));
+    SET(d, "mu", PyFloat_FromDouble(g->mu));
+    SET(d, "material", PyUnicode_FromString(g->material));
+    SET(d, "saturation", PyFloat_FromDouble(g->saturation));
+    SET(d, "pedestal", PyFloat_FromDouble(g->pedestal));
+    SET(d, "gain", PyFloat_FromDouble(g->gain));
+    SET(d, "direction", vec(g->direction, 3));
+    SET(d, "wavelength", PyFloat_FromDouble(g->wavelength));
+    SET(d, "polarization_normal", vec(g->polarization_normal, 3));
+    SET(d, "polarization_fraction", PyFloat_FromDouble(g->polarization_fraction));
+    SET(d, "axis", vec(g->axis, 3));
+    SET(d, "scan_start", PyFloat_FromDouble(g->scan_start));
+    SET(d, "scan_width", PyFloat_FromDouble(g->scan_width));
+    SET(d, "nframes", PyLong_FromLong(g->nframes));
+    SET(d, "exposure", PyFloat_FromDouble(g->exposure));
+    if (g->has_crystal) {
+        SET(d, "real_space", Py_BuildValue("(NNN)", vec(g->real_space, 3), vec(g->real_space + 3, 3),
+                                           vec(g->real_space + 6, 3)));
+        SET(d, "space_group", PyUnicode_FromString(g->space_group));
+    }
+    return d;
+}
+
+static int get_vec(PyObject *d, const char *key, double *out, int n)
+{
+    PyObject *o = PyDict_GetItemString(d, key);
+    if (o == NULL) return 1;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(o, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL || PyArray_SIZE(a) != n) {
+        Py_XDECREF(a);
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "geometry['%s']: expected %d numbers", key, n);
+        return 0;
+    }
+    memcpy(out, PyArray_DATA(a), (size_t)n * sizeof(double));
+    Py_DECREF(a);
+    return 1;
+}
+
+static int get_num(PyObject *d, const char *key, double *out)
+{
+    PyObject *o = PyDict_GetItemString(d, key);
+    if (o == NULL) return 1;
+    double v = PyFloat_AsDouble(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "geometry['%s']: expected a number", key);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int get_int(PyObject *d, const char *key, int *out)
+{
+    double v = *out;
+    if (!get_num(d, key, &v)) return 0;
+    if (v != floor(v) || fabs(v) > 2e9) {
+        PyErr_Format(PyExc_ValueError, "geometry['%s']: expected an integer", key);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int get_str(PyObject *d, const char *key, char *out, size_t size)
+{
+    PyObject *o = PyDict_GetItemString(d, key);
+    if (o == NULL) return 1;
+    const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+    if (s == NULL || strlen(s) >= size) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "geometry['%s']: expected a str of at most %zu characters", key, size - 1);
+        return 0;
+    }
+    snprintf(out, size, "%s", s);
+    return 1;
+}
+
+static const char *const geometry_keys[] = {
+    "fpixels", "spixels", "pixel_f", "pixel_s", "fast", "slow", "origin", "thickness", "mu", "material",
+    "saturation", "pedestal", "gain", "direction", "wavelength", "polarization_normal", "polarization_fraction",
+    "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", NULL};
+
+/* A geometry dict into g: the keys given over the library's defaults (nbgi_geometry_init); an unknown key is a
+ * ValueError naming it, so that a misspelt key is not silently dropped. */
+static int geometry_from_dict(PyObject *d, nbg_geometry *g)
+{
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "geometry: expected a dict, got %.100s", Py_TYPE(d)->tp_name);
+        return 0;
+    }
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &val)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = 0;
+        for (int i = 0; k != NULL && geometry_keys[i] != NULL; ++i) known |= strcmp(k, geometry_keys[i]) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_ValueError, "geometry: unknown key %R", key);
+            return 0;
+        }
+    }
+    nbgi_geometry_init(g);
+    g->has_crystal = PyDict_GetItemString(d, "real_space") != NULL;
+    return get_int(d, "fpixels", &g->fpixels) && get_int(d, "spixels", &g->spixels) &&
+           get_num(d, "pixel_f", &g->pixel_f) && get_num(d, "pixel_s", &g->pixel_s) && get_vec(d, "fast", g->fast, 3) &&
+           get_vec(d, "slow", g->slow, 3) && get_vec(d, "origin", g->origin, 3) &&
+           get_num(d, "thickness", &g->thickness) && get_num(d, "mu", &g->mu) &&
+           get_str(d, "material", g->material, sizeof g->material) && get_num(d, "saturation", &g->saturation) &&
+           get_num(d, "pedestal", &g->pedestal) && get_num(d, "gain", &g->gain) &&
+           get_vec(d, "direction", g->direction, 3) && get_num(d, "wavelength", &g->wavelength) &&
+           get_vec(d, "polarization_normal", g->polarization_normal, 3) &&
+           get_num(d, "polarization_fraction", &g->polarization_fraction) && get_vec(d, "axis", g->axis, 3) &&
+           get_num(d, "scan_start", &g->scan_start) && get_num(d, "scan_width", &g->scan_width) &&
+           get_int(d, "nframes", &g->nframes) && get_num(d, "exposure", &g->exposure) &&
+           get_vec(d, "real_space", g->real_space, 9) &&
+           get_str(d, "space_group", g->space_group, sizeof g->space_group);
+}
+
+static PyObject *Experiment_geometry(ExperimentObject *x, PyObject *args, PyObject *kw)
+{
+    int nframes = 1;
+    static char *kwlist[] = {"nframes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|i:geometry", kwlist, &nframes)) return NULL;
+    if (!exp_check((PyObject *)x, "geometry")) return NULL;
+    nbg_report r;
+    nbg_geometry g;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_describe(x->ctx, &x->cli.e, &r);
+    if (st == NBG_OK) st = nbg_geometry_from_report(x->ctx, &x->cli.e, &r, nframes, &g);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        return NULL;
+    }
+    exp_unlock(x);
+    return geometry_dict(&g);
+}
+
+static PyObject *Experiment_apply_geometry(ExperimentObject *x, PyObject *d)
+{
+    if (!exp_check((PyObject *)x, "apply_geometry")) return NULL;
+    nbg_geometry g;
+    if (!geometry_from_dict(d, &g)) return NULL;
+    exp_lock(x);
+    nbg_experiment saved = x->cli.e;
+    int st = nbg_experiment_from_geometry(x->ctx, &g, &x->cli.e);
+    if (st != NBG_OK) {
+        x->cli.e = saved;
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        return NULL;
+    }
+    exp_unlock(x);
+    if (!exp_validate(x)) {
+        x->cli.e = saved;
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Experiment_smv_header(ExperimentObject *x, PyObject *unused);
+
+static PyObject *Experiment_validate(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "validate")) return NULL;
+    exp_lock(x);
+    int ok = exp_validate(x);
+    exp_unlock(x);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Experiment_methods[] = {
+    {"copy", (PyCFunction)Experiment_copy, METH_NOARGS, "A deep copy (own table, sources and mask)."},
+    {"__copy__", (PyCFunction)Experiment_copy, METH_NOARGS, NULL},
+    {"get_param", (PyCFunction)Experiment_get_param, METH_O, "get_param(name) -> float"},
+    {"set_param", (PyCFunction)Experiment_set_param, METH_VARARGS, "set_param(name, value)"},
+    {"set_hkl", (PyCFunction)Experiment_set_hkl, METH_VARARGS,
+     "set_hkl(F, origin): a new structure-factor table F[h-h0, k-k0, l-l0], origin = (h0, k0, l0)"},
+    {"describe", (PyCFunction)Experiment_describe, METH_NOARGS, "The geometry and sampling derived (nbg_describe)."},
+    {"geometry", (PyCFunction)(void (*)(void))Experiment_geometry, METH_VARARGS | METH_KEYWORDS,
+     "geometry(nframes=1) -> dict: the experiment in DIALS's frame (nbg_geometry)"},
+    {"apply_geometry", (PyCFunction)Experiment_apply_geometry, METH_O,
+     "apply_geometry(dict): detector, beam, scan and crystal from a geometry dict (nbg_experiment_from_geometry)"},
+    {"smv_header", (PyCFunction)Experiment_smv_header, METH_NOARGS, "The SMV header nanoBragg would write."},
+    {"validate", (PyCFunction)Experiment_validate, METH_NOARGS,
+     "Checks the experiment as the library does (ValueError with its message)."},
+    {NULL}};
+
+static PyGetSetDef Experiment_getset[] = {
+    {"F", (getter)Experiment_get_F, (setter)Experiment_set_F, "the structure-factor table (nh, nk, nl), or None",
+     NULL},
+    {"hkl_origin", (getter)Experiment_get_origin, NULL, "(h_min, k_min, l_min) of the table, or None", NULL},
+    {"shape", (getter)Experiment_get_shape, NULL, "the image shape (slow, fast)", NULL},
+    {"log", (getter)Experiment_get_log, NULL, "what the flag parser printed (notes, warnings)", NULL},
+    {"default_F", (getter)Experiment_get_default_F, NULL, "F outside the table", NULL},
+    {NULL}};
+
+static PyTypeObject ExperimentType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "nbgrad._nbgrad.Experiment",
+    .tp_basicsize = sizeof(ExperimentObject),
+    .tp_dealloc = (destructor)Experiment_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "An experiment (nbg_experiment) and what it points to.",
+    .tp_methods = Experiment_methods,
+    .tp_getset = Experiment_getset,
+    .tp_init = (initproc)Experiment_init,
+    .tp_new = Experiment_new,
+};
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Simulation and gradients                                                                                   */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+static PyArrayObject *new_image(const ExperimentObject *x)
+{
+    npy_intp dims[2] = {x->spixels, x->fpixels};
+    return (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+}
+
+static PyObject *py_simulate(PyObject *self, PyObject *args)
+{
+    PyObject *o, *outobj = Py_None;
+    int want_report = 0;
+    if (!PyArg_ParseTuple(args, "O|pO:simulate", &o, &want_report, &outobj)) return NULL;
+    if (!exp_check(o, "simulate")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    PyArrayObject *img;
+    if (outobj == Py_None) {
+        img = new_image(x);
+        if (img == NULL) return NULL;
+    } else {
+        /* the caller's buffer, written in place: it must be exactly what the library writes (no copy back) */
+        if (!PyArray_Check(outobj) || PyArray_TYPE((PyArrayObject *)outobj) != NPY_FLOAT32 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)outobj) || !PyArray_ISWRITEABLE((PyArrayObject *)outobj) ||
+            PyArray_SIZE((PyArrayObject *)outobj) != (npy_intp)x->fpixels * x->spixels) {
+            return PyErr_Format(PyExc_ValueError, "out: expected a writable C-contiguous float32 array of shape "
+                                "(%d, %d)", x->spixels, x->fpixels);
+        }
+        img = (PyArrayObject *)Py_NewRef(outobj);
+    }
+    nbg_report r;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_simulate(x->ctx, &x->cli.e, PyArray_DATA(img), (size_t)PyArray_SIZE(img), &r);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        Py_DECREF(img);
+        return NULL;
+    }
+    exp_unlock(x);
+    if (want_report) {
+        return Py_BuildValue("(NN)", img, report_dict(&r));
+    }
+    return (PyObject *)img;
+}
+
+/* The library call alone, timed inside the extension (for bench/bench_python.py): seconds of each of n calls,
+ * into a preallocated image, without the GIL or the array's allocation. */
+static PyObject *py_time_simulate(PyObject *self, PyObject *args)
+{
+    PyObject *o;
+    int n;
+    if (!PyArg_ParseTuple(args, "Oi:_time_simulate", &o, &n)) return NULL;
+    if (!exp_check(o, "_time_simulate")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    const size_t npix = (size_t)x->fpixels * x->spixels;
+    float *img = malloc(npix * sizeof(float));
+    PyObject *out = PyList_New(0);
+    if (img == NULL || out == NULL) {
+        free(img);
+        Py_XDECREF(out);
+        return PyErr_NoMemory();
+    }
+    exp_lock(x);
+    for (int i = 0; i < n; ++i) {
+        struct timespec t0, t1;
+        int st;
+        Py_BEGIN_ALLOW_THREADS
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        st = nbg_simulate(x->ctx, &x->cli.e, img, npix, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        Py_END_ALLOW_THREADS
+        if (st != NBG_OK) {
+            raise_ctx(x->ctx, st);
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *t = PyFloat_FromDouble((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        PyList_Append(out, t);
+        Py_DECREF(t);
+    }
+    exp_unlock(x);
+    free(img);
+    return out;
+}
+
+/* A list of parameter names into a mask and an order; "F" sets *want_F. */
+static int parse_params(PyObject *list, nbg_param_mask *mask, nbg_param *order, int *n, int *want_F)
+{
+    PyObject *fast = PySequence_Fast(list, "params must be a sequence of parameter names");
+    if (fast == NULL) return 0;
+    *mask = 0;
+    *n = 0;
+    *want_F = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "F") == 0) {
+            *want_F = 1;
+            continue;
+        }
+        int p = param_index(item);
+        if (p < 0) {
+            Py_DECREF(fast);
+            return 0;
+        }
+        if (*mask & NBG_MASK(p)) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_ValueError, "parameter '%s' is listed twice", nbg_param_name((nbg_param)p));
+            return 0;
+        }
+        *mask |= NBG_MASK(p);
+        if (order != NULL) order[*n] = (nbg_param)p;
+        ++*n;
+    }
+    Py_DECREF(fast);
+    return 1;
+}
+
+/* The dF buffer for NBG_MASK_F: a (nh, nk, nl) array with a table, a 1-element one without. */
+static PyArrayObject *new_dF(const ExperimentObject *x)
+{
+    const nbg_hkl *h = x->cli.e.hkl;
+    if (h == NULL) {
+        npy_intp one = 1;
+        return (PyArrayObject *)PyArray_ZEROS(1, &one, NPY_FLOAT64, 0);
+    }
+    npy_intp dims[3] = {h->h_max - h->h_min + 1, h->k_max - h->k_min + 1, h->l_max - h->l_min + 1};
+    return (PyArrayObject *)PyArray_ZEROS(3, dims, NPY_FLOAT64, 0);
+}
+
+/* {name: dL/dtheta} (and "F": the table's gradient, or dL/d(default_F) as a float without a table) */
+static PyObject *grad_dict(const nbg_grad *g, nbg_param_mask mask, PyArrayObject *dF, int table)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (mask & NBG_MASK(p)) SET(d, nbg_param_name((nbg_param)p), PyFloat_FromDouble(g->g[p]));
+    }
+    if (dF != NULL) {
+        if (table) {
+            SET(d, "F", Py_NewRef((PyObject *)dF));
+        } else {
+            SET(d, "F", PyFloat_FromDouble(((double *)PyArray_DATA(dF))[0]));
+        }
+    }
+    return d;
+}
+
+/* grad(exp, dLdI, params) -> (dict, image) */
+static PyObject *py_grad(PyObject *self, PyObject *args)
+{
+    PyObject *o, *dobj, *plist;
+    if (!PyArg_ParseTuple(args, "OOO:grad", &o, &dobj, &plist)) return NULL;
+    if (!exp_check(o, "grad")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    nbg_param_mask mask;
+    int n, want_F;
+    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
+    const size_t npix = (size_t)x->fpixels * x->spixels;
+    PyArrayObject *dLdI = as_image(dobj, "dLdI", NPY_FLOAT32, x->spixels, x->fpixels, npix);
+    if (dLdI == NULL) return NULL;
+    PyArrayObject *img = new_image(x), *dF = want_F ? new_dF(x) : NULL;
+    PyObject *out = NULL;
+    if (img == NULL || (want_F && dF == NULL)) goto done;
+    nbg_grad g = {{0}, NULL, 0};
+    if (dF != NULL) {
+        mask |= NBG_MASK_F;
+        g.dF = PyArray_DATA(dF);
+        g.ndF = (size_t)PyArray_SIZE(dF);
+    }
+    int st;
+    exp_lock(x);
+    const int table = x->cli.e.hkl != NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_simulate_grad(x->ctx, &x->cli.e, PyArray_DATA(dLdI), mask, &g, PyArray_DATA(img), npix, NULL);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+    } else {
+        out = Py_BuildValue("(NO)", grad_dict(&g, mask, dF, table), img);
+    }
+    exp_unlock(x);
+done:
+    Py_DECREF(dLdI);
+    Py_XDECREF(img);
+    Py_XDECREF(dF);
+    return out;
+}
+
+/* loss_grad(exp, observed, weights, loss, params) -> (L, dict, image) */
+static PyObject *py_loss_grad(PyObject *self, PyObject *args)
+{
+    PyObject *o, *oobj, *wobj, *plist;
+    int loss;
+    if (!PyArg_ParseTuple(args, "OOOiO:loss_grad", &o, &oobj, &wobj, &loss, &plist)) return NULL;
+    if (!exp_check(o, "loss_grad")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    nbg_param_mask mask;
+    int n, want_F;
+    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
+    const size_t npix = (size_t)x->fpixels * x->spixels;
+    PyArrayObject *obs = as_image(oobj, "observed", NPY_FLOAT32, x->spixels, x->fpixels, npix), *w = NULL;
+    if (obs == NULL) return NULL;
+    if (wobj != Py_None && (w = as_image(wobj, "weights", NPY_FLOAT32, x->spixels, x->fpixels, npix)) == NULL) {
+        Py_DECREF(obs);
+        return NULL;
+    }
+    PyArrayObject *img = new_image(x), *dF = want_F ? new_dF(x) : NULL;
+    PyObject *out = NULL;
+    if (img == NULL || (want_F && dF == NULL)) goto done;
+    nbg_grad g = {{0}, NULL, 0};
+    if (dF != NULL) {
+        mask |= NBG_MASK_F;
+        g.dF = PyArray_DATA(dF);
+        g.ndF = (size_t)PyArray_SIZE(dF);
+    }
+    double L = 0;
+    int st;
+    exp_lock(x);
+    const int table = x->cli.e.hkl != NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_loss_grad(x->ctx, &x->cli.e, (nbg_loss)loss, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, mask,
+                       &L, &g, PyArray_DATA(img), npix);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+    } else {
+        out = Py_BuildValue("(dNO)", L, grad_dict(&g, mask, dF, table), img);
+    }
+    exp_unlock(x);
+done:
+    Py_DECREF(obs);
+    Py_XDECREF(w);
+    Py_XDECREF(img);
+    Py_XDECREF(dF);
+    return out;
+}
+
+/* jvp(exp, params) -> (tangents (n, slow, fast) float64, image) */
+static PyObject *py_jvp(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    if (!PyArg_ParseTuple(args, "OO:jvp", &o, &plist)) return NULL;
+    if (!exp_check(o, "jvp")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    nbg_param order[NBG_NPARAMS];
+    nbg_param_mask mask;
+    int n = 0, want_F;
+    /* jvp keeps the caller's order (tangent j is params[j]); repeated names are refused by parse_params */
+    if (!parse_params(plist, &mask, order, &n, &want_F)) return NULL;
+    if (want_F) {
+        PyErr_SetString(PyExc_ValueError, "jvp: 'F' has no single tangent (use grad for the table)");
+        return NULL;
+    }
+    npy_intp dims[3] = {n, x->spixels, x->fpixels};
+    PyArrayObject *tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64), *img = new_image(x);
+    PyObject *out = NULL;
+    if (tan != NULL && img != NULL) {
+        int st;
+        exp_lock(x);
+        Py_BEGIN_ALLOW_THREADS
+        st = nbg_simulate_jvp(x->ctx, &x->cli.e, order, n, PyArray_DATA(tan), PyArray_DATA(img),
+                              (size_t)x->fpixels * x->spixels);
+        Py_END_ALLOW_THREADS
+        if (st != NBG_OK) {
+            raise_ctx(x->ctx, st);
+        } else {
+            out = Py_BuildValue("(OO)", tan, img);
+        }
+        exp_unlock(x);
+    }
+    Py_XDECREF(tan);
+    Py_XDECREF(img);
+    return out;
+}
+
+/* The progress callback of nbg_refine runs without the GIL; it takes it for the Python callable.  An exception
+ * raised by the callable is kept and re-raised after the refinement (the library cannot be stopped early). */
+typedef struct {
+    PyObject *fn;
+    PyObject *exc_type, *exc_value, *exc_tb;
+} progress_ctx;
+
+static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
+{
+    progress_ctx *p = user;
+    PyGILState_STATE gs = PyGILState_Ensure();
+    if (p->exc_type == NULL) {
+        PyObject *r = PyObject_CallFunction(p->fn, "iddd", iter, loss, gnorm, step);
+        if (r == NULL) {
+            PyErr_Fetch(&p->exc_type, &p->exc_value, &p->exc_tb);
+        }
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(gs);
+}
+
+/* refine(exp, observed, weights, params, method, loss, max_iter, ftol, gtol, progress) -> dict */
+static PyObject *py_refine(PyObject *self, PyObject *args)
+{
+    PyObject *o, *oobj, *wobj, *plist, *progress;
+    int method, loss, max_iter;
+    double ftol, gtol;
+    if (!PyArg_ParseTuple(args, "OOOOiiiddO:refine", &o, &oobj, &wobj, &plist, &method, &loss, &max_iter, &ftol,
+                          &gtol, &progress))
+        return NULL;
+    if (!exp_check(o, "refine")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    nbg_param order[NBG_NPARAMS];
+    nbg_param_mask mask;
+    int n, want_F;
+    if (!parse_params(plist, &mask, order, &n, &want_F)) return NULL;
+    if (want_F || n == 0) {
+        PyErr_SetString(PyExc_ValueError, "refine: list one or more parameters (not 'F')");
+        return NULL;
+    }
+    const size_t npix = (size_t)x->fpixels * x->spixels;
+    PyArrayObject *obs = as_image(oobj, "observed", NPY_FLOAT32, x->spixels, x->fpixels, npix), *w = NULL;
+    if (obs == NULL) return NULL;
+    if (wobj != Py_None && (w = as_image(wobj, "weights", NPY_FLOAT32, x->spixels, x->fpixels, npix)) == NULL) {
+        Py_DECREF(obs);
+        return NULL;
+    }
+    nbg_refine_options opt;
+    nbg_refine_options_default(&opt);
+    opt.method = (nbg_optimizer)method;
+    opt.loss = (nbg_loss)loss;
+    opt.max_iter = max_iter;
+    opt.ftol = ftol;
+    opt.gtol = gtol;
+    progress_ctx pc = {progress, NULL, NULL, NULL};
+    if (progress != Py_None) {
+        opt.progress = refine_progress;
+        opt.user = &pc;
+    }
+    nbg_refine_result *res = calloc(1, sizeof *res);
+    PyObject *out = NULL;
+    if (res == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_refine(x->ctx, &x->cli.e, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, npix, order, n, &opt,
+                    res);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        goto done;
+    }
+    exp_unlock(x);
+    if (pc.exc_type != NULL) {
+        PyErr_Restore(pc.exc_type, pc.exc_value, pc.exc_tb); /* steals the three references */
+        pc.exc_type = pc.exc_value = pc.exc_tb = NULL;
+        goto done;
+    }
+    PyObject *names = PyList_New(res->nparams);
+    npy_intp dims[2] = {res->nparams, res->nparams};
+    PyArrayObject *corr = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT64);
+    if (names == NULL || corr == NULL) {
+        Py_XDECREF(names);
+        Py_XDECREF(corr);
+        goto done;
+    }
+    for (int j = 0; j < res->nparams; ++j) {
+        PyList_SET_ITEM(names, j, PyUnicode_FromString(nbg_param_name(res->params[j])));
+    }
+    memcpy(PyArray_DATA(corr), res->corr, (size_t)res->nparams * res->nparams * sizeof(double));
+    out = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:d,s:d,s:i,s:O}", "params", names, "start",
+                        vec(res->start, res->nparams),
+                        "value", vec(res->value, res->nparams), "sigma", vec(res->sigma, res->nparams), "corr", corr,
+                        "start_loss", res->start_loss, "loss", res->loss, "iterations", res->iterations, "converged",
+                        res->converged ? Py_True : Py_False);
+done:
+    Py_XDECREF(pc.exc_type);
+    Py_XDECREF(pc.exc_value);
+    Py_XDECREF(pc.exc_tb);
+    free(res);
+    Py_DECREF(obs);
+    Py_XDECREF(w);
+    return out;
+}
+
+/* gradcheck(exp, params, rtol, h_scale) -> list of dicts */
+static PyObject *py_gradcheck(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    double rtol, hscale;
+    if (!PyArg_ParseTuple(args, "OOdd:gradcheck", &o, &plist, &rtol, &hscale)) return NULL;
+    if (!exp_check(o, "gradcheck")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    nbg_param_mask mask;
+    int n, want_F, nres = 0;
+    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
+    if (want_F) mask |= NBG_MASK_F;
+    nbg_gradcheck_result res[NBG_NPARAMS + 1];
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_gradcheck(x->ctx, &x->cli.e, mask, rtol, hscale, res, NBG_NPARAMS + 1, &nres);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        return NULL;
+    }
+    exp_unlock(x);
+    PyObject *out = PyList_New(nres);
+    for (int i = 0; out != NULL && i < nres; ++i) {
+        PyObject *d = Py_BuildValue("{s:s,s:d,s:d,s:d,s:d,s:d,s:l,s:O,s:s}", "param", nbg_param_name(res[i].param),
+                                    "adjoint", res[i].adjoint, "numeric", res[i].numeric, "relerr", res[i].relerr,
+                                    "step", res[i].step, "order", res[i].order, "excluded", res[i].excluded,
+                                    "passed", res[i].pass ? Py_True : Py_False, "reason", res[i].reason);
+        if (d == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, d);
+    }
+    return out;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Files                                                                                                      */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* Runs a file call with a scratch context and the GIL released; raises on failure.  The call is a statement
+ * using `ctx` and assigning `st`. */
+#define FILE_CALL(call)                                                                                             \
+    nbg_ctx *ctx = scratch_ctx();                                                                                   \
+    int st = NBG_EINVAL;                                                                                            \
+    if (ctx != NULL) {                                                                                              \
+        Py_BEGIN_ALLOW_THREADS                                                                                      \
+        st = (call);                                                                                                \
+        Py_END_ALLOW_THREADS                                                                                        \
+        if (st != NBG_OK) raise_ctx(ctx, st);                                                                       \
+        nbg_ctx_destroy(ctx);                                                                                       \
+    }
+
+static PyObject *py_read_hkl(PyObject *self, PyObject *args)
+{
+    PyObject *path;
+    double defF = 0;
+    int fdump = 0;
+    if (!PyArg_ParseTuple(args, "O&|dp:read_hkl", PyUnicode_FSConverter, &path, &defF, &fdump)) return NULL;
+    nbg_hkl h = {0};
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(fdump ? nbg_hkl_read_fdump(ctx, p, &h) : nbg_hkl_read(ctx, p, defF, &h));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    npy_intp dims[3] = {h.h_max - h.h_min + 1, h.k_max - h.k_min + 1, h.l_max - h.l_min + 1};
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
+    if (a != NULL) memcpy(PyArray_DATA(a), h.F, (size_t)PyArray_SIZE(a) * sizeof(double));
+    nbg_hkl_free(&h);
+    if (a == NULL) return NULL;
+    return Py_BuildValue("(N(iii)l)", a, h.h_min, h.k_min, h.l_min, h.nrefl);
+}
+
+static PyObject *py_write_fdump(PyObject *self, PyObject *args)
+{
+    PyObject *path, *fobj;
+    int h0, k0, l0;
+    if (!PyArg_ParseTuple(args, "O&O(iii):write_fdump", PyUnicode_FSConverter, &path, &fobj, &h0, &k0, &l0))
+        return NULL;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(fobj, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL || PyArray_NDIM(a) != 3) {
+        Py_XDECREF(a);
+        Py_DECREF(path);
+        return PyErr_Format(PyExc_ValueError, "F: expected a 3-d array (nh, nk, nl)");
+    }
+    nbg_hkl h = {h0, h0 + (int)PyArray_DIM(a, 0) - 1, k0, k0 + (int)PyArray_DIM(a, 1) - 1, l0,
+                 l0 + (int)PyArray_DIM(a, 2) - 1, PyArray_DATA(a), (long)PyArray_SIZE(a)};
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_hkl_write_fdump(ctx, p, &h));
+    Py_DECREF(path);
+    Py_DECREF(a);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *smv_dict(const nbg_smv_header *h)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    SET(d, "fpixels", PyLong_FromLong(h->fpixels));
+    SET(d, "spixels", PyLong_FromLong(h->spixels));
+    SET(d, "pixel", PyFloat_FromDouble(h->pixel));
+    SET(d, "distance", PyFloat_FromDouble(h->distance));
+    SET(d, "close_distance", PyFloat_FromDouble(h->close_distance));
+    SET(d, "lambda", PyFloat_FromDouble(h->lambda));
+    SET(d, "Xbeam", PyFloat_FromDouble(h->Xbeam));
+    SET(d, "Ybeam", PyFloat_FromDouble(h->Ybeam));
+    SET(d, "Fbeam", PyFloat_FromDouble(h->Fbeam));
+    SET(d, "Sbeam", PyFloat_FromDouble(h->Sbeam));
+    SET(d, "detsize_s", PyFloat_FromDouble(h->detsize_s));
+    SET(d, "dials_origin", vec(h->dials_origin, 3));
+    SET(d, "ORGX", PyFloat_FromDouble(h->ORGX));
+    SET(d, "ORGY", PyFloat_FromDouble(h->ORGY));
+    SET(d, "phi0", PyFloat_FromDouble(h->phi0));
+    SET(d, "osc", PyFloat_FromDouble(h->osc));
+    SET(d, "twotheta", PyFloat_FromDouble(h->twotheta));
+    if (h->has_adc_offset) SET(d, "adc_offset", PyFloat_FromDouble(h->adc_offset));
+    return d;
+}
+
+static PyObject *Experiment_smv_header(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "smv_header")) return NULL;
+    nbg_report r;
+    nbg_smv_header h;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_describe(x->ctx, &x->cli.e, &r);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        exp_unlock(x);
+        return NULL;
+    }
+    exp_unlock(x);
+    nbg_smv_header_from_report(&r, &h);
+    return smv_dict(&h);
+}
+
+static int smv_from_dict(PyObject *d, nbg_smv_header *h)
+{
+    static const char *const keys[] = {"fpixels", "spixels", "pixel", "distance", "close_distance", "lambda",
+                                       "Xbeam", "Ybeam", "Fbeam", "Sbeam", "detsize_s", "dials_origin", "ORGX",
+                                       "ORGY", "phi0", "osc", "twotheta", "adc_offset", NULL};
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "header: expected a dict");
+        return 0;
+    }
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &val)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = 0;
+        for (int i = 0; k != NULL && keys[i] != NULL; ++i) known |= strcmp(k, keys[i]) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_ValueError, "header: unknown key %R", key);
+            return 0;
+        }
+    }
+    memset(h, 0, sizeof *h);
+    h->has_adc_offset = PyDict_GetItemString(d, "adc_offset") != NULL;
+    return get_int(d, "fpixels", &h->fpixels) && get_int(d, "spixels", &h->spixels) && get_num(d, "pixel", &h->pixel) &&
+           get_num(d, "distance", &h->distance) && get_num(d, "close_distance", &h->close_distance) &&
+           get_num(d, "lambda", &h->lambda) && get_num(d, "Xbeam", &h->Xbeam) && get_num(d, "Ybeam", &h->Ybeam) &&
+           get_num(d, "Fbeam", &h->Fbeam) && get_num(d, "Sbeam", &h->Sbeam) && get_num(d, "detsize_s", &h->detsize_s) &&
+           get_vec(d, "dials_origin", h->dials_origin, 3) && get_num(d, "ORGX", &h->ORGX) &&
+           get_num(d, "ORGY", &h->ORGY) && get_num(d, "phi0", &h->phi0) && get_num(d, "osc", &h->osc) &&
+           get_num(d, "twotheta", &h->twotheta) && get_num(d, "adc_offset", &h->adc_offset);
+}
+
+/* write_smv(path, header, data uint16 (spixels, fpixels)) */
+static PyObject *py_write_smv(PyObject *self, PyObject *args)
+{
+    PyObject *path, *hobj, *dobj;
+    if (!PyArg_ParseTuple(args, "O&OO:write_smv", PyUnicode_FSConverter, &path, &hobj, &dobj)) return NULL;
+    nbg_smv_header h;
+    if (!smv_from_dict(hobj, &h)) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    if (h.fpixels <= 0 || h.spixels <= 0) {
+        Py_DECREF(path);
+        return PyErr_Format(PyExc_ValueError, "header: fpixels and spixels must be positive");
+    }
+    PyArrayObject *a = as_image(dobj, "data", NPY_UINT16, h.spixels, h.fpixels, (size_t)h.fpixels * h.spixels);
+    if (a == NULL) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_smv(ctx, p, &h, PyArray_DATA(a)));
+    Py_DECREF(path);
+    Py_DECREF(a);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_read_smv(PyObject *self, PyObject *args)
+{
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:read_smv", PyUnicode_FSConverter, &path)) return NULL;
+    nbg_smv_header h;
+    uint16_t *data = NULL;
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_read_smv(ctx, p, &h, &data));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    npy_intp dims[2] = {h.spixels, h.fpixels};
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_UINT16);
+    if (a != NULL) memcpy(PyArray_DATA(a), data, (size_t)PyArray_SIZE(a) * sizeof(uint16_t));
+    free(data);
+    if (a == NULL) return NULL;
+    return Py_BuildValue("(NN)", a, smv_dict(&h));
+}
+
+/* write_float(path, image): any float image, written as float32 */
+static PyObject *py_write_float(PyObject *self, PyObject *args)
+{
+    PyObject *path, *iobj;
+    if (!PyArg_ParseTuple(args, "O&O:write_float", PyUnicode_FSConverter, &path, &iobj)) return NULL;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(iobj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_float(ctx, p, PyArray_DATA(a), (size_t)PyArray_SIZE(a)));
+    Py_DECREF(path);
+    Py_DECREF(a);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyArrayObject *image2d(PyObject *obj, const char *name)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a != NULL && PyArray_NDIM(a) != 2) {
+        Py_DECREF(a);
+        PyErr_Format(PyExc_ValueError, "%s: expected a 2-d image (slow, fast)", name);
+        return NULL;
+    }
+    return a;
+}
+
+static PyObject *py_write_pgm(PyObject *self, PyObject *args)
+{
+    PyObject *path, *iobj;
+    double scale;
+    if (!PyArg_ParseTuple(args, "O&Od:write_pgm", PyUnicode_FSConverter, &path, &iobj, &scale)) return NULL;
+    PyArrayObject *a = image2d(iobj, "image");
+    if (a == NULL) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_pgm(ctx, p, PyArray_DATA(a), (int)PyArray_DIM(a, 1), (int)PyArray_DIM(a, 0), scale));
+    Py_DECREF(path);
+    Py_DECREF(a);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int parse_roi(PyObject *o, int roi[4], int **proi)
+{
+    *proi = NULL;
+    if (o == Py_None) return 1;
+    if (!PyArg_ParseTuple(o, "iiii", &roi[0], &roi[1], &roi[2], &roi[3])) return 0;
+    *proi = roi;
+    return 1;
+}
+
+/* int_image(image, scale, adc, roi) -> uint16 array */
+static PyObject *py_int_image(PyObject *self, PyObject *args)
+{
+    PyObject *iobj, *roiobj;
+    double scale, adc;
+    int roi[4], *proi;
+    if (!PyArg_ParseTuple(args, "OddO:int_image", &iobj, &scale, &adc, &roiobj)) return NULL;
+    if (!parse_roi(roiobj, roi, &proi)) return NULL;
+    PyArrayObject *a = image2d(iobj, "image");
+    if (a == NULL) return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, PyArray_DIMS(a), NPY_UINT16);
+    if (out == NULL) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    FILE_CALL(nbg_int_image(ctx, PyArray_DATA(a), (int)PyArray_DIM(a, 1), (int)PyArray_DIM(a, 0), proi, scale, adc,
+                            PyArray_DATA(out)));
+    Py_DECREF(a);
+    if (st != NBG_OK) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return (PyObject *)out;
+}
+
+/* noise_image(image, seed, adc, roi) -> (uint16 array, photons, overloads) */
+static PyObject *py_noise_image(PyObject *self, PyObject *args)
+{
+    PyObject *iobj, *roiobj;
+    long seed;
+    double adc;
+    int roi[4], *proi;
+    if (!PyArg_ParseTuple(args, "OldO:noise_image", &iobj, &seed, &adc, &roiobj)) return NULL;
+    if (!parse_roi(roiobj, roi, &proi)) return NULL;
+    PyArrayObject *a = image2d(iobj, "image");
+    if (a == NULL) return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, PyArray_DIMS(a), NPY_UINT16);
+    if (out == NULL) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    long photons = 0, overloads = 0;
+    FILE_CALL(nbg_noise_image(ctx, PyArray_DATA(a), (int)PyArray_DIM(a, 1), (int)PyArray_DIM(a, 0), proi, adc, seed,
+                              PyArray_DATA(out), &photons, &overloads));
+    Py_DECREF(a);
+    if (st != NBG_OK) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return Py_BuildValue("(Nll)", out, photons, overloads);
+}
+
+/* read_image(path, frame, expect_npix) -> (flat float32 image, geometry dict or None, complete, mask or None) */
+static PyObject *py_read_image(PyObject *self, PyObject *args)
+{
+    PyObject *path;
+    int frame = 0;
+    Py_ssize_t expect = 0;
+    if (!PyArg_ParseTuple(args, "O&|in:read_image", PyUnicode_FSConverter, &path, &frame, &expect)) return NULL;
+    float *img = NULL;
+    uint8_t *mask = NULL;
+    size_t npix = 0;
+    nbg_geometry g;
+    int have = 0;
+    nbgi_geometry_init(&g);
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_read_image(ctx, p, frame, (size_t)expect, &img, &npix, &g, &have, &mask));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    npy_intp n = (npy_intp)npix;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    PyArrayObject *m = NULL;
+    if (a != NULL) memcpy(PyArray_DATA(a), img, npix * sizeof(float));
+    if (a != NULL && mask != NULL && (m = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8)) != NULL) {
+        memcpy(PyArray_DATA(m), mask, npix);
+    }
+    free(img);
+    free(mask);
+    if (a == NULL || (mask != NULL && m == NULL)) {
+        Py_XDECREF(a);
+        return NULL;
+    }
+    PyObject *gd = g.fpixels > 0 ? geometry_dict(&g) : Py_NewRef(Py_None);
+    return Py_BuildValue("(NNON)", a, gd, have ? Py_True : Py_False, m != NULL ? (PyObject *)m : Py_NewRef(Py_None));
+}
+
+static PyObject *py_read_expt(PyObject *self, PyObject *args)
+{
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:read_expt", PyUnicode_FSConverter, &path)) return NULL;
+    nbg_geometry g;
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_read_expt(ctx, p, &g));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    return geometry_dict(&g);
+}
+
+static PyObject *py_write_expt(PyObject *self, PyObject *args)
+{
+    PyObject *path, *gobj;
+    const char *images = "";
+    if (!PyArg_ParseTuple(args, "O&O|s:write_expt", PyUnicode_FSConverter, &path, &gobj, &images)) return NULL;
+    nbg_geometry g;
+    if (!geometry_from_dict(gobj, &g)) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_expt(ctx, p, &g, images));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* write_nxmx(path, geometry, frames (n, slow, fast) float32 or int32, mask) */
+static PyObject *py_write_nxmx(PyObject *self, PyObject *args)
+{
+    PyObject *path, *gobj, *fobj, *mobj;
+    if (!PyArg_ParseTuple(args, "O&OOO:write_nxmx", PyUnicode_FSConverter, &path, &gobj, &fobj, &mobj)) return NULL;
+    nbg_geometry g;
+    PyArrayObject *a = NULL, *m = NULL;
+    PyObject *out = NULL;
+    if (!geometry_from_dict(gobj, &g)) goto done;
+    /* integers stay integers (counts); anything else is written as float32 */
+    const int isint = PyArray_Check(fobj) && PyArray_ISINTEGER((PyArrayObject *)fobj);
+    a = (PyArrayObject *)PyArray_FROM_OTF(fobj, isint ? NPY_INT32 : NPY_FLOAT32,
+                                          NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) goto done;
+    const npy_intp npix = (npy_intp)g.fpixels * g.spixels;
+    if (npix <= 0 || PyArray_SIZE(a) == 0 || PyArray_SIZE(a) % npix != 0 ||
+        (PyArray_NDIM(a) >= 2 && (PyArray_DIM(a, PyArray_NDIM(a) - 1) != g.fpixels ||
+                                  PyArray_DIM(a, PyArray_NDIM(a) - 2) != g.spixels))) {
+        PyErr_Format(PyExc_ValueError, "frames: expected shape (nframes, %d, %d)", g.spixels, g.fpixels);
+        goto done;
+    }
+    if (mobj != Py_None) {
+        m = as_image(mobj, "mask", NPY_UINT8, g.spixels, g.fpixels, (size_t)npix);
+        if (m == NULL) goto done;
+    }
+    const int nframes = (int)(PyArray_SIZE(a) / npix);
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_nxmx(ctx, p, &g, isint ? NBG_DATA_INT32 : NBG_DATA_FLOAT32, PyArray_DATA(a), nframes,
+                             m != NULL ? PyArray_DATA(m) : NULL));
+    if (st == NBG_OK) out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(path);
+    Py_XDECREF(a);
+    Py_XDECREF(m);
+    return out;
+}
+
+/* write_cbf(path, geometry, data int32 (slow, fast), frame) */
+static PyObject *py_write_cbf(PyObject *self, PyObject *args)
+{
+    PyObject *path, *gobj, *dobj;
+    int frame = 0;
+    if (!PyArg_ParseTuple(args, "O&OO|i:write_cbf", PyUnicode_FSConverter, &path, &gobj, &dobj, &frame)) return NULL;
+    nbg_geometry g;
+    PyArrayObject *a = NULL;
+    PyObject *out = NULL;
+    if (!geometry_from_dict(gobj, &g)) goto done;
+    a = as_image(dobj, "data", NPY_INT32, g.spixels, g.fpixels, (size_t)g.fpixels * g.spixels);
+    if (a == NULL) goto done;
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_write_cbf(ctx, p, &g, frame, PyArray_DATA(a)));
+    if (st == NBG_OK) out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(path);
+    Py_XDECREF(a);
+    return out;
+}
+
+/* Every flag name the parser accepts (nbgi_cli_flags_list), for the keyword check. */
+static PyObject *py_flag_names(PyObject *self, PyObject *unused)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f == NULL) return PyErr_NoMemory();
+    nbgi_cli_flags_list(f);
+    fclose(f);
+    PyObject *s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)len, "replace");
+    free(buf);
+    if (s == NULL) return NULL;
+    PyObject *l = PyUnicode_Splitlines(s, 0);
+    Py_DECREF(s);
+    return l;
+}
+
+static PyObject *py_param_names(PyObject *self, PyObject *unused)
+{
+    PyObject *l = PyList_New(NBG_NPARAMS);
+    for (int p = 0; l != NULL && p < NBG_NPARAMS; ++p) {
+        PyList_SET_ITEM(l, p, PyUnicode_FromString(nbg_param_name((nbg_param)p)));
+    }
+    return l;
+}
+
+static PyMethodDef module_methods[] = {
+    {"simulate", py_simulate, METH_VARARGS, "simulate(exp, report=False, out=None) -> image"},
+    {"_time_simulate", py_time_simulate, METH_VARARGS, "seconds of n library calls (benchmark)"},
+    {"grad", py_grad, METH_VARARGS, "grad(exp, dLdI, params) -> (dict, image)"},
+    {"loss_grad", py_loss_grad, METH_VARARGS, "loss_grad(exp, observed, weights, loss, params) -> (L, dict, image)"},
+    {"jvp", py_jvp, METH_VARARGS, "jvp(exp, params) -> (tangents, image)"},
+    {"refine", py_refine, METH_VARARGS, "refine(...) -> dict"},
+    {"gradcheck", py_gradcheck, METH_VARARGS, "gradcheck(exp, params, rtol, h_scale) -> list of dicts"},
+    {"read_hkl", py_read_hkl, METH_VARARGS, "read_hkl(path, default_F=0, fdump=False) -> (F, origin, nrefl)"},
+    {"write_fdump", py_write_fdump, METH_VARARGS, "write_fdump(path, F, origin)"},
+    {"write_smv", py_write_smv, METH_VARARGS, "write_smv(path, header, data)"},
+    {"read_smv", py_read_smv, METH_VARARGS, "read_smv(path) -> (data, header)"},
+    {"write_float", py_write_float, METH_VARARGS, "write_float(path, image)"},
+    {"write_pgm", py_write_pgm, METH_VARARGS, "write_pgm(path, image, scale)"},
+    {"int_image", py_int_image, METH_VARARGS, "int_image(image, scale, adc, roi) -> uint16 image"},
+    {"noise_image", py_noise_image, METH_VARARGS, "noise_image(image, seed, adc, roi) -> (image, photons, overloads)"},
+    {"read_image", py_read_image, METH_VARARGS,
+     "read_image(path, frame, expect_npix) -> (image, geom, complete, mask)"},
+    {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
+    {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
+    {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},
+    {"write_cbf", py_write_cbf, METH_VARARGS, "write_cbf(path, geometry, data, frame=0)"},
+    {"flag_names", py_flag_names, METH_NOARGS, "every flag name the parser accepts"},
+    {"param_names", py_param_names, METH_NOARGS, "the differentiable parameters' names"},
+    {NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad._nbgrad", "libnbgrad's calls.", -1,
+                                    module_methods};
+
+static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const char *doc)
+{
+    char full[64];
+    snprintf(full, sizeof full, "nbgrad.%s", name);
+    PyObject *e = PyErr_NewExceptionWithDoc(full, doc, bases, NULL);
+    Py_DECREF(bases);
+    if (e != NULL && PyModule_AddObjectRef(m, name, e) < 0) {
+        Py_CLEAR(e);
+    }
+    return e;
+}
+
+PyMODINIT_FUNC PyInit__nbgrad(void)
+{
+    import_array();
+    if (PyType_Ready(&ExperimentType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Experiment", (PyObject *)&ExperimentType) < 0) goto fail;
+    Error = new_error(m, "Error", Py_BuildValue("(O)", PyExc_RuntimeError), "A library call failed (nbg_errmsg).");
+    if (Error == NULL) goto fail;
+    InvalidError = new_error(m, "InvalidError", Py_BuildValue("(OO)", Error, PyExc_ValueError),
+                             "An invalid argument or experiment (NBG_EINVAL).");
+    MemError = new_error(m, "LimitError", Py_BuildValue("(OO)", Error, PyExc_MemoryError),
+                         "An allocation failed or went over the context's limits (NBG_ENOMEM).");
+    FileError = new_error(m, "FileError", Py_BuildValue("(OO)", Error, PyExc_OSError),
+                          "A file could not be opened, read or written (NBG_EIO).");
+    FormatError = new_error(m, "FormatError", Py_BuildValue("(OO)", Error, PyExc_ValueError),
+                            "A file's content is malformed (NBG_EFORMAT).");
+    UnsupportedError = new_error(m, "UnsupportedError", Py_BuildValue("(OO)", Error, PyExc_NotImplementedError),
+                                 "Not supported by this backend or build (NBG_EUNSUP).");
+    DeviceError = new_error(m, "DeviceError", Py_BuildValue("(O)", Error), "No GPU, or a CUDA call failed.");
+    if (!InvalidError || !MemError || !FileError || !FormatError || !UnsupportedError || !DeviceError) goto fail;
+    PyModule_AddStringConstant(m, "LIBRARY_VERSION", NBG_VERSION);
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
