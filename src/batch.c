@@ -405,7 +405,8 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     int status = 1;
     float *img = NULL;
     shot_list shots = {0};
-    nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, NULL, 0);
+    const nbgi_cli_path_ref extra[] = {{"-shots", &o.shots, 0}};
+    nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, extra, 1);
     if (ctx == NULL) {
         if (c.help) {
             printf("usage: nbgrad batch <nanoBragg flags> -shots LIST [-overwrite] with {id} in the output names, "

@@ -1336,7 +1336,7 @@ void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r)
 /* Common set-up of a subcommand: parse, check the run's files (extra: the subcommand's own, n of them), create the
  * context, load files, check the mask's size.  Returns the context, or NULL (after printing the error, or after
  * -h, with c->help set). */
-nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path *extra, int n)
+nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path_ref *extra, int n)
 {
     nbg_ctx *ctx = NULL;
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
@@ -1354,7 +1354,14 @@ nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbg
     nbg_ctx_destroy(ctx);
     ctx = NULL;
     /* the same file named twice, or an output that is an input: refused before any work */
-    if (!nbgi_cli_check_paths(c, extra, n)) {
+    nbgi_cli_path paths[16];
+    const int np = n < 16 ? n : 16;
+    for (int i = 0; i < np; ++i) {
+        paths[i].flag = extra[i].flag;
+        paths[i].path = *extra[i].ref;
+        paths[i].output = extra[i].output;
+    }
+    if (!nbgi_cli_check_paths(c, paths, np)) {
         return NULL;
     }
     const int rc = nbg_ctx_create(&ctx, c->backend, c->precision, c->threads);

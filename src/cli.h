@@ -94,9 +94,14 @@ typedef struct {
     int output;
 } nbgi_cli_path;
 /* Common set-up of a subcommand: parse argv[first..], check the run's files (extra: the subcommand's own, n of
- * them), create the context with the flags' backend, precision, threads and limits, load the files the flags name,
+ * them, each read through its field after parsing), create the context with the flags' backend, precision, threads and limits, load the files the flags name,
  * check the mask's size.  Returns the context, or NULL after printing the error (or after -h: c->help is set). */
-nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path *extra, int n);
+typedef struct {
+    const char *flag;
+    const char *const *ref; /* the field the subcommand's flag sets: read after parsing */
+    int output;
+} nbgi_cli_path_ref;
+nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbgi_cli_path_ref *extra, int n);
 /* The subcommands of src/batch.c: many shots (batch), and writing a shot list (shots). */
 int nbgi_cmd_batch(int argc, char **argv, int first);
 int nbgi_cmd_shots(int argc, char **argv, int first);

@@ -251,8 +251,11 @@ static int grad_flags(nbgi_cli *c, int argc, char **argv, int i)
 /* Common set-up of a subcommand (nbgi_cli_setup) with the gradient subcommands' files; o is NULL for simulate. */
 static nbg_ctx *setup(nbgi_cli *c, int argc, char **argv, int first, const grad_opts *o)
 {
-    const nbgi_cli_path extra[] = {{"-observed", o ? o->observed : NULL, 0}, {"-weights", o ? o->weights : NULL, 0},
-                                  {"-json", o ? o->json : NULL, 1}, {"-residual", o ? o->residual : NULL, 1}};
+    if (o == NULL) {
+        return nbgi_cli_setup(c, argc, argv, first, NULL, 0);
+    }
+    const nbgi_cli_path_ref extra[] = {{"-observed", &o->observed, 0}, {"-weights", &o->weights, 0},
+                                      {"-json", &o->json, 1}, {"-residual", &o->residual, 1}};
     return nbgi_cli_setup(c, argc, argv, first, extra, 4);
 }
 
