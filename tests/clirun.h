@@ -77,9 +77,11 @@ static inline int exists_in(const char *dir, const char *name)
     return stat(path, &st) == 0;
 }
 
-/* Runs the program with argv (NULL-terminated, argv[0] excluded) in r->work. */
+/* Runs the program with argv (NULL-terminated, argv[0] excluded) in r->work (a result may be run again: its
+ * previous output is freed). */
 static inline void run_in(run_result *r, const char *const *args)
 {
+    result_free(r);
     char outp[PATH_MAX + 16], errp[PATH_MAX + 16];
     snprintf(outp, sizeof outp, "%s/stdout.txt", r->dir);
     snprintf(errp, sizeof errp, "%s/stderr.txt", r->dir);
