@@ -12,6 +12,9 @@
  *     step left at the final point measured in standard errors, sqrt(d^T Cov^-1 d) with d = -H^-1 g: below stol
  *     the fit is done; a stop on ftol, gtol or "no step lowers the loss" counts as converged only when that step is
  *     within one standard error; a parameter ending at a bound of its range is never converged.
+ *   - The image-level parameters (scale, background plane) enter the model linearly: when refined, they start
+ *     from their least-squares values at the start (if that lowers the loss), and under the Poisson loss a trial
+ *     point whose model has no photons where the data have some is refused (a plane crossing zero).
  *   - The loss is the image model's (M = scale I + B, src/model.c) against the observed counts through the
  *     detector response; pixels outside the ROI or the mask, and those of weight 0, are left out of everything
  *     (loss, information matrix, the count of observations).
@@ -63,6 +66,7 @@ typedef struct {
     size_t nobs;                 /* pixels in the loss */
     double *T;                   /* n * npix tangent images */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
+    double dstep[NBG_NPARAMS];   /* the Gauss-Newton step -H^-1 g from there */
     double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
     double scale[NBG_NPARAMS];   /* BFGS variable scaling */
     int evals;
@@ -97,6 +101,18 @@ static int loss_trial(refine_ws *ws, double *L)
     if (rc == NBG_EINVAL) {
         *L = INFINITY;
         return NBG_OK;
+    }
+    if (rc == NBG_OK && ws->loss == NBG_LOSS_POISSON) {
+        /* a model without photons where the data have some is impossible under Poisson (the floor at 1e-12 keeps
+         * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
+        const nbg_detector_model *r = &ws->e.response;
+        const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+        for (size_t i = 0; i < ws->npix; ++i) {
+            if (ws->use[i] && ws->img[i] + sr <= 0 && (ws->obs[i] - r->pedestal) / r->gain + sr > 0) {
+                *L = INFINITY;
+                break;
+            }
+        }
     }
     return rc;
 }
@@ -177,6 +193,7 @@ static double step_sigma(refine_ws *ws, const double *g, const double *H, double
     double q = 0;
     for (int a = 0; a < n; ++a) {
         q += g[a] * d[a];
+        ws->dstep[a] = -d[a];
     }
     ws->dpred = q / 2;
     if (ws->loss == NBG_LOSS_LSQ) {
@@ -184,6 +201,86 @@ static double step_sigma(refine_ws *ws, const double *g, const double *H, double
         q = fac > 0 ? q / (2 * fac) : (q > 0 ? INFINITY : 0);
     }
     return sqrt(fmax(q, 0));
+}
+
+/* The image-level parameters being refined enter M linearly: start them at their least-squares values against
+ * y = (obs - pedestal) / gain, the others held, when that lowers the loss (a background of 0 under data with a
+ * floor is a poor start: the Poisson loss is steep where M vanishes). */
+static int linear_start(refine_ws *ws, double *x)
+{
+    int idx[4], k = 0;
+    for (int j = 0; j < ws->n; ++j) {
+        if (ws->params[j] >= NBG_P_SCALE && ws->params[j] <= NBG_P_BG_SLOW) {
+            idx[k++] = j;
+        }
+    }
+    if (k == 0) {
+        return NBG_OK;
+    }
+    /* the simulated photons I: the model with scale 1 and no background */
+    nbg_experiment e1 = ws->e;
+    e1.scale = 1;
+    e1.bg[0] = e1.bg[1] = e1.bg[2] = 0;
+    int rc = nbg_simulate(ws->ctx, &e1, ws->img, ws->npix, NULL);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbg_experiment *e = &ws->e;
+    double A[16] = {0}, b[4] = {0};
+    nbg_report rep;
+    rc = nbg_describe(ws->ctx, &e1, &rep);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    for (size_t i = 0; i < ws->npix; ++i) {
+        if (!ws->use[i]) {
+            continue;
+        }
+        const double xf = ((double)(i % (size_t)rep.fpixels) - 0.5 * (rep.fpixels - 1)) / NBG_BG_UNIT;
+        const double ys = ((double)(i / (size_t)rep.fpixels) - 0.5 * (rep.spixels - 1)) / NBG_BG_UNIT;
+        const double basis[4] = {ws->img[i], 1, xf, ys};
+        /* the fixed part of M, and the data */
+        double fixed = 0;
+        const double vals[4] = {e->scale, e->bg[0], e->bg[1], e->bg[2]};
+        for (int q = 0; q < 4; ++q) {
+            int refined = 0;
+            for (int a = 0; a < k; ++a) {
+                refined |= (int)ws->params[idx[a]] - (int)NBG_P_SCALE == q;
+            }
+            if (!refined) {
+                fixed += vals[q] * basis[q];
+            }
+        }
+        const double wi = ws->w ? ws->w[i] : 1.0;
+        const double y = (ws->obs[i] - e->response.pedestal) / e->response.gain - fixed;
+        for (int a = 0; a < k; ++a) {
+            const double ba = basis[ws->params[idx[a]] - NBG_P_SCALE];
+            b[a] += wi * ba * y;
+            for (int c = 0; c < k; ++c) {
+                A[a * k + c] += wi * ba * basis[ws->params[idx[c]] - NBG_P_SCALE];
+            }
+        }
+    }
+    if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', k, 1, A, k, b, 1) != 0) {
+        return NBG_OK; /* degenerate (no signal): keep the caller's start */
+    }
+    double L0, L1, xn[NBG_NPARAMS];
+    memcpy(xn, x, sizeof(double) * (size_t)ws->n);
+    for (int a = 0; a < k; ++a) {
+        xn[idx[a]] = b[a];
+    }
+    rc = loss_trial(ws, &L0);
+    if (rc != NBG_OK || !set_params(ws, xn)) {
+        set_params(ws, x);
+        return rc;
+    }
+    rc = loss_trial(ws, &L1);
+    if (rc == NBG_OK && L1 < L0) {
+        memcpy(x, xn, sizeof(double) * (size_t)ws->n);
+    } else {
+        set_params(ws, x);
+    }
+    return rc;
 }
 
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
@@ -444,24 +541,21 @@ void nbg_refine_options_default(nbg_refine_options *o)
     o->stol = 1e-3;
 }
 
-/* Whether x sits on a bound of p's range (a step of 1e-9 of its size to one side leaves it). */
-static int at_bound(nbg_param p, double x)
-{
-    const double h = 1e-9 * fmax(fabs(x), 1e-3);
-    return !nbg_param_in_bounds(p, x + h) || !nbg_param_in_bounds(p, x - h);
-}
 
 /* The final verdict: the optimizer's reason judged by the Gauss-Newton step left (res->step_sigma) and the
  * bounds; fills converged and why. */
 static void verdict(const refine_ws *ws, const double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const double ss = res->step_sigma;
-    for (int j = 0; j < ws->n; ++j) {
-        if (at_bound(ws->params[j], x[j])) {
+    for (int j = 0; j < ws->n && ss > opt->stol; ++j) {
+        /* the Gauss-Newton step from the final point leaves the parameter's range: the optimum lies beyond the
+         * bound the fit ended against */
+        if (isfinite(ws->dstep[j]) && !nbg_param_in_bounds(ws->params[j], x[j] + ws->dstep[j])) {
             res->reason = NBG_STOP_BOUND;
             res->converged = 0;
-            snprintf(res->why, sizeof res->why, "%s ended at %g, a bound of its range: the optimum lies at or beyond "
-                     "it and the standard errors do not apply", nbg_param_name(ws->params[j]), x[j]);
+            snprintf(res->why, sizeof res->why, "%s ended at %g against a bound of its range (the Gauss-Newton step "
+                     "leads to %g): the optimum lies beyond it; the standard errors do not apply",
+                     nbg_param_name(ws->params[j]), x[j], x[j] + ws->dstep[j]);
             return;
         }
     }
@@ -594,6 +688,9 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     rc = loss_only(&ws, &L0);
     if (rc == NBG_OK) {
         res->start_loss = L0;
+        rc = linear_start(&ws, x);
+    }
+    if (rc == NBG_OK) {
         rc = opt->method == NBG_OPT_LM ? refine_lm(&ws, x, opt, res) : refine_bfgs(&ws, x, opt, res);
     }
     if (rc == NBG_OK) {
