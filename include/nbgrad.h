@@ -340,13 +340,13 @@ typedef struct {
 
 /* Vector-Jacobian product: renders the image (nbg_simulate's model image M; see precision below) and returns
  * dL/dtheta = sum_p dLdI[p] * dM[p]/dtheta for every masked parameter, in one reverse pass (dLdI is dL/dM: the
- * adjoint kernel receives scale * dLdI; the image-level parameters' gradients are sums over the pixels).  Where a derivative
- * does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a rounding
- * boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP): the
- * -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
- * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not
- * free); the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend.
- * The gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
+ * adjoint kernel receives scale * dLdI; the image-level parameters' gradients are sums over the pixels).  Where a
+ * derivative does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a
+ * rounding boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP):
+ * the -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
+ * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not free);
+ * the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend. The
+ * gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
  * Precision: the CPU adjoint always computes in double (on an NBG_FLOAT context its image is the double one); the
  * CUDA adjoint follows the context (on NBG_FLOAT, float per-sample arithmetic: gradients to ~1e-4 relative, the
  * image nbg_simulate's float image to ~1e-6 of its maximum). */
@@ -355,7 +355,9 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
 
 /* Forward-mode tangents (sensitivity maps): for each of the nparams parameters, the image dI/dtheta in
  * tangents[j * npix .. (j+1) * npix) (double), computed in one pass over the detector together with the image.
- * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply. */
+ * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply.  The
+ * tangents are the model image's: scale * dI/dtheta, and for the image-level parameters I (scale), 1 (bg), x, y
+ * (bg_fast, bg_slow) on the active pixels. */
 int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
                      float *image, size_t npix);
 
@@ -446,14 +448,14 @@ typedef struct {
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);
-/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance > 0,
+/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance, scale > 0,
  * N >= 1, cell angles in (0, 180), mosaic >= 0, polarization in [-1, 1]). */
 int nbg_param_in_bounds(nbg_param p, double value);
 /* Fits the listed parameters of e to the observed image (npix floats, counts with e->response's pedestal and gain;
  * weights NULL = 1; pixels outside the ROI or e->mask are left out).  e is updated with the fitted values on
- * success, also when the fit did not converge (res->converged, res->reason say so).  The standard errors come from the information matrix at the optimum:
- * s^2 (J^T W J)^-1 with s^2 the reduced chi-square for least squares, the inverse Fisher information for the
- * Poisson loss. */
+ * success, also when the fit did not converge (res->converged, res->reason say so).  The standard errors come from
+ * the information matrix at the optimum: s^2 (J^T W J)^-1 with s^2 the reduced chi-square for least squares, the
+ * inverse Fisher information for the Poisson loss. */
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
                const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res);
 

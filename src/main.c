@@ -23,8 +23,9 @@ static void params_help(FILE *out)
 {
     fprintf(out, "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
                  "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n"
-                 "            scale bg bg_fast bg_slow (the image model: M = scale * I + bg + bg_fast * x + bg_slow * y,\n"
-                 "            x, y the pixel's fast, slow offset from the detector centre in thousands of pixels)\n"
+                 "            scale bg bg_fast bg_slow (the image model: M = scale * I + bg + bg_fast * x\n"
+                 "            + bg_slow * y, x, y the pixel's fast, slow offset from the detector centre in\n"
+                 "            thousands of pixels)\n"
                  "groups:     all (the parameters free in the experiment), cell, orientation, detector, background\n"
                  "exit status: 0 done; 1 an error; refine: 2 not converged, 3 converged but the fitted model's floor\n"
                  "            does not match the observed image's (a pedestal or background left out)\n");
@@ -518,10 +519,13 @@ static int floor_warning(nbg_ctx *ctx, const nbgi_cli *c, const float *obs, cons
         return 0;
     }
     if (fc.floor > fc.model_floor) {
+        double ped = fc.floor - fc.model_floor + c->e.response.pedestal;
+        if (fabs(ped - round(ped)) < 0.1) {
+            ped = round(ped); /* counts are integers; the model's floor carries a little of the spots' tails */
+        }
         printf("WARNING%s: the observed image has a floor of %g counts (5th percentile of %ld pixels) but the model's "
                "is %g: give its pedestal with -pedestal %.4g (nanoBragg's ADC offset is 40; -pedestal now %g) or "
-               "refine bg\n", when, fc.floor, fc.npix, fc.model_floor, fc.floor - fc.model_floor + c->e.response.pedestal,
-               c->e.response.pedestal);
+               "refine bg\n", when, fc.floor, fc.npix, fc.model_floor, ped, c->e.response.pedestal);
     } else {
         printf("WARNING%s: the observed image's floor of %g counts (5th percentile of %ld pixels) lies below the "
                "model's %g: the pedestal (-pedestal %g) or the background is too large\n", when, fc.floor, fc.npix,
@@ -868,12 +872,13 @@ static int cmd_refine(int argc, char **argv, int first)
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
-            grad_usage(CMD_REFINE, "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
-                                   "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
-                                   "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
-                                   "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
-                                   "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
-                                   "match the data's (pedestal or background missing)");
+            grad_usage(CMD_REFINE,
+                       "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
+                       "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
+                       "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
+                       "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
+                       "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
+                       "match the data's (pedestal or background missing)");
             status = 0;
         }
         c.extra = NULL;
