@@ -23,6 +23,7 @@
 #endif
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -35,7 +36,7 @@
 static const char *const param_names[NBG_NPARAMS] = {
     "a", "b", "c", "alpha", "beta", "gamma", "rotx", "roty", "rotz", "Na", "Nb", "Nc",
     "mosaic", "lambda", "fluence", "polar", "distance", "beam_fast", "beam_slow",
-    "det_rotx", "det_roty", "det_rotz", "twotheta"};
+    "det_rotx", "det_roty", "det_rotz", "twotheta", "scale", "bg", "bg_fast", "bg_slow"};
 
 const char *nbg_param_name(nbg_param p)
 {
@@ -75,6 +76,9 @@ static double *param_field(nbg_experiment *e, nbg_param p)
     case NBG_P_DET_ROTX: case NBG_P_DET_ROTY: case NBG_P_DET_ROTZ:
         return &e->det_rot[p - NBG_P_DET_ROTX];
     case NBG_P_TWOTHETA: return &e->twotheta;
+    case NBG_P_SCALE: return &e->scale;
+    case NBG_P_BG: case NBG_P_BG_FAST: case NBG_P_BG_SLOW:
+        return &e->bg[p - NBG_P_BG];
     default: return NULL;
     }
 }
@@ -99,11 +103,43 @@ int nbg_param_set(nbg_experiment *e, nbg_param p, double value)
     return NBG_OK;
 }
 
+void nbgi_debug_zero_adjoint(nbg_ctx *ctx, int param)
+{
+    if (ctx != NULL) {
+        ctx->zero_param = param;
+    }
+}
+
 void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 {
     if (ctx != NULL) {
         ctx->break_param = param;
     }
+}
+
+/* --- the image model M = scale * I + B ---------------------------------------------------------------------- */
+
+/* The image-level parameters' gradients from dL/dM and the simulated image I (before the model). */
+static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I, nbg_param_mask mask, double *g)
+{
+    double sG = 0, s0 = 0, sx = 0, sy = 0;
+    const size_t npix = (size_t)k->fpixels * k->spixels;
+    for (size_t i = 0; i < npix; ++i) {
+        if (!nbgi_model_active(k, i) || dLdM[i] == 0) {
+            continue;
+        }
+        double x, y;
+        nbgi_model_xy(k, i, &x, &y);
+        const double d = dLdM[i];
+        sG += d * I[i]; /* dM/dG = I */
+        s0 += d;        /* dM/dbg = 1 */
+        sx += d * x;    /* dM/dbg_fast = x */
+        sy += d * y;    /* dM/dbg_slow = y */
+    }
+    g[NBG_P_SCALE] = (mask & NBG_MASK(NBG_P_SCALE)) ? sG : 0;
+    g[NBG_P_BG] = (mask & NBG_MASK(NBG_P_BG)) ? s0 : 0;
+    g[NBG_P_BG_FAST] = (mask & NBG_MASK(NBG_P_BG_FAST)) ? sx : 0;
+    g[NBG_P_BG_SLOW] = (mask & NBG_MASK(NBG_P_BG_SLOW)) ? sy : 0;
 }
 
 /* Which parameters have a free value in this experiment, and which modes the adjoint does not cover. */
@@ -355,7 +391,7 @@ static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_a
                       double *g)
 {
     for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (!(mask & NBG_MASK(p))) {
+        if (!(mask & NBG_MASK(p)) || NBGI_IMAGE_LEVEL(p)) {
             continue;
         }
         nbgi_adjacc t;
@@ -469,11 +505,52 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
             grad->dF[0] = acc->defF;
         }
     }
+    free(buf);
+    free(tacc);
+    return NBG_OK;
+}
+
+/* The gradient of a loss with dL/dM = dLdM: the adjoint kernel (with dL/dI = scale * dL/dM) for the simulation's
+ * parameters, or the forward kernel alone when only image-level ones are asked for; then the image-level
+ * gradients; image receives the model image M. */
+static int model_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, const float *dLdM,
+                         nbg_param_mask mask, nbg_grad *grad, float *image)
+{
+    const size_t npix = (size_t)pl->k.fpixels * pl->k.spixels;
+    int rc;
+    if ((mask & ~(NBGI_IMAGE_MASK)) == 0) {
+        memset(grad->g, 0, sizeof grad->g);
+        rc = nbgi_forward_plan(ctx, pl, image);
+    } else if (e->scale == 1) {
+        rc = run_adjoint(ctx, e, pl, dLdM, mask, grad, image);
+    } else {
+        float *d = malloc(sizeof(float) * npix);
+        if (d == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI");
+        }
+        for (size_t i = 0; i < npix; ++i) {
+            d[i] = (float)(e->scale * dLdM[i]); /* dL/dI = dL/dM dM/dI */
+        }
+        rc = run_adjoint(ctx, e, pl, d, mask, grad, image);
+        free(d);
+    }
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if (mask & NBGI_IMAGE_MASK) {
+        double gi[NBG_NPARAMS];
+        model_grad(&pl->k, dLdM, image, mask, gi);
+        for (int p = NBG_P_SCALE; p <= NBG_P_BG_SLOW; ++p) {
+            grad->g[p] = gi[p];
+        }
+    }
+    nbgi_model_apply(e, &pl->k, image);
     if (ctx->break_param >= 0 && ctx->break_param < NBG_NPARAMS) {
         grad->g[ctx->break_param] *= 1.001; /* test-only: a deliberately wrong adjoint */
     }
-    free(buf);
-    free(tacc);
+    if (ctx->zero_param >= 0 && ctx->zero_param < NBG_NPARAMS) {
+        grad->g[ctx->zero_param] = 0; /* test-only: a lost adjoint */
+    }
     return NBG_OK;
 }
 
@@ -532,7 +609,7 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
         return rc;
     }
     pl.rep.time_setup = nbgi_now() - t0;
-    rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+    rc = model_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
     if (rc == NBG_OK) {
         rc = nbgi_image_check(ctx, &pl, image, NAN);
     }
@@ -555,20 +632,26 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
     if (loss != NBG_LOSS_LSQ && loss != NBG_LOSS_POISSON) {
         return nbgi_error(ctx, NBG_EINVAL, "unknown loss %d", (int)loss);
     }
-    for (size_t i = 0; i < npix; ++i) {
-        if (!isfinite(observed[i]) || observed[i] < 0) {
-            return nbgi_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite and non-negative)", i,
-                             (double)observed[i]);
-        }
-        if (weights != NULL && (!isfinite(weights[i]) || weights[i] < 0)) {
-            return nbgi_error(ctx, NBG_EINVAL, "weight of pixel %zu is %g (must be finite and non-negative)", i,
-                             (double)weights[i]);
-        }
-    }
     nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, mask, &pl);
     if (rc != NBG_OK) {
         return rc;
+    }
+    /* the pixels in the loss must hold data (a masked pixel may hold a file's flag value) */
+    for (size_t i = 0; i < npix; ++i) {
+        if (!nbgi_model_active(&pl.k, i)) {
+            continue;
+        }
+        if (!isfinite(observed[i]) || observed[i] < 0) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite and non-negative)", i,
+                             (double)observed[i]);
+        }
+        if (weights != NULL && (!isfinite(weights[i]) || weights[i] < 0)) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "weight of pixel %zu is %g (must be finite and non-negative)", i,
+                             (double)weights[i]);
+        }
     }
     float *dLdI = NULL;
     rc = nbgi_forward_plan(ctx, &pl, image);
@@ -579,30 +662,23 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         }
     }
     if (rc == NBG_OK) {
+        nbgi_model_apply(e, &pl.k, image);
         double sum = 0;
         for (size_t i = 0; i < npix; ++i) {
-            const int f = (int)(i % (size_t)pl.k.fpixels), s = (int)(i / (size_t)pl.k.fpixels);
-            if (!nbgi_pixel_active(&pl.k, f, s)) {
+            if (!nbgi_model_active(&pl.k, i)) {
                 dLdI[i] = 0;
                 continue;
             }
             const double w = weights != NULL ? weights[i] : 1.0;
-            const double I = image[i], y = observed[i];
-            if (loss == NBG_LOSS_LSQ) {
-                sum += w * (I - y) * (I - y);
-                dLdI[i] = (float)(2 * w * (I - y));
-            } else {
-                /* Poisson NLL; the model is floored at 1e-12 photons where it vanishes */
-                const double Ie = I > 1e-12 ? I : 1e-12;
-                sum += w * (Ie - y * log(Ie));
-                dLdI[i] = (float)(w * (1 - y / Ie));
-            }
+            double d;
+            sum += w * nbgi_pixel_loss(loss, &e->response, image[i], observed[i], &d, NULL);
+            dLdI[i] = (float)(w * d);
         }
         *L = sum;
         if (mask == 0) {
             memset(grad->g, 0, sizeof grad->g); /* the loss alone: no reverse pass */
         } else {
-            rc = run_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
+            rc = model_adjoint(ctx, e, &pl, dLdI, mask, grad, image);
             if (rc == NBG_OK) {
                 rc = gradient_check(ctx, mask, grad);
             }
@@ -634,18 +710,54 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     if (rc != NBG_OK) {
         return rc;
     }
+    /* the simulation's parameters go through the tangent kernel, compacted to the front; the image-level ones are
+     * filled afterwards (dM/dG = I, dM/dbg = 1, x, y; the others' tangents times G) */
     nbgi_adjacc t[NBG_NPARAMS];
-    int nt = 0;
-    for (; rc == NBG_OK && nt < nparams; ++nt) {
+    int nt = 0, slot[NBG_NPARAMS];
+    for (int j = 0; rc == NBG_OK && j < nparams; ++j) {
+        if (NBGI_IMAGE_LEVEL(params[j])) {
+            continue;
+        }
         if (nbgi_tangent_alloc(&pl, &t[nt]) != NBG_OK) {
             rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
             break;
         }
-        nbgi_plan_tangent(e, &pl, params[nt], &t[nt]);
+        nbgi_plan_tangent(e, &pl, params[j], &t[nt]);
+        slot[nt++] = j;
     }
     if (rc == NBG_OK) {
-        nbgi_jvp_cpu(&pl.k, t, nparams, tangents, image, ctx->scalar_adjoint == 0);
-        rc = nbgi_image_check(ctx, &pl, image, NAN);
+        if (nt > 0) {
+            nbgi_jvp_cpu(&pl.k, t, nt, tangents, image, ctx->scalar_adjoint == 0);
+            rc = nbgi_image_check(ctx, &pl, image, NAN);
+        } else {
+            rc = nbgi_forward_plan(ctx, &pl, image);
+        }
+    }
+    if (rc == NBG_OK) {
+        for (int q = nt - 1; q >= 0; --q) { /* slot[q] >= q: move from the back */
+            double *dst = tangents + (size_t)slot[q] * npix;
+            if (slot[q] != q) {
+                memmove(dst, tangents + (size_t)q * npix, sizeof(double) * npix);
+            }
+            if (e->scale != 1) {
+                for (size_t i = 0; i < npix; ++i) {
+                    dst[i] *= e->scale;
+                }
+            }
+        }
+        for (int j = 0; j < nparams; ++j) {
+            if (!NBGI_IMAGE_LEVEL(params[j])) {
+                continue;
+            }
+            double *dst = tangents + (size_t)j * npix;
+            for (size_t i = 0; i < npix; ++i) {
+                double x, y;
+                nbgi_model_xy(&pl.k, i, &x, &y);
+                const double v[4] = {image[i], 1, x, y};
+                dst[i] = nbgi_model_active(&pl.k, i) ? v[params[j] - NBG_P_SCALE] : 0;
+            }
+        }
+        nbgi_model_apply(e, &pl.k, image);
     }
     for (int j = 0; j < nt; ++j) {
         free(t[j].abc);
@@ -659,4 +771,35 @@ void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on)
     if (ctx != NULL) {
         ctx->scalar_adjoint = on != 0;
     }
+}
+
+int nbg_param_free(nbg_ctx *ctx, const nbg_experiment *e, nbg_param p, char *why, size_t size)
+{
+    if (ctx == NULL || e == NULL || p < 0 || p >= NBG_NPARAMS) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_param_free: NULL argument or unknown parameter %d", (int)p);
+    }
+    if (why != NULL && size > 0) {
+        why[0] = '\0';
+    }
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    char saved[sizeof ctx->errmsg];
+    memcpy(saved, ctx->errmsg, sizeof saved);
+    const char *reason = NULL;
+    if (nbgi_grad_supported(ctx, e, &pl, NBG_MASK(p)) != NBG_OK) {
+        reason = ctx->errmsg;
+    } else if (p == NBG_P_MOSAIC && !(pl.mosaic_spread > 0 && pl.k.nmos > 1)) {
+        reason = "no mosaic spread";
+    } else if (p == NBG_P_POLAR && e->nopolar) {
+        reason = "-nopolar fixes the polarization factor at 1";
+    }
+    if (reason != NULL && why != NULL && size > 0) {
+        snprintf(why, size, "%s: %s", param_names[p], reason);
+    }
+    memcpy(ctx->errmsg, saved, sizeof saved);
+    nbgi_plan_free(&pl);
+    return reason == NULL;
 }

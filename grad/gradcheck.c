@@ -8,10 +8,14 @@
  * floor (1e-13 |L| / h), and the error of D must shrink like h^2: log2(|D(h) - adjoint| / |D(h/2) - adjoint|) is about 2 wherever that
  * error stands above rounding.  Pixels whose discrete choices (rounded Miller indices, interpolation windows,
  * tophat edge, resolution cut) differ between any of the evaluations are left out of both sides.  A blank image
- * or a zero gradient is refused as proof.
+ * is refused; a parameter whose adjoint and difference are both at the rounding floor gets the status ZERO (the
+ * experiment does not depend on it: no proof, and no failure), while a zero adjoint against a non-zero difference
+ * fails.  The loss is the image model's, L = sum w_p M_p with M = scale I + B: the simulation's parameters' terms
+ * are scale times sum w dI/dtheta, the image-level parameters' are linear (their differences are exact).
  */
 #include "adjoint.h"
 #include "forward.h"
+#include "internal.h"
 #include "plan.h"
 
 #include <math.h>
@@ -19,11 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A step of about 1e-4 of the parameter's natural scale, in its CLI units. */
-static double default_step(nbg_param p, double x)
+/* A step of about 1e-4 of the parameter's natural scale, in its CLI units (imean: the image's mean, the scale of
+ * the background's). */
+static double default_step(nbg_param p, double x, double imean)
 {
     const double ax = fabs(x);
     switch (p) {
+    case NBG_P_SCALE: return 1e-3 * fmax(ax, 1e-3);
+    case NBG_P_BG: case NBG_P_BG_FAST: case NBG_P_BG_SLOW: return 1e-2 * fmax(ax, fmax(imean, 1.0));
     case NBG_P_A: case NBG_P_B: case NBG_P_C: return 1e-4 * fmax(ax, 1.0);
     case NBG_P_NA: case NBG_P_NB: case NBG_P_NC: return 1e-4 * fmax(ax, 1.0);
     case NBG_P_MOSAIC: return 1e-3 * fmax(ax, 1e-3);
@@ -36,7 +43,7 @@ static double default_step(nbg_param p, double x)
     }
 }
 
-/* Evaluates L at the experiment's current values; fills the signatures. */
+/* Evaluates L = sum w M = scale sum w I + sum w B at the experiment's current values; fills the signatures. */
 static int eval_loss(nbg_ctx *ctx, const nbg_experiment *e, const float *w, const uint8_t *skip, uint64_t *sig,
                      double *L)
 {
@@ -45,7 +52,17 @@ static int eval_loss(nbg_ctx *ctx, const nbg_experiment *e, const float *w, cons
     if (rc != NBG_OK) {
         return rc;
     }
-    *L = nbgi_forward_wsum_cpu(&pl.k, w, skip, sig);
+    *L = e->scale * nbgi_forward_wsum_cpu(&pl.k, w, skip, sig);
+    if (e->bg[0] != 0 || e->bg[1] != 0 || e->bg[2] != 0) {
+        double sb = 0;
+        const size_t npix = (size_t)pl.k.fpixels * pl.k.spixels;
+        for (size_t i = 0; i < npix; ++i) {
+            if (nbgi_model_active(&pl.k, i) && (skip == NULL || !skip[i])) {
+                sb += w[i] * nbgi_model_bg(e, &pl.k, i);
+            }
+        }
+        *L += sb;
+    }
     nbgi_plan_free(&pl);
     if (isnan(*L)) {
         return nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory");
@@ -120,8 +137,10 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
     r->step = h;
     r->order = NAN;
     r->relerr = denom > 0 ? fabs(adj - num) / denom : 0;
+    r->loss = L0;
     r->pass = denom > atol && fabs(adj - num) <= atol + rtol * denom;
-    snprintf(r->reason, sizeof r->reason, "%s", !(denom > atol) ? "the gradient is zero: that proves nothing"
+    r->status = !(denom > atol) ? NBG_CHECK_ZERO : r->pass ? NBG_CHECK_PASS : NBG_CHECK_FAIL;
+    snprintf(r->reason, sizeof r->reason, "%s", !(denom > atol) ? "the gradient is zero: no pixel depends on F"
                                               : r->pass ? "directional check over all table entries"
                                                         : "relative error above tolerance");
 out:
@@ -185,9 +204,12 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         goto done;
     }
     float imax = 0;
+    double isum = 0;
     for (size_t i = 0; i < npix; ++i) {
         imax = fmaxf(imax, img[i]);
+        isum += img[i];
     }
+    int total = need, done_n = 0;
     if (!(imax > 0)) {
         rc = nbgi_error(ctx, NBG_EINVAL, "gradcheck: the image is blank; a check on it proves nothing");
         goto done;
@@ -201,7 +223,8 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         r->param = (nbg_param)p;
         double x0;
         nbg_param_get(e, (nbg_param)p, &x0);
-        const double h = h_scale * default_step((nbg_param)p, x0);
+        const double h = h_scale * default_step((nbg_param)p, x0, isum / (double)npix);
+        r->loss = L0;
         r->step = h;
         const double offs[4] = {h, -h, h / 2, -h / 2};
         /* pass 1: which pixels change their discrete choices */
@@ -262,15 +285,19 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
          * a hundred times that */
         const double atol = 1e-13 * fabs(L0) / h;
         r->pass = 1;
+        r->status = NBG_CHECK_PASS;
         if (denom <= atol) {
             r->pass = 0;
-            snprintf(r->reason, sizeof r->reason, "the gradient is zero (below the difference's rounding floor "
-                     "%.2g): that proves nothing", atol);
+            r->status = NBG_CHECK_ZERO;
+            snprintf(r->reason, sizeof r->reason, "zero gradient: adjoint and difference both below the rounding "
+                     "floor %.2g; no pixel of this experiment depends on %s", atol, nbg_param_name((nbg_param)p));
         } else if (!(fabs(adj - num) <= atol + rtol * denom)) {
             r->pass = 0;
+            r->status = NBG_CHECK_FAIL;
             snprintf(r->reason, sizeof r->reason, "relative error %.3g above %.3g", r->relerr, rtol);
         } else if (resolved && !(r->order > 1.5 && r->order < 2.6)) {
             r->pass = 0;
+            r->status = NBG_CHECK_FAIL;
             snprintf(r->reason, sizeof r->reason, "finite-difference error shrinks with order %.2f, not 2", r->order);
         } else if (!resolved) {
             snprintf(r->reason, sizeof r->reason, "difference error at rounding level (linear in the parameter)");
@@ -279,6 +306,9 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
             const size_t len = strlen(r->reason);
             snprintf(r->reason + len, sizeof r->reason - len, "%s%ld pixels left out: their rounded Miller indices "
                      "change within the step", len ? "; " : "", excluded);
+        }
+        if (ctx->progress != NULL) {
+            ctx->progress(ctx->progress_user, nbg_param_name((nbg_param)p), ++done_n, total);
         }
     }
     if (mask & NBG_MASK_F) {

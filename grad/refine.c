@@ -8,6 +8,16 @@
  *     curvature at the start so that every parameter moves on the same scale.
  *   - Standard errors and correlations from the information matrix at the optimum: (J^T W J)^-1 scaled by the
  *     reduced chi-square for least squares, the inverse Fisher information for Poisson.
+ *   - Honest stopping: each stop has a reason (nbg_stop_reason).  The yardstick of convergence is the Gauss-Newton
+ *     step left at the final point measured in standard errors, sqrt(d^T Cov^-1 d) with d = -H^-1 g: below stol
+ *     the fit is done; a stop on ftol, gtol or "no step lowers the loss" counts as converged only when that step is
+ *     within one standard error; a parameter ending at a bound of its range is never converged.
+ *   - The image-level parameters (scale, background plane) enter the model linearly: when refined, they start
+ *     from their least-squares values at the start (if that lowers the loss), and under the Poisson loss a trial
+ *     point whose model has no photons where the data have some is refused (a plane crossing zero).
+ *   - The loss is the image model's (M = scale I + B, src/model.c) against the observed counts through the
+ *     detector response; pixels outside the ROI or the mask, and those of weight 0, are left out of everything
+ *     (loss, information matrix, the count of observations).
  *
  * Parameter bounds that physics needs: cell lengths, N, wavelength, distance > 0 (N >= 1), cell angles in
  * (0, 180) deg, mosaic >= 0, polarization in [-1, 1].  A step that would leave them is shortened.
@@ -26,7 +36,7 @@
 int nbg_param_in_bounds(nbg_param p, double v)
 {
     switch (p) {
-    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_DISTANCE: case NBG_P_FLUENCE:
+    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_DISTANCE: case NBG_P_FLUENCE: case NBG_P_SCALE:
         return v > 0 && isfinite(v);
     case NBG_P_LAMBDA:
         return v >= 1e-4 && v <= 1e4; /* the plan's domain */
@@ -52,7 +62,12 @@ typedef struct {
     int n;
     size_t npix;
     float *img;
+    uint8_t *use;                /* 1: the pixel is in the loss (active, weight > 0) */
+    size_t nobs;                 /* pixels in the loss */
     double *T;                   /* n * npix tangent images */
+    double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
+    double dstep[NBG_NPARAMS];   /* the Gauss-Newton step -H^-1 g from there */
+    double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
     double scale[NBG_NPARAMS];   /* BFGS variable scaling */
     int evals;
     int status;                  /* first failure */
@@ -87,6 +102,18 @@ static int loss_trial(refine_ws *ws, double *L)
         *L = INFINITY;
         return NBG_OK;
     }
+    if (rc == NBG_OK && ws->loss == NBG_LOSS_POISSON) {
+        /* a model without photons where the data have some is impossible under Poisson (the floor at 1e-12 keeps
+         * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
+        const nbg_detector_model *r = &ws->e.response;
+        const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+        for (size_t i = 0; i < ws->npix; ++i) {
+            if (ws->use[i] && ws->img[i] + sr <= 0 && (ws->obs[i] - r->pedestal) / r->gain + sr > 0) {
+                *L = INFINITY;
+                break;
+            }
+        }
+    }
     return rc;
 }
 
@@ -98,26 +125,19 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
         return rc;
     }
     const int n = ws->n;
-    double sum = 0;
+    double sum = 0, eps = 0;
     memset(g, 0, sizeof(double) * (size_t)n);
     memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
     for (size_t i = 0; i < ws->npix; ++i) {
-        const double wi = ws->w ? ws->w[i] : 1.0;
-        const double I = ws->img[i], y = ws->obs[i];
-        double dLdI, c;
-        if (ws->loss == NBG_LOSS_LSQ) {
-            sum += wi * (I - y) * (I - y);
-            dLdI = 2 * wi * (I - y);
-            c = 2 * wi;
-        } else {
-            const double Ie = I > 1e-12 ? I : 1e-12;
-            sum += wi * (Ie - y * log(Ie));
-            dLdI = wi * (1 - y / Ie);
-            c = wi / Ie; /* Fisher scoring: E[y] / I^2 = 1 / I */
-        }
-        if (wi == 0) {
+        if (!ws->use[i]) {
             continue;
         }
+        const double wi = ws->w ? ws->w[i] : 1.0;
+        double dLdI, c;
+        sum += wi * nbgi_pixel_loss(ws->loss, &ws->e.response, ws->img[i], ws->obs[i], &dLdI, &c);
+        dLdI *= wi;
+        c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
+        eps += fabs(dLdI * ws->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
         for (int a = 0; a < n; ++a) {
             const double Ta = ws->T[(size_t)a * ws->npix + i];
             if (Ta == 0) {
@@ -135,6 +155,7 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
         }
     }
     *L = sum;
+    ws->eps = eps + 1e-15 * fabs(sum);
     return NBG_OK;
 }
 
@@ -145,6 +166,121 @@ static double norm2(const double *v, int n)
         s += v[i] * v[i];
     }
     return sqrt(s);
+}
+
+/* The variance factor of the covariance: the reduced chi-square L / (nobs - n) for least squares, 1 for Poisson
+ * (whose H is the Fisher information); cov = fac (H / 2)^-1 for least squares, H^-1 for Poisson. */
+static double cov_factor(const refine_ws *ws, double L)
+{
+    if (ws->loss != NBG_LOSS_LSQ) {
+        return 1;
+    }
+    return ws->nobs > (size_t)ws->n ? L / (double)(ws->nobs - (size_t)ws->n) : 1;
+}
+
+/* The Gauss-Newton step d = -H^-1 g from the current point, measured in standard errors: sqrt(d^T Cov^-1 d) =
+ * sqrt(g^T H^-1 g / (2 fac)) for least squares, sqrt(g^T H^-1 g) for Poisson.  Infinite when H is singular. */
+static double step_sigma(refine_ws *ws, const double *g, const double *H, double L)
+{
+    const int n = ws->n;
+    double A[NBG_NPARAMS * NBG_NPARAMS], d[NBG_NPARAMS];
+    memcpy(A, H, sizeof(double) * (size_t)n * n);
+    memcpy(d, g, sizeof(double) * (size_t)n);
+    if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', n, 1, A, n, d, 1) != 0) {
+        ws->dpred = INFINITY;
+        return INFINITY;
+    }
+    double q = 0;
+    for (int a = 0; a < n; ++a) {
+        q += g[a] * d[a];
+        ws->dstep[a] = -d[a];
+    }
+    ws->dpred = q / 2;
+    if (ws->loss == NBG_LOSS_LSQ) {
+        const double fac = cov_factor(ws, L);
+        q = fac > 0 ? q / (2 * fac) : (q > 0 ? INFINITY : 0);
+    }
+    return sqrt(fmax(q, 0));
+}
+
+/* The image-level parameters being refined enter M linearly: start them at their least-squares values against
+ * y = (obs - pedestal) / gain, the others held, when that lowers the loss (a background of 0 under data with a
+ * floor is a poor start: the Poisson loss is steep where M vanishes). */
+static int linear_start(refine_ws *ws, double *x)
+{
+    int idx[4], k = 0;
+    for (int j = 0; j < ws->n; ++j) {
+        if (ws->params[j] >= NBG_P_SCALE && ws->params[j] <= NBG_P_BG_SLOW) {
+            idx[k++] = j;
+        }
+    }
+    if (k == 0) {
+        return NBG_OK;
+    }
+    /* the simulated photons I: the model with scale 1 and no background */
+    nbg_experiment e1 = ws->e;
+    e1.scale = 1;
+    e1.bg[0] = e1.bg[1] = e1.bg[2] = 0;
+    int rc = nbg_simulate(ws->ctx, &e1, ws->img, ws->npix, NULL);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbg_experiment *e = &ws->e;
+    double A[16] = {0}, b[4] = {0};
+    nbg_report rep;
+    rc = nbg_describe(ws->ctx, &e1, &rep);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    for (size_t i = 0; i < ws->npix; ++i) {
+        if (!ws->use[i]) {
+            continue;
+        }
+        const double xf = ((double)(i % (size_t)rep.fpixels) - 0.5 * (rep.fpixels - 1)) / NBG_BG_UNIT;
+        const double ys = ((double)(i / (size_t)rep.fpixels) - 0.5 * (rep.spixels - 1)) / NBG_BG_UNIT;
+        const double basis[4] = {ws->img[i], 1, xf, ys};
+        /* the fixed part of M, and the data */
+        double fixed = 0;
+        const double vals[4] = {e->scale, e->bg[0], e->bg[1], e->bg[2]};
+        for (int q = 0; q < 4; ++q) {
+            int refined = 0;
+            for (int a = 0; a < k; ++a) {
+                refined |= (int)ws->params[idx[a]] - (int)NBG_P_SCALE == q;
+            }
+            if (!refined) {
+                fixed += vals[q] * basis[q];
+            }
+        }
+        const double wi = ws->w ? ws->w[i] : 1.0;
+        const double y = (ws->obs[i] - e->response.pedestal) / e->response.gain - fixed;
+        for (int a = 0; a < k; ++a) {
+            const double ba = basis[ws->params[idx[a]] - NBG_P_SCALE];
+            b[a] += wi * ba * y;
+            for (int c = 0; c < k; ++c) {
+                A[a * k + c] += wi * ba * basis[ws->params[idx[c]] - NBG_P_SCALE];
+            }
+        }
+    }
+    if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', k, 1, A, k, b, 1) != 0) {
+        return NBG_OK; /* degenerate (no signal): keep the caller's start */
+    }
+    double L0, L1, xn[NBG_NPARAMS];
+    memcpy(xn, x, sizeof(double) * (size_t)ws->n);
+    for (int a = 0; a < k; ++a) {
+        xn[idx[a]] = b[a];
+    }
+    rc = loss_trial(ws, &L0);
+    if (rc != NBG_OK || !set_params(ws, xn)) {
+        set_params(ws, x);
+        return rc;
+    }
+    rc = loss_trial(ws, &L1);
+    if (rc == NBG_OK && L1 < L0) {
+        memcpy(x, xn, sizeof(double) * (size_t)ws->n);
+    } else {
+        set_params(ws, x);
+    }
+    return rc;
 }
 
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
@@ -159,6 +295,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
     }
     double mu = 1e-3;
     int it;
+    res->reason = NBG_STOP_MAXITER;
     for (it = 1; it <= opt->max_iter; ++it) {
         int accepted = 0;
         double Ln = L, step = 0;
@@ -203,7 +340,8 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
             }
         }
         if (!accepted) {
-            break; /* no step lowers the loss: converged to the precision available */
+            res->reason = NBG_STOP_NO_DECREASE; /* judged by the step left (nbg_refine) */
+            break;
         }
         const double Lold = L;
         memcpy(x, xn, sizeof(double) * (size_t)n);
@@ -211,17 +349,19 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
         if (rc != NBG_OK) {
             return rc;
         }
+        res->iterations = it;
         if (opt->progress) {
             opt->progress(opt->user, it, L, norm2(g, n), step);
         }
-        if (fabs(Lold - L) <= opt->ftol * fmax(fabs(L), 1e-300)) {
-            res->converged = 1;
+        const double ss = step_sigma(ws, g, H, L);
+        if (ss <= opt->stol) {
+            res->reason = NBG_STOP_STEP;
             break;
         }
-    }
-    res->iterations = it > opt->max_iter ? opt->max_iter : it;
-    if (it <= opt->max_iter) {
-        res->converged = 1;
+        if (fabs(Lold - L) <= opt->ftol * fmax(fabs(L), 1e-300) && ss <= 1) {
+            res->reason = NBG_STOP_FTOL;
+            break;
+        }
     }
     res->loss = L;
     return NBG_OK;
@@ -314,6 +454,7 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
     gsl_multimin_fdfminimizer_set(m, &fn, u, 0.1, 0.1);
     int it;
     double Lold = m->f;
+    res->reason = NBG_STOP_MAXITER;
     for (it = 1; it <= opt->max_iter; ++it) {
         const int st = gsl_multimin_fdfminimizer_iterate(m);
         if (ws->status != NBG_OK) {
@@ -321,21 +462,24 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
             break;
         }
         const double gn = gsl_blas_dnrm2(m->gradient);
+        res->iterations = it;
         if (opt->progress) {
             opt->progress(opt->user, it, m->f, gn, gsl_blas_dnrm2(m->dx));
         }
         if (st != GSL_SUCCESS) {
-            res->converged = 1; /* no further progress possible along the search direction */
+            res->reason = NBG_STOP_NO_DECREASE; /* the line search found no lower point (judged in nbg_refine) */
             break;
         }
-        if (gsl_multimin_test_gradient(m->gradient, opt->gtol) == GSL_SUCCESS ||
-            fabs(Lold - m->f) <= opt->ftol * fmax(fabs(m->f), 1e-300)) {
-            res->converged = 1;
+        if (gsl_multimin_test_gradient(m->gradient, opt->gtol) == GSL_SUCCESS) {
+            res->reason = NBG_STOP_GTOL;
+            break;
+        }
+        if (fabs(Lold - m->f) <= opt->ftol * fmax(fabs(m->f), 1e-300)) {
+            res->reason = NBG_STOP_FTOL;
             break;
         }
         Lold = m->f;
     }
-    res->iterations = it > opt->max_iter ? opt->max_iter : it;
     for (int j = 0; j < n; ++j) {
         x[j] = gsl_vector_get(m->x, (size_t)j) * ws->scale[j];
     }
@@ -357,16 +501,13 @@ static int information(refine_ws *ws, nbg_refine_result *res)
     }
     /* H = 2 J^T W J (least squares) or the Fisher information (Poisson); the covariance is its inverse, times
      * the reduced chi-square for least squares: cov = s^2 (J^T W J)^-1, s^2 = L / (n_obs - n) */
-    size_t nobs = 0;
-    for (size_t i = 0; i < ws->npix; ++i) {
-        nobs += (ws->w ? ws->w[i] : 1.0f) > 0;
-    }
-    double fac = 1;
+    res->step_sigma = step_sigma(ws, g, H, L);
+    res->nobs = (long)ws->nobs;
+    const double fac = cov_factor(ws, L);
     if (ws->loss == NBG_LOSS_LSQ) {
         for (int a = 0; a < n * n; ++a) {
             H[a] /= 2;
         }
-        fac = nobs > (size_t)n ? L / (double)(nobs - (size_t)n) : 1;
     }
     if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0 || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0) {
         return nbgi_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
@@ -397,6 +538,62 @@ void nbg_refine_options_default(nbg_refine_options *o)
     o->max_iter = 100;
     o->ftol = 1e-12;
     o->gtol = 1e-9;
+    o->stol = 1e-3;
+}
+
+
+/* The final verdict: the optimizer's reason judged by the Gauss-Newton step left (res->step_sigma) and the
+ * bounds; fills converged and why. */
+static void verdict(const refine_ws *ws, const double *x, const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    const double ss = res->step_sigma;
+    for (int j = 0; j < ws->n && ss > opt->stol; ++j) {
+        /* the Gauss-Newton step from the final point leaves the parameter's range: the optimum lies beyond the
+         * bound the fit ended against */
+        if (isfinite(ws->dstep[j]) && !nbg_param_in_bounds(ws->params[j], x[j] + ws->dstep[j])) {
+            res->reason = NBG_STOP_BOUND;
+            res->converged = 0;
+            snprintf(res->why, sizeof res->why, "%s ended at %g against a bound of its range (the Gauss-Newton step "
+                     "leads to %g): the optimum lies beyond it; the standard errors do not apply",
+                     nbg_param_name(ws->params[j]), x[j], x[j] + ws->dstep[j]);
+            return;
+        }
+    }
+    switch (res->reason) {
+    case NBG_STOP_STEP:
+        res->converged = 1;
+        snprintf(res->why, sizeof res->why, "the Gauss-Newton step left is %.2g standard errors (below %g)", ss,
+                 opt->stol);
+        break;
+    case NBG_STOP_FTOL: case NBG_STOP_GTOL: case NBG_STOP_NO_DECREASE:
+    {
+        /* at the optimum when the step left is within a standard error, or when the decrease it predicts is below
+         * the loss's own rounding (noise-free data: the standard errors are then rounding-sized themselves) */
+        const int within = ss <= 1, rounding = ws->dpred <= ws->eps;
+        res->converged = within || rounding;
+        char tail[96];
+        if (within) {
+            snprintf(tail, sizeof tail, "%s", "");
+        } else if (rounding) {
+            snprintf(tail, sizeof tail, ", its predicted decrease %.2g below the loss's rounding %.2g", ws->dpred,
+                     ws->eps);
+        } else {
+            snprintf(tail, sizeof tail, " (more than 1: not at the optimum)");
+        }
+        snprintf(res->why, sizeof res->why, "%s; the Gauss-Newton step left is %.2g standard errors%s",
+                 res->reason == NBG_STOP_FTOL ? "the loss changed by less than ftol"
+                 : res->reason == NBG_STOP_GTOL ? "the scaled gradient fell below gtol"
+                 : opt->method == NBG_OPT_LM ? "no step lowers the loss (largest damping)"
+                                             : "the line search found no lower point",
+                 ss, tail);
+        break;
+    }
+    default:
+        res->converged = 0;
+        snprintf(res->why, sizeof res->why, "the iteration limit (%d) was reached; the Gauss-Newton step left is "
+                 "%.2g standard errors", opt->max_iter, ss);
+        break;
+    }
 }
 
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
@@ -431,15 +628,40 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         res->start[j] = x[j];
     }
     res->nparams = nparams;
+    if (!(opt->stol > 0) || !(opt->ftol >= 0) || !(opt->gtol >= 0) || opt->max_iter < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: max_iter must be positive, stol positive, ftol and gtol not "
+                         "negative (got %d, %g, %g, %g)", opt->max_iter, opt->stol, opt->ftol, opt->gtol);
+    }
+    /* the pixels in the loss: active (ROI and mask) and of positive weight */
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "the observed image holds %zu pixels, the detector has %d x %d = %zu", npix,
+                         pl.k.fpixels, pl.k.spixels, (size_t)pl.k.fpixels * pl.k.spixels);
+    }
+    uint8_t *use = malloc(npix);
+    if (use == NULL) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu pixels", npix);
+    }
     /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
      * ever larger cell, say) and least squares to no particular place */
-    size_t lit = 0;
+    size_t lit = 0, nobs = 0;
     for (size_t i = 0; i < npix; ++i) {
-        lit += observed[i] > 0 && (weights == NULL || weights[i] > 0);
+        use[i] = nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0);
+        nobs += use[i];
+        lit += use[i] && observed[i] > e->response.pedestal;
     }
+    nbgi_plan_free(&pl);
     if (lit == 0) {
-        return nbgi_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above 0%s): there is nothing "
-                         "to fit", weights != NULL ? " with a positive weight" : "");
+        free(use);
+        return nbgi_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above the pedestal %g%s): "
+                         "there is nothing to fit", e->response.pedestal,
+                         weights != NULL ? " with a positive weight" : "");
     }
     refine_ws ws;
     memset(&ws, 0, sizeof ws);
@@ -451,18 +673,24 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     ws.params = params;
     ws.n = nparams;
     ws.npix = npix;
+    ws.use = use;
+    ws.nobs = nobs;
     ws.img = malloc(sizeof(float) * npix);
     ws.T = malloc(sizeof(double) * npix * (size_t)nparams);
     if (ws.img == NULL || ws.T == NULL) {
         free(ws.img);
         free(ws.T);
+        free(use);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
     }
     /* validates sizes, the observed image and the parameters' support */
     double L0;
-    int rc = loss_only(&ws, &L0);
+    rc = loss_only(&ws, &L0);
     if (rc == NBG_OK) {
         res->start_loss = L0;
+        rc = linear_start(&ws, x);
+    }
+    if (rc == NBG_OK) {
         rc = opt->method == NBG_OPT_LM ? refine_lm(&ws, x, opt, res) : refine_bfgs(&ws, x, opt, res);
     }
     if (rc == NBG_OK) {
@@ -472,10 +700,15 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         }
         rc = information(&ws, res);
         if (rc == NBG_OK) {
+            verdict(&ws, x, opt, res);
+            rc = nbg_check_floor(ctx, &ws.e, observed, weights, ws.img, npix, &res->floor);
+        }
+        if (rc == NBG_OK) {
             *e = ws.e;
         }
     }
     free(ws.img);
     free(ws.T);
+    free(use);
     return rc;
 }

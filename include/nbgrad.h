@@ -74,6 +74,10 @@ typedef struct {
 int nbg_ctx_device(const nbg_ctx *ctx, nbg_device_info *info);
 /* The message of the last failure on this context ("" when none). */
 const char *nbg_errmsg(const nbg_ctx *ctx);
+/* A callback that long calls (nbg_gradcheck) make as they go: what they are doing, and done of total steps.
+ * NULL turns it off.  The library never prints; the callback may. */
+typedef void (*nbg_progress_fn)(void *user, const char *what, int done, int total);
+void nbg_ctx_set_progress(nbg_ctx *ctx, nbg_progress_fn fn, void *user);
 
 /* What an input may ask of the machine.  Every allocation whose size derives from input (a structure-factor
  * table, an image read from a file, the plan's sources and crystal orientations, gradient accumulators) and the
@@ -139,6 +143,16 @@ typedef struct {
     double pos[3];
     double lambda;
 } nbg_source;
+
+/* How the detector turns photons into the counts of an image file: counts = gain * photons + pedestal, plus
+ * Gaussian read noise of read_noise counts rms.  The losses (nbg_loss_grad, nbg_refine) compare the model image
+ * with y_p = (observed_p - pedestal) / gain.  nanoBragg's integer and noise images carry a pedestal of 40 counts
+ * (its -adc offset) and gain 1. */
+typedef struct {
+    double pedestal;   /* counts every pixel carries with no photon (0) */
+    double gain;       /* counts per photon, > 0 (1) */
+    double read_noise; /* Gaussian read noise, counts rms, >= 0 (0) */
+} nbg_detector_model;
 
 /* "Unset" is NAN for every double field documented as optional (the default then applies, as nanoBragg's), and
  * -1 for every count (automatic).  nbg_experiment_default sets every field to its default or unset value. */
@@ -215,6 +229,17 @@ typedef struct {
     /* --- refinement offsets ----------------------------------------------------------------------------- */
     double beam_shift[2];           /* direct-beam position shift along the detector's fast and slow axes, mm
                                        (0): moves the detector within its own plane, whatever the convention */
+
+    /* --- the image model ----------------------------------------------------------------------------------- */
+    /* Every image the library returns (nbg_simulate, the gradient calls) is the model image
+     *     M_p = scale * I_p + B_p  (photons),   B_p = bg[0] + bg[1] x_p + bg[2] y_p,
+     * with I_p the simulated photons and x_p = (f - (fpixels - 1) / 2) / 1000, y_p = (s - (spixels - 1) / 2) / 1000
+     * the pixel's (fast f, slow s) offset from the detector centre in thousands of pixels (so that the three
+     * coefficients are photons per pixel on comparable scales).  Pixels outside the ROI or the mask stay 0.  With
+     * the defaults (scale 1, bg 0) M is I exactly. */
+    double scale;                   /* overall scale G (1) */
+    double bg[3];                   /* background plane, photons per pixel (0 0 0) */
+    nbg_detector_model response;    /* counts = gain * M + pedestal (pedestal 0, gain 1, read noise 0) */
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -269,7 +294,9 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
 
 /* Differentiable parameters, in the command line's units.  Their names (nbg_param_name) are the CLI's -params
  * names.  Orientation rotx/roty/rotz are the misset angles (applied after -cell or -mat exactly as -misset);
- * beam_fast/beam_slow are nbg_experiment.beam_shift. */
+ * beam_fast/beam_slow are nbg_experiment.beam_shift; scale, bg, bg_fast, bg_slow are the image model's G and
+ * background plane (nbg_experiment.scale, bg[0..2]): their derivatives are image-level (dM/dG = I, dM/dbg = 1,
+ * x_p, y_p), computed from the same pass. */
 typedef enum {
     NBG_P_A = 0, NBG_P_B, NBG_P_C, NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA, /* A, deg */
     NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ,                                    /* deg */
@@ -280,6 +307,7 @@ typedef enum {
     NBG_P_POLAR,                                                           /* Kahn factor */
     NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_BEAM_SLOW,                      /* mm */
     NBG_P_DET_ROTX, NBG_P_DET_ROTY, NBG_P_DET_ROTZ, NBG_P_TWOTHETA,        /* deg */
+    NBG_P_SCALE, NBG_P_BG, NBG_P_BG_FAST, NBG_P_BG_SLOW,                   /* the image model: 1, photons/pixel */
     NBG_NPARAMS
 } nbg_param;
 
@@ -296,6 +324,10 @@ int nbg_param_from_name(const char *name);
 /* Reads / writes a parameter's value in an experiment (beam_fast/slow: the shift; fluence: the fluence field). */
 int nbg_param_get(const nbg_experiment *e, nbg_param p, double *value);
 int nbg_param_set(nbg_experiment *e, nbg_param p, double value);
+/* Whether parameter p is free in experiment e (it has a value the gradient calls differentiate and that changes
+ * the image): 1, or 0 with the reason in why (size bytes; may be NULL), e.g. "mosaic: no mosaic spread" or
+ * "polar: -nopolar fixes the polarization factor".  Negative on an invalid experiment (message in ctx). */
+int nbg_param_free(nbg_ctx *ctx, const nbg_experiment *e, nbg_param p, char *why, size_t size);
 
 /* dL/dtheta, filled by the gradient calls.  g[p] is set for every parameter in the mask (0 elsewhere).  dF, when
  * NBG_MASK_F is in the mask, must hold ndF = the HKL table's size (nh*nk*nl) doubles (dL/dF per entry); without a
@@ -306,14 +338,15 @@ typedef struct {
     size_t ndF;
 } nbg_grad;
 
-/* Vector-Jacobian product: renders the image (nbg_simulate's; see precision below) and returns
- * dL/dtheta = sum_p dLdI[p] * dI[p]/dtheta for every masked parameter, in one reverse pass.  Where a derivative
- * does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a rounding
- * boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP): the
- * -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
- * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not
- * free); the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend.
- * The gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
+/* Vector-Jacobian product: renders the image (nbg_simulate's model image M; see precision below) and returns
+ * dL/dtheta = sum_p dLdI[p] * dM[p]/dtheta for every masked parameter, in one reverse pass (dLdI is dL/dM: the
+ * adjoint kernel receives scale * dLdI; the image-level parameters' gradients are sums over the pixels).  Where a
+ * derivative does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a
+ * rounding boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP):
+ * the -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
+ * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not free);
+ * the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend. The
+ * gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
  * Precision: the CPU adjoint always computes in double (on an NBG_FLOAT context its image is the double one); the
  * CUDA adjoint follows the context (on NBG_FLOAT, float per-sample arithmetic: gradients to ~1e-4 relative, the
  * image nbg_simulate's float image to ~1e-6 of its maximum). */
@@ -322,20 +355,48 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
 
 /* Forward-mode tangents (sensitivity maps): for each of the nparams parameters, the image dI/dtheta in
  * tangents[j * npix .. (j+1) * npix) (double), computed in one pass over the detector together with the image.
- * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply. */
+ * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply.  The
+ * tangents are the model image's: scale * dI/dtheta, and for the image-level parameters I (scale), 1 (bg), x, y
+ * (bg_fast, bg_slow) on the active pixels. */
 int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
                      float *image, size_t npix);
 
+/* The losses compare the model image M_p (photons, see nbg_experiment's image model) with the observed counts
+ * converted to photons, y_p = (obs_p - pedestal) / gain (e->response):
+ *   least squares:  L = sum w_p (M_p - y_p)^2 (w = 1 when weights is NULL);
+ *   Poisson:        L = sum w_p (M_p - y_p log M_p), y_p clipped below at 0 (a count under the pedestal is read
+ *                   noise around zero photons), M_p floored at 1e-12;
+ *   Poisson with read noise (response.read_noise = sigma_r > 0): the shifted-Poisson approximation, the photons
+ *                   plus s = (sigma_r / gain)^2 treated as Poisson with mean M_p + s (mean and variance of
+ *                   Poisson plus Gaussian noise both match):
+ *                   L = sum w_p ((M_p + s) - y'_p log(M_p + s)),  y'_p = max(y_p + s, 0).
+ * Constants of the data are dropped. */
 typedef enum {
-    NBG_LOSS_LSQ = 0,    /* L = sum w_p (I_p - obs_p)^2 (w = 1 when weights is NULL)       */
-    NBG_LOSS_POISSON = 1 /* L = sum I_p - obs_p log I_p (negative log-likelihood, constants dropped) */
+    NBG_LOSS_LSQ = 0,    /* least squares */
+    NBG_LOSS_POISSON = 1 /* the Poisson negative log-likelihood (shifted Poisson with read noise) */
 } nbg_loss;
 
-/* Fused loss and gradient against an observed image (npix floats; pixels outside the ROI or masked are left
- * out).  The observed image and the weights must be finite and non-negative.  With mask 0 only the loss (and
- * the image) is computed, at the cost of one forward pass. */
+/* Fused loss and gradient against an observed image (npix floats, counts as the file holds them, pedestal
+ * included; pixels outside the ROI or masked are left out).  The observed image and the weights must be finite
+ * and non-negative.  With mask 0 only the loss (and the image) is computed, at the cost of one forward pass. */
 int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const float *observed,
                   const float *weights, nbg_param_mask mask, double *L, nbg_grad *grad, float *image, size_t npix);
+
+/* Whether the observed image's floor agrees with the model's: a model without the data's pedestal or background
+ * fits the wrong thing (a Poisson fit then moves the cell to spread intensity over the floor) with small standard
+ * errors.  floor is the 5th percentile of the observed counts over the pixels the loss uses (active, weight > 0);
+ * model_floor the 5th percentile of the model's counts gain * M_p + pedestal there; sigma the noise of a count at
+ * the model's floor, sqrt(gain^2 M + read_noise^2) (at least 1).  mismatch is 1 when the two differ by more than 5
+ * counts and more than 5 sigma; message then says so in words.  image, when not NULL, is the model image M of e
+ * (npix floats, as nbg_simulate renders it); NULL renders it. */
+typedef struct {
+    double floor, model_floor, sigma;
+    long npix;          /* pixels compared */
+    int mismatch;
+    char message[256];
+} nbg_floor_check;
+int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed, const float *weights,
+                    const float *image, size_t npix, nbg_floor_check *out);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Refinement                                                                                                 */
@@ -350,12 +411,25 @@ typedef struct {
     nbg_optimizer method;
     nbg_loss loss;
     int max_iter;         /* (100) */
-    double ftol;          /* stop when the loss changes by less than ftol * loss (1e-12) */
-    double gtol;          /* BFGS: stop when the scaled gradient norm is below gtol (1e-9) */
+    double ftol;          /* converged when the loss changes by less than ftol * loss (1e-12) ... */
+    double gtol;          /* BFGS: ... or the scaled gradient norm is below gtol (1e-9) ... */
+    double stol;          /* ... or the Gauss-Newton step left is below stol standard errors (1e-3) */
     /* called after each iteration: loss, gradient norm and step length */
     void (*progress)(void *user, int iter, double loss, double gnorm, double step);
     void *user;
 } nbg_refine_options;
+
+/* Why a refinement stopped.  Converged: FTOL, GTOL, STEP, and NO_DECREASE when the Gauss-Newton step left is
+ * within one standard error (the loss cannot resolve a better point); not converged: MAXITER, NO_DECREASE with a
+ * larger step left, BOUND. */
+typedef enum {
+    NBG_STOP_FTOL = 0,     /* the loss changed by less than ftol * loss                                      */
+    NBG_STOP_GTOL,         /* BFGS: the scaled gradient fell below gtol                                      */
+    NBG_STOP_STEP,         /* the Gauss-Newton step left is below stol standard errors                        */
+    NBG_STOP_MAXITER,      /* the iteration limit                                                            */
+    NBG_STOP_NO_DECREASE,  /* no step lowers the loss (LM at its largest damping, BFGS's line search)           */
+    NBG_STOP_BOUND         /* a parameter ended at a bound of its physical range (nbg_param_in_bounds)         */
+} nbg_stop_reason;
 
 typedef struct {
     int nparams;
@@ -364,17 +438,24 @@ typedef struct {
     double sigma[NBG_NPARAMS];                 /* standard errors at the optimum */
     double corr[NBG_NPARAMS * NBG_NPARAMS];    /* correlation matrix, row-major nparams x nparams */
     double start_loss, loss;
-    int iterations, converged;
+    int iterations;                            /* iterations taken (one progress call each) */
+    int converged;                             /* 1 when the stop reason is a convergence (see nbg_stop_reason) */
+    nbg_stop_reason reason;
+    char why[200];                             /* the reason in words, with the numbers */
+    double step_sigma;                         /* the Gauss-Newton step left at the end, in standard errors */
+    long nobs;                                 /* pixels in the loss */
+    nbg_floor_check floor;                     /* the observed floor against the fitted model's (nbg_check_floor) */
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);
-/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance > 0,
+/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance, scale > 0,
  * N >= 1, cell angles in (0, 180), mosaic >= 0, polarization in [-1, 1]). */
 int nbg_param_in_bounds(nbg_param p, double value);
-/* Fits the listed parameters of e to the observed image (npix floats; weights NULL = 1).  e is updated with the
- * fitted values on success.  The standard errors come from the information matrix at the optimum:
- * s^2 (J^T W J)^-1 with s^2 the reduced chi-square for least squares, the inverse Fisher information for the
- * Poisson loss. */
+/* Fits the listed parameters of e to the observed image (npix floats, counts with e->response's pedestal and gain;
+ * weights NULL = 1; pixels outside the ROI or e->mask are left out).  e is updated with the fitted values on
+ * success, also when the fit did not converge (res->converged, res->reason say so).  The standard errors come from
+ * the information matrix at the optimum: s^2 (J^T W J)^-1 with s^2 the reduced chi-square for least squares, the
+ * inverse Fisher information for the Poisson loss. */
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
                const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res);
 
@@ -382,14 +463,27 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
  * pseudo-random weights w_p in [0.5, 1.5).  Central differences in double at steps h and h/2 (h per parameter,
  * scaled by h_scale, 1 = default), Richardson-extrapolated; passes when |adjoint - numeric| <= atol +
  * rtol max(|adjoint|, |numeric|), atol = 1e-13 |L| / h (the differences' rounding floor), and the error of the
- * plain difference shrinks like h^2.  Refuses a blank image, and a gradient below atol, as proof.  Pixels whose rounded Miller index changes between the evaluations are left out of both
- * sides (counted in excluded). */
+ * plain difference shrinks like h^2.  M is the model image (nbg_experiment's image model), so the image-level
+ * parameters are checked too.  A blank image is refused; a parameter whose adjoint and difference are both below
+ * atol gets NBG_CHECK_ZERO (not a pass: no proof); a zero adjoint against a non-zero difference fails.  Pixels
+ * whose rounded Miller index changes between the evaluations are left out of both sides (counted in excluded).
+ * The context's progress callback (nbg_ctx_set_progress), when set, is called after each parameter. */
+typedef enum {
+    NBG_CHECK_FAIL = 0,
+    NBG_CHECK_PASS = 1,
+    NBG_CHECK_ZERO = 2  /* adjoint and difference both at the rounding floor: nothing on this experiment depends on
+                           the parameter (e.g. a cell length no visible reflection moves with); not a failure, but
+                           no proof either: a check with no PASS proves nothing */
+} nbg_check_status;
+
 typedef struct {
     nbg_param param;    /* NBG_NPARAMS for the structure factors (a directional check over the table) */
     double adjoint, numeric, relerr, step;
     double order;       /* observed convergence order of the finite difference (about 2) */
     long excluded;      /* pixels left out */
-    int pass;
+    int pass;           /* status == NBG_CHECK_PASS */
+    nbg_check_status status;
+    double loss;        /* the loss checked, L = sum w_p M_p at the experiment's values */
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 

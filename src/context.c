@@ -46,6 +46,14 @@ const char *nbg_errmsg(const nbg_ctx *ctx)
     return ctx != NULL ? ctx->errmsg : "no context";
 }
 
+void nbg_ctx_set_progress(nbg_ctx *ctx, nbg_progress_fn fn, void *user)
+{
+    if (ctx != NULL) {
+        ctx->progress = fn;
+        ctx->progress_user = user;
+    }
+}
+
 /* --- limits ------------------------------------------------------------------------------------------------ */
 
 void nbg_limits_default(nbg_limits *l)

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <errno.h>
+#include <time.h>
 #include <sys/stat.h>
 
 void usage_main(FILE *out);
@@ -21,12 +22,21 @@ void usage_main(FILE *out);
 static void params_help(FILE *out)
 {
     fprintf(out, "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
-                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n");
+                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n"
+                 "            scale bg bg_fast bg_slow (the image model: M = scale * I + bg + bg_fast * x\n"
+                 "            + bg_slow * y, x, y the pixel's fast, slow offset from the detector centre in\n"
+                 "            thousands of pixels)\n"
+                 "groups:     all (the parameters free in the experiment), cell, orientation, detector, background\n"
+                 "exit status: 0 done; 1 an error; refine: 2 not converged, 3 converged but the fitted model's floor\n"
+                 "            does not match the observed image's (a pedestal or background left out)\n");
 }
 
 /* Options of the gradient subcommands. */
 typedef struct {
     nbg_param_mask mask;
+    nbg_param_mask named; /* the parameters named one by one (kept when "all" leaves a parameter out) */
+    int all;              /* "all" was given: the parameters not free in the experiment are left out, named */
+    double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
     nbg_param order[NBG_NPARAMS]; /* parameters in the order given */
     int norder;
     int want_F;
@@ -54,6 +64,9 @@ static int parse_params(const char *list, grad_opts *o)
     for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
         if (strcmp(tok, "all") == 0) {
             o->mask |= NBG_MASK_ALL;
+            o->all = 1;
+        } else if (strcmp(tok, "background") == 0) {
+            for (int p = NBG_P_BG; p <= NBG_P_BG_SLOW; ++p) o->mask |= NBG_MASK(p);
         } else if (strcmp(tok, "cell") == 0) {
             for (int p = NBG_P_A; p <= NBG_P_GAMMA; ++p) o->mask |= NBG_MASK(p);
         } else if (strcmp(tok, "orientation") == 0) {
@@ -67,10 +80,11 @@ static int parse_params(const char *list, grad_opts *o)
             if (p < 0) {
                 fprintf(stderr, "nbgrad: error: unknown parameter '%s' in -params (known:", tok);
                 for (int i = 0; i < NBG_NPARAMS; ++i) fprintf(stderr, " %s", nbg_param_name((nbg_param)i));
-                fprintf(stderr, " F, and the groups all cell orientation detector)\n");
+                fprintf(stderr, " F, and the groups all cell orientation detector background)\n");
                 return 0;
             }
             o->mask |= NBG_MASK(p);
+            o->named |= NBG_MASK(p);
         }
     }
     o->norder = 0;
@@ -101,6 +115,30 @@ static int set_positive(grad_opts *o, const char *flag, const char *v, void *dst
     if (!nbgi_cli_number(flag, v, &x)) return 0;
     if (!(x > 0)) {
         fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", flag, v);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+static int set_finite(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v, &x)) return 0;
+    if (!isfinite(x)) {
+        fprintf(stderr, "nbgrad: error: %s must be a finite number, got '%s'\n", flag, v);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+static int set_nonneg(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v, &x)) return 0;
+    if (!(x >= 0) || !isfinite(x)) {
+        fprintf(stderr, "nbgrad: error: %s must be a non-negative number, got '%s'\n", flag, v);
         return 0;
     }
     *(double *)dst = x;
@@ -167,9 +205,16 @@ static const struct {
     const char *arg, *help;
 } grad_flag_table[] = {
     {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
-     "parameters, comma-separated: names, or all, cell, orientation, detector"},
+     "parameters, comma-separated: names, or all (those free in the experiment), cell, orientation, detector, "
+     "background"},
     {"-observed", CMD_GRAD | CMD_REFINE, set_path, GO(observed), "FILE",
-     "observed image, raw 4-byte floats or SMV (grad without it: L = sum of pixels)"},
+     "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
+     "overloads are left out"},
+    {"-pedestal", CMD_GRAD | CMD_REFINE, set_finite, GO(pedestal), "counts",
+     "the observed image's pedestal (default: the file's; SMV without ADC_OFFSET: -adc, 40; raw floats: 0)"},
+    {"-gain", CMD_GRAD | CMD_REFINE, set_positive, GO(gain), "x", "counts per photon of the observed image (1)"},
+    {"-read_noise", CMD_GRAD | CMD_REFINE, set_nonneg, GO(read_noise), "counts",
+     "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
     {"-weights", CMD_GRAD | CMD_REFINE, set_path, GO(weights), "FILE",
      "per-pixel weights of the loss, raw 4-byte floats or SMV"},
     {"-loss", CMD_GRAD | CMD_REFINE, set_loss, 0, "lsq|poisson",
@@ -183,7 +228,7 @@ static const struct {
      "Levenberg-Marquardt (the default) or BFGS (also lbfgs)"},
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
     {"-residual", CMD_REFINE, set_path, GO(residual), "FILE",
-     "the residual image, observed - model, as raw 4-byte floats"},
+     "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
 };
 #undef GO
 #define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
@@ -279,11 +324,189 @@ static int json_close(nbg_ctx *ctx, nbgi_cli *c, nbgi_out *o)
     return 1;
 }
 
+/* -params all: leaves out the parameters that are not free in this experiment (and fluence beside scale: both are
+ * overall factors), naming each with its reason; parameters named one by one stay.  Prints; 0 on an error. */
+static int resolve_all(nbg_ctx *ctx, const nbgi_cli *c, grad_opts *o)
+{
+    if (!o->all) {
+        return 1;
+    }
+    char left[2048] = "", why[512];
+    size_t len = 0;
+    int nleft = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (!(o->mask & NBG_MASK(p)) || (o->named & NBG_MASK(p))) {
+            continue;
+        }
+        int fr = nbg_param_free(ctx, &c->e, (nbg_param)p, why, sizeof why);
+        if (fr < 0) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            return 0;
+        }
+        if (fr && p == NBG_P_FLUENCE && (o->mask & NBG_MASK(NBG_P_SCALE))) {
+            snprintf(why, sizeof why, "fluence: an overall factor, as scale is (name one of the two)");
+            fr = 0;
+        }
+        if (!fr) {
+            o->mask &= ~NBG_MASK(p);
+            len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0, "\n  %s", why);
+            ++nleft;
+        }
+    }
+    if (o->cmd == CMD_REFINE && !o->want_F) {
+        len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0,
+                                "\n  F: refine does not fit structure factors (nbgrad grad gives dL/dF)");
+        ++nleft;
+    }
+    o->norder = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (o->mask & NBG_MASK(p)) {
+            o->order[o->norder++] = (nbg_param)p;
+        }
+    }
+    printf("-params all: %d parameters", o->norder);
+    for (int j = 0; j < o->norder; ++j) printf("%s%s", j ? "," : " ", nbg_param_name(o->order[j]));
+    printf("\n");
+    if (nleft > 0) {
+        printf("left out (%d):%s\n", nleft, left);
+    }
+    return 1;
+}
+
+/* Reads the observed image and what goes with it: the detector response (-pedestal, -gain, -read_noise, else the
+ * file's, else nanoBragg's ADC offset for SMV without the key) into c->e.response, and the pixels to leave out
+ * (the file's mask, its overloads, -mask) into *use, which c->e.mask then points to (the caller frees it).
+ * Prints what it decided, and errors. */
+static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_t npix, uint8_t **use)
+{
+    float *img = NULL;
+    uint8_t *fmask = NULL;
+    size_t n = 0;
+    nbg_geometry g;
+    int have_geom = 0;
+    *use = NULL;
+    if (nbg_read_image(ctx, o->observed, 0, npix, &img, &n, &g, &have_geom, &fmask) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -observed: %s\n", nbg_errmsg(ctx));
+        return NULL;
+    }
+    if (n != npix) {
+        fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", o->observed, n, npix);
+        free(img);
+        free(fmask);
+        return NULL;
+    }
+    nbg_detector_model *r = &c->e.response;
+    const char *from;
+    if (!isnan(o->pedestal)) {
+        r->pedestal = o->pedestal;
+        from = "-pedestal";
+    } else if (isnan(g.pedestal)) { /* SMV without ADC_OFFSET: written by nanoBragg, whose offset is -adc's */
+        r->pedestal = c->adc;
+        from = "an SMV file without ADC_OFFSET: nanoBragg's ADC offset (-adc)";
+    } else {
+        r->pedestal = g.pedestal;
+        from = g.fpixels > 0 ? "the file's" : "raw floats carry none";
+    }
+    r->gain = !isnan(o->gain) ? o->gain : (isfinite(g.gain) && g.gain > 0 ? g.gain : 1);
+    r->read_noise = !isnan(o->read_noise) ? o->read_noise : 0;
+    printf("observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts\n", o->observed,
+           r->pedestal, from, r->gain, r->read_noise);
+    *use = malloc(npix);
+    if (*use == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for the pixel mask\n");
+        free(img);
+        free(fmask);
+        return NULL;
+    }
+    long nfile = 0, nover = 0, ncli = 0, nbad = 0;
+    size_t firstbad = 0;
+    float badval = 0;
+    const double sat = isfinite(g.saturation) && g.saturation > 0 ? g.saturation : INFINITY;
+    for (size_t i = 0; i < npix; ++i) {
+        uint8_t keep = 1;
+        if (c->e.mask != NULL && c->e.mask[i] == 0) {
+            keep = 0, ++ncli;
+        } else if (fmask != NULL && fmask[i]) {
+            keep = 0, ++nfile;
+        } else if (img[i] >= sat) {
+            keep = 0, ++nover;
+        } else if (!isfinite(img[i]) || img[i] < 0) {
+            if (nbad++ == 0) {
+                firstbad = i, badval = img[i];
+            }
+            keep = 0;
+        }
+        (*use)[i] = keep;
+        if (!keep && !(isfinite(img[i]) && img[i] >= 0)) {
+            img[i] = 0; /* a flagged value (CBF's -1, -2) is not data */
+        }
+    }
+    free(fmask);
+    if (nbad > 0) {
+        fprintf(stderr, "nbgrad: error: -observed %s: pixel %zu is %g (must be finite and non-negative), %ld such "
+                "pixels outside the file's mask\n", o->observed, firstbad, (double)badval, nbad);
+        free(img);
+        free(*use);
+        *use = NULL;
+        return NULL;
+    }
+    const long nout = nfile + nover + ncli;
+    if (nout > 0) {
+        printf("left out %ld of %zu pixels: %ld in the file's mask, %ld overloaded (>= %g counts), %ld in -mask\n",
+               nout, npix, nfile, nover, sat, ncli);
+    }
+    c->e.mask = *use;
+    return img;
+}
+
+/* Compares the observed image's floor with the model's (nbg_check_floor) and prints a warning naming the likely
+ * cause.  Returns 1 when they disagree. */
+static int floor_warning(nbg_ctx *ctx, const nbgi_cli *c, const float *obs, const float *wts, const float *model,
+                         size_t npix, const char *when)
+{
+    nbg_floor_check fc;
+    if (nbg_check_floor(ctx, &c->e, obs, wts, model, npix, &fc) != NBG_OK || !fc.mismatch) {
+        return 0;
+    }
+    if (fc.floor > fc.model_floor) {
+        double ped = fc.floor - fc.model_floor + c->e.response.pedestal;
+        if (fabs(ped - round(ped)) < 0.1) {
+            ped = round(ped); /* counts are integers; the model's floor carries a little of the spots' tails */
+        }
+        printf("WARNING%s: the observed image has a floor of %g counts (5th percentile of %ld pixels) but the model's "
+               "is %g: give its pedestal with -pedestal %.4g (nanoBragg's ADC offset is 40; -pedestal now %g) or "
+               "refine bg\n", when, fc.floor, fc.npix, fc.model_floor, ped, c->e.response.pedestal);
+    } else {
+        printf("WARNING%s: the observed image's floor of %g counts (5th percentile of %ld pixels) lies below the "
+               "model's %g: the pedestal (-pedestal %g) or the background is too large\n", when, fc.floor, fc.npix,
+               fc.model_floor, c->e.response.pedestal);
+    }
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* gradcheck's progress: a line per parameter once the run has taken more than 3 s. */
+static void gradcheck_progress(void *user, const char *what, int done, int total)
+{
+    const double t = now_s() - *(const double *)user;
+    if (t > 3) {
+        printf("gradcheck: %s checked (%d of %d), %.1f s\n", what, done, total, t);
+        fflush(stdout);
+    }
+}
+
 static int cmd_gradcheck(int argc, char **argv, int first)
 {
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
+    o.pedestal = o.gain = o.read_noise = NAN;
     o.cmd = CMD_GRADCHECK;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
@@ -304,23 +527,42 @@ static int cmd_gradcheck(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: gradcheck needs -params (e.g. -params a,b,c,rotx,distance)\n");
         goto done;
     }
+    if (!resolve_all(ctx, &c, &o)) {
+        goto done;
+    }
     nbgi_debug_break_adjoint(ctx, o.break_param);
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
     int n = 0;
+    const double t0 = now_s();
+    nbg_ctx_set_progress(ctx, gradcheck_progress, (void *)&t0);
+    printf("checking the adjoint against central differences of L = sum_p w_p M_p, fixed pseudo-random weights w_p "
+           "in [0.5, 1.5), M = scale * I + background (the model image)\n");
+    fflush(stdout);
     if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6,
                       o.hscale > 0 ? o.hscale : 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    int passed = 0;
+    if (n > 0) {
+        printf("L = %.15g\n", res[0].loss);
+    }
+    int passed = 0, zero = 0;
     for (int i = 0; i < n; ++i) {
-        printf("%s %s adjoint=%.12g numeric=%.12g relerr=%.3g order=%.2f step=%g%s%s\n", res[i].pass ? "PASS" : "FAIL",
+        printf("%s %s adjoint=%.12g numeric=%.12g relerr=%.3g order=%.2f step=%g%s%s\n",
+               res[i].status == NBG_CHECK_PASS ? "PASS" : res[i].status == NBG_CHECK_ZERO ? "ZERO" : "FAIL",
                nbg_param_name(res[i].param), res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order,
                res[i].step, res[i].reason[0] ? " # " : "", res[i].reason);
-        passed += res[i].pass;
+        passed += res[i].status == NBG_CHECK_PASS;
+        zero += res[i].status == NBG_CHECK_ZERO;
     }
-    printf("%d passed, %d failed\n", passed, n - passed);
-    status = passed == n ? 0 : 1;
+    printf("%d passed, %d failed%s", passed, n - passed - zero, zero ? "" : "\n");
+    if (zero) {
+        printf(", %d zero (not failures: nothing on this experiment depends on them)\n", zero);
+    }
+    if (passed == 0) {
+        printf("no parameter passed: a check of zero gradients proves nothing\n");
+    }
+    status = passed > 0 && passed + zero == n ? 0 : 1;
 done:
     c.extra = NULL;
     nbgi_cli_free(&c);
@@ -351,12 +593,14 @@ static int cmd_grad(int argc, char **argv, int first)
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
+    o.pedestal = o.gain = o.read_noise = NAN;
     o.cmd = CMD_GRAD;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
     float *img = NULL, *obs = NULL, *wts = NULL, *dl = NULL;
+    uint8_t *use = NULL;
     double *dF = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
@@ -372,6 +616,9 @@ static int cmd_grad(int argc, char **argv, int first)
     }
     if (o.mask == 0 && !o.want_F) {
         fprintf(stderr, "nbgrad: error: grad needs -params (e.g. -params a,b,c,rotx,distance)\n");
+        goto done;
+    }
+    if (!resolve_all(ctx, &c, &o)) {
         goto done;
     }
     nbg_report r;
@@ -402,9 +649,10 @@ static int cmd_grad(int argc, char **argv, int first)
     double L = 0;
     int rc;
     if (o.observed != NULL) {
-        obs = read_image(ctx, "-observed", o.observed, npix);
+        obs = read_observed(ctx, &c, &o, npix, &use);
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
+        floor_warning(ctx, &c, obs, wts, NULL, npix, "");
         rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, mask, &L, &g, img, npix);
     } else {
         dl = malloc(sizeof(float) * npix);
@@ -420,7 +668,10 @@ static int cmd_grad(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    printf("loss = %.15g (%s)\n", L, o.observed ? (o.loss == NBG_LOSS_LSQ ? "least squares" : "Poisson NLL") : "sum of pixels");
+    printf("loss = %.15g (%s)\n", L, o.observed ? (o.loss == NBG_LOSS_LSQ ? "least squares"
+                                                  : c.e.response.read_noise > 0 ? "shifted-Poisson NLL (read noise)"
+                                                                                 : "Poisson NLL")
+                                                : "sum of pixels");
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (mask & NBG_MASK(p)) {
             double v;
@@ -465,6 +716,7 @@ done:
     free(wts);
     free(dl);
     free(dF);
+    free(use);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -537,6 +789,7 @@ void usage_main(FILE *out)
                  "       nbgrad grad <flags> -params LIST [-observed FILE -loss lsq|poisson] [-json FILE]\n"
                  "       nbgrad gradcheck <flags> -params LIST [-rtol 1e-6]\n"
                  "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n"
+                 "                     [-pedestal counts -gain x -read_noise counts]\n"
                  "       nbgrad batch <flags> -shots LIST -floatfile out/{id}.bin ...   many shots (mpirun -n K)\n"
                  "       nbgrad shots -n COUNT -seed S -o LIST   a shot list in random orientations\n");
     params_help(out);
@@ -559,6 +812,7 @@ static int cmd_refine(int argc, char **argv, int first)
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
+    o.pedestal = o.gain = o.read_noise = NAN;
     o.max_iter = 100;
     o.cmd = CMD_REFINE;
     nbgi_cli_init(&c);
@@ -566,11 +820,17 @@ static int cmd_refine(int argc, char **argv, int first)
     c.extra = &o;
     int status = 1;
     float *obs = NULL, *wts = NULL, *img = NULL;
+    uint8_t *use = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
-            grad_usage(CMD_REFINE, "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
-                                   "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]");
+            grad_usage(CMD_REFINE,
+                       "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
+                       "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
+                       "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
+                       "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
+                       "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
+                       "match the data's (pedestal or background missing)");
             status = 0;
         }
         c.extra = NULL;
@@ -585,14 +845,24 @@ static int cmd_refine(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: refine does not fit structure factors (F); use nbgrad grad for dL/dF\n");
         goto done;
     }
+    if (!resolve_all(ctx, &c, &o)) {
+        goto done;
+    }
+    if (o.norder == 0) {
+        fprintf(stderr, "nbgrad: error: no parameter left to refine\n");
+        goto done;
+    }
     nbg_report r;
     if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
     const size_t npix = (size_t)r.fpixels * r.spixels;
-    if ((obs = read_image(ctx, "-observed", o.observed, npix)) == NULL) goto done;
+    if ((obs = read_observed(ctx, &c, &o, npix, &use)) == NULL) goto done;
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
+    if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {
+        floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
+    }
     nbg_refine_options ro;
     nbg_refine_options_default(&ro);
     ro.method = o.method;
@@ -601,13 +871,25 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.progress = refine_progress;
     nbg_refine_result res;
     printf("refining %d parameters with %s on the %s loss\n", o.norder,
-           o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS", o.loss == NBG_LOSS_LSQ ? "least-squares" : "Poisson");
+           o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS",
+           o.loss == NBG_LOSS_LSQ ? "least-squares"
+           : c.e.response.read_noise > 0 ? "shifted-Poisson (read noise)" : "Poisson");
     if (nbg_refine(ctx, &c.e, obs, wts, npix, o.order, o.norder, &ro, &res) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    printf("%s after %d iterations: loss %.10g -> %.10g\n", res.converged ? "converged" : "stopped (iteration limit)",
-           res.iterations, res.start_loss, res.loss);
+    static const char *const reason_names[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
+    if (res.converged) {
+        printf("converged after %d iterations (%s: %s): loss %.10g -> %.10g\n", res.iterations,
+               reason_names[res.reason], res.why, res.start_loss, res.loss);
+    } else {
+        printf("NOT CONVERGED after %d iterations: %s (%s): loss %.10g -> %.10g\n", res.iterations,
+               reason_names[res.reason], res.why, res.start_loss, res.loss);
+    }
+    const int floor_bad = res.floor.mismatch;
+    if (floor_bad) {
+        floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
+    }
     printf("%-10s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
     for (int j = 0; j < res.nparams; ++j) {
         printf("%-10s %16.8g %16.8g %14.4g\n", nbg_param_name(res.params[j]), res.start[j], res.value[j], res.sigma[j]);
@@ -624,12 +906,14 @@ static int cmd_refine(int argc, char **argv, int first)
             fprintf(stderr, "nbgrad: error: cannot render the residual image\n");
             goto done;
         }
-        for (size_t i = 0; i < npix; ++i) img[i] = obs[i] - img[i];
+        for (size_t i = 0; i < npix; ++i) {
+            img[i] = use[i] ? (float)((obs[i] - c.e.response.pedestal) / c.e.response.gain - img[i]) : 0.0f;
+        }
         if (nbgi_write_float_set(ctx, &c.outs, o.residual, img, npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             goto done;
         }
-        printf("wrote the residual image (observed - model) to %s\n", o.residual);
+        printf("wrote the residual image ((observed - pedestal) / gain - model) to %s\n", o.residual);
     }
     if (o.json != NULL) {
         nbgi_out jo;
@@ -637,10 +921,15 @@ static int cmd_refine(int argc, char **argv, int first)
         if (j == NULL) {
             goto done;
         }
-        fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"iterations\": %d,\n"
+        fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"reason\": \"%s\",\n"
+                   "  \"why\": \"%s\",\n  \"step_sigma\": %.6g,\n  \"iterations\": %d,\n"
+                   "  \"pixels\": %ld,\n  \"pedestal\": %.17g,\n  \"gain\": %.17g,\n  \"read_noise\": %.17g,\n"
+                   "  \"floor_mismatch\": %s,\n"
                    "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
                 o.method == NBG_OPT_LM ? "lm" : "bfgs", o.loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
-                res.converged ? "true" : "false", res.iterations, res.start_loss, res.loss);
+                res.converged ? "true" : "false", reason_names[res.reason], res.why,
+                isfinite(res.step_sigma) ? res.step_sigma : -1.0, res.iterations, res.nobs, c.e.response.pedestal,
+                c.e.response.gain, c.e.response.read_noise, floor_bad ? "true" : "false", res.start_loss, res.loss);
         for (int k = 0; k < res.nparams; ++k) {
             fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
                     nbg_param_name(res.params[k]), res.start[k], res.value[k], res.sigma[k]);
@@ -656,11 +945,17 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
     }
-    status = nbgi_cli_commit(ctx, &c) ? 0 : 1;
+    status = nbgi_cli_commit(ctx, &c) ? (!res.converged ? 2 : floor_bad ? 3 : 0) : 1;
+    if (status == 2) {
+        printf("exit status 2: not converged\n");
+    } else if (status == 3) {
+        printf("exit status 3: the fit converged but the fitted model's floor does not match the data's\n");
+    }
 done:
     free(obs);
     free(wts);
     free(img);
+    free(use);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);

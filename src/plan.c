@@ -363,6 +363,13 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         {e->misset[2], "misset angle z (-misset)", -inf, inf, 1, 1, 0, "deg"},
         {e->beam_shift[0], "beam_fast shift", -inf, inf, 1, 1, 0, "mm"},
         {e->beam_shift[1], "beam_slow shift", -inf, inf, 1, 1, 0, "mm"},
+        {e->scale, "image scale (scale)", 0, inf, 1, 1, 0, ""},
+        {e->bg[0], "background (bg)", -inf, inf, 1, 1, 0, "photons"},
+        {e->bg[1], "background slope along fast (bg_fast)", -inf, inf, 1, 1, 0, "photons per 1000 pixels"},
+        {e->bg[2], "background slope along slow (bg_slow)", -inf, inf, 1, 1, 0, "photons per 1000 pixels"},
+        {e->response.pedestal, "detector pedestal (-pedestal)", -inf, inf, 1, 1, 0, "counts"},
+        {e->response.gain, "detector gain (-gain)", 0, inf, 1, 1, 0, "counts per photon"},
+        {e->response.read_noise, "read noise (-read_noise)", 0, inf, 0, 1, 0, "counts"},
     };
     for (size_t i = 0; i < sizeof dom / sizeof dom[0]; ++i) {
         const int rc = check_domain(ctx, &dom[i]);
@@ -486,6 +493,8 @@ void nbg_experiment_default(nbg_experiment *e)
     e->mosaic_domains = -1;
     e->mosaic_seed = 12345678;
     e->interpolate = -1;
+    e->scale = 1;
+    e->response.gain = 1;
 }
 
 /* The crystal inputs of the smooth set-up map (angles in radians, defaults applied). */

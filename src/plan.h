@@ -39,6 +39,26 @@ int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image);
  * non-finite intermediate).  sum is the image's sum in double when the caller has it, NAN to scan. */
 int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, double sum);
 
+/* The image model M = scale * I + B (src/model.c; see nbg_experiment).  The background plane's coordinates are in
+ * units of NBG_BG_UNIT pixels from the detector centre.  The image-level parameters are the last four. */
+#define NBG_BG_UNIT 1000.0
+#define NBGI_IMAGE_LEVEL(p) ((p) >= NBG_P_SCALE && (p) <= NBG_P_BG_SLOW)
+#define NBGI_IMAGE_MASK (NBG_MASK(NBG_P_SCALE) | NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW))
+/* 1 when the model is the identity (scale 1, no background): images are then the simulation's bit for bit. */
+int nbgi_model_is_identity(const nbg_experiment *e);
+/* Pixel i's background coordinates x (fast), y (slow). */
+void nbgi_model_xy(const nbgi_kparams *k, size_t i, double *x, double *y);
+/* Whether pixel i is rendered (ROI and mask). */
+int nbgi_model_active(const nbgi_kparams *k, size_t i);
+/* B_i. */
+double nbgi_model_bg(const nbg_experiment *e, const nbgi_kparams *k, size_t i);
+/* image = scale * image + B over the active pixels (nothing when the model is the identity). */
+void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *image);
+/* One pixel's loss term (weight 1) for model value M (photons) against the observed count obs, with the detector
+ * response r (see nbg_loss): returns the term, *dLdM its derivative in M and, when c is not NULL, *c the
+ * Gauss-Newton curvature (2 for least squares, the Fisher information 1 / (M + s) for Poisson). */
+double nbgi_pixel_loss(nbg_loss loss, const nbg_detector_model *r, double M, double obs, double *dLdM, double *c);
+
 /* Fills the crystal set-up's inputs from an experiment (cell defaults applied, angles in radians). */
 void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbgi_xtal_in_d *in);
 

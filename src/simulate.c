@@ -40,6 +40,7 @@ int nbg_ctx_create(nbg_ctx **out, nbg_backend backend, nbg_precision precision, 
     ctx->nthreads = nthreads;
     ctx->backend = NBG_BACKEND_CPU;
     ctx->break_param = -1;
+    ctx->zero_param = -1;
     nbg_limits_default(&ctx->limits);
     if (backend != NBG_BACKEND_CPU) {
 #ifdef NBG_HAVE_CUDA
@@ -215,6 +216,9 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
                          pl.k.fpixels, pl.k.spixels, need);
     }
     rc = nbgi_forward_plan(ctx, &pl, image);
+    if (rc == NBG_OK) {
+        nbgi_model_apply(e, &pl.k, image);
+    }
     if (rc == NBG_OK && report != NULL) {
         *report = pl.rep;
     }

@@ -108,6 +108,73 @@ int main(void)
     rc = run(cmd);
     nbgi_test_check(rc != 0 && (strstr(out, "bounds") != NULL || strstr(out, "cell") != NULL), "cligrad-10-bounds",
                    "a start outside the bounds is refused");
+
+    /* real-looking data: nanoBragg's noise image (SMV, pedestal 40 and no ADC_OFFSET key), a perturbed start */
+    char smv[1024];
+    snprintf(smv, sizeof smv, "%s/obs.img", dir);
+#define XT "-default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1 -fluence 5e30"
+    snprintf(cmd, sizeof cmd, "%s -cell 70 80 90 75 85 95 -misset 10 5 3 " XT " -noisefile %s -seed 7 -nopgm 2>&1",
+             bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0, "cligrad-11-noise", "rendered the noise image (exit %d)", rc);
+#define START "-cell 70.7 80.8 90.9 75 85 95 -misset 10.5 5.5 3.5 " XT
+    snprintf(cmd, sizeof cmd, "%s refine " START " -observed %s -loss poisson -params cell,orientation 2>&1", bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "pedestal 40 counts (an SMV file without ADC_OFFSET") != NULL &&
+                       strstr(out, "converged after") != NULL && strstr(out, "WARNING") == NULL,
+                   "cligrad-12-pedestal", "the SMV file's pedestal is nanoBragg's 40: converged, no warning (exit %d)",
+                   rc);
+    snprintf(cmd, sizeof cmd,
+             "%s refine " START " -observed %s -loss poisson -params cell,orientation -pedestal 0 2>&1", bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(rc != 0 && rc != 1 &&
+                       strstr(out, "WARNING (before the fit): the observed image has a floor of 40") != NULL &&
+                       strstr(out, "-pedestal 40 (nanoBragg's ADC offset") != NULL,
+                   "cligrad-13-no-pedestal", "without the pedestal: the warning names it, and the exit status is %d "
+                   "(not 0)", rc);
+    /* the iteration limit: NOT CONVERGED, exit status 2, one iteration line for one iteration */
+    snprintf(cmd, sizeof cmd, "%s refine " START " -observed %s -loss poisson -params cell,orientation -maxiter 1 "
+                              "-json %s 2>&1", bin, smv, rjson);
+    rc = run(cmd);
+    json = nbgi_test_read_file(rjson, &size);
+    nbgi_test_check(rc == 2 && strstr(out, "NOT CONVERGED after 1 iterations: iteration limit") != NULL &&
+                       strstr(out, "iter   1") != NULL && strstr(out, "iter   2") == NULL && json != NULL &&
+                       strstr(json, "\"converged\": false") != NULL &&
+                       strstr(json, "\"reason\": \"iteration limit\"") != NULL,
+                   "cligrad-14-maxiter",
+                   "-maxiter 1: NOT CONVERGED, exit 2, one iteration line, JSON says so (exit %d)", rc);
+    free(json);
+    /* an overloaded pixel (65535, the SMV saturation) is left out, and said so */
+    f = fopen(smv, "r+b");
+    const unsigned short over = 65535;
+    if (f != NULL) {
+        fseek(f, 512 + 2 * 200, SEEK_SET);
+        fwrite(&over, 2, 1, f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "%s refine " START " -observed %s -loss poisson -params cell,orientation 2>&1", bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "left out 1 of 4096 pixels: 0 in the file's mask, 1 overloaded") != NULL,
+                   "cligrad-15-overload", "an overload is left out and counted (exit %d)", rc);
+    /* -params all: what it leaves out, with the reasons */
+    snprintf(cmd, sizeof cmd, "%s refine " START " -observed %s -loss poisson -params all -maxiter 2 2>&1", bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(strstr(out, "-params all: ") != NULL && strstr(out, "\n  mosaic: ") != NULL &&
+                       strstr(out, "\n  fluence: ") != NULL && strstr(out, "\n  F: ") != NULL,
+                   "cligrad-16-all", "-params all names what it leaves out (exit %d)", rc);
+    /* gradcheck: ZERO does not fail the run when something passes; the loss is printed */
+    snprintf(cmd, sizeof cmd, "%s gradcheck -cell 100 100 100 90 90 90 -default_F 100 -N 5 -detpixels 32 "
+                              "-tophat_spots -params a,distance 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "ZERO a adjoint=") != NULL && strstr(out, "PASS distance") != NULL &&
+                       strstr(out, "1 passed, 0 failed, 1 zero") != NULL && strstr(out, "L = sum_p w_p M_p") != NULL &&
+                       strstr(out, "\nL = ") != NULL,
+                   "cligrad-17-zero", "a zero gradient is ZERO, not a failure, beside a pass (exit %d)", rc);
+    snprintf(cmd, sizeof cmd, "%s gradcheck -cell 100 100 100 90 90 90 -default_F 100 -N 5 -detpixels 32 "
+                              "-tophat_spots -params a,distance -debug_break_adjoint distance 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 1 && strstr(out, "FAIL distance") != NULL && strstr(out, "ZERO a") != NULL,
+                   "cligrad-18-zero-broken", "a broken adjoint still fails beside a ZERO (exit %d)", rc);
     nbgi_test_rmtree(dir);
     return nbgi_test_summary();
 }

@@ -53,7 +53,7 @@ static nbg_param_mask mask_of(const char *list)
 }
 
 static const char *const ALL = "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"
-                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta";
+                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow";
 
 /* Runs the gradient check and prints one line per parameter; expect_pass = 0 for the broken adjoint. */
 static void gradcheck(const char *id, const nbg_experiment *e, const char *params, int expect_pass)

@@ -1,0 +1,154 @@
+/*
+ * model.c -- the image model: M = scale * I + B with a background plane, and the per-pixel losses against
+ * observed counts through the detector's response (pedestal, gain, read noise).  See nbg_experiment and nbg_loss
+ * in nbgrad.h for the formulas.
+ */
+#include "plan.h"
+#include "geometry.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int nbgi_model_is_identity(const nbg_experiment *e)
+{
+    return e->scale == 1 && e->bg[0] == 0 && e->bg[1] == 0 && e->bg[2] == 0;
+}
+
+void nbgi_model_xy(const nbgi_kparams *k, size_t i, double *x, double *y)
+{
+    const int f = (int)(i % (size_t)k->fpixels), s = (int)(i / (size_t)k->fpixels);
+    *x = (f - 0.5 * (k->fpixels - 1)) / NBG_BG_UNIT;
+    *y = (s - 0.5 * (k->spixels - 1)) / NBG_BG_UNIT;
+}
+
+int nbgi_model_active(const nbgi_kparams *k, size_t i)
+{
+    return nbgi_pixel_active(k, (int)(i % (size_t)k->fpixels), (int)(i / (size_t)k->fpixels));
+}
+
+double nbgi_model_bg(const nbg_experiment *e, const nbgi_kparams *k, size_t i)
+{
+    double x, y;
+    nbgi_model_xy(k, i, &x, &y);
+    return e->bg[0] + e->bg[1] * x + e->bg[2] * y;
+}
+
+void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *image)
+{
+    if (nbgi_model_is_identity(e)) {
+        return; /* bit for bit the simulated image */
+    }
+    const size_t npix = (size_t)k->fpixels * k->spixels;
+    for (size_t i = 0; i < npix; ++i) {
+        if (nbgi_model_active(k, i)) {
+            image[i] = (float)(e->scale * image[i] + nbgi_model_bg(e, k, i));
+        }
+    }
+}
+
+double nbgi_pixel_loss(nbg_loss loss, const nbg_detector_model *r, double M, double obs, double *dLdM, double *c)
+{
+    const double y = (obs - r->pedestal) / r->gain; /* photons */
+    if (loss == NBG_LOSS_LSQ) {
+        *dLdM = 2 * (M - y);
+        if (c != NULL) {
+            *c = 2;
+        }
+        return (M - y) * (M - y);
+    }
+    /* Poisson, shifted by s = (sigma_r / gain)^2 photons with read noise (s = 0 without): the mean M + s floored
+     * at 1e-12 where it vanishes, the data y + s clipped at 0 */
+    const double s = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+    const double m = M + s > 1e-12 ? M + s : 1e-12;
+    const double yy = y + s > 0 ? y + s : 0;
+    *dLdM = 1 - yy / m;
+    if (c != NULL) {
+        *c = 1 / m; /* Fisher scoring: E[y] / m^2 */
+    }
+    return m - (yy > 0 ? yy * log(m) : 0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of v[0..n) (sorted in place), n > 0. */
+static double quantile(double *v, size_t n, double q)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return v[(size_t)floor(q * (double)(n - 1))];
+}
+
+int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed, const float *weights,
+                    const float *image, size_t npix, nbg_floor_check *out)
+{
+    if (ctx == NULL || e == NULL || observed == NULL || out == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_check_floor: NULL argument");
+    }
+    memset(out, 0, sizeof *out);
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, e, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_check_floor: the image holds %zu pixels, the detector has %d x %d",
+                         npix, pl.k.fpixels, pl.k.spixels);
+    }
+    float *own = NULL;
+    if (image == NULL) {
+        own = malloc(sizeof(float) * npix);
+        if (own == NULL) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for a model image");
+        }
+        rc = nbg_simulate(ctx, e, own, npix, NULL);
+        image = own;
+    }
+    double *vo = rc == NBG_OK ? malloc(sizeof(double) * npix) : NULL;
+    double *vm = rc == NBG_OK ? malloc(sizeof(double) * npix) : NULL;
+    if (rc == NBG_OK && (vo == NULL || vm == NULL)) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the floor check");
+    }
+    if (rc == NBG_OK) {
+        const nbg_detector_model *r = &e->response;
+        size_t n = 0;
+        for (size_t i = 0; i < npix; ++i) {
+            if (nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0)) {
+                vo[n] = observed[i];
+                vm[n] = r->gain * image[i] + r->pedestal;
+                ++n;
+            }
+        }
+        out->npix = (long)n;
+        if (n > 0) {
+            out->floor = quantile(vo, n, 0.05);
+            out->model_floor = quantile(vm, n, 0.05);
+            const double photons = fmax((out->model_floor - r->pedestal) / r->gain, 0);
+            out->sigma = fmax(sqrt(r->gain * r->gain * photons + r->read_noise * r->read_noise), 1);
+            const double d = out->floor - out->model_floor;
+            out->mismatch = fabs(d) > 5 && fabs(d) > 5 * out->sigma;
+            if (out->mismatch && d > 0) {
+                snprintf(out->message, sizeof out->message, "the observed image has a floor of %.4g counts (5th "
+                         "percentile of %ld pixels) but the model's is %.4g (pedestal %g + gain x background): the "
+                         "data carry a pedestal or background the model lacks", out->floor, out->npix,
+                         out->model_floor, r->pedestal);
+            } else if (out->mismatch) {
+                snprintf(out->message, sizeof out->message, "the observed image's floor of %.4g counts (5th "
+                         "percentile of %ld pixels) lies below the model's %.4g (pedestal %g + gain x background): "
+                         "the model's pedestal or background is too large", out->floor, out->npix, out->model_floor,
+                         r->pedestal);
+            }
+        }
+    }
+    free(vo);
+    free(vm);
+    free(own);
+    nbgi_plan_free(&pl);
+    return rc;
+}
