@@ -424,12 +424,13 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     const double sat = isfinite(g.saturation) && g.saturation > 0 ? g.saturation : INFINITY;
     for (size_t i = 0; i < npix; ++i) {
         uint8_t keep = 1;
+        /* nbg_read_image's mask includes the overloads: count them as such */
         if (c->e.mask != NULL && c->e.mask[i] == 0) {
             keep = 0, ++ncli;
-        } else if (fmask != NULL && fmask[i]) {
-            keep = 0, ++nfile;
         } else if (img[i] >= sat) {
             keep = 0, ++nover;
+        } else if (fmask != NULL && fmask[i]) {
+            keep = 0, ++nfile;
         } else if (!isfinite(img[i]) || img[i] < 0) {
             if (nbad++ == 0) {
                 firstbad = i, badval = img[i];
