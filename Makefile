@@ -67,7 +67,7 @@ MPI_LIBS   = $$(command -v $(MPICC) >/dev/null 2>&1 && $(MPICC) --showme:link)
 endif
 
 LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
-CLI_SRC  := src/cli.c src/main.c src/batch.c
+CLI_SRC  := src/cli.c src/main.c src/batch.c src/ensemble.c
 LIB_SRC  := $(filter-out $(CLI_SRC),$(LIB_SRC))
 ifneq ($(GSL),1)
 LIB_SRC  := $(filter-out grad/refine.c,$(LIB_SRC))
@@ -129,11 +129,11 @@ $(B)/%.o: %.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/src/batch.o: src/batch.c | $(DEPS)
+$(B)/src/batch.o $(B)/src/ensemble.o: $(B)/src/%.o: src/%.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
 
-$(B)/emu/src/batch.o: src/batch.c | $(DEPS)
+$(B)/emu/src/batch.o $(B)/emu/src/ensemble.o: $(B)/emu/src/%.o: src/%.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(EMU_FLAGS) $(MPI_CFLAGS) -c $< -o $@
 
@@ -255,7 +255,7 @@ ifeq ($(FORMATS),1)
 FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
 FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson
 endif
-FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c src/batch.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
+FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c src/batch.c src/ensemble.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
 FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))
 
 $(FZ)/.deps:

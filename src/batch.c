@@ -52,27 +52,9 @@
 
 /* --- the shot list ------------------------------------------------------------------------------------------ */
 
-enum {
-    S_MISSET = 1 << 0, S_A = 1 << 1, S_CELL = 1 << 2, S_N = 1 << 3, S_MOSAIC = 1 << 4, S_DOMAINS = 1 << 5,
-    S_LAMBDA = 1 << 6, S_PHI = 1 << 7, S_FLUENCE = 1 << 8, S_SCALE = 1 << 9, S_SEED = 1 << 10, S_SOURCE = 1 << 11
-};
+#include "shots.h"
 
-typedef struct {
-    char id[64];
-    unsigned has;
-    double misset[3], A[9], cell[6], N[3], mosaic, lambda, phi, fluence, scale;
-    int mosaic_domains;
-    long seed;
-    char *sourcefile;
-    int line;
-} shot;
-
-typedef struct {
-    shot *v;
-    int n, cap;
-} shot_list;
-
-static void shots_free(shot_list *l)
+void nbgi_shots_free(shot_list *l)
 {
     for (int i = 0; i < l->n; ++i) free(l->v[i].sourcefile);
     free(l->v);
@@ -183,7 +165,7 @@ static int parse_shot(const char *path, int line, json_t *o, shot *s)
 }
 
 /* Reads a shot list; prints the error and returns 0 when it cannot. */
-static int read_shots(const char *path, shot_list *l)
+int nbgi_shots_read(const char *path, shot_list *l)
 {
     memset(l, 0, sizeof *l);
     FILE *f = fopen(path, "r");
@@ -251,7 +233,7 @@ static int read_shots(const char *path, shot_list *l)
         }
     }
     if (!ok) {
-        shots_free(l);
+        nbgi_shots_free(l);
     }
     return ok;
 }
@@ -281,8 +263,7 @@ static int batch_flags(nbgi_cli *c, int argc, char **argv, int i)
     return 0;
 }
 
-/* The name of a shot's output: the template with {id} replaced (every occurrence). */
-static int expand(const char *tmpl, const char *id, char *out, size_t size)
+int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size)
 {
     size_t k = 0;
     for (const char *p = tmpl; *p != '\0';) {
@@ -312,7 +293,7 @@ typedef struct {
 } batch_out;
 
 /* Applies a shot to the base experiment; prints the error and returns 0 when its source file cannot be read. */
-static int apply_shot(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc)
+int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc)
 {
     *e = c->e;
     if (s->has & S_CELL) {
@@ -373,7 +354,7 @@ static int apply_shot(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experi
 
 /* Runs under mpirun?  Open MPI (and PMIx launchers) set these; without them the batch runs as one process and
  * MPI is not initialised at all. */
-static int under_mpirun(void)
+int nbgi_under_mpirun(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
 }
@@ -382,14 +363,14 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
 {
     int rank = 0, size = 1, mpi = 0;
 #ifdef NBG_HAVE_MPI
-    if (under_mpirun()) {
+    if (nbgi_under_mpirun()) {
         MPI_Init(&argc, &argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
         mpi = 1;
     }
 #else
-    if (under_mpirun()) {
+    if (nbgi_under_mpirun()) {
         fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run "
                         "the whole batch (rebuild where mpicc is found, or run without mpirun)\n");
         return 1;
@@ -427,7 +408,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
         goto done;
     }
-    if (!read_shots(o.shots, &shots)) {
+    if (!nbgi_shots_read(o.shots, &shots)) {
         goto done;
     }
     batch_out outs[] = {{&c.floatfile, c.floatfile, ""}, {&c.intfile, c.intfile, ""},
@@ -476,7 +457,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
             int complete = !o.overwrite;
             for (int k = 0; k < nouts; ++k) {
                 if (outs[k].tmpl != NULL) {
-                    if (!expand(outs[k].tmpl, s->id, outs[k].name, sizeof outs[k].name)) {
+                    if (!nbgi_shot_name(outs[k].tmpl, s->id, outs[k].name, sizeof outs[k].name)) {
                         fprintf(stderr, "nbgrad: error: shot %s: the output name is too long\n", s->id);
                         failed = 1;
                     }
@@ -493,7 +474,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 nbg_report rs;
                 c.seed = (s->has & S_SEED) ? s->seed : base_seed + i;
                 c.have_seed = 1;
-                failed = !apply_shot(ctx, &c, s, &e, &src, &nsrc);
+                failed = !nbgi_shot_apply(ctx, &c, s, &e, &src, &nsrc);
                 if (!failed && nbg_simulate(ctx, &e, img, npix, &rs) != NBG_OK) {
                     fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line,
                             nbg_errmsg(ctx));
@@ -546,7 +527,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     status = total[2] != 0 || failed;
 done:
     free(img);
-    shots_free(&shots);
+    nbgi_shots_free(&shots);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);

@@ -105,6 +105,8 @@ nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbg
 /* The subcommands of src/batch.c: many shots (batch), and writing a shot list (shots). */
 int nbgi_cmd_batch(int argc, char **argv, int first);
 int nbgi_cmd_shots(int argc, char **argv, int first);
+/* src/ensemble.c: refinement of many shots together (global structure factors and parameters, local ones). */
+int nbgi_cmd_ensemble(int argc, char **argv, int first);
 /* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
  * an error (printed).  extra lists a subcommand's own files (n entries). */
 int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n);

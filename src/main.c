@@ -792,7 +792,8 @@ void usage_main(FILE *out)
                  "       nbgrad refine <flags> -observed FILE -params LIST [-loss lsq|poisson] [-method lm|bfgs]\n"
                  "                     [-pedestal counts -gain x -read_noise counts]\n"
                  "       nbgrad batch <flags> -shots LIST -floatfile out/{id}.bin ...   many shots (mpirun -n K)\n"
-                 "       nbgrad shots -n COUNT -seed S -o LIST   a shot list in random orientations\n");
+                 "       nbgrad shots -n COUNT -seed S -o LIST   a shot list in random orientations\n"
+                 "       nbgrad ensemble <flags> -shots LIST -observed obs/{id}.img -global F -local rotx,roty,rotz\n");
     params_help(out);
 }
 
@@ -1004,6 +1005,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "shots") == 0) {
         return nbgi_cmd_shots(argc, argv, 2);
+    }
+    if (strcmp(argv[1], "ensemble") == 0) {
+        return nbgi_cmd_ensemble(argc, argv, 2);
     }
     if (strcmp(argv[1], "refine") == 0) {
         return cmd_refine(argc, argv, 2);

@@ -1,0 +1,656 @@
+/*
+ * ensemble.c -- `nbgrad ensemble`: refinement of many still shots together, on one process or over MPI ranks.
+ *
+ *   nbgrad ensemble <base flags, -hkl start.hkl> -shots LIST -observed obs/{id}.img -global F[,a,b,c,...]
+ *                   -local rotx,roty,rotz[,scale,...] [-cycles 4] [-loss poisson|lsq] [-hklout F.hkl] [-json F]
+ *
+ * Global parameters (the structure factors of the -hkl table, "F", and any of the experiment's parameters, e.g.
+ * the cell) are shared by every shot; local ones (orientation, N, scale, background...) belong to each shot.  The
+ * loss is the sum of the shots' losses.  Each cycle (alternating optimisation):
+ *   1. local: every shot's local parameters by Levenberg-Marquardt (nbg_refine) with the globals fixed, each rank
+ *      its own shots;
+ *   2. global: BFGS (GSL's vector_bfgs2) on the summed loss and its gradient, one adjoint pass per shot and
+ *      evaluation; F in units of its starting value, so every variable is of order 1.
+ *
+ * Reproducibility whatever the number of ranks: shot i lives on rank i mod K; a shot's loss and gradient depend on
+ * the shot alone (the adjoint is bit-for-bit reproducible for a thread count); the ranks exchange the per-shot
+ * vectors (MPI_Allgatherv) and every rank adds them in shot order, so every rank holds the same sum, bit for bit,
+ * runs the same BFGS iterations, and the answer does not depend on K.  The price: every rank holds all shots'
+ * gradient vectors during the sum (nshots x (1 + globals + table) doubles); see doc/scale.md for the plan beyond.
+ *
+ * Standard errors of the globals, from the information at the optimum: for F, the diagonal of the Poisson Fisher
+ * information under the approximation that each pixel sees one reflection (then dM_p/dF_j = 2 M_pj / F_j and
+ * I_jj = 2 (dS/dF_j) / F_j with S = sum of the model over the shots' pixels: one adjoint pass of dL/dM = 1 gives
+ * every entry), i.e. F_j / (2 sqrt(photons of reflection j)); for the other globals, Gauss-Newton information from
+ * the tangent images summed over shots.  Both are conditional on the other parameters (their correlations are left
+ * out): a lower bound on the marginal errors, said so in the output.
+ */
+#include "cli.h"
+#include "io.h"
+#include "shots.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef NBG_HAVE_MPI
+#include <mpi.h>
+#endif
+#ifndef NBG_NO_REFINE
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_multimin.h>
+#endif
+
+typedef struct {
+    const char *shots, *observed, *hklout, *json;
+    const char *global, *local;
+    int cycles;
+    nbg_loss loss;
+} ens_opts;
+
+static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
+{
+    ens_opts *o = c->extra;
+    const char *a = argv[i];
+    const char **str = strcmp(a, "-shots") == 0      ? &o->shots
+                       : strcmp(a, "-observed") == 0 ? &o->observed
+                       : strcmp(a, "-hklout") == 0   ? &o->hklout
+                       : strcmp(a, "-json") == 0     ? &o->json
+                       : strcmp(a, "-global") == 0   ? &o->global
+                       : strcmp(a, "-local") == 0    ? &o->local
+                                                     : NULL;
+    if (str == NULL && strcmp(a, "-cycles") != 0 && strcmp(a, "-loss") != 0) {
+        return 0;
+    }
+    if (i + 1 >= argc) {
+        fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
+        return -1;
+    }
+    const char *v = argv[i + 1];
+    if (str != NULL) {
+        *str = v;
+    } else if (strcmp(a, "-cycles") == 0) {
+        double x;
+        if (!nbgi_cli_number(a, v, &x) || x < 1 || x > 1000 || x != floor(x)) {
+            fprintf(stderr, "nbgrad: error: -cycles expects 1 to 1000, got '%s'\n", v);
+            return -1;
+        }
+        o->cycles = (int)x;
+    } else if (strcmp(v, "poisson") == 0 || strcmp(v, "lsq") == 0) {
+        o->loss = v[0] == 'p' ? NBG_LOSS_POISSON : NBG_LOSS_LSQ;
+    } else {
+        fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v);
+        return -1;
+    }
+    return 2;
+}
+
+/* Parses a parameter list into p[] (at most NBG_NPARAMS), with F allowed when allow_F; prints the error. */
+static int param_list(const char *flag, const char *list, int allow_F, nbg_param *p, int *n, int *want_F)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list != NULL ? list : "");
+    *n = 0;
+    *want_F = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "F") == 0 && allow_F) {
+            *want_F = 1;
+            continue;
+        }
+        const int q = nbg_param_from_name(t);
+        if (q < 0 || *n >= NBG_NPARAMS) {
+            fprintf(stderr, "nbgrad: error: %s: unknown parameter '%s'%s\n", flag, t,
+                    strcmp(t, "F") == 0 ? " (F is global: the shots share the structure factors)" : "");
+            return 0;
+        }
+        p[(*n)++] = (nbg_param)q;
+    }
+    return 1;
+}
+
+/* One rank's share of the shots, and the exchange of per-shot vectors. */
+typedef struct {
+    nbg_ctx *ctx;
+    nbgi_cli *c;
+    const ens_opts *o;
+    const shot_list *shots;
+    int rank, size, mpi;
+    int nmine;              /* this rank's shots: indices rank, rank + size, ... */
+    nbg_experiment *e;      /* nmine experiments */
+    nbg_source **src;       /* nmine source arrays (NULL when none) */
+    float **obs;            /* nmine observed images */
+    uint8_t **mask;         /* nmine masks (the file's; NULL = none) */
+    size_t npix;
+    float *img;
+    nbg_param gp[NBG_NPARAMS], lp[NBG_NPARAMS];
+    int ng, nl, want_F;
+    size_t nF;              /* the table's entries */
+    double *F0;             /* the table's starting values (the F variables' units) */
+    size_t nvec;            /* 1 + ng + (want_F ? nF : 0): a shot's loss and gradient */
+    double *mine;           /* nmine * nvec */
+    double *all;            /* nshots * nvec, in shot order */
+    double *dF;
+    int failed;
+    long evals;
+} ens;
+
+static int shot_of(const ens *w, int k) { return k * w->size + w->rank; }
+
+/* Every rank's per-shot vectors (len doubles a shot; this rank's in mine, its k-th shot being shot k K + rank)
+ * into all, in shot order, on every rank.  Returns 0 when any rank failed (then all stop together). */
+static int gather_all(ens *w, size_t len, const double *mine, double *all)
+{
+    const int nshots = w->shots->n;
+    int failed = w->failed;
+#ifdef NBG_HAVE_MPI
+    if (w->mpi) {
+        MPI_Allreduce(&w->failed, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (failed) {
+            return 0;
+        }
+        int *counts = malloc(sizeof(int) * (size_t)w->size), *displs = malloc(sizeof(int) * (size_t)w->size);
+        double *tmp = malloc(sizeof(double) * ((size_t)nshots * len + 1));
+        if (counts == NULL || displs == NULL || tmp == NULL) {
+            free(counts), free(displs), free(tmp);
+            fprintf(stderr, "nbgrad: error: out of memory exchanging the shots' vectors\n");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+            return 0;
+        }
+        int off = 0;
+        for (int r = 0; r < w->size; ++r) {
+            const int nr = nshots > r ? (nshots - r + w->size - 1) / w->size : 0;
+            counts[r] = nr * (int)len;
+            displs[r] = off;
+            off += counts[r];
+        }
+        MPI_Allgatherv(mine, w->nmine * (int)len, MPI_DOUBLE, tmp, counts, displs, MPI_DOUBLE, MPI_COMM_WORLD);
+        for (int r = 0; r < w->size; ++r) {
+            for (int k = 0; k * w->size + r < nshots; ++k) {
+                memcpy(all + (size_t)(k * w->size + r) * len, tmp + displs[r] + (size_t)k * len, len * sizeof(double));
+            }
+        }
+        free(counts), free(displs), free(tmp);
+        return 1;
+    }
+#endif
+    if (failed) {
+        return 0;
+    }
+    memcpy(all, mine, sizeof(double) * (size_t)nshots * len);
+    return 1;
+}
+
+/* Gathers the per-shot vectors (w->mine) and sums them in shot order into out (nvec doubles). */
+static int exchange_sum(ens *w, double *out)
+{
+    if (!gather_all(w, w->nvec, w->mine, w->all)) {
+        return 0;
+    }
+    for (size_t j = 0; j < w->nvec; ++j) out[j] = 0;
+    for (int i = 0; i < w->shots->n; ++i) {
+        const double *v = w->all + (size_t)i * w->nvec;
+        for (size_t j = 0; j < w->nvec; ++j) out[j] += v[j];
+    }
+    return 1;
+}
+
+/* Writes the global variables x (ng parameters, then F / F0) into every shot of this rank. */
+static void set_globals(ens *w, const double *x)
+{
+    for (int k = 0; k < w->nmine; ++k) {
+        for (int j = 0; j < w->ng; ++j) nbg_param_set(&w->e[k], w->gp[j], x[j]);
+    }
+    if (w->want_F) {
+        double *F = w->c->hkl.F;
+        for (size_t j = 0; j < w->nF; ++j) F[j] = x[w->ng + j] * w->F0[j];
+    }
+}
+
+/* The summed loss and its gradient with respect to x; every rank calls it together.  Returns 0 on a failure. */
+static int evaluate(ens *w, const double *x, double *L, double *g)
+{
+    set_globals(w, x);
+    nbg_param_mask mask = 0;
+    for (int j = 0; j < w->ng; ++j) mask |= NBG_MASK(w->gp[j]);
+    if (w->want_F) {
+        mask |= NBG_MASK_F;
+    }
+    for (int k = 0; k < w->nmine && !w->failed; ++k) {
+        double *v = w->mine + (size_t)k * w->nvec;
+        nbg_grad gr;
+        memset(&gr, 0, sizeof gr);
+        gr.dF = w->dF;
+        gr.ndF = w->want_F ? w->nF : 0;
+        double Lk = 0;
+        if (nbg_loss_grad(w->ctx, &w->e[k], w->o->loss, w->obs[k], NULL, mask, &Lk, &gr, w->img, w->npix) !=
+            NBG_OK) {
+            fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
+            w->failed = 1;
+            break;
+        }
+        v[0] = Lk;
+        for (int j = 0; j < w->ng; ++j) v[1 + j] = gr.g[w->gp[j]];
+        for (size_t j = 0; w->want_F && j < w->nF; ++j) v[1 + w->ng + j] = w->dF[j] * w->F0[j]; /* d/d(F/F0) */
+    }
+    ++w->evals;
+    double *sum = malloc(sizeof(double) * w->nvec);
+    if (sum == NULL) {
+        w->failed = 1;
+    }
+    const int ok = exchange_sum(w, sum != NULL ? sum : w->all);
+    if (ok && sum != NULL) {
+        *L = sum[0];
+        memcpy(g, sum + 1, sizeof(double) * (w->nvec - 1));
+    }
+    free(sum);
+    return ok && sum != NULL;
+}
+
+#ifndef NBG_NO_REFINE
+static double gsl_f(const gsl_vector *x, void *p)
+{
+    ens *w = p;
+    double L = NAN;
+    double *g = malloc(sizeof(double) * (w->nvec - 1));
+    if (g == NULL || !evaluate(w, x->data, &L, g)) {
+        L = NAN;
+    }
+    free(g);
+    return isfinite(L) ? L : GSL_POSINF;
+}
+
+static void gsl_df(const gsl_vector *x, void *p, gsl_vector *g)
+{
+    ens *w = p;
+    double L;
+    if (!evaluate(w, x->data, &L, g->data)) {
+        gsl_vector_set_all(g, 0);
+    }
+}
+
+static void gsl_fdf(const gsl_vector *x, void *p, double *f, gsl_vector *g)
+{
+    ens *w = p;
+    if (!evaluate(w, x->data, f, g->data) || !isfinite(*f)) {
+        *f = GSL_POSINF;
+        gsl_vector_set_all(g, 0);
+    }
+}
+
+/* BFGS on the globals from x; x is updated.  Returns the iterations, or -1 on a failure. */
+static int global_step(ens *w, double *x, int max_iter, double *Lout)
+{
+    const size_t n = w->nvec - 1;
+    gsl_multimin_function_fdf fn = {gsl_f, gsl_df, gsl_fdf, n, w};
+    gsl_vector *v = gsl_vector_alloc(n);
+    gsl_multimin_fdfminimizer *m = gsl_multimin_fdfminimizer_alloc(gsl_multimin_fdfminimizer_vector_bfgs2, n);
+    if (v == NULL || m == NULL) {
+        gsl_vector_free(v);
+        gsl_multimin_fdfminimizer_free(m);
+        return -1;
+    }
+    memcpy(v->data, x, n * sizeof(double));
+    gsl_set_error_handler_off();
+    int it = 0;
+    if (gsl_multimin_fdfminimizer_set(m, &fn, v, 0.01, 0.1) == GSL_SUCCESS) {
+        double last = m->f;
+        for (it = 1; it <= max_iter; ++it) {
+            if (gsl_multimin_fdfminimizer_iterate(m) != GSL_SUCCESS || w->failed) {
+                break;
+            }
+            const int small = gsl_multimin_test_gradient(m->gradient, 1e-6 * fmax(1, fabs(m->f) / (double)n)) ==
+                              GSL_SUCCESS;
+            if (small || fabs(last - m->f) <= 1e-12 * fabs(m->f)) {
+                break;
+            }
+            last = m->f;
+        }
+    }
+    memcpy(x, m->x->data, n * sizeof(double));
+    *Lout = m->f;
+    gsl_vector_free(v);
+    gsl_multimin_fdfminimizer_free(m);
+    return w->failed ? -1 : it;
+}
+#endif
+
+/* Reads shot k's observed image (pedestal: the file's, else -adc's for SMV without the key, else 0). */
+static int load_observed(ens *w, int k)
+{
+    const shot *s = &w->shots->v[shot_of(w, k)];
+    char path[4096];
+    if (!nbgi_shot_name(w->o->observed, s->id, path, sizeof path)) {
+        fprintf(stderr, "nbgrad: error: shot %s: the -observed name is too long\n", s->id);
+        return 0;
+    }
+    size_t n = 0;
+    nbg_geometry g;
+    if (nbg_read_image(w->ctx, path, 0, w->npix, &w->obs[k], &n, &g, NULL, &w->mask[k]) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: shot %s: %s\n", s->id, nbg_errmsg(w->ctx));
+        return 0;
+    }
+    if (n != w->npix) {
+        fprintf(stderr, "nbgrad: error: shot %s: %s has %zu pixels, the detector %zu\n", s->id, path, n, w->npix);
+        return 0;
+    }
+    w->e[k].response.pedestal = isnan(g.pedestal) ? w->c->adc : g.fpixels > 0 ? g.pedestal : 0;
+    w->e[k].mask = w->mask[k] == NULL ? NULL : w->mask[k];
+    if (w->mask[k] != NULL) {
+        /* nbg_read_image's mask is 1 = bad; the experiment's is 0 = skip */
+        for (size_t i = 0; i < n; ++i) w->mask[k][i] = !w->mask[k][i];
+    }
+    return 1;
+}
+
+int nbgi_cmd_ensemble(int argc, char **argv, int first)
+{
+#ifdef NBG_NO_REFINE
+    (void)argc, (void)argv, (void)first;
+    fprintf(stderr, "nbgrad: error: this build has no refinement (built with GSL=0, without GSL and LAPACKE)\n");
+    return 1;
+#else
+    int rank = 0, size = 1, mpi = 0;
+#ifdef NBG_HAVE_MPI
+    if (nbgi_under_mpirun()) {
+        MPI_Init(&argc, &argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        mpi = 1;
+    }
+#else
+    if (nbgi_under_mpirun()) {
+        fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI (rebuild where mpicc is found)\n");
+        return 1;
+    }
+#endif
+    nbgi_cli c;
+    ens_opts o = {0};
+    o.cycles = 4;
+    o.loss = NBG_LOSS_POISSON;
+    nbgi_cli_init(&c);
+    c.extra_handler = ens_flags;
+    c.extra = &o;
+    c.nodump = 1;
+    int status = 1;
+    shot_list shots = {0};
+    ens w;
+    memset(&w, 0, sizeof w);
+    double *x = NULL, *g = NULL;
+    const nbgi_cli_path_ref extra[] = {{"-shots", &o.shots, 0}, {"-hklout", &o.hklout, 1}, {"-json", &o.json, 1}};
+    nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, extra, 3);
+    if (ctx == NULL) {
+        if (c.help) {
+            printf("usage: nbgrad ensemble <nanoBragg flags, -hkl start.hkl> -shots LIST -observed obs/{id}.img "
+                   "-global F[,a,b,c,...] -local rotx,roty,rotz[,...] [-cycles 4] [-loss poisson|lsq] "
+                   "[-hklout F.hkl] [-json FILE]\n"
+                   "       mpirun -n K nbgrad ensemble ...   (shot i on rank i mod K; the same answer for any K)\n");
+            status = 0;
+        }
+        goto done;
+    }
+    if (o.shots == NULL || o.observed == NULL || o.global == NULL) {
+        fprintf(stderr, "nbgrad: error: ensemble needs -shots LIST, -observed TEMPLATE (with {id}) and -global LIST\n");
+        goto done;
+    }
+    int dummy;
+    if (!param_list("-global", o.global, 1, w.gp, &w.ng, &w.want_F) ||
+        !param_list("-local", o.local, 0, w.lp, &w.nl, &dummy)) {
+        goto done;
+    }
+    for (int i = 0; i < w.ng; ++i) {
+        for (int j = 0; j < w.nl; ++j) {
+            if (w.gp[i] == w.lp[j]) {
+                fprintf(stderr, "nbgrad: error: %s is both global and local\n", nbg_param_name(w.gp[i]));
+                goto done;
+            }
+        }
+    }
+    if (w.want_F && c.e.hkl == NULL) {
+        fprintf(stderr, "nbgrad: error: -global F refines a structure-factor table: give the starting one with -hkl\n");
+        goto done;
+    }
+    if (!nbgi_shots_read(o.shots, &shots)) {
+        goto done;
+    }
+    nbg_report r;
+    if (nbg_describe(ctx, &c.e, &r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        goto done;
+    }
+    w.ctx = ctx, w.c = &c, w.o = &o, w.shots = &shots, w.rank = rank, w.size = size, w.mpi = mpi;
+    w.npix = (size_t)r.fpixels * (size_t)r.spixels;
+    w.nmine = shots.n > rank ? (shots.n - rank + size - 1) / size : 0;
+    if (w.want_F) {
+        const nbg_hkl *h = c.e.hkl;
+        w.nF = (size_t)(h->h_max - h->h_min + 1) * (size_t)(h->k_max - h->k_min + 1) * (size_t)(h->l_max - h->l_min + 1);
+    }
+    w.nvec = 1 + (size_t)w.ng + w.nF;
+    w.e = calloc((size_t)w.nmine + 1, sizeof *w.e);
+    w.src = calloc((size_t)w.nmine + 1, sizeof *w.src);
+    w.obs = calloc((size_t)w.nmine + 1, sizeof *w.obs);
+    w.mask = calloc((size_t)w.nmine + 1, sizeof *w.mask);
+    w.img = malloc(sizeof(float) * w.npix);
+    w.mine = calloc(((size_t)w.nmine + 1) * w.nvec, sizeof(double));
+    w.all = calloc((size_t)shots.n * w.nvec, sizeof(double));
+    w.dF = calloc(w.nF + 1, sizeof(double));
+    w.F0 = calloc(w.nF + 1, sizeof(double));
+    x = calloc(w.nvec, sizeof(double));
+    g = calloc(w.nvec, sizeof(double));
+    if (!w.e || !w.src || !w.obs || !w.mask || !w.img || !w.mine || !w.all || !w.dF || !w.F0 || !x || !g) {
+        fprintf(stderr, "nbgrad: error: out of memory for %d shots of %zu pixels and %zu structure factors\n",
+                shots.n, w.npix, w.nF);
+        goto done;
+    }
+    for (size_t j = 0; j < w.nF; ++j) {
+        /* F's variables are F / F0; an entry that starts at 0 keeps unit scale */
+        w.F0[j] = c.hkl.F[j] != 0 ? fabs(c.hkl.F[j]) : 1;
+        x[w.ng + j] = c.hkl.F[j] / w.F0[j];
+    }
+    for (int j = 0; j < w.ng; ++j) nbg_param_get(&c.e, w.gp[j], &x[j]);
+    int ok = 1;
+    for (int k = 0; k < w.nmine && ok; ++k) {
+        int nsrc = 0;
+        ok = nbgi_shot_apply(ctx, &c, &shots.v[shot_of(&w, k)], &w.e[k], &w.src[k], &nsrc) && load_observed(&w, k);
+    }
+    w.failed = !ok;
+    if (rank == 0) {
+        printf("ensemble: %d shots over %d rank%s, %d global parameter%s%s, %d local per shot, %d cycles\n", shots.n,
+               size, size > 1 ? "s" : "", w.ng, w.ng == 1 ? "" : "s", w.want_F ? " and the structure factors" : "",
+               w.nl, o.cycles);
+    }
+    double L = NAN;
+    if (!evaluate(&w, x, &L, g)) {
+        goto done;
+    }
+    const double L0 = L;
+    if (rank == 0) {
+        printf("cycle 0: loss %.12g\n", L);
+    }
+    nbg_refine_options ro;
+    nbg_refine_options_default(&ro);
+    ro.loss = o.loss;
+    ro.max_iter = 30;
+    int local_nc = 0;
+    for (int cyc = 1; cyc <= o.cycles; ++cyc) {
+        /* 1. the local parameters, shot by shot, with the globals as they are */
+        set_globals(&w, x);
+        int nc = 0;
+        for (int k = 0; k < w.nmine && w.nl > 0 && !w.failed; ++k) {
+            nbg_refine_result res;
+            memset(&res, 0, sizeof res);
+            if (nbg_refine(ctx, &w.e[k], w.obs[k], NULL, w.npix, w.lp, w.nl, &ro, &res) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: shot %s: %s\n", shots.v[shot_of(&w, k)].id, nbg_errmsg(ctx));
+                w.failed = 1;
+            }
+            nc += !res.converged;
+        }
+        local_nc = nc;
+        /* 2. the globals, all shots together */
+        const int it = global_step(&w, x, 40, &L);
+        if (it < 0) {
+            goto done;
+        }
+        if (rank == 0) {
+            printf("cycle %d: loss %.12g (%d BFGS iterations, %ld evaluations so far)\n", cyc, L, it, w.evals);
+            fflush(stdout);
+        }
+    }
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Allreduce(MPI_IN_PLACE, &local_nc, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    }
+#endif
+    /* standard errors: F from one adjoint pass of dL/dM = 1 per shot, the other globals from tangent images */
+    set_globals(&w, x);
+    double *Finfo = calloc(w.nvec, sizeof(double));
+    float *one = NULL;
+    if (Finfo == NULL || (one = malloc(sizeof(float) * w.npix)) == NULL) {
+        free(Finfo);
+        fprintf(stderr, "nbgrad: error: out of memory for the standard errors\n");
+        goto done;
+    }
+    for (size_t p = 0; p < w.npix; ++p) one[p] = 1;
+    double *tang = w.ng > 0 ? malloc(sizeof(double) * w.npix * (size_t)w.ng) : NULL;
+    for (int k = 0; k < w.nmine && !w.failed; ++k) {
+        double *v = w.mine + (size_t)k * w.nvec;
+        memset(v, 0, sizeof(double) * w.nvec);
+        if (w.want_F) {
+            nbg_grad gr;
+            memset(&gr, 0, sizeof gr);
+            gr.dF = w.dF;
+            gr.ndF = w.nF;
+            if (nbg_simulate_grad(ctx, &w.e[k], one, NBG_MASK_F, &gr, w.img, w.npix, NULL) != NBG_OK) {
+                w.failed = 1;
+                break;
+            }
+            for (size_t j = 0; j < w.nF; ++j) {
+                const double F = x[w.ng + j] * w.F0[j];
+                v[1 + w.ng + j] = F != 0 ? 2 * w.dF[j] / F : 0; /* the Poisson information of F_j */
+            }
+        }
+        if (w.ng > 0 && tang != NULL &&
+            nbg_simulate_jvp(ctx, &w.e[k], w.gp, w.ng, tang, w.img, w.npix) == NBG_OK) {
+            for (int j = 0; j < w.ng; ++j) {
+                double s = 0;
+                for (size_t p = 0; p < w.npix; ++p) {
+                    const double t = tang[(size_t)j * w.npix + p], m = w.img[p];
+                    if (w.e[k].mask == NULL || w.e[k].mask[p]) {
+                        s += o.loss == NBG_LOSS_POISSON ? (m > 0 ? t * t / m : 0) : 2 * t * t;
+                    }
+                }
+                v[1 + j] = s;
+            }
+        }
+    }
+    free(tang);
+    free(one);
+    const int have_info = exchange_sum(&w, Finfo);
+    /* the final per-shot local values, gathered to rank 0 in shot order (through the same exchange) */
+    if (rank == 0) {
+        printf("ensemble: loss %.12g -> %.12g; %d of %d shots' last local fits did not converge\n", L0, L, local_nc,
+               shots.n);
+        printf("global parameters (standard errors conditional on the other parameters):\n");
+        for (int j = 0; j < w.ng; ++j) {
+            printf("  %-10s %.8g +- %.3g\n", nbg_param_name(w.gp[j]), x[j],
+                   have_info && Finfo[1 + j] > 0 ? 1 / sqrt(Finfo[1 + j]) : NAN);
+        }
+    }
+    if (w.want_F && rank == 0) {
+        long measured = 0;
+        double rel = 0;
+        for (size_t j = 0; j < w.nF; ++j) {
+            if (have_info && Finfo[1 + w.ng + j] > 0) {
+                ++measured;
+                rel += 1 / sqrt(Finfo[1 + w.ng + j]) / fmax(1e-300, fabs(x[w.ng + j] * w.F0[j]));
+            }
+        }
+        printf("  F: %zu entries, %ld measured (mean relative standard error %.3g)\n", w.nF, measured,
+               measured ? rel / measured : NAN);
+        if (o.hklout != NULL) {
+            nbgi_out out;
+            int wok = nbgi_out_open(ctx, o.hklout, &out) == NBG_OK;
+            const nbg_hkl *h = c.e.hkl;
+            const int nk = h->k_max - h->k_min + 1, nl = h->l_max - h->l_min + 1;
+            for (size_t j = 0; wok && j < w.nF; ++j) {
+                const double info = have_info ? Finfo[1 + w.ng + j] : 0;
+                if (!(info > 0)) {
+                    continue; /* not measured by any shot */
+                }
+                char line[160];
+                const int hh = h->h_min + (int)(j / ((size_t)nk * nl)), kk = h->k_min + (int)((j / nl) % nk),
+                          ll = h->l_min + (int)(j % nl);
+                const int len = snprintf(line, sizeof line, "%d %d %d %.10g %.4g\n", hh, kk, ll, x[w.ng + j] * w.F0[j],
+                                         1 / sqrt(info));
+                wok = nbgi_out_write(ctx, &out, line, (size_t)len) == NBG_OK;
+            }
+            if (!wok || nbgi_out_finish(ctx, &out, NULL) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: -hklout: %s\n", nbg_errmsg(ctx));
+                free(Finfo);
+                goto done;
+            }
+            printf("wrote %s: h k l F sigma(F) of the %ld measured entries\n", o.hklout, measured);
+        }
+    }
+    /* the per-shot local values, gathered in shot order (rank 0 prints them and writes them to the JSON) */
+    const size_t nlv = (size_t)(w.nl > 0 ? w.nl : 1);
+    double *lmine = calloc(((size_t)w.nmine + 1) * nlv, sizeof(double));
+    double *lall = calloc((size_t)shots.n * nlv, sizeof(double));
+    for (int k = 0; lmine != NULL && k < w.nmine; ++k) {
+        for (int j = 0; j < w.nl; ++j) nbg_param_get(&w.e[k], w.lp[j], &lmine[(size_t)k * nlv + (size_t)j]);
+    }
+    const int have_locals = lmine != NULL && lall != NULL && gather_all(&w, nlv, lmine, lall);
+    for (int i = 0; rank == 0 && have_locals && w.nl > 0 && i < shots.n; ++i) {
+        printf("shot %s:", shots.v[i].id);
+        for (int j = 0; j < w.nl; ++j) printf(" %s=%.8g", nbg_param_name(w.lp[j]), lall[(size_t)i * nlv + (size_t)j]);
+        printf("\n");
+    }
+    if (o.json != NULL && rank == 0) {
+        nbgi_out out;
+        if (nbgi_out_open(ctx, o.json, &out) == NBG_OK) {
+            /* no rank count in the file: it is the same, byte for byte, whatever the number of ranks */
+            fprintf(out.fp, "{\"shots\": %d, \"start_loss\": %.17g, \"loss\": %.17g, \"globals\": {", shots.n, L0,
+                    L);
+            for (int j = 0; j < w.ng; ++j) {
+                fprintf(out.fp, "%s\"%s\": %.17g", j ? ", " : "", nbg_param_name(w.gp[j]), x[j]);
+            }
+            fprintf(out.fp, "}, \"F\": [");
+            for (size_t j = 0; w.want_F && j < w.nF; ++j) {
+                fprintf(out.fp, "%s%.17g", j ? ", " : "", x[w.ng + j] * w.F0[j]);
+            }
+            fprintf(out.fp, "], \"locals\": {");
+            for (int i = 0; have_locals && i < shots.n; ++i) {
+                fprintf(out.fp, "%s\"%s\": [", i ? ", " : "", shots.v[i].id);
+                for (int j = 0; j < w.nl; ++j) fprintf(out.fp, "%s%.17g", j ? ", " : "", lall[(size_t)i * nlv + j]);
+                fprintf(out.fp, "]");
+            }
+            fprintf(out.fp, "}}\n");
+            if (nbgi_out_finish(ctx, &out, NULL) == NBG_OK) {
+                printf("wrote %s\n", o.json);
+            }
+        }
+    }
+    free(Finfo);
+    free(lmine);
+    free(lall);
+    status = w.failed ? 1 : 0;
+done:
+    for (int k = 0; k < w.nmine && w.e != NULL; ++k) {
+        free(w.src[k]);
+        free(w.obs[k]);
+        free(w.mask[k]);
+    }
+    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.img), free(w.mine), free(w.all), free(w.dF);
+    free(w.F0), free(x), free(g);
+    nbgi_shots_free(&shots);
+    c.extra = NULL;
+    nbgi_cli_free(&c);
+    nbg_ctx_destroy(ctx);
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Finalize();
+    }
+#endif
+    (void)mpi;
+    return status;
+#endif
+}

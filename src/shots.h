@@ -1,0 +1,41 @@
+/*
+ * shots.h -- shot lists (JSON lines; the format is described at the top of src/batch.c), shared by nbgrad batch
+ * and nbgrad ensemble.  Program code: the functions print their errors.
+ */
+#ifndef NBG_SHOTS_H
+#define NBG_SHOTS_H
+
+#include "cli.h"
+
+enum {
+    S_MISSET = 1 << 0, S_A = 1 << 1, S_CELL = 1 << 2, S_N = 1 << 3, S_MOSAIC = 1 << 4, S_DOMAINS = 1 << 5,
+    S_LAMBDA = 1 << 6, S_PHI = 1 << 7, S_FLUENCE = 1 << 8, S_SCALE = 1 << 9, S_SEED = 1 << 10, S_SOURCE = 1 << 11
+};
+
+typedef struct {
+    char id[64];
+    unsigned has; /* S_* bits: the keys the line gave */
+    double misset[3], A[9], cell[6], N[3], mosaic, lambda, phi, fluence, scale;
+    int mosaic_domains;
+    long seed;
+    char *sourcefile;
+    int line;
+} shot;
+
+typedef struct {
+    shot *v;
+    int n, cap;
+} shot_list;
+
+/* Reads a shot list (ids unique and usable in file names); prints the error and returns 0 when it cannot. */
+int nbgi_shots_read(const char *path, shot_list *l);
+void nbgi_shots_free(shot_list *l);
+/* The base experiment c->e with the shot's keys applied; a source file is read into *src (the caller frees it).
+ * Prints the error and returns 0 when that file cannot be read. */
+int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc);
+/* The name of a shot's file: tmpl with every {id} replaced; 0 when it does not fit in size. */
+int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size);
+/* Whether the program runs under mpirun (Open MPI's or a PMI launcher's environment says so). */
+int nbgi_under_mpirun(void);
+
+#endif
