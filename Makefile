@@ -299,11 +299,12 @@ fuzz-ci: fuzz-build
 
 # The ASan + UBSan tier: a second build of the same sources (CUDA off) with its own program, which the tests
 # that run the program find through NBG_BIN.  Left out: test-examples (it runs build/examples/... by fixed
-# paths, i.e. the unsanitized programs) and the CUDA tests.  ASAN_GOLDEN_CASES (comma-separated ids) limits
+# paths, i.e. the unsanitized programs), the CUDA tests, and test-ensemble (45 s of optimisation unsanitized; its
+# code paths are those of nbgrad batch and refine, which the tier runs).  ASAN_GOLDEN_CASES (comma-separated ids) limits
 # test-golden to some cases; empty runs them all.
 ASAN_B            := $(B)/asan
 ASAN_OPT          := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
-ASAN_TESTS        ?= $(filter-out test-examples test-cuda,$(patsubst tests/%.c,%,$(TEST_SRC)))
+ASAN_TESTS        ?= $(filter-out test-examples test-cuda test-ensemble,$(patsubst tests/%.c,%,$(TEST_SRC)))
 ASAN_GOLDEN_CASES ?=
 ASAN_ENV          := ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1 \
                      UBSAN_OPTIONS=abort_on_error=1:halt_on_error=1:print_stacktrace=1

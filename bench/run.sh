@@ -13,7 +13,8 @@
 #
 # 3. Gradients and refinement (BUILD_DIR/bench/bench-grad), as ratios to the forward call.
 # 4. File formats (BUILD_DIR/bench/bench-formats): bytes and write/read times of SMV, raw float, NXmx and CBF.
-# 5. The CUDA backend (BUILD_DIR/bench/bench-cuda) where there is a GPU: kernel, copy, set-up and call times on
+# 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks.
+# 6. The CUDA backend (BUILD_DIR/bench/bench-cuda) where there is a GPU: kernel, copy, set-up and call times on
 #    cubic4k, samples per second and the fraction of the GPU's peak (with the arithmetic per sample counted by
 #    ncu when it is on the PATH) on the heavy case at 512 and 2048, gradients over the forward call, and the cold
 #    start of the program.
@@ -139,7 +140,10 @@ fi
 # --- 4. file formats: sizes and write/read times of a 4096^2 image against SMV ----------------------------------
 echo
 "$B/bench/bench-formats" "${NBG_BENCH_FORMAT_PIXELS:-4096}" || status=1
-# --- 5. the CUDA backend ------------------------------------------------------------------------------------------
+# --- 5. many shots: nbgrad batch with and without MPI ranks ------------------------------------------------------
+echo
+sh "$ROOT/bench/bench-batch.sh" "$B" || status=1
+# --- 6. the CUDA backend ------------------------------------------------------------------------------------------
 echo
 BC="$B/bench/bench-cuda"
 if [ ! -x "$BC" ]; then

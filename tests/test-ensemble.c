@@ -1,0 +1,295 @@
+/*
+ * test-ensemble.c -- nbgrad ensemble through the program: recovery of perturbed structure factors and per-shot
+ * orientations from 50 noisy still shots, and the same answer, byte for byte, for 1, 2 and 4 MPI ranks.
+ *
+ * The data: a 100 A cubic cell, an F table over h, k, l in -3..3 (343 entries, uniform in 50..150 from a fixed
+ * seed), 50 shots in random orientations (nbgrad shots), Poisson noise with the ADC offset (nbgrad batch).  The
+ * start: every F off by 15 % rms, every misset angle off by 0.2 deg rms.  Checks:
+ *   - the loss goes down; F's error shrinks by half or more, and the errors over their standard errors have an rms
+ *     in 0.6..1.5 with >= 95 % within 3 sigma (the standard errors are right, not only the values);
+ *   - the orientations' error shrinks by a factor 3 or more;
+ *   - mpirun -n 1, 2, 4 (one thread each) write the same JSON file as the run without MPI (skipped, with the
+ *     reason, where mpirun or the MPI build is missing);
+ *   - refusals: F as a local parameter, an unknown global, -global F without a table.
+ */
+#include "clirun.h"
+
+#define BASE "-cell", "100", "100", "100", "90", "90", "90", "-N", "5", "-lambda", "1", "-detpixels", "64", \
+             "-pixel", "0.1", "-distance", "100", "-oversample", "1"
+
+/* A small deterministic generator for the test's data (the same on every machine). */
+static double urand(unsigned long long *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double grand(unsigned long long *s)
+{
+    const double u = urand(s), v = urand(s);
+    return sqrt(-2 * log(1 - u)) * cos(6.283185307179586 * v);
+}
+
+static int write_tables(const run_result *r, double *truth)
+{
+    char p1[PATH_MAX + 64], p2[PATH_MAX + 64];
+    snprintf(p1, sizeof p1, "%s/truth.hkl", r->work);
+    snprintf(p2, sizeof p2, "%s/start.hkl", r->work);
+    FILE *t = fopen(p1, "w"), *s = fopen(p2, "w");
+    if (t == NULL || s == NULL) {
+        if (t) fclose(t);
+        if (s) fclose(s);
+        return 0;
+    }
+    unsigned long long st = 12345;
+    int j = 0;
+    for (int h = -3; h <= 3; ++h) {
+        for (int k = -3; k <= 3; ++k) {
+            for (int l = -3; l <= 3; ++l, ++j) {
+                truth[j] = 50 + 100 * urand(&st);
+                fprintf(t, "%d %d %d %.6f\n", h, k, l, truth[j]);
+                fprintf(s, "%d %d %d %.6f\n", h, k, l, truth[j] * (1 + 0.15 * grand(&st)));
+            }
+        }
+    }
+    return fclose(t) == 0 && fclose(s) == 0;
+}
+
+/* Perturbs shots.jsonl's misset angles into start.jsonl (keeps the truth in truth[3 * shot]). */
+static int perturb_shots(const run_result *r, double *truth, int n)
+{
+    char p1[PATH_MAX + 64], p2[PATH_MAX + 64];
+    snprintf(p1, sizeof p1, "%s/shots.jsonl", r->work);
+    snprintf(p2, sizeof p2, "%s/start.jsonl", r->work);
+    FILE *in = fopen(p1, "r"), *out = fopen(p2, "w");
+    if (in == NULL || out == NULL) {
+        if (in) fclose(in);
+        if (out) fclose(out);
+        return 0;
+    }
+    unsigned long long st = 777;
+    char line[1024];
+    int i = 0;
+    while (i < n && fgets(line, sizeof line, in) != NULL) {
+        char id[64];
+        double *m = truth + 3 * i;
+        if (sscanf(line, "{\"id\":\"%63[^\"]\",\"misset\":[%lf,%lf,%lf]", id, &m[0], &m[1], &m[2]) != 4) {
+            break;
+        }
+        fprintf(out, "{\"id\": \"%s\", \"misset\": [%.17g, %.17g, %.17g]}\n", id, m[0] + 0.2 * grand(&st),
+                m[1] + 0.2 * grand(&st), m[2] + 0.2 * grand(&st));
+        ++i;
+    }
+    fclose(in);
+    return fclose(out) == 0 && i == n;
+}
+
+static void run_ensemble(run_result *r, int ranks, const char *json)
+{
+    const char *args[64] = {NULL};
+    int n = 0;
+    static char nbuf[16];
+    char keep[PATH_MAX];
+    snprintf(keep, sizeof keep, "%s", g_bin);
+    if (ranks > 0) {
+        snprintf(nbuf, sizeof nbuf, "%d", ranks);
+        args[n++] = "-n", args[n++] = nbuf, args[n++] = "--oversubscribe", args[n++] = "--bind-to",
+        args[n++] = "none", args[n++] = keep;
+        snprintf(g_bin, sizeof g_bin, "/usr/bin/mpirun");
+    }
+    const char *rest[] = {"ensemble", BASE, "-hkl", "start.hkl", "-shots", "start.jsonl", "-observed", "obs/{id}.img",
+                          "-global", "F", "-local", "rotx,roty,rotz", "-cycles", "2", "-hklout", "refined.hkl",
+                          "-json", json, NULL};
+    for (int i = 0; rest[i] != NULL; ++i) args[n++] = rest[i];
+    if (ranks > 0 && strcmp(json, "ens0.json") != 0) {
+        n -= 4; /* only the run without MPI writes refined.hkl */
+        args[n++] = "-json", args[n++] = json;
+    }
+    args[n] = NULL;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan != NULL ? strdup(asan) : NULL;
+    if (saved != NULL && ranks > 0) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s:detect_leaks=0", saved); /* Open MPI's allocations outlive MPI_Finalize */
+        setenv("ASAN_OPTIONS", buf, 1);
+    }
+    run_in(r, args);
+    if (saved != NULL) {
+        setenv("ASAN_OPTIONS", saved, 1);
+        free(saved);
+    }
+    unsetenv("OMP_NUM_THREADS");
+    snprintf(g_bin, sizeof g_bin, "%s", keep);
+}
+
+static void test_recovery(void)
+{
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    double Ftrue[343], mtrue[150];
+    const char *gen[] = {"shots", "-n", "50", "-seed", "9", "-o", "shots.jsonl", NULL};
+    run_in(&r, gen);
+    char obs[PATH_MAX + 64];
+    snprintf(obs, sizeof obs, "%s/obs", r.work);
+    const int ready = r.status == 0 && write_tables(&r, Ftrue) && perturb_shots(&r, mtrue, 50) && mkdir(obs, 0700) == 0;
+    const char *sim[] = {"batch", BASE, "-hkl", "truth.hkl", "-shots", "shots.jsonl", "-noisefile", "obs/{id}.img",
+                         "-seed", "5", NULL};
+    if (ready) {
+        run_in(&r, sim);
+    }
+    if (!nbgi_test_check(ready && r.status == 0, "ENS-data", "50 noisy shots simulated (exit %d: %s)", r.status,
+                         first_line(r.err))) {
+        result_free(&r);
+        return;
+    }
+    run_ensemble(&r, 0, "ens0.json");
+    const char *loss = strstr(r.out, "ensemble: loss ");
+    double L0 = NAN, L1 = NAN;
+    if (loss != NULL) {
+        sscanf(loss, "ensemble: loss %lf -> %lf", &L0, &L1);
+    }
+    nbgi_test_check(r.status == 0 && L1 < L0, "ENS-run", "the summed loss goes down: %.10g -> %.10g (exit %d: %s)", L0,
+                    L1, r.status, first_line(r.err));
+    /* F against the truth, in units of its standard errors */
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/refined.hkl", r.work);
+    FILE *f = fopen(path, "r");
+    double z2 = 0, e0 = 0, e1 = 0;
+    int n = 0, within = 0;
+    int h, k, l;
+    double F, s;
+    char sp[PATH_MAX + 64];
+    snprintf(sp, sizeof sp, "%s/start.hkl", r.work);
+    FILE *fs = fopen(sp, "r");
+    double Fstart[343];
+    for (int j = 0; fs != NULL && j < 343; ++j) {
+        if (fscanf(fs, "%d %d %d %lf", &h, &k, &l, &Fstart[j]) != 4) {
+            break;
+        }
+    }
+    if (fs != NULL) {
+        fclose(fs);
+    }
+    while (f != NULL && fscanf(f, "%d %d %d %lf %lf", &h, &k, &l, &F, &s) == 5) {
+        const int j = ((h + 3) * 7 + (k + 3)) * 7 + (l + 3);
+        const double z = (F - Ftrue[j]) / s;
+        z2 += z * z;
+        within += fabs(z) < 3;
+        e0 += fabs(Fstart[j] - Ftrue[j]) / Ftrue[j];
+        e1 += fabs(F - Ftrue[j]) / Ftrue[j];
+        ++n;
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    const double rmsz = n ? sqrt(z2 / n) : NAN;
+    nbgi_test_check(n > 250 && e1 < 0.5 * e0, "ENS-F-error",
+                    "%d of 343 F measured; mean relative error %.3f at the start, %.3f refined", n, n ? e0 / n : NAN,
+                    n ? e1 / n : NAN);
+    nbgi_test_check(rmsz > 0.6 && rmsz < 1.5 && within >= 0.95 * n, "ENS-F-sigma",
+                    "errors / standard errors: rms %.3f, %d of %d within 3 sigma", rmsz, within, n);
+    /* orientations: the JSON's locals against the truth */
+    size_t size = 0;
+    char *json = read_in(&r, "ens0.json", &size);
+    double d0 = 0, d1 = 0;
+    int m = 0;
+    for (int i = 0; json != NULL && i < 50; ++i) {
+        char key[64];
+        snprintf(key, sizeof key, "\"shot%06d\": [", i + 1);
+        const char *p = strstr(json, key);
+        double a[3];
+        if (p == NULL || sscanf(p + strlen(key), "%lf, %lf, %lf", &a[0], &a[1], &a[2]) != 3) {
+            continue;
+        }
+        char sj[PATH_MAX + 64];
+        (void)sj;
+        for (int c = 0; c < 3; ++c) d1 += fabs(a[c] - mtrue[3 * i + c]);
+        ++m;
+    }
+    /* the start's error, from start.jsonl */
+    snprintf(path, sizeof path, "%s/start.jsonl", r.work);
+    FILE *fj = fopen(path, "r");
+    char line[1024];
+    for (int i = 0; fj != NULL && i < 50 && fgets(line, sizeof line, fj) != NULL; ++i) {
+        double a[3];
+        const char *p = strstr(line, "\"misset\": [");
+        if (p != NULL && sscanf(p, "\"misset\": [%lf, %lf, %lf", &a[0], &a[1], &a[2]) == 3) {
+            for (int c = 0; c < 3; ++c) d0 += fabs(a[c] - mtrue[3 * i + c]);
+        }
+    }
+    if (fj != NULL) {
+        fclose(fj);
+    }
+    nbgi_test_check(m == 50 && d1 < d0 / 3, "ENS-orientation",
+                    "mean misset error %.4f deg at the start, %.4f deg refined (%d shots)", d0 / 150, d1 / 150, m);
+
+    /* the same file for any number of ranks */
+    int have_mpi = access("/usr/bin/mpirun", X_OK) == 0;
+    for (int ranks = 1; ranks <= 4; ranks *= 2) {
+        char name[32], id[32];
+        snprintf(name, sizeof name, "ens%d.json", ranks);
+        snprintf(id, sizeof id, "ENS-mpi-%d", ranks);
+        if (!have_mpi) {
+            nbgi_test_skip(id, "mpirun is missing");
+            continue;
+        }
+        run_ensemble(&r, ranks, name);
+        size_t s2 = 0;
+        char *other = read_in(&r, name, &s2);
+        const int same = json != NULL && other != NULL && s2 == size && memcmp(json, other, size) == 0;
+        if (r.status != 0 && strstr(r.err, "without MPI") != NULL) {
+            nbgi_test_skip(id, "nbgrad was built without MPI");
+            have_mpi = 0;
+        } else {
+            nbgi_test_check(r.status == 0 && same, id, "mpirun -n %d: the same JSON, byte for byte (exit %d: %s)",
+                            ranks, r.status, first_line(r.err));
+        }
+        free(other);
+    }
+    free(json);
+    result_free(&r);
+}
+
+static void test_refusals(void)
+{
+    run_result r;
+    const char *inputs[] = {"s.jsonl", "t.hkl", NULL};
+    struct {
+        const char *id, *what, *global, *local, *word;
+        int hkl;
+    } cases[] = {
+        {"ENS-F-local", "F as a local parameter", "a", "F", "F is global", 1},
+        {"ENS-unknown", "an unknown global", "a,bogus", "rotx", "bogus", 1},
+        {"ENS-no-table", "-global F without a table", "F", "rotx", "-hkl", 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+        if (!new_case(&r)) {
+            return;
+        }
+        put_file(&r, "s.jsonl", "{\"id\": \"a\"}\n");
+        put_file(&r, "t.hkl", "0 0 1 100\n1 0 0 100\n");
+        const char *with[] = {"ensemble", BASE, "-hkl", "t.hkl", "-shots", "s.jsonl", "-observed", "o/{id}.img",
+                              "-global", cases[k].global, "-local", cases[k].local, "-default_F", "0", NULL};
+        const char *without[] = {"ensemble", BASE, "-default_F", "100", "-shots", "s.jsonl", "-observed",
+                                 "o/{id}.img", "-global", cases[k].global, "-local", cases[k].local, NULL};
+        const char *words[] = {cases[k].word, NULL};
+        expect_failure(cases[k].id, cases[k].what, &r, cases[k].hkl ? with : without, words, inputs);
+        result_free(&r);
+    }
+}
+
+int main(void)
+{
+    if (!clirun_setup("nbg-test-ensemble-")) {
+        return nbgi_test_summary();
+    }
+    test_recovery();
+    test_refusals();
+    nbgi_test_rmtree(g_root);
+    return nbgi_test_summary();
+}
