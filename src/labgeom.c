@@ -183,6 +183,103 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     return nbgi_geometry_check(ctx, g, "describing the experiment");
 }
 
+/* The crystal of g in e: as a cell and misset angles when nbgrad's own cell construction, turned by the misset,
+ * gives g's vectors (to 1e-9 of their length), so that the cell and the orientation are refinable parameters;
+ * otherwise (a left-handed basis, say) as the A matrix, which renders the same crystal but fixes its cell. */
+static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)
+{
+    const double *a = g->real_space, *b = g->real_space + 3, *c = g->real_space + 6;
+    const double la = nbgi_norm(a), lb = nbgi_norm(b), lc = nbgi_norm(c);
+    const double RTD = 180.0 / 3.14159265358979323846;
+    const double cell[6] = {la, lb, lc, acos(nbgi_dot(b, c) / lb / lc) * RTD, acos(nbgi_dot(a, c) / la / lc) * RTD,
+                            acos(nbgi_dot(a, b) / la / lb) * RTD};
+    /* nbgrad's cell in its default orientation: B0 (columns a0, b0, c0).  nanoBragg's construction does not give
+     * back the angles it is given exactly (85 deg comes out as 84.992: kept for parity), so the cell parameters
+     * whose construction has g's lengths and angles are found by a fixed-point iteration (the map is the identity
+     * to 1e-4) */
+    nbg_experiment probe;
+    nbg_experiment_default(&probe);
+    probe.has_cell = 1;
+    memcpy(probe.cell, cell, sizeof cell);
+    probe.default_F = 1;
+    probe.fpixels = probe.spixels = 4;
+    nbg_report r;
+    int ok = nbg_describe(ctx, &probe, &r) == NBG_OK;
+    for (int it = 0; ok && it < 30; ++it) {
+        double d = 0;
+        for (int i = 0; i < 6; ++i) {
+            const double step = cell[i] - r.cell[i];
+            probe.cell[i] += step;
+            d = fmax(d, fabs(step) / cell[i]);
+        }
+        ok = nbg_describe(ctx, &probe, &r) == NBG_OK;
+        if (d < 1e-15) {
+            break;
+        }
+    }
+    double R[9] = {0};
+    if (ok) {
+        /* R = T B0^-1, T's columns the target vectors: B0^-1's rows are the reciprocal vectors of B0 */
+        const double *a0 = r.real_vectors, *b0 = r.real_vectors + 3, *c0 = r.real_vectors + 6;
+        double r0[3][3];
+        nbgi_cross(b0, c0, r0[0]);
+        nbgi_cross(c0, a0, r0[1]);
+        nbgi_cross(a0, b0, r0[2]);
+        const double V0 = nbgi_dot(a0, r0[0]);
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) {
+                R[3 * i + j] = (a[i] * r0[0][j] + b[i] * r0[1][j] + c[i] * r0[2][j]) / V0;
+            }
+        }
+        /* a rotation: R^T R = 1 and det R = +1 */
+        double err = 0;
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) {
+                double d = -(i == j);
+                for (int k = 0; k < 3; ++k) d += R[3 * k + i] * R[3 * k + j];
+                err = fmax(err, fabs(d));
+            }
+        }
+        ok = err < 1e-6;
+    }
+    nbg_experiment trial = *e;
+    if (ok) {
+        /* R = Rz(gz) Ry(gy) Rx(gx): R20 = -sin gy, R21 = cos gy sin gx, R22 = cos gy cos gx, R10 = sin gz cos gy */
+        trial.has_cell = 1;
+        trial.has_mat = 0;
+        memcpy(trial.cell, probe.cell, sizeof trial.cell);
+        trial.misset[0] = atan2(R[7], R[8]) * RTD;
+        trial.misset[1] = asin(fmax(-1, fmin(1, -R[6]))) * RTD;
+        trial.misset[2] = atan2(R[3], R[0]) * RTD;
+        trial.misset_random = 0;
+        ok = nbg_describe(ctx, &trial, &r) == NBG_OK;
+        for (int i = 0; ok && i < 9; ++i) ok = fabs(r.real_vectors[i] - g->real_space[i]) <= 1e-9 * fmax(la, fmax(lb, lc));
+    }
+    if (ok) {
+        e->has_cell = 1;
+        e->has_mat = 0;
+        memcpy(e->cell, trial.cell, sizeof e->cell);
+        memcpy(e->misset, trial.misset, sizeof e->misset);
+        e->misset_random = 0;
+        return;
+    }
+    /* the reciprocal vectors, times the wavelength: the MOSFLM A matrix (rows x, y, z; columns a*, b*, c*) */
+    double bxc[3], cxa[3], axb[3];
+    nbgi_cross(b, c, bxc);
+    nbgi_cross(c, a, cxa);
+    nbgi_cross(a, b, axb);
+    const double V = nbgi_dot(a, bxc);
+    for (int i = 0; i < 3; ++i) {
+        e->mat[3 * i + 0] = bxc[i] / V * g->wavelength;
+        e->mat[3 * i + 1] = cxa[i] / V * g->wavelength;
+        e->mat[3 * i + 2] = axb[i] / V * g->wavelength;
+    }
+    e->has_mat = 1;
+    e->has_cell = 0;
+    e->misset[0] = e->misset[1] = e->misset[2] = 0;
+    e->misset_random = 0;
+}
+
 int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)
 {
     if (g == NULL || e == NULL)
@@ -241,22 +338,7 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
         e->thick_abs = g->mu > 0 ? 1000.0 / g->mu : INFINITY;
     }
     if (g->has_crystal) {
-        /* the reciprocal vectors, times the wavelength: the MOSFLM A matrix (rows x, y, z; columns a*, b*, c*) */
-        const double *a = g->real_space, *bb = g->real_space + 3, *c = g->real_space + 6;
-        double bxc[3], cxa[3], axb[3];
-        nbgi_cross(bb, c, bxc);
-        nbgi_cross(c, a, cxa);
-        nbgi_cross(a, bb, axb);
-        const double V = nbgi_dot(a, bxc);
-        for (int i = 0; i < 3; ++i) {
-            e->mat[3 * i + 0] = bxc[i] / V * g->wavelength;
-            e->mat[3 * i + 1] = cxa[i] / V * g->wavelength;
-            e->mat[3 * i + 2] = axb[i] / V * g->wavelength;
-        }
-        e->has_mat = 1;
-        e->has_cell = 0;
-        e->misset[0] = e->misset[1] = e->misset[2] = 0;
-        e->misset_random = 0;
+        crystal_from_vectors(ctx, g, e);
     }
     return NBG_OK;
 }
