@@ -4,6 +4,7 @@
  *   nbgrad [simulate] <nanoBragg flags>     render images
  */
 #include "cli.h"
+#include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
 
 #include <math.h>
@@ -916,6 +917,17 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
         printf("wrote the residual image ((observed - pedestal) / gain - model) to %s\n", o.residual);
+    }
+    if (c.exptfile != NULL) {
+        /* the refined experiment as a DIALS experiment list: DIALS's tools, and nbgrad -expt, read it */
+        nbg_report rr;
+        nbg_geometry g;
+        if (nbg_describe(ctx, &c.e, &rr) != NBG_OK || nbg_geometry_from_report(ctx, &c.e, &rr, 1, &g) != NBG_OK ||
+            nbgi_write_expt_set(ctx, &c.outs, c.exptfile, &g, o.observed) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -exptfile: %s\n", nbg_errmsg(ctx));
+            goto done;
+        }
+        printf("wrote the refined experiment to %s\n", c.exptfile);
     }
     if (o.json != NULL) {
         nbgi_out jo;
