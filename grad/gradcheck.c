@@ -66,7 +66,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
     if (rc != NBG_OK) {
         return rc;
     }
-    const size_t npix = (size_t)rep.fpixels * rep.spixels;
+    const size_t npix = rep.npix;
     const nbg_hkl *t = e->hkl;
     const size_t n = t != NULL ? (size_t)(t->h_max - t->h_min + 1) * (t->k_max - t->k_min + 1) * (t->l_max - t->l_min + 1)
                                : 1;
@@ -156,7 +156,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     if (rc != NBG_OK) {
         return rc;
     }
-    const size_t npix = (size_t)rep.fpixels * rep.spixels;
+    const size_t npix = rep.npix;
     float *w = malloc(sizeof(float) * npix);
     float *wx = malloc(sizeof(float) * npix);
     float *img = malloc(sizeof(float) * npix);
