@@ -429,7 +429,7 @@ static int cmd_grad(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * r.spixels;
+    const size_t npix = r.npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
@@ -546,7 +546,7 @@ static int cmd_simulate(int argc, char **argv, int first)
                         "noise)\n");
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
+    const size_t npix = r.npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
@@ -638,7 +638,7 @@ static int cmd_refine(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * r.spixels;
+    const size_t npix = r.npix;
     if ((obs = read_image(ctx, "-observed", o.observed, npix)) == NULL) goto done;
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     nbg_refine_options ro;
