@@ -570,6 +570,12 @@ int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const 
  * panels, a missing or malformed field, a model nbgrad cannot represent (e.g. a multi-axis goniometer with
  * non-zero angles). */
 int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
+/* The same for a detector of any number of panels: *g as nbg_read_expt fills it from panel 0, and *panels (malloc'd,
+ * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  After
+ * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
+ * e->panel_frame = NBG_PANELS_LAB render the whole detector.  Refused besides: rectangular pixels, panels whose
+ * sensors (thickness, attenuation) differ. */
+int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the

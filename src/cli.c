@@ -396,8 +396,8 @@ static const cli_flag flags[] = {
     {"-cell", K_FN, .fn = fn_cell, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
      .help = "unit cell: lengths in A, angles in deg"},
     {"-expt", K_STR, C(exptin), .group = G_DETECTOR, .arg = "file",
-     .help = "a DIALS experiment list (one panel): its detector, beam, goniometer, scan and crystal replace the "
-             "flags'"},
+     .help = "a DIALS experiment list (one experiment, any number of panels): its detector, beam, goniometer, scan "
+             "and crystal replace the flags'"},
     {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
      .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
     {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
@@ -928,9 +928,24 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
     nbg_experiment *e = &c->e;
     if (c->exptin != NULL) {
         nbg_geometry g;
-        if (nbg_read_expt(ctx, c->exptin, &g) != NBG_OK || nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+        nbg_panel *pan = NULL;
+        int np = 0;
+        if (nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np) != NBG_OK ||
+            nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+            free(pan);
             fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
             return 0;
+        }
+        if (np > 1) {
+            /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */
+            free(c->panels);
+            c->panels = pan;
+            e->panels = pan;
+            e->npanels = np;
+            e->panel_frame = NBG_PANELS_LAB;
+            printf("read %s: %d panels\n", c->exptin, np);
+        } else {
+            free(pan);
         }
         if (g.has_crystal && c->matfile != NULL) {
             printf("note: the crystal of -expt %s replaces -mat %s\n", c->exptin, c->matfile);

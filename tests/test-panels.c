@@ -16,6 +16,7 @@
  *   jvp-tile             nbg_simulate_jvp likewise (a, rotx, distance, det_rotx)
  *   gradcheck-<param>    the finite-difference check on a detector of panels with gaps (a, rotx, distance,
  *                        det_rotx, beam_fast)
+ *   expt-panels          a DIALS experiment list of two panels (halves of a flat detector) renders the flat image
  *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
  *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
  *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel
@@ -444,6 +445,83 @@ static void refusals(nbg_ctx *ctx)
                    nbg_errmsg(ctx));
 }
 
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+
+/* A DIALS experiment list of two panels that cut a flat detector into its left and right halves: the image read
+ * through nbg_read_expt_panels equals the flat one's (through nbg_read_expt), rearranged; nbg_read_expt refuses
+ * the two panels. */
+static void expt_panels(nbg_ctx *ctx)
+{
+    char dir[256], one[300], two[300];
+    if (nbgi_test_mkdtemp("nbg-panels", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "expt", "no temporary directory");
+        return;
+    }
+    snprintf(one, sizeof one, "%s/one.expt", dir);
+    snprintf(two, sizeof two, "%s/two.expt", dir);
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_DIALS;
+    e.det_rot[0] = 3, e.det_rot[2] = 5;
+    e.fpixels = 40, e.spixels = 30;
+    nbg_report r;
+    nbg_geometry g;
+    int rc = nbg_describe(ctx, &e, &r);
+    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
+    rc = rc == NBG_OK ? nbg_write_expt(ctx, one, &g, "x.nxs") : rc;
+    json_error_t err;
+    json_t *root = rc == NBG_OK ? json_load_file(one, 0, &err) : NULL;
+    json_t *panels = json_object_get(json_array_get(json_object_get(root, "detector"), 0), "panels");
+    json_t *p0 = json_array_get(panels, 0), *p1 = json_deep_copy(p0);
+    if (p0 == NULL || p1 == NULL) {
+        nbgi_test_check(0, "expt", "could not write or parse %s (%s)", one, nbg_errmsg(ctx));
+        json_decref(root);
+        nbgi_test_rmtree(dir);
+        return;
+    }
+    json_object_set_new(p0, "image_size", json_pack("[i,i]", 20, 30));
+    json_object_set_new(p1, "image_size", json_pack("[i,i]", 20, 30));
+    json_object_set_new(p1, "name", json_string("right half"));
+    double o[3];
+    for (int x = 0; x < 3; ++x) {
+        o[x] = g.origin[x] + 20 * g.pixel_f * g.fast[x];
+    }
+    json_object_set_new(p1, "origin", json_pack("[f,f,f]", o[0], o[1], o[2]));
+    json_array_append_new(panels, p1);
+    json_dump_file(root, two, JSON_INDENT(1));
+    json_decref(root);
+
+    nbg_geometry g1, g2;
+    nbg_panel *pan = NULL;
+    int np = 0;
+    nbg_experiment e1, e2;
+    base(&e1);
+    base(&e2);
+    const int r1 = nbg_read_expt(ctx, one, &g1) == NBG_OK ? nbg_experiment_from_geometry(ctx, &g1, &e1) : -1;
+    const int r2 = nbg_read_expt_panels(ctx, two, &g2, &pan, &np) == NBG_OK
+                       ? nbg_experiment_from_geometry(ctx, &g2, &e2) : -1;
+    e2.panels = pan, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
+    size_t n1 = 0, n2 = 0;
+    int rc1 = r1, rc2 = r2, bit = 0;
+    float *a = r1 == NBG_OK ? render(ctx, &e1, &n1, &rc1) : NULL;
+    float *b = r2 == NBG_OK ? render(ctx, &e2, &n2, &rc2) : NULL;
+    double mx = 0;
+    const double d = rc1 == NBG_OK && rc2 == NBG_OK && n1 == n2 && n1 == 1200
+                         ? grid_diff(a, 40, b, 2, 1, 20, 30, 0, 0, &bit, &mx) : INFINITY;
+    nbgi_test_check(np == 2 && strcmp(pan[1].name, "right half") == 0 && d <= 1e-9, "expt-panels",
+                   "a two-panel experiment list renders the one-panel image: %d panels, max |diff| %.3g of %.4g (%s)",
+                   np, d, mx, rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    const int rone = nbg_read_expt(ctx, two, &g1);
+    nbgi_test_check(rone == NBG_EFORMAT && strstr(nbg_errmsg(ctx), "2 panels") != NULL, "refuse-expt-one", "%s",
+                   nbg_errmsg(ctx));
+    free(a);
+    free(b);
+    free(pan);
+    nbgi_test_rmtree(dir);
+}
+#endif
+
 int main(void)
 {
     nbg_ctx *ctx = NULL, *ctxf = NULL;
@@ -457,6 +535,9 @@ int main(void)
     layouts(ctx);
     gradients(ctx);
     refusals(ctx);
+#ifdef NBG_HAVE_FORMATS
+    expt_panels(ctx);
+#endif
     nbg_ctx_destroy(ctx);
     nbg_ctx_destroy(ctxf);
     return nbgi_test_summary();
