@@ -51,7 +51,9 @@ typedef struct {
     float *img, *g;
     double *src, *abc, *F, *part, *sums;
     uint8_t *mask;
-    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask;
+    nbgi_kpanel *panels;   /* the panel table (multi-panel detectors) */
+    nbgi_kparams *views;   /* each panel's view, with device pointers */
+    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views;
 } nbgi_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
@@ -112,6 +114,8 @@ extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
     cudaFree(st->part);
     cudaFree(st->sums);
     cudaFree(st->mask);
+    cudaFree(st->panels);
+    cudaFree(st->views);
     cudaEventDestroy(st->ev[0]);
     cudaEventDestroy(st->ev[1]);
     free(st);
@@ -156,7 +160,7 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     *kd = *k;
     const size_t nsrc = (size_t)k->nsources * NBG_SRC_STRIDE, nabc = (size_t)k->nphi * k->nmos * 9;
-    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const size_t npix = (size_t)k->npix;
     cudaError_t e;
     if ((e = ensure((void **)&st->src, &st->cap_src, nsrc * sizeof(double))) != cudaSuccess ||
         (e = ensure((void **)&st->abc, &st->cap_abc, nabc * sizeof(double))) != cudaSuccess ||
@@ -186,7 +190,50 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
         }
         kd->mask = st->mask;
     }
+    if (k->npanels > 0) {
+        /* the panels' views, built here with the device pointers (the view's mask is the device mask from the
+         * panel's offset), and the table the threads search for their panel */
+        const size_t np = (size_t)k->npanels;
+        nbgi_kparams *hv = (nbgi_kparams *)malloc(np * sizeof *hv);
+        if (hv == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu panel views", np);
+        }
+        for (size_t i = 0; i < np; ++i) {
+            nbgi_panel_view(kd, (int)i, &hv[i]); /* kd->panels is still the host table */
+        }
+        if ((e = ensure((void **)&st->panels, &st->cap_panels, np * sizeof(nbgi_kpanel))) != cudaSuccess ||
+            (e = ensure((void **)&st->views, &st->cap_views, np * sizeof(nbgi_kparams))) != cudaSuccess ||
+            (e = cudaMemcpy(st->panels, k->panels, np * sizeof(nbgi_kpanel), cudaMemcpyHostToDevice)) !=
+                cudaSuccess ||
+            (e = cudaMemcpy(st->views, hv, np * sizeof(nbgi_kparams), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            free(hv);
+            return cuda_fail(ctx, e, "copy of the panels");
+        }
+        free(hv);
+        kd->panels = st->panels;
+    }
     return NBG_OK;
+}
+
+/* The parameters that render image pixel i and its (f, s) within them: the single detector's, or (MULTI) the view
+ * of the panel holding it, found by a binary search over the panels' offsets. */
+template <int MULTI>
+__device__ static inline const nbgi_kparams *pixel_params(const nbgi_kparams *p, const nbgi_kparams *views, long i,
+                                                         int *f, int *s, int *panel)
+{
+    if (!MULTI) {
+        *f = (int)(i % p->fpixels);
+        *s = (int)(i / p->fpixels);
+        *panel = 0;
+        return p;
+    }
+    const int k = nbgi_panel_of_pixel(p, i);
+    const nbgi_kpanel *q = p->panels + k;
+    const long j = i - q->offset;
+    *f = (int)(j % q->fpixels);
+    *s = (int)(j / q->fpixels);
+    *panel = k;
+    return views + k;
 }
 
 /* Sums v over the warp in a fixed order (a shuffle tree); the result is valid in lane 0.  Every thread of the
@@ -244,25 +291,27 @@ __global__ void nbgi_reduce_kernel(const double *part, unsigned nblocks, double 
     }
 }
 
-template <int FLOAT>
-__global__ void nbgi_forward_kernel(nbgi_kparams p, float *img, double *part, unsigned nblocks)
+template <int FLOAT, int MULTI>
+__global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, float *img, double *part,
+                                    unsigned nblocks)
 {
     __shared__ double sh[2 * NBG_WARPS];
-    const long npix = (long)p.fpixels * p.spixels;
+    const long npix = p.npix;
     const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
     double sums[2] = {0, 0}; /* solid angle, interpolation fallbacks */
     if (i < npix) {
-        const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
+        int f, s, panel;
+        const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
         float v = 0.0f;
-        if (nbgi_pixel_active(&p, f, s)) {
+        if (nbgi_pixel_active(pp, f, s)) {
             if (FLOAT) {
                 nbgi_pixstat_f ps = {0, 0};
-                v = (float)nbgi_pixel_f(&p, f, s, &ps);
+                v = (float)nbgi_pixel_f(pp, f, s, &ps);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             } else {
                 nbgi_pixstat_d ps = {0, 0};
-                v = (float)nbgi_pixel_d(&p, f, s, &ps);
+                v = (float)nbgi_pixel_d(pp, f, s, &ps);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             }
@@ -274,9 +323,9 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, float *img, double *part, un
 
 /* The adjoint pixel kernel: CAP bounds the per-thread crystal-vector and wavelength accumulators (nvar of them
  * are used), so that a thread's local memory is no larger than the experiment needs. */
-template <int FLOAT, int CAP>
-__global__ void nbgi_adjoint_kernel(nbgi_kparams p, const float *g, float *img, double *part, unsigned nblocks,
-                                   int nvar)
+template <int FLOAT, int CAP, int MULTI>
+__global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g, float *img,
+                                    double *part, unsigned nblocks, int nvar)
 {
     __shared__ double sh[(NBG_NFIX + CAP) * NBG_WARPS];
     double local[CAP];
@@ -287,16 +336,26 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const float *g, float *img, 
     memset(&acc, 0, sizeof acc);
     acc.abc = local;
     acc.lam = local + p.nphi * p.nmos * 9;
-    const long npix = (long)p.fpixels * p.spixels;
+    const long npix = p.npix;
     const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
     if (i < npix) {
-        const int f = (int)(i % p.fpixels), s = (int)(i / p.fpixels);
+        int f, s, panel;
+        const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
         float v = 0.0f;
-        if (nbgi_pixel_active(&p, f, s)) {
-            v = FLOAT ? (float)nbgi_pixel_adjoint_f(&p, f, s, g[i], &acc)
-                      : (float)nbgi_pixel_adjoint_d(&p, f, s, (double)g[i], &acc);
+        if (nbgi_pixel_active(pp, f, s)) {
+            v = FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[i], &acc)
+                      : (float)nbgi_pixel_adjoint_d(pp, f, s, (double)g[i], &acc);
         }
         img[i] = v;
+        if (MULTI) {
+            /* the pixel's detector gradients are on its panel's vectors: carry them to the plane's */
+            double *det = (double *)&acc, mine[NBG_ADJ_DET];
+            for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                mine[c] = det[c];
+                det[c] = 0;
+            }
+            nbgi_panel_fold(p.panels + panel, mine, det);
+        }
     }
     const double *fixed = (const double *)&acc;
     block_partials([&](int c) { return c < NBG_NFIX ? fixed[c] : local[c - NBG_NFIX]; }, NBG_NFIX + nvar, sh, part,
@@ -348,7 +407,7 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
 {
     const double t0 = nbgi_now();
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
-    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const size_t npix = (size_t)k->npix;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbgi_kparams kd;
     int rc = upload(ctx, k, 2, nblocks, &kd);
@@ -358,10 +417,15 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
     if (rc != NBG_OK) {
         return rc;
     }
-    if (use_float) {
-        NBG_LAUNCH(nbgi_forward_kernel<1>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
+    const int multi = k->npanels > 0;
+    if (use_float && multi) {
+        NBG_LAUNCH((nbgi_forward_kernel<1, 1>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
+    } else if (use_float) {
+        NBG_LAUNCH((nbgi_forward_kernel<1, 0>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
+    } else if (multi) {
+        NBG_LAUNCH((nbgi_forward_kernel<0, 1>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
     } else {
-        NBG_LAUNCH(nbgi_forward_kernel<0>, nblocks, NBG_BLOCK, kd, st->img, st->part, nblocks);
+        NBG_LAUNCH((nbgi_forward_kernel<0, 0>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
     }
     double sums[2];
     rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel", times);
@@ -372,13 +436,14 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
     return rc;
 }
 
-template <int FLOAT>
+template <int FLOAT, int MULTI>
 static void launch_adjoint(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned nblocks, int nvar)
 {
-    void (*kern)(nbgi_kparams, const float *, float *, double *, unsigned, int) =
-        nvar <= 16 ? nbgi_adjoint_kernel<FLOAT, 16>
-                   : nvar <= 128 ? nbgi_adjoint_kernel<FLOAT, 128> : nbgi_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC>;
-    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->g, st->img, st->part, nblocks, nvar);
+    void (*kern)(nbgi_kparams, const nbgi_kparams *, const float *, float *, double *, unsigned, int) =
+        nvar <= 16 ? nbgi_adjoint_kernel<FLOAT, 16, MULTI>
+                   : nvar <= 128 ? nbgi_adjoint_kernel<FLOAT, 128, MULTI>
+                                 : nbgi_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC, MULTI>;
+    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->views, st->g, st->img, st->part, nblocks, nvar);
 }
 
 extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image,
@@ -392,7 +457,7 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
                          NBG_CUDA_MAXACC, nvar);
     }
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
-    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const size_t npix = (size_t)k->npix;
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbgi_kparams kd;
     int rc = upload(ctx, k, ncomp, nblocks, &kd);
@@ -407,10 +472,14 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
     if ((rc = start(ctx, t0, times)) != NBG_OK) {
         return rc;
     }
-    if (use_float) {
-        launch_adjoint<1>(kd, st, nblocks, nvar);
+    if (use_float && k->npanels > 0) {
+        launch_adjoint<1, 1>(kd, st, nblocks, nvar);
+    } else if (use_float) {
+        launch_adjoint<1, 0>(kd, st, nblocks, nvar);
+    } else if (k->npanels > 0) {
+        launch_adjoint<0, 1>(kd, st, nblocks, nvar);
     } else {
-        launch_adjoint<0>(kd, st, nblocks, nvar);
+        launch_adjoint<0, 0>(kd, st, nblocks, nvar);
     }
     return finish(ctx, npix, nblocks, ncomp, image, out, "adjoint kernel", times);
 }

@@ -27,6 +27,58 @@ typedef struct {
 _Static_assert(offsetof(nbgi_adjacc, abc) == 29 * sizeof(double), "nbgi_adjacc's fixed part must be 29 doubles");
 #endif
 
+/* The detector part of nbgi_adjacc: pix0, f, s, o (3 each) and close, its first 13 doubles. */
+#define NBG_ADJ_DET 13
+
+/* A panel's detector quantities (pix0, f, s, o, close: 13 doubles) from the plane's, linearised: the panel's
+ * vectors are pix0_p = pix0 + sum_j c_j e_j and (f, s, o)_p = A (f, s, o) with e = (f, s, o), its close distance
+ * pix0_p . o_p.  Adjoint (nbgi_panel_fold): dL/d(plane) += J^T dL/d(panel), the gradients the panel's pixels
+ * accumulated on its own vectors carried to the plane's.  Tangent (nbgi_panel_tangent): t(panel) = J t(plane).
+ * A panel fixed in the lab (not in_plane) does not depend on the plane: nothing is carried. */
+static inline NBG_HD void nbgi_panel_fold(const nbgi_kpanel *q, const double *d, double *out)
+{
+    if (!q->in_plane) {
+        return;
+    }
+    double dp[3], dpo[3];
+    for (int x = 0; x < 3; ++x) {
+        /* close_p = pix0_p . o_p: d pix0_p += d_close o_p, d o_p += d_close pix0_p */
+        dp[x] = d[x] + d[12] * q->odet[x];
+        dpo[x] = d[9 + x] + d[12] * q->pix0[x];
+    }
+    for (int x = 0; x < 3; ++x) {
+        out[x] += dp[x];
+        for (int j = 0; j < 3; ++j) {
+            /* e_j (j = f, s, o at out[3..5], [6..8], [9..11]) through pix0_p, f_p, s_p and o_p */
+            out[3 + 3 * j + x] += q->c[j] * dp[x] + q->A[j] * d[3 + x] + q->A[3 + j] * d[6 + x] + q->A[6 + j] * dpo[x];
+        }
+    }
+}
+
+static inline NBG_HD void nbgi_panel_tangent(const nbgi_kpanel *q, const double *t, double *out)
+{
+    for (int i = 0; i < NBG_ADJ_DET; ++i) {
+        out[i] = 0;
+    }
+    if (!q->in_plane) {
+        return;
+    }
+    for (int x = 0; x < 3; ++x) {
+        out[x] = t[x];
+        for (int j = 0; j < 3; ++j) {
+            const double tej = t[3 + 3 * j + x];
+            out[x] += q->c[j] * tej;
+            out[3 + x] += q->A[j] * tej;
+            out[6 + x] += q->A[3 + j] * tej;
+            out[9 + x] += q->A[6 + j] * tej;
+        }
+    }
+    out[12] = 0;
+    for (int x = 0; x < 3; ++x) {
+        out[12] += out[x] * q->odet[x] + q->pix0[x] * out[9 + x];
+    }
+}
+
 /* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
  * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
 static inline NBG_HD void nbgi_ray_adjoint(const nbgi_ray *r, const double *d_d, double d_R, nbgi_adjacc *acc)

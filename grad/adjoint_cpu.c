@@ -23,7 +23,6 @@
 void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
                      int vectorised)
 {
-    const int F = p->fpixels, S = p->spixels;
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
@@ -32,10 +31,24 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
         nbgi_adjacc *acc = &tacc[0];
 #endif
 #pragma omp for schedule(static)
-        for (int s = 0; s < S; ++s) {
+        for (int r = 0; r < p->nrows; ++r) {
+            /* a row of the single detector, or of a panel through its view: the row's detector gradients then land
+             * on the panel's vectors, and are carried to the plane's after the row */
+            nbgi_kparams view;
+            int s;
+            long first;
+            const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+            const int F = pr->fpixels;
+            double *det = (double *)acc, saved[NBG_ADJ_DET] = {0};
+            if (p->npanels > 0) {
+                for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                    saved[c] = det[c];
+                    det[c] = 0;
+                }
+            }
             if (vectorised) {
                 for (int f0 = 0; f0 < F; f0 += 8) {
-                    const long i = (long)s * F + f0;
+                    const long i = first + f0;
                     const int n = F - f0 < 8 ? F - f0 : 8;
                     float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                     if (dLdI != NULL) {
@@ -43,18 +56,26 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
                             g[j] = dLdI[i + j];
                         }
                     }
-                    nbgi_row_adjoint_d(p, s, f0, n, g, image + i, acc);
+                    nbgi_row_adjoint_d(pr, s, f0, n, g, image + i, acc);
                 }
-                continue;
+            } else {
+                for (int f = 0; f < F; ++f) {
+                    const long i = first + f;
+                    if (!nbgi_pixel_active(pr, f, s)) {
+                        image[i] = 0.0f;
+                        continue;
+                    }
+                    const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
+                    image[i] = (float)nbgi_pixel_adjoint_d(pr, f, s, g, acc);
+                }
             }
-            for (int f = 0; f < F; ++f) {
-                const long i = (long)s * F + f;
-                if (!nbgi_pixel_active(p, f, s)) {
-                    image[i] = 0.0f;
-                    continue;
+            if (p->npanels > 0) {
+                double row[NBG_ADJ_DET];
+                for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                    row[c] = det[c];
+                    det[c] = saved[c];
                 }
-                const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
-                image[i] = (float)nbgi_pixel_adjoint_d(p, f, s, g, acc);
+                nbgi_panel_fold(&p->panels[nbgi_panel_of_row(p, r)], row, det);
             }
         }
     }
@@ -62,28 +83,43 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
 
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised)
 {
-    const int F = p->fpixels, S = p->spixels;
-    const size_t npix = (size_t)F * S;
+    const size_t npix = (size_t)p->npix;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < p->nrows; ++r) {
+        /* a row of the single detector, or of a panel through its view with the tangents carried to its vectors */
+        nbgi_kparams view;
+        int s;
+        long first;
+        const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+        const int F = pr->fpixels;
+        nbgi_adjacc tp[NBG_JVP_MAX];
+        const nbgi_adjacc *tr = t;
+        if (p->npanels > 0) {
+            const nbgi_kpanel *q = &p->panels[nbgi_panel_of_row(p, r)];
+            for (int j = 0; j < nt; ++j) {
+                tp[j] = t[j];
+                nbgi_panel_tangent(q, (const double *)&t[j], (double *)&tp[j]);
+            }
+            tr = tp;
+        }
         if (vectorised) {
             for (int f0 = 0; f0 < F; f0 += 8) {
-                const size_t i = (size_t)s * F + f0;
-                nbgi_row_jvp_d(p, s, f0, F - f0 < 8 ? F - f0 : 8, t, nt, image + i, out, npix, i);
+                const size_t i = (size_t)first + f0;
+                nbgi_row_jvp_d(pr, s, f0, F - f0 < 8 ? F - f0 : 8, tr, nt, image + i, out, npix, i);
             }
             continue;
         }
         for (int f = 0; f < F; ++f) {
-            const long i = (long)s * F + f;
+            const long i = first + f;
             double dS[NBG_JVP_MAX];
-            if (!nbgi_pixel_active(p, f, s)) {
+            if (!nbgi_pixel_active(pr, f, s)) {
                 image[i] = 0.0f;
                 for (int j = 0; j < nt; ++j) {
                     out[(size_t)j * npix + (size_t)i] = 0;
                 }
                 continue;
             }
-            image[i] = (float)nbgi_pixel_jvp_d(p, f, s, t, nt, dS);
+            image[i] = (float)nbgi_pixel_jvp_d(pr, f, s, tr, nt, dS);
             for (int j = 0; j < nt; ++j) {
                 out[(size_t)j * npix + (size_t)i] = dS[j];
             }

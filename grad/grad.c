@@ -123,7 +123,7 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I, nbg_param_mask mask, double *g)
 {
     double sG = 0, s0 = 0, sx = 0, sy = 0;
-    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const size_t npix = (size_t)k->npix; /* all panels' pixels */
     for (size_t i = 0; i < npix; ++i) {
         if (!nbgi_model_active(k, i) || dLdM[i] == 0) {
             continue;
@@ -151,6 +151,11 @@ int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *
     }
     if (e->curved) {
         return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available for the curved detector");
+    }
+    if (e->npanels > 0 && e->panel_frame == NBG_PANELS_LAB && (mask & (NBG_MASK(NBG_P_DISTANCE) | NBG_MASK(NBG_P_BEAM_FAST) | NBG_MASK(NBG_P_BEAM_SLOW) | NBG_MASK(NBG_P_DET_ROTX) |
+                 NBG_MASK(NBG_P_DET_ROTY) | NBG_MASK(NBG_P_DET_ROTZ) | NBG_MASK(NBG_P_TWOTHETA)))) {
+        return nbgi_error(ctx, NBG_EUNSUP, "panels fixed in the lab frame do not move with the detector parameters "
+                         "(distance, beam centre, rotations, two-theta): no gradient in them");
     }
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (!(mask & NBG_MASK(p))) {
@@ -584,7 +589,10 @@ static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, nbg
         return rc;
     }
     pl->k.want_dN = (mask & (NBG_MASK(NBG_P_NA) | NBG_MASK(NBG_P_NB) | NBG_MASK(NBG_P_NC))) != 0;
-    if ((size_t)pl->k.fpixels * pl->k.spixels != npix) {
+    if ((size_t)pl->k.npix != npix && pl->k.npanels > 0) {
+        rc = nbgi_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector's %d panels have %ld", npix,
+                       pl->k.npanels, pl->k.npix);
+    } else if ((size_t)pl->k.npix != npix) {
         rc = nbgi_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector has %d x %d = %zu", npix,
                        pl->k.fpixels, pl->k.spixels, (size_t)pl->k.fpixels * pl->k.spixels);
     } else {

@@ -55,7 +55,7 @@ static int eval_loss(nbg_ctx *ctx, const nbg_experiment *e, const float *w, cons
     *L = e->scale * nbgi_forward_wsum_cpu(&pl.k, w, skip, sig);
     if (e->bg[0] != 0 || e->bg[1] != 0 || e->bg[2] != 0) {
         double sb = 0;
-        const size_t npix = (size_t)pl.k.fpixels * pl.k.spixels;
+        const size_t npix = (size_t)pl.k.npix;
         for (size_t i = 0; i < npix; ++i) {
             if (nbgi_model_active(&pl.k, i) && (skip == NULL || !skip[i])) {
                 sb += w[i] * nbgi_model_bg(e, &pl.k, i);
@@ -83,7 +83,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
     if (rc != NBG_OK) {
         return rc;
     }
-    const size_t npix = (size_t)rep.fpixels * rep.spixels;
+    const size_t npix = rep.npix;
     const nbg_hkl *t = e->hkl;
     const size_t n = t != NULL ? (size_t)(t->h_max - t->h_min + 1) * (t->k_max - t->k_min + 1) * (t->l_max - t->l_min + 1)
                                : 1;
@@ -175,7 +175,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     if (rc != NBG_OK) {
         return rc;
     }
-    const size_t npix = (size_t)rep.fpixels * rep.spixels;
+    const size_t npix = rep.npix;
     float *w = malloc(sizeof(float) * npix);
     float *wx = malloc(sizeof(float) * npix);
     float *img = malloc(sizeof(float) * npix);

@@ -638,10 +638,10 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     if (rc != NBG_OK) {
         return rc;
     }
-    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
+    if ((size_t)pl.k.npix != npix) {
         nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "the observed image holds %zu pixels, the detector has %d x %d = %zu", npix,
-                         pl.k.fpixels, pl.k.spixels, (size_t)pl.k.fpixels * pl.k.spixels);
+        return nbgi_error(ctx, NBG_EINVAL, "the observed image holds %zu pixels, the detector has %ld", npix,
+                         pl.k.npix);
     }
     uint8_t *use = malloc(npix);
     if (use == NULL) {

@@ -154,6 +154,26 @@ typedef struct {
     double read_noise; /* Gaussian read noise, counts rms, >= 0 (0) */
 } nbg_detector_model;
 
+/* One flat detector panel (a module, a tile or an ASIC) of a multi-panel detector.  Its pixel (i, j) (fast index i,
+ * slow index j) covers origin + [i, i+1) pixel fast + [j, j+1) pixel slow; the sensor's depth runs along the normal
+ * fast x slow, which must point away from the sample.  The frame of the vectors is nbg_experiment.panel_frame's.
+ * The sensor (thickness, attenuation, layers) is the experiment's, the same for every panel. */
+typedef struct {
+    int fpixels, spixels;           /* pixel counts along fast and slow (>= 1) */
+    double pixel;                   /* pixel size, mm (0: the experiment's -pixel) */
+    double fast[3], slow[3];        /* the panel's axes: perpendicular, any length (normalised) */
+    double origin[3];               /* the corner of pixel (0,0) (not its centre), mm */
+    char name[32];                  /* for messages and files ("" : "panel <index>") */
+} nbg_panel;
+
+/* The frame of nbg_panel's vectors.  PLANE: components along the detector plane's fast, slow and normal axes
+ * (the plane that the detector flags place, as for a single detector), origin in mm from the plane's pix0 (the
+ * corner of its pixel (0,0)): the panels move with the plane, so distance, beam centre, detector rotations and
+ * two-theta move them all (and have gradients).  LAB: nbgrad's laboratory frame of the convention (that of
+ * nbg_report's pix0, fdet, sdet, odet), origin in mm from the sample: the panels stay where they are and the
+ * detector flags do not move them. */
+typedef enum { NBG_PANELS_PLANE = 0, NBG_PANELS_LAB = 1 } nbg_panel_frame;
+
 /* "Unset" is NAN for every double field documented as optional (the default then applies, as nanoBragg's), and
  * -1 for every count (automatic).  nbg_experiment_default sets every field to its default or unset value. */
 typedef struct {
@@ -240,6 +260,18 @@ typedef struct {
     double scale;                   /* overall scale G (1) */
     double bg[3];                   /* background plane, photons per pixel (0 0 0) */
     nbg_detector_model response;    /* counts = gain * M + pedestal (pedestal 0, gain 1, read noise 0) */
+
+    /* --- multi-panel detector ------------------------------------------------------------------------------ */
+    /* npanels = 0 (the default): one flat detector of fpixels x spixels, as above (nanoBragg's).  npanels > 0:
+     * the image is the concatenation of the panels in order, panel p's pixels (fast-major within the panel) from
+     * the sum of the earlier panels' sizes on; nbg_report.npix is the total.  The detector flags (convention,
+     * pixel counts and size, distance, beam centre, rotations, two-theta) still place the detector plane that
+     * NBG_PANELS_PLANE panels sit in.  The mask, when given, covers the whole concatenated image.  Refused with
+     * panels: a region of interest (-roi; use the mask), the curved detector.  nbg_layout fills the panels of
+     * the built-in layouts.  Panels must not overlap, must not be degenerate and must face the sample. */
+    const nbg_panel *panels;        /* npanels panels (caller-owned), or NULL */
+    int npanels;
+    nbg_panel_frame panel_frame;    /* the frame of the panels' vectors (NBG_PANELS_PLANE) */
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -274,6 +306,8 @@ typedef struct {
     int warn_clipped_sample;        /* sample size clipped to the beam size */
     long interp_fallbacks;          /* tricubic windows that left the table (nearest neighbour used) */
     double solid_angle;             /* sum of subpixel solid angles / steps, sr (nanoBragg's printed value) */
+    int npanels;                    /* panels of the detector (1 for the single flat detector) */
+    size_t npix;                    /* pixels of the image: fpixels * spixels, or the panels' total */
     /* Where the call's time went, in seconds (nbg_simulate, nbg_simulate_grad): the host set-up (the plan, and
      * on CUDA the copies of the parameters to the device), the kernels (on CUDA the device time between events
      * around them), and on CUDA copying the image and sums back. */
@@ -283,8 +317,28 @@ typedef struct {
 /* Derives the geometry and sampling without rendering. */
 int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out);
 
-/* Renders the image.  image holds npix = fpixels*spixels floats (nbg_describe gives the size); it is
- * overwritten.  report may be NULL. */
+/* The panels of a built-in detector layout, in the detector plane's frame (NBG_PANELS_PLANE), their origins from
+ * the corner of the layout's bounding box, so that a plane of *fpixels x *spixels pixels of *pixel mm (the
+ * bounding box, rounded up) holds them all and its default beam centre is the layout's centre.  capacity: the
+ * room in panels (NULL with 0 asks for the count only: *npanels).  Names (nbg_layout_names lists them):
+ *   pilatus6m    Dectris Pilatus 6M: 5 x 12 modules of 487 x 195 pixels of 0.172 mm, gaps of 7 pixels between
+ *                columns and 17 between rows (2463 x 2527 pixels overall, 60 panels)
+ *   eiger2_16m   Dectris Eiger2 16M: 4 x 8 modules of 1028 x 512 pixels of 0.075 mm, gaps of 12 pixels between
+ *                columns and 38 between rows (4148 x 4362 overall, 32 panels)
+ *   jungfrau16m  PSI Jungfrau 16M: 4 x 8 modules of 1024 x 512 pixels of 0.075 mm, each as its 2 x 4 ASICs of
+ *                256 x 256 (256 panels; the double-size pixels between ASICs are left out as 2-pixel gaps), module
+ *                gaps as the Eiger2's (approximate: the real modules are tilted in a pinwheel)
+ *   cspad        SLAC CSPAD, approximately: 4 quadrants of 8 two-by-one sensors, each 2 ASICs of 194 x 185 pixels
+ *                of 0.11 mm (64 panels), the sensors of a quadrant in four pairs turned alternately by 90 deg, the
+ *                quadrants turned by 90 deg about the centre around a central hole
+ * An unknown name is NBG_EINVAL listing the names; too small a capacity NBG_EINVAL. */
+int nbg_layout(nbg_ctx *ctx, const char *name, nbg_panel *panels, int capacity, int *npanels, double *pixel,
+               int *fpixels, int *spixels);
+/* The built-in layouts' names, separated by spaces. */
+const char *nbg_layout_names(void);
+
+/* Renders the image.  image holds npix = fpixels*spixels floats, or the panels' total (nbg_report.npix, which
+ * nbg_describe gives); it is overwritten.  report may be NULL. */
 int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report);
 
 
@@ -611,6 +665,12 @@ int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const 
  * panels, a missing or malformed field, a model nbgrad cannot represent (e.g. a multi-axis goniometer with
  * non-zero angles). */
 int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
+/* The same for a detector of any number of panels: *g as nbg_read_expt fills it from panel 0, and *panels (malloc'd,
+ * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  After
+ * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
+ * e->panel_frame = NBG_PANELS_LAB render the whole detector.  Refused besides: rectangular pixels, panels whose
+ * sensors (thickness, attenuation) differ. */
+int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the

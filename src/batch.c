@@ -437,7 +437,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
+    const size_t npix = r.npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);

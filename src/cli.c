@@ -130,6 +130,8 @@ void nbgi_cli_free(nbgi_cli *c)
     nbg_hkl_free(&c->hkl);
     free(c->sources);
     free(c->mask);
+    free(c->panels);
+    c->panels = NULL;
 }
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them. */
@@ -394,8 +396,8 @@ static const cli_flag flags[] = {
     {"-cell", K_FN, .fn = fn_cell, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
      .help = "unit cell: lengths in A, angles in deg"},
     {"-expt", K_STR, C(exptin), .group = G_DETECTOR, .arg = "file",
-     .help = "a DIALS experiment list (one panel): its detector, beam, goniometer, scan and crystal replace the "
-             "flags'"},
+     .help = "a DIALS experiment list (one experiment, any number of panels): its detector, beam, goniometer, scan "
+             "and crystal replace the flags'"},
     {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
      .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
     {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
@@ -536,6 +538,9 @@ static const cli_flag flags[] = {
      .help = "solid angle 1/R^2, no obliquity factor"},
     {"-roi", K_INT, E(roi), .n = 4, .group = G_DETECTOR, .arg = "xmin xmax ymin ymax",
      .help = "the pixels rendered, inclusive"},
+    {"-layout", K_STR, C(layout), .group = G_DETECTOR, .arg = "name",
+     .help = "a built-in multi-panel detector (pilatus6m, eiger2_16m, jungfrau16m, cspad) in the plane that the "
+             "detector flags place; sets -pixel and the plane's pixel counts; the image is the panels' concatenation"},
     {"-mask", K_STR, 0, .group = G_DETECTOR, .arg = "file",
      .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
     {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",
@@ -923,9 +928,24 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
     nbg_experiment *e = &c->e;
     if (c->exptin != NULL) {
         nbg_geometry g;
-        if (nbg_read_expt(ctx, c->exptin, &g) != NBG_OK || nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+        nbg_panel *pan = NULL;
+        int np = 0;
+        if (nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np) != NBG_OK ||
+            nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+            free(pan);
             fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
             return 0;
+        }
+        if (np > 1) {
+            /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */
+            free(c->panels);
+            c->panels = pan;
+            e->panels = pan;
+            e->npanels = np;
+            e->panel_frame = NBG_PANELS_LAB;
+            printf("read %s: %d panels\n", c->exptin, np);
+        } else {
+            free(pan);
         }
         if (g.has_crystal && c->matfile != NULL) {
             printf("note: the crystal of -expt %s replaces -mat %s\n", c->exptin, c->matfile);
@@ -937,6 +957,42 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         printf("read %s: %dx%d pixels of %g mm, wavelength %g A, scan %d image%s from %g deg by %g deg%s\n",
                c->exptin, g.fpixels, g.spixels, g.pixel_f, g.wavelength, g.nframes, g.nframes > 1 ? "s" : "",
                g.scan_start, g.scan_width, g.has_crystal ? ", with a crystal" : "");
+    }
+    if (c->layout != NULL) {
+        int n = 0, F = 0, S = 0;
+        double px = 0;
+        int rc = nbg_layout(ctx, c->layout, NULL, 0, &n, NULL, NULL, NULL);
+        if (rc == NBG_OK) {
+            free(c->panels);
+            c->panels = calloc((size_t)n, sizeof *c->panels);
+            rc = c->panels == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panels", n)
+                                   : nbg_layout(ctx, c->layout, c->panels, n, &n, &px, &F, &S);
+        }
+        if (rc != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -layout: %s\n", nbg_errmsg(ctx));
+            return 0;
+        }
+        e->panels = c->panels;
+        e->npanels = n;
+        e->panel_frame = NBG_PANELS_PLANE;
+        e->pixel = px;
+        e->fpixels = F;
+        e->spixels = S;
+    }
+    if (e->npanels > 0) {
+        /* the files that describe one flat detector cannot hold several panels */
+        const struct {
+            const char *flag, *path;
+        } one[] = {{"-intfile", c->intfile},   {"-pgmfile", c->pgmfile}, {"-noisefile", c->noisefile},
+                   {"-cbffile", c->cbffile},   {"-nxsfile", c->nxsfile}, {"-exptfile", c->exptfile},
+                   {"-mask", c->maskfile},     {"-img", c->imgfile},     {"-roi", e->roi[0] >= 0 ? "" : NULL}};
+        for (size_t k = 0; k < sizeof one / sizeof one[0]; ++k) {
+            if (one[k].path != NULL) {
+                fprintf(stderr, "nbgrad: error: %s describes a single flat detector, and this one has %d panels "
+                        "(-floatfile writes the panels' concatenation)\n", one[k].flag, e->npanels);
+                return 0;
+            }
+        }
     }
     if (c->nframes <= 0) {
         c->nframes = 1;
@@ -998,7 +1054,8 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
 void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st)
 {
     const nbg_experiment *e = &c->e;
-    const int F = r->fpixels, S = r->spixels;
+    /* panels: every pixel of the concatenation, as one row (they have no region of interest) */
+    const int F = r->npanels > 1 ? (int)r->npix : r->fpixels, S = r->npanels > 1 ? 1 : r->spixels;
     int x0 = e->roi[0] < 0 ? 0 : e->roi[0], x1 = e->roi[1] < 0 ? F : e->roi[1];
     int y0 = e->roi[2] < 0 ? 0 : e->roi[2], y1 = e->roi[3] < 0 ? S : e->roi[3];
     double sum = 0, sumsq = 0, max = 0;
@@ -1114,7 +1171,7 @@ static void print_dials_import(const nbgi_cli *c, const char *smv)
 int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame)
 {
     const int F = r->fpixels, S = r->spixels;
-    const size_t npix = (size_t)F * (size_t)S;
+    const size_t npix = r->npix;
     const int nframes = c->nframes > 0 ? c->nframes : 1;
     char name[PATH_MAX];
     nbgi_stats st;

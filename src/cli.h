@@ -24,6 +24,8 @@ struct nbgi_cli {
     const char *floatfile, *intfile, *pgmfile, *noisefile;
     const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
     const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
+    const char *layout;     /* -layout: a built-in multi-panel detector */
+    nbg_panel *panels;      /* the panels of -layout (or of a multi-panel -expt) */
     int nframes;            /* -frames: images of the rotation series (1) */
     int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */

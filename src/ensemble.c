@@ -418,7 +418,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         goto done;
     }
     w.ctx = ctx, w.c = &c, w.o = &o, w.shots = &shots, w.rank = rank, w.size = size, w.mpi = mpi;
-    w.npix = (size_t)r.fpixels * (size_t)r.spixels;
+    w.npix = r.npix;
     w.nmine = shots.n > rank ? (shots.n - rank + size - 1) / size : 0;
     if (w.want_F) {
         const nbg_hkl *h = c.e.hkl;

@@ -318,6 +318,8 @@ int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const 
 typedef struct {
     nbg_ctx *ctx;
     const char *file;
+    nbg_panel **panels; /* nbg_read_expt_panels: every panel (malloc'd) and their count; NULL: one panel only */
+    int *npanels;
 } reader;
 
 static int bad(const reader *r, const char *where, const char *key, const char *fmt, ...)
@@ -510,10 +512,51 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
         return rc;
     if (!json_is_array(panels))
         return bad(r, where, "panels", "expected a list of panels");
-    if (json_array_size(panels) != 1)
-        return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels; %s", r->file, where,
-                          json_array_size(panels), json_array_size(panels) == 0 ? "nbgrad needs one" :
-                          "multi-panel detectors are not supported yet");
+    const size_t np = json_array_size(panels);
+    if (np == 0 || (np > 1 && r->panels == NULL))
+        return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels; %s", r->file, where, np,
+                          np == 0 ? "nbgrad needs one" : "nbg_read_expt reads one (nbg_read_expt_panels reads a multi-panel "
+                          "detector)");
+    if (r->panels != NULL) {
+        /* every panel, in the lab frame of the list (DIALS's), after panel 0 read into g as for one panel */
+        if (np > 100000)
+            return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
+        nbg_panel *out = calloc(np, sizeof *out);
+        if (out == NULL)
+            return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
+        const reader one = {r->ctx, r->file, NULL, NULL};
+        nbg_geometry g0 = *g;
+        for (size_t k = 0; k < np; ++k) {
+            json_t *dk = json_pack("{s:[O]}", "panels", json_array_get(panels, k));
+            nbg_geometry gk = g0;
+            char wk[96];
+            snprintf(wk, sizeof wk, "%s(panel %zu)", where, k);
+            int rk = dk == NULL ? nbgi_error(r->ctx, NBG_ENOMEM, "out of memory") : read_detector(&one, dk, wk, &gk);
+            json_decref(dk);
+            if (rk == NBG_OK && k > 0 &&
+                (gk.pixel_f != gk.pixel_s || gk.thickness != g0.thickness || gk.mu != g0.mu))
+                rk = nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.panels[%zu]: nbgrad needs square pixels, and one sensor "
+                                "(thickness, mu) for every panel", r->file, where, k);
+            if (rk != NBG_OK) {
+                free(out);
+                return rk;
+            }
+            out[k].fpixels = gk.fpixels;
+            out[k].spixels = gk.spixels;
+            out[k].pixel = gk.pixel_f;
+            memcpy(out[k].fast, gk.fast, sizeof gk.fast);
+            memcpy(out[k].slow, gk.slow, sizeof gk.slow);
+            memcpy(out[k].origin, gk.origin, sizeof gk.origin);
+            json_t *name = json_object_get(json_array_get(panels, k), "name");
+            snprintf(out[k].name, sizeof out[k].name, "%s", json_is_string(name) ? json_string_value(name) : "");
+            if (k == 0)
+                g0 = gk;
+        }
+        *g = g0;
+        *r->panels = out;
+        *r->npanels = (int)np;
+        return NBG_OK;
+    }
     char pw[96];
     snprintf(pw, sizeof pw, "%s.panels[0]", where);
     json_t *p = json_array_get(panels, 0);
@@ -764,7 +807,7 @@ static int read_list(const reader *r, json_t *root, nbg_geometry *g)
     return NBG_OK;
 }
 
-int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
+static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
 {
     if (path == NULL || path[0] == '\0')
         return nbgi_error(ctx, NBG_EINVAL, "reading an experiment list: no file name");
@@ -794,18 +837,39 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
     }
     nbg_geometry tmp;
     nbgi_geometry_init(&tmp);
-    const reader r = {ctx, path};
+    nbg_panel *pp = NULL;
+    int n = 1;
+    const reader r = {ctx, path, panels != NULL ? &pp : NULL, &n};
     rc = read_list(&r, root, &tmp);
     json_decref(root);
-    if (rc != NBG_OK)
+    if (rc != NBG_OK) {
+        free(pp);
         return rc;
+    }
     snprintf(what, sizeof what, "reading %s", path);
     /* A list DIALS would take but nbgrad cannot use (a zero pixel size, say) is a format error of the file. */
     rc = nbgi_geometry_check(ctx, &tmp, what);
-    if (rc != NBG_OK)
+    if (rc != NBG_OK) {
+        free(pp);
         return NBG_EFORMAT;
+    }
     *g = tmp;
+    if (panels != NULL) {
+        *panels = pp;
+        *npanels = n;
+    }
     return NBG_OK;
+}
+
+int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g) { return read_expt(ctx, path, g, NULL, NULL); }
+
+int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    if (panels == NULL || npanels == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "reading %s: nowhere to put the panels", path != NULL ? path : "a list");
+    *panels = NULL;
+    *npanels = 0;
+    return read_expt(ctx, path, g, panels, npanels);
 }
 
 #else /* !NBG_HAVE_FORMATS */
@@ -830,6 +894,13 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
     (void)g;
     return nbgi_error(ctx, NBG_EUNSUP, "reading %s: DIALS experiment lists need jansson, and nbgrad was built "
                       "without jansson (FORMATS=0)", path != NULL ? path : "an experiment list");
+}
+
+int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    (void)panels;
+    (void)npanels;
+    return nbg_read_expt(ctx, path, g);
 }
 
 #endif

@@ -12,21 +12,26 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 {
     double osum = 0, isum = 0;
     long nout = 0;
-    const int F = p->fpixels, S = p->spixels;
     const int W = use_float ? 16 : 8;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : osum, nout, isum)
-    for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < p->nrows; ++r) {
+        /* a row of the single detector, or of a panel through its view */
+        nbgi_kparams view;
+        int s;
+        long first;
+        const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+        const int F = pr->fpixels;
         for (int f0 = 0; f0 < F; f0 += W) {
             const int n = F - f0 < W ? F - f0 : W;
-            float *out = image + (long)s * F + f0;
+            float *out = image + first + f0;
             if (use_float) {
                 nbgi_pixstat_f st = {0, 0};
-                nbgi_row_f(p, s, f0, n, out, &st);
+                nbgi_row_f(pr, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             } else {
                 nbgi_pixstat_d st = {0, 0};
-                nbgi_row_d(p, s, f0, n, out, &st);
+                nbgi_row_d(pr, s, f0, n, out, &st);
                 osum += st.omega_sum;
                 nout += st.oor;
             }
@@ -42,32 +47,37 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
 {
-    const int F = p->fpixels, S = p->spixels;
+    const int S = p->nrows;
     double *rows = calloc((size_t)S, sizeof(double));
     if (rows == NULL) {
         return NAN;
     }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int s = 0; s < S; ++s) {
+    for (int r = 0; r < S; ++r) {
+        nbgi_kparams view;
+        int s;
+        long first;
+        const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+        const int F = pr->fpixels;
         double acc = 0;
         for (int f = 0; f < F; ++f) {
-            const long i = (long)s * F + f;
-            if (!nbgi_pixel_active(p, f, s)) {
+            const long i = first + f;
+            if (!nbgi_pixel_active(pr, f, s)) {
                 if (sig != NULL) {
                     sig[i] = 0;
                 }
                 continue;
             }
             if (sig != NULL) {
-                sig[i] = nbgi_pixel_signature_d(p, f, s);
+                sig[i] = nbgi_pixel_signature_d(pr, f, s);
             }
             if (skip != NULL && skip[i]) {
                 continue;
             }
             nbgi_pixstat_d st = {0, 0};
-            acc += (double)w[i] * nbgi_pixel_d(p, f, s, &st);
+            acc += (double)w[i] * nbgi_pixel_d(pr, f, s, &st);
         }
-        rows[s] = acc;
+        rows[r] = acc;
     }
     double sum = 0;
     for (int s = 0; s < S; ++s) {

@@ -25,6 +25,98 @@
 
 #include <math.h>
 
+/* --- panels ---------------------------------------------------------------------------------------------------
+ * A multi-panel detector is rendered panel by panel through views: the whole detector's parameters with one
+ * panel's geometry in the detector fields.  Every formula below then reads a panel exactly as the single detector
+ * (which is a view of itself).  The image rows are the panels' rows in panel order. */
+
+/* The view of panel k: p with the panel's pixel counts, vectors, close distance and pixel size, the mask from the
+ * panel's first pixel, the whole panel as its region. */
+static inline NBG_HD void nbgi_panel_view(const nbgi_kparams *p, int k, nbgi_kparams *v)
+{
+    const nbgi_kpanel *q = p->panels + k;
+    *v = *p;
+    v->fpixels = q->fpixels;
+    v->spixels = q->spixels;
+    v->roi_xmin = 0;
+    v->roi_xmax = q->fpixels;
+    v->roi_ymin = 0;
+    v->roi_ymax = q->spixels;
+    v->mask = p->mask != 0 ? p->mask + q->offset : 0;
+    for (int x = 0; x < 3; ++x) {
+        v->pix0[x] = q->pix0[x];
+        v->fdet[x] = q->fdet[x];
+        v->sdet[x] = q->sdet[x];
+        v->odet[x] = q->odet[x];
+    }
+    v->close_distance = q->close_distance;
+    v->pixel = q->pixel;
+    v->subpixel = q->pixel / p->oversample;
+    v->npanels = 0;
+    v->nrows = q->spixels;
+    v->npix = (long)q->fpixels * q->spixels;
+    v->panels = 0;
+}
+
+/* The panel holding row r of all panels' rows (a binary search over their first rows). */
+static inline NBG_HD int nbgi_panel_of_row(const nbgi_kparams *p, int r)
+{
+    int lo = 0, hi = p->npanels - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p->panels[mid].row0 <= r) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+/* The panel holding image index i (a binary search over the panels' offsets). */
+static inline NBG_HD int nbgi_panel_of_pixel(const nbgi_kparams *p, long i)
+{
+    int lo = 0, hi = p->npanels - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p->panels[mid].offset <= i) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+/* Row r of the image (0 <= r < p->nrows): the parameters to render it with (p itself for the single detector, else
+ * its panel's view, written into *view), its row index s within them and the image index of its first pixel. */
+static inline NBG_HD const nbgi_kparams *nbgi_row_at(const nbgi_kparams *p, int r, nbgi_kparams *view, int *s,
+                                                   long *first)
+{
+    if (p->npanels == 0) {
+        *s = r;
+        *first = (long)r * p->fpixels;
+        return p;
+    }
+    const int k = nbgi_panel_of_row(p, r);
+    const nbgi_kpanel *q = p->panels + k;
+    nbgi_panel_view(p, k, view);
+    *s = r - q->row0;
+    *first = q->offset + (long)*s * q->fpixels;
+    return view;
+}
+
+static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s);
+
+/* Whether image pixel i of any detector is rendered (nbgi_pixel_active of its panel). */
+static inline NBG_HD int nbgi_pixel_active_at(const nbgi_kparams *p, long i)
+{
+    if (p->npanels == 0) {
+        return nbgi_pixel_active(p, (int)(i % p->fpixels), (int)(i / p->fpixels));
+    }
+    return p->mask == 0 || p->mask[i] != 0; /* a panel's region is the whole panel (no -roi with panels) */
+}
+
 /* Whether pixel (f, s) is rendered: inside the inclusive ROI and not masked. */
 static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
 {

@@ -628,7 +628,7 @@ static int cmd_grad(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * r.spixels;
+    const size_t npix = r.npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
@@ -750,7 +750,7 @@ static int cmd_simulate(int argc, char **argv, int first)
                         "noise)\n");
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * (size_t)r.spixels;
+    const size_t npix = r.npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
@@ -860,7 +860,7 @@ static int cmd_refine(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    const size_t npix = (size_t)r.fpixels * r.spixels;
+    const size_t npix = r.npix;
     if ((obs = read_observed(ctx, &c, &o, npix, &use)) == NULL) goto done;
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {

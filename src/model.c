@@ -18,14 +18,37 @@ int nbgi_model_is_identity(const nbg_experiment *e)
 
 void nbgi_model_xy(const nbgi_kparams *k, size_t i, double *x, double *y)
 {
-    const int f = (int)(i % (size_t)k->fpixels), s = (int)(i / (size_t)k->fpixels);
+    double f, s;
+    if (k->npanels == 0) {
+        f = (double)(i % (size_t)k->fpixels);
+        s = (double)(i / (size_t)k->fpixels);
+    } else {
+        /* a panel's pixel: where its centre falls on the detector plane, in the plane's pixels, so that the
+         * background plane is the same function of position as on the single detector that panels may tile */
+        int lo = 0, hi = k->npanels - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (k->panels[mid].offset <= (long)i) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        const nbgi_kpanel *q = k->panels + lo;
+        const long j = (long)i - q->offset;
+        const double pf = (double)(j % q->fpixels) + 0.5, ps = (double)(j / q->fpixels) + 0.5;
+        double d[3];
+        for (int a = 0; a < 3; ++a) d[a] = q->pix0[a] + q->pixel * (pf * q->fdet[a] + ps * q->sdet[a]) - k->pix0[a];
+        f = (d[0] * k->fdet[0] + d[1] * k->fdet[1] + d[2] * k->fdet[2]) / k->pixel - 0.5;
+        s = (d[0] * k->sdet[0] + d[1] * k->sdet[1] + d[2] * k->sdet[2]) / k->pixel - 0.5;
+    }
     *x = (f - 0.5 * (k->fpixels - 1)) / NBG_BG_UNIT;
     *y = (s - 0.5 * (k->spixels - 1)) / NBG_BG_UNIT;
 }
 
 int nbgi_model_active(const nbgi_kparams *k, size_t i)
 {
-    return nbgi_pixel_active(k, (int)(i % (size_t)k->fpixels), (int)(i / (size_t)k->fpixels));
+    return nbgi_pixel_active_at(k, (long)i);
 }
 
 double nbgi_model_bg(const nbg_experiment *e, const nbgi_kparams *k, size_t i)
@@ -40,7 +63,7 @@ void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *ima
     if (nbgi_model_is_identity(e)) {
         return; /* bit for bit the simulated image */
     }
-    const size_t npix = (size_t)k->fpixels * k->spixels;
+    const size_t npix = (size_t)k->npix; /* all panels' pixels */
     for (size_t i = 0; i < npix; ++i) {
         if (nbgi_model_active(k, i)) {
             image[i] = (float)(e->scale * image[i] + nbgi_model_bg(e, k, i));
@@ -95,10 +118,10 @@ int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed
     if (rc != NBG_OK) {
         return rc;
     }
-    if ((size_t)pl.k.fpixels * pl.k.spixels != npix) {
+    if ((size_t)pl.k.npix != npix) {
         nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_check_floor: the image holds %zu pixels, the detector has %d x %d",
-                         npix, pl.k.fpixels, pl.k.spixels);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_check_floor: the image holds %zu pixels, the detector has %ld",
+                         npix, pl.k.npix);
     }
     float *own = NULL;
     if (image == NULL) {

@@ -30,6 +30,25 @@
 enum { NBG_SQUARE = 0, NBG_ROUND = 1, NBG_GAUSS = 2, NBG_TOPHAT = 3 };
 
 /*
+ * One panel of a multi-panel detector as the kernels see it: where its pixels lie in the image and in the lab, and
+ * (for the adjoint and tangent kernels) how its vectors derive from the detector plane's.  A kernel renders a panel
+ * through its view (nbgi_panel_view, src/geometry.h): the whole detector's parameters with the panel's geometry in
+ * the detector fields, so that every per-pixel formula reads a panel exactly as it reads the single detector.
+ */
+typedef struct {
+    long offset;                    /* the image index of the panel's pixel (0,0) */
+    int row0;                       /* the panel's first row among all panels' rows (rows in panel order) */
+    int fpixels, spixels;
+    double pix0[3], fdet[3], sdet[3], odet[3]; /* m; unit vectors */
+    double close_distance;          /* pix0 . odet, m */
+    double pixel;                   /* m */
+    /* the panel's vectors from the plane's (f, s, o): pix0_p = pix0 + sum_j c[j] e_j, and fdet_p, sdet_p, odet_p =
+     * sum_j A[3 i + j] e_j for i = 0, 1, 2 (zero for panels fixed in the lab, which the plane does not move) */
+    double c[3], A[9];
+    int in_plane;                   /* the panel moves with the plane (NBG_PANELS_PLANE) */
+} nbgi_kpanel;
+
+/*
  * The plan's kernel parameters: everything a kernel needs, as plain data and plain arrays.  The plan builds it
  * once per call on the host; for CUDA, the array pointers point to device memory.
  */
@@ -68,6 +87,11 @@ typedef struct {
     double I_bg;
     int water;                      /* water background present */
     double scale;                   /* r_e^2 * fluence / steps */
+    /* panels: 0 for the single flat detector (the detector fields above); else the panels, whose views the kernels
+     * render (the detector fields then hold the plane's geometry, which no kernel reads) */
+    int npanels, nrows;             /* nrows: rows of all panels (spixels for the single detector) */
+    long npix;                      /* pixels of the image */
+    const nbgi_kpanel *panels;
 } nbgi_kparams;
 
 /* Per-source record layout in nbgi_kparams.src. */

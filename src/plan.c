@@ -29,6 +29,7 @@
  * entry for that sample only (the reference switches interpolation off for the rest of the run, in an order that
  * depends on thread scheduling).
  */
+#include "panels.h"
 #include "plan.h"
 #include "rng.h"
 #include "setup.h"
@@ -43,7 +44,6 @@
 #define RTD (180.0 / M_PI)
 /* The most pixels along one detector side, and the most steps of one sampled quantity (phi, divergence,
  * wavelength, sensor layers, mosaic domains); their product is bounded by the work limit (nbg_limits). */
-#define NBG_MAX_SIDE 10000000
 #define NBG_MAX_STEPS 100000000
 /* The largest Miller index the kernels may meet (they round indices to int). */
 #define NBG_MAX_MILLER 1e9
@@ -430,6 +430,18 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
             return nbgi_error(ctx, NBG_EINVAL, "region of interest (-roi) is empty: %s from %d to %d",
                              i == 0 ? "x" : "y", e->roi[i], e->roi[i + 1]);
         }
+    }
+    if (e->npanels < 0 || (e->npanels > 0 && e->panels == NULL) ||
+        (unsigned)e->panel_frame > NBG_PANELS_LAB) {
+        return nbgi_error(ctx, NBG_EINVAL, "the panel list is inconsistent (%d panels, frame %d)", e->npanels,
+                         (int)e->panel_frame);
+    }
+    if (e->npanels > 0 && (e->roi[0] >= 0 || e->roi[1] >= 0 || e->roi[2] >= 0 || e->roi[3] >= 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "a region of interest (-roi) is for a single flat detector, not %d "
+                         "panels: mask the pixels instead", e->npanels);
+    }
+    if (e->npanels > 0 && e->curved) {
+        return nbgi_error(ctx, NBG_EINVAL, "a curved detector (-curved_det) cannot have panels");
     }
     if (!e->has_cell && !e->has_mat) {
         return nbgi_error(ctx, NBG_EINVAL, "no crystal: give a unit cell or an orientation matrix");
@@ -1028,7 +1040,13 @@ static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *p
     const int x0 = e->roi[0] < 0 ? 0 : e->roi[0], y0 = e->roi[2] < 0 ? 0 : e->roi[2];
     const int x1 = e->roi[1] < 0 || e->roi[1] >= fpixels ? fpixels - 1 : e->roi[1];
     const int y1 = e->roi[3] < 0 || e->roi[3] >= spixels ? spixels - 1 : e->roi[3];
-    const double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
+    double pixels = fmax(0.0, (double)x1 - x0 + 1) * fmax(0.0, (double)y1 - y0 + 1);
+    if (e->npanels > 0) {
+        pixels = 0;
+        for (int k = 0; k < e->npanels; ++k) {
+            pixels += (double)e->panels[k].fpixels * e->panels[k].spixels;
+        }
+    }
     nbg_limits lim;
     nbgi_limits_of(ctx, &lim);
     if (per > INT_MAX || pixels * per > lim.max_samples) {
@@ -1307,6 +1325,22 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
     k->scale = NBG_RE2 * pb->beam.fluence / pb->steps;
     pl->lambda0 = pb->xtal.lambda0;
     pl->mosaic_spread = sp->spread;
+    k->npanels = 0;
+    k->nrows = spixels;
+    k->npix = (long)fpixels * spixels;
+    k->panels = NULL;
+    if (e->npanels > 0) {
+        long npix = 0;
+        int nrows = 0;
+        const int rc = nbgi_plan_panels(ctx, e, g->pix0, g->f, g->s, g->o, &pl->panels, &npix, &nrows);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        k->npanels = e->npanels;
+        k->nrows = nrows;
+        k->npix = npix;
+        k->panels = pl->panels;
+    }
     return NBG_OK;
 }
 
@@ -1363,6 +1397,8 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     r->flux = pb->beam.flux;
     r->xtal_size_max = pb->xtal.xtal_max * 1000;
     r->I_bg = pl->k.I_bg;
+    r->npanels = pl->k.npanels > 0 ? pl->k.npanels : 1;
+    r->npix = (size_t)pl->k.npix;
 }
 
 int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
@@ -1404,6 +1440,9 @@ void nbgi_plan_free(nbgi_plan *pl)
     free(pl->mos_angle);
     free(pl->phi);
     free(pl->src_lamrel);
+    free(pl->panels);
     pl->src_lamrel = NULL;
+    pl->panels = NULL;
+    pl->k.panels = NULL;
     pl->src = pl->abc = pl->umat = pl->mos_axis = pl->mos_angle = pl->phi = NULL;
 }

@@ -24,6 +24,7 @@ typedef struct {
     double mosaic_spread;/* rad */
     double misset[3];    /* rad, the misset applied (drawn when random) */
     nbgi_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
+    nbgi_kpanel *panels; /* k.npanels panels (NULL for the single detector) */
 } nbgi_plan;
 
 /* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */

@@ -2,6 +2,7 @@
  * simulate.c -- the top-level calls: context creation, nbg_describe and nbg_simulate, backend dispatch.
  */
 #include "forward.h"
+#include "geometry.h"
 #include "plan.h"
 
 #include <float.h>
@@ -113,7 +114,7 @@ int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out)
 int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, double sum)
 {
     const nbgi_kparams *k = &pl->k;
-    const long n = (long)k->fpixels * k->spixels;
+    const long n = k->npix;
     if (isnan(sum)) {
         sum = 0;
 #pragma omp parallel for reduction(+ : sum)
@@ -142,18 +143,26 @@ int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, doub
     const double re2flu = NBG_RE2 * pl->rep.fluence, cells = k->Na * k->Nb * k->Nc;
     const double omega = (k->pixel / k->close_distance) * (k->pixel / k->close_distance);
     const double peak = re2flu * Fmax * Fmax * cells * cells * omega + k->I_bg * omega;
-    const long f = first >= 0 ? first % k->fpixels : -1, s = first >= 0 ? first / k->fpixels : -1;
+    /* the first bad pixel within its panel (the single detector is panel 0) */
+    const int pan = (first >= 0 && k->npanels > 0) ? nbgi_panel_of_pixel(k, first) : 0;
+    const long pf = k->npanels > 0 ? k->panels[pan].fpixels : k->fpixels;
+    const long local = first >= 0 && k->npanels > 0 ? first - k->panels[pan].offset : first;
+    const long f = first >= 0 ? local % pf : -1, s = first >= 0 ? local / pf : -1;
+    char where[48] = "";
+    if (k->npanels > 0) {
+        snprintf(where, sizeof where, "panel %d, ", pan);
+    }
     if (!(peak < FLT_MAX / 16)) {
-        return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): the "
-                         "intensities overflow single precision; the brightest spot would be about %.2g photons (r_e^2 "
+        return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at %sfast %ld, slow %ld): "
+                         "the intensities overflow single precision; the brightest spot would be about %.2g photons (r_e^2 "
                          "x fluence %.3g photons/m^2 x F^2 %.3g x (Na Nb Nc)^2 %.3g x pixel solid angle %.3g sr%s): "
-                         "lower the fluence (-fluence, -flux) or the structure factors (-default_F, -hkl)", bad, f, s,
+                         "lower the fluence (-fluence, -flux) or the structure factors (-default_F, -hkl)", bad, where, f, s,
                          peak, pl->rep.fluence, Fmax * Fmax, cells * cells, omega,
                          k->I_bg > 0 ? ", plus the water background" : "");
     }
-    return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at fast %ld, slow %ld): a "
+    return nbgi_error(ctx, NBG_EINVAL, "the image has %ld non-finite pixels (the first at %sfast %ld, slow %ld): a "
                      "non-finite intermediate; check the wavelength (%g A), the cell, the sources and the detector "
-                     "geometry", bad, f, s, pl->rep.lambda);
+                     "geometry", bad, where, f, s, pl->rep.lambda);
 }
 
 /* Runs the forward kernel of the context's backend on a built plan. */
@@ -209,9 +218,13 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
         return rc;
     }
     pl.rep.time_setup = nbgi_now() - t0;
-    const size_t need = (size_t)pl.k.fpixels * (size_t)pl.k.spixels;
+    const size_t need = (size_t)pl.k.npix;
     if (npix != need) {
         nbgi_plan_free(&pl);
+        if (pl.k.npanels > 0) {
+            return nbgi_error(ctx, NBG_EINVAL, "image buffer holds %zu pixels, the detector's %d panels have %zu",
+                             npix, pl.rep.npanels, need);
+        }
         return nbgi_error(ctx, NBG_EINVAL, "image buffer holds %zu pixels, the detector has %d x %d = %zu", npix,
                          pl.k.fpixels, pl.k.spixels, need);
     }

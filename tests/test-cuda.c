@@ -20,6 +20,7 @@
  *                     float), the gradient call's image against the forward image (1e-9 of the maximum in
  *                     double, 1e-6 in float), repeated calls bit-identical
  *   shapes            a context reused across image sizes (buffers grow and are reused) gives the CPU's images
+ *   panels-*          a multi-panel detector (panels of different sizes, one turned): images and gradients as the CPU's
  *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
  *   sanitizer-<tool>  (GPU only) this program rerun on a few cases under compute-sanitizer's memcheck, racecheck
  *                     and synccheck, when compute-sanitizer is on the PATH: no error reported
@@ -332,6 +333,62 @@ static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
                    worst);
 }
 
+/* A multi-panel detector (six panels with gaps in the plane, one of them turned by 90 deg): the CUDA image (each
+ * thread finds its panel) equals the CPU's, double and float, and so do the gradients, detector ones included (the
+ * panels' gradients carried to the plane's vectors per thread). */
+static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
+    nbg_experiment e;
+    base(&e);
+    e.det_rot[0] = 3, e.det_rot[1] = -2, e.thick = 100, e.thicksteps = 2;
+    nbg_panel pan[6];
+    memset(pan, 0, sizeof pan);
+    const int pf = NPIX / 4, ps = NPIX / 6;
+    for (int k = 0; k < 6; ++k) {
+        pan[k].fpixels = pf + k; /* panels of different sizes: the offsets are not a multiple of one size */
+        pan[k].spixels = ps;
+        pan[k].fast[0] = 1;
+        pan[k].slow[1] = 1;
+        pan[k].origin[0] = e.pixel * (k % 3) * (NPIX / 3 + 1);
+        pan[k].origin[1] = e.pixel * (k / 3) * (ps + 3);
+    }
+    /* panel 5 turned by 90 deg in the plane: fast along the plane's slow, slow along -fast */
+    pan[5].fast[0] = 0, pan[5].fast[1] = 1, pan[5].slow[0] = -1, pan[5].slow[1] = 0;
+    pan[5].origin[0] += e.pixel * ps;
+    e.panels = pan;
+    e.npanels = 6;
+    nbg_report r;
+    const int drc = nbg_describe(cpu, &e, &r);
+    const size_t n = r.npix;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *bf = malloc(n * 4), *w = malloc(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+        w[i] = (float)(0.5 + 0.5 * cos(0.1 * (double)i));
+    }
+    nbg_simulate(cpu, &e, a, n, NULL);
+    const int rc = nbg_simulate(gpu, &e, b, n, NULL);
+    nbg_simulate(gpuf, &e, bf, n, NULL);
+    double mx = 0;
+    const double d = rc == NBG_OK ? maxrel(a, b, n, &mx) : INFINITY;
+    nbgi_test_check(drc == NBG_OK && rc == NBG_OK && mx > 0 && d <= 1e-9 + 1.2e-7, PFX "-panels-forward-double",
+                   "6 panels, %zu pixels: max |gpu - cpu| = %.3g of max %.4g (%s)", n, d, mx,
+                   rc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    const double cf = nbgi_test_corr(a, bf, n);
+    nbgi_test_check(cf >= 0.99999, PFX "-panels-forward-float", "correlation %.9f", cf);
+    nbg_grad gc, gg;
+    memset(&gc, 0, sizeof gc);
+    memset(&gg, 0, sizeof gg);
+    const nbg_param_mask m = NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC);
+    nbg_simulate_grad(cpu, &e, w, m, &gc, a, n, NULL);
+    const int grc = nbg_simulate_grad(gpu, &e, w, m, &gg, b, n, NULL);
+    const double worst = grad_diff(&gg, &gc);
+    nbgi_test_check(grc == NBG_OK && worst <= 1e-8 && gc.g[NBG_P_DISTANCE] != 0, PFX "-panels-grad",
+                   "worst relative difference to the CPU %.3g (%s)", worst, grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    free(a);
+    free(b);
+    free(bf);
+    free(w);
+}
+
 #ifndef NBG_CUDA_EMU
 /* Reruns this program under compute-sanitizer's tools on a few cases (NBG_CUDA_SANITIZED=1 in the child). */
 static void sanitizer(void)
@@ -414,6 +471,7 @@ int main(void)
     golden_cases(cpu, gpu, gpuf);
     gradients(cpu, gpu, gpuf);
     shapes(cpu, gpu);
+    panels(cpu, gpu, gpuf);
     if (sanitized) {
         nbg_ctx_destroy(gpu);
         nbg_ctx_destroy(gpuf);

@@ -8,7 +8,7 @@
  *   - The NXmx file holds the frames the per-image files hold (read back by the library); the CBF files the same.
  *   - -observed reads NXmx and CBF: grad on an NXmx observation equals grad on the SMV of the same counts.
  *   - SMV stays nanoBragg's byte for byte unless -smv_adc_offset; the dials.import line names the overrides.
- *   - Refusals: -cbffile with -data float; -expt naming a list with two panels, a list with a missing field; a
+ *   - Refusals: -cbffile with -data float; -expt naming a list with two overlapping panels, a list with a missing field; a
  *     failed run leaves no file.
  */
 #include "clirun.h"
@@ -187,7 +187,7 @@ static void test_refusals(void)
         result_free(&r);
     }
     if (new_case(&r)) {
-        /* a list with two panels: the first panel's JSON object twice */
+        /* a list with two panels at the same place (the first panel's JSON object twice): they overlap */
         const char *two =
             "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"__id__\": \"Experiment\", \"beam\": 0, "
             "\"detector\": 0}], \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1}], \"detector\": "
@@ -195,10 +195,11 @@ static void test_refusals(void)
             "\"pixel_size\": [0.1, 0.1], \"image_size\": [64, 64]}, {\"fast_axis\": [1, 0, 0], \"slow_axis\": "
             "[0, -1, 0], \"origin\": [-10, 10, -100], \"pixel_size\": [0.1, 0.1], \"image_size\": [64, 64]}]}]}\n";
         put_file(&r, "two.expt", two);
-        const char *args[] = {"-expt", "two.expt", "-default_F", "100", "-floatfile", "out.float", NULL};
-        const char *words[] = {"two.expt", "2 panels", NULL};
+        const char *args[] = {"-expt", "two.expt", "-cell", "50", "50", "50", "90", "90", "90", "-default_F", "100",
+                              "-floatfile", "out.float", NULL};
+        const char *words[] = {"panel 0 and panel 1 overlap", NULL};
         const char *inputs[] = {"two.expt", NULL};
-        expect_failure("FMT-expt-two-panels", "-expt with two panels", &r, args, words, inputs);
+        expect_failure("FMT-expt-two-panels", "-expt with two panels at the same place", &r, args, words, inputs);
         result_free(&r);
     }
     if (new_case(&r)) {

@@ -1,0 +1,544 @@
+/*
+ * test-panels.c -- multi-panel detectors.
+ *
+ * Checks:
+ *   tile-<conv>-<case>   4 x 3 panels that cut a 96 x 72 flat detector without gaps render the flat detector's
+ *                        image pixel for pixel (rearranged into panel order), in MOSFLM's and XDS's conventions, plain,
+ *                        rotated (three rotations and two-theta) with a thick sensor and oversampling; the panels'
+ *                        positions are the plane's by another sum, so equal to rounding (<= 1e-9 of the maximum)
+ *   tile-float           the same in float
+ *   gaps                 3 x 2 panels with gaps: every panel pixel equals the flat detector's at the same place
+ *   lab                  the tiling given in the lab frame (the report's vectors) renders the same image
+ *   tilted               a panel turned about its own fast axis sees what a flat detector so placed sees
+ *   layout-<name>        the built-in layouts' panel counts, pixel counts and plane sizes; the plan accepts them
+ *   grad-tile            nbg_simulate_grad on the tiling equals the flat detector's for every parameter (crystal,
+ *                        beam and detector: the panels' gradients carried to the plane), to 1e-7
+ *   jvp-tile             nbg_simulate_jvp likewise (a, rotx, distance, det_rotx)
+ *   gradcheck-<param>    the finite-difference check on a detector of panels with gaps (a, rotx, distance,
+ *                        det_rotx, beam_fast)
+ *   expt-panels          a DIALS experiment list of two panels (halves of a flat detector) renders the flat image
+ *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
+ *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
+ *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel
+ */
+#include "testutil.h" /* first: it sets _GNU_SOURCE */
+#include "nbgrad.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void base(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {40, 50, 60, 80, 85, 95};
+    memcpy(e->cell, cell, sizeof cell);
+    e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 60;
+    e->pixel = 0.4;
+    e->fpixels = 96;
+    e->spixels = 72;
+    e->polarization = 0.9;
+}
+
+/* nx x ny panels of pf x ps pixels in the plane, gf and gs pixels apart. */
+static int tile(const nbg_experiment *flat, int nx, int ny, int pf, int ps, int gf, int gs, nbg_panel *pan)
+{
+    int n = 0;
+    for (int j = 0; j < ny; ++j) {
+        for (int i = 0; i < nx; ++i, ++n) {
+            nbg_panel *q = &pan[n];
+            memset(q, 0, sizeof *q);
+            q->fpixels = pf;
+            q->spixels = ps;
+            q->fast[0] = 1;
+            q->slow[1] = 1;
+            q->origin[0] = flat->pixel * i * (pf + gf);
+            q->origin[1] = flat->pixel * j * (ps + gs);
+            snprintf(q->name, sizeof q->name, "t%d_%d", j, i);
+        }
+    }
+    return n;
+}
+
+/* max |panel pixel - flat pixel at the same place| / max |flat| over the panels of a grid (tile's layout). */
+static double grid_diff(const float *flat, int F, const float *img, int nx, int ny, int pf, int ps, int gf, int gs,
+                        int *bitwise, double *mx)
+{
+    double d = 0, m = 0;
+    long i = 0;
+    *bitwise = 1;
+    for (int j = 0; j < ny; ++j) {
+        for (int k = 0; k < nx; ++k) {
+            for (int s = 0; s < ps; ++s) {
+                for (int f = 0; f < pf; ++f, ++i) {
+                    const float a = flat[(long)(j * (ps + gs) + s) * F + k * (pf + gf) + f];
+                    m = fmax(m, fabs(a));
+                    d = fmax(d, fabs((double)a - img[i]));
+                    *bitwise &= a == img[i];
+                }
+            }
+        }
+    }
+    *mx = m;
+    return m > 0 ? d / m : INFINITY;
+}
+
+static float *render(nbg_ctx *ctx, const nbg_experiment *e, size_t *n, int *rc)
+{
+    nbg_report r;
+    *rc = nbg_describe(ctx, e, &r);
+    if (*rc != NBG_OK) {
+        return NULL;
+    }
+    *n = r.npix;
+    float *img = malloc(r.npix * sizeof(float));
+    *rc = nbg_simulate(ctx, e, img, r.npix, NULL);
+    return img;
+}
+
+static void tiling(nbg_ctx *ctx, nbg_ctx *ctxf)
+{
+    const nbg_convention conv[2] = {NBG_CONV_MOSFLM, NBG_CONV_XDS};
+    const char *cname[2] = {"mosflm", "xds"};
+    nbg_panel pan[12];
+    for (int c = 0; c < 2; ++c) {
+        for (int v = 0; v < 2; ++v) {
+            nbg_experiment e;
+            base(&e);
+            e.convention = conv[c];
+            if (v == 1) {
+                e.det_rot[0] = 4, e.det_rot[1] = -3, e.det_rot[2] = 7, e.twotheta = 12;
+                e.thick = 300, e.thicksteps = 2, e.oversample = 2;
+            }
+            size_t nf, np;
+            int rc1, rc2;
+            float *flat = render(ctx, &e, &nf, &rc1);
+            e.npanels = tile(&e, 4, 3, 24, 24, 0, 0, pan);
+            e.panels = pan;
+            float *img = render(ctx, &e, &np, &rc2);
+            char id[64];
+            snprintf(id, sizeof id, "tile-%s-%s", cname[c], v ? "rotated-thick" : "plain");
+            int bit;
+            double mx;
+            const double d = rc1 == NBG_OK && rc2 == NBG_OK && np == nf
+                                 ? grid_diff(flat, 96, img, 4, 3, 24, 24, 0, 0, &bit, &mx) : INFINITY;
+            nbgi_test_check(d <= 1e-9, id, "12 panels vs the flat detector: max |diff| %.3g of max %.4g (%s; %s)", d,
+                           mx, bit ? "bitwise" : "to rounding", rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+            if (c == 1 && v == 1) {
+                free(flat);
+                free(img);
+                nbg_experiment ef = e;
+                ef.npanels = 0;
+                ef.panels = NULL;
+                flat = render(ctxf, &ef, &nf, &rc1);
+                img = render(ctxf, &e, &np, &rc2);
+                const double df = grid_diff(flat, 96, img, 4, 3, 24, 24, 0, 0, &bit, &mx);
+                nbgi_test_check(rc2 == NBG_OK && df <= 1e-5, "tile-float", "float: max |diff| %.3g of max %.4g", df,
+                               mx);
+            }
+            free(flat);
+            free(img);
+        }
+    }
+}
+
+static void gaps_and_frames(nbg_ctx *ctx)
+{
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_XDS;
+    e.det_rot[0] = 3, e.det_rot[1] = 5;
+    e.fpixels = 68, e.spixels = 44;
+    size_t nf, np;
+    int rc1, rc2, bit;
+    double mx;
+    float *flat = render(ctx, &e, &nf, &rc1);
+    nbg_panel pan[6];
+    e.npanels = tile(&e, 3, 2, 20, 20, 4, 4, pan);
+    e.panels = pan;
+    float *img = render(ctx, &e, &np, &rc2);
+    double d = rc2 == NBG_OK && np == 6 * 400 ? grid_diff(flat, 68, img, 3, 2, 20, 20, 4, 4, &bit, &mx) : INFINITY;
+    nbgi_test_check(d <= 1e-9, "gaps", "6 panels with 4-pixel gaps: every panel pixel equals the flat one (max "
+                   "|diff| %.3g of max %.4g, %s)", d, mx, rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+
+    /* the same panels in the lab frame, from the plane's vectors in the report */
+    nbg_report r;
+    nbg_describe(ctx, &e, &r);
+    nbg_panel lab[6];
+    for (int k = 0; k < 6; ++k) {
+        lab[k] = pan[k];
+        for (int x = 0; x < 3; ++x) {
+            lab[k].fast[x] = r.fdet[x];
+            lab[k].slow[x] = r.sdet[x];
+            lab[k].origin[x] = 1000 * r.pix0[x] + pan[k].origin[0] * r.fdet[x] + pan[k].origin[1] * r.sdet[x];
+        }
+    }
+    nbg_experiment el = e;
+    el.panels = lab;
+    el.panel_frame = NBG_PANELS_LAB;
+    el.det_rot[0] = 20; /* ignored: lab panels stay where they are */
+    free(img);
+    img = render(ctx, &el, &np, &rc2);
+    d = rc2 == NBG_OK && np == 6 * 400 ? grid_diff(flat, 68, img, 3, 2, 20, 20, 4, 4, &bit, &mx) : INFINITY;
+    nbgi_test_check(d <= 1e-9, "lab", "the panels in the lab frame: max |diff| %.3g of max %.4g (%s)", d, mx,
+                   rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+
+    /* detector gradients of lab panels: refused */
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    float *w = malloc(np * sizeof(float));
+    for (size_t i = 0; i < np; ++i) {
+        w[i] = 1;
+    }
+    const int grc = nbg_simulate_grad(ctx, &el, w, NBG_MASK(NBG_P_DISTANCE), &g, img, np, NULL);
+    nbgi_test_check(grc == NBG_EUNSUP && strstr(nbg_errmsg(ctx), "lab") != NULL, "refuse-grad-lab-detector", "%s",
+                   nbg_errmsg(ctx));
+    const int grc2 = nbg_simulate_grad(ctx, &el, w, NBG_MASK(NBG_P_A), &g, img, np, NULL);
+    nbgi_test_check(grc2 == NBG_OK && g.g[NBG_P_A] != 0, "grad-lab-crystal", "the cell gradient on lab panels: %g",
+                   g.g[NBG_P_A]);
+    free(w);
+    free(flat);
+    free(img);
+
+    /* one panel turned by 20 deg about its own fast axis through its centre row: the flat detector rotated about
+     * the same axis (XDS: det_rotx turns about lab x = the fast axis, sample pivot through the near point) */
+    nbg_experiment t;
+    base(&t);
+    t.convention = NBG_CONV_XDS;
+    t.fpixels = t.spixels = 40;
+    t.det_rot[0] = 20;
+    nbg_report rt;
+    nbg_describe(ctx, &t, &rt);
+    flat = render(ctx, &t, &nf, &rc1);
+    nbg_panel one;
+    memset(&one, 0, sizeof one);
+    one.fpixels = one.spixels = 40;
+    for (int x = 0; x < 3; ++x) {
+        one.fast[x] = rt.fdet[x];
+        one.slow[x] = rt.sdet[x];
+        one.origin[x] = 1000 * rt.pix0[x];
+    }
+    nbg_experiment tp;
+    base(&tp);
+    tp.convention = NBG_CONV_XDS; /* the lab frame is the convention's (the beam along +z) */
+    tp.npanels = 1, tp.panels = &one, tp.panel_frame = NBG_PANELS_LAB;
+    img = render(ctx, &tp, &np, &rc2);
+    d = rc2 == NBG_OK && np == nf ? grid_diff(flat, 40, img, 1, 1, 40, 40, 0, 0, &bit, &mx) : INFINITY;
+    nbgi_test_check(d <= 1e-9, "tilted", "a tilted lab panel equals the rotated flat detector: %.3g of max %.4g (%s)",
+                   d, mx, rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(flat);
+    free(img);
+}
+
+static void layouts(nbg_ctx *ctx)
+{
+    const struct {
+        const char *name;
+        int n;
+        long npix;
+        int F, S;
+        double px;
+    } want[4] = {{"pilatus6m", 60, 60L * 487 * 195, 2463, 2527, 0.172},
+                 {"eiger2_16m", 32, 32L * 1028 * 512, 4148, 4362, 0.075},
+                 {"jungfrau16m", 256, 256L * 256 * 256, 4150, 4371, 0.075},
+                 {"cspad", 64, 64L * 194 * 185, 0, 0, 0.11}};
+    for (int i = 0; i < 4; ++i) {
+        int n = 0, F = 0, S = 0;
+        double px = 0;
+        int rc = nbg_layout(ctx, want[i].name, NULL, 0, &n, NULL, NULL, NULL);
+        nbg_panel *pan = calloc((size_t)n + 1, sizeof *pan);
+        rc = rc == NBG_OK ? nbg_layout(ctx, want[i].name, pan, n, &n, &px, &F, &S) : rc;
+        nbg_experiment e;
+        base(&e);
+        e.pixel = px, e.fpixels = F, e.spixels = S, e.distance = 200;
+        e.panels = pan, e.npanels = n;
+        nbg_report r;
+        memset(&r, 0, sizeof r);
+        const int drc = rc == NBG_OK ? nbg_describe(ctx, &e, &r) : rc;
+        char id[64];
+        snprintf(id, sizeof id, "layout-%s", want[i].name);
+        nbgi_test_check(rc == NBG_OK && drc == NBG_OK && n == want[i].n && (long)r.npix == want[i].npix &&
+                           r.npanels == n && px == want[i].px && (want[i].F == 0 || (F == want[i].F && S == want[i].S)),
+                       id, "%d panels, %zu pixels, plane %d x %d of %g mm (%s)", n, r.npix, F, S, px,
+                       drc == NBG_OK ? "accepted" : nbg_errmsg(ctx));
+        free(pan);
+    }
+    int n = 0;
+    const int rc = nbg_layout(ctx, "pilatus3m", NULL, 0, &n, NULL, NULL, NULL);
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "pilatus6m") != NULL, "refuse-layout", "%s",
+                   nbg_errmsg(ctx));
+}
+
+static double grad_rel(double a, double b, double scale) { return fabs(a - b) / fmax(fmax(fabs(a), fabs(b)), scale); }
+
+static void gradients(nbg_ctx *ctx)
+{
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_MOSFLM;
+    e.det_rot[0] = 2, e.det_rot[1] = 3, e.twotheta = 5;
+    e.thick = 200, e.thicksteps = 2;
+    e.fpixels = 48, e.spixels = 36;
+    const size_t n = 48 * 36;
+    float *w = malloc(n * 4), *wp = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+        w[i] = (float)(0.5 + 0.5 * cos(0.37 * (double)i));
+    }
+    nbg_panel pan[12];
+    nbg_experiment ep = e;
+    ep.npanels = tile(&e, 4, 3, 12, 12, 0, 0, pan);
+    ep.panels = pan;
+    /* the weights in panel order */
+    long i = 0;
+    for (int j = 0; j < 3; ++j) {
+        for (int k = 0; k < 4; ++k) {
+            for (int s = 0; s < 12; ++s) {
+                for (int f = 0; f < 12; ++f) {
+                    wp[i++] = w[(j * 12 + s) * 48 + k * 12 + f];
+                }
+            }
+        }
+    }
+    nbg_grad gf, gp;
+    memset(&gf, 0, sizeof gf);
+    memset(&gp, 0, sizeof gp);
+    const nbg_param_mask m = NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC);
+    const int rc1 = nbg_simulate_grad(ctx, &e, w, m, &gf, a, n, NULL);
+    const int rc2 = nbg_simulate_grad(ctx, &ep, wp, m, &gp, b, n, NULL);
+    double gmax = 0, worst = 0;
+    int wp_ = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        gmax = fmax(gmax, fabs(gf.g[p]));
+    }
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (m & NBG_MASK(p)) {
+            const double r = grad_rel(gp.g[p], gf.g[p], 1e-9 * gmax);
+            if (r > worst) {
+                worst = r, wp_ = p;
+            }
+        }
+    }
+    nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK && worst <= 1e-7, "grad-tile",
+                   "every gradient of 12 tiling panels equals the flat detector's: worst %.3g (%s: %.9g vs %.9g; %s)",
+                   worst, nbg_param_name((nbg_param)wp_), gp.g[wp_], gf.g[wp_],
+                   rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+
+    const nbg_param jp[4] = {NBG_P_A, NBG_P_ROTX, NBG_P_DISTANCE, NBG_P_DET_ROTX};
+    double *tf = malloc(4 * n * sizeof(double)), *tp = malloc(4 * n * sizeof(double));
+    const int jr1 = nbg_simulate_jvp(ctx, &e, jp, 4, tf, a, n);
+    const int jr2 = nbg_simulate_jvp(ctx, &ep, jp, 4, tp, b, n);
+    double jworst = 0, jmax = 0;
+    for (int q = 0; q < 4; ++q) {
+        i = 0;
+        for (int j = 0; j < 3; ++j) {
+            for (int k = 0; k < 4; ++k) {
+                for (int s = 0; s < 12; ++s) {
+                    for (int f = 0; f < 12; ++f, ++i) {
+                        const double x = tf[q * n + (size_t)((j * 12 + s) * 48 + k * 12 + f)], y = tp[q * n + i];
+                        jmax = fmax(jmax, fabs(x));
+                        jworst = fmax(jworst, fabs(x - y));
+                    }
+                }
+            }
+        }
+    }
+    nbgi_test_check(jr1 == NBG_OK && jr2 == NBG_OK && jmax > 0 && jworst <= 1e-7 * jmax, "jvp-tile",
+                   "tangent images of a, rotx, distance, det_rotx: max |diff| %.3g of %.3g (%s)", jworst, jmax,
+                   jr2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(tf);
+    free(tp);
+
+    /* gradcheck on panels with gaps */
+    nbg_experiment eg = e;
+    nbg_panel gp6[6];
+    eg.npanels = tile(&e, 3, 2, 10, 10, 3, 5, gp6);
+    eg.panels = gp6;
+    nbg_gradcheck_result res[NBG_NPARAMS + 1];
+    int nres = 0;
+    const nbg_param_mask cm = NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_ROTX) | NBG_MASK(NBG_P_DISTANCE) |
+                              NBG_MASK(NBG_P_DET_ROTX) | NBG_MASK(NBG_P_BEAM_FAST);
+    const int grc = nbg_gradcheck(ctx, &eg, cm, 1e-6, 1, res, NBG_NPARAMS + 1, &nres);
+    nbgi_test_check(grc == NBG_OK && nres == 5, "gradcheck", "%d parameters checked (%s)", nres,
+                   grc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    for (int k = 0; k < nres; ++k) {
+        char id[64];
+        snprintf(id, sizeof id, "gradcheck-%s", nbg_param_name(res[k].param));
+        nbgi_test_check(res[k].pass, id, "adjoint=%.10g numeric=%.10g relerr=%.2g %s", res[k].adjoint,
+                       res[k].numeric, res[k].relerr, res[k].reason);
+    }
+    free(w);
+    free(wp);
+    free(a);
+    free(b);
+}
+
+/* An experiment with two panels side by side (10 x 10 of 0.4 mm), then changed by the caller. */
+static void two(nbg_experiment *e, nbg_panel *pan)
+{
+    base(e);
+    memset(pan, 0, 2 * sizeof *pan);
+    for (int k = 0; k < 2; ++k) {
+        pan[k].fpixels = pan[k].spixels = 10;
+        pan[k].fast[0] = 1;
+        pan[k].slow[1] = 1;
+        pan[k].origin[0] = 4.0 * k;
+    }
+    snprintf(pan[1].name, sizeof pan[1].name, "right");
+    e->panels = pan;
+    e->npanels = 2;
+}
+
+static void refuse(nbg_ctx *ctx, const char *id, const nbg_experiment *e, const char *needle)
+{
+    nbg_report r;
+    const int rc = nbg_describe(ctx, e, &r);
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), needle) != NULL, id, "%s", nbg_errmsg(ctx));
+}
+
+static void refusals(nbg_ctx *ctx)
+{
+    nbg_experiment e;
+    nbg_panel pan[2];
+    two(&e, pan);
+    nbg_report r;
+    const int ok = nbg_describe(ctx, &e, &r);
+    nbgi_test_check(ok == NBG_OK && r.npix == 200 && r.npanels == 2, "two-panels", "two panels side by side: %zu "
+                   "pixels (%s)", r.npix, ok == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    two(&e, pan);
+    pan[1].fast[0] = 0;
+    refuse(ctx, "refuse-zero-axis", &e, "panel 1 (right): the fast axis has zero length");
+    two(&e, pan);
+    pan[1].slow[0] = 1, pan[1].slow[1] = 0;
+    refuse(ctx, "refuse-parallel", &e, "panel 1 (right): the fast and slow axes are parallel");
+    two(&e, pan);
+    pan[1].slow[0] = 0.1;
+    refuse(ctx, "refuse-perpendicular", &e, "not perpendicular");
+    two(&e, pan);
+    pan[0].origin[2] = -100; /* 100 mm towards the sample from a plane 60 mm away: behind it */
+    refuse(ctx, "refuse-behind", &e, "panel 0: its plane passes through or lies behind the sample");
+    two(&e, pan);
+    pan[1].origin[0] = 3.6; /* one pixel over the first panel */
+    refuse(ctx, "refuse-overlap", &e, "panel 0 and panel 1 (right) overlap");
+    two(&e, pan);
+    pan[1].origin[0] = 4.0 - 1e-9; /* edge to edge within rounding: accepted */
+    const int trc = nbg_describe(ctx, &e, &r);
+    nbgi_test_check(trc == NBG_OK, "touching", "panels meeting edge to edge are not an overlap (%s)",
+                   trc == NBG_OK ? "accepted" : nbg_errmsg(ctx));
+    /* a panel crossing the other's plane: turned about its slow axis, through the first panel's middle */
+    two(&e, pan);
+    pan[1].origin[0] = 2, pan[1].origin[2] = -2;
+    pan[1].fast[0] = 0, pan[1].fast[2] = 1;
+    refuse(ctx, "refuse-overlap-crossing", &e, "overlap");
+    two(&e, pan);
+    e.roi[0] = 2;
+    refuse(ctx, "refuse-roi", &e, "-roi");
+    two(&e, pan);
+    float img[199];
+    const int rc = nbg_simulate(ctx, &e, img, 199, NULL);
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "2 panels have 200") != NULL, "refuse-buffer", "%s",
+                   nbg_errmsg(ctx));
+}
+
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+
+/* A DIALS experiment list of two panels that cut a flat detector into its left and right halves: the image read
+ * through nbg_read_expt_panels equals the flat one's (through nbg_read_expt), rearranged; nbg_read_expt refuses
+ * the two panels. */
+static void expt_panels(nbg_ctx *ctx)
+{
+    char dir[256], one[300], two[300];
+    if (nbgi_test_mkdtemp("nbg-panels", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "expt", "no temporary directory");
+        return;
+    }
+    snprintf(one, sizeof one, "%s/one.expt", dir);
+    snprintf(two, sizeof two, "%s/two.expt", dir);
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_DIALS;
+    e.det_rot[0] = 3, e.det_rot[2] = 5;
+    e.fpixels = 40, e.spixels = 30;
+    nbg_report r;
+    nbg_geometry g;
+    int rc = nbg_describe(ctx, &e, &r);
+    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
+    rc = rc == NBG_OK ? nbg_write_expt(ctx, one, &g, "x.nxs") : rc;
+    json_error_t err;
+    json_t *root = rc == NBG_OK ? json_load_file(one, 0, &err) : NULL;
+    json_t *panels = json_object_get(json_array_get(json_object_get(root, "detector"), 0), "panels");
+    json_t *p0 = json_array_get(panels, 0), *p1 = json_deep_copy(p0);
+    if (p0 == NULL || p1 == NULL) {
+        nbgi_test_check(0, "expt", "could not write or parse %s (%s)", one, nbg_errmsg(ctx));
+        json_decref(root);
+        nbgi_test_rmtree(dir);
+        return;
+    }
+    json_object_set_new(p0, "image_size", json_pack("[i,i]", 20, 30));
+    json_object_set_new(p1, "image_size", json_pack("[i,i]", 20, 30));
+    json_object_set_new(p1, "name", json_string("right half"));
+    double o[3];
+    for (int x = 0; x < 3; ++x) {
+        o[x] = g.origin[x] + 20 * g.pixel_f * g.fast[x];
+    }
+    json_object_set_new(p1, "origin", json_pack("[f,f,f]", o[0], o[1], o[2]));
+    json_array_append_new(panels, p1);
+    json_dump_file(root, two, JSON_INDENT(1));
+    json_decref(root);
+
+    nbg_geometry g1, g2;
+    nbg_panel *pan = NULL;
+    int np = 0;
+    nbg_experiment e1, e2;
+    base(&e1);
+    base(&e2);
+    const int r1 = nbg_read_expt(ctx, one, &g1) == NBG_OK ? nbg_experiment_from_geometry(ctx, &g1, &e1) : -1;
+    const int r2 = nbg_read_expt_panels(ctx, two, &g2, &pan, &np) == NBG_OK
+                       ? nbg_experiment_from_geometry(ctx, &g2, &e2) : -1;
+    e2.panels = pan, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
+    size_t n1 = 0, n2 = 0;
+    int rc1 = r1, rc2 = r2, bit = 0;
+    float *a = r1 == NBG_OK ? render(ctx, &e1, &n1, &rc1) : NULL;
+    float *b = r2 == NBG_OK ? render(ctx, &e2, &n2, &rc2) : NULL;
+    double mx = 0;
+    const double d = rc1 == NBG_OK && rc2 == NBG_OK && n1 == n2 && n1 == 1200
+                         ? grid_diff(a, 40, b, 2, 1, 20, 30, 0, 0, &bit, &mx) : INFINITY;
+    nbgi_test_check(np == 2 && strcmp(pan[1].name, "right half") == 0 && d <= 1e-9, "expt-panels",
+                   "a two-panel experiment list renders the one-panel image: %d panels, max |diff| %.3g of %.4g (%s)",
+                   np, d, mx, rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    const int rone = nbg_read_expt(ctx, two, &g1);
+    nbgi_test_check(rone == NBG_EFORMAT && strstr(nbg_errmsg(ctx), "2 panels") != NULL, "refuse-expt-one", "%s",
+                   nbg_errmsg(ctx));
+    free(a);
+    free(b);
+    free(pan);
+    nbgi_test_rmtree(dir);
+}
+#endif
+
+int main(void)
+{
+    nbg_ctx *ctx = NULL, *ctxf = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK ||
+        nbg_ctx_create(&ctxf, NBG_BACKEND_CPU, NBG_FLOAT, 0) != NBG_OK) {
+        nbgi_test_check(0, "context", "no CPU context");
+        return nbgi_test_summary();
+    }
+    tiling(ctx, ctxf);
+    gaps_and_frames(ctx);
+    layouts(ctx);
+    gradients(ctx);
+    refusals(ctx);
+#ifdef NBG_HAVE_FORMATS
+    expt_panels(ctx);
+#endif
+    nbg_ctx_destroy(ctx);
+    nbg_ctx_destroy(ctxf);
+    return nbgi_test_summary();
+}
