@@ -70,7 +70,13 @@ static double *param_field(nbg_experiment *e, nbg_param p)
     case NBG_P_LAMBDA: return &e->lambda;
     case NBG_P_FLUENCE: return &e->fluence;
     case NBG_P_POLAR: return &e->polarization;
-    case NBG_P_DISTANCE: return &e->distance;
+    case NBG_P_DISTANCE: {
+        /* the distance that places the detector: with the sample pivot and a close distance given, that one (the
+         * beam-spot distance is then derived, and a parameter in it would change nothing) */
+        const int sample = e->pivot == NBG_PIVOT_SAMPLE ||
+                           (e->pivot == NBG_PIVOT_AUTO && (e->convention == NBG_CONV_XDS || e->convention == NBG_CONV_DIALS));
+        return sample && !isnan(e->close_distance) ? &e->close_distance : &e->distance;
+    }
     case NBG_P_BEAM_FAST: return &e->beam_shift[0];
     case NBG_P_BEAM_SLOW: return &e->beam_shift[1];
     case NBG_P_DET_ROTX: case NBG_P_DET_ROTY: case NBG_P_DET_ROTZ:
@@ -323,7 +329,15 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
         z.twotheta = d->twotheta;
         double unit = 1 / RTD;
         switch (p) {
-        case NBG_P_DISTANCE: z.distance += ih; unit = 1e-3; break;
+        case NBG_P_DISTANCE:
+            /* as param_field: the close distance when the sample pivot takes it */
+            if (z.pivot_sample && z.have_close) {
+                z.close_distance += ih;
+            } else {
+                z.distance += ih;
+            }
+            unit = 1e-3;
+            break;
         case NBG_P_BEAM_FAST: z.Fbeam += ih; z.Fclose += ih; unit = 1e-3; break;
         case NBG_P_BEAM_SLOW: z.Sbeam += ih; z.Sclose += ih; unit = 1e-3; break;
         case NBG_P_DET_ROTX: z.rot[0] += ih; break;

@@ -115,6 +115,7 @@ void nbgi_cli_init(nbgi_cli *c)
     c->precision = NBG_DOUBLE;
     c->dumpfile = "Fdump.bin";
     c->filedata = NBGI_DATA_INT;
+    c->polar_flag = NAN;
     nbg_limits_default(&c->limits);
 }
 
@@ -472,8 +473,8 @@ static const cli_flag flags[] = {
     {"-sourcefile", K_STR, C(sourcefile), .group = G_BEAM, .arg = "file",
      .help = "sources: \"X Y Z weight lambda(m)\" lines (# comments are allowed)"},
     CUSTOM_AXIS("-beam_vector", beam, "beam direction", G_BEAM),
-    {"-polar", K_NUM, E(polarization), .set = E(nopolar), .setv = 0, .group = G_BEAM, .arg = "K",
-     .help = "Kahn polarization factor (0)"},
+    {"-polar", K_NUM, E(polarization), .also = {C(polar_flag)}, .set = E(nopolar), .setv = 0, .group = G_BEAM,
+     .arg = "K", .help = "Kahn polarization factor (0; given with -expt, it replaces the list's)"},
     {"-nopolar", K_SWITCH, E(nopolar), .value = 1, .group = G_BEAM, .help = "polarization factor fixed at 1"},
     CUSTOM_AXIS("-polar_vector", polar_axis, "polarization axis", G_BEAM),
     {"-fluence", K_NUM, E(fluence), .group = G_BEAM, .arg = "photons/m^2", .help = "photons per area"},
@@ -946,6 +947,13 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
             printf("read %s: %d panels\n", c->exptin, np);
         } else {
             free(pan);
+        }
+        if (!isnan(c->polar_flag)) {
+            /* -polar given: it wins over the list's beam (dxtbx's NXmx reader, for one, does not read the
+             * polarization and writes its synchrotron default) */
+            e->polarization = c->polar_flag;
+            e->nopolar = 0;
+            printf("note: -polar %g replaces the polarization of -expt %s\n", c->polar_flag, c->exptin);
         }
         if (g.has_crystal && c->matfile != NULL) {
             printf("note: the crystal of -expt %s replaces -mat %s\n", c->exptin, c->matfile);

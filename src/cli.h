@@ -30,6 +30,7 @@ struct nbgi_cli {
     int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
     int batch;              /* a shot of nbgrad batch: no per-image advice (the dials.import line) */
+    double polar_flag;      /* -polar's value, NAN when not given (it then wins over -expt's polarization) */
     /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
     void *series;
     double series_scale;

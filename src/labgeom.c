@@ -333,9 +333,13 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     e->phi0 = g->scan_start;
     e->osc = g->scan_width;
     e->exposure = g->exposure;
-    if (g->thickness > 0) {
+    if (g->thickness >= 1e-6) {
         e->thick = g->thickness * 1000.0;
         e->thick_abs = g->mu > 0 ? 1000.0 / g->mu : INFINITY;
+    } else {
+        /* no sensor model: a thickness below a nanometre is a placeholder (nbgrad's NXmx writes 1e-9 mm for "none",
+         * because dxtbx refuses 0, and DIALS copies it into its experiment lists) */
+        e->thick = 0;
     }
     if (g->has_crystal) {
         crystal_from_vectors(ctx, g, e);

@@ -124,7 +124,31 @@ def match_crystal(truth, found):
     return {"cell": cd, "true_cell": ct, "len_err": len_err, "ang_err": ang_err, "rot_deg": rot}
 
 
-def round_trip(conv, fmt, cdir, files, truth, table):
+def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m):
+    """nbgrad refine started from DIALS's refined experiment list (its detector, beam, scan and crystal), on the
+    first image, refining the cell, the orientation and the distance; its errors against DIALS's."""
+    cmd = [nbgrad, "refine", "-expt", "refined.expt", "-polar", "0"] + crystal_flags + [
+        "-phisteps", "16", "-oversample", "1", "-adc", "40", "-observed", observed, "-loss", "poisson",
+        "-params", "cell,orientation,distance", "-exptfile", "nbgrad.expt"]
+    rc, t = run(cmd, d, "nbgrad_refine.log")
+    if not check(rc == 0 and os.path.exists(os.path.join(d, "nbgrad.expt")), tag + "-nbgrad-from-dials",
+                 "nbgrad refine from DIALS's model on image 1 converged (%.1f s)" % t):
+        print(tail(os.path.join(d, "nbgrad_refine.log")))
+        return None
+    m = match_crystal(truth[0].crystal, load_expt(os.path.join(d, "nbgrad.expt"))[0].crystal)
+    if m is None:
+        check(False, tag + "-nbgrad-basis", "nbgrad's basis is an integer transform of the true one")
+        return None
+    check(m["rot_deg"] * 5 <= dials_m["rot_deg"], tag + "-nbgrad-orientation",
+          "orientation off by %.4f deg, DIALS's by %.4f deg (%.1fx smaller)" % (
+              m["rot_deg"], dials_m["rot_deg"], dials_m["rot_deg"] / max(m["rot_deg"], 1e-12)))
+    check(m["ang_err"] <= dials_m["ang_err"] and m["len_err"] < 2e-4, tag + "-nbgrad-cell",
+          "cell angles off by %.4f deg (DIALS %.4f), lengths by %.4f %% (DIALS %.4f %%): nbgrad keeps DIALS's beam "
+          "and detector orientation" % (m["ang_err"], dials_m["ang_err"], 100 * m["len_err"], 100 * dials_m["len_err"]))
+    return m
+
+
+def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=None):
     """dials.import, find_spots, index and refine on one format of one case; checks and a table row."""
     tag = conv + "-" + fmt
     d = os.path.join(cdir, fmt)
@@ -159,7 +183,10 @@ def round_trip(conv, fmt, cdir, files, truth, table):
                   100 * m["len_err"], m["ang_err"]))
         check(m["rot_deg"] < 0.05, "%s-%s-orientation" % (tag, stage), "orientation off by %.4f deg" % m["rot_deg"])
         if stage == "refined":
-            table.append((conv, fmt, m, geo, rmsds(os.path.join(d, "refined.refl")), t + t1 + t2 + t3))
+            nb = None
+            if nbgrad is not None:
+                nb = from_dials(nbgrad, tag, d, paths[0], truth, crystal_flags, m)
+            table.append((conv, fmt, m, geo, rmsds(os.path.join(d, "refined.refl")), t + t1 + t2 + t3, nb))
 
 
 def rmsds(path):
@@ -212,18 +239,27 @@ def main(argv):
         truth = load_expt(os.path.join(cdir, "truth.expt"))
         for fmt in formats:
             files = ["series.nxs"] if fmt == "nxmx" else ["series_%05d.cbf" % (i + 1) for i in range(nframes)]
-            round_trip(conv, fmt, cdir, files, truth, table)
+            round_trip(conv, fmt, cdir, files, truth, table, nbgrad, crystal[crystal.index("-default_F"):])
 
     print("\nround trip (truth %s; off-centre beam, rotated detector, %d frames of 0.5 deg)"
           % (" ".join("%g" % x for x in TRUE_CELL), nframes))
     print("| convention | format | refined cell | max length error | max angle error | orientation error |"
           " rmsd (x y z) | imported geometry: centre / distance / axes / spindle | DIALS time |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for conv, fmt, m, geo, rmsd, t in table:
+    for conv, fmt, m, geo, rmsd, t, nb in table:
         print("| %s | %s | %s | %.4f %% | %.4f deg | %.4f deg | %s | %.1e mm / %.1e mm / %.1e deg / %.1e deg |"
               " %.0f s |" % (conv, fmt, " ".join("%.3f" % x for x in m["cell"]), 100 * m["len_err"], m["ang_err"],
                              m["rot_deg"], rmsd, geo["beam_centre_mm"], geo["distance_mm"], geo["axes_deg"],
                              geo["spindle_deg"], t))
+    print("\nnbgrad refine from DIALS's refined model (image 1; cell, orientation, distance) against DIALS's own errors")
+    print("| convention | format | length error nbgrad / DIALS | angle error nbgrad / DIALS | orientation error nbgrad"
+          " / DIALS |")
+    print("|---|---|---|---|---|")
+    for conv, fmt, m, geo, rmsd, t, nb in table:
+        if nb is not None:
+            print("| %s | %s | %.4f %% / %.4f %% | %.4f / %.4f deg | %.4f / %.4f deg (%.1fx) |" % (
+                conv, fmt, 100 * nb["len_err"], 100 * m["len_err"], nb["ang_err"], m["ang_err"], nb["rot_deg"],
+                m["rot_deg"], m["rot_deg"] / max(nb["rot_deg"], 1e-12)))
     print("%d passed, %d failed" % (PASSED, FAILED))
     return 0 if FAILED == 0 else 1
 
