@@ -246,7 +246,7 @@ FUZZ_CC      ?= clang
 FZ           := $(B)/fuzz
 FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt
 FUZZ_TIME    ?= 300
-FUZZ_CI_TIME ?= 60
+FUZZ_CI_TIME ?= 45
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsanitize=fuzzer,address,undefined \
                 -fsanitize=float-cast-overflow -fno-sanitize-recover=all -DNBG_NO_REFINE $(WARN) -Wno-pass-failed \
