@@ -239,7 +239,7 @@ clean:
 #
 # The fuzzing build needs clang with its libFuzzer runtime ($(B)/fuzz/.deps installs clang and libclang-rt-14-dev
 # when missing); it uses OpenMP when clang can link it, else runs serially (tests/fuzz/noomp/omp.h).
-# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (60), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
+# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (45), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
 # ASAN_TESTS, ASAN_GOLDEN_CASES.
 
 FUZZ_CC      ?= clang
