@@ -35,7 +35,9 @@
 #include "plan.h"
 
 #include <errno.h>
-#include <jansson.h>
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -61,6 +63,7 @@ void nbgi_shots_free(shot_list *l)
     memset(l, 0, sizeof *l);
 }
 
+#ifdef NBG_HAVE_FORMATS
 /* Reads n numbers (or, with scalar_ok, one number meaning all n) from v; 0 on a wrong type. */
 static int numbers(json_t *v, double *out, int n, int scalar_ok)
 {
@@ -237,6 +240,15 @@ int nbgi_shots_read(const char *path, shot_list *l)
     }
     return ok;
 }
+#else
+int nbgi_shots_read(const char *path, shot_list *l)
+{
+    memset(l, 0, sizeof *l);
+    fprintf(stderr, "nbgrad: error: -shots %s: this nbgrad was built without jansson (FORMATS=0): no shot lists\n",
+            path);
+    return 0;
+}
+#endif
 
 /* --- the batch ----------------------------------------------------------------------------------------------- */
 
@@ -582,6 +594,12 @@ static void random_misset(uint64_t *s, double out[3])
 
 int nbgi_cmd_shots(int argc, char **argv, int first)
 {
+#ifndef NBG_HAVE_FORMATS
+    (void)argc, (void)argv, (void)first, (void)random_misset, (void)gauss;
+    fprintf(stderr, "nbgrad: error: nbgrad shots writes JSON lines: this nbgrad was built without jansson "
+                    "(FORMATS=0)\n");
+    return 1;
+#else
     long n = -1, seed = 1;
     double cell[6] = {0}, N = 0, cell_jitter = 0, N_jitter = 0, scale_jitter = 0;
     int have_cell = 0;
@@ -678,4 +696,5 @@ int nbgi_cmd_shots(int argc, char **argv, int first)
     }
     printf("wrote %s: %ld shots in uniformly random orientations (seed %ld)\n", out, n, seed);
     return 0;
+#endif
 }

@@ -256,6 +256,21 @@ int main(void)
     if (!clirun_setup("nbg-test-batch-")) {
         return nbgi_test_summary();
     }
+    {
+        /* shot lists need jansson: a FORMATS=0 build has none */
+        run_result p;
+        if (new_case(&p)) {
+            const char *args[] = {"shots", "-n", "1", "-o", "s.jsonl", NULL};
+            run_in(&p, args);
+            const int none = strstr(p.err, "FORMATS=0") != NULL;
+            result_free(&p);
+            if (none) {
+                nbgi_test_skip("shots", "this nbgrad was built without jansson (FORMATS=0): no shot lists");
+                nbgi_test_rmtree(g_root);
+                return nbgi_test_summary();
+            }
+        }
+    }
     /* MPI: mpirun present and the program built with it (its batch refuses mpirun otherwise) */
     g_mpi = access("/usr/bin/mpirun", X_OK) == 0;
     if (g_mpi) {
