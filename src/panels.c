@@ -240,10 +240,10 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
         }
         q->close_distance = dot3(q->pix0, q->odet);
         if (!(q->close_distance > 1e-9)) {
+            const double mm = q->close_distance * 1000; /* read before the table is freed */
             free(kp);
             return nbgi_error(ctx, NBG_EINVAL, "%s: its plane passes through or lies behind the sample (%g mm along "
-                             "its normal fast x slow, which must point away from the sample)", lab,
-                             q->close_distance * 1000);
+                             "its normal fast x slow, which must point away from the sample)", lab, mm);
         }
         q->pixel = px / 1000.0;
         q->fpixels = p->fpixels;
