@@ -31,6 +31,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
@@ -323,8 +324,46 @@ static void wmask(wr *w, const uint8_t *mask, int spixels, int fpixels)
         wfail(w, name);
 }
 
-/* Everything but the data: the groups, the beam, the detector and its chain, the sample's rotation. */
-static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
+/* One NXdetector_module: its slab of the data (rows from row0, spixels x fpixels), its offset (a translation of
+ * |origin| along origin's direction, DIALS frame, on `on`) and its pixel directions on the offset. */
+static void wmodule(wr *w, const char *module, int row0, int spixels, int fpixels, const double origin[3],
+                    const double fast[3], const double slow[3], double pixel_f, double pixel_s, const char *on)
+{
+    char name[256], offset[256];
+    wclose(wgroup(w, module, "NXdetector_module"));
+    const int dorigin[2] = {row0, 0}, size[2] = {spixels, fpixels}, stride[2] = {1, 1};
+    snprintf(name, sizeof name, "%s/data_origin", module);
+    const hid_t d1 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, dorigin, 2);
+    snprintf(name, sizeof name, "%s/data_size", module);
+    const hid_t d2 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, size, 2);
+    snprintf(name, sizeof name, "%s/data_stride", module);
+    const hid_t d3 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, stride, 2);
+    if (d1 >= 0)
+        H5Dclose(d1);
+    if (d2 >= 0)
+        H5Dclose(d2);
+    if (d3 >= 0)
+        H5Dclose(d3);
+    double om[3], ou[3] = {1, 0, 0};
+    flip(origin, om);
+    const double dist = nbgi_norm(om);
+    if (dist > 0)
+        ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
+    snprintf(offset, sizeof offset, "%s/module_offset", module);
+    wtransform(w, offset, &dist, 0, "translation", "mm", ou, on);
+    double fm[3], sm[3];
+    flip(fast, fm);
+    flip(slow, sm);
+    snprintf(name, sizeof name, "%s/fast_pixel_direction", module);
+    wtransform(w, name, &pixel_f, 0, "translation", "mm", fm, offset);
+    snprintf(name, sizeof name, "%s/slow_pixel_direction", module);
+    wtransform(w, name, &pixel_s, 0, "translation", "mm", sm, offset);
+}
+
+/* Everything but the data: the groups, the beam, the detector and its chain (one module, or one per panel), the
+ * sample's rotation. */
+static void wlayout(wr *w, const nbg_geometry *g, const nbg_panel *panels, int npanels, const uint8_t *mask,
+                    int rows, int cols)
 {
     wattr_str(w, w->file, "/", "default", "entry");
     wclose(wgroup(w, "/entry", "NXentry"));
@@ -383,36 +422,45 @@ static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
     }
     wclose(det);
     if (mask != NULL)
-        wmask(w, mask, g->spixels, g->fpixels);
+        wmask(w, mask, rows, cols);
 
-    /* the panel's origin: one translation of |origin| along its direction (McStas) */
     wclose(wgroup(w, DET "/transformations", "NXtransformations"));
-    double om[3], ou[3] = {0, 0, 1};
-    flip(g->origin, om);
-    const double dist = nbgi_norm(om);
-    if (dist > 0)
-        ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
-    wtransform(w, DET_T, &dist, 0, "translation", "mm", ou, ".");
-
-    wclose(wgroup(w, MODULE, "NXdetector_module"));
-    const int origin[2] = {0, 0}, size[2] = {g->spixels, g->fpixels}, stride[2] = {1, 1};
-    const hid_t d1 = wdata(w, MODULE "/data_origin", H5T_STD_I32LE, H5T_NATIVE_INT, origin, 2);
-    const hid_t d2 = wdata(w, MODULE "/data_size", H5T_STD_I32LE, H5T_NATIVE_INT, size, 2);
-    const hid_t d3 = wdata(w, MODULE "/data_stride", H5T_STD_I32LE, H5T_NATIVE_INT, stride, 2);
-    if (d1 >= 0)
-        H5Dclose(d1);
-    if (d2 >= 0)
-        H5Dclose(d2);
-    if (d3 >= 0)
-        H5Dclose(d3);
-    static const double x[3] = {1, 0, 0};
-    const double zero = 0;
-    wtransform(w, MODULE "/module_offset", &zero, 0, "translation", "mm", x, DET_T);
-    double fm[3], sm[3];
-    flip(g->fast, fm);
-    flip(g->slow, sm);
-    wtransform(w, MODULE "/fast_pixel_direction", &g->pixel_f, 0, "translation", "mm", fm, MODULE "/module_offset");
-    wtransform(w, MODULE "/slow_pixel_direction", &g->pixel_s, 0, "translation", "mm", sm, MODULE "/module_offset");
+    if (npanels == 0) {
+        /* the panel's origin: one translation of |origin| along its direction (McStas), the module at 0 on it */
+        double om[3], ou[3] = {0, 0, 1};
+        flip(g->origin, om);
+        const double dist = nbgi_norm(om);
+        if (dist > 0)
+            ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
+        wtransform(w, DET_T, &dist, 0, "translation", "mm", ou, ".");
+        static const double zero3[3] = {0, 0, 0};
+        wmodule(w, MODULE, 0, g->spixels, g->fpixels, zero3, g->fast, g->slow, g->pixel_f, g->pixel_s, DET_T);
+    } else {
+        /* the detector at the sample (0 along McStas z), every panel's origin in its module's offset: DIALS
+         * makes a group of the detector's translation and one of each module's offset, each panel in its own */
+        static const double z[3] = {0, 0, 1};
+        const double zero = 0;
+        wtransform(w, DET_T, &zero, 0, "translation", "mm", z, ".");
+        int digits = 1;
+        for (int n = npanels - 1; n >= 10; n /= 10) ++digits;
+        int row0 = 0;
+        for (int k = 0; k < npanels && w->rc == NBG_OK; ++k) {
+            /* zero-padded: readers list the modules in name order */
+            char num[16], module[128];
+            const int len = snprintf(num, sizeof num, "%d", k);
+            snprintf(module, sizeof module, DET "/module_%.*s%s", digits > len ? digits - len : 0, "0000000000", num);
+            const nbg_panel *p = &panels[k];
+            wmodule(w, module, row0, p->spixels, p->fpixels, p->origin, p->fast, p->slow, p->pixel, p->pixel, DET_T);
+            const hid_t m = H5Gopen2(w->file, module, H5P_DEFAULT);
+            if (m >= 0) {
+                char label[48];
+                snprintf(label, sizeof label, "panel %d", k);
+                wattr_str(w, m, module, "nbgrad_panel_name", p->name[0] != '\0' ? p->name : label);
+                H5Gclose(m);
+            }
+            row0 += p->spixels;
+        }
+    }
 
     /* sample: one rotation axis, the angle of every frame's start; _end and _increment_set give the width even
      * for a single frame (dxtbx takes the scan's step from _end) */
@@ -439,8 +487,17 @@ static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
     free(ang);
 }
 
-int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
-                        const void *frames, int nframes, const uint8_t *mask)
+/* The detector between the source and the sample, which dxtbx moves behind it. */
+static int upstream(const nbg_geometry *g)
+{
+    double n[3];
+    nbgi_cross(g->fast, g->slow, n);
+    return fabs(nbgi_dot(n, g->direction)) > 0.99 && nbgi_dot(g->origin, g->direction) > 0;
+}
+
+int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                               int nframes, const uint8_t *mask)
 {
     if (path == NULL || frames == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_write_nxmx: no %s", path == NULL ? "file name" : "image data");
@@ -449,6 +506,27 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     int rc = nbgi_geometry_check(ctx, g, what);
     if (rc != NBG_OK)
         return rc;
+    if ((rc = nbgi_panels_check(ctx, g, panels, npanels, what)) != NBG_OK)
+        return rc;
+    /* the stacked data: the panels' rows one after the other, as wide as the widest panel */
+    long rows = npanels == 0 ? g->spixels : 0;
+    int cols = npanels == 0 ? g->fpixels : 0, padded = 0;
+    for (int k = 0; k < npanels; ++k) {
+        rows += panels[k].spixels;
+        if (cols != 0 && panels[k].fpixels != cols)
+            padded = 1;
+        if (panels[k].fpixels > cols)
+            cols = panels[k].fpixels;
+    }
+    if (rows > INT_MAX)
+        return nbgi_error(ctx, NBG_EINVAL, "writing %s: the panels have %ld rows in all, too many", path, rows);
+    for (int k = 0; k < npanels; ++k) {
+        nbg_geometry gk;
+        nbgi_geometry_of_panel(g, &panels[k], &gk);
+        if (upstream(&gk))
+            return nbgi_error(ctx, NBG_EUNSUP, "writing %s: panel %d lies between the source and the sample, which "
+                              "DIALS's NXmx reader would move behind the sample", path, k);
+    }
     if (dtype != NBG_DATA_FLOAT32 && dtype != NBG_DATA_INT32)
         return nbgi_error(ctx, NBG_EINVAL, "writing %s: unknown data type %d (float32 or int32)", path, (int)dtype);
     if (nframes != g->nframes)
@@ -466,9 +544,7 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
                           "writing %s: DIALS's NXmx reader does not know the sensor material \"%s\" (Si, CdTe, GaAs)",
                           path, g->material);
     /* dxtbx moves a detector that faces the beam upstream of the sample to z -> -z, thinking the sign wrong */
-    double n[3];
-    nbgi_cross(g->fast, g->slow, n);
-    if (fabs(nbgi_dot(n, g->direction)) > 0.99 && nbgi_dot(g->origin, g->direction) > 0)
+    if (npanels == 0 && upstream(g))
         return nbgi_error(ctx, NBG_EUNSUP,
                           "writing %s: the detector lies between the source and the sample, which DIALS's NXmx "
                           "reader would move behind the sample",
@@ -486,8 +562,42 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
         nbgi_out_abort(&o);
         return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file", path);
     }
-    wlayout(&w, g, mask);
-    wimages(&w, dtype, frames, nframes, g->spixels, g->fpixels);
+    /* dxtbx 3.11 slices the pixel mask in memory and hands flex the slice, which it refuses when the slice is
+     * narrower than the mask: panels of different widths can have no mask there */
+    if (padded && mask != NULL)
+        return nbgi_error(ctx, NBG_EUNSUP, "writing %s: a pixel mask for panels of different widths (DIALS's NXmx "
+                          "reader cannot cut it into the panels)", path);
+    /* panels of different widths: the frames padded to the widest (the padding 0) */
+    void *pframes = NULL;
+    if (padded) {
+        const size_t per = (size_t)rows * (size_t)cols;
+        if ((rc = nbgi_check_bytes(ctx, 4.0 * (double)per * nframes + (double)per, "the padded NXmx data")) != NBG_OK) {
+            nbgi_out_abort(&o);
+            H5Fclose(w.file);
+            return rc;
+        }
+        pframes = calloc(per * (size_t)nframes, 4);
+        if (pframes == NULL) {
+            nbgi_out_abort(&o);
+            H5Fclose(w.file);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the padded NXmx data of %s", path);
+        }
+        size_t npix = 0;
+        for (int k = 0; k < npanels; ++k) npix += (size_t)panels[k].fpixels * (size_t)panels[k].spixels;
+        for (int f = 0; f < nframes; ++f) {
+            const unsigned char *in = (const unsigned char *)frames + 4 * (size_t)f * npix;
+            unsigned char *out = (unsigned char *)pframes + 4 * (size_t)f * per;
+            size_t s0 = 0, r0 = 0;
+            for (int k = 0; k < npanels; ++k) {
+                const size_t fp = (size_t)panels[k].fpixels;
+                for (int j = 0; j < panels[k].spixels; ++j, ++r0, s0 += fp)
+                    memcpy(out + 4 * r0 * cols, in + 4 * s0, 4 * fp);
+            }
+        }
+    }
+    wlayout(&w, g, panels, npanels, mask, (int)rows, cols);
+    wimages(&w, dtype, padded ? pframes : frames, nframes, (int)rows, cols);
+    free(pframes);
     if (w.rc == NBG_OK && H5Lcreate_hard(w.file, "/entry/data/data", w.file, DET "/data", H5P_DEFAULT,
                                          H5P_DEFAULT) < 0)
         wfail(&w, DET "/data (a link to /entry/data/data)");
@@ -500,10 +610,22 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     return nbgi_out_finish(ctx, &o, set);
 }
 
+int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
+                        const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, set, path, g, NULL, 0, dtype, frames, nframes, mask);
+}
+
 int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dtype dtype, const void *frames,
                    int nframes, const uint8_t *mask)
 {
     return nbgi_write_nxmx_set(ctx, NULL, path, g, dtype, frames, nframes, mask);
+}
+
+int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, NULL, path, g, panels, npanels, dtype, frames, nframes, mask);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -1581,6 +1703,21 @@ int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dt
                    int nframes, const uint8_t *mask)
 {
     return nbgi_write_nxmx_set(ctx, NULL, path, g, dtype, frames, nframes, mask);
+}
+
+int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                               int nframes, const uint8_t *mask)
+{
+    (void)set, (void)g, (void)panels, (void)npanels, (void)dtype, (void)frames, (void)nframes, (void)mask;
+    return nbgi_error(ctx, NBG_EUNSUP, "cannot write %s: NeXus/NXmx needs HDF5, and nbgrad was built without HDF5 "
+                      "(FORMATS=0)", path != NULL ? path : "(null)");
+}
+
+int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, NULL, path, g, panels, npanels, dtype, frames, nframes, mask);
 }
 
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
