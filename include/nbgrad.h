@@ -698,10 +698,18 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
  * sensors (thickness, attenuation) differ. */
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
+/* The geometry of an NXmx file with every module (NXdetector_module, in name order, as DIALS orders them) as a
+ * panel in DIALS's frame (mm; its name nbgrad's where nbgrad wrote the file, else the module's group name): *g as
+ * for one module from module 0, *panels malloc'd (the caller frees it), *npanels (1 for a one-module file).
+ * Like nbg_read_expt_panels, for nbg_experiment_from_geometry and NBG_PANELS_LAB.  Refused: rectangular pixels,
+ * a module whose slab (data_origin, data_size) leaves the data, what nbg_read_image refuses. */
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
+
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the
  * pedestal left in), the caller frees it; *npix receives its size.  g, when not NULL, receives what the file says
- * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx, CBF).  From SMV:
+ * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx of one module,
+ * CBF; an NXmx file of several modules gives their concatenation, in module order, and its module 0 in g).  From SMV:
  * pixel counts and size, wavelength, distance (as an origin along -z), scan, saturation 65535 and the pedestal of
  * an ADC_OFFSET key (NAN when the header has none: nanoBragg's carry 40 without saying so); from raw floats
  * nothing.  mask, when not NULL, receives a malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's

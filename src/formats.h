@@ -41,6 +41,10 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
  * Each checks sizes against the context's memory limit before allocating. */
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
                    uint8_t **mask);
+/* The same, with the count of the file's detector modules (several: the image is their concatenation, g module
+ * 0's detector). */
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules);
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
 
 #endif

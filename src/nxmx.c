@@ -1063,6 +1063,8 @@ typedef struct {
     const char *nxclass;
     char first[256];
     int count;
+    int want;      /* also the want-th match (0-based; -1: none) */
+    char nth[256];
 } find_t;
 
 static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void *data)
@@ -1078,6 +1080,8 @@ static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void 
         rd quiet = {NULL, "", -1};
         char c[64];
         if (read_str(&quiet, o, "NX_class", "NX_class", c, sizeof c) == NBG_OK && strcmp(c, f->nxclass) == 0) {
+            if (f->count == f->want)
+                snprintf(f->nth, sizeof f->nth, "%s", name);
             if (f->count++ == 0)
                 snprintf(f->first, sizeof f->first, "%s", name);
         }
@@ -1086,9 +1090,11 @@ static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void 
     return 0;
 }
 
-static int find_class(rd *r, const char *group, const char *nxclass, char *out, size_t size, int *count)
+/* The want-th (0-based, in name order) child of group of NX_class nxclass, or the first (want < 0). */
+static int find_class_nth(rd *r, const char *group, const char *nxclass, int want, char *out, size_t size,
+                          int *count)
 {
-    find_t f = {nxclass, "", 0};
+    find_t f = {nxclass, "", 0, want, ""};
     const hid_t g = H5Gopen2(r->file, group, H5P_DEFAULT);
     if (g < 0)
         return bad(r, group, "cannot be opened");
@@ -1099,8 +1105,13 @@ static int find_class(rd *r, const char *group, const char *nxclass, char *out, 
         return bad(r, group, "cannot be listed (truncated or corrupt file?)");
     *count = f.count;
     if (f.count > 0)
-        snprintf(out, size, "%s%s%s", group, strcmp(group, "/") == 0 ? "" : "/", f.first);
+        snprintf(out, size, "%s%s%s", group, strcmp(group, "/") == 0 ? "" : "/", want >= 0 ? f.nth : f.first);
     return NBG_OK;
+}
+
+static int find_class(rd *r, const char *group, const char *nxclass, char *out, size_t size, int *count)
+{
+    return find_class_nth(r, group, nxclass, -1, out, size, count);
 }
 
 /* A filter the data need that this HDF5 cannot load, named in *out ("" when every filter is there). */
@@ -1344,6 +1355,125 @@ static int read_panel(rd *r, const char *module, nbg_geometry *g)
     return NBG_OK;
 }
 
+/* A detector of nmod modules on one stacked dataset of rows x cols (the frame in *image, the mask in *mask when
+ * there is one): every module's slab (data_origin, data_size) gathered into the concatenation of the modules in
+ * name order, as nbgrad's panels are, and each module's panel; g receives module 0's detector. */
+static int read_modules(rd *r, const char *det, int nmod, int rows, int cols, float **image, size_t *npix,
+                        uint8_t **mask, nbg_geometry *g, nbg_panel **panels)
+{
+    if (nmod > 1000000)
+        return bad(r, det, "has %d modules, too many", nmod);
+    nbg_panel *pp = calloc((size_t)nmod, sizeof *pp);
+    int (*slab)[4] = calloc((size_t)nmod, sizeof *slab);
+    if (pp == NULL || slab == NULL) {
+        free(pp);
+        free(slab);
+        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %d modules of %s", nmod, r->path);
+    }
+    int rc = NBG_OK;
+    size_t total = 0;
+    for (int k = 0; k < nmod && rc == NBG_OK; ++k) {
+        char module[1200], nm[1300];
+        int n = 0;
+        rc = find_class_nth(r, det, "NXdetector_module", k, module, sizeof module, &n);
+        for (int f = 0; f < 2 && rc == NBG_OK; ++f) {
+            pjoin(nm, sizeof nm, module, f == 0 ? "data_origin" : "data_size");
+            double *v = NULL;
+            size_t nv = 0;
+            if (!exists(r->file, nm)) {
+                rc = bad(r, nm, "is missing (a detector of several modules needs each one's slab of the data)");
+                break;
+            }
+            const hid_t d = H5Dopen2(r->file, nm, H5P_DEFAULT);
+            rc = d < 0 ? bad(r, nm, "cannot be opened") : read_dbl_ds(r, d, nm, &v, &nv);
+            if (d >= 0)
+                H5Dclose(d);
+            if (rc == NBG_OK && nv != 2)
+                rc = bad(r, nm, "has %zu values, not 2 (slow, fast)", nv);
+            if (rc == NBG_OK && (!(v[0] >= 0 && v[0] <= rows) || !(v[1] >= 0 && v[1] <= cols) || v[0] != floor(v[0]) ||
+                                 v[1] != floor(v[1])))
+                rc = bad(r, nm, "is (%g, %g), outside the %d x %d data (slow, fast)", v[0], v[1], rows, cols);
+            if (rc == NBG_OK) {
+                slab[k][2 * f] = (int)v[0];
+                slab[k][2 * f + 1] = (int)v[1];
+            }
+            free(v);
+        }
+        if (rc == NBG_OK && (slab[k][2] < 1 || slab[k][3] < 1 || slab[k][0] + slab[k][2] > rows ||
+                             slab[k][1] + slab[k][3] > cols))
+            rc = bad(r, module, "'s slab (origin %d, %d, size %d, %d) does not fit the %d x %d data", slab[k][0],
+                     slab[k][1], slab[k][2], slab[k][3], rows, cols);
+        nbg_geometry gk = *g;
+        if (rc == NBG_OK)
+            rc = read_panel(r, module, &gk);
+        if (rc == NBG_OK && panels != NULL && gk.pixel_f != gk.pixel_s)
+            rc = nbgi_error(r->ctx, NBG_EUNSUP, "%s: %s: pixels of %g x %g mm (nbgrad's panels have square pixels)",
+                            r->path, module, gk.pixel_f, gk.pixel_s);
+        if (rc != NBG_OK)
+            break;
+        if (k == 0) {
+            *g = gk;
+            g->fpixels = slab[k][3];
+            g->spixels = slab[k][2];
+        }
+        nbg_panel *q = &pp[k];
+        q->fpixels = slab[k][3];
+        q->spixels = slab[k][2];
+        q->pixel = gk.pixel_f;
+        memcpy(q->fast, gk.fast, sizeof q->fast);
+        memcpy(q->slow, gk.slow, sizeof q->slow);
+        memcpy(q->origin, gk.origin, sizeof q->origin);
+        const hid_t m = H5Gopen2(r->file, module, H5P_DEFAULT);
+        char name[64] = "";
+        if (m >= 0 && H5Aexists(m, "nbgrad_panel_name") > 0)
+            rc = read_str(r, m, "nbgrad_panel_name", module, name, sizeof name);
+        if (m >= 0)
+            H5Gclose(m);
+        const char *base = strrchr(module, '/');
+        snprintf(q->name, sizeof q->name, "%.31s", name[0] != '\0' ? name : base != NULL ? base + 1 : module);
+        total += (size_t)q->fpixels * q->spixels;
+    }
+    float *img = NULL;
+    uint8_t *mk = NULL;
+    if (rc == NBG_OK) {
+        char what[700];
+        snprintf(what, sizeof what, "the %d modules of %s", nmod, r->path);
+        rc = nbgi_check_bytes(r->ctx, 5.0 * (double)total, what);
+    }
+    if (rc == NBG_OK && ((img = malloc(total * sizeof *img)) == NULL ||
+                         (mask != NULL && *mask != NULL && (mk = malloc(total)) == NULL)))
+        rc = nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %d modules of %s", nmod, r->path);
+    if (rc == NBG_OK) {
+        size_t o = 0;
+        for (int k = 0; k < nmod; ++k) {
+            for (int j = 0; j < slab[k][2]; ++j) {
+                const size_t from = (size_t)(slab[k][0] + j) * (size_t)cols + (size_t)slab[k][1];
+                memcpy(img + o, *image + from, (size_t)slab[k][3] * sizeof *img);
+                if (mk != NULL)
+                    memcpy(mk + o, *mask + from, (size_t)slab[k][3]);
+                o += (size_t)slab[k][3];
+            }
+        }
+        free(*image);
+        *image = img;
+        *npix = total;
+        if (mk != NULL) {
+            free(*mask);
+            *mask = mk;
+        }
+        if (panels != NULL) {
+            *panels = pp;
+            pp = NULL;
+        }
+    } else {
+        free(img);
+        free(mk);
+    }
+    free(pp);
+    free(slab);
+    return rc;
+}
+
 /* The goniometer: the scan axis is the first rotation of the sample's chain whose angle varies (else the first
  * rotation); the axes below it in the chain (towards the base) turn it into the laboratory at their first angle. */
 static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
@@ -1566,7 +1696,8 @@ static int read_mask(rd *r, const char *det, int frame, int spixels, int fpixels
 }
 
 /* Everything once the file is open. */
-static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask,
+                     nbg_panel **panels, int *npanels)
 {
     char entry[300], data[600], inst[600], det[900], module[1200], beam[900], sample[600], dname[700];
     int n = 0, rc;
@@ -1594,8 +1725,11 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
     if (rc != NBG_OK)
         return rc;
     *npix = (size_t)spixels * fpixels;
-    if (g == NULL && mask == NULL)
+    if (g == NULL && mask == NULL && npanels == NULL)
         return NBG_OK;
+    nbg_geometry lg;
+    if (g == NULL)
+        g = &lg; /* a detector of several modules needs its geometry to gather the image */
 
     /* the instrument, its detector and the detector's one module */
     det[0] = '\0';
@@ -1611,7 +1745,7 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
                         inst, n);
     if (rc == NBG_OK && mask != NULL)
         rc = read_mask(r, det, frame, spixels, fpixels, mask);
-    if (rc != NBG_OK || g == NULL)
+    if (rc != NBG_OK)
         goto done;
 
     nbgi_geometry_init(g);
@@ -1621,14 +1755,34 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
     rc = find_class(r, det, "NXdetector_module", module, sizeof module, &n);
     if (rc == NBG_OK && n == 0)
         rc = bad(r, det, "has no NXdetector_module group");
-    if (rc == NBG_OK && n > 1)
-        rc = nbgi_error(r->ctx, NBG_EUNSUP,
-                        "%s: %s: a detector of %d modules (NXdetector_module) is not supported (one panel only)",
-                        r->path, det, n);
-    if (rc == NBG_OK)
-        rc = check_module(r, module, spixels, fpixels);
-    if (rc == NBG_OK)
-        rc = read_panel(r, module, g);
+    if (rc == NBG_OK && n > 1) {
+        /* several modules: the image is their concatenation, g module 0's detector */
+        rc = read_modules(r, det, n, spixels, fpixels, image, npix, mask, g, panels);
+    } else {
+        if (rc == NBG_OK)
+            rc = check_module(r, module, spixels, fpixels);
+        if (rc == NBG_OK)
+            rc = read_panel(r, module, g);
+        if (rc == NBG_OK && panels != NULL) {
+            if (g->pixel_f != g->pixel_s)
+                rc = nbgi_error(r->ctx, NBG_EUNSUP, "%s: pixels of %g x %g mm (nbgrad's panels have square pixels)",
+                                r->path, g->pixel_f, g->pixel_s);
+            else if ((*panels = calloc(1, sizeof **panels)) == NULL)
+                rc = nbgi_error(r->ctx, NBG_ENOMEM, "out of memory");
+            if (rc == NBG_OK) {
+                nbg_panel *q = *panels;
+                q->fpixels = fpixels;
+                q->spixels = spixels;
+                q->pixel = g->pixel_f;
+                memcpy(q->fast, g->fast, sizeof q->fast);
+                memcpy(q->slow, g->slow, sizeof q->slow);
+                memcpy(q->origin, g->origin, sizeof q->origin);
+                snprintf(q->name, sizeof q->name, "module");
+            }
+        }
+    }
+    if (npanels != NULL)
+        *npanels = n;
     if (rc == NBG_OK)
         rc = read_detector(r, det, g);
     if (rc == NBG_OK)
@@ -1658,12 +1812,16 @@ done:
             free(*mask);
             *mask = NULL;
         }
+        if (panels != NULL) {
+            free(*panels);
+            *panels = NULL;
+        }
     }
     return rc;
 }
 
-int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
-                   uint8_t **mask)
+static int read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
+                     uint8_t **mask, nbg_panel **panels, int *npanels)
 {
     if (image == NULL || npix == NULL || path == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_nxmx: no %s", path == NULL ? "file name" : "output");
@@ -1685,8 +1843,40 @@ int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, siz
     r.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (r.file < 0)
         return nbgi_error(ctx, NBG_EFORMAT, "%s: HDF5 cannot open it (a truncated or corrupt file?)", path);
-    const int rc = read_file(&r, frame, image, npix, g, mask);
+    const int rc = read_file(&r, frame, image, npix, g, mask, panels, npanels);
     H5Fclose(r.file);
+    return rc;
+}
+
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules)
+{
+    return read_nxmx(ctx, path, frame, image, npix, g, mask, NULL, nmodules);
+}
+
+int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
+                   uint8_t **mask)
+{
+    return read_nxmx(ctx, path, frame, image, npix, g, mask, NULL, NULL);
+}
+
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    if (g == NULL || panels == NULL || npanels == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_nxmx_panels: NULL argument");
+    *panels = NULL;
+    *npanels = 0;
+    float *img = NULL;
+    size_t n = 0;
+    nbg_geometry lg;
+    nbgi_geometry_init(&lg);
+    int np = 0;
+    const int rc = read_nxmx(ctx, path, 0, &img, &n, &lg, NULL, panels, &np);
+    free(img);
+    if (rc == NBG_OK) {
+        *g = lg;
+        *npanels = np;
+    }
     return rc;
 }
 
@@ -1718,6 +1908,20 @@ int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g,
                           int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask)
 {
     return nbgi_write_nxmx_panels_set(ctx, NULL, path, g, panels, npanels, dtype, frames, nframes, mask);
+}
+
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    (void)g, (void)panels, (void)npanels;
+    return nbgi_error(ctx, NBG_EUNSUP, "cannot read %s: NeXus/NXmx needs HDF5, and nbgrad was built without HDF5 "
+                      "(FORMATS=0)", path != NULL ? path : "(null)");
+}
+
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules)
+{
+    (void)nmodules;
+    return nbgi_read_nxmx(ctx, path, frame, image, npix, g, mask);
 }
 
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
