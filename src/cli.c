@@ -569,11 +569,12 @@ static const cli_flag flags[] = {
     {"-noisefile -noiseimage", K_STR, C(noisefile), .group = G_OUTPUT, .arg = "file",
      .help = "the image with Poisson noise, as an SMV file"},
     {"-nxsfile -nexusfile", K_STR, C(nxsfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file"},
+     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file (with panels: "
+             "one module per panel)"},
     {"-cbffile", K_STR, C(cbffile), .group = G_OUTPUT, .arg = "file",
      .help = "the image as a full CBF (imgCIF with the axes; byte-offset 4-byte integers)"},
     {"-exptfile", K_STR, C(exptfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included)"},
+     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included; every panel)"},
     {"-data", K_CHOICE, C(filedata), .choices = "int float noise",
      .values = {NBGI_DATA_INT, NBGI_DATA_FLOAT, NBGI_DATA_NOISE}, .group = G_OUTPUT, .arg = "int|float|noise",
      .help = "what -nxsfile and -cbffile hold: -intfile's counts (the default), photons as floats (NXmx only), "
