@@ -12,6 +12,11 @@
  *       transformations/translation   the panel origin: |origin| along origin/|origin|
  *       module                  NXdetector_module: data_origin, data_size, module_offset (0, on the translation),
  *                               fast_pixel_direction and slow_pixel_direction (pixel sizes, on module_offset)
+ *       module_0, module_1, ...  with panels (nbg_write_nxmx_panels) instead of `module`: one per panel, each a slab
+ *                               of the stacked data (data_origin = its first row, data_size its own), its
+ *                               module_offset the panel's origin on a zero detector translation; narrower panels
+ *                               padded with 0.  dxtbx makes it a hierarchical detector; the reader here gives the
+ *                               modules' concatenation (nbgrad's image of panels) and every module's panel
  *     sample                    NXsample: depends_on -> transformations/omega
  *       transformations/omega   rotation, one angle per frame (start + i * width), omega_end, omega_increment_set
  *
