@@ -555,18 +555,6 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
                           "reader would move behind the sample",
                           path);
 
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* the library never prints: failures become messages */
-    nbgi_out o;
-    const char *write_to = NULL;
-    rc = nbgi_out_open_path(ctx, path, &o, &write_to);
-    if (rc != NBG_OK)
-        return rc;
-    wr w = {ctx, path, -1, NBG_OK};
-    w.file = H5Fcreate(write_to, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (w.file < 0) {
-        nbgi_out_abort(&o);
-        return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file", path);
-    }
     /* dxtbx 3.11 slices the pixel mask in memory and hands flex the slice, which it refuses when the slice is
      * narrower than the mask: panels of different widths can have no mask there */
     if (padded && mask != NULL)
@@ -576,17 +564,11 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
     void *pframes = NULL;
     if (padded) {
         const size_t per = (size_t)rows * (size_t)cols;
-        if ((rc = nbgi_check_bytes(ctx, 4.0 * (double)per * nframes + (double)per, "the padded NXmx data")) != NBG_OK) {
-            nbgi_out_abort(&o);
-            H5Fclose(w.file);
+        if ((rc = nbgi_check_bytes(ctx, 4.0 * (double)per * nframes, "the padded NXmx data")) != NBG_OK)
             return rc;
-        }
         pframes = calloc(per * (size_t)nframes, 4);
-        if (pframes == NULL) {
-            nbgi_out_abort(&o);
-            H5Fclose(w.file);
+        if (pframes == NULL)
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the padded NXmx data of %s", path);
-        }
         size_t npix = 0;
         for (int k = 0; k < npanels; ++k) npix += (size_t)panels[k].fpixels * (size_t)panels[k].spixels;
         for (int f = 0; f < nframes; ++f) {
@@ -599,6 +581,22 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
                     memcpy(out + 4 * r0 * cols, in + 4 * s0, 4 * fp);
             }
         }
+    }
+
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* the library never prints: failures become messages */
+    nbgi_out o;
+    const char *write_to = NULL;
+    rc = nbgi_out_open_path(ctx, path, &o, &write_to);
+    if (rc != NBG_OK) {
+        free(pframes);
+        return rc;
+    }
+    wr w = {ctx, path, -1, NBG_OK};
+    w.file = H5Fcreate(write_to, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (w.file < 0) {
+        free(pframes);
+        nbgi_out_abort(&o);
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file", path);
     }
     wlayout(&w, g, panels, npanels, mask, (int)rows, cols);
     wimages(&w, dtype, padded ? pframes : frames, nframes, (int)rows, cols);
