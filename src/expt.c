@@ -272,8 +272,8 @@ static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *pane
         root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[{s:o, s:o, s:o}], s:[o], s:o, s:[], s:[]}", "__id__",
                          "ExperimentList", "experiment", expt, "imageset", imagesets, "beam", beam_json(g),
                          "detector", detector_json(g, panels, npanels), "goniometer", "rotation_axis",
-                         reals(g->axis, 3), "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan", scan_json(g),
-                         "crystal", crystals, "profile", "scaling_model");
+                         reals(g->axis, 3), "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan",
+                         scan_json(g), "crystal", crystals, "profile", "scaling_model");
         return root; /* json_pack consumed every "o" reference, on failure too */
     }
     json_decref(expt);

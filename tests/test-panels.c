@@ -19,8 +19,9 @@
  *   expt-panels          a DIALS experiment list of two panels (halves of a flat detector) renders the flat image
  *   mpfiles-<what>       three panels of a rotated MOSFLM detector (different widths, one turned, one tilted) in
  *                        DIALS's frame: the experiment list read back to 1e-9 and rendered again to the same image,
- *                        the NXmx file read back (the image, every module as a panel to 1e-9); refusals: a mask with panels of different widths, a panel
- *                        with no pixel size (named), a panel table of the wrong size
+ *                        the NXmx file read back (the image, every module as a panel to 1e-9); refusals: a mask
+ *                        with panels of different widths (no temporary left), a panel with no pixel size (named),
+ *                        a panel table of the wrong size
  *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
  *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
  *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel

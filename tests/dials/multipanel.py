@@ -52,8 +52,8 @@ PANELS = [
 def make_input(nbgrad, work):
     """A one-panel list from nbgrad (beam, goniometer, scan, crystal), its detector replaced by the panels."""
     subprocess.check_call([nbgrad, "-cell", "40", "50", "60", "90", "90", "90", "-lambda", "1.0", "-distance",
-                           "100", "-detpixels", "32", "-pixel", "0.1", "-default_F", "1", "-exptfile", "base.expt"], cwd=work,
-                          stdout=subprocess.DEVNULL)
+                           "100", "-detpixels", "32", "-pixel", "0.1", "-default_F", "1", "-exptfile", "base.expt"],
+                          cwd=work, stdout=subprocess.DEVNULL)
     with open(os.path.join(work, "base.expt")) as f:
         d = json.load(f)
     p0 = d["detector"][0]["panels"][0]
@@ -114,9 +114,8 @@ def main(argv):
     check(image.size == sum(s[0] * s[1] for _, s, *_ in PANELS), "float-size", "%d pixels" % image.size)
     from dxtbx.model.experiment_list import ExperimentListFactory
     nx = ExperimentListFactory.from_filenames([os.path.join(work, "mp.nxs")])
-    check(type(nx[0].imageset.get_format_class()).__name__ in ("FormatNXmx", "type") and
-          nx[0].imageset.get_format_class().__name__ == "FormatNXmx", "nxmx-format",
-          "read by %s" % nx[0].imageset.get_format_class().__name__)
+    fmt = nx[0].imageset.get_format_class().__name__
+    check(fmt == "FormatNXmx", "nxmx-format", "read by %s" % fmt)
     rows = compare("nxmx", nx[0].detector, nx[0].imageset.get_raw_data(0), image)
     el = ExperimentListFactory.from_json_file(os.path.join(work, "mp.expt"), check_format=True)
     rows += compare("expt", el[0].detector, el[0].imageset.get_raw_data(0), image)
