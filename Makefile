@@ -333,5 +333,6 @@ $(B)/.dials-deps:
 test-dials: $(B)/nbgrad $(B)/.dials-deps
 	@rm -rf $(B)/dials
 	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/roundtrip.py $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
+	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/multipanel.py $(B)/nbgrad $(B)/dials/multipanel
 
 .PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials

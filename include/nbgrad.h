@@ -634,6 +634,14 @@ typedef struct {
 int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, int nframes,
                              nbg_geometry *g);
 
+/* The panels of a multi-panel experiment (e->npanels of them: npanels must equal it) as nbg_geometry describes
+ * the experiment: in DIALS's laboratory frame by the same rotation as nbg_geometry_from_report's, each with its
+ * unit fast and slow axes, the corner of its pixel (0,0) in mm from the sample, its pixel size (never 0) and its
+ * name as given.  r is nbg_describe's report of e.  These go with the nbg_geometry of the same report to
+ * nbg_write_nxmx_panels and nbg_write_expt_panels. */
+int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, nbg_panel *panels,
+                           int npanels);
+
 /* Sets e's detector, beam, spindle, scan start and width and (when g has one) crystal to describe g: the custom
  * convention with g's vectors (nbgrad's frame is then DIALS's), the sample pivot, pix0 = g's origin exactly, the
  * crystal as a cell and misset angles (so that both are refinable; the A matrix where that cannot reproduce g's
@@ -652,6 +660,18 @@ typedef enum { NBG_DATA_FLOAT32 = 0, NBG_DATA_INT32 = 1 } nbg_dtype;
 int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dtype dtype, const void *frames,
                    int nframes, const uint8_t *mask);
 
+/* The same for a multi-panel detector (npanels >= 1 panels in DIALS's frame, as nbg_panels_from_report gives
+ * them; g's own panel is not written, its sensor, beam, scan and crystal are): one NXdetector_module per panel
+ * (module_NN, in order), its own fast and slow pixel directions and module_offset (the panel's origin), all on
+ * one stacked dataset of (nframes, rows, columns): panel p's pixels at rows from the sum of the earlier panels'
+ * slow sizes (its data_origin), as many columns as its fast size (its data_size); columns beyond a narrower
+ * panel's are padding (0).  frames: nframes images of the panels' concatenation (nbg_simulate's), mask (NULL:
+ * all good) the same; a mask with panels of different widths is NBG_EUNSUP (DIALS 3.11's reader cannot cut it).
+ * DIALS reads the file as a hierarchical detector of npanels panels.  npanels = 0 (panels NULL):
+ * nbg_write_nxmx. */
+int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask);
+
 /* Full CBF (imgCIF with the axis categories, byte-offset compressed int32), one image: frame index `frame` of g's
  * scan (its start angle is scan_start + frame * scan_width). */
 int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int frame, const int32_t *data);
@@ -659,6 +679,12 @@ int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int fra
 /* DIALS experiment list (.expt, JSON): g's beam, detector, goniometer, scan and crystal (when it has one); the
  * image set names images: one path (an NXmx file, or a template with # for the frame number of a file series). */
 int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images);
+
+/* The same with every panel (npanels >= 1, in DIALS's frame, as nbg_panels_from_report gives them) as a detector
+ * of npanels panels under one root group, as DIALS writes a multi-panel detector; g supplies the sensor (the
+ * same for every panel) and the rest of the experiment.  npanels = 0 (panels NULL): nbg_write_expt. */
+int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, const char *images);
 
 /* Reads a DIALS experiment list of one experiment with one panel into *g (fields the list lacks take their
  * defaults: no crystal, one frame).  Refused with a message naming the file and the field: several experiments or
@@ -672,10 +698,18 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
  * sensors (thickness, attenuation) differ. */
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
+/* The geometry of an NXmx file with every module (NXdetector_module, in name order, as DIALS orders them) as a
+ * panel in DIALS's frame (mm; its name nbgrad's where nbgrad wrote the file, else the module's group name): *g as
+ * for one module from module 0, *panels malloc'd (the caller frees it), *npanels (1 for a one-module file).
+ * Like nbg_read_expt_panels, for nbg_experiment_from_geometry and NBG_PANELS_LAB.  Refused: rectangular pixels,
+ * a module whose slab (data_origin, data_size) leaves the data, what nbg_read_image refuses. */
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
+
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the
  * pedestal left in), the caller frees it; *npix receives its size.  g, when not NULL, receives what the file says
- * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx, CBF).  From SMV:
+ * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx of one module,
+ * CBF; an NXmx file of several modules gives their concatenation, in module order, and its module 0 in g).  From SMV:
  * pixel counts and size, wavelength, distance (as an origin along -z), scan, saturation 65535 and the pedestal of
  * an ADC_OFFSET key (NAN when the header has none: nanoBragg's carry 40 without saying so); from raw floats
  * nothing.  mask, when not NULL, receives a malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's

@@ -133,6 +133,8 @@ void nbgi_cli_free(nbgi_cli *c)
     free(c->mask);
     free(c->panels);
     c->panels = NULL;
+    free(c->geom_panels);
+    c->geom_panels = NULL;
 }
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them. */
@@ -568,11 +570,12 @@ static const cli_flag flags[] = {
     {"-noisefile -noiseimage", K_STR, C(noisefile), .group = G_OUTPUT, .arg = "file",
      .help = "the image with Poisson noise, as an SMV file"},
     {"-nxsfile -nexusfile", K_STR, C(nxsfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file"},
+     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file (with panels: "
+             "one module per panel)"},
     {"-cbffile", K_STR, C(cbffile), .group = G_OUTPUT, .arg = "file",
      .help = "the image as a full CBF (imgCIF with the axes; byte-offset 4-byte integers)"},
     {"-exptfile", K_STR, C(exptfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included)"},
+     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included; every panel)"},
     {"-data", K_CHOICE, C(filedata), .choices = "int float noise",
      .values = {NBGI_DATA_INT, NBGI_DATA_FLOAT, NBGI_DATA_NOISE}, .group = G_OUTPUT, .arg = "int|float|noise",
      .help = "what -nxsfile and -cbffile hold: -intfile's counts (the default), photons as floats (NXmx only), "
@@ -988,16 +991,17 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         e->spixels = S;
     }
     if (e->npanels > 0) {
-        /* the files that describe one flat detector cannot hold several panels */
+        /* the files that describe one flat detector cannot hold several panels (NXmx and experiment lists can) */
         const struct {
             const char *flag, *path;
-        } one[] = {{"-intfile", c->intfile},   {"-pgmfile", c->pgmfile}, {"-noisefile", c->noisefile},
-                   {"-cbffile", c->cbffile},   {"-nxsfile", c->nxsfile}, {"-exptfile", c->exptfile},
-                   {"-mask", c->maskfile},     {"-img", c->imgfile},     {"-roi", e->roi[0] >= 0 ? "" : NULL}};
+        } one[] = {{"-intfile", c->intfile}, {"-pgmfile", c->pgmfile}, {"-noisefile", c->noisefile},
+                   {"-cbffile", c->cbffile}, {"-mask", c->maskfile},   {"-img", c->imgfile},
+                   {"-roi", e->roi[0] >= 0 ? "" : NULL}};
         for (size_t k = 0; k < sizeof one / sizeof one[0]; ++k) {
             if (one[k].path != NULL) {
                 fprintf(stderr, "nbgrad: error: %s describes a single flat detector, and this one has %d panels "
-                        "(-floatfile writes the panels' concatenation)\n", one[k].flag, e->npanels);
+                        "(-floatfile writes the panels' concatenation; -nxsfile and -exptfile every panel)\n",
+                        one[k].flag, e->npanels);
                 return 0;
             }
         }
@@ -1206,7 +1210,22 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         const int integer = c->filedata != NBGI_DATA_FLOAT;
         c->geom.pedestal = integer ? c->adc : 0;
         c->geom.saturation = integer ? 65535 : 1e10;
+        free(c->geom_panels);
+        c->geom_panels = NULL;
+        if (c->e.npanels > 0) {
+            /* every panel in the description's frame, for the files that hold several */
+            c->geom_panels = calloc((size_t)c->e.npanels, sizeof *c->geom_panels);
+            if (c->geom_panels == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory for %d panels\n", c->e.npanels);
+                return 0;
+            }
+            if (nbg_panels_from_report(ctx, &c->e, r, c->geom_panels, c->e.npanels) != NBG_OK) {
+                return out_error(ctx);
+            }
+        }
     }
+    /* the integer and noise images of panels: the concatenation as one row (panels have no region of interest) */
+    const int IF = c->e.npanels > 0 ? (int)npix : F, IS = c->e.npanels > 0 ? 1 : S;
     if (c->floatfile != NULL) {
         nbgi_cli_frame_name(c->floatfile, frame, nframes, name, sizeof name);
         if (nbgi_write_float_set(ctx, &c->outs, name, img, npix) != NBG_OK) {
@@ -1238,7 +1257,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         goto done;
     }
     if (want_int) {
-        if (nbg_int_image(ctx, img, F, S, c->e.roi, scale, c->adc, ibuf) != NBG_OK) {
+        if (nbg_int_image(ctx, img, IF, IS, c->e.roi, scale, c->adc, ibuf) != NBG_OK) {
             out_error(ctx);
             goto done;
         }
@@ -1274,7 +1293,8 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         }
         long photons = 0, overloads = 0;
         /* frame i of a series draws from seed + i: the first frame is the single image's */
-        if (nbg_noise_image(ctx, img, F, S, c->e.roi, c->adc, seed + frame, nbuf, &photons, &overloads) != NBG_OK) {
+        if (nbg_noise_image(ctx, img, IF, IS, c->e.roi, c->adc, seed + frame, nbuf, &photons, &overloads) !=
+            NBG_OK) {
             out_error(ctx);
             goto done;
         }
@@ -1320,9 +1340,9 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             for (size_t i = 0; i < npix; ++i) dst[i] = counts[i];
         }
         if (frame == nframes - 1) {
-            if (nbgi_write_nxmx_set(ctx, &c->outs, c->nxsfile, &c->geom,
-                                    c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32 : NBG_DATA_INT32, c->series,
-                                    nframes, c->e.mask) != NBG_OK) {
+            if (nbgi_write_nxmx_panels_set(ctx, &c->outs, c->nxsfile, &c->geom, c->geom_panels, c->e.npanels,
+                                           c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32 : NBG_DATA_INT32,
+                                           c->series, nframes, c->e.mask) != NBG_OK) {
                 out_error(ctx);
                 goto done;
             }
@@ -1343,7 +1363,8 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         } else {
             series_template(img_path, nframes, tmpl, sizeof tmpl);
         }
-        if (nbgi_write_expt_set(ctx, &c->outs, c->exptfile, &c->geom, tmpl) != NBG_OK) {
+        if (nbgi_write_expt_panels_set(ctx, &c->outs, c->exptfile, &c->geom, c->geom_panels, c->e.npanels, tmpl) !=
+            NBG_OK) {
             out_error(ctx);
             goto done;
         }

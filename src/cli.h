@@ -35,6 +35,7 @@ struct nbgi_cli {
     void *series;
     double series_scale;
     nbg_geometry geom;
+    nbg_panel *geom_panels; /* the panels in geom's frame (DIALS's) for -nxsfile and -exptfile, or NULL */
     double scale, adc, pgmscale;
     long seed;
     int have_seed, have_misset_seed;

@@ -73,7 +73,7 @@ static json_t *panel_json(const char *name, const char *type, const double fast[
                      "px_mm_strategy", "type", strategy);
 }
 
-static json_t *detector_json(const nbg_geometry *g)
+static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
 {
     /* DIALS's parallax correction needs both the thickness and mu; without either it uses the simple mapping. */
     const char *strategy =
@@ -82,16 +82,42 @@ static json_t *detector_json(const nbg_geometry *g)
     /* The lower end: dxtbx masks values at or below it; -1 is what it uses for counting detectors, and nbgrad's
      * images (pedestal included) never go below 0. */
     const double trusted[2] = {-1, isnan(g->saturation) ? EXPT_NO_SATURATION : g->saturation};
-    json_t *panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
+    /* one panel (g's), or every panel of the table, each in the lab frame (its global frame, as DIALS writes it) */
+    json_t *list = json_array(), *children = json_array();
+    const int n = npanels > 0 ? npanels : 1;
+    for (int k = 0; list != NULL && children != NULL && k < n; ++k) {
+        json_t *panel;
+        if (npanels == 0) {
+            panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
                                trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal, strategy);
+        } else {
+            const nbg_panel *p = &panels[k];
+            char name[48];
+            if (p->name[0] != '\0')
+                snprintf(name, sizeof name, "%.31s", p->name);
+            else
+                snprintf(name, sizeof name, "panel %d", k);
+            const double pk[2] = {p->pixel, p->pixel};
+            panel = panel_json(name, "SENSOR_PAD", p->fast, p->slow, p->origin, p->fpixels, p->spixels, pk, trusted,
+                               g->thickness, g->material, g->mu, g->gain, g->pedestal, strategy);
+        }
+        if (panel == NULL || json_array_append_new(list, panel) != 0 ||
+            json_array_append_new(children, json_pack("{s:i}", "panel", k)) != 0) {
+            json_decref(list);
+            json_decref(children);
+            list = children = NULL;
+        }
+    }
     /* The root group of the hierarchy, with the identity frame and empty fields DIALS writes for it. */
     static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
     json_t *root = panel_json("", "", ex, ey, zero, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
-    if (root != NULL && json_object_set_new(root, "children", json_pack("[{s:i}]", "panel", 0)) != 0) {
+    if (root != NULL && (children == NULL || json_object_set_new(root, "children", children) != 0)) {
         json_decref(root);
         root = NULL;
+    } else if (root == NULL) {
+        json_decref(children);
     }
-    return json_pack("{s:[o], s:o}", "panels", panel, "hierarchy", root);
+    return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
 }
 
 static json_t *beam_json(const nbg_geometry *g)
@@ -228,7 +254,8 @@ static json_t *imageset_json(const nbg_geometry *g, const char *template_abs, in
 }
 
 /* The whole list, keys in the order dxtbx writes them.  NULL when out of memory. */
-static json_t *experiment_list_json(const nbg_geometry *g, const char *template_abs, int hdf5)
+static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *panels, int npanels,
+                                    const char *template_abs, int hdf5)
 {
     json_t *expt = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "__id__", "Experiment", "identifier", "", "beam", 0,
                              "detector", 0, "goniometer", 0, "scan", 0);
@@ -244,9 +271,9 @@ static json_t *experiment_list_json(const nbg_geometry *g, const char *template_
     if (ok) {
         root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[{s:o, s:o, s:o}], s:[o], s:o, s:[], s:[]}", "__id__",
                          "ExperimentList", "experiment", expt, "imageset", imagesets, "beam", beam_json(g),
-                         "detector", detector_json(g), "goniometer", "rotation_axis", reals(g->axis, 3),
-                         "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan", scan_json(g),
-                         "crystal", crystals, "profile", "scaling_model");
+                         "detector", detector_json(g, panels, npanels), "goniometer", "rotation_axis",
+                         reals(g->axis, 3), "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan",
+                         scan_json(g), "crystal", crystals, "profile", "scaling_model");
         return root; /* json_pack consumed every "o" reference, on failure too */
     }
     json_decref(expt);
@@ -255,8 +282,8 @@ static json_t *experiment_list_json(const nbg_geometry *g, const char *template_
     return NULL;
 }
 
-int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
-                        const char *images)
+int nbgi_write_expt_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, const char *images)
 {
     if (path == NULL || path[0] == '\0')
         return nbgi_error(ctx, NBG_EINVAL, "writing an experiment list: no file name");
@@ -264,6 +291,10 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     snprintf(what, sizeof what, "writing %s", path);
     int rc = nbgi_geometry_check(ctx, g, what);
     if (rc != NBG_OK)
+        return rc;
+    if ((rc = nbgi_panels_check(ctx, g, panels, npanels, what)) != NBG_OK)
+        return rc;
+    if ((rc = nbgi_check_bytes(ctx, 2048.0 * npanels, "the experiment list's panels")) != NBG_OK)
         return rc;
     /* The JSON's size grows with the frame count (exposure, epochs and indices per frame, about 80 bytes each
      * in jansson's tree and the text), so it goes through the memory limit like any input-sized allocation. */
@@ -284,7 +315,7 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
             return nbgi_error(ctx, NBG_EIO, "writing %s: cannot make the image path %s absolute", path, images);
     }
 
-    json_t *root = experiment_list_json(g, template_abs, hdf5);
+    json_t *root = experiment_list_json(g, panels, npanels, template_abs, hdf5);
     free(template_abs);
     /* 17 significant digits: every double reads back to the same bits. */
     char *text = root != NULL ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
@@ -304,9 +335,21 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     return rc;
 }
 
+int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                        const char *images)
+{
+    return nbgi_write_expt_panels_set(ctx, set, path, g, NULL, 0, images);
+}
+
 int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images)
 {
     return nbgi_write_expt_set(ctx, NULL, path, g, images);
+}
+
+int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, const char *images)
+{
+    return nbgi_write_expt_panels_set(ctx, NULL, path, g, panels, npanels, images);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -887,6 +930,20 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
 int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images)
 {
     return nbgi_write_expt_set(ctx, NULL, path, g, images);
+}
+
+int nbgi_write_expt_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, const char *images)
+{
+    (void)panels;
+    (void)npanels;
+    return nbgi_write_expt_set(ctx, set, path, g, images);
+}
+
+int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, const char *images)
+{
+    return nbgi_write_expt_panels_set(ctx, NULL, path, g, panels, npanels, images);
 }
 
 int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)

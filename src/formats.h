@@ -22,6 +22,16 @@ int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what);
 /* The writers of nbgrad.h with an output set (NULL: write at once). */
 int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
                         const void *frames, int nframes, const uint8_t *mask);
+int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                               int nframes, const uint8_t *mask);
+int nbgi_write_expt_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, const char *images);
+/* Checks the panels a writer is given (npanels >= 0; each one's axes, origin, size and pixel through
+ * nbgi_geometry_check on g with that panel's detector), naming the panel. */
+int nbgi_panels_check(nbg_ctx *ctx, const nbg_geometry *g, const nbg_panel *panels, int npanels, const char *what);
+/* g with panel p's detector (its sizes, axes, origin and pixel). */
+void nbgi_geometry_of_panel(const nbg_geometry *g, const nbg_panel *p, nbg_geometry *out);
 int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
                        const int32_t *data);
 int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
@@ -31,6 +41,10 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
  * Each checks sizes against the context's memory limit before allocating. */
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
                    uint8_t **mask);
+/* The same, with the count of the file's detector modules (several: the image is their concatenation, g module
+ * 0's detector). */
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules);
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
 
 #endif

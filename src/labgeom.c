@@ -183,6 +183,87 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     return nbgi_geometry_check(ctx, g, "describing the experiment");
 }
 
+int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, nbg_panel *panels,
+                           int npanels)
+{
+    if (e == NULL || r == NULL || panels == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: NULL argument");
+    if (e->npanels < 1 || e->panels == NULL || npanels != e->npanels)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: room for %d panels, and the experiment has %d",
+                          npanels, e->panels == NULL ? 0 : e->npanels);
+    double R[9];
+    rotation_to_minus_z(r->beam, R);
+    const double *plane[3] = {r->fdet, r->sdet, r->odet};
+    for (int k = 0; k < npanels; ++k) {
+        const nbg_panel *p = &e->panels[k];
+        nbg_panel *q = &panels[k];
+        const double lf = nbgi_norm(p->fast), ls = nbgi_norm(p->slow);
+        if (!(lf > 0) || !(ls > 0) || !finite3(p->origin))
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: panel %d has a zero axis or a non-finite "
+                              "origin", k);
+        double fa[3], sa[3], na[3], f[3], s[3], o[3];
+        for (int i = 0; i < 3; ++i) fa[i] = p->fast[i] / lf, sa[i] = p->slow[i] / ls;
+        nbgi_cross(fa, sa, na);
+        const double ln = nbgi_norm(na);
+        if (!(ln > 1e-9))
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: panel %d's axes are parallel", k);
+        for (int i = 0; i < 3; ++i) na[i] /= ln;
+        if (e->panel_frame == NBG_PANELS_PLANE) {
+            /* components along the plane's axes, the origin an offset (mm) from the plane's pix0 (m), as the
+             * renderer places them (panels.c) */
+            for (int x = 0; x < 3; ++x) {
+                f[x] = s[x] = 0;
+                o[x] = r->pix0[x] * 1000.0;
+                for (int j = 0; j < 3; ++j) {
+                    f[x] += fa[j] * plane[j][x];
+                    s[x] += sa[j] * plane[j][x];
+                    o[x] += p->origin[j] * plane[j][x];
+                }
+            }
+        } else {
+            memcpy(f, fa, sizeof f);
+            memcpy(s, sa, sizeof s);
+            memcpy(o, p->origin, sizeof o);
+        }
+        *q = *p;
+        apply(R, f, q->fast);
+        apply(R, s, q->slow);
+        apply(R, o, q->origin);
+        q->pixel = p->pixel == 0 ? e->pixel : p->pixel;
+    }
+    return NBG_OK;
+}
+
+void nbgi_geometry_of_panel(const nbg_geometry *g, const nbg_panel *p, nbg_geometry *out)
+{
+    *out = *g;
+    out->fpixels = p->fpixels;
+    out->spixels = p->spixels;
+    out->pixel_f = out->pixel_s = p->pixel;
+    memcpy(out->fast, p->fast, sizeof out->fast);
+    memcpy(out->slow, p->slow, sizeof out->slow);
+    memcpy(out->origin, p->origin, sizeof out->origin);
+}
+
+int nbgi_panels_check(nbg_ctx *ctx, const nbg_geometry *g, const nbg_panel *panels, int npanels, const char *what)
+{
+    if (npanels < 0 || (npanels > 0 && panels == NULL) || npanels > 1000000)
+        return nbgi_error(ctx, NBG_EINVAL, "%s: %d panels%s", what, npanels, panels == NULL ? " and no table" : "");
+    for (int k = 0; k < npanels; ++k) {
+        nbg_geometry gk;
+        nbgi_geometry_of_panel(g, &panels[k], &gk);
+        char wk[700];
+        if (panels[k].name[0] != '\0')
+            snprintf(wk, sizeof wk, "%s, panel %d (%.31s)", what, k, panels[k].name);
+        else
+            snprintf(wk, sizeof wk, "%s, panel %d", what, k);
+        const int rc = nbgi_geometry_check(ctx, &gk, wk);
+        if (rc != NBG_OK)
+            return rc;
+    }
+    return NBG_OK;
+}
+
 /* The crystal of g in e: as a cell and misset angles when nbgrad's own cell construction, turned by the misset,
  * gives g's vectors (to 1e-9 of their length), so that the cell and the orientation are refinable parameters;
  * otherwise (a left-handed basis, say) as the A matrix, which renders the same crystal but fixes its cell. */
@@ -463,8 +544,9 @@ int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix
     int rc, whole = 0;
     switch (sniff(head, n)) {
     case FILE_HDF5:
-        rc = nbgi_read_nxmx(ctx, path, frame, image, npix, &lg, mask != NULL ? &m : NULL);
-        whole = 1;
+        int nmod = 1;
+        rc = nbgi_read_nxmx_modules(ctx, path, frame, image, npix, &lg, mask != NULL ? &m : NULL, &nmod);
+        whole = nmod == 1; /* several modules: the image is their concatenation, lg module 0's detector */
         break;
     case FILE_CBF:
         if (frame != 0)

@@ -12,6 +12,11 @@
  *       transformations/translation   the panel origin: |origin| along origin/|origin|
  *       module                  NXdetector_module: data_origin, data_size, module_offset (0, on the translation),
  *                               fast_pixel_direction and slow_pixel_direction (pixel sizes, on module_offset)
+ *       module_0, module_1, ...  with panels (nbg_write_nxmx_panels) instead of `module`: one per panel, each a slab
+ *                               of the stacked data (data_origin = its first row, data_size its own), its
+ *                               module_offset the panel's origin on a zero detector translation; narrower panels
+ *                               padded with 0.  dxtbx makes it a hierarchical detector; the reader here gives the
+ *                               modules' concatenation (nbgrad's image of panels) and every module's panel
  *     sample                    NXsample: depends_on -> transformations/omega
  *       transformations/omega   rotation, one angle per frame (start + i * width), omega_end, omega_increment_set
  *
@@ -31,6 +36,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
@@ -323,8 +329,46 @@ static void wmask(wr *w, const uint8_t *mask, int spixels, int fpixels)
         wfail(w, name);
 }
 
-/* Everything but the data: the groups, the beam, the detector and its chain, the sample's rotation. */
-static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
+/* One NXdetector_module: its slab of the data (rows from row0, spixels x fpixels), its offset (a translation of
+ * |origin| along origin's direction, DIALS frame, on `on`) and its pixel directions on the offset. */
+static void wmodule(wr *w, const char *module, int row0, int spixels, int fpixels, const double origin[3],
+                    const double fast[3], const double slow[3], double pixel_f, double pixel_s, const char *on)
+{
+    char name[256], offset[256];
+    wclose(wgroup(w, module, "NXdetector_module"));
+    const int dorigin[2] = {row0, 0}, size[2] = {spixels, fpixels}, stride[2] = {1, 1};
+    snprintf(name, sizeof name, "%s/data_origin", module);
+    const hid_t d1 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, dorigin, 2);
+    snprintf(name, sizeof name, "%s/data_size", module);
+    const hid_t d2 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, size, 2);
+    snprintf(name, sizeof name, "%s/data_stride", module);
+    const hid_t d3 = wdata(w, name, H5T_STD_I32LE, H5T_NATIVE_INT, stride, 2);
+    if (d1 >= 0)
+        H5Dclose(d1);
+    if (d2 >= 0)
+        H5Dclose(d2);
+    if (d3 >= 0)
+        H5Dclose(d3);
+    double om[3], ou[3] = {1, 0, 0};
+    flip(origin, om);
+    const double dist = nbgi_norm(om);
+    if (dist > 0)
+        ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
+    snprintf(offset, sizeof offset, "%s/module_offset", module);
+    wtransform(w, offset, &dist, 0, "translation", "mm", ou, on);
+    double fm[3], sm[3];
+    flip(fast, fm);
+    flip(slow, sm);
+    snprintf(name, sizeof name, "%s/fast_pixel_direction", module);
+    wtransform(w, name, &pixel_f, 0, "translation", "mm", fm, offset);
+    snprintf(name, sizeof name, "%s/slow_pixel_direction", module);
+    wtransform(w, name, &pixel_s, 0, "translation", "mm", sm, offset);
+}
+
+/* Everything but the data: the groups, the beam, the detector and its chain (one module, or one per panel), the
+ * sample's rotation. */
+static void wlayout(wr *w, const nbg_geometry *g, const nbg_panel *panels, int npanels, const uint8_t *mask,
+                    int rows, int cols)
 {
     wattr_str(w, w->file, "/", "default", "entry");
     wclose(wgroup(w, "/entry", "NXentry"));
@@ -383,36 +427,45 @@ static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
     }
     wclose(det);
     if (mask != NULL)
-        wmask(w, mask, g->spixels, g->fpixels);
+        wmask(w, mask, rows, cols);
 
-    /* the panel's origin: one translation of |origin| along its direction (McStas) */
     wclose(wgroup(w, DET "/transformations", "NXtransformations"));
-    double om[3], ou[3] = {0, 0, 1};
-    flip(g->origin, om);
-    const double dist = nbgi_norm(om);
-    if (dist > 0)
-        ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
-    wtransform(w, DET_T, &dist, 0, "translation", "mm", ou, ".");
-
-    wclose(wgroup(w, MODULE, "NXdetector_module"));
-    const int origin[2] = {0, 0}, size[2] = {g->spixels, g->fpixels}, stride[2] = {1, 1};
-    const hid_t d1 = wdata(w, MODULE "/data_origin", H5T_STD_I32LE, H5T_NATIVE_INT, origin, 2);
-    const hid_t d2 = wdata(w, MODULE "/data_size", H5T_STD_I32LE, H5T_NATIVE_INT, size, 2);
-    const hid_t d3 = wdata(w, MODULE "/data_stride", H5T_STD_I32LE, H5T_NATIVE_INT, stride, 2);
-    if (d1 >= 0)
-        H5Dclose(d1);
-    if (d2 >= 0)
-        H5Dclose(d2);
-    if (d3 >= 0)
-        H5Dclose(d3);
-    static const double x[3] = {1, 0, 0};
-    const double zero = 0;
-    wtransform(w, MODULE "/module_offset", &zero, 0, "translation", "mm", x, DET_T);
-    double fm[3], sm[3];
-    flip(g->fast, fm);
-    flip(g->slow, sm);
-    wtransform(w, MODULE "/fast_pixel_direction", &g->pixel_f, 0, "translation", "mm", fm, MODULE "/module_offset");
-    wtransform(w, MODULE "/slow_pixel_direction", &g->pixel_s, 0, "translation", "mm", sm, MODULE "/module_offset");
+    if (npanels == 0) {
+        /* the panel's origin: one translation of |origin| along its direction (McStas), the module at 0 on it */
+        double om[3], ou[3] = {0, 0, 1};
+        flip(g->origin, om);
+        const double dist = nbgi_norm(om);
+        if (dist > 0)
+            ou[0] = om[0] / dist, ou[1] = om[1] / dist, ou[2] = om[2] / dist;
+        wtransform(w, DET_T, &dist, 0, "translation", "mm", ou, ".");
+        static const double zero3[3] = {0, 0, 0};
+        wmodule(w, MODULE, 0, g->spixels, g->fpixels, zero3, g->fast, g->slow, g->pixel_f, g->pixel_s, DET_T);
+    } else {
+        /* the detector at the sample (0 along McStas z), every panel's origin in its module's offset: DIALS
+         * makes a group of the detector's translation and one of each module's offset, each panel in its own */
+        static const double z[3] = {0, 0, 1};
+        const double zero = 0;
+        wtransform(w, DET_T, &zero, 0, "translation", "mm", z, ".");
+        int digits = 1;
+        for (int n = npanels - 1; n >= 10; n /= 10) ++digits;
+        int row0 = 0;
+        for (int k = 0; k < npanels && w->rc == NBG_OK; ++k) {
+            /* zero-padded: readers list the modules in name order */
+            char num[16], module[128];
+            const int len = snprintf(num, sizeof num, "%d", k);
+            snprintf(module, sizeof module, DET "/module_%.*s%s", digits > len ? digits - len : 0, "0000000000", num);
+            const nbg_panel *p = &panels[k];
+            wmodule(w, module, row0, p->spixels, p->fpixels, p->origin, p->fast, p->slow, p->pixel, p->pixel, DET_T);
+            const hid_t m = H5Gopen2(w->file, module, H5P_DEFAULT);
+            if (m >= 0) {
+                char label[48];
+                snprintf(label, sizeof label, "panel %d", k);
+                wattr_str(w, m, module, "nbgrad_panel_name", p->name[0] != '\0' ? p->name : label);
+                H5Gclose(m);
+            }
+            row0 += p->spixels;
+        }
+    }
 
     /* sample: one rotation axis, the angle of every frame's start; _end and _increment_set give the width even
      * for a single frame (dxtbx takes the scan's step from _end) */
@@ -439,8 +492,17 @@ static void wlayout(wr *w, const nbg_geometry *g, const uint8_t *mask)
     free(ang);
 }
 
-int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
-                        const void *frames, int nframes, const uint8_t *mask)
+/* The detector between the source and the sample, which dxtbx moves behind it. */
+static int upstream(const nbg_geometry *g)
+{
+    double n[3];
+    nbgi_cross(g->fast, g->slow, n);
+    return fabs(nbgi_dot(n, g->direction)) > 0.99 && nbgi_dot(g->origin, g->direction) > 0;
+}
+
+int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                               int nframes, const uint8_t *mask)
 {
     if (path == NULL || frames == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_write_nxmx: no %s", path == NULL ? "file name" : "image data");
@@ -449,6 +511,27 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     int rc = nbgi_geometry_check(ctx, g, what);
     if (rc != NBG_OK)
         return rc;
+    if ((rc = nbgi_panels_check(ctx, g, panels, npanels, what)) != NBG_OK)
+        return rc;
+    /* the stacked data: the panels' rows one after the other, as wide as the widest panel */
+    long rows = npanels == 0 ? g->spixels : 0;
+    int cols = npanels == 0 ? g->fpixels : 0, padded = 0;
+    for (int k = 0; k < npanels; ++k) {
+        rows += panels[k].spixels;
+        if (cols != 0 && panels[k].fpixels != cols)
+            padded = 1;
+        if (panels[k].fpixels > cols)
+            cols = panels[k].fpixels;
+    }
+    if (rows > INT_MAX)
+        return nbgi_error(ctx, NBG_EINVAL, "writing %s: the panels have %ld rows in all, too many", path, rows);
+    for (int k = 0; k < npanels; ++k) {
+        nbg_geometry gk;
+        nbgi_geometry_of_panel(g, &panels[k], &gk);
+        if (upstream(&gk))
+            return nbgi_error(ctx, NBG_EUNSUP, "writing %s: panel %d lies between the source and the sample, which "
+                              "DIALS's NXmx reader would move behind the sample", path, k);
+    }
     if (dtype != NBG_DATA_FLOAT32 && dtype != NBG_DATA_INT32)
         return nbgi_error(ctx, NBG_EINVAL, "writing %s: unknown data type %d (float32 or int32)", path, (int)dtype);
     if (nframes != g->nframes)
@@ -466,28 +549,58 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
                           "writing %s: DIALS's NXmx reader does not know the sensor material \"%s\" (Si, CdTe, GaAs)",
                           path, g->material);
     /* dxtbx moves a detector that faces the beam upstream of the sample to z -> -z, thinking the sign wrong */
-    double n[3];
-    nbgi_cross(g->fast, g->slow, n);
-    if (fabs(nbgi_dot(n, g->direction)) > 0.99 && nbgi_dot(g->origin, g->direction) > 0)
+    if (npanels == 0 && upstream(g))
         return nbgi_error(ctx, NBG_EUNSUP,
                           "writing %s: the detector lies between the source and the sample, which DIALS's NXmx "
                           "reader would move behind the sample",
                           path);
 
+    /* dxtbx 3.11 slices the pixel mask in memory and hands flex the slice, which it refuses when the slice is
+     * narrower than the mask: panels of different widths can have no mask there */
+    if (padded && mask != NULL)
+        return nbgi_error(ctx, NBG_EUNSUP, "writing %s: a pixel mask for panels of different widths (DIALS's NXmx "
+                          "reader cannot cut it into the panels)", path);
+    /* panels of different widths: the frames padded to the widest (the padding 0) */
+    void *pframes = NULL;
+    if (padded) {
+        const size_t per = (size_t)rows * (size_t)cols;
+        if ((rc = nbgi_check_bytes(ctx, 4.0 * (double)per * nframes, "the padded NXmx data")) != NBG_OK)
+            return rc;
+        pframes = calloc(per * (size_t)nframes, 4);
+        if (pframes == NULL)
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the padded NXmx data of %s", path);
+        size_t npix = 0;
+        for (int k = 0; k < npanels; ++k) npix += (size_t)panels[k].fpixels * (size_t)panels[k].spixels;
+        for (int f = 0; f < nframes; ++f) {
+            const unsigned char *in = (const unsigned char *)frames + 4 * (size_t)f * npix;
+            unsigned char *out = (unsigned char *)pframes + 4 * (size_t)f * per;
+            size_t s0 = 0, r0 = 0;
+            for (int k = 0; k < npanels; ++k) {
+                const size_t fp = (size_t)panels[k].fpixels;
+                for (int j = 0; j < panels[k].spixels; ++j, ++r0, s0 += fp)
+                    memcpy(out + 4 * r0 * cols, in + 4 * s0, 4 * fp);
+            }
+        }
+    }
+
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* the library never prints: failures become messages */
     nbgi_out o;
     const char *write_to = NULL;
     rc = nbgi_out_open_path(ctx, path, &o, &write_to);
-    if (rc != NBG_OK)
+    if (rc != NBG_OK) {
+        free(pframes);
         return rc;
+    }
     wr w = {ctx, path, -1, NBG_OK};
     w.file = H5Fcreate(write_to, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (w.file < 0) {
+        free(pframes);
         nbgi_out_abort(&o);
         return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file", path);
     }
-    wlayout(&w, g, mask);
-    wimages(&w, dtype, frames, nframes, g->spixels, g->fpixels);
+    wlayout(&w, g, panels, npanels, mask, (int)rows, cols);
+    wimages(&w, dtype, padded ? pframes : frames, nframes, (int)rows, cols);
+    free(pframes);
     if (w.rc == NBG_OK && H5Lcreate_hard(w.file, "/entry/data/data", w.file, DET "/data", H5P_DEFAULT,
                                          H5P_DEFAULT) < 0)
         wfail(&w, DET "/data (a link to /entry/data/data)");
@@ -500,10 +613,22 @@ int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
     return nbgi_out_finish(ctx, &o, set);
 }
 
+int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
+                        const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, set, path, g, NULL, 0, dtype, frames, nframes, mask);
+}
+
 int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dtype dtype, const void *frames,
                    int nframes, const uint8_t *mask)
 {
     return nbgi_write_nxmx_set(ctx, NULL, path, g, dtype, frames, nframes, mask);
+}
+
+int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, NULL, path, g, panels, npanels, dtype, frames, nframes, mask);
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
@@ -941,6 +1066,8 @@ typedef struct {
     const char *nxclass;
     char first[256];
     int count;
+    int want;      /* also the want-th match (0-based; -1: none) */
+    char nth[256];
 } find_t;
 
 static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void *data)
@@ -956,6 +1083,8 @@ static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void 
         rd quiet = {NULL, "", -1};
         char c[64];
         if (read_str(&quiet, o, "NX_class", "NX_class", c, sizeof c) == NBG_OK && strcmp(c, f->nxclass) == 0) {
+            if (f->count == f->want)
+                snprintf(f->nth, sizeof f->nth, "%s", name);
             if (f->count++ == 0)
                 snprintf(f->first, sizeof f->first, "%s", name);
         }
@@ -964,9 +1093,11 @@ static herr_t find_cb(hid_t loc, const char *name, const H5L_info_t *info, void 
     return 0;
 }
 
-static int find_class(rd *r, const char *group, const char *nxclass, char *out, size_t size, int *count)
+/* The want-th (0-based, in name order) child of group of NX_class nxclass, or the first (want < 0). */
+static int find_class_nth(rd *r, const char *group, const char *nxclass, int want, char *out, size_t size,
+                          int *count)
 {
-    find_t f = {nxclass, "", 0};
+    find_t f = {nxclass, "", 0, want, ""};
     const hid_t g = H5Gopen2(r->file, group, H5P_DEFAULT);
     if (g < 0)
         return bad(r, group, "cannot be opened");
@@ -977,8 +1108,13 @@ static int find_class(rd *r, const char *group, const char *nxclass, char *out, 
         return bad(r, group, "cannot be listed (truncated or corrupt file?)");
     *count = f.count;
     if (f.count > 0)
-        snprintf(out, size, "%s%s%s", group, strcmp(group, "/") == 0 ? "" : "/", f.first);
+        snprintf(out, size, "%s%s%s", group, strcmp(group, "/") == 0 ? "" : "/", want >= 0 ? f.nth : f.first);
     return NBG_OK;
+}
+
+static int find_class(rd *r, const char *group, const char *nxclass, char *out, size_t size, int *count)
+{
+    return find_class_nth(r, group, nxclass, -1, out, size, count);
 }
 
 /* A filter the data need that this HDF5 cannot load, named in *out ("" when every filter is there). */
@@ -1222,6 +1358,125 @@ static int read_panel(rd *r, const char *module, nbg_geometry *g)
     return NBG_OK;
 }
 
+/* A detector of nmod modules on one stacked dataset of rows x cols (the frame in *image, the mask in *mask when
+ * there is one): every module's slab (data_origin, data_size) gathered into the concatenation of the modules in
+ * name order, as nbgrad's panels are, and each module's panel; g receives module 0's detector. */
+static int read_modules(rd *r, const char *det, int nmod, int rows, int cols, float **image, size_t *npix,
+                        uint8_t **mask, nbg_geometry *g, nbg_panel **panels)
+{
+    if (nmod > 1000000)
+        return bad(r, det, "has %d modules, too many", nmod);
+    nbg_panel *pp = calloc((size_t)nmod, sizeof *pp);
+    int (*slab)[4] = calloc((size_t)nmod, sizeof *slab);
+    if (pp == NULL || slab == NULL) {
+        free(pp);
+        free(slab);
+        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %d modules of %s", nmod, r->path);
+    }
+    int rc = NBG_OK;
+    size_t total = 0;
+    for (int k = 0; k < nmod && rc == NBG_OK; ++k) {
+        char module[1200], nm[1300];
+        int n = 0;
+        rc = find_class_nth(r, det, "NXdetector_module", k, module, sizeof module, &n);
+        for (int f = 0; f < 2 && rc == NBG_OK; ++f) {
+            pjoin(nm, sizeof nm, module, f == 0 ? "data_origin" : "data_size");
+            double *v = NULL;
+            size_t nv = 0;
+            if (!exists(r->file, nm)) {
+                rc = bad(r, nm, "is missing (a detector of several modules needs each one's slab of the data)");
+                break;
+            }
+            const hid_t d = H5Dopen2(r->file, nm, H5P_DEFAULT);
+            rc = d < 0 ? bad(r, nm, "cannot be opened") : read_dbl_ds(r, d, nm, &v, &nv);
+            if (d >= 0)
+                H5Dclose(d);
+            if (rc == NBG_OK && nv != 2)
+                rc = bad(r, nm, "has %zu values, not 2 (slow, fast)", nv);
+            if (rc == NBG_OK && (!(v[0] >= 0 && v[0] <= rows) || !(v[1] >= 0 && v[1] <= cols) || v[0] != floor(v[0]) ||
+                                 v[1] != floor(v[1])))
+                rc = bad(r, nm, "is (%g, %g), outside the %d x %d data (slow, fast)", v[0], v[1], rows, cols);
+            if (rc == NBG_OK) {
+                slab[k][2 * f] = (int)v[0];
+                slab[k][2 * f + 1] = (int)v[1];
+            }
+            free(v);
+        }
+        if (rc == NBG_OK && (slab[k][2] < 1 || slab[k][3] < 1 || slab[k][0] + slab[k][2] > rows ||
+                             slab[k][1] + slab[k][3] > cols))
+            rc = bad(r, module, "'s slab (origin %d, %d, size %d, %d) does not fit the %d x %d data", slab[k][0],
+                     slab[k][1], slab[k][2], slab[k][3], rows, cols);
+        nbg_geometry gk = *g;
+        if (rc == NBG_OK)
+            rc = read_panel(r, module, &gk);
+        if (rc == NBG_OK && panels != NULL && gk.pixel_f != gk.pixel_s)
+            rc = nbgi_error(r->ctx, NBG_EUNSUP, "%s: %s: pixels of %g x %g mm (nbgrad's panels have square pixels)",
+                            r->path, module, gk.pixel_f, gk.pixel_s);
+        if (rc != NBG_OK)
+            break;
+        if (k == 0) {
+            *g = gk;
+            g->fpixels = slab[k][3];
+            g->spixels = slab[k][2];
+        }
+        nbg_panel *q = &pp[k];
+        q->fpixels = slab[k][3];
+        q->spixels = slab[k][2];
+        q->pixel = gk.pixel_f;
+        memcpy(q->fast, gk.fast, sizeof q->fast);
+        memcpy(q->slow, gk.slow, sizeof q->slow);
+        memcpy(q->origin, gk.origin, sizeof q->origin);
+        const hid_t m = H5Gopen2(r->file, module, H5P_DEFAULT);
+        char name[64] = "";
+        if (m >= 0 && H5Aexists(m, "nbgrad_panel_name") > 0)
+            rc = read_str(r, m, "nbgrad_panel_name", module, name, sizeof name);
+        if (m >= 0)
+            H5Gclose(m);
+        const char *base = strrchr(module, '/');
+        snprintf(q->name, sizeof q->name, "%.31s", name[0] != '\0' ? name : base != NULL ? base + 1 : module);
+        total += (size_t)q->fpixels * q->spixels;
+    }
+    float *img = NULL;
+    uint8_t *mk = NULL;
+    if (rc == NBG_OK) {
+        char what[700];
+        snprintf(what, sizeof what, "the %d modules of %s", nmod, r->path);
+        rc = nbgi_check_bytes(r->ctx, 5.0 * (double)total, what);
+    }
+    if (rc == NBG_OK && ((img = malloc(total * sizeof *img)) == NULL ||
+                         (mask != NULL && *mask != NULL && (mk = malloc(total)) == NULL)))
+        rc = nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %d modules of %s", nmod, r->path);
+    if (rc == NBG_OK) {
+        size_t o = 0;
+        for (int k = 0; k < nmod; ++k) {
+            for (int j = 0; j < slab[k][2]; ++j) {
+                const size_t from = (size_t)(slab[k][0] + j) * (size_t)cols + (size_t)slab[k][1];
+                memcpy(img + o, *image + from, (size_t)slab[k][3] * sizeof *img);
+                if (mk != NULL)
+                    memcpy(mk + o, *mask + from, (size_t)slab[k][3]);
+                o += (size_t)slab[k][3];
+            }
+        }
+        free(*image);
+        *image = img;
+        *npix = total;
+        if (mk != NULL) {
+            free(*mask);
+            *mask = mk;
+        }
+        if (panels != NULL) {
+            *panels = pp;
+            pp = NULL;
+        }
+    } else {
+        free(img);
+        free(mk);
+    }
+    free(pp);
+    free(slab);
+    return rc;
+}
+
 /* The goniometer: the scan axis is the first rotation of the sample's chain whose angle varies (else the first
  * rotation); the axes below it in the chain (towards the base) turn it into the laboratory at their first angle. */
 static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
@@ -1444,7 +1699,8 @@ static int read_mask(rd *r, const char *det, int frame, int spixels, int fpixels
 }
 
 /* Everything once the file is open. */
-static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask,
+                     nbg_panel **panels, int *npanels)
 {
     char entry[300], data[600], inst[600], det[900], module[1200], beam[900], sample[600], dname[700];
     int n = 0, rc;
@@ -1472,8 +1728,11 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
     if (rc != NBG_OK)
         return rc;
     *npix = (size_t)spixels * fpixels;
-    if (g == NULL && mask == NULL)
+    if (g == NULL && mask == NULL && npanels == NULL)
         return NBG_OK;
+    nbg_geometry lg;
+    if (g == NULL)
+        g = &lg; /* a detector of several modules needs its geometry to gather the image */
 
     /* the instrument, its detector and the detector's one module */
     det[0] = '\0';
@@ -1489,7 +1748,7 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
                         inst, n);
     if (rc == NBG_OK && mask != NULL)
         rc = read_mask(r, det, frame, spixels, fpixels, mask);
-    if (rc != NBG_OK || g == NULL)
+    if (rc != NBG_OK)
         goto done;
 
     nbgi_geometry_init(g);
@@ -1499,14 +1758,34 @@ static int read_file(rd *r, int frame, float **image, size_t *npix, nbg_geometry
     rc = find_class(r, det, "NXdetector_module", module, sizeof module, &n);
     if (rc == NBG_OK && n == 0)
         rc = bad(r, det, "has no NXdetector_module group");
-    if (rc == NBG_OK && n > 1)
-        rc = nbgi_error(r->ctx, NBG_EUNSUP,
-                        "%s: %s: a detector of %d modules (NXdetector_module) is not supported (one panel only)",
-                        r->path, det, n);
-    if (rc == NBG_OK)
-        rc = check_module(r, module, spixels, fpixels);
-    if (rc == NBG_OK)
-        rc = read_panel(r, module, g);
+    if (rc == NBG_OK && n > 1) {
+        /* several modules: the image is their concatenation, g module 0's detector */
+        rc = read_modules(r, det, n, spixels, fpixels, image, npix, mask, g, panels);
+    } else {
+        if (rc == NBG_OK)
+            rc = check_module(r, module, spixels, fpixels);
+        if (rc == NBG_OK)
+            rc = read_panel(r, module, g);
+        if (rc == NBG_OK && panels != NULL) {
+            if (g->pixel_f != g->pixel_s)
+                rc = nbgi_error(r->ctx, NBG_EUNSUP, "%s: pixels of %g x %g mm (nbgrad's panels have square pixels)",
+                                r->path, g->pixel_f, g->pixel_s);
+            else if ((*panels = calloc(1, sizeof **panels)) == NULL)
+                rc = nbgi_error(r->ctx, NBG_ENOMEM, "out of memory");
+            if (rc == NBG_OK) {
+                nbg_panel *q = *panels;
+                q->fpixels = fpixels;
+                q->spixels = spixels;
+                q->pixel = g->pixel_f;
+                memcpy(q->fast, g->fast, sizeof q->fast);
+                memcpy(q->slow, g->slow, sizeof q->slow);
+                memcpy(q->origin, g->origin, sizeof q->origin);
+                snprintf(q->name, sizeof q->name, "module");
+            }
+        }
+    }
+    if (npanels != NULL)
+        *npanels = n;
     if (rc == NBG_OK)
         rc = read_detector(r, det, g);
     if (rc == NBG_OK)
@@ -1536,12 +1815,16 @@ done:
             free(*mask);
             *mask = NULL;
         }
+        if (panels != NULL) {
+            free(*panels);
+            *panels = NULL;
+        }
     }
     return rc;
 }
 
-int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
-                   uint8_t **mask)
+static int read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
+                     uint8_t **mask, nbg_panel **panels, int *npanels)
 {
     if (image == NULL || npix == NULL || path == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_nxmx: no %s", path == NULL ? "file name" : "output");
@@ -1563,8 +1846,40 @@ int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, siz
     r.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (r.file < 0)
         return nbgi_error(ctx, NBG_EFORMAT, "%s: HDF5 cannot open it (a truncated or corrupt file?)", path);
-    const int rc = read_file(&r, frame, image, npix, g, mask);
+    const int rc = read_file(&r, frame, image, npix, g, mask, panels, npanels);
     H5Fclose(r.file);
+    return rc;
+}
+
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules)
+{
+    return read_nxmx(ctx, path, frame, image, npix, g, mask, NULL, nmodules);
+}
+
+int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,
+                   uint8_t **mask)
+{
+    return read_nxmx(ctx, path, frame, image, npix, g, mask, NULL, NULL);
+}
+
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    if (g == NULL || panels == NULL || npanels == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_nxmx_panels: NULL argument");
+    *panels = NULL;
+    *npanels = 0;
+    float *img = NULL;
+    size_t n = 0;
+    nbg_geometry lg;
+    nbgi_geometry_init(&lg);
+    int np = 0;
+    const int rc = read_nxmx(ctx, path, 0, &img, &n, &lg, NULL, panels, &np);
+    free(img);
+    if (rc == NBG_OK) {
+        *g = lg;
+        *npanels = np;
+    }
     return rc;
 }
 
@@ -1581,6 +1896,35 @@ int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dt
                    int nframes, const uint8_t *mask)
 {
     return nbgi_write_nxmx_set(ctx, NULL, path, g, dtype, frames, nframes, mask);
+}
+
+int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                               const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                               int nframes, const uint8_t *mask)
+{
+    (void)set, (void)g, (void)panels, (void)npanels, (void)dtype, (void)frames, (void)nframes, (void)mask;
+    return nbgi_error(ctx, NBG_EUNSUP, "cannot write %s: NeXus/NXmx needs HDF5, and nbgrad was built without HDF5 "
+                      "(FORMATS=0)", path != NULL ? path : "(null)");
+}
+
+int nbg_write_nxmx_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
+                          int npanels, nbg_dtype dtype, const void *frames, int nframes, const uint8_t *mask)
+{
+    return nbgi_write_nxmx_panels_set(ctx, NULL, path, g, panels, npanels, dtype, frames, nframes, mask);
+}
+
+int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    (void)g, (void)panels, (void)npanels;
+    return nbgi_error(ctx, NBG_EUNSUP, "cannot read %s: NeXus/NXmx needs HDF5, and nbgrad was built without HDF5 "
+                      "(FORMATS=0)", path != NULL ? path : "(null)");
+}
+
+int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                           nbg_geometry *g, uint8_t **mask, int *nmodules)
+{
+    (void)nmodules;
+    return nbgi_read_nxmx(ctx, path, frame, image, npix, g, mask);
 }
 
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,

@@ -8,6 +8,7 @@
  *   - The NXmx file holds the frames the per-image files hold (read back by the library); the CBF files the same.
  *   - -observed reads NXmx and CBF: grad on an NXmx observation equals grad on the SMV of the same counts.
  *   - SMV stays nanoBragg's byte for byte unless -smv_adc_offset; the dials.import line names the overrides.
+ *   - Two panels: -nxsfile and -exptfile write every panel (read back by the library); -intfile is refused.
  *   - Refusals: -cbffile with -data float; -expt naming a list with two overlapping panels, a list with a missing field; a
  *     failed run leaves no file.
  */
@@ -216,6 +217,80 @@ static void test_refusals(void)
     }
 }
 
+/* Two panels (a list with two panels side by side, one turned by 90 deg, one farther) written as NXmx and as an
+ * experiment list with every panel: the NXmx frames are the float series', its modules and the list's panels
+ * are the input's; -intfile stays refused with panels, naming the flag. */
+static void test_panels(void)
+{
+    const char *two =
+        "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"__id__\": \"Experiment\", \"beam\": 0, "
+        "\"detector\": 0}], \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1}], \"detector\": "
+        "[{\"panels\": [{\"name\": \"a\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": "
+        "[-10, 10, -100], \"pixel_size\": [0.1, 0.1], \"image_size\": [32, 24]}, {\"name\": \"b\", "
+        "\"fast_axis\": [0, -1, 0], \"slow_axis\": [-1, 0, 0], \"origin\": [10, 10, -110], \"pixel_size\": "
+        "[0.2, 0.2], \"image_size\": [32, 16]}]}]}\n";
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    put_file(&r, "two.expt", two);
+    const char *args[] = {"-expt", "two.expt", "-cell", "50", "60", "70", "90", "90", "90", "-default_F", "100",
+                          "-N", "5", "-water", "1", "-frames", "2", "-osc", "0.5", "-data", "float", "-floatfile",
+                          "f.bin", "-nxsfile", "p.nxs", "-exptfile", "p.expt", NULL};
+    run_in(&r, args);
+    nbgi_test_check(r.status == 0, "FMT-panels-run", "two panels with -nxsfile and -exptfile (exit %d: %s)", r.status,
+                    first_line(r.err));
+    const size_t npix = 32 * 24 + 32 * 16;
+    int same = r.status == 0;
+    for (int f = 0; same && f < 2; ++f) {
+        size_t n1 = 0, n2 = 0;
+        float *a = read_back(&r, f == 0 ? "f_00001.bin" : "f_00002.bin", 0, npix, &n1, NULL);
+        float *b = read_back(&r, "p.nxs", f, 0, &n2, NULL);
+        same = a != NULL && b != NULL && n1 == npix && n2 == npix && memcmp(a, b, npix * sizeof *a) == 0;
+        free(a);
+        free(b);
+    }
+    nbgi_test_check(same, "FMT-panels-nxmx-frames", "the NXmx file's two frames are the float series' (%s)",
+                    same ? "equal" : nbg_errmsg(g_ctx));
+    static const double want[2][9] = {{1, 0, 0, 0, -1, 0, -10, 10, -100}, {0, -1, 0, -1, 0, 0, 10, 10, -110}};
+    const int wf[2] = {32, 32}, ws[2] = {24, 16};
+    const double wp[2] = {0.1, 0.2};
+    for (int which = 0; which < 2 && r.status == 0; ++which) {
+        char path[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/%s", r.work, which == 0 ? "p.nxs" : "p.expt");
+        nbg_geometry g;
+        nbg_panel *pan = NULL;
+        int np = 0;
+        const int rc = which == 0 ? nbg_read_nxmx_panels(g_ctx, path, &g, &pan, &np)
+                                  : nbg_read_expt_panels(g_ctx, path, &g, &pan, &np);
+        double d = rc == NBG_OK && np == 2 ? 0 : INFINITY;
+        int ok = rc == NBG_OK && np == 2;
+        for (int k = 0; ok && k < 2; ++k) {
+            ok = pan[k].fpixels == wf[k] && pan[k].spixels == ws[k] && pan[k].pixel == wp[k] &&
+                 strcmp(pan[k].name, k == 0 ? "a" : "b") == 0;
+            for (int x = 0; x < 3; ++x) {
+                d = fmax(d, fabs(pan[k].fast[x] - want[k][x]));
+                d = fmax(d, fabs(pan[k].slow[x] - want[k][3 + x]));
+                d = fmax(d, fabs(pan[k].origin[x] - want[k][6 + x]));
+            }
+        }
+        nbgi_test_check(ok && d <= 1e-9, which == 0 ? "FMT-panels-nxmx" : "FMT-panels-expt",
+                        "%s: %d panels read back, off by %.3g (%s)", which == 0 ? "NXmx" : "experiment list", np, d,
+                        rc == NBG_OK ? "ok" : nbg_errmsg(g_ctx));
+        free(pan);
+    }
+    result_free(&r);
+    if (new_case(&r)) {
+        put_file(&r, "two.expt", two);
+        const char *iargs[] = {"-expt", "two.expt", "-cell", "50", "60", "70", "90", "90", "90", "-default_F", "100",
+                               "-intfile", "x.img", NULL};
+        const char *words[] = {"-intfile", "single flat detector", "2 panels", NULL};
+        const char *inputs[] = {"two.expt", NULL};
+        expect_failure("FMT-panels-intfile", "-intfile with panels", &r, iargs, words, inputs);
+        result_free(&r);
+    }
+}
+
 int main(void)
 {
     if (!clirun_setup("nbg-test-formats-") || nbg_ctx_create(&g_ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
@@ -226,6 +301,7 @@ int main(void)
     test_observed();
     test_smv_key();
     test_refusals();
+    test_panels();
 #else
     nbgi_test_skip("FMT", "built without the formats (FORMATS=0)");
 #endif

@@ -17,6 +17,11 @@
  *   gradcheck-<param>    the finite-difference check on a detector of panels with gaps (a, rotx, distance,
  *                        det_rotx, beam_fast)
  *   expt-panels          a DIALS experiment list of two panels (halves of a flat detector) renders the flat image
+ *   mpfiles-<what>       three panels of a rotated MOSFLM detector (different widths, one turned, one tilted) in
+ *                        DIALS's frame: the experiment list read back to 1e-9 and rendered again to the same image,
+ *                        the NXmx file read back (the image, every module as a panel to 1e-9); refusals: a mask
+ *                        with panels of different widths (no temporary left), a panel with no pixel size (named),
+ *                        a panel table of the wrong size
  *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
  *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
  *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel
@@ -24,6 +29,7 @@
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,6 +526,161 @@ static void expt_panels(nbg_ctx *ctx)
     free(pan);
     nbgi_test_rmtree(dir);
 }
+
+/* Three panels in the plane of a rotated MOSFLM detector (beam along +x: the rotation to DIALS's frame is not
+ * the identity): of different widths, one turned by 90 deg in the plane, one tilted about its fast axis. */
+static void three(nbg_experiment *e, nbg_panel *pan)
+{
+    base(e);
+    e->convention = NBG_CONV_MOSFLM;
+    e->det_rot[0] = 3, e->det_rot[1] = -2, e->det_rot[2] = 5;
+    memset(pan, 0, 3 * sizeof *pan);
+    const double t = 15 * 3.14159265358979323846 / 180;
+    pan[0].fpixels = 20, pan[0].spixels = 15;
+    pan[0].fast[0] = 1, pan[0].slow[1] = 1;
+    pan[0].origin[0] = 2, pan[0].origin[1] = 2;
+    pan[1].fpixels = 12, pan[1].spixels = 10;
+    pan[1].fast[1] = 1, pan[1].slow[0] = -1;
+    pan[1].origin[0] = 30, pan[1].origin[1] = 2;
+    pan[2].fpixels = 16, pan[2].spixels = 10;
+    pan[2].fast[0] = 1, pan[2].slow[1] = cos(t), pan[2].slow[2] = sin(t);
+    pan[2].origin[0] = 2, pan[2].origin[1] = 14;
+    snprintf(pan[0].name, sizeof pan[0].name, "left");
+    snprintf(pan[2].name, sizeof pan[2].name, "tilted");
+    e->panels = pan;
+    e->npanels = 3;
+    e->panel_frame = NBG_PANELS_PLANE;
+}
+
+/* Multi-panel files: the panels in DIALS's frame (nbg_panels_from_report) written as an experiment list read back
+ * by nbg_read_expt_panels to 1e-9 and rendered again (in the lab frame) to the same image, which checks the
+ * mapping of the plane's panels; NXmx's stacked data read back (padded to the widest panel), its geometry refused
+ * by nbgrad's one-module reader, a mask with panels of different widths refused; wrong panel tables refused. */
+static void files_panels(nbg_ctx *ctx)
+{
+    char dir[256], ex[300], nx[300];
+    if (nbgi_test_mkdtemp("nbg-mpfiles", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "mpfiles", "no temporary directory");
+        return;
+    }
+    snprintf(ex, sizeof ex, "%s/mp.expt", dir);
+    snprintf(nx, sizeof nx, "%s/mp.nxs", dir);
+    nbg_experiment e;
+    nbg_panel pan[3], lab[3];
+    three(&e, pan);
+    nbg_report r;
+    nbg_geometry g;
+    size_t n = 0;
+    int rc = NBG_OK;
+    float *img = render(ctx, &e, &n, &rc);
+    rc = rc == NBG_OK ? nbg_describe(ctx, &e, &r) : rc;
+    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
+    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &r, lab, 3) : rc;
+    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 3, nx) : rc;
+    nbgi_test_check(rc == NBG_OK && n == 300 + 120 + 160, "mpfiles-write-expt", "three panels (%zu pixels) as an "
+                   "experiment list (%s)", n, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    /* the list read back: every panel within 1e-9 */
+    nbg_geometry g2;
+    nbg_panel *back = NULL;
+    int np = 0;
+    const int rrc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
+    double dv = 0;
+    int same = rrc == NBG_OK && np == 3;
+    for (int k = 0; same && k < 3; ++k) {
+        same = back[k].fpixels == lab[k].fpixels && back[k].spixels == lab[k].spixels &&
+               back[k].pixel == lab[k].pixel && back[k].pixel == e.pixel;
+        for (int x = 0; x < 3; ++x) {
+            dv = fmax(dv, fabs(back[k].fast[x] - lab[k].fast[x]));
+            dv = fmax(dv, fabs(back[k].slow[x] - lab[k].slow[x]));
+            dv = fmax(dv, fabs(back[k].origin[x] - lab[k].origin[x]));
+        }
+    }
+    same = same && strcmp(back[0].name, "left") == 0 && strcmp(back[1].name, "panel 1") == 0 &&
+           strcmp(back[2].name, "tilted") == 0;
+    nbgi_test_check(same && dv <= 1e-9, "mpfiles-expt-roundtrip", "%d panels read back, vectors and origins off by "
+                   "%.3g (%s)", np, dv, rrc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    /* the beam along -z, the panels' normals facing away from the sample, as DIALS's frame has them */
+    double ddir = fabs(g.direction[2] - 1), facing = INFINITY;
+    for (int k = 0; k < 3; ++k) {
+        double nk[3] = {lab[k].fast[1] * lab[k].slow[2] - lab[k].fast[2] * lab[k].slow[1],
+                        lab[k].fast[2] * lab[k].slow[0] - lab[k].fast[0] * lab[k].slow[2],
+                        lab[k].fast[0] * lab[k].slow[1] - lab[k].fast[1] * lab[k].slow[0]};
+        facing = fmin(facing, nk[0] * lab[k].origin[0] + nk[1] * lab[k].origin[1] + nk[2] * lab[k].origin[2]);
+    }
+    nbgi_test_check(ddir < 1e-12 && facing > 50, "mpfiles-frame", "beam direction z off by %.3g, nearest panel "
+                   "plane %.4g mm from the sample", ddir, facing);
+    /* rendered again from the list, in the lab frame: the same image */
+    nbg_experiment e2;
+    base(&e2);
+    int r2 = rrc == NBG_OK ? nbg_experiment_from_geometry(ctx, &g2, &e2) : rrc;
+    e2.panels = back, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
+    size_t n2 = 0;
+    float *img2 = r2 == NBG_OK ? render(ctx, &e2, &n2, &r2) : NULL;
+    double d = INFINITY, mx = 0;
+    if (r2 == NBG_OK && img != NULL && n2 == n) {
+        d = 0;
+        for (size_t i = 0; i < n; ++i) {
+            d = fmax(d, fabs((double)img[i] - img2[i]));
+            mx = fmax(mx, fabs(img[i]));
+        }
+        d /= mx;
+    }
+    nbgi_test_check(d <= 1e-9 && mx > 0, "mpfiles-expt-render", "the list's panels render the plane's image: max "
+                   "|diff| %.3g of %.4g (%s)", d, mx, r2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(img2);
+    free(back);
+
+    /* NXmx: stacked data of 35 rows of 20 (the narrower panels padded); nbgrad's reader gives the concatenation
+     * back, and every module as a panel */
+    rc = img != NULL ? nbg_write_nxmx_panels(ctx, nx, &g, lab, 3, NBG_DATA_FLOAT32, img, 1, NULL) : NBG_EINVAL;
+    float *st = NULL;
+    size_t sn = 0;
+    int whole = -1;
+    nbg_geometry g3;
+    const int src = rc == NBG_OK ? nbg_read_image(ctx, nx, 0, 0, &st, &sn, &g3, &whole, NULL) : rc;
+    int match = src == NBG_OK && sn == n && whole == 0;
+    for (size_t i = 0; match && i < n; ++i) match = st[i] == img[i];
+    nbgi_test_check(match, "mpfiles-nxmx-data", "the NXmx file's three modules read back as the image (%zu values, "
+                   "%s)", sn, src == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(st);
+    nbg_panel *nb = NULL;
+    np = 0;
+    const int nrrc = rc == NBG_OK ? nbg_read_nxmx_panels(ctx, nx, &g3, &nb, &np) : rc;
+    dv = 0;
+    same = nrrc == NBG_OK && np == 3;
+    for (int k = 0; same && k < 3; ++k) {
+        same = nb[k].fpixels == lab[k].fpixels && nb[k].spixels == lab[k].spixels && nb[k].pixel == lab[k].pixel;
+        for (int x = 0; x < 3; ++x) {
+            dv = fmax(dv, fabs(nb[k].fast[x] - lab[k].fast[x]));
+            dv = fmax(dv, fabs(nb[k].slow[x] - lab[k].slow[x]));
+            dv = fmax(dv, fabs(nb[k].origin[x] - lab[k].origin[x]));
+        }
+    }
+    same = same && strcmp(nb[0].name, "left") == 0 && strcmp(nb[1].name, "panel 1") == 0 &&
+           fabs(g3.wavelength - g.wavelength) < 1e-12 && g3.fpixels == 20 && g3.spixels == 15;
+    nbgi_test_check(same && dv <= 1e-9, "mpfiles-nxmx-roundtrip", "%d modules read back as panels, vectors and "
+                   "origins off by %.3g (%s)", np, dv, nrrc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(nb);
+    uint8_t mask[580] = {0};
+    const int mrc = nbg_write_nxmx_panels(ctx, nx, &g, lab, 3, NBG_DATA_FLOAT32, img, 1, mask);
+    int entries = 0;
+    DIR *dd = opendir(dir);
+    for (struct dirent *de; dd != NULL && (de = readdir(dd)) != NULL;) entries += de->d_name[0] != '.';
+    if (dd != NULL)
+        closedir(dd);
+    nbgi_test_check(mrc == NBG_EUNSUP && strstr(nbg_errmsg(ctx), "different widths") != NULL && entries == 2,
+                   "refuse-nxmx-mask", "%s (%d files in the directory, no temporary left)", nbg_errmsg(ctx), entries);
+    /* a panel the files cannot describe, named; a table of the wrong size */
+    lab[2].pixel = 0;
+    const int prc = nbg_write_expt_panels(ctx, ex, &g, lab, 3, NULL);
+    nbgi_test_check(prc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "panel 2 (tilted)") != NULL, "refuse-expt-panel",
+                   "%s", nbg_errmsg(ctx));
+    const int nrc = nbg_panels_from_report(ctx, &e, &r, lab, 2);
+    nbgi_test_check(nrc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "room for 2 panels") != NULL, "refuse-panel-count",
+                   "%s", nbg_errmsg(ctx));
+    free(img);
+    nbgi_test_rmtree(dir);
+}
 #endif
 
 int main(void)
@@ -537,6 +698,7 @@ int main(void)
     refusals(ctx);
 #ifdef NBG_HAVE_FORMATS
     expt_panels(ctx);
+    files_panels(ctx);
 #endif
     nbg_ctx_destroy(ctx);
     nbg_ctx_destroy(ctxf);

@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""Multi-panel files through DIALS's dxtbx: nbgrad renders a small detector of four panels (different sizes, one
+turned in its plane by 90 deg, one tilted by 20 deg with larger pixels, one nearer the sample) that a hand-made
+experiment list describes, and writes it as NXmx (-nxsfile), as an experiment list (-exptfile) and as raw floats
+(-floatfile).  dxtbx reads the NXmx file and the list; for every panel of each:
+
+  - fast and slow axes and the origin equal the input list's within 1e-6 (mm for the origin);
+  - the pixel size and the image size are the input's exactly;
+  - (NXmx) the panel's pixels, as dxtbx's get_raw_data gives them, equal nbgrad's float image's slice exactly.
+
+    /usr/bin/python3 tests/dials/multipanel.py NBGRAD_BINARY WORKDIR
+
+Prints one PASS/FAIL line per check, a table of the panels read back, and "N passed, N failed".
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+PASSED = 0
+FAILED = 0
+
+
+def check(ok, name, what):
+    global PASSED, FAILED
+    if ok:
+        PASSED += 1
+    else:
+        FAILED += 1
+    print("%s %s: %s" % ("PASS" if ok else "FAIL", name, what), flush=True)
+    return ok
+
+
+def rot_y(deg, v):
+    a = math.radians(deg)
+    c, s = math.cos(a), math.sin(a)
+    return [c * v[0] + s * v[2], v[1], -s * v[0] + c * v[2]]
+
+
+# name, (fast, slow) pixels, pixel mm, fast, slow, origin (DIALS's frame, mm); the beam along -z
+PANELS = [
+    ("wide", (64, 48), 0.1, [1, 0, 0], [0, -1, 0], [-8.0, 6.0, -100.0]),
+    ("turned", (40, 30), 0.1, [0, -1, 0], [-1, 0, 0], [8.0, 6.0, -100.0]),
+    ("tilted", (50, 40), 0.15, rot_y(20, [1, 0, 0]), [0, -1, 0], [-8.0, -2.0, -100.0]),
+    ("near", (32, 32), 0.1, [1, 0, 0], [0, -1, 0], [3.0, -3.0, -90.0]),
+]
+
+
+def make_input(nbgrad, work):
+    """A one-panel list from nbgrad (beam, goniometer, scan, crystal), its detector replaced by the panels."""
+    subprocess.check_call([nbgrad, "-cell", "40", "50", "60", "90", "90", "90", "-lambda", "1.0", "-distance",
+                           "100", "-detpixels", "32", "-pixel", "0.1", "-default_F", "1", "-exptfile", "base.expt"],
+                          cwd=work, stdout=subprocess.DEVNULL)
+    with open(os.path.join(work, "base.expt")) as f:
+        d = json.load(f)
+    p0 = d["detector"][0]["panels"][0]
+    panels = []
+    for name, size, px, fast, slow, origin in PANELS:
+        p = dict(p0)
+        p.update({"name": name, "image_size": list(size), "pixel_size": [px, px], "fast_axis": fast,
+                  "slow_axis": slow, "origin": origin})
+        panels.append(p)
+    d["detector"][0]["panels"] = panels
+    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(len(panels))]
+    d["imageset"] = []
+    d["experiment"][0].pop("imageset", None)
+    with open(os.path.join(work, "in.expt"), "w") as f:
+        json.dump(d, f, indent=1)
+
+
+def compare(tag, detector, raw, image):
+    rows = []
+    check(len(detector) == len(PANELS), tag + "-count", "%d panels, %d written" % (len(detector), len(PANELS)))
+    off = 0
+    for k, (name, size, px, fast, slow, origin) in enumerate(PANELS):
+        if k >= len(detector):
+            break
+        p = detector[k]
+        df = np.max(np.abs(np.subtract(p.get_fast_axis(), np.array(fast) / np.linalg.norm(fast))))
+        ds = np.max(np.abs(np.subtract(p.get_slow_axis(), np.array(slow) / np.linalg.norm(slow))))
+        do = np.max(np.abs(np.subtract(p.get_origin(), origin)))
+        check(df < 1e-6 and ds < 1e-6 and do < 1e-6, "%s-panel%d-geometry" % (tag, k),
+              "fast off by %.2g, slow by %.2g, origin by %.2g mm" % (df, ds, do))
+        ok = tuple(p.get_pixel_size()) == (px, px) and tuple(p.get_image_size()) == size
+        check(ok, "%s-panel%d-size" % (tag, k), "pixel %s mm, image %s" % (p.get_pixel_size(), p.get_image_size()))
+        n = size[0] * size[1]
+        dd = None
+        if raw is not None:
+            a = raw[k].as_numpy_array().astype(np.float64)
+            want = image[off:off + n].reshape(size[1], size[0]).astype(np.float64)
+            same = a.shape == want.shape and np.array_equal(a, want)
+            dd = float(np.max(np.abs(a - want))) if a.shape == want.shape else float("inf")
+            check(same and want.sum() > 0, "%s-panel%d-pixels" % (tag, k),
+                  "shape %s, largest difference %g, sum %.6g (nbgrad's %.6g)" % (a.shape, dd, a.sum(), want.sum()))
+        off += n
+        rows.append((tag, k, p.get_name(), df, ds, do, p.get_pixel_size()[0], p.get_image_size(), dd))
+    return rows
+
+
+def main(argv):
+    nbgrad, work = os.path.abspath(argv[0]), argv[1]
+    os.makedirs(work, exist_ok=True)
+    make_input(nbgrad, work)
+    rc = subprocess.call([nbgrad, "-expt", "in.expt", "-default_F", "100", "-N", "5", "-water", "2", "-data",
+                          "float", "-floatfile", "mp.bin", "-nxsfile", "mp.nxs", "-exptfile", "mp.expt"], cwd=work,
+                         stdout=open(os.path.join(work, "nbgrad.log"), "w"), stderr=subprocess.STDOUT)
+    if not check(rc == 0, "render", "nbgrad wrote the multi-panel files (exit %d; %s/nbgrad.log)" % (rc, work)):
+        print("0 passed, 1 failed")
+        return 1
+    image = np.fromfile(os.path.join(work, "mp.bin"), dtype=np.float32)
+    check(image.size == sum(s[0] * s[1] for _, s, *_ in PANELS), "float-size", "%d pixels" % image.size)
+    from dxtbx.model.experiment_list import ExperimentListFactory
+    nx = ExperimentListFactory.from_filenames([os.path.join(work, "mp.nxs")])
+    fmt = nx[0].imageset.get_format_class().__name__
+    check(fmt == "FormatNXmx", "nxmx-format", "read by %s" % fmt)
+    rows = compare("nxmx", nx[0].detector, nx[0].imageset.get_raw_data(0), image)
+    el = ExperimentListFactory.from_json_file(os.path.join(work, "mp.expt"), check_format=True)
+    rows += compare("expt", el[0].detector, el[0].imageset.get_raw_data(0), image)
+    print("\nfile  panel  name                                   fast      slow      origin(mm)  pixel  image     "
+          "pixels")
+    for tag, k, name, df, ds, do, px, size, dd in rows:
+        print("%-5s %5d  %-36s  %.1e   %.1e   %.1e     %.3f  %-8s  %s" % (
+            tag, k, name[-36:], df, ds, do, px, "%dx%d" % tuple(size), "-" if dd is None else "max diff %g" % dd))
+    print("%d passed, %d failed" % (PASSED, FAILED))
+    return 0 if FAILED == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
