@@ -331,8 +331,6 @@ $(B)/.dials-deps:
 	 fi; touch $@
 
 test-dials: $(B)/nbgrad $(B)/.dials-deps
-	@rm -rf $(B)/dials
-	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/roundtrip.py $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
-	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/multipanel.py $(B)/nbgrad $(B)/dials/multipanel
+	@DIALS_PY=$(DIALS_PY) sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
 
 .PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials

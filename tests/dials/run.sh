@@ -1,0 +1,40 @@
+#!/bin/sh
+# run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py) and the multi-panel
+# read-back (multipanel.py), with Debian's python; shows their output and ends with the total of their
+# "N passed, M failed" lines.  Exit status 0 only when both ran and nothing failed.
+#
+#   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
+NB=$1
+WORK=$2
+shift 2
+PY=${DIALS_PY:-/usr/bin/python3}
+DIR=$(cd "$(dirname "$0")" && pwd) || exit 2
+rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
+pass=0
+fail=0
+status=0
+for s in roundtrip multipanel; do
+    if [ "$s" = roundtrip ]; then
+        PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
+    else
+        PATH=/usr/bin:$PATH "$PY" "$DIR/multipanel.py" "$NB" "$WORK/multipanel" > "$WORK/$s.out" 2>&1
+    fi
+    rc=$?
+    cat "$WORK/$s.out"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/$s.out" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "FAIL test-dials $s.py printed no summary line (exit status $rc)"
+        fail=$((fail + 1))
+        status=1
+        continue
+    fi
+    p=${line%% passed*}
+    rest=${line#*passed, }
+    f=${rest%% failed*}
+    pass=$((pass + p))
+    fail=$((fail + f))
+    [ "$rc" -eq 0 ] || status=1
+done
+[ "$fail" -eq 0 ] || status=1
+echo "$pass passed, $fail failed"
+exit $status
