@@ -317,6 +317,78 @@ int main(void)
         free(counts);
     }
 
+    /* spots-6: a detector of 2 x 2 panels: the list's runs cross panels; forward and gradients as above */
+    {
+        nbg_experiment e = t;
+        nbg_panel pan[4];
+        for (int q = 0; q < 4; ++q) {
+            memset(&pan[q], 0, sizeof pan[q]);
+            pan[q].fpixels = 60;
+            pan[q].spixels = 50;
+            pan[q].fast[0] = 1;
+            pan[q].slow[1] = 1;
+            pan[q].origin[0] = e.pixel * (q % 2) * 64;
+            pan[q].origin[1] = e.pixel * (q / 2) * 56;
+        }
+        e.panels = pan;
+        e.npanels = 4;
+        e.bg[0] = 1;
+        e.bg[1] = 0.3;
+        const size_t np = 4 * 60 * 50;
+        float *pf = malloc(sizeof(float) * np), *pl = malloc(sizeof(float) * np), *d = malloc(sizeof(float) * np);
+        float *dz = calloc(np, sizeof(float));
+        uint32_t *l = malloc(sizeof(uint32_t) * np);
+        long n = 0;
+        for (size_t i = 0; i < np; ++i) {
+            d[i] = (float)(uni(&seed) - 0.5);
+            if (uni(&seed) < 0.3) {
+                l[n++] = (uint32_t)i;
+                dz[i] = d[i];
+            }
+        }
+        const nbg_param_mask m = NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_ROTY) | NBG_MASK(NBG_P_DISTANCE) |
+                                 NBG_MASK(NBG_P_DET_ROTZ) | NBG_MASK(NBG_P_BG_FAST);
+        nbg_grad gf, gl;
+        memset(&gf, 0, sizeof gf);
+        memset(&gl, 0, sizeof gl);
+        const int rc1 = nbg_simulate_grad(ctx, &e, dz, m, &gf, pf, np, NULL);
+        nbg_experiment el = e;
+        el.pixels = l;
+        el.npixels_list = n;
+        const int rc2 = nbg_simulate_grad(ctx, &el, d, m, &gl, pl, np, NULL);
+        double worst = 0;
+        for (int p = 0; p < NBG_NPARAMS; ++p) {
+            if (m & NBG_MASK(p)) {
+                worst = fmax(worst, fabs(gl.g[p] - gf.g[p]) / fmax(fabs(gf.g[p]), 1e-300));
+            }
+        }
+        long bad = 0, t2 = 0;
+        for (size_t i = 0; i < np; ++i) {
+            if (t2 < n && l[t2] == i) {
+                bad += memcmp(&pl[i], &pf[i], sizeof(float)) != 0;
+                ++t2;
+            } else {
+                bad += pl[i] != 0;
+            }
+        }
+        float *fw = malloc(sizeof(float) * np);
+        nbg_simulate(ctx, &el, fw, np, NULL);
+        long badf = 0;
+        for (size_t i = 0; i < np; ++i) {
+            badf += memcmp(&fw[i], &pl[i], sizeof(float)) != 0;
+        }
+        nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK && worst < 1e-10 && bad == 0 && badf == 0, "spots-6-panels",
+                       "4 panels, %ld listed pixels: 5 gradients, worst relative difference %.2g; image: %ld pixels "
+                       "differ from the whole image's, %ld between nbg_simulate and the gradient call", n, worst, bad,
+                       badf);
+        free(fw);
+        free(pf);
+        free(pl);
+        free(d);
+        free(dz);
+        free(l);
+    }
+
     /* spots-5: bad lists */
     {
         nbg_experiment e = t;
