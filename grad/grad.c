@@ -453,11 +453,6 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
     }
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
-        if (k->list != NULL) {
-            free(buf);
-            free(tacc);
-            return nbgi_error(ctx, NBG_EUNSUP, "a pixel list is not implemented on the CUDA backend (use the CPU)");
-        }
         if (wantF) {
             free(buf);
             free(tacc);

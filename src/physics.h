@@ -99,7 +99,7 @@ typedef struct {
     long npix;                      /* pixels of the image */
     const nbgi_kpanel *panels;
     /* a pixel list (nbg_experiment.pixels): the kernels walk only its pixels, as runs of neighbours within a row
-     * (nbgi_walk_unit); nruns 0 = every row whole.  The CPU kernels only (the CUDA backend refuses a list). */
+     * (nbgi_walk_unit); the CUDA kernels a thread per entry, with the image and dL/dI compact on the device. */
     const uint32_t *list;           /* nlist sorted image indices, or NULL */
     long nlist;
     const nbgi_run *runs;           /* nruns runs of the list */

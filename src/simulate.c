@@ -172,9 +172,6 @@ int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image)
     long oor = 0;
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
-        if (pl->k.list != NULL) {
-            return nbgi_error(ctx, NBG_EUNSUP, "a pixel list is not implemented on the CUDA backend (use the CPU)");
-        }
         double t[3] = {0, 0, 0};
         const int rc = nbgi_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, t);
         if (rc != NBG_OK) {
