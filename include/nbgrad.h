@@ -563,10 +563,10 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
 /* The pixels within half_box pixels (along fast and slow, a (2 half_box + 1)^2 box, clipped at the edges of the
  * image or panel) of every spot pixel, as a pixel list for nbg_experiment.pixels: *pixels (malloc'd, the caller
  * frees it; NULL when none) and *npixels.  The spot pixels are those of image (npix floats; NULL: e's model image,
- * rendered with e's pixel list ignored) above threshold, and the centres given in centres (ncentres pairs
- * fast, slow in pixels of the image, or of the single detector; NULL with 0: none), rounded to the nearest pixel;
- * centres outside the image are NBG_EINVAL naming the entry.  Pixels outside the ROI or mask are left out.
- * half_box >= 0. */
+ * rendered with e's pixel list ignored) above threshold (INFINITY: none), and the centres given in centres
+ * (ncentres pairs fast, slow in pixels; NULL with 0: none), rounded to the nearest pixel; centres are for the single
+ * flat detector (NBG_EINVAL with panels), one outside it is NBG_EINVAL naming the entry.  Pixels outside the ROI or
+ * mask are left out.  half_box in [0, 100000]. */
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels);
 
