@@ -280,9 +280,9 @@ typedef struct {
      * ROI or mask with 0 as always) and set every other pixel to 0; the gradients and losses read dLdI, observed and
      * weights at the listed pixels only (the sums run over them); nbg_simulate_jvp writes its tangents compactly,
      * tangents[j * npixels_list + t] for list entry t; nbg_refine fits on the listed pixels (a Jacobian of nparams x
-     * npixels_list).  The listed pixels' values are bit for bit those of the whole image on the CPU (the CUDA
-     * forward and adjoint launch a thread per listed pixel).  nbg_gradcheck refuses a list.  nbg_spot_pixels builds
-     * one around the Bragg spots. */
+     * npixels_list); nbg_report's solid_angle sums the listed pixels.  The listed pixels' values are bit for bit
+     * those of the whole image on the CPU (the CUDA forward and adjoint launch a thread per listed pixel).
+     * nbg_gradcheck refuses a list.  nbg_spot_pixels builds one around the Bragg spots. */
     const uint32_t *pixels;         /* caller-owned */
     long npixels_list;
 } nbg_experiment;

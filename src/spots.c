@@ -60,12 +60,13 @@ int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, s
     }
     if (image != NULL && npix != n) {
         nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image holds %zu pixels, the detector has %zu", npix, n);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image holds %zu pixels, the detector has %zu", npix,
+                         n);
     }
     if (ncentres > 0 && k->npanels > 0) {
         nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: spot centres are for a single flat detector, not %d panels",
-                         k->npanels);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: spot centres are for a single flat detector, not %d "
+                         "panels", k->npanels);
     }
     for (long c = 0; c < ncentres; ++c) {
         const double f = centres[2 * c], s = centres[2 * c + 1];

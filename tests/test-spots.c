@@ -308,8 +308,8 @@ int main(void)
         nbgi_test_check(rc == NBG_OK && rcw == NBG_OK && rcs == NBG_OK && rw.converged && rs.converged &&
                            worst < 3 && ratio < 2 && truths < 4 && rs.nobs == n, "spots-4-refine",
                        "%ld of %zu pixels; spots vs whole: at most %.2f standard errors of their difference apart, "
-                       "sigma at most %.2f x the whole image's; from the truth: whole %.2f sigma (%d iterations), spots "
-                       "%.2f sigma (%d iterations)", n, NPIX, worst, ratio, truthw, rw.iterations, truths,
+                       "sigma at most %.2f x the whole image's; from the truth: whole %.2f sigma (%d iterations), "
+                       "spots %.2f sigma (%d iterations)", n, NPIX, worst, ratio, truthw, rw.iterations, truths,
                        rs.iterations);
         free(l);
         free(m0);
