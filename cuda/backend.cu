@@ -53,7 +53,8 @@ typedef struct {
     uint8_t *mask;
     nbgi_kpanel *panels;   /* the panel table (multi-panel detectors) */
     nbgi_kparams *views;   /* each panel's view, with device pointers */
-    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views;
+    uint32_t *list;        /* the pixel list (nbg_experiment.pixels) */
+    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views, cap_list;
 } nbgi_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
@@ -116,6 +117,7 @@ extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
     cudaFree(st->mask);
     cudaFree(st->panels);
     cudaFree(st->views);
+    cudaFree(st->list);
     cudaEventDestroy(st->ev[0]);
     cudaEventDestroy(st->ev[1]);
     free(st);
@@ -160,8 +162,17 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     *kd = *k;
     const size_t nsrc = (size_t)k->nsources * NBG_SRC_STRIDE, nabc = (size_t)k->nphi * k->nmos * 9;
-    const size_t npix = (size_t)k->npix;
+    const size_t npix = (size_t)nbgi_nwalk(k); /* the image on the device: compact over a pixel list */
     cudaError_t e;
+    kd->runs = NULL; /* the device walks the list itself, a thread a pixel */
+    kd->nruns = 0;
+    if (k->list != NULL) {
+        if ((e = ensure((void **)&st->list, &st->cap_list, npix * sizeof(uint32_t))) != cudaSuccess ||
+            (e = cudaMemcpy(st->list, k->list, npix * sizeof(uint32_t), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            return cuda_fail(ctx, e, "copy of the pixel list");
+        }
+        kd->list = st->list;
+    }
     if ((e = ensure((void **)&st->src, &st->cap_src, nsrc * sizeof(double))) != cudaSuccess ||
         (e = ensure((void **)&st->abc, &st->cap_abc, nabc * sizeof(double))) != cudaSuccess ||
         (e = ensure((void **)&st->img, &st->cap_img, npix * sizeof(float))) != cudaSuccess ||
@@ -184,8 +195,9 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
         kd->F = st->F;
     }
     if (k->mask != NULL) {
-        if ((e = ensure((void **)&st->mask, &st->cap_mask, npix)) != cudaSuccess ||
-            (e = cudaMemcpy(st->mask, k->mask, npix, cudaMemcpyHostToDevice)) != cudaSuccess) {
+        const size_t nall = (size_t)k->npix;
+        if ((e = ensure((void **)&st->mask, &st->cap_mask, nall)) != cudaSuccess ||
+            (e = cudaMemcpy(st->mask, k->mask, nall, cudaMemcpyHostToDevice)) != cudaSuccess) {
             return cuda_fail(ctx, e, "mask copy");
         }
         kd->mask = st->mask;
@@ -296,10 +308,12 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
                                     unsigned nblocks)
 {
     __shared__ double sh[2 * NBG_WARPS];
-    const long npix = p.npix;
-    const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    /* thread t: image pixel t, or with a pixel list its entry t (the image then compact: img[t]) */
+    const long nwork = p.list != NULL ? p.nlist : p.npix;
+    const long t = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
     double sums[2] = {0, 0}; /* solid angle, interpolation fallbacks */
-    if (i < npix) {
+    if (t < nwork) {
+        const long i = p.list != NULL ? (long)p.list[t] : t;
         int f, s, panel;
         const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
         float v = 0.0f;
@@ -316,7 +330,7 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
                 sums[1] = (double)ps.oor;
             }
         }
-        img[i] = v;
+        img[t] = v;
     }
     block_partials([&](int c) { return sums[c]; }, 2, sh, part, nblocks);
 }
@@ -336,17 +350,19 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
     memset(&acc, 0, sizeof acc);
     acc.abc = local;
     acc.lam = local + p.nphi * p.nmos * 9;
-    const long npix = p.npix;
-    const long i = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
-    if (i < npix) {
+    /* thread t: image pixel t, or with a pixel list its entry t (g and the image then compact: g[t], img[t]) */
+    const long nwork = p.list != NULL ? p.nlist : p.npix;
+    const long t = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    if (t < nwork) {
+        const long i = p.list != NULL ? (long)p.list[t] : t;
         int f, s, panel;
         const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
         float v = 0.0f;
         if (nbgi_pixel_active(pp, f, s)) {
-            v = FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[i], &acc)
-                      : (float)nbgi_pixel_adjoint_d(pp, f, s, (double)g[i], &acc);
+            v = FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[t], &acc)
+                      : (float)nbgi_pixel_adjoint_d(pp, f, s, (double)g[t], &acc);
         }
-        img[i] = v;
+        img[t] = v;
         if (MULTI) {
             /* the pixel's detector gradients are on its panel's vectors: carry them to the plane's */
             double *det = (double *)&acc, mine[NBG_ADJ_DET];
@@ -364,9 +380,10 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
 
 /* After the pixel kernel: launches the reduction of ncomp components, waits, copies the image and the sums back;
  * times[1] receives the device time of both kernels, times[2] the copies. */
-static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float *image, double *sums,
+static int finish(nbg_ctx *ctx, const nbgi_kparams *k, unsigned nblocks, int ncomp, float *image, double *sums,
                   const char *what, double *times)
 {
+    const size_t npix = (size_t)nbgi_nwalk(k); /* the device image: compact over a pixel list */
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
@@ -383,7 +400,22 @@ static int finish(nbg_ctx *ctx, size_t npix, unsigned nblocks, int ncomp, float 
     cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
     times[1] = 1e-3 * ms;
     const double t0 = nbgi_now();
-    if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+    if (k->list != NULL) {
+        /* the listed pixels' values, scattered into the image; every other pixel 0 */
+        float *tmp = (float *)malloc(npix * sizeof(float));
+        if (tmp == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the pixel list's values");
+        }
+        if ((e = cudaMemcpy(tmp, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+            free(tmp);
+            return cuda_fail(ctx, e, "copy of the image");
+        }
+        memset(image, 0, sizeof(float) * (size_t)k->npix);
+        for (size_t t = 0; t < npix; ++t) {
+            image[k->list[t]] = tmp[t];
+        }
+        free(tmp);
+    } else if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of the image");
     }
     if ((e = cudaMemcpy(sums, st->sums, (size_t)ncomp * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
@@ -407,7 +439,7 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
 {
     const double t0 = nbgi_now();
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
-    const size_t npix = (size_t)k->npix;
+    const size_t npix = (size_t)nbgi_nwalk(k); /* a thread a pixel: the image's, or the list's */
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbgi_kparams kd;
     int rc = upload(ctx, k, 2, nblocks, &kd);
@@ -428,7 +460,7 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
         NBG_LAUNCH((nbgi_forward_kernel<0, 0>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
     }
     double sums[2];
-    rc = finish(ctx, npix, nblocks, 2, image, sums, "forward kernel", times);
+    rc = finish(ctx, k, nblocks, 2, image, sums, "forward kernel", times);
     if (rc == NBG_OK) {
         *omega_sum = sums[0];
         *oor = (long)sums[1];
@@ -457,7 +489,7 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
                          NBG_CUDA_MAXACC, nvar);
     }
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
-    const size_t npix = (size_t)k->npix;
+    const size_t npix = (size_t)nbgi_nwalk(k); /* a thread a pixel: the image's, or the list's */
     const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
     nbgi_kparams kd;
     int rc = upload(ctx, k, ncomp, nblocks, &kd);
@@ -465,10 +497,23 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
         return rc;
     }
     cudaError_t e;
+    float *gl = NULL; /* dL/dI at the listed pixels, compact */
+    if (k->list != NULL) {
+        gl = (float *)malloc(npix * sizeof(float));
+        if (gl == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI at the listed pixels");
+        }
+        for (size_t t = 0; t < npix; ++t) {
+            gl[t] = dLdI[k->list[t]];
+        }
+    }
     if ((e = ensure((void **)&st->g, &st->cap_g, npix * sizeof(float))) != cudaSuccess ||
-        (e = cudaMemcpy(st->g, dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) {
+        (e = cudaMemcpy(st->g, gl != NULL ? gl : dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) !=
+            cudaSuccess) {
+        free(gl);
         return cuda_fail(ctx, e, "copy of dL/dI");
     }
+    free(gl);
     if ((rc = start(ctx, t0, times)) != NBG_OK) {
         return rc;
     }
@@ -481,5 +526,5 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
     } else {
         launch_adjoint<0, 0>(kd, st, nblocks, nvar);
     }
-    return finish(ctx, npix, nblocks, ncomp, image, out, "adjoint kernel", times);
+    return finish(ctx, k, nblocks, ncomp, image, out, "adjoint kernel", times);
 }

@@ -7,6 +7,7 @@
 #include "kernel.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #define NBG_TMPL NBG_TMPL_DOUBLE
 #include "tmpl_on.h"
@@ -23,6 +24,9 @@
 void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
                      int vectorised)
 {
+    if (p->list != NULL) {
+        memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
+    }
 #pragma omp parallel num_threads(nthreads)
     {
 #ifdef _OPENMP
@@ -30,15 +34,16 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
 #else
         nbgi_adjacc *acc = &tacc[0];
 #endif
+        const long nu = nbgi_nunits(p);
 #pragma omp for schedule(static)
-        for (int r = 0; r < p->nrows; ++r) {
+        for (long u = 0; u < nu; ++u) {
             /* a row of the single detector, or of a panel through its view: the row's detector gradients then land
-             * on the panel's vectors, and are carried to the plane's after the row */
+             * on the panel's vectors, and are carried to the plane's after the row; or a run of a pixel list */
             nbgi_kparams view;
-            int s;
-            long first;
+            int s, fa, fb;
+            long first, pos;
+            const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
             const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
-            const int F = pr->fpixels;
             double *det = (double *)acc, saved[NBG_ADJ_DET] = {0};
             if (p->npanels > 0) {
                 for (int c = 0; c < NBG_ADJ_DET; ++c) {
@@ -47,9 +52,9 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
                 }
             }
             if (vectorised) {
-                for (int f0 = 0; f0 < F; f0 += 8) {
+                for (int f0 = fa; f0 < fb; f0 += 8) {
                     const long i = first + f0;
-                    const int n = F - f0 < 8 ? F - f0 : 8;
+                    const int n = fb - f0 < 8 ? fb - f0 : 8;
                     float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
                     if (dLdI != NULL) {
                         for (int j = 0; j < n; ++j) {
@@ -59,7 +64,7 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
                     nbgi_row_adjoint_d(pr, s, f0, n, g, image + i, acc);
                 }
             } else {
-                for (int f = 0; f < F; ++f) {
+                for (int f = fa; f < fb; ++f) {
                     const long i = first + f;
                     if (!nbgi_pixel_active(pr, f, s)) {
                         image[i] = 0.0f;
@@ -84,14 +89,21 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised)
 {
     const size_t npix = (size_t)p->npix;
+    /* with a pixel list the tangents are compact: list entry t of parameter j at out[j * nlist + t] */
+    const size_t stride = p->list != NULL ? (size_t)p->nlist : npix;
+    const long nu = nbgi_nunits(p);
+    if (p->list != NULL) {
+        memset(image, 0, sizeof(float) * npix); /* the pixels outside the list */
+    }
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int r = 0; r < p->nrows; ++r) {
-        /* a row of the single detector, or of a panel through its view with the tangents carried to its vectors */
+    for (long u = 0; u < nu; ++u) {
+        /* a row of the single detector, or of a panel through its view with the tangents carried to its vectors;
+         * or a run of a pixel list within one */
         nbgi_kparams view;
-        int s;
-        long first;
+        int s, fa, fb;
+        long first, pos;
+        const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
         const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
-        const int F = pr->fpixels;
         nbgi_adjacc tp[NBG_JVP_MAX];
         const nbgi_adjacc *tr = t;
         if (p->npanels > 0) {
@@ -103,25 +115,27 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *o
             tr = tp;
         }
         if (vectorised) {
-            for (int f0 = 0; f0 < F; f0 += 8) {
+            for (int f0 = fa; f0 < fb; f0 += 8) {
                 const size_t i = (size_t)first + f0;
-                nbgi_row_jvp_d(pr, s, f0, F - f0 < 8 ? F - f0 : 8, tr, nt, image + i, out, npix, i);
+                const size_t o = pos >= 0 ? (size_t)(pos + (f0 - fa)) : i;
+                nbgi_row_jvp_d(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, image + i, out, stride, o);
             }
             continue;
         }
-        for (int f = 0; f < F; ++f) {
+        for (int f = fa; f < fb; ++f) {
             const long i = first + f;
+            const size_t o = pos >= 0 ? (size_t)(pos + (f - fa)) : (size_t)i;
             double dS[NBG_JVP_MAX];
             if (!nbgi_pixel_active(pr, f, s)) {
                 image[i] = 0.0f;
                 for (int j = 0; j < nt; ++j) {
-                    out[(size_t)j * npix + (size_t)i] = 0;
+                    out[(size_t)j * stride + o] = 0;
                 }
                 continue;
             }
             image[i] = (float)nbgi_pixel_jvp_d(pr, f, s, tr, nt, dS);
             for (int j = 0; j < nt; ++j) {
-                out[(size_t)j * npix + (size_t)i] = dS[j];
+                out[(size_t)j * stride + o] = dS[j];
             }
         }
     }

@@ -129,8 +129,9 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I, nbg_param_mask mask, double *g)
 {
     double sG = 0, s0 = 0, sx = 0, sy = 0;
-    const size_t npix = (size_t)k->npix; /* all panels' pixels */
-    for (size_t i = 0; i < npix; ++i) {
+    const long nw = nbgi_nwalk(k); /* all panels' pixels, or the list's */
+    for (long t = 0; t < nw; ++t) {
+        const size_t i = nbgi_walk_at(k, t);
         if (!nbgi_model_active(k, i) || dLdM[i] == 0) {
             continue;
         }
@@ -535,7 +536,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
 static int model_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, const float *dLdM,
                          nbg_param_mask mask, nbg_grad *grad, float *image)
 {
-    const size_t npix = (size_t)pl->k.fpixels * pl->k.spixels;
+    const size_t npix = (size_t)pl->k.npix;
     int rc;
     if ((mask & ~(NBGI_IMAGE_MASK)) == 0) {
         memset(grad->g, 0, sizeof grad->g);
@@ -547,7 +548,8 @@ static int model_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, c
         if (d == NULL) {
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI");
         }
-        for (size_t i = 0; i < npix; ++i) {
+        for (long t = 0; t < nbgi_nwalk(&pl->k); ++t) { /* the kernels read the listed pixels only */
+            const size_t i = nbgi_walk_at(&pl->k, t);
             d[i] = (float)(e->scale * dLdM[i]); /* dL/dI = dL/dM dM/dI */
         }
         rc = run_adjoint(ctx, e, pl, d, mask, grad, image);
@@ -660,7 +662,9 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         return rc;
     }
     /* the pixels in the loss must hold data (a masked pixel may hold a file's flag value) */
-    for (size_t i = 0; i < npix; ++i) {
+    const long nw = nbgi_nwalk(&pl.k);
+    for (long t = 0; t < nw; ++t) {
+        const size_t i = nbgi_walk_at(&pl.k, t);
         if (!nbgi_model_active(&pl.k, i)) {
             continue;
         }
@@ -686,7 +690,8 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
     if (rc == NBG_OK) {
         nbgi_model_apply(e, &pl.k, image);
         double sum = 0;
-        for (size_t i = 0; i < npix; ++i) {
+        for (long t = 0; t < nw; ++t) {
+            const size_t i = nbgi_walk_at(&pl.k, t);
             if (!nbgi_model_active(&pl.k, i)) {
                 dLdI[i] = 0;
                 continue;
@@ -756,13 +761,15 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
         }
     }
     if (rc == NBG_OK) {
+        /* a tangent image per parameter: npix pixels, or compact over the pixel list */
+        const size_t nw = (size_t)nbgi_nwalk(&pl.k);
         for (int q = nt - 1; q >= 0; --q) { /* slot[q] >= q: move from the back */
-            double *dst = tangents + (size_t)slot[q] * npix;
+            double *dst = tangents + (size_t)slot[q] * nw;
             if (slot[q] != q) {
-                memmove(dst, tangents + (size_t)q * npix, sizeof(double) * npix);
+                memmove(dst, tangents + (size_t)q * nw, sizeof(double) * nw);
             }
             if (e->scale != 1) {
-                for (size_t i = 0; i < npix; ++i) {
+                for (size_t i = 0; i < nw; ++i) {
                     dst[i] *= e->scale;
                 }
             }
@@ -771,12 +778,13 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
             if (!NBGI_IMAGE_LEVEL(params[j])) {
                 continue;
             }
-            double *dst = tangents + (size_t)j * npix;
-            for (size_t i = 0; i < npix; ++i) {
+            double *dst = tangents + (size_t)j * nw;
+            for (size_t u = 0; u < nw; ++u) {
+                const size_t i = nbgi_walk_at(&pl.k, (long)u);
                 double x, y;
                 nbgi_model_xy(&pl.k, i, &x, &y);
                 const double v[4] = {image[i], 1, x, y};
-                dst[i] = nbgi_model_active(&pl.k, i) ? v[params[j] - NBG_P_SCALE] : 0;
+                dst[u] = nbgi_model_active(&pl.k, i) ? v[params[j] - NBG_P_SCALE] : 0;
             }
         }
         nbgi_model_apply(e, &pl.k, image);

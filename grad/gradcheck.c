@@ -158,6 +158,9 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
     }
     *nresults = 0;
+    if (e->pixels != NULL || e->npixels_list != 0) {
+        return nbgi_error(ctx, NBG_EUNSUP, "nbg_gradcheck checks the whole image: clear the pixel list");
+    }
     if (!(rtol > 0 && rtol < 1) || !(h_scale > 0 && isfinite(h_scale))) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
                          rtol, h_scale);

@@ -61,10 +61,12 @@ typedef struct {
     const nbg_param *params;
     int n;
     size_t npix;
+    const uint32_t *list;        /* the experiment's pixel list, or NULL: every pixel */
+    size_t nw;                   /* the pixels walked: the list's, or npix */
     float *img;
-    uint8_t *use;                /* 1: the pixel is in the loss (active, weight > 0) */
+    uint8_t *use;                /* use[t], t < nw: 1 when pixel at(t) is in the loss (active, weight > 0) */
     size_t nobs;                 /* pixels in the loss */
-    double *T;                   /* n * npix tangent images */
+    double *T;                   /* n * nw tangent images (compact over the list) */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
     double dstep[NBG_NPARAMS];   /* the Gauss-Newton step -H^-1 g from there */
     double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
@@ -72,6 +74,12 @@ typedef struct {
     int evals;
     int status;                  /* first failure */
 } refine_ws;
+
+/* The image index of walked pixel t. */
+static size_t at(const refine_ws *ws, size_t t)
+{
+    return ws->list != NULL ? (size_t)ws->list[t] : t;
+}
 
 static int set_params(refine_ws *ws, const double *x)
 {
@@ -107,8 +115,9 @@ static int loss_trial(refine_ws *ws, double *L)
          * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
         const nbg_detector_model *r = &ws->e.response;
         const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
-        for (size_t i = 0; i < ws->npix; ++i) {
-            if (ws->use[i] && ws->img[i] + sr <= 0 && (ws->obs[i] - r->pedestal) / r->gain + sr > 0) {
+        for (size_t t = 0; t < ws->nw; ++t) {
+            const size_t i = at(ws, t);
+            if (ws->use[t] && ws->img[i] + sr <= 0 && (ws->obs[i] - r->pedestal) / r->gain + sr > 0) {
                 *L = INFINITY;
                 break;
             }
@@ -128,10 +137,11 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
     double sum = 0, eps = 0;
     memset(g, 0, sizeof(double) * (size_t)n);
     memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
-    for (size_t i = 0; i < ws->npix; ++i) {
-        if (!ws->use[i]) {
+    for (size_t t = 0; t < ws->nw; ++t) {
+        if (!ws->use[t]) {
             continue;
         }
+        const size_t i = at(ws, t);
         const double wi = ws->w ? ws->w[i] : 1.0;
         double dLdI, c;
         sum += wi * nbgi_pixel_loss(ws->loss, &ws->e.response, ws->img[i], ws->obs[i], &dLdI, &c);
@@ -139,13 +149,13 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
         c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
         eps += fabs(dLdI * ws->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
         for (int a = 0; a < n; ++a) {
-            const double Ta = ws->T[(size_t)a * ws->npix + i];
+            const double Ta = ws->T[(size_t)a * ws->nw + t];
             if (Ta == 0) {
                 continue;
             }
             g[a] += dLdI * Ta;
             for (int b = 0; b <= a; ++b) {
-                H[a * n + b] += c * Ta * ws->T[(size_t)b * ws->npix + i];
+                H[a * n + b] += c * Ta * ws->T[(size_t)b * ws->nw + t];
             }
         }
     }
@@ -232,10 +242,11 @@ static int linear_start(refine_ws *ws, double *x)
     if (rc != NBG_OK) {
         return rc;
     }
-    for (size_t i = 0; i < ws->npix; ++i) {
-        if (!ws->use[i]) {
+    for (size_t t = 0; t < ws->nw; ++t) {
+        if (!ws->use[t]) {
             continue;
         }
+        const size_t i = at(ws, t);
         const double xf = ((double)(i % (size_t)rep.fpixels) - 0.5 * (rep.fpixels - 1)) / NBG_BG_UNIT;
         const double ys = ((double)(i / (size_t)rep.fpixels) - 0.5 * (rep.spixels - 1)) / NBG_BG_UNIT;
         const double basis[4] = {ws->img[i], 1, xf, ys};
@@ -643,18 +654,20 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         return nbgi_error(ctx, NBG_EINVAL, "the observed image holds %zu pixels, the detector has %ld", npix,
                          pl.k.npix);
     }
-    uint8_t *use = malloc(npix);
+    const size_t nw = (size_t)nbgi_nwalk(&pl.k);
+    uint8_t *use = malloc(nw);
     if (use == NULL) {
         nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu pixels", npix);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu pixels", nw);
     }
     /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
      * ever larger cell, say) and least squares to no particular place */
     size_t lit = 0, nobs = 0;
-    for (size_t i = 0; i < npix; ++i) {
-        use[i] = nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0);
-        nobs += use[i];
-        lit += use[i] && observed[i] > e->response.pedestal;
+    for (size_t t = 0; t < nw; ++t) {
+        const size_t i = nbgi_walk_at(&pl.k, (long)t);
+        use[t] = nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0);
+        nobs += use[t];
+        lit += use[t] && observed[i] > e->response.pedestal;
     }
     nbgi_plan_free(&pl);
     if (lit == 0) {
@@ -673,10 +686,12 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     ws.params = params;
     ws.n = nparams;
     ws.npix = npix;
+    ws.list = e->pixels;
+    ws.nw = nw;
     ws.use = use;
     ws.nobs = nobs;
     ws.img = malloc(sizeof(float) * npix);
-    ws.T = malloc(sizeof(double) * npix * (size_t)nparams);
+    ws.T = malloc(sizeof(double) * nw * (size_t)nparams);
     if (ws.img == NULL || ws.T == NULL) {
         free(ws.img);
         free(ws.T);

@@ -272,6 +272,19 @@ typedef struct {
     const nbg_panel *panels;        /* npanels panels (caller-owned), or NULL */
     int npanels;
     nbg_panel_frame panel_frame;    /* the frame of the panels' vectors (NBG_PANELS_PLANE) */
+
+    /* --- a pixel list (spot regions) ------------------------------------------------------------------------- */
+    /* NULL (the default): every pixel.  Else npixels_list image indices, strictly increasing, each < npix (NBG_EINVAL
+     * naming the entry otherwise): every call then evaluates only these pixels, and its cost scales with them, not
+     * with the detector.  nbg_simulate and the gradient calls fill the listed pixels of the image (those outside the
+     * ROI or mask with 0 as always) and set every other pixel to 0; the gradients and losses read dLdI, observed and
+     * weights at the listed pixels only (the sums run over them); nbg_simulate_jvp writes its tangents compactly,
+     * tangents[j * npixels_list + t] for list entry t; nbg_refine fits on the listed pixels (a Jacobian of nparams x
+     * npixels_list); nbg_report's solid_angle sums the listed pixels.  The listed pixels' values are bit for bit
+     * those of the whole image on the CPU (the CUDA forward and adjoint launch a thread per listed pixel).
+     * nbg_gradcheck refuses a list.  nbg_spot_pixels builds one around the Bragg spots. */
+    const uint32_t *pixels;         /* caller-owned */
+    long npixels_list;
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -546,6 +559,16 @@ typedef struct {
  * h_scale > 0 (1 is the default step), NBG_EINVAL otherwise.  *nresults receives the number filled. */
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
                   nbg_gradcheck_result *results, int capacity, int *nresults);
+
+/* The pixels within half_box pixels (along fast and slow, a (2 half_box + 1)^2 box, clipped at the edges of the
+ * image or panel) of every spot pixel, as a pixel list for nbg_experiment.pixels: *pixels (malloc'd, the caller
+ * frees it; NULL when none) and *npixels.  The spot pixels are those of image (npix floats; NULL: e's model image,
+ * rendered with e's pixel list ignored) above threshold (INFINITY: none), and the centres given in centres
+ * (ncentres pairs fast, slow in pixels; NULL with 0: none), rounded to the nearest pixel; centres are for the single
+ * flat detector (NBG_EINVAL with panels), one outside it is NBG_EINVAL naming the entry.  Pixels outside the ROI or
+ * mask are left out.  half_box in [0, 100000]. */
+int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
+                    const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Detector files and noise                                                                                    */

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum)
@@ -13,16 +14,20 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     double osum = 0, isum = 0;
     long nout = 0;
     const int W = use_float ? 16 : 8;
+    const long nu = nbgi_nunits(p);
+    if (p->list != NULL) {
+        memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
+    }
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : osum, nout, isum)
-    for (int r = 0; r < p->nrows; ++r) {
-        /* a row of the single detector, or of a panel through its view */
+    for (long u = 0; u < nu; ++u) {
+        /* a row of the single detector, or of a panel through its view; or a run of a pixel list within one */
         nbgi_kparams view;
-        int s;
-        long first;
+        int s, fa, fb;
+        long first, pos;
+        const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
         const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
-        const int F = pr->fpixels;
-        for (int f0 = 0; f0 < F; f0 += W) {
-            const int n = F - f0 < W ? F - f0 : W;
+        for (int f0 = fa; f0 < fb; f0 += W) {
+            const int n = fb - f0 < W ? fb - f0 : W;
             float *out = image + first + f0;
             if (use_float) {
                 nbgi_pixstat_f st = {0, 0};

@@ -24,6 +24,7 @@
 #include "setup.h"
 
 #include <math.h>
+#include <stddef.h>
 
 /* --- panels ---------------------------------------------------------------------------------------------------
  * A multi-panel detector is rendered panel by panel through views: the whole detector's parameters with one
@@ -104,6 +105,42 @@ static inline NBG_HD const nbgi_kparams *nbgi_row_at(const nbgi_kparams *p, int 
     *s = r - q->row0;
     *first = q->offset + (long)*s * q->fpixels;
     return view;
+}
+
+
+/* --- pixel lists ----------------------------------------------------------------------------------------------
+ * The CPU kernels walk units: every row whole (nbgi_nunits = nrows), or with a pixel list its runs of neighbouring
+ * listed pixels.  Unit u: the row r among all panels' rows, its pixels [*fa, *fb) within the row, and the list
+ * position of pixel *fa (or -1 without a list). */
+static inline long nbgi_nunits(const nbgi_kparams *p)
+{
+    return p->list != 0 ? p->nruns : p->nrows;
+}
+
+static inline int nbgi_walk_unit(const nbgi_kparams *p, long u, int *fa, int *fb, long *pos)
+{
+    if (p->list == 0) {
+        *fa = 0;
+        *fb = p->npanels == 0 ? p->fpixels : p->panels[nbgi_panel_of_row(p, (int)u)].fpixels;
+        *pos = -1;
+        return (int)u;
+    }
+    const nbgi_run *q = p->runs + u;
+    *fa = q->f0;
+    *fb = q->f0 + q->n;
+    *pos = q->pos;
+    return q->r;
+}
+
+/* The pixels a loop over the image visits: the list's (image index nbgi_walk_at(p, t), t < nbgi_nwalk) or all. */
+static inline long nbgi_nwalk(const nbgi_kparams *p)
+{
+    return p->list != 0 ? p->nlist : p->npix;
+}
+
+static inline size_t nbgi_walk_at(const nbgi_kparams *p, long t)
+{
+    return p->list != 0 ? (size_t)p->list[t] : (size_t)t;
 }
 
 static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s);

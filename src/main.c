@@ -48,6 +48,9 @@ typedef struct {
     const char *observed, *json, *weights;
     nbg_loss loss;
     int break_param;
+    int spots;                  /* -spots: the box half-width, pixels (-1: the whole image) */
+    double spot_frac;           /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
+    const char *spotlist;       /* -spotlist: a text file of spot centres "fast slow" */
     unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
 
@@ -183,6 +186,18 @@ static int set_loss(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
+static int set_spots(grad_opts *o, const char *flag, const char *v, void *dst)
+{
+    double m;
+    if (!nbgi_cli_number(flag, v, &m) || m < 0 || m > 100000 || m != floor(m)) {
+        fprintf(stderr, "nbgrad: error: -spots expects a box half-width in pixels, an integer in [0, 100000], got "
+                "'%s'\n", v);
+        return 0;
+    }
+    o->spots = (int)m;
+    return 1;
+}
+
 static int set_break(grad_opts *o, const char *flag, const char *v, void *dst)
 {
     o->break_param = nbg_param_from_name(v);
@@ -230,6 +245,14 @@ static const struct {
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
     {"-residual", CMD_REFINE, set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
+    {"-spots", CMD_REFINE, set_spots, 0, "N",
+     "fit on spot regions only: the pixels within N pixels (a box) of a spot pixel of the starting model (above its "
+     "floor by -spot_frac of its peak) or of a -spotlist centre; the cost scales with those pixels"},
+    {"-spot_frac", CMD_REFINE, set_positive, GO(spot_frac), "x",
+     "with -spots: a spot pixel's starting model exceeds its floor by this fraction of the peak above it (0.05)"},
+    {"-spotlist", CMD_REFINE, set_path, GO(spotlist), "FILE",
+     "spot centres, a text file of \"fast slow\" pixel positions a line ('#' comments), e.g. DIALS's strong spots; "
+     "the boxes (half-width -spots, 3 by default) are around them instead of the model's spots"},
 };
 #undef GO
 #define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
@@ -301,8 +324,9 @@ static nbg_ctx *setup(nbgi_cli *c, int argc, char **argv, int first, const grad_
         return nbgi_cli_setup(c, argc, argv, first, NULL, 0);
     }
     const nbgi_cli_path_ref extra[] = {{"-observed", &o->observed, 0}, {"-weights", &o->weights, 0},
-                                      {"-json", &o->json, 1}, {"-residual", &o->residual, 1}};
-    return nbgi_cli_setup(c, argc, argv, first, extra, 4);
+                                      {"-json", &o->json, 1}, {"-residual", &o->residual, 1},
+                                      {"-spotlist", &o->spotlist, 0}};
+    return nbgi_cli_setup(c, argc, argv, first, extra, 5);
 }
 
 /* JSON outputs are written like every other output: to a temporary file in the run's output set. */
@@ -798,6 +822,104 @@ void usage_main(FILE *out)
     params_help(out);
 }
 
+/* -spots, -spotlist: the pixel list of the spot regions into c->e (*list owns it).  The spot pixels are the -spotlist
+ * centres, or else those of the starting model above its floor by -spot_frac of its peak (over the pixels in the
+ * loss, use). */
+static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uint8_t *use, size_t npix,
+                        uint32_t **list)
+{
+    const int half = o->spots >= 0 ? o->spots : 3;
+    double *centres = NULL, thr = INFINITY;
+    long nc = 0, cap = 0;
+    float *img = NULL;
+    int ok = 1;
+    if (o->spotlist != NULL) {
+        FILE *fp = fopen(o->spotlist, "r");
+        if (fp == NULL) {
+            fprintf(stderr, "nbgrad: error: -spotlist: cannot open %s\n", o->spotlist);
+            return 0;
+        }
+        char line[512];
+        long ln = 0;
+        while (ok && fgets(line, sizeof line, fp) != NULL) {
+            ++ln;
+            char *p = line;
+            while (*p == ' ' || *p == '\t') ++p;
+            if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0') continue;
+            double f, s;
+            char extra;
+            if (sscanf(p, "%lf %lf %c", &f, &s, &extra) != 2 || !isfinite(f) || !isfinite(s)) {
+                fprintf(stderr, "nbgrad: error: -spotlist %s line %ld: expected \"fast slow\" (two numbers)\n",
+                        o->spotlist, ln);
+                ok = 0;
+                break;
+            }
+            if (nc == cap) {
+                cap = cap ? 2 * cap : 256;
+                double *nw = (double)cap * 16 < 4e9 ? realloc(centres, sizeof(double) * 2 * (size_t)cap) : NULL;
+                if (nw == NULL) {
+                    fprintf(stderr, "nbgrad: error: -spotlist: out of memory at line %ld\n", ln);
+                    ok = 0;
+                    break;
+                }
+                centres = nw;
+            }
+            centres[2 * nc] = f;
+            centres[2 * nc + 1] = s;
+            ++nc;
+        }
+        fclose(fp);
+        if (ok && nc == 0) {
+            fprintf(stderr, "nbgrad: error: -spotlist %s holds no spot centre\n", o->spotlist);
+            ok = 0;
+        }
+    } else {
+        img = malloc(sizeof(float) * npix);
+        if (img == NULL || nbg_simulate(ctx, &c->e, img, npix, NULL) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -spots: cannot render the starting model: %s\n",
+                    img == NULL ? "out of memory" : nbg_errmsg(ctx));
+            ok = 0;
+        } else {
+            double lo = INFINITY, hi = -INFINITY;
+            for (size_t i = 0; i < npix; ++i) {
+                if (use[i]) {
+                    lo = fmin(lo, img[i]);
+                    hi = fmax(hi, img[i]);
+                }
+            }
+            thr = lo + o->spot_frac * (hi - lo);
+            if (!(hi > lo)) {
+                fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", lo);
+                ok = 0;
+            }
+        }
+    }
+    long n = 0;
+    if (ok && nbg_spot_pixels(ctx, &c->e, img, npix, thr, centres, nc, half, list, &n) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s%s\n", o->spotlist != NULL ? "-spotlist: " : "-spots: ", nbg_errmsg(ctx));
+        ok = 0;
+    }
+    if (ok && n == 0) {
+        fprintf(stderr, "nbgrad: error: the spot regions hold no pixel of the loss (all masked)\n");
+        ok = 0;
+    }
+    if (ok) {
+        c->e.pixels = *list;
+        c->e.npixels_list = n;
+        char what[96];
+        if (o->spotlist != NULL) {
+            snprintf(what, sizeof what, "%ld spot centres of %s", nc, o->spotlist);
+        } else {
+            snprintf(what, sizeof what, "the starting model's spot pixels (above %.4g photons)", thr);
+        }
+        printf("spot regions: %ld pixels (%.3g%% of %zu) within %d pixels of %s\n", n, 100.0 * (double)n / npix, npix,
+               half, what);
+    }
+    free(img);
+    free(centres);
+    return ok;
+}
+
 static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
 {
     (void)user;
@@ -817,12 +939,15 @@ static int cmd_refine(int argc, char **argv, int first)
     o.break_param = -1;
     o.pedestal = o.gain = o.read_noise = NAN;
     o.max_iter = 100;
+    o.spots = -1;
+    o.spot_frac = 0.05;
     o.cmd = CMD_REFINE;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
     float *obs = NULL, *wts = NULL, *img = NULL;
+    uint32_t *spotpix = NULL;
     uint8_t *use = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
@@ -831,6 +956,7 @@ static int cmd_refine(int argc, char **argv, int first)
                        "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
                        "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
                        "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
+                       "       [-spots N [-spot_frac 0.05]] [-spotlist FILE]\n"
                        "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
                        "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
                        "match the data's (pedestal or background missing)");
@@ -872,6 +998,9 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.loss = o.loss;
     ro.max_iter = o.max_iter;
     ro.progress = refine_progress;
+    if ((o.spots >= 0 || o.spotlist != NULL) && !spot_regions(ctx, &c, &o, use, npix, &spotpix)) {
+        goto done;
+    }
     nbg_refine_result res;
     printf("refining %d parameters with %s on the %s loss\n", o.norder,
            o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS",
@@ -881,6 +1010,8 @@ static int cmd_refine(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
+    c.e.pixels = NULL; /* the residual and the experiment written are the whole detector's */
+    c.e.npixels_list = 0;
     static const char *const reason_names[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
     if (res.converged) {
         printf("converged after %d iterations (%s: %s): loss %.10g -> %.10g\n", res.iterations,
@@ -970,6 +1101,7 @@ done:
     free(wts);
     free(img);
     free(use);
+    free(spotpix);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);

@@ -63,8 +63,9 @@ void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *ima
     if (nbgi_model_is_identity(e)) {
         return; /* bit for bit the simulated image */
     }
-    const size_t npix = (size_t)k->npix; /* all panels' pixels */
-    for (size_t i = 0; i < npix; ++i) {
+    const long nw = nbgi_nwalk(k); /* all panels' pixels, or the list's */
+    for (long t = 0; t < nw; ++t) {
+        const size_t i = nbgi_walk_at(k, t);
         if (nbgi_model_active(k, i)) {
             image[i] = (float)(e->scale * image[i] + nbgi_model_bg(e, k, i));
         }
@@ -141,7 +142,8 @@ int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed
     if (rc == NBG_OK) {
         const nbg_detector_model *r = &e->response;
         size_t n = 0;
-        for (size_t i = 0; i < npix; ++i) {
+        for (long t = 0; t < nbgi_nwalk(&pl.k); ++t) {
+            const size_t i = nbgi_walk_at(&pl.k, t);
             if (nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0)) {
                 vo[n] = observed[i];
                 vm[n] = r->gain * image[i] + r->pedestal;

@@ -48,6 +48,12 @@ typedef struct {
     int in_plane;                   /* the panel moves with the plane (NBG_PANELS_PLANE) */
 } nbgi_kpanel;
 
+/* A run of a pixel list: pixels f0 .. f0+n-1 of row r (among all panels' rows), list entries pos .. pos+n-1. */
+typedef struct {
+    int r, f0, n;
+    long pos;
+} nbgi_run;
+
 /*
  * The plan's kernel parameters: everything a kernel needs, as plain data and plain arrays.  The plan builds it
  * once per call on the host; for CUDA, the array pointers point to device memory.
@@ -92,6 +98,12 @@ typedef struct {
     int npanels, nrows;             /* nrows: rows of all panels (spixels for the single detector) */
     long npix;                      /* pixels of the image */
     const nbgi_kpanel *panels;
+    /* a pixel list (nbg_experiment.pixels): the kernels walk only its pixels, as runs of neighbours within a row
+     * (nbgi_walk_unit); the CUDA kernels a thread per entry, with the image and dL/dI compact on the device. */
+    const uint32_t *list;           /* nlist sorted image indices, or NULL */
+    long nlist;
+    const nbgi_run *runs;           /* nruns runs of the list */
+    long nruns;
 } nbgi_kparams;
 
 /* Per-source record layout in nbgi_kparams.src. */

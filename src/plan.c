@@ -1344,6 +1344,80 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
     return NBG_OK;
 }
 
+/* pixel_list: e's pixel list (checked: sorted, distinct, inside the image) -> its runs of neighbours within a row
+ * (pl->runs, k.runs), so that the kernels walk only the listed pixels. */
+static int pixel_list(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
+{
+    nbgi_kparams *k = &pl->k;
+    k->list = NULL;
+    k->nlist = k->nruns = 0;
+    k->runs = NULL;
+    if (e->pixels == NULL && e->npixels_list == 0) {
+        return NBG_OK;
+    }
+    if (e->pixels == NULL || e->npixels_list < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "the pixel list is inconsistent (%ld pixels, list %s)", e->npixels_list,
+                         e->pixels == NULL ? "NULL" : "given");
+    }
+    const long n = e->npixels_list;
+    long nruns = 0;
+    for (long t = 0; t < n; ++t) {
+        const uint32_t i = e->pixels[t];
+        if ((long)i >= k->npix) {
+            return nbgi_error(ctx, NBG_EINVAL, "pixel list entry %ld is pixel %lu, outside the image of %ld pixels", t,
+                             (unsigned long)i, k->npix);
+        }
+        if (t > 0 && i <= e->pixels[t - 1]) {
+            return nbgi_error(ctx, NBG_EINVAL, "pixel list entry %ld (pixel %lu) does not follow entry %ld (pixel "
+                             "%lu): the list must be sorted and without repeats", t, (unsigned long)i, t - 1,
+                             (unsigned long)e->pixels[t - 1]);
+        }
+    }
+    nbg_limits lim;
+    nbgi_limits_of(ctx, &lim);
+    if ((double)n * sizeof(nbgi_run) > lim.max_bytes) {
+        return nbgi_error(ctx, NBG_ENOMEM, "the pixel list's %ld runs would need %.3g bytes, over the limit of %.3g "
+                         "(-max_memory)", n, (double)n * sizeof(nbgi_run), lim.max_bytes);
+    }
+    nbgi_run *runs = malloc(sizeof(nbgi_run) * (size_t)n);
+    if (runs == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the runs of a pixel list of %ld pixels", n);
+    }
+    int prow = -1, pf = -2, pan = 0;
+    for (long t = 0; t < n; ++t) {
+        const long i = (long)e->pixels[t];
+        int r, f;
+        if (k->npanels == 0) {
+            r = (int)(i / k->fpixels);
+            f = (int)(i % k->fpixels);
+        } else {
+            while (pan + 1 < k->npanels && k->panels[pan + 1].offset <= i) {
+                ++pan; /* the list is sorted: the panel only moves forward */
+            }
+            const nbgi_kpanel *q = k->panels + pan;
+            r = q->row0 + (int)((i - q->offset) / q->fpixels);
+            f = (int)((i - q->offset) % q->fpixels);
+        }
+        if (r == prow && f == pf + 1) {
+            runs[nruns - 1].n++;
+        } else {
+            runs[nruns].r = r;
+            runs[nruns].f0 = f;
+            runs[nruns].n = 1;
+            runs[nruns].pos = t;
+            ++nruns;
+        }
+        prow = r;
+        pf = f;
+    }
+    pl->runs = runs;
+    k->list = e->pixels;
+    k->nlist = n;
+    k->runs = runs;
+    k->nruns = nruns;
+    return NBG_OK;
+}
+
 /* report: pb, e's header values and pl->k.I_bg -> pl->rep, in user units (mm, deg), beside what the earlier steps
  * put there (cell, vectors, random misset, warnings). */
 static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
@@ -1420,7 +1494,8 @@ int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
         (rc = sources(ctx, e, &pb, pl)) != NBG_OK ||
         (rc = miller_range(ctx, &pb, pl)) != NBG_OK ||
         (rc = orientations(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = kernel_params(ctx, e, &pb, pl)) != NBG_OK) {
+        (rc = kernel_params(ctx, e, &pb, pl)) != NBG_OK ||
+        (rc = pixel_list(ctx, e, pl)) != NBG_OK) {
         nbgi_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
         return rc;
     }
@@ -1441,6 +1516,9 @@ void nbgi_plan_free(nbgi_plan *pl)
     free(pl->phi);
     free(pl->src_lamrel);
     free(pl->panels);
+    free(pl->runs);
+    pl->runs = NULL;
+    pl->k.runs = NULL;
     pl->src_lamrel = NULL;
     pl->panels = NULL;
     pl->k.panels = NULL;

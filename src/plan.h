@@ -25,6 +25,7 @@ typedef struct {
     double misset[3];    /* rad, the misset applied (drawn when random) */
     nbgi_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
     nbgi_kpanel *panels; /* k.npanels panels (NULL for the single detector) */
+    nbgi_run *runs;      /* k.nruns runs of the pixel list (NULL without one) */
 } nbgi_plan;
 
 /* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */

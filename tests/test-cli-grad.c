@@ -84,6 +84,36 @@ int main(void)
                    "cligrad-6-refine", "refine converges, prints progress, writes JSON and the residual (exit %d)", rc);
     free(json);
     free(resid);
+    /* the same fit on spot regions: from the model's spots, and around listed centres; a malformed list */
+    snprintf(cmd, sizeof cmd,
+             "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+             "-distance 100 -detpixels 64 -oversample 1 -observed %s -params cell,orientation -spots 3 -residual %s "
+             "2>&1", bin, obs, res);
+    rc = run(cmd);
+    resid = nbgi_test_read_file(res, &rsize);
+    nbgi_test_check(rc == 0 && strstr(out, "spot regions: ") != NULL && strstr(out, "converged") != NULL &&
+                       resid != NULL && rsize == 64 * 64 * 4,
+                   "cligrad-6-refine-spots", "refine -spots 3 converges on the spot regions (exit %d)", rc);
+    free(resid);
+    char spl[1024];
+    snprintf(spl, sizeof spl, "%s/spots.txt", dir);
+    FILE *sf = fopen(spl, "w");
+    if (sf != NULL) {
+        fprintf(sf, "# fast slow\n10 12\n40.4 50.6\n");
+        fclose(sf);
+    }
+    snprintf(cmd, sizeof cmd, "%s refine " XTAL " -observed %s -params a -spotlist %s -spots 2 2>&1", bin, obs, spl);
+    rc = run(cmd);
+    nbgi_test_check(strstr(out, "spot regions: 50 pixels") != NULL && strstr(out, "2 spot centres") != NULL,
+                   "cligrad-6-refine-spotlist", "two boxes of 5 x 5 around the listed centres (exit %d)", rc);
+    sf = fopen(spl, "w");
+    if (sf != NULL) {
+        fprintf(sf, "10 12\n3 x\n");
+        fclose(sf);
+    }
+    rc = run(cmd);
+    nbgi_test_check(rc != 0 && strstr(out, "line 2") != NULL, "cligrad-6-refine-spotlist-bad",
+                   "a malformed spot list is refused naming the line (exit %d)", rc);
 
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -detpixels 32 -observed %s -params a 2>&1", bin, obs);
     rc = run(cmd);

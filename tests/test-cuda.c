@@ -21,6 +21,8 @@
  *                     double, 1e-6 in float), repeated calls bit-identical
  *   shapes            a context reused across image sizes (buffers grow and are reused) gives the CPU's images
  *   panels-*          a multi-panel detector (panels of different sizes, one turned): images and gradients as the CPU's
+ *   list-*            a pixel list (nbg_experiment.pixels), on the single detector and on the panels: the listed
+ *                     pixels as the CPU's (the others 0), gradients as the CPU's with the same list
  *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
  *   sanitizer-<tool>  (GPU only) this program rerun on a few cases under compute-sanitizer's memcheck, racecheck
  *                     and synccheck, when compute-sanitizer is on the PATH: no error reported
@@ -389,6 +391,85 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     free(w);
 }
 
+/* A pixel list (every 3rd pixel and a block of neighbours): the CUDA kernels' thread-per-listed-pixel launch against
+ * the CPU's runs, in double and float, on the single detector (with the image model) and on panels. */
+static void pixel_list(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
+    nbg_panel pan[2];
+    memset(pan, 0, sizeof pan);
+    for (int k = 0; k < 2; ++k) {
+        pan[k].fpixels = NPIX / 2 - 3 * k;
+        pan[k].spixels = NPIX / 3;
+        pan[k].fast[0] = 1;
+        pan[k].slow[1] = 1;
+        pan[k].origin[0] = 0.1 * k * (NPIX / 2 + 2);
+    }
+    for (int v = 0; v < 2; ++v) {
+        nbg_experiment e;
+        base(&e);
+        if (v == 0) {
+            e.scale = 1.5, e.bg[0] = 2, e.bg[1] = 0.5;
+        } else {
+            e.panels = pan;
+            e.npanels = 2;
+        }
+        nbg_report r;
+        nbg_describe(cpu, &e, &r);
+        const size_t n = r.npix;
+        uint32_t *l = malloc(n * sizeof(uint32_t));
+        long nl = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (i % 3 == 0 || (i > n / 2 && i < n / 2 + 40)) {
+                l[nl++] = (uint32_t)i;
+            }
+        }
+        e.pixels = l;
+        e.npixels_list = nl;
+        float *a = malloc(n * 4), *b = malloc(n * 4), *bf = malloc(n * 4), *w = malloc(n * 4);
+        for (size_t i = 0; i < n; ++i) {
+            w[i] = (float)(0.5 + 0.5 * cos(0.1 * (double)i));
+            b[i] = bf[i] = 9; /* every unlisted pixel must come back 0 */
+        }
+        const int rca = nbg_simulate(cpu, &e, a, n, NULL);
+        const int rcb = nbg_simulate(gpu, &e, b, n, NULL);
+        const int rcf = nbg_simulate(gpuf, &e, bf, n, NULL);
+        double mx = 0;
+        long zeros = 0;
+        for (long t = 0, u = 0; t < (long)n; ++t) {
+            if (u < nl && l[u] == (uint32_t)t) {
+                ++u;
+            } else {
+                zeros += b[t] == 0 && bf[t] == 0;
+            }
+        }
+        const double d = rca == NBG_OK && rcb == NBG_OK ? maxrel(a, b, n, &mx) : INFINITY;
+        char id[96];
+        snprintf(id, sizeof id, PFX "-list-%s-forward", v ? "panels" : "model");
+        nbgi_test_check(d <= 1e-9 + 1.2e-7 && mx > 0 && rcf == NBG_OK && zeros == (long)n - nl &&
+                            nbgi_test_corr(a, bf, n) >= 0.99999, id,
+                       "%ld of %zu pixels: max |gpu - cpu| = %.3g of max %.4g; float correlation %.9f; %ld of %ld "
+                       "unlisted pixels 0 (%s)", nl, n, d, mx, nbgi_test_corr(a, bf, n), zeros, (long)n - nl,
+                       rcb == NBG_OK ? "ok" : nbg_errmsg(gpu));
+        nbg_grad gc, gg;
+        memset(&gc, 0, sizeof gc);
+        memset(&gg, 0, sizeof gg);
+        const nbg_param_mask m = NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC);
+        nbg_simulate_grad(cpu, &e, w, m, &gc, a, n, NULL);
+        const int grc = nbg_simulate_grad(gpu, &e, w, m, &gg, b, n, NULL);
+        const double worst = grad_diff(&gg, &gc);
+        const double di = grc == NBG_OK ? maxrel(a, b, n, &mx) : INFINITY;
+        snprintf(id, sizeof id, PFX "-list-%s-grad", v ? "panels" : "model");
+        nbgi_test_check(grc == NBG_OK && worst <= 1e-8 && di <= 1e-9 + 1.2e-7, id,
+                       "worst relative difference to the CPU %.3g; image %.3g of the maximum (%s)", worst, di,
+                       grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+        free(a);
+        free(b);
+        free(bf);
+        free(w);
+        free(l);
+    }
+}
+
 #ifndef NBG_CUDA_EMU
 /* Reruns this program under compute-sanitizer's tools on a few cases (NBG_CUDA_SANITIZED=1 in the child). */
 static void sanitizer(void)
@@ -472,6 +553,7 @@ int main(void)
     gradients(cpu, gpu, gpuf);
     shapes(cpu, gpu);
     panels(cpu, gpu, gpuf);
+    pixel_list(cpu, gpu, gpuf);
     if (sanitized) {
         nbg_ctx_destroy(gpu);
         nbg_ctx_destroy(gpuf);

@@ -1,0 +1,142 @@
+/*
+ * spots.c -- spot regions: the pixel list of boxes around the Bragg spots (nbg_spot_pixels), for
+ * nbg_experiment.pixels, so that refinement evaluates the spots' pixels and not the whole detector.
+ */
+#include "plan.h"
+#include "geometry.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Marks every pixel within h of a marked one along a line of n pixels at stride st (in place, linear time):
+ * a forward and a backward pass, each tracking the distance to the nearest mark behind it. */
+static void dilate_line(uint8_t *m, long n, long st, int h, uint8_t *tmp)
+{
+    long last = -(long)h - 1;
+    for (long x = 0; x < n; ++x) {
+        if (m[x * st] & 1) {
+            last = x;
+        }
+        tmp[x] = x - last <= h;
+    }
+    long next = n + h + 1;
+    for (long x = n - 1; x >= 0; --x) {
+        if (m[x * st] & 1) {
+            next = x;
+        }
+        tmp[x] |= next - x <= h;
+    }
+    for (long x = 0; x < n; ++x) {
+        m[x * st] = tmp[x];
+    }
+}
+
+int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
+                    const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels)
+{
+    if (ctx == NULL || e == NULL || pixels == NULL || npixels == NULL || (centres == NULL && ncentres != 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: NULL argument");
+    }
+    *pixels = NULL;
+    *npixels = 0;
+    if (half_box < 0 || half_box > 100000 || isnan(threshold) || ncentres < 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the box half-width must be in [0, 100000] (got %d), the "
+                         "threshold a number, the centres' count not negative", half_box);
+    }
+    nbg_experiment whole = *e;
+    whole.pixels = NULL;
+    whole.npixels_list = 0;
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, &whole, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbgi_kparams *k = &pl.k;
+    const size_t n = (size_t)k->npix;
+    if (k->npix > (long)UINT32_MAX) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image of %zu pixels is too large for a pixel list", n);
+    }
+    if (image != NULL && npix != n) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image holds %zu pixels, the detector has %zu", npix,
+                         n);
+    }
+    if (ncentres > 0 && k->npanels > 0) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: spot centres are for a single flat detector, not %d "
+                         "panels", k->npanels);
+    }
+    for (long c = 0; c < ncentres; ++c) {
+        const double f = centres[2 * c], s = centres[2 * c + 1];
+        if (!(f > -0.5 && f < k->fpixels - 0.5 && s > -0.5 && s < k->spixels - 0.5)) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "spot centre %ld (fast %g, slow %g) is outside the detector of %d x %d "
+                             "pixels", c, f, s, k->fpixels, k->spixels);
+        }
+    }
+    uint8_t *m = calloc(n, 1);
+    float *own = NULL;
+    const long longest = k->fpixels > k->spixels ? k->fpixels : k->spixels;
+    long maxdim = longest;
+    for (int q = 0; q < k->npanels; ++q) {
+        maxdim = k->panels[q].fpixels > maxdim ? k->panels[q].fpixels : maxdim;
+        maxdim = k->panels[q].spixels > maxdim ? k->panels[q].spixels : maxdim;
+    }
+    uint8_t *tmp = malloc((size_t)maxdim);
+    if (image == NULL && m != NULL) {
+        own = malloc(sizeof(float) * n);
+        rc = own == NULL ? NBG_ENOMEM : nbg_simulate(ctx, &whole, own, n, NULL);
+        image = own;
+    }
+    if (m == NULL || tmp == NULL || rc == NBG_ENOMEM) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_pixels: out of memory for %zu pixels", n);
+    }
+    if (rc == NBG_OK) {
+        for (size_t i = 0; i < n; ++i) {
+            m[i] = image[i] > threshold;
+        }
+        for (long c = 0; c < ncentres; ++c) {
+            const long f = lround(centres[2 * c]), s = lround(centres[2 * c + 1]);
+            m[s * k->fpixels + f] = 1;
+        }
+        /* the box: dilation along fast, then along slow, within each panel (the single detector is one) */
+        const int np = k->npanels > 0 ? k->npanels : 1;
+        for (int q = 0; q < np; ++q) {
+            const long off = k->npanels > 0 ? k->panels[q].offset : 0;
+            const long F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
+            const long S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
+            for (long s = 0; s < S; ++s) {
+                dilate_line(m + off + s * F, F, 1, half_box, tmp);
+            }
+            for (long f = 0; f < F; ++f) {
+                dilate_line(m + off + f, S, F, half_box, tmp);
+            }
+        }
+        long cnt = 0;
+        for (size_t i = 0; i < n; ++i) {
+            m[i] = m[i] && nbgi_model_active(k, i);
+            cnt += m[i];
+        }
+        if (cnt > 0) {
+            *pixels = malloc(sizeof(uint32_t) * (size_t)cnt);
+            if (*pixels == NULL) {
+                rc = nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_pixels: out of memory for %ld pixels", cnt);
+            } else {
+                long t = 0;
+                for (size_t i = 0; i < n; ++i) {
+                    if (m[i]) {
+                        (*pixels)[t++] = (uint32_t)i;
+                    }
+                }
+                *npixels = cnt;
+            }
+        }
+    }
+    free(m);
+    free(tmp);
+    free(own);
+    nbgi_plan_free(&pl);
+    return rc;
+}
