@@ -543,11 +543,12 @@ int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix
     uint8_t *m = NULL;
     int rc, whole = 0;
     switch (sniff(head, n)) {
-    case FILE_HDF5:
+    case FILE_HDF5: {
         int nmod = 1;
         rc = nbgi_read_nxmx_modules(ctx, path, frame, image, npix, &lg, mask != NULL ? &m : NULL, &nmod);
         whole = nmod == 1; /* several modules: the image is their concatenation, lg module 0's detector */
         break;
+    }
     case FILE_CBF:
         if (frame != 0)
             return nbgi_error(ctx, NBG_EINVAL, "%s: a CBF file holds one image; frame %d was asked for", path, frame);
