@@ -168,6 +168,14 @@ static int parse_shot(const char *path, int line, json_t *o, shot *s)
 }
 
 /* Reads a shot list; prints the error and returns 0 when it cannot. */
+/* qsort's order of shots by id, then by line (so that equal ids sit in file order) */
+static int shot_id_cmp(const void *a, const void *b)
+{
+    const shot *x = *(const shot *const *)a, *y = *(const shot *const *)b;
+    const int c = strcmp(x->id, y->id);
+    return c != 0 ? c : (x->line > y->line) - (x->line < y->line);
+}
+
 int nbgi_shots_read(const char *path, shot_list *l)
 {
     memset(l, 0, sizeof *l);
@@ -221,18 +229,24 @@ int nbgi_shots_read(const char *path, shot_list *l)
         fprintf(stderr, "nbgrad: error: %s holds no shots\n", path);
         ok = 0;
     }
-    /* ids name files: two shots with one id would write the same files */
-    for (int i = 0; ok && i < l->n; ++i) {
-        for (int j = 0; j < i; ++j) {
-            if (strcmp(l->v[i].id, l->v[j].id) == 0) {
-                fprintf(stderr, "nbgrad: error: %s lines %d and %d: two shots with the id \"%s\"\n", path,
-                        l->v[j].line, l->v[i].line, l->v[i].id);
-                ok = 0;
-                break;
+    /* ids name files: two shots with one id would write the same files (sorted, so that a list of 10^6 shots is
+     * checked in n log n) */
+    if (ok && l->n > 1) {
+        const shot **by_id = malloc(sizeof *by_id * (size_t)l->n);
+        if (by_id == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory checking the ids of %s\n", path);
+            ok = 0;
+        } else {
+            for (int i = 0; i < l->n; ++i) by_id[i] = &l->v[i];
+            qsort(by_id, (size_t)l->n, sizeof *by_id, shot_id_cmp);
+            for (int i = 1; ok && i < l->n; ++i) {
+                if (strcmp(by_id[i - 1]->id, by_id[i]->id) == 0) {
+                    fprintf(stderr, "nbgrad: error: %s lines %d and %d: two shots with the id \"%s\"\n", path,
+                            by_id[i - 1]->line, by_id[i]->line, by_id[i]->id);
+                    ok = 0;
+                }
             }
-        }
-        if (l->n > 20000 && i > 20000) {
-            break; /* quadratic beyond this: the file names collide on disk anyway, as a rename over a rename */
+            free(by_id);
         }
     }
     if (!ok) {
