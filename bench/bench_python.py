@@ -9,8 +9,10 @@
    (a reused one).  Best and median of --runs after a warm-up; the target is an overhead within 5 %.
    build/bench/bench-forward (the C benchmark program) is run on the same case when it is built, for reference.
 2. nbgrad.torch.simulate forward + backward against nbgrad.grad (the same adjoint call) on tric512, time and peak
-   memory (RSS).  The PyTorch port of nanoBragg is not on PyPI (checked: `pip index versions nanobrag-torch` finds
-   no distribution), so there is no comparison against it here.
+   memory (RSS).
+3. nanoBragg's PyTorch port against nbgrad from Python on the same 1024^2 command line, each a fresh process
+   (wall time and peak RSS, start-up included, as a user sees them), where the port is importable.  It is not on
+   PyPI: install it from a checkout of its repository (`pip install --no-deps -e .`, plus fabio and scipy).
 """
 import argparse
 import os
@@ -100,8 +102,46 @@ def torch_cost(runs):
           f"torch forward+backward {t_best:.4f} s (median {t_med:.4f}), {t_best / d_best:.2f}x: the forward "
           f"render plus the adjoint's own render")
     print(f"peak RSS {rss1 / 1024:.0f} MiB (grew {(rss1 - rss0) / 1024:.0f} MiB during the torch runs)")
-    print("nanoBragg's PyTorch port: not pip-installable from PyPI (no 'nanobrag-torch' distribution), "
-          "not compared")
+    port_compare()
+
+
+def port_compare():
+    """nanoBragg's PyTorch port against nbgrad's Python call, on the same command line, each in a fresh process
+    (wall time and peak RSS of the whole process, so the port's start-up is in its number as a user sees it).
+    The port is not on PyPI; where it is importable (installed from its repository: pip install -e), it runs."""
+    import importlib.util
+    import subprocess
+    import tempfile
+    if importlib.util.find_spec("nanobrag_torch") is None:
+        print("nanoBragg's PyTorch port: not importable (not on PyPI; pip install -e a checkout of it), not compared")
+        return
+    flags = ("-cell 70 80 90 85 95 105 -misset 10 5 3 -N 8 -lambda 1.5 -default_F 100 -distance 100 "
+             "-detpixels 1024 -oversample 1")
+    with tempfile.TemporaryDirectory() as d:
+        runs = {
+            "PyTorch port (python -m nanobrag_torch)": [sys.executable, "-m", "nanobrag_torch"] + flags.split() +
+            ["-floatfile", os.path.join(d, "port.bin")],
+            "nbgrad (python, nbgrad.simulate)": [sys.executable, "-c",
+                                                 "import nbgrad, numpy; e = nbgrad.Experiment.from_flags(%r); "
+                                                 "nbgrad.simulate(e).tofile(%r)" % (flags, os.path.join(d, "nb.bin"))],
+        }
+        res = {}
+        env = dict(os.environ)
+        # the nbgrad this script imported, whatever the working directory
+        here = os.path.dirname(os.path.dirname(os.path.abspath(nbgrad.__file__)))
+        env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+        for name, cmd in runs.items():
+            t0 = time.perf_counter()
+            p = subprocess.run(["/usr/bin/time", "-f", "%M"] + cmd, capture_output=True, text=True, cwd=d, env=env)
+            wall = time.perf_counter() - t0
+            rss = p.stderr.strip().splitlines()[-1] if p.returncode == 0 and p.stderr.strip() else "?"
+            res[name] = (wall, rss, p.returncode)
+        import numpy as np
+        sums = [float(np.fromfile(os.path.join(d, f), dtype=np.float32).sum()) if os.path.exists(os.path.join(d, f))
+                else float("nan") for f in ("port.bin", "nb.bin")]
+    print("1024^2 triclinic forward, one process each (wall s, peak RSS KiB, image sum):")
+    for (name, (wall, rss, rc)), s in zip(res.items(), sums):
+        print(f"  {name}: {wall:.2f} s, {rss} KiB, sum {s:.7g}{'' if rc == 0 else f' (exit {rc})'}")
 
 
 def main():
