@@ -1156,8 +1156,12 @@ static int open_frames(rd *r, const char *nxdata, int frame, hid_t *dset, char *
         snprintf(signal, sizeof signal, "%s", s);
     char names[64][64];
     int nnames = 0;
+    if (rc == NBG_OK && strlen(signal) >= sizeof names[0]) {
+        H5Gclose(g);
+        return bad(r, nxdata, "names a signal longer than 63 characters");
+    }
     if (rc == NBG_OK && exists(g, signal)) {
-        snprintf(names[nnames++], sizeof names[0], "%s", signal);
+        memcpy(names[nnames++], signal, strlen(signal) + 1); /* fits: checked above */
     } else if (rc == NBG_OK) {
         /* Eiger: data_000001, data_000002, ... (external links), in name order */
         for (int i = 1; i <= 64 && nnames < 64; ++i) {
