@@ -385,23 +385,44 @@ int nbgi_under_mpirun(void)
     return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL || getenv("PMI_RANK") != NULL;
 }
 
-int nbgi_cmd_batch(int argc, char **argv, int first)
+int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size)
 {
-    int rank = 0, size = 1, mpi = 0;
+    *rank = 0;
+    *size = 1;
+    if (!nbgi_under_mpirun()) {
+        return 0;
+    }
 #ifdef NBG_HAVE_MPI
-    if (nbgi_under_mpirun()) {
-        MPI_Init(&argc, &argv);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        mpi = 1;
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    return 1;
+#else
+    (void)argc, (void)argv;
+    fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run the "
+                    "whole job (rebuild where mpicc is found, or run without mpirun)\n");
+    return -1;
+#endif
+}
+
+void nbgi_mpi_end(int mpi)
+{
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Finalize();
     }
 #else
-    if (nbgi_under_mpirun()) {
-        fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run "
-                        "the whole batch (rebuild where mpicc is found, or run without mpirun)\n");
+    (void)mpi;
+#endif
+}
+
+int nbgi_cmd_batch(int argc, char **argv, int first)
+{
+    int rank = 0, size = 1;
+    const int mpi = nbgi_mpi_begin(&argc, &argv, &rank, &size);
+    if (mpi < 0) {
         return 1;
     }
-#endif
     nbgi_cli c;
     batch_opts o = {0};
     nbgi_cli_init(&c);
@@ -557,12 +578,7 @@ done:
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
-#ifdef NBG_HAVE_MPI
-    if (mpi) {
-        MPI_Finalize();
-    }
-#endif
-    (void)mpi;
+    nbgi_mpi_end(mpi);
     return status;
 }
 

@@ -349,20 +349,11 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     fprintf(stderr, "nbgrad: error: this build has no refinement (built with GSL=0, without GSL and LAPACKE)\n");
     return 1;
 #else
-    int rank = 0, size = 1, mpi = 0;
-#ifdef NBG_HAVE_MPI
-    if (nbgi_under_mpirun()) {
-        MPI_Init(&argc, &argv);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        mpi = 1;
-    }
-#else
-    if (nbgi_under_mpirun()) {
-        fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI (rebuild where mpicc is found)\n");
+    int rank = 0, size = 1;
+    const int mpi = nbgi_mpi_begin(&argc, &argv, &rank, &size);
+    if (mpi < 0) {
         return 1;
     }
-#endif
     nbgi_cli c;
     ens_opts o = {0};
     o.cycles = 4;
@@ -645,12 +636,7 @@ done:
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
-#ifdef NBG_HAVE_MPI
-    if (mpi) {
-        MPI_Finalize();
-    }
-#endif
-    (void)mpi;
+    nbgi_mpi_end(mpi);
     return status;
 #endif
 }

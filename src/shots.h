@@ -37,5 +37,10 @@ int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experime
 int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size);
 /* Whether the program runs under mpirun (Open MPI's or a PMI launcher's environment says so). */
 int nbgi_under_mpirun(void);
+/* A subcommand's MPI start: under mpirun, MPI_Init and this process's rank and the rank count (returns 1); not
+ * under mpirun, rank 0 of 1 (returns 0); under mpirun in a build without MPI, an error printed (returns -1: every
+ * process would otherwise run the whole job).  nbgi_mpi_end(the value returned) finalises. */
+int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size);
+void nbgi_mpi_end(int mpi);
 
 #endif
