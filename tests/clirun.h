@@ -249,4 +249,57 @@ static inline int clirun_setup(const char *prefix)
     return 1;
 }
 
+/* Runs the program under mpirun -n k (--oversubscribe, as root with Open MPI's consent variables, one OpenMP thread
+ * a rank) with args (NULL-terminated, argv[0] excluded), in r->work. */
+static inline void run_mpi(run_result *r, int k, const char *const *args)
+{
+    static char nbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", k);
+    char keep[PATH_MAX];
+    snprintf(keep, sizeof keep, "%s", g_bin);
+    const char *mpi[64] = {"-n", nbuf, "--oversubscribe", "--bind-to", "none", keep};
+    int n = 6;
+    for (int i = 0; args[i] != NULL && n < 62; ++i) mpi[n++] = args[i];
+    mpi[n] = NULL;
+    snprintf(g_bin, sizeof g_bin, "%s", "/usr/bin/mpirun");
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    /* under the sanitizer tier: Open MPI's own allocations outlive MPI_Finalize, which LeakSanitizer would report
+     * as the program's; leak detection is off for the MPI runs only (the address checks stay on, and the runs
+     * without mpirun keep it) */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan != NULL ? strdup(asan) : NULL;
+    if (saved != NULL) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s:detect_leaks=0", saved);
+        setenv("ASAN_OPTIONS", buf, 1);
+    }
+    run_in(r, mpi);
+    if (saved != NULL) {
+        setenv("ASAN_OPTIONS", saved, 1);
+        free(saved);
+    }
+    unsetenv("OMP_NUM_THREADS");
+    snprintf(g_bin, sizeof g_bin, "%s", keep);
+}
+
+/* Whether the program reads shot lists (they need jansson: a FORMATS=0 build has none); prints the SKIP line when
+ * it does not. */
+static inline int clirun_has_shot_lists(void)
+{
+    run_result p;
+    if (!new_case(&p)) {
+        return 1;
+    }
+    const char *args[] = {"shots", "-n", "1", "-o", "s.jsonl", NULL};
+    run_in(&p, args);
+    const int none = strstr(p.err, "FORMATS=0") != NULL;
+    result_free(&p);
+    if (none) {
+        nbgi_test_skip("shots", "this nbgrad was built without jansson (FORMATS=0): no shot lists");
+    }
+    return !none;
+}
+
 #endif

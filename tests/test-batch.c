@@ -27,41 +27,6 @@ static int file_eq(const char *a, const char *b)
     return eq;
 }
 
-/* Runs mpirun -n k on the program with args, in r->work. */
-static void run_mpi(run_result *r, int k, const char *const *args)
-{
-    static char nbuf[16];
-    snprintf(nbuf, sizeof nbuf, "%d", k);
-    char keep[PATH_MAX];
-    snprintf(keep, sizeof keep, "%s", g_bin);
-    const char *mpi[64] = {"-n", nbuf, "--oversubscribe", "--bind-to", "none", keep};
-    int n = 6;
-    for (int i = 0; args[i] != NULL && n < 62; ++i) mpi[n++] = args[i];
-    mpi[n] = NULL;
-    const char *mpirun = "/usr/bin/mpirun";
-    snprintf(g_bin, sizeof g_bin, "%s", mpirun);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMP_NUM_THREADS", "1", 1);
-    /* under the sanitizer tier: Open MPI's own allocations outlive MPI_Finalize, which LeakSanitizer would report
-     * as the program's; leak detection is off for the MPI runs only (the address checks stay on, and the batch
-     * runs without mpirun keep it) */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char *saved = asan != NULL ? strdup(asan) : NULL;
-    if (saved != NULL) {
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s:detect_leaks=0", saved);
-        setenv("ASAN_OPTIONS", buf, 1);
-    }
-    run_in(r, mpi);
-    if (saved != NULL) {
-        setenv("ASAN_OPTIONS", saved, 1);
-        free(saved);
-    }
-    unsetenv("OMP_NUM_THREADS");
-    snprintf(g_bin, sizeof g_bin, "%s", keep);
-}
-
 static void test_shots_and_batch(void)
 {
     run_result r;
@@ -256,20 +221,9 @@ int main(void)
     if (!clirun_setup("nbg-test-batch-")) {
         return nbgi_test_summary();
     }
-    {
-        /* shot lists need jansson: a FORMATS=0 build has none */
-        run_result p;
-        if (new_case(&p)) {
-            const char *args[] = {"shots", "-n", "1", "-o", "s.jsonl", NULL};
-            run_in(&p, args);
-            const int none = strstr(p.err, "FORMATS=0") != NULL;
-            result_free(&p);
-            if (none) {
-                nbgi_test_skip("shots", "this nbgrad was built without jansson (FORMATS=0): no shot lists");
-                nbgi_test_rmtree(g_root);
-                return nbgi_test_summary();
-            }
-        }
+    if (!clirun_has_shot_lists()) {
+        nbgi_test_rmtree(g_root);
+        return nbgi_test_summary();
     }
     /* MPI: mpirun present and the program built with it (its batch refuses mpirun otherwise) */
     g_mpi = access("/usr/bin/mpirun", X_OK) == 0;

@@ -86,43 +86,22 @@ static int perturb_shots(const run_result *r, double *truth, int n)
 
 static void run_ensemble(run_result *r, int ranks, const char *json)
 {
-    const char *args[64] = {NULL};
+    const char *args[64] = {"ensemble", BASE, "-hkl", "start.hkl", "-shots", "start.jsonl", "-observed",
+                            "obs/{id}.img", "-global", "F", "-local", "rotx,roty,rotz", "-cycles", "2", "-json", json,
+                            NULL};
     int n = 0;
-    static char nbuf[16];
-    char keep[PATH_MAX];
-    snprintf(keep, sizeof keep, "%s", g_bin);
-    if (ranks > 0) {
-        snprintf(nbuf, sizeof nbuf, "%d", ranks);
-        args[n++] = "-n", args[n++] = nbuf, args[n++] = "--oversubscribe", args[n++] = "--bind-to",
-        args[n++] = "none", args[n++] = keep;
-        snprintf(g_bin, sizeof g_bin, "/usr/bin/mpirun");
+    while (args[n] != NULL) {
+        ++n;
     }
-    const char *rest[] = {"ensemble", BASE, "-hkl", "start.hkl", "-shots", "start.jsonl", "-observed", "obs/{id}.img",
-                          "-global", "F", "-local", "rotx,roty,rotz", "-cycles", "2", "-hklout", "refined.hkl",
-                          "-json", json, NULL};
-    for (int i = 0; rest[i] != NULL; ++i) args[n++] = rest[i];
-    if (ranks > 0 && strcmp(json, "ens0.json") != 0) {
-        n -= 4; /* only the run without MPI writes refined.hkl */
-        args[n++] = "-json", args[n++] = json;
+    if (ranks == 0) {
+        /* only the run without MPI writes refined.hkl; it runs with one thread, as run_mpi's ranks do */
+        args[n++] = "-hklout", args[n++] = "refined.hkl", args[n] = NULL;
+        setenv("OMP_NUM_THREADS", "1", 1);
+        run_in(r, args);
+        unsetenv("OMP_NUM_THREADS");
+    } else {
+        run_mpi(r, ranks, args);
     }
-    args[n] = NULL;
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    const char *asan = getenv("ASAN_OPTIONS");
-    char *saved = asan != NULL ? strdup(asan) : NULL;
-    if (saved != NULL && ranks > 0) {
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s:detect_leaks=0", saved); /* Open MPI's allocations outlive MPI_Finalize */
-        setenv("ASAN_OPTIONS", buf, 1);
-    }
-    run_in(r, args);
-    if (saved != NULL) {
-        setenv("ASAN_OPTIONS", saved, 1);
-        free(saved);
-    }
-    unsetenv("OMP_NUM_THREADS");
-    snprintf(g_bin, sizeof g_bin, "%s", keep);
 }
 
 static void test_recovery(void)
@@ -288,20 +267,9 @@ int main(void)
     if (!clirun_setup("nbg-test-ensemble-")) {
         return nbgi_test_summary();
     }
-    {
-        /* shot lists need jansson: a FORMATS=0 build has none */
-        run_result p;
-        if (new_case(&p)) {
-            const char *args[] = {"shots", "-n", "1", "-o", "s.jsonl", NULL};
-            run_in(&p, args);
-            const int none = strstr(p.err, "FORMATS=0") != NULL;
-            result_free(&p);
-            if (none) {
-                nbgi_test_skip("shots", "this nbgrad was built without jansson (FORMATS=0): no shot lists");
-                nbgi_test_rmtree(g_root);
-                return nbgi_test_summary();
-            }
-        }
+    if (!clirun_has_shot_lists()) {
+        nbgi_test_rmtree(g_root);
+        return nbgi_test_summary();
     }
     test_recovery();
     test_refusals();
