@@ -16,7 +16,7 @@
  * the shot alone (the adjoint is bit-for-bit reproducible for a thread count); the ranks exchange the per-shot
  * vectors (MPI_Allgatherv) and every rank adds them in shot order, so every rank holds the same sum, bit for bit,
  * runs the same BFGS iterations, and the answer does not depend on K.  The price: every rank holds all shots'
- * gradient vectors during the sum (nshots x (1 + globals + table) doubles); see doc/scale.md for the plan beyond.
+ * gradient vectors during the sum (nshots x (1 + globals + table) doubles); see bench/scale.md for the plan beyond.
  *
  * Standard errors of the globals, from the information at the optimum: for F, the diagonal of the Poisson Fisher
  * information under the approximation that each pixel sees one reflection (then dM_p/dF_j = 2 M_pj / F_j and
