@@ -202,6 +202,18 @@ static void wdbl(wr *w, const char *name, const double *v, int n, const char *un
     }
 }
 
+/* Creates dataset name over space (with creation properties dcpl, H5P_DEFAULT for none) and writes buf of memory
+ * type mtype into it, closed; 1 on success.  The caller owns space and dcpl and reports a failure. */
+static int wcreate(wr *w, const char *name, hid_t ftype, hid_t space, hid_t dcpl, hid_t mtype, const void *buf)
+{
+    const hid_t d = H5Dcreate2(w->file, name, ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (d < 0)
+        return 0;
+    const int ok = H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0;
+    H5Dclose(d);
+    return ok;
+}
+
 static void wstr(wr *w, const char *name, const char *value)
 {
     if (w->rc != NBG_OK)
@@ -209,13 +221,8 @@ static void wstr(wr *w, const char *name, const char *value)
     int ok = 0;
     const hid_t t = str_type(value);
     const hid_t s = H5Screate(H5S_SCALAR);
-    if (t >= 0 && s >= 0) {
-        const hid_t d = H5Dcreate2(w->file, name, t, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-        if (d >= 0) {
-            ok = H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, value) >= 0;
-            H5Dclose(d);
-        }
-    }
+    if (t >= 0 && s >= 0)
+        ok = wcreate(w, name, t, s, H5P_DEFAULT, t, value);
     if (s >= 0)
         H5Sclose(s);
     if (t >= 0)
@@ -275,13 +282,8 @@ static void wimages(wr *w, nbg_dtype dtype, const void *frames, int nframes, int
     const hid_t s = H5Screate_simple(3, dims, NULL);
     const hid_t p = H5Pcreate(H5P_DATASET_CREATE);
     if (s >= 0 && p >= 0 && H5Pset_chunk(p, 3, chunk) >= 0 &&
-        (level == 0 || (H5Pset_shuffle(p) >= 0 && H5Pset_deflate(p, (unsigned)level) >= 0))) {
-        const hid_t d = H5Dcreate2(w->file, name, ftype, s, H5P_DEFAULT, p, H5P_DEFAULT);
-        if (d >= 0) {
-            ok = H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, frames) >= 0;
-            H5Dclose(d);
-        }
-    }
+        (level == 0 || (H5Pset_shuffle(p) >= 0 && H5Pset_deflate(p, (unsigned)level) >= 0)))
+        ok = wcreate(w, name, ftype, s, p, mtype, frames);
     if (p >= 0)
         H5Pclose(p);
     if (s >= 0)
@@ -313,13 +315,8 @@ static void wmask(wr *w, const uint8_t *mask, int spixels, int fpixels)
     int ok = 0;
     const hid_t s = H5Screate_simple(2, dims, NULL);
     const hid_t p = H5Pcreate(H5P_DATASET_CREATE);
-    if (s >= 0 && p >= 0 && H5Pset_chunk(p, 2, chunk) >= 0 && H5Pset_deflate(p, 1) >= 0) {
-        const hid_t d = H5Dcreate2(w->file, name, H5T_STD_U32LE, s, H5P_DEFAULT, p, H5P_DEFAULT);
-        if (d >= 0) {
-            ok = H5Dwrite(d, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, m) >= 0;
-            H5Dclose(d);
-        }
-    }
+    if (s >= 0 && p >= 0 && H5Pset_chunk(p, 2, chunk) >= 0 && H5Pset_deflate(p, 1) >= 0)
+        ok = wcreate(w, name, H5T_STD_U32LE, s, p, H5T_NATIVE_UINT32, m);
     if (p >= 0)
         H5Pclose(p);
     if (s >= 0)
