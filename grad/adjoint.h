@@ -18,6 +18,8 @@ typedef struct {
     double *lam;                             /* nsources: wavelengths (m) */
     double *F;                               /* structure-factor table, or NULL when not wanted */
     double *lane_abc, *lane_lam;             /* scratch of the vectorised adjoint: nmat*9*8 and nsources*8 */
+    double *panel;                           /* npanels * NBG_ADJ_DET: each panel's own detector gradients (its
+                                                pix0, f, s, o, close before the fold), or NULL when not wanted */
 } nbgi_adjacc;
 
 /* Number of doubles in the fixed part of nbgi_adjacc (the CUDA backend and the thread reduction read it as a flat
@@ -27,8 +29,14 @@ typedef struct {
 _Static_assert(offsetof(nbgi_adjacc, abc) == 29 * sizeof(double), "nbgi_adjacc's fixed part must be 29 doubles");
 #endif
 
+/* The most tangent directions one pass of the tangent kernel carries. */
+#define NBG_JVP_MAX 32
+
 /* The detector part of nbgi_adjacc: pix0, f, s, o (3 each) and close, its first 13 doubles. */
 #define NBG_ADJ_DET 13
+#ifndef __cplusplus
+_Static_assert(NBG_ADJ_DET == NBGI_PANEL_NT, "a panel's detector quantities are the accumulators' first 13");
+#endif
 
 /* A panel's detector quantities (pix0, f, s, o, close: 13 doubles) from the plane's, linearised: the panel's
  * vectors are pix0_p = pix0 + sum_j c_j e_j and (f, s, o)_p = A (f, s, o) with e = (f, s, o), its close distance
@@ -192,13 +200,16 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
 
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
  * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only
- * when tacc->F != NULL.  The caller sums the nthreads sets in thread order, so the result is reproducible for a
+ * when tacc->F != NULL, each panel's own detector gradients only when tacc->panel != NULL.  The caller sums the nthreads sets in thread order, so the result is reproducible for a
  * given thread count.  vectorised selects the row form (adjoint_row_tmpl.h) over the scalar twin. */
 void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
                      int vectorised);
 
 /* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbgi_plan_tangent),
- * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values. */
-void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised);
+ * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values.  ptan (NULL: none): tangents of each
+ * panel's own detector quantities, added to those the plane's carry, at [(j * npanels + k) * NBG_ADJ_DET] (panel
+ * motions). */
+void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
+                  int vectorised);
 
 #endif

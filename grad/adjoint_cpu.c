@@ -80,13 +80,20 @@ void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nb
                     row[c] = det[c];
                     det[c] = saved[c];
                 }
-                nbgi_panel_fold(&p->panels[nbgi_panel_of_row(p, r)], row, det);
+                const int k = nbgi_panel_of_row(p, r);
+                nbgi_panel_fold(&p->panels[k], row, det);
+                if (acc->panel != NULL) {
+                    for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                        acc->panel[(size_t)k * NBG_ADJ_DET + c] += row[c];
+                    }
+                }
             }
         }
     }
 }
 
-void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *out, float *image, int vectorised)
+void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
+                  int vectorised)
 {
     const size_t npix = (size_t)p->npix;
     /* with a pixel list the tangents are compact: list entry t of parameter j at out[j * nlist + t] */
@@ -107,10 +114,19 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, double *o
         nbgi_adjacc tp[NBG_JVP_MAX];
         const nbgi_adjacc *tr = t;
         if (p->npanels > 0) {
-            const nbgi_kpanel *q = &p->panels[nbgi_panel_of_row(p, r)];
+            const int k = nbgi_panel_of_row(p, r);
+            const nbgi_kpanel *q = &p->panels[k];
             for (int j = 0; j < nt; ++j) {
                 tp[j] = t[j];
                 nbgi_panel_tangent(q, (const double *)&t[j], (double *)&tp[j]);
+                if (ptan != NULL) {
+                    /* the panel's own motion, when tangent j is one of its group's components */
+                    const double *d = ptan + ((size_t)j * p->npanels + k) * NBG_ADJ_DET;
+                    double *o = (double *)&tp[j];
+                    for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                        o[c] += d[c];
+                    }
+                }
             }
             tr = tp;
         }

@@ -38,19 +38,54 @@ static const char *const param_names[NBG_NPARAMS] = {
     "mosaic", "lambda", "fluence", "polar", "distance", "beam_fast", "beam_slow",
     "det_rotx", "det_roty", "det_rotz", "twotheta", "scale", "bg", "bg_fast", "bg_slow"};
 
+static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
+
 const char *nbg_param_name(nbg_param p)
 {
+    int g, c;
     if (p == NBG_NPARAMS) {
         return "F";
+    }
+    if (nbgi_param_motion(p, &g, &c)) {
+        return motion_names[c];
     }
     return (p >= 0 && p < NBG_NPARAMS) ? param_names[p] : "?";
 }
 
+const char *nbg_param_label(nbg_param p, char *buf, size_t size)
+{
+    int g, c;
+    if (buf == NULL || size == 0) {
+        return buf;
+    }
+    if (nbgi_param_motion(p, &g, &c)) {
+        snprintf(buf, size, "g%d.%s", g, motion_names[c]);
+    } else {
+        snprintf(buf, size, "%s", nbg_param_name(p));
+    }
+    return buf;
+}
+
 int nbg_param_from_name(const char *name)
 {
+    if (name == NULL) {
+        return -1;
+    }
     for (int i = 0; i < NBG_NPARAMS; ++i) {
         if (strcmp(name, param_names[i]) == 0) {
             return i;
+        }
+    }
+    /* g<group>.<component> */
+    if (name[0] == 'g' && name[1] >= '0' && name[1] <= '9') {
+        char *end;
+        const long g = strtol(name + 1, &end, 10);
+        if (*end == '.' && g >= 0 && g < NBGI_MAX_MOTIONS) {
+            for (int c = 0; c < 6; ++c) {
+                if (strcmp(end + 1, motion_names[c]) == 0) {
+                    return (int)NBG_P_MOTION(g, c);
+                }
+            }
         }
     }
     return -1;
@@ -58,6 +93,13 @@ int nbg_param_from_name(const char *name)
 
 static double *param_field(nbg_experiment *e, nbg_param p)
 {
+    int g, c;
+    if (nbgi_param_motion(p, &g, &c)) {
+        if (e->motions == NULL || g >= e->nmotions) {
+            return NULL;
+        }
+        return c < 3 ? &e->motions[g].shift[c] : &e->motions[g].rot[c - 3];
+    }
     switch (p) {
     case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_ALPHA: case NBG_P_BETA: case NBG_P_GAMMA:
         return &e->cell[p - NBG_P_A];
@@ -164,6 +206,15 @@ int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *
         return nbgi_error(ctx, NBG_EUNSUP, "panels fixed in the lab frame do not move with the detector parameters "
                          "(distance, beam centre, rotations, two-theta): no gradient in them");
     }
+    if ((mask & NBG_MASK_MOTIONS) && !(e->npanels > 0 && e->nmotions > 0)) {
+        return nbgi_error(ctx, NBG_EUNSUP, "panel-motion gradients need panels with motions (nmotions > 0)");
+    }
+#ifdef NBG_HAVE_CUDA
+    if ((mask & NBG_MASK_MOTIONS) && ctx->backend == NBG_BACKEND_CUDA) {
+        return nbgi_error(ctx, NBG_EUNSUP, "panel-motion gradients are not implemented on the CUDA backend (use the "
+                         "CPU backend for them; the CUDA forward renders moved panels)");
+    }
+#endif
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (!(mask & NBG_MASK(p))) {
             continue;
@@ -450,7 +501,13 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
         }
     }
     const size_t nlane = (nabc + nsrc) * 8; /* the vectorised adjoint's per-lane scratch */
-    const size_t per = nabc + nsrc + nF + nlane;
+    const int wantM = (mask & NBG_MASK_MOTIONS) != 0;
+    const size_t nP = wantM ? (size_t)k->npanels * NBG_ADJ_DET : 0;
+    if (wantM && (grad->dmotion == NULL || grad->ndmotion != (size_t)e->nmotions * 6)) {
+        return nbgi_error(ctx, NBG_EINVAL, "panel-motion gradients need dmotion with %d entries (got %zu)",
+                         e->nmotions * 6, grad->ndmotion);
+    }
+    const size_t per = nabc + nsrc + nF + nlane + nP;
     nbgi_adjacc *tacc = calloc((size_t)nthreads, sizeof *tacc);
     double *buf = calloc((size_t)nthreads * (per ? per : 1), sizeof(double));
     if (tacc == NULL || buf == NULL) {
@@ -464,6 +521,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
         tacc[t].F = nF ? tacc[t].lam + nsrc : NULL;
         tacc[t].lane_abc = tacc[t].lam + nsrc + nF;
         tacc[t].lane_lam = tacc[t].lane_abc + nabc * 8;
+        tacc[t].panel = nP ? tacc[t].lane_lam + nsrc * 8 : NULL;
     }
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
@@ -510,6 +568,24 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
         }
         for (size_t i = 0; i < nabc + nsrc + nF; ++i) {
             acc->abc[i] += tacc[t].abc[i];
+        }
+        for (size_t i = 0; i < nP; ++i) {
+            acc->panel[i] += tacc[t].panel[i];
+        }
+    }
+    if (wantM) {
+        /* dL/d(motion g, component c) = sum over g's panels of <the panel's own gradients, its tangent> */
+        memset(grad->dmotion, 0, sizeof(double) * grad->ndmotion);
+        for (int q = 0; q < k->npanels; ++q) {
+            const int g = e->panels[q].group;
+            for (int c = 0; c < 6; ++c) {
+                const double *tq = pl->motion_t + ((size_t)q * 6 + c) * NBG_ADJ_DET;
+                double d = 0;
+                for (int x = 0; x < NBG_ADJ_DET; ++x) {
+                    d += acc->panel[(size_t)q * NBG_ADJ_DET + x] * tq[x];
+                }
+                grad->dmotion[6 * g + c] += d;
+            }
         }
     }
     memset(grad->g, 0, sizeof grad->g);
@@ -583,6 +659,14 @@ static int gradient_check(nbg_ctx *ctx, nbg_param_mask mask, const nbg_grad *gra
         if ((mask & NBG_MASK(p)) && !isfinite(grad->g[p])) {
             return nbgi_error(ctx, NBG_EINVAL, "the gradient in %s is not finite (%g)", nbg_param_name((nbg_param)p),
                              grad->g[p]);
+        }
+    }
+    if ((mask & NBG_MASK_MOTIONS) && grad->dmotion != NULL) {
+        for (size_t i = 0; i < grad->ndmotion; ++i) {
+            if (!isfinite(grad->dmotion[i])) {
+                return nbgi_error(ctx, NBG_EINVAL, "the gradient in g%zu.%s is not finite (%g)", i / 6,
+                                 motion_names[i % 6], grad->dmotion[i]);
+            }
         }
     }
     if ((mask & NBG_MASK_F) && grad->dF != NULL) {
@@ -722,11 +806,19 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     if (ctx == NULL || e == NULL || params == NULL || tangents == NULL || image == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
     }
-    if (nparams < 1 || nparams > NBG_NPARAMS) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+    if (nparams < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (at least 1)", nparams);
     }
     nbg_param_mask mask = 0;
     for (int j = 0; j < nparams; ++j) {
+        int g, c;
+        if (nbgi_param_motion(params[j], &g, &c)) {
+            if (g >= e->nmotions) {
+                return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: panel motion %d of %d", g, e->nmotions);
+            }
+            mask |= NBG_MASK_MOTIONS;
+            continue;
+        }
         if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
             return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: unknown parameter %d", (int)params[j]);
         }
@@ -737,32 +829,63 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     if (rc != NBG_OK) {
         return rc;
     }
-    /* the simulation's parameters go through the tangent kernel, compacted to the front; the image-level ones are
-     * filled afterwards (dM/dG = I, dM/dbg = 1, x, y; the others' tangents times G) */
-    nbgi_adjacc t[NBG_NPARAMS];
-    int nt = 0, slot[NBG_NPARAMS];
-    for (int j = 0; rc == NBG_OK && j < nparams; ++j) {
-        if (NBGI_IMAGE_LEVEL(params[j])) {
-            continue;
-        }
-        if (nbgi_tangent_alloc(&pl, &t[nt]) != NBG_OK) {
-            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
-            break;
-        }
-        nbgi_plan_tangent(e, &pl, params[j], &t[nt]);
-        slot[nt++] = j;
+    /* the simulation's parameters go through the tangent kernel, compacted to the front, NBG_JVP_MAX a pass; the
+     * image-level ones are filled afterwards (dM/dG = I, dM/dbg = 1, x, y; the others' tangents times G) */
+    const size_t nw = (size_t)nbgi_nwalk(&pl.k);
+    int *slot = malloc(sizeof(int) * (size_t)nparams);
+    const size_t nptan = (size_t)NBG_JVP_MAX * (size_t)pl.k.npanels * NBG_ADJ_DET;
+    double *ptan = (mask & NBG_MASK_MOTIONS) ? malloc(sizeof(double) * nptan) : NULL;
+    if (slot == NULL || ((mask & NBG_MASK_MOTIONS) && ptan == NULL)) {
+        free(slot);
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
     }
-    if (rc == NBG_OK) {
-        if (nt > 0) {
-            nbgi_jvp_cpu(&pl.k, t, nt, tangents, image, ctx->scalar_adjoint == 0);
-            rc = nbgi_image_check(ctx, &pl, image, NAN);
-        } else {
-            rc = nbgi_forward_plan(ctx, &pl, image);
+    int nt = 0;
+    for (int j = 0; j < nparams; ++j) {
+        if (!NBGI_IMAGE_LEVEL(params[j])) {
+            slot[nt++] = j;
         }
+    }
+    for (int q0 = 0; rc == NBG_OK && q0 < nt; q0 += NBG_JVP_MAX) {
+        const int m = nt - q0 < NBG_JVP_MAX ? nt - q0 : NBG_JVP_MAX;
+        nbgi_adjacc t[NBG_JVP_MAX];
+        int na = 0, motion = 0;
+        if (ptan != NULL) {
+            memset(ptan, 0, sizeof(double) * nptan);
+        }
+        for (; na < m; ++na) {
+            const nbg_param p = params[slot[q0 + na]];
+            int g, c;
+            if (nbgi_tangent_alloc(&pl, &t[na]) != NBG_OK) {
+                rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
+                break;
+            }
+            if (!nbgi_param_motion(p, &g, &c)) {
+                nbgi_plan_tangent(e, &pl, p, &t[na]);
+                continue;
+            }
+            motion = 1; /* the plan-level tangent is zero; the group's panels move by their own */
+            for (int k = 0; k < pl.k.npanels; ++k) {
+                if (e->panels[k].group == g) {
+                    memcpy(ptan + ((size_t)na * pl.k.npanels + k) * NBG_ADJ_DET,
+                           pl.motion_t + ((size_t)k * 6 + c) * NBG_ADJ_DET, sizeof(double) * NBG_ADJ_DET);
+                }
+            }
+        }
+        if (rc == NBG_OK) {
+            nbgi_jvp_cpu(&pl.k, t, m, motion ? ptan : NULL, tangents + (size_t)q0 * nw, image,
+                         ctx->scalar_adjoint == 0);
+            rc = nbgi_image_check(ctx, &pl, image, NAN);
+        }
+        for (int j = 0; j < na; ++j) {
+            free(t[j].abc);
+        }
+    }
+    if (rc == NBG_OK && nt == 0) {
+        rc = nbgi_forward_plan(ctx, &pl, image);
     }
     if (rc == NBG_OK) {
         /* a tangent image per parameter: npix pixels, or compact over the pixel list */
-        const size_t nw = (size_t)nbgi_nwalk(&pl.k);
         for (int q = nt - 1; q >= 0; --q) { /* slot[q] >= q: move from the back */
             double *dst = tangents + (size_t)slot[q] * nw;
             if (slot[q] != q) {
@@ -789,9 +912,8 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
         }
         nbgi_model_apply(e, &pl.k, image);
     }
-    for (int j = 0; j < nt; ++j) {
-        free(t[j].abc);
-    }
+    free(slot);
+    free(ptan);
     nbgi_plan_free(&pl);
     return rc;
 }

@@ -7,6 +7,21 @@
 #include "adjoint.h"
 #include "plan.h"
 
+/* The most panel motions a parameter name can address. */
+#define NBGI_MAX_MOTIONS 100000
+
+/* Whether p is a panel motion's parameter, NBG_P_MOTION(*g, *c). */
+static inline int nbgi_param_motion(nbg_param p, int *g, int *c)
+{
+    const long v = (long)p - NBG_P_MOTION0;
+    if (v < 0 || v >= 6L * NBGI_MAX_MOTIONS) {
+        return 0;
+    }
+    *g = (int)(v / 6);
+    *c = (int)(v % 6);
+    return 1;
+}
+
 /* Allocates the arrays of a zeroed tangent/accumulator set for this plan (free t->abc to release). */
 int nbgi_tangent_alloc(const nbgi_plan *pl, nbgi_adjacc *t);
 /* The tangent of the plan-level quantities along parameter p (per CLI unit); t from nbgi_tangent_alloc. */

@@ -14,6 +14,7 @@
  * are scale times sum w dI/dtheta, the image-level parameters' are linear (their differences are exact).
  */
 #include "adjoint.h"
+#include "grad.h"
 #include "forward.h"
 #include "internal.h"
 #include "plan.h"
@@ -98,7 +99,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
         rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu structure factors", n);
         goto out;
     }
-    nbg_grad g = {{0}, dF, n};
+    nbg_grad g = {{0}, dF, n, NULL, 0};
     rc = nbg_simulate_grad(ctx, e, w, NBG_MASK_F, &g, img, npix, NULL);
     if (rc != NBG_OK) {
         goto out;
@@ -169,6 +170,11 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         need += (mask & NBG_MASK(p)) != 0;
     }
+    const int nmot = (mask & NBG_MASK_MOTIONS) && e->nmotions > 0 ? 6 * e->nmotions : 0;
+    if ((mask & NBG_MASK_MOTIONS) && nmot == 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: NBG_MASK_MOTIONS without panel motions");
+    }
+    need += nmot;
     if (capacity < need) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: results holds %d entries, the mask asks for %d", capacity,
                          need);
@@ -185,7 +191,11 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     uint64_t *sig0 = malloc(sizeof(uint64_t) * npix);
     uint64_t *sig = malloc(sizeof(uint64_t) * npix);
     uint8_t *skip = malloc(npix);
-    if (!w || !wx || !img || !sig0 || !sig || !skip) {
+    /* the parameters checked, in order: the masked ones, then every panel motion's components */
+    nbg_param *plist = malloc(sizeof(nbg_param) * (size_t)(need > 0 ? need : 1));
+    double *dmot = malloc(sizeof(double) * (size_t)(nmot > 0 ? 2 * nmot : 1));
+    nbg_panel_motion *mot = malloc(sizeof(nbg_panel_motion) * (size_t)(e->nmotions > 0 ? e->nmotions : 1));
+    if (!w || !wx || !img || !sig0 || !sig || !skip || !plist || !dmot || !mot) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu pixels", npix);
         goto done;
     }
@@ -200,8 +210,19 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     if (rc != NBG_OK) {
         goto done;
     }
+    int np = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (mask & NBG_MASK(p)) {
+            plist[np++] = (nbg_param)p;
+        }
+    }
+    for (int j = 0; j < nmot; ++j) {
+        plist[np++] = NBG_P_MOTION(j / 6, j % 6);
+    }
     nbg_grad grad;
     memset(&grad, 0, sizeof grad);
+    grad.dmotion = nmot ? dmot : NULL;
+    grad.ndmotion = (size_t)nmot;
     rc = nbg_simulate_grad(ctx, e, w, mask & ~NBG_MASK_F, &grad, img, npix, NULL);
     if (rc != NBG_OK) {
         goto done;
@@ -217,24 +238,31 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         rc = nbgi_error(ctx, NBG_EINVAL, "gradcheck: the image is blank; a check on it proves nothing");
         goto done;
     }
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (!(mask & NBG_MASK(p))) {
-            continue;
-        }
+    for (int pi = 0; pi < np; ++pi) {
+        const nbg_param p = plist[pi];
+        int mg = 0, mc = 0;
+        const int is_motion = nbgi_param_motion(p, &mg, &mc);
+        char label[48];
+        nbg_param_label(p, label, sizeof label);
         nbg_gradcheck_result *r = &results[(*nresults)++];
         memset(r, 0, sizeof *r);
-        r->param = (nbg_param)p;
+        r->param = p;
         double x0;
-        nbg_param_get(e, (nbg_param)p, &x0);
-        const double h = h_scale * default_step((nbg_param)p, x0, isum / (double)npix);
+        nbg_param_get(e, p, &x0);
+        const double h = h_scale * default_step(p, x0, isum / (double)npix);
         r->loss = L0;
         r->step = h;
         const double offs[4] = {h, -h, h / 2, -h / 2};
         /* pass 1: which pixels change their discrete choices */
         memset(skip, 0, npix);
         nbg_experiment ep = *e;
+        if (e->nmotions > 0) {
+            /* the motions are the caller's: the steps go to a copy */
+            memcpy(mot, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+            ep.motions = mot;
+        }
         for (int j = 0; j < 4; ++j) {
-            nbg_param_set(&ep, (nbg_param)p, x0 + offs[j]);
+            nbg_param_set(&ep, p, x0 + offs[j]);
             double Lj;
             rc = eval_loss(ctx, &ep, w, NULL, sig, &Lj);
             if (rc != NBG_OK) {
@@ -252,24 +280,26 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         /* pass 2: the finite differences over the pixels kept */
         double Lv[4];
         for (int j = 0; j < 4; ++j) {
-            nbg_param_set(&ep, (nbg_param)p, x0 + offs[j]);
+            nbg_param_set(&ep, p, x0 + offs[j]);
             rc = eval_loss(ctx, &ep, w, skip, NULL, &Lv[j]);
             if (rc != NBG_OK) {
                 goto done;
             }
         }
-        double adj = grad.g[p];
+        double adj = is_motion ? dmot[6 * mg + mc] : grad.g[p];
         if (excluded > 0) {
             for (size_t i = 0; i < npix; ++i) {
                 wx[i] = skip[i] ? 0.0f : w[i];
             }
             nbg_grad gx;
             memset(&gx, 0, sizeof gx);
-            rc = nbg_simulate_grad(ctx, e, wx, NBG_MASK(p), &gx, img, npix, NULL);
+            gx.dmotion = is_motion ? dmot + nmot : NULL;
+            gx.ndmotion = is_motion ? (size_t)nmot : 0;
+            rc = nbg_simulate_grad(ctx, e, wx, is_motion ? NBG_MASK_MOTIONS : NBG_MASK(p), &gx, img, npix, NULL);
             if (rc != NBG_OK) {
                 goto done;
             }
-            adj = gx.g[p];
+            adj = is_motion ? gx.dmotion[6 * mg + mc] : gx.g[p];
         }
         const double D1 = (Lv[0] - Lv[1]) / (2 * h);
         const double D2 = (Lv[2] - Lv[3]) / h;
@@ -293,7 +323,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
             r->pass = 0;
             r->status = NBG_CHECK_ZERO;
             snprintf(r->reason, sizeof r->reason, "zero gradient: adjoint and difference both below the rounding "
-                     "floor %.2g; no pixel of this experiment depends on %s", atol, nbg_param_name((nbg_param)p));
+                     "floor %.2g; no pixel of this experiment depends on %.40s", atol, label);
         } else if (!(fabs(adj - num) <= atol + rtol * denom)) {
             r->pass = 0;
             r->status = NBG_CHECK_FAIL;
@@ -311,7 +341,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
                      "change within the step", len ? "; " : "", excluded);
         }
         if (ctx->progress != NULL) {
-            ctx->progress(ctx->progress_user, nbg_param_name((nbg_param)p), ++done_n, total);
+            ctx->progress(ctx->progress_user, label, ++done_n, total);
         }
     }
     if (mask & NBG_MASK_F) {
@@ -329,5 +359,8 @@ done:
     free(sig0);
     free(sig);
     free(skip);
+    free(plist);
+    free(dmot);
+    free(mot);
     return rc;
 }

@@ -15,8 +15,6 @@
 #endif
 #define NBG_TMPL_HAS_JVP 1
 
-#define NBG_JVP_MAX 32
-
 static inline NBG_HD void NBG_SFX(nbgi_ray_tangent)(const nbgi_ray * r, const nbgi_adjacc *t, NBG_R *dP,
                                                   NBG_R *dd, NBG_R *dR)
 {

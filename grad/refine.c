@@ -68,9 +68,11 @@ typedef struct {
     size_t nobs;                 /* pixels in the loss */
     double *T;                   /* n * nw tangent images (compact over the list) */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
-    double dstep[NBG_NPARAMS];   /* the Gauss-Newton step -H^-1 g from there */
+    double dstep[NBG_REFINE_MAX];   /* the Gauss-Newton step -H^-1 g from there */
     double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
-    double scale[NBG_NPARAMS];   /* BFGS variable scaling */
+    double scale[NBG_REFINE_MAX];   /* BFGS variable scaling */
+    nbg_panel_motion *motions;   /* the working copy's panel motions (e.motions points here), or NULL */
+    double *dmotion;             /* 6 * e.nmotions: the BFGS gradient's panel-motion part */
     int evals;
     int status;                  /* first failure */
 } refine_ws;
@@ -193,7 +195,7 @@ static double cov_factor(const refine_ws *ws, double L)
 static double step_sigma(refine_ws *ws, const double *g, const double *H, double L)
 {
     const int n = ws->n;
-    double A[NBG_NPARAMS * NBG_NPARAMS], d[NBG_NPARAMS];
+    double A[NBG_REFINE_MAX * NBG_REFINE_MAX], d[NBG_REFINE_MAX];
     memcpy(A, H, sizeof(double) * (size_t)n * n);
     memcpy(d, g, sizeof(double) * (size_t)n);
     if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', n, 1, A, n, d, 1) != 0) {
@@ -275,7 +277,7 @@ static int linear_start(refine_ws *ws, double *x)
     if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', k, 1, A, k, b, 1) != 0) {
         return NBG_OK; /* degenerate (no signal): keep the caller's start */
     }
-    double L0, L1, xn[NBG_NPARAMS];
+    double L0, L1, xn[NBG_REFINE_MAX];
     memcpy(xn, x, sizeof(double) * (size_t)ws->n);
     for (int a = 0; a < k; ++a) {
         xn[idx[a]] = b[a];
@@ -297,8 +299,8 @@ static int linear_start(refine_ws *ws, double *x)
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], A[NBG_NPARAMS * NBG_NPARAMS], d[NBG_NPARAMS];
-    double xn[NBG_NPARAMS];
+    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], A[NBG_REFINE_MAX * NBG_REFINE_MAX], d[NBG_REFINE_MAX];
+    double xn[NBG_REFINE_MAX];
     double L;
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
@@ -382,7 +384,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
 static double bfgs_f(const gsl_vector *u, void *p)
 {
     refine_ws *ws = p;
-    double x[NBG_NPARAMS], L;
+    double x[NBG_REFINE_MAX], L;
     for (int j = 0; j < ws->n; ++j) {
         x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
     }
@@ -401,7 +403,7 @@ static double bfgs_f(const gsl_vector *u, void *p)
 static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
 {
     refine_ws *ws = p;
-    double x[NBG_NPARAMS];
+    double x[NBG_REFINE_MAX];
     for (int j = 0; j < ws->n; ++j) {
         x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
     }
@@ -414,7 +416,12 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
     memset(&g, 0, sizeof g);
     nbg_param_mask mask = 0;
     for (int j = 0; j < ws->n; ++j) {
-        mask |= NBG_MASK(ws->params[j]);
+        int mg, mc;
+        mask |= nbgi_param_motion(ws->params[j], &mg, &mc) ? NBG_MASK_MOTIONS : NBG_MASK(ws->params[j]);
+    }
+    if (mask & NBG_MASK_MOTIONS) {
+        g.dmotion = ws->dmotion;
+        g.ndmotion = (size_t)ws->e.nmotions * 6;
     }
     const int rc = nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, mask, f, &g, ws->img, ws->npix);
     if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
@@ -429,7 +436,9 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
     }
     ++ws->evals;
     for (int j = 0; j < ws->n; ++j) {
-        gsl_vector_set(df, (size_t)j, g.g[ws->params[j]] * ws->scale[j]);
+        int mg, mc;
+        const double dj = nbgi_param_motion(ws->params[j], &mg, &mc) ? g.dmotion[6 * mg + mc] : g.g[ws->params[j]];
+        gsl_vector_set(df, (size_t)j, dj * ws->scale[j]);
     }
 }
 
@@ -442,7 +451,7 @@ static void bfgs_df(const gsl_vector *u, void *p, gsl_vector *df)
 static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], L;
+    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], L;
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
         return rc;
@@ -505,7 +514,7 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
 static int information(refine_ws *ws, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_NPARAMS], H[NBG_NPARAMS * NBG_NPARAMS], L;
+    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], L;
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
         return rc;
@@ -613,27 +622,32 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     if (ctx == NULL || e == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
     }
-    if (nparams < 1 || nparams > NBG_NPARAMS) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_NPARAMS);
+    if (nparams < 1 || nparams > NBG_REFINE_MAX) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_REFINE_MAX);
     }
     if (opt->method != NBG_OPT_LM && opt->method != NBG_OPT_BFGS) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
     }
     memset(res, 0, sizeof *res);
-    double x[NBG_NPARAMS];
+    double x[NBG_REFINE_MAX];
     for (int j = 0; j < nparams; ++j) {
-        if (params[j] < 0 || params[j] >= NBG_NPARAMS) {
-            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d", (int)params[j]);
+        int mg, mc;
+        char label[48];
+        nbg_param_label(params[j], label, sizeof label);
+        const int known = nbgi_param_motion(params[j], &mg, &mc) ? mg < e->nmotions
+                                                                   : params[j] >= 0 && params[j] < NBG_NPARAMS;
+        if (!known) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d (%s; %d panel motions)",
+                             (int)params[j], label, e->nmotions);
         }
         for (int k = 0; k < j; ++k) {
             if (params[k] == params[j]) {
-                return nbgi_error(ctx, NBG_EINVAL, "parameter %s is listed twice", nbg_param_name(params[j]));
+                return nbgi_error(ctx, NBG_EINVAL, "parameter %s is listed twice", label);
             }
         }
         nbg_param_get(e, params[j], &x[j]);
         if (!nbg_param_in_bounds(params[j], x[j])) {
-            return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j],
-                             nbg_param_name(params[j]));
+            return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j], label);
         }
         res->params[j] = params[j];
         res->start[j] = x[j];
@@ -692,9 +706,20 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     ws.nobs = nobs;
     ws.img = malloc(sizeof(float) * npix);
     ws.T = malloc(sizeof(double) * nw * (size_t)nparams);
-    if (ws.img == NULL || ws.T == NULL) {
+    if (e->nmotions > 0) {
+        /* trial steps go to a copy of the motions; the caller's get the fitted values at the end */
+        ws.motions = malloc(sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+        ws.dmotion = malloc(sizeof(double) * 6 * (size_t)e->nmotions);
+        if (ws.motions != NULL) {
+            memcpy(ws.motions, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+        }
+        ws.e.motions = ws.motions;
+    }
+    if (ws.img == NULL || ws.T == NULL || (e->nmotions > 0 && (ws.motions == NULL || ws.dmotion == NULL))) {
         free(ws.img);
         free(ws.T);
+        free(ws.motions);
+        free(ws.dmotion);
         free(use);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
     }
@@ -719,11 +744,18 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
             rc = nbg_check_floor(ctx, &ws.e, observed, weights, ws.img, npix, &res->floor);
         }
         if (rc == NBG_OK) {
+            nbg_panel_motion *const caller = e->motions;
             *e = ws.e;
+            e->motions = caller;
+            if (e->nmotions > 0) {
+                memcpy(caller, ws.motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+            }
         }
     }
     free(ws.img);
     free(ws.T);
+    free(ws.motions);
+    free(ws.dmotion);
     free(use);
     return rc;
 }

@@ -164,7 +164,18 @@ typedef struct {
     double fast[3], slow[3];        /* the panel's axes: perpendicular, any length (normalised) */
     double origin[3];               /* the corner of pixel (0,0) (not its centre), mm */
     char name[32];                  /* for messages and files ("" : "panel <index>") */
+    int group;                      /* the motion group it belongs to (nbg_experiment.motions; 0 when none) */
 } nbg_panel;
+
+/* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'
+ * vectors: each panel of the group is turned by R = Rz(rot[2]) Ry(rot[1]) Rx(rot[0]) about the group's pivot (the
+ * mean of its panels' centres as given) and then moved by shift, so that its origin becomes
+ * pivot + R (origin - pivot) + shift and its axes R fast, R slow.  The zero motion leaves the panels as given.
+ * Refinable: parameter NBG_P_MOTION(g, c) is component c of group g's motion (see nbg_param). */
+typedef struct {
+    double shift[3];                /* mm, along the frame's x, y, z (PLANE: the plane's fast, slow, normal) */
+    double rot[3];                  /* deg, about the frame's x, y, z through the pivot */
+} nbg_panel_motion;
 
 /* The frame of nbg_panel's vectors.  PLANE: components along the detector plane's fast, slow and normal axes
  * (the plane that the detector flags place, as for a single detector), origin in mm from the plane's pix0 (the
@@ -272,6 +283,11 @@ typedef struct {
     const nbg_panel *panels;        /* npanels panels (caller-owned), or NULL */
     int npanels;
     nbg_panel_frame panel_frame;    /* the frame of the panels' vectors (NBG_PANELS_PLANE) */
+    /* nmotions = 0 (the default): the panels stay as given.  Else every panel's group must be below nmotions and
+     * panel p moves by motions[panels[p].group] (a group without panels is allowed: nothing depends on it).
+     * Caller-owned; nbg_param_set and nbg_refine write the fitted values into it. */
+    nbg_panel_motion *motions;
+    int nmotions;
 
     /* --- a pixel list (spot regions) ------------------------------------------------------------------------- */
     /* NULL (the default): every pixel.  Else npixels_list image indices, strictly increasing, each < npix (NBG_EINVAL
@@ -378,15 +394,27 @@ typedef enum {
     NBG_NPARAMS
 } nbg_param;
 
-/* Bit i selects parameter i; NBG_MASK_F selects one gradient per structure-factor table entry. */
+/* The panel motions' parameters: component c of group g's motion (nbg_panel_motion), c = 0, 1, 2 the shift along
+ * the frame's x, y, z (mm), c = 3, 4, 5 the rotation about them (deg).  Their names are "g<g>.shift_x" ...
+ * "g<g>.rot_z" (nbg_param_label, nbg_param_from_name); they exist while g < e->nmotions. */
+#define NBG_P_MOTION0 4096
+#define NBG_P_MOTION(g, c) ((nbg_param)(NBG_P_MOTION0 + 6 * (g) + (c)))
+
+/* Bit i selects parameter i; NBG_MASK_F selects one gradient per structure-factor table entry; NBG_MASK_MOTIONS
+ * every component of every panel motion (nbg_grad.dmotion). */
 typedef uint64_t nbg_param_mask;
 #define NBG_MASK(p) ((nbg_param_mask)1 << (p))
 #define NBG_MASK_F ((nbg_param_mask)1 << 63)
+#define NBG_MASK_MOTIONS ((nbg_param_mask)1 << 62)
 #define NBG_MASK_ALL (((nbg_param_mask)1 << NBG_NPARAMS) - 1)
 
-/* The CLI name of a parameter; NBG_NPARAMS names the structure factors, "F". */
+/* The CLI name of a parameter; NBG_NPARAMS names the structure factors, "F"; a panel motion's parameter its
+ * component ("shift_x" ... "rot_z"; nbg_param_label gives the group too). */
 const char *nbg_param_name(nbg_param p);
-/* The parameter called name, or -1. */
+/* The full name of any parameter into buf (size bytes): nbg_param_name's, or "g<group>.<component>" for a panel
+ * motion's.  Returns buf. */
+const char *nbg_param_label(nbg_param p, char *buf, size_t size);
+/* The parameter called name (a panel motion's as "g3.shift_x"), or -1. */
 int nbg_param_from_name(const char *name);
 /* Reads / writes a parameter's value in an experiment (beam_fast/slow: the shift; fluence: the fluence field). */
 int nbg_param_get(const nbg_experiment *e, nbg_param p, double *value);
@@ -403,6 +431,8 @@ typedef struct {
     double g[NBG_NPARAMS];
     double *dF;
     size_t ndF;
+    double *dmotion;    /* NBG_MASK_MOTIONS: ndmotion = 6 * e->nmotions doubles, dL/d NBG_P_MOTION(g, c) at 6 g + c */
+    size_t ndmotion;
 } nbg_grad;
 
 /* Vector-Jacobian product: renders the image (nbg_simulate's model image M; see precision below) and returns
@@ -498,12 +528,15 @@ typedef enum {
     NBG_STOP_BOUND         /* a parameter ended at a bound of its physical range (nbg_param_in_bounds)         */
 } nbg_stop_reason;
 
+/* The most parameters one refinement takes (the crystal's with, say, the 3 shifts of 32 modules' motions). */
+#define NBG_REFINE_MAX 128
+
 typedef struct {
     int nparams;
-    nbg_param params[NBG_NPARAMS];
-    double start[NBG_NPARAMS], value[NBG_NPARAMS];
-    double sigma[NBG_NPARAMS];                 /* standard errors at the optimum */
-    double corr[NBG_NPARAMS * NBG_NPARAMS];    /* correlation matrix, row-major nparams x nparams */
+    nbg_param params[NBG_REFINE_MAX];
+    double start[NBG_REFINE_MAX], value[NBG_REFINE_MAX];
+    double sigma[NBG_REFINE_MAX];                 /* standard errors at the optimum */
+    double corr[NBG_REFINE_MAX * NBG_REFINE_MAX]; /* correlation matrix, row-major nparams x nparams */
     double start_loss, loss;
     int iterations;                            /* iterations taken (one progress call each) */
     int converged;                             /* 1 when the stop reason is a convergence (see nbg_stop_reason) */
@@ -554,8 +587,9 @@ typedef struct {
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 
-/* results holds capacity entries; one per parameter in the mask, plus one for NBG_MASK_F (NBG_NPARAMS + 1 is
- * always enough; fewer than the mask needs is NBG_EINVAL).  rtol in (0, 1) (1e-6 is a good choice) and
+/* results holds capacity entries; one per parameter in the mask, plus one for NBG_MASK_F and 6 per panel motion
+ * for NBG_MASK_MOTIONS (NBG_NPARAMS + 1 + 6 e->nmotions is always enough; fewer than the mask needs is
+ * NBG_EINVAL).  rtol in (0, 1) (1e-6 is a good choice) and
  * h_scale > 0 (1 is the default step), NBG_EINVAL otherwise.  *nresults receives the number filled. */
 int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
                   nbg_gradcheck_result *results, int capacity, int *nresults);

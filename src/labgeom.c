@@ -3,6 +3,7 @@
  * experiment, its checks, and the image reader that recognises every format by its content.
  */
 #include "formats.h"
+#include "panels.h"
 #include "plan.h"
 
 #include <errno.h>
@@ -194,20 +195,16 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
     double R[9];
     rotation_to_minus_z(r->beam, R);
     const double *plane[3] = {r->fdet, r->sdet, r->odet};
+    /* the panels as the renderer places them (their motions applied) */
+    nbgi_placed pp;
+    const int rc = nbgi_panel_place(ctx, e, &pp);
+    if (rc != NBG_OK)
+        return rc;
     for (int k = 0; k < npanels; ++k) {
         const nbg_panel *p = &e->panels[k];
         nbg_panel *q = &panels[k];
-        const double lf = nbgi_norm(p->fast), ls = nbgi_norm(p->slow);
-        if (!(lf > 0) || !(ls > 0) || !finite3(p->origin))
-            return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: panel %d has a zero axis or a non-finite "
-                              "origin", k);
-        double fa[3], sa[3], na[3], f[3], s[3], o[3];
-        for (int i = 0; i < 3; ++i) fa[i] = p->fast[i] / lf, sa[i] = p->slow[i] / ls;
-        nbgi_cross(fa, sa, na);
-        const double ln = nbgi_norm(na);
-        if (!(ln > 1e-9))
-            return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: panel %d's axes are parallel", k);
-        for (int i = 0; i < 3; ++i) na[i] /= ln;
+        const double *fa = pp.v[k].fa, *sa = pp.v[k].sa, *org = pp.v[k].org;
+        double f[3], s[3], o[3];
         if (e->panel_frame == NBG_PANELS_PLANE) {
             /* components along the plane's axes, the origin an offset (mm) from the plane's pix0 (m), as the
              * renderer places them (panels.c) */
@@ -217,20 +214,21 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
                 for (int j = 0; j < 3; ++j) {
                     f[x] += fa[j] * plane[j][x];
                     s[x] += sa[j] * plane[j][x];
-                    o[x] += p->origin[j] * plane[j][x];
+                    o[x] += org[j] * plane[j][x];
                 }
             }
         } else {
             memcpy(f, fa, sizeof f);
             memcpy(s, sa, sizeof s);
-            memcpy(o, p->origin, sizeof o);
+            memcpy(o, org, sizeof o);
         }
         *q = *p;
         apply(R, f, q->fast);
         apply(R, s, q->slow);
         apply(R, o, q->origin);
-        q->pixel = p->pixel == 0 ? e->pixel : p->pixel;
+        q->pixel = pp.v[k].px;
     }
+    nbgi_panel_place_free(&pp);
     return NBG_OK;
 }
 

@@ -146,71 +146,229 @@ static int rects_overlap(const rect *a, const rect *b, double tol)
     return t1 - t0 > tol;
 }
 
-int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3], const double f[3],
-                     const double s[3], const double o[3], nbgi_kpanel **out, long *npix, int *nrows)
+/* --- panel motions -------------------------------------------------------------------------------------------- */
+
+static void mat3_mul(const double A[9], const double B[9], double C[9])
 {
-    *out = NULL;
+    for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            C[3 * i + j] = A[3 * i] * B[j] + A[3 * i + 1] * B[3 + j] + A[3 * i + 2] * B[6 + j];
+        }
+    }
+}
+
+/* R = Rz(c) Ry(b) Rx(a) (row-major) and, when D is not NULL, its derivatives along a, b, c (per radian) in D[0..8],
+ * D[9..17], D[18..26]. */
+static void motion_rotation(const double rot_deg[3], double R[9], double *D)
+{
+    const double k = M_PI / 180.0;
+    const double ca = cos(rot_deg[0] * k), sa = sin(rot_deg[0] * k);
+    const double cb = cos(rot_deg[1] * k), sb = sin(rot_deg[1] * k);
+    const double cc = cos(rot_deg[2] * k), sc = sin(rot_deg[2] * k);
+    const double X[9] = {1, 0, 0, 0, ca, -sa, 0, sa, ca}, dX[9] = {0, 0, 0, 0, -sa, -ca, 0, ca, -sa};
+    const double Y[9] = {cb, 0, sb, 0, 1, 0, -sb, 0, cb}, dY[9] = {-sb, 0, cb, 0, 0, 0, -cb, 0, -sb};
+    const double Z[9] = {cc, -sc, 0, sc, cc, 0, 0, 0, 1}, dZ[9] = {-sc, -cc, 0, cc, -sc, 0, 0, 0, 0};
+    double T[9];
+    mat3_mul(Z, Y, T);
+    mat3_mul(T, X, R);
+    if (D != NULL) {
+        double U[9];
+        mat3_mul(T, dX, D);       /* Z Y dX */
+        mat3_mul(Z, dY, U);
+        mat3_mul(U, X, D + 9);    /* Z dY X */
+        mat3_mul(dZ, Y, U);
+        mat3_mul(U, X, D + 18);   /* dZ Y X */
+    }
+}
+
+static void mat3_apply(const double M[9], const double v[3], double out[3])
+{
+    for (int i = 0; i < 3; ++i) {
+        out[i] = M[3 * i] * v[0] + M[3 * i + 1] * v[1] + M[3 * i + 2] * v[2];
+    }
+}
+
+/* Panel k as given, in its frame: unit fast, slow and normal axes and the origin (mm).  NBG_EINVAL naming the
+ * panel for a bad size, non-finite, zero-length, parallel or non-perpendicular axes. */
+static int panel_given(nbg_ctx *ctx, const nbg_experiment *e, int k, double fa[3], double sa[3], double na[3],
+                       double org[3], double *px)
+{
+    const nbg_panel *p = &e->panels[k];
+    char lab[64];
+    panel_label(e, k, lab);
+    if (p->fpixels < 1 || p->spixels < 1 || p->fpixels > NBG_MAX_SIDE || p->spixels > NBG_MAX_SIDE) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: %d x %d pixels (each side must have 1 to %d)", lab, p->fpixels,
+                         p->spixels, NBG_MAX_SIDE);
+    }
+    *px = p->pixel == 0 ? e->pixel : p->pixel;
+    if (!(*px > 0) || !isfinite(*px)) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: pixel size %g mm must be positive and finite", lab, *px);
+    }
+    for (int x = 0; x < 3; ++x) {
+        if (!isfinite(p->fast[x]) || !isfinite(p->slow[x]) || !isfinite(p->origin[x])) {
+            return nbgi_error(ctx, NBG_EINVAL, "%s: a fast, slow or origin component is not finite", lab);
+        }
+        fa[x] = p->fast[x];
+        sa[x] = p->slow[x];
+        org[x] = p->origin[x];
+    }
+    const double lf = sqrt(dot3(fa, fa)), ls = sqrt(dot3(sa, sa));
+    if (!(lf > 0) || !(ls > 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the %s axis has zero length", lab, lf > 0 ? "slow" : "fast");
+    }
+    for (int x = 0; x < 3; ++x) {
+        fa[x] /= lf;
+        sa[x] /= ls;
+    }
+    cross3(fa, sa, na);
+    const double ln = sqrt(dot3(na, na));
+    if (ln < 1e-9) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the fast and slow axes are parallel", lab);
+    }
+    if (fabs(dot3(fa, sa)) > 1e-6) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the fast and slow axes are not perpendicular (cosine %g)", lab,
+                         dot3(fa, sa));
+    }
+    for (int x = 0; x < 3; ++x) {
+        na[x] /= ln;
+    }
+    return NBG_OK;
+}
+
+int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp)
+{
     const int n = e->npanels;
-    char lab[64], lab2[64];
-    double bytes = (double)n * sizeof(nbgi_kpanel);
+    const int nm = e->nmotions;
+    pp->n = n;
+    pp->nmotions = nm;
+    if (nm < 0 || (nm > 0 && e->motions == NULL)) {
+        return nbgi_error(ctx, NBG_EINVAL, "the panel motions are inconsistent (%d motions)", nm);
+    }
+    const double bytes = (double)n * sizeof(*pp->v) + (double)nm * 3 * sizeof(double) +
+                         (nm > 0 ? (double)n * 6 * 12 * sizeof(double) : 0);
     int rc = nbgi_check_bytes(ctx, bytes, "the panel table");
     if (rc != NBG_OK) {
         return rc;
     }
+    pp->v = calloc((size_t)n, sizeof *pp->v);
+    pp->dv = nm > 0 ? calloc((size_t)n * 6 * 12, sizeof(double)) : NULL;
+    double *pivot = calloc((size_t)(nm > 0 ? nm : 1) * 4, sizeof(double)); /* sum x, y, z and count */
+    if (pp->v == NULL || (nm > 0 && pp->dv == NULL) || pivot == NULL) {
+        free(pivot);
+        nbgi_panel_place_free(pp);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panels", n);
+    }
+    for (int g = 0; g < nm; ++g) {
+        for (int c = 0; c < 3; ++c) {
+            if (!isfinite(e->motions[g].shift[c]) || !isfinite(e->motions[g].rot[c])) {
+                free(pivot);
+                nbgi_panel_place_free(pp);
+                return nbgi_error(ctx, NBG_EINVAL, "panel motion %d: a shift or rotation is not finite", g);
+            }
+        }
+    }
+    for (int k = 0; k < n; ++k) {
+        nbgi_placed_panel *v = &pp->v[k];
+        rc = panel_given(ctx, e, k, v->fa, v->sa, v->na, v->org, &v->px);
+        if (rc == NBG_OK && nm > 0 && (e->panels[k].group < 0 || e->panels[k].group >= nm)) {
+            char lab[64];
+            rc = nbgi_error(ctx, NBG_EINVAL, "%s: motion group %d (there are %d motions)", panel_label(e, k, lab),
+                           e->panels[k].group, nm);
+        }
+        if (rc != NBG_OK) {
+            free(pivot);
+            nbgi_panel_place_free(pp);
+            return rc;
+        }
+        if (nm > 0) {
+            double *pv = pivot + 4 * e->panels[k].group;
+            for (int x = 0; x < 3; ++x) {
+                pv[x] += v->org[x] + 0.5 * v->px * (e->panels[k].fpixels * v->fa[x] + e->panels[k].spixels * v->sa[x]);
+            }
+            pv[3] += 1;
+        }
+    }
+    /* every panel moved by its group's motion: origin' = pivot + R (origin - pivot) + shift, axes R (fast, slow,
+     * normal); the derivatives of the 12 along the group's 6 components (shift: per mm, rotation: per degree) */
+    for (int k = 0; k < n && nm > 0; ++k) {
+        nbgi_placed_panel *v = &pp->v[k];
+        const int g = e->panels[k].group;
+        const nbg_panel_motion *m = &e->motions[g];
+        double R[9], D[27], rel[3], c[3];
+        motion_rotation(m->rot, R, D);
+        for (int x = 0; x < 3; ++x) {
+            c[x] = pivot[4 * g + x] / pivot[4 * g + 3];
+            rel[x] = v->org[x] - c[x];
+        }
+        double *dv = pp->dv + (size_t)k * 72;
+        for (int j = 0; j < 3; ++j) {
+            dv[12 * j + j] = 1; /* shift j moves the origin along axis j */
+            double *d = dv + 12 * (3 + j);
+            const double *Dj = D + 9 * j;
+            mat3_apply(Dj, rel, d);
+            mat3_apply(Dj, v->fa, d + 3);
+            mat3_apply(Dj, v->sa, d + 6);
+            mat3_apply(Dj, v->na, d + 9);
+            for (int x = 0; x < 12; ++x) {
+                d[x] *= M_PI / 180.0;
+            }
+        }
+        double t[3];
+        mat3_apply(R, rel, t);
+        for (int x = 0; x < 3; ++x) {
+            v->org[x] = c[x] + t[x] + m->shift[x];
+        }
+        mat3_apply(R, v->fa, t);
+        memcpy(v->fa, t, sizeof t);
+        mat3_apply(R, v->sa, t);
+        memcpy(v->sa, t, sizeof t);
+        mat3_apply(R, v->na, t);
+        memcpy(v->na, t, sizeof t);
+    }
+    free(pivot);
+    return NBG_OK;
+}
+
+void nbgi_panel_place_free(nbgi_placed *pp)
+{
+    free(pp->v);
+    free(pp->dv);
+    pp->v = NULL;
+    pp->dv = NULL;
+}
+
+int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3], const double f[3],
+                     const double s[3], const double o[3], nbgi_kpanel **out, double **motion_tangents, long *npix,
+                     int *nrows)
+{
+    *out = NULL;
+    *motion_tangents = NULL;
+    const int n = e->npanels;
+    char lab[64], lab2[64];
+    nbgi_placed pp;
+    int rc = nbgi_panel_place(ctx, e, &pp);
+    if (rc != NBG_OK) {
+        return rc;
+    }
     nbgi_kpanel *kp = calloc((size_t)n, sizeof *kp);
-    if (kp == NULL) {
+    double *mt = pp.dv != NULL ? malloc(sizeof(double) * (size_t)n * 6 * NBGI_PANEL_NT) : NULL;
+    if (kp == NULL || (pp.dv != NULL && mt == NULL)) {
+        free(kp);
+        nbgi_panel_place_free(&pp);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panels", n);
     }
     const double *e3[3] = {f, s, o};
+    const double unit[3][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}};
+    const int plane = e->panel_frame == NBG_PANELS_PLANE;
     long off = 0;
     long rows = 0;
     for (int k = 0; k < n; ++k) {
         const nbg_panel *p = &e->panels[k];
         nbgi_kpanel *q = &kp[k];
         panel_label(e, k, lab);
-        if (p->fpixels < 1 || p->spixels < 1 || p->fpixels > NBG_MAX_SIDE || p->spixels > NBG_MAX_SIDE) {
-            free(kp);
-            return nbgi_error(ctx, NBG_EINVAL, "%s: %d x %d pixels (each side must have 1 to %d)", lab, p->fpixels,
-                             p->spixels, NBG_MAX_SIDE);
-        }
-        const double px = p->pixel == 0 ? e->pixel : p->pixel;
-        if (!(px > 0) || !isfinite(px)) {
-            free(kp);
-            return nbgi_error(ctx, NBG_EINVAL, "%s: pixel size %g mm must be positive and finite", lab, px);
-        }
-        double fa[3], sa[3], na[3];
-        for (int x = 0; x < 3; ++x) {
-            if (!isfinite(p->fast[x]) || !isfinite(p->slow[x]) || !isfinite(p->origin[x])) {
-                free(kp);
-                return nbgi_error(ctx, NBG_EINVAL, "%s: a fast, slow or origin component is not finite", lab);
-            }
-            fa[x] = p->fast[x];
-            sa[x] = p->slow[x];
-        }
-        const double lf = sqrt(dot3(fa, fa)), ls = sqrt(dot3(sa, sa));
-        if (!(lf > 0) || !(ls > 0)) {
-            free(kp);
-            return nbgi_error(ctx, NBG_EINVAL, "%s: the %s axis has zero length", lab, lf > 0 ? "slow" : "fast");
-        }
-        for (int x = 0; x < 3; ++x) {
-            fa[x] /= lf;
-            sa[x] /= ls;
-        }
-        cross3(fa, sa, na);
-        const double ln = sqrt(dot3(na, na));
-        if (ln < 1e-9) {
-            free(kp);
-            return nbgi_error(ctx, NBG_EINVAL, "%s: the fast and slow axes are parallel", lab);
-        }
-        if (fabs(dot3(fa, sa)) > 1e-6) {
-            free(kp);
-            return nbgi_error(ctx, NBG_EINVAL, "%s: the fast and slow axes are not perpendicular (cosine %g)", lab,
-                             dot3(fa, sa));
-        }
-        for (int x = 0; x < 3; ++x) {
-            na[x] /= ln;
-        }
-        if (e->panel_frame == NBG_PANELS_PLANE) {
+        const double *fa = pp.v[k].fa, *sa = pp.v[k].sa, *na = pp.v[k].na, *org = pp.v[k].org;
+        const double px = pp.v[k].px;
+        if (plane) {
             /* components along the plane's (f, s, o): the lab vectors are these combinations, and so are their
              * derivatives (q->A, q->c) */
             q->in_plane = 1;
@@ -218,7 +376,7 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
                 q->A[j] = fa[j];
                 q->A[3 + j] = sa[j];
                 q->A[6 + j] = na[j];
-                q->c[j] = p->origin[j] / 1000.0;
+                q->c[j] = org[j] / 1000.0;
             }
             for (int x = 0; x < 3; ++x) {
                 q->fdet[x] = q->sdet[x] = q->odet[x] = 0;
@@ -235,13 +393,32 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
                 q->fdet[x] = fa[x];
                 q->sdet[x] = sa[x];
                 q->odet[x] = na[x];
-                q->pix0[x] = p->origin[x] / 1000.0;
+                q->pix0[x] = org[x] / 1000.0;
             }
         }
         q->close_distance = dot3(q->pix0, q->odet);
+        if (mt != NULL) {
+            /* the lab tangents of the panel's pix0, f, s, o and close distance along its group's 6 components */
+            for (int c = 0; c < 6; ++c) {
+                const double *d = pp.dv + (size_t)k * 72 + 12 * c;
+                double *t = mt + ((size_t)k * 6 + c) * NBGI_PANEL_NT;
+                for (int x = 0; x < 3; ++x) {
+                    for (int v = 0; v < 4; ++v) {
+                        t[3 * v + x] = 0;
+                        for (int j = 0; j < 3; ++j) {
+                            const double ej = plane ? e3[j][x] : unit[j][x];
+                            t[3 * v + x] += (v == 0 ? d[j] / 1000.0 : d[3 * v + j]) * ej;
+                        }
+                    }
+                }
+                t[12] = dot3(t, q->odet) + dot3(q->pix0, t + 9);
+            }
+        }
         if (!(q->close_distance > 1e-9)) {
             const double mm = q->close_distance * 1000; /* read before the table is freed */
             free(kp);
+            free(mt);
+            nbgi_panel_place_free(&pp);
             return nbgi_error(ctx, NBG_EINVAL, "%s: its plane passes through or lies behind the sample (%g mm along "
                              "its normal fast x slow, which must point away from the sample)", lab, mm);
         }
@@ -254,13 +431,17 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
         rows += p->spixels;
         if (rows > INT_MAX / 2) {
             free(kp);
+            free(mt);
+            nbgi_panel_place_free(&pp);
             return nbgi_error(ctx, NBG_EINVAL, "the panels have %ld rows in all, too many", rows);
         }
     }
+    nbgi_panel_place_free(&pp);
     char what[96];
     snprintf(what, sizeof what, "an image of %ld pixels (%d panels)", off, n);
     if ((rc = nbgi_check_bytes(ctx, (double)off * sizeof(float), what)) != NBG_OK) {
         free(kp);
+        free(mt);
         return rc;
     }
     /* no two panels may overlap: every pair, after a bounding-sphere test (a few thousand panels take
@@ -268,6 +449,7 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
     rect *rr = malloc((size_t)n * sizeof *rr);
     if (rr == NULL) {
         free(kp);
+        free(mt);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panel overlap check");
     }
     for (int k = 0; k < n; ++k) {
@@ -279,6 +461,7 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
             if (rects_overlap(&rr[a], &rr[b], tol)) {
                 free(rr);
                 free(kp);
+                free(mt);
                 return nbgi_error(ctx, NBG_EINVAL, "%s and %s overlap", panel_label(e, a, lab),
                                  panel_label(e, b, lab2));
             }
@@ -286,6 +469,7 @@ int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3]
     }
     free(rr);
     *out = kp;
+    *motion_tangents = mt;
     *npix = off;
     *nrows = (int)rows;
     return NBG_OK;

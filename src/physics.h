@@ -48,6 +48,10 @@ typedef struct {
     int in_plane;                   /* the panel moves with the plane (NBG_PANELS_PLANE) */
 } nbgi_kpanel;
 
+/* A panel's detector quantities as the gradient kernels accumulate them: pix0, f, s, o (3 each) and the close
+ * distance (grad/adjoint.h's NBG_ADJ_DET). */
+#define NBGI_PANEL_NT 13
+
 /* A run of a pixel list: pixels f0 .. f0+n-1 of row r (among all panels' rows), list entries pos .. pos+n-1. */
 typedef struct {
     int r, f0, n;

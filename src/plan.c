@@ -440,6 +440,9 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         return nbgi_error(ctx, NBG_EINVAL, "a region of interest (-roi) is for a single flat detector, not %d "
                          "panels: mask the pixels instead", e->npanels);
     }
+    if (e->nmotions < 0 || (e->nmotions > 0 && (e->motions == NULL || e->npanels == 0))) {
+        return nbgi_error(ctx, NBG_EINVAL, "panel motions (%d) need panels and a motion list", e->nmotions);
+    }
     if (e->npanels > 0 && e->curved) {
         return nbgi_error(ctx, NBG_EINVAL, "a curved detector (-curved_det) cannot have panels");
     }
@@ -1332,7 +1335,7 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
     if (e->npanels > 0) {
         long npix = 0;
         int nrows = 0;
-        const int rc = nbgi_plan_panels(ctx, e, g->pix0, g->f, g->s, g->o, &pl->panels, &npix, &nrows);
+        const int rc = nbgi_plan_panels(ctx, e, g->pix0, g->f, g->s, g->o, &pl->panels, &pl->motion_t, &npix, &nrows);
         if (rc != NBG_OK) {
             return rc;
         }
@@ -1516,11 +1519,13 @@ void nbgi_plan_free(nbgi_plan *pl)
     free(pl->phi);
     free(pl->src_lamrel);
     free(pl->panels);
+    free(pl->motion_t);
     free(pl->runs);
     pl->runs = NULL;
     pl->k.runs = NULL;
     pl->src_lamrel = NULL;
     pl->panels = NULL;
+    pl->motion_t = NULL;
     pl->k.panels = NULL;
     pl->src = pl->abc = pl->umat = pl->mos_axis = pl->mos_angle = pl->phi = NULL;
 }

@@ -25,6 +25,7 @@ typedef struct {
     double misset[3];    /* rad, the misset applied (drawn when random) */
     nbgi_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
     nbgi_kpanel *panels; /* k.npanels panels (NULL for the single detector) */
+    double *motion_t;    /* with panel motions: the panels' tangents along their group's motion (nbgi_plan_panels) */
     nbgi_run *runs;      /* k.nruns runs of the pixel list (NULL without one) */
 } nbgi_plan;
 
