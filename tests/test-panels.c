@@ -810,7 +810,7 @@ static void motions(nbg_ctx *ctx)
         double mx = 0, mx0 = 0;
         const double d = rc1 == NBG_OK && rc2 == NBG_OK ? img_diff(b, a, n1, &mx) : INFINITY;
         const double d0 = rc0 == NBG_OK && rc1 == NBG_OK ? img_diff(c, a, n1, &mx0) : 0;
-        char id[64];
+        char id[96];
         snprintf(id, sizeof id, "motion-apply-%s", frame_name[fr]);
         nbgi_test_check(d <= 1e-9 && d0 > 1e-2, id, "3 motion groups (turned about their pivots, shifted) render the "
                        "panels moved by hand: max |diff| %.3g of max %.4g; unmoved differ by %.3g (%s)", d, mx, d0,
@@ -926,6 +926,120 @@ static void motions(nbg_ctx *ctx)
     free(zi);
 }
 
+/* Refinement of panel motions: 4 panels of a rotated detector, each its own group, displaced (shift x, y up to
+ * 0.3 mm, turns of up to 1 deg in the plane); Poisson noise (5 seeds); each fit starts from no motion and refines
+ * the 12 shifts and turns with the Poisson loss.  Over the 60 fitted values the errors in standard errors must
+ * look like noise (rms 0.6 to 1.5, none beyond 4), from a start many standard errors away. */
+static int motion_fit(nbg_ctx *ctx, long seed, const nbg_panel_motion truth[4], nbg_refine_result *res)
+{
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_MOSFLM;
+    e.det_rot[0] = 2, e.det_rot[1] = -3;
+    e.fpixels = 2 * 24 + 3, e.spixels = 2 * 24 + 5;
+    nbg_panel pan[4];
+    e.npanels = tile(&e, 2, 2, 24, 24, 3, 5, pan);
+    e.panels = pan;
+    for (int k = 0; k < 4; ++k) {
+        pan[k].group = k;
+    }
+    nbg_panel_motion mot[4];
+    memcpy(mot, truth, sizeof mot);
+    e.motions = mot;
+    e.nmotions = 4;
+    const size_t n = 4 * 24 * 24;
+    float *img = malloc(sizeof(float) * n), *obs = malloc(sizeof(float) * n);
+    uint16_t *cnt = malloc(sizeof(uint16_t) * n);
+    int rc = nbg_simulate(ctx, &e, img, n, NULL);
+    double mx = 0;
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        mx = fmax(mx, img[i]);
+    }
+    /* a peak of about 2000 photons over 2 of background */
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        img[i] = (float)(img[i] * 2000 / mx + 2.0);
+    }
+    if (rc == NBG_OK) {
+        rc = nbg_noise_image(ctx, img, (int)n, 1, NULL, 0, seed, cnt, NULL, NULL);
+    }
+    for (size_t i = 0; i < n; ++i) {
+        obs[i] = cnt[i];
+    }
+    e.scale = 2000 / mx;
+    e.bg[0] = 2.0;
+    memset(mot, 0, sizeof mot);
+    nbg_param params[12];
+    for (int g = 0; g < 4; ++g) {
+        params[3 * g] = NBG_P_MOTION(g, 0);
+        params[3 * g + 1] = NBG_P_MOTION(g, 1);
+        params[3 * g + 2] = NBG_P_MOTION(g, 5);
+    }
+    nbg_refine_options opt;
+    nbg_refine_options_default(&opt);
+    opt.loss = NBG_LOSS_POISSON;
+    if (rc == NBG_OK) {
+        rc = nbg_refine(ctx, &e, obs, NULL, n, params, 12, &opt, res);
+    }
+    if (rc == NBG_OK) {
+        /* the motions were written back into the caller's list */
+        for (int j = 0; j < 12; ++j) {
+            const double v = j % 3 == 2 ? mot[j / 3].rot[2] : mot[j / 3].shift[j % 3];
+            if (v != res->value[j]) {
+                rc = -100;
+            }
+        }
+    }
+    free(img);
+    free(obs);
+    free(cnt);
+    return rc;
+}
+
+static void motion_refine(nbg_ctx *ctx)
+{
+    const nbg_panel_motion truth[4] = {{{0.25, -0.15, 0}, {0, 0, 0.8}},
+                                       {{-0.2, 0.1, 0}, {0, 0, -0.6}},
+                                       {{0.1, 0.3, 0}, {0, 0, 1.0}},
+                                       {{-0.3, -0.25, 0}, {0, 0, -0.9}}};
+    nbg_refine_result *res = calloc(1, sizeof *res);
+    double worst = 0, least_start = INFINITY, sz2 = 0;
+    int nz = 0, nconv = 0, rc = NBG_OK, iters = 0;
+    char wl[48] = "";
+    double zs[12];
+    for (long seed = 1; seed <= 5 && rc == NBG_OK; ++seed) {
+        rc = motion_fit(ctx, seed, truth, res);
+        nconv += rc == NBG_OK && res->converged;
+        iters = rc == NBG_OK && res->iterations > iters ? res->iterations : iters;
+        for (int j = 0; j < 12 && rc == NBG_OK; ++j) {
+            const double t = j % 3 == 2 ? truth[j / 3].rot[2] : truth[j / 3].shift[j % 3];
+            const double z = (res->value[j] - t) / res->sigma[j];
+            zs[j] = z;
+            sz2 += z * z;
+            ++nz;
+            least_start = fmin(least_start, fabs(t) / res->sigma[j]);
+            if (!(fabs(z) <= worst)) {
+                worst = isfinite(z) ? fabs(z) : INFINITY;
+                nbg_param_label(res->params[j], wl, sizeof wl);
+            }
+        }
+        if (seed == 1 && rc == NBG_OK) {
+            for (int j = 0; j < 12; ++j) {
+                char lab[48];
+                nbg_param_label(res->params[j], lab, sizeof lab);
+                printf("    seed 1: %-10s refined %9.5f sigma %.5f error %+.2f sigma\n", lab, res->value[j],
+                       res->sigma[j], zs[j]);
+            }
+        }
+    }
+    const double rms = nz > 0 ? sqrt(sz2 / nz) : NAN;
+    nbgi_test_check(rc == NBG_OK && nconv == 5 && rms >= 0.6 && rms <= 1.5 && worst <= 4 && least_start > 10,
+                   "motion-refine", "12 panel shifts and turns from no motion, 5 noise seeds: %d converged (at most %d "
+                   "iterations), rms error %.2f sigma, worst %.2f sigma (%s), every start at least %.0f sigma away; "
+                   "fitted values written back (%s)", nconv, iters, rms, worst, wl, least_start,
+                   rc == NBG_OK ? "ok" : rc == -100 ? "not written back" : nbg_errmsg(ctx));
+    free(res);
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL, *ctxf = NULL;
@@ -940,6 +1054,7 @@ int main(void)
     gradients(ctx);
     refusals(ctx);
     motions(ctx);
+    motion_refine(ctx);
 #ifdef NBG_HAVE_FORMATS
     expt_panels(ctx);
     files_panels(ctx);
