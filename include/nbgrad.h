@@ -360,6 +360,8 @@ int nbg_describe(nbg_ctx *ctx, const nbg_experiment *e, nbg_report *out);
  *   cspad        SLAC CSPAD, approximately: 4 quadrants of 8 two-by-one sensors, each 2 ASICs of 194 x 185 pixels
  *                of 0.11 mm (64 panels), the sensors of a quadrant in four pairs turned alternately by 90 deg, the
  *                quadrants turned by 90 deg about the centre around a central hole
+ * Each panel's group (for nbg_experiment.motions) is its module: a Jungfrau ASIC's its module's, a CSPAD ASIC's
+ * its two-by-one sensor's (32 groups), otherwise the panel's own.
  * An unknown name is NBG_EINVAL listing the names; too small a capacity NBG_EINVAL. */
 int nbg_layout(nbg_ctx *ctx, const char *name, nbg_panel *panels, int capacity, int *npanels, double *pixel,
                int *fpixels, int *spixels);

@@ -135,6 +135,82 @@ void nbgi_cli_free(nbgi_cli *c)
     c->panels = NULL;
     free(c->geom_panels);
     c->geom_panels = NULL;
+    free(c->motions);
+    c->motions = NULL;
+}
+
+/* Reads -motions: "group shift_x shift_y shift_z rot_x rot_y rot_z" lines ('#' starts a comment) into c->motions;
+ * prints the error naming the file and line. */
+static int read_motions(nbgi_cli *c)
+{
+    FILE *f = fopen(c->motionsfile, "r");
+    if (f == NULL) {
+        fprintf(stderr, "nbgrad: error: -motions %s: %s\n", c->motionsfile, strerror(errno));
+        return 0;
+    }
+    char line[1024];
+    int ln = 0, ok = 1;
+    while (ok && fgets(line, sizeof line, f) != NULL) {
+        ++ln;
+        char *hash = strchr(line, '#');
+        if (hash != NULL) {
+            *hash = '\0';
+        }
+        int g, used = 0;
+        double v[6];
+        char *p = line;
+        while (*p == ' ' || *p == '\t') {
+            ++p;
+        }
+        if (*p == '\n' || *p == '\r' || *p == '\0') {
+            continue;
+        }
+        if (sscanf(p, "%d %lf %lf %lf %lf %lf %lf %n", &g, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &used) != 7 ||
+            p[used] != '\0') {
+            fprintf(stderr, "nbgrad: error: -motions %s line %d: expected 'group shift_x shift_y shift_z rot_x rot_y "
+                    "rot_z'\n", c->motionsfile, ln);
+            ok = 0;
+        } else if (g < 0 || g >= c->nmotions) {
+            fprintf(stderr, "nbgrad: error: -motions %s line %d: group %d, and the detector has %d groups (0 to %d; "
+                    "see -panel_groups)\n", c->motionsfile, ln, g, c->nmotions, c->nmotions - 1);
+            ok = 0;
+        } else {
+            for (int k = 0; k < 6; ++k) {
+                if (!isfinite(v[k])) {
+                    fprintf(stderr, "nbgrad: error: -motions %s line %d: a value is not finite\n", c->motionsfile, ln);
+                    ok = 0;
+                }
+            }
+            memcpy(c->motions[g].shift, v, sizeof c->motions[g].shift);
+            memcpy(c->motions[g].rot, v + 3, sizeof c->motions[g].rot);
+        }
+    }
+    if (ok && ferror(f)) {
+        fprintf(stderr, "nbgrad: error: -motions %s: read error\n", c->motionsfile);
+        ok = 0;
+    }
+    fclose(f);
+    return ok;
+}
+
+int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path)
+{
+    nbgi_out o;
+    int rc = nbgi_out_open(ctx, path, &o);
+    if (rc == NBG_OK) {
+        fprintf(o.fp, "# group shift_x shift_y shift_z (mm) rot_x rot_y rot_z (deg): nbgrad -motions\n");
+        for (int g = 0; g < c->nmotions; ++g) {
+            const nbg_panel_motion *q = &c->motions[g];
+            fprintf(o.fp, "%d %.12g %.12g %.12g %.12g %.12g %.12g\n", g, q->shift[0], q->shift[1], q->shift[2],
+                    q->rot[0], q->rot[1], q->rot[2]);
+        }
+        rc = nbgi_out_finish(ctx, &o, &c->outs);
+    }
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    return 1;
 }
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them. */
@@ -544,6 +620,16 @@ static const cli_flag flags[] = {
     {"-layout", K_STR, C(layout), .group = G_DETECTOR, .arg = "name",
      .help = "a built-in multi-panel detector (pilatus6m, eiger2_16m, jungfrau16m, cspad) in the plane that the "
              "detector flags place; sets -pixel and the plane's pixel counts; the image is the panels' concatenation"},
+    {"-panel_groups", K_CHOICE, C(panel_groups), .choices = "modules panels detector",
+     .values = {NBGI_GROUPS_MODULES, NBGI_GROUPS_PANELS, NBGI_GROUPS_DETECTOR}, .group = G_DETECTOR,
+     .arg = "modules|panels|detector",
+     .help = "which panels move together in -motions and the panel parameters (-params panel_shift, panel_rot, "
+             "g<k>.shift_x ...): the layout's modules (a DIALS list's panels one by one), every panel alone, or the "
+             "whole detector (modules)"},
+    {"-motions", K_STR, C(motionsfile), .group = G_DETECTOR, .arg = "file",
+     .help = "rigid motions of the panel groups, a line each: group shift_x shift_y shift_z (mm) rot_x rot_y rot_z "
+             "(deg), along and about the panels' frame axes (the detector plane's fast, slow, normal for a layout), "
+             "turned about the group's centre; groups not listed stay (refine -motionsfile writes this format)"},
     {"-mask", K_STR, 0, .group = G_DETECTOR, .arg = "file",
      .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
     {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",
@@ -989,6 +1075,39 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         e->pixel = px;
         e->fpixels = F;
         e->spixels = S;
+    }
+    if (e->npanels > 0) {
+        /* the motion groups: a layout's modules (its panels' groups), else every panel alone; or as -panel_groups
+         * says; their motions zero unless -motions gives them */
+        int ng = 0;
+        for (int k = 0; k < e->npanels; ++k) {
+            int g = c->layout != NULL ? c->panels[k].group : k;
+            if (c->panel_groups == NBGI_GROUPS_PANELS) {
+                g = k;
+            } else if (c->panel_groups == NBGI_GROUPS_DETECTOR) {
+                g = 0;
+            }
+            c->panels[k].group = g;
+            ng = g + 1 > ng ? g + 1 : ng;
+        }
+        free(c->motions);
+        c->motions = calloc((size_t)ng, sizeof *c->motions);
+        if (c->motions == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory for %d panel motions\n", ng);
+            return 0;
+        }
+        c->nmotions = ng;
+        if (c->motionsfile != NULL) {
+            if (!read_motions(c)) {
+                return 0;
+            }
+            e->motions = c->motions;
+            e->nmotions = ng;
+        }
+    } else if (c->motionsfile != NULL) {
+        fprintf(stderr, "nbgrad: error: -motions moves panels, and this detector has none (use -layout or a "
+                "multi-panel -expt)\n");
+        return 0;
     }
     if (e->npanels > 0) {
         /* the files that describe one flat detector cannot hold several panels (NXmx and experiment lists can) */

@@ -26,6 +26,10 @@ struct nbgi_cli {
     const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
     const char *layout;     /* -layout: a built-in multi-panel detector */
     nbg_panel *panels;      /* the panels of -layout (or of a multi-panel -expt) */
+    int panel_groups;       /* -panel_groups: NBGI_GROUPS_* */
+    const char *motionsfile; /* -motions: the panel groups' rigid motions */
+    nbg_panel_motion *motions; /* one per panel group (zero unless -motions), or NULL without panels */
+    int nmotions;           /* the panel groups */
     int nframes;            /* -frames: images of the rotation series (1) */
     int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
@@ -51,6 +55,12 @@ struct nbgi_cli {
     int (*extra_handler)(nbgi_cli *c, int argc, char **argv, int i);
     void *extra;
 };
+
+/* How -panel_groups groups the panels for their motions. */
+enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2 };
+
+/* Writes the motions of c's panel groups in -motions's format (every group, one line each); prints the error. */
+int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path);
 
 /* What -data puts in NXmx and CBF files. */
 enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };

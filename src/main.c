@@ -38,8 +38,13 @@ typedef struct {
     nbg_param_mask named; /* the parameters named one by one (kept when "all" leaves a parameter out) */
     int all;              /* "all" was given: the parameters not free in the experiment are left out, named */
     double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
-    nbg_param order[NBG_NPARAMS]; /* parameters in the order given */
+    nbg_param order[NBG_REFINE_MAX]; /* parameters in the order given, the panel motions' last */
     int norder;
+    unsigned motion_comps;        /* panel_shift, panel_rot, panel_shift_x ...: bit c for component c of every
+                                     panel group's motion */
+    nbg_param motion_named[NBG_REFINE_MAX]; /* g<k>.<component> named one by one */
+    int nmotion_named;
+    const char *motionsout;       /* refine -motionsfile: the fitted motions */
     int want_F;
     nbg_optimizer method;
     int max_iter;
@@ -58,6 +63,28 @@ enum { CMD_GRAD = 1, CMD_GRADCHECK = 2, CMD_REFINE = 4 };
 static const char *cmd_name(unsigned cmd)
 {
     return cmd == CMD_GRAD ? "grad" : cmd == CMD_GRADCHECK ? "gradcheck" : "refine";
+}
+
+/* The components of every panel group's motion a -params word names: panels (all six), panel_shift, panel_rot,
+ * panel_shift_x ... panel_rot_z; 0 for another word. */
+static unsigned motion_comps(const char *tok)
+{
+    static const char *const comp[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
+    if (strcmp(tok, "panels") == 0) {
+        return 63;
+    }
+    if (strcmp(tok, "panel_shift") == 0) {
+        return 7;
+    }
+    if (strcmp(tok, "panel_rot") == 0) {
+        return 56;
+    }
+    for (int c = 0; c < 6; ++c) {
+        if (strncmp(tok, "panel_", 6) == 0 && strcmp(tok + 6, comp[c]) == 0) {
+            return 1u << c;
+        }
+    }
+    return 0;
 }
 
 /* Parses "a,b,c" (or "all", "cell", "orientation", "detector") into a mask; prints the error. */
@@ -79,13 +106,26 @@ static int parse_params(const char *list, grad_opts *o)
             for (int p = NBG_P_DISTANCE; p <= NBG_P_TWOTHETA; ++p) o->mask |= NBG_MASK(p);
         } else if (strcmp(tok, "F") == 0) {
             o->want_F = 1;
+        } else if (strncmp(tok, "panel", 5) == 0 && motion_comps(tok) != 0) {
+            o->motion_comps |= motion_comps(tok);
+            o->mask |= NBG_MASK_MOTIONS;
         } else {
             const int p = nbg_param_from_name(tok);
             if (p < 0) {
                 fprintf(stderr, "nbgrad: error: unknown parameter '%s' in -params (known:", tok);
                 for (int i = 0; i < NBG_NPARAMS; ++i) fprintf(stderr, " %s", nbg_param_name((nbg_param)i));
-                fprintf(stderr, " F, and the groups all cell orientation detector background)\n");
+                fprintf(stderr, " F, the groups all cell orientation detector background, and the panel groups' "
+                        "motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...)\n");
                 return 0;
+            }
+            if (p >= NBG_P_MOTION0) {
+                if (o->nmotion_named >= NBG_REFINE_MAX) {
+                    fprintf(stderr, "nbgrad: error: -params names more than %d panel motions\n", NBG_REFINE_MAX);
+                    return 0;
+                }
+                o->motion_named[o->nmotion_named++] = (nbg_param)p;
+                o->mask |= NBG_MASK_MOTIONS;
+                continue;
             }
             o->mask |= NBG_MASK(p);
             o->named |= NBG_MASK(p);
@@ -222,7 +262,9 @@ static const struct {
 } grad_flag_table[] = {
     {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
      "parameters, comma-separated: names, or all (those free in the experiment), cell, orientation, detector, "
-     "background"},
+     "background; with panels their groups' motions (-panel_groups): panel_shift, panel_rot, panels (both), "
+     "panel_shift_x ... panel_rot_z (that component of every group), g<k>.shift_x ... g<k>.rot_z (one group's; "
+     "gradcheck checks every component of every group)"},
     {"-observed", CMD_GRAD | CMD_REFINE, set_path, GO(observed), "FILE",
      "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
      "overloads are left out"},
@@ -243,6 +285,8 @@ static const struct {
     {"-method", CMD_REFINE, set_method, 0, "lm|bfgs",
      "Levenberg-Marquardt (the default) or BFGS (also lbfgs)"},
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
+    {"-motionsfile", CMD_REFINE, set_path, GO(motionsout), "FILE",
+     "the fitted panel motions, in -motions's format (every group)"},
     {"-residual", CMD_REFINE, set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
     {"-spots", CMD_REFINE, set_spots, 0, "N",
@@ -351,7 +395,7 @@ static int json_close(nbg_ctx *ctx, nbgi_cli *c, nbgi_out *o)
 
 /* -params all: leaves out the parameters that are not free in this experiment (and fluence beside scale: both are
  * overall factors), naming each with its reason; parameters named one by one stay.  Prints; 0 on an error. */
-static int resolve_all(nbg_ctx *ctx, const nbgi_cli *c, grad_opts *o)
+static int resolve_free(nbg_ctx *ctx, const nbgi_cli *c, grad_opts *o)
 {
     if (!o->all) {
         return 1;
@@ -396,6 +440,62 @@ static int resolve_all(nbg_ctx *ctx, const nbgi_cli *c, grad_opts *o)
         printf("left out (%d):%s\n", nleft, left);
     }
     return 1;
+}
+
+/* Appends the panel motions' parameters -params asked for (every group's components, then those named one by
+ * one) and gives the experiment its motions; prints the error. */
+static int resolve_motions(nbgi_cli *c, grad_opts *o)
+{
+    if (o->motion_comps == 0 && o->nmotion_named == 0) {
+        return 1;
+    }
+    if (c->nmotions == 0) {
+        fprintf(stderr, "nbgrad: error: the panel parameters (panel_shift, g0.shift_x ...) move panels, and this "
+                "detector has none (use -layout or a multi-panel -expt)\n");
+        return 0;
+    }
+    c->e.motions = c->motions;
+    c->e.nmotions = c->nmotions;
+    for (int g = 0; g < c->nmotions; ++g) {
+        for (int k = 0; k < 6; ++k) {
+            if (!(o->motion_comps & (1u << k))) {
+                continue;
+            }
+            if (o->norder >= NBG_REFINE_MAX) {
+                fprintf(stderr, "nbgrad: error: -params asks for more than %d parameters (%d panel groups; see "
+                        "-panel_groups)\n", NBG_REFINE_MAX, c->nmotions);
+                return 0;
+            }
+            o->order[o->norder++] = NBG_P_MOTION(g, k);
+        }
+    }
+    for (int j = 0; j < o->nmotion_named; ++j) {
+        const int g = (o->motion_named[j] - NBG_P_MOTION0) / 6;
+        char lab[48];
+        if (g >= c->nmotions) {
+            fprintf(stderr, "nbgrad: error: -params %s: the detector has %d panel groups (g0 to g%d; see "
+                    "-panel_groups)\n", nbg_param_label(o->motion_named[j], lab, sizeof lab), c->nmotions,
+                    c->nmotions - 1);
+            return 0;
+        }
+        int seen = 0;
+        for (int k = 0; k < o->norder; ++k) {
+            seen |= o->order[k] == o->motion_named[j];
+        }
+        if (!seen) {
+            if (o->norder >= NBG_REFINE_MAX) {
+                fprintf(stderr, "nbgrad: error: -params asks for more than %d parameters\n", NBG_REFINE_MAX);
+                return 0;
+            }
+            o->order[o->norder++] = o->motion_named[j];
+        }
+    }
+    return 1;
+}
+
+static int resolve_all(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
+{
+    return resolve_free(ctx, c, o) && resolve_motions(c, o);
 }
 
 /* Reads the observed image and what goes with it: the detector response (-pedestal, -gain, -read_noise, else the
@@ -539,6 +639,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     c.extra = &o;
     c.nodump = 1;
     int status = 1;
+    nbg_gradcheck_result *res = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -557,15 +658,20 @@ static int cmd_gradcheck(int argc, char **argv, int first)
         goto done;
     }
     nbgi_debug_break_adjoint(ctx, o.break_param);
-    nbg_gradcheck_result res[NBG_NPARAMS + 1];
+    const int cap = NBG_NPARAMS + 1 + 6 * c.e.nmotions;
+    res = calloc((size_t)cap, sizeof *res);
     int n = 0;
+    if (res == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for %d checks\n", cap);
+        goto done;
+    }
     const double t0 = now_s();
     nbg_ctx_set_progress(ctx, gradcheck_progress, (void *)&t0);
     printf("checking the adjoint against central differences of L = sum_p w_p M_p, fixed pseudo-random weights w_p "
            "in [0.5, 1.5), M = scale * I + background (the model image)\n");
     fflush(stdout);
     if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6,
-                      o.hscale > 0 ? o.hscale : 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
+                      o.hscale > 0 ? o.hscale : 1, res, cap, &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
@@ -574,9 +680,10 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     }
     int passed = 0, zero = 0;
     for (int i = 0; i < n; ++i) {
+        char lab[48];
         printf("%s %s adjoint=%.12g numeric=%.12g relerr=%.3g order=%.2f step=%g%s%s\n",
                res[i].status == NBG_CHECK_PASS ? "PASS" : res[i].status == NBG_CHECK_ZERO ? "ZERO" : "FAIL",
-               nbg_param_name(res[i].param), res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order,
+               nbg_param_label(res[i].param, lab, sizeof lab), res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order,
                res[i].step, res[i].reason[0] ? " # " : "", res[i].reason);
         passed += res[i].status == NBG_CHECK_PASS;
         zero += res[i].status == NBG_CHECK_ZERO;
@@ -590,6 +697,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     }
     status = passed > 0 && passed + zero == n ? 0 : 1;
 done:
+    free(res);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -627,7 +735,7 @@ static int cmd_grad(int argc, char **argv, int first)
     int status = 1;
     float *img = NULL, *obs = NULL, *wts = NULL, *dl = NULL;
     uint8_t *use = NULL;
-    double *dF = NULL;
+    double *dF = NULL, *dmot = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -671,6 +779,14 @@ static int cmd_grad(int argc, char **argv, int first)
         }
         g.dF = dF;
     }
+    if (c.e.nmotions > 0) {
+        g.ndmotion = 6 * (size_t)c.e.nmotions;
+        g.dmotion = dmot = calloc(g.ndmotion, sizeof(double));
+        if (dmot == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory for %zu panel-motion gradients\n", g.ndmotion);
+            goto done;
+        }
+    }
     const nbg_param_mask mask = o.mask | (o.want_F ? NBG_MASK_F : 0);
     double L = 0;
     int rc;
@@ -705,6 +821,15 @@ static int cmd_grad(int argc, char **argv, int first)
             printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_name((nbg_param)p), g.g[p], v);
         }
     }
+    for (int j = 0; j < o.norder; ++j) {
+        if (o.order[j] >= NBG_P_MOTION0) {
+            const int k = o.order[j] - NBG_P_MOTION0;
+            double v;
+            char lab[48];
+            nbg_param_get(&c.e, o.order[j], &v);
+            printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_label(o.order[j], lab, sizeof lab), dmot[k], v);
+        }
+    }
     if (o.want_F) {
         double norm = 0;
         for (size_t i = 0; i < g.ndF; ++i) norm += dF[i] * dF[i];
@@ -721,6 +846,14 @@ static int cmd_grad(int argc, char **argv, int first)
         for (int p = 0; p < NBG_NPARAMS; ++p) {
             if (mask & NBG_MASK(p)) {
                 fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",", nbg_param_name((nbg_param)p), g.g[p]);
+                first_p = 0;
+            }
+        }
+        for (int q = 0; q < o.norder; ++q) {
+            if (o.order[q] >= NBG_P_MOTION0) {
+                char lab[48];
+                fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",",
+                        nbg_param_label(o.order[q], lab, sizeof lab), dmot[o.order[q] - NBG_P_MOTION0]);
                 first_p = 0;
             }
         }
@@ -742,6 +875,7 @@ done:
     free(wts);
     free(dl);
     free(dF);
+    free(dmot);
     free(use);
     c.extra = NULL;
     nbgi_cli_free(&c);
@@ -966,7 +1100,7 @@ static int cmd_refine(int argc, char **argv, int first)
         nbgi_cli_free(&c);
         return status;
     }
-    if (o.observed == NULL || o.norder == 0) {
+    if (o.observed == NULL || o.mask == 0) {
         fprintf(stderr, "nbgrad: error: refine needs -observed FILE and -params LIST\n");
         goto done;
     }
@@ -1024,13 +1158,15 @@ static int cmd_refine(int argc, char **argv, int first)
     if (floor_bad) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
-    printf("%-10s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
+    printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
+    char lab[48];
     for (int j = 0; j < res.nparams; ++j) {
-        printf("%-10s %16.8g %16.8g %14.4g\n", nbg_param_name(res.params[j]), res.start[j], res.value[j], res.sigma[j]);
+        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(res.params[j], lab, sizeof lab), res.start[j],
+               res.value[j], res.sigma[j]);
     }
     printf("correlations:\n");
     for (int a = 0; a < res.nparams; ++a) {
-        printf("  %-10s", nbg_param_name(res.params[a]));
+        printf("  %-12s", nbg_param_label(res.params[a], lab, sizeof lab));
         for (int b = 0; b <= a; ++b) printf(" %6.3f", res.corr[a * res.nparams + b]);
         printf("\n");
     }
@@ -1050,15 +1186,41 @@ static int cmd_refine(int argc, char **argv, int first)
         printf("wrote the residual image ((observed - pedestal) / gain - model) to %s\n", o.residual);
     }
     if (c.exptfile != NULL) {
-        /* the refined experiment as a DIALS experiment list: DIALS's tools, and nbgrad -expt, read it */
+        /* the refined experiment as a DIALS experiment list: DIALS's tools, and nbgrad -expt, read it; every panel
+         * where the fit put it */
         nbg_report rr;
         nbg_geometry g;
-        if (nbg_describe(ctx, &c.e, &rr) != NBG_OK || nbg_geometry_from_report(ctx, &c.e, &rr, 1, &g) != NBG_OK ||
-            nbgi_write_expt_set(ctx, &c.outs, c.exptfile, &g, o.observed) != NBG_OK) {
+        nbg_panel *gp = c.e.npanels > 0 ? calloc((size_t)c.e.npanels, sizeof *gp) : NULL;
+        int erc = c.e.npanels > 0 && gp == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels") : NBG_OK;
+        if (erc == NBG_OK) {
+            erc = nbg_describe(ctx, &c.e, &rr);
+        }
+        if (erc == NBG_OK) {
+            erc = nbg_geometry_from_report(ctx, &c.e, &rr, 1, &g);
+        }
+        if (erc == NBG_OK && gp != NULL) {
+            erc = nbg_panels_from_report(ctx, &c.e, &rr, gp, c.e.npanels);
+        }
+        if (erc == NBG_OK) {
+            erc = nbgi_write_expt_panels_set(ctx, &c.outs, c.exptfile, &g, gp, gp != NULL ? c.e.npanels : 0,
+                                             o.observed);
+        }
+        free(gp);
+        if (erc != NBG_OK) {
             fprintf(stderr, "nbgrad: error: -exptfile: %s\n", nbg_errmsg(ctx));
             goto done;
         }
         printf("wrote the refined experiment to %s\n", c.exptfile);
+    }
+    if (o.motionsout != NULL) {
+        if (c.nmotions == 0) {
+            fprintf(stderr, "nbgrad: error: -motionsfile: this detector has no panels to move\n");
+            goto done;
+        }
+        if (!nbgi_cli_write_motions(ctx, &c, o.motionsout)) {
+            goto done;
+        }
+        printf("wrote the panel motions to %s\n", o.motionsout);
     }
     if (o.json != NULL) {
         nbgi_out jo;
@@ -1077,7 +1239,7 @@ static int cmd_refine(int argc, char **argv, int first)
                 c.e.response.gain, c.e.response.read_noise, floor_bad ? "true" : "false", res.start_loss, res.loss);
         for (int k = 0; k < res.nparams; ++k) {
             fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
-                    nbg_param_name(res.params[k]), res.start[k], res.value[k], res.sigma[k]);
+                    nbg_param_label(res.params[k], lab, sizeof lab), res.start[k], res.value[k], res.sigma[k]);
         }
         fprintf(j, "\n  },\n  \"correlation\": [");
         for (int a = 0; a < res.nparams; ++a) {

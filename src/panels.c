@@ -502,6 +502,7 @@ static int grid_layout(nbg_panel *panels, int cap, const char *prefix, int nx, i
                     q->slow[1] = 1;
                     q->origin[0] = px * (i * (modf + gf) + a * (wf + ag));
                     q->origin[1] = px * (j * (mods + gs) + b * (ws + ag));
+                    q->group = j * nx + i; /* the module */
                     if (af * as > 1) {
                         snprintf(q->name, sizeof q->name, "%s%02d_%02d_asic%d", prefix, j, i, b * af + a);
                     } else {
@@ -562,6 +563,7 @@ static int cspad_layout(nbg_panel *panels, int cap, double px)
                     q->origin[0] = ox * px;
                     q->origin[1] = oy * px;
                     snprintf(q->name, sizeof q->name, "q%d_s%d_asic%d", quad, 2 * sec + sensor, asic);
+                    q->group = 8 * quad + 2 * sec + sensor; /* the two-by-one sensor */
                 }
             }
         }
