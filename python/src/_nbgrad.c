@@ -455,6 +455,11 @@ static int param_index(PyObject *name)
     int p = nbg_param_from_name(s);
     if (p < 0) {
         PyErr_Format(PyExc_ValueError, "unknown parameter '%s'", s);
+    } else if (p >= NBG_P_MOTION0) {
+        /* the bindings address parameters by mask bit; the panel motions' are not wired through them yet */
+        PyErr_Format(PyExc_ValueError, "'%s': panel-motion parameters are not available from Python yet (use the "
+                     "nbgrad program or the C library)", s);
+        p = -1;
     }
     return p;
 }
