@@ -6,6 +6,7 @@
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +206,68 @@ int main(void)
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "FAIL distance") != NULL && strstr(out, "ZERO a") != NULL,
                    "cligrad-18-zero-broken", "a broken adjoint still fails beside a ZERO (exit %d)", rc);
+    /* panel motions through the program: a Pilatus 6M with two modules moved, then refined back from no motion on
+     * spot regions; the fitted motions written with -motionsfile */
+#define PIL "-layout pilatus6m -cell 70 80 90 90 90 90 -misset 10 20 30 -default_F 100 -N 10 -lambda 1 -distance 250"
+    char mot[1024], fit[1024], truth[1024];
+    snprintf(mot, sizeof mot, "%s/m.txt", dir);
+    snprintf(fit, sizeof fit, "%s/fit.txt", dir);
+    snprintf(truth, sizeof truth, "%s/truth.bin", dir);
+    FILE *mf = fopen(mot, "w");
+    if (mf != NULL) {
+        fprintf(mf, "# group sx sy sz rx ry rz\n7 0.12 -0.08 0 0 0 0.3\n22 -0.1 0.15 0.2 0.1 0 -0.4\n");
+        fclose(mf);
+    }
+    snprintf(cmd, sizeof cmd, "%s simulate " PIL " -motions %s -floatfile %s 2>&1", bin, mot, truth);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0, "cligrad-19-motions-sim", "a Pilatus 6M with two modules moved (exit %d)", rc);
+    snprintf(cmd, sizeof cmd, "%s refine " PIL " -observed %s -spots 3 -params g7.shift_x,g7.shift_y,g7.rot_z "
+                              "-motions %s -motionsfile %s 2>&1", bin, truth, mot, fit);
+    /* the start: group 7 at rest, group 22 where it is */
+    mf = fopen(mot, "w");
+    if (mf != NULL) {
+        fprintf(mf, "22 -0.1 0.15 0.2 0.1 0 -0.4\n");
+        fclose(mf);
+    }
+    rc = run(cmd);
+    double m7[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    int g7 = -1;
+    FILE *ff = fopen(fit, "r");
+    if (ff != NULL) {
+        char line[512];
+        while (fgets(line, sizeof line, ff) != NULL) {
+            int g;
+            double v[6];
+            if (sscanf(line, "%d %lf %lf %lf %lf %lf %lf", &g, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 7 && g == 7) {
+                g7 = g;
+                memcpy(m7, v, sizeof v);
+            }
+        }
+        fclose(ff);
+    }
+    nbgi_test_check(rc == 0 && strstr(out, "converged after") != NULL && strstr(out, "g7.shift_x") != NULL &&
+                       g7 == 7 && fabs(m7[0] - 0.12) < 1e-6 && fabs(m7[1] + 0.08) < 1e-6 && fabs(m7[5] - 0.3) < 1e-5,
+                   "cligrad-20-motions-refine", "module 7's shift and turn refined back from rest on the noise-free "
+                   "image: %.7f %.7f mm, %.6f deg (truth 0.12 -0.08, 0.3; exit %d)", m7[0], m7[1], m7[5], rc);
+    snprintf(cmd, sizeof cmd, "%s grad " PIL " -params g22.shift_z,panel_rot_z -panel_groups detector 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 1 && strstr(out, "-params g22.shift_z: the detector has 1 panel groups") != NULL,
+                   "cligrad-21-motions-group", "a group beyond -panel_groups' count is refused by name (exit %d)",
+                   rc);
+    snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params panel_shift 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 1 && strstr(out, "this detector has none") != NULL, "cligrad-22-motions-flat",
+                   "panel parameters on a flat detector are refused (exit %d)", rc);
+    mf = fopen(mot, "w");
+    if (mf != NULL) {
+        fprintf(mf, "3 0.1 0.2 0.3\n");
+        fclose(mf);
+    }
+    snprintf(cmd, sizeof cmd, "%s simulate " PIL " -motions %s 2>&1", bin, mot);
+    rc = run(cmd);
+    nbgi_test_check(rc == 1 && strstr(out, "line 1: expected 'group shift_x") != NULL, "cligrad-23-motions-bad",
+                   "a short -motions line is refused with its number (exit %d)", rc);
+#undef PIL
     nbgi_test_rmtree(dir);
     return nbgi_test_summary();
 }
