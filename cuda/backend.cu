@@ -54,7 +54,9 @@ typedef struct {
     nbgi_kpanel *panels;   /* the panel table (multi-panel detectors) */
     nbgi_kparams *views;   /* each panel's view, with device pointers */
     uint32_t *list;        /* the pixel list (nbg_experiment.pixels) */
+    long *bstart;          /* panel-aligned blocks: block b's first work index (per-panel gradients) */
     size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views, cap_list;
+    size_t cap_bstart;
 } nbgi_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
@@ -118,6 +120,7 @@ extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
     cudaFree(st->panels);
     cudaFree(st->views);
     cudaFree(st->list);
+    cudaFree(st->bstart);
     cudaEventDestroy(st->ev[0]);
     cudaEventDestroy(st->ev[1]);
     free(st);
@@ -339,9 +342,9 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
  * are used), so that a thread's local memory is no larger than the experiment needs. */
 template <int FLOAT, int CAP, int MULTI>
 __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g, float *img,
-                                    double *part, unsigned nblocks, int nvar)
+                                    double *part, unsigned nblocks, int nvar, const long *bstart)
 {
-    __shared__ double sh[(NBG_NFIX + CAP) * NBG_WARPS];
+    __shared__ double sh[(NBG_NFIX + CAP + NBG_ADJ_DET) * NBG_WARPS];
     double local[CAP];
     for (int c = 0; c < nvar; ++c) {
         local[c] = 0;
@@ -350,10 +353,17 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
     memset(&acc, 0, sizeof acc);
     acc.abc = local;
     acc.lam = local + p.nphi * p.nmos * 9;
-    /* thread t: image pixel t, or with a pixel list its entry t (g and the image then compact: g[t], img[t]) */
+    /* thread t: image pixel t, or with a pixel list its entry t (g and the image then compact: g[t], img[t]); with
+     * bstart (MULTI, per-panel gradients) the blocks are aligned to the panels: block b runs the work indices
+     * [bstart[b], bstart[b + 1]), all of one panel, and its partials carry that panel's own detector gradients */
     const long nwork = p.list != NULL ? p.nlist : p.npix;
-    const long t = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
-    if (t < nwork) {
+    const int aligned = MULTI && bstart != NULL;
+    const long t = aligned ? bstart[blockIdx.x] + (long)threadIdx.x : (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    double mine[NBG_ADJ_DET];
+    for (int c = 0; c < NBG_ADJ_DET; ++c) {
+        mine[c] = 0;
+    }
+    if (aligned ? t < bstart[blockIdx.x + 1] : t < nwork) {
         const long i = p.list != NULL ? (long)p.list[t] : t;
         int f, s, panel;
         const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
@@ -365,7 +375,7 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
         img[t] = v;
         if (MULTI) {
             /* the pixel's detector gradients are on its panel's vectors: carry them to the plane's */
-            double *det = (double *)&acc, mine[NBG_ADJ_DET];
+            double *det = (double *)&acc;
             for (int c = 0; c < NBG_ADJ_DET; ++c) {
                 mine[c] = det[c];
                 det[c] = 0;
@@ -374,8 +384,9 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
         }
     }
     const double *fixed = (const double *)&acc;
-    block_partials([&](int c) { return c < NBG_NFIX ? fixed[c] : local[c - NBG_NFIX]; }, NBG_NFIX + nvar, sh, part,
-                   nblocks);
+    const int nfv = NBG_NFIX + nvar;
+    block_partials([&](int c) { return c < NBG_NFIX ? fixed[c] : c < nfv ? local[c - NBG_NFIX] : mine[c - nfv]; },
+                   nfv + (aligned ? NBG_ADJ_DET : 0), sh, part, nblocks);
 }
 
 /* After the pixel kernel: launches the reduction of ncomp components, waits, copies the image and the sums back;
@@ -469,17 +480,56 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
 }
 
 template <int FLOAT, int MULTI>
-static void launch_adjoint(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned nblocks, int nvar)
+static void launch_adjoint(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned nblocks, int nvar,
+                           const long *bstart)
 {
-    void (*kern)(nbgi_kparams, const nbgi_kparams *, const float *, float *, double *, unsigned, int) =
+    void (*kern)(nbgi_kparams, const nbgi_kparams *, const float *, float *, double *, unsigned, int, const long *) =
         nvar <= 16 ? nbgi_adjoint_kernel<FLOAT, 16, MULTI>
                    : nvar <= 128 ? nbgi_adjoint_kernel<FLOAT, 128, MULTI>
                                  : nbgi_adjoint_kernel<FLOAT, NBG_CUDA_MAXACC, MULTI>;
-    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->views, st->g, st->img, st->part, nblocks, nvar);
+    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->views, st->g, st->img, st->part, nblocks, nvar, bstart);
+}
+
+/* Blocks aligned to the panels (per-panel gradients): each panel's work indices (its pixels, or its entries of the
+ * pixel list) cut into blocks of at most NBG_BLOCK; *bs (malloc'd) the nblocks + 1 block starts, bpanel each
+ * block's panel. */
+static int panel_blocks(nbg_ctx *ctx, const nbgi_kparams *k, long **bs, int **bpanel, unsigned *nblocks)
+{
+    const long nwork = nbgi_nwalk(k);
+    const size_t cap = (size_t)(nwork / NBG_BLOCK) + (size_t)k->npanels + 2;
+    *bs = (long *)malloc(cap * sizeof(long));
+    *bpanel = (int *)malloc(cap * sizeof(int));
+    if (*bs == NULL || *bpanel == NULL) {
+        free(*bs);
+        free(*bpanel);
+        *bs = NULL;
+        *bpanel = NULL;
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu blocks", cap);
+    }
+    unsigned n = 0;
+    long t = 0;
+    for (int q = 0; q < k->npanels; ++q) {
+        const long pend = q + 1 < k->npanels ? k->panels[q + 1].offset : k->npix; /* image index */
+        long end = pend;
+        if (k->list != NULL) {
+            end = t;
+            while (end < nwork && (long)k->list[end] < pend) {
+                ++end;
+            }
+        }
+        while (t < end) {
+            (*bs)[n] = t;
+            (*bpanel)[n++] = q;
+            t = t + NBG_BLOCK < end ? t + NBG_BLOCK : end;
+        }
+    }
+    (*bs)[n] = nwork;
+    *nblocks = n;
+    return NBG_OK;
 }
 
 extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image,
-                                double *out, int ncomp, double times[3])
+                                double *out, int ncomp, double *panel_out, double times[3])
 {
     const double t0 = nbgi_now();
     const int nvar = ncomp - NBG_NFIX;
@@ -490,17 +540,32 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
     }
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     const size_t npix = (size_t)nbgi_nwalk(k); /* a thread a pixel: the image's, or the list's */
-    const unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
+    unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
+    long *bs = NULL;
+    int *bpanel = NULL;
+    const int aligned = panel_out != NULL && k->npanels > 0;
+    int rc = aligned ? panel_blocks(ctx, k, &bs, &bpanel, &nblocks) : NBG_OK;
     nbgi_kparams kd;
-    int rc = upload(ctx, k, ncomp, nblocks, &kd);
-    if (rc != NBG_OK) {
-        return rc;
+    if (rc == NBG_OK) {
+        rc = upload(ctx, k, ncomp + (aligned ? NBG_ADJ_DET : 0), nblocks, &kd);
     }
     cudaError_t e;
+    if (rc == NBG_OK && aligned &&
+        ((e = ensure((void **)&st->bstart, &st->cap_bstart, (nblocks + 1) * sizeof(long))) != cudaSuccess ||
+         (e = cudaMemcpy(st->bstart, bs, (nblocks + 1) * sizeof(long), cudaMemcpyHostToDevice)) != cudaSuccess)) {
+        rc = cuda_fail(ctx, e, "copy of the panel blocks");
+    }
+    free(bs);
+    if (rc != NBG_OK) {
+        free(bpanel);
+        return rc;
+    }
+    const long *bstart = aligned ? st->bstart : NULL;
     float *gl = NULL; /* dL/dI at the listed pixels, compact */
     if (k->list != NULL) {
         gl = (float *)malloc(npix * sizeof(float));
         if (gl == NULL) {
+            free(bpanel);
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI at the listed pixels");
         }
         for (size_t t = 0; t < npix; ++t) {
@@ -511,20 +576,43 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
         (e = cudaMemcpy(st->g, gl != NULL ? gl : dLdI, npix * sizeof(float), cudaMemcpyHostToDevice)) !=
             cudaSuccess) {
         free(gl);
+        free(bpanel);
         return cuda_fail(ctx, e, "copy of dL/dI");
     }
     free(gl);
     if ((rc = start(ctx, t0, times)) != NBG_OK) {
+        free(bpanel);
         return rc;
     }
     if (use_float && k->npanels > 0) {
-        launch_adjoint<1, 1>(kd, st, nblocks, nvar);
+        launch_adjoint<1, 1>(kd, st, nblocks, nvar, bstart);
     } else if (use_float) {
-        launch_adjoint<1, 0>(kd, st, nblocks, nvar);
+        launch_adjoint<1, 0>(kd, st, nblocks, nvar, NULL);
     } else if (k->npanels > 0) {
-        launch_adjoint<0, 1>(kd, st, nblocks, nvar);
+        launch_adjoint<0, 1>(kd, st, nblocks, nvar, bstart);
     } else {
-        launch_adjoint<0, 0>(kd, st, nblocks, nvar);
+        launch_adjoint<0, 0>(kd, st, nblocks, nvar, NULL);
     }
-    return finish(ctx, k, nblocks, ncomp, image, out, "adjoint kernel", times);
+    rc = finish(ctx, k, nblocks, ncomp, image, out, "adjoint kernel", times);
+    if (rc == NBG_OK && aligned) {
+        /* each panel's own detector gradients: its blocks' partials (components ncomp on), summed in block order */
+        double *pp = (double *)malloc((size_t)NBG_ADJ_DET * nblocks * sizeof(double));
+        if (pp == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels' partial sums");
+        } else if ((e = cudaMemcpy(pp, st->part + (size_t)ncomp * nblocks,
+                                   (size_t)NBG_ADJ_DET * nblocks * sizeof(double), cudaMemcpyDeviceToHost)) !=
+                   cudaSuccess) {
+            rc = cuda_fail(ctx, e, "copy of the panels' partial sums");
+        } else {
+            memset(panel_out, 0, sizeof(double) * NBG_ADJ_DET * (size_t)k->npanels);
+            for (unsigned b = 0; b < nblocks; ++b) {
+                for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                    panel_out[(size_t)bpanel[b] * NBG_ADJ_DET + c] += pp[(size_t)c * nblocks + b];
+                }
+            }
+        }
+        free(pp);
+    }
+    free(bpanel);
+    return rc;
 }

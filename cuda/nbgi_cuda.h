@@ -29,9 +29,11 @@ int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float 
 /* The adjoint on the device, in double or (use_float) float arithmetic: the scalar twin grad/adjoint_tmpl.h, one
  * thread per pixel, each thread's gradients of the plan-level quantities (ncomp doubles laid out as nbgi_adjacc's
  * fixed part, then abc, then lam) summed in a fixed order per block and then over blocks on the device: the same
- * call twice gives bit-identical gradients.  out receives the ncomp sums, image the forward values. */
+ * call twice gives bit-identical gradients.  out receives the ncomp sums, image the forward values.  panel_out (NULL:
+ * not wanted; panels only): each panel's own detector gradients (NBG_ADJ_DET doubles a panel, before the fold to
+ * the plane's), from blocks aligned to the panels and summed per panel in block order. */
 int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image, double *out,
-                     int ncomp, double times[3]);
+                     int ncomp, double *panel_out, double times[3]);
 
 #ifdef __cplusplus
 }

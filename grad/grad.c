@@ -209,12 +209,6 @@ int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *
     if ((mask & NBG_MASK_MOTIONS) && !(e->npanels > 0 && e->nmotions > 0)) {
         return nbgi_error(ctx, NBG_EUNSUP, "panel-motion gradients need panels with motions (nmotions > 0)");
     }
-#ifdef NBG_HAVE_CUDA
-    if ((mask & NBG_MASK_MOTIONS) && ctx->backend == NBG_BACKEND_CUDA) {
-        return nbgi_error(ctx, NBG_EUNSUP, "panel-motion gradients are not implemented on the CUDA backend (use the "
-                         "CPU backend for them; the CUDA forward renders moved panels)");
-    }
-#endif
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if (!(mask & NBG_MASK(p))) {
             continue;
@@ -536,7 +530,8 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
         double *out = malloc(sizeof(double) * (size_t)ncomp);
         double t[3] = {0, 0, 0};
         int rc = out == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory")
-                             : nbgi_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp, t);
+                             : nbgi_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp,
+                                                 nP ? tacc[0].panel : NULL, t);
         pl->rep.time_setup += t[0];
         pl->rep.time_kernel = t[1];
         pl->rep.time_copy = t[2];

@@ -385,6 +385,49 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     const double worst = grad_diff(&gg, &gc);
     nbgi_test_check(grc == NBG_OK && worst <= 1e-8 && gc.g[NBG_P_DISTANCE] != 0, PFX "-panels-grad",
                    "worst relative difference to the CPU %.3g (%s)", worst, grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+
+    /* panel motions (3 groups of 2 panels, moved): the image, and each group's 6 gradients from the panel-aligned
+     * blocks, as the CPU's; on the whole detector and on a pixel list (every 3rd pixel) */
+    nbg_panel_motion mot[3] = {{{0.2, -0.1, 0.3}, {0.3, -0.2, 1.0}},
+                               {{-0.15, 0.05, 0}, {0, 0.4, -1.5}},
+                               {{0.1, 0.1, -0.2}, {-0.5, 0, 2.0}}};
+    for (int k = 0; k < 6; ++k) {
+        pan[k].group = k / 2;
+    }
+    e.motions = mot;
+    e.nmotions = 3;
+    uint32_t *list = malloc(sizeof(uint32_t) * (n / 3 + 1));
+    long nl = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        list[nl++] = (uint32_t)i;
+    }
+    for (int v = 0; v < 2; ++v) {
+        e.pixels = v ? list : NULL;
+        e.npixels_list = v ? nl : 0;
+        double dc[18], dg[18];
+        memset(&gc, 0, sizeof gc);
+        memset(&gg, 0, sizeof gg);
+        gc.dmotion = dc, gc.ndmotion = 18;
+        gg.dmotion = dg, gg.ndmotion = 18;
+        const nbg_param_mask mm = NBG_MASK_MOTIONS | NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_DISTANCE);
+        const int crc = nbg_simulate_grad(cpu, &e, w, mm, &gc, a, n, NULL);
+        const int mrc = nbg_simulate_grad(gpu, &e, w, mm, &gg, b, n, NULL);
+        double mworst = grad_diff(&gg, &gc), dmax = 0, imx = 0;
+        for (int j = 0; j < 18; ++j) {
+            dmax = fmax(dmax, fabs(dc[j]));
+        }
+        for (int j = 0; j < 18; ++j) {
+            mworst = fmax(mworst, fabs(dg[j] - dc[j]) / fmax(fmax(fabs(dc[j]), fabs(dg[j])), 1e-9 * dmax));
+        }
+        const double di = crc == NBG_OK && mrc == NBG_OK ? maxrel(a, b, n, &imx) : INFINITY;
+        char id[64];
+        snprintf(id, sizeof id, PFX "-panels-motion-grad%s", v ? "-list" : "");
+        nbgi_test_check(crc == NBG_OK && mrc == NBG_OK && dmax > 0 && mworst <= 1e-8 && di <= 1e-9 + 1.2e-7, id,
+                       "moved panels: image max |gpu - cpu| %.3g of %.4g; 18 motion gradients (and a, distance) "
+                       "worst relative difference %.3g (%s)", di, imx, mworst,
+                       mrc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    }
+    free(list);
     free(a);
     free(b);
     free(bf);
