@@ -157,7 +157,9 @@ typedef struct {
 /* One flat detector panel (a module, a tile or an ASIC) of a multi-panel detector.  Its pixel (i, j) (fast index i,
  * slow index j) covers origin + [i, i+1) pixel fast + [j, j+1) pixel slow; the sensor's depth runs along the normal
  * fast x slow, which must point away from the sample.  The frame of the vectors is nbg_experiment.panel_frame's.
- * The sensor (thickness, attenuation, layers) is the experiment's, the same for every panel. */
+ * The sensor is the experiment's (thickness, attenuation, layers) unless the panel gives its own thickness and
+ * attenuation length; the number of layers is the experiment's for every panel (a thicker panel has thicker
+ * layers). */
 typedef struct {
     int fpixels, spixels;           /* pixel counts along fast and slow (>= 1) */
     double pixel;                   /* pixel size, mm (0: the experiment's -pixel) */
@@ -165,6 +167,9 @@ typedef struct {
     double origin[3];               /* the corner of pixel (0,0) (not its centre), mm */
     char name[32];                  /* for messages and files ("" : "panel <index>") */
     int group;                      /* the motion group it belongs to (nbg_experiment.motions; 0 when none) */
+    double thick;                   /* its sensor's thickness, um (0: the experiment's -detector_thick) */
+    double thick_abs;               /* its sensor's attenuation length, um (0: the experiment's -detector_abs, or
+                                       with a thickness of its own and no -detector_abs, that thickness) */
 } nbg_panel;
 
 /* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'
@@ -753,8 +758,9 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
 /* The same for a detector of any number of panels: *g as nbg_read_expt fills it from panel 0, and *panels (malloc'd,
  * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  After
  * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
- * e->panel_frame = NBG_PANELS_LAB render the whole detector.  Refused besides: rectangular pixels, panels whose
- * sensors (thickness, attenuation) differ. */
+ * e->panel_frame = NBG_PANELS_LAB render the whole detector.  A panel whose sensor differs from panel 0's (the
+ * experiment's) gets its own (thick, thick_abs).  Refused besides: rectangular pixels, a panel without a sensor
+ * beside panels with one. */
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* The geometry of an NXmx file with every module (NXdetector_module, in name order, as DIALS orders them) as a

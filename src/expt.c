@@ -98,8 +98,12 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
             else
                 snprintf(name, sizeof name, "panel %d", k);
             const double pk[2] = {p->pixel, p->pixel};
+            /* its own sensor, if it has one (nbg_panels_from_report gives such a panel its attenuation length) */
+            const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
+            const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
             panel = panel_json(name, "SENSOR_PAD", p->fast, p->slow, p->origin, p->fpixels, p->spixels, pk, trusted,
-                               g->thickness, g->material, g->mu, g->gain, g->pedestal, strategy);
+                               th, g->material, mu, g->gain, g->pedestal,
+                               th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
         }
         if (panel == NULL || json_array_append_new(list, panel) != 0 ||
             json_array_append_new(children, json_pack("{s:i}", "panel", k)) != 0) {
@@ -576,10 +580,14 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             snprintf(wk, sizeof wk, "%s(panel %zu)", where, k);
             int rk = dk == NULL ? nbgi_error(r->ctx, NBG_ENOMEM, "out of memory") : read_detector(&one, dk, wk, &gk);
             json_decref(dk);
-            if (rk == NBG_OK && k > 0 &&
-                (gk.pixel_f != gk.pixel_s || gk.thickness != g0.thickness || gk.mu != g0.mu))
-                rk = nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.panels[%zu]: nbgrad needs square pixels, and one sensor "
-                                "(thickness, mu) for every panel", r->file, where, k);
+            /* a sensor below 1e-6 mm is none (dxtbx refuses 0, so writers put a placeholder) */
+            const int has0 = g0.thickness >= 1e-6, hask = gk.thickness >= 1e-6;
+            if (rk == NBG_OK && k > 0 && gk.pixel_f != gk.pixel_s)
+                rk = nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.panels[%zu]: nbgrad needs square pixels (%g x %g mm)",
+                                r->file, where, k, gk.pixel_f, gk.pixel_s);
+            else if (rk == NBG_OK && k > 0 && has0 && !hask)
+                rk = nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.panels[%zu]: a panel without a sensor beside panels "
+                                "with one (nbgrad gives a panel its own sensor, not none)", r->file, where, k);
             if (rk != NBG_OK) {
                 free(out);
                 return rk;
@@ -590,6 +598,11 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             memcpy(out[k].fast, gk.fast, sizeof gk.fast);
             memcpy(out[k].slow, gk.slow, sizeof gk.slow);
             memcpy(out[k].origin, gk.origin, sizeof gk.origin);
+            if (k > 0 && hask && (gk.thickness != g0.thickness || gk.mu != g0.mu)) {
+                /* its own sensor (the experiment's is panel 0's) */
+                out[k].thick = gk.thickness * 1000.0;
+                out[k].thick_abs = gk.mu > 0 ? 1000.0 / gk.mu : 0;
+            }
             json_t *name = json_object_get(json_array_get(panels, k), "name");
             snprintf(out[k].name, sizeof out[k].name, "%s", json_is_string(name) ? json_string_value(name) : "");
             if (k == 0)

@@ -52,6 +52,9 @@ static inline NBG_HD void nbgi_panel_view(const nbgi_kparams *p, int k, nbgi_kpa
     }
     v->close_distance = q->close_distance;
     v->pixel = q->pixel;
+    v->thick = q->thick;
+    v->thickstep = q->thickstep;
+    v->mu = q->mu;
     v->subpixel = q->pixel / p->oversample;
     v->npanels = 0;
     v->nrows = q->spixels;

@@ -223,6 +223,10 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
             memcpy(o, org, sizeof o);
         }
         *q = *p;
+        if (p->thick > 0 && p->thick_abs == 0) {
+            /* a sensor of its own: its attenuation length as the renderer takes it (src/plan.c) */
+            q->thick_abs = isnan(e->thick_abs) ? p->thick : isinf(e->thick_abs) ? 0 : e->thick_abs;
+        }
         apply(R, f, q->fast);
         apply(R, s, q->slow);
         apply(R, o, q->origin);

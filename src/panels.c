@@ -204,6 +204,10 @@ static int panel_given(nbg_ctx *ctx, const nbg_experiment *e, int k, double fa[3
     if (!(*px > 0) || !isfinite(*px)) {
         return nbgi_error(ctx, NBG_EINVAL, "%s: pixel size %g mm must be positive and finite", lab, *px);
     }
+    if (!(p->thick >= 0 && isfinite(p->thick)) || !(p->thick_abs >= 0 && isfinite(p->thick_abs))) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: sensor thickness %g um and attenuation length %g um must be finite "
+                         "and not negative (0: the experiment's)", lab, p->thick, p->thick_abs);
+    }
     for (int x = 0; x < 3; ++x) {
         if (!isfinite(p->fast[x]) || !isfinite(p->slow[x]) || !isfinite(p->origin[x])) {
             return nbgi_error(ctx, NBG_EINVAL, "%s: a fast, slow or origin component is not finite", lab);

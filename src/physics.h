@@ -42,6 +42,7 @@ typedef struct {
     double pix0[3], fdet[3], sdet[3], odet[3]; /* m; unit vectors */
     double close_distance;          /* pix0 . odet, m */
     double pixel;                   /* m */
+    double thick, thickstep, mu;    /* its sensor: m, m, 1/m (the experiment's unless it has its own) */
     /* the panel's vectors from the plane's (f, s, o): pix0_p = pix0 + sum_j c[j] e_j, and fdet_p, sdet_p, odet_p =
      * sum_j A[3 i + j] e_j for i = 0, 1, 2 (zero for panels fixed in the lab, which the plane does not move) */
     double c[3], A[9];

@@ -1343,6 +1343,27 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
         k->nrows = nrows;
         k->npix = npix;
         k->panels = pl->panels;
+        /* the panels' sensors: the experiment's, or a panel's own thickness with the experiment's layer count (its
+         * layers scaled as the thickness) and its own attenuation length (else the experiment's -detector_abs, else
+         * its thickness, as nanoBragg's default) */
+        for (int q = 0; q < e->npanels; ++q) {
+            const nbg_panel *pp = &e->panels[q];
+            nbgi_kpanel *kq = &pl->panels[q];
+            kq->thick = k->thick;
+            kq->thickstep = k->thickstep;
+            kq->mu = k->mu;
+            if (pp->thick > 0) {
+                const double T = pp->thick * 1e-6;
+                kq->thickstep = k->thick > 0 ? k->thickstep * T / k->thick : T / k->thicksteps;
+                kq->thick = T;
+                kq->mu = pp->thick_abs > 0 ? 1e6 / pp->thick_abs : !isnan(e->thick_abs) ? k->mu : 1.0 / T;
+            } else if (pp->thick_abs > 0 && k->thick > 0) {
+                kq->mu = 1e6 / pp->thick_abs;
+            }
+            if (!(kq->mu > 0)) {
+                kq->thick = kq->thickstep = 0; /* no attenuation: no sensor depth (as for the experiment's) */
+            }
+        }
     }
     return NBG_OK;
 }

@@ -24,7 +24,18 @@
  *                        a panel table of the wrong size
  *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
  *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
- *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel
+ *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel; a
+ *                        motion group out of range, a non-finite motion, motions without panels, motion gradients
+ *                        without motions, a negative sensor thickness
+ *   motion-apply-<frame> three motion groups (3, 2 and 1 panels, shifted and turned about their pivots) render the
+ *                        panels moved by hand, in the plane and lab frames
+ *   motion-gradcheck-*   the finite-difference check of all 18 motion components (and rotz), both frames
+ *   motion-jvp           38 tangent images (36 motion components: more than one pass of the tangent kernel) against
+ *                        the adjoint
+ *   motion-refine        12 shifts and turns of 4 panels fitted from no motion on 5 noisy images: the errors in
+ *                        standard errors look like noise (rms 0.6 to 1.5, none beyond 4)
+ *   sensor-*             panels with sensors of their own render as flat detectors with those sensors; gradcheck
+ *                        through them; an experiment list carries them
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
@@ -1040,6 +1051,138 @@ static void motion_refine(nbg_ctx *ctx)
     free(res);
 }
 
+/* Panels with sensors of their own: a rotated MOSFLM detector of 300 um silicon-like sensors (2 layers) cut into 2 x
+ * 1 panels, the right one 600 um thick (its layers scaled), then also with its own attenuation length; each
+ * panel's pixels equal the flat detector's with that sensor.  The gradients of a panel's own sensor pass the
+ * finite-difference check; a negative thickness is refused naming the panel; an experiment list carries the
+ * panels' sensors back (formats build). */
+static void sensors(nbg_ctx *ctx)
+{
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_MOSFLM;
+    e.det_rot[0] = 3, e.det_rot[1] = -2, e.twotheta = 6;
+    e.thick = 300, e.thicksteps = 2;
+    e.fpixels = 48, e.spixels = 36;
+    nbg_panel pan[2];
+    e.npanels = tile(&e, 2, 1, 24, 36, 0, 0, pan);
+    e.panels = pan;
+    const double own_abs[2] = {0, 150};
+    for (int v = 0; v < 2; ++v) {
+        pan[1].thick = 600;
+        pan[1].thick_abs = own_abs[v];
+        nbg_experiment f = e, f2 = e;
+        f.npanels = 0, f.panels = NULL;
+        f2.npanels = 0, f2.panels = NULL;
+        f2.thick = 600;
+        f2.thick_abs = v ? 150 : NAN;
+        size_t n, nf, nf2;
+        int rc, rcf, rcf2;
+        float *img = render(ctx, &e, &n, &rc);
+        float *flat = render(ctx, &f, &nf, &rcf);
+        float *flat2 = render(ctx, &f2, &nf2, &rcf2);
+        double d0 = INFINITY, d1 = INFINITY, mx = 0, dx = 0;
+        if (rc == NBG_OK && rcf == NBG_OK && rcf2 == NBG_OK) {
+            d0 = d1 = 0;
+            long i = 0;
+            for (int k = 0; k < 2; ++k) {
+                for (int sl = 0; sl < 36; ++sl) {
+                    for (int fa = 0; fa < 24; ++fa, ++i) {
+                        const long j = (long)sl * 48 + k * 24 + fa;
+                        const float ref = k == 0 ? flat[j] : flat2[j];
+                        mx = fmax(mx, fabs(ref));
+                        *(k == 0 ? &d0 : &d1) = fmax(k == 0 ? d0 : d1, fabs((double)img[i] - ref));
+                        dx = fmax(dx, fabs((double)flat[j] - flat2[j]));
+                    }
+                }
+            }
+        }
+        char id[64];
+        snprintf(id, sizeof id, "sensor-own%s", v ? "-abs" : "");
+        nbgi_test_check(mx > 0 && d0 <= 1e-9 * mx && d1 <= 1e-9 * mx && dx > 1e-3 * mx, id,
+                       "panel 0 (the experiment's 300 um) and panel 1 (600 um%s) equal the flat detectors so made: "
+                       "max |diff| %.3g and %.3g of %.4g; the two sensors differ by %.3g (%s)", v ? ", 150 um "
+                       "attenuation" : "", d0, d1, mx, dx, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        free(img);
+        free(flat);
+        free(flat2);
+    }
+    /* gradients through a panel's own sensor: the capture fraction's derivative along the ray */
+    nbg_panel_motion mot[1];
+    memset(mot, 0, sizeof mot);
+    nbg_experiment eg = e;
+    eg.motions = mot;
+    eg.nmotions = 1;
+    nbg_gradcheck_result res[NBG_NPARAMS + 1 + 6];
+    int nres = 0;
+    const int grc = nbg_gradcheck(ctx, &eg, NBG_MASK(NBG_P_DISTANCE) | NBG_MASK(NBG_P_DET_ROTY) | NBG_MASK_MOTIONS,
+                                  1e-6, 1, res, NBG_NPARAMS + 1 + 6, &nres);
+    int npass = 0;
+    char bad[48] = "";
+    for (int k = 0; k < nres; ++k) {
+        npass += res[k].status == NBG_CHECK_PASS;
+        if (res[k].status != NBG_CHECK_PASS) {
+            nbg_param_label(res[k].param, bad, sizeof bad);
+        }
+    }
+    nbgi_test_check(grc == NBG_OK && nres == 8 && npass == 8, "sensor-gradcheck", "distance, det_roty and the six "
+                   "motion components of a detector with a panel of its own sensor: %d of %d pass%s%s (%s)", npass,
+                   nres, bad[0] ? "; not " : "", bad, grc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    pan[1].thick = -5;
+    refuse(ctx, "refuse-sensor", &e, "panel 1 (t0_1): sensor thickness -5 um");
+    pan[1].thick = 600;
+    pan[1].thick_abs = 0; /* its attenuation length then its thickness, written out as such */
+    e.oversample = 3;
+#ifdef NBG_HAVE_FORMATS
+    char dir[256], ex[300];
+    if (nbgi_test_mkdtemp("nbg-sensors", dir, sizeof dir) == NULL) {
+        nbgi_test_check(0, "sensor-expt", "no temporary directory");
+        return;
+    }
+    snprintf(ex, sizeof ex, "%s/s.expt", dir);
+    nbg_report r;
+    nbg_geometry g, g2;
+    nbg_panel lab[2], *back = NULL;
+    int np = 0;
+    size_t n = 0, n2 = 0;
+    int rc = NBG_OK, r2 = NBG_OK;
+    float *img = render(ctx, &e, &n, &rc);
+    rc = rc == NBG_OK ? nbg_describe(ctx, &e, &r) : rc;
+    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
+    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &r, lab, 2) : rc;
+    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 2, "s.nxs") : rc;
+    rc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
+    nbg_experiment e2;
+    base(&e2);
+    r2 = rc == NBG_OK ? nbg_experiment_from_geometry(ctx, &g2, &e2) : rc;
+    e2.panels = back, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
+    /* the sampling is nbgrad's, not the list's: the layer count, and the subpixels and phi steps that would
+     * otherwise be chosen anew (the list's distance is the sample pivot's; its scan has one still image) */
+    e2.thicksteps = e.thicksteps;
+    e2.oversample = e.oversample;
+    e2.phisteps = 1;
+    float *img2 = r2 == NBG_OK ? render(ctx, &e2, &n2, &r2) : NULL;
+    double d = INFINITY, mx = 0;
+    if (r2 == NBG_OK && img != NULL && n2 == n) {
+        d = 0;
+        for (size_t i = 0; i < n; ++i) {
+            d = fmax(d, fabs((double)img[i] - img2[i]));
+            mx = fmax(mx, fabs(img[i]));
+        }
+    }
+    const int kept = np == 2 && back != NULL && back[0].thick == 0 && fabs(back[1].thick - 600) < 1e-9 &&
+                     fabs(back[1].thick_abs - 600) < 1e-9 && fabs(e2.thick - 300) < 1e-9;
+    nbgi_test_check(rc == NBG_OK && r2 == NBG_OK && kept && d <= 1e-9 * mx && mx > 0, "sensor-expt",
+                   "an experiment list carries the panels' sensors (300 um; panel 1 %g um, attenuation %g um) and "
+                   "renders the same image: max |diff| %.3g of %.4g (%s)", back ? back[1].thick : NAN,
+                   back ? back[1].thick_abs : NAN, d, mx, r2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(img);
+    free(img2);
+    free(back);
+    nbgi_test_rmtree(dir);
+#endif
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL, *ctxf = NULL;
@@ -1055,6 +1198,7 @@ int main(void)
     refusals(ctx);
     motions(ctx);
     motion_refine(ctx);
+    sensors(ctx);
 #ifdef NBG_HAVE_FORMATS
     expt_panels(ctx);
     files_panels(ctx);
