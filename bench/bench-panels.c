@@ -8,6 +8,9 @@
  * on one flat 4096 x 4096 panel of the same pixels (16.8 Mpx), each with 1 and 4 samples per pixel (-oversample 1,
  * 2), double and float: the best of REPS (3) runs after a warm-up, alternating the two detectors so that both see
  * the same machine state.  Prints the time per pixel of each and their ratio (panels / flat; 1 = no overhead).
+ * Then the reverse pass (nbg_simulate_grad of a, rotx, distance, double, 1 sample per pixel) on the flat panel, on
+ * the panels, and on the panels with the 6 motion gradients of each of the 32 modules as well (NBG_MASK_MOTIONS:
+ * per-panel accumulators, one pass): the time per pixel and the ratios.
  * Threads: $NBG_THREADS or all cores.
  */
 #include "cases.h"
@@ -23,6 +26,22 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds of one reverse pass of e with mask (negative on failure, the message printed). */
+static double time_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *w, nbg_param_mask mask, double *dm,
+                        float *img, size_t n)
+{
+    nbg_grad g;
+    memset(&g, 0, sizeof g);
+    g.dmotion = (mask & NBG_MASK_MOTIONS) ? dm : NULL;
+    g.ndmotion = (mask & NBG_MASK_MOTIONS) ? 6 * (size_t)e->nmotions : 0;
+    const double t0 = now();
+    if (nbg_simulate_grad(ctx, e, w, mask, &g, img, n, NULL) != NBG_OK) {
+        fprintf(stderr, "bench-panels: %s\n", nbg_errmsg(ctx));
+        return -1;
+    }
+    return now() - t0;
 }
 
 /* Seconds of one nbg_simulate of e (NAN on failure, the message printed). */
@@ -84,6 +103,45 @@ int main(int argc, char **argv)
         }
         nbg_ctx_destroy(ctx);
     }
+    /* the reverse pass */
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, threads) != NBG_OK) {
+        return 1;
+    }
+    const size_t nmax = nflat > nmulti ? nflat : nmulti;
+    float *w = malloc(nmax * sizeof(float));
+    nbg_panel_motion mot[32];
+    double dm[6 * 32];
+    memset(mot, 0, sizeof mot);
+    for (size_t i = 0; w != NULL && i < nmax; ++i) {
+        w[i] = (float)(0.5 + (double)(i % 7) / 7.0);
+    }
+    flat.oversample = multi.oversample = 1;
+    nbg_experiment moving = multi;
+    moving.motions = mot;
+    moving.nmotions = 32;
+    const nbg_param_mask m = NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_ROTX) | NBG_MASK(NBG_P_DISTANCE);
+    double bf = 1e30, bm = 1e30, bv = 1e30;
+    time_grad(ctx, &moving, w, m | NBG_MASK_MOTIONS, dm, img, nmulti); /* warm-up */
+    for (int r = 0; w != NULL && r < reps; ++r) {
+        const double a = time_grad(ctx, &flat, w, m, dm, img, nflat);
+        const double b = time_grad(ctx, &multi, w, m, dm, img, nmulti);
+        const double c = time_grad(ctx, &moving, w, m | NBG_MASK_MOTIONS, dm, img, nmulti);
+        if (a < 0 || b < 0 || c < 0) {
+            return 1;
+        }
+        bf = a < bf ? a : bf;
+        bm = b < bm ? b : bm;
+        bv = c < bv ? c : bv;
+    }
+    printf("\nreverse pass (a, rotx, distance; double, 1 sample/px)\n%-34s %10s %8s\n", "detector", "ns/px", "ratio");
+    printf("%-34s %10.3f %8.3f\n", "flat 4096 x 4096", 1e9 * bf / (double)nflat, 1.0);
+    printf("%-34s %10.3f %8.3f\n", "jungfrau16m (256 panels)", 1e9 * bm / (double)nmulti,
+           (bm / (double)nmulti) / (bf / (double)nflat));
+    printf("%-34s %10.3f %8.3f   (against the panels without them: %.3f)\n", "jungfrau16m + 192 motion gradients",
+           1e9 * bv / (double)nmulti, (bv / (double)nmulti) / (bf / (double)nflat), bv / bm);
+    nbg_ctx_destroy(ctx);
+    free(w);
     free(img);
     free(pan);
     return 0;
