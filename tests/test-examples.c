@@ -1,7 +1,7 @@
 /*
  * test-examples.c -- the examples a user copies are built by make and run here: the refinement example
  * converges with the truth inside its error bars, the sensitivity example writes non-blank maps, the CI
- * gradient check passes.
+ * gradient check passes, the module example puts every module back within its standard errors.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
@@ -59,5 +59,10 @@ int main(void)
     rc = run("build/examples/ci_gradcheck 2>&1", out, sizeof out);
     nbgi_test_check(rc == 0 && strstr(out, " 0 failed") != NULL, "examples-3-ci-gradcheck",
                    "ci_gradcheck passes on its lysozyme-like experiment (exit %d)", rc);
+    rc = run("build/examples/refine_modules 2>&1", out, sizeof out);
+    nbgi_test_check(rc == 0 && strstr(out, "converged after") != NULL &&
+                       strstr(out, "64 of 64 module shifts within 3 standard errors") != NULL,
+                   "examples-modules", "refine_modules fits the 32 Jungfrau modules' shifts and the orientation on "
+                   "spot regions, every shift within 3 standard errors (exit %d)", rc);
     return nbgi_test_summary();
 }
