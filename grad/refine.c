@@ -53,34 +53,41 @@ int nbg_param_in_bounds(nbg_param p, double v)
     }
 }
 
+/* One image of the fit, with its own experiment (a frame of a rotation series differs from the others in its phi
+ * range; its pixel list and mask are its own), sharing the parameters. */
 typedef struct {
-    nbg_ctx *ctx;
     nbg_experiment e;            /* working copy; parameters written into it */
     const float *obs, *w;
-    nbg_loss loss;
-    const nbg_param *params;
-    int n;
-    size_t npix;
     const uint32_t *list;        /* the experiment's pixel list, or NULL: every pixel */
     size_t nw;                   /* the pixels walked: the list's, or npix */
     float *img;
     uint8_t *use;                /* use[t], t < nw: 1 when pixel at(t) is in the loss (active, weight > 0) */
-    size_t nobs;                 /* pixels in the loss */
     double *T;                   /* n * nw tangent images (compact over the list) */
+} refine_frame;
+
+typedef struct {
+    nbg_ctx *ctx;
+    refine_frame *fr;            /* the frames; the loss is the sum of theirs */
+    int nf;
+    nbg_loss loss;
+    const nbg_param *params;
+    int n;
+    size_t npix;
+    size_t nobs;                 /* pixels in the loss, all frames */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
     double dstep[NBG_REFINE_MAX];   /* the Gauss-Newton step -H^-1 g from there */
     double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
     double scale[NBG_REFINE_MAX];   /* BFGS variable scaling */
-    nbg_panel_motion *motions;   /* the working copy's panel motions (e.motions points here), or NULL */
-    double *dmotion;             /* 6 * e.nmotions: the BFGS gradient's panel-motion part */
+    nbg_panel_motion *motions;   /* the frames' panel motions (every frame's e.motions points here), or NULL */
+    double *dmotion;             /* 2 * 6 * nmotions: the BFGS gradient's panel-motion part, and a frame's */
     int evals;
     int status;                  /* first failure */
 } refine_ws;
 
 /* The image index of walked pixel t. */
-static size_t at(const refine_ws *ws, size_t t)
+static size_t at(const refine_frame *fr, size_t t)
 {
-    return ws->list != NULL ? (size_t)ws->list[t] : t;
+    return fr->list != NULL ? (size_t)fr->list[t] : t;
 }
 
 static int set_params(refine_ws *ws, const double *x)
@@ -89,17 +96,29 @@ static int set_params(refine_ws *ws, const double *x)
         if (!nbg_param_in_bounds(ws->params[j], x[j])) {
             return 0;
         }
-        nbg_param_set(&ws->e, ws->params[j], x[j]);
+        for (int f = 0; f < ws->nf; ++f) {
+            nbg_param_set(&ws->fr[f].e, ws->params[j], x[j]);
+        }
     }
     return 1;
 }
 
-/* Loss only (a forward pass). */
+/* Loss only (a forward pass of each frame). */
 static int loss_only(refine_ws *ws, double *L)
 {
-    nbg_grad g;
-    memset(&g, 0, sizeof g);
-    return nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, 0, L, &g, ws->img, ws->npix);
+    *L = 0;
+    for (int f = 0; f < ws->nf; ++f) {
+        refine_frame *fr = &ws->fr[f];
+        nbg_grad g;
+        double Lf;
+        memset(&g, 0, sizeof g);
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, 0, &Lf, &g, fr->img, ws->npix);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        *L += Lf;
+    }
+    return NBG_OK;
 }
 
 /* The loss at a trial point.  A point that the plan refuses (NBG_EINVAL: a cell with no volume, a detector
@@ -112,14 +131,15 @@ static int loss_trial(refine_ws *ws, double *L)
         *L = INFINITY;
         return NBG_OK;
     }
-    if (rc == NBG_OK && ws->loss == NBG_LOSS_POISSON) {
+    for (int f = 0; rc == NBG_OK && ws->loss == NBG_LOSS_POISSON && f < ws->nf && isfinite(*L); ++f) {
         /* a model without photons where the data have some is impossible under Poisson (the floor at 1e-12 keeps
          * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
-        const nbg_detector_model *r = &ws->e.response;
+        const refine_frame *fr = &ws->fr[f];
+        const nbg_detector_model *r = &fr->e.response;
         const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
-        for (size_t t = 0; t < ws->nw; ++t) {
-            const size_t i = at(ws, t);
-            if (ws->use[t] && ws->img[i] + sr <= 0 && (ws->obs[i] - r->pedestal) / r->gain + sr > 0) {
+        for (size_t t = 0; t < fr->nw; ++t) {
+            const size_t i = at(fr, t);
+            if (fr->use[t] && fr->img[i] + sr <= 0 && (fr->obs[i] - r->pedestal) / r->gain + sr > 0) {
                 *L = INFINITY;
                 break;
             }
@@ -131,33 +151,36 @@ static int loss_trial(refine_ws *ws, double *L)
 /* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
 static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
 {
-    int rc = nbg_simulate_jvp(ws->ctx, &ws->e, ws->params, ws->n, ws->T, ws->img, ws->npix);
-    if (rc != NBG_OK) {
-        return rc;
-    }
     const int n = ws->n;
     double sum = 0, eps = 0;
     memset(g, 0, sizeof(double) * (size_t)n);
     memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
-    for (size_t t = 0; t < ws->nw; ++t) {
-        if (!ws->use[t]) {
-            continue;
+    for (int f = 0; f < ws->nf; ++f) {
+        refine_frame *fr = &ws->fr[f];
+        const int rc = nbg_simulate_jvp(ws->ctx, &fr->e, ws->params, ws->n, fr->T, fr->img, ws->npix);
+        if (rc != NBG_OK) {
+            return rc;
         }
-        const size_t i = at(ws, t);
-        const double wi = ws->w ? ws->w[i] : 1.0;
-        double dLdI, c;
-        sum += wi * nbgi_pixel_loss(ws->loss, &ws->e.response, ws->img[i], ws->obs[i], &dLdI, &c);
-        dLdI *= wi;
-        c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
-        eps += fabs(dLdI * ws->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
-        for (int a = 0; a < n; ++a) {
-            const double Ta = ws->T[(size_t)a * ws->nw + t];
-            if (Ta == 0) {
+        for (size_t t = 0; t < fr->nw; ++t) {
+            if (!fr->use[t]) {
                 continue;
             }
-            g[a] += dLdI * Ta;
-            for (int b = 0; b <= a; ++b) {
-                H[a * n + b] += c * Ta * ws->T[(size_t)b * ws->nw + t];
+            const size_t i = at(fr, t);
+            const double wi = fr->w ? fr->w[i] : 1.0;
+            double dLdI, c;
+            sum += wi * nbgi_pixel_loss(ws->loss, &fr->e.response, fr->img[i], fr->obs[i], &dLdI, &c);
+            dLdI *= wi;
+            c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
+            eps += fabs(dLdI * fr->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
+            for (int a = 0; a < n; ++a) {
+                const double Ta = fr->T[(size_t)a * fr->nw + t];
+                if (Ta == 0) {
+                    continue;
+                }
+                g[a] += dLdI * Ta;
+                for (int b = 0; b <= a; ++b) {
+                    H[a * n + b] += c * Ta * fr->T[(size_t)b * fr->nw + t];
+                }
             }
         }
     }
@@ -229,48 +252,51 @@ static int linear_start(refine_ws *ws, double *x)
     if (k == 0) {
         return NBG_OK;
     }
-    /* the simulated photons I: the model with scale 1 and no background */
-    nbg_experiment e1 = ws->e;
-    e1.scale = 1;
-    e1.bg[0] = e1.bg[1] = e1.bg[2] = 0;
-    int rc = nbg_simulate(ws->ctx, &e1, ws->img, ws->npix, NULL);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    const nbg_experiment *e = &ws->e;
+    /* over every frame: the simulated photons I (the model with scale 1 and no background) */
     double A[16] = {0}, b[4] = {0};
-    nbg_report rep;
-    rc = nbg_describe(ws->ctx, &e1, &rep);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    for (size_t t = 0; t < ws->nw; ++t) {
-        if (!ws->use[t]) {
-            continue;
+    for (int f = 0; f < ws->nf; ++f) {
+        refine_frame *fr = &ws->fr[f];
+        nbg_experiment e1 = fr->e;
+        e1.scale = 1;
+        e1.bg[0] = e1.bg[1] = e1.bg[2] = 0;
+        int rc = nbg_simulate(ws->ctx, &e1, fr->img, ws->npix, NULL);
+        if (rc != NBG_OK) {
+            return rc;
         }
-        const size_t i = at(ws, t);
-        const double xf = ((double)(i % (size_t)rep.fpixels) - 0.5 * (rep.fpixels - 1)) / NBG_BG_UNIT;
-        const double ys = ((double)(i / (size_t)rep.fpixels) - 0.5 * (rep.spixels - 1)) / NBG_BG_UNIT;
-        const double basis[4] = {ws->img[i], 1, xf, ys};
-        /* the fixed part of M, and the data */
-        double fixed = 0;
-        const double vals[4] = {e->scale, e->bg[0], e->bg[1], e->bg[2]};
-        for (int q = 0; q < 4; ++q) {
-            int refined = 0;
+        const nbg_experiment *e = &fr->e;
+        nbg_report rep;
+        rc = nbg_describe(ws->ctx, &e1, &rep);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        for (size_t t = 0; t < fr->nw; ++t) {
+            if (!fr->use[t]) {
+                continue;
+            }
+            const size_t i = at(fr, t);
+            const double xf = ((double)(i % (size_t)rep.fpixels) - 0.5 * (rep.fpixels - 1)) / NBG_BG_UNIT;
+            const double ys = ((double)(i / (size_t)rep.fpixels) - 0.5 * (rep.spixels - 1)) / NBG_BG_UNIT;
+            const double basis[4] = {fr->img[i], 1, xf, ys};
+            /* the fixed part of M, and the data */
+            double fixed = 0;
+            const double vals[4] = {e->scale, e->bg[0], e->bg[1], e->bg[2]};
+            for (int q = 0; q < 4; ++q) {
+                int refined = 0;
+                for (int a = 0; a < k; ++a) {
+                    refined |= (int)ws->params[idx[a]] - (int)NBG_P_SCALE == q;
+                }
+                if (!refined) {
+                    fixed += vals[q] * basis[q];
+                }
+            }
+            const double wi = fr->w ? fr->w[i] : 1.0;
+            const double y = (fr->obs[i] - e->response.pedestal) / e->response.gain - fixed;
             for (int a = 0; a < k; ++a) {
-                refined |= (int)ws->params[idx[a]] - (int)NBG_P_SCALE == q;
-            }
-            if (!refined) {
-                fixed += vals[q] * basis[q];
-            }
-        }
-        const double wi = ws->w ? ws->w[i] : 1.0;
-        const double y = (ws->obs[i] - e->response.pedestal) / e->response.gain - fixed;
-        for (int a = 0; a < k; ++a) {
-            const double ba = basis[ws->params[idx[a]] - NBG_P_SCALE];
-            b[a] += wi * ba * y;
-            for (int c = 0; c < k; ++c) {
-                A[a * k + c] += wi * ba * basis[ws->params[idx[c]] - NBG_P_SCALE];
+                const double ba = basis[ws->params[idx[a]] - NBG_P_SCALE];
+                b[a] += wi * ba * y;
+                for (int c = 0; c < k; ++c) {
+                    A[a * k + c] += wi * ba * basis[ws->params[idx[c]] - NBG_P_SCALE];
+                }
             }
         }
     }
@@ -282,7 +308,7 @@ static int linear_start(refine_ws *ws, double *x)
     for (int a = 0; a < k; ++a) {
         xn[idx[a]] = b[a];
     }
-    rc = loss_trial(ws, &L0);
+    int rc = loss_trial(ws, &L0);
     if (rc != NBG_OK || !set_params(ws, xn)) {
         set_params(ws, x);
         return rc;
@@ -412,32 +438,50 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
         gsl_vector_set_zero(df);
         return;
     }
-    nbg_grad g;
-    memset(&g, 0, sizeof g);
     nbg_param_mask mask = 0;
     for (int j = 0; j < ws->n; ++j) {
         int mg, mc;
         mask |= nbgi_param_motion(ws->params[j], &mg, &mc) ? NBG_MASK_MOTIONS : NBG_MASK(ws->params[j]);
     }
-    if (mask & NBG_MASK_MOTIONS) {
-        g.dmotion = ws->dmotion;
-        g.ndmotion = (size_t)ws->e.nmotions * 6;
+    /* the summed loss and gradient of the frames */
+    const size_t nm = ws->motions != NULL ? 6 * (size_t)ws->fr[0].e.nmotions : 0;
+    double gsum[NBG_NPARAMS] = {0};
+    if (nm > 0) {
+        memset(ws->dmotion, 0, sizeof(double) * nm);
     }
-    const int rc = nbg_loss_grad(ws->ctx, &ws->e, ws->loss, ws->obs, ws->w, mask, f, &g, ws->img, ws->npix);
-    if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
-        *f = GSL_POSINF;
-        gsl_vector_set_zero(df);
-        return;
-    }
-    if (rc != NBG_OK) {
-        ws->status = rc;
-        *f = GSL_NAN;
-        return;
+    *f = 0;
+    for (int k = 0; k < ws->nf; ++k) {
+        refine_frame *fr = &ws->fr[k];
+        nbg_grad g;
+        double Lf;
+        memset(&g, 0, sizeof g);
+        if (mask & NBG_MASK_MOTIONS) {
+            g.dmotion = ws->dmotion + nm;
+            g.ndmotion = nm;
+        }
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, mask, &Lf, &g, fr->img, ws->npix);
+        if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
+            *f = GSL_POSINF;
+            gsl_vector_set_zero(df);
+            return;
+        }
+        if (rc != NBG_OK) {
+            ws->status = rc;
+            *f = GSL_NAN;
+            return;
+        }
+        *f += Lf;
+        for (int q = 0; q < NBG_NPARAMS; ++q) {
+            gsum[q] += g.g[q];
+        }
+        for (size_t q = 0; q < nm && (mask & NBG_MASK_MOTIONS); ++q) {
+            ws->dmotion[q] += g.dmotion[q];
+        }
     }
     ++ws->evals;
     for (int j = 0; j < ws->n; ++j) {
         int mg, mc;
-        const double dj = nbgi_param_motion(ws->params[j], &mg, &mc) ? g.dmotion[6 * mg + mc] : g.g[ws->params[j]];
+        const double dj = nbgi_param_motion(ws->params[j], &mg, &mc) ? ws->dmotion[6 * mg + mc] : gsum[ws->params[j]];
         gsl_vector_set(df, (size_t)j, dj * ws->scale[j]);
     }
 }
@@ -616,11 +660,24 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
     }
 }
 
-int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
-               const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res)
+int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                      const nbg_refine_options *opt, nbg_refine_result *res)
 {
-    if (ctx == NULL || e == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
+    if (ctx == NULL || frames == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
+    }
+    if (nframes < 1 || nframes > 100000) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine_frames: %d frames (1 to 100000)", nframes);
+    }
+    for (int f = 0; f < nframes; ++f) {
+        if (observed[f] == NULL) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine_frames: no observed image for frame %d", f);
+        }
+        if (frames[f].nmotions != frames[0].nmotions) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine_frames: frame %d has %d panel motions, frame 0 %d", f,
+                             frames[f].nmotions, frames[0].nmotions);
+        }
     }
     if (nparams < 1 || nparams > NBG_REFINE_MAX) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_REFINE_MAX);
@@ -628,6 +685,7 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
     if (opt->method != NBG_OPT_LM && opt->method != NBG_OPT_BFGS) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
     }
+    nbg_experiment *const e = &frames[0];
     memset(res, 0, sizeof *res);
     double x[NBG_REFINE_MAX];
     for (int j = 0; j < nparams; ++j) {
@@ -657,75 +715,76 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: max_iter must be positive, stol positive, ftol and gtol not "
                          "negative (got %d, %g, %g, %g)", opt->max_iter, opt->stol, opt->ftol, opt->gtol);
     }
-    /* the pixels in the loss: active (ROI and mask) and of positive weight */
-    nbgi_plan pl;
-    int rc = nbgi_plan_build(ctx, e, &pl);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    if ((size_t)pl.k.npix != npix) {
-        nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "the observed image holds %zu pixels, the detector has %ld", npix,
-                         pl.k.npix);
-    }
-    const size_t nw = (size_t)nbgi_nwalk(&pl.k);
-    uint8_t *use = malloc(nw);
-    if (use == NULL) {
-        nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu pixels", nw);
-    }
-    /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
-     * ever larger cell, say) and least squares to no particular place */
-    size_t lit = 0, nobs = 0;
-    for (size_t t = 0; t < nw; ++t) {
-        const size_t i = nbgi_walk_at(&pl.k, (long)t);
-        use[t] = nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0);
-        nobs += use[t];
-        lit += use[t] && observed[i] > e->response.pedestal;
-    }
-    nbgi_plan_free(&pl);
-    if (lit == 0) {
-        free(use);
-        return nbgi_error(ctx, NBG_EINVAL, "the observed image has no signal (no pixel above the pedestal %g%s): "
-                         "there is nothing to fit", e->response.pedestal,
-                         weights != NULL ? " with a positive weight" : "");
-    }
     refine_ws ws;
     memset(&ws, 0, sizeof ws);
     ws.ctx = ctx;
-    ws.e = *e;
-    ws.obs = observed;
-    ws.w = weights;
     ws.loss = opt->loss;
     ws.params = params;
     ws.n = nparams;
     ws.npix = npix;
-    ws.list = e->pixels;
-    ws.nw = nw;
-    ws.use = use;
-    ws.nobs = nobs;
-    ws.img = malloc(sizeof(float) * npix);
-    ws.T = malloc(sizeof(double) * nw * (size_t)nparams);
-    if (e->nmotions > 0) {
-        /* trial steps go to a copy of the motions; the caller's get the fitted values at the end */
+    ws.nf = nframes;
+    ws.fr = calloc((size_t)nframes, sizeof *ws.fr);
+    int rc = ws.fr == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
+    if (rc == NBG_OK && e->nmotions > 0) {
+        /* the motions are parameters shared by the frames: trial steps go to one copy, which every frame's
+         * experiment reads; the callers' lists get the fitted values at the end */
         ws.motions = malloc(sizeof(nbg_panel_motion) * (size_t)e->nmotions);
-        ws.dmotion = malloc(sizeof(double) * 6 * (size_t)e->nmotions);
-        if (ws.motions != NULL) {
+        ws.dmotion = malloc(sizeof(double) * 12 * (size_t)e->nmotions);
+        if (ws.motions == NULL || ws.dmotion == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panel motions", e->nmotions);
+        } else {
             memcpy(ws.motions, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
         }
-        ws.e.motions = ws.motions;
     }
-    if (ws.img == NULL || ws.T == NULL || (e->nmotions > 0 && (ws.motions == NULL || ws.dmotion == NULL))) {
-        free(ws.img);
-        free(ws.T);
-        free(ws.motions);
-        free(ws.dmotion);
-        free(use);
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images", nparams);
+    /* per frame: the pixels in the loss (active: ROI and mask; of positive weight) and the buffers */
+    size_t lit = 0;
+    for (int f = 0; rc == NBG_OK && f < nframes; ++f) {
+        refine_frame *fr = &ws.fr[f];
+        fr->e = frames[f];
+        fr->e.motions = ws.motions;
+        fr->obs = observed[f];
+        fr->w = weights != NULL ? weights[f] : NULL;
+        fr->list = frames[f].pixels;
+        nbgi_plan pl;
+        rc = nbgi_plan_build(ctx, &fr->e, &pl);
+        if (rc != NBG_OK) {
+            break;
+        }
+        if ((size_t)pl.k.npix != npix) {
+            nbgi_plan_free(&pl);
+            rc = nbgi_error(ctx, NBG_EINVAL, "the observed image%s holds %zu pixels, the detector has %ld",
+                            nframes > 1 ? " of each frame" : "", npix, pl.k.npix);
+            break;
+        }
+        fr->nw = (size_t)nbgi_nwalk(&pl.k);
+        fr->use = malloc(fr->nw ? fr->nw : 1);
+        fr->img = malloc(sizeof(float) * npix);
+        fr->T = malloc(sizeof(double) * (fr->nw ? fr->nw : 1) * (size_t)nparams);
+        if (fr->use == NULL || fr->img == NULL || fr->T == NULL) {
+            nbgi_plan_free(&pl);
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images of %zu pixels", nparams, fr->nw);
+            break;
+        }
+        for (size_t t = 0; t < fr->nw; ++t) {
+            const size_t i = nbgi_walk_at(&pl.k, (long)t);
+            fr->use[t] = nbgi_model_active(&pl.k, i) && (fr->w == NULL || fr->w[i] > 0);
+            ws.nobs += fr->use[t];
+            lit += fr->use[t] && fr->obs[i] > fr->e.response.pedestal;
+        }
+        nbgi_plan_free(&pl);
     }
-    /* validates sizes, the observed image and the parameters' support */
+    /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
+     * ever larger cell, say) and least squares to no particular place */
+    if (rc == NBG_OK && lit == 0) {
+        rc = nbgi_error(ctx, NBG_EINVAL, "the observed image%s no signal (no pixel above the pedestal %g%s): "
+                        "there is nothing to fit", nframes > 1 ? "s have" : " has", e->response.pedestal,
+                        weights != NULL ? " with a positive weight" : "");
+    }
+    /* validates sizes, the observed images and the parameters' support */
     double L0;
-    rc = loss_only(&ws, &L0);
+    if (rc == NBG_OK) {
+        rc = loss_only(&ws, &L0);
+    }
     if (rc == NBG_OK) {
         res->start_loss = L0;
         rc = linear_start(&ws, x);
@@ -741,21 +800,43 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
         rc = information(&ws, res);
         if (rc == NBG_OK) {
             verdict(&ws, x, opt, res);
-            rc = nbg_check_floor(ctx, &ws.e, observed, weights, ws.img, npix, &res->floor);
+            /* the floor of each frame against its model: the first that does not match, else frame 0's */
+            for (int f = 0; rc == NBG_OK && f < nframes; ++f) {
+                nbg_floor_check fc;
+                rc = nbg_check_floor(ctx, &ws.fr[f].e, ws.fr[f].obs, ws.fr[f].w, ws.fr[f].img, npix, &fc);
+                if (rc == NBG_OK && (f == 0 || (fc.mismatch && !res->floor.mismatch))) {
+                    res->floor = fc;
+                }
+            }
         }
         if (rc == NBG_OK) {
-            nbg_panel_motion *const caller = e->motions;
-            *e = ws.e;
-            e->motions = caller;
-            if (e->nmotions > 0) {
-                memcpy(caller, ws.motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+            for (int f = 0; f < nframes; ++f) {
+                nbg_panel_motion *const caller = frames[f].motions;
+                frames[f] = ws.fr[f].e;
+                frames[f].motions = caller;
+                if (caller != NULL && ws.motions != NULL) {
+                    memcpy(caller, ws.motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+                }
             }
         }
     }
-    free(ws.img);
-    free(ws.T);
+    for (int f = 0; ws.fr != NULL && f < nframes; ++f) {
+        free(ws.fr[f].img);
+        free(ws.fr[f].T);
+        free(ws.fr[f].use);
+    }
+    free(ws.fr);
     free(ws.motions);
     free(ws.dmotion);
-    free(use);
     return rc;
+}
+
+int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
+               const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    if (e == NULL || observed == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
+    }
+    const float *const obs[1] = {observed}, *const w[1] = {weights};
+    return nbg_refine_frames(ctx, e, 1, obs, weights != NULL ? w : NULL, npix, params, nparams, opt, res);
 }

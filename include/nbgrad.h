@@ -566,6 +566,18 @@ int nbg_param_in_bounds(nbg_param p, double value);
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,
                const nbg_param *params, int nparams, const nbg_refine_options *opt, nbg_refine_result *res);
 
+/* The same fit over several images that share the parameters: the frames of a rotation series (their experiments
+ * differ in phi0: frame f turns the crystal from phi0 + f osc through osc, as the program renders a series), or
+ * stills of one crystal on one detector.  frames[f] is frame f's experiment (its scan, pixel list, mask and
+ * response its own; npix pixels each), observed[f] its counts, weights[f] its weights (weights NULL, or an entry
+ * NULL: 1).  The loss, its gradient and the information matrix are the sums of the frames'; the parameters are set
+ * in every frame, and on success every frame receives the fitted values (each frame's motion list, when it has
+ * its own, too).  Frames must have the same number of panel motions (the motions are shared).  nbg_refine is the
+ * case of one frame. */
+int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                      const nbg_refine_options *opt, nbg_refine_result *res);
+
 /* Finite-difference check of the adjoint for each parameter in the mask, on L = sum_p w_p I_p with fixed
  * pseudo-random weights w_p in [0.5, 1.5).  Central differences in double at steps h and h/2 (h per parameter,
  * scaled by h_scale, 1 = default), Richardson-extrapolated; passes when |adjoint - numeric| <= atol +
