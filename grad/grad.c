@@ -36,7 +36,8 @@
 static const char *const param_names[NBG_NPARAMS] = {
     "a", "b", "c", "alpha", "beta", "gamma", "rotx", "roty", "rotz", "Na", "Nb", "Nc",
     "mosaic", "lambda", "fluence", "polar", "distance", "beam_fast", "beam_slow",
-    "det_rotx", "det_roty", "det_rotz", "twotheta", "scale", "bg", "bg_fast", "bg_slow"};
+    "det_rotx", "det_roty", "det_rotz", "twotheta", "scale", "bg", "bg_fast", "bg_slow", "spindle_tilt1",
+    "spindle_tilt2"};
 
 static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
 
@@ -127,6 +128,8 @@ static double *param_field(nbg_experiment *e, nbg_param p)
     case NBG_P_SCALE: return &e->scale;
     case NBG_P_BG: case NBG_P_BG_FAST: case NBG_P_BG_SLOW:
         return &e->bg[p - NBG_P_BG];
+    case NBG_P_SPINDLE_TILT1: case NBG_P_SPINDLE_TILT2:
+        return &e->spindle_tilt[p - NBG_P_SPINDLE_TILT1];
     default: return NULL;
     }
 }
@@ -322,6 +325,48 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
             /* each source's lambda_i = lambda0 c_i */
             for (int i = 0; i < k->nsources; ++i) {
                 t->lam[i] = pl->src_lamrel[i] * 1e-10;
+            }
+        }
+        return;
+    }
+    if (p == NBG_P_SPINDLE_TILT1 || p == NBG_P_SPINDLE_TILT2) {
+        /* abc[phi, m] = U_m Rot(u(t), phi) a0 with u(t) the tilted spindle: the complex step on the tilt and the
+         * rotation (src/setup_tmpl.h), the same code the plan ran */
+        double _Complex u0[3], v1[3], v2[3], t2[2], uz[3];
+        for (int x = 0; x < 3; ++x) {
+            u0[x] = pl->spindle0[x];
+            v1[x] = pl->tilt_axes[x];
+            v2[x] = pl->tilt_axes[3 + x];
+        }
+        t2[0] = e->spindle_tilt[0] / RTD;
+        t2[1] = e->spindle_tilt[1] / RTD;
+        t2[p - NBG_P_SPINDLE_TILT1] += ih / RTD;
+        nbgi_spindle_tilt_z(u0, v1, v2, t2, uz);
+        for (int ip = 0; ip < k->nphi; ++ip) {
+            double r[9];
+            for (int v = 0; v < 3; ++v) {
+                double _Complex a[3], rz[3];
+                for (int x = 0; x < 3; ++x) {
+                    a[x] = pl->a0[3 * v + x];
+                }
+                rotate_axis_z(a, uz, pl->phi[ip], rz);
+                for (int x = 0; x < 3; ++x) {
+                    r[3 * v + x] = cimag(rz[x]) / CSTEP;
+                }
+            }
+            for (int m = 0; m < k->nmos; ++m) {
+                double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
+                for (int v = 0; v < 3; ++v) {
+                    if (pl->mosaic_spread > 0) {
+                        const double *U = pl->umat + 9 * m;
+                        for (int i = 0; i < 3; ++i) {
+                            dst[3 * v + i] = U[3 * i] * r[3 * v] + U[3 * i + 1] * r[3 * v + 1] +
+                                             U[3 * i + 2] * r[3 * v + 2];
+                        }
+                    } else {
+                        memcpy(dst + 3 * v, r + 3 * v, 3 * sizeof(double));
+                    }
+                }
             }
         }
         return;
@@ -942,6 +987,14 @@ int nbg_param_free(nbg_ctx *ctx, const nbg_experiment *e, nbg_param p, char *why
         reason = "no mosaic spread";
     } else if (p == NBG_P_POLAR && e->nopolar) {
         reason = "-nopolar fixes the polarization factor at 1";
+    } else if (p == NBG_P_SPINDLE_TILT1 || p == NBG_P_SPINDLE_TILT2) {
+        int turned = 0;
+        for (int ip = 0; ip < pl.k.nphi; ++ip) {
+            turned |= pl.phi[ip] != 0;
+        }
+        if (!turned) {
+            reason = "the crystal is not turned about the spindle (a still)";
+        }
     }
     if (reason != NULL && why != NULL && size > 0) {
         snprintf(why, size, "%s: %s", param_names[p], reason);

@@ -248,6 +248,8 @@ typedef struct {
     nbg_shape shape;
     double fudge;                   /* shape fudge factor (1) */
     double phi0, osc, phistep;      /* spindle start, range, step, deg (0, NAN, NAN) */
+    double spindle_tilt[2];         /* the rotation axis turned by these angles (deg) about two axes perpendicular to
+                                       it: v1 = unit(axis x beam), then v2 = axis x v1 (0 0; refinable) */
     int phisteps;                   /* (-1 auto) */
     double mosaic;                  /* mosaic spread, deg (NAN unset) */
     int mosaic_domains;             /* (-1 auto) */
@@ -398,6 +400,7 @@ typedef enum {
     NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_BEAM_SLOW,                      /* mm */
     NBG_P_DET_ROTX, NBG_P_DET_ROTY, NBG_P_DET_ROTZ, NBG_P_TWOTHETA,        /* deg */
     NBG_P_SCALE, NBG_P_BG, NBG_P_BG_FAST, NBG_P_BG_SLOW,                   /* the image model: 1, photons/pixel */
+    NBG_P_SPINDLE_TILT1, NBG_P_SPINDLE_TILT2,                              /* deg: nbg_experiment.spindle_tilt */
     NBG_NPARAMS
 } nbg_param;
 

@@ -511,6 +511,9 @@ static const cli_flag flags[] = {
     {"-mosaic_seed", K_LONG, E(mosaic_seed), .group = G_CRYSTAL, .arg = "n",
      .help = "seed of the mosaic domains' orientations"},
     {"-phi", K_NUM, E(phi0), .group = G_CRYSTAL, .arg = "deg", .help = "spindle angle at the start, deg"},
+    {"-spindle_tilt", K_NUM, E(spindle_tilt), .n = 2, .group = G_CRYSTAL, .arg = "t1 t2",
+     .help = "turns the rotation axis by t1 deg about unit(axis x beam), then t2 deg about axis x that (refinable as "
+             "spindle_tilt1, spindle_tilt2)"},
     {"-osc", K_NUM, E(osc), .group = G_CRYSTAL, .arg = "deg", .help = "rotation range, deg"},
     {"-phistep", K_NUM, E(phistep), .group = G_CRYSTAL, .arg = "deg", .help = "rotation step, deg"},
     {"-phisteps", K_COUNT, E(phisteps), .group = G_CRYSTAL, .arg = "n", .help = "rotation steps"},

@@ -502,7 +502,8 @@ static int resolve_all(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
  * file's, else nanoBragg's ADC offset for SMV without the key) into c->e.response, and the pixels to leave out
  * (the file's mask, its overloads, -mask) into *use, which c->e.mask then points to (the caller frees it).
  * Prints what it decided, and errors. */
-static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_t npix, uint8_t **use)
+static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_t npix, int frame, int nframes,
+                            uint8_t **use)
 {
     float *img = NULL;
     uint8_t *fmask = NULL;
@@ -510,15 +511,26 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     nbg_geometry g;
     int have_geom = 0;
     *use = NULL;
-    if (nbg_read_image(ctx, o->observed, 0, npix, &img, &n, &g, &have_geom, &fmask) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: -observed: %s\n", nbg_errmsg(ctx));
+    /* frame f of a series: the file the '#' template names, or frame f of the one file (NXmx) */
+    char path[4096];
+    const int templ = strchr(o->observed, '#') != NULL;
+    if (templ) {
+        nbgi_cli_frame_name(o->observed, frame, nframes, path, sizeof path);
+    } else {
+        snprintf(path, sizeof path, "%s", o->observed);
+    }
+    if (nbg_read_image(ctx, path, templ ? 0 : frame, npix, &img, &n, &g, &have_geom, &fmask) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -observed%s: %s\n", frame > 0 ? " (a later frame)" : "", nbg_errmsg(ctx));
         return NULL;
     }
     if (n != npix) {
-        fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", o->observed, n, npix);
+        fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", path, n, npix);
         free(img);
         free(fmask);
         return NULL;
+    }
+    if (frame > 0) {
+        goto mask; /* the detector response is the first frame's */
     }
     nbg_detector_model *r = &c->e.response;
     const char *from;
@@ -534,8 +546,9 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     }
     r->gain = !isnan(o->gain) ? o->gain : (isfinite(g.gain) && g.gain > 0 ? g.gain : 1);
     r->read_noise = !isnan(o->read_noise) ? o->read_noise : 0;
-    printf("observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts\n", o->observed,
+    printf("observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts\n", path,
            r->pedestal, from, r->gain, r->read_noise);
+mask:
     *use = malloc(npix);
     if (*use == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for the pixel mask\n");
@@ -578,10 +591,12 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     }
     const long nout = nfile + nover + ncli;
     if (nout > 0) {
-        printf("left out %ld of %zu pixels: %ld in the file's mask, %ld overloaded (>= %g counts), %ld in -mask\n",
-               nout, npix, nfile, nover, sat, ncli);
+        printf("left out %ld of %zu pixels%s: %ld in the file's mask, %ld overloaded (>= %g counts), %ld in -mask\n",
+               nout, npix, frame > 0 ? " of a later frame" : "", nfile, nover, sat, ncli);
     }
-    c->e.mask = *use;
+    if (frame == 0) {
+        c->e.mask = *use;
+    }
     return img;
 }
 
@@ -791,7 +806,7 @@ static int cmd_grad(int argc, char **argv, int first)
     double L = 0;
     int rc;
     if (o.observed != NULL) {
-        obs = read_observed(ctx, &c, &o, npix, &use);
+        obs = read_observed(ctx, &c, &o, npix, 0, 1, &use);
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
@@ -1081,8 +1096,12 @@ static int cmd_refine(int argc, char **argv, int first)
     c.extra = &o;
     int status = 1;
     float *obs = NULL, *wts = NULL, *img = NULL;
-    uint32_t *spotpix = NULL;
     uint8_t *use = NULL;
+    int nf = 0;                 /* frames fitted */
+    nbg_experiment *fe = NULL;  /* their experiments */
+    float **fobs = NULL;        /* their counts (fobs[0] = obs) */
+    uint8_t **fuse = NULL;      /* their masks (fuse[0] = use) */
+    uint32_t **fspot = NULL;    /* their spot regions */
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -1121,7 +1140,25 @@ static int cmd_refine(int argc, char **argv, int first)
         goto done;
     }
     const size_t npix = r.npix;
-    if ((obs = read_observed(ctx, &c, &o, npix, &use)) == NULL) goto done;
+    /* a rotation series (-frames, or the scan of -expt): every frame of an NXmx file or of a '#' template; one
+     * image of another kind is fitted alone */
+    nf = 1;
+    if (c.nframes > 1) {
+        FILE *hf = fopen(o.observed, "rb");
+        unsigned char sig[8] = {0};
+        const int hdf5 = hf != NULL && fread(sig, 1, 8, hf) == 8 && memcmp(sig, "\x89HDF\r\n\x1a\n", 8) == 0;
+        if (hf != NULL) {
+            fclose(hf);
+        }
+        if (hdf5 || strchr(o.observed, '#') != NULL) {
+            nf = c.nframes;
+        } else {
+            printf("note: -observed %s holds one image: fitting it alone (an NXmx series or a '#' template gives all "
+                   "%d frames of the scan)\n", o.observed, c.nframes);
+        }
+    }
+    const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
+    if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use)) == NULL) goto done;
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
@@ -1132,15 +1169,54 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.loss = o.loss;
     ro.max_iter = o.max_iter;
     ro.progress = refine_progress;
-    if ((o.spots >= 0 || o.spotlist != NULL) && !spot_regions(ctx, &c, &o, use, npix, &spotpix)) {
+    fe = calloc((size_t)nf, sizeof *fe);
+    fobs = calloc((size_t)nf, sizeof *fobs);
+    fuse = calloc((size_t)nf, sizeof *fuse);
+    fspot = calloc((size_t)nf, sizeof *fspot);
+    const float **fw = calloc((size_t)nf, sizeof *fw);
+    if (fe == NULL || fobs == NULL || fuse == NULL || fspot == NULL || fw == NULL) {
+        free(fw);
+        fprintf(stderr, "nbgrad: error: out of memory for %d frames\n", nf);
+        goto done;
+    }
+    /* frame f: the crystal turned from phi0 + f osc through osc, its own counts, mask and spot regions */
+    const nbg_experiment first_e = c.e;
+    int fok = 1;
+    for (int f = 0; f < nf && fok; ++f) {
+        c.e = first_e;
+        c.e.phi0 = r.phi0 + f * r.osc;
+        if (f == 0) {
+            fobs[0] = obs, fuse[0] = use;
+        } else {
+            c.e.mask = climask;
+            fok = (fobs[f] = read_observed(ctx, &c, &o, npix, f, nf, &fuse[f])) != NULL;
+            c.e.mask = fuse[f];
+        }
+        fw[f] = wts;
+        if (fok && (o.spots >= 0 || o.spotlist != NULL)) {
+            fok = spot_regions(ctx, &c, &o, fuse[f], npix, &fspot[f]);
+        }
+        fe[f] = c.e;
+    }
+    c.e = fe[0];
+    if (!fok) {
+        free(fw);
         goto done;
     }
     nbg_refine_result res;
-    printf("refining %d parameters with %s on the %s loss\n", o.norder,
+    printf("refining %d parameters with %s on the %s loss%s\n", o.norder,
            o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS",
            o.loss == NBG_LOSS_LSQ ? "least-squares"
-           : c.e.response.read_noise > 0 ? "shifted-Poisson (read noise)" : "Poisson");
-    if (nbg_refine(ctx, &c.e, obs, wts, npix, o.order, o.norder, &ro, &res) != NBG_OK) {
+           : c.e.response.read_noise > 0 ? "shifted-Poisson (read noise)" : "Poisson",
+           nf > 1 ? ", summed over the frames" : "");
+    if (nf > 1) {
+        printf("%d frames of %g deg from phi %g deg\n", nf, r.osc, r.phi0);
+    }
+    const int frc = nbg_refine_frames(ctx, fe, nf, (const float *const *)fobs, wts != NULL ? fw : NULL, npix,
+                                      o.order, o.norder, &ro, &res);
+    free(fw);
+    c.e = fe[0];
+    if (frc != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
@@ -1196,7 +1272,7 @@ static int cmd_refine(int argc, char **argv, int first)
             erc = nbg_describe(ctx, &c.e, &rr);
         }
         if (erc == NBG_OK) {
-            erc = nbg_geometry_from_report(ctx, &c.e, &rr, 1, &g);
+            erc = nbg_geometry_from_report(ctx, &c.e, &rr, nf, &g); /* the scan of the frames fitted */
         }
         if (erc == NBG_OK && gp != NULL) {
             erc = nbg_panels_from_report(ctx, &c.e, &rr, gp, c.e.npanels);
@@ -1263,7 +1339,17 @@ done:
     free(wts);
     free(img);
     free(use);
-    free(spotpix);
+    for (int f = 1; f < nf; ++f) { /* frame 0's are obs and use */
+        free(fobs != NULL ? fobs[f] : NULL);
+        free(fuse != NULL ? fuse[f] : NULL);
+    }
+    for (int f = 0; fspot != NULL && f < nf; ++f) {
+        free(fspot[f]);
+    }
+    free(fobs);
+    free(fuse);
+    free(fspot);
+    free(fe);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);

@@ -1236,6 +1236,26 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
 {
     const int phisteps = pb->samp.phisteps, domains = pb->samp.domains;
     memcpy(pl->spindle, pb->frame.u, sizeof pb->frame.u);
+    memcpy(pl->spindle0, pb->frame.u, sizeof pb->frame.u);
+    /* the tilt's axes: v1 = unit(u x beam) (any perpendicular when the spindle lies along the beam), v2 = u x v1 */
+    const double *u = pb->frame.u, *b = pb->frame.b;
+    double v1[3] = {u[1] * b[2] - u[2] * b[1], u[2] * b[0] - u[0] * b[2], u[0] * b[1] - u[1] * b[0]};
+    double l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
+    if (l1 < 1e-9) {
+        const double x[3] = {fabs(u[0]) < 0.9 ? 1 : 0, fabs(u[0]) < 0.9 ? 0 : 1, 0};
+        v1[0] = u[1] * x[2] - u[2] * x[1], v1[1] = u[2] * x[0] - u[0] * x[2], v1[2] = u[0] * x[1] - u[1] * x[0];
+        l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
+    }
+    for (int x = 0; x < 3; ++x) {
+        pl->tilt_axes[x] = v1[x] / l1;
+    }
+    pl->tilt_axes[3] = u[1] * pl->tilt_axes[2] - u[2] * pl->tilt_axes[1];
+    pl->tilt_axes[4] = u[2] * pl->tilt_axes[0] - u[0] * pl->tilt_axes[2];
+    pl->tilt_axes[5] = u[0] * pl->tilt_axes[1] - u[1] * pl->tilt_axes[0];
+    if (e->spindle_tilt[0] != 0 || e->spindle_tilt[1] != 0) {
+        const double t[2] = {e->spindle_tilt[0] / RTD, e->spindle_tilt[1] / RTD};
+        nbgi_spindle_tilt_d(pb->frame.u, pl->tilt_axes, pl->tilt_axes + 3, t, pl->spindle);
+    }
     char what[128];
     snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
     const int rc = nbgi_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
@@ -1474,7 +1494,7 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     memcpy(r->odet, g->o, sizeof g->o);
     memcpy(r->beam, fr->b, sizeof fr->b);
     memcpy(r->polar_axis, fr->pol, sizeof fr->pol);
-    memcpy(r->spindle, fr->u, sizeof fr->u);
+    memcpy(r->spindle, pl->spindle, sizeof pl->spindle); /* tilted */
     r->lambda = e->lambda;
     r->phi0 = pb->samp.phi0 * RTD;
     r->osc = pb->samp.osc * RTD;

@@ -19,7 +19,9 @@ typedef struct {
     double *mos_angle;   /* nmos mosaic rotation angles (rad); domain 0 is the identity */
     double *phi;         /* nphi spindle angles (rad) */
     double a0[9];        /* real-space a, b, c (m) before the spindle and mosaic rotations */
-    double spindle[3];
+    double spindle[3];   /* the rotation axis, tilted by e->spindle_tilt */
+    double spindle0[3];  /* the rotation axis before the tilt */
+    double tilt_axes[6]; /* the tilt's axes v1, v2 (nbg_experiment.spindle_tilt) */
     double lambda0;      /* m */
     double mosaic_spread;/* rad */
     double misset[3];    /* rad, the misset applied (drawn when random) */

@@ -48,6 +48,16 @@ static inline NBG_TMPL_HD void NBG_SFX(rotate_axis)(const NBG_R *v, const NBG_R 
     out[2] = z * c + (ax[0] * y - ax[1] * x) * s + ax[2] * dot;
 }
 
+/* The spindle u tilted by t[0] about v1, then by t[1] about v2 (radians; v1, v2 unit vectors perpendicular to u,
+ * nbg_experiment.spindle_tilt): out = Rot(v2, t[1]) Rot(v1, t[0]) u. */
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_spindle_tilt)(const NBG_R *u, const NBG_R *v1, const NBG_R *v2,
+                                                         const NBG_R *t, NBG_R *out)
+{
+    NBG_R w[3];
+    NBG_SFX(rotate_axis)(u, v1, t[0], w);
+    NBG_SFX(rotate_axis)(w, v2, t[1], out);
+}
+
 static inline NBG_TMPL_HD void NBG_SFX(cross)(const NBG_R *a, const NBG_R *b, NBG_R *out)
 {
     const NBG_R x = a[1] * b[2] - a[2] * b[1];

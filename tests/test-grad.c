@@ -180,10 +180,20 @@ int main(void)
     gradcheck("grad-9-broken-adjoint", &e, "b", 0);
     nbgi_debug_break_adjoint(ctx, -1);
 
-    /* grad-10: the gradient call's image is the forward call's; gradients are reproducible */
+    /* grad-11: the rotation axis's tilts, on a rotation (phi 2 to 3 deg in 3 steps), at a tilted axis */
+    base(&e);
+    e.phi0 = 2, e.osc = 1, e.phisteps = 3;
+    e.spindle_tilt[0] = 0.3, e.spindle_tilt[1] = -0.2;
+    gradcheck("grad-11-spindle-tilt", &e, "spindle_tilt1,spindle_tilt2,rotx,a", 1);
+    e.mosaic = 0.3, e.mosaic_domains = 3;
+    gradcheck("grad-11-spindle-tilt-mosaic", &e, "spindle_tilt1,spindle_tilt2", 1);
+
+    /* grad-10: the gradient call's image is the forward call's; gradients are reproducible (on a rotation, so
+     * that the spindle's tilts act too) */
     base(&e);
     e.mosaic = 0.3;
     e.mosaic_domains = 3;
+    e.phi0 = 1, e.osc = 1, e.phisteps = 2;
     nbg_report r;
     nbg_describe(ctx, &e, &r);
     const size_t npix = (size_t)r.fpixels * r.spixels;
@@ -196,7 +206,8 @@ int main(void)
     nbg_grad g1, g2;
     memset(&g1, 0, sizeof g1);
     memset(&g2, 0, sizeof g2);
-    const nbg_param_mask all = mask_of(ALL) | NBG_MASK(NBG_P_MOSAIC);
+    const nbg_param_mask all = mask_of(ALL) | NBG_MASK(NBG_P_MOSAIC) | NBG_MASK(NBG_P_SPINDLE_TILT1) |
+                               NBG_MASK(NBG_P_SPINDLE_TILT2);
     nbg_simulate_grad(ctx, &e, dl, all, &g1, img2, npix, NULL);
     nbgi_test_check(memcmp(img, img2, npix * sizeof(float)) == 0, "grad-10-image",
                    "nbg_simulate_grad's image is bit-identical to nbg_simulate's");

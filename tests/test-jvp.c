@@ -37,8 +37,9 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
     nbg_param params[NBG_NPARAMS];
     int n = 0;
     for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (p == NBG_P_MOSAIC && !with_mosaic) {
-            continue;
+        if ((p == NBG_P_MOSAIC && !with_mosaic) ||
+            ((p == NBG_P_SPINDLE_TILT1 || p == NBG_P_SPINDLE_TILT2) && nbg_param_free(ctx, e, (nbg_param)p, NULL, 0) != 1)) {
+            continue; /* the spindle's tilts move nothing in a still */
         }
         params[n++] = (nbg_param)p;
     }
