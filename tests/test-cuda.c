@@ -609,6 +609,8 @@ int main(void)
     nbg_experiment e;
     base(&e);
     e.fpixels = e.spixels = NPIX / 2;
+    e.phi0 = 1, e.osc = 0.5, e.phisteps = 2; /* a rotation, so that the spindle's tilts act */
+    e.spindle_tilt[0] = 0.2;
     nbg_gradcheck(gpu, &e, NBG_MASK_ALL & ~NBG_MASK(NBG_P_MOSAIC), 1e-6, 1, res, NBG_NPARAMS + 1, &nres);
     nbgi_test_check(nres > 0, PFX "-gradcheck", "%d parameters checked", nres);
     for (int i = 0; i < nres; ++i) {

@@ -11,7 +11,8 @@ dials, run with Debian's /usr/bin/python3) imports, finds spots, indexes and ref
     orientation is the true one within 0.05 deg, after matching the two bases by their integer transformation;
   - nbgrad refine started from DIALS's refined model, on every frame at once: its orientation error 5x smaller
     than DIALS's, its cell's length and angle errors 5x smaller or (where that is below nbgrad's own standard
-    errors on these images) smaller than DIALS's and within 3 standard errors.
+    errors on these images) smaller than DIALS's and within 3 standard errors; on the bright series (16 times the
+    photons) all three 5x smaller, without the allowance.
 
     /usr/bin/python3 tests/dials/roundtrip.py NBGRAD_BINARY WORKDIR [--quick]
 
@@ -159,7 +160,7 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m):
     for what, err, derr, sig, unit, scale in (("lengths", m["len_err"], dials_m["len_err"], m["len_sigma"], "%", 100),
                                               ("angles", m["ang_err"], dials_m["ang_err"], m["ang_sigma"], "deg", 1)):
         five = err * 5 <= derr
-        floor = err < derr and err <= 3 * sig
+        floor = err < derr and err <= 3 * sig and not tag.startswith("dials-bright")
         check(five or floor, "%s-nbgrad-%s" % (tag, what),
               "cell %s off by %.5f %s, DIALS's by %.5f %s (%.1fx smaller); nbgrad's standard error %.5f %s: %s" % (
                   what, scale * err, unit, scale * derr, unit, derr / max(err, 1e-15), scale * sig, unit,
@@ -242,14 +243,19 @@ def main(argv):
     # (convention, detector flags, formats): DIALS's convention with the sample pivot, an off-centre beam
     # (ORGX/ORGY) and three detector rotations, as NXmx and CBF; MOSFLM's with the beam pivot, an off-centre beam
     # and a two-theta swing, as NXmx
-    cases = [("dials", ["-dials", "-close_distance", "110", "-ORGX", "420", "-ORGY", "600", "-detector_rotx", "2",
-                        "-detector_roty", "-4", "-detector_rotz", "1.5"], ("nxmx", "cbf")),
+    # and the first once more with 16 times the photons (-default_F 400): where nbgrad's statistical floor lies
+    # below a fifth of DIALS's errors
+    dials_det = ["-dials", "-close_distance", "110", "-ORGX", "420", "-ORGY", "600", "-detector_rotx", "2",
+                 "-detector_roty", "-4", "-detector_rotz", "1.5"]
+    cases = [("dials", dials_det, ("nxmx", "cbf"), "100"),
              ("mosflm", ["-mosflm", "-distance", "120", "-Xbeam", "45", "-Ybeam", "58", "-twotheta", "6"],
-              ("nxmx",))]
+              ("nxmx",), "100"),
+             ("dials-bright", dials_det, ("nxmx",), "400")]
     table = []
-    for conv, det, formats in cases:
+    for conv, det, formats, F in cases:
         cdir = os.path.join(work, conv)
         os.makedirs(cdir, exist_ok=True)
+        crystal[crystal.index("-default_F") + 1] = F
         sim = [nbgrad] + det + crystal + series + ["-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
         if "cbf" in formats:
             sim += ["-cbffile", "series_#####.cbf"]
