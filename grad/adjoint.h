@@ -88,16 +88,26 @@ static inline NBG_HD void nbgi_panel_tangent(const nbgi_kpanel *q, const double 
 }
 
 /* Back-propagates d_d (gradient on the unit direction) and d_R (on the distance) of a ray to the detector:
- * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d. */
+ * P = Fdet f + Sdet s + Odet o + pix0,  d = P / R:  d_P = (d_d - d (d . d_d)) / R + d_R d (nbgi_ray_dP, in
+ * scalars for the lane form's loops), then pix0 += d_P, f += d_P Fdet, s += d_P Sdet, o += d_P Odet. */
+static inline NBG_HD void nbgi_ray_dP(double d0, double d1, double d2, double R, double dd0, double dd1, double dd2,
+                                     double d_R, double *dP0, double *dP1, double *dP2)
+{
+    const double dot = d0 * dd0 + d1 * dd1 + d2 * dd2;
+    *dP0 = (dd0 - d0 * dot) / R + d_R * d0;
+    *dP1 = (dd1 - d1 * dot) / R + d_R * d1;
+    *dP2 = (dd2 - d2 * dot) / R + d_R * d2;
+}
+
 static inline NBG_HD void nbgi_ray_adjoint(const nbgi_ray *r, const double *d_d, double d_R, nbgi_adjacc *acc)
 {
-    const double dd = r->d[0] * d_d[0] + r->d[1] * d_d[1] + r->d[2] * d_d[2];
+    double d_P[3];
+    nbgi_ray_dP(r->d[0], r->d[1], r->d[2], r->R, d_d[0], d_d[1], d_d[2], d_R, &d_P[0], &d_P[1], &d_P[2]);
     for (int x = 0; x < 3; ++x) {
-        const double d_P = (d_d[x] - r->d[x] * dd) / r->R + d_R * r->d[x];
-        acc->pix0[x] += d_P;
-        acc->f[x] += d_P * r->Fdet;
-        acc->s[x] += d_P * r->Sdet;
-        acc->o[x] += d_P * r->Odet;
+        acc->pix0[x] += d_P[x];
+        acc->f[x] += d_P[x] * r->Fdet;
+        acc->s[x] += d_P[x] * r->Sdet;
+        acc->o[x] += d_P[x] * r->Odet;
     }
 }
 
@@ -152,6 +162,24 @@ static inline NBG_HD void nbgi_pixel_factors(const nbgi_kparams *p, int fpixel, 
     }
 }
 
+/* The cotangents of the once-per-pixel factors of S = scale I capture polar omega for an incoming gradient g: the
+ * scale's (g I capture polar omega), the solid angle's, the capture fraction's and the polarization's. */
+static inline NBG_HD void nbgi_factor_cotangents(double g, double scale, double I, double capture, double polar,
+                                                 double omega, double *d_scale, double *d_om, double *d_cap,
+                                                 double *d_pol)
+{
+    *d_scale = g * I * capture * polar * omega;
+    *d_om = g * scale * I * capture * polar;
+    *d_cap = g * scale * I * polar * omega;
+    *d_pol = g * scale * I * capture * omega;
+}
+
+/* capture(a) of layer t, a = dz mu / rho, rho = d . o: the cotangent of rho from that of capture. */
+static inline NBG_HD double nbgi_capture_rho_adjoint(int t, double a, double rho, double d_cap)
+{
+    return d_cap * nbgi_capture_da(t, a) * (-a / rho);
+}
+
 /* The epilogue of the adjoint: with the pixel's final sum I and its incoming gradient g (S = scale I capture polar
  * omega), back-propagates through the once-per-pixel factors into acc: the scale, the water term (d_I = g scale
  * capture polar omega), the solid angle (its ray and the close distance), the capture fraction (its ray and the
@@ -159,14 +187,14 @@ static inline NBG_HD void nbgi_pixel_factors(const nbgi_kparams *p, int fpixel, 
 static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_pixfactors *pf, double g,
                                                     double I, double d_I, nbgi_adjacc *acc)
 {
-    const double scale = p->scale;
     const double omega = pf->omega, capture = pf->capture, polar = pf->polar;
-    acc->scale += g * I * capture * polar * omega;
+    double d_scale, d_om, d_cap, d_pol;
+    nbgi_factor_cotangents(g, p->scale, I, capture, polar, omega, &d_scale, &d_om, &d_cap, &d_pol);
+    acc->scale += d_scale;
     acc->Ibg += d_I;
     const double zero[3] = {0, 0, 0};
     {
         /* omega(R, close): d_R = d omega / dR, d_close = omega / close */
-        const double d_om = g * scale * I * capture * polar;
         const double d_R = d_om * nbgi_solid_angle_dR(p, pf->r_om.R, omega);
         if (!p->point_pixel) {
             acc->close += d_om * omega / p->close_distance;
@@ -175,8 +203,7 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
     }
     if (p->thick != 0) {
         /* capture(a), a = dz mu / rho, rho = d . o */
-        const double d_cap = g * scale * I * polar * omega;
-        const double d_rho = d_cap * nbgi_capture_da(p->thicksteps - 1, pf->cap_a) * (-pf->cap_a / pf->rho);
+        const double d_rho = nbgi_capture_rho_adjoint(p->thicksteps - 1, pf->cap_a, pf->rho, d_cap);
         double d_d[3];
         for (int x = 0; x < 3; ++x) {
             d_d[x] = d_rho * p->odet[x];
@@ -185,7 +212,6 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
         nbgi_ray_adjoint(&pf->r_cap, d_d, 0, acc);
     }
     if (pf->pol_src >= 0) {
-        const double d_pol = g * scale * I * capture * omega;
         const double *sr = p->src + NBG_SRC_STRIDE * pf->pol_src;
         double dP_dd[3], dP_dK;
         nbgi_polar_grad_d(p->polarization, sr, pf->r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
@@ -197,6 +223,171 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
         nbgi_ray_adjoint(&pf->r_pol, d_d, 0, acc);
     }
 }
+
+/* --- lane forms (the CPU row adjoint; C only, for restrict and omp simd) ------------------------------------- */
+#if !defined(__CUDACC__) && !defined(__cplusplus)
+#define NBG_PF_LANES 8
+
+/* The once-per-pixel factors of NBG_PF_LANES neighbouring pixels of a row, in lanes.  Where every active lane
+ * takes its polarization on its first subpixel's ray with the first source (no resolution cut removes that
+ * sample: "uniform", the common case) the factors are computed, and back-propagated, across the lanes with the
+ * scalar functions' arithmetic (the values are the same bit for bit); otherwise each lane's come from
+ * nbgi_pixel_factors (pf).  omega, capture, polar and the first subpixel's ray (d, R, Fd) are filled either way. */
+typedef struct {
+    int uniform;
+    double omega[NBG_PF_LANES], capture[NBG_PF_LANES], polar[NBG_PF_LANES];
+    double d0[NBG_PF_LANES], d1[NBG_PF_LANES], d2[NBG_PF_LANES], R[NBG_PF_LANES], Fd[NBG_PF_LANES];
+    /* uniform and a sensor thickness: the last layer's first-subpixel ray and the capture's a and rho */
+    double c0[NBG_PF_LANES], c1[NBG_PF_LANES], c2[NBG_PF_LANES], Rc[NBG_PF_LANES], Fc[NBG_PF_LANES];
+    double cap_a[NBG_PF_LANES], rho[NBG_PF_LANES];
+    double Sdet, Oc; /* the first subpixel's slow coordinate, the last layer's depth */
+    nbgi_pixfactors pf[NBG_PF_LANES]; /* not uniform: each lane's factors */
+} nbgi_lane_pixfactors;
+
+/* Fills lf for pixels f0 .. f0 + NBG_PF_LANES - 1 of row spixel of a flat detector; active[j] says which lanes
+ * count (the others are computed and contribute nothing). */
+static inline void nbgi_lane_pixel_factors(const nbgi_kparams *p, int f0, int spixel, const int *active,
+                                           nbgi_lane_pixfactors *lf)
+{
+    enum { W = NBG_PF_LANES };
+    const int tl = p->thicksteps - 1;
+    lf->Sdet = nbgi_subpixel_at(p, spixel, 0);
+    lf->Oc = nbgi_layer_at(p, tl);
+    nbgi_lane_rays(p, f0, 0, lf->Sdet, nbgi_layer_at(p, 0), W, lf->d0, lf->d1, lf->d2, lf->R, lf->Fd);
+    lf->uniform = !p->curved;
+    if (lf->uniform && !p->nopolar && p->dmin > 0) {
+        double q0[W], q1[W], q2[W];
+        int valid[W];
+        nbgi_lane_q(p, 0, W, lf->d0, lf->d1, lf->d2, q0, q1, q2, valid);
+        for (int j = 0; j < W; ++j) {
+            lf->uniform &= valid[j] || !active[j];
+        }
+    }
+    if (!lf->uniform) {
+        for (int j = 0; j < W; ++j) {
+            /* inactive lanes compute on a valid pixel and contribute nothing */
+            nbgi_pixfactors *pf = &lf->pf[j];
+            nbgi_pixel_factors(p, active[j] ? f0 + j : f0, spixel, pf);
+            lf->omega[j] = pf->omega;
+            lf->capture[j] = pf->capture;
+            lf->polar[j] = pf->polar;
+            lf->d0[j] = pf->r_om.d[0];
+            lf->d1[j] = pf->r_om.d[1];
+            lf->d2[j] = pf->r_om.d[2];
+            lf->R[j] = pf->r_om.R;
+            lf->Fd[j] = pf->r_om.Fdet;
+        }
+        return;
+    }
+    const double *sr = p->src;
+    const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
+    const double K = p->polarization;
+    const int nopolar = p->nopolar;
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        const double d[3] = {lf->d0[j], lf->d1[j], lf->d2[j]};
+        lf->omega[j] = nbgi_solid_angle(p, lf->R[j]);
+        lf->polar[j] = nopolar ? 1 : nbgi_polar_d(K, inc, d, E, B);
+        lf->capture[j] = 1;
+        lf->cap_a[j] = 0;
+        lf->rho[j] = 1;
+    }
+    if (p->thick != 0) {
+        nbgi_lane_rays(p, f0, 0, lf->Sdet, lf->Oc, W, lf->c0, lf->c1, lf->c2, lf->Rc, lf->Fc);
+        const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2];
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            lf->rho[j] = lf->c0[j] * o0 + lf->c1[j] * o1 + lf->c2[j] * o2;
+            lf->capture[j] = nbgi_capture(p, tl, lf->rho[j], &lf->cap_a[j]);
+        }
+    }
+}
+
+/* nbgi_pixel_factors_adjoint for the lanes of lf with incoming gradients g, final sums I and d_I (lanes with
+ * g = 0 contribute nothing); uniform lanes are summed across the lanes first. */
+static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactors *lf,
+                                                   const double *g, const double *I, const double *d_I,
+                                                   nbgi_adjacc *acc)
+{
+    enum { W = NBG_PF_LANES };
+    if (!lf->uniform) {
+        for (int j = 0; j < W; ++j) {
+            if (g[j] != 0) {
+                nbgi_pixel_factors_adjoint(p, &lf->pf[j], g[j], I[j], d_I[j], acc);
+            }
+        }
+        return;
+    }
+    const double *sr = p->src;
+    const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
+    const double K = p->polarization, scale = p->scale, close = p->close_distance;
+    const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2];
+    const int tl = p->thicksteps - 1, thick = p->thick != 0, pol = !p->nopolar, area = !p->point_pixel;
+    double s_scale = 0, s_Ibg = 0, s_close = 0, s_K = 0;
+    double r0 = 0, r1 = 0, r2 = 0, rf0 = 0, rf1 = 0, rf2 = 0; /* the first subpixel's ray: d_P, d_P Fdet */
+    double c0 = 0, c1 = 0, c2 = 0, cf0 = 0, cf1 = 0, cf2 = 0; /* the last layer's ray */
+    double n0 = 0, n1 = 0, n2 = 0;                            /* the normal, through rho = d . o */
+#pragma omp simd reduction(+ : s_scale, s_Ibg, s_close, s_K, r0, r1, r2, rf0, rf1, rf2, c0, c1, c2, cf0, cf1, cf2, \
+                               n0, n1, n2)
+    for (int j = 0; j < W; ++j) {
+        const int on = g[j] != 0;
+        double d_scale, d_om, d_cap, d_pol;
+        nbgi_factor_cotangents(g[j], scale, I[j], lf->capture[j], lf->polar[j], lf->omega[j], &d_scale, &d_om,
+                               &d_cap, &d_pol);
+        /* the solid angle and the polarization, both on the first subpixel's ray */
+        const double d_R = d_om * nbgi_solid_angle_dR(p, lf->R[j], lf->omega[j]);
+        double dd[3] = {0, 0, 0}, dK = 0;
+        if (pol) {
+            const double d[3] = {lf->d0[j], lf->d1[j], lf->d2[j]};
+            double dP_dd[3];
+            nbgi_polar_grad_d(K, inc, d, E, B, dP_dd, &dK);
+            for (int x = 0; x < 3; ++x) {
+                dd[x] = d_pol * dP_dd[x];
+            }
+        }
+        double e0, e1, e2;
+        nbgi_ray_dP(lf->d0[j], lf->d1[j], lf->d2[j], lf->R[j], dd[0], dd[1], dd[2], d_R, &e0, &e1, &e2);
+        s_scale += on ? d_scale : 0;
+        s_Ibg += on ? d_I[j] : 0;
+        s_close += on && area ? d_om * lf->omega[j] / close : 0;
+        s_K += on && pol ? d_pol * dK : 0;
+        r0 += on ? e0 : 0;
+        r1 += on ? e1 : 0;
+        r2 += on ? e2 : 0;
+        rf0 += on ? e0 * lf->Fd[j] : 0;
+        rf1 += on ? e1 * lf->Fd[j] : 0;
+        rf2 += on ? e2 * lf->Fd[j] : 0;
+        if (thick) {
+            const double d_rho = nbgi_capture_rho_adjoint(tl, lf->cap_a[j], lf->rho[j], d_cap);
+            double w0, w1, w2;
+            nbgi_ray_dP(lf->c0[j], lf->c1[j], lf->c2[j], lf->Rc[j], d_rho * o0, d_rho * o1, d_rho * o2, 0, &w0, &w1,
+                        &w2);
+            n0 += on ? d_rho * lf->c0[j] : 0;
+            n1 += on ? d_rho * lf->c1[j] : 0;
+            n2 += on ? d_rho * lf->c2[j] : 0;
+            c0 += on ? w0 : 0;
+            c1 += on ? w1 : 0;
+            c2 += on ? w2 : 0;
+            cf0 += on ? w0 * lf->Fc[j] : 0;
+            cf1 += on ? w1 * lf->Fc[j] : 0;
+            cf2 += on ? w2 * lf->Fc[j] : 0;
+        }
+    }
+    acc->scale += s_scale;
+    acc->Ibg += s_Ibg;
+    acc->close += s_close;
+    acc->K += s_K;
+    const double rr[3] = {r0, r1, r2}, rf[3] = {rf0, rf1, rf2}, cc[3] = {c0, c1, c2}, cf[3] = {cf0, cf1, cf2};
+    const double nn[3] = {n0, n1, n2};
+    for (int x = 0; x < 3; ++x) {
+        /* P = Fdet f + Sdet s + Odet o + pix0, the first subpixel's ray at depth 0, the capture's at Oc */
+        acc->pix0[x] += rr[x] + cc[x];
+        acc->f[x] += rf[x] + cf[x];
+        acc->s[x] += (rr[x] + cc[x]) * lf->Sdet;
+        acc->o[x] += cc[x] * lf->Oc + nn[x];
+    }
+}
+#endif
 
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
  * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only

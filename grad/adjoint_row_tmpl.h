@@ -1,7 +1,8 @@
 /*
  * adjoint_row_tmpl.h -- the CPU adjoint's vectorised form: grad/adjoint_tmpl.h for NBG_ALANES neighbouring
- * pixels of a row at once.  The once-per-pixel prologue and epilogue run per lane with the scalar twin's
- * functions (nbgi_pixel_factors, nbgi_pixel_factors_adjoint in grad/adjoint.h); the main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
+ * pixels of a row at once.  The once-per-pixel prologue and epilogue are the lane forms of the scalar twin's
+ * (nbgi_lane_pixel_factors, nbgi_lane_pixel_factors_adjoint in grad/adjoint.h, built from the same functions); the
+ * main pass evaluates each sample across the lanes in `omp simd` loops and sums the lanes'
  * contributions to the plan-level gradients (crystal vectors, wavelengths, detector vectors, N) as reductions.
  * The forward values are the scalar kernel's (same arithmetic per pixel); the gradients equal the scalar
  * adjoint's up to the order of the sums.  Instantiated for double by grad/adjoint_cpu.c.
@@ -26,7 +27,8 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
     const NBG_R scale = (NBG_R)p->scale;
     int active[W];
     NBG_R g[W], d_I[W], I[W];
-    nbgi_pixfactors pf[W];
+    nbgi_lane_pixfactors lf;
+    _Static_assert(NBG_PF_LANES == NBG_ALANES, "the lane factors must have the row adjoint's width");
 
     /* --- prologue: the once-per-pixel factors and where they were taken (grad/adjoint.h) ------------------ */
     int any = 0;
@@ -34,9 +36,10 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
         active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
         g[j] = active[j] ? (NBG_R)gin[j] : 0;
         any |= g[j] != 0;
-        /* inactive lanes compute on a valid pixel and contribute nothing */
-        nbgi_pixel_factors(p, active[j] ? f0 + j : f0, spixel, &pf[j]);
-        d_I[j] = g[j] * scale * (NBG_R)pf[j].capture * (NBG_R)pf[j].polar * (NBG_R)pf[j].omega;
+    }
+    nbgi_lane_pixel_factors(p, f0, spixel, active, &lf);
+    for (int j = 0; j < W; ++j) {
+        d_I[j] = g[j] * scale * (NBG_R)lf.capture[j] * (NBG_R)lf.polar[j] * (NBG_R)lf.omega[j];
         I[j] = (NBG_R)p->I_bg;
     }
 
@@ -59,13 +62,13 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
             const NBG_R Sdet = nbgi_subpixel_at(p, spixel, subS);
             for (int subF = 0; subF < os; ++subF) {
                 if (t == 0 && subS == 0 && subF == 0 && !p->curved) {
-                    /* the prologue's first ray (of the lane's own pixel where it is active) */
+                    /* the prologue's first ray */
                     for (int j = 0; j < W; ++j) {
-                        d0[j] = pf[j].r_om.d[0];
-                        d1[j] = pf[j].r_om.d[1];
-                        d2[j] = pf[j].r_om.d[2];
-                        Rl[j] = pf[j].r_om.R;
-                        Fd[j] = pf[j].r_om.Fdet;
+                        d0[j] = lf.d0[j];
+                        d1[j] = lf.d1[j];
+                        d2[j] = lf.d2[j];
+                        Rl[j] = lf.R[j];
+                        Fd[j] = lf.Fd[j];
                         dd0[j] = dd1[j] = dd2[j] = 0;
                     }
                 } else {
@@ -244,15 +247,13 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
     /* --- values and the epilogue (grad/adjoint.h) --------------------------------------------------------- */
     for (int j = 0; j < n; ++j) {
         double S = p->scale * (double)I[j];
-        S *= pf[j].capture;
-        S *= pf[j].polar;
-        S *= pf[j].omega;
+        S *= lf.capture[j];
+        S *= lf.polar[j];
+        S *= lf.omega[j];
         out[j] = active[j] ? (float)S : 0.0f;
     }
-    for (int j = 0; j < W && any; ++j) {
-        if (g[j] != 0) {
-            nbgi_pixel_factors_adjoint(p, &pf[j], (double)g[j], (double)I[j], (double)d_I[j], acc);
-        }
+    if (any) {
+        nbgi_lane_pixel_factors_adjoint(p, &lf, g, I, d_I, acc);
     }
 }
 

@@ -261,7 +261,7 @@ int main(void)
 
     /* grad-13: the vectorised adjoint equals its scalar twin (gradients to rounding, images bit for bit) */
     {
-        nbg_experiment cfg[3];
+        nbg_experiment cfg[5];
         base(&cfg[0]);
         cfg[0].mosaic = 0.4, cfg[0].mosaic_domains = 3, cfg[0].phi0 = 1, cfg[0].osc = 1, cfg[0].phisteps = 2;
         base(&cfg[1]);
@@ -270,7 +270,14 @@ int main(void)
         cfg[1].det_rot[1] = 4, cfg[1].twotheta = 5, cfg[1].Na = 4.5;
         base(&cfg[2]);
         cfg[2].shape = NBG_SHAPE_GAUSS, cfg[2].Na = cfg[2].Nb = cfg[2].Nc = 8, cfg[2].fpixels = 37;
-        for (int c = 0; c < 3; ++c) {
+        /* the lane form of the once-per-pixel factors (no resolution cut): with a thick sensor on a turned
+         * detector, and with a point pixel and no polarization */
+        base(&cfg[3]);
+        cfg[3].oversample = 2, cfg[3].thick = 100, cfg[3].thick_abs = 50, cfg[3].thicksteps = 3;
+        cfg[3].det_rot[0] = 3, cfg[3].det_rot[1] = -4, cfg[3].twotheta = 5, cfg[3].fpixels = 45;
+        base(&cfg[4]);
+        cfg[4].point_pixel = 1, cfg[4].nopolar = 1, cfg[4].fpixels = 43;
+        for (int c = 0; c < 5; ++c) {
             nbg_grad ga, gb;
             memset(&ga, 0, sizeof ga);
             memset(&gb, 0, sizeof gb);
