@@ -323,12 +323,12 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
         if (nbgi_pixel_active(pp, f, s)) {
             if (FLOAT) {
                 nbgi_pixstat_f ps = {0, 0};
-                v = (float)nbgi_pixel_f(pp, f, s, &ps);
+                v = (float)nbgi_pixel_f(pp, f, s, &ps, NULL);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             } else {
                 nbgi_pixstat_d ps = {0, 0};
-                v = (float)nbgi_pixel_d(pp, f, s, &ps);
+                v = (float)nbgi_pixel_d(pp, f, s, &ps, NULL);
                 sums[0] = ps.omega_sum;
                 sums[1] = (double)ps.oor;
             }

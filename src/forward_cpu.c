@@ -87,14 +87,15 @@ double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_
                 }
                 continue;
             }
-            if (sig != NULL) {
-                sig[i] = nbgi_pixel_signature_d(pr, f, s);
-            }
-            if (skip != NULL && skip[i]) {
+            const int skipped = skip != NULL && skip[i];
+            if (skipped && sig == NULL) {
                 continue;
             }
             nbgi_pixstat_d st = {0, 0};
-            acc += (double)w[i] * nbgi_pixel_d(pr, f, s, &st);
+            const double v = nbgi_pixel_d(pr, f, s, &st, sig != NULL ? &sig[i] : NULL);
+            if (!skipped) {
+                acc += (double)w[i] * v;
+            }
         }
         rows[r] = acc;
     }

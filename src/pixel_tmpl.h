@@ -33,12 +33,18 @@ typedef struct {
     long oor;
 } NBG_SFX(nbgi_pixstat);
 
+/* sig, when not NULL, receives a signature of the discrete choices the pixel's samples make (rounded Miller
+ * indices, interpolation windows, samples cut by dmin or zeroed by the tophat edge).  Where it differs between two
+ * evaluations, the image is not differentiable between them; the gradient check leaves such pixels out.  The
+ * kernels pass a constant NULL, which folds the signature away. */
 static inline NBG_HD double NBG_SFX(nbgi_pixel)(const nbgi_kparams *p, int fpixel, int spixel,
-                                              NBG_SFX(nbgi_pixstat) * st)
+                                              NBG_SFX(nbgi_pixstat) * st, uint64_t *sig)
 {
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     const double K = p->polarization;
+    uint64_t hash = 1469598103934665603ULL; /* FNV-1a over the choices */
+#define NBG_MIX(v) (hash = (hash ^ (uint64_t)(int64_t)(v)) * 1099511628211ULL)
     NBG_R I = (NBG_R)p->I_bg;
     double polar = p->nopolar ? 1 : 0;
     double omega = 0;
@@ -67,6 +73,9 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel)(const nbgi_kparams *p, int fpixe
                     const double *sr = p->src + NBG_SRC_STRIDE * src;
                     double qd[3];
                     if (!nbgi_scatter_q(p, d, src, qd)) {
+                        if (sig != NULL) {
+                            NBG_MIX(-7);
+                        }
                         continue;
                     }
                     if (polar == 0 || p->os_polar) {
@@ -82,6 +91,19 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel)(const nbgi_kparams *p, int fpixe
                         const NBG_R k0 = NBG_SFX(nbgi_round_index)(k);
                         const NBG_R l0 = NBG_SFX(nbgi_round_index)(l);
                         const NBG_R F_latt = NBG_SFX(nbgi_lattice)(p, h, k, l, h0, k0, l0);
+                        if (sig != NULL) {
+                            NBG_MIX(h0);
+                            NBG_MIX(k0);
+                            NBG_MIX(l0);
+                            if (p->interpolate) {
+                                NBG_MIX(NBG_M(floor)(h));
+                                NBG_MIX(NBG_M(floor)(k));
+                                NBG_MIX(NBG_M(floor)(l));
+                            }
+                            if (p->shape == NBG_TOPHAT) {
+                                NBG_MIX(F_latt == 0);
+                            }
+                        }
                         if (F_latt == 0 && !p->water) {
                             continue;
                         }
@@ -112,57 +134,9 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel)(const nbgi_kparams *p, int fpixe
     if (!p->os_omega) {
         S *= omega;
     }
-    return S;
-}
-
-/* A signature of the discrete choices the pixel's samples make (rounded Miller indices, interpolation windows,
- * samples cut by dmin or zeroed by the tophat edge).  Where it differs between two evaluations, the image is
- * not differentiable between them; the gradient check leaves such pixels out. */
-static inline NBG_HD uint64_t NBG_SFX(nbgi_pixel_signature)(const nbgi_kparams *p, int fpixel, int spixel)
-{
-    const int os = p->oversample;
-    const int nmat = p->nphi * p->nmos;
-    uint64_t sig = 1469598103934665603ULL;
-#define NBG_MIX(v) (sig = (sig ^ (uint64_t)(int64_t)(v)) * 1099511628211ULL)
-    for (int t = 0; t < p->thicksteps; ++t) {
-        for (int subS = 0; subS < os; ++subS) {
-            for (int subF = 0; subF < os; ++subF) {
-                double P[3];
-                nbgi_subpixel_pos(p, fpixel, spixel, subF, subS, t, P);
-                const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-                const double d[3] = {P[0] / R, P[1] / R, P[2] / R};
-                for (int src = 0; src < p->nsources; ++src) {
-                    double qd[3];
-                    if (!nbgi_scatter_q(p, d, src, qd)) {
-                        NBG_MIX(-7);
-                        continue;
-                    }
-                    const NBG_R q[3] = {(NBG_R)qd[0], (NBG_R)qd[1], (NBG_R)qd[2]};
-                    for (int m = 0; m < nmat; ++m) {
-                        const double *abc = p->abc + 9 * m;
-                        NBG_R hkl[3];
-                        NBG_SFX(nbgi_miller)(abc, q, hkl);
-                        const NBG_R h = hkl[0], k = hkl[1], l = hkl[2];
-                        const NBG_R h0 = NBG_SFX(nbgi_round_index)(h);
-                        const NBG_R k0 = NBG_SFX(nbgi_round_index)(k);
-                        const NBG_R l0 = NBG_SFX(nbgi_round_index)(l);
-                        NBG_MIX(h0);
-                        NBG_MIX(k0);
-                        NBG_MIX(l0);
-                        if (p->interpolate) {
-                            NBG_MIX(NBG_M(floor)(h));
-                            NBG_MIX(NBG_M(floor)(k));
-                            NBG_MIX(NBG_M(floor)(l));
-                        }
-                        if (p->shape == NBG_TOPHAT) {
-                            NBG_MIX(NBG_SFX(nbgi_lattice)(p, h, k, l, h0, k0, l0) == 0);
-                        }
-                    }
-                }
-            }
-        }
+    if (sig != NULL) {
+        *sig = hash;
     }
 #undef NBG_MIX
-    return sig;
+    return S;
 }
-
