@@ -191,13 +191,15 @@ typedef struct {
 typedef enum { NBG_PANELS_PLANE = 0, NBG_PANELS_LAB = 1 } nbg_panel_frame;
 
 /* "Unset" is NAN for every double field documented as optional (the default then applies, as nanoBragg's), and
- * -1 for every count (automatic).  nbg_experiment_default sets every field to its default or unset value. */
+ * -1 for every count documented as automatic and for the pixel counts (derived from the detector size); such a
+ * count is otherwise at least 1: 0 is an error, not "unset".  nbg_experiment_default sets every field to its
+ * default or unset value. */
 typedef struct {
     /* --- detector --------------------------------------------------------------------------------------- */
     nbg_convention convention;
     nbg_pivot pivot;
     double pixel;                   /* pixel size, mm (0.1) */
-    int fpixels, spixels;           /* pixel counts; 0 = derived from detsize (1024) */
+    int fpixels, spixels;           /* pixel counts, each >= 1, or -1 (unset): derived from detsize (1024) */
     double detsize_f, detsize_s;    /* detector size, mm (102.4); ignored when pixel counts are given */
     double distance;                /* sample to beam spot along the beam, mm (100) */
     double close_distance;          /* sample to detector plane along its normal, mm (NAN: derived) */

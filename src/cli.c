@@ -243,8 +243,9 @@ static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mas
         c->imgfile = path;
     }
     nbg_experiment *e = &c->e;
-    e->fpixels = h.fpixels;
-    e->spixels = h.spixels;
+    /* a header without SIZE1/SIZE2 (0: the file said nothing) leaves the counts unset: derived from -detsize */
+    e->fpixels = h.fpixels > 0 ? h.fpixels : -1;
+    e->spixels = h.spixels > 0 ? h.spixels : -1;
     if (!isnan(h.pixel)) {
         e->pixel = h.pixel;
     }

@@ -397,9 +397,10 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         return nbgi_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
                          e->thick_abs);
     }
-    if (e->fpixels < 0 || e->spixels < 0) {
-        return nbgi_error(ctx, NBG_EINVAL, "pixel counts must not be negative (got %d x %d)", e->fpixels,
-                         e->spixels);
+    /* pixel counts: given (>= 1) or unset (-1: derived from the detector size); 0 is no longer "unset" */
+    if (!(e->fpixels == -1 || e->fpixels >= 1) || !(e->spixels == -1 || e->spixels >= 1)) {
+        return nbgi_error(ctx, NBG_EINVAL, "pixel counts (-detpixels_f x -detpixels_s) must be at least 1, or -1 to "
+                         "derive them from the detector size (got %d x %d)", e->fpixels, e->spixels);
     }
     const struct {
         int n;
@@ -476,6 +477,7 @@ void nbg_experiment_default(nbg_experiment *e)
     e->convention = NBG_CONV_MOSFLM;
     e->pivot = NBG_PIVOT_AUTO;
     e->pixel = 0.1;
+    e->fpixels = e->spixels = -1; /* derived from the detector size */
     e->detsize_f = e->detsize_s = 102.4;
     e->distance = 100;
     e->close_distance = NAN;
@@ -671,10 +673,10 @@ static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
 {
     const double px = e->pixel / 1000.0;
     double detsize_f = e->detsize_f / 1000.0, detsize_s = e->detsize_s / 1000.0;
-    if (e->fpixels > 0) {
+    if (e->fpixels != -1) { /* given (validate: >= 1); -1: derived from the detector size */
         detsize_f = px * e->fpixels;
     }
-    if (e->spixels > 0) {
+    if (e->spixels != -1) {
         detsize_s = px * e->spixels;
     }
     const double nf = ceil(detsize_f / px - 0.5), ns = ceil(detsize_s / px - 0.5);

@@ -100,7 +100,7 @@ static void test_geo001(void)
 {
     nbg_experiment e;
     base_experiment(&e);
-    e.fpixels = e.spixels = 0; /* default 102.4 mm detector: 1024 x 1024 */
+    e.fpixels = e.spixels = -1; /* unset: the default 102.4 mm detector, 1024 x 1024 */
     e.convention = NBG_CONV_MOSFLM;
     e.pixel = 0.1;
     e.distance = 100;

@@ -20,6 +20,7 @@
 
 #include "nbgrad.h"
 
+#include <limits.h>
 #include <math.h>
 
 #define BASE "-cell", "100", "100", "100", "90", "90", "90", "-default_F", "100", "-N", "5", "-lambda", "1", \
@@ -291,6 +292,24 @@ static void test_files(void)
         nbgi_test_check(r.status == 0, "HARD-same-path", "/dev/null named twice is allowed (exit %d)", r.status);
         result_free(&r);
     }
+    /* -img whose SMV header has no SIZE1/SIZE2 (the reader's 0: the file says nothing) leaves the pixel counts
+     * unset (-1), so that -detsize gives them, as before 0 stopped meaning unset */
+    if (new_case(&r)) {
+        char hdr[513];
+        const int len = snprintf(hdr, sizeof hdr, "{\nHEADER_BYTES=512;\nPIXEL_SIZE=0.1;\nDISTANCE=100;\n}\n");
+        memset(hdr + len, ' ', sizeof hdr - 1 - (size_t)len);
+        hdr[sizeof hdr - 1] = '\0';
+        put_file(&r, "nosize.img", hdr);
+        run_in(&r, ARGS("-cell", "100", "100", "100", "90", "90", "90", "-default_F", "100", "-N", "5", "-lambda",
+                        "1", "-oversample", "1", "-img", "nosize.img", "-detsize", "6.4", "-floatfile", "out.float"));
+        size_t n = 0;
+        void *img = read_in(&r, "out.float", &n);
+        nbgi_test_check(r.status == 0 && n == 64 * 64 * sizeof(float), "HARD-img-pixels",
+                       "-img with no SIZE1/SIZE2 and -detsize 6.4 renders 64 x 64 (exit %d, %zu bytes: %s)", r.status,
+                       n, first_line(r.err));
+        free(img);
+        result_free(&r);
+    }
 }
 
 /* --- messages that name the file ---------------------------------------------------------------------------- */
@@ -422,6 +441,83 @@ static void base_experiment(nbg_experiment *e)
     e->oversample = 1;
 }
 
+/* nbg_experiment.fpixels, spixels: -1 (nbg_experiment_default's) derives them from the detector size, as 0 did
+ * before; 0 and counts below -1 are refused with a message that names the pixel counts. */
+static void test_pixel_counts(nbg_ctx *ctx)
+{
+    nbg_experiment d, e;
+    nbg_report rep;
+    nbg_experiment_default(&d);
+    nbgi_test_check(d.fpixels == -1 && d.spixels == -1, "HARD-lib-pixels", "nbg_experiment_default leaves the "
+                   "pixel counts unset, -1 (got %d x %d)", d.fpixels, d.spixels);
+
+    /* (1) unset: the default 102.4 mm detector of 0.1 mm pixels, 1024 x 1024, the same image as 1024 given */
+    base_experiment(&e);
+    e.fpixels = e.spixels = -1;
+    int rc = nbg_describe(ctx, &e, &rep);
+    nbgi_test_check(rc == NBG_OK && rep.fpixels == 1024 && rep.spixels == 1024, "HARD-lib-pixels",
+                   "unset (-1) counts give 1024 x 1024 (rc %d, got %d x %d: %s)", rc, rep.fpixels, rep.spixels,
+                   rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    const size_t n = (size_t)1024 * 1024;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    if (a != NULL && b != NULL) {
+        rc = nbg_simulate(ctx, &e, a, n, &rep);
+        nbg_experiment given = e;
+        given.fpixels = given.spixels = 1024;
+        const int rc2 = rc == NBG_OK ? nbg_simulate(ctx, &given, b, n, NULL) : rc;
+        nbgi_test_check(rc == NBG_OK && rc2 == NBG_OK && memcmp(a, b, n * sizeof *a) == 0, "HARD-lib-pixels",
+                       "the unset-count image equals the 1024 x 1024 one bit for bit (rc %d, %d: %s)", rc, rc2,
+                       rc == NBG_OK && rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    } else {
+        nbgi_test_check(0, "HARD-lib-pixels", "out of memory for two 1024 x 1024 images");
+    }
+    free(a);
+    free(b);
+
+    /* -detsize still applies when the counts are unset */
+    base_experiment(&e);
+    e.fpixels = e.spixels = -1;
+    e.detsize_f = 6.4;
+    e.detsize_s = 4.8;
+    rc = nbg_describe(ctx, &e, &rep);
+    nbgi_test_check(rc == NBG_OK && rep.fpixels == 64 && rep.spixels == 48, "HARD-lib-pixels",
+                   "unset counts with a 6.4 x 4.8 mm detector give 64 x 48 (rc %d, got %d x %d)", rc, rep.fpixels,
+                   rep.spixels);
+
+    /* (2) 0 is no longer "unset": refused, naming the pixel counts and the values */
+    const int badf[] = {0, 32, -2, INT_MIN};
+    const int bads[] = {1024, 0, 32, -1};
+    for (size_t k = 0; k < sizeof badf / sizeof badf[0]; ++k) {
+        base_experiment(&e);
+        e.fpixels = badf[k];
+        e.spixels = bads[k];
+        char want[64];
+        snprintf(want, sizeof want, "(got %d x %d)", badf[k], bads[k]);
+        rc = nbg_describe(ctx, &e, &rep);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "pixel counts") != NULL &&
+                           strstr(nbg_errmsg(ctx), "-1") != NULL && strstr(nbg_errmsg(ctx), want) != NULL,
+                       "HARD-lib-pixels", "fpixels %d, spixels %d is NBG_EINVAL naming the pixel counts (rc %d: %s)",
+                       badf[k], bads[k], rc, nbg_errmsg(ctx));
+    }
+
+    /* (3) one count unset, the other given: the unset one from its detector size */
+    base_experiment(&e);
+    e.fpixels = -1;
+    e.spixels = 40;
+    rc = nbg_describe(ctx, &e, &rep);
+    nbgi_test_check(rc == NBG_OK && rep.fpixels == 1024 && rep.spixels == 40, "HARD-lib-pixels",
+                   "fpixels -1, spixels 40 give 1024 x 40 (rc %d, got %d x %d)", rc, rep.fpixels, rep.spixels);
+    base_experiment(&e);
+    e.fpixels = 24;
+    e.spixels = -1;
+    e.detsize_s = 3.6;
+    float img[24 * 36];
+    rc = nbg_simulate(ctx, &e, img, 24 * 36, &rep);
+    nbgi_test_check(rc == NBG_OK && rep.fpixels == 24 && rep.spixels == 36, "HARD-lib-pixels",
+                   "fpixels 24, spixels -1 with a 3.6 mm slow side renders 24 x 36 (rc %d, got %d x %d: %s)", rc,
+                   rep.fpixels, rep.spixels, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+}
+
 static void test_library(void)
 {
     nbg_ctx *ctx = NULL;
@@ -505,6 +601,9 @@ static void test_library(void)
     base_experiment(&e);
     e.cell[3] = e.cell[4] = e.cell[5] = 120;
     nbgi_test_check(nbg_describe(ctx, &e, &rep) == NBG_EINVAL, "HARD-lib-domain", "a flat cell is refused");
+
+    /* pixel counts: unset is -1 (derived from the detector size), as every count; 0 or below -1 is refused */
+    test_pixel_counts(ctx);
 
     /* gradcheck's tolerances */
     nbg_gradcheck_result res[NBG_NPARAMS + 1];
