@@ -650,8 +650,8 @@ void nbg_smv_header_from_report(const nbg_report *r, nbg_smv_header *h);
 /* Writes an SMV file (512-byte header, native-endian uint16 data).  The file is written to a temporary name and
  * renamed, so a failure leaves no partial file. */
 int nbg_write_smv(nbg_ctx *ctx, const char *path, const nbg_smv_header *h, const uint16_t *data);
-/* Reads an SMV file: header keys into *h (keys absent are NAN / 0) and, when data is not NULL, the pixels into a
- * malloc'd array the caller frees.  Checks that the data size matches the header. */
+/* Reads an SMV file: header keys into *h (keys absent are NAN / 0; phi0 from PHI, else OSC_START) and, when data is
+ * not NULL, the pixels into a malloc'd array the caller frees.  Checks that the data size matches the header. */
 int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **data);
 /* Writes a P5 PGM: pixel = min(255, v * scale), truncated. */
 int nbg_write_pgm(nbg_ctx *ctx, const char *path, const float *image, int fpixels, int spixels, double scale);
@@ -703,6 +703,10 @@ typedef struct {
     double axis[3];                   /* the rotation axis: the crystal turns right-handed about it */
     double scan_start, scan_width;    /* the first image's start angle and every image's oscillation, deg */
     int nframes;                      /* images in the scan (>= 1) */
+    int scan_stated;                  /* what the source stated of the scan: 0 nothing (scan_start and scan_width
+                                         are then the defaults, 0), 1 the start angle, 2 the start angle and the
+                                         width.  Set by the readers and by nbg_geometry_from_report (2); the
+                                         writers ignore it */
     double exposure;                  /* seconds per image */
     /* --- crystal (optional) --- */
     int has_crystal;
@@ -792,10 +796,12 @@ int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
  * pedestal left in), the caller frees it; *npix receives its size.  g, when not NULL, receives what the file says
  * of the geometry, with *have_geometry (may be NULL) set when that is the whole geometry (NXmx of one module,
  * CBF; an NXmx file of several modules gives their concatenation, in module order, and its module 0 in g).  From SMV:
- * pixel counts and size, wavelength, distance (as an origin along -z), scan, saturation 65535 and the pedestal of
- * an ADC_OFFSET key (NAN when the header has none: nanoBragg's carry 40 without saying so); from raw floats
- * nothing.  mask, when not NULL, receives a malloc'd fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's
- * negative pixels, and every pixel at or above the saturation) or NULL when no pixel is bad. */
+ * pixel counts and size, wavelength, distance (as an origin along -z), scan (PHI, else OSC_START, and OSC_RANGE),
+ * saturation 65535 and the pedestal of an ADC_OFFSET key (NAN when the header has none: nanoBragg's carry 40 without
+ * saying so); from raw floats nothing.  g->scan_stated says whether the file stated the scan: a CBF's (or SMV
+ * file's) scan_start is that one image's own start angle.  mask, when not NULL, receives a malloc'd
+ * fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's negative pixels, and every pixel at or above the
+ * saturation) or NULL when no pixel is bad. */
 int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
                    nbg_geometry *g, int *have_geometry, uint8_t **mask);
 

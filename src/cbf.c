@@ -565,10 +565,12 @@ static void mini_geometry(const char *text, nbg_geometry *g)
         g->saturation = a;
     if ((f = mini_field(text, "Exposure_time")) != NULL && sscanf(f, " %lf", &a) == 1)
         g->exposure = a;
+    int start = 0, inc = 0;
     if ((f = mini_field(text, "Start_angle")) != NULL && sscanf(f, " %lf", &a) == 1)
-        g->scan_start = a;
+        g->scan_start = a, start = 1;
     if ((f = mini_field(text, "Angle_increment")) != NULL && sscanf(f, " %lf", &a) == 1)
-        g->scan_width = a;
+        g->scan_width = a, inc = 1;
+    g->scan_stated = start ? 1 + inc : 0;
     /* "# Silicon sensor, thickness 0.000320 m" */
     const char *p = strstr(text, "sensor, thickness");
     if (p != NULL) {
@@ -642,6 +644,7 @@ static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
             for (int i = 0; i < 3 && len > 0; ++i)
                 g->axis[i] = a[i] / len;
             g->scan_start = start, g->scan_width = inc;
+            g->scan_stated = 2;
         }
     }
     g->nframes = 1;

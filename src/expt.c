@@ -792,6 +792,7 @@ static int read_scan(const reader *r, json_t *s, const char *where, nbg_geometry
     }
     g->scan_start = osc[0];
     g->scan_width = osc[1];
+    g->scan_stated = 2;
     /* a list (one per image; the first is taken) or, in old lists, one number */
     if (json_is_array(exp) && json_array_size(exp) >= 1)
         exp = json_array_get(exp, 0);

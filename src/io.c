@@ -868,6 +868,11 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
             return rc;
     }
 
+    if (isnan(h->phi0)) { /* the start angle: PHI, else OSC_START (nanoBragg writes both, the same) */
+        static const char *const k_start[] = {"OSC_START"};
+        if ((rc = smv_number(ctx, path, hdr, k_start, 1, &h->phi0)) != NBG_OK)
+            return rc;
+    }
     h->has_adc_offset = !isnan(h->adc_offset);
     char word[64];
     smv_word(hdr, "TYPE", word, sizeof word);

@@ -171,6 +171,7 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     apply(R, r->spindle, g->axis);
     g->scan_start = r->phi0;
     g->scan_width = r->osc;
+    g->scan_stated = 2;
     g->nframes = nframes;
     g->exposure = e->exposure;
     if (e->thick > 0) {
@@ -471,10 +472,14 @@ static int read_smv_image(nbg_ctx *ctx, const char *path, float **image, size_t 
             g->origin[2] = -h.distance;
         g->pedestal = h.has_adc_offset ? h.adc_offset : NAN;
         g->saturation = 65535;
-        if (isfinite(h.phi0))
+        if (isfinite(h.phi0)) {
             g->scan_start = h.phi0;
-        if (isfinite(h.osc))
-            g->scan_width = h.osc;
+            g->scan_stated = 1;
+            if (isfinite(h.osc)) {
+                g->scan_width = h.osc;
+                g->scan_stated = 2;
+            }
+        }
     }
     *image = img;
     *npix = n;

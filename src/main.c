@@ -501,9 +501,10 @@ static int resolve_all(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
 /* Reads the observed image and what goes with it: the detector response (-pedestal, -gain, -read_noise, else the
  * file's, else nanoBragg's ADC offset for SMV without the key) into c->e.response, and the pixels to leave out
  * (the file's mask, its overloads, -mask) into *use, which c->e.mask then points to (the caller frees it).
- * Prints what it decided, and errors. */
+ * Prints what it decided, and errors.  geom (NULL: not wanted) receives what the file says of the geometry (its
+ * scan_stated says whether it states the image's start angle). */
 static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_t npix, int frame, int nframes,
-                            uint8_t **use)
+                            uint8_t **use, nbg_geometry *geom)
 {
     float *img = NULL;
     uint8_t *fmask = NULL;
@@ -522,6 +523,9 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     if (nbg_read_image(ctx, path, templ ? 0 : frame, npix, &img, &n, &g, &have_geom, &fmask) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: -observed%s: %s\n", frame > 0 ? " (a later frame)" : "", nbg_errmsg(ctx));
         return NULL;
+    }
+    if (geom != NULL) {
+        *geom = g;
     }
     if (n != npix) {
         fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", path, n, npix);
@@ -806,7 +810,7 @@ static int cmd_grad(int argc, char **argv, int first)
     double L = 0;
     int rc;
     if (o.observed != NULL) {
-        obs = read_observed(ctx, &c, &o, npix, 0, 1, &use);
+        obs = read_observed(ctx, &c, &o, npix, 0, 1, &use, NULL);
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
@@ -1141,8 +1145,9 @@ static int cmd_refine(int argc, char **argv, int first)
     }
     const size_t npix = r.npix;
     /* a rotation series (-frames, or the scan of -expt): every frame of an NXmx file or of a '#' template; one
-     * image of another kind is fitted alone */
+     * image of another kind is fitted alone, at the start angle (and width) its header states */
     nf = 1;
+    int alone = 0;
     if (c.nframes > 1) {
         FILE *hf = fopen(o.observed, "rb");
         unsigned char sig[8] = {0};
@@ -1153,12 +1158,41 @@ static int cmd_refine(int argc, char **argv, int first)
         if (hdf5 || strchr(o.observed, '#') != NULL) {
             nf = c.nframes;
         } else {
-            printf("note: -observed %s holds one image: fitting it alone (an NXmx series or a '#' template gives all "
-                   "%d frames of the scan)\n", o.observed, c.nframes);
+            alone = 1;
         }
     }
     const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
-    if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use)) == NULL) goto done;
+    nbg_geometry og;
+    if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og)) == NULL) goto done;
+    double phi0 = r.phi0; /* the first frame's start angle */
+    int own_osc = 0;      /* the image's own oscillation width, not the scan's */
+    if (alone) {
+        /* the image may be any frame of the scan: its own start angle, where its header states one */
+        if (og.scan_stated >= 1 && isfinite(og.scan_start)) {
+            phi0 = og.scan_start;
+            /* a header's angles may be rounded (SMV's are printed to 6 digits): a frame of the scan within that
+             * is that frame, exactly */
+            char which[96] = "";
+            const double tol = fmin(1e-5 * fmax(1, fabs(phi0)), 0.01 * fabs(r.osc));
+            const double k = r.osc != 0 ? round((phi0 - r.phi0) / r.osc) : 0;
+            if (k >= 0 && k < c.nframes && fabs(r.phi0 + k * r.osc - phi0) <= tol) {
+                phi0 = r.phi0 + k * r.osc;
+                snprintf(which, sizeof which, ", frame %d of the scan's %d", (int)k + 1, c.nframes);
+            } else {
+                snprintf(which, sizeof which, "; the scan's %d frames start at phi %g deg", c.nframes, r.phi0);
+            }
+            own_osc = og.scan_stated >= 2 && isfinite(og.scan_width) && og.scan_width >= 0 &&
+                      fabs(og.scan_width - r.osc) > 1e-5 * fmax(1, fabs(r.osc));
+            printf("note: -observed %s holds one image: fitting it alone at its own start angle, phi %g deg, %g deg "
+                   "wide (%s%s; an NXmx series or a '#' template gives all the frames)\n", o.observed, phi0,
+                   own_osc ? og.scan_width : r.osc, own_osc ? "the file's width, not the scan's" : "the scan's width",
+                   which);
+        } else {
+            printf("note: -observed %s holds one image that states no start angle: fitting it alone at the scan's "
+                   "first, phi %g deg (an NXmx series or a '#' template gives all %d frames of the scan)\n",
+                   o.observed, phi0, c.nframes);
+        }
+    }
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
@@ -1184,12 +1218,15 @@ static int cmd_refine(int argc, char **argv, int first)
     int fok = 1;
     for (int f = 0; f < nf && fok; ++f) {
         c.e = first_e;
-        c.e.phi0 = r.phi0 + f * r.osc;
+        c.e.phi0 = phi0 + f * r.osc;
+        if (own_osc) {
+            c.e.osc = og.scan_width;
+        }
         if (f == 0) {
             fobs[0] = obs, fuse[0] = use;
         } else {
             c.e.mask = climask;
-            fok = (fobs[f] = read_observed(ctx, &c, &o, npix, f, nf, &fuse[f])) != NULL;
+            fok = (fobs[f] = read_observed(ctx, &c, &o, npix, f, nf, &fuse[f], NULL)) != NULL;
             c.e.mask = fuse[f];
         }
         fw[f] = wts;

@@ -1538,6 +1538,7 @@ static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
                 w = 0;
         }
         g->scan_width = w;
+        g->scan_stated = 2;
     }
     free_chain(chain, n);
     return rc;

@@ -134,6 +134,8 @@ static void test_roundtrip(nbg_ctx *ctx)
                   "scan start of frame 2 = start + 2 * width");
     nbgi_test_rel(r.scan_width, g.scan_width, 1e-15, "cbf-scan-width", "oscillation width");
     nbgi_test_check(r.nframes == 1, "cbf-nframes", "one frame per file (%d)", r.nframes);
+    nbgi_test_check(r.scan_stated == 2, "cbf-scan-stated", "the file states its start angle and width (%d)",
+                    r.scan_stated);
     nbgi_test_rel(r.exposure, g.exposure, 1e-15, "cbf-exposure", "exposure");
     nbgi_test_rel(r.saturation, g.saturation, 1e-15, "cbf-saturation", "saturation (overload)");
     nbgi_test_rel(r.pedestal, g.pedestal, 1e-15, "cbf-pedestal", "pedestal (array_intensities.offset)");

@@ -2,7 +2,7 @@
  * test-cli-grad.c -- the gradient subcommands of the program: nbgrad gradcheck (its output format, exit code and
  * failure on a broken adjoint), nbgrad grad (text and JSON), nbgrad refine (a fit from a perturbed start, JSON and
  * residual image, and the bad inputs: an observed image of the wrong size, a negative pixel, an unknown parameter,
- * a start outside the bounds).
+ * a start outside the bounds), and one frame of a rotation series (CBF, SMV) fitted alone at its own start angle.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
@@ -24,6 +24,16 @@ static int run(const char *cmd)
     out[len] = '\0';
     const int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The refined value of a parameter in refine's JSON ("name": {"start": .., "value": ..}); NAN when absent. */
+static double json_value(const char *json, const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\": {", name);
+    const char *p = json != NULL ? strstr(json, key) : NULL;
+    p = p != NULL ? strstr(p, "\"value\":") : NULL;
+    return p != NULL ? strtod(p + 8, NULL) : NAN;
 }
 
 #define XTAL "-cell 70 80 90 75 85 95 -misset 10 5 3 -default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1"
@@ -268,6 +278,47 @@ int main(void)
     nbgi_test_check(rc == 1 && strstr(out, "line 1: expected 'group shift_x") != NULL, "cligrad-23-motions-bad",
                    "a short -motions line is refused with its number (exit %d)", rc);
 #undef PIL
+    /* one frame of a rotation series fitted alone: frame 3 of 4 frames of 1 deg from phi 0, as a CBF and as an SMV
+     * file, each stating its own start angle (2 deg).  Fitted at the scan's first angle (0) instead, the
+     * orientation takes up the 2 deg turn (rotz ends near 5 deg); at the file's own angle it comes back to the
+     * truth from a start 0.2 deg off */
+#define SCAN "-default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1 -fluence 5e30 -phi 0 -osc 1 " \
+             "-frames 4"
+    snprintf(cmd, sizeof cmd, "%s -cell 70 80 90 75 85 95 -misset 10 5 3 " SCAN " -cbffile %s/fr_#.cbf -intfile "
+                              "%s/fr_#.img -floatfile %s/fr_#.bin -scale 1 -nopgm 2>&1", bin, dir, dir, dir);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "frame 4 of 4: phi 3 to 4 deg") != NULL, "cligrad-24-scan",
+                    "rendered a series of 4 frames as CBF, SMV and float files (exit %d)", rc);
+    static const char *const kinds[2] = {"cbf", "img"};
+    static const char *const names[2] = {"cligrad-25-one-frame-cbf", "cligrad-25-one-frame-smv"};
+    for (int k = 0; k < 2; ++k) {
+        remove(rjson);
+        snprintf(cmd, sizeof cmd, "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 " SCAN
+                                  " -observed %s/fr_3.%s -params cell,orientation -json %s 2>&1",
+                 bin, dir, kinds[k], rjson);
+        rc = run(cmd);
+        json = nbgi_test_read_file(rjson, &size);
+        static const char *const rot[3] = {"rotx", "roty", "rotz"}, *const cell[6] = {"a", "b", "c", "alpha",
+                                                                                       "beta", "gamma"};
+        const double rtrue[3] = {10, 5, 3}, ctrue[6] = {70, 80, 90, 75, 85, 95};
+        double drot = 0, dcell = 0;
+        for (int i = 0; i < 3; ++i) drot = fmax(drot, fabs(json_value(json, rot[i]) - rtrue[i]));
+        for (int i = 0; i < 6; ++i) dcell = fmax(dcell, fabs(json_value(json, cell[i]) - ctrue[i]));
+        free(json);
+        const int said = strstr(out, "fitting it alone at its own start angle, phi 2 deg") != NULL;
+        nbgi_test_check(rc == 0 && said && drot < 0.02 && dcell < 0.05, names[k],
+                        "frame 3 alone, at the start angle its header states (%s): largest orientation error %.4g "
+                        "deg (start 0.2), cell error %.4g (start 0.4; exit %d)",
+                        said ? "said" : "not said", drot, dcell, rc);
+    }
+    /* raw floats state no angle: the scan's first, and the note says so */
+    snprintf(cmd, sizeof cmd, "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 " SCAN
+                              " -observed %s/fr_3.bin -params cell,orientation -maxiter 2 2>&1", bin, dir);
+    rc = run(cmd);
+    nbgi_test_check(strstr(out, "states no start angle: fitting it alone at the scan's first, phi 0 deg") != NULL,
+                    "cligrad-26-one-frame-raw", "a raw float frame: fitted at the scan's first angle, said so "
+                    "(exit %d)", rc);
+#undef SCAN
     nbgi_test_rmtree(dir);
     return nbgi_test_summary();
 }

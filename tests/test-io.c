@@ -367,6 +367,43 @@ static void test_smv(env *t, nbg_ctx *ctx)
         back = NULL;
     }
 
+    /* The start angle: PHI, else OSC_START; nbg_read_image says the file stated it (scan_stated) */
+    {
+        const char *const heads[3] = {"OSC_START=4.5;\nOSC_RANGE=0.25;\n", "PHI=3;\nOSC_START=4.5;\n", ""};
+        const double want[3] = {4.5, 3, NAN};
+        const int stated[3] = {2, 1, 0};
+        for (int k = 0; k < 3; ++k) {
+            char hdr[512];
+            memset(hdr, ' ', sizeof hdr);
+            const int n = snprintf(hdr, sizeof hdr, "{\nHEADER_BYTES=512;\nDIM=2;\nTYPE=unsigned_short;\nSIZE1=2;\n"
+                                   "SIZE2=1;\n%s}\f", heads[k]);
+            hdr[n] = ' ';
+            const uint16_t px[2] = {1, 2};
+            tmp_path(t, "angle.img", p, sizeof p);
+            FILE *fp = fopen(p, "wb");
+            if (fp != NULL) {
+                fwrite(hdr, 1, sizeof hdr, fp);
+                fwrite(px, sizeof px[0], 2, fp);
+                fclose(fp);
+            }
+            rr = nbg_read_smv(ctx, p, &r, NULL);
+            float *im = NULL;
+            size_t nim = 0;
+            nbg_geometry gg;
+            const int ri = nbg_read_image(ctx, p, 0, 0, &im, &nim, &gg, NULL, NULL);
+            free(im);
+            ok = rr == NBG_OK && (isnan(want[k]) ? isnan(r.phi0) : r.phi0 == want[k]) && ri == NBG_OK &&
+                 gg.scan_stated == stated[k] && (stated[k] == 0 ? gg.scan_start == 0 : gg.scan_start == want[k]) &&
+                 gg.scan_width == (stated[k] == 2 ? 0.25 : 0);
+            check(t, ok, k == 0 ? "smv-osc-start" : k == 1 ? "smv-phi-first" : "smv-no-angle",
+                  k == 0 ? "without PHI the start angle is OSC_START's; the image states start and width"
+                  : k == 1 ? "PHI is the start angle where both are given; the image states the start only"
+                           : "a header without an angle: phi0 NAN, the image states no scan",
+                  "rc %d/%d phi0 %g, scan_stated %d start %g width %g: %s", rr, ri, r.phi0, gg.scan_stated,
+                  gg.scan_start, gg.scan_width, nbg_errmsg(ctx));
+        }
+    }
+
     /* This file starts like an SMV header but is far shorter than the 512 bytes it declares. */
     write_text(t, "notsmv.img", "{\nHEADER_BYTES=512;\n", p, sizeof p);
     rr = nbg_read_smv(ctx, p, &r, &back);
