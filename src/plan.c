@@ -397,7 +397,7 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         return nbgi_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
                          e->thick_abs);
     }
-    /* pixel counts: given (>= 1) or unset (-1: derived from the detector size); 0 is no longer "unset" */
+    /* pixel counts: given (>= 1) or unset (-1: derived from the detector size) */
     if (!(e->fpixels == -1 || e->fpixels >= 1) || !(e->spixels == -1 || e->spixels >= 1)) {
         return nbgi_error(ctx, NBG_EINVAL, "pixel counts (-detpixels_f x -detpixels_s) must be at least 1, or -1 to "
                          "derive them from the detector size (got %d x %d)", e->fpixels, e->spixels);

@@ -47,31 +47,40 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
 {
     enum { W = NBG_LANES };
     NBG_R fl[3][W], fh[3][W], fN[3][W];
+    for (int j = 0; j < W; ++j) {
+        L[j] = 1; /* times each axis's factor: 1 L_a = L_a bit for bit */
+    }
     for (int x = 0; x < 3; ++x) {
         const int Ni = p->Ni[x];
+        if (Ni == 1 && !want_grad) {
+            continue; /* U_0 = 1 */
+        }
         const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
+        NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
         if (Ni == 0) {
             for (int j = 0; j < W; ++j) {
-                fl[x][j] = want_grad ? NBG_SFX(nbgi_sincg_grad)(hkl[x][j], N, &fh[x][j], &fN[x][j])
-                                     : NBG_SFX(nbgi_sincg)(hkl[x][j], N);
+                flx[j] = want_grad ? NBG_SFX(nbgi_sincg_grad)(hkl[x][j], N, &fhx[j], &fNx[j])
+                                   : NBG_SFX(nbgi_sincg)(hkl[x][j], N);
+                L[j] *= flx[j];
             }
             continue;
         }
-        NBG_R c[W], c2[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
+        NBG_R c2[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
         const NBG_R *restrict hx = hkl[x];
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
-            dl[j] = hx[j] - NBG_M(rint)(hx[j]);
-            c[j] = NBG_SFX(nbgi_cospi_reduced)(dl[j]);
-            c2[j] = 2 * c[j]; /* exact: 2 c u1 = c2 u1 bit for bit, one multiply less per step */
+            const NBG_R d = hx[j] - NBG_M(rint)(hx[j]);
+            const NBG_R c = NBG_SFX(nbgi_cospi_reduced)(d);
+            c2[j] = 2 * c; /* exact: 2 c u = c2 u bit for bit, one multiply less per step */
             u0[j] = 1;
-            u1[j] = Ni == 1 ? 1 : 2 * c[j];
+            u1[j] = Ni == 1 ? 1 : c2[j];
             if (want_grad) {
-                s[j] = NBG_SFX(nbgi_sinpi_reduced)(dl[j]);
+                dl[j] = d;
+                s[j] = NBG_SFX(nbgi_sinpi_reduced)(d);
                 du0[j] = 0;
                 du1[j] = Ni == 1 ? 0 : 2;
                 t0[j] = 1;
-                t1[j] = c[j];
+                t1[j] = c;
             }
         }
         for (int k = 2; k < Ni; ++k) {
@@ -79,7 +88,7 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
             for (int j = 0; j < W; ++j) {
                 const NBG_R u2 = c2[j] * u1[j] - u0[j];
                 if (want_grad) {
-                    const NBG_R du2 = 2 * u1[j] + 2 * c[j] * du1[j] - du0[j];
+                    const NBG_R du2 = 2 * u1[j] + c2[j] * du1[j] - du0[j];
                     du0[j] = du1[j];
                     du1[j] = du2;
                 }
@@ -90,32 +99,32 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
         for (int k = 1; k < Ni && want_grad && p->want_dN; ++k) {
 #pragma omp simd
             for (int j = 0; j < W; ++j) {
-                const NBG_R t2 = 2 * c[j] * t1[j] - t0[j];
+                const NBG_R t2 = c2[j] * t1[j] - t0[j];
                 t0[j] = t1[j];
                 t1[j] = t2;
             }
         }
-        NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
-            flx[j] = u1[j];
+            L[j] *= u1[j];
             if (want_grad) {
+                flx[j] = u1[j];
                 fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
                 fNx[j] = !p->want_dN ? 0 : s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
             }
         }
     }
+    if (!want_grad) {
+        return;
+    }
 #pragma omp simd
     for (int j = 0; j < W; ++j) {
-        L[j] = fl[0][j] * fl[1][j] * fl[2][j];
-        if (want_grad) {
-            dLh[0][j] = fh[0][j] * fl[1][j] * fl[2][j];
-            dLh[1][j] = fl[0][j] * fh[1][j] * fl[2][j];
-            dLh[2][j] = fl[0][j] * fl[1][j] * fh[2][j];
-            dLdN[0][j] = fN[0][j] * fl[1][j] * fl[2][j];
-            dLdN[1][j] = fl[0][j] * fN[1][j] * fl[2][j];
-            dLdN[2][j] = fl[0][j] * fl[1][j] * fN[2][j];
-        }
+        dLh[0][j] = fh[0][j] * fl[1][j] * fl[2][j];
+        dLh[1][j] = fl[0][j] * fh[1][j] * fl[2][j];
+        dLh[2][j] = fl[0][j] * fl[1][j] * fh[2][j];
+        dLdN[0][j] = fN[0][j] * fl[1][j] * fl[2][j];
+        dLdN[1][j] = fl[0][j] * fN[1][j] * fl[2][j];
+        dLdN[2][j] = fl[0][j] * fl[1][j] * fN[2][j];
     }
 }
 
