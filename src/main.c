@@ -1080,6 +1080,181 @@ static void refine_progress(void *user, int iter, double loss, double gnorm, dou
     fflush(stdout);
 }
 
+/* --- refine's steps ----------------------------------------------------------------------------------------- */
+static const char *const refine_reasons[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
+
+/* The frames refine fits: every frame of a scan of several (-frames, or the scan of -expt) when -observed is an
+ * NXmx file or a '#' template, else 1, with *alone set where that one image belongs to a scan of several. */
+static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone)
+{
+    *alone = 0;
+    if (c->nframes <= 1) {
+        return 1;
+    }
+    FILE *hf = fopen(observed, "rb");
+    unsigned char sig[8] = {0};
+    const int hdf5 = hf != NULL && fread(sig, 1, 8, hf) == 8 && memcmp(sig, "\x89HDF\r\n\x1a\n", 8) == 0;
+    if (hf != NULL) {
+        fclose(hf);
+    }
+    if (hdf5 || strchr(observed, '#') != NULL) {
+        return c->nframes;
+    }
+    *alone = 1;
+    return 1;
+}
+
+/* One image of a scan fitted alone: *phi0 and *osc (the scan's first frame's on entry) become the start angle and
+ * the width its header (og) states, where it states them.  Prints which angle the fit uses; returns whether the
+ * width is the file's own (not the scan's). */
+static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_geometry *og, const char *observed,
+                               double *phi0, double *osc)
+{
+    if (!(og->scan_stated >= 1 && isfinite(og->scan_start))) {
+        printf("note: -observed %s holds one image that states no start angle: fitting it alone at the scan's "
+               "first, phi %g deg (an NXmx series or a '#' template gives all %d frames of the scan)\n",
+               observed, *phi0, c->nframes);
+        return 0;
+    }
+    *phi0 = og->scan_start;
+    /* a header's angles may be rounded (SMV's are printed to 6 digits): a frame of the scan within that is that
+     * frame, exactly */
+    char which[96] = "";
+    const double tol = fmin(1e-5 * fmax(1, fabs(*phi0)), 0.01 * fabs(r->osc));
+    const double k = r->osc != 0 ? round((*phi0 - r->phi0) / r->osc) : 0;
+    if (k >= 0 && k < c->nframes && fabs(r->phi0 + k * r->osc - *phi0) <= tol) {
+        *phi0 = r->phi0 + k * r->osc;
+        snprintf(which, sizeof which, ", frame %d of the scan's %d", (int)k + 1, c->nframes);
+    } else {
+        snprintf(which, sizeof which, "; the scan's %d frames start at phi %g deg", c->nframes, r->phi0);
+    }
+    const int own_osc = og->scan_stated >= 2 && isfinite(og->scan_width) && og->scan_width >= 0 &&
+                        fabs(og->scan_width - r->osc) > 1e-5 * fmax(1, fabs(r->osc));
+    if (own_osc) {
+        *osc = og->scan_width;
+    }
+    printf("note: -observed %s holds one image: fitting it alone at its own start angle, phi %g deg, %g deg wide "
+           "(%s%s; an NXmx series or a '#' template gives all the frames)\n", observed, *phi0, *osc,
+           own_osc ? "the file's width, not the scan's" : "the scan's width", which);
+    return own_osc;
+}
+
+/* Prints how the fit ended. */
+static void refine_outcome(const nbg_refine_result *res)
+{
+    if (res->converged) {
+        printf("converged after %d iterations (%s: %s): loss %.10g -> %.10g\n", res->iterations,
+               refine_reasons[res->reason], res->why, res->start_loss, res->loss);
+    } else {
+        printf("NOT CONVERGED after %d iterations: %s (%s): loss %.10g -> %.10g\n", res->iterations,
+               refine_reasons[res->reason], res->why, res->start_loss, res->loss);
+    }
+}
+
+/* Prints the parameters (start, refined, standard error) and their correlations. */
+static void refine_table(const nbg_refine_result *res)
+{
+    printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
+    char lab[48];
+    for (int j = 0; j < res->nparams; ++j) {
+        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(res->params[j], lab, sizeof lab), res->start[j],
+               res->value[j], res->sigma[j]);
+    }
+    printf("correlations:\n");
+    for (int a = 0; a < res->nparams; ++a) {
+        printf("  %-12s", nbg_param_label(res->params[a], lab, sizeof lab));
+        for (int b = 0; b <= a; ++b) printf(" %6.3f", res->corr[a * res->nparams + b]);
+        printf("\n");
+    }
+}
+
+/* -residual: (observed - pedestal) / gain - model on the pixels used, 0 elsewhere.  0 on an error (printed). */
+static int refine_write_residual(nbg_ctx *ctx, nbgi_cli *c, const char *path, const float *obs, const uint8_t *use,
+                                 size_t npix)
+{
+    float *img = malloc(sizeof(float) * npix);
+    if (img == NULL || nbg_simulate(ctx, &c->e, img, npix, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: cannot render the residual image\n");
+        free(img);
+        return 0;
+    }
+    for (size_t i = 0; i < npix; ++i) {
+        img[i] = use[i] ? (float)((obs[i] - c->e.response.pedestal) / c->e.response.gain - img[i]) : 0.0f;
+    }
+    const int rc = nbgi_write_float_set(ctx, &c->outs, path, img, npix);
+    free(img);
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    printf("wrote the residual image ((observed - pedestal) / gain - model) to %s\n", path);
+    return 1;
+}
+
+/* -exptfile: the refined experiment as a DIALS experiment list (DIALS's tools, and nbgrad -expt, read it), the
+ * scan of the nf frames fitted, every panel where the fit put it.  0 on an error (printed). */
+static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *observed)
+{
+    nbg_report rr;
+    nbg_geometry g;
+    nbg_panel *gp = c->e.npanels > 0 ? calloc((size_t)c->e.npanels, sizeof *gp) : NULL;
+    int erc = c->e.npanels > 0 && gp == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels") : NBG_OK;
+    if (erc == NBG_OK) {
+        erc = nbg_describe(ctx, &c->e, &rr);
+    }
+    if (erc == NBG_OK) {
+        erc = nbg_geometry_from_report(ctx, &c->e, &rr, nf, &g);
+    }
+    if (erc == NBG_OK && gp != NULL) {
+        erc = nbg_panels_from_report(ctx, &c->e, &rr, gp, c->e.npanels);
+    }
+    if (erc == NBG_OK) {
+        erc = nbgi_write_expt_panels_set(ctx, &c->outs, c->exptfile, &g, gp, gp != NULL ? c->e.npanels : 0,
+                                         observed);
+    }
+    free(gp);
+    if (erc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -exptfile: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    printf("wrote the refined experiment to %s\n", c->exptfile);
+    return 1;
+}
+
+/* -json: the fit's outcome, its parameters (start, value, standard error) and their correlations.  0 on an error
+ * (printed). */
+static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const nbg_refine_result *res,
+                             int floor_bad)
+{
+    nbgi_out jo;
+    FILE *j = json_open(ctx, o->json, &jo);
+    if (j == NULL) {
+        return 0;
+    }
+    fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"reason\": \"%s\",\n"
+               "  \"why\": \"%s\",\n  \"step_sigma\": %.6g,\n  \"iterations\": %d,\n"
+               "  \"pixels\": %ld,\n  \"pedestal\": %.17g,\n  \"gain\": %.17g,\n  \"read_noise\": %.17g,\n"
+               "  \"floor_mismatch\": %s,\n"
+               "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
+            o->method == NBG_OPT_LM ? "lm" : "bfgs", o->loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
+            res->converged ? "true" : "false", refine_reasons[res->reason], res->why,
+            isfinite(res->step_sigma) ? res->step_sigma : -1.0, res->iterations, res->nobs, c->e.response.pedestal,
+            c->e.response.gain, c->e.response.read_noise, floor_bad ? "true" : "false", res->start_loss, res->loss);
+    char lab[48];
+    for (int k = 0; k < res->nparams; ++k) {
+        fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
+                nbg_param_label(res->params[k], lab, sizeof lab), res->start[k], res->value[k], res->sigma[k]);
+    }
+    fprintf(j, "\n  },\n  \"correlation\": [");
+    for (int a = 0; a < res->nparams; ++a) {
+        fprintf(j, "%s[", a ? ", " : "");
+        for (int b = 0; b < res->nparams; ++b) fprintf(j, "%s%.6f", b ? ", " : "", res->corr[a * res->nparams + b]);
+        fprintf(j, "]");
+    }
+    fprintf(j, "]\n}\n");
+    return json_close(ctx, c, &jo);
+}
+
 static int cmd_refine(int argc, char **argv, int first)
 {
 #ifdef NBG_NO_REFINE
@@ -1099,7 +1274,7 @@ static int cmd_refine(int argc, char **argv, int first)
     c.extra_handler = grad_flags;
     c.extra = &o;
     int status = 1;
-    float *obs = NULL, *wts = NULL, *img = NULL;
+    float *obs = NULL, *wts = NULL;
     uint8_t *use = NULL;
     int nf = 0;                 /* frames fitted */
     nbg_experiment *fe = NULL;  /* their experiments */
@@ -1146,53 +1321,13 @@ static int cmd_refine(int argc, char **argv, int first)
     const size_t npix = r.npix;
     /* a rotation series (-frames, or the scan of -expt): every frame of an NXmx file or of a '#' template; one
      * image of another kind is fitted alone, at the start angle (and width) its header states */
-    nf = 1;
     int alone = 0;
-    if (c.nframes > 1) {
-        FILE *hf = fopen(o.observed, "rb");
-        unsigned char sig[8] = {0};
-        const int hdf5 = hf != NULL && fread(sig, 1, 8, hf) == 8 && memcmp(sig, "\x89HDF\r\n\x1a\n", 8) == 0;
-        if (hf != NULL) {
-            fclose(hf);
-        }
-        if (hdf5 || strchr(o.observed, '#') != NULL) {
-            nf = c.nframes;
-        } else {
-            alone = 1;
-        }
-    }
+    nf = refine_nframes(&c, o.observed, &alone);
     const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
     nbg_geometry og;
     if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og)) == NULL) goto done;
-    double phi0 = r.phi0; /* the first frame's start angle */
-    int own_osc = 0;      /* the image's own oscillation width, not the scan's */
-    if (alone) {
-        /* the image may be any frame of the scan: its own start angle, where its header states one */
-        if (og.scan_stated >= 1 && isfinite(og.scan_start)) {
-            phi0 = og.scan_start;
-            /* a header's angles may be rounded (SMV's are printed to 6 digits): a frame of the scan within that
-             * is that frame, exactly */
-            char which[96] = "";
-            const double tol = fmin(1e-5 * fmax(1, fabs(phi0)), 0.01 * fabs(r.osc));
-            const double k = r.osc != 0 ? round((phi0 - r.phi0) / r.osc) : 0;
-            if (k >= 0 && k < c.nframes && fabs(r.phi0 + k * r.osc - phi0) <= tol) {
-                phi0 = r.phi0 + k * r.osc;
-                snprintf(which, sizeof which, ", frame %d of the scan's %d", (int)k + 1, c.nframes);
-            } else {
-                snprintf(which, sizeof which, "; the scan's %d frames start at phi %g deg", c.nframes, r.phi0);
-            }
-            own_osc = og.scan_stated >= 2 && isfinite(og.scan_width) && og.scan_width >= 0 &&
-                      fabs(og.scan_width - r.osc) > 1e-5 * fmax(1, fabs(r.osc));
-            printf("note: -observed %s holds one image: fitting it alone at its own start angle, phi %g deg, %g deg "
-                   "wide (%s%s; an NXmx series or a '#' template gives all the frames)\n", o.observed, phi0,
-                   own_osc ? og.scan_width : r.osc, own_osc ? "the file's width, not the scan's" : "the scan's width",
-                   which);
-        } else {
-            printf("note: -observed %s holds one image that states no start angle: fitting it alone at the scan's "
-                   "first, phi %g deg (an NXmx series or a '#' template gives all %d frames of the scan)\n",
-                   o.observed, phi0, c.nframes);
-        }
-    }
+    double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
+    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
     if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
@@ -1218,9 +1353,9 @@ static int cmd_refine(int argc, char **argv, int first)
     int fok = 1;
     for (int f = 0; f < nf && fok; ++f) {
         c.e = first_e;
-        c.e.phi0 = phi0 + f * r.osc;
+        c.e.phi0 = phi0 + f * osc;
         if (own_osc) {
-            c.e.osc = og.scan_width;
+            c.e.osc = osc;
         }
         if (f == 0) {
             fobs[0] = obs, fuse[0] = use;
@@ -1259,71 +1394,17 @@ static int cmd_refine(int argc, char **argv, int first)
     }
     c.e.pixels = NULL; /* the residual and the experiment written are the whole detector's */
     c.e.npixels_list = 0;
-    static const char *const reason_names[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
-    if (res.converged) {
-        printf("converged after %d iterations (%s: %s): loss %.10g -> %.10g\n", res.iterations,
-               reason_names[res.reason], res.why, res.start_loss, res.loss);
-    } else {
-        printf("NOT CONVERGED after %d iterations: %s (%s): loss %.10g -> %.10g\n", res.iterations,
-               reason_names[res.reason], res.why, res.start_loss, res.loss);
-    }
+    refine_outcome(&res);
     const int floor_bad = res.floor.mismatch;
     if (floor_bad) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
-    printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
-    char lab[48];
-    for (int j = 0; j < res.nparams; ++j) {
-        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(res.params[j], lab, sizeof lab), res.start[j],
-               res.value[j], res.sigma[j]);
+    refine_table(&res);
+    if (o.residual != NULL && !refine_write_residual(ctx, &c, o.residual, obs, use, npix)) {
+        goto done;
     }
-    printf("correlations:\n");
-    for (int a = 0; a < res.nparams; ++a) {
-        printf("  %-12s", nbg_param_label(res.params[a], lab, sizeof lab));
-        for (int b = 0; b <= a; ++b) printf(" %6.3f", res.corr[a * res.nparams + b]);
-        printf("\n");
-    }
-    if (o.residual != NULL) {
-        img = malloc(sizeof(float) * npix);
-        if (img == NULL || nbg_simulate(ctx, &c.e, img, npix, NULL) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: cannot render the residual image\n");
-            goto done;
-        }
-        for (size_t i = 0; i < npix; ++i) {
-            img[i] = use[i] ? (float)((obs[i] - c.e.response.pedestal) / c.e.response.gain - img[i]) : 0.0f;
-        }
-        if (nbgi_write_float_set(ctx, &c.outs, o.residual, img, npix) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-            goto done;
-        }
-        printf("wrote the residual image ((observed - pedestal) / gain - model) to %s\n", o.residual);
-    }
-    if (c.exptfile != NULL) {
-        /* the refined experiment as a DIALS experiment list: DIALS's tools, and nbgrad -expt, read it; every panel
-         * where the fit put it */
-        nbg_report rr;
-        nbg_geometry g;
-        nbg_panel *gp = c.e.npanels > 0 ? calloc((size_t)c.e.npanels, sizeof *gp) : NULL;
-        int erc = c.e.npanels > 0 && gp == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels") : NBG_OK;
-        if (erc == NBG_OK) {
-            erc = nbg_describe(ctx, &c.e, &rr);
-        }
-        if (erc == NBG_OK) {
-            erc = nbg_geometry_from_report(ctx, &c.e, &rr, nf, &g); /* the scan of the frames fitted */
-        }
-        if (erc == NBG_OK && gp != NULL) {
-            erc = nbg_panels_from_report(ctx, &c.e, &rr, gp, c.e.npanels);
-        }
-        if (erc == NBG_OK) {
-            erc = nbgi_write_expt_panels_set(ctx, &c.outs, c.exptfile, &g, gp, gp != NULL ? c.e.npanels : 0,
-                                             o.observed);
-        }
-        free(gp);
-        if (erc != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: -exptfile: %s\n", nbg_errmsg(ctx));
-            goto done;
-        }
-        printf("wrote the refined experiment to %s\n", c.exptfile);
+    if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed)) {
+        goto done;
     }
     if (o.motionsout != NULL) {
         if (c.nmotions == 0) {
@@ -1335,35 +1416,8 @@ static int cmd_refine(int argc, char **argv, int first)
         }
         printf("wrote the panel motions to %s\n", o.motionsout);
     }
-    if (o.json != NULL) {
-        nbgi_out jo;
-        FILE *j = json_open(ctx, o.json, &jo);
-        if (j == NULL) {
-            goto done;
-        }
-        fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"reason\": \"%s\",\n"
-                   "  \"why\": \"%s\",\n  \"step_sigma\": %.6g,\n  \"iterations\": %d,\n"
-                   "  \"pixels\": %ld,\n  \"pedestal\": %.17g,\n  \"gain\": %.17g,\n  \"read_noise\": %.17g,\n"
-                   "  \"floor_mismatch\": %s,\n"
-                   "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
-                o.method == NBG_OPT_LM ? "lm" : "bfgs", o.loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
-                res.converged ? "true" : "false", reason_names[res.reason], res.why,
-                isfinite(res.step_sigma) ? res.step_sigma : -1.0, res.iterations, res.nobs, c.e.response.pedestal,
-                c.e.response.gain, c.e.response.read_noise, floor_bad ? "true" : "false", res.start_loss, res.loss);
-        for (int k = 0; k < res.nparams; ++k) {
-            fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
-                    nbg_param_label(res.params[k], lab, sizeof lab), res.start[k], res.value[k], res.sigma[k]);
-        }
-        fprintf(j, "\n  },\n  \"correlation\": [");
-        for (int a = 0; a < res.nparams; ++a) {
-            fprintf(j, "%s[", a ? ", " : "");
-            for (int b = 0; b < res.nparams; ++b) fprintf(j, "%s%.6f", b ? ", " : "", res.corr[a * res.nparams + b]);
-            fprintf(j, "]");
-        }
-        fprintf(j, "]\n}\n");
-        if (!json_close(ctx, &c, &jo)) {
-            goto done;
-        }
+    if (o.json != NULL && !refine_write_json(ctx, &c, &o, &res, floor_bad)) {
+        goto done;
     }
     status = nbgi_cli_commit(ctx, &c) ? (!res.converged ? 2 : floor_bad ? 3 : 0) : 1;
     if (status == 2) {
@@ -1374,7 +1428,6 @@ static int cmd_refine(int argc, char **argv, int first)
 done:
     free(obs);
     free(wts);
-    free(img);
     free(use);
     for (int f = 1; f < nf; ++f) { /* frame 0's are obs and use */
         free(fobs != NULL ? fobs[f] : NULL);
