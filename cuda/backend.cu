@@ -1,9 +1,10 @@
 /*
  * backend.cu -- the CUDA forward and adjoint kernels and the device memory they keep between calls.
  *
- * No physics lives here: the kernels call the per-pixel loop nests the CPU uses (src/pixel_tmpl.h for the
- * forward, grad/adjoint_tmpl.h for the adjoint), whose functions are marked NBG_HD (host and device), one thread
- * per pixel.  Each comes in double and in float (the float lattice factor takes the phase relative to the nearest
+ * No physics lives here: the kernels call the loop nests the CPU uses, whose functions are marked NBG_HD (host and
+ * device), one thread per pixel: the forward runs the CPU's row kernel (src/row_tmpl.h) with one lane
+ * (NBG_ROW_LANES 1), the same text as the CPU's eight or sixteen; the adjoint runs the scalar adjoint nest
+ * (grad/adjoint_tmpl.h), the CPU row adjoint's twin.  Each comes in double and in float (the float lattice factor takes the phase relative to the nearest
  * integer; the adjoint accumulates its gradients in double in both).
  *
  * One call launches two kernels whatever the sampling: the pixel kernel, which also reduces its per-pixel sums
@@ -19,6 +20,7 @@
 
 extern "C" {
 #include "adjoint.h"
+#define NBG_ROW_LANES 1 /* the forward nest, one pixel per thread */
 #include "kernel.h"
 #define NBG_TMPL NBG_TMPL_DOUBLE
 #include "tmpl_on.h"
@@ -319,19 +321,17 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
         const long i = p.list != NULL ? (long)p.list[t] : t;
         int f, s, panel;
         const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
-        float v = 0.0f;
-        if (nbgi_pixel_active(pp, f, s)) {
-            if (FLOAT) {
-                nbgi_pixstat_f ps = {0, 0};
-                v = (float)nbgi_pixel_f(pp, f, s, &ps, NULL);
-                sums[0] = ps.omega_sum;
-                sums[1] = (double)ps.oor;
-            } else {
-                nbgi_pixstat_d ps = {0, 0};
-                v = (float)nbgi_pixel_d(pp, f, s, &ps, NULL);
-                sums[0] = ps.omega_sum;
-                sums[1] = (double)ps.oor;
-            }
+        float v = 0.0f; /* 0 where the pixel is inactive */
+        if (FLOAT) {
+            nbgi_pixstat_f ps = {0, 0};
+            nbgi_row_f(pp, s, f, 1, &v, &ps, NULL, NULL);
+            sums[0] = ps.omega_sum;
+            sums[1] = (double)ps.oor;
+        } else {
+            nbgi_pixstat_d ps = {0, 0};
+            nbgi_row_d(pp, s, f, 1, &v, &ps, NULL, NULL);
+            sums[0] = ps.omega_sum;
+            sums[1] = (double)ps.oor;
         }
         img[t] = v;
     }

@@ -18,7 +18,7 @@ void nbgi_cuda_release(nbg_ctx *ctx);
 /* The context's GPU: name, multiprocessors, clock, peak rates (from the compute capability), memory. */
 int nbgi_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info);
 
-/* The forward kernel on the device: the same per-pixel loop nest as the CPU (src/pixel_tmpl.h), one thread per
+/* The forward kernel on the device: the CPU's forward loop nest (src/row_tmpl.h) with one lane, one thread per
  * pixel.  k's arrays are host arrays; they are copied into device buffers kept by the context between calls
  * (reallocated only when a size grows).  omega_sum and oor are summed on the device in a fixed order.  times
  * receives the seconds spent copying the parameters to the device, in the kernels (device time between CUDA

@@ -1,5 +1,5 @@
 /*
- * adjoint_tmpl.h -- the adjoint twin of src/pixel_tmpl.h: the same loop nest over layers x subpixels x sources
+ * adjoint_tmpl.h -- the adjoint of src/row_tmpl.h for one pixel: the same loop nest over layers x subpixels x sources
  * x (phi, mosaic), the same per-sample physics (src/physics_tmpl.h), with adjoint variables d_<var>.  It
  * recomputes every sample instead of storing a tape, so memory stays O(pixels).
  *
@@ -12,10 +12,10 @@
  * running-sum modes are not differentiated (the API refuses them).
  *
  * Instantiated for NBG_R = double by grad/adjoint_cpu.c and cuda/backend.cu, and for float by cuda/backend.cu.
- * As in the forward kernel (src/pixel_tmpl.h), the geometry of each subpixel and source and its adjoint are
+ * As in the forward kernel (src/row_tmpl.h), the geometry of each subpixel and source and its adjoint are
  * double in both (src/geometry.h); the per-sample work is NBG_R.  The prologue and epilogue (the once-per-pixel
- * factors and their adjoint) are nbgi_pixel_factors and nbgi_pixel_factors_adjoint (grad/adjoint.h), shared with
- * the row form and the tangent kernels.
+ * factors and their adjoint) are nbgi_pixel_factors and nbgi_pixel_factors_adjoint (grad/adjoint.h), whose lane
+ * forms the row adjoint runs, and which the tangent kernels share.
  */
 #ifndef NBG_TMPL_OPEN
 #error "adjoint_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"

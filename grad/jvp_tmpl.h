@@ -1,6 +1,6 @@
 /*
  * jvp_tmpl.h -- forward-mode tangents (Jacobian-vector products) of one pixel: the same loop nest as
- * src/pixel_tmpl.h and grad/adjoint_tmpl.h, carrying, next to each forward quantity x, its tangents t_x along
+ * src/row_tmpl.h and grad/adjoint_tmpl.h, carrying, next to each forward quantity x, its tangents t_x along
  * nt parameter directions at once.  The directions enter as tangents of the plan-level quantities (detector
  * vectors, crystal vectors per phi step and domain, wavelengths, N, a*, K, scale, I_bg; see nbgi_plan_tangent).
  * Derivatives of the per-sample physics come from the same helpers the adjoint uses (src/physics_tmpl.h).

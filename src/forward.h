@@ -14,7 +14,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 
 /* sum_p w[p] * I[p] over the active pixels not flagged in skip, with every pixel value in double (the gradient
  * check's loss; images themselves are stored as float).  When sig is not NULL it receives each pixel's signature
- * of discrete choices (rounded Miller indices and the like; nbgi_pixel's sig).  Rows are summed in order,
+ * of discrete choices (rounded Miller indices and the like; nbgi_row's sig).  Rows are summed in order,
  * so the result does not depend on the thread count.  NaN when out of memory. */
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig);
 

@@ -13,13 +13,20 @@
 static __attribute__((noinline)) void row_f(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                             nbgi_pixstat_f *st)
 {
-    nbgi_row_f(p, s, f0, n, out, st);
+    nbgi_row_f(p, s, f0, n, out, st, NULL, NULL);
 }
 
 static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                             nbgi_pixstat_d *st)
 {
-    nbgi_row_d(p, s, f0, n, out, st);
+    nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
+}
+
+/* The gradient check's: the unrounded values and the signatures too. */
+static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
+                                                nbgi_pixstat_d *st, double *outd, uint64_t *sig)
+{
+    nbgi_row_d(p, s, f0, n, out, st, outd, sig);
 }
 
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
@@ -27,7 +34,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 {
     double osum = 0, isum = 0;
     long nout = 0;
-    const int W = use_float ? 16 : 8;
+    const int W = use_float ? nbgi_row_lanes_f : nbgi_row_lanes_d;
     const long nu = nbgi_nunits(p);
     if (p->list != NULL) {
         memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
@@ -66,6 +73,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
 {
+    enum { W = nbgi_row_lanes_d };
     const int S = p->nrows;
     double *rows = calloc((size_t)S, sizeof(double));
     if (rows == NULL) {
@@ -79,22 +87,21 @@ double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_
         const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
         const int F = pr->fpixels;
         double acc = 0;
-        for (int f = 0; f < F; ++f) {
-            const long i = first + f;
-            if (!nbgi_pixel_active(pr, f, s)) {
-                if (sig != NULL) {
-                    sig[i] = 0;
-                }
-                continue;
-            }
-            const int skipped = skip != NULL && skip[i];
-            if (skipped && sig == NULL) {
-                continue;
-            }
+        for (int f0 = 0; f0 < F; f0 += W) {
+            const int n = F - f0 < W ? F - f0 : W;
+            float out[W];
+            double v[W];
+            uint64_t h[W];
             nbgi_pixstat_d st = {0, 0};
-            const double v = nbgi_pixel_d(pr, f, s, &st, sig != NULL ? &sig[i] : NULL);
-            if (!skipped) {
-                acc += (double)w[i] * v;
+            row_sig_d(pr, s, f0, n, out, &st, v, h);
+            for (int j = 0; j < n; ++j) {
+                const long i = first + f0 + j;
+                if (sig != NULL) {
+                    sig[i] = h[j]; /* 0 for an inactive pixel */
+                }
+                if (nbgi_pixel_active(pr, f0 + j, s) && !(skip != NULL && skip[i])) {
+                    acc += (double)w[i] * v[j];
+                }
             }
         }
         rows[r] = acc;

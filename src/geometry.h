@@ -15,7 +15,7 @@
  * The per-sample physics (lattice and structure factors, polarization, their derivatives) is src/physics_tmpl.h;
  * the set-up maps (cell, detector rotations) are src/setup_tmpl.h.  Geometry is double in every precision: it
  * runs once per subpixel and source, and in float the low-angle d - i cancellation and the ~1e-8 m position
- * resolution moved golden images by up to 2e-4 of their maximum (see src/pixel_tmpl.h).
+ * resolution moved golden images by up to 2e-4 of their maximum (see src/row_tmpl.h).
  */
 #ifndef NBG_GEOMETRY_H
 #define NBG_GEOMETRY_H
@@ -298,14 +298,13 @@ static inline NBG_HD double nbgi_capture_da(int t, double a)
     return -(double)t * exp(-(double)t * a) + (double)(t + 1) * exp(-(double)(t + 1) * a);
 }
 
-/* --- lane forms (the CPU row kernels; C only, for restrict and omp simd) ------------------------------------- */
-#if !defined(__CUDACC__) && !defined(__cplusplus)
+/* --- lane forms (the row kernels: w lanes in `omp simd` loops on the CPU, one lane on the device) ------------- */
 /* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
  * lanes starting at fpixel f0 on a flat detector: nbgi_subpixel_pos's arithmetic, across the lanes.  Shared by the
  * forward, adjoint and tangent row kernels. */
-static inline void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
-                                 double *restrict d0, double *restrict d1, double *restrict d2, double *restrict Rl,
-                                 double *restrict Fd)
+static inline NBG_HD void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                        double *NBG_RESTRICT d0, double *NBG_RESTRICT d1, double *NBG_RESTRICT d2,
+                                        double *NBG_RESTRICT Rl, double *NBG_RESTRICT Fd)
 {
     const int os = p->oversample;
     const double sub = p->subpixel;
@@ -327,9 +326,9 @@ static inline void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, doubl
 
 /* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
  * resolution cut (valid): nbgi_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
-static inline void nbgi_lane_q(const nbgi_kparams *p, int src, int w, const double *d0, const double *d1,
-                              const double *d2, double *restrict q0, double *restrict q1, double *restrict q2,
-                              int *restrict valid)
+static inline NBG_HD void nbgi_lane_q(const nbgi_kparams *p, int src, int w, const double *d0, const double *d1,
+                                     const double *d2, double *NBG_RESTRICT q0, double *NBG_RESTRICT q1,
+                                     double *NBG_RESTRICT q2, int *NBG_RESTRICT valid)
 {
     const double *sr = p->src + NBG_SRC_STRIDE * src;
     const double inc[3] = {sr[0], sr[1], sr[2]};
@@ -343,6 +342,5 @@ static inline void nbgi_lane_q(const nbgi_kparams *p, int src, int w, const doub
         valid[j] = nbgi_dmin_keeps(dmin, q0[j], q1[j], q2[j]);
     }
 }
-#endif
 
 #endif

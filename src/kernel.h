@@ -1,5 +1,6 @@
 /*
- * kernel.h -- the forward per-pixel loop nest in both precisions, for the CPU and CUDA forward kernels.
+ * kernel.h -- the forward loop nest (row_tmpl.h) in both precisions, for the CPU and CUDA forward kernels: 8 or 16
+ * lanes on the CPU, one on the device (NBG_ROW_LANES, defined by cuda/backend.cu).
  */
 #ifndef NBG_KERNEL_H
 #define NBG_KERNEL_H
@@ -9,18 +10,12 @@
 
 #define NBG_TMPL NBG_TMPL_DOUBLE
 #include "tmpl_on.h"
-#include "pixel_tmpl.h"
-#if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
-#endif
 #include "tmpl_off.h"
 
 #define NBG_TMPL NBG_TMPL_FLOAT
 #include "tmpl_on.h"
-#include "pixel_tmpl.h"
-#if !defined(__CUDACC__) && !defined(__cplusplus) /* the row kernels are C (restrict) */
 #include "row_tmpl.h"
-#endif
 #include "tmpl_off.h"
 
 #endif

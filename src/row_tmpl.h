@@ -1,33 +1,61 @@
 /*
- * row_tmpl.h -- the CPU forward kernel's vectorised form: the loop nest of src/pixel_tmpl.h for NBG_LANES
- * neighbouring pixels of a row at once, each sample's physics (the same functions of physics_tmpl.h) evaluated
- * across the lanes in `omp simd` loops, nanoBragg's per-pixel conditions (resolution cut, first-subpixel factors,
- * skipped zero lattice factors) as per-lane selects.  Same arithmetic, same order per pixel, as the scalar
- * nbgi_pixel, so the two give the same values (the tests compare them bit for bit).  Instantiated by kernel.h.
- * As in nbgi_pixel, the geometry (rays, scattering vectors, per-pixel factors) is double in both instantiations, so
- * the lane routines are defined once, by the double instantiation (included first).
+ * row_tmpl.h -- the forward loop nest, once: NBG_LANES neighbouring pixels of a row at once.  On the CPU the lanes
+ * are 8 (double) or 16 (float) pixels, each sample's physics (the functions of physics_tmpl.h and geometry.h)
+ * evaluated across them in `omp simd` loops; on the device (cuda/backend.cu defines NBG_ROW_LANES 1 before
+ * kernel.h) a thread runs the same text for its one pixel.  nanoBragg's per-pixel conditions (resolution cut,
+ * first-subpixel factors, skipped zero lattice factors) are per-lane selects.  Instantiated by kernel.h for double
+ * (_d) and float (_f); the adjoint and tangent row kernels (grad/) reuse its lane helpers.
+ *
+ * For each pixel it sums over sensor layers x subpixels x sources x phi steps x mosaic domains
+ *     I = I_bg + sum F_cell^2 F_latt^2
+ * and returns the photon count  r_e^2 fluence I / steps * capture * polar * omega,  where the last three factors
+ * are nanoBragg's "once per pixel" values (taken at the first subpixel, the first source that survives the
+ * resolution cut, and each layer's first subpixel) unless the -oversample_thick/_polar/_omega switches apply
+ * them to the running sum after every term instead.  The adjoint twins (grad/adjoint_tmpl.h, adjoint_row_tmpl.h)
+ * keep this loop order and these names.
+ *
+ * Precision: the float kernel (_f) does the per-sample work (Miller indices, lattice and structure factors, the
+ * sum) in float, and the geometry of each subpixel and source (position, direction, scattering vector, resolution
+ * cut, solid angle, capture, polarization) in double, as the double kernel does.  That geometry runs once per
+ * subpixel and source, not per sample, so it costs little; in float, d - i cancels at low angles and a pixel's
+ * position is resolved to only ~1e-8 m, which moved the golden images by up to 2e-4 of their maximum and their
+ * sums by 3e-5 (divergence_dispersion, dmin_cut); with double geometry the float images meet the golden criteria.
+ * The geometry is src/geometry.h.
  */
 #ifndef NBG_TMPL_OPEN
 #error "row_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
 #endif
-#ifndef NBG_TMPL_HAS_PIXEL
-#error "row_tmpl.h needs pixel_tmpl.h instantiated for the same type first"
+#ifndef NBG_PHYSICS_H
+#error "row_tmpl.h needs physics.h instantiated for the same type first"
 #endif
-#ifdef NBG_FLOAT_MODE
+#define NBG_TMPL_HAS_ROW 1
+#if defined(NBG_ROW_LANES)
+#define NBG_LANES NBG_ROW_LANES
+#elif defined(NBG_FLOAT_MODE)
 #define NBG_LANES 16
 #else
 #define NBG_LANES 8
 #endif
 
+/* Statistics pixels contribute: the sum of solid angles over subpixels and the count of interpolation windows
+ * that left the table. */
+typedef struct {
+    double omega_sum;
+    long oor;
+} NBG_SFX(nbgi_pixstat);
+
+/* The lane count, for the callers: nbgi_row_lanes_d, nbgi_row_lanes_f. */
+enum { NBG_SFX(nbgi_row_lanes) = NBG_LANES };
 
 /* The Miller indices h = a . q of crystal vectors abc across the lanes (nbgi_miller's arithmetic), and, where
  * need_rnd (the table lookup and the non-square shapes use them), their rounding (nbgi_round_index); rnd is 0
  * otherwise.  Shared by the forward, adjoint and tangent row kernels. */
-static inline void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1, const NBG_R *q2,
-                                        int need_rnd, NBG_R hkl[3][NBG_LANES], NBG_R rnd[3][NBG_LANES])
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1,
+                                                     const NBG_R *q2, int need_rnd, NBG_R hkl[3][NBG_LANES],
+                                                     NBG_R rnd[3][NBG_LANES])
 {
     for (int x = 0; x < 3; ++x) {
-        NBG_R *restrict hx = hkl[x], *restrict rx = rnd[x];
+        NBG_R *NBG_RESTRICT hx = hkl[x], *NBG_RESTRICT rx = rnd[x];
         const NBG_R vx0 = (NBG_R)abc[3 * x], vx1 = (NBG_R)abc[3 * x + 1], vx2 = (NBG_R)abc[3 * x + 2];
 #pragma omp simd
         for (int j = 0; j < NBG_LANES; ++j) {
@@ -42,8 +70,9 @@ static inline void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, co
  * loop over the lanes, nbgi_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
  * in N; without, dLh and dLdN are not touched (the forward kernel passes want_grad 0 and the derivative code
  * folds away).  Shared by the forward and adjoint row kernels. */
-static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R *L,
-                                            NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES], const int want_grad)
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+                                                         NBG_R *L, NBG_R dLh[3][NBG_LANES],
+                                                         NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
     enum { W = NBG_LANES };
     NBG_R fl[3][W], fh[3][W], fN[3][W];
@@ -56,7 +85,7 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
             continue; /* U_0 = 1 */
         }
         const NBG_R N = (NBG_R)(x == 0 ? p->Na : x == 1 ? p->Nb : p->Nc);
-        NBG_R *restrict flx = fl[x], *restrict fhx = fh[x], *restrict fNx = fN[x];
+        NBG_R *NBG_RESTRICT flx = fl[x], *NBG_RESTRICT fhx = fh[x], *NBG_RESTRICT fNx = fN[x];
         if (Ni == 0) {
             for (int j = 0; j < W; ++j) {
                 flx[j] = want_grad ? NBG_SFX(nbgi_sincg_grad)(hkl[x][j], N, &fhx[j], &fNx[j])
@@ -66,7 +95,7 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
             continue;
         }
         NBG_R c2[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
-        const NBG_R *restrict hx = hkl[x];
+        const NBG_R *NBG_RESTRICT hx = hkl[x];
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
             const NBG_R d = hx[j] - NBG_M(rint)(hx[j]);
@@ -128,11 +157,18 @@ static inline void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3
     }
 }
 
-/* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0. */
-static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, int n, float *out,
-                                   NBG_SFX(nbgi_pixstat) * st)
+/* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0.  outd (NULL:
+ * not wanted) receives the same values unrounded.  sig (NULL: not wanted) receives, per pixel, a signature of the
+ * discrete choices its samples make (rounded Miller indices, interpolation windows, samples cut by dmin or zeroed
+ * by the tophat edge; 0 for an inactive pixel): where it differs between two evaluations the image is not
+ * differentiable between them, and the gradient check leaves such pixels out.  The kernels pass constant NULLs,
+ * which fold both away: the function is forced inline for that. */
+static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, int n, float *out,
+                                                          NBG_SFX(nbgi_pixstat) * st, double *outd, uint64_t *sig)
 {
     enum { W = NBG_LANES };
+    uint64_t hash[W]; /* FNV-1a over each lane's choices */
+#define NBG_MIX(j, v) (hash[j] = (hash[j] ^ (uint64_t)(int64_t)(v)) * 1099511628211ULL)
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     const double K = p->polarization;
@@ -141,14 +177,20 @@ static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, 
     int valid[W], active[W];
     double osum = 0;
     long oor = 0;
+    int any = 0; /* whether any lane's pixel is active */
     for (int j = 0; j < W; ++j) {
         active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+        any |= active[j];
         I[j] = (NBG_R)p->I_bg;
+        hash[j] = 1469598103934665603ULL;
         polar[j] = p->nopolar ? 1 : 0;
         omega[j] = 0;
         capture[j] = 0;
     }
-    for (int t = 0; t < p->thicksteps; ++t) {
+    /* one lane (a device thread) on an inactive pixel does nothing; with many, skipping rows of inactive pixels
+     * cost more than it saved (its test slowed heavy512 in float 15 %) */
+    const int nlayers = (W > 1 || any) ? p->thicksteps : 0;
+    for (int t = 0; t < nlayers; ++t) {
         const double Odet = nbgi_layer_at(p, t);
         for (int j = 0; j < W; ++j) {
             capture[j] = (p->thick == 0) ? 1 : 0;
@@ -191,6 +233,17 @@ static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, 
                     const double E[3] = {sr[4], sr[5], sr[6]};
                     const double B[3] = {sr[7], sr[8], sr[9]};
                     nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
+                    int used = 0; /* whether any lane's samples count */
+                    for (int j = 0; j < W; ++j) {
+                        used |= valid[j] && active[j];
+                        if (sig != NULL && !valid[j]) {
+                            NBG_MIX(j, -7);
+                        }
+                    }
+                    if (W == 1 && !used) {
+                        continue; /* one lane (a device thread): its pixel's sample is cut.  With many lanes the
+                                   * test cost more than it saved (heavy512 in float: 19 %) */
+                    }
 #pragma omp simd
                     for (int j = 0; j < W; ++j) {
                         const int ok = valid[j];
@@ -206,8 +259,9 @@ static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, 
                         const double *abc = p->abc + 9 * m;
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
-                        /* the rounded indices serve the table lookup and the non-square shapes only */
-                        NBG_SFX(nbgi_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        /* the rounded indices serve the table lookup, the non-square shapes and the signature */
+                        NBG_SFX(nbgi_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE || sig != NULL,
+                                               hkl, rnd);
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes)(p, hkl, L, 0, 0, 0);
@@ -215,6 +269,19 @@ static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, 
                             for (int j = 0; j < W; ++j) {
                                 L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
                                                             rnd[2][j]);
+                            }
+                        }
+                        for (int j = 0; j < W && sig != NULL; ++j) {
+                            if (valid[j]) {
+                                for (int x = 0; x < 3; ++x) {
+                                    NBG_MIX(j, rnd[x][j]);
+                                }
+                                for (int x = 0; x < 3 && p->interpolate; ++x) {
+                                    NBG_MIX(j, NBG_M(floor)(hkl[x][j]));
+                                }
+                                if (p->shape == NBG_TOPHAT) {
+                                    NBG_MIX(j, L[j] == 0);
+                                }
                             }
                         }
                         /* phase 3: structure factor */
@@ -265,9 +332,16 @@ static inline void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, 
             S *= omega[j];
         }
         out[j] = active[j] ? (float)S : 0.0f;
+        if (outd != NULL) {
+            outd[j] = active[j] ? S : 0.0;
+        }
+        if (sig != NULL) {
+            sig[j] = active[j] ? hash[j] : 0;
+        }
     }
     st->omega_sum += osum;
     st->oor += oor;
+#undef NBG_MIX
 }
 
 #undef NBG_LANES

@@ -14,7 +14,7 @@
 #undef NBG_TMPL_OPEN
 /* the marks of the templates instantiated in this bracket */
 #undef NBG_TMPL_HAS_PHYSICS
-#undef NBG_TMPL_HAS_PIXEL
+#undef NBG_TMPL_HAS_ROW
 #undef NBG_TMPL_HAS_ADJOINT
 #undef NBG_TMPL_HAS_ADJOINT_ROW
 #undef NBG_TMPL_HAS_JVP

@@ -19,7 +19,7 @@
  * was instantiated for the same type first.
  *
  * Who instantiates what:  physics.h (physics_tmpl.h: double, float), setup.h (setup_tmpl.h: double, and double
- * complex where NBG_SETUP_COMPLEX is defined), kernel.h (pixel_tmpl.h, row_tmpl.h: double, float),
+ * complex where NBG_SETUP_COMPLEX is defined), kernel.h (row_tmpl.h: double, float),
  * grad/adjoint_cpu.c (adjoint_tmpl.h, adjoint_row_tmpl.h, jvp_tmpl.h, jvp_row_tmpl.h: double), cuda/backend.cu
  * (adjoint_tmpl.h: double, float).
  */
