@@ -39,7 +39,9 @@ run "1 process, $cores threads" 0 "$cores"
 if command -v mpirun > /dev/null 2>&1; then
     run "mpirun -n 1, 1 thread" 1 1
     run "mpirun -n 2, 1 thread each" 2 1
-    [ "$cores" -ge 4 ] && run "mpirun -n $cores, 1 thread each" "$cores" 1
+    if [ "$cores" -ge 4 ]; then
+        run "mpirun -n $cores, 1 thread each" "$cores" 1
+    fi
 else
     echo "| mpirun | not installed |"
 fi
