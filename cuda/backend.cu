@@ -4,8 +4,8 @@
  * No physics lives here: the kernels call the loop nests the CPU uses, whose functions are marked NBG_HD (host and
  * device), one thread per pixel: the forward runs the CPU's row kernel (src/row_tmpl.h) with one lane
  * (NBG_ROW_LANES 1), the same text as the CPU's eight or sixteen; the adjoint runs the scalar adjoint nest
- * (grad/adjoint_tmpl.h), the CPU row adjoint's twin.  Each comes in double and in float (the float lattice factor takes the phase relative to the nearest
- * integer; the adjoint accumulates its gradients in double in both).
+ * (grad/adjoint_tmpl.h), the CPU row adjoint's twin.  Each comes in double and in float (the float lattice factor
+ * takes the phase relative to the nearest integer; the adjoint accumulates its gradients in double in both).
  *
  * One call launches two kernels whatever the sampling: the pixel kernel, which also reduces its per-pixel sums
  * (solid angle, interpolation fallbacks; for the adjoint, the gradients) over each block, and a reduction kernel

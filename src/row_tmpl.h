@@ -163,8 +163,9 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
  * by the tophat edge; 0 for an inactive pixel): where it differs between two evaluations the image is not
  * differentiable between them, and the gradient check leaves such pixels out.  The kernels pass constant NULLs,
  * which fold both away: the function is forced inline for that. */
-static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, int n, float *out,
-                                                          NBG_SFX(nbgi_pixstat) * st, double *outd, uint64_t *sig)
+static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *p, int spixel, int f0, int n,
+                                                          float *out, NBG_SFX(nbgi_pixstat) * st, double *outd,
+                                                          uint64_t *sig)
 {
     enum { W = NBG_LANES };
     uint64_t hash[W]; /* FNV-1a over each lane's choices */
