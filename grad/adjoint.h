@@ -194,11 +194,9 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
     acc->Ibg += d_I;
     const double zero[3] = {0, 0, 0};
     {
-        /* omega(R, close): d_R = d omega / dR, d_close = omega / close */
+        /* omega(R, close) */
         const double d_R = d_om * nbgi_solid_angle_dR(p, pf->r_om.R, omega);
-        if (!p->point_pixel) {
-            acc->close += d_om * omega / p->close_distance;
-        }
+        acc->close += d_om * nbgi_solid_angle_dclose(p, omega);
         nbgi_ray_adjoint(&pf->r_om, zero, d_R, acc);
     }
     if (p->thick != 0) {
@@ -320,9 +318,9 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
     }
     const double *sr = p->src;
     const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
-    const double K = p->polarization, scale = p->scale, close = p->close_distance;
+    const double K = p->polarization, scale = p->scale;
     const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2];
-    const int tl = p->thicksteps - 1, thick = p->thick != 0, pol = !p->nopolar, area = !p->point_pixel;
+    const int tl = p->thicksteps - 1, thick = p->thick != 0, pol = !p->nopolar;
     double s_scale = 0, s_Ibg = 0, s_close = 0, s_K = 0;
     double r0 = 0, r1 = 0, r2 = 0, rf0 = 0, rf1 = 0, rf2 = 0; /* the first subpixel's ray: d_P, d_P Fdet */
     double c0 = 0, c1 = 0, c2 = 0, cf0 = 0, cf1 = 0, cf2 = 0; /* the last layer's ray */
@@ -349,7 +347,7 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
         nbgi_ray_dP(lf->d0[j], lf->d1[j], lf->d2[j], lf->R[j], dd[0], dd[1], dd[2], d_R, &e0, &e1, &e2);
         s_scale += on ? d_scale : 0;
         s_Ibg += on ? d_I[j] : 0;
-        s_close += on && area ? d_om * lf->omega[j] / close : 0;
+        s_close += on ? d_om * nbgi_solid_angle_dclose(p, lf->omega[j]) : 0;
         s_K += on && pol ? d_pol * dK : 0;
         r0 += on ? e0 : 0;
         r1 += on ? e1 : 0;

@@ -42,7 +42,7 @@ static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int f
         /* omega(R, close): t_omega = d omega / dR * dR + omega / close * t_close (no close term for a point pixel) */
         NBG_SFX(nbgi_ray_tangent)(&pf.r_om, &t[j], dP, dd, &dR);
         t_om[j] = (NBG_R)nbgi_solid_angle_dR(p, pf.r_om.R, pf.omega) * dR +
-                  (p->point_pixel ? 0 : omega * (NBG_R)t[j].close / (NBG_R)p->close_distance);
+                  (NBG_R)nbgi_solid_angle_dclose(p, pf.omega) * (NBG_R)t[j].close;
         t_cap[j] = 0;
         t_pol[j] = 0;
         t_I[j] = (NBG_R)t[j].Ibg;

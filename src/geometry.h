@@ -9,7 +9,7 @@
  *   the ray to it                      nbgi_ray, nbgi_ray_at (unit direction d = P / R)
  *   scattering vector, resolution cut  nbgi_scatter_q, nbgi_dmin_keeps
  *   their lane forms (CPU row kernels) nbgi_lane_rays, nbgi_lane_q
- *   solid angle                        nbgi_solid_angle, nbgi_solid_angle_dR (and d omega / d close = omega / close)
+ *   solid angle                        nbgi_solid_angle, nbgi_solid_angle_dR, nbgi_solid_angle_dclose
  *   sensor capture fraction            nbgi_capture, nbgi_capture_da
  *
  * The per-sample physics (lattice and structure factors, polarization, their derivatives) is src/physics_tmpl.h;
@@ -277,11 +277,16 @@ static inline NBG_HD double nbgi_solid_angle(const nbgi_kparams *p, double R)
     return p->point_pixel ? 1 / (R * R) : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
 }
 
-/* d omega / d R of nbgi_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel).  The other
- * partial, d omega / d close_distance, is omega / close_distance (0 for a point pixel). */
+/* d omega / d R of nbgi_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel). */
 static inline NBG_HD double nbgi_solid_angle_dR(const nbgi_kparams *p, double R, double omega)
 {
     return (p->point_pixel ? -2 : -3) * omega / R;
+}
+
+/* d omega / d close_distance of nbgi_solid_angle, given omega: omega / close_distance (0 for a point pixel). */
+static inline NBG_HD double nbgi_solid_angle_dclose(const nbgi_kparams *p, double omega)
+{
+    return p->point_pixel ? 0 : omega / p->close_distance;
 }
 
 /* The fraction of photons absorbed in sensor layer t for a ray with rho = d . o (the cosine of its angle to the
