@@ -77,6 +77,20 @@ static const char *write_text(const env *t, const char *name, const char *text, 
     return buf;
 }
 
+/* Writes a hand-made SMV file: the 512-byte header hdr, then two uint16 pixels; returns the path. */
+static const char *write_smv2(const env *t, const char *name, const char *hdr, const uint16_t px[2], char *buf,
+                              size_t size)
+{
+    tmp_path(t, name, buf, size);
+    FILE *fp = fopen(buf, "wb");
+    if (fp != NULL) {
+        fwrite(hdr, 1, 512, fp);
+        fwrite(px, sizeof px[0], 2, fp);
+        fclose(fp);
+    }
+    return buf;
+}
+
 static long file_size(const char *path)
 {
     struct stat st;
@@ -348,13 +362,7 @@ static void test_smv(env *t, nbg_ctx *ctx)
                          little ? "big_endian" : "little_endian");
         hdr[n] = ' ';
         uint16_t px[2] = {0x0102, 0xA0B0};
-        tmp_path(t, "swap.img", p, sizeof p);
-        FILE *fp = fopen(p, "wb");
-        if (fp != NULL) {
-            fwrite(hdr, 1, sizeof hdr, fp);
-            fwrite(px, sizeof px[0], 2, fp);
-            fclose(fp);
-        }
+        write_smv2(t, "swap.img", hdr, px, p, sizeof p);
         rr = nbg_read_smv(ctx, p, &r, &back);
         ok = rr == NBG_OK && back != NULL && back[0] == 0x0201 && back[1] == 0xB0A0;
         check(t, ok, "smv-byteswap", "pixels are swapped when BYTE_ORDER differs from the host", "rc %d: %s", rr,
@@ -379,13 +387,7 @@ static void test_smv(env *t, nbg_ctx *ctx)
                                    "SIZE2=1;\n%s}\f", heads[k]);
             hdr[n] = ' ';
             const uint16_t px[2] = {1, 2};
-            tmp_path(t, "angle.img", p, sizeof p);
-            FILE *fp = fopen(p, "wb");
-            if (fp != NULL) {
-                fwrite(hdr, 1, sizeof hdr, fp);
-                fwrite(px, sizeof px[0], 2, fp);
-                fclose(fp);
-            }
+            write_smv2(t, "angle.img", hdr, px, p, sizeof p);
             rr = nbg_read_smv(ctx, p, &r, NULL);
             float *im = NULL;
             size_t nim = 0;
