@@ -142,7 +142,7 @@ $(B)/emu/src/batch.o $(B)/emu/src/ensemble.o: $(B)/emu/src/%.o: src/%.c | $(DEPS
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(EMU_FLAGS) $(MPI_CFLAGS) -c $< -o $@
 
-$(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h)
+$(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h include/*.def)
 	@mkdir -p $(dir $@)
 	$(NVCC_FOUND) $(NVFLAGS) -DNBG_HAVE_CUDA -Iinclude -Isrc -Igrad -Icuda -c $< -o $@
 

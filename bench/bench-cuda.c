@@ -87,16 +87,19 @@ static int measure(nbg_ctx *ctx, const nbg_experiment *e, int grad, int r, timin
     for (size_t i = 0; grad && i < n; ++i) {
         g[i] = (float)(1.0 + 0.5 * sin(0.01 * (double)i));
     }
-    nbg_param_mask mask = NBG_MASK_ALL;
-    if (!(e->mosaic > 0 && e->mosaic_domains > 1)) {
-        mask &= ~NBG_MASK(NBG_P_MOSAIC);
+    /* every scalar parameter (the mosaic spread where it is free) */
+    nbg_param ids[NBG_NPARAMS];
+    int nids = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (p != NBG_P_MOSAIC || (e->mosaic > 0 && e->mosaic_domains > 1)) {
+            ids[nids++] = p;
+        }
     }
     int ok = 1;
     for (int k = 0; k <= r && ok; ++k) {
-        nbg_grad gr;
-        memset(&gr, 0, sizeof gr);
+        double gr[NBG_NPARAMS];
         const double t0 = now();
-        ok = (grad ? nbg_simulate_grad(ctx, e, g, mask, &gr, img, n, &rep) : nbg_simulate(ctx, e, img, n, &rep)) ==
+        ok = (grad ? nbg_simulate_grad(ctx, e, g, ids, nids, gr, img, n, &rep) : nbg_simulate(ctx, e, img, n, &rep)) ==
              NBG_OK;
         const double t1 = now();
         if (k > 0) { /* k == 0 is the warm-up */

@@ -57,9 +57,13 @@ static double time_call(int which, int mode, long *rss_kb)
     double *T = NULL;
     const nbg_param p9[9] = {NBG_P_A, NBG_P_B, NBG_P_C, NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA,
                              NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ};
-    nbg_param_mask mask = NBG_MASK_ALL;
-    if (!(r.mosaic_domains > 1)) {
-        mask &= ~NBG_MASK(NBG_P_MOSAIC);
+    /* every scalar parameter (the mosaic spread with several domains) */
+    nbg_param ids[NBG_NPARAMS];
+    int nids = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (p != NBG_P_MOSAIC || r.mosaic_domains > 1) {
+            ids[nids++] = p;
+        }
     }
     if (mode == 1) {
         w = malloc(npix * sizeof(float));
@@ -72,14 +76,13 @@ static double time_call(int which, int mode, long *rss_kb)
     }
     double best = 1e300;
     for (int k = 0; k <= reps(); ++k) {
-        nbg_grad g;
-        memset(&g, 0, sizeof g);
+        double g[NBG_NPARAMS];
         const double t0 = now();
         int rc;
         if (mode == 0) {
             rc = nbg_simulate(ctx, &e, img, npix, NULL);
         } else if (mode == 1) {
-            rc = nbg_simulate_grad(ctx, &e, w, mask, &g, img, npix, NULL);
+            rc = nbg_simulate_grad(ctx, &e, w, ids, nids, g, img, npix, NULL);
         } else {
             rc = nbg_simulate_jvp(ctx, &e, p9, 9, T, img, npix);
         }
@@ -180,15 +183,17 @@ static void refine_bench(void)
                 int iters = 0;
                 o.progress = progress_count;
                 o.user = &iters;
-                nbg_refine_result r;
+                nbg_refine_result r = {0};
                 const double t0 = now();
                 if (nbg_refine(ctx, &e, obs, NULL, npix, p9, 9, &o, &r) != NBG_OK) {
                     printf("refine %s failed: %s\n", m == 0 ? "lm" : "bfgs", nbg_errmsg(ctx));
+                    nbg_refine_result_free(&r);
                     continue;
                 }
                 secs += now() - t0;
                 total += r.iterations;
                 worst = r.iterations > worst ? r.iterations : worst;
+                nbg_refine_result_free(&r);
             }
             printf("refine   %-4s %4dx%-4d  %2d start%s  iterations mean %5.1f max %3d   %.3f s per iteration\n",
                    m == 0 ? "lm" : "bfgs", n, n, nstarts, nstarts > 1 ? "s" : " ", (double)total / nstarts, worst,

@@ -37,9 +37,14 @@ int main(void)
     }
     nbg_experiment e;
     setup(&e);
-    nbg_gradcheck_result res[NBG_NPARAMS + 1];
-    int n = 0;
-    if (nbg_gradcheck(ctx, &e, NBG_MASK_ALL, 1e-6, 1, res, NBG_NPARAMS + 1, &n) != NBG_OK) {
+    /* every scalar parameter (a list of names works too: nbg_params_parse(ctx, &e, "cell,orientation", ...)) */
+    nbg_param params[NBG_NPARAMS];
+    nbg_gradcheck_result res[NBG_NPARAMS];
+    const int n = NBG_NPARAMS;
+    for (int p = 0; p < n; ++p) {
+        params[p] = p;
+    }
+    if (nbg_gradcheck(ctx, &e, params, n, 1e-6, 1, res) != NBG_OK) {
         printf("FAIL gradcheck could not run: %s\n", nbg_errmsg(ctx));
         return 1;
     }

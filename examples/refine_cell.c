@@ -75,7 +75,7 @@ int main(void)
     nbg_refine_options_default(&opt);
     opt.loss = NBG_LOSS_POISSON;
     opt.progress = progress;
-    nbg_refine_result r;
+    nbg_refine_result r = {0}; /* zeroed before its first use; nbg_refine_result_free releases its arrays */
     printf("refining the cell and orientation (Levenberg-Marquardt, Poisson likelihood)\n");
     if (nbg_refine(ctx, &model, obs, NULL, npix, params, 9, &opt, &r) != NBG_OK) {
         fprintf(stderr, "refinement failed: %s\n", nbg_errmsg(ctx));
@@ -93,9 +93,11 @@ int main(void)
                r.sigma[j], z);
     }
     printf("\n%d of 9 parameters within 3 standard errors of the truth\n", within);
+    const int converged = r.converged;
+    nbg_refine_result_free(&r);
     free(mean);
     free(obs);
     free(counts);
     nbg_ctx_destroy(ctx);
-    return r.converged ? 0 : 1;
+    return converged ? 0 : 1;
 }

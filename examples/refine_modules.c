@@ -149,6 +149,7 @@ int main(void)
     printf("module shifts: standard errors %.2g to %.2g mm; errors rms %.2f, largest %.2f standard errors\n", smin,
            smax, sqrt(sz2 / (n - 3)), zmax);
     printf("%d of %d module shifts within 3 standard errors of the truth\n", within, n - 3);
+    nbg_refine_result_free(r);
     free(r);
     free(list);
     free(mean);

@@ -6,6 +6,7 @@
 
 #include "adjoint.h"
 #include "plan.h"
+#include "param.h"
 
 /* The most panel motions a parameter name can address. */
 #define NBGI_MAX_MOTIONS 100000
@@ -26,7 +27,11 @@ static inline int nbgi_param_motion(nbg_param p, int *g, int *c)
 int nbgi_tangent_alloc(const nbgi_plan *pl, nbgi_adjacc *t);
 /* The tangent of the plan-level quantities along parameter p (per CLI unit); t from nbgi_tangent_alloc. */
 void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, nbgi_adjacc *t);
-/* NBG_OK, or NBG_EUNSUP/NBG_EINVAL with the message, when the mask asks for what the gradient code cannot give. */
-int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *pl, nbg_param_mask mask);
+/* NBG_OK, or NBG_EUNSUP/NBG_EINVAL with the message, when the list asks for what the gradient code cannot give. */
+int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *pl, const nbg_param *params,
+                        int nparams);
+/* Why parameter p is not free in e (pl its plan), or NULL when it is; *hard: the gradient calls refuse it (else
+ * its gradient is simply zero). */
+const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, int *hard);
 
 #endif

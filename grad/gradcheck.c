@@ -17,32 +17,13 @@
 #include "grad.h"
 #include "forward.h"
 #include "internal.h"
+#include "param.h"
 #include "plan.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A step of about 1e-4 of the parameter's natural scale, in its CLI units (imean: the image's mean, the scale of
- * the background's). */
-static double default_step(nbg_param p, double x, double imean)
-{
-    const double ax = fabs(x);
-    switch (p) {
-    case NBG_P_SCALE: return 1e-3 * fmax(ax, 1e-3);
-    case NBG_P_BG: case NBG_P_BG_FAST: case NBG_P_BG_SLOW: return 1e-2 * fmax(ax, fmax(imean, 1.0));
-    case NBG_P_A: case NBG_P_B: case NBG_P_C: return 1e-4 * fmax(ax, 1.0);
-    case NBG_P_NA: case NBG_P_NB: case NBG_P_NC: return 1e-4 * fmax(ax, 1.0);
-    case NBG_P_MOSAIC: return 1e-3 * fmax(ax, 1e-3);
-    case NBG_P_LAMBDA: return 1e-5 * fmax(ax, 1e-3);
-    case NBG_P_FLUENCE: return 1e-4 * fmax(ax, 1.0);
-    case NBG_P_POLAR: return 1e-3;
-    case NBG_P_DISTANCE: return 1e-5 * fmax(ax, 1.0);
-    case NBG_P_BEAM_FAST: case NBG_P_BEAM_SLOW: return 1e-4;
-    default: return 1e-3; /* angles, deg */
-    }
-}
 
 /* Evaluates L = sum w M = scale sum w I + sum w B at the experiment's current values; fills the signatures. */
 static int eval_loss(nbg_ctx *ctx, const nbg_experiment *e, const float *w, const uint8_t *skip, uint64_t *sig,
@@ -78,7 +59,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
                    nbg_gradcheck_result *r)
 {
     memset(r, 0, sizeof *r);
-    r->param = NBG_NPARAMS;
+    r->param = NBG_P_F_ALL;
     nbg_report rep;
     int rc = nbg_describe(ctx, e, &rep);
     if (rc != NBG_OK) {
@@ -89,18 +70,21 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
     const size_t n = t != NULL ? (size_t)(t->h_max - t->h_min + 1) * (t->k_max - t->k_min + 1) * (t->l_max - t->l_min + 1)
                                : 1;
     double *dF = calloc(n, sizeof(double)), *v = malloc(n * sizeof(double));
+    nbg_param *ids = malloc(n * sizeof(nbg_param));
     float *img = malloc(npix * sizeof(float));
     nbg_hkl tp = {0};
     if (t != NULL) {
         tp = *t;
         tp.F = malloc(n * sizeof(double));
     }
-    if (dF == NULL || v == NULL || img == NULL || (t != NULL && tp.F == NULL)) {
+    if (dF == NULL || v == NULL || ids == NULL || img == NULL || (t != NULL && tp.F == NULL)) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu structure factors", n);
         goto out;
     }
-    nbg_grad g = {{0}, dF, n, NULL, 0};
-    rc = nbg_simulate_grad(ctx, e, w, NBG_MASK_F, &g, img, npix, NULL);
+    for (size_t i = 0; i < n; ++i) {
+        ids[i] = NBG_P_F((long)i);
+    }
+    rc = nbg_simulate_grad(ctx, e, w, ids, (int)n, dF, img, npix, NULL);
     if (rc != NBG_OK) {
         goto out;
     }
@@ -147,18 +131,18 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
 out:
     free(dF);
     free(v);
+    free(ids);
     free(img);
     free(tp.F);
     return rc;
 }
 
-int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
-                  nbg_gradcheck_result *results, int capacity, int *nresults)
+int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double rtol,
+                  double h_scale, nbg_gradcheck_result *results)
 {
-    if (ctx == NULL || e == NULL || results == NULL || nresults == NULL) {
+    if (ctx == NULL || e == NULL || (nparams > 0 && results == NULL)) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: NULL argument");
     }
-    *nresults = 0;
     if (e->pixels != NULL || e->npixels_list != 0) {
         return nbgi_error(ctx, NBG_EUNSUP, "nbg_gradcheck checks the whole image: clear the pixel list");
     }
@@ -166,23 +150,23 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: rtol must be in (0, 1) and h_scale positive (got %g, %g)",
                          rtol, h_scale);
     }
-    int need = (mask & NBG_MASK_F) != 0;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        need += (mask & NBG_MASK(p)) != 0;
-    }
-    const int nmot = (mask & NBG_MASK_MOTIONS) && e->nmotions > 0 ? 6 * e->nmotions : 0;
-    if ((mask & NBG_MASK_MOTIONS) && nmot == 0) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: NBG_MASK_MOTIONS without panel motions");
-    }
-    need += nmot;
-    if (capacity < need) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_gradcheck: results holds %d entries, the mask asks for %d", capacity,
-                         need);
-    }
-    nbg_report rep;
-    int rc = nbg_describe(ctx, e, &rep);
+    int rc = nbgi_params_check(ctx, e, params, nparams, 1, "nbg_gradcheck");
     if (rc != NBG_OK) {
         return rc;
+    }
+    nbg_report rep;
+    rc = nbg_describe(ctx, e, &rep);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    /* the experiment the steps are taken in: the caller's, with its own copies of what a step writes (the panel
+     * motions; the structure-factor table when an entry is checked) */
+    nbg_experiment base = *e;
+    nbg_hkl table = {0};
+    int nlist = 0, wantF = 0;
+    for (int j = 0; j < nparams; ++j) {
+        nlist += params[j] != NBG_P_F_ALL;
+        wantF |= nbgi_param_kind(params[j], NULL, NULL, NULL) == NBGI_K_F;
     }
     const size_t npix = rep.npix;
     float *w = malloc(sizeof(float) * npix);
@@ -191,13 +175,25 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
     uint64_t *sig0 = malloc(sizeof(uint64_t) * npix);
     uint64_t *sig = malloc(sizeof(uint64_t) * npix);
     uint8_t *skip = malloc(npix);
-    /* the parameters checked, in order: the masked ones, then every panel motion's components */
-    nbg_param *plist = malloc(sizeof(nbg_param) * (size_t)(need > 0 ? need : 1));
-    double *dmot = malloc(sizeof(double) * (size_t)(nmot > 0 ? 2 * nmot : 1));
+    nbg_param *plist = malloc(sizeof(nbg_param) * (size_t)(nlist > 0 ? nlist : 1));
+    double *gv = malloc(sizeof(double) * (size_t)(nlist > 0 ? nlist : 1));
     nbg_panel_motion *mot = malloc(sizeof(nbg_panel_motion) * (size_t)(e->nmotions > 0 ? e->nmotions : 1));
-    if (!w || !wx || !img || !sig0 || !sig || !skip || !plist || !dmot || !mot) {
+    const long nF = nbgi_param_nF(e);
+    if (wantF && e->hkl != NULL) {
+        table = *e->hkl;
+        table.F = malloc(sizeof(double) * (size_t)nF);
+        if (table.F != NULL) {
+            memcpy(table.F, e->hkl->F, sizeof(double) * (size_t)nF);
+        }
+        base.hkl = &table;
+    }
+    if (!w || !wx || !img || !sig0 || !sig || !skip || !plist || !gv || !mot || (wantF && e->hkl && !table.F)) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "gradcheck: out of memory for %zu pixels", npix);
         goto done;
+    }
+    if (e->nmotions > 0) {
+        memcpy(mot, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
+        base.motions = mot;
     }
     /* fixed pseudo-random weights (a 64-bit LCG, independent of the simulation's random streams) */
     uint64_t state = 0x9E3779B97F4A7C15ULL;
@@ -206,24 +202,18 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         w[i] = 0.5f + (float)((state >> 40) * (1.0 / 16777216.0));
     }
     double L0;
-    rc = eval_loss(ctx, e, w, NULL, sig0, &L0);
+    rc = eval_loss(ctx, &base, w, NULL, sig0, &L0);
     if (rc != NBG_OK) {
         goto done;
     }
+    /* every listed parameter's adjoint from one reverse pass (the directional F check runs its own) */
     int np = 0;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (mask & NBG_MASK(p)) {
-            plist[np++] = (nbg_param)p;
+    for (int j = 0; j < nparams; ++j) {
+        if (params[j] != NBG_P_F_ALL) {
+            plist[np++] = params[j];
         }
     }
-    for (int j = 0; j < nmot; ++j) {
-        plist[np++] = NBG_P_MOTION(j / 6, j % 6);
-    }
-    nbg_grad grad;
-    memset(&grad, 0, sizeof grad);
-    grad.dmotion = nmot ? dmot : NULL;
-    grad.ndmotion = (size_t)nmot;
-    rc = nbg_simulate_grad(ctx, e, w, mask & ~NBG_MASK_F, &grad, img, npix, NULL);
+    rc = nbg_simulate_grad(ctx, &base, w, plist, np, gv, img, npix, NULL);
     if (rc != NBG_OK) {
         goto done;
     }
@@ -233,39 +223,43 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
         imax = fmaxf(imax, img[i]);
         isum += img[i];
     }
-    int total = need, done_n = 0;
     if (!(imax > 0)) {
         rc = nbgi_error(ctx, NBG_EINVAL, "gradcheck: the image is blank; a check on it proves nothing");
         goto done;
     }
-    for (int pi = 0; pi < np; ++pi) {
-        const nbg_param p = plist[pi];
-        int mg = 0, mc = 0;
-        const int is_motion = nbgi_param_motion(p, &mg, &mc);
+    int ig = 0;
+    for (int pi = 0; pi < nparams; ++pi) {
+        const nbg_param p = params[pi];
+        nbg_gradcheck_result *r = &results[pi];
         char label[48];
-        nbg_param_label(p, label, sizeof label);
-        nbg_gradcheck_result *r = &results[(*nresults)++];
+        nbg_param_label(e, p, label, sizeof label);
+        if (p == NBG_P_F_ALL) {
+            rc = check_F(ctx, &base, w, L0, rtol, r);
+            if (rc != NBG_OK) {
+                goto done;
+            }
+            if (ctx->progress != NULL) {
+                ctx->progress(ctx->progress_user, label, pi + 1, nparams);
+            }
+            continue;
+        }
         memset(r, 0, sizeof *r);
         r->param = p;
         double x0;
-        nbg_param_get(e, p, &x0);
-        const double h = h_scale * default_step(p, x0, isum / (double)npix);
+        nbg_param_get(&base, p, &x0);
+        const double h = h_scale * nbgi_param_step(p, x0, isum / (double)npix);
         r->loss = L0;
         r->step = h;
         const double offs[4] = {h, -h, h / 2, -h / 2};
         /* pass 1: which pixels change their discrete choices */
         memset(skip, 0, npix);
-        nbg_experiment ep = *e;
-        if (e->nmotions > 0) {
-            /* the motions are the caller's: the steps go to a copy */
-            memcpy(mot, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
-            ep.motions = mot;
-        }
+        nbg_experiment ep = base;
         for (int j = 0; j < 4; ++j) {
             nbg_param_set(&ep, p, x0 + offs[j]);
             double Lj;
             rc = eval_loss(ctx, &ep, w, NULL, sig, &Lj);
             if (rc != NBG_OK) {
+                nbg_param_set(&ep, p, x0);
                 goto done;
             }
             for (size_t i = 0; i < npix; ++i) {
@@ -283,23 +277,20 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
             nbg_param_set(&ep, p, x0 + offs[j]);
             rc = eval_loss(ctx, &ep, w, skip, NULL, &Lv[j]);
             if (rc != NBG_OK) {
+                nbg_param_set(&ep, p, x0);
                 goto done;
             }
         }
-        double adj = is_motion ? dmot[6 * mg + mc] : grad.g[p];
+        nbg_param_set(&ep, p, x0); /* the copies the steps wrote to are back at the start */
+        double adj = gv[ig++];
         if (excluded > 0) {
             for (size_t i = 0; i < npix; ++i) {
                 wx[i] = skip[i] ? 0.0f : w[i];
             }
-            nbg_grad gx;
-            memset(&gx, 0, sizeof gx);
-            gx.dmotion = is_motion ? dmot + nmot : NULL;
-            gx.ndmotion = is_motion ? (size_t)nmot : 0;
-            rc = nbg_simulate_grad(ctx, e, wx, is_motion ? NBG_MASK_MOTIONS : NBG_MASK(p), &gx, img, npix, NULL);
+            rc = nbg_simulate_grad(ctx, &base, wx, &p, 1, &adj, img, npix, NULL);
             if (rc != NBG_OK) {
                 goto done;
             }
-            adj = is_motion ? gx.dmotion[6 * mg + mc] : gx.g[p];
         }
         const double D1 = (Lv[0] - Lv[1]) / (2 * h);
         const double D2 = (Lv[2] - Lv[3]) / h;
@@ -341,14 +332,7 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, do
                      "change within the step", len ? "; " : "", excluded);
         }
         if (ctx->progress != NULL) {
-            ctx->progress(ctx->progress_user, label, ++done_n, total);
-        }
-    }
-    if (mask & NBG_MASK_F) {
-        rc = check_F(ctx, e, w, L0, rtol, &results[(*nresults)++]);
-        if (rc != NBG_OK) {
-            --*nresults;
-            goto done;
+            ctx->progress(ctx->progress_user, label, pi + 1, nparams);
         }
     }
     rc = NBG_OK;
@@ -360,7 +344,8 @@ done:
     free(sig);
     free(skip);
     free(plist);
-    free(dmot);
+    free(gv);
     free(mot);
+    free(table.F);
     return rc;
 }

@@ -33,26 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int nbg_param_in_bounds(nbg_param p, double v)
-{
-    switch (p) {
-    case NBG_P_A: case NBG_P_B: case NBG_P_C: case NBG_P_DISTANCE: case NBG_P_FLUENCE: case NBG_P_SCALE:
-        return v > 0 && isfinite(v);
-    case NBG_P_LAMBDA:
-        return v >= 1e-4 && v <= 1e4; /* the plan's domain */
-    case NBG_P_NA: case NBG_P_NB: case NBG_P_NC:
-        return v >= 1 && isfinite(v);
-    case NBG_P_ALPHA: case NBG_P_BETA: case NBG_P_GAMMA:
-        return v > 0 && v < 180;
-    case NBG_P_MOSAIC:
-        return v >= 0 && v <= 180;
-    case NBG_P_POLAR:
-        return v >= -1 && v <= 1;
-    default:
-        return isfinite(v);
-    }
-}
-
 /* One image of the fit, with its own experiment (a frame of a rotation series differs from the others in its phi
  * range; its pixel list and mask are its own), sharing the parameters. */
 typedef struct {
@@ -75,11 +55,12 @@ typedef struct {
     size_t npix;
     size_t nobs;                 /* pixels in the loss, all frames */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
-    double dstep[NBG_REFINE_MAX];   /* the Gauss-Newton step -H^-1 g from there */
+    double *dstep;               /* the Gauss-Newton step -H^-1 g from there (n) */
     double dpred;                /* the decrease the Gauss-Newton step predicts there, g^T H^-1 g / 2 */
-    double scale[NBG_REFINE_MAX];   /* BFGS variable scaling */
+    double *scale;               /* BFGS variable scaling (n) */
+    double *xs, *gs, *gf;        /* scratch of n: BFGS's point, its summed gradient and a frame's */
+    double *A, *d;               /* scratch of n x n and n: step_sigma's solve */
     nbg_panel_motion *motions;   /* the frames' panel motions (every frame's e.motions points here), or NULL */
-    double *dmotion;             /* 2 * 6 * nmotions: the BFGS gradient's panel-motion part, and a frame's */
     int evals;
     int status;                  /* first failure */
 } refine_ws;
@@ -109,10 +90,8 @@ static int loss_only(refine_ws *ws, double *L)
     *L = 0;
     for (int f = 0; f < ws->nf; ++f) {
         refine_frame *fr = &ws->fr[f];
-        nbg_grad g;
         double Lf;
-        memset(&g, 0, sizeof g);
-        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, 0, &Lf, &g, fr->img, ws->npix);
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, NULL, 0, &Lf, NULL, fr->img, ws->npix);
         if (rc != NBG_OK) {
             return rc;
         }
@@ -218,7 +197,7 @@ static double cov_factor(const refine_ws *ws, double L)
 static double step_sigma(refine_ws *ws, const double *g, const double *H, double L)
 {
     const int n = ws->n;
-    double A[NBG_REFINE_MAX * NBG_REFINE_MAX], d[NBG_REFINE_MAX];
+    double *A = ws->A, *d = ws->d;
     memcpy(A, H, sizeof(double) * (size_t)n * n);
     memcpy(d, g, sizeof(double) * (size_t)n);
     if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', n, 1, A, n, d, 1) != 0) {
@@ -245,7 +224,7 @@ static int linear_start(refine_ws *ws, double *x)
 {
     int idx[4], k = 0;
     for (int j = 0; j < ws->n; ++j) {
-        if (ws->params[j] >= NBG_P_SCALE && ws->params[j] <= NBG_P_BG_SLOW) {
+        if (nbgi_param_image_level(ws->params[j])) {
             idx[k++] = j;
         }
     }
@@ -283,7 +262,7 @@ static int linear_start(refine_ws *ws, double *x)
             for (int q = 0; q < 4; ++q) {
                 int refined = 0;
                 for (int a = 0; a < k; ++a) {
-                    refined |= (int)ws->params[idx[a]] - (int)NBG_P_SCALE == q;
+                    refined |= nbgi_param_rows[ws->params[idx[a]]].index == q;
                 }
                 if (!refined) {
                     fixed += vals[q] * basis[q];
@@ -292,10 +271,10 @@ static int linear_start(refine_ws *ws, double *x)
             const double wi = fr->w ? fr->w[i] : 1.0;
             const double y = (fr->obs[i] - e->response.pedestal) / e->response.gain - fixed;
             for (int a = 0; a < k; ++a) {
-                const double ba = basis[ws->params[idx[a]] - NBG_P_SCALE];
+                const double ba = basis[nbgi_param_rows[ws->params[idx[a]]].index];
                 b[a] += wi * ba * y;
                 for (int c = 0; c < k; ++c) {
-                    A[a * k + c] += wi * ba * basis[ws->params[idx[c]] - NBG_P_SCALE];
+                    A[a * k + c] += wi * ba * basis[nbgi_param_rows[ws->params[idx[c]]].index];
                 }
             }
         }
@@ -303,7 +282,7 @@ static int linear_start(refine_ws *ws, double *x)
     if (LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', k, 1, A, k, b, 1) != 0) {
         return NBG_OK; /* degenerate (no signal): keep the caller's start */
     }
-    double L0, L1, xn[NBG_REFINE_MAX];
+    double L0, L1, *xn = ws->xs;
     memcpy(xn, x, sizeof(double) * (size_t)ws->n);
     for (int a = 0; a < k; ++a) {
         xn[idx[a]] = b[a];
@@ -325,11 +304,16 @@ static int linear_start(refine_ws *ws, double *x)
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], A[NBG_REFINE_MAX * NBG_REFINE_MAX], d[NBG_REFINE_MAX];
-    double xn[NBG_REFINE_MAX];
+    double *const buf = malloc(sizeof(double) * ((size_t)n * n * 2 + 3 * (size_t)n));
+    if (buf == NULL) {
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
+    }
+    double *const g = buf, *const H = g + n, *const A = H + (size_t)n * n, *const d = A + (size_t)n * n;
+    double *const xn = d + n;
     double L;
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
+        free(buf);
         return rc;
     }
     double mu = 1e-3;
@@ -367,6 +351,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
             }
             rc = loss_trial(ws, &Ln);
             if (rc != NBG_OK) {
+                free(buf);
                 return rc;
             }
             if (Ln < L) {
@@ -386,6 +371,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
         memcpy(x, xn, sizeof(double) * (size_t)n);
         rc = gauss_newton(ws, &L, g, H);
         if (rc != NBG_OK) {
+            free(buf);
             return rc;
         }
         res->iterations = it;
@@ -403,6 +389,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
         }
     }
     res->loss = L;
+    free(buf);
     return NBG_OK;
 }
 
@@ -410,7 +397,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
 static double bfgs_f(const gsl_vector *u, void *p)
 {
     refine_ws *ws = p;
-    double x[NBG_REFINE_MAX], L;
+    double *x = ws->xs, L;
     for (int j = 0; j < ws->n; ++j) {
         x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
     }
@@ -429,7 +416,7 @@ static double bfgs_f(const gsl_vector *u, void *p)
 static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
 {
     refine_ws *ws = p;
-    double x[NBG_REFINE_MAX];
+    double *x = ws->xs;
     for (int j = 0; j < ws->n; ++j) {
         x[j] = gsl_vector_get(u, (size_t)j) * ws->scale[j];
     }
@@ -438,28 +425,14 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
         gsl_vector_set_zero(df);
         return;
     }
-    nbg_param_mask mask = 0;
-    for (int j = 0; j < ws->n; ++j) {
-        int mg, mc;
-        mask |= nbgi_param_motion(ws->params[j], &mg, &mc) ? NBG_MASK_MOTIONS : NBG_MASK(ws->params[j]);
-    }
     /* the summed loss and gradient of the frames */
-    const size_t nm = ws->motions != NULL ? 6 * (size_t)ws->fr[0].e.nmotions : 0;
-    double gsum[NBG_NPARAMS] = {0};
-    if (nm > 0) {
-        memset(ws->dmotion, 0, sizeof(double) * nm);
-    }
+    memset(ws->gs, 0, sizeof(double) * (size_t)ws->n);
     *f = 0;
     for (int k = 0; k < ws->nf; ++k) {
         refine_frame *fr = &ws->fr[k];
-        nbg_grad g;
         double Lf;
-        memset(&g, 0, sizeof g);
-        if (mask & NBG_MASK_MOTIONS) {
-            g.dmotion = ws->dmotion + nm;
-            g.ndmotion = nm;
-        }
-        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, mask, &Lf, &g, fr->img, ws->npix);
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, ws->params, ws->n, &Lf, ws->gf,
+                                     fr->img, ws->npix);
         if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
             *f = GSL_POSINF;
             gsl_vector_set_zero(df);
@@ -471,18 +444,13 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
             return;
         }
         *f += Lf;
-        for (int q = 0; q < NBG_NPARAMS; ++q) {
-            gsum[q] += g.g[q];
-        }
-        for (size_t q = 0; q < nm && (mask & NBG_MASK_MOTIONS); ++q) {
-            ws->dmotion[q] += g.dmotion[q];
+        for (int j = 0; j < ws->n; ++j) {
+            ws->gs[j] += ws->gf[j];
         }
     }
     ++ws->evals;
     for (int j = 0; j < ws->n; ++j) {
-        int mg, mc;
-        const double dj = nbgi_param_motion(ws->params[j], &mg, &mc) ? ws->dmotion[6 * mg + mc] : gsum[ws->params[j]];
-        gsl_vector_set(df, (size_t)j, dj * ws->scale[j]);
+        gsl_vector_set(df, (size_t)j, ws->gs[j] * ws->scale[j]);
     }
 }
 
@@ -495,8 +463,12 @@ static void bfgs_df(const gsl_vector *u, void *p, gsl_vector *df)
 static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], L;
+    double *const g = malloc(sizeof(double) * ((size_t)n * n + (size_t)n)), *const H = g != NULL ? g + n : NULL, L;
+    if (g == NULL) {
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
+    }
     int rc = gauss_newton(ws, &L, g, H);
+    free(g);
     if (rc != NBG_OK) {
         return rc;
     }
@@ -558,9 +530,13 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
 static int information(refine_ws *ws, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double g[NBG_REFINE_MAX], H[NBG_REFINE_MAX * NBG_REFINE_MAX], L;
+    double *const g = malloc(sizeof(double) * ((size_t)n * n + (size_t)n)), *const H = g != NULL ? g + n : NULL, L;
+    if (g == NULL) {
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
+    }
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
+        free(g);
         return rc;
     }
     /* H = 2 J^T W J (least squares) or the Fisher information (Poisson); the covariance is its inverse, times
@@ -574,6 +550,7 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         }
     }
     if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0 || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0) {
+        free(g);
         return nbgi_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
                          "change the image, or two parameters are degenerate");
     }
@@ -591,7 +568,20 @@ static int information(refine_ws *ws, nbg_refine_result *res)
             res->corr[a * n + b] = den > 0 ? H[a * n + b] / den : 0;
         }
     }
+    free(g);
     return NBG_OK;
+}
+
+void nbg_refine_result_free(nbg_refine_result *res)
+{
+    if (res == NULL) {
+        return;
+    }
+    free(res->params);
+    free(res->start); /* start, value, sigma and corr are one allocation */
+    res->params = NULL;
+    res->start = res->value = res->sigma = res->corr = NULL;
+    res->nparams = 0;
 }
 
 void nbg_refine_options_default(nbg_refine_options *o)
@@ -679,32 +669,50 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
                              frames[f].nmotions, frames[0].nmotions);
         }
     }
-    if (nparams < 1 || nparams > NBG_REFINE_MAX) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to %d)", nparams, NBG_REFINE_MAX);
+    if (nparams < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (at least 1)", nparams);
     }
     if (opt->method != NBG_OPT_LM && opt->method != NBG_OPT_BFGS) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown method %d", (int)opt->method);
     }
     nbg_experiment *const e = &frames[0];
-    memset(res, 0, sizeof *res);
-    double x[NBG_REFINE_MAX];
+    int rc = nbgi_params_check(ctx, e, params, nparams, 0, "nbg_refine");
+    if (rc != NBG_OK) {
+        return rc;
+    }
     for (int j = 0; j < nparams; ++j) {
-        int mg, mc;
+        if (nbgi_param_kind(params[j], NULL, NULL, NULL) == NBGI_K_F) {
+            char label[48];
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: parameter %s: structure factors are not refined (the "
+                             "gradient calls give dL/dF)", nbg_param_label(e, params[j], label, sizeof label));
+        }
+    }
+    nbg_refine_result_free(res);
+    memset(res, 0, sizeof *res);
+    /* the result's arrays, and the workspace's scratch: n x n twice (correlations; step_sigma's solve), n 8 times */
+    const size_t n = (size_t)nparams;
+    res->params = malloc(sizeof(nbg_param) * n);
+    double *const rbuf = malloc(sizeof(double) * (n * n + 3 * n));
+    double *const wbuf = calloc(n * n + 7 * n, sizeof(double));
+    if (res->params == NULL || rbuf == NULL || wbuf == NULL) {
+        free(res->params);
+        res->params = NULL;
+        free(rbuf);
+        free(wbuf);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nparams);
+    }
+    res->start = rbuf;
+    res->value = rbuf + n;
+    res->sigma = rbuf + 2 * n;
+    res->corr = rbuf + 3 * n;
+    memset(rbuf, 0, sizeof(double) * (n * n + 3 * n));
+    double *const x = wbuf + n * n + 6 * n;
+    for (int j = 0; j < nparams; ++j) {
         char label[48];
-        nbg_param_label(params[j], label, sizeof label);
-        const int known = nbgi_param_motion(params[j], &mg, &mc) ? mg < e->nmotions
-                                                                   : params[j] >= 0 && params[j] < NBG_NPARAMS;
-        if (!known) {
-            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: unknown parameter %d (%s; %d panel motions)",
-                             (int)params[j], label, e->nmotions);
-        }
-        for (int k = 0; k < j; ++k) {
-            if (params[k] == params[j]) {
-                return nbgi_error(ctx, NBG_EINVAL, "parameter %s is listed twice", label);
-            }
-        }
+        nbg_param_label(e, params[j], label, sizeof label);
         nbg_param_get(e, params[j], &x[j]);
         if (!nbg_param_in_bounds(params[j], x[j])) {
+            free(wbuf);
             return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j], label);
         }
         res->params[j] = params[j];
@@ -712,11 +720,19 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     }
     res->nparams = nparams;
     if (!(opt->stol > 0) || !(opt->ftol >= 0) || !(opt->gtol >= 0) || opt->max_iter < 1) {
+        free(wbuf);
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: max_iter must be positive, stol positive, ftol and gtol not "
                          "negative (got %d, %g, %g, %g)", opt->max_iter, opt->stol, opt->ftol, opt->gtol);
     }
     refine_ws ws;
     memset(&ws, 0, sizeof ws);
+    ws.A = wbuf;
+    ws.d = wbuf + n * n;
+    ws.dstep = ws.d + n;
+    ws.scale = ws.dstep + n;
+    ws.xs = ws.scale + n;
+    ws.gs = ws.xs + n;
+    ws.gf = ws.gs + n;
     ws.ctx = ctx;
     ws.loss = opt->loss;
     ws.params = params;
@@ -724,13 +740,12 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     ws.npix = npix;
     ws.nf = nframes;
     ws.fr = calloc((size_t)nframes, sizeof *ws.fr);
-    int rc = ws.fr == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
+    rc = ws.fr == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
     if (rc == NBG_OK && e->nmotions > 0) {
         /* the motions are parameters shared by the frames: trial steps go to one copy, which every frame's
          * experiment reads; the callers' lists get the fitted values at the end */
         ws.motions = malloc(sizeof(nbg_panel_motion) * (size_t)e->nmotions);
-        ws.dmotion = malloc(sizeof(double) * 12 * (size_t)e->nmotions);
-        if (ws.motions == NULL || ws.dmotion == NULL) {
+        if (ws.motions == NULL) {
             rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panel motions", e->nmotions);
         } else {
             memcpy(ws.motions, e->motions, sizeof(nbg_panel_motion) * (size_t)e->nmotions);
@@ -827,7 +842,7 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     }
     free(ws.fr);
     free(ws.motions);
-    free(ws.dmotion);
+    free(wbuf);
     return rc;
 }
 

@@ -386,84 +386,107 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
 /* Gradients                                                                                                  */
 /* ---------------------------------------------------------------------------------------------------------- */
 
-/* Differentiable parameters, in the command line's units.  Their names (nbg_param_name) are the CLI's -params
- * names.  Orientation rotx/roty/rotz are the misset angles (applied after -cell or -mat exactly as -misset);
- * beam_fast/beam_slow are nbg_experiment.beam_shift; scale, bg, bg_fast, bg_slow are the image model's G and
- * background plane (nbg_experiment.scale, bg[0..2]): their derivatives are image-level (dM/dG = I, dM/dbg = 1,
- * x_p, y_p), computed from the same pass. */
-typedef enum {
-    NBG_P_A = 0, NBG_P_B, NBG_P_C, NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA, /* A, deg */
-    NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ,                                    /* deg */
-    NBG_P_NA, NBG_P_NB, NBG_P_NC,                                          /* cells */
-    NBG_P_MOSAIC,                                                          /* deg */
-    NBG_P_LAMBDA,                                                          /* A */
-    NBG_P_FLUENCE,                                                         /* photons/m^2 */
-    NBG_P_POLAR,                                                           /* Kahn factor */
-    NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_BEAM_SLOW,                      /* mm */
-    NBG_P_DET_ROTX, NBG_P_DET_ROTY, NBG_P_DET_ROTZ, NBG_P_TWOTHETA,        /* deg */
-    NBG_P_SCALE, NBG_P_BG, NBG_P_BG_FAST, NBG_P_BG_SLOW,                   /* the image model: 1, photons/pixel */
-    NBG_P_SPINDLE_TILT1, NBG_P_SPINDLE_TILT2,                              /* deg: nbg_experiment.spindle_tilt */
-    NBG_NPARAMS
-} nbg_param;
-
-/* The panel motions' parameters: component c of group g's motion (nbg_panel_motion), c = 0, 1, 2 the shift along
- * the frame's x, y, z (mm), c = 3, 4, 5 the rotation about them (deg).  Their names are "g<g>.shift_x" ...
- * "g<g>.rot_z" (nbg_param_label, nbg_param_from_name); they exist while g < e->nmotions. */
+/* Differentiable parameters, in the command line's units.  A parameter is named by an id (nbg_param):
+ *   - a scalar parameter NBG_P_<NAME>, 0 <= id < NBG_NPARAMS, declared once in nbgrad_params.def (its name,
+ *     unit, domain, groups and help: nbg_param_info).  Orientation rotx/roty/rotz are the misset angles (applied
+ *     after -cell or -mat exactly as -misset); beam_fast/beam_slow are nbg_experiment.beam_shift; scale, bg,
+ *     bg_fast, bg_slow are the image model's G and background plane (nbg_experiment.scale, bg[0..2]): their
+ *     derivatives are image-level (dM/dG = I, dM/dbg = 1, x_p, y_p), computed from the same pass;
+ *   - component c of panel group g's motion, NBG_P_MOTION(g, c) (c = 0, 1, 2 the shift along the frame's x, y, z in
+ *     mm, 3, 4, 5 the rotation about them in deg), named "g<g>.shift_x" ... "g<g>.rot_z"; it exists while
+ *     g < e->nmotions;
+ *   - one structure-factor entry, NBG_P_F(i): entry i of the HKL table in its storage order (nbg_hkl), named
+ *     "F(h,k,l)"; without a table NBG_P_F(0), named "F", is default_F;
+ *   - NBG_P_F_ALL, "every structure factor": for nbg_gradcheck alone (a directional check over the table).
+ * Every call that takes parameters takes a list of ids, and its results are arrays aligned to that list: the
+ * caller asks for exactly the parameters it wants.  A list must not name a parameter twice. */
+typedef int nbg_param;
+enum {
+#define NBG_PARAM(ID, ...) NBG_P_##ID,
+#include "nbgrad_params.def"
+#undef NBG_PARAM
+    NBG_NPARAMS /* the number of scalar parameters */
+};
 #define NBG_P_MOTION0 4096
 #define NBG_P_MOTION(g, c) ((nbg_param)(NBG_P_MOTION0 + 6 * (g) + (c)))
+#define NBG_P_F0 (1 << 24)
+#define NBG_P_F(i) ((nbg_param)(NBG_P_F0 + (i)))
+#define NBG_P_F_ALL ((nbg_param)(NBG_P_F0 - 1))
 
-/* Bit i selects parameter i; NBG_MASK_F selects one gradient per structure-factor table entry; NBG_MASK_MOTIONS
- * every component of every panel motion (nbg_grad.dmotion). */
-typedef uint64_t nbg_param_mask;
-#define NBG_MASK(p) ((nbg_param_mask)1 << (p))
-#define NBG_MASK_F ((nbg_param_mask)1 << 63)
-#define NBG_MASK_MOTIONS ((nbg_param_mask)1 << 62)
-#define NBG_MASK_ALL (((nbg_param_mask)1 << NBG_NPARAMS) - 1)
+/* What the table says of a parameter (every pointer a static string, "" when there is none). */
+typedef struct {
+    nbg_param id;
+    const char *name;      /* the -params / Python name ("g3.shift_x", "F" and "F(h,k,l)" are nbg_param_label's) */
+    const char *alias;     /* another accepted name, e.g. "wavelength" for lambda */
+    const char *unit;      /* the CLI unit */
+    const char *flag;      /* the command-line flag(s) that set its value ("" none) */
+    const char *groups;    /* the -params groups it belongs to, space-separated (e.g. "cell crystal") */
+    const char *help;      /* one line */
+    double lo, hi;         /* the values an experiment may hold ... */
+    int lo_open, hi_open;  /* ... an open end where set */
+    int optional;          /* NAN is accepted too (unset: the default applies) */
+    double bound_lo, bound_hi; /* the values a refinement may move it to (nbg_param_in_bounds) */
+    int bound_lo_open, bound_hi_open;
+} nbg_param_info;
 
-/* The CLI name of a parameter; NBG_NPARAMS names the structure factors, "F"; a panel motion's parameter its
- * component ("shift_x" ... "rot_z"; nbg_param_label gives the group too). */
+/* The table's entry of a scalar parameter (0 <= p < NBG_NPARAMS) or of a family's member (a panel motion's
+ * component, a structure factor: their name is the family's, "shift_x" ... or "F"); NBG_EINVAL otherwise. */
+int nbg_param_info_get(nbg_param p, nbg_param_info *info);
+/* The -params groups, space-separated: "all" (the parameters free in the experiment) and the table's groups. */
+const char *nbg_param_groups(void);
+
+/* The short name of a parameter (nbg_param_info's); "?" for an unknown id. */
 const char *nbg_param_name(nbg_param p);
-/* The full name of any parameter into buf (size bytes): nbg_param_name's, or "g<group>.<component>" for a panel
- * motion's.  Returns buf. */
-const char *nbg_param_label(nbg_param p, char *buf, size_t size);
-/* The parameter called name (a panel motion's as "g3.shift_x"), or -1. */
+/* The full name of any parameter into buf (size bytes): "a", "g3.shift_x", "F(1,2,3)" (e gives the table's
+ * Miller indices; NULL: "F[<index>]").  Returns buf. */
+const char *nbg_param_label(const nbg_experiment *e, nbg_param p, char *buf, size_t size);
+/* The scalar or motion parameter called name (its name or alias, or "g3.shift_x"), or -1.  Structure factors and
+ * groups need the experiment: nbg_params_parse. */
 int nbg_param_from_name(const char *name);
-/* Reads / writes a parameter's value in an experiment (beam_fast/slow: the shift; fluence: the fluence field). */
+
+/* Parses a comma-separated list of parameter names for experiment e into *ids (malloc'd, the caller frees it) and
+ * *nids, in the order given, without repeats.  Words: a parameter's name or alias; a group (nbg_param_groups:
+ * "all" is every scalar parameter free in e, nbg_param_free); "g<k>.shift_x" ... one panel group's motion
+ * component; "panels", "panel_shift", "panel_rot", "panel_shift_x" ... "panel_rot_z" those components of every
+ * panel group; "F" every structure factor (every table entry, or default_F without a table; NBG_P_F_ALL instead
+ * when flags has NBG_PARSE_F_ALL), "F(h,k,l)" one table entry.  An unknown word, a motion of a group e does not
+ * have, a Miller index outside the table is NBG_EINVAL naming it. */
+#define NBG_PARSE_F_ALL 1
+int nbg_params_parse(nbg_ctx *ctx, const nbg_experiment *e, const char *list, int flags, nbg_param **ids,
+                     int *nids);
+
+/* Reads / writes a parameter's value in an experiment (beam_fast/slow: the shift; fluence: the fluence field; a
+ * structure factor is the entry of e->hkl's table, or default_F without one: nbg_param_set writes the caller's
+ * table). */
 int nbg_param_get(const nbg_experiment *e, nbg_param p, double *value);
 int nbg_param_set(nbg_experiment *e, nbg_param p, double value);
 /* Whether parameter p is free in experiment e (it has a value the gradient calls differentiate and that changes
  * the image): 1, or 0 with the reason in why (size bytes; may be NULL), e.g. "mosaic: no mosaic spread" or
  * "polar: -nopolar fixes the polarization factor".  Negative on an invalid experiment (message in ctx). */
 int nbg_param_free(nbg_ctx *ctx, const nbg_experiment *e, nbg_param p, char *why, size_t size);
-
-/* dL/dtheta, filled by the gradient calls.  g[p] is set for every parameter in the mask (0 elsewhere).  dF, when
- * NBG_MASK_F is in the mask, must hold ndF = the HKL table's size (nh*nk*nl) doubles (dL/dF per entry); without a
- * table it is dL/d(default_F) in dF[0] (ndF = 1). */
-typedef struct {
-    double g[NBG_NPARAMS];
-    double *dF;
-    size_t ndF;
-    double *dmotion;    /* NBG_MASK_MOTIONS: ndmotion = 6 * e->nmotions doubles, dL/d NBG_P_MOTION(g, c) at 6 g + c */
-    size_t ndmotion;
-} nbg_grad;
+/* Whether value is inside the bounds physics needs for parameter p (the table's BND: cell lengths, N, wavelength,
+ * distance, scale > 0, N >= 1, cell angles in (0, 180), mosaic in [0, 180], polarization in [-1, 1]). */
+int nbg_param_in_bounds(nbg_param p, double value);
 
 /* Vector-Jacobian product: renders the image (nbg_simulate's model image M; see precision below) and returns
- * dL/dtheta = sum_p dLdI[p] * dM[p]/dtheta for every masked parameter, in one reverse pass (dLdI is dL/dM: the
- * adjoint kernel receives scale * dLdI; the image-level parameters' gradients are sums over the pixels).  Where a
- * derivative does not exist (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a
- * rounding boundary, the resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP):
- * the -oversample_thick/_polar/_omega running-sum modes and the curved detector; N with -samplesize, fluence with
- * -flux, the cell with -mat but no -cell, the orientation with -misset random (their values are derived, not free);
- * the mosaic spread without a positive spread and several domains; structure factors on the CUDA backend. The
- * gradients are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
+ * grad[j] = dL/dparams[j] = sum_p dLdI[p] * dM[p]/dparams[j] for the nparams parameters listed (nparams >= 0;
+ * grad holds nparams doubles), in one reverse pass (dLdI is dL/dM: the adjoint kernel receives scale * dLdI; the
+ * image-level parameters' gradients are sums over the pixels).  Where a derivative does not exist
+ * (nearest-neighbour F between reflections, the tophat edge, a Miller index crossing a rounding boundary, the
+ * resolution cut), the taken branch's derivative is returned.  Not supported (NBG_EUNSUP): the
+ * -oversample_thick/_polar/_omega running-sum modes and the curved detector; a parameter nbg_param_free calls not
+ * free for a reason the gradient cannot stand (N with -samplesize, fluence with -flux, the cell with -mat but no
+ * -cell, the orientation with -misset random, the mosaic spread without a positive spread and several domains, the
+ * detector plane's parameters with panels in the lab frame); structure factors on the CUDA backend.  The gradients
+ * are accumulated in double and are bit-for-bit reproducible for a given backend and thread count.
  * Precision: the CPU adjoint always computes in double (on an NBG_FLOAT context its image is the double one); the
  * CUDA adjoint follows the context (on NBG_FLOAT, float per-sample arithmetic: gradients to ~1e-4 relative, the
  * image nbg_simulate's float image to ~1e-6 of its maximum). */
-int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, nbg_param_mask mask,
-                      nbg_grad *grad, float *image, size_t npix, nbg_report *report);
+int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, const nbg_param *params,
+                      int nparams, double *grad, float *image, size_t npix, nbg_report *report);
 
-/* Forward-mode tangents (sensitivity maps): for each of the nparams parameters, the image dI/dtheta in
- * tangents[j * npix .. (j+1) * npix) (double), computed in one pass over the detector together with the image.
+/* Forward-mode tangents (sensitivity maps): for each of the nparams parameters listed (scalars and panel
+ * motions; not structure factors), the image dI/dtheta in tangents[j * npix .. (j+1) * npix) (double), computed in one pass over the detector together with the image.
  * Units: photons per pixel per CLI unit of the parameter.  The same restrictions as nbg_simulate_grad apply.  The
  * tangents are the model image's: scale * dI/dtheta, and for the image-level parameters I (scale), 1 (bg), x, y
  * (bg_fast, bg_slow) on the active pixels. */
@@ -486,10 +509,12 @@ typedef enum {
 } nbg_loss;
 
 /* Fused loss and gradient against an observed image (npix floats, counts as the file holds them, pedestal
- * included; pixels outside the ROI or masked are left out).  The observed image and the weights must be finite
- * and non-negative.  With mask 0 only the loss (and the image) is computed, at the cost of one forward pass. */
+ * included; pixels outside the ROI or masked are left out): *L, and grad[j] = dL/dparams[j] for the nparams
+ * parameters listed (nparams = 0: the loss alone, at the cost of one forward pass; grad may then be NULL).  The
+ * observed image and the weights must be finite and non-negative. */
 int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const float *observed,
-                  const float *weights, nbg_param_mask mask, double *L, nbg_grad *grad, float *image, size_t npix);
+                  const float *weights, const nbg_param *params, int nparams, double *L, double *grad, float *image,
+                  size_t npix);
 
 /* Whether the observed image's floor agrees with the model's: a model without the data's pedestal or background
  * fits the wrong thing (a Poisson fit then moves the cell to spread intensity over the floor) with small standard
@@ -540,15 +565,15 @@ typedef enum {
     NBG_STOP_BOUND         /* a parameter ended at a bound of its physical range (nbg_param_in_bounds)         */
 } nbg_stop_reason;
 
-/* The most parameters one refinement takes (the crystal's with, say, the 3 shifts of 32 modules' motions). */
-#define NBG_REFINE_MAX 128
-
+/* A refinement's outcome.  The arrays are allocated by the refinement (nparams entries each, corr nparams x
+ * nparams) and released by nbg_refine_result_free; a result passed in again is freed first, so one result may be
+ * reused for any number of fits (zero it before its first use). */
 typedef struct {
     int nparams;
-    nbg_param params[NBG_REFINE_MAX];
-    double start[NBG_REFINE_MAX], value[NBG_REFINE_MAX];
-    double sigma[NBG_REFINE_MAX];                 /* standard errors at the optimum */
-    double corr[NBG_REFINE_MAX * NBG_REFINE_MAX]; /* correlation matrix, row-major nparams x nparams */
+    nbg_param *params;                         /* the parameters fitted, as listed */
+    double *start, *value;                     /* their values before and after */
+    double *sigma;                             /* standard errors at the optimum */
+    double *corr;                              /* correlation matrix, row-major nparams x nparams */
     double start_loss, loss;
     int iterations;                            /* iterations taken (one progress call each) */
     int converged;                             /* 1 when the stop reason is a convergence (see nbg_stop_reason) */
@@ -560,9 +585,8 @@ typedef struct {
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);
-/* Whether value is inside the bounds physics needs for parameter p (cell lengths, N, wavelength, distance, scale > 0,
- * N >= 1, cell angles in (0, 180), mosaic >= 0, polarization in [-1, 1]). */
-int nbg_param_in_bounds(nbg_param p, double value);
+/* Releases a result's arrays (the struct is the caller's) and zeroes them; NULL-safe. */
+void nbg_refine_result_free(nbg_refine_result *res);
 /* Fits the listed parameters of e to the observed image (npix floats, counts with e->response's pedestal and gain;
  * weights NULL = 1; pixels outside the ROI or e->mask are left out).  e is updated with the fitted values on
  * success, also when the fit did not converge (res->converged, res->reason say so).  The standard errors come from
@@ -583,7 +607,7 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
                       const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                       const nbg_refine_options *opt, nbg_refine_result *res);
 
-/* Finite-difference check of the adjoint for each parameter in the mask, on L = sum_p w_p I_p with fixed
+/* Finite-difference check of the adjoint for each parameter listed, on L = sum_p w_p I_p with fixed
  * pseudo-random weights w_p in [0.5, 1.5).  Central differences in double at steps h and h/2 (h per parameter,
  * scaled by h_scale, 1 = default), Richardson-extrapolated; passes when |adjoint - numeric| <= atol +
  * rtol max(|adjoint|, |numeric|), atol = 1e-13 |L| / h (the differences' rounding floor), and the error of the
@@ -601,7 +625,7 @@ typedef enum {
 } nbg_check_status;
 
 typedef struct {
-    nbg_param param;    /* NBG_NPARAMS for the structure factors (a directional check over the table) */
+    nbg_param param;    /* the parameter checked (NBG_P_F_ALL: the structure factors along one direction) */
     double adjoint, numeric, relerr, step;
     double order;       /* observed convergence order of the finite difference (about 2) */
     long excluded;      /* pixels left out */
@@ -611,12 +635,11 @@ typedef struct {
     char reason[160];   /* why it failed, or a note */
 } nbg_gradcheck_result;
 
-/* results holds capacity entries; one per parameter in the mask, plus one for NBG_MASK_F and 6 per panel motion
- * for NBG_MASK_MOTIONS (NBG_NPARAMS + 1 + 6 e->nmotions is always enough; fewer than the mask needs is
- * NBG_EINVAL).  rtol in (0, 1) (1e-6 is a good choice) and
- * h_scale > 0 (1 is the default step), NBG_EINVAL otherwise.  *nresults receives the number filled. */
-int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, nbg_param_mask mask, double rtol, double h_scale,
-                  nbg_gradcheck_result *results, int capacity, int *nresults);
+/* Checks exactly the nparams parameters listed (any id, NBG_P_F_ALL included), results[j] for params[j] (nparams
+ * entries).  rtol in (0, 1) (1e-6 is a good choice) and h_scale > 0 (1 is the default step), NBG_EINVAL
+ * otherwise. */
+int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double rtol,
+                  double h_scale, nbg_gradcheck_result *results);
 
 /* The pixels within half_box pixels (along fast and slow, a (2 half_box + 1)^2 box, clipped at the edges of the
  * image or panel) of every spot pixel, as a pixel list for nbg_experiment.pixels: *pixels (malloc'd, the caller

@@ -85,25 +85,53 @@ static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
     return 2;
 }
 
-/* Parses a parameter list into p[] (at most NBG_NPARAMS), with F allowed when allow_F; prints the error. */
-static int param_list(const char *flag, const char *list, int allow_F, nbg_param *p, int *n, int *want_F)
+/* Parses a parameter list for the experiment e (nbg_params_parse) into *p (malloc'd, the caller frees it) and *n;
+ * the word "F" (the whole structure-factor table) sets *want_F where allow_F, and is refused elsewhere; single
+ * table entries are refused (the shots share the whole table).  Prints the error. */
+static int param_list(nbg_ctx *ctx, const nbg_experiment *e, const char *flag, const char *list, int allow_F,
+                      nbg_param **p, int *n, int *want_F)
 {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list != NULL ? list : "");
+    *p = NULL;
     *n = 0;
     *want_F = 0;
+    char *buf = strdup(list != NULL ? list : ""), *rest = calloc(strlen(list != NULL ? list : "") + 1, 1);
+    if (buf == NULL || rest == NULL) {
+        free(buf), free(rest);
+        fprintf(stderr, "nbgrad: error: out of memory for %s\n", flag);
+        return 0;
+    }
+    /* the words but F, for nbg_params_parse */
+    size_t len = 0;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
-        if (strcmp(t, "F") == 0 && allow_F) {
+        if (strcmp(t, "F") == 0) {
+            if (!allow_F) {
+                fprintf(stderr, "nbgrad: error: %s: unknown parameter 'F' (F is global: the shots share the structure "
+                        "factors)\n", flag);
+                free(buf), free(rest);
+                return 0;
+            }
             *want_F = 1;
             continue;
         }
-        const int q = nbg_param_from_name(t);
-        if (q < 0 || *n >= NBG_NPARAMS) {
-            fprintf(stderr, "nbgrad: error: %s: unknown parameter '%s'%s\n", flag, t,
-                    strcmp(t, "F") == 0 ? " (F is global: the shots share the structure factors)" : "");
+        len += (size_t)sprintf(rest + len, "%s%s", len ? "," : "", t);
+    }
+    free(buf);
+    if (len > 0 && nbg_params_parse(ctx, e, rest, 0, p, n) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s: %s\n", flag, nbg_errmsg(ctx));
+        free(rest);
+        return 0;
+    }
+    free(rest);
+    for (int j = 0; j < *n; ++j) {
+        if ((*p)[j] >= NBG_P_F_ALL) {
+            char lab[64];
+            fprintf(stderr, "nbgrad: error: %s: %s: the shots share the whole structure-factor table (-global F)\n",
+                    flag, nbg_param_label(e, (*p)[j], lab, sizeof lab));
+            free(*p);
+            *p = NULL;
+            *n = 0;
             return 0;
         }
-        p[(*n)++] = (nbg_param)q;
     }
     return 1;
 }
@@ -122,17 +150,25 @@ typedef struct {
     uint8_t **mask;         /* nmine masks (the file's; NULL = none) */
     size_t npix;
     float *img;
-    nbg_param gp[NBG_NPARAMS], lp[NBG_NPARAMS];
+    nbg_param *gp, *lp;     /* the global and local parameters (F aside) */
     int ng, nl, want_F;
     size_t nF;              /* the table's entries */
+    nbg_param *ids;         /* the gradient's parameters: gp, then NBG_P_F(0 .. nF - 1) with want_F */
+    double *grad;           /* ng + nF: the gradient of one shot's loss */
     double *F0;             /* the table's starting values (the F variables' units) */
     size_t nvec;            /* 1 + ng + (want_F ? nF : 0): a shot's loss and gradient */
     double *mine;           /* nmine * nvec */
     double *all;            /* nshots * nvec, in shot order */
-    double *dF;
     int failed;
     long evals;
 } ens;
+
+/* A parameter's name, for messages and output (a static buffer: one use per call of printf). */
+static const char *label(const nbg_experiment *e, nbg_param p)
+{
+    static char buf[64];
+    return nbg_param_label(e, p, buf, sizeof buf);
+}
 
 static int shot_of(const ens *w, int k) { return k * w->size + w->rank; }
 
@@ -210,27 +246,21 @@ static void set_globals(ens *w, const double *x)
 static int evaluate(ens *w, const double *x, double *L, double *g)
 {
     set_globals(w, x);
-    nbg_param_mask mask = 0;
-    for (int j = 0; j < w->ng; ++j) mask |= NBG_MASK(w->gp[j]);
-    if (w->want_F) {
-        mask |= NBG_MASK_F;
-    }
+    const int nids = w->ng + (int)w->nF; /* nF is 0 without want_F */
     for (int k = 0; k < w->nmine && !w->failed; ++k) {
         double *v = w->mine + (size_t)k * w->nvec;
-        nbg_grad gr;
-        memset(&gr, 0, sizeof gr);
-        gr.dF = w->dF;
-        gr.ndF = w->want_F ? w->nF : 0;
         double Lk = 0;
-        if (nbg_loss_grad(w->ctx, &w->e[k], w->o->loss, w->obs[k], NULL, mask, &Lk, &gr, w->img, w->npix) !=
-            NBG_OK) {
+        if (nbg_loss_grad(w->ctx, &w->e[k], w->o->loss, w->obs[k], NULL, w->ids, nids, &Lk, w->grad, w->img,
+                          w->npix) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
             w->failed = 1;
             break;
         }
         v[0] = Lk;
-        for (int j = 0; j < w->ng; ++j) v[1 + j] = gr.g[w->gp[j]];
-        for (size_t j = 0; w->want_F && j < w->nF; ++j) v[1 + w->ng + j] = w->dF[j] * w->F0[j]; /* d/d(F/F0) */
+        for (int j = 0; j < w->ng; ++j) v[1 + j] = w->grad[j];
+        for (size_t j = 0; w->want_F && j < w->nF; ++j) {
+            v[1 + w->ng + j] = w->grad[w->ng + j] * w->F0[j]; /* d/d(F/F0) */
+        }
     }
     ++w->evals;
     double *sum = malloc(sizeof(double) * w->nvec);
@@ -384,14 +414,14 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         goto done;
     }
     int dummy;
-    if (!param_list("-global", o.global, 1, w.gp, &w.ng, &w.want_F) ||
-        !param_list("-local", o.local, 0, w.lp, &w.nl, &dummy)) {
+    if (!param_list(ctx, &c.e, "-global", o.global, 1, &w.gp, &w.ng, &w.want_F) ||
+        !param_list(ctx, &c.e, "-local", o.local, 0, &w.lp, &w.nl, &dummy)) {
         goto done;
     }
     for (int i = 0; i < w.ng; ++i) {
         for (int j = 0; j < w.nl; ++j) {
             if (w.gp[i] == w.lp[j]) {
-                fprintf(stderr, "nbgrad: error: %s is both global and local\n", nbg_param_name(w.gp[i]));
+                fprintf(stderr, "nbgrad: error: %s is both global and local\n", label(&c.e, w.gp[i]));
                 goto done;
             }
         }
@@ -416,6 +446,10 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         w.nF = (size_t)(h->h_max - h->h_min + 1) * (size_t)(h->k_max - h->k_min + 1) * (size_t)(h->l_max - h->l_min + 1);
     }
     w.nvec = 1 + (size_t)w.ng + w.nF;
+    w.ids = malloc(sizeof(nbg_param) * (w.nvec - 1 + 1));
+    w.grad = calloc(w.nvec, sizeof(double));
+    for (int j = 0; w.ids != NULL && j < w.ng; ++j) w.ids[j] = w.gp[j];
+    for (size_t j = 0; w.ids != NULL && j < w.nF; ++j) w.ids[(size_t)w.ng + j] = NBG_P_F(j);
     w.e = calloc((size_t)w.nmine + 1, sizeof *w.e);
     w.src = calloc((size_t)w.nmine + 1, sizeof *w.src);
     w.obs = calloc((size_t)w.nmine + 1, sizeof *w.obs);
@@ -423,11 +457,10 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     w.img = malloc(sizeof(float) * w.npix);
     w.mine = calloc(((size_t)w.nmine + 1) * w.nvec, sizeof(double));
     w.all = calloc((size_t)shots.n * w.nvec, sizeof(double));
-    w.dF = calloc(w.nF + 1, sizeof(double));
     w.F0 = calloc(w.nF + 1, sizeof(double));
     x = calloc(w.nvec, sizeof(double));
     g = calloc(w.nvec, sizeof(double));
-    if (!w.e || !w.src || !w.obs || !w.mask || !w.img || !w.mine || !w.all || !w.dF || !w.F0 || !x || !g) {
+    if (!w.e || !w.src || !w.obs || !w.mask || !w.img || !w.mine || !w.all || !w.ids || !w.grad || !w.F0 || !x || !g) {
         fprintf(stderr, "nbgrad: error: out of memory for %d shots of %zu pixels and %zu structure factors\n",
                 shots.n, w.npix, w.nF);
         goto done;
@@ -467,13 +500,13 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         set_globals(&w, x);
         int nc = 0;
         for (int k = 0; k < w.nmine && w.nl > 0 && !w.failed; ++k) {
-            nbg_refine_result res;
-            memset(&res, 0, sizeof res);
+            nbg_refine_result res = {0};
             if (nbg_refine(ctx, &w.e[k], w.obs[k], NULL, w.npix, w.lp, w.nl, &ro, &res) != NBG_OK) {
                 fprintf(stderr, "nbgrad: error: shot %s: %s\n", shots.v[shot_of(&w, k)].id, nbg_errmsg(ctx));
                 w.failed = 1;
             }
             nc += !res.converged;
+            nbg_refine_result_free(&res);
         }
         local_nc = nc;
         /* 2. the globals, all shots together */
@@ -506,17 +539,14 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         double *v = w.mine + (size_t)k * w.nvec;
         memset(v, 0, sizeof(double) * w.nvec);
         if (w.want_F) {
-            nbg_grad gr;
-            memset(&gr, 0, sizeof gr);
-            gr.dF = w.dF;
-            gr.ndF = w.nF;
-            if (nbg_simulate_grad(ctx, &w.e[k], one, NBG_MASK_F, &gr, w.img, w.npix, NULL) != NBG_OK) {
+            double *dF = w.grad + w.ng;
+            if (nbg_simulate_grad(ctx, &w.e[k], one, w.ids + w.ng, (int)w.nF, dF, w.img, w.npix, NULL) != NBG_OK) {
                 w.failed = 1;
                 break;
             }
             for (size_t j = 0; j < w.nF; ++j) {
                 const double F = x[w.ng + j] * w.F0[j];
-                v[1 + w.ng + j] = F != 0 ? 2 * w.dF[j] / F : 0; /* the Poisson information of F_j */
+                v[1 + w.ng + j] = F != 0 ? 2 * dF[j] / F : 0; /* the Poisson information of F_j */
             }
         }
         if (w.ng > 0 && tang != NULL &&
@@ -542,7 +572,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
                shots.n);
         printf("global parameters (standard errors conditional on the other parameters):\n");
         for (int j = 0; j < w.ng; ++j) {
-            printf("  %-10s %.8g +- %.3g\n", nbg_param_name(w.gp[j]), x[j],
+            printf("  %-10s %.8g +- %.3g\n", label(&c.e, w.gp[j]), x[j],
                    have_info && Finfo[1 + j] > 0 ? 1 / sqrt(Finfo[1 + j]) : NAN);
         }
     }
@@ -592,7 +622,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     const int have_locals = lmine != NULL && lall != NULL && gather_all(&w, nlv, lmine, lall);
     for (int i = 0; rank == 0 && have_locals && w.nl > 0 && i < shots.n; ++i) {
         printf("shot %s:", shots.v[i].id);
-        for (int j = 0; j < w.nl; ++j) printf(" %s=%.8g", nbg_param_name(w.lp[j]), lall[(size_t)i * nlv + (size_t)j]);
+        for (int j = 0; j < w.nl; ++j) printf(" %s=%.8g", label(&c.e, w.lp[j]), lall[(size_t)i * nlv + (size_t)j]);
         printf("\n");
     }
     if (o.json != NULL && rank == 0) {
@@ -602,7 +632,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             fprintf(out.fp, "{\"shots\": %d, \"start_loss\": %.17g, \"loss\": %.17g, \"globals\": {", shots.n, L0,
                     L);
             for (int j = 0; j < w.ng; ++j) {
-                fprintf(out.fp, "%s\"%s\": %.17g", j ? ", " : "", nbg_param_name(w.gp[j]), x[j]);
+                fprintf(out.fp, "%s\"%s\": %.17g", j ? ", " : "", label(&c.e, w.gp[j]), x[j]);
             }
             fprintf(out.fp, "}, \"F\": [");
             for (size_t j = 0; w.want_F && j < w.nF; ++j) {
@@ -630,7 +660,8 @@ done:
         free(w.obs[k]);
         free(w.mask[k]);
     }
-    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.img), free(w.mine), free(w.all), free(w.dF);
+    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.img), free(w.mine), free(w.all);
+    free(w.gp), free(w.lp), free(w.ids), free(w.grad);
     free(w.F0), free(x), free(g);
     nbgi_shots_free(&shots);
     c.extra = NULL;

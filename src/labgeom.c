@@ -4,6 +4,7 @@
  */
 #include "formats.h"
 #include "panels.h"
+#include "param.h"
 #include "plan.h"
 
 #include <errno.h>
@@ -412,7 +413,12 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     for (int i = 0; i < 3; ++i) e->det_rot[i] = 0;
     e->twotheta = 0;
     e->twotheta_axis[0] = NAN;
-    e->beam_shift[0] = e->beam_shift[1] = 0;
+    /* the offsets from a model (the beam shift, the spindle tilts: the table's) start from the file's */
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (nbgi_param_is_offset(p)) {
+            nbg_param_set(e, p, 0);
+        }
+    }
     e->lambda = g->wavelength;
     e->phi0 = g->scan_start;
     e->osc = g->scan_width;

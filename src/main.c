@@ -19,33 +19,67 @@
 
 void usage_main(FILE *out);
 
-/* The names -params takes. */
+/* The words -params takes, generated from the parameter table (nbg_param_info): a line per parameter (name, unit,
+ * what it is, the flags that set it, its alias), the families, the groups with their members. */
 static void params_help(FILE *out)
 {
-    fprintf(out, "parameters: a b c alpha beta gamma rotx roty rotz Na Nb Nc mosaic lambda fluence polar\n"
-                 "            distance beam_fast beam_slow det_rotx det_roty det_rotz twotheta F\n"
-                 "            scale bg bg_fast bg_slow (the image model: M = scale * I + bg + bg_fast * x\n"
-                 "            + bg_slow * y, x, y the pixel's fast, slow offset from the detector centre in\n"
-                 "            thousands of pixels)\n"
-                 "groups:     all (the parameters free in the experiment), cell, orientation, detector, background\n"
-                 "exit status: 0 done; 1 an error; refine: 2 not converged, 3 converged but the fitted model's floor\n"
+    fprintf(out, "parameters (-params LIST, comma-separated, in the order given; name, unit, what it is, its flags):\n");
+    for (nbg_param p = 0; p < NBG_NPARAMS; ++p) {
+        nbg_param_info in;
+        if (nbg_param_info_get(p, &in) != NBG_OK) {
+            continue;
+        }
+        fprintf(out, "  %-14s %-12s %s%s%s%s%s%s\n", in.name, in.unit[0] ? in.unit : "-", in.help,
+                in.flag[0] ? " (" : "", in.flag, in.flag[0] ? ")" : "", in.alias[0] ? "; also " : "", in.alias);
+    }
+    fprintf(out, "  (the image model: M = scale * I + bg + bg_fast * x + bg_slow * y, x, y the pixel's fast, slow offset\n"
+                 "  from the detector centre in thousands of pixels)\n"
+                 "  F              -            the structure factors: every entry of the -hkl table (default_F without\n"
+                 "                              one); gradcheck checks them along one direction\n"
+                 "  F(h,k,l)       -            one entry of the -hkl table\n"
+                 "  g<k>.shift_x g<k>.shift_y g<k>.shift_z (mm), g<k>.rot_x g<k>.rot_y g<k>.rot_z (deg): panel group k's\n"
+                 "                              motion, shift along and rotation about its frame's x, y, z (-panel_groups)\n"
+                 "  panels, panel_shift, panel_rot, panel_shift_x ... panel_rot_z: those components of every panel group\n"
+                 "groups:\n"
+                 "  all            the parameters free in the experiment (fluence only when named: scale is an overall\n"
+                 "                 factor too); those left out are listed with the reason\n");
+    /* the table's groups, each with its members */
+    const char *g = nbg_param_groups();
+    while (*g != '\0') {
+        const size_t len = strcspn(g, " ");
+        if (len > 0 && !(len == 3 && strncmp(g, "all", 3) == 0)) {
+            fprintf(out, "  %-14.*s", (int)len, g);
+            for (nbg_param p = 0; p < NBG_NPARAMS; ++p) {
+                nbg_param_info in;
+                if (nbg_param_info_get(p, &in) != NBG_OK) {
+                    continue;
+                }
+                for (const char *w = in.groups; *w != '\0';) {
+                    const size_t wl = strcspn(w, " ");
+                    if (wl == len && strncmp(w, g, len) == 0) {
+                        fprintf(out, " %s", in.name);
+                        break;
+                    }
+                    w += wl;
+                    w += strspn(w, " ");
+                }
+            }
+            fprintf(out, "\n");
+        }
+        g += len;
+        g += strspn(g, " ");
+    }
+    fprintf(out, "exit status: 0 done; 1 an error; refine: 2 not converged, 3 converged but the fitted model's floor\n"
                  "            does not match the observed image's (a pedestal or background left out)\n");
 }
 
 /* Options of the gradient subcommands. */
 typedef struct {
-    nbg_param_mask mask;
-    nbg_param_mask named; /* the parameters named one by one (kept when "all" leaves a parameter out) */
-    int all;              /* "all" was given: the parameters not free in the experiment are left out, named */
+    char *params;         /* -params, the lists given (joined with commas; malloc'd) */
+    nbg_param *ids;       /* the parameters, parsed for the experiment (nbg_params_parse; malloc'd) */
+    int nids;
     double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
-    nbg_param order[NBG_REFINE_MAX]; /* parameters in the order given, the panel motions' last */
-    int norder;
-    unsigned motion_comps;        /* panel_shift, panel_rot, panel_shift_x ...: bit c for component c of every
-                                     panel group's motion */
-    nbg_param motion_named[NBG_REFINE_MAX]; /* g<k>.<component> named one by one */
-    int nmotion_named;
     const char *motionsout;       /* refine -motionsfile: the fitted motions */
-    int want_F;
     nbg_optimizer method;
     int max_iter;
     const char *residual;
@@ -65,86 +99,55 @@ static const char *cmd_name(unsigned cmd)
     return cmd == CMD_GRAD ? "grad" : cmd == CMD_GRADCHECK ? "gradcheck" : "refine";
 }
 
-/* The components of every panel group's motion a -params word names: panels (all six), panel_shift, panel_rot,
- * panel_shift_x ... panel_rot_z; 0 for another word. */
-static unsigned motion_comps(const char *tok)
+static void grad_opts_free(grad_opts *o)
 {
-    static const char *const comp[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
-    if (strcmp(tok, "panels") == 0) {
-        return 63;
-    }
-    if (strcmp(tok, "panel_shift") == 0) {
-        return 7;
-    }
-    if (strcmp(tok, "panel_rot") == 0) {
-        return 56;
-    }
-    for (int c = 0; c < 6; ++c) {
-        if (strncmp(tok, "panel_", 6) == 0 && strcmp(tok + 6, comp[c]) == 0) {
-            return 1u << c;
+    free(o->params);
+    free(o->ids);
+    o->params = NULL;
+    o->ids = NULL;
+    o->nids = 0;
+}
+
+/* Whether a -params word names the panel groups' motions: panels, panel_shift, panel_rot, panel_shift_x ...
+ * panel_rot_z (every group's), or g<k>.<component> (*group receives k; -1 for the others). */
+static int panel_word(const char *tok, int *group)
+{
+    static const char *const words[] = {"panels", "panel_shift", "panel_rot", "panel_shift_x", "panel_shift_y",
+                                        "panel_shift_z", "panel_rot_x", "panel_rot_y", "panel_rot_z"};
+    *group = -1;
+    for (size_t k = 0; k < sizeof words / sizeof words[0]; ++k) {
+        if (strcmp(tok, words[k]) == 0) {
+            return 1;
         }
+    }
+    const int p = nbg_param_from_name(tok);
+    if (p >= NBG_P_MOTION0 && p < NBG_P_F_ALL) {
+        *group = (p - NBG_P_MOTION0) / 6;
+        return 1;
     }
     return 0;
 }
 
-/* Parses "a,b,c" (or "all", "cell", "orientation", "detector") into a mask; prints the error. */
-static int parse_params(const char *list, grad_opts *o)
+/* Whether a parameter is a structure factor (one table entry, or all of them along a direction). */
+static int is_F(nbg_param p)
 {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
-        if (strcmp(tok, "all") == 0) {
-            o->mask |= NBG_MASK_ALL;
-            o->all = 1;
-        } else if (strcmp(tok, "background") == 0) {
-            for (int p = NBG_P_BG; p <= NBG_P_BG_SLOW; ++p) o->mask |= NBG_MASK(p);
-        } else if (strcmp(tok, "cell") == 0) {
-            for (int p = NBG_P_A; p <= NBG_P_GAMMA; ++p) o->mask |= NBG_MASK(p);
-        } else if (strcmp(tok, "orientation") == 0) {
-            for (int p = NBG_P_ROTX; p <= NBG_P_ROTZ; ++p) o->mask |= NBG_MASK(p);
-        } else if (strcmp(tok, "detector") == 0) {
-            for (int p = NBG_P_DISTANCE; p <= NBG_P_TWOTHETA; ++p) o->mask |= NBG_MASK(p);
-        } else if (strcmp(tok, "F") == 0) {
-            o->want_F = 1;
-        } else if (strncmp(tok, "panel", 5) == 0 && motion_comps(tok) != 0) {
-            o->motion_comps |= motion_comps(tok);
-            o->mask |= NBG_MASK_MOTIONS;
-        } else {
-            const int p = nbg_param_from_name(tok);
-            if (p < 0) {
-                fprintf(stderr, "nbgrad: error: unknown parameter '%s' in -params (known:", tok);
-                for (int i = 0; i < NBG_NPARAMS; ++i) fprintf(stderr, " %s", nbg_param_name((nbg_param)i));
-                fprintf(stderr, " F, the groups all cell orientation detector background, and the panel groups' "
-                        "motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...)\n");
-                return 0;
-            }
-            if (p >= NBG_P_MOTION0) {
-                if (o->nmotion_named >= NBG_REFINE_MAX) {
-                    fprintf(stderr, "nbgrad: error: -params names more than %d panel motions\n", NBG_REFINE_MAX);
-                    return 0;
-                }
-                o->motion_named[o->nmotion_named++] = (nbg_param)p;
-                o->mask |= NBG_MASK_MOTIONS;
-                continue;
-            }
-            o->mask |= NBG_MASK(p);
-            o->named |= NBG_MASK(p);
-        }
-    }
-    o->norder = 0;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (o->mask & NBG_MASK(p)) {
-            o->order[o->norder++] = (nbg_param)p;
-        }
-    }
-    return 1;
+    return p >= NBG_P_F_ALL;
 }
 
 /* Setters of the gradient subcommands' flags: v is the flag's value, dst the field it sets; print the error and
  * return 0 on a bad value. */
 static int set_params(grad_opts *o, const char *flag, const char *v, void *dst)
 {
-    return parse_params(v, o);
+    /* several -params add up: parsed together once the experiment is known */
+    const size_t had = o->params != NULL ? strlen(o->params) : 0;
+    char *p = realloc(o->params, had + strlen(v) + 2);
+    if (p == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for -params\n");
+        return 0;
+    }
+    snprintf(p + had, strlen(v) + 2, "%s%s", had ? "," : "", v);
+    o->params = p;
+    return 1;
 }
 
 static int set_path(grad_opts *o, const char *flag, const char *v, void *dst)
@@ -261,10 +264,11 @@ static const struct {
     const char *arg, *help;
 } grad_flag_table[] = {
     {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
-     "parameters, comma-separated: names, or all (those free in the experiment), cell, orientation, detector, "
-     "background; with panels their groups' motions (-panel_groups): panel_shift, panel_rot, panels (both), "
-     "panel_shift_x ... panel_rot_z (that component of every group), g<k>.shift_x ... g<k>.rot_z (one group's; "
-     "gradcheck checks every component of every group)"},
+     "parameters, comma-separated, in the order given: names (nbgrad -h lists them), or groups: all (those free in "
+     "the experiment), cell, orientation, crystal, beam, detector, model, background, goniometer; F (every structure "
+     "factor; gradcheck: one check along a direction), F(h,k,l) one; with panels their groups' motions "
+     "(-panel_groups): panel_shift, panel_rot, panels (both), panel_shift_x ... panel_rot_z (that component of every "
+     "group), g<k>.shift_x ... g<k>.rot_z (one group's)"},
     {"-observed", CMD_GRAD | CMD_REFINE, set_path, GO(observed), "FILE",
      "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
      "overloads are left out"},
@@ -393,109 +397,105 @@ static int json_close(nbg_ctx *ctx, nbgi_cli *c, nbgi_out *o)
     return 1;
 }
 
-/* -params all: leaves out the parameters that are not free in this experiment (and fluence beside scale: both are
- * overall factors), naming each with its reason; parameters named one by one stay.  Prints; 0 on an error. */
-static int resolve_free(nbg_ctx *ctx, const nbgi_cli *c, grad_opts *o)
+/* Parses -params for the experiment (nbg_params_parse) into o->ids: gives the experiment its panel motions first
+ * when a word names them; refine refuses the structure factors; "all" prints what it takes, and what it leaves
+ * out with the reasons (the scalars neither free nor named; fluence beside scale).  Prints the error; 0 on one. */
+static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
 {
-    if (!o->all) {
+    int all = 0, panels = 0;
+    char *words = strdup(o->params);
+    if (words == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for -params\n");
+        return 0;
+    }
+    for (char *save = NULL, *tok = strtok_r(words, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        int g;
+        all |= strcmp(tok, "all") == 0;
+        if (!panel_word(tok, &g)) {
+            continue;
+        }
+        panels = 1;
+        if (c->nmotions == 0) {
+            fprintf(stderr, "nbgrad: error: the panel parameters (panel_shift, g0.shift_x ...) move panels, and this "
+                    "detector has none (use -layout or a multi-panel -expt)\n");
+            free(words);
+            return 0;
+        }
+        if (g >= c->nmotions) {
+            fprintf(stderr, "nbgrad: error: -params %s: the detector has %d panel groups (g0 to g%d; see "
+                    "-panel_groups)\n", tok, c->nmotions, c->nmotions - 1);
+            free(words);
+            return 0;
+        }
+    }
+    free(words);
+    if (panels) {
+        c->e.motions = c->motions;
+        c->e.nmotions = c->nmotions;
+    }
+    free(o->ids);
+    o->ids = NULL;
+    o->nids = 0;
+    if (nbg_params_parse(ctx, &c->e, o->params, o->cmd == CMD_GRADCHECK ? NBG_PARSE_F_ALL : 0, &o->ids, &o->nids) !=
+        NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -params: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    for (int j = 0; j < o->nids && o->cmd == CMD_REFINE; ++j) {
+        if (is_F(o->ids[j])) {
+            fprintf(stderr, "nbgrad: error: refine does not fit structure factors (F); use nbgrad grad for dL/dF\n");
+            return 0;
+        }
+    }
+    if (!all) {
         return 1;
     }
     char left[2048] = "", why[512];
     size_t len = 0;
     int nleft = 0;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (!(o->mask & NBG_MASK(p)) || (o->named & NBG_MASK(p))) {
+    for (nbg_param p = 0; p < NBG_NPARAMS; ++p) {
+        int listed = 0;
+        for (int j = 0; j < o->nids && !listed; ++j) {
+            listed = o->ids[j] == p;
+        }
+        if (listed) {
             continue;
         }
-        int fr = nbg_param_free(ctx, &c->e, (nbg_param)p, why, sizeof why);
+        int fr = nbg_param_free(ctx, &c->e, p, why, sizeof why);
         if (fr < 0) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             return 0;
         }
-        if (fr && p == NBG_P_FLUENCE && (o->mask & NBG_MASK(NBG_P_SCALE))) {
+        if (fr && p == NBG_P_FLUENCE) {
             snprintf(why, sizeof why, "fluence: an overall factor, as scale is (name one of the two)");
             fr = 0;
         }
         if (!fr) {
-            o->mask &= ~NBG_MASK(p);
             len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0, "\n  %s", why);
             ++nleft;
         }
     }
-    if (o->cmd == CMD_REFINE && !o->want_F) {
+    if (o->cmd == CMD_REFINE) {
         len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0,
                                 "\n  F: refine does not fit structure factors (nbgrad grad gives dL/dF)");
         ++nleft;
     }
-    o->norder = 0;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (o->mask & NBG_MASK(p)) {
-            o->order[o->norder++] = (nbg_param)p;
+    int n = 0;
+    for (int j = 0; j < o->nids; ++j) {
+        n += !is_F(o->ids[j]);
+    }
+    printf("-params all: %d parameters", n);
+    char lab[64];
+    for (int j = 0, k = 0; j < o->nids; ++j) {
+        if (!is_F(o->ids[j])) {
+            printf("%s%s", k++ ? "," : " ", nbg_param_label(&c->e, o->ids[j], lab, sizeof lab));
         }
     }
-    printf("-params all: %d parameters", o->norder);
-    for (int j = 0; j < o->norder; ++j) printf("%s%s", j ? "," : " ", nbg_param_name(o->order[j]));
     printf("\n");
     if (nleft > 0) {
         printf("left out (%d):%s\n", nleft, left);
     }
     return 1;
-}
-
-/* Appends the panel motions' parameters -params asked for (every group's components, then those named one by
- * one) and gives the experiment its motions; prints the error. */
-static int resolve_motions(nbgi_cli *c, grad_opts *o)
-{
-    if (o->motion_comps == 0 && o->nmotion_named == 0) {
-        return 1;
-    }
-    if (c->nmotions == 0) {
-        fprintf(stderr, "nbgrad: error: the panel parameters (panel_shift, g0.shift_x ...) move panels, and this "
-                "detector has none (use -layout or a multi-panel -expt)\n");
-        return 0;
-    }
-    c->e.motions = c->motions;
-    c->e.nmotions = c->nmotions;
-    for (int g = 0; g < c->nmotions; ++g) {
-        for (int k = 0; k < 6; ++k) {
-            if (!(o->motion_comps & (1u << k))) {
-                continue;
-            }
-            if (o->norder >= NBG_REFINE_MAX) {
-                fprintf(stderr, "nbgrad: error: -params asks for more than %d parameters (%d panel groups; see "
-                        "-panel_groups)\n", NBG_REFINE_MAX, c->nmotions);
-                return 0;
-            }
-            o->order[o->norder++] = NBG_P_MOTION(g, k);
-        }
-    }
-    for (int j = 0; j < o->nmotion_named; ++j) {
-        const int g = (o->motion_named[j] - NBG_P_MOTION0) / 6;
-        char lab[48];
-        if (g >= c->nmotions) {
-            fprintf(stderr, "nbgrad: error: -params %s: the detector has %d panel groups (g0 to g%d; see "
-                    "-panel_groups)\n", nbg_param_label(o->motion_named[j], lab, sizeof lab), c->nmotions,
-                    c->nmotions - 1);
-            return 0;
-        }
-        int seen = 0;
-        for (int k = 0; k < o->norder; ++k) {
-            seen |= o->order[k] == o->motion_named[j];
-        }
-        if (!seen) {
-            if (o->norder >= NBG_REFINE_MAX) {
-                fprintf(stderr, "nbgrad: error: -params asks for more than %d parameters\n", NBG_REFINE_MAX);
-                return 0;
-            }
-            o->order[o->norder++] = o->motion_named[j];
-        }
-    }
-    return 1;
-}
-
-static int resolve_all(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
-{
-    return resolve_free(ctx, c, o) && resolve_motions(c, o);
 }
 
 /* Reads the observed image and what goes with it: the detector response (-pedestal, -gain, -read_noise, else the
@@ -665,23 +665,23 @@ static int cmd_gradcheck(int argc, char **argv, int first)
             grad_usage(CMD_GRADCHECK, "usage: nbgrad gradcheck <nanoBragg flags> -params LIST [-rtol 1e-6] [-hscale 1]");
             status = 0;
         }
+        grad_opts_free(&o);
         c.extra = NULL;
         nbgi_cli_free(&c);
         return status;
     }
-    if (o.mask == 0 && !o.want_F) {
+    if (o.params == NULL || o.params[0] == '\0') {
         fprintf(stderr, "nbgrad: error: gradcheck needs -params (e.g. -params a,b,c,rotx,distance)\n");
         goto done;
     }
-    if (!resolve_all(ctx, &c, &o)) {
+    if (!resolve_params(ctx, &c, &o)) {
         goto done;
     }
     nbgi_debug_break_adjoint(ctx, o.break_param);
-    const int cap = NBG_NPARAMS + 1 + 6 * c.e.nmotions;
-    res = calloc((size_t)cap, sizeof *res);
-    int n = 0;
+    const int n = o.nids;
+    res = calloc((size_t)n + 1, sizeof *res);
     if (res == NULL) {
-        fprintf(stderr, "nbgrad: error: out of memory for %d checks\n", cap);
+        fprintf(stderr, "nbgrad: error: out of memory for %d checks\n", n);
         goto done;
     }
     const double t0 = now_s();
@@ -689,8 +689,8 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     printf("checking the adjoint against central differences of L = sum_p w_p M_p, fixed pseudo-random weights w_p "
            "in [0.5, 1.5), M = scale * I + background (the model image)\n");
     fflush(stdout);
-    if (nbg_gradcheck(ctx, &c.e, o.mask | (o.want_F ? NBG_MASK_F : 0), o.rtol > 0 ? o.rtol : 1e-6,
-                      o.hscale > 0 ? o.hscale : 1, res, cap, &n) != NBG_OK) {
+    if (nbg_gradcheck(ctx, &c.e, o.ids, o.nids, o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res) !=
+        NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
@@ -699,11 +699,11 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     }
     int passed = 0, zero = 0;
     for (int i = 0; i < n; ++i) {
-        char lab[48];
+        char lab[64];
         printf("%s %s adjoint=%.12g numeric=%.12g relerr=%.3g order=%.2f step=%g%s%s\n",
                res[i].status == NBG_CHECK_PASS ? "PASS" : res[i].status == NBG_CHECK_ZERO ? "ZERO" : "FAIL",
-               nbg_param_label(res[i].param, lab, sizeof lab), res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order,
-               res[i].step, res[i].reason[0] ? " # " : "", res[i].reason);
+               nbg_param_label(&c.e, res[i].param, lab, sizeof lab), res[i].adjoint, res[i].numeric, res[i].relerr,
+               res[i].order, res[i].step, res[i].reason[0] ? " # " : "", res[i].reason);
         passed += res[i].status == NBG_CHECK_PASS;
         zero += res[i].status == NBG_CHECK_ZERO;
     }
@@ -717,6 +717,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     status = passed > 0 && passed + zero == n ? 0 : 1;
 done:
     free(res);
+    grad_opts_free(&o);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -754,7 +755,7 @@ static int cmd_grad(int argc, char **argv, int first)
     int status = 1;
     float *img = NULL, *obs = NULL, *wts = NULL, *dl = NULL;
     uint8_t *use = NULL;
-    double *dF = NULL, *dmot = NULL;
+    double *dF = NULL, *grad = NULL;
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -763,15 +764,16 @@ static int cmd_grad(int argc, char **argv, int first)
                                  "without -observed the loss is L = sum I (the gradient of the total intensity)");
             status = 0;
         }
+        grad_opts_free(&o);
         c.extra = NULL;
         nbgi_cli_free(&c);
         return status;
     }
-    if (o.mask == 0 && !o.want_F) {
+    if (o.params == NULL || o.params[0] == '\0') {
         fprintf(stderr, "nbgrad: error: grad needs -params (e.g. -params a,b,c,rotx,distance)\n");
         goto done;
     }
-    if (!resolve_all(ctx, &c, &o)) {
+    if (!resolve_params(ctx, &c, &o)) {
         goto done;
     }
     nbg_report r;
@@ -785,28 +787,29 @@ static int cmd_grad(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
         goto done;
     }
-    nbg_grad g;
-    memset(&g, 0, sizeof g);
-    if (o.want_F) {
-        g.ndF = c.e.hkl ? (size_t)(c.e.hkl->h_max - c.e.hkl->h_min + 1) * (size_t)(c.e.hkl->k_max - c.e.hkl->k_min + 1) *
-                              (size_t)(c.e.hkl->l_max - c.e.hkl->l_min + 1)
-                        : 1;
-        dF = calloc(g.ndF, sizeof(double));
+    grad = calloc((size_t)o.nids + 1, sizeof(double));
+    if (grad == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory for %d gradients\n", o.nids);
+        goto done;
+    }
+    /* the structure factors: every entry of the table ("F") is dL/dF as a whole, in the table's order; entries
+     * named one by one (F(h,k,l)) are printed as the other parameters are */
+    const size_t nF = c.e.hkl ? (size_t)(c.e.hkl->h_max - c.e.hkl->h_min + 1) *
+                                    (size_t)(c.e.hkl->k_max - c.e.hkl->k_min + 1) *
+                                    (size_t)(c.e.hkl->l_max - c.e.hkl->l_min + 1)
+                              : 1;
+    size_t nFid = 0;
+    for (int j = 0; j < o.nids; ++j) {
+        nFid += is_F(o.ids[j]);
+    }
+    const int whole_F = nFid == nF;
+    if (whole_F) {
+        dF = calloc(nF, sizeof(double));
         if (dF == NULL) {
-            fprintf(stderr, "nbgrad: error: out of memory for %zu structure-factor gradients\n", g.ndF);
-            goto done;
-        }
-        g.dF = dF;
-    }
-    if (c.e.nmotions > 0) {
-        g.ndmotion = 6 * (size_t)c.e.nmotions;
-        g.dmotion = dmot = calloc(g.ndmotion, sizeof(double));
-        if (dmot == NULL) {
-            fprintf(stderr, "nbgrad: error: out of memory for %zu panel-motion gradients\n", g.ndmotion);
+            fprintf(stderr, "nbgrad: error: out of memory for %zu structure-factor gradients\n", nF);
             goto done;
         }
     }
-    const nbg_param_mask mask = o.mask | (o.want_F ? NBG_MASK_F : 0);
     double L = 0;
     int rc;
     if (o.observed != NULL) {
@@ -814,7 +817,7 @@ static int cmd_grad(int argc, char **argv, int first)
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
-        rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, mask, &L, &g, img, npix);
+        rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, o.ids, o.nids, &L, grad, img, npix);
     } else {
         dl = malloc(sizeof(float) * npix);
         if (dl == NULL) {
@@ -822,37 +825,35 @@ static int cmd_grad(int argc, char **argv, int first)
             goto done;
         }
         for (size_t i = 0; i < npix; ++i) dl[i] = 1.0f;
-        rc = nbg_simulate_grad(ctx, &c.e, dl, mask, &g, img, npix, NULL);
+        rc = nbg_simulate_grad(ctx, &c.e, dl, o.ids, o.nids, grad, img, npix, NULL);
         for (size_t i = 0; i < npix; ++i) L += img[i];
     }
     if (rc != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
+    for (int j = 0; whole_F && j < o.nids; ++j) {
+        if (is_F(o.ids[j])) {
+            dF[o.ids[j] - NBG_P_F0] = grad[j];
+        }
+    }
     printf("loss = %.15g (%s)\n", L, o.observed ? (o.loss == NBG_LOSS_LSQ ? "least squares"
                                                   : c.e.response.read_noise > 0 ? "shifted-Poisson NLL (read noise)"
                                                                                  : "Poisson NLL")
                                                 : "sum of pixels");
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (mask & NBG_MASK(p)) {
-            double v;
-            nbg_param_get(&c.e, (nbg_param)p, &v);
-            printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_name((nbg_param)p), g.g[p], v);
+    char lab[64];
+    for (int j = 0; j < o.nids; ++j) {
+        if (whole_F && is_F(o.ids[j])) {
+            continue;
         }
+        double v = NAN;
+        nbg_param_get(&c.e, o.ids[j], &v);
+        printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_label(&c.e, o.ids[j], lab, sizeof lab), grad[j], v);
     }
-    for (int j = 0; j < o.norder; ++j) {
-        if (o.order[j] >= NBG_P_MOTION0) {
-            const int k = o.order[j] - NBG_P_MOTION0;
-            double v;
-            char lab[48];
-            nbg_param_get(&c.e, o.order[j], &v);
-            printf("dL/d%-10s = %.15g   (value %g)\n", nbg_param_label(o.order[j], lab, sizeof lab), dmot[k], v);
-        }
-    }
-    if (o.want_F) {
+    if (whole_F) {
         double norm = 0;
-        for (size_t i = 0; i < g.ndF; ++i) norm += dF[i] * dF[i];
-        printf("dL/dF: %zu entries, norm %.6g\n", g.ndF, sqrt(norm));
+        for (size_t i = 0; i < nF; ++i) norm += dF[i] * dF[i];
+        printf("dL/dF: %zu entries, norm %.6g\n", nF, sqrt(norm));
     }
     if (o.json != NULL) {
         nbgi_out jo;
@@ -862,24 +863,18 @@ static int cmd_grad(int argc, char **argv, int first)
         }
         fprintf(j, "{\n  \"loss\": %.17g,\n  \"gradient\": {", L);
         int first_p = 1;
-        for (int p = 0; p < NBG_NPARAMS; ++p) {
-            if (mask & NBG_MASK(p)) {
-                fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",", nbg_param_name((nbg_param)p), g.g[p]);
-                first_p = 0;
+        for (int q = 0; q < o.nids; ++q) {
+            if (whole_F && is_F(o.ids[q])) {
+                continue;
             }
-        }
-        for (int q = 0; q < o.norder; ++q) {
-            if (o.order[q] >= NBG_P_MOTION0) {
-                char lab[48];
-                fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",",
-                        nbg_param_label(o.order[q], lab, sizeof lab), dmot[o.order[q] - NBG_P_MOTION0]);
-                first_p = 0;
-            }
+            fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",", nbg_param_label(&c.e, o.ids[q], lab, sizeof lab),
+                    grad[q]);
+            first_p = 0;
         }
         fprintf(j, "\n  }");
-        if (o.want_F) {
+        if (whole_F) {
             fprintf(j, ",\n  \"dF\": [");
-            for (size_t i = 0; i < g.ndF; ++i) fprintf(j, "%s%.17g", i ? ", " : "", dF[i]);
+            for (size_t i = 0; i < nF; ++i) fprintf(j, "%s%.17g", i ? ", " : "", dF[i]);
             fprintf(j, "]");
         }
         fprintf(j, "\n}\n");
@@ -894,8 +889,9 @@ done:
     free(wts);
     free(dl);
     free(dF);
-    free(dmot);
+    free(grad);
     free(use);
+    grad_opts_free(&o);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -1152,17 +1148,17 @@ static void refine_outcome(const nbg_refine_result *res)
 }
 
 /* Prints the parameters (start, refined, standard error) and their correlations. */
-static void refine_table(const nbg_refine_result *res)
+static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
 {
     printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
-    char lab[48];
+    char lab[64];
     for (int j = 0; j < res->nparams; ++j) {
-        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(res->params[j], lab, sizeof lab), res->start[j],
+        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(e, res->params[j], lab, sizeof lab), res->start[j],
                res->value[j], res->sigma[j]);
     }
     printf("correlations:\n");
     for (int a = 0; a < res->nparams; ++a) {
-        printf("  %-12s", nbg_param_label(res->params[a], lab, sizeof lab));
+        printf("  %-12s", nbg_param_label(e, res->params[a], lab, sizeof lab));
         for (int b = 0; b <= a; ++b) printf(" %6.3f", res->corr[a * res->nparams + b]);
         printf("\n");
     }
@@ -1240,10 +1236,10 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
             res->converged ? "true" : "false", refine_reasons[res->reason], res->why,
             isfinite(res->step_sigma) ? res->step_sigma : -1.0, res->iterations, res->nobs, c->e.response.pedestal,
             c->e.response.gain, c->e.response.read_noise, floor_bad ? "true" : "false", res->start_loss, res->loss);
-    char lab[48];
+    char lab[64];
     for (int k = 0; k < res->nparams; ++k) {
         fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
-                nbg_param_label(res->params[k], lab, sizeof lab), res->start[k], res->value[k], res->sigma[k]);
+                nbg_param_label(&c->e, res->params[k], lab, sizeof lab), res->start[k], res->value[k], res->sigma[k]);
     }
     fprintf(j, "\n  },\n  \"correlation\": [");
     for (int a = 0; a < res->nparams; ++a) {
@@ -1281,6 +1277,7 @@ static int cmd_refine(int argc, char **argv, int first)
     float **fobs = NULL;        /* their counts (fobs[0] = obs) */
     uint8_t **fuse = NULL;      /* their masks (fuse[0] = use) */
     uint32_t **fspot = NULL;    /* their spot regions */
+    nbg_refine_result res = {0};
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -1294,22 +1291,19 @@ static int cmd_refine(int argc, char **argv, int first)
                        "match the data's (pedestal or background missing)");
             status = 0;
         }
+        grad_opts_free(&o);
         c.extra = NULL;
         nbgi_cli_free(&c);
         return status;
     }
-    if (o.observed == NULL || o.mask == 0) {
+    if (o.observed == NULL || o.params == NULL || o.params[0] == '\0') {
         fprintf(stderr, "nbgrad: error: refine needs -observed FILE and -params LIST\n");
         goto done;
     }
-    if (o.want_F) {
-        fprintf(stderr, "nbgrad: error: refine does not fit structure factors (F); use nbgrad grad for dL/dF\n");
+    if (!resolve_params(ctx, &c, &o)) {
         goto done;
     }
-    if (!resolve_all(ctx, &c, &o)) {
-        goto done;
-    }
-    if (o.norder == 0) {
+    if (o.nids == 0) {
         fprintf(stderr, "nbgrad: error: no parameter left to refine\n");
         goto done;
     }
@@ -1329,7 +1323,11 @@ static int cmd_refine(int argc, char **argv, int first)
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
     const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
     if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
-    if (!(o.mask & (NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW)))) {
+    int fits_bg = 0;
+    for (int j = 0; j < o.nids; ++j) {
+        fits_bg |= o.ids[j] == NBG_P_BG || o.ids[j] == NBG_P_BG_FAST || o.ids[j] == NBG_P_BG_SLOW;
+    }
+    if (!fits_bg) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
     }
     nbg_refine_options ro;
@@ -1375,8 +1373,7 @@ static int cmd_refine(int argc, char **argv, int first)
         free(fw);
         goto done;
     }
-    nbg_refine_result res;
-    printf("refining %d parameters with %s on the %s loss%s\n", o.norder,
+    printf("refining %d parameters with %s on the %s loss%s\n", o.nids,
            o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS",
            o.loss == NBG_LOSS_LSQ ? "least-squares"
            : c.e.response.read_noise > 0 ? "shifted-Poisson (read noise)" : "Poisson",
@@ -1385,7 +1382,7 @@ static int cmd_refine(int argc, char **argv, int first)
         printf("%d frames of %g deg from phi %g deg\n", nf, r.osc, r.phi0);
     }
     const int frc = nbg_refine_frames(ctx, fe, nf, (const float *const *)fobs, wts != NULL ? fw : NULL, npix,
-                                      o.order, o.norder, &ro, &res);
+                                      o.ids, o.nids, &ro, &res);
     free(fw);
     c.e = fe[0];
     if (frc != NBG_OK) {
@@ -1399,7 +1396,7 @@ static int cmd_refine(int argc, char **argv, int first)
     if (floor_bad) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
-    refine_table(&res);
+    refine_table(&c.e, &res);
     if (o.residual != NULL && !refine_write_residual(ctx, &c, o.residual, obs, use, npix)) {
         goto done;
     }
@@ -1440,6 +1437,8 @@ done:
     free(fuse);
     free(fspot);
     free(fe);
+    nbg_refine_result_free(&res);
+    grad_opts_free(&o);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -1469,6 +1468,21 @@ int main(int argc, char **argv)
         printf("**the gradient subcommands' own flags** (each only where its subcommands use it)\n\n");
         grad_flags_doc(stdout, 0, 1);
         printf("<!-- END FLAGS -->\n");
+        return 0;
+    }
+    /* hidden: the parameter table as the README's list of -params (tests/test-flags.c checks it) */
+    if (strcmp(argv[1], "--params-markdown") == 0) {
+        printf("<!-- BEGIN PARAMS: generated by `nbgrad --params-markdown` from include/nbgrad_params.def; do not edit "
+               "by hand -->\n");
+        printf("| name | unit | groups | what it is | set by |\n|---|---|---|---|---|\n");
+        for (nbg_param p = 0; p < NBG_NPARAMS; ++p) {
+            nbg_param_info in;
+            if (nbg_param_info_get(p, &in) == NBG_OK) {
+                printf("| `%s`%s%s%s | %s | %s | %s | %s |\n", in.name, in.alias[0] ? " (`" : "", in.alias,
+                       in.alias[0] ? "`)" : "", in.unit, in.groups, in.help, in.flag[0] ? in.flag : "-");
+            }
+        }
+        printf("<!-- END PARAMS -->\n");
         return 0;
     }
     if (strcmp(argv[1], "--flags-list") == 0) {

@@ -30,6 +30,7 @@
  * depends on thread scheduling).
  */
 #include "panels.h"
+#include "param.h"
 #include "plan.h"
 #include "rng.h"
 #include "setup.h"
@@ -325,18 +326,11 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
     const nbgi_domain dom[] = {
         /* value, name, lo, hi, lo_open, hi_open, optional (NAN = unset), unit */
         {e->pixel, "pixel size (-pixel)", 0, inf, 1, 1, 0, "mm"},
-        {e->distance, "distance (-distance)", 0, inf, 1, 1, 0, "mm"},
-        {e->lambda, "wavelength (-lambda, -energy)", 1e-4, 1e4, 0, 0, 0, "A"},
         {e->detsize_f, "detector size, fast (-detsize_f)", 0, inf, 1, 1, 0, "mm"},
         {e->detsize_s, "detector size, slow (-detsize_s)", 0, inf, 1, 1, 0, "mm"},
-        {e->fluence, "fluence (-fluence)", 0, inf, 0, 1, 0, "photons/m^2"},
         {e->flux, "flux (-flux)", 0, inf, 0, 1, 0, "photons/s"},
         {e->exposure, "exposure (-exposure)", 0, inf, 0, 1, 0, "s"},
         {e->beamsize, "beam size (-beamsize)", 0, inf, 0, 1, 0, "mm"},
-        {e->polarization, "polarization factor (-polar)", -1, 1, 0, 0, 0, ""},
-        {e->Na, "crystal size Na (-N, -Na)", 1, inf, 0, 1, 0, "cells"},
-        {e->Nb, "crystal size Nb (-N, -Nb)", 1, inf, 0, 1, 0, "cells"},
-        {e->Nc, "crystal size Nc (-N, -Nc)", 1, inf, 0, 1, 0, "cells"},
         {e->sample_x, "crystal size x (-samplesize, -sample_x)", 0, inf, 0, 1, 0, "mm"},
         {e->sample_y, "crystal size y (-samplesize, -sample_y)", 0, inf, 0, 1, 0, "mm"},
         {e->sample_z, "crystal size z (-samplesize, -sample_z)", 0, inf, 0, 1, 0, "mm"},
@@ -344,7 +338,6 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         {e->phi0, "spindle start (-phi)", -inf, inf, 1, 1, 0, "deg"},
         {e->osc, "oscillation range (-osc)", 0, inf, 0, 1, 1, "deg"},
         {e->phistep, "phi step (-phistep)", 0, inf, 0, 1, 1, "deg"},
-        {e->mosaic, "mosaic spread (-mosaic)", 0, 180, 0, 0, 1, "deg"},
         {e->default_F, "default structure factor (-default_F)", -inf, inf, 1, 1, 0, ""},
         {e->dmin, "resolution limit (-dmin)", 0, inf, 0, 1, 0, "A"},
         {e->water, "water thickness (-water)", 0, inf, 0, 1, 0, "um"},
@@ -354,25 +347,27 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         {e->vdivrange, "vertical divergence (-vdivrange, -divergence)", 0, inf, 0, 1, 1, "mrad"},
         {e->hdivstep, "horizontal divergence step (-hdivstep)", 0, inf, 0, 1, 1, "mrad"},
         {e->vdivstep, "vertical divergence step (-vdivstep)", 0, inf, 0, 1, 1, "mrad"},
-        {e->twotheta, "two-theta (-twotheta)", -inf, inf, 1, 1, 0, "deg"},
-        {e->det_rot[0], "detector rotation x (-detector_rotx)", -inf, inf, 1, 1, 0, "deg"},
-        {e->det_rot[1], "detector rotation y (-detector_roty)", -inf, inf, 1, 1, 0, "deg"},
-        {e->det_rot[2], "detector rotation z (-detector_rotz)", -inf, inf, 1, 1, 0, "deg"},
-        {e->misset[0], "misset angle x (-misset)", -inf, inf, 1, 1, 0, "deg"},
-        {e->misset[1], "misset angle y (-misset)", -inf, inf, 1, 1, 0, "deg"},
-        {e->misset[2], "misset angle z (-misset)", -inf, inf, 1, 1, 0, "deg"},
-        {e->beam_shift[0], "beam_fast shift", -inf, inf, 1, 1, 0, "mm"},
-        {e->beam_shift[1], "beam_slow shift", -inf, inf, 1, 1, 0, "mm"},
-        {e->scale, "image scale (scale)", 0, inf, 1, 1, 0, ""},
-        {e->bg[0], "background (bg)", -inf, inf, 1, 1, 0, "photons"},
-        {e->bg[1], "background slope along fast (bg_fast)", -inf, inf, 1, 1, 0, "photons per 1000 pixels"},
-        {e->bg[2], "background slope along slow (bg_slow)", -inf, inf, 1, 1, 0, "photons per 1000 pixels"},
         {e->response.pedestal, "detector pedestal (-pedestal)", -inf, inf, 1, 1, 0, "counts"},
         {e->response.gain, "detector gain (-gain)", 0, inf, 1, 1, 0, "counts per photon"},
         {e->response.read_noise, "read noise (-read_noise)", 0, inf, 0, 1, 0, "counts"},
     };
     for (size_t i = 0; i < sizeof dom / sizeof dom[0]; ++i) {
         const int rc = check_domain(ctx, &dom[i]);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+    }
+    /* the parameters' domains, from the table (the cell's when there is one: check_cell then its volume) */
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        const nbgi_param_row *r = &nbgi_param_rows[p];
+        if (r->setup == NBGI_S_CELL && !e->has_cell) {
+            continue;
+        }
+        char name[128];
+        snprintf(name, sizeof name, "%s (%s)", r->desc, r->flag[0] != '\0' ? r->flag : r->name);
+        const nbgi_domain d = {*(const double *)((const char *)e + r->field), name, r->lo, r->hi, r->lo_open,
+                               r->hi_open, r->optional, r->unit};
+        const int rc = check_domain(ctx, &d);
         if (rc != NBG_OK) {
             return rc;
         }

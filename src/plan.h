@@ -45,10 +45,9 @@ int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image);
 int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, double sum);
 
 /* The image model M = scale * I + B (src/model.c; see nbg_experiment).  The background plane's coordinates are in
- * units of NBG_BG_UNIT pixels from the detector centre.  The image-level parameters are the last four. */
+ * units of NBG_BG_UNIT pixels from the detector centre.  The image-level parameters are the table's NBGI_S_MODEL
+ * rows (param.h). */
 #define NBG_BG_UNIT 1000.0
-#define NBGI_IMAGE_LEVEL(p) ((p) >= NBG_P_SCALE && (p) <= NBG_P_BG_SLOW)
-#define NBGI_IMAGE_MASK (NBG_MASK(NBG_P_SCALE) | NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) | NBG_MASK(NBG_P_BG_SLOW))
 /* 1 when the model is the identity (scale 1, no background): images are then the simulation's bit for bit. */
 int nbgi_model_is_identity(const nbg_experiment *e);
 /* Pixel i's background coordinates x (fast), y (slow). */

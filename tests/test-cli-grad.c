@@ -2,7 +2,8 @@
  * test-cli-grad.c -- the gradient subcommands of the program: nbgrad gradcheck (its output format, exit code and
  * failure on a broken adjoint), nbgrad grad (text and JSON), nbgrad refine (a fit from a perturbed start, JSON and
  * residual image, and the bad inputs: an observed image of the wrong size, a negative pixel, an unknown parameter,
- * a start outside the bounds), and one frame of a rotation series (CBF, SMV) fitted alone at its own start angle.
+ * a start outside the bounds), one frame of a rotation series (CBF, SMV) fitted alone at its own start angle, and
+ * -params as a list: exactly the parameters named (a panel group's one component), groups, the order given, F.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
@@ -278,6 +279,47 @@ int main(void)
     nbgi_test_check(rc == 1 && strstr(out, "line 1: expected 'group shift_x") != NULL, "cligrad-23-motions-bad",
                    "a short -motions line is refused with its number (exit %d)", rc);
 #undef PIL
+    /* gradcheck checks exactly the parameters listed: one group's one motion component and distance are two
+     * checks, on a CSPAD with group 3 moved */
+    mf = fopen(mot, "w");
+    if (mf != NULL) {
+        fprintf(mf, "3 0.05 -0.03 0.02 0.1 -0.05 0.2\n");
+        fclose(mf);
+    }
+    snprintf(cmd, sizeof cmd, "%s gradcheck -layout cspad -cell 70 80 90 90 90 90 -misset 10 20 30 -default_F 100 "
+                              "-N 5 -lambda 1.3 -distance 100 -oversample 1 -motions %s -params g3.shift_x,distance "
+                              "2>&1", bin, mot);
+    rc = run(cmd);
+    int nchecks = 0;
+    for (const char *p = out; (p = strstr(p, "\n")) != NULL; ++p) {
+        nchecks += strncmp(p + 1, "PASS ", 5) == 0 || strncmp(p + 1, "FAIL ", 5) == 0 || strncmp(p + 1, "ZERO ", 5) == 0;
+    }
+    nbgi_test_check(rc == 0 && nchecks == 2 && strstr(out, "PASS g3.shift_x adjoint=") != NULL &&
+                        strstr(out, "PASS distance adjoint=") != NULL && strstr(out, "\n2 passed, 0 failed\n") != NULL,
+                    "cligrad-27-motions-gradcheck", "gradcheck -params g3.shift_x,distance on a CSPAD: exactly the two "
+                    "checks listed (%d; exit %d)", nchecks, rc);
+    /* a group of the table as -params */
+    snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params background 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "dL/dbg ") != NULL && strstr(out, "dL/dbg_fast ") != NULL &&
+                        strstr(out, "dL/dbg_slow ") != NULL && strstr(out, "dL/da ") == NULL,
+                    "cligrad-28-group", "grad -params background gives dL/dbg, dL/dbg_fast, dL/dbg_slow (exit %d)",
+                    rc);
+    /* in the order given */
+    snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params distance,a 2>&1", bin);
+    rc = run(cmd);
+    const char *pd = strstr(out, "dL/ddistance "), *pa = strstr(out, "dL/da ");
+    nbgi_test_check(rc == 0 && pd != NULL && pa != NULL && pd < pa, "cligrad-29-order",
+                    "grad prints the parameters in the order given (exit %d)", rc);
+    /* one directional check of every structure factor, and dL/dF as a whole from grad */
+    snprintf(cmd, sizeof cmd, "%s gradcheck " XTAL " -params F 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "PASS F adjoint=") != NULL && strstr(out, "\n1 passed, 0 failed\n") != NULL,
+                    "cligrad-30-F", "gradcheck -params F is one check (exit %d)", rc);
+    snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params F,a 2>&1", bin);
+    rc = run(cmd);
+    nbgi_test_check(rc == 0 && strstr(out, "dL/dF: 1 entries, norm ") != NULL && strstr(out, "dL/da ") != NULL,
+                    "cligrad-31-grad-F", "grad -params F,a prints dL/da and dL/dF as a whole (exit %d)", rc);
     /* one frame of a rotation series fitted alone: frame 3 of 4 frames of 1 deg from phi 0, as a CBF and as an SMV
      * file, each stating its own start angle (2 deg).  Fitted at the scan's first angle (0) instead, the
      * orientation takes up the 2 deg turn (rotz ends near 5 deg); at the file's own angle it comes back to the

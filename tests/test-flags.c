@@ -10,11 +10,15 @@
  *   - every flag appears, as a whole word, in `nbgrad -h` and `nbgrad simulate -h`; a subcommand's own flag in the
  *     -h of each subcommand that takes it;
  *   - README.md's generated section (from "<!-- BEGIN FLAGS" to "<!-- END FLAGS -->") is exactly the output of
- *     `nbgrad --flags-markdown`, and names every flag.
+ *     `nbgrad --flags-markdown`, and names every flag;
+ *   - every parameter of the table (nbgrad_params.def, through nbg_param_info_get) has its line, name first, in
+ *     `nbgrad -h`'s parameter help (its alias there too), and the flags its row names (nbg_param_info.flag) are
+ *     flags of the program.
  *
  * Runs $NBG_BIN (default build/nbgrad) from the repository root, reading README.md there ($NBG_README overrides).
  */
 #include "clirun.h"
+#include "nbgrad.h"
 
 #include <ctype.h>
 
@@ -141,6 +145,44 @@ static void test_help(const listed_flag *flags, int n, const char *const *args, 
     result_free(&r);
 }
 
+/* README's generated section from begin to end is exactly out (what the program printed). */
+static void readme_section(const char *out, const char *begin, const char *end, const char *id, const char *cmd,
+                           const char *how)
+{
+    const char *path = getenv("NBG_README");
+    if (path == NULL || path[0] == '\0') {
+        path = "README.md";
+    }
+    char *readme = nbgi_test_read_file(path, NULL);
+    if (!nbgi_test_check(readme != NULL, id, "%s can be read", path)) {
+        return;
+    }
+    char *b = strstr(readme, begin), *e = b != NULL ? strstr(b, end) : NULL;
+    const int once = b != NULL && (b == readme || b[-1] == '\n') && strstr(b + 1, begin) == NULL;
+    nbgi_test_check(once && e != NULL, id, "%s has one generated section (\"%s\" ... \"%.*s\")", path, begin,
+                   (int)strlen(end) - 1, end);
+    if (once && e != NULL) {
+        e += strlen(end);
+        const size_t len = (size_t)(e - b);
+        const int same = len == strlen(out) && memcmp(b, out, len) == 0;
+        size_t at = 0;
+        while (at < len && b[at] == out[at]) {
+            ++at;
+        }
+        size_t line = 1;
+        for (size_t k = 0; k < at; ++k) {
+            line += b[k] == '\n';
+        }
+        if (same) {
+            nbgi_test_check(1, id, "the section is exactly the output of %s", cmd);
+        } else {
+            nbgi_test_check(0, id, "the section is not the output of %s (they differ from line %zu of the section): "
+                           "regenerate it with %s", cmd, line, how);
+        }
+    }
+    free(readme);
+}
+
 static void test_readme(const listed_flag *flags, int n)
 {
     run_result r;
@@ -156,41 +198,89 @@ static void test_readme(const listed_flag *flags, int n)
     nbgi_test_check(r.status == 0 && missing[0] == '\0', "FLAGS-readme",
                    "nbgrad --flags-markdown exits 0 (got %d) and lists every flag%s%s", r.status,
                    missing[0] ? "; missing: " : "", missing);
-    const char *path = getenv("NBG_README");
-    if (path == NULL || path[0] == '\0') {
-        path = "README.md";
-    }
-    char *readme = nbgi_test_read_file(path, NULL);
-    if (!nbgi_test_check(readme != NULL, "FLAGS-readme", "%s can be read", path)) {
-        result_free(&r);
+    readme_section(r.out, "<!-- BEGIN FLAGS", "<!-- END FLAGS -->\n", "FLAGS-readme", "nbgrad --flags-markdown",
+                   "the command above the flag table in src/cli.c");
+    result_free(&r);
+}
+
+/* README's list of parameters is exactly nbgrad --params-markdown's (the table's), and names every parameter. */
+static void test_readme_params(void)
+{
+    run_result r;
+    if (!run_case(&r, ARGS("--params-markdown"))) {
         return;
     }
-    static const char begin[] = "<!-- BEGIN FLAGS", end[] = "<!-- END FLAGS -->\n";
-    char *b = strstr(readme, begin), *e = b != NULL ? strstr(b, end) : NULL;
-    const int once = b != NULL && (b == readme || b[-1] == '\n') && strstr(b + 1, begin) == NULL;
-    nbgi_test_check(once && e != NULL, "FLAGS-readme", "%s has one generated section (\"%s\" ... \"<!-- END FLAGS -->\")",
-                   path, begin);
-    if (once && e != NULL) {
-        e += strlen(end);
-        const size_t len = (size_t)(e - b);
-        const int same = len == strlen(r.out) && memcmp(b, r.out, len) == 0;
-        size_t at = 0;
-        while (at < len && b[at] == r.out[at]) {
-            ++at;
-        }
-        size_t line = 1;
-        for (size_t k = 0; k < at; ++k) {
-            line += b[k] == '\n';
-        }
-        if (same) {
-            nbgi_test_check(1, "FLAGS-readme", "the section is exactly the output of nbgrad --flags-markdown");
-        } else {
-            nbgi_test_check(0, "FLAGS-readme", "the section is not the output of nbgrad --flags-markdown (they differ "
-                           "from line %zu of the section): regenerate it with the command above the flag table in "
-                           "src/cli.c", line);
+    char missing[2048] = "";
+    for (nbg_param p = 0; p < NBG_NPARAMS; ++p) {
+        char cell[64];
+        snprintf(cell, sizeof cell, "| `%s`", nbg_param_name(p));
+        if (strstr(r.out, cell) == NULL) {
+            note_missing(missing, sizeof missing, nbg_param_name(p));
         }
     }
-    free(readme);
+    nbgi_test_check(r.status == 0 && missing[0] == '\0', "PARAMS-readme",
+                   "nbgrad --params-markdown exits 0 (got %d) and has a row for each of the %d parameters%s%s", r.status,
+                   (int)NBG_NPARAMS, missing[0] ? "; missing: " : "", missing);
+    readme_section(r.out, "<!-- BEGIN PARAMS", "<!-- END PARAMS -->\n", "PARAMS-readme", "nbgrad --params-markdown",
+                   "nbgrad --params-markdown, pasted between the markers");
+    result_free(&r);
+}
+
+/* The parameter table against the program: each parameter's line in nbgrad -h's parameter help (from its
+ * "parameters (-params" heading to "exit status:"), and each flag its row names among the program's flags. */
+static void test_params(const listed_flag *flags, int n)
+{
+    run_result r;
+    if (!run_case(&r, ARGS("-h"))) {
+        return;
+    }
+    const char *from = strstr(r.out, "parameters (-params");
+    const char *to = from != NULL ? strstr(from, "\nexit status:") : NULL;
+    nbgi_test_check(r.status == 0 && from != NULL && to != NULL, "FLAGS-params",
+                    "nbgrad -h exits 0 (got %d) and has the parameter help (\"parameters (-params\" ... \"exit "
+                    "status:\")", r.status);
+    char *help = from != NULL && to != NULL ? strndup(from, (size_t)(to - from + 1)) : NULL;
+    char missing[4096] = "", badflag[4096] = "";
+    int count = 0, flagged = 0;
+    for (nbg_param p = 0; p < NBG_NPARAMS && help != NULL; ++p) {
+        nbg_param_info in;
+        if (nbg_param_info_get(p, &in) != NBG_OK) {
+            note_missing(missing, sizeof missing, "(no table entry)");
+            continue;
+        }
+        ++count;
+        char line[96];
+        snprintf(line, sizeof line, "\n  %s ", in.name);
+        if (strstr(help, line) == NULL || (in.alias[0] != '\0' && !has_flag_word(help, in.alias))) {
+            note_missing(missing, sizeof missing, in.name);
+        }
+        /* the flag column: comma-separated flags, "" none */
+        for (const char *f = in.flag; *f != '\0';) {
+            f += strspn(f, ", ");
+            const size_t len = strcspn(f, ", ");
+            if (len == 0) {
+                break;
+            }
+            int known = 0;
+            for (int i = 0; i < n && !known; ++i) {
+                known = strlen(flags[i].name) == len && strncmp(flags[i].name, f, len) == 0;
+            }
+            ++flagged;
+            if (!known) {
+                char word[96];
+                snprintf(word, sizeof word, "%s: %.*s", in.name, (int)len, f);
+                note_missing(badflag, sizeof badflag, word);
+            }
+            f += len;
+        }
+    }
+    nbgi_test_check(help != NULL && count == NBG_NPARAMS && missing[0] == '\0', "FLAGS-params",
+                    "every one of the %d parameters of the table has its line in nbgrad -h%s%s", count,
+                    missing[0] ? "; missing: " : "", missing);
+    nbgi_test_check(help != NULL && flagged > 0 && badflag[0] == '\0', "FLAGS-params",
+                    "the %d flags the table's rows name are the program's%s%s", flagged,
+                    badflag[0] ? "; unknown: " : "", badflag);
+    free(help);
     result_free(&r);
 }
 
@@ -224,6 +314,8 @@ int main(void)
         test_help(flags, n, ARGS("refine", "-h"), "nbgrad refine -h (its own flags)", "refine");
 #endif
         test_readme(flags, n);
+        test_readme_params();
+        test_params(flags, n);
     }
     nbgi_test_rmtree(g_root);
     return nbgi_test_summary();

@@ -57,13 +57,8 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
     for (size_t i = 0; i < npix; ++i) {
         v[i] = (float)(0.5 + 0.5 * cos(0.37 * (double)i));
     }
-    nbg_grad g;
-    memset(&g, 0, sizeof g);
-    nbg_param_mask mask = 0;
-    for (int j = 0; j < n; ++j) {
-        mask |= NBG_MASK(params[j]);
-    }
-    rc = nbg_simulate_grad(ctx, e, v, mask, &g, img2, npix, NULL);
+    double g[NBG_NPARAMS] = {0};
+    rc = nbg_simulate_grad(ctx, e, v, params, n, g, img2, npix, NULL);
     if (!nbgi_test_check(rc == NBG_OK, id, "nbg_simulate_grad ran")) {
         goto out;
     }
@@ -74,9 +69,9 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
         }
         char sub[96];
         snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(params[j]));
-        const double rel = fabs(vJu - g.g[params[j]]) / fmax(fabs(g.g[params[j]]), 1e-300);
-        nbgi_test_check(rel <= 1e-10 && g.g[params[j]] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g",
-                       vJu, g.g[params[j]], rel);
+        const double rel = fabs(vJu - g[j]) / fmax(fabs(g[j]), 1e-300);
+        nbgi_test_check(rel <= 1e-10 && g[j] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g", vJu, g[j],
+                       rel);
     }
 out:
     free(T);

@@ -89,7 +89,7 @@ static void recovery(nbg_ctx *ctx, const nbg_experiment *t, float *obs, size_t n
         nbg_refine_options o;
         nbg_refine_options_default(&o);
         o.loss = NBG_LOSS_POISSON;
-        nbg_refine_result r;
+        nbg_refine_result r = {0};
         const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P13, NP, &o, &r);
         double worst = 0;
         int wj = 0;
@@ -105,9 +105,10 @@ static void recovery(nbg_ctx *ctx, const nbg_experiment *t, float *obs, size_t n
         const int ok = rc == NBG_OK && r.converged && worst <= 3 && !r.floor.mismatch;
         nbgi_test_check(ok, id, "%s after %d iterations (%s); worst |value - truth| = %.2f sigma (%s); scale %.4f "
                        "+- %.2g, bg %.3f +- %.2g%s", r.converged ? "converged" : "NOT converged", r.iterations, r.why,
-                       worst, nbg_param_name(P13[wj]), r.value[9], r.sigma[9], r.value[10], r.sigma[10],
-                       rc == NBG_OK ? "" : nbg_errmsg(ctx));
+                       worst, nbg_param_name(P13[wj]), NBGI_AT(r.value, 9), NBGI_AT(r.sigma, 9), NBGI_AT(r.value, 10),
+                       NBGI_AT(r.sigma, 10), rc == NBG_OK ? "" : nbg_errmsg(ctx));
         good += ok;
+        nbg_refine_result_free(&r);
     }
     printf("# |value - truth| / sigma, worst over the 10 starts:");
     for (int j = 0; j < NP; ++j) {
@@ -148,11 +149,12 @@ int main(void)
         nbg_refine_options o;
         nbg_refine_options_default(&o);
         o.loss = NBG_LOSS_POISSON;
-        nbg_refine_result r;
+        nbg_refine_result r = {0};
         rc = nbg_refine(ctx, &e, obs, NULL, npix, P13, 10, &o, &r); /* cell, orientation, scale: no background */
         nbgi_test_check(rc == NBG_OK && r.floor.mismatch, "realdata-2-refine",
                        "the refinement's result carries the mismatch after the fit (%s after %d iterations): %s",
                        r.converged ? "converged" : "not converged", r.iterations, r.floor.message);
+        nbg_refine_result_free(&r);
         e = t;
         rc = nbg_check_floor(ctx, &e, obs, NULL, NULL, npix, &fc);
         nbgi_test_check(rc == NBG_OK && !fc.mismatch, "realdata-2-no-false-alarm",
@@ -164,11 +166,10 @@ int main(void)
     {
         nbg_experiment e = t;
         e.fpixels = e.spixels = 48;
-        nbg_gradcheck_result res[NBG_NPARAMS + 1];
-        int n = 0;
-        const nbg_param_mask m = NBG_MASK(NBG_P_SCALE) | NBG_MASK(NBG_P_BG) | NBG_MASK(NBG_P_BG_FAST) |
-                                 NBG_MASK(NBG_P_BG_SLOW) | NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_ROTX);
-        const int rc = nbg_gradcheck(ctx, &e, m, 1e-6, 1, res, NBG_NPARAMS + 1, &n);
+        nbg_gradcheck_result res[6];
+        const nbg_param m[6] = {NBG_P_A, NBG_P_ROTX, NBG_P_SCALE, NBG_P_BG, NBG_P_BG_FAST, NBG_P_BG_SLOW};
+        const int rc = nbg_gradcheck(ctx, &e, m, 6, 1e-6, 1, res);
+        const int n = rc == NBG_OK ? 6 : 0;
         nbgi_test_check(rc == NBG_OK && n == 6, "realdata-3-gradcheck-ran", "%d parameters checked (%s)", n,
                        rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
         for (int i = 0; i < n; ++i) {
@@ -223,7 +224,7 @@ int main(void)
         nbg_refine_options o;
         nbg_refine_options_default(&o);
         o.loss = NBG_LOSS_POISSON;
-        nbg_refine_result rc_clean, rc_hot, rc_open;
+        nbg_refine_result rc_clean = {0}, rc_hot = {0}, rc_open = {0};
         nbg_experiment e = t;
         e.mask = mask;
         int rc1 = nbg_refine(ctx, &e, obs, NULL, npix, P13, NP, &o, &rc_clean);
@@ -235,15 +236,19 @@ int main(void)
         e = t;
         int rc3 = nbg_refine(ctx, &e, obs, NULL, npix, P13, NP, &o, &rc_open);
         obs[hot] = saved;
-        nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK &&
+        nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK && rc_clean.value != NULL && rc_hot.value != NULL &&
                            memcmp(rc_clean.value, rc_hot.value, sizeof(double) * NP) == 0 &&
                            rc_hot.nobs == (long)npix - 1,
                        "realdata-4-masked", "masked: the fit is the clean image's bit for bit (bg %.4f), %ld pixels",
-                       rc_hot.value[10], rc_hot.nobs);
-        const double moved = fabs(rc_open.value[10] - rc_clean.value[10]) / rc_clean.sigma[10];
+                       NBGI_AT(rc_hot.value, 10), rc_hot.nobs);
+        const double moved =
+            fabs(NBGI_AT(rc_open.value, 10) - NBGI_AT(rc_clean.value, 10)) / NBGI_AT(rc_clean.sigma, 10);
         nbgi_test_check(rc3 == NBG_OK && moved > 3, "realdata-4-unmasked",
-                       "unmasked: the hot pixel moves bg by %.1f sigma (%.4f -> %.4f)", moved, rc_clean.value[10],
-                       rc_open.value[10]);
+                       "unmasked: the hot pixel moves bg by %.1f sigma (%.4f -> %.4f)", moved,
+                       NBGI_AT(rc_clean.value, 10), NBGI_AT(rc_open.value, 10));
+        nbg_refine_result_free(&rc_clean);
+        nbg_refine_result_free(&rc_hot);
+        nbg_refine_result_free(&rc_open);
         free(mask);
     }
 
@@ -257,7 +262,7 @@ int main(void)
         nbg_refine_options_default(&o);
         o.loss = NBG_LOSS_POISSON;
         o.max_iter = 1;
-        nbg_refine_result r;
+        nbg_refine_result r = {0};
         const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P13, NP, &o, &r);
         nbgi_test_check(rc == NBG_OK && !r.converged && r.reason == NBG_STOP_MAXITER && r.iterations == 1,
                        "realdata-5-maxiter", "max_iter 1: converged %d, reason %d, %d iterations: %s", r.converged,
@@ -273,6 +278,7 @@ int main(void)
         const int rc2 = nbg_refine(ctx, &e, obs, NULL, npix, ps, 1, &o, &r);
         nbgi_test_check(rc2 != NBG_OK || (!r.converged && r.reason == NBG_STOP_BOUND), "realdata-5-bound",
                        "scale fitted to a blank image: %s", rc2 == NBG_OK ? r.why : nbg_errmsg(ctx));
+        nbg_refine_result_free(&r);
     }
 
     /* realdata-6: gradcheck's ZERO status.  The tophat crystal is flat inside its edge: nothing depends on the
@@ -288,20 +294,22 @@ int main(void)
         e.Na = e.Nb = e.Nc = 5;
         e.fpixels = e.spixels = 32;
         e.shape = NBG_SHAPE_TOPHAT;
-        nbg_gradcheck_result res[NBG_NPARAMS + 1];
-        int n = 0;
-        const nbg_param_mask m = NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_DISTANCE);
-        int rc = nbg_gradcheck(ctx, &e, m, 1e-6, 1, res, NBG_NPARAMS + 1, &n);
+        nbg_gradcheck_result res[2];
+        const nbg_param m[2] = {NBG_P_A, NBG_P_DISTANCE};
+        int rc = nbg_gradcheck(ctx, &e, m, 2, 1e-6, 1, res);
+        int n = rc == NBG_OK ? 2 : 0;
         nbgi_test_check(rc == NBG_OK && n == 2 && res[0].status == NBG_CHECK_ZERO && res[1].status == NBG_CHECK_PASS,
                        "realdata-6-zero", "a: %s (%s); distance: %s", n > 0 && res[0].status == NBG_CHECK_ZERO ? "ZERO"
                        : "not ZERO", n > 0 ? res[0].reason : "", n > 1 && res[1].pass ? "PASS" : "not PASS");
         nbgi_debug_break_adjoint(ctx, NBG_P_DISTANCE);
-        rc = nbg_gradcheck(ctx, &e, m, 1e-6, 1, res, NBG_NPARAMS + 1, &n);
+        rc = nbg_gradcheck(ctx, &e, m, 2, 1e-6, 1, res);
+        n = rc == NBG_OK ? 2 : 0;
         nbgi_test_check(rc == NBG_OK && n == 2 && res[1].status == NBG_CHECK_FAIL, "realdata-6-broken",
                        "a broken distance adjoint fails: %s", n > 1 ? res[1].reason : "");
         nbgi_debug_break_adjoint(ctx, -1);
         nbgi_debug_zero_adjoint(ctx, NBG_P_DISTANCE);
-        rc = nbg_gradcheck(ctx, &e, m, 1e-6, 1, res, NBG_NPARAMS + 1, &n);
+        rc = nbg_gradcheck(ctx, &e, m, 2, 1e-6, 1, res);
+        n = rc == NBG_OK ? 2 : 0;
         nbgi_test_check(rc == NBG_OK && n == 2 && res[1].status == NBG_CHECK_FAIL, "realdata-6-lost",
                        "an adjoint of 0 against a difference of %.6g fails, not ZERO: %s", n > 1 ? res[1].numeric : 0.0,
                        n > 1 ? res[1].reason : "");
@@ -327,9 +335,7 @@ int main(void)
             o2[i] = (float)fmax(0, 40 + 2 * img[i] + 6 * uni(&s)); /* some below the pedestal */
         }
         double L = 0, Lref = 0;
-        nbg_grad g;
-        memset(&g, 0, sizeof g);
-        nbg_loss_grad(ctx, &e, NBG_LOSS_POISSON, o2, NULL, 0, &L, &g, img, np);
+        nbg_loss_grad(ctx, &e, NBG_LOSS_POISSON, o2, NULL, NULL, 0, &L, NULL, img, np);
         const double sr = (3.0 / 2) * (3.0 / 2);
         for (size_t i = 0; i < np; ++i) {
             const double y = fmax((o2[i] - 40.0) / 2 + sr, 0), m = img[i] + sr;
@@ -337,7 +343,7 @@ int main(void)
         }
         nbgi_test_rel(L, Lref, 1e-12, "realdata-7-shifted-poisson", "L = sum (M + s) - max(y + s, 0) log(M + s)");
         e.response.read_noise = 0;
-        nbg_loss_grad(ctx, &e, NBG_LOSS_POISSON, o2, NULL, 0, &L, &g, img, np);
+        nbg_loss_grad(ctx, &e, NBG_LOSS_POISSON, o2, NULL, NULL, 0, &L, NULL, img, np);
         Lref = 0;
         for (size_t i = 0; i < np; ++i) {
             const double y = fmax((o2[i] - 40.0) / 2, 0), m = fmax(img[i], 1e-12);

@@ -24,6 +24,8 @@
 #define _GNU_SOURCE /* nftw, mkdtemp */
 #endif
 
+#include "nbgrad.h"
+
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
@@ -123,6 +125,10 @@ static inline void nbgi_test_skip(const char *id, const char *fmt, ...)
     va_end(ap);
     ++nbgi_test_counts_()->skipped;
 }
+
+/* Entry j of an array a call may have left unallocated (a refinement result's value, sigma, ... after a failed
+ * refinement): NAN when it is NULL, so that a failure's message can still print it. */
+#define NBGI_AT(a, j) ((a) != NULL ? (double)(a)[j] : NAN)
 
 /* Prints "N passed, M failed" (", K skipped" when any) as the last line; returns 0 iff nothing failed. */
 static inline int nbgi_test_summary(void)
@@ -284,6 +290,26 @@ static inline int nbgi_test_selected(const char *list, const char *id)
         p = e;
     }
     return 0;
+}
+
+/* A small still the gradient tests start from: a cubic 100 A cell turned by the misset 3 4 5 deg, N = 5,
+ * default_F 100, 48 x 48 pixels at 100 mm, one subpixel, polarization 0.5. */
+static inline void nbgi_test_still(nbg_experiment *e)
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {100, 100, 100, 90, 90, 90};
+    memcpy(e->cell, cell, sizeof cell);
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 100;
+    e->fpixels = e->spixels = 48;
+    e->oversample = 1;
+    e->polarization = 0.5;
+    e->misset[0] = 3;
+    e->misset[1] = 4;
+    e->misset[2] = 5;
 }
 
 #endif /* NBG_TESTUTIL_H */

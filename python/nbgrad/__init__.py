@@ -11,6 +11,7 @@ Keyword arguments are the command line's flags without the dash (``Experiment(N=
 parsed by the program's own parser (src/cli.c), so both spellings mean exactly the same.  Every library failure
 raises an ``nbgrad.Error`` (a RuntimeError) carrying the library's message; invalid input also is a ValueError.
 """
+import re
 import shlex
 import warnings
 from dataclasses import dataclass, field
@@ -24,16 +25,16 @@ from ._nbgrad import (DeviceError, Error, FileError, FormatError, InvalidError, 
 
 __version__ = _nbgrad.LIBRARY_VERSION
 
-#: the differentiable parameters, in the library's order (nbg_param)
-PARAMS = tuple(_nbgrad.param_names())
+#: the table of scalar parameters (nbg_param_info) by name, in the library's order (nbg_param): a dict each with
+#: name, alias, unit, flag, groups, help, lo, hi, optional, bound_lo, bound_hi
+PARAM_INFO = {p["name"]: p for p in _nbgrad.param_info()}
+#: the differentiable parameters' names, in the library's order (nbg_param)
+PARAMS = tuple(PARAM_INFO)
 _FLAGS = frozenset(_nbgrad.flag_names())
-#: parameter groups accepted wherever a parameter list is (as by the program's -params)
-GROUPS = {
-    "all": PARAMS,
-    "cell": ("a", "b", "c", "alpha", "beta", "gamma"),
-    "orientation": ("rotx", "roty", "rotz"),
-    "detector": ("distance", "beam_fast", "beam_slow", "det_rotx", "det_roty", "det_rotz", "twotheta"),
-}
+#: parameter groups accepted wherever a parameter list is (as by the program's -params), with the parameters each
+#: holds ("all" is every parameter the experiment leaves free, the library decides which)
+GROUPS = {g: PARAMS if g == "all" else tuple(p["name"] for p in PARAM_INFO.values() if g in p["groups"])
+          for g in _nbgrad.param_groups()}
 
 # Python spellings of flags the command line spells otherwise (or that are Python keywords)
 _ALIASES = {
@@ -53,8 +54,9 @@ _CONVENTIONS = ("mosflm", "denzo", "adxv", "xds", "dials")
 _SHAPES = {"square": "-square_xtal", "round": "-round_xtal", "gauss": "-gauss_xtal", "tophat": "-tophat_spots"}
 _LOSSES = {"lsq": 0, "poisson": 1}
 _METHODS = {"lm": 0, "bfgs": 1}
-# parameters readable as attributes under another name (exp.wavelength, exp.lambda_)
-_PARAM_ALIASES = {"wavelength": "lambda", "lambda_": "lambda"}
+# parameters readable as attributes under another name (their aliases: exp.wavelength; and exp.lambda_)
+_PARAM_ALIASES = {p["alias"]: p["name"] for p in PARAM_INFO.values() if p["alias"]}
+_PARAM_ALIASES["lambda_"] = "lambda"
 
 
 def _number(v):
@@ -118,14 +120,12 @@ def _split_flags(flags) -> List[str]:
 
 
 def _expand(params) -> List[str]:
+    """The names of a parameter list (a str "a,b,F(1,2,3)" or a sequence of str); the library expands groups and
+    aliases, and drops repeats."""
     if isinstance(params, str):
-        params = params.replace(",", " ").split()
-    out = []
-    for p in params:
-        for q in GROUPS.get(p, (p,)):
-            if q not in out:
-                out.append(q)
-    return out
+        # commas or spaces separate names, except inside F(h,k,l)'s parentheses
+        return re.findall(r"[^,\s(]+(?:\([^)]*\))?", params)
+    return list(params)
 
 
 class Experiment(_nbgrad.Experiment):
@@ -219,7 +219,7 @@ class Experiment(_nbgrad.Experiment):
             object.__setattr__(self, name, value)
 
     def __dir__(self):
-        return sorted(set(super().__dir__()) | set(PARAMS) | {"wavelength"})
+        return sorted(set(super().__dir__()) | set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}))
 
     def __reduce__(self):
         raise TypeError("an Experiment is not picklable (it owns C memory); rebuild it from its flags")
@@ -235,7 +235,8 @@ class Experiment(_nbgrad.Experiment):
 
 class Gradient(dict):
     """{parameter name: dL/dtheta} ("F": dL/dF per table entry, an array of the table's shape, or a float
-    without a table), with the image rendered on the way (``.image``) and the loss (``.loss``, loss_grad)."""
+    without a table; "g3.shift_x" a panel motion, "F(h,k,l)" one table entry), with the image rendered on the
+    way (``.image``) and the loss (``.loss``, loss_grad)."""
 
     image: np.ndarray
     loss: Optional[float] = None
@@ -248,7 +249,10 @@ def simulate(exp: Experiment, report: bool = False, out: Optional[np.ndarray] = 
 
 
 def grad(exp: Experiment, dLdI, params) -> Gradient:
-    """dL/dtheta = sum_p dLdI[p] dI[p]/dtheta for each parameter listed (names, groups, "F"), in one reverse pass.
+    """dL/dtheta = sum_p dLdI[p] dI[p]/dtheta for each parameter listed, in one reverse pass.  params: a list of
+    names or a str "a,b,c", as the program's -params: names and aliases (PARAMS, "wavelength"), groups (GROUPS:
+    "all" is every parameter free in exp), panel motions ("g3.shift_x"; "panel_shift", "panel_rot", "panels" ...
+    for every panel group), "F" (every structure factor: an array of the table's shape) and "F(h,k,l)" (one entry).
     dLdI: any array-like of shape (slow, fast), converted once to float32."""
     g, image = _nbgrad.grad(exp, dLdI, _expand(params))
     out = Gradient(g)
@@ -269,7 +273,8 @@ def loss_grad(exp: Experiment, observed, loss: str = "poisson", params=(), weigh
 
 
 def jvp(exp: Experiment, params, return_image: bool = False):
-    """Sensitivity maps dI/dtheta, float64 of shape (nparams, slow, fast), in the parameters' CLI units."""
+    """Sensitivity maps dI/dtheta, float64 of shape (nparams, slow, fast), in the parameters' CLI units, in the
+    order the names (groups expanded in place) list them (scalars and panel motions, not "F")."""
     tangents, image = _nbgrad.jvp(exp, _expand(params))
     return (tangents, image) if return_image else tangents
 
@@ -438,7 +443,7 @@ def write_cbf(path, geometry: dict, data, frame: int = 0) -> None:
 
 
 __all__ = [
-    "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "GROUPS",
+    "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "PARAM_INFO", "GROUPS",
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
     "write_pgm", "read_image", "read_expt", "write_expt", "write_nxmx", "write_cbf",

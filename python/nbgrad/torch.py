@@ -11,12 +11,16 @@ double and rounded to float32 by the library; it is returned in the parameters' 
 float64 image, for torch.autograd.gradcheck).  The computation runs on the CPU; tensors on another device are
 brought back there.
 """
+import re
+
 import numpy as np
 import torch
 
 import nbgrad
 
 __all__ = ["simulate", "Simulate"]
+
+_MOTION = re.compile(r"g[0-9]+\.(shift|rot)_[xyz]")
 
 
 def _with_values(exp, names, values):
@@ -64,12 +68,14 @@ class Simulate(torch.autograd.Function):
 
 
 def simulate(exp: "nbgrad.Experiment", params: dict) -> torch.Tensor:
-    """The image of exp with params {name: tensor} (names as nbgrad.PARAMS, and "F" for the whole table) set,
-    differentiable in every tensor given."""
-    names = tuple(params)
+    """The image of exp with params {name: tensor} (names as nbgrad.PARAMS or their aliases, panel motions such
+    as "g3.shift_x", and "F" for the whole table) set, differentiable in every tensor given."""
+    names = tuple(nbgrad._PARAM_ALIASES.get(n, n) for n in params)
     for n in names:
-        if n != "F" and n not in nbgrad.PARAMS:
-            raise ValueError(f"unknown parameter '{n}' (known: {' '.join(nbgrad.PARAMS)} F)")
+        if n != "F" and n not in nbgrad.PARAMS and not _MOTION.fullmatch(n):
+            raise ValueError(f"unknown parameter '{n}' (known: {' '.join(nbgrad.PARAMS)} g<k>.shift_x ... F)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a parameter is given twice: {', '.join(params)}")
     values = tuple(v if isinstance(v, torch.Tensor) else torch.as_tensor(v, dtype=torch.float64)
                    for v in params.values())
     return Simulate.apply(exp, names, *values)

@@ -281,8 +281,9 @@ static int exp_validate(ExperimentObject *x)
         raise_ctx(x->ctx, st);
         return 0;
     }
-    x->fpixels = r.fpixels;
-    x->spixels = r.spixels;
+    /* a detector of panels: the panels' concatenation, one row of r.npix pixels (as the program's files hold it) */
+    x->fpixels = probe.npanels > 0 ? (int)r.npix : r.fpixels;
+    x->spixels = probe.npanels > 0 ? 1 : r.spixels;
     return 1;
 }
 
@@ -404,6 +405,9 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
     y->cli.hkl.F = NULL;
     y->cli.sources = NULL;
     y->cli.mask = NULL;
+    y->cli.panels = NULL;
+    y->cli.geom_panels = NULL;
+    y->cli.motions = NULL;
     y->ready = 1;
     int fail = 0;
     if (x->cli.hkl.F != NULL) {
@@ -424,6 +428,18 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
         fail |= y->cli.mask == NULL;
         if (!fail) memcpy(y->cli.mask, x->cli.mask, n);
     }
+    if (x->cli.panels != NULL && x->cli.e.npanels > 0) {
+        y->cli.panels = malloc((size_t)x->cli.e.npanels * sizeof(nbg_panel));
+        fail |= y->cli.panels == NULL;
+        if (!fail) memcpy(y->cli.panels, x->cli.panels, (size_t)x->cli.e.npanels * sizeof(nbg_panel));
+    }
+    if (x->cli.motions != NULL && x->cli.nmotions > 0) {
+        y->cli.motions = malloc((size_t)x->cli.nmotions * sizeof(nbg_panel_motion));
+        fail |= y->cli.motions == NULL;
+        if (!fail) memcpy(y->cli.motions, x->cli.motions, (size_t)x->cli.nmotions * sizeof(nbg_panel_motion));
+    }
+    y->cli.e.panels = x->cli.e.panels == x->cli.panels ? y->cli.panels : x->cli.e.panels;
+    y->cli.e.motions = x->cli.e.motions == x->cli.motions ? y->cli.motions : x->cli.e.motions;
     y->cli.e.hkl = x->cli.e.hkl == &x->cli.hkl ? &y->cli.hkl : NULL;
     y->cli.e.sources = x->cli.e.sources != NULL ? y->cli.sources : NULL;
     y->cli.e.mask = x->cli.e.mask != NULL ? y->cli.mask : NULL;
@@ -444,7 +460,39 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
     return (PyObject *)y;
 }
 
-static int param_index(PyObject *name)
+/* The panel groups' motions: the parser keeps them in cli.motions (zero unless -motions), and gives them to the
+ * experiment only with -motions, as the program does (a zero motion still goes through the placement, which need not
+ * reproduce the unmoved panels' rounding).  A call that names a motion parameter gives them to it; motions_attach
+ * returns 1 when it did, and motions_settle takes them back after the call unless a motion is non-zero now. */
+static int motions_attach(ExperimentObject *x)
+{
+    nbg_experiment *e = &x->cli.e;
+    if (e->motions != NULL || x->cli.nmotions <= 0 || x->cli.motions == NULL) {
+        return 0;
+    }
+    e->motions = x->cli.motions;
+    e->nmotions = x->cli.nmotions;
+    return 1;
+}
+
+static void motions_settle(ExperimentObject *x, int attached)
+{
+    if (!attached) {
+        return;
+    }
+    for (int g = 0; g < x->cli.nmotions; ++g) {
+        for (int c = 0; c < 3; ++c) {
+            if (x->cli.motions[g].shift[c] != 0 || x->cli.motions[g].rot[c] != 0) {
+                return;
+            }
+        }
+    }
+    x->cli.e.motions = NULL;
+    x->cli.e.nmotions = 0;
+}
+
+/* A scalar or panel-motion parameter by name or alias ("a", "wavelength", "g3.shift_x"); -1 with an exception. */
+static int param_index(ExperimentObject *x, PyObject *name)
 {
     const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
     if (s == NULL) {
@@ -455,10 +503,8 @@ static int param_index(PyObject *name)
     int p = nbg_param_from_name(s);
     if (p < 0) {
         PyErr_Format(PyExc_ValueError, "unknown parameter '%s'", s);
-    } else if (p >= NBG_P_MOTION0) {
-        /* the bindings address parameters by mask bit; the panel motions' are not wired through them yet */
-        PyErr_Format(PyExc_ValueError, "'%s': panel-motion parameters are not available from Python yet (use the "
-                     "nbgrad program or the C library)", s);
+    } else if (p >= NBG_NPARAMS && (p - NBG_P_MOTION0) / 6 >= x->cli.nmotions) {
+        PyErr_Format(PyExc_ValueError, "'%s': the detector has %d panel groups", s, x->cli.nmotions);
         p = -1;
     }
     return p;
@@ -467,11 +513,17 @@ static int param_index(PyObject *name)
 static PyObject *Experiment_get_param(ExperimentObject *x, PyObject *name)
 {
     if (!exp_check((PyObject *)x, "get_param")) return NULL;
-    int p = param_index(name);
+    int p = param_index(x, name);
     if (p < 0) return NULL;
-    double v;
+    double v = NAN;
     exp_lock(x);
-    nbg_param_get(&x->cli.e, (nbg_param)p, &v);
+    /* a motion reads the parser's list, given to the experiment or not */
+    nbg_experiment probe = x->cli.e;
+    if (p >= NBG_NPARAMS) {
+        probe.motions = x->cli.motions;
+        probe.nmotions = x->cli.nmotions;
+    }
+    nbg_param_get(&probe, (nbg_param)p, &v);
     /* a cell length or angle left unset (NAN) takes a's value or 90 deg, as the library reads it */
     if (isnan(v) && p >= NBG_P_B && p <= NBG_P_C) v = x->cli.e.cell[0];
     if (isnan(v) && p >= NBG_P_ALPHA && p <= NBG_P_GAMMA) v = 90;
@@ -485,11 +537,12 @@ static PyObject *Experiment_set_param(ExperimentObject *x, PyObject *args)
     double v;
     if (!PyArg_ParseTuple(args, "Od:set_param", &name, &v)) return NULL;
     if (!exp_check((PyObject *)x, "set_param")) return NULL;
-    int p = param_index(name);
+    int p = param_index(x, name);
     if (p < 0) return NULL;
+    char lab[64];
     if (!nbg_param_in_bounds((nbg_param)p, v)) {
         return PyErr_Format(PyExc_ValueError, "%s = %R is out of range (see nbg_param_in_bounds)",
-                            nbg_param_name((nbg_param)p), PyTuple_GET_ITEM(args, 1));
+                            nbg_param_label(NULL, (nbg_param)p, lab, sizeof lab), PyTuple_GET_ITEM(args, 1));
     }
     exp_lock(x);
     /* a cell given as "a" alone has NAN b and c; setting one of them must not silently move the others */
@@ -498,7 +551,9 @@ static PyObject *Experiment_set_param(ExperimentObject *x, PyObject *args)
             if (isnan(x->cli.e.cell[i])) x->cli.e.cell[i] = i < 3 ? x->cli.e.cell[0] : 90;
         }
     }
+    const int attached = p >= NBG_NPARAMS ? motions_attach(x) : 0;
     nbg_param_set(&x->cli.e, (nbg_param)p, v);
+    motions_settle(x, attached);
     exp_unlock(x);
     Py_RETURN_NONE;
 }
@@ -990,66 +1045,129 @@ static PyObject *py_time_simulate(PyObject *self, PyObject *args)
     return out;
 }
 
-/* A list of parameter names into a mask and an order; "F" sets *want_F. */
-static int parse_params(PyObject *list, nbg_param_mask *mask, nbg_param *order, int *n, int *want_F)
+/* Parameter names, a str or a sequence of str (joined with commas), parsed for x's experiment by the library
+ * (nbg_params_parse with flags: names, aliases, groups, "all", "g3.shift_x", "panel_shift", "F", "F(h,k,l)") into
+ * *ids (malloc'd, the caller frees it) and *n, in the order given, without repeats; *want_F is set when the word "F"
+ * (every structure factor) is among them.  Call with x's lock held; *attached as motions_attach says (the motions
+ * stay given to the experiment only when a motion parameter is named; motions_settle after the call).  0 with an
+ * exception on failure. */
+static int parse_params(ExperimentObject *x, PyObject *list, int flags, nbg_param **ids, int *n, int *want_F,
+                        int *attached)
 {
-    PyObject *fast = PySequence_Fast(list, "params must be a sequence of parameter names");
-    if (fast == NULL) return 0;
-    *mask = 0;
+    *ids = NULL;
     *n = 0;
     *want_F = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
-        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
-        if (PyUnicode_Check(item) && PyUnicode_CompareWithASCIIString(item, "F") == 0) {
-            *want_F = 1;
-            continue;
+    *attached = 0;
+    PyObject *joined = NULL;
+    if (PyUnicode_Check(list)) {
+        joined = Py_NewRef(list);
+    } else {
+        PyObject *fast = PySequence_Fast(list, "params must be a sequence of parameter names");
+        if (fast == NULL) return 0;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+            PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+            if (!PyUnicode_Check(item)) {
+                PyErr_Format(PyExc_TypeError, "a parameter name must be a str, got %.100s", Py_TYPE(item)->tp_name);
+                Py_DECREF(fast);
+                return 0;
+            }
         }
-        int p = param_index(item);
-        if (p < 0) {
-            Py_DECREF(fast);
-            return 0;
-        }
-        if (*mask & NBG_MASK(p)) {
-            Py_DECREF(fast);
-            PyErr_Format(PyExc_ValueError, "parameter '%s' is listed twice", nbg_param_name((nbg_param)p));
-            return 0;
-        }
-        *mask |= NBG_MASK(p);
-        if (order != NULL) order[*n] = (nbg_param)p;
-        ++*n;
+        PyObject *sep = PyUnicode_FromString(",");
+        if (sep != NULL) joined = PyUnicode_Join(sep, fast);
+        Py_XDECREF(sep);
+        Py_DECREF(fast);
+        if (joined == NULL) return 0;
     }
-    Py_DECREF(fast);
+    const char *s = PyUnicode_AsUTF8(joined);
+    if (s == NULL) {
+        Py_DECREF(joined);
+        return 0;
+    }
+    /* the word "F" alone (outside the parentheses of "F(h,k,l)"), spaces around it allowed */
+    for (const char *p = s; *p != '\0';) {
+        while (*p == ',' || *p == ' ' || *p == '\t') ++p;
+        const char *w = p;
+        int depth = 0;
+        while (*p != '\0' && (depth > 0 || *p != ',')) {
+            depth += *p == '(' ? 1 : *p == ')' ? -1 : 0;
+            ++p;
+        }
+        const char *end = p;
+        while (end > w && (end[-1] == ' ' || end[-1] == '\t')) --end;
+        if (end - w == 1 && *w == 'F') *want_F = 1;
+    }
+    int empty = 1;
+    for (const char *p = s; *p != '\0'; ++p) {
+        if (*p != ',' && *p != ' ' && *p != '\t') empty = 0;
+    }
+    if (empty) {
+        Py_DECREF(joined);
+        return 1;
+    }
+    *attached = motions_attach(x);
+    int st = nbg_params_parse(x->ctx, &x->cli.e, s, flags, ids, n);
+    Py_DECREF(joined);
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+        motions_settle(x, *attached);
+        *attached = 0;
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+        return 0;
+    }
+    int motion = 0;
+    for (int j = 0; j < *n; ++j) {
+        motion |= (*ids)[j] >= NBG_P_MOTION0 && (*ids)[j] < NBG_P_F_ALL;
+    }
+    if (!motion) {
+        motions_settle(x, *attached);
+        *attached = 0;
+    }
     return 1;
 }
 
-/* The dF buffer for NBG_MASK_F: a (nh, nk, nl) array with a table, a 1-element one without. */
-static PyArrayObject *new_dF(const ExperimentObject *x)
+/* A parameter's name as the results key it ("a", "g3.shift_x", "F(1,2,3)"; "F" for the directional check). */
+static PyObject *param_label(const ExperimentObject *x, nbg_param p)
 {
-    const nbg_hkl *h = x->cli.e.hkl;
-    if (h == NULL) {
-        npy_intp one = 1;
-        return (PyArrayObject *)PyArray_ZEROS(1, &one, NPY_FLOAT64, 0);
-    }
-    npy_intp dims[3] = {h->h_max - h->h_min + 1, h->k_max - h->k_min + 1, h->l_max - h->l_min + 1};
-    return (PyArrayObject *)PyArray_ZEROS(3, dims, NPY_FLOAT64, 0);
+    char lab[96];
+    if (p == NBG_P_F_ALL) return PyUnicode_FromString("F");
+    return PyUnicode_FromString(nbg_param_label(&x->cli.e, p, lab, sizeof lab));
 }
 
-/* {name: dL/dtheta} (and "F": the table's gradient, or dL/d(default_F) as a float without a table) */
-static PyObject *grad_dict(const nbg_grad *g, nbg_param_mask mask, PyArrayObject *dF, int table)
+/* {name: dL/dtheta} for the parameters listed, in their order; with want_F the structure factors under "F": an
+ * array of the table's shape (nh, nk, nl) (entries not listed 0), or dL/d(default_F) as a float without a table. */
+static PyObject *grad_dict(const ExperimentObject *x, const nbg_param *ids, int n, const double *g, int want_F)
 {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
-    for (int p = 0; p < NBG_NPARAMS; ++p) {
-        if (mask & NBG_MASK(p)) SET(d, nbg_param_name((nbg_param)p), PyFloat_FromDouble(g->g[p]));
-    }
-    if (dF != NULL) {
-        if (table) {
-            SET(d, "F", Py_NewRef((PyObject *)dF));
-        } else {
-            SET(d, "F", PyFloat_FromDouble(((double *)PyArray_DATA(dF))[0]));
+    const nbg_hkl *h = x->cli.e.hkl;
+    PyArrayObject *dF = NULL;
+    for (int j = 0; j < n; ++j) {
+        PyObject *key = NULL, *val = NULL;
+        if (want_F && ids[j] >= NBG_P_F0 && h != NULL) {
+            if (dF == NULL) {
+                npy_intp dims[3] = {h->h_max - h->h_min + 1, h->k_max - h->k_min + 1, h->l_max - h->l_min + 1};
+                dF = (PyArrayObject *)PyArray_ZEROS(3, dims, NPY_FLOAT64, 0);
+                if (dF == NULL || PyDict_SetItemString(d, "F", (PyObject *)dF) < 0) goto fail;
+            }
+            const npy_intp i = ids[j] - NBG_P_F0;
+            if (i < PyArray_SIZE(dF)) ((double *)PyArray_DATA(dF))[i] = g[j];
+            continue;
         }
+        key = want_F && ids[j] >= NBG_P_F0 ? PyUnicode_FromString("F") : param_label(x, ids[j]);
+        val = PyFloat_FromDouble(g[j]);
+        const int bad = key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (bad) goto fail;
     }
+    Py_XDECREF(dF);
     return d;
+fail:
+    Py_XDECREF(dF);
+    Py_DECREF(d);
+    return NULL;
 }
 
 /* grad(exp, dLdI, params) -> (dict, image) */
@@ -1059,37 +1177,38 @@ static PyObject *py_grad(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO:grad", &o, &dobj, &plist)) return NULL;
     if (!exp_check(o, "grad")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    nbg_param_mask mask;
-    int n, want_F;
-    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
     const size_t npix = (size_t)x->fpixels * x->spixels;
     PyArrayObject *dLdI = as_image(dobj, "dLdI", NPY_FLOAT32, x->spixels, x->fpixels, npix);
     if (dLdI == NULL) return NULL;
-    PyArrayObject *img = new_image(x), *dF = want_F ? new_dF(x) : NULL;
+    PyArrayObject *img = NULL;
     PyObject *out = NULL;
-    if (img == NULL || (want_F && dF == NULL)) goto done;
-    nbg_grad g = {{0}, NULL, 0};
-    if (dF != NULL) {
-        mask |= NBG_MASK_F;
-        g.dF = PyArray_DATA(dF);
-        g.ndF = (size_t)PyArray_SIZE(dF);
+    nbg_param *ids = NULL;
+    double *g = NULL;
+    int n, want_F, attached;
+    exp_lock(x);
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
+    img = new_image(x);
+    g = calloc(n > 0 ? (size_t)n : 1, sizeof *g);
+    if (img == NULL || g == NULL) {
+        if (g == NULL) PyErr_NoMemory();
+        goto done;
     }
     int st;
-    exp_lock(x);
-    const int table = x->cli.e.hkl != NULL;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_simulate_grad(x->ctx, &x->cli.e, PyArray_DATA(dLdI), mask, &g, PyArray_DATA(img), npix, NULL);
+    st = nbg_simulate_grad(x->ctx, &x->cli.e, PyArray_DATA(dLdI), ids, n, g, PyArray_DATA(img), npix, NULL);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
     } else {
-        out = Py_BuildValue("(NO)", grad_dict(&g, mask, dF, table), img);
+        out = Py_BuildValue("(NO)", grad_dict(x, ids, n, g, want_F), img);
     }
-    exp_unlock(x);
 done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
+    free(g);
     Py_DECREF(dLdI);
     Py_XDECREF(img);
-    Py_XDECREF(dF);
     return out;
 }
 
@@ -1101,9 +1220,6 @@ static PyObject *py_loss_grad(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOiO:loss_grad", &o, &oobj, &wobj, &loss, &plist)) return NULL;
     if (!exp_check(o, "loss_grad")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    nbg_param_mask mask;
-    int n, want_F;
-    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
     const size_t npix = (size_t)x->fpixels * x->spixels;
     PyArrayObject *obs = as_image(oobj, "observed", NPY_FLOAT32, x->spixels, x->fpixels, npix), *w = NULL;
     if (obs == NULL) return NULL;
@@ -1111,34 +1227,38 @@ static PyObject *py_loss_grad(PyObject *self, PyObject *args)
         Py_DECREF(obs);
         return NULL;
     }
-    PyArrayObject *img = new_image(x), *dF = want_F ? new_dF(x) : NULL;
+    PyArrayObject *img = NULL;
     PyObject *out = NULL;
-    if (img == NULL || (want_F && dF == NULL)) goto done;
-    nbg_grad g = {{0}, NULL, 0};
-    if (dF != NULL) {
-        mask |= NBG_MASK_F;
-        g.dF = PyArray_DATA(dF);
-        g.ndF = (size_t)PyArray_SIZE(dF);
+    nbg_param *ids = NULL;
+    double *g = NULL;
+    int n, want_F, attached;
+    exp_lock(x);
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
+    img = new_image(x);
+    g = calloc(n > 0 ? (size_t)n : 1, sizeof *g);
+    if (img == NULL || g == NULL) {
+        if (g == NULL) PyErr_NoMemory();
+        goto done;
     }
     double L = 0;
     int st;
-    exp_lock(x);
-    const int table = x->cli.e.hkl != NULL;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_loss_grad(x->ctx, &x->cli.e, (nbg_loss)loss, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, mask,
-                       &L, &g, PyArray_DATA(img), npix);
+    st = nbg_loss_grad(x->ctx, &x->cli.e, (nbg_loss)loss, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, ids,
+                       n, &L, g, PyArray_DATA(img), npix);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
     } else {
-        out = Py_BuildValue("(dNO)", L, grad_dict(&g, mask, dF, table), img);
+        out = Py_BuildValue("(dNO)", L, grad_dict(x, ids, n, g, want_F), img);
     }
-    exp_unlock(x);
 done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
+    free(g);
     Py_DECREF(obs);
     Py_XDECREF(w);
     Py_XDECREF(img);
-    Py_XDECREF(dF);
     return out;
 }
 
@@ -1149,23 +1269,24 @@ static PyObject *py_jvp(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO:jvp", &o, &plist)) return NULL;
     if (!exp_check(o, "jvp")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    nbg_param order[NBG_NPARAMS];
-    nbg_param_mask mask;
-    int n = 0, want_F;
-    /* jvp keeps the caller's order (tangent j is params[j]); repeated names are refused by parse_params */
-    if (!parse_params(plist, &mask, order, &n, &want_F)) return NULL;
+    PyArrayObject *tan = NULL, *img = NULL;
+    PyObject *out = NULL;
+    nbg_param *ids = NULL;
+    int n, want_F, attached;
+    exp_lock(x);
+    /* tangent j is the j-th parameter named (groups expanded in place) */
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
     if (want_F) {
         PyErr_SetString(PyExc_ValueError, "jvp: 'F' has no single tangent (use grad for the table)");
-        return NULL;
+        goto done;
     }
     npy_intp dims[3] = {n, x->spixels, x->fpixels};
-    PyArrayObject *tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64), *img = new_image(x);
-    PyObject *out = NULL;
+    tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
+    img = new_image(x);
     if (tan != NULL && img != NULL) {
         int st;
-        exp_lock(x);
         Py_BEGIN_ALLOW_THREADS
-        st = nbg_simulate_jvp(x->ctx, &x->cli.e, order, n, PyArray_DATA(tan), PyArray_DATA(img),
+        st = nbg_simulate_jvp(x->ctx, &x->cli.e, ids, n, PyArray_DATA(tan), PyArray_DATA(img),
                               (size_t)x->fpixels * x->spixels);
         Py_END_ALLOW_THREADS
         if (st != NBG_OK) {
@@ -1173,8 +1294,11 @@ static PyObject *py_jvp(PyObject *self, PyObject *args)
         } else {
             out = Py_BuildValue("(OO)", tan, img);
         }
-        exp_unlock(x);
     }
+done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
     Py_XDECREF(tan);
     Py_XDECREF(img);
     return out;
@@ -1212,14 +1336,6 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
         return NULL;
     if (!exp_check(o, "refine")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    nbg_param order[NBG_NPARAMS];
-    nbg_param_mask mask;
-    int n, want_F;
-    if (!parse_params(plist, &mask, order, &n, &want_F)) return NULL;
-    if (want_F || n == 0) {
-        PyErr_SetString(PyExc_ValueError, "refine: list one or more parameters (not 'F')");
-        return NULL;
-    }
     const size_t npix = (size_t)x->fpixels * x->spixels;
     PyArrayObject *obs = as_image(oobj, "observed", NPY_FLOAT32, x->spixels, x->fpixels, npix), *w = NULL;
     if (obs == NULL) return NULL;
@@ -1239,57 +1355,65 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
         opt.progress = refine_progress;
         opt.user = &pc;
     }
-    nbg_refine_result *res = calloc(1, sizeof *res);
-    PyObject *out = NULL;
-    if (res == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int st;
+    nbg_refine_result res;
+    memset(&res, 0, sizeof res);
+    PyObject *out = NULL, *names = NULL;
+    nbg_param *ids = NULL;
+    int n, want_F, attached, st = NBG_OK;
     exp_lock(x);
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto unlock;
+    if (want_F || n == 0) {
+        PyErr_SetString(PyExc_ValueError, "refine: list one or more parameters (not 'F')");
+        goto unlock;
+    }
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_refine(x->ctx, &x->cli.e, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, npix, order, n, &opt,
-                    res);
+    st = nbg_refine(x->ctx, &x->cli.e, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, npix, ids, n, &opt,
+                    &res);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
-        exp_unlock(x);
-        goto done;
+        goto unlock;
     }
+    /* the names while the experiment is held (a structure factor's Miller indices are its table's) */
+    names = PyList_New(res.nparams);
+    for (int j = 0; names != NULL && j < res.nparams; ++j) {
+        PyObject *s = param_label(x, res.params[j]);
+        if (s == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyList_SET_ITEM(names, j, s);
+    }
+unlock:
+    motions_settle(x, attached);
     exp_unlock(x);
+    if (st != NBG_OK || names == NULL) goto done;
     if (pc.exc_type != NULL) {
         PyErr_Restore(pc.exc_type, pc.exc_value, pc.exc_tb); /* steals the three references */
         pc.exc_type = pc.exc_value = pc.exc_tb = NULL;
         goto done;
     }
-    PyObject *names = PyList_New(res->nparams);
-    npy_intp dims[2] = {res->nparams, res->nparams};
+    npy_intp dims[2] = {res.nparams, res.nparams};
     PyArrayObject *corr = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT64);
-    if (names == NULL || corr == NULL) {
-        Py_XDECREF(names);
-        Py_XDECREF(corr);
-        goto done;
-    }
-    for (int j = 0; j < res->nparams; ++j) {
-        PyList_SET_ITEM(names, j, PyUnicode_FromString(nbg_param_name(res->params[j])));
-    }
-    memcpy(PyArray_DATA(corr), res->corr, (size_t)res->nparams * res->nparams * sizeof(double));
-    out = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:d,s:d,s:i,s:O}", "params", names, "start",
-                        vec(res->start, res->nparams),
-                        "value", vec(res->value, res->nparams), "sigma", vec(res->sigma, res->nparams), "corr", corr,
-                        "start_loss", res->start_loss, "loss", res->loss, "iterations", res->iterations, "converged",
-                        res->converged ? Py_True : Py_False);
+    if (corr == NULL) goto done;
+    memcpy(PyArray_DATA(corr), res.corr, (size_t)res.nparams * res.nparams * sizeof(double));
+    out = Py_BuildValue("{s:O,s:N,s:N,s:N,s:N,s:d,s:d,s:i,s:O}", "params", names, "start", vec(res.start, res.nparams),
+                        "value", vec(res.value, res.nparams), "sigma", vec(res.sigma, res.nparams), "corr", corr,
+                        "start_loss", res.start_loss, "loss", res.loss, "iterations", res.iterations, "converged",
+                        res.converged ? Py_True : Py_False);
 done:
+    Py_XDECREF(names);
     Py_XDECREF(pc.exc_type);
     Py_XDECREF(pc.exc_value);
     Py_XDECREF(pc.exc_tb);
-    free(res);
+    nbg_refine_result_free(&res);
+    free(ids);
     Py_DECREF(obs);
     Py_XDECREF(w);
     return out;
 }
 
-/* gradcheck(exp, params, rtol, h_scale) -> list of dicts */
+/* gradcheck(exp, params, rtol, h_scale) -> list of dicts ("F": the structure factors along one direction) */
 static PyObject *py_gradcheck(PyObject *self, PyObject *args)
 {
     PyObject *o, *plist;
@@ -1297,34 +1421,45 @@ static PyObject *py_gradcheck(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOdd:gradcheck", &o, &plist, &rtol, &hscale)) return NULL;
     if (!exp_check(o, "gradcheck")) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
-    nbg_param_mask mask;
-    int n, want_F, nres = 0;
-    if (!parse_params(plist, &mask, NULL, &n, &want_F)) return NULL;
-    if (want_F) mask |= NBG_MASK_F;
-    nbg_gradcheck_result res[NBG_NPARAMS + 1];
-    int st;
+    nbg_param *ids = NULL;
+    nbg_gradcheck_result *res = NULL;
+    PyObject *out = NULL;
+    int n, want_F, attached;
     exp_lock(x);
+    if (!parse_params(x, plist, NBG_PARSE_F_ALL, &ids, &n, &want_F, &attached)) goto done;
+    res = calloc(n > 0 ? (size_t)n : 1, sizeof *res);
+    if (res == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int st;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_gradcheck(x->ctx, &x->cli.e, mask, rtol, hscale, res, NBG_NPARAMS + 1, &nres);
+    st = nbg_gradcheck(x->ctx, &x->cli.e, ids, n, rtol, hscale, res);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
-        exp_unlock(x);
-        return NULL;
+        goto done;
     }
-    exp_unlock(x);
-    PyObject *out = PyList_New(nres);
-    for (int i = 0; out != NULL && i < nres; ++i) {
-        PyObject *d = Py_BuildValue("{s:s,s:d,s:d,s:d,s:d,s:d,s:l,s:O,s:s}", "param", nbg_param_name(res[i].param),
-                                    "adjoint", res[i].adjoint, "numeric", res[i].numeric, "relerr", res[i].relerr,
-                                    "step", res[i].step, "order", res[i].order, "excluded", res[i].excluded,
-                                    "passed", res[i].pass ? Py_True : Py_False, "reason", res[i].reason);
+    out = PyList_New(n);
+    for (int i = 0; out != NULL && i < n; ++i) {
+        PyObject *name = param_label(x, res[i].param);
+        PyObject *d = name == NULL ? NULL
+                                   : Py_BuildValue("{s:N,s:d,s:d,s:d,s:d,s:d,s:l,s:O,s:s}", "param", name, "adjoint",
+                                                   res[i].adjoint, "numeric", res[i].numeric, "relerr", res[i].relerr,
+                                                   "step", res[i].step, "order", res[i].order, "excluded",
+                                                   res[i].excluded, "passed", res[i].pass ? Py_True : Py_False,
+                                                   "reason", res[i].reason);
         if (d == NULL) {
             Py_CLEAR(out);
             break;
         }
         PyList_SET_ITEM(out, i, d);
     }
+done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
+    free(res);
     return out;
 }
 
@@ -1753,6 +1888,44 @@ static PyObject *py_flag_names(PyObject *self, PyObject *unused)
     return l;
 }
 
+/* The table of scalar parameters (nbg_param_info), ids 0 .. NBG_NPARAMS-1: a list of dicts. */
+static PyObject *py_param_info(PyObject *self, PyObject *unused)
+{
+    PyObject *l = PyList_New(NBG_NPARAMS);
+    for (int p = 0; l != NULL && p < NBG_NPARAMS; ++p) {
+        nbg_param_info in;
+        if (nbg_param_info_get((nbg_param)p, &in) != NBG_OK) {
+            Py_DECREF(l);
+            return PyErr_Format(PyExc_RuntimeError, "nbg_param_info_get(%d) failed", p);
+        }
+        PyObject *groups = PyUnicode_FromString(in.groups), *gl = NULL, *d = NULL;
+        if (groups != NULL) gl = PyUnicode_Split(groups, NULL, -1);
+        Py_XDECREF(groups);
+        if (gl != NULL) {
+            d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:N,s:s,s:d,s:d,s:O,s:d,s:d}", "name", in.name, "alias", in.alias,
+                              "unit", in.unit, "flag", in.flag, "groups", gl, "help", in.help, "lo", in.lo, "hi",
+                              in.hi, "optional", in.optional ? Py_True : Py_False, "bound_lo", in.bound_lo,
+                              "bound_hi", in.bound_hi);
+        }
+        if (d == NULL) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, p, d);
+    }
+    return l;
+}
+
+/* The parameter groups a list may name (nbg_param_groups): a list of str. */
+static PyObject *py_param_groups(PyObject *self, PyObject *unused)
+{
+    PyObject *s = PyUnicode_FromString(nbg_param_groups());
+    if (s == NULL) return NULL;
+    PyObject *l = PyUnicode_Split(s, NULL, -1);
+    Py_DECREF(s);
+    return l;
+}
+
 static PyObject *py_param_names(PyObject *self, PyObject *unused)
 {
     PyObject *l = PyList_New(NBG_NPARAMS);
@@ -1786,6 +1959,8 @@ static PyMethodDef module_methods[] = {
     {"write_cbf", py_write_cbf, METH_VARARGS, "write_cbf(path, geometry, data, frame=0)"},
     {"flag_names", py_flag_names, METH_NOARGS, "every flag name the parser accepts"},
     {"param_names", py_param_names, METH_NOARGS, "the differentiable parameters' names"},
+    {"param_info", py_param_info, METH_NOARGS, "the table of scalar parameters (nbg_param_info): a list of dicts"},
+    {"param_groups", py_param_groups, METH_NOARGS, "the parameter groups a list may name (nbg_param_groups)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad._nbgrad", "libnbgrad's calls.", -1,

@@ -20,15 +20,20 @@ if ! $PY -c 'import numpy, pytest' >/dev/null 2>&1; then
     echo "installing numpy and pytest for $PY"
     $PY -m pip install -q numpy pytest || fail "could not install numpy and pytest"
 fi
-LIB=$ROOT/$B/py/lib
-(cd python && NBGRAD_BUILD=$B/py $PY setup.py -q build_py -d "$LIB" build_ext -b "$LIB" -t "$ROOT/$B/py/tmp") ||
+# BUILD_DIR relative to the repository, or absolute
+case $B in
+/*) BD=$B ;;
+*) BD=$ROOT/$B ;;
+esac
+LIB=$BD/py/lib
+(cd python && NBGRAD_BUILD=$B/py $PY setup.py -q build_py -d "$LIB" build_ext -b "$LIB" -t "$BD/py/tmp") ||
     fail "the package did not build"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-pytest.XXXXXX") || fail "no temporary directory"
 trap 'rm -rf "$TMP"' EXIT
 # the program the tests compare with: the one make built in this build directory unless NBG_BIN says otherwise;
 # the exit status goes through a file (a pipeline loses it)
-{ NBG_BIN=${NBG_BIN:-$ROOT/$B/nbgrad} PYTHONPATH=$LIB${PYTHONPATH:+:$PYTHONPATH} \
+{ NBG_BIN=${NBG_BIN:-$BD/nbgrad} PYTHONPATH=$LIB${PYTHONPATH:+:$PYTHONPATH} \
     $PY -m pytest -q -rs -p no:cacheprovider python/tests 2>&1; echo $? > "$TMP/rc"; } | tee "$TMP/out"
 rc=$(cat "$TMP/rc" 2>/dev/null)
 [ -n "$rc" ] || rc=255

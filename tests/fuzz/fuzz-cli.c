@@ -143,7 +143,8 @@ static void run(int argc, char **argv)
     nbgi_cli_init(&c);
     nbg_ctx *ctx = NULL;
     float *img = NULL, *dLdI = NULL;
-    double *dF = NULL;
+    nbg_param *ids = NULL;
+    double *grad = NULL;
     NBG_FUZZ_CHECK(nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) == NBG_OK, "no CPU context");
     const int parsed = nbgi_cli_parse(ctx, &c, argc, argv, 1);
     nbg_ctx_destroy(ctx);
@@ -212,48 +213,54 @@ static void run(int argc, char **argv)
     for (size_t i = 0; i < npix; ++i) {
         dLdI[i] = 1.0f;
     }
-    nbg_grad g;
-    memset(&g, 0, sizeof g);
     /* every parameter the documented restrictions of nbg_simulate_grad allow for this experiment */
     const nbg_experiment *e = &c.e;
-    nbg_param_mask mask = NBG_MASK_ALL;
+    int skip[NBG_NPARAMS] = {0};
     if (!(e->mosaic > 0 && r.mosaic_domains > 1)) {
-        mask &= ~NBG_MASK(NBG_P_MOSAIC);
+        skip[NBG_P_MOSAIC] = 1;
     }
     if (!e->has_cell) {
-        mask &= ~(NBG_MASK(NBG_P_A) | NBG_MASK(NBG_P_B) | NBG_MASK(NBG_P_C) | NBG_MASK(NBG_P_ALPHA) |
-                  NBG_MASK(NBG_P_BETA) | NBG_MASK(NBG_P_GAMMA));
+        for (int p = NBG_P_A; p <= NBG_P_GAMMA; ++p) skip[p] = 1;
     }
     if (e->misset_random) {
-        mask &= ~(NBG_MASK(NBG_P_ROTX) | NBG_MASK(NBG_P_ROTY) | NBG_MASK(NBG_P_ROTZ));
+        skip[NBG_P_ROTX] = skip[NBG_P_ROTY] = skip[NBG_P_ROTZ] = 1;
     }
     if (e->sample_x > 0 || e->sample_y > 0 || e->sample_z > 0) {
-        mask &= ~(NBG_MASK(NBG_P_NA) | NBG_MASK(NBG_P_NB) | NBG_MASK(NBG_P_NC));
+        skip[NBG_P_NA] = skip[NBG_P_NB] = skip[NBG_P_NC] = 1;
     }
     if (e->flux > 0) {
-        mask &= ~NBG_MASK(NBG_P_FLUENCE);
+        skip[NBG_P_FLUENCE] = 1;
     }
     size_t ndF = 1;
     if (c.e.hkl != NULL) {
         const nbg_hkl *t = c.e.hkl;
         ndF = (size_t)(t->h_max - t->h_min + 1) * (size_t)(t->k_max - t->k_min + 1) * (size_t)(t->l_max - t->l_min + 1);
     }
-    if (ndF <= 4096) {
-        dF = calloc(ndF, sizeof *dF);
-        if (dF == NULL) {
-            abort();
-        }
-        g.dF = dF;
-        g.ndF = ndF;
-        mask |= NBG_MASK_F;
+    if (ndF > 4096) {
+        ndF = 0; /* the structure factors only when the table is small */
     }
-    if (nbg_simulate_grad(ctx, &c.e, dLdI, mask, &g, img, npix, NULL) == NBG_OK) {
+    ids = malloc(sizeof *ids * (NBG_NPARAMS + ndF + 1));
+    grad = malloc(sizeof *grad * (NBG_NPARAMS + ndF + 1));
+    if (ids == NULL || grad == NULL) {
+        abort();
+    }
+    int nids = 0;
+    for (int p = 0; p < NBG_NPARAMS; ++p) {
+        if (!skip[p]) {
+            ids[nids++] = (nbg_param)p;
+        }
+    }
+    for (size_t i = 0; i < ndF; ++i) {
+        ids[nids++] = NBG_P_F(i);
+    }
+    if (nbg_simulate_grad(ctx, &c.e, dLdI, ids, nids, grad, img, npix, NULL) == NBG_OK) {
         stage("simulated and differentiated", NULL);
     } else {
         stage("simulated; refused by nbg_simulate_grad", ctx);
     }
 done:
-    free(dF);
+    free(ids);
+    free(grad);
     free(dLdI);
     free(img);
     nbgi_cli_free(&c);
