@@ -175,7 +175,7 @@ $(B)/tests/test-cuda-emu: $(B)/emu/tests/test-cuda.o $(B)/emu/src/cli.o $(B)/emu
 # the emulator's own test: it catches a missing barrier and a divergent one
 $(B)/tests/test-cudaemu: tests/test-cudaemu.cc tests/cudaemu/cuda_runtime.h tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -Wno-unused-parameter -DNBG_CUDA_EMU -Itests/cudaemu -Itests $< -o $@
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Wno-unused-parameter -DNBG_CUDA_EMU -Itests/cudaemu -Itests -Iinclude $< -o $@
 
 $(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
