@@ -468,13 +468,14 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
         return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
     }
     int rc = gauss_newton(ws, &L, g, H);
-    free(g);
     if (rc != NBG_OK) {
+        free(g);
         return rc;
     }
     for (int j = 0; j < n; ++j) {
         ws->scale[j] = H[j * n + j] > 0 ? 1 / sqrt(H[j * n + j]) : 1;
     }
+    free(g);
     gsl_set_error_handler_off();
     gsl_multimin_function_fdf fn = {bfgs_f, bfgs_df, bfgs_fdf, (size_t)n, ws};
     gsl_vector *u = gsl_vector_alloc((size_t)n);
@@ -569,6 +570,166 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         }
     }
     free(g);
+    return NBG_OK;
+}
+
+/* The k-th smallest (0-based) of v[0..n), n > k (v reordered): quickselect with a median-of-three pivot and a
+ * three-way partition (images hold many equal values). */
+static double kth(double *v, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n; /* k is in [lo, hi) */
+    while (hi - lo > 1) {
+        const double a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi - 1];
+        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
+        size_t lt = lo, i = lo, gt = hi; /* [lo, lt) < pivot, [lt, i) == pivot, [gt, hi) > pivot */
+        while (i < gt) {
+            const double x = v[i];
+            if (x < pivot) {
+                v[i++] = v[lt];
+                v[lt++] = x;
+            } else if (x > pivot) {
+                v[i] = v[--gt];
+                v[gt] = x;
+            } else {
+                ++i;
+            }
+        }
+        if (k < lt) {
+            hi = lt;
+        } else if (k >= gt) {
+            lo = gt;
+        } else {
+            return pivot;
+        }
+    }
+    return v[lo];
+}
+
+/* The Poisson deviance of one count k at mean mu, 2 (k log(k / mu) - (k - mu)). */
+static double deviance1(double k, double mu)
+{
+    return 2 * ((k > 0 ? k * log(k / mu) : 0) - (k - mu));
+}
+
+/* The mean and variance of deviance1(k, mu) for k ~ Poisson(mu), tabulated on a logarithmic grid of mu (below
+ * DEV_MU_MAX by summing over k; above it the asymptotic 1 + 1/(6 mu) and 2 + c / mu, c matched at the end). */
+#define DEV_GRID 480
+#define DEV_MU_MIN 1e-9
+#define DEV_MU_MAX 1000.0
+typedef struct {
+    double E[DEV_GRID], V[DEV_GRID], cV;
+} dev_table;
+
+static void dev_table_fill(dev_table *t)
+{
+    for (int g = 0; g < DEV_GRID; ++g) {
+        const double mu = DEV_MU_MIN * pow(DEV_MU_MAX / DEV_MU_MIN, (double)g / (DEV_GRID - 1));
+        const double kmax = mu + 14 * sqrt(mu) + 30;
+        double p = exp(-mu), e = 0, e2 = 0;
+        for (double k = 0; k <= kmax; ++k) {
+            const double d = deviance1(k, mu);
+            e += p * d;
+            e2 += p * d * d;
+            p *= mu / (k + 1);
+        }
+        t->E[g] = e;
+        t->V[g] = fmax(e2 - e * e, 0);
+    }
+    t->cV = (t->V[DEV_GRID - 1] - 2) * DEV_MU_MAX;
+}
+
+static void dev_moments(const dev_table *t, double mu, double *E, double *V)
+{
+    if (mu >= DEV_MU_MAX) {
+        *E = 1 + 1 / (6 * mu);
+        *V = 2 + t->cV / mu;
+        return;
+    }
+    if (mu <= DEV_MU_MIN) {
+        *E = *V = 0;
+        return;
+    }
+    const double x = log(mu / DEV_MU_MIN) / log(DEV_MU_MAX / DEV_MU_MIN) * (DEV_GRID - 1);
+    int g = (int)x;
+    g = g < 0 ? 0 : g > DEV_GRID - 2 ? DEV_GRID - 2 : g;
+    const double f = x - g;
+    *E = t->E[g] + f * (t->E[g + 1] - t->E[g]);
+    *V = t->V[g] + f * (t->V[g + 1] - t->V[g]);
+}
+
+/* Goodness of fit at the optimum (nbg_fit_quality), from each frame's model image (the last rendered, at x). */
+static int fit_quality(refine_ws *ws, nbg_fit_quality *q)
+{
+    memset(q, 0, sizeof *q);
+    q->sigma_scale = 1;
+    double *m = malloc(sizeof(double) * (ws->nobs ? ws->nobs : 1));
+    dev_table *tab = malloc(sizeof *tab);
+    if (m == NULL || tab == NULL) {
+        free(m);
+        free(tab);
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for the goodness of fit of %zu pixels", ws->nobs);
+    }
+    dev_table_fill(tab);
+    /* the spots: the brightest 5 % of the model's pixels */
+    size_t n = 0;
+    for (int f = 0; f < ws->nf; ++f) {
+        const refine_frame *fr = &ws->fr[f];
+        for (size_t t = 0; t < fr->nw; ++t) {
+            if (fr->use[t]) {
+                m[n++] = fr->img[at(fr, t)];
+            }
+        }
+    }
+    const double bright = n > 0 ? kth(m, n, n - 1 - n / 20) : INFINITY;
+    free(m);
+    double D = 0, E = 0, V = 0, Ds = 0, Es = 0, Vs = 0;
+    long ns = 0;
+    for (int f = 0; f < ws->nf; ++f) {
+        const refine_frame *fr = &ws->fr[f];
+        const nbg_detector_model *r = &fr->e.response;
+        const double s = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+        for (size_t t = 0; t < fr->nw; ++t) {
+            if (!fr->use[t]) {
+                continue;
+            }
+            const size_t i = at(fr, t);
+            const double M = fr->img[i], y = (fr->obs[i] - r->pedestal) / r->gain;
+            const double mu = fmax(M + s, 1e-12), d = deviance1(fmax(y + s, 0), mu);
+            double e, v;
+            dev_moments(tab, mu, &e, &v);
+            D += d;
+            E += e;
+            V += v;
+            if (M >= bright) {
+                Ds += d;
+                Es += e;
+                Vs += v;
+                ++ns;
+            }
+        }
+    }
+    free(tab);
+    /* fitting k parameters lowers the deviance's expectation by about k (of the spots' share, about k too: the
+     * parameters are the crystal's, which the spots carry; at most half of it) */
+    const double k = ws->n, Ek = fmax(E - k, 1), Esk = fmax(Es - fmin(k, Es / 2), 1e-300);
+    q->n = (long)n;
+    q->nspots = ns;
+    q->deviance = D;
+    q->expected = Ek;
+    q->ratio = D / Ek;
+    q->sd = sqrt(V) / Ek;
+    q->ratio_spots = ns > 0 ? Ds / Esk : NAN;
+    q->sd_spots = ns > 0 ? sqrt(Vs) / Esk : NAN;
+    const int bad_all = q->ratio > 1.05 && q->ratio - 1 > 5 * q->sd;
+    const int bad_spots = ns > 0 && q->ratio_spots > 1.05 && q->ratio_spots - 1 > 5 * q->sd_spots;
+    q->mismatch = bad_all || bad_spots;
+    q->sigma_scale = ws->loss == NBG_LOSS_POISSON ? sqrt(fmax(1, q->ratio)) : 1;
+    snprintf(q->message, sizeof q->message, "%sdeviance / expected %.4g (+- %.2g) over %ld pixels, %.4g (+- %.2g) "
+             "over the brightest %ld (the spots)%s", q->mismatch ? "the model does not explain the data within their "
+             "noise: " : "", q->ratio, q->sd, q->n, q->ratio_spots, q->sd_spots, ns,
+             !q->mismatch ? ": within the noise"
+             : ws->loss == NBG_LOSS_POISSON ? "; the standard errors assume it does (scale them by sqrt(ratio))"
+                                           : "; the standard errors assume it does");
     return NBG_OK;
 }
 
@@ -813,6 +974,9 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
             res->value[j] = x[j];
         }
         rc = information(&ws, res);
+        if (rc == NBG_OK) {
+            rc = fit_quality(&ws, &res->fit);
+        }
         if (rc == NBG_OK) {
             verdict(&ws, x, opt, res);
             /* the floor of each frame against its model: the first that does not match, else frame 0's */

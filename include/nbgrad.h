@@ -565,6 +565,28 @@ typedef enum {
     NBG_STOP_BOUND         /* a parameter ended at a bound of its physical range (nbg_param_in_bounds)         */
 } nbg_stop_reason;
 
+/* How well a fitted model explains the data within the detector's noise (photons Poisson, plus the read noise s =
+ * (read_noise / gain)^2 as in the losses), whatever the loss fitted.  The statistic is the Poisson deviance
+ * D = 2 sum (y'_p log(y'_p / m_p) - (y'_p - m_p)), y' = max(y + s, 0), m = M + s, over the pixels in the loss, against
+ * its exact expectation under the fitted model (sum E[D_p], computed from each pixel's Poisson distribution, less
+ * the number of parameters fitted): ratio = D / expectation is near 1 for a right model at any count level (the
+ * plain deviance per degree of freedom is not: it falls below 1 where counts are low), over all the pixels and over
+ * the brightest 5 % of the model's (the spots: the residuals' structure where the crystal's model matters), with
+ * standard deviations from the pixels' variances of D.  mismatch is 1 when either ratio exceeds 1 by more than 0.05
+ * and by more than 5 of its standard deviations: the model cannot explain the data within their noise, and its
+ * standard errors (which assume it can) are too small.  sigma_scale = sqrt(max(1, ratio)) is the quasi-likelihood
+ * factor that widens them for the Poisson loss (1 for least squares, whose standard errors already carry the
+ * residuals' variance). */
+typedef struct {
+    double ratio, ratio_spots;
+    double sd, sd_spots;
+    double deviance, expected;
+    long n, nspots;         /* the pixels summed */
+    int mismatch;
+    double sigma_scale;
+    char message[320];
+} nbg_fit_quality;
+
 /* A refinement's outcome.  The arrays are allocated by the refinement (nparams entries each, corr nparams x
  * nparams) and released by nbg_refine_result_free; a result passed in again is freed first, so one result may be
  * reused for any number of fits (zero it before its first use). */
@@ -582,6 +604,7 @@ typedef struct {
     double step_sigma;                         /* the Gauss-Newton step left at the end, in standard errors */
     long nobs;                                 /* pixels in the loss */
     nbg_floor_check floor;                     /* the observed floor against the fitted model's (nbg_check_floor) */
+    nbg_fit_quality fit;                       /* goodness of fit at the optimum */
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);
@@ -800,7 +823,10 @@ int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g,
  * non-zero angles). */
 int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
 /* The same for a detector of any number of panels: *g as nbg_read_expt fills it from panel 0, and *panels (malloc'd,
- * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  After
+ * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  A detector
+ * hierarchy (dxtbx writes each panel's and group's vectors in its parent group's frame) is followed, so that every
+ * panel is where dxtbx places it, also after dials.refine moved a group; a hierarchy that leaves a panel out or
+ * names one twice is refused.  After
  * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
  * e->panel_frame = NBG_PANELS_LAB render the whole detector.  A panel whose sensor differs from panel 0's (the
  * experiment's) gets its own (thick, thick_abs).  Refused besides: rectangular pixels, a panel without a sensor

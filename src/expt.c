@@ -551,6 +551,112 @@ static int read_beam(const reader *r, json_t *b, const char *where, nbg_geometry
     return NBG_OK;
 }
 
+/* The frame of a group of dxtbx's detector hierarchy in the laboratory: its unit fast and slow axes, their normal,
+ * its origin (mm).  A child's vectors in the list are in its parent's frame (dxtbx's local frame): its
+ * laboratory fast axis is F fx + S fy + N fz, its origin O + F ox + S oy + N oz. */
+typedef struct {
+    double f[3], s[3], n[3], o[3];
+} lab_frame;
+
+static const lab_frame identity_frame = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {0, 0, 0}};
+
+/* A local vector v in frame P (a direction; with origin, a point). */
+static void in_frame(const lab_frame *P, const double v[3], int point, double out[3])
+{
+    for (int i = 0; i < 3; ++i)
+        out[i] = (point ? P->o[i] : 0) + P->f[i] * v[0] + P->s[i] * v[1] + P->n[i] * v[2];
+}
+
+/* The deepest hierarchy nbgrad follows (dxtbx's go a few levels deep; a hostile file cannot recurse without end). */
+#define EXPT_MAX_DEPTH 32
+
+/* Walks a group of the hierarchy: its frame in its parent's P, then its children, giving each panel it names its
+ * parent's laboratory frame in frames[k] (seen[k] marks it). */
+static int walk_group(const reader *r, json_t *node, const char *where, const lab_frame *P, size_t np,
+                      lab_frame *frames, unsigned char *seen, int depth)
+{
+    if (!json_is_object(node))
+        return bad(r, where, "", "expected a group (an object)");
+    if (depth > EXPT_MAX_DEPTH)
+        return bad(r, where, "", "the hierarchy is deeper than %d groups", EXPT_MAX_DEPTH);
+    double f[3], sl[3], o[3];
+    int rc;
+    if ((rc = numbers(r, node, where, "fast_axis", 1, 3, f)) != NBG_OK || (rc = unit(r, where, "fast_axis", f)) != NBG_OK ||
+        (rc = numbers(r, node, where, "slow_axis", 1, 3, sl)) != NBG_OK ||
+        (rc = unit(r, where, "slow_axis", sl)) != NBG_OK || (rc = numbers(r, node, where, "origin", 1, 3, o)) != NBG_OK)
+        return rc;
+    if (fabs(f[0] * sl[0] + f[1] * sl[1] + f[2] * sl[2]) > 1e-6)
+        return bad(r, where, "slow_axis", "is not perpendicular to fast_axis");
+    lab_frame G;
+    in_frame(P, f, 0, G.f);
+    in_frame(P, sl, 0, G.s);
+    in_frame(P, o, 1, G.o);
+    G.n[0] = G.f[1] * G.s[2] - G.f[2] * G.s[1];
+    G.n[1] = G.f[2] * G.s[0] - G.f[0] * G.s[2];
+    G.n[2] = G.f[0] * G.s[1] - G.f[1] * G.s[0];
+    json_t *children;
+    if ((rc = member(r, node, where, "children", 0, &children)) != NBG_OK)
+        return rc;
+    if (children == NULL)
+        return NBG_OK;
+    if (!json_is_array(children))
+        return bad(r, where, "children", "expected a list");
+    for (size_t c = 0; c < json_array_size(children); ++c) {
+        json_t *ch = json_array_get(children, c);
+        char cw[256];
+        snprintf(cw, sizeof cw, "%s.children[%zu]", where, c);
+        json_t *pi = json_is_object(ch) ? json_object_get(ch, "panel") : NULL;
+        if (pi == NULL) {
+            if ((rc = walk_group(r, ch, cw, &G, np, frames, seen, depth + 1)) != NBG_OK)
+                return rc;
+            continue;
+        }
+        if (!json_is_integer(pi) || json_integer_value(pi) < 0 || (size_t)json_integer_value(pi) >= np)
+            return bad(r, cw, "panel", "expected the index of one of the %zu panels", np);
+        const size_t k = (size_t)json_integer_value(pi);
+        if (seen[k])
+            return bad(r, cw, "panel", "panel %zu is in the hierarchy twice", k);
+        seen[k] = 1;
+        frames[k] = G;
+    }
+    return NBG_OK;
+}
+
+/* Each panel's parent frame in the laboratory from the detector's hierarchy (dxtbx writes a panel's vectors in its
+ * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's. */
+static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames)
+{
+    for (size_t k = 0; k < np; ++k)
+        frames[k] = identity_frame;
+    json_t *h;
+    int rc = member(r, d, where, "hierarchy", 0, &h);
+    if (rc != NBG_OK || h == NULL)
+        return rc;
+    unsigned char *seen = calloc(np, 1);
+    if (seen == NULL)
+        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the hierarchy of %s", r->file);
+    char hw[128];
+    snprintf(hw, sizeof hw, "%s.hierarchy", where);
+    rc = walk_group(r, h, hw, &identity_frame, np, frames, seen, 0);
+    for (size_t k = 0; rc == NBG_OK && k < np; ++k)
+        if (!seen[k])
+            rc = bad(r, hw, "", "panel %zu is in no group of the hierarchy", k);
+    free(seen);
+    return rc;
+}
+
+/* A panel's vectors, read in its parent's frame, into the laboratory's. */
+static void panel_to_lab(const lab_frame *P, double fast[3], double slow[3], double origin[3])
+{
+    double f[3], sl[3], o[3];
+    in_frame(P, fast, 0, f);
+    in_frame(P, slow, 0, sl);
+    in_frame(P, origin, 1, o);
+    memcpy(fast, f, sizeof f);
+    memcpy(slow, sl, sizeof sl);
+    memcpy(origin, o, sizeof o);
+}
+
 static int read_detector(const reader *r, json_t *d, const char *where, nbg_geometry *g)
 {
     json_t *panels;
@@ -564,13 +670,23 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
         return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels; %s", r->file, where, np,
                           np == 0 ? "nbgrad needs one" : "nbg_read_expt reads one (nbg_read_expt_panels reads a multi-panel "
                           "detector)");
+    if (np > 100000)
+        return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
+    /* each panel's parent frame: the vectors in the list are in it (dxtbx's hierarchy of groups) */
+    lab_frame *frames = malloc(sizeof *frames * np);
+    if (frames == NULL)
+        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
+    if ((rc = panel_frames(r, d, where, np, frames)) != NBG_OK) {
+        free(frames);
+        return rc;
+    }
     if (r->panels != NULL) {
         /* every panel, in the lab frame of the list (DIALS's), after panel 0 read into g as for one panel */
-        if (np > 100000)
-            return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
         nbg_panel *out = calloc(np, sizeof *out);
-        if (out == NULL)
+        if (out == NULL) {
+            free(frames);
             return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
+        }
         const reader one = {r->ctx, r->file, NULL, NULL};
         nbg_geometry g0 = *g;
         for (size_t k = 0; k < np; ++k) {
@@ -590,8 +706,10 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
                                 "with one (nbgrad gives a panel its own sensor, not none)", r->file, where, k);
             if (rk != NBG_OK) {
                 free(out);
+                free(frames);
                 return rk;
             }
+            panel_to_lab(&frames[k], gk.fast, gk.slow, gk.origin);
             out[k].fpixels = gk.fpixels;
             out[k].spixels = gk.spixels;
             out[k].pixel = gk.pixel_f;
@@ -611,15 +729,16 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
         *g = g0;
         *r->panels = out;
         *r->npanels = (int)np;
+        free(frames);
         return NBG_OK;
     }
+    const lab_frame P = frames[0];
+    free(frames);
     char pw[96];
     snprintf(pw, sizeof pw, "%s.panels[0]", where);
     json_t *p = json_array_get(panels, 0);
     if (!json_is_object(p))
         return bad(r, pw, "", "expected an object");
-    /* The panel's vectors are in the laboratory frame whatever the hierarchy above it (dxtbx writes each panel's
-     * global frame), so the hierarchy is not needed. */
     double pixel[2] = {0, 0}, trusted[2] = {-1, NAN};
     json_int_t size[2];
     if ((rc = numbers(r, p, pw, "fast_axis", 1, 3, g->fast)) != NBG_OK ||
@@ -636,6 +755,7 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
         (rc = number(r, p, pw, "gain", 0, &g->gain)) != NBG_OK ||
         (rc = number(r, p, pw, "pedestal", 0, &g->pedestal)) != NBG_OK)
         return rc;
+    panel_to_lab(&P, g->fast, g->slow, g->origin);
     g->pixel_f = pixel[0];
     g->pixel_s = pixel[1];
     g->fpixels = (int)size[0];

@@ -70,7 +70,8 @@ static void params_help(FILE *out)
         g += strspn(g, " ");
     }
     fprintf(out, "exit status: 0 done; 1 an error; refine: 2 not converged, 3 converged but the fitted model's floor\n"
-                 "            does not match the observed image's (a pedestal or background left out)\n");
+                 "            does not match the observed image's (a pedestal or background left out), 4 converged\n"
+                 "            but the model does not explain the data within their noise (goodness of fit)\n");
 }
 
 /* Options of the gradient subcommands. */
@@ -1231,11 +1232,15 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
                "  \"why\": \"%s\",\n  \"step_sigma\": %.6g,\n  \"iterations\": %d,\n"
                "  \"pixels\": %ld,\n  \"pedestal\": %.17g,\n  \"gain\": %.17g,\n  \"read_noise\": %.17g,\n"
                "  \"floor_mismatch\": %s,\n"
+               "  \"fit\": {\"deviance_ratio\": %.6g, \"deviance_ratio_spots\": %.6g, \"deviance\": %.9g, \"pixels\": %ld, "
+               "\"spot_pixels\": %ld, \"mismatch\": %s, \"sigma_scale\": %.6g},\n"
                "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
             o->method == NBG_OPT_LM ? "lm" : "bfgs", o->loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
             res->converged ? "true" : "false", refine_reasons[res->reason], res->why,
             isfinite(res->step_sigma) ? res->step_sigma : -1.0, res->iterations, res->nobs, c->e.response.pedestal,
-            c->e.response.gain, c->e.response.read_noise, floor_bad ? "true" : "false", res->start_loss, res->loss);
+            c->e.response.gain, c->e.response.read_noise, floor_bad ? "true" : "false", res->fit.ratio,
+            isfinite(res->fit.ratio_spots) ? res->fit.ratio_spots : -1.0, res->fit.deviance, res->fit.n,
+            res->fit.nspots, res->fit.mismatch ? "true" : "false", res->fit.sigma_scale, res->start_loss, res->loss);
     char lab[64];
     for (int k = 0; k < res->nparams; ++k) {
         fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
@@ -1288,7 +1293,8 @@ static int cmd_refine(int argc, char **argv, int first)
                        "       [-spots N [-spot_frac 0.05]] [-spotlist FILE]\n"
                        "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
                        "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
-                       "match the data's (pedestal or background missing)");
+                       "match the data's (pedestal or background missing),\n4 converged but the model does not "
+                       "explain the data within their noise (goodness of fit)");
             status = 0;
         }
         grad_opts_free(&o);
@@ -1397,6 +1403,23 @@ static int cmd_refine(int argc, char **argv, int first)
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
     refine_table(&c.e, &res);
+    printf("goodness of fit: %s\n", res.fit.message);
+    const int fit_bad = res.fit.mismatch;
+    if (fit_bad) {
+        printf("WARNING: the fitted model does not explain the data within their noise (deviance %.4g times its "
+               "expectation over %ld pixels, %.4g over the spots): a part of the model is wrong or missing "
+               "(polarization, mosaicity, crystal size or shape, background, detector response); %s\n", res.fit.ratio,
+               res.fit.n, res.fit.ratio_spots, o.loss == NBG_LOSS_POISSON
+                   ? "the standard errors above assume it does: multiplied by sqrt(ratio) they are"
+                   : "the standard errors above carry the residuals' variance, not the misfit's structure");
+        if (o.loss == NBG_LOSS_POISSON) {
+            char lab[64];
+            for (int j = 0; j < res.nparams; ++j) {
+                printf("  %-12s %14.4g\n", nbg_param_label(&c.e, res.params[j], lab, sizeof lab),
+                       res.sigma[j] * res.fit.sigma_scale);
+            }
+        }
+    }
     if (o.residual != NULL && !refine_write_residual(ctx, &c, o.residual, obs, use, npix)) {
         goto done;
     }
@@ -1416,11 +1439,13 @@ static int cmd_refine(int argc, char **argv, int first)
     if (o.json != NULL && !refine_write_json(ctx, &c, &o, &res, floor_bad)) {
         goto done;
     }
-    status = nbgi_cli_commit(ctx, &c) ? (!res.converged ? 2 : floor_bad ? 3 : 0) : 1;
+    status = nbgi_cli_commit(ctx, &c) ? (!res.converged ? 2 : floor_bad ? 3 : fit_bad ? 4 : 0) : 1;
     if (status == 2) {
         printf("exit status 2: not converged\n");
     } else if (status == 3) {
         printf("exit status 3: the fit converged but the fitted model's floor does not match the data's\n");
+    } else if (status == 4) {
+        printf("exit status 4: the fit converged but the model does not explain the data within their noise\n");
     }
 done:
     free(obs);

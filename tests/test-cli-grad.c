@@ -320,6 +320,25 @@ int main(void)
     rc = run(cmd);
     nbgi_test_check(rc == 0 && strstr(out, "dL/dF: 1 entries, norm ") != NULL && strstr(out, "dL/da ") != NULL,
                     "cligrad-31-grad-F", "grad -params F,a prints dL/da and dL/dF as a whole (exit %d)", rc);
+    /* cligrad-32: the goodness of fit.  Data with polarization 0.9 over a water background, fitted with the right
+     * polarization (exit 0, within the noise) and with none (exit 4, flagged, the standard errors widened) */
+#define GOF "-cell 70 80 90 90 90 90 -misset 10 5 3 -default_F 1000 -N 8 -distance 100 -detpixels 128 -pixel 0.8 " \
+            "-water 300 -fluence 1e24"
+    snprintf(cmd, sizeof cmd, "%s " GOF " -polar 0.9 -noisefile %s/gof.img -seed 3 -nopgm 2>&1", bin, dir);
+    rc = run(cmd);
+    for (int wrong = 0; rc == 0 && wrong < 2; ++wrong) {
+        char cmd2[2048];
+        snprintf(cmd2, sizeof cmd2, "%s refine " GOF " -polar %s -observed %s/gof.img -pedestal 40 -params "
+                                    "a,b,c,rotx,roty,rotz,scale,bg -loss poisson 2>&1", bin, wrong ? "0" : "0.9", dir);
+        const int rf = run(cmd2);
+        const int ok = wrong ? rf == 4 && strstr(out, "WARNING: the fitted model does not explain the data") != NULL &&
+                                   strstr(out, "exit status 4") != NULL
+                             : rf == 0 && strstr(out, "within the noise") != NULL;
+        const char *g = strstr(out, "goodness of fit:");
+        nbgi_test_check(ok, wrong ? "cligrad-32-gof-wrong" : "cligrad-32-gof-right", "%s polarization: exit %d; %.200s",
+                        wrong ? "the wrong" : "the right", rf, g != NULL ? g : out);
+    }
+    nbgi_test_check(rc == 0, "cligrad-32-gof-data", "rendered the data (exit %d)", rc);
     /* one frame of a rotation series fitted alone: frame 3 of 4 frames of 1 deg from phi 0, as a CBF and as an SMV
      * file, each stating its own start angle (2 deg).  Fitted at the scan's first angle (0) instead, the
      * orientation takes up the 2 deg turn (rotz ends near 5 deg); at the file's own angle it comes back to the

@@ -323,6 +323,142 @@ static void test_compose(nbg_ctx *ctx, const char *dir)
 
 #endif /* NBG_HAVE_FORMATS */
 
+/* out = M v (M row-major) */
+static void mat_vec(const double M[9], const double v[3], double out[3])
+{
+    for (int i = 0; i < 3; ++i)
+        out[i] = M[3 * i] * v[0] + M[3 * i + 1] * v[1] + M[3 * i + 2] * v[2];
+}
+
+/* The rotation matrix whose columns are f, s and f x s. */
+static void frame_matrix(const double f[3], const double s[3], double M[9])
+{
+    const double n[3] = {f[1] * s[2] - f[2] * s[1], f[2] * s[0] - f[0] * s[2], f[0] * s[1] - f[1] * s[0]};
+    for (int i = 0; i < 3; ++i) {
+        M[3 * i] = f[i];
+        M[3 * i + 1] = s[i];
+        M[3 * i + 2] = n[i];
+    }
+}
+
+/* A DIALS detector hierarchy (dxtbx writes each panel's and group's vectors in its parent's frame): a root group
+ * turned by 30 deg about z and moved, a subgroup tilted by 10 deg holding panel 0, and panel 1 under the root.
+ * Read as dxtbx places them (global = parent origin + parent axes x local), for both readers; and the lists a
+ * hierarchy cannot be read from are refused by name. */
+static void test_hierarchy(nbg_ctx *ctx, const char *dir)
+{
+    const double c30 = cos(30 * M_PI / 180), s30 = sin(30 * M_PI / 180);
+    const double c10 = cos(10 * M_PI / 180), s10 = sin(10 * M_PI / 180);
+    const double rf[3] = {c30, s30, 0}, rs[3] = {-s30, c30, 0}, ro[3] = {5, -3, -200};
+    const double gf[3] = {1, 0, 0}, gs[3] = {0, c10, s10}, go[3] = {20, 0, 1};
+    const double p0f[3] = {0, 1, 0}, p0s[3] = {-1, 0, 0}, p0o[3] = {-3, 4, 0.5};
+    const double p1f[3] = {1, 0, 0}, p1s[3] = {0, -1, 0}, p1o[3] = {-40, 10, 0};
+    char panels[2048], hier[2048], path[600];
+#define V3(v) (v)[0], (v)[1], (v)[2]
+    snprintf(panels, sizeof panels,
+             "{\"name\": \"p0\", \"fast_axis\": [%.17g, %.17g, %.17g], \"slow_axis\": [%.17g, %.17g, %.17g], "
+             "\"origin\": [%.17g, %.17g, %.17g], \"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120]}, "
+             "{\"name\": \"p1\", \"fast_axis\": [%.17g, %.17g, %.17g], \"slow_axis\": [%.17g, %.17g, %.17g], "
+             "\"origin\": [%.17g, %.17g, %.17g], \"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120]}",
+             V3(p0f), V3(p0s), V3(p0o), V3(p1f), V3(p1s), V3(p1o));
+    snprintf(hier, sizeof hier,
+             "{\"name\": \"root\", \"fast_axis\": [%.17g, %.17g, %.17g], \"slow_axis\": [%.17g, %.17g, %.17g], "
+             "\"origin\": [%.17g, %.17g, %.17g], \"children\": [{\"name\": \"g\", \"fast_axis\": [%.17g, %.17g, %.17g], "
+             "\"slow_axis\": [%.17g, %.17g, %.17g], \"origin\": [%.17g, %.17g, %.17g], \"children\": [{\"panel\": 0}]}, "
+             "{\"panel\": 1}]}",
+             V3(rf), V3(rs), V3(ro), V3(gf), V3(gs), V3(go));
+#undef V3
+    /* the expected laboratory vectors: R_root (R_g local + o_g) + o_root for panel 0, R_root local + o_root for 1 */
+    double Rr[9], Rg[9], Rrg[9];
+    frame_matrix(rf, rs, Rr);
+    frame_matrix(gf, gs, Rg);
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            Rrg[3 * i + j] = Rr[3 * i] * Rg[j] + Rr[3 * i + 1] * Rg[3 + j] + Rr[3 * i + 2] * Rg[6 + j];
+    double want[2][3][3], t[3], u[3];
+    mat_vec(Rrg, p0f, want[0][0]);
+    mat_vec(Rrg, p0s, want[0][1]);
+    mat_vec(Rrg, p0o, t);
+    mat_vec(Rr, go, u);
+    for (int i = 0; i < 3; ++i)
+        want[0][2][i] = t[i] + u[i] + ro[i];
+    mat_vec(Rr, p1f, want[1][0]);
+    mat_vec(Rr, p1s, want[1][1]);
+    mat_vec(Rr, p1o, t);
+    for (int i = 0; i < 3; ++i)
+        want[1][2][i] = t[i] + ro[i];
+
+    snprintf(path, sizeof path, "%s/hier.expt", dir);
+    {
+        char text[8192];
+        snprintf(text, sizeof text,
+                 "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT("0") "],\n"
+                 "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+                 "  \"detector\": [{\"panels\": [%s], \"hierarchy\": %s}],\n"
+                 "  \"goniometer\": [" GON "],\n"
+                 "  \"scan\": [{\"image_range\": [1, 2], \"oscillation\": [0, 0.1], \"exposure_time\": [1, 1]}]}\n",
+                 panels, hier);
+        write_text(path, text);
+    }
+    nbg_geometry g;
+    nbg_panel *pp = NULL;
+    int np = 0;
+    int rc = nbg_read_expt_panels(ctx, path, &g, &pp, &np);
+    nbgi_test_check(rc == NBG_OK && np == 2, "hier-read", "two panels under a turned root and a tilted group: %s",
+                    rc == NBG_OK ? "read" : nbg_errmsg(ctx));
+    for (int k = 0; rc == NBG_OK && k < 2; ++k) {
+        double worst = 0;
+        for (int i = 0; i < 3; ++i) {
+            worst = fmax(worst, fabs(pp[k].fast[i] - want[k][0][i]));
+            worst = fmax(worst, fabs(pp[k].slow[i] - want[k][1][i]));
+            worst = fmax(worst, fabs(pp[k].origin[i] - want[k][2][i]) / 200);
+        }
+        char id[32];
+        snprintf(id, sizeof id, "hier-panel%d", k);
+        nbgi_test_check(worst <= 1e-14, id, "in the laboratory where dxtbx puts it: worst difference %.3g (origin "
+                        "%.6f %.6f %.6f mm)", worst, pp[k].origin[0], pp[k].origin[1], pp[k].origin[2]);
+    }
+    /* panel 0 of the one-panel reader sits in the same place (its group's frame applies too) */
+    if (rc == NBG_OK) {
+        double worst = 0;
+        for (int i = 0; i < 3; ++i) {
+            worst = fmax(worst, fabs(g.fast[i] - want[0][0][i]));
+            worst = fmax(worst, fabs(g.origin[i] - want[0][2][i]) / 200);
+        }
+        nbgi_test_check(worst <= 1e-14, "hier-geometry", "the geometry's panel (panel 0): worst difference %.3g",
+                        worst);
+    }
+    free(pp);
+
+    /* hierarchies that place no panel, or one twice, or a panel that is not there, are refused by name */
+    static const struct {
+        const char *id, *children, *needle;
+    } badh[] = {
+        {"hier-missing", "[{\"panel\": 0}]", "panel 1 is in no group"},
+        {"hier-twice", "[{\"panel\": 0}, {\"panel\": 1}, {\"panel\": 0}]", "twice"},
+        {"hier-index", "[{\"panel\": 0}, {\"panel\": 2}]", "hierarchy.children[1].panel"},
+        {"hier-group", "[{\"panel\": 0}, {\"panel\": 1}, {\"fast_axis\": [0, 0, 0], \"slow_axis\": [0, 1, 0], "
+                       "\"origin\": [0, 0, 0]}]", "hierarchy.children[2].fast_axis"},
+    };
+    for (size_t b = 0; b < sizeof badh / sizeof badh[0]; ++b) {
+        char text[8192];
+        snprintf(text, sizeof text,
+                 "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT("0") "],\n"
+                 "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+                 "  \"detector\": [{\"panels\": [%s], \"hierarchy\": {\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, 1, 0],"
+                 " \"origin\": [0, 0, 0], \"children\": %s}}],\n"
+                 "  \"goniometer\": [" GON "],\n"
+                 "  \"scan\": [{\"image_range\": [1, 2], \"oscillation\": [0, 0.1], \"exposure_time\": [1, 1]}]}\n",
+                 panels, badh[b].children);
+        write_text(path, text);
+        pp = NULL;
+        rc = nbg_read_expt_panels(ctx, path, &g, &pp, &np);
+        nbgi_test_check(rc == NBG_EFORMAT && strstr(nbg_errmsg(ctx), badh[b].needle) != NULL &&
+                        strstr(nbg_errmsg(ctx), path) != NULL, badh[b].id, "status %d: %s", rc, nbg_errmsg(ctx));
+        free(pp);
+    }
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -341,6 +477,7 @@ int main(void)
     test_write_errors(ctx, dir);
     test_read_errors(ctx, dir);
     test_compose(ctx, dir);
+    test_hierarchy(ctx, dir);
 #else
     char path[600];
     nbg_geometry g;

@@ -508,6 +508,9 @@ static void expt_panels(nbg_ctx *ctx)
     }
     json_object_set_new(p1, "origin", json_pack("[f,f,f]", o[0], o[1], o[2]));
     json_array_append_new(panels, p1);
+    /* the hierarchy's root group holds both (a panel in no group is refused) */
+    json_t *hier = json_object_get(json_array_get(json_object_get(root, "detector"), 0), "hierarchy");
+    json_array_append_new(json_object_get(hier, "children"), json_pack("{s:i}", "panel", 1));
     json_dump_file(root, two, JSON_INDENT(1));
     json_decref(root);
 

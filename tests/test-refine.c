@@ -104,7 +104,8 @@ int main(void)
         float *mean = malloc(npix * sizeof(float));
         uint16_t *counts = malloc(npix * sizeof(uint16_t));
         nbg_simulate(ctx, &tb, mean, npix, NULL);
-        int covered = 0;
+        int covered = 0, fit_ok = 0;
+        double worst_fit = 0;
         for (int k = 0; k < 10; ++k) {
             long photons, overloads;
             nbg_noise_image(ctx, mean, 128, 128, NULL, 0, 4242 + k, counts, &photons, &overloads);
@@ -130,9 +131,42 @@ int main(void)
                            "(sigma a = %.2g A, rotx = %.2g deg)",
                            r.iterations, worst, NBGI_AT(r.sigma, 0), NBGI_AT(r.sigma, 6));
             covered += rc == NBG_OK && worst <= 3;
+            fit_ok += rc == NBG_OK && !r.fit.mismatch && r.fit.n == (long)npix && r.fit.sigma_scale >= 1;
+            if (rc == NBG_OK) {
+                worst_fit = fmax(worst_fit, fabs(r.fit.ratio - 1) / r.fit.sd);
+            }
             nbg_refine_result_free(&r);
         }
         nbgi_test_check(covered >= 9, "refine-2-coverage", "%d of 10 noise seeds within 3 standard errors", covered);
+        nbgi_test_check(fit_ok == 10 && worst_fit <= 5, "refine-2-fit", "the right model explains the data within "
+                       "their noise in %d of 10 seeds (the deviance ratio at most %.2f of its standard deviations from 1)",
+                       fit_ok, worst_fit);
+        /* refine-4: a wrong crystal size (N 4 against the data's 5) is flagged by the goodness of fit, the same data
+         * with the right one is not */
+        nbg_noise_image(ctx, mean, 128, 128, NULL, 0, 4242, counts, NULL, NULL);
+        for (size_t i = 0; i < npix; ++i) {
+            obs[i] = counts[i];
+        }
+        static const nbg_param P10[10] = {NBG_P_A, NBG_P_B, NBG_P_C, NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA,
+                                          NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ, NBG_P_SCALE};
+        for (int wrong = 0; wrong < 2; ++wrong) {
+            nbg_experiment e = tb;
+            if (wrong) {
+                e.Na = e.Nb = e.Nc = 4;
+            }
+            nbg_refine_options o;
+            nbg_refine_options_default(&o);
+            o.loss = NBG_LOSS_POISSON;
+            nbg_refine_result r = {0};
+            const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P10, 10, &o, &r);
+            const int ok = rc == NBG_OK && r.fit.mismatch == wrong &&
+                           (wrong ? r.fit.sigma_scale > 1 && strstr(r.fit.message, "does not explain") != NULL
+                                  : r.fit.sigma_scale >= 1 && r.fit.sigma_scale < 1.05);
+            nbgi_test_check(ok, wrong ? "refine-4-wrong-N" : "refine-4-right-N", "%s: %s (standard errors x %.3g)",
+                           wrong ? "N 4 against 5" : "N 5", rc == NBG_OK ? r.fit.message : nbg_errmsg(ctx),
+                           r.fit.sigma_scale);
+            nbg_refine_result_free(&r);
+        }
         free(mean);
         free(counts);
     }
