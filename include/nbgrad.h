@@ -758,6 +758,10 @@ typedef struct {
     int has_crystal;
     double real_space[9];             /* a, b, c (rows), Angstrom, at scan angle 0 (dxtbx's A = (a b c)^-1) */
     char space_group[32];             /* Hall symbol, " P 1" unless known */
+    int crystal_scan_points;          /* a DIALS list's scan-varying crystal (A_at_scan_points, what dials.refine
+                                         writes for a scan by default): how many A matrices it held (0: none).  The
+                                         readers take the static A (real_space) and say so here, so that a caller
+                                         can tell the user that the per-image orientations were not used */
 } nbg_geometry;
 
 /* nbg_geometry of the experiment an nbg_describe/nbg_simulate report derived (e supplies the sensor, exposure and

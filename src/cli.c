@@ -1047,6 +1047,20 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
             e->polarization = c->polar_flag;
             e->nopolar = 0;
             printf("note: -polar %g replaces the polarization of -expt %s\n", c->polar_flag, c->exptin);
+        } else if (g.polarization_fraction == 0.999 || g.polarization_fraction == 0.5) {
+            /* values dxtbx's readers put in whatever the file said: its NXmx reader ignores the file's Stokes
+             * vector and writes 0.999, its CBF reader 0.5; the intensities depend on it (by up to +-15 %) */
+            printf("note: -expt %s has the polarization fraction %g, which dxtbx %s; if the data were polarized "
+                   "otherwise, give -polar (Kahn factor 2 f - 1) or dials.import polarization_fraction=...\n",
+                   c->exptin, g.polarization_fraction, g.polarization_fraction == 0.999
+                       ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
+                       : "gives every full CBF file (and nbgrad an unpolarized beam)");
+        }
+        if (g.crystal_scan_points > 0) {
+            printf("WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one per image boundary, as "
+                   "dials.refine writes for a scan by default): nbgrad uses its static A for every image; refine "
+                   "from dials.refine scan_varying=False for a model nbgrad renders as DIALS does\n", c->exptin,
+                   g.crystal_scan_points);
         }
         if (g.has_crystal && c->matfile != NULL) {
             printf("note: the crystal of -expt %s replaces -mat %s\n", c->exptin, c->matfile);
@@ -1233,11 +1247,11 @@ void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nb
 
 void nbgi_cli_frame_name(const char *path, int frame, int n, char *out, size_t size)
 {
-    if (n <= 1) {
+    const char *hash = strchr(path, '#');
+    if (n <= 1 && hash == NULL) { /* one frame: the name as given (a '#' template still takes the number, 1) */
         snprintf(out, size, "%s", path);
         return;
     }
-    const char *hash = strchr(path, '#');
     if (hash != NULL) {
         const size_t width = strspn(hash, "#");
         snprintf(out, size, "%.*s%0*d%s", (int)(hash - path), path, (int)width, frame + 1, hash + width);
@@ -1301,6 +1315,24 @@ static void print_dials_import(const nbgi_cli *c, const char *smv)
            c->nframes > 1 ? "template=" : "", tmpl,
            nbgi_dot(p, g->fast) / g->pixel_f, nbgi_dot(p, g->slow) / g->pixel_s, g->axis[0], g->axis[1], g->axis[2],
            c->adc);
+}
+
+/* What DIALS makes of nbgrad's full CBF files, measured with dxtbx 3.12: FormatCBFFull reads any full CBF's sensor
+ * as unknown (not a pixel-array detector), so dials.find_spots asks for spots of 6 pixels instead of 3; and
+ * dials.import cannot template a name without a frame number ("Could not determine filename template"). */
+static void cbf_notes(const char *name)
+{
+    const char *base = strrchr(name, '/');
+    base = base != NULL ? base + 1 : name;
+    const char *dot = strrchr(base, '.');
+    const size_t len = dot != NULL ? (size_t)(dot - base) : strlen(base);
+    if (len == 0 || base[len - 1] < '0' || base[len - 1] > '9') {
+        printf("note: dials.import needs a frame number in a CBF file's name to import it (e.g. %.*s_00001%s; "
+               "-cbffile %.*s_#####%s writes that)\n", (int)len, base, dot != NULL ? dot : "", (int)len, base,
+               dot != NULL ? dot : "");
+    }
+    printf("note: DIALS reads a full CBF's sensor as unknown (not a pixel-array detector) and then finds spots of at "
+           "least 6 pixels: give dials.find_spots min_spot_size=3, or write -nxsfile\n");
 }
 
 int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame)
@@ -1440,6 +1472,9 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             goto done;
         }
         printf("wrote %s as a CBF of 4-byte integers\n", name);
+        if (frame == nframes - 1 && !c->batch) {
+            cbf_notes(name);
+        }
     }
     if (c->nxsfile != NULL) {
         /* NXmx holds the whole series in one file: gather the frames, write after the last */

@@ -938,6 +938,13 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
     for (int i = 0; i < 3; ++i)
         matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
     g->has_crystal = 1;
+    /* a scan-varying crystal: its per-image A matrices are counted, not used (nbg_geometry holds one crystal) */
+    json_t *sv = json_object_get(c, "A_at_scan_points");
+    if (sv != NULL && !json_is_null(sv)) {
+        if (!json_is_array(sv))
+            return bad(r, where, "A_at_scan_points", "expected a list of matrices");
+        g->crystal_scan_points = (int)(json_array_size(sv) > 1000000 ? 1000000 : json_array_size(sv));
+    }
     return NBG_OK;
 }
 

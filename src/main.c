@@ -743,6 +743,10 @@ static float *read_image(nbg_ctx *ctx, const char *flag, const char *path, size_
     return img;
 }
 
+static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone);
+static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_geometry *og, const char *observed,
+                              double *phi0, double *osc);
+
 static int cmd_grad(int argc, char **argv, int first)
 {
     nbgi_cli c;
@@ -814,11 +818,53 @@ static int cmd_grad(int argc, char **argv, int first)
     double L = 0;
     int rc;
     if (o.observed != NULL) {
-        obs = read_observed(ctx, &c, &o, npix, 0, 1, &use, NULL);
+        /* the frames as refine takes them: every frame of a scan's NXmx file or '#' template (loss and gradient
+         * summed over them), or one image of a scan at the start angle its header states */
+        int alone = 0;
+        const int nf = refine_nframes(&c, o.observed, &alone);
+        const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
+        nbg_geometry og;
+        obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og);
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
+        double phi0 = r.phi0, osc = r.osc;
+        const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
-        rc = nbg_loss_grad(ctx, &c.e, o.loss, obs, wts, o.ids, o.nids, &L, grad, img, npix);
+        if (nf > 1) {
+            printf("%d frames of %g deg from phi %g deg: the loss and its gradient summed over them\n", nf, osc, phi0);
+        }
+        const nbg_experiment first_e = c.e;
+        double *gf = calloc((size_t)o.nids + 1, sizeof(double));
+        rc = gf == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d gradients", o.nids) : NBG_OK;
+        for (int f = 0; rc == NBG_OK && f < nf; ++f) {
+            nbg_experiment ef = first_e;
+            ef.phi0 = phi0 + f * osc;
+            if (own_osc) {
+                ef.osc = osc;
+            }
+            float *of = obs;
+            uint8_t *uf = NULL;
+            if (f > 0) {
+                c.e.mask = climask;
+                if ((of = read_observed(ctx, &c, &o, npix, f, nf, &uf, NULL)) == NULL) {
+                    free(gf);
+                    goto done;
+                }
+                ef.mask = uf;
+            }
+            double Lf = 0;
+            rc = nbg_loss_grad(ctx, &ef, o.loss, of, wts, o.ids, o.nids, &Lf, gf, img, npix);
+            L += Lf;
+            for (int j = 0; rc == NBG_OK && j < o.nids; ++j) {
+                grad[j] += gf[j];
+            }
+            if (f > 0) {
+                free(of);
+                free(uf);
+            }
+        }
+        c.e = first_e;
+        free(gf);
     } else {
         dl = malloc(sizeof(float) * npix);
         if (dl == NULL) {

@@ -379,6 +379,40 @@ int main(void)
     nbgi_test_check(strstr(out, "states no start angle: fitting it alone at the scan's first, phi 0 deg") != NULL,
                     "cligrad-26-one-frame-raw", "a raw float frame: fitted at the scan's first angle, said so "
                     "(exit %d)", rc);
+    /* cligrad-33: grad takes the frames as refine does: each CBF frame alone at its own start angle, and the '#'
+     * template as the whole scan, whose loss and gradient are the frames' sums */
+    {
+        double Lsum = 0, gsum = 0, Lt = NAN, gt = NAN;
+        int ok = 1;
+        for (int fr = 0; fr <= 4; ++fr) {
+            char obsname[600];
+            if (fr < 4) {
+                snprintf(obsname, sizeof obsname, "%s/fr_%d.cbf", dir, fr + 1);
+            } else {
+                snprintf(obsname, sizeof obsname, "%s/fr_#.cbf", dir);
+            }
+            snprintf(cmd, sizeof cmd, "%s grad -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 " SCAN
+                                      " -observed '%s' -params rotz 2>&1", bin, obsname);
+            rc = run(cmd);
+            char want[64];
+            snprintf(want, sizeof want, "own start angle, phi %d deg", fr);
+            const char *l = strstr(out, "loss = "), *g = strstr(out, "dL/drotz");
+            const double Lv = l != NULL ? strtod(l + 7, NULL) : NAN;
+            const double gv = g != NULL && strchr(g, '=') != NULL ? strtod(strchr(g, '=') + 1, NULL) : NAN;
+            ok &= rc == 0 && isfinite(Lv) && isfinite(gv) &&
+                  (fr < 4 ? strstr(out, want) != NULL : strstr(out, "4 frames of 1 deg from phi 0 deg") != NULL);
+            if (fr < 4) {
+                Lsum += Lv;
+                gsum += gv;
+            } else {
+                Lt = Lv;
+                gt = gv;
+            }
+        }
+        nbgi_test_check(ok && fabs(Lt - Lsum) <= 1e-9 * fabs(Lt) && fabs(gt - gsum) <= 1e-9 * fabs(gt),
+                        "cligrad-33-grad-frames", "grad: the four frames alone at their own angles sum to the "
+                        "template's scan: loss %.15g vs %.15g, dL/drotz %.15g vs %.15g", Lsum, Lt, gsum, gt);
+    }
 #undef SCAN
     nbgi_test_rmtree(dir);
     return nbgi_test_summary();

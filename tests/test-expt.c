@@ -319,9 +319,23 @@ static void test_compose(nbg_ctx *ctx, const char *dir)
     nbgi_test_check(rc == NBG_OK && g.wavelength == 0.5 && g.direction[2] == 1 && g.nframes == 1 &&
                         g.scan_width == 0,
                     "read-s0", "s0 beam, inline models, a still: %s", rc ? nbg_errmsg(ctx) : "ok");
-}
 
-#endif /* NBG_HAVE_FORMATS */
+    /* a scan-varying crystal (dials.refine's default for a scan): the static A is read, the per-image ones counted */
+    write_list(path, EXPT_C, PANEL(FAST), GON,
+               ",\n  \"crystal\": [{\"__id__\": \"crystal\", \"real_space_a\": [51.2, 3.1, -2.4], "
+               "\"real_space_b\": [7.5, 62.3, 4.4], \"real_space_c\": [-6.1, 9.8, 83.7], \"A_at_scan_points\": "
+               "[[1, 0, 0, 0, 1, 0, 0, 0, 1], [1, 0, 0, 0, 1, 0, 0, 0, 1], [1, 0, 0, 0, 1, 0, 0, 0, 1]]}]");
+    rc = nbg_read_expt(ctx, path, &g);
+    const double rs0[9] = {51.2, 3.1, -2.4, 7.5, 62.3, 4.4, -6.1, 9.8, 83.7};
+    nbgi_test_check(rc == NBG_OK && g.crystal_scan_points == 3 && g.has_crystal, "read-scan-varying",
+                    "the static A read, %d per-image A matrices counted: %s", g.crystal_scan_points,
+                    rc ? nbg_errmsg(ctx) : "ok");
+    check_vec(g.real_space, rs0, 9, "read-scan-varying", "real_space");
+    write_list(path, EXPT_C, PANEL(FAST), GON, CRYSTAL);
+    rc = nbg_read_expt(ctx, path, &g);
+    nbgi_test_check(rc == NBG_OK && g.crystal_scan_points == 0, "read-static", "a static crystal: %d scan points",
+                    g.crystal_scan_points);
+}
 
 /* out = M v (M row-major) */
 static void mat_vec(const double M[9], const double v[3], double out[3])
@@ -458,6 +472,8 @@ static void test_hierarchy(nbg_ctx *ctx, const char *dir)
         free(pp);
     }
 }
+
+#endif /* NBG_HAVE_FORMATS */
 
 int main(void)
 {
