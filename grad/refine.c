@@ -873,8 +873,9 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
         nbg_param_label(e, params[j], label, sizeof label);
         nbg_param_get(e, params[j], &x[j]);
         if (!nbg_param_in_bounds(params[j], x[j])) {
+            const double v = x[j];
             free(wbuf);
-            return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", x[j], label);
+            return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", v, label);
         }
         res->params[j] = params[j];
         res->start[j] = x[j];

@@ -256,6 +256,10 @@ typedef struct {
     double mosaic;                  /* mosaic spread, deg (NAN unset) */
     int mosaic_domains;             /* (-1 auto) */
     long mosaic_seed;               /* (12345678) */
+    double mosaic_frame[9];         /* the rotation (row-major) from the frame the mosaic domains' random axes are
+                                       drawn in to this experiment's frame: axis' = R axis, so that the same domains
+                                       sit on the same crystal after a change of frame (an experiment list nbgrad
+                                       wrote carries it: nbg_geometry.mosaic_frame).  [0] NAN: the identity */
 
     /* --- structure factors ------------------------------------------------------------------------------- */
     const nbg_hkl *hkl;             /* table (caller-owned) or NULL: default_F everywhere */
@@ -758,6 +762,17 @@ typedef struct {
     int has_crystal;
     double real_space[9];             /* a, b, c (rows), Angstrom, at scan angle 0 (dxtbx's A = (a b c)^-1) */
     char space_group[32];             /* Hall symbol, " P 1" unless known */
+    /* --- mosaic domains (nbgrad's own: the lists nbgrad writes carry them, so that they render the same) --- */
+    int has_mosaic;                   /* the fields below are set */
+    double mosaic_spread;             /* deg */
+    int mosaic_domains;
+    long mosaic_seed;
+    double mosaic_frame[9];           /* from the frame the domains' axes were drawn in to this description's */
+    /* --- the beam's divergence and spectrum as nbgrad samples them (nbg_experiment's fields of the same names;
+     * NAN or -1 where unset; written into and read from the lists nbgrad writes) --- */
+    int has_beam_sampling;
+    double hdivrange, vdivrange, hdivstep, vdivstep, dispersion;
+    int hdivsteps, vdivsteps, dispsteps, round_div;
     int crystal_scan_points;          /* a DIALS list's scan-varying crystal (A_at_scan_points, what dials.refine
                                          writes for a scan by default): how many A matrices it held (0: none).  The
                                          readers take the static A (real_space) and say so here, so that a caller

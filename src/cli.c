@@ -1017,6 +1017,38 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
     return 1;
 }
 
+/* After an experiment list set e's sampling (the mosaic domains, the divergence and spectrum nbgrad wrote into it):
+ * the sampling flags given (those that differ from the defaults in given_e, e before the list) win.  Returns whether
+ * any was given. */
+static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
+{
+    nbg_experiment d;
+    nbg_experiment_default(&d);
+    int given = 0;
+#define KEEP(f)                                                                                                   \
+    do {                                                                                                          \
+        const int set = isnan((double)d.f) ? !isnan((double)given_e->f) : given_e->f != d.f;                      \
+        if (set) {                                                                                                \
+            e->f = given_e->f;                                                                                    \
+            given = 1;                                                                                            \
+        }                                                                                                         \
+    } while (0)
+    KEEP(mosaic);
+    KEEP(mosaic_domains);
+    KEEP(mosaic_seed);
+    KEEP(hdivrange);
+    KEEP(vdivrange);
+    KEEP(hdivstep);
+    KEEP(vdivstep);
+    KEEP(hdivsteps);
+    KEEP(vdivsteps);
+    KEEP(dispersion);
+    KEEP(dispsteps);
+    KEEP(round_div);
+#undef KEEP
+    return given;
+}
+
 int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
 {
     nbg_experiment *e = &c->e;
@@ -1024,6 +1056,8 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         nbg_geometry g;
         nbg_panel *pan = NULL;
         int np = 0;
+        /* the sampling flags given (they win over the mosaic domains and beam sampling of a list nbgrad wrote) */
+        const nbg_experiment before = *e;
         if (nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np) != NBG_OK ||
             nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
             free(pan);
@@ -1055,6 +1089,12 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
                    c->exptin, g.polarization_fraction, g.polarization_fraction == 0.999
                        ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
                        : "gives every full CBF file (and nbgrad an unpolarized beam)");
+        }
+        if (g.has_mosaic || g.has_beam_sampling) {
+            const int given = keep_sampling_flags(&before, e);
+            printf("read %s: nbgrad's sampling of it: mosaic spread %g deg over %d domains (seed %ld), divergence %g x "
+                   "%g mrad, dispersion %g %%%s\n", c->exptin, e->mosaic, e->mosaic_domains, e->mosaic_seed,
+                   e->hdivrange, e->vdivrange, e->dispersion, given ? " (with the sampling flags given)" : "");
         }
         if (g.crystal_scan_points > 0) {
             printf("WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one per image boundary, as "

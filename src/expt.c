@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,12 +125,39 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
 }
 
+/* The beam as dxtbx writes it; nbgrad's sampling of the divergence and the spectrum (the fields set) under a key of
+ * nbgrad's own, which dxtbx ignores. */
 static json_t *beam_json(const nbg_geometry *g)
 {
-    return json_pack("{s:o, s:f, s:f, s:f, s:o, s:f, s:f, s:f}", "direction", reals(g->direction, 3), "wavelength",
-                     g->wavelength, "divergence", 0.0, "sigma_divergence", 0.0, "polarization_normal",
-                     reals(g->polarization_normal, 3), "polarization_fraction", g->polarization_fraction, "flux", 0.0,
-                     "transmission", 1.0);
+    json_t *b = json_pack("{s:o, s:f, s:f, s:f, s:o, s:f, s:f, s:f}", "direction", reals(g->direction, 3),
+                          "wavelength", g->wavelength, "divergence", 0.0, "sigma_divergence", 0.0,
+                          "polarization_normal", reals(g->polarization_normal, 3), "polarization_fraction",
+                          g->polarization_fraction, "flux", 0.0, "transmission", 1.0);
+    if (b == NULL || !g->has_beam_sampling)
+        return b;
+    json_t *s = json_object();
+    const struct {
+        const char *key;
+        double v;
+    } reals_set[] = {{"hdivrange", g->hdivrange}, {"vdivrange", g->vdivrange}, {"hdivstep", g->hdivstep},
+                     {"vdivstep", g->vdivstep}, {"dispersion", g->dispersion}};
+    const struct {
+        const char *key;
+        int v;
+    } counts[] = {{"hdivsteps", g->hdivsteps}, {"vdivsteps", g->vdivsteps}, {"dispsteps", g->dispsteps},
+                  {"round_div", g->round_div}};
+    int bad = s == NULL;
+    for (size_t k = 0; !bad && k < sizeof reals_set / sizeof reals_set[0]; ++k)
+        if (!isnan(reals_set[k].v))
+            bad |= json_object_set_new(s, reals_set[k].key, json_real(reals_set[k].v)) != 0;
+    for (size_t k = 0; !bad && k < sizeof counts / sizeof counts[0]; ++k)
+        if (counts[k].v != -1)
+            bad |= json_object_set_new(s, counts[k].key, json_integer(counts[k].v)) != 0;
+    if (bad || json_object_set_new(b, "nbgrad_sampling", s) != 0) {
+        json_decref(b);
+        return NULL;
+    }
+    return b;
 }
 
 static json_t *scan_json(const nbg_geometry *g)
@@ -151,11 +179,23 @@ static json_t *scan_json(const nbg_geometry *g)
                      "valid_image_ranges");
 }
 
+/* The crystal as dxtbx's Crystal.to_dict writes it; nbgrad's mosaic domains (spread, count, seed and the frame their
+ * axes were drawn in) under a key of nbgrad's own, which dxtbx ignores, so that nbgrad renders the list as it
+ * rendered the experiment. */
 static json_t *crystal_json(const nbg_geometry *g)
 {
-    return json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(g->real_space, 3),
-                     "real_space_b", reals(g->real_space + 3, 3), "real_space_c", reals(g->real_space + 6, 3),
-                     "space_group_hall_symbol", g->space_group);
+    json_t *c = json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(g->real_space, 3),
+                          "real_space_b", reals(g->real_space + 3, 3), "real_space_c", reals(g->real_space + 6, 3),
+                          "space_group_hall_symbol", g->space_group);
+    if (c != NULL && g->has_mosaic) {
+        json_t *m = json_pack("{s:f, s:i, s:I, s:o}", "spread_deg", g->mosaic_spread, "domains", g->mosaic_domains,
+                              "seed", (json_int_t)g->mosaic_seed, "frame", reals(g->mosaic_frame, 9));
+        if (m == NULL || json_object_set_new(c, "nbgrad_mosaic", m) != 0) {
+            json_decref(c);
+            return NULL;
+        }
+    }
+    return c;
 }
 
 /* 1 when name ends in an HDF5 extension (NXmx: one file holds every frame). */
@@ -548,6 +588,37 @@ static int read_beam(const reader *r, json_t *b, const char *where, nbg_geometry
         (rc = unit(r, where, "polarization_normal", g->polarization_normal)) != NBG_OK ||
         (rc = number(r, b, where, "polarization_fraction", 0, &g->polarization_fraction)) != NBG_OK)
         return rc;
+    /* nbgrad's sampling of the divergence and the spectrum, where nbgrad wrote the list */
+    json_t *smp = json_object_get(b, "nbgrad_sampling");
+    if (smp != NULL && !json_is_null(smp)) {
+        char sw[128];
+        snprintf(sw, sizeof sw, "%s.nbgrad_sampling", where);
+        if (!json_is_object(smp))
+            return bad(r, where, "nbgrad_sampling", "expected an object");
+        const struct {
+            const char *key;
+            double *v;
+        } rs[] = {{"hdivrange", &g->hdivrange}, {"vdivrange", &g->vdivrange}, {"hdivstep", &g->hdivstep},
+                  {"vdivstep", &g->vdivstep}, {"dispersion", &g->dispersion}};
+        for (size_t k = 0; k < sizeof rs / sizeof rs[0]; ++k)
+            if ((rc = number(r, smp, sw, rs[k].key, 0, rs[k].v)) != NBG_OK)
+                return rc;
+        const struct {
+            const char *key;
+            int *v;
+            int lo;
+        } cs[] = {{"hdivsteps", &g->hdivsteps, 1}, {"vdivsteps", &g->vdivsteps, 1}, {"dispsteps", &g->dispsteps, 1},
+                  {"round_div", &g->round_div, 0}};
+        for (size_t k = 0; k < sizeof cs / sizeof cs[0]; ++k) {
+            json_t *x = json_object_get(smp, cs[k].key);
+            if (x == NULL)
+                continue;
+            if (!json_is_integer(x) || json_integer_value(x) < cs[k].lo || json_integer_value(x) > 1000000)
+                return bad(r, sw, cs[k].key, "expected an integer from %d to 1000000", cs[k].lo);
+            *cs[k].v = (int)json_integer_value(x);
+        }
+        g->has_beam_sampling = 1;
+    }
     return NBG_OK;
 }
 
@@ -938,6 +1009,27 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
     for (int i = 0; i < 3; ++i)
         matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
     g->has_crystal = 1;
+    /* nbgrad's mosaic domains, where nbgrad wrote the list */
+    json_t *m = json_object_get(c, "nbgrad_mosaic");
+    if (m != NULL && !json_is_null(m)) {
+        char mw[128];
+        snprintf(mw, sizeof mw, "%s.nbgrad_mosaic", where);
+        if (!json_is_object(m))
+            return bad(r, where, "nbgrad_mosaic", "expected an object");
+        if ((rc = number(r, m, mw, "spread_deg", 1, &g->mosaic_spread)) != NBG_OK ||
+            (rc = numbers(r, m, mw, "frame", 1, 9, g->mosaic_frame)) != NBG_OK)
+            return rc;
+        json_t *dom = json_object_get(m, "domains"), *seed = json_object_get(m, "seed");
+        if (!json_is_integer(dom) || json_integer_value(dom) < 1 || json_integer_value(dom) > 100000000)
+            return bad(r, mw, "domains", "expected a count of domains from 1 to 100000000");
+        if (!json_is_integer(seed) || json_integer_value(seed) < LONG_MIN || json_integer_value(seed) > LONG_MAX)
+            return bad(r, mw, "seed", "expected an integer seed");
+        if (!(g->mosaic_spread >= 0 && g->mosaic_spread <= 180))
+            return bad(r, mw, "spread_deg", "%g is not a mosaic spread in [0, 180] deg", g->mosaic_spread);
+        g->mosaic_domains = (int)json_integer_value(dom);
+        g->mosaic_seed = (long)json_integer_value(seed);
+        g->has_mosaic = 1;
+    }
     /* a scan-varying crystal: its per-image A matrices are counted, not used (nbg_geometry holds one crystal) */
     json_t *sv = json_object_get(c, "A_at_scan_points");
     if (sv != NULL && !json_is_null(sv)) {

@@ -28,6 +28,9 @@ void nbgi_geometry_init(nbg_geometry *g)
     g->polarization_fraction = 0.5;
     set3(g->axis, 1, 0, 0);
     g->nframes = 1;
+    g->hdivrange = g->vdivrange = g->hdivstep = g->vdivstep = g->dispersion = NAN;
+    g->hdivsteps = g->vdivsteps = g->dispsteps = -1;
+    g->round_div = 1;
     g->exposure = 1;
     g->gain = 1;
     g->saturation = NAN;
@@ -183,6 +186,30 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     }
     g->has_crystal = 1;
     for (int i = 0; i < 3; ++i) apply(R, r->real_vectors + 3 * i, g->real_space + 3 * i);
+    /* the divergence and spectrum sampled (their axes follow the beam and the polarization, which the description
+     * carries) */
+    if (!isnan(e->hdivrange) || !isnan(e->vdivrange) || !isnan(e->hdivstep) || !isnan(e->vdivstep) ||
+        e->hdivsteps != -1 || e->vdivsteps != -1 || (e->dispersion != 0 && !isnan(e->dispersion)) ||
+        e->dispsteps != -1) {
+        g->has_beam_sampling = 1;
+        g->hdivrange = e->hdivrange, g->vdivrange = e->vdivrange;
+        g->hdivstep = e->hdivstep, g->vdivstep = e->vdivstep;
+        g->hdivsteps = e->hdivsteps, g->vdivsteps = e->vdivsteps;
+        g->dispersion = e->dispersion, g->dispsteps = e->dispsteps;
+        g->round_div = e->round_div;
+    }
+    if (r->mosaic_domains > 1) {
+        /* the domains, and the frame their axes were drawn in as seen from the description's: R F */
+        g->has_mosaic = 1;
+        g->mosaic_spread = e->mosaic;
+        g->mosaic_domains = r->mosaic_domains;
+        g->mosaic_seed = e->mosaic_seed;
+        static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+        const double *F = isnan(e->mosaic_frame[0]) ? I3 : e->mosaic_frame;
+        for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j)
+                g->mosaic_frame[3 * i + j] = R[3 * i] * F[j] + R[3 * i + 1] * F[3 + j] + R[3 * i + 2] * F[6 + j];
+    }
     return nbgi_geometry_check(ctx, g, "describing the experiment");
 }
 
@@ -433,6 +460,22 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     }
     if (g->has_crystal) {
         crystal_from_vectors(ctx, g, e);
+    }
+    /* the mosaic domains a list nbgrad wrote carries: the same spread, count and seed, drawn in the frame the list
+     * says (so that they sit on the crystal where they sat); without them the frame is this one */
+    if (g->has_beam_sampling) {
+        e->hdivrange = g->hdivrange, e->vdivrange = g->vdivrange;
+        e->hdivstep = g->hdivstep, e->vdivstep = g->vdivstep;
+        e->hdivsteps = g->hdivsteps, e->vdivsteps = g->vdivsteps;
+        e->dispersion = g->dispersion, e->dispsteps = g->dispsteps;
+        e->round_div = g->round_div;
+    }
+    e->mosaic_frame[0] = NAN;
+    if (g->has_mosaic) {
+        e->mosaic = g->mosaic_spread;
+        e->mosaic_domains = g->mosaic_domains;
+        e->mosaic_seed = g->mosaic_seed;
+        memcpy(e->mosaic_frame, g->mosaic_frame, sizeof e->mosaic_frame);
     }
     return NBG_OK;
 }

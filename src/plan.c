@@ -456,6 +456,22 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
             CHECK_FINITE(e->mat[i], "orientation matrix element (-mat)");
         }
     }
+    if (!isnan(e->mosaic_frame[0])) { /* a rotation: orthonormal, determinant +1 */
+        const double *R = e->mosaic_frame;
+        double worst = 0;
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) {
+                const double d = R[i] * R[j] + R[3 + i] * R[3 + j] + R[6 + i] * R[6 + j];
+                worst = fmax(worst, fabs(d - (i == j)));
+            }
+        }
+        const double det = R[0] * (R[4] * R[8] - R[5] * R[7]) - R[1] * (R[3] * R[8] - R[5] * R[6]) +
+                           R[2] * (R[3] * R[7] - R[4] * R[6]);
+        if (!(worst <= 1e-9) || !(det > 0)) {
+            return nbgi_error(ctx, NBG_EINVAL, "the mosaic domains' frame (mosaic_frame) is not a rotation "
+                             "(orthonormality off by %g, determinant %g)", worst, det);
+        }
+    }
     if (e->hkl == NULL && e->default_F == 0) {
         return nbgi_error(ctx, NBG_EINVAL,
                          "no structure factors: give an HKL table or a non-zero default_F (the image would be blank)");
@@ -504,6 +520,7 @@ void nbg_experiment_default(nbg_experiment *e)
     e->mosaic = NAN;
     e->mosaic_domains = -1;
     e->mosaic_seed = 12345678;
+    e->mosaic_frame[0] = NAN; /* the identity */
     e->interpolate = -1;
     e->scale = 1;
     e->response.gain = 1;
@@ -1187,6 +1204,9 @@ static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbgi_p
     for (int m = 0; m < pb->samp.domains; ++m) {
         float capf;
         nbgi_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
+        if (!isnan(e->mosaic_frame[0])) { /* the same domains, drawn in another frame */
+            matvec(e->mosaic_frame, pl->mos_axis + 3 * m, pl->mos_axis + 3 * m);
+        }
         pl->mos_angle[m] = spread * (double)capf;
         nbgi_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
     }
