@@ -5,9 +5,12 @@
 #   make test       build and run every test (golden parity needs ../shared/golden or NBG_GOLDEN), the Python
 #                   package's included (make test-python runs those alone; python/tests/run.sh)
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
-#   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_)
+#   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_),
+#                   or if libnbgrad.so does not export exactly the functions nbgrad.h declares
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson,
-#                   Open MPI); run by every build
+#                   Open MPI, pkg-config); run by every build
+#   make install    the program, libnbgrad.so and .a, nbgrad.h, nbgrad.pc and nbgrad(1) under PREFIX (/usr/local);
+#                   DESTDIR stages; make uninstall; make test-install (run by make test) tries it in a scratch prefix
 #   make clean
 #
 # Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
@@ -107,6 +110,7 @@ $(B)/.deps:
 	@missing=""; \
 	 [ -f /usr/include/gsl/gsl_multimin.h ] || missing="$$missing libgsl-dev"; \
 	 [ -f /usr/include/lapacke.h ] || missing="$$missing liblapacke-dev"; \
+	 command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
 	 echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o $(B)/.omp-check 2>/dev/null || missing="$$missing libgomp1"; \
 	 if [ "$(FORMATS)" = 1 ]; then \
 	   [ -f /usr/include/hdf5/serial/hdf5.h ] || [ -f /usr/include/hdf5.h ] || missing="$$missing libhdf5-dev"; \
@@ -339,3 +343,108 @@ test-dials: $(B)/nbgrad $(B)/.dials-deps
 	@DIALS_PY=$(DIALS_PY) sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
 
 .PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials
+
+# ---------------------------------------------------------------------------------------------------------------
+# Installation: make install [PREFIX=/usr/local] [DESTDIR=] (make uninstall removes the same files), and its test
+# make test-install (tests/install/run.sh; make test runs it too).  Installs
+#
+#   $(BINDIR)/nbgrad                     the program as built ($(B)/nbgrad: CUDA linked statically when built)
+#   $(LIBDIR)/libnbgrad.so.X.Y.Z         the shared library, soname libnbgrad.so.X (X.Y.Z is NBG_VERSION in
+#   $(LIBDIR)/libnbgrad.so.X, .so        include/nbgrad.h, which states the ABI rules), and the links to it
+#   $(LIBDIR)/libnbgrad.a                the static library
+#   $(INCLUDEDIR)/nbgrad.h, nbgrad_params.def
+#   $(PKGCONFIGDIR)/nbgrad.pc            Libs: -lnbgrad; Libs.private: what a static link needs ($(LDLIBS) less CUDA)
+#   $(MANDIR)/man1/nbgrad.1              generated from `nbgrad -h` by pkg/man.sh ($(B)/nbgrad.1)
+#
+# The installed libraries have no CUDA backend, so that a C user's program needs no CUDA runtime: they are the
+# objects of $(B)/libnbgrad.a but for the two sources that see NBG_HAVE_CUDA (src/simulate.c, grad/grad.c), which
+# are compiled again without it into $(B)/so (there NBG_BACKEND_AUTO picks the CPU and NBG_BACKEND_CUDA fails with
+# NBG_ENODEV).  The shared library exports the nbg_ functions only (pkg/libnbgrad.map); make checksymbols checks that
+# it exports exactly the functions include/nbgrad.h declares.  Variables: PREFIX, DESTDIR, BINDIR, LIBDIR,
+# INCLUDEDIR, MANDIR, PKGCONFIGDIR, LDCONFIG (run by root's install without DESTDIR; LDCONFIG=true skips it).
+# OPT's -march=native is in the installed libraries too: a package for other machines sets OPT (e.g. OPT=-O3).
+
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+BINDIR       ?= $(PREFIX)/bin
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+MANDIR       ?= $(PREFIX)/share/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+LDCONFIG     ?= ldconfig
+
+NBG_VER      := $(shell sed -n 's/^.define NBG_VERSION "\([0-9.]*\)"$$/\1/p' include/nbgrad.h)
+SO_B         := $(B)/so
+SO_NAME      := libnbgrad.so.$(firstword $(subst ., ,$(NBG_VER)))
+SO_FILE      := libnbgrad.so.$(NBG_VER)
+SO_LIB       := $(SO_B)/$(SO_FILE)
+SO_CUDA_SRC  := src/simulate.c grad/grad.c
+SO_OBJ       := $(patsubst %.c,$(SO_B)/%.o,$(SO_CUDA_SRC)) \
+                $(filter-out $(patsubst %.c,$(B)/%.o,$(SO_CUDA_SRC)),$(LIB_OBJ))
+SO_CFLAGS    := $(filter-out -DNBG_HAVE_CUDA,$(CFLAGS))
+SO_LDLIBS    := $(filter-out -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++,$(LDLIBS))
+PC_LIBS_PRIVATE := $(filter-out -Wl%,$(SO_LDLIBS))
+
+$(SO_B)/%.o: %.c | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CC) $(SO_CFLAGS) -c $< -o $@
+
+$(SO_LIB): $(SO_OBJ) pkg/libnbgrad.map
+	$(CC) -shared -fopenmp -Wl,-soname,$(SO_NAME) -Wl,--version-script=pkg/libnbgrad.map -Wl,--no-undefined \
+	  $(SO_OBJ) -o $@ $(SO_LDLIBS)
+	ln -sf $(SO_FILE) $(SO_B)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(SO_B)/libnbgrad.so
+
+$(SO_B)/libnbgrad.a: $(SO_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/nbgrad.1: $(B)/nbgrad pkg/man.sh
+	sh pkg/man.sh $(B)/nbgrad > $@.tmp && mv $@.tmp $@
+
+install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 pkg/nbgrad.pc.in
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	  $(DESTDIR)$(MANDIR)/man1
+	install -m 755 $(B)/nbgrad $(DESTDIR)$(BINDIR)/nbgrad
+	install -m 755 $(SO_LIB) $(DESTDIR)$(LIBDIR)/$(SO_FILE)
+	ln -sf $(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libnbgrad.so
+	install -m 644 $(SO_B)/libnbgrad.a $(DESTDIR)$(LIBDIR)/libnbgrad.a
+	install -m 644 include/nbgrad.h include/nbgrad_params.def $(DESTDIR)$(INCLUDEDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${exec_prefix}/%,$(LIBDIR))|' \
+	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' -e 's|@VERSION@|$(NBG_VER)|' \
+	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' pkg/nbgrad.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc
+	install -m 644 $(B)/nbgrad.1 $(DESTDIR)$(MANDIR)/man1/nbgrad.1
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null 2>&1; then $(LDCONFIG); fi
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/nbgrad $(DESTDIR)$(LIBDIR)/$(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME) \
+	  $(DESTDIR)$(LIBDIR)/libnbgrad.so $(DESTDIR)$(LIBDIR)/libnbgrad.a $(DESTDIR)$(INCLUDEDIR)/nbgrad.h \
+	  $(DESTDIR)$(INCLUDEDIR)/nbgrad_params.def $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc $(DESTDIR)$(MANDIR)/man1/nbgrad.1
+
+# The shared library exports exactly the functions include/nbgrad.h declares (with GSL=0 some are left out: only
+# that nothing else is exported is checked then).
+checksymbols: checksymbols-so
+checksymbols-so: $(SO_LIB)
+	@exp=$$(nm -D --defined-only $(SO_LIB) | awk 'NF == 3 { print $$3 }' | sed 's/@.*//' | sort -u); \
+	 decl=$$(grep -o -E '^[A-Za-z_][A-Za-z0-9_ *]*[ *]nbg_[a-z0-9_]+\(' include/nbgrad.h | \
+	   grep -o -E 'nbg_[a-z0-9_]+\($$' | tr -d '(' | sort -u); \
+	 bad=$$(echo "$$exp" | grep -v -x -F "$$decl"); \
+	 if [ -n "$$bad" ]; then echo "$(SO_LIB) exports symbols that include/nbgrad.h does not declare:"; \
+	   echo "$$bad"; exit 1; fi; \
+	 if [ "$(GSL)" = 1 ]; then missing=$$(echo "$$decl" | grep -v -x -F "$$exp"); \
+	   if [ -n "$$missing" ]; then echo "functions declared in include/nbgrad.h that $(SO_LIB) does not export:"; \
+	     echo "$$missing"; exit 1; fi; fi
+
+# the install test, run by run-all.sh like a test program (make test) or alone
+$(B)/tests/test-install: tests/install/run.sh $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1
+	@mkdir -p $(dir $@)
+	@printf '#!/bin/sh\nexec sh tests/install/run.sh $(B)\n' > $@ && chmod +x $@
+
+test-install: $(B)/tests/test-install
+	@$(B)/tests/test-install
+
+all: $(SO_LIB)
+test: $(B)/tests/test-install
+
+.PHONY: install uninstall test-install checksymbols-so

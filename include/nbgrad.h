@@ -23,7 +23,33 @@
 extern "C" {
 #endif
 
+/* The version, MAJOR.MINOR.PATCH, of this header; nbg_version() says the library's, which a program linked against
+ * the shared library may find newer than the header it was built with.
+ *
+ * ABI rules.  The shared library is libnbgrad.so.MAJOR.MINOR.PATCH with the soname libnbgrad.so.MAJOR (libnbgrad.so.0
+ * throughout 0.x); libnbgrad.a, nbgrad.pc and this header are installed with it (make install).
+ *   - A patch version (0.1.0 -> 0.1.1) changes no declaration here and no documented behaviour: fixes only.
+ *   - From 1.0, a minor version (1.2 -> 1.3) only adds: new functions; new values of an enum after its existing
+ *     ones (the status codes, further negative numbers); new scalar parameters at the end of nbgrad_params.def
+ *     (NBG_NPARAMS grows; the families' ids, NBG_P_MOTION0 and NBG_P_F0, are fixed); new flags in a flags argument.
+ *     It never removes or renames a function, changes a signature, renumbers an enum, or changes the size or layout
+ *     of a struct the caller allocates (nbg_experiment, nbg_report, nbg_limits, nbg_refine_options, nbg_geometry,
+ *     ...): each of those takes the next major version and so a new soname, which installs beside the old one.  A
+ *     program built against 1.m runs against every 1.n with n >= m.
+ *   - Before 1.0 (0.y.z) the interface is still settling: a minor version (0.1 -> 0.2) may change any of the above,
+ *     the layout of nbg_experiment included, under the same soname libnbgrad.so.0.  A program built against 0.y is
+ *     rebuilt for another 0.y; it can check at run time that nbg_version_number() / 100 == NBG_VERSION_NUMBER / 100.
+ *   - The library exports exactly the functions declared here, all named nbg_* (the shared library hides its
+ *     internal nbgi_* functions); make checksymbols checks both. */
+#define NBG_VERSION_MAJOR 0
+#define NBG_VERSION_MINOR 1
+#define NBG_VERSION_PATCH 0
 #define NBG_VERSION "0.1.0"
+#define NBG_VERSION_NUMBER (NBG_VERSION_MAJOR * 10000 + NBG_VERSION_MINOR * 100 + NBG_VERSION_PATCH)
+
+/* The library's version: its NBG_VERSION string ("0.1.0") and its NBG_VERSION_NUMBER (100 for 0.1.0). */
+const char *nbg_version(void);
+int nbg_version_number(void);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Status codes                                                                                               */

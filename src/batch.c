@@ -39,6 +39,7 @@
 #include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
 #endif
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,22 +272,89 @@ typedef struct {
     int overwrite;
 } batch_opts;
 
+/* nbgrad shots's options */
+typedef struct {
+    long n, seed;
+    double cell[6], N, cell_jitter, N_jitter, scale_jitter;
+    int have_cell;
+    const char *out;
+} shots_opts;
+
+static int set_count(void *opts, const char *flag, char **v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x)) {
+        return 0;
+    }
+    if (!(x >= 1 && x <= 1e8 && x == floor(x))) {
+        fprintf(stderr, "nbgrad: error: %s expects a count, 1 to 1e8, got '%s'\n", flag, v[0]);
+        return 0;
+    }
+    *(long *)dst = (long)x;
+    return 1;
+}
+
+static int set_seed(void *opts, const char *flag, char **v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x)) {
+        return 0;
+    }
+    *(long *)dst = (long)x;
+    return 1;
+}
+
+static int set_number(void *opts, const char *flag, char **v, void *dst)
+{
+    return nbgi_cli_number(flag, v[0], dst);
+}
+
+static int set_cell(void *opts, const char *flag, char **v, void *dst)
+{
+    shots_opts *o = opts;
+    for (int k = 0; k < 6; ++k) {
+        if (!nbgi_cli_number(flag, v[k], &o->cell[k])) {
+            return 0;
+        }
+    }
+    o->have_cell = 1;
+    return 1;
+}
+
+/* batch's and shots's own flags: their parsers, their -h, nbgrad -h and the README's list (see src/cli.h) */
+#define BO(field) offsetof(batch_opts, field)
+#define SO(field) offsetof(shots_opts, field)
+static const nbgi_sub_flag batch_flag_table[] = {
+    {"-shots", NBGI_CMD_BATCH, nbgi_set_path, BO(shots), "FILE",
+     "the shot list: JSON lines, keys id misset A cell N mosaic mosaic_domains lambda phi fluence scale seed "
+     "sourcefile (nbgrad shots writes one)"},
+    {"-overwrite", NBGI_CMD_BATCH, nbgi_set_switch, BO(overwrite), NULL,
+     "redo every shot (without it a shot whose outputs all exist is skipped: a rerun resumes)"},
+    {"-n", NBGI_CMD_SHOTS, set_count, SO(n), "COUNT", "the shots, 1 to 1e8"},
+    {"-o", NBGI_CMD_SHOTS, nbgi_set_path, SO(out), "FILE", "the shot list written (JSON lines)"},
+    {"-seed", NBGI_CMD_SHOTS, set_seed, SO(seed), "S", "the seed of the draws (1): the same seed, the same list"},
+    {"-cell", NBGI_CMD_SHOTS, set_cell, 0, "a b c alpha beta gamma",
+     "every shot gets a cell (A, deg), drawn around this one with -cell_jitter"},
+    {"-cell_jitter", NBGI_CMD_SHOTS, set_number, SO(cell_jitter), "PCT",
+     "Gaussian spread of the cell lengths, percent rms (0)"},
+    {"-N", NBGI_CMD_SHOTS, set_number, SO(N), "n", "every shot gets N (unit cells), drawn around this with -N_jitter"},
+    {"-N_jitter", NBGI_CMD_SHOTS, set_number, SO(N_jitter), "PCT", "Gaussian spread of N, percent rms (0)"},
+    {"-scale_jitter", NBGI_CMD_SHOTS, set_number, SO(scale_jitter), "PCT",
+     "every shot gets a scale around 1, Gaussian, percent rms (0: none)"},
+};
+#undef BO
+#undef SO
+#define NBATCH_FLAGS ((int)(sizeof batch_flag_table / sizeof batch_flag_table[0]))
+
+const nbgi_sub_flag *nbgi_batch_flags(int *n)
+{
+    *n = NBATCH_FLAGS;
+    return batch_flag_table;
+}
+
 static int batch_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
-    batch_opts *o = c->extra;
-    if (strcmp(argv[i], "-shots") == 0) {
-        if (i + 1 >= argc) {
-            fprintf(stderr, "nbgrad: error: -shots needs a file\n");
-            return -1;
-        }
-        o->shots = argv[i + 1];
-        return 2;
-    }
-    if (strcmp(argv[i], "-overwrite") == 0) {
-        o->overwrite = 1;
-        return 1;
-    }
-    return 0;
+    return nbgi_sub_flag_parse(batch_flag_table, NBATCH_FLAGS, NBGI_CMD_BATCH, c->extra, argc, argv, i, NULL);
 }
 
 int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size)
@@ -437,12 +505,13 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, extra, 1);
     if (ctx == NULL) {
         if (c.help) {
-            printf("usage: nbgrad batch <nanoBragg flags> -shots LIST [-overwrite] with {id} in the output names, "
-                   "e.g.\n       nbgrad batch -cell 70 80 90 90 90 90 -N 5 -default_F 100 -shots shots.jsonl "
-                   "-floatfile out/{id}.bin -noisefile out/{id}.img -seed 1\n"
-                   "       mpirun -n K nbgrad batch ...   (shot i on rank i mod K)\n"
-                   "the shot list: JSON lines, keys id misset A cell N mosaic mosaic_domains lambda phi fluence "
-                   "scale seed sourcefile (nbgrad shots writes one)\n");
+            nbgi_sub_usage(stdout,
+                           "usage: nbgrad batch <nanoBragg flags> -shots LIST [-overwrite] with {id} in the output "
+                           "names, e.g.\n       nbgrad batch -cell 70 80 90 90 90 90 -N 5 -default_F 100 -shots "
+                           "shots.jsonl -floatfile out/{id}.bin -noisefile out/{id}.img -seed 1\n"
+                           "       mpirun -n K nbgrad batch ...   (shot i on rank i mod K)\n"
+                           "each shot's progress goes to stderr (-quiet: none), the totals to stdout",
+                           batch_flag_table, NBATCH_FLAGS, NBGI_CMD_BATCH);
             status = 0;
         }
         goto done;
@@ -528,7 +597,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                     failed = 1;
                 }
                 if (!failed) {
-                    printf("shot %s (%d of %d, rank %d)\n", s->id, i + 1, shots.n, rank);
+                    nbgi_progress(1, i + 1, shots.n, "shot %s (%d of %d, rank %d)", s->id, i + 1, shots.n, rank);
                     const nbg_experiment keep = c.e;
                     c.e = e; /* the outputs describe the shot's experiment */
                     failed = !nbgi_cli_write_outputs(ctx, &c, &rs, img, 0) || !nbgi_cli_commit(ctx, &c);
@@ -555,8 +624,8 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         if (failed) {
             break;
         }
-        fflush(stdout);
     }
+    nbgi_progress_end();
     /* the totals, over the ranks */
     int counts[3] = {done_here, skipped, failed}, total[3] = {done_here, skipped, failed};
 #ifdef NBG_HAVE_MPI
@@ -630,49 +699,34 @@ int nbgi_cmd_shots(int argc, char **argv, int first)
                     "(FORMATS=0)\n");
     return 1;
 #else
-    long n = -1, seed = 1;
-    double cell[6] = {0}, N = 0, cell_jitter = 0, N_jitter = 0, scale_jitter = 0;
-    int have_cell = 0;
-    const char *out = NULL;
+    shots_opts so = {.n = -1, .seed = 1};
     for (int i = first; i < argc; ++i) {
         const char *a = argv[i];
-        double x;
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             printf("usage: nbgrad shots -n COUNT [-seed S] [-cell a b c alpha beta gamma -cell_jitter PCT] "
                    "[-N n -N_jitter PCT] [-scale_jitter PCT] -o FILE\n"
                    "writes a shot list (JSON lines) of COUNT shots in uniformly random orientations (as misset "
                    "angles), with the cell, N and scale drawn around the values given (Gaussian, PCT percent "
-                   "rms) when a jitter is given; the same seed gives the same list\n");
+                   "rms) when a jitter is given; the same seed gives the same list\nits flags:\n");
+            nbgi_sub_flags_doc(stdout, batch_flag_table, NBATCH_FLAGS, NBGI_CMD_SHOTS, 0);
             return 0;
         }
-        const int has_value = i + 1 < argc;
-        if (strcmp(a, "-n") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &x)) {
-            n = (x >= 1 && x <= 1e8 && x == floor(x)) ? (long)x : -2, ++i;
-        } else if (strcmp(a, "-seed") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &x)) {
-            seed = (long)x, ++i;
-        } else if (strcmp(a, "-o") == 0 && has_value) {
-            out = argv[++i];
-        } else if (strcmp(a, "-cell") == 0 && i + 6 < argc) {
-            for (int k = 0; k < 6; ++k) {
-                if (!nbgi_cli_number(a, argv[i + 1 + k], &cell[k])) {
-                    return 1;
-                }
-            }
-            have_cell = 1, i += 6;
-        } else if (strcmp(a, "-N") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &N)) {
-            ++i;
-        } else if (strcmp(a, "-cell_jitter") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &cell_jitter)) {
-            ++i;
-        } else if (strcmp(a, "-N_jitter") == 0 && has_value && nbgi_cli_number(a, argv[i + 1], &N_jitter)) {
-            ++i;
-        } else if (strcmp(a, "-scale_jitter") == 0 && has_value &&
-                   nbgi_cli_number(a, argv[i + 1], &scale_jitter)) {
-            ++i;
-        } else {
-            fprintf(stderr, "nbgrad: error: nbgrad shots: unknown flag or missing value '%s' (nbgrad shots -h)\n", a);
+        const int used = nbgi_sub_flag_parse(batch_flag_table, NBATCH_FLAGS, NBGI_CMD_SHOTS, &so, argc, argv, i,
+                                             NULL);
+        if (used < 0) {
             return 1;
         }
+        if (used == 0) {
+            fprintf(stderr, "nbgrad: error: nbgrad shots: unknown flag '%s' (nbgrad shots -h)\n", a);
+            return 1;
+        }
+        i += used - 1;
     }
+    const long n = so.n, seed = so.seed;
+    const double *cell = so.cell, N = so.N, cell_jitter = so.cell_jitter, N_jitter = so.N_jitter,
+                 scale_jitter = so.scale_jitter;
+    const int have_cell = so.have_cell;
+    const char *out = so.out;
     if (n < 1 || out == NULL) {
         fprintf(stderr, "nbgrad: error: nbgrad shots needs -n COUNT (1 to 1e8) and -o FILE\n");
         return 1;

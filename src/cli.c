@@ -15,7 +15,11 @@
 #include "plan.h"
 
 #include <errno.h>
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+#endif
 #include <limits.h>
+#include <stdarg.h>
 #include <sys/stat.h>
 #include <math.h>
 #include <stddef.h>
@@ -300,9 +304,10 @@ static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mas
 
 /*
  * One table, flags[] below, drives the parser (nbgi_cli_parse), the help (nbgi_cli_usage) and the README's list of
- * flags (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the gradient
- * subcommands' flags of src/main.c).  After changing either table, regenerate the README's "All flags" section
- * (tests/test-flags.c fails until it matches):
+ * flags (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the
+ * subcommands' own flags: the tables of src/main.c (grad, gradcheck, refine), src/ensemble.c and src/batch.c (batch,
+ * shots), nbgi_sub_flag entries, which also drive each subcommand's -h).  After changing any of these tables,
+ * regenerate the README's "All flags" section (tests/test-flags.c fails until it matches):
  *
  *   make build/nbgrad && build/nbgrad --flags-markdown > build/flags.md &&
  *   awk 'FNR == NR { g = g $0 "\n"; next } /^<!-- BEGIN FLAGS/ { printf "%s", g; skip = 1 } !skip { print }
@@ -697,6 +702,9 @@ static const cli_flag flags[] = {
      .help = "the largest allocation an input may ask for, GiB (4)"},
     {"-max_samples", K_FN, .n = 1, .fn = fn_max_samples, .group = G_NBGRAD, .arg = "n",
      .help = "the most pixels x samples per pixel one run may evaluate (1e12)"},
+    {"-quiet -noprogress", K_SWITCH, C(quiet), .value = 1, .group = G_NBGRAD,
+     .help = "no progress on stderr (ensemble cycles, batch shots, gradcheck parameters, refine iterations and "
+             "frames); errors, warnings and results are still printed"},
 
     /* accepted and ignored */
     {"-density -sample_den -MW -molec", K_NUM, 0, .note = IGNORED_NOTE, .group = G_IGNORED, .arg = "x",
@@ -704,7 +712,8 @@ static const cli_flag flags[] = {
     {"-coherent", K_SWITCH, 0, .note = IGNORED_NOTE, .group = G_IGNORED, .help = "ignored, with a note"},
     {"-stol -4stol -Q -stolout", K_STR, 0, .note = " is ignored (nanoBragg reads it but never uses it)",
      .group = G_IGNORED, .arg = "file", .help = "read and ignored, with a note"},
-    {"-progress -noprogress", K_SWITCH, 0, .group = G_IGNORED, .help = "ignored: there is no progress meter"},
+    {"-progress", K_SWITCH, 0, .group = G_IGNORED,
+     .help = "ignored: long runs show their progress on stderr anyway (-quiet silences it)"},
 
     /* refused */
     {"-printout -printout_pixel -trace_pixel -dump_pixel", K_REFUSED, .group = G_REFUSED,
@@ -959,6 +968,233 @@ void nbgi_cli_flags_list(FILE *out)
         }
     }
 }
+
+int nbgi_cli_is_flag(const char *name)
+{
+    return find_flag(name) != NULL;
+}
+
+/* --- the subcommands' own flags ------------------------------------------------------------------------------ */
+
+const char *nbgi_cmd_names(unsigned cmds, char *buf, size_t size)
+{
+    static const char *const names[NBGI_NCMDS] = {"grad", "gradcheck", "refine", "ensemble", "batch", "shots"};
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < NBGI_NCMDS; ++k) {
+        if (cmds & (1u << k) && at < size) {
+            at += (size_t)snprintf(buf + at, size - at, "%s%s", at ? ", " : "", names[k]);
+        }
+    }
+    return buf;
+}
+
+int nbgi_sub_flag_parse(const nbgi_sub_flag *t, int n, unsigned cmd, void *opts, int argc, char **argv, int i,
+                        const char *note)
+{
+    const char *a = argv[i];
+    const nbgi_sub_flag *f = NULL;
+    unsigned others = 0; /* the subcommands that take a flag of this name */
+    for (int k = 0; k < n; ++k) {
+        if (strcmp(a, t[k].flag) == 0) {
+            others |= t[k].cmds;
+            if (f == NULL && (t[k].cmds & cmd) != 0) {
+                f = &t[k];
+            }
+        }
+    }
+    if (others == 0) {
+        return 0;
+    }
+    char buf[96], mine[32];
+    if (f == NULL) {
+        fprintf(stderr, "nbgrad: error: nbgrad %s does not take %s (a flag of nbgrad %s)%s\n",
+                nbgi_cmd_names(cmd, mine, sizeof mine), a, nbgi_cmd_names(others, buf, sizeof buf),
+                note != NULL ? note : "");
+        return -1;
+    }
+    int nv = 0, len;
+    while (f->arg != NULL && word(f->arg, nv, &len) != NULL) {
+        ++nv;
+    }
+    if (i + nv >= argc) {
+        fprintf(stderr, "nbgrad: error: %s needs %s\n", a, nv > 1 ? "its values" : "a value");
+        return -1;
+    }
+    return f->set(opts, a, nv > 0 ? argv + i + 1 : NULL, (char *)opts + f->off) ? 1 + nv : -1;
+}
+
+void nbgi_sub_flags_doc(FILE *out, const nbgi_sub_flag *t, int n, unsigned cmd, int markdown)
+{
+    char scope[96];
+    for (int k = 0; k < n; ++k) {
+        if (cmd == 0 || (t[k].cmds & cmd)) {
+            nbgi_cli_help_line(out, t[k].flag, t[k].arg, t[k].help,
+                               cmd == 0 ? nbgi_cmd_names(t[k].cmds, scope, sizeof scope) : NULL, markdown);
+        }
+    }
+}
+
+void nbgi_sub_usage(FILE *out, const char *usage, const nbgi_sub_flag *t, int n, unsigned cmd)
+{
+    char name[32];
+    fprintf(out, "%s%s%s's own flags:\n", usage, usage[0] != '\0' ? "\n" : "", nbgi_cmd_names(cmd, name, sizeof name));
+    nbgi_sub_flags_doc(out, t, n, cmd, 0);
+    fprintf(out, "nanoBragg's flags, as for nbgrad simulate:\n");
+    flags_doc(out, 0);
+}
+
+int nbgi_set_path(void *opts, const char *flag, char **v, void *dst)
+{
+    *(const char **)dst = v[0];
+    return 1;
+}
+
+int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x)) {
+        return 0;
+    }
+    if (!(x > 0)) {
+        fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", flag, v[0]);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst)
+{
+    *(int *)dst = 1;
+    return 1;
+}
+
+/* --- progress on stderr -------------------------------------------------------------------------------------- */
+
+static struct {
+    int quiet, tty;
+    int open;  /* a bar line is drawn and not ended */
+    int width; /* the length of the line drawn */
+} g_progress;
+
+void nbgi_progress_init(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    setvbuf(stderr, NULL, _IOLBF, 0);
+    g_progress.tty = isatty(STDERR_FILENO);
+    atexit(nbgi_progress_end); /* a bar left open by an error ends its line */
+}
+
+void nbgi_progress_quiet(int quiet)
+{
+    g_progress.quiet = quiet;
+}
+
+void nbgi_progress(int plain, int done, int total, const char *fmt, ...)
+{
+    if (g_progress.quiet || (!plain && !g_progress.tty)) {
+        return;
+    }
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (!g_progress.tty) {
+        fprintf(stderr, "%s\n", text);
+        return;
+    }
+    char bar[32] = "";
+    if (total > 0) {
+        const int w = 20, full = done >= total ? w : done <= 0 ? 0 : (int)((double)done * w / total);
+        bar[0] = '[';
+        for (int k = 0; k < w; ++k) bar[1 + k] = k < full ? '#' : '.';
+        bar[1 + w] = ']';
+        bar[2 + w] = ' ';
+        bar[3 + w] = '\0';
+    }
+    char line[600];
+    const int len = snprintf(line, sizeof line, "%s%s", bar, text);
+    /* the line redrawn in place, the rest of a longer previous one blanked */
+    fprintf(stderr, "\r%s%*s", line, g_progress.width > len ? g_progress.width - len : 0, "");
+    g_progress.width = len;
+    g_progress.open = 1;
+    if (total > 0 && done >= total) {
+        nbgi_progress_end();
+    } else {
+        fflush(stderr);
+    }
+}
+
+void nbgi_progress_end(void)
+{
+    if (g_progress.open) {
+        fputc('\n', stderr);
+        g_progress.open = 0;
+        g_progress.width = 0;
+    }
+}
+
+/* --- JSON outputs ------------------------------------------------------------------------------------------------ */
+
+#ifdef NBG_HAVE_FORMATS
+int nbgi_json_write(nbg_ctx *ctx, nbgi_outset *set, const char *path, json_t *doc, int indent)
+{
+    const size_t how = (indent ? JSON_INDENT(2) : 0) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17);
+    char *text = doc != NULL ? json_dumps(doc, how) : NULL;
+    json_decref(doc);
+    nbgi_out o;
+    int rc = text == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the JSON of %s", path)
+                          : nbgi_out_open(ctx, path, &o);
+    if (rc == NBG_OK) {
+        rc = nbgi_out_write(ctx, &o, text, strlen(text));
+    }
+    if (rc == NBG_OK) {
+        rc = nbgi_out_write(ctx, &o, "\n", 1);
+    }
+    if (rc == NBG_OK) {
+        rc = nbgi_out_finish(ctx, &o, set);
+    }
+    free(text);
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    return 1;
+}
+
+json_t *nbgi_json_num(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+int nbgi_json_refused(const char *flag, const char *path)
+{
+    return 0;
+}
+#else
+int nbgi_json_write(nbg_ctx *ctx, nbgi_outset *set, const char *path, struct json_t *doc, int indent)
+{
+    fprintf(stderr, "nbgrad: error: %s: this nbgrad was built without jansson (FORMATS=0): no JSON outputs\n", path);
+    return 0;
+}
+
+struct json_t *nbgi_json_num(double v)
+{
+    return NULL;
+}
+
+int nbgi_json_refused(const char *flag, const char *path)
+{
+    if (path == NULL) {
+        return 0;
+    }
+    fprintf(stderr, "nbgrad: error: %s %s: this nbgrad was built without jansson (FORMATS=0): no JSON outputs\n",
+            flag, path);
+    return 1;
+}
+#endif
 
 int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
 {
@@ -1635,6 +1871,7 @@ nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbg
         nbg_ctx_destroy(ctx);
         return NULL;
     }
+    nbgi_progress_quiet(c->quiet);
     nbg_ctx_destroy(ctx);
     ctx = NULL;
     /* the same file named twice, or an output that is an input: refused before any work */

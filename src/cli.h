@@ -44,6 +44,7 @@ struct nbgi_cli {
     long seed;
     int have_seed, have_misset_seed;
     int nopgm, nonoise, nodump, help;
+    int quiet;              /* -quiet: no progress on stderr (errors, warnings and results still printed) */
     int last_pivot;
     nbg_backend backend;
     nbg_precision precision;
@@ -121,6 +122,78 @@ int nbgi_cmd_batch(int argc, char **argv, int first);
 int nbgi_cmd_shots(int argc, char **argv, int first);
 /* src/ensemble.c: refinement of many shots together (global structure factors and parameters, local ones). */
 int nbgi_cmd_ensemble(int argc, char **argv, int first);
+/* --- the subcommands' own flags ------------------------------------------------------------------------------ */
+
+/* The subcommands with flags of their own, a bit each: a flag's scope. */
+enum {
+    NBGI_CMD_GRAD = 1,
+    NBGI_CMD_GRADCHECK = 2,
+    NBGI_CMD_REFINE = 4,
+    NBGI_CMD_ENSEMBLE = 8,
+    NBGI_CMD_BATCH = 16,
+    NBGI_CMD_SHOTS = 32,
+};
+#define NBGI_NCMDS 6
+
+/* One entry of a subcommand's flag table (src/main.c for grad, gradcheck and refine; src/ensemble.c; src/batch.c for
+ * batch and shots).  A table drives its subcommands' parser (nbgi_sub_flag_parse), their -h, nbgrad -h, the README's
+ * "All flags" section (nbgrad --flags-markdown) and nbgrad --flags-list. */
+typedef struct {
+    const char *flag;
+    unsigned cmds; /* the subcommands that take it (NBGI_CMD_*) */
+    /* reads the flag's values v (as many as arg has words; NULL for a switch) into dst, the field at off in the
+     * subcommand's options opts; prints the error and returns 0 on a bad value */
+    int (*set)(void *opts, const char *flag, char **v, void *dst);
+    size_t off;
+    const char *arg;  /* the values' names in the help, a word each ("a b c alpha beta gamma": 6); NULL: a switch */
+    const char *help;
+} nbgi_sub_flag;
+
+/* The tables of src/ensemble.c and src/batch.c (n receives the entries). */
+const nbgi_sub_flag *nbgi_ensemble_flags(int *n);
+const nbgi_sub_flag *nbgi_batch_flags(int *n);
+/* "grad, refine": the subcommands of a set of NBGI_CMD_* bits, into buf. */
+const char *nbgi_cmd_names(unsigned cmds, char *buf, size_t size);
+/* Whether name is one of the common (nanoBragg and nbgrad) flags of the table in cli.c. */
+int nbgi_cli_is_flag(const char *name);
+/* Parses argv[i] when it is a flag of table t (n entries) for the subcommand cmd: returns the argv entries it used
+ * (the flag's included), 0 when it is none of the table's, -1 after printing an error (a bad value, a missing one, or
+ * a flag of the table that another subcommand takes; note, when not NULL, is appended to that message). */
+int nbgi_sub_flag_parse(const nbgi_sub_flag *t, int n, unsigned cmd, void *opts, int argc, char **argv, int i,
+                        const char *note);
+/* The flags of table t for cmd, as help lines (every one with its subcommands in brackets when cmd is 0); markdown:
+ * as items of the README's list. */
+void nbgi_sub_flags_doc(FILE *out, const nbgi_sub_flag *t, int n, unsigned cmd, int markdown);
+/* A subcommand's -h: usage (several lines), its own flags from t, then the common flags. */
+void nbgi_sub_usage(FILE *out, const char *usage, const nbgi_sub_flag *t, int n, unsigned cmd);
+/* Common setters of the subcommand tables: a file name (const char *), a positive number (double), a switch (int 1). */
+int nbgi_set_path(void *opts, const char *flag, char **v, void *dst);
+int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst);
+int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst);
+
+/* --- progress and JSON ----------------------------------------------------------------------------------------- */
+
+/* Progress of long runs goes to stderr (line-buffered, as stdout is): a bar redrawn in place (\r) when stderr is a
+ * terminal, plain lines otherwise; nothing under -quiet.  Errors, warnings and results are never silenced. */
+void nbgi_progress_init(void);
+void nbgi_progress_quiet(int quiet);
+/* One step, done of total (total <= 0: unknown), described by fmt: on a terminal, the line redrawn with a bar (and
+ * ended when done reaches total); otherwise a line of its own, when plain (a step whose plain lines would flood a
+ * log, such as each shot of a local fit, passes 0 and shows on a terminal only). */
+void nbgi_progress(int plain, int done, int total, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Ends a bar left open on the terminal (before other output). */
+void nbgi_progress_end(void);
+
+/* JSON outputs (jansson; a build without it, FORMATS=0, has none): nbgi_json_write serialises doc (its reference is
+ * taken: the caller must not decref it) into path, atomically, through the run's output set (set NULL: renamed at
+ * once), with two-space indentation or (indent 0) on one line, keys in insertion order, reals to 17 significant
+ * digits (they round-trip).  Prints the error and returns 0 on one.  nbgi_json_num: a number, or null when not
+ * finite.  nbgi_json_refused: prints why -json is refused in a build without jansson and returns 1 there. */
+struct json_t;
+int nbgi_json_write(nbg_ctx *ctx, nbgi_outset *set, const char *path, struct json_t *doc, int indent);
+struct json_t *nbgi_json_num(double v);
+int nbgi_json_refused(const char *flag, const char *path);
+
 /* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
  * an error (printed).  extra lists a subcommand's own files (n entries). */
 int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n);

@@ -29,7 +29,11 @@
 #include "io.h"
 #include "shots.h"
 
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+#endif
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,42 +52,61 @@ typedef struct {
     nbg_loss loss;
 } ens_opts;
 
-static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
+static int set_cycles(void *opts, const char *flag, char **v, void *dst)
 {
-    ens_opts *o = c->extra;
-    const char *a = argv[i];
-    const char **str = strcmp(a, "-shots") == 0      ? &o->shots
-                       : strcmp(a, "-observed") == 0 ? &o->observed
-                       : strcmp(a, "-hklout") == 0   ? &o->hklout
-                       : strcmp(a, "-json") == 0     ? &o->json
-                       : strcmp(a, "-global") == 0   ? &o->global
-                       : strcmp(a, "-local") == 0    ? &o->local
-                                                     : NULL;
-    if (str == NULL && strcmp(a, "-cycles") != 0 && strcmp(a, "-loss") != 0) {
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x) || x < 1 || x > 1000 || x != floor(x)) {
+        fprintf(stderr, "nbgrad: error: -cycles expects 1 to 1000, got '%s'\n", v[0]);
         return 0;
     }
-    if (i + 1 >= argc) {
-        fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
-        return -1;
-    }
-    const char *v = argv[i + 1];
-    if (str != NULL) {
-        *str = v;
-    } else if (strcmp(a, "-cycles") == 0) {
-        double x;
-        if (!nbgi_cli_number(a, v, &x) || x < 1 || x > 1000 || x != floor(x)) {
-            fprintf(stderr, "nbgrad: error: -cycles expects 1 to 1000, got '%s'\n", v);
-            return -1;
-        }
-        o->cycles = (int)x;
-    } else if (strcmp(v, "poisson") == 0 || strcmp(v, "lsq") == 0) {
-        o->loss = v[0] == 'p' ? NBG_LOSS_POISSON : NBG_LOSS_LSQ;
-    } else {
-        fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v);
-        return -1;
-    }
-    return 2;
+    *(int *)dst = (int)x;
+    return 1;
 }
+
+static int set_loss(void *opts, const char *flag, char **v, void *dst)
+{
+    if (strcmp(v[0], "poisson") != 0 && strcmp(v[0], "lsq") != 0) {
+        fprintf(stderr, "nbgrad: error: -loss expects lsq or poisson, got '%s'\n", v[0]);
+        return 0;
+    }
+    *(nbg_loss *)dst = v[0][0] == 'p' ? NBG_LOSS_POISSON : NBG_LOSS_LSQ;
+    return 1;
+}
+
+/* ensemble's own flags: the parser, nbgrad ensemble -h, nbgrad -h and the README's list (see src/cli.h) */
+#define EO(field) offsetof(ens_opts, field)
+static const nbgi_sub_flag ens_flag_table[] = {
+    {"-shots", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(shots), "FILE",
+     "the shot list (JSON lines, as nbgrad batch reads): each shot's starting orientation and other values"},
+    {"-observed", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(observed), "TEMPLATE",
+     "the shots' observed images, {id} replaced by each shot's id (e.g. obs/{id}.img)"},
+    {"-global", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(global), "LIST",
+     "parameters every shot shares, comma-separated: F (the -hkl table) and any of -params's (cell ...)"},
+    {"-local", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(local), "LIST",
+     "parameters of each shot, comma-separated (rotx,roty,rotz, scale, N ...)"},
+    {"-cycles", NBGI_CMD_ENSEMBLE, set_cycles, EO(cycles), "n",
+     "cycles of local fits then a global BFGS step (4)"},
+    {"-loss", NBGI_CMD_ENSEMBLE, set_loss, EO(loss), "poisson|lsq", "the loss summed over the shots (poisson)"},
+    {"-hklout", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(hklout), "FILE",
+     "with -global F: the refined table, \"h k l F sigma(F)\" lines of the measured entries"},
+    {"-json", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(json), "FILE",
+     "the result as JSON: losses, globals, F, every shot's locals (docs/json.md)"},
+};
+#undef EO
+#define NENS_FLAGS ((int)(sizeof ens_flag_table / sizeof ens_flag_table[0]))
+
+const nbgi_sub_flag *nbgi_ensemble_flags(int *n)
+{
+    *n = NENS_FLAGS;
+    return ens_flag_table;
+}
+
+#ifndef NBG_NO_REFINE
+static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
+{
+    return nbgi_sub_flag_parse(ens_flag_table, NENS_FLAGS, NBGI_CMD_ENSEMBLE, c->extra, argc, argv, i, NULL);
+}
+#endif
 
 /* Parses a parameter list for the experiment e (nbg_params_parse) into *p (malloc'd, the caller frees it) and *n;
  * the word "F" (the whole structure-factor table) sets *want_F where allow_F, and is refused elsewhere; single
@@ -401,12 +424,18 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     nbg_ctx *ctx = nbgi_cli_setup(&c, argc, argv, first, extra, 3);
     if (ctx == NULL) {
         if (c.help) {
-            printf("usage: nbgrad ensemble <nanoBragg flags, -hkl start.hkl> -shots LIST -observed obs/{id}.img "
-                   "-global F[,a,b,c,...] -local rotx,roty,rotz[,...] [-cycles 4] [-loss poisson|lsq] "
-                   "[-hklout F.hkl] [-json FILE]\n"
-                   "       mpirun -n K nbgrad ensemble ...   (shot i on rank i mod K; the same answer for any K)\n");
+            nbgi_sub_usage(stdout,
+                           "usage: nbgrad ensemble <nanoBragg flags, -hkl start.hkl> -shots LIST -observed "
+                           "obs/{id}.img -global F[,a,b,c,...] -local rotx,roty,rotz[,...] [-cycles 4] [-loss poisson|lsq] "
+                           "[-hklout F.hkl] [-json FILE]\n"
+                           "       mpirun -n K nbgrad ensemble ...   (shot i on rank i mod K; the same answer for any "
+                           "K)\nthe cycles' progress goes to stderr (-quiet: none), the results to stdout",
+                           ens_flag_table, NENS_FLAGS, NBGI_CMD_ENSEMBLE);
             status = 0;
         }
+        goto done;
+    }
+    if (nbgi_json_refused("-json", o.json)) {
         goto done;
     }
     if (o.shots == NULL || o.observed == NULL || o.global == NULL) {
@@ -488,7 +517,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     }
     const double L0 = L;
     if (rank == 0) {
-        printf("cycle 0: loss %.12g\n", L);
+        nbgi_progress(1, 0, o.cycles, "cycle 0: loss %.12g", L);
     }
     nbg_refine_options ro;
     nbg_refine_options_default(&ro);
@@ -507,6 +536,11 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             }
             nc += !res.converged;
             nbg_refine_result_free(&res);
+            if (rank == 0) {
+                /* on a terminal only: a line a shot would flood a log */
+                nbgi_progress(0, cyc - 1, o.cycles, "cycle %d: local fits, shot %d of %d%s", cyc, k + 1, w.nmine,
+                              size > 1 ? " (this rank's)" : "");
+            }
         }
         local_nc = nc;
         /* 2. the globals, all shots together */
@@ -515,10 +549,11 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             goto done;
         }
         if (rank == 0) {
-            printf("cycle %d: loss %.12g (%d BFGS iterations, %ld evaluations so far)\n", cyc, L, it, w.evals);
-            fflush(stdout);
+            nbgi_progress(1, cyc, o.cycles, "cycle %d: loss %.12g (%d BFGS iterations, %ld evaluations so far)", cyc, L,
+                          it, w.evals);
         }
     }
+    nbgi_progress_end();
 #ifdef NBG_HAVE_MPI
     if (mpi) {
         MPI_Allreduce(MPI_IN_PLACE, &local_nc, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -625,31 +660,35 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         for (int j = 0; j < w.nl; ++j) printf(" %s=%.8g", label(&c.e, w.lp[j]), lall[(size_t)i * nlv + (size_t)j]);
         printf("\n");
     }
+#ifdef NBG_HAVE_FORMATS
     if (o.json != NULL && rank == 0) {
-        nbgi_out out;
-        if (nbgi_out_open(ctx, o.json, &out) == NBG_OK) {
-            /* no rank count in the file: it is the same, byte for byte, whatever the number of ranks */
-            fprintf(out.fp, "{\"shots\": %d, \"start_loss\": %.17g, \"loss\": %.17g, \"globals\": {", shots.n, L0,
-                    L);
-            for (int j = 0; j < w.ng; ++j) {
-                fprintf(out.fp, "%s\"%s\": %.17g", j ? ", " : "", label(&c.e, w.gp[j]), x[j]);
-            }
-            fprintf(out.fp, "}, \"F\": [");
-            for (size_t j = 0; w.want_F && j < w.nF; ++j) {
-                fprintf(out.fp, "%s%.17g", j ? ", " : "", x[w.ng + j] * w.F0[j]);
-            }
-            fprintf(out.fp, "], \"locals\": {");
-            for (int i = 0; have_locals && i < shots.n; ++i) {
-                fprintf(out.fp, "%s\"%s\": [", i ? ", " : "", shots.v[i].id);
-                for (int j = 0; j < w.nl; ++j) fprintf(out.fp, "%s%.17g", j ? ", " : "", lall[(size_t)i * nlv + j]);
-                fprintf(out.fp, "]");
-            }
-            fprintf(out.fp, "}}\n");
-            if (nbgi_out_finish(ctx, &out, NULL) == NBG_OK) {
-                printf("wrote %s\n", o.json);
-            }
+        /* docs/json.md describes the file; no rank count in it: it is the same, byte for byte, whatever the number of
+         * ranks */
+        json_t *doc = json_object(), *gj = json_object(), *fj = json_array(), *lj = json_object();
+        json_object_set_new(doc, "shots", json_integer(shots.n));
+        json_object_set_new(doc, "start_loss", nbgi_json_num(L0));
+        json_object_set_new(doc, "loss", nbgi_json_num(L));
+        for (int j = 0; j < w.ng; ++j) {
+            json_object_set_new(gj, label(&c.e, w.gp[j]), nbgi_json_num(x[j]));
+        }
+        json_object_set_new(doc, "globals", gj);
+        for (size_t j = 0; w.want_F && j < w.nF; ++j) {
+            json_array_append_new(fj, nbgi_json_num(x[w.ng + j] * w.F0[j]));
+        }
+        json_object_set_new(doc, "F", fj);
+        for (int i = 0; have_locals && i < shots.n; ++i) {
+            json_t *v = json_array();
+            for (int j = 0; j < w.nl; ++j) json_array_append_new(v, nbgi_json_num(lall[(size_t)i * nlv + j]));
+            json_object_set_new(lj, shots.v[i].id, v);
+        }
+        json_object_set_new(doc, "locals", lj);
+        if (nbgi_json_write(ctx, NULL, o.json, doc, 0)) {
+            printf("wrote %s\n", o.json);
+        } else {
+            w.failed = 1;
         }
     }
+#endif
     free(Finfo);
     free(lmine);
     free(lall);

@@ -7,7 +7,11 @@
 #include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
 
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+#endif
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,11 +98,7 @@ typedef struct {
     unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
 
-enum { CMD_GRAD = 1, CMD_GRADCHECK = 2, CMD_REFINE = 4 };
-static const char *cmd_name(unsigned cmd)
-{
-    return cmd == CMD_GRAD ? "grad" : cmd == CMD_GRADCHECK ? "gradcheck" : "refine";
-}
+enum { CMD_GRAD = NBGI_CMD_GRAD, CMD_GRADCHECK = NBGI_CMD_GRADCHECK, CMD_REFINE = NBGI_CMD_REFINE };
 
 static void grad_opts_free(grad_opts *o)
 {
@@ -137,8 +137,10 @@ static int is_F(nbg_param p)
 
 /* Setters of the gradient subcommands' flags: v is the flag's value, dst the field it sets; print the error and
  * return 0 on a bad value. */
-static int set_params(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_params(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     /* several -params add up: parsed together once the experiment is known */
     const size_t had = o->params != NULL ? strlen(o->params) : 0;
     char *p = realloc(o->params, had + strlen(v) + 2);
@@ -151,26 +153,9 @@ static int set_params(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_path(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_finite(void *opts, const char *flag, char **vv, void *dst)
 {
-    *(const char **)dst = v;
-    return 1;
-}
-
-static int set_positive(grad_opts *o, const char *flag, const char *v, void *dst)
-{
-    double x;
-    if (!nbgi_cli_number(flag, v, &x)) return 0;
-    if (!(x > 0)) {
-        fprintf(stderr, "nbgrad: error: %s must be positive, got '%s'\n", flag, v);
-        return 0;
-    }
-    *(double *)dst = x;
-    return 1;
-}
-
-static int set_finite(grad_opts *o, const char *flag, const char *v, void *dst)
-{
+    const char *v = vv[0];
     double x;
     if (!nbgi_cli_number(flag, v, &x)) return 0;
     if (!isfinite(x)) {
@@ -181,8 +166,9 @@ static int set_finite(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_nonneg(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_nonneg(void *opts, const char *flag, char **vv, void *dst)
 {
+    const char *v = vv[0];
     double x;
     if (!nbgi_cli_number(flag, v, &x)) return 0;
     if (!(x >= 0) || !isfinite(x)) {
@@ -193,8 +179,10 @@ static int set_nonneg(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_maxiter(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_maxiter(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     double m;
     if (!nbgi_cli_number(flag, v, &m) || m < 1 || m != floor(m)) {
         fprintf(stderr, "nbgrad: error: -maxiter expects a positive integer, got '%s'\n", v);
@@ -204,8 +192,10 @@ static int set_maxiter(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_method(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_method(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     if (strcmp(v, "lm") == 0) {
         o->method = NBG_OPT_LM;
     } else if (strcmp(v, "bfgs") == 0 || strcmp(v, "lbfgs") == 0) {
@@ -217,8 +207,10 @@ static int set_method(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_loss(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_loss(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     if (strcmp(v, "lsq") == 0) {
         o->loss = NBG_LOSS_LSQ;
     } else if (strcmp(v, "poisson") == 0) {
@@ -230,8 +222,10 @@ static int set_loss(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_spots(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_spots(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     double m;
     if (!nbgi_cli_number(flag, v, &m) || m < 0 || m > 100000 || m != floor(m)) {
         fprintf(stderr, "nbgrad: error: -spots expects a box half-width in pixels, an integer in [0, 100000], got "
@@ -242,8 +236,10 @@ static int set_spots(grad_opts *o, const char *flag, const char *v, void *dst)
     return 1;
 }
 
-static int set_break(grad_opts *o, const char *flag, const char *v, void *dst)
+static int set_break(void *opts, const char *flag, char **vv, void *dst)
 {
+    grad_opts *o = opts;
+    const char *v = vv[0];
     o->break_param = nbg_param_from_name(v);
     if (o->break_param < 0) {
         fprintf(stderr, "nbgrad: error: unknown parameter '%s'\n", v);
@@ -257,113 +253,64 @@ static int set_break(grad_opts *o, const char *flag, const char *v, void *dst)
  * of src/cli.c, this table drives the parser (grad_flags), each subcommand's -h and the README's "All flags"
  * section (see the comment above that table for how to regenerate it). */
 #define GO(field) offsetof(grad_opts, field)
-static const struct {
-    const char *flag;
-    unsigned cmds;
-    int (*set)(grad_opts *o, const char *flag, const char *v, void *dst);
-    size_t off; /* the field set_path and set_positive set */
-    const char *arg, *help;
-} grad_flag_table[] = {
+static const nbgi_sub_flag grad_flag_table[] = {
     {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
      "parameters, comma-separated, in the order given: names (nbgrad -h lists them), or groups: all (those free in "
      "the experiment), cell, orientation, crystal, beam, detector, model, background, goniometer; F (every structure "
      "factor; gradcheck: one check along a direction), F(h,k,l) one; with panels their groups' motions "
      "(-panel_groups): panel_shift, panel_rot, panels (both), panel_shift_x ... panel_rot_z (that component of every "
      "group), g<k>.shift_x ... g<k>.rot_z (one group's)"},
-    {"-observed", CMD_GRAD | CMD_REFINE, set_path, GO(observed), "FILE",
+    {"-observed", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(observed), "FILE",
      "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
      "overloads are left out"},
     {"-pedestal", CMD_GRAD | CMD_REFINE, set_finite, GO(pedestal), "counts",
      "the observed image's pedestal (default: the file's; SMV without ADC_OFFSET: -adc, 40; raw floats: 0)"},
-    {"-gain", CMD_GRAD | CMD_REFINE, set_positive, GO(gain), "x", "counts per photon of the observed image (1)"},
+    {"-gain", CMD_GRAD | CMD_REFINE, nbgi_set_positive, GO(gain), "x", "counts per photon of the observed image (1)"},
     {"-read_noise", CMD_GRAD | CMD_REFINE, set_nonneg, GO(read_noise), "counts",
      "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
-    {"-weights", CMD_GRAD | CMD_REFINE, set_path, GO(weights), "FILE",
+    {"-weights", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(weights), "FILE",
      "per-pixel weights of the loss, raw 4-byte floats or SMV"},
     {"-loss", CMD_GRAD | CMD_REFINE, set_loss, 0, "lsq|poisson",
      "least squares (the default) or the Poisson negative log-likelihood"},
-    {"-json", CMD_GRAD | CMD_REFINE, set_path, GO(json), "FILE", "the results as JSON, too"},
+    {"-json", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(json), "FILE",
+     "the results as JSON, too (docs/json.md describes the fields)"},
     {"-debug_break_adjoint", CMD_GRAD | CMD_GRADCHECK, set_break, 0, "PARAM",
      "testing: corrupts that parameter's adjoint (the check must fail)"},
-    {"-rtol", CMD_GRADCHECK, set_positive, GO(rtol), "x", "relative tolerance of the check (1e-6)"},
-    {"-hscale", CMD_GRADCHECK, set_positive, GO(hscale), "x", "scale of the finite-difference steps (1)"},
+    {"-rtol", CMD_GRADCHECK, nbgi_set_positive, GO(rtol), "x", "relative tolerance of the check (1e-6)"},
+    {"-hscale", CMD_GRADCHECK, nbgi_set_positive, GO(hscale), "x", "scale of the finite-difference steps (1)"},
     {"-method", CMD_REFINE, set_method, 0, "lm|bfgs",
      "Levenberg-Marquardt (the default) or BFGS (also lbfgs)"},
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
-    {"-motionsfile", CMD_REFINE, set_path, GO(motionsout), "FILE",
+    {"-motionsfile", CMD_REFINE, nbgi_set_path, GO(motionsout), "FILE",
      "the fitted panel motions, in -motions's format (every group)"},
-    {"-residual", CMD_REFINE, set_path, GO(residual), "FILE",
+    {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
     {"-spots", CMD_REFINE, set_spots, 0, "N",
      "fit on spot regions only: the pixels within N pixels (a box) of a spot pixel of the starting model (above its "
      "floor by -spot_frac of its peak) or of a -spotlist centre; the cost scales with those pixels"},
-    {"-spot_frac", CMD_REFINE, set_positive, GO(spot_frac), "x",
+    {"-spot_frac", CMD_REFINE, nbgi_set_positive, GO(spot_frac), "x",
      "with -spots: a spot pixel's starting model exceeds its floor by this fraction of the peak above it (0.05)"},
-    {"-spotlist", CMD_REFINE, set_path, GO(spotlist), "FILE",
+    {"-spotlist", CMD_REFINE, nbgi_set_path, GO(spotlist), "FILE",
      "spot centres, a text file of \"fast slow\" pixel positions a line ('#' comments), e.g. DIALS's strong spots; "
      "the boxes (half-width -spots, 3 by default) are around them instead of the model's spots"},
 };
 #undef GO
 #define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
 
-/* "grad, refine": the subcommands of a set. */
-static const char *cmd_names(unsigned cmds, char *buf, size_t size)
-{
-    snprintf(buf, size, "%s%s%s%s%s", cmds & CMD_GRAD ? "grad" : "",
-             (cmds & CMD_GRAD) && (cmds & (CMD_GRADCHECK | CMD_REFINE)) ? ", " : "",
-             cmds & CMD_GRADCHECK ? "gradcheck" : "", (cmds & CMD_GRADCHECK) && (cmds & CMD_REFINE) ? ", " : "",
-             cmds & CMD_REFINE ? "refine" : "");
-    return buf;
-}
-
-/* The gradient subcommands' flags: those of cmd (every one with its subcommands when cmd is 0), as help lines or
- * as the README's markdown. */
-static void grad_flags_doc(FILE *out, unsigned cmd, int markdown)
-{
-    char scope[64];
-    for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
-        if (cmd == 0 || (grad_flag_table[k].cmds & cmd)) {
-            nbgi_cli_help_line(out, grad_flag_table[k].flag, grad_flag_table[k].arg, grad_flag_table[k].help,
-                              cmd == 0 ? cmd_names(grad_flag_table[k].cmds, scope, sizeof scope) : NULL, markdown);
-        }
-    }
-}
-
-/* A gradient subcommand's -h: its usage, its own flags, then nanoBragg's. */
+/* A gradient subcommand's -h: its usage, the parameters, its own flags, then nanoBragg's. */
 static void grad_usage(unsigned cmd, const char *usage)
 {
     printf("%s\n", usage);
     params_help(stdout);
-    printf("%s's own flags:\n", cmd_name(cmd));
-    grad_flags_doc(stdout, cmd, 0);
-    printf("nanoBragg's flags, as for nbgrad simulate:\n");
-    nbgi_cli_flags_help(stdout);
+    nbgi_sub_usage(stdout, "", grad_flag_table, (int)NGRAD_FLAGS, cmd);
 }
 
 static int grad_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
     grad_opts *o = c->extra;
-    const char *a = argv[i];
-    size_t k = 0;
-    while (k < NGRAD_FLAGS && strcmp(a, grad_flag_table[k].flag) != 0) {
-        ++k;
-    }
-    if (k == NGRAD_FLAGS) {
-        return 0;
-    }
-    const unsigned cmds = grad_flag_table[k].cmds;
-    if ((cmds & o->cmd) == 0) {
-        fprintf(stderr, "nbgrad: error: nbgrad %s does not take %s (a flag of nbgrad%s%s%s)%s\n", cmd_name(o->cmd), a,
-                cmds & CMD_GRAD ? " grad" : "", cmds & CMD_GRADCHECK ? " gradcheck" : "",
-                cmds & CMD_REFINE ? " refine" : "",
-                o->cmd == CMD_GRADCHECK ? "; gradcheck checks L = sum w I with fixed pseudo-random weights" : "");
-        return -1;
-    }
-    if (i + 1 >= argc) {
-        fprintf(stderr, "nbgrad: error: %s needs a value\n", a);
-        return -1;
-    }
-    return grad_flag_table[k].set(o, a, argv[i + 1], (char *)o + grad_flag_table[k].off) ? 2 : -1;
+    const char *note = "; gradcheck checks L = sum w I with fixed pseudo-random weights";
+    return nbgi_sub_flag_parse(grad_flag_table, (int)NGRAD_FLAGS, o->cmd, o, argc, argv, i,
+                               o->cmd == CMD_GRADCHECK ? note : NULL);
 }
 
 /* Common set-up of a subcommand (nbgi_cli_setup) with the gradient subcommands' files; o is NULL for simulate. */
@@ -375,28 +322,26 @@ static nbg_ctx *setup(nbgi_cli *c, int argc, char **argv, int first, const grad_
     const nbgi_cli_path_ref extra[] = {{"-observed", &o->observed, 0}, {"-weights", &o->weights, 0},
                                       {"-json", &o->json, 1}, {"-residual", &o->residual, 1},
                                       {"-spotlist", &o->spotlist, 0}};
-    return nbgi_cli_setup(c, argc, argv, first, extra, 5);
-}
-
-/* JSON outputs are written like every other output: to a temporary file in the run's output set. */
-static FILE *json_open(nbg_ctx *ctx, const char *path, nbgi_out *o)
-{
-    if (nbgi_out_open(ctx, path, o) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+    nbg_ctx *ctx = nbgi_cli_setup(c, argc, argv, first, extra, 5);
+    if (ctx != NULL && nbgi_json_refused("-json", o->json)) {
+        nbg_ctx_destroy(ctx);
         return NULL;
     }
-    return o->fp;
+    return ctx;
 }
 
-static int json_close(nbg_ctx *ctx, nbgi_cli *c, nbgi_out *o)
+#ifdef NBG_HAVE_FORMATS
+/* JSON outputs are written like every other output: to a temporary file in the run's output set, renamed with the
+ * rest by nbgi_cli_commit. */
+static int json_out(nbg_ctx *ctx, nbgi_cli *c, const char *path, struct json_t *doc)
 {
-    if (nbgi_out_finish(ctx, o, &c->outs) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+    if (!nbgi_json_write(ctx, &c->outs, path, doc, 1)) {
         return 0;
     }
-    printf("wrote %s\n", o->path);
+    printf("wrote %s\n", path);
     return 1;
 }
+#endif
 
 /* Parses -params for the experiment (nbg_params_parse) into o->ids: gives the experiment its panel motions first
  * when a word names them; refine refuses the structure factors; "all" prints what it takes, and what it leaves
@@ -637,14 +582,12 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* gradcheck's progress: a line per parameter once the run has taken more than 3 s. */
+/* gradcheck's progress, on stderr: a line per parameter once the run has taken more than 3 s (on a terminal, a bar
+ * from the start). */
 static void gradcheck_progress(void *user, const char *what, int done, int total)
 {
     const double t = now_s() - *(const double *)user;
-    if (t > 3) {
-        printf("gradcheck: %s checked (%d of %d), %.1f s\n", what, done, total, t);
-        fflush(stdout);
-    }
+    nbgi_progress(t > 3, done, total, "gradcheck: %s checked (%d of %d), %.1f s", what, done, total, t);
 }
 
 static int cmd_gradcheck(int argc, char **argv, int first)
@@ -690,8 +633,10 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     printf("checking the adjoint against central differences of L = sum_p w_p M_p, fixed pseudo-random weights w_p "
            "in [0.5, 1.5), M = scale * I + background (the model image)\n");
     fflush(stdout);
-    if (nbg_gradcheck(ctx, &c.e, o.ids, o.nids, o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1, res) !=
-        NBG_OK) {
+    const int grc = nbg_gradcheck(ctx, &c.e, o.ids, o.nids, o.rtol > 0 ? o.rtol : 1e-6, o.hscale > 0 ? o.hscale : 1,
+                                  res);
+    nbgi_progress_end();
+    if (grc != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
@@ -862,7 +807,11 @@ static int cmd_grad(int argc, char **argv, int first)
                 free(of);
                 free(uf);
             }
+            if (nf > 1 && rc == NBG_OK) {
+                nbgi_progress(1, f + 1, nf, "grad: frame %d of %d, loss %.10g", f + 1, nf, Lf);
+            }
         }
+        nbgi_progress_end();
         c.e = first_e;
         free(gf);
     } else {
@@ -902,33 +851,27 @@ static int cmd_grad(int argc, char **argv, int first)
         for (size_t i = 0; i < nF; ++i) norm += dF[i] * dF[i];
         printf("dL/dF: %zu entries, norm %.6g\n", nF, sqrt(norm));
     }
+#ifdef NBG_HAVE_FORMATS
     if (o.json != NULL) {
-        nbgi_out jo;
-        FILE *j = json_open(ctx, o.json, &jo);
-        if (j == NULL) {
-            goto done;
-        }
-        fprintf(j, "{\n  \"loss\": %.17g,\n  \"gradient\": {", L);
-        int first_p = 1;
+        /* docs/json.md describes the file */
+        json_t *doc = json_object(), *gj = json_object();
+        json_object_set_new(doc, "loss", nbgi_json_num(L));
         for (int q = 0; q < o.nids; ++q) {
-            if (whole_F && is_F(o.ids[q])) {
-                continue;
+            if (!(whole_F && is_F(o.ids[q]))) {
+                json_object_set_new(gj, nbg_param_label(&c.e, o.ids[q], lab, sizeof lab), nbgi_json_num(grad[q]));
             }
-            fprintf(j, "%s\n    \"%s\": %.17g", first_p ? "" : ",", nbg_param_label(&c.e, o.ids[q], lab, sizeof lab),
-                    grad[q]);
-            first_p = 0;
         }
-        fprintf(j, "\n  }");
+        json_object_set_new(doc, "gradient", gj);
         if (whole_F) {
-            fprintf(j, ",\n  \"dF\": [");
-            for (size_t i = 0; i < nF; ++i) fprintf(j, "%s%.17g", i ? ", " : "", dF[i]);
-            fprintf(j, "]");
+            json_t *fj = json_array();
+            for (size_t i = 0; i < nF; ++i) json_array_append_new(fj, nbgi_json_num(dF[i]));
+            json_object_set_new(doc, "dF", fj);
         }
-        fprintf(j, "\n}\n");
-        if (!json_close(ctx, &c, &jo)) {
+        if (!json_out(ctx, &c, o.json, doc)) {
             goto done;
         }
     }
+#endif
     status = nbgi_cli_commit(ctx, &c) ? 0 : 1;
 done:
     free(img);
@@ -1014,7 +957,9 @@ void usage_main(FILE *out)
                  "                     [-pedestal counts -gain x -read_noise counts]\n"
                  "       nbgrad batch <flags> -shots LIST -floatfile out/{id}.bin ...   many shots (mpirun -n K)\n"
                  "       nbgrad shots -n COUNT -seed S -o LIST   a shot list in random orientations\n"
-                 "       nbgrad ensemble <flags> -shots LIST -observed obs/{id}.img -global F -local rotx,roty,rotz\n");
+                 "       nbgrad ensemble <flags> -shots LIST -observed obs/{id}.img -global F -local rotx,roty,rotz\n"
+                 "       nbgrad SUBCOMMAND -h   what a subcommand takes;   nbgrad --version\n"
+                 "results go to stdout; progress and errors to stderr (-quiet: no progress)\n");
     params_help(out);
 }
 
@@ -1116,11 +1061,11 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
     return ok;
 }
 
+/* refine's progress, on stderr: a line per iteration (user: the iteration limit). */
 static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
 {
-    (void)user;
-    printf("iter %3d  loss %.10g  |grad| %.4g  step %.4g\n", iter, loss, gnorm, step);
-    fflush(stdout);
+    nbgi_progress(1, iter, *(const int *)user, "iter %3d  loss %.10g  |grad| %.4g  step %.4g", iter, loss, gnorm,
+                  step);
 }
 
 /* --- refine's steps ----------------------------------------------------------------------------------------- */
@@ -1264,42 +1209,58 @@ static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *obse
     return 1;
 }
 
-/* -json: the fit's outcome, its parameters (start, value, standard error) and their correlations.  0 on an error
- * (printed). */
+/* -json: the fit's outcome, its parameters (start, value, standard error) and their correlations (docs/json.md
+ * describes the file).  0 on an error (printed). */
 static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const nbg_refine_result *res,
                              int floor_bad)
 {
-    nbgi_out jo;
-    FILE *j = json_open(ctx, o->json, &jo);
-    if (j == NULL) {
-        return 0;
-    }
-    fprintf(j, "{\n  \"method\": \"%s\",\n  \"loss\": \"%s\",\n  \"converged\": %s,\n  \"reason\": \"%s\",\n"
-               "  \"why\": \"%s\",\n  \"step_sigma\": %.6g,\n  \"iterations\": %d,\n"
-               "  \"pixels\": %ld,\n  \"pedestal\": %.17g,\n  \"gain\": %.17g,\n  \"read_noise\": %.17g,\n"
-               "  \"floor_mismatch\": %s,\n"
-               "  \"fit\": {\"deviance_ratio\": %.6g, \"deviance_ratio_spots\": %.6g, \"deviance\": %.9g, \"pixels\": %ld, "
-               "\"spot_pixels\": %ld, \"mismatch\": %s, \"sigma_scale\": %.6g},\n"
-               "  \"start_loss\": %.17g,\n  \"final_loss\": %.17g,\n  \"parameters\": {",
-            o->method == NBG_OPT_LM ? "lm" : "bfgs", o->loss == NBG_LOSS_LSQ ? "lsq" : "poisson",
-            res->converged ? "true" : "false", refine_reasons[res->reason], res->why,
-            isfinite(res->step_sigma) ? res->step_sigma : -1.0, res->iterations, res->nobs, c->e.response.pedestal,
-            c->e.response.gain, c->e.response.read_noise, floor_bad ? "true" : "false", res->fit.ratio,
-            isfinite(res->fit.ratio_spots) ? res->fit.ratio_spots : -1.0, res->fit.deviance, res->fit.n,
-            res->fit.nspots, res->fit.mismatch ? "true" : "false", res->fit.sigma_scale, res->start_loss, res->loss);
+#ifdef NBG_HAVE_FORMATS
+    json_t *d = json_object(), *fit = json_object(), *pj = json_object(), *cj = json_array();
+    json_object_set_new(d, "method", json_string(o->method == NBG_OPT_LM ? "lm" : "bfgs"));
+    json_object_set_new(d, "loss", json_string(o->loss == NBG_LOSS_LSQ ? "lsq" : "poisson"));
+    json_object_set_new(d, "converged", json_boolean(res->converged));
+    json_object_set_new(d, "reason", json_string(refine_reasons[res->reason]));
+    json_object_set_new(d, "why", json_string(res->why));
+    json_object_set_new(d, "step_sigma", json_real(isfinite(res->step_sigma) ? res->step_sigma : -1.0));
+    json_object_set_new(d, "iterations", json_integer(res->iterations));
+    json_object_set_new(d, "pixels", json_integer(res->nobs));
+    json_object_set_new(d, "pedestal", nbgi_json_num(c->e.response.pedestal));
+    json_object_set_new(d, "gain", nbgi_json_num(c->e.response.gain));
+    json_object_set_new(d, "read_noise", nbgi_json_num(c->e.response.read_noise));
+    json_object_set_new(d, "floor_mismatch", json_boolean(floor_bad));
+    json_object_set_new(fit, "deviance_ratio", nbgi_json_num(res->fit.ratio));
+    json_object_set_new(fit, "deviance_ratio_spots", json_real(isfinite(res->fit.ratio_spots) ? res->fit.ratio_spots
+                                                                                               : -1.0));
+    json_object_set_new(fit, "deviance", nbgi_json_num(res->fit.deviance));
+    json_object_set_new(fit, "pixels", json_integer(res->fit.n));
+    json_object_set_new(fit, "spot_pixels", json_integer(res->fit.nspots));
+    json_object_set_new(fit, "mismatch", json_boolean(res->fit.mismatch));
+    json_object_set_new(fit, "sigma_scale", nbgi_json_num(res->fit.sigma_scale));
+    json_object_set_new(d, "fit", fit);
+    json_object_set_new(d, "start_loss", nbgi_json_num(res->start_loss));
+    json_object_set_new(d, "final_loss", nbgi_json_num(res->loss));
     char lab[64];
     for (int k = 0; k < res->nparams; ++k) {
-        fprintf(j, "%s\n    \"%s\": {\"start\": %.17g, \"value\": %.17g, \"sigma\": %.17g}", k ? "," : "",
-                nbg_param_label(&c->e, res->params[k], lab, sizeof lab), res->start[k], res->value[k], res->sigma[k]);
+        json_t *p = json_object();
+        json_object_set_new(p, "start", nbgi_json_num(res->start[k]));
+        json_object_set_new(p, "value", nbgi_json_num(res->value[k]));
+        json_object_set_new(p, "sigma", nbgi_json_num(res->sigma[k]));
+        json_object_set_new(pj, nbg_param_label(&c->e, res->params[k], lab, sizeof lab), p);
     }
-    fprintf(j, "\n  },\n  \"correlation\": [");
+    json_object_set_new(d, "parameters", pj);
     for (int a = 0; a < res->nparams; ++a) {
-        fprintf(j, "%s[", a ? ", " : "");
-        for (int b = 0; b < res->nparams; ++b) fprintf(j, "%s%.6f", b ? ", " : "", res->corr[a * res->nparams + b]);
-        fprintf(j, "]");
+        json_t *row = json_array();
+        for (int b = 0; b < res->nparams; ++b) {
+            json_array_append_new(row, nbgi_json_num(res->corr[a * res->nparams + b]));
+        }
+        json_array_append_new(cj, row);
     }
-    fprintf(j, "]\n}\n");
-    return json_close(ctx, c, &jo);
+    json_object_set_new(d, "correlation", cj);
+    return json_out(ctx, c, o->json, d);
+#else
+    (void)floor_bad, (void)res;
+    return nbgi_json_write(ctx, &c->outs, o->json, NULL, 1);
+#endif
 }
 
 static int cmd_refine(int argc, char **argv, int first)
@@ -1388,6 +1349,7 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.loss = o.loss;
     ro.max_iter = o.max_iter;
     ro.progress = refine_progress;
+    ro.user = &o.max_iter;
     fe = calloc((size_t)nf, sizeof *fe);
     fobs = calloc((size_t)nf, sizeof *fobs);
     fuse = calloc((size_t)nf, sizeof *fuse);
@@ -1419,7 +1381,11 @@ static int cmd_refine(int argc, char **argv, int first)
             fok = spot_regions(ctx, &c, &o, fuse[f], npix, &fspot[f]);
         }
         fe[f] = c.e;
+        if (nf > 1 && fok) {
+            nbgi_progress(0, f + 1, nf, "refine: frame %d of %d read", f + 1, nf);
+        }
     }
+    nbgi_progress_end();
     c.e = fe[0];
     if (!fok) {
         free(fw);
@@ -1435,6 +1401,7 @@ static int cmd_refine(int argc, char **argv, int first)
     }
     const int frc = nbg_refine_frames(ctx, fe, nf, (const float *const *)fobs, wts != NULL ? fw : NULL, npix,
                                       o.ids, o.nids, &ro, &res);
+    nbgi_progress_end();
     free(fw);
     c.e = fe[0];
     if (frc != NBG_OK) {
@@ -1517,27 +1484,90 @@ done:
 #endif
 }
 
+/* The subcommands' flag tables: main.c's (grad, gradcheck, refine), ensemble.c's, batch.c's (batch, shots). */
+static const nbgi_sub_flag *sub_table(int k, int *n)
+{
+    switch (k) {
+    case 0:
+        *n = (int)NGRAD_FLAGS;
+        return grad_flag_table;
+    case 1:
+        return nbgi_ensemble_flags(n);
+    case 2:
+        return nbgi_batch_flags(n);
+    default:
+        *n = 0;
+        return NULL;
+    }
+}
+
+/* Every subcommand's own flags, with their subcommands; markdown: as the README's list. */
+static void sub_flags_doc(FILE *out, int markdown)
+{
+    int n;
+    const nbgi_sub_flag *t;
+    for (int k = 0; (t = sub_table(k, &n)) != NULL; ++k) {
+        nbgi_sub_flags_doc(out, t, n, 0, markdown);
+    }
+}
+
+/* nbgrad --flags-list: every flag name the program accepts, one a line; a subcommand's own (not a common flag too)
+ * followed by the subcommands that take it. */
+static void flags_list(FILE *out)
+{
+    nbgi_cli_flags_list(out);
+    int n, m;
+    const nbgi_sub_flag *t, *u;
+    for (int k = 0; (t = sub_table(k, &n)) != NULL; ++k) {
+        for (int i = 0; i < n; ++i) {
+            if (nbgi_cli_is_flag(t[i].flag)) {
+                continue; /* shots' -seed, -cell, -N: listed as the common flags they also are */
+            }
+            int seen = 0;
+            unsigned cmds = 0;
+            for (int k2 = 0; (u = sub_table(k2, &m)) != NULL; ++k2) {
+                for (int j = 0; j < m; ++j) {
+                    if (strcmp(u[j].flag, t[i].flag) == 0) {
+                        seen |= k2 < k || (k2 == k && j < i);
+                        cmds |= u[j].cmds;
+                    }
+                }
+            }
+            char scope[96];
+            if (!seen) {
+                fprintf(out, "%s %s\n", t[i].flag, nbgi_cmd_names(cmds, scope, sizeof scope));
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
+    nbgi_progress_init();
     if (argc < 2) {
         usage_main(stderr);
         return 1;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-version") == 0) {
+        printf("nbgrad %s\n", nbg_version()); /* the library's (a shared one may be newer than the header) */
+        return 0;
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage_main(stdout);
         printf("\n");
         nbgi_cli_usage(stdout);
-        printf("the gradient subcommands' own flags:\n");
-        grad_flags_doc(stdout, 0, 0);
+        printf("the subcommands' own flags (nbgrad SUBCOMMAND -h lists what each takes):\n");
+        sub_flags_doc(stdout, 0);
         return 0;
     }
     /* hidden: the flag tables as the README's "All flags" section, and every flag name the program accepts */
     if (strcmp(argv[1], "--flags-markdown") == 0) {
-        printf("<!-- BEGIN FLAGS: generated by `nbgrad --flags-markdown` from the flag tables (src/cli.c, src/main.c); "
-               "do not edit by hand -->\n");
+        printf("<!-- BEGIN FLAGS: generated by `nbgrad --flags-markdown` from the flag tables (src/cli.c, src/main.c, "
+               "src/ensemble.c, src/batch.c); do not edit by hand -->\n");
         nbgi_cli_flags_markdown(stdout);
-        printf("**the gradient subcommands' own flags** (each only where its subcommands use it)\n\n");
-        grad_flags_doc(stdout, 0, 1);
+        printf("**the subcommands' own flags** (each only where its subcommands use it; `nbgrad SUBCOMMAND -h` lists "
+               "what each takes)\n\n");
+        sub_flags_doc(stdout, 1);
         printf("<!-- END FLAGS -->\n");
         return 0;
     }
@@ -1557,11 +1587,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--flags-list") == 0) {
-        char scope[64];
-        nbgi_cli_flags_list(stdout);
-        for (size_t k = 0; k < NGRAD_FLAGS; ++k) {
-            printf("%s %s\n", grad_flag_table[k].flag, cmd_names(grad_flag_table[k].cmds, scope, sizeof scope));
-        }
+        flags_list(stdout);
         return 0;
     }
     if (strcmp(argv[1], "gradcheck") == 0) {

@@ -11,6 +11,11 @@
 B=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
 cd "$ROOT" || exit 2
+# the program the CLI tests run: this build's, unless the caller names one
+if [ -z "${NBG_BIN:-}" ] && [ -x "$B/nbgrad" ]; then
+    case "$B" in /*) NBG_BIN=$B/nbgrad ;; *) NBG_BIN=$ROOT/$B/nbgrad ;; esac
+    export NBG_BIN
+fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-run-all.XXXXXX") || { echo "run-all: cannot make a temporary directory"; exit 2; }
 trap 'rm -rf "$TMP"' EXIT

@@ -71,6 +71,8 @@ static void test_shots_and_batch(void)
     }
     nbgi_test_check(r.status == 0 && all && strstr(r.out, "6 shots simulated, 0 skipped") != NULL, "BATCH-run",
                     "6 shots, a float and a noise file each (exit %d: %s)", r.status, first_line(r.err));
+    nbgi_test_check(strstr(r.err, "shot shot000006 (6 of 6, rank 0)") != NULL && strstr(r.out, "(6 of 6") == NULL,
+                    "BATCH-progress", "each shot's progress on stderr, the totals on stdout");
 
     /* shot 2 equals the single run with its flags: its line's misset, cell, N, and seed 3 + 1 */
     run_result one;
@@ -115,6 +117,15 @@ static void test_shots_and_batch(void)
     nbgi_test_check(r.status == 0 && strstr(r.out, "1 shots simulated, 5 skipped") != NULL && file_eq(victim, saved),
                     "BATCH-resume-redo", "the shot whose noise file was removed is redone, the same bytes: %s",
                     strstr(r.out, "batch: ") ? first_line(strstr(r.out, "batch: ")) : first_line(r.out));
+
+    /* -overwrite redoes every shot, the same bytes; -quiet: no progress, the totals still */
+    const char *again[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
+                           "out/{id}.img", "-seed", "3", "-overwrite", "-quiet", NULL};
+    run_in(&r, again);
+    nbgi_test_check(r.status == 0 && strstr(r.out, "6 shots simulated, 0 skipped") != NULL && file_eq(victim, saved) &&
+                        r.err[0] == '\0',
+                    "BATCH-overwrite-quiet", "-overwrite -quiet: every shot redone, the same bytes, nothing on stderr "
+                    "(exit %d: %s)", r.status, first_line(r.err));
 
     /* MPI: the same files whatever the number of ranks */
     if (!g_mpi) {

@@ -27,15 +27,120 @@ static int run(const char *cmd)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* The refined value of a parameter in refine's JSON ("name": {"start": .., "value": ..}); NAN when absent. */
+#ifdef NBG_HAVE_FORMATS
+#include <jansson.h>
+
+/* The refined value of a parameter in refine's JSON (parameters.name.value); NAN when absent. */
 static double json_value(const char *json, const char *name)
 {
-    char key[64];
-    snprintf(key, sizeof key, "\"%s\": {", name);
-    const char *p = json != NULL ? strstr(json, key) : NULL;
-    p = p != NULL ? strstr(p, "\"value\":") : NULL;
-    return p != NULL ? strtod(p + 8, NULL) : NAN;
+    json_t *doc = json != NULL ? json_loads(json, 0, NULL) : NULL;
+    const json_t *v = json_object_get(json_object_get(json_object_get(doc, "parameters"), name), "value");
+    const double x = json_is_number(v) ? json_number_value(v) : NAN;
+    json_decref(doc);
+    return x;
 }
+
+/* Whether the JSON object o has exactly the keys of the space-separated list (docs/json.md), in that order; the
+ * first difference into why. */
+static int has_keys(const json_t *o, const char *keys, char *why, size_t size)
+{
+    if (!json_is_object(o)) {
+        snprintf(why, size, "not an object");
+        return 0;
+    }
+    const char *k = keys, *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v) {
+        k += strspn(k, " ");
+        const size_t len = strcspn(k, " ");
+        if (len != strlen(key) || strncmp(k, key, len) != 0) {
+            snprintf(why, size, "key \"%s\" where \"%.*s\" is documented", key, (int)len, k);
+            return 0;
+        }
+        k += len;
+    }
+    k += strspn(k, " ");
+    if (*k != '\0') {
+        snprintf(why, size, "missing \"%s\"", k);
+        return 0;
+    }
+    return 1;
+}
+
+/* Parses a JSON file with jansson (NULL after a FAIL line naming the error). */
+static json_t *load_json(const char *path, const char *id)
+{
+    json_error_t err;
+    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (doc == NULL) {
+        nbgi_test_check(0, id, "%s parses as JSON: line %d: %s", path, err.line, err.text);
+    }
+    return doc;
+}
+
+/* grad's JSON (docs/json.md): loss, the gradient of each parameter named (in order), dF with F. */
+static void check_grad_json(const char *path, const char *params, int nF, const char *id)
+{
+    json_t *doc = load_json(path, id);
+    if (doc == NULL) {
+        return;
+    }
+    char why[256] = "", wg[256] = "";
+    const int top = has_keys(doc, nF > 0 ? "loss gradient dF" : "loss gradient", why, sizeof why);
+    const int grad = has_keys(json_object_get(doc, "gradient"), params, wg, sizeof wg);
+    int numbers = json_is_number(json_object_get(doc, "loss"));
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(doc, "gradient"), key, v) numbers &= json_is_number(v);
+    const json_t *dF = json_object_get(doc, "dF");
+    for (size_t i = 0; i < json_array_size(dF); ++i) numbers &= json_is_number(json_array_get(dF, i));
+    nbgi_test_check(top && grad && numbers && (nF == 0 || (int)json_array_size(dF) == nF), id,
+                    "grad's JSON parses with the documented keys%s%s%s%s, numbers throughout, dF of %d entries",
+                    why[0] || wg[0] ? " (" : "", why, wg, why[0] || wg[0] ? ")" : "", nF);
+    json_decref(doc);
+}
+
+/* refine's JSON (docs/json.md): the top keys, fit's, each parameter's start, value, sigma, an n x n correlation. */
+static void check_refine_json(const char *path, int nparams, const char *id)
+{
+    json_t *doc = load_json(path, id);
+    if (doc == NULL) {
+        return;
+    }
+    char why[256] = "", wf[256] = "", wp[256] = "";
+    const int top = has_keys(doc, "method loss converged reason why step_sigma iterations pixels pedestal gain "
+                                  "read_noise floor_mismatch fit start_loss final_loss parameters correlation",
+                             why, sizeof why);
+    const int fit = has_keys(json_object_get(doc, "fit"), "deviance_ratio deviance_ratio_spots deviance pixels "
+                                                          "spot_pixels mismatch sigma_scale", wf, sizeof wf);
+    const json_t *par = json_object_get(doc, "parameters"), *corr = json_object_get(doc, "correlation");
+    int params = (int)json_object_size(par) == nparams;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)par, key, v) params &= has_keys(v, "start value sigma", wp, sizeof wp) &&
+                                                         json_is_number(json_object_get(v, "value"));
+    int square = (int)json_array_size(corr) == nparams;
+    for (size_t i = 0; i < json_array_size(corr); ++i) {
+        square &= (int)json_array_size(json_array_get(corr, i)) == nparams;
+    }
+    const int types = json_is_string(json_object_get(doc, "method")) &&
+                      json_is_boolean(json_object_get(doc, "converged")) &&
+                      json_is_integer(json_object_get(doc, "iterations")) &&
+                      json_is_integer(json_object_get(doc, "pixels")) &&
+                      json_is_number(json_object_get(doc, "final_loss"));
+    nbgi_test_check(top && fit && params && square && types, id,
+                    "refine's JSON parses with the documented keys and types, %d parameters, a %d x %d correlation"
+                    "%s%s%s%s%s", nparams, nparams, nparams, why[0] ? ": " : "", why, wf[0] ? "; fit: " : "", wf,
+                    wp[0] ? "; a parameter: " : "", wp);
+    json_decref(doc);
+}
+#else
+static double json_value(const char *json, const char *name)
+{
+    (void)json, (void)name;
+    return NAN;
+}
+#endif
 
 #define XTAL "-cell 70 80 90 75 85 95 -misset 10 5 3 -default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1"
 
@@ -74,6 +179,20 @@ int main(void)
                        strstr(json, "\"loss\":") != NULL,
                    "cligrad-4-grad-json", "grad prints the gradient and writes it as JSON (exit %d)", rc);
     free(json);
+#ifdef NBG_HAVE_FORMATS
+    check_grad_json(path, "a b c alpha beta gamma distance", 0, "cligrad-4-grad-json-keys");
+    snprintf(cmd, sizeof cmd, "%s grad " XTAL " -params rotz,F -json %s 2>&1", bin, path);
+    rc = run(cmd);
+    check_grad_json(path, "rotz", 1, "cligrad-4-grad-json-dF");
+#endif
+    /* --version */
+    snprintf(cmd, sizeof cmd, "%s --version", bin);
+    rc = run(cmd);
+    char want_version[64];
+    snprintf(want_version, sizeof want_version, "nbgrad %s\n", nbg_version());
+    nbgi_test_check(rc == 0 && strcmp(out, want_version) == 0, "cligrad-4-version",
+                    "nbgrad --version prints \"nbgrad %s\" and exits 0 (exit %d: %.*s)", nbg_version(), rc,
+                    (int)strcspn(out, "\n"), out);
 
     /* refine: the observed image is the truth; the start is perturbed */
     char obs[1024], res[1024], rjson[1024];
@@ -95,6 +214,30 @@ int main(void)
                        strstr(json, "\"sigma\"") != NULL && resid != NULL && rsize == 64 * 64 * 4,
                    "cligrad-6-refine", "refine converges, prints progress, writes JSON and the residual (exit %d)", rc);
     free(json);
+#ifdef NBG_HAVE_FORMATS
+    check_refine_json(rjson, 9, "cligrad-6-refine-json-keys");
+#endif
+    /* progress on stderr, results on stdout; -quiet: no progress */
+    snprintf(cmd, sizeof cmd,
+             "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+             "-distance 100 -detpixels 64 -oversample 1 -observed %s -params a,rotx -maxiter 3 2>/dev/null", bin, obs);
+    rc = run(cmd);
+    const int out_has_iter = strstr(out, "iter ") != NULL, out_has_result = strstr(out, "parameter ") != NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+             "-distance 100 -detpixels 64 -oversample 1 -observed %s -params a,rotx -maxiter 3 2>&1 >/dev/null", bin,
+             obs);
+    rc = run(cmd);
+    const int err_has_iter = strstr(out, "iter   1") != NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+             "-distance 100 -detpixels 64 -oversample 1 -observed %s -params a,rotx -maxiter 3 -quiet 2>&1", bin, obs);
+    rc = run(cmd);
+    nbgi_test_check(!out_has_iter && out_has_result && err_has_iter && strstr(out, "iter ") == NULL &&
+                        strstr(out, "parameter ") != NULL,
+                    "cligrad-6-refine-progress", "the iterations on stderr (%s), the table on stdout (%s), none of "
+                    "them on stdout (%s); -quiet: no iteration line, the table still (exit %d)",
+                    err_has_iter ? "yes" : "no", out_has_result ? "yes" : "no", out_has_iter ? "some" : "none", rc);
     free(resid);
     /* the same fit on spot regions: from the model's spots, and around listed centres; a malformed list */
     snprintf(cmd, sizeof cmd,

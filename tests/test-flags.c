@@ -8,7 +8,7 @@
  *   - the list is plausible (over 150 names, each a flag, none twice);
  *   - every flag is accepted by the parser (never "unknown flag");
  *   - every flag appears, as a whole word, in `nbgrad -h` and `nbgrad simulate -h`; a subcommand's own flag in the
- *     -h of each subcommand that takes it;
+ *     -h of each subcommand that takes it (grad, gradcheck, refine, ensemble, batch, shots);
  *   - README.md's generated section (from "<!-- BEGIN FLAGS" to "<!-- END FLAGS -->") is exactly the output of
  *     `nbgrad --flags-markdown`, and names every flag;
  *   - every parameter of the table (nbgrad_params.def, through nbg_param_info_get) has its line, name first, in
@@ -26,7 +26,7 @@
 
 typedef struct {
     char name[64];
-    char scope[64]; /* "" for the common flags; "grad, gradcheck, refine" for a subcommand's own */
+    char scope[128]; /* "" for the common flags; "grad, gradcheck, refine" for a subcommand's own */
 } listed_flag;
 
 /* Whether w occurs in text as a whole flag: not inside a longer name (-N in -Na, -help in --help). */
@@ -312,6 +312,11 @@ int main(void)
         test_help(flags, n, ARGS("gradcheck", "-h"), "nbgrad gradcheck -h (its own flags)", "gradcheck");
 #ifndef NBG_NO_REFINE
         test_help(flags, n, ARGS("refine", "-h"), "nbgrad refine -h (its own flags)", "refine");
+        test_help(flags, n, ARGS("ensemble", "-h"), "nbgrad ensemble -h (its own flags)", "ensemble");
+#endif
+        test_help(flags, n, ARGS("batch", "-h"), "nbgrad batch -h (its own flags)", "batch");
+#ifdef NBG_HAVE_FORMATS
+        test_help(flags, n, ARGS("shots", "-h"), "nbgrad shots -h (its own flags)", "shots");
 #endif
         test_readme(flags, n);
         test_readme_params();
