@@ -10,7 +10,8 @@
 #   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson,
 #                   Open MPI, pkg-config); run by every build
 #   make install    the program, libnbgrad.so and .a, nbgrad.h, nbgrad.pc and nbgrad(1) under PREFIX (/usr/local);
-#                   DESTDIR stages; make uninstall; make test-install (run by make test) tries it in a scratch prefix
+#                   DESTDIR stages; make uninstall; make test-install (run by make test) tries it in a scratch prefix;
+#                   make install-python the Python package under the same prefix (PYTHON=python3)
 #   make clean
 #
 # Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
@@ -342,7 +343,7 @@ $(B)/.dials-deps:
 test-dials: $(B)/nbgrad $(B)/.dials-deps
 	@DIALS_PY=$(DIALS_PY) sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
 
-.PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials
+.PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials install-python
 
 # ---------------------------------------------------------------------------------------------------------------
 # Installation: make install [PREFIX=/usr/local] [DESTDIR=] (make uninstall removes the same files), and its test
@@ -416,6 +417,12 @@ install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 pkg/nbgrad.pc.i
 	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' pkg/nbgrad.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc
 	install -m 644 $(B)/nbgrad.1 $(DESTDIR)$(MANDIR)/man1/nbgrad.1
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null 2>&1; then $(LDCONFIG); fi
+
+# The Python package too (optional): pip builds it against the library (python/setup.py) and installs it under the
+# same prefix (and DESTDIR); PYTHON picks the interpreter.
+PYTHON ?= python3
+install-python:
+	$(PYTHON) -m pip install --no-build-isolation --no-deps --root "$(or $(DESTDIR),/)" --prefix "$(PREFIX)" ./python
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/nbgrad $(DESTDIR)$(LIBDIR)/$(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME) \
