@@ -34,4 +34,7 @@ int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *
  * its gradient is simply zero). */
 const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, int *hard);
 
+/* The mean and variance of the Poisson deviance of one count at mean mu, as the goodness of fit takes them (tests). */
+void nbgi_deviance_moments(double mu, double *E, double *V);
+
 #endif

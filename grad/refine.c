@@ -612,10 +612,11 @@ static double deviance1(double k, double mu)
 }
 
 /* The mean and variance of deviance1(k, mu) for k ~ Poisson(mu), tabulated on a logarithmic grid of mu (below
- * DEV_MU_MAX by summing over k; above it the asymptotic 1 + 1/(6 mu) and 2 + c / mu, c matched at the end). */
+ * DEV_MU_MAX by summing over k from P(0) = exp(-mu), which stays a normal double there; above it the asymptotic
+ * 1 + 1/(6 mu) (off by 2e-5 at 100) and 2 + c / mu, c matched at the end). */
 #define DEV_GRID 480
 #define DEV_MU_MIN 1e-9
-#define DEV_MU_MAX 1000.0
+#define DEV_MU_MAX 100.0
 typedef struct {
     double E[DEV_GRID], V[DEV_GRID], cV;
 } dev_table;
@@ -655,6 +656,18 @@ static void dev_moments(const dev_table *t, double mu, double *E, double *V)
     const double f = x - g;
     *E = t->E[g] + f * (t->E[g + 1] - t->E[g]);
     *V = t->V[g] + f * (t->V[g + 1] - t->V[g]);
+}
+
+void nbgi_deviance_moments(double mu, double *E, double *V)
+{
+    dev_table *t = malloc(sizeof *t);
+    if (t == NULL) {
+        *E = *V = NAN;
+        return;
+    }
+    dev_table_fill(t);
+    dev_moments(t, mu, E, V);
+    free(t);
 }
 
 /* Goodness of fit at the optimum (nbg_fit_quality), from each frame's model image (the last rendered, at x). */

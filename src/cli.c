@@ -303,15 +303,16 @@ static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mas
 /* --- the flag table ---------------------------------------------------------------------------------------- */
 
 /*
- * One table, flags[] below, drives the parser (nbgi_cli_parse), the help (nbgi_cli_usage) and the README's list of
- * flags (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together with the
- * subcommands' own flags: the tables of src/main.c (grad, gradcheck, refine), src/ensemble.c and src/batch.c (batch,
- * shots), nbgi_sub_flag entries, which also drive each subcommand's -h).  After changing any of these tables,
- * regenerate the README's "All flags" section (tests/test-flags.c fails until it matches):
+ * One table, flags[] below, drives the parser (nbgi_cli_parse), the help (nbgi_cli_usage) and the manual's list of
+ * flags in docs/flags.md (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together
+ * with the subcommands' own flags: the tables of src/main.c (grad, gradcheck, refine), src/ensemble.c and src/batch.c
+ * (batch, shots), nbgi_sub_flag entries, which also drive each subcommand's -h).  After changing any of these tables,
+ * regenerate the generated section of docs/flags.md (tests/test-flags.c fails until it matches):
  *
  *   make build/nbgrad && build/nbgrad --flags-markdown > build/flags.md &&
  *   awk 'FNR == NR { g = g $0 "\n"; next } /^<!-- BEGIN FLAGS/ { printf "%s", g; skip = 1 } !skip { print }
- *        /^<!-- END FLAGS/ { skip = 0 }' build/flags.md README.md > build/README.md && cp build/README.md README.md
+ *        /^<!-- END FLAGS/ { skip = 0 }' build/flags.md docs/flags.md > build/flags-doc.md &&
+ *   cp build/flags-doc.md docs/flags.md
  *
  * An entry holds the flag's names (the main one first, then its aliases, space-separated), its kind (how many
  * values it takes and how they are converted), where it stores them (E(field) in the experiment, C(field) in

@@ -2,25 +2,31 @@
  * test-flags.c -- every flag the program accepts is documented, and the documentation cannot go stale.
  *
  * The flag tables (src/cli.c, and src/main.c for the gradient subcommands) drive the parser, the help and the
- * README's "All flags" section.  The list of flags comes from the program itself (the hidden option
+ * manual's list of flags (docs/flags.md).  The list of flags comes from the program itself (the hidden option
  * `nbgrad --flags-list`: every name, aliases included, and the subcommands of a subcommand's own flag):
  *
  *   - the list is plausible (over 150 names, each a flag, none twice);
  *   - every flag is accepted by the parser (never "unknown flag");
  *   - every flag appears, as a whole word, in `nbgrad -h` and `nbgrad simulate -h`; a subcommand's own flag in the
  *     -h of each subcommand that takes it (grad, gradcheck, refine, ensemble, batch, shots);
- *   - README.md's generated section (from "<!-- BEGIN FLAGS" to "<!-- END FLAGS -->") is exactly the output of
- *     `nbgrad --flags-markdown`, and names every flag;
+ *   - docs/flags.md's generated section (from "<!-- BEGIN FLAGS" to "<!-- END FLAGS -->") is exactly the output of
+ *     `nbgrad --flags-markdown`, and names every flag; docs/parameters.md's (from "<!-- BEGIN PARAMS" to
+ *     "<!-- END PARAMS -->") is exactly `nbgrad --params-markdown`'s, a row for every parameter;
  *   - every parameter of the table (nbgrad_params.def, through nbg_param_info_get) has its line, name first, in
  *     `nbgrad -h`'s parameter help (its alias there too), and the flags its row names (nbg_param_info.flag) are
- *     flags of the program.
+ *     flags of the program;
+ *   - README.md links every markdown file of docs/, and every relative link of README.md and of those files names a
+ *     file that exists (and, for "file.md#anchor" or "#anchor", a heading of that markdown file).
  *
- * Runs $NBG_BIN (default build/nbgrad) from the repository root, reading README.md there ($NBG_README overrides).
+ * Runs $NBG_BIN (default build/nbgrad) from the repository root, reading README.md and docs/ there ($NBG_README
+ * and $NBG_DOCS, the docs directory, override them).
  */
 #include "clirun.h"
 #include "nbgrad.h"
 
 #include <ctype.h>
+#include <dirent.h>
+#include <sys/stat.h>
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -145,20 +151,31 @@ static void test_help(const listed_flag *flags, int n, const char *const *args, 
     result_free(&r);
 }
 
-/* README's generated section from begin to end is exactly out (what the program printed). */
-static void readme_section(const char *out, const char *begin, const char *end, const char *id, const char *cmd,
-                           const char *how)
+/* The docs directory ($NBG_DOCS, default docs) and README.md ($NBG_README, default README.md). */
+static const char *docs_dir(void)
 {
-    const char *path = getenv("NBG_README");
-    if (path == NULL || path[0] == '\0') {
-        path = "README.md";
-    }
-    char *readme = nbgi_test_read_file(path, NULL);
-    if (!nbgi_test_check(readme != NULL, id, "%s can be read", path)) {
+    const char *d = getenv("NBG_DOCS");
+    return d != NULL && d[0] != '\0' ? d : "docs";
+}
+
+static const char *readme_path(void)
+{
+    const char *p = getenv("NBG_README");
+    return p != NULL && p[0] != '\0' ? p : "README.md";
+}
+
+/* The generated section of docs/<file> from begin to end is exactly out (what the program printed). */
+static void doc_section(const char *file, const char *out, const char *begin, const char *end, const char *id,
+                        const char *cmd, const char *how)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", docs_dir(), file);
+    char *doc = nbgi_test_read_file(path, NULL);
+    if (!nbgi_test_check(doc != NULL, id, "%s can be read", path)) {
         return;
     }
-    char *b = strstr(readme, begin), *e = b != NULL ? strstr(b, end) : NULL;
-    const int once = b != NULL && (b == readme || b[-1] == '\n') && strstr(b + 1, begin) == NULL;
+    char *b = strstr(doc, begin), *e = b != NULL ? strstr(b, end) : NULL;
+    const int once = b != NULL && (b == doc || b[-1] == '\n') && strstr(b + 1, begin) == NULL;
     nbgi_test_check(once && e != NULL, id, "%s has one generated section (\"%s\" ... \"%.*s\")", path, begin,
                    (int)strlen(end) - 1, end);
     if (once && e != NULL) {
@@ -174,16 +191,16 @@ static void readme_section(const char *out, const char *begin, const char *end, 
             line += b[k] == '\n';
         }
         if (same) {
-            nbgi_test_check(1, id, "the section is exactly the output of %s", cmd);
+            nbgi_test_check(1, id, "%s's section is exactly the output of %s", path, cmd);
         } else {
-            nbgi_test_check(0, id, "the section is not the output of %s (they differ from line %zu of the section): "
-                           "regenerate it with %s", cmd, line, how);
+            nbgi_test_check(0, id, "%s's section is not the output of %s (they differ from line %zu of the section): "
+                           "regenerate it with %s", path, cmd, line, how);
         }
     }
-    free(readme);
+    free(doc);
 }
 
-static void test_readme(const listed_flag *flags, int n)
+static void test_docs_flags(const listed_flag *flags, int n)
 {
     run_result r;
     if (!run_case(&r, ARGS("--flags-markdown"))) {
@@ -195,16 +212,16 @@ static void test_readme(const listed_flag *flags, int n)
             note_missing(missing, sizeof missing, flags[i].name);
         }
     }
-    nbgi_test_check(r.status == 0 && missing[0] == '\0', "FLAGS-readme",
+    nbgi_test_check(r.status == 0 && missing[0] == '\0', "FLAGS-docs",
                    "nbgrad --flags-markdown exits 0 (got %d) and lists every flag%s%s", r.status,
                    missing[0] ? "; missing: " : "", missing);
-    readme_section(r.out, "<!-- BEGIN FLAGS", "<!-- END FLAGS -->\n", "FLAGS-readme", "nbgrad --flags-markdown",
-                   "the command above the flag table in src/cli.c");
+    doc_section("flags.md", r.out, "<!-- BEGIN FLAGS", "<!-- END FLAGS -->\n", "FLAGS-docs",
+                "nbgrad --flags-markdown", "the command above the flag table in src/cli.c");
     result_free(&r);
 }
 
-/* README's list of parameters is exactly nbgrad --params-markdown's (the table's), and names every parameter. */
-static void test_readme_params(void)
+/* docs/parameters.md's list is exactly nbgrad --params-markdown's (the table's), and names every parameter. */
+static void test_docs_params(void)
 {
     run_result r;
     if (!run_case(&r, ARGS("--params-markdown"))) {
@@ -218,12 +235,190 @@ static void test_readme_params(void)
             note_missing(missing, sizeof missing, nbg_param_name(p));
         }
     }
-    nbgi_test_check(r.status == 0 && missing[0] == '\0', "PARAMS-readme",
+    nbgi_test_check(r.status == 0 && missing[0] == '\0', "PARAMS-docs",
                    "nbgrad --params-markdown exits 0 (got %d) and has a row for each of the %d parameters%s%s", r.status,
                    (int)NBG_NPARAMS, missing[0] ? "; missing: " : "", missing);
-    readme_section(r.out, "<!-- BEGIN PARAMS", "<!-- END PARAMS -->\n", "PARAMS-readme", "nbgrad --params-markdown",
-                   "nbgrad --params-markdown, pasted between the markers");
+    doc_section("parameters.md", r.out, "<!-- BEGIN PARAMS", "<!-- END PARAMS -->\n", "PARAMS-docs",
+                "nbgrad --params-markdown", "the command beside --params-markdown in src/main.c");
     result_free(&r);
+}
+
+/* GitHub's anchor of a heading's text h (n characters): lower case, every character but letters, digits, spaces,
+ * '-' and '_' dropped, each space a '-'. */
+static void heading_slug(const char *h, size_t n, char *slug, size_t size)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < size; ++i) {
+        const unsigned char c = (unsigned char)h[i];
+        if (isalnum(c) || c == '-' || c == '_' || c >= 0x80) {
+            slug[k++] = (char)tolower(c);
+        } else if (c == ' ') {
+            slug[k++] = '-';
+        }
+    }
+    slug[k] = '\0';
+}
+
+/* Whether markdown text has a heading (outside fenced code) whose anchor is anchor; a repeated heading's anchors
+ * get -1, -2 ... as on GitHub. */
+static int has_anchor(const char *text, const char *anchor)
+{
+    static char seen[256][128];
+    int nseen = 0, fenced = 0;
+    for (const char *line = text; *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        const size_t len = nl != NULL ? (size_t)(nl - line) : strlen(line);
+        if (strncmp(line, "```", 3) == 0) {
+            fenced = !fenced;
+        } else if (!fenced && line[0] == '#') {
+            size_t hashes = strspn(line, "#");
+            if (hashes <= 6 && hashes < len && line[hashes] == ' ') {
+                char slug[128], name[140];
+                heading_slug(line + hashes + 1, len - hashes - 1, slug, sizeof slug);
+                int repeats = 0;
+                for (int i = 0; i < nseen; ++i) {
+                    repeats += strcmp(seen[i], slug) == 0;
+                }
+                if (repeats == 0) {
+                    snprintf(name, sizeof name, "%s", slug);
+                } else {
+                    snprintf(name, sizeof name, "%s-%d", slug, repeats);
+                }
+                if (strcmp(name, anchor) == 0) {
+                    return 1;
+                }
+                if (nseen < 256) {
+                    snprintf(seen[nseen++], sizeof seen[0], "%s", slug);
+                }
+            }
+        }
+        line += len + (nl != NULL);
+    }
+    return 0;
+}
+
+/* Whether the link target (relative to dir, the directory of the file from, whose text is text) names an existing
+ * file, and for "file.md#anchor" or "#anchor" a heading of that file. */
+static int link_ok(const char *dir, const char *text, const char *target)
+{
+    char path[1024], anchor[256] = "";
+    const char *hash = strchr(target, '#');
+    const size_t plen = hash != NULL ? (size_t)(hash - target) : strlen(target);
+    if (hash != NULL) {
+        snprintf(anchor, sizeof anchor, "%s", hash + 1);
+    }
+    if (plen == 0) {
+        return anchor[0] != '\0' && has_anchor(text, anchor);
+    }
+    struct stat st;
+    if (plen >= 512 || snprintf(path, sizeof path, "%s/%.*s", dir, (int)plen, target) >= (int)sizeof path ||
+        stat(path, &st) != 0) {
+        return 0;
+    }
+    if (anchor[0] == '\0' || plen < 3 || strncmp(target + plen - 3, ".md", 3) != 0) {
+        return 1;
+    }
+    char *doc = nbgi_test_read_file(path, NULL);
+    const int ok = doc != NULL && has_anchor(doc, anchor);
+    free(doc);
+    return ok;
+}
+
+/* Every relative markdown link ("](target)") of the file at path, outside code (fenced blocks, indented lines,
+ * `spans`), names an existing file (and heading); *nlinks gets the number of relative links.  Returns the text,
+ * or NULL when it cannot be read. */
+static char *check_links(const char *path, int *nlinks)
+{
+    char *text = nbgi_test_read_file(path, NULL);
+    *nlinks = 0;
+    if (!nbgi_test_check(text != NULL, "DOCS-links", "%s can be read", path)) {
+        return NULL;
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL) {
+        *slash = '\0';
+    } else {
+        snprintf(dir, sizeof dir, ".");
+    }
+    char broken[4096] = "";
+    int fenced = 0, code = 0;
+    for (const char *line = text; *line != '\0';) {
+        const char *nl = strchr(line, '\n');
+        const size_t len = nl != NULL ? (size_t)(nl - line) : strlen(line);
+        if (strncmp(line, "```", 3) == 0) {
+            fenced = !fenced;
+        } else if (len == 0) {
+            code = 0; /* a code span ends with its paragraph */
+        } else if (!fenced && strncmp(line, "    ", 4) != 0 && line[0] != '\t') {
+            for (size_t i = 0; i < len; ++i) {
+                if (line[i] == '`') {
+                    code = !code;
+                    while (i + 1 < len && line[i + 1] == '`') {
+                        ++i;
+                    }
+                } else if (!code && line[i] == ']' && i + 1 < len && line[i + 1] == '(') {
+                    const char *t = line + i + 2, *close = memchr(t, ')', len - (size_t)(t - line));
+                    if (close == NULL) {
+                        continue;
+                    }
+                    char target[512];
+                    snprintf(target, sizeof target, "%.*s", (int)(close - t), t);
+                    if (strstr(target, "://") != NULL || strncmp(target, "mailto:", 7) == 0) {
+                        continue;
+                    }
+                    ++*nlinks;
+                    if (!link_ok(dir, text, target)) {
+                        note_missing(broken, sizeof broken, target);
+                    }
+                }
+            }
+        }
+        line += len + (nl != NULL);
+    }
+    nbgi_test_check(broken[0] == '\0', "DOCS-links", "%s: its %d relative links name existing files and headings%s%s",
+                    path, *nlinks, broken[0] ? "; broken: " : "", broken);
+    return text;
+}
+
+static int is_markdown(const struct dirent *de)
+{
+    const size_t n = strlen(de->d_name);
+    return n >= 4 && de->d_name[0] != '.' && strcmp(de->d_name + n - 3, ".md") == 0;
+}
+
+/* README.md links every markdown file of the docs directory; the links of README.md and of those files resolve. */
+static void test_doc_links(void)
+{
+    int nreadme = 0;
+    char *readme = check_links(readme_path(), &nreadme);
+    const char *dir = docs_dir();
+    struct dirent **list = NULL;
+    const int ndocs = scandir(dir, &list, is_markdown, alphasort);
+    if (!nbgi_test_check(ndocs >= 0, "DOCS-links", "the docs directory %s can be listed", dir)) {
+        free(readme);
+        return;
+    }
+    char unlinked[4096] = "";
+    for (int k = 0; k < ndocs; ++k) {
+        const struct dirent *de = list[k];
+        char path[1024], link[300], anchored[300];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        int nlinks = 0;
+        free(check_links(path, &nlinks));
+        snprintf(link, sizeof link, "](docs/%s)", de->d_name);
+        snprintf(anchored, sizeof anchored, "](docs/%s#", de->d_name);
+        if (readme == NULL || (strstr(readme, link) == NULL && strstr(readme, anchored) == NULL)) {
+            note_missing(unlinked, sizeof unlinked, de->d_name);
+        }
+        free(list[k]);
+    }
+    free(list);
+    nbgi_test_check(readme != NULL && ndocs > 0 && nreadme >= ndocs && unlinked[0] == '\0', "DOCS-links",
+                    "%s links each of the %d markdown files of %s%s%s", readme_path(), ndocs, dir,
+                    unlinked[0] ? "; not linked: " : "", unlinked);
+    free(readme);
 }
 
 /* The parameter table against the program: each parameter's line in nbgrad -h's parameter help (from its
@@ -318,10 +513,11 @@ int main(void)
 #ifdef NBG_HAVE_FORMATS
         test_help(flags, n, ARGS("shots", "-h"), "nbgrad shots -h (its own flags)", "shots");
 #endif
-        test_readme(flags, n);
-        test_readme_params();
+        test_docs_flags(flags, n);
+        test_docs_params();
         test_params(flags, n);
     }
+    test_doc_links();
     nbgi_test_rmtree(g_root);
     return nbgi_test_summary();
 }

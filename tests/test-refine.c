@@ -5,6 +5,8 @@
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
 
+void nbgi_deviance_moments(double mu, double *E, double *V); /* grad/refine.c, internal */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,8 +169,64 @@ int main(void)
                            r.fit.sigma_scale);
             nbg_refine_result_free(&r);
         }
+        /* refine-4-bright: the right model on brighter data (a spot peak of 40000 photons: the deviance's expectation
+         * from its asymptotic form above 100 photons) is within the noise too */
+        {
+            float peak = 0;
+            for (size_t i = 0; i < npix; ++i) {
+                peak = fmaxf(peak, mean[i]);
+            }
+            const double f = 40000.0 / peak; /* the peak at 40000 photons, below the 16-bit counts' ceiling */
+            nbg_experiment e = tb;
+            e.fluence *= f;
+            nbg_simulate(ctx, &e, mean, npix, NULL);
+            peak = 0;
+            for (size_t i = 0; i < npix; ++i) {
+                peak = fmaxf(peak, mean[i]);
+            }
+            nbg_noise_image(ctx, mean, 128, 128, NULL, 0, 4343, counts, NULL, NULL);
+            for (size_t i = 0; i < npix; ++i) {
+                obs[i] = counts[i];
+            }
+            nbg_refine_options o;
+            nbg_refine_options_default(&o);
+            o.loss = NBG_LOSS_POISSON;
+            nbg_refine_result r = {0};
+            const int rc = nbg_refine(ctx, &e, obs, NULL, npix, P10, 10, &o, &r);
+            nbgi_test_check(rc == NBG_OK && !r.fit.mismatch && peak > 1000, "refine-4-bright-right-N",
+                           "peak %.0f photons: %s", peak, rc == NBG_OK ? r.fit.message : nbg_errmsg(ctx));
+            nbg_refine_result_free(&r);
+        }
         free(mean);
         free(counts);
+    }
+
+    /* refine-5: the deviance's mean and variance the goodness of fit uses, against sums over the Poisson
+     * distribution in logarithms (no underflow at any mean) */
+    {
+        static const double mus[] = {1e-6, 0.01, 0.3, 1, 3, 10, 50, 99, 101, 300, 750, 900, 5000, 1e5};
+        double worst = 0;
+        char at[192] = "";
+        for (size_t q = 0; q < sizeof mus / sizeof mus[0]; ++q) {
+            const double mu = mus[q];
+            double e = 0, e2 = 0;
+            const double k0 = floor(mu), span = 14 * sqrt(mu) + 30;
+            for (double k = fmax(0, k0 - span); k <= k0 + span; ++k) {
+                const double p = exp(k * log(mu) - mu - lgamma(k + 1));
+                const double d = 2 * ((k > 0 ? k * log(k / mu) : 0) - (k - mu));
+                e += p * d;
+                e2 += p * d * d;
+            }
+            double E, V;
+            nbgi_deviance_moments(mu, &E, &V);
+            const double err = fmax(fabs(E - e) / fmax(e, 1e-3), fabs(V - (e2 - e * e)) / fmax(e2 - e * e, 1e-3));
+            if (err > worst) {
+                worst = err;
+                snprintf(at, sizeof at, "mu %g: E %.6g (sum %.6g), V %.6g (sum %.6g)", mu, E, e, V, e2 - e * e);
+            }
+        }
+        nbgi_test_check(worst < 2e-3, "refine-5-deviance-moments", "the deviance's mean and variance from 1e-6 to 1e5 "
+                       "photons within %.2g of the sums (worst at %s)", worst, at);
     }
 
     /* refine-3: bad input */
