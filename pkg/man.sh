@@ -1,6 +1,6 @@
 #!/bin/sh
 # man.sh -- the manual page nbgrad(1), in roff, from the program's own help (`nbgrad -h`, the flag tables of
-# src/cli.c and src/main.c), so that it says what -h and README's flag list say.
+# src/cli.c and src/main.c), so that it says what -h and docs/flags.md say.
 #
 #   sh pkg/man.sh build/nbgrad > build/nbgrad.1        (make install runs it; man -l build/nbgrad.1 shows it)
 #
@@ -60,5 +60,5 @@ END {
     endmode()
     print ".SH SEE ALSO"
     print "The C library: its header nbgrad.h, \\fBpkg\\-config \\-\\-cflags \\-\\-libs nbgrad\\fR."
-    print "README.md in the sources."
+    print "README.md and docs/ in the sources."
 }'

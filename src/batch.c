@@ -321,7 +321,7 @@ static int set_cell(void *opts, const char *flag, char **v, void *dst)
     return 1;
 }
 
-/* batch's and shots's own flags: their parsers, their -h, nbgrad -h and the README's list (see src/cli.h) */
+/* batch's and shots's own flags: their parsers, their -h, nbgrad -h and docs/flags.md's list (see src/cli.h) */
 #define BO(field) offsetof(batch_opts, field)
 #define SO(field) offsetof(shots_opts, field)
 static const nbgi_sub_flag batch_flag_table[] = {

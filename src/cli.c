@@ -924,7 +924,7 @@ void nbgi_cli_help_line(FILE *out, const char *names, const char *arg, const cha
     fprintf(out, "%s%s%s\n", scope != NULL ? " [" : "", scope != NULL ? scope : "", scope != NULL ? "]" : "");
 }
 
-/* Every flag of the table, grouped; markdown: as a list for the README. */
+/* Every flag of the table, grouped; markdown: as a list for docs/flags.md. */
 static void flags_doc(FILE *out, int markdown)
 {
     for (int g = 0; g < G_COUNT; ++g) {

@@ -76,12 +76,12 @@ void nbgi_cli_init(nbgi_cli *c);
 void nbgi_cli_usage(FILE *out);
 /* The flags alone, grouped, with their help. */
 void nbgi_cli_flags_help(FILE *out);
-/* The flag table as the markdown list of the README's "All flags" section (nbgrad --flags-markdown). */
+/* The flag table as the markdown list of docs/flags.md's "All flags" section (nbgrad --flags-markdown). */
 void nbgi_cli_flags_markdown(FILE *out);
 /* Every name the parser accepts, aliases included, one a line (nbgrad --flags-list). */
 void nbgi_cli_flags_list(FILE *out);
 /* One flag's help line: names holds the main name then its aliases, space-separated; arg names its value (NULL:
- * none); scope, when not NULL, is appended in brackets.  markdown: as an item of the README's list. */
+ * none); scope, when not NULL, is appended in brackets.  markdown: as an item of docs/flags.md's list. */
 void nbgi_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
                        int markdown);
 void nbgi_cli_free(nbgi_cli *c);
@@ -136,7 +136,7 @@ enum {
 #define NBGI_NCMDS 6
 
 /* One entry of a subcommand's flag table (src/main.c for grad, gradcheck and refine; src/ensemble.c; src/batch.c for
- * batch and shots).  A table drives its subcommands' parser (nbgi_sub_flag_parse), their -h, nbgrad -h, the README's
+ * batch and shots).  A table drives its subcommands' parser (nbgi_sub_flag_parse), their -h, nbgrad -h, docs/flags.md's
  * "All flags" section (nbgrad --flags-markdown) and nbgrad --flags-list. */
 typedef struct {
     const char *flag;
@@ -162,7 +162,7 @@ int nbgi_cli_is_flag(const char *name);
 int nbgi_sub_flag_parse(const nbgi_sub_flag *t, int n, unsigned cmd, void *opts, int argc, char **argv, int i,
                         const char *note);
 /* The flags of table t for cmd, as help lines (every one with its subcommands in brackets when cmd is 0); markdown:
- * as items of the README's list. */
+ * as items of docs/flags.md's list. */
 void nbgi_sub_flags_doc(FILE *out, const nbgi_sub_flag *t, int n, unsigned cmd, int markdown);
 /* A subcommand's -h: usage (several lines), its own flags from t, then the common flags. */
 void nbgi_sub_usage(FILE *out, const char *usage, const nbgi_sub_flag *t, int n, unsigned cmd);

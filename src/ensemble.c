@@ -73,7 +73,7 @@ static int set_loss(void *opts, const char *flag, char **v, void *dst)
     return 1;
 }
 
-/* ensemble's own flags: the parser, nbgrad ensemble -h, nbgrad -h and the README's list (see src/cli.h) */
+/* ensemble's own flags: the parser, nbgrad ensemble -h, nbgrad -h and docs/flags.md's list (see src/cli.h) */
 #define EO(field) offsetof(ens_opts, field)
 static const nbgi_sub_flag ens_flag_table[] = {
     {"-shots", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(shots), "FILE",

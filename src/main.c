@@ -250,7 +250,7 @@ static int set_break(void *opts, const char *flag, char **vv, void *dst)
 
 /* The gradient subcommands' own flags (each takes one value), which subcommands take each, and their help: a flag
  * that only another subcommand takes is refused with a message rather than silently ignored.  Like the flag table
- * of src/cli.c, this table drives the parser (grad_flags), each subcommand's -h and the README's "All flags"
+ * of src/cli.c, this table drives the parser (grad_flags), each subcommand's -h and docs/flags.md's "All flags"
  * section (see the comment above that table for how to regenerate it). */
 #define GO(field) offsetof(grad_opts, field)
 static const nbgi_sub_flag grad_flag_table[] = {
@@ -1501,7 +1501,7 @@ static const nbgi_sub_flag *sub_table(int k, int *n)
     }
 }
 
-/* Every subcommand's own flags, with their subcommands; markdown: as the README's list. */
+/* Every subcommand's own flags, with their subcommands; markdown: as docs/flags.md's list. */
 static void sub_flags_doc(FILE *out, int markdown)
 {
     int n;
