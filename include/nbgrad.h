@@ -476,7 +476,8 @@ int nbg_param_from_name(const char *name);
 
 /* Parses a comma-separated list of parameter names for experiment e into *ids (malloc'd, the caller frees it) and
  * *nids, in the order given, without repeats.  Words: a parameter's name or alias; a group (nbg_param_groups:
- * "all" is every scalar parameter free in e, nbg_param_free); "g<k>.shift_x" ... one panel group's motion
+ * "all" is every scalar parameter free in e, nbg_param_free, but fluence, an overall factor as scale is; a group's
+ * members in the table's order); "g<k>.shift_x" ... one panel group's motion
  * component; "panels", "panel_shift", "panel_rot", "panel_shift_x" ... "panel_rot_z" those components of every
  * panel group; "F" every structure factor (every table entry, or default_F without a table; NBG_P_F_ALL instead
  * when flags has NBG_PARSE_F_ALL), "F(h,k,l)" one table entry.  An unknown word, a motion of a group e does not
