@@ -355,12 +355,12 @@ test-dials: $(B)/nbgrad $(B)/.dials-deps
 #   $(LIBDIR)/libnbgrad.a                the static library
 #   $(INCLUDEDIR)/nbgrad.h, nbgrad_params.def
 #   $(PKGCONFIGDIR)/nbgrad.pc            Libs: -lnbgrad; Libs.private: what a static link needs ($(LDLIBS) less CUDA)
-#   $(MANDIR)/man1/nbgrad.1              generated from `nbgrad -h` by pkg/man.sh ($(B)/nbgrad.1)
+#   $(MANDIR)/man1/nbgrad.1              generated from `nbgrad -h` by src/pkg/man.sh ($(B)/nbgrad.1)
 #
 # The installed libraries have no CUDA backend, so that a C user's program needs no CUDA runtime: they are the
 # objects of $(B)/libnbgrad.a but for the two sources that see NBG_HAVE_CUDA (src/simulate.c, grad/grad.c), which
 # are compiled again without it into $(B)/so (there NBG_BACKEND_AUTO picks the CPU and NBG_BACKEND_CUDA fails with
-# NBG_ENODEV).  The shared library exports the nbg_ functions only (pkg/libnbgrad.map); make checksymbols checks that
+# NBG_ENODEV).  The shared library exports the nbg_ functions only (src/pkg/libnbgrad.map); make checksymbols checks that
 # it exports exactly the functions include/nbgrad.h declares.  Variables: PREFIX, DESTDIR, BINDIR, LIBDIR,
 # INCLUDEDIR, MANDIR, PKGCONFIGDIR, LDCONFIG (run by root's install without DESTDIR; LDCONFIG=true skips it).
 # OPT's -march=native is in the installed libraries too: a package for other machines sets OPT (e.g. OPT=-O3).
@@ -390,8 +390,8 @@ $(SO_B)/%.o: %.c | $(DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SO_CFLAGS) -c $< -o $@
 
-$(SO_LIB): $(SO_OBJ) pkg/libnbgrad.map
-	$(CC) -shared -fopenmp -Wl,-soname,$(SO_NAME) -Wl,--version-script=pkg/libnbgrad.map -Wl,--no-undefined \
+$(SO_LIB): $(SO_OBJ) src/pkg/libnbgrad.map
+	$(CC) -shared -fopenmp -Wl,-soname,$(SO_NAME) -Wl,--version-script=src/pkg/libnbgrad.map -Wl,--no-undefined \
 	  $(SO_OBJ) -o $@ $(SO_LDLIBS)
 	ln -sf $(SO_FILE) $(SO_B)/$(SO_NAME)
 	ln -sf $(SO_NAME) $(SO_B)/libnbgrad.so
@@ -400,10 +400,10 @@ $(SO_B)/libnbgrad.a: $(SO_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(B)/nbgrad.1: $(B)/nbgrad pkg/man.sh
-	sh pkg/man.sh $(B)/nbgrad > $@.tmp && mv $@.tmp $@
+$(B)/nbgrad.1: $(B)/nbgrad src/pkg/man.sh
+	sh src/pkg/man.sh $(B)/nbgrad > $@.tmp && mv $@.tmp $@
 
-install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 pkg/nbgrad.pc.in
+install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 src/pkg/nbgrad.pc.in
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
 	  $(DESTDIR)$(MANDIR)/man1
 	install -m 755 $(B)/nbgrad $(DESTDIR)$(BINDIR)/nbgrad
@@ -414,7 +414,7 @@ install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 pkg/nbgrad.pc.i
 	install -m 644 include/nbgrad.h include/nbgrad_params.def $(DESTDIR)$(INCLUDEDIR)/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(patsubst $(PREFIX)/%,$${exec_prefix}/%,$(LIBDIR))|' \
 	    -e 's|@INCLUDEDIR@|$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))|' -e 's|@VERSION@|$(NBG_VER)|' \
-	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' pkg/nbgrad.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc
+	    -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' src/pkg/nbgrad.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc
 	install -m 644 $(B)/nbgrad.1 $(DESTDIR)$(MANDIR)/man1/nbgrad.1
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v $(LDCONFIG) >/dev/null 2>&1; then $(LDCONFIG); fi
 
