@@ -79,12 +79,9 @@ static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I,
 int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *pl, const nbg_param *params,
                         int nparams)
 {
-    if (e->oversample_thick || e->oversample_polar || e->oversample_omega) {
-        return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available with -oversample_thick/_polar/_omega "
-                                          "(nanoBragg's running-sum modes)");
-    }
-    if (e->curved) {
-        return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available for the curved detector");
+    const char *mode = nbgi_grad_mode_unsupported(e);
+    if (mode != NULL) {
+        return nbgi_error(ctx, NBG_EUNSUP, "gradients are not available %s", mode);
     }
     for (int j = 0; j < nparams; ++j) {
         int hard;

@@ -30,6 +30,9 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
 /* NBG_OK, or NBG_EUNSUP/NBG_EINVAL with the message, when the list asks for what the gradient code cannot give. */
 int nbgi_grad_supported(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_plan *pl, const nbg_param *params,
                         int nparams);
+/* The modes the gradient code does not cover (nanoBragg's running-sum oversampling, the curved detector): the
+ * reason's words ("with -oversample_thick/...", "for the curved detector"), or NULL. */
+const char *nbgi_grad_mode_unsupported(const nbg_experiment *e);
 /* Why parameter p is not free in e (pl its plan), or NULL when it is; *hard: the gradient calls refuse it (else
  * its gradient is simply zero). */
 const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, int *hard);

@@ -67,8 +67,7 @@ static int check_F(nbg_ctx *ctx, const nbg_experiment *e, const float *w, double
     }
     const size_t npix = rep.npix;
     const nbg_hkl *t = e->hkl;
-    const size_t n = t != NULL ? (size_t)(t->h_max - t->h_min + 1) * (t->k_max - t->k_min + 1) * (t->l_max - t->l_min + 1)
-                               : 1;
+    const size_t n = (size_t)nbgi_param_nF(e);
     double *dF = calloc(n, sizeof(double)), *v = malloc(n * sizeof(double));
     nbg_param *ids = malloc(n * sizeof(nbg_param));
     float *img = malloc(npix * sizeof(float));

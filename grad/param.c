@@ -293,6 +293,14 @@ int nbg_param_in_bounds(nbg_param p, double v)
 
 /* --- when a parameter is free ---------------------------------------------------------------------------- */
 
+const char *nbgi_grad_mode_unsupported(const nbg_experiment *e)
+{
+    if (e->oversample_thick || e->oversample_polar || e->oversample_omega) {
+        return "with -oversample_thick/_polar/_omega (nanoBragg's running-sum modes)";
+    }
+    return e->curved ? "for the curved detector" : NULL;
+}
+
 const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, int *hard)
 {
     int g, c;
@@ -358,11 +366,11 @@ int nbg_param_free(nbg_ctx *ctx, const nbg_experiment *e, nbg_param p, char *why
         return rc;
     }
     int hard;
-    const char *reason = NULL;
-    if (e->oversample_thick || e->oversample_polar || e->oversample_omega) {
-        reason = "no gradients with -oversample_thick/_polar/_omega (nanoBragg's running-sum modes)";
-    } else if (e->curved) {
-        reason = "no gradients for the curved detector";
+    const char *mode = nbgi_grad_mode_unsupported(e), *reason = NULL;
+    char modewhy[160];
+    if (mode != NULL) {
+        snprintf(modewhy, sizeof modewhy, "no gradients %s", mode);
+        reason = modewhy;
     } else {
         reason = nbgi_param_fixed(e, &pl, p, &hard);
     }

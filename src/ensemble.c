@@ -27,6 +27,7 @@
  */
 #include "cli.h"
 #include "io.h"
+#include "param.h"
 #include "shots.h"
 
 #ifdef NBG_HAVE_FORMATS
@@ -471,8 +472,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     w.npix = r.npix;
     w.nmine = shots.n > rank ? (shots.n - rank + size - 1) / size : 0;
     if (w.want_F) {
-        const nbg_hkl *h = c.e.hkl;
-        w.nF = (size_t)(h->h_max - h->h_min + 1) * (size_t)(h->k_max - h->k_min + 1) * (size_t)(h->l_max - h->l_min + 1);
+        w.nF = (size_t)nbgi_param_nF(&c.e); /* want_F needs a table (checked above) */
     }
     w.nvec = 1 + (size_t)w.ng + w.nF;
     w.ids = malloc(sizeof(nbg_param) * (w.nvec - 1 + 1));

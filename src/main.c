@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
+#include "param.h"     /* nbgi_param_nF */
 
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h>
@@ -744,10 +745,7 @@ static int cmd_grad(int argc, char **argv, int first)
     }
     /* the structure factors: every entry of the table ("F") is dL/dF as a whole, in the table's order; entries
      * named one by one (F(h,k,l)) are printed as the other parameters are */
-    const size_t nF = c.e.hkl ? (size_t)(c.e.hkl->h_max - c.e.hkl->h_min + 1) *
-                                    (size_t)(c.e.hkl->k_max - c.e.hkl->k_min + 1) *
-                                    (size_t)(c.e.hkl->l_max - c.e.hkl->l_min + 1)
-                              : 1;
+    const size_t nF = (size_t)nbgi_param_nF(&c.e);
     size_t nFid = 0;
     for (int j = 0; j < o.nids; ++j) {
         nFid += is_F(o.ids[j]);

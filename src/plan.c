@@ -254,17 +254,26 @@ typedef struct {
     const char *unit;
 } nbgi_domain;
 
-static int check_domain(nbg_ctx *ctx, const nbgi_domain *d)
+/* Whether d's value is in its domain. */
+static int in_domain(const nbgi_domain *d)
 {
     if (d->optional && isnan(d->v)) {
+        return 1;
+    }
+    const int below = d->lo_open ? !(d->v > d->lo) : !(d->v >= d->lo);
+    const int above = d->hi_open ? !(d->v < d->hi) : !(d->v <= d->hi);
+    return isfinite(d->v) && !below && !above;
+}
+
+static int check_domain(nbg_ctx *ctx, const nbgi_domain *d)
+{
+    if (in_domain(d)) {
         return NBG_OK;
     }
     if (!isfinite(d->v)) {
         return nbgi_error(ctx, NBG_EINVAL, "%s is not a finite number (%g)", d->name, d->v);
     }
-    const int below = d->lo_open ? !(d->v > d->lo) : !(d->v >= d->lo);
-    const int above = d->hi_open ? !(d->v < d->hi) : !(d->v <= d->hi);
-    if (below || above) {
+    {
         char lo[32], hi[32];
         snprintf(lo, sizeof lo, "%g", d->lo);
         snprintf(hi, sizeof hi, "%g", d->hi);
@@ -363,13 +372,13 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         if (r->setup == NBGI_S_CELL && !e->has_cell) {
             continue;
         }
-        char name[128];
-        snprintf(name, sizeof name, "%s (%s)", r->desc, r->flag[0] != '\0' ? r->flag : r->name);
-        const nbgi_domain d = {*(const double *)((const char *)e + r->field), name, r->lo, r->hi, r->lo_open,
-                               r->hi_open, r->optional, r->unit};
-        const int rc = check_domain(ctx, &d);
-        if (rc != NBG_OK) {
-            return rc;
+        nbgi_domain d = {*(const double *)((const char *)e + r->field), NULL, r->lo, r->hi, r->lo_open, r->hi_open,
+                         r->optional, r->unit};
+        if (!in_domain(&d)) { /* the message's name only when there is a message (validate runs every render) */
+            char name[128];
+            snprintf(name, sizeof name, "%s (%s)", r->desc, r->flag[0] != '\0' ? r->flag : r->name);
+            d.name = name;
+            return check_domain(ctx, &d);
         }
     }
     if (!isnan(e->close_distance)) {
