@@ -63,6 +63,10 @@ typedef struct {
     nbg_panel_motion *motions;   /* the frames' panel motions (every frame's e.motions points here), or NULL */
     int evals;
     int status;                  /* first failure */
+    int gn_fresh;                /* the frames' images are the last Gauss-Newton point's (no render since) */
+    int gn_cached;               /* gn_L, gn_g, gn_H hold the last Gauss-Newton point's loss, gradient and matrix
+                                    (LM leaves them at its final point, which information() then reuses) */
+    double gn_L, *gn_g, *gn_H;   /* n and n x n */
 } refine_ws;
 
 /* The image index of walked pixel t. */
@@ -88,6 +92,7 @@ static int set_params(refine_ws *ws, const double *x)
 static int loss_only(refine_ws *ws, double *L)
 {
     *L = 0;
+    ws->gn_fresh = 0;
     for (int f = 0; f < ws->nf; ++f) {
         refine_frame *fr = &ws->fr[f];
         double Lf;
@@ -170,6 +175,7 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
     }
     *L = sum;
     ws->eps = eps + 1e-15 * fabs(sum);
+    ws->gn_fresh = 1;
     return NBG_OK;
 }
 
@@ -389,6 +395,13 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
         }
     }
     res->loss = L;
+    if (ws->gn_fresh) {
+        /* the final point's Gauss-Newton quantities, for information() */
+        ws->gn_L = L;
+        memcpy(ws->gn_g, g, sizeof(double) * (size_t)n);
+        memcpy(ws->gn_H, H, sizeof(double) * (size_t)n * n);
+        ws->gn_cached = 1;
+    }
     free(buf);
     return NBG_OK;
 }
@@ -535,7 +548,15 @@ static int information(refine_ws *ws, nbg_refine_result *res)
     if (g == NULL) {
         return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
     }
-    int rc = gauss_newton(ws, &L, g, H);
+    int rc = NBG_OK;
+    if (ws->gn_cached && ws->gn_fresh) {
+        /* LM ended on a Gauss-Newton point and nothing was rendered since: the same loss, gradient and matrix */
+        L = ws->gn_L;
+        memcpy(g, ws->gn_g, sizeof(double) * (size_t)n);
+        memcpy(H, ws->gn_H, sizeof(double) * (size_t)n * n);
+    } else {
+        rc = gauss_newton(ws, &L, g, H);
+    }
     if (rc != NBG_OK) {
         free(g);
         return rc;
@@ -867,7 +888,7 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     const size_t n = (size_t)nparams;
     res->params = malloc(sizeof(nbg_param) * n);
     double *const rbuf = malloc(sizeof(double) * (n * n + 3 * n));
-    double *const wbuf = calloc(n * n + 7 * n, sizeof(double));
+    double *const wbuf = calloc(2 * n * n + 8 * n, sizeof(double));
     if (res->params == NULL || rbuf == NULL || wbuf == NULL) {
         free(res->params);
         res->params = NULL;
@@ -908,6 +929,8 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     ws.xs = ws.scale + n;
     ws.gs = ws.xs + n;
     ws.gf = ws.gs + n;
+    ws.gn_g = wbuf + n * n + 7 * n;
+    ws.gn_H = ws.gn_g + n;
     ws.ctx = ctx;
     ws.loss = opt->loss;
     ws.params = params;

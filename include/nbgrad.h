@@ -827,6 +827,18 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
  * different sizes along fast and slow, a crystal with a singular cell. */
 int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e);
 
+/* Re-expresses g's crystal in the setting (basis) of a reference crystal of the same lattice: the reference's
+ * real-space vectors (rows a, b, c in g's frame, Angstrom, as nbg_geometry.real_space) are integer combinations of
+ * g's, M (row-major, integers) is that change of basis (reference row i = sum_j M_ij g row j, determinant 1), and
+ * g's real-space vectors become M times them: the same lattice, with the reference's a, b, c (the crystal size
+ * Na, Nb, Nc and the structure factors' indices then refer to the reference's basis).  *misfit (may be NULL)
+ * receives the largest distance of the exact change of basis from M (0 for the same crystal; it grows with the
+ * angle between the two crystals and their cells' difference).  NBG_EINVAL, named, when g has no crystal, a basis
+ * is singular or not finite, the change of basis is not integral within 0.25 (another lattice, or orientations
+ * several degrees apart) or its determinant is not 1 (a basis of the other hand, a sub- or super-lattice); g is
+ * then unchanged. */
+int nbg_geometry_reindex(nbg_ctx *ctx, nbg_geometry *g, const double reference[9], int M[9], double *misfit);
+
 /* Data types of image files. */
 typedef enum { NBG_DATA_FLOAT32 = 0, NBG_DATA_INT32 = 1 } nbg_dtype;
 

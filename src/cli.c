@@ -484,6 +484,10 @@ static const cli_flag flags[] = {
     {"-expt", K_STR, C(exptin), .group = G_DETECTOR, .arg = "file",
      .help = "a DIALS experiment list (one experiment, any number of panels): its detector, beam, goniometer, scan "
              "and crystal replace the flags'"},
+    {"-setting", K_STR, C(settingin), .group = G_CRYSTAL, .arg = "file",
+     .help = "re-express the crystal of -expt in the basis of the crystal of this experiment list (the same "
+             "lattice, e.g. the data's true setting where DIALS chose another): N, the structure factors' indices "
+             "and the refined cell then refer to that basis; the change of basis is printed"},
     {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
      .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
     {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
@@ -1257,6 +1261,80 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
 /* After an experiment list set e's sampling (the mosaic domains, the divergence and spectrum nbgrad wrote into it):
  * the sampling flags given (those that differ from the defaults in given_e, e before the list) win.  Returns whether
  * any was given. */
+/* One row of a change of basis as DIALS writes one: "a+b", "-c", "2a-b+c". */
+static void basis_row(const int *m, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int j = 0; j < 3 && n < size; ++j) {
+        if (m[j] == 0) {
+            continue;
+        }
+        const char *sign = m[j] < 0 ? "-" : n > 0 ? "+" : "";
+        if (abs(m[j]) == 1) {
+            n += (size_t)snprintf(buf + n, size - n, "%s%c", sign, "abc"[j]);
+        } else {
+            n += (size_t)snprintf(buf + n, size - n, "%s%d%c", sign, abs(m[j]), "abc"[j]);
+        }
+    }
+}
+
+/* The cell of real-space rows: lengths and angles (deg). */
+static void cell_of(const double *v, double cell[6])
+{
+    for (int i = 0; i < 3; ++i) cell[i] = sqrt(v[3 * i] * v[3 * i] + v[3 * i + 1] * v[3 * i + 1] + v[3 * i + 2] * v[3 * i + 2]);
+    for (int i = 0; i < 3; ++i) {
+        const double *p = v + 3 * ((i + 1) % 3), *q = v + 3 * ((i + 2) % 3);
+        cell[3 + i] = acos((p[0] * q[0] + p[1] * q[1] + p[2] * q[2]) / cell[(i + 1) % 3] / cell[(i + 2) % 3]) * RTD;
+    }
+}
+
+/* -setting: the crystal of -expt (in g) re-expressed in the basis of the crystal of another list, the change of
+ * basis and both cells printed.  0 (message printed) on failure. */
+static int reindex_crystal(nbg_ctx *ctx, nbgi_cli *c, nbg_geometry *g)
+{
+    if (!g->has_crystal) {
+        fprintf(stderr, "nbgrad: error: -setting %s re-expresses the crystal of -expt, and %s has none\n",
+                c->settingin, c->exptin);
+        return 0;
+    }
+    nbg_geometry ref;
+    nbg_panel *pan = NULL;
+    int np = 0;
+    if (nbg_read_expt_panels(ctx, c->settingin, &ref, &pan, &np) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -setting: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    free(pan);
+    if (!ref.has_crystal) {
+        fprintf(stderr, "nbgrad: error: -setting %s: the list has no crystal to take the setting from\n",
+                c->settingin);
+        return 0;
+    }
+    int M[9];
+    double misfit = 0, before[6], after[6], want[6];
+    cell_of(g->real_space, before);
+    if (nbg_geometry_reindex(ctx, g, ref.real_space, M, &misfit) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -setting %s: the crystal of -expt %s: %s\n", c->settingin, c->exptin,
+                nbg_errmsg(ctx));
+        return 0;
+    }
+    cell_of(g->real_space, after);
+    cell_of(ref.real_space, want);
+    if (strcmp(ref.space_group, g->space_group) != 0) {
+        memcpy(g->space_group, ref.space_group, sizeof g->space_group);
+    }
+    char row[3][48];
+    for (int i = 0; i < 3; ++i) basis_row(M + 3 * i, row[i], sizeof row[i]);
+    printf("-setting %s: the crystal of %s re-expressed in its basis: a, b, c = %s, %s, %s of %s's (largest "
+           "deviation of the change of basis from integers %.2g); cell %.4f %.4f %.4f %.3f %.3f %.3f becomes %.4f "
+           "%.4f %.4f %.3f %.3f %.3f (the reference's: %.4f %.4f %.4f %.3f %.3f %.3f)\n",
+           c->settingin, c->exptin, row[0], row[1], row[2], c->exptin, misfit, before[0], before[1], before[2],
+           before[3], before[4], before[5], after[0], after[1], after[2], after[3], after[4], after[5], want[0],
+           want[1], want[2], want[3], want[4], want[5]);
+    return 1;
+}
+
 static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
 {
     nbg_experiment d;
@@ -1295,8 +1373,16 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         int np = 0;
         /* the sampling flags given (they win over the mosaic domains and beam sampling of a list nbgrad wrote) */
         const nbg_experiment before = *e;
-        if (nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np) != NBG_OK ||
-            nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
+        if (nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np) != NBG_OK) {
+            free(pan);
+            fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
+            return 0;
+        }
+        if (c->settingin != NULL && !reindex_crystal(ctx, c, &g)) {
+            free(pan);
+            return 0;
+        }
+        if (nbg_experiment_from_geometry(ctx, &g, e) != NBG_OK) {
             free(pan);
             fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
             return 0;
@@ -1327,11 +1413,24 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
                        ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
                        : "gives every full CBF file (and nbgrad an unpolarized beam)");
         }
+        if (!g.has_mosaic) {
+            /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of
+             * the same flags draws them, in the frame of the flags' convention, and turned into the list's frame */
+            if (nbgi_convention_frame(ctx, &before, e->mosaic_frame) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: -expt: the frame of the flags' convention: %s\n", nbg_errmsg(ctx));
+                return 0;
+            }
+        }
         if (g.has_mosaic || g.has_beam_sampling) {
             const int given = keep_sampling_flags(&before, e);
-            printf("read %s: nbgrad's sampling of it: mosaic spread %g deg over %d domains (seed %ld), divergence %g x "
-                   "%g mrad, dispersion %g %%%s\n", c->exptin, e->mosaic, e->mosaic_domains, e->mosaic_seed,
-                   e->hdivrange, e->vdivrange, e->dispersion, given ? " (with the sampling flags given)" : "");
+            char div[96] = "";
+            if (!isnan(e->hdivrange) || !isnan(e->vdivrange)) {
+                snprintf(div, sizeof div, ", divergence %g x %g mrad", isnan(e->hdivrange) ? 0 : e->hdivrange,
+                         isnan(e->vdivrange) ? 0 : e->vdivrange);
+            }
+            printf("read %s: nbgrad's sampling of it: mosaic spread %g deg over %d domains (seed %ld)%s, dispersion "
+                   "%g %%%s\n", c->exptin, e->mosaic, e->mosaic_domains, e->mosaic_seed, div,
+                   isnan(e->dispersion) ? 0 : e->dispersion, given ? " (with the sampling flags given)" : "");
         }
         if (g.crystal_scan_points > 0) {
             printf("WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one per image boundary, as "
@@ -1349,6 +1448,11 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         printf("read %s: %dx%d pixels of %g mm, wavelength %g A, scan %d image%s from %g deg by %g deg%s\n",
                c->exptin, g.fpixels, g.spixels, g.pixel_f, g.wavelength, g.nframes, g.nframes > 1 ? "s" : "",
                g.scan_start, g.scan_width, g.has_crystal ? ", with a crystal" : "");
+    }
+    if (c->exptin == NULL && c->settingin != NULL) {
+        fprintf(stderr, "nbgrad: error: -setting re-expresses the crystal of -expt, and there is no -expt (the crystal "
+                "of -cell, -mat and -misset is in the basis given)\n");
+        return 0;
     }
     if (c->layout != NULL) {
         int n = 0, F = 0, S = 0;

@@ -24,6 +24,7 @@ struct nbgi_cli {
     const char *floatfile, *intfile, *pgmfile, *noisefile;
     const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
     const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
+    const char *settingin;  /* -setting: an experiment list whose crystal's basis -expt's crystal is re-expressed in */
     const char *layout;     /* -layout: a built-in multi-panel detector */
     nbg_panel *panels;      /* the panels of -layout (or of a multi-panel -expt) */
     int panel_groups;       /* -panel_groups: NBGI_GROUPS_* */

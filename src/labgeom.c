@@ -134,6 +134,25 @@ static void rotation_to_minus_z(const double b[3], double R[9])
     }
 }
 
+int nbgi_convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double R[9])
+{
+    nbg_experiment probe;
+    nbg_experiment_default(&probe);
+    probe.convention = e->convention;
+    memcpy(probe.beam, e->beam, sizeof probe.beam);
+    probe.has_cell = 1;
+    probe.cell[0] = 10;
+    probe.default_F = 1;
+    probe.fpixels = probe.spixels = 4;
+    nbg_report r;
+    const int rc = nbg_describe(ctx, &probe, &r);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    rotation_to_minus_z(r.beam, R);
+    return NBG_OK;
+}
+
 static void apply(const double R[9], const double v[3], double out[3])
 {
     double w[3];
@@ -390,6 +409,70 @@ static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     e->has_cell = 0;
     e->misset[0] = e->misset[1] = e->misset[2] = 0;
     e->misset_random = 0;
+}
+
+int nbg_geometry_reindex(nbg_ctx *ctx, nbg_geometry *g, const double reference[9], int M[9], double *misfit)
+{
+    if (g == NULL || reference == NULL || M == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_geometry_reindex: NULL argument");
+    }
+    if (!g->has_crystal) {
+        return nbgi_error(ctx, NBG_EINVAL, "there is no crystal to re-express in another setting");
+    }
+    for (int i = 0; i < 9; ++i) {
+        if (!isfinite(reference[i]) || !isfinite(g->real_space[i])) {
+            return nbgi_error(ctx, NBG_EINVAL, "a real-space vector is not finite");
+        }
+    }
+    /* reference row i = sum_j F_ij (row j of g), so F_ij = reference_i . (reciprocal vector j of g) */
+    const double *a = g->real_space, *b = g->real_space + 3, *c = g->real_space + 6;
+    double rec[3][3];
+    nbgi_cross(b, c, rec[0]);
+    nbgi_cross(c, a, rec[1]);
+    nbgi_cross(a, b, rec[2]);
+    const double V = nbgi_dot(a, rec[0]);
+    double rx[3];
+    nbgi_cross(reference + 3, reference + 6, rx);
+    const double Vref = nbgi_dot(reference, rx);
+    if (!(fabs(V) > 0) || !(fabs(Vref) > 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "a basis is singular (cell volume %g and %g A^3)", V, Vref);
+    }
+    double dev = 0;
+    for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            const double f = nbgi_dot(reference + 3 * i, rec[j]) / V;
+            if (!(fabs(f) < 1000)) {
+                return nbgi_error(ctx, NBG_EINVAL, "the reference's basis is not this lattice's (an element of the "
+                                  "change of basis is %g)", f);
+            }
+            M[3 * i + j] = (int)lround(f);
+            dev = fmax(dev, fabs(f - M[3 * i + j]));
+        }
+    }
+    /* a unimodular integer matrix takes one basis of a lattice to another; the rounding's deviation measures how
+     * far the two crystals are from one lattice (orientation and cell: 0.25 is several degrees) */
+    const long det = (long)M[0] * (M[4] * M[8] - M[5] * M[7]) - (long)M[1] * (M[3] * M[8] - M[5] * M[6]) +
+                     (long)M[2] * (M[3] * M[7] - M[4] * M[6]);
+    if (dev > 0.25) {
+        return nbgi_error(ctx, NBG_EINVAL, "the reference's basis vectors are not integer combinations of this "
+                          "crystal's (largest deviation %.3f of a cell): not the same lattice, or oriented more than "
+                          "a few degrees apart", dev);
+    }
+    if (det != 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "the change of basis to the reference's has determinant %ld, not 1 (%s)",
+                          det, det == -1 ? "a basis of the opposite hand" : "a sub- or super-lattice");
+    }
+    double out[9];
+    for (int i = 0; i < 3; ++i) {
+        for (int k = 0; k < 3; ++k) {
+            out[3 * i + k] = M[3 * i] * a[k] + M[3 * i + 1] * b[k] + M[3 * i + 2] * c[k];
+        }
+    }
+    memcpy(g->real_space, out, sizeof out);
+    if (misfit != NULL) {
+        *misfit = dev;
+    }
+    return NBG_OK;
 }
 
 int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)

@@ -144,6 +144,131 @@ static double json_value(const char *json, const char *name)
 
 #define XTAL "-cell 70 80 90 75 85 95 -misset 10 5 3 -default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1"
 
+#ifdef NBG_HAVE_FORMATS
+/* The largest |a - b| over two float files of n floats, relative to a's largest value (INFINITY: unreadable). */
+static double float_diff(const char *pa, const char *pb, size_t n)
+{
+    size_t sa = 0, sb = 0;
+    char *a = nbgi_test_read_file(pa, &sa), *b = nbgi_test_read_file(pb, &sb);
+    double d = INFINITY;
+    if (a != NULL && b != NULL && sa == n * 4 && sb == n * 4) {
+        double mx = 0;
+        d = 0;
+        for (size_t i = 0; i < n; ++i) {
+            float x, y;
+            memcpy(&x, a + 4 * i, 4);
+            memcpy(&y, b + 4 * i, 4);
+            mx = fmax(mx, fabs(x));
+            d = fmax(d, fabs((double)x - y));
+        }
+        d /= mx;
+    }
+    free(a);
+    free(b);
+    return d;
+}
+
+/* cligrad-34: -setting.  A hexagonal crystal (78 78 37, 6 x 9 x 12 cells along a, b, c) written with its list; the
+ * same crystal in the basis (c, a+b, b), as DIALS may choose for it, renders another crystal shape (N counts cells
+ * along the basis), and refined on the truth's noise-free image it moves away from the truth.  Re-expressed in the
+ * truth's setting by -setting it renders the truth's image and its fit is the truth's fit. */
+static void test_setting(const char *bin, const char *dir)
+{
+#define HEX "-default_F 100 -Na 6 -Nb 9 -Nc 12 -oversample 1"
+    char cmd[8192], truth[1024], shear[1024], img[1024], other[1024], rj[1024];
+    snprintf(truth, sizeof truth, "%s/hex_truth.expt", dir);
+    snprintf(shear, sizeof shear, "%s/hex_dials.expt", dir);
+    snprintf(other, sizeof other, "%s/hex_other.expt", dir);
+    snprintf(img, sizeof img, "%s/hex_truth.bin", dir);
+    snprintf(rj, sizeof rj, "%s/hex.json", dir);
+    snprintf(cmd, sizeof cmd, "%s -cell 78 78 37 90 90 120 -misset 10 20 30 " HEX " -distance 100 -detpixels 128 "
+                              "-pixel 0.4 -lambda 1 -floatfile %s -exptfile %s -nopgm -nonoise 2>&1", bin, img, truth);
+    int rc = run(cmd);
+    snprintf(cmd, sizeof cmd, "%s -cell 70 80 90 90 90 90 -default_F 100 -N 5 -distance 100 -detpixels 16 -exptfile %s "
+                              "-nopgm -nonoise 2>&1", bin, other);
+    rc |= run(cmd);
+    nbg_ctx *ctx = NULL;
+    nbg_geometry g;
+    int ok = rc == 0 && nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) == NBG_OK &&
+             nbg_read_expt(ctx, truth, &g) == NBG_OK;
+    if (ok) {
+        double r[9];
+        memcpy(r, g.real_space, sizeof r);
+        for (int k = 0; k < 3; ++k) {
+            g.real_space[k] = r[6 + k];             /* a' = c */
+            g.real_space[3 + k] = r[k] + r[3 + k];  /* b' = a + b */
+            g.real_space[6 + k] = r[3 + k];         /* c' = b */
+        }
+        ok = nbg_write_expt(ctx, shear, &g, NULL) == NBG_OK;
+    }
+    nbg_ctx_destroy(ctx);
+    nbgi_test_check(ok, "cligrad-34-setting-lists", "the truth's list, and its crystal in the basis (c, a+b, b)");
+    if (!ok) {
+        return;
+    }
+    /* the image: another shape in the other basis, the truth's in the truth's setting */
+    double diff[2];
+    for (int k = 0; k < 2; ++k) {
+        char f[1100];
+        snprintf(f, sizeof f, "%s/hex_%d.bin", dir, k);
+        snprintf(cmd, sizeof cmd, "%s -expt %s %s%s " HEX " -floatfile %s -nopgm -nonoise 2>&1", bin, shear,
+                 k ? "-setting " : "", k ? truth : "", f);
+        rc = run(cmd);
+        diff[k] = rc == 0 ? float_diff(img, f, 128 * 128) : INFINITY;
+        if (k == 1) {
+            ok = rc == 0 && strstr(out, "a, b, c = b-c, c, a of") != NULL &&
+                 strstr(out, "becomes 78.0000 78.0000 37.0000 90.000 90.000 120.000") != NULL;
+        }
+    }
+    nbgi_test_check(ok && diff[1] <= 1e-6 && diff[0] > 0.1, "cligrad-34-setting-image",
+                    "the crystal in DIALS's basis renders another shape (largest difference %.3g of the maximum); "
+                    "re-expressed in the truth's setting (change of basis printed: %s) the truth's image (%.3g)",
+                    diff[0], ok ? "yes" : "no", diff[1]);
+    /* the fit on the truth's noise-free image, started at the truth */
+    static const char *const names[13] = {"a", "b", "c", "alpha", "beta", "gamma", "rotx", "roty", "rotz",
+                                          "Na", "Nb", "Nc", "scale"};
+    double v[3][13];
+    int rcs[3];
+    for (int k = 0; k < 3; ++k) {
+        remove(rj);
+        snprintf(cmd, sizeof cmd, "%s refine -expt %s %s%s " HEX " -observed %s -params cell,orientation,Na,Nb,Nc,"
+                                  "scale -loss poisson -json %s 2>&1", bin, k == 0 ? truth : shear,
+                 k == 1 ? "-setting " : "", k == 1 ? truth : "", img, rj);
+        rcs[k] = run(cmd);
+        char *json = nbgi_test_read_file(rj, &(size_t){0});
+        for (int i = 0; i < 13; ++i) v[k][i] = json_value(json, names[i]);
+        free(json);
+    }
+    double same = 0, moved = 0;
+    for (int i = 0; i < 13; ++i) {
+        same = fmax(same, fabs(v[1][i] - v[0][i]) / fmax(1, fabs(v[0][i])));
+    }
+    /* in the other basis: how far its cell (lengths c, |a+b|, b in the truth's) and sizes moved from their start */
+    const double start[6] = {37, 78, 78, 60, 90, 90}, nstart[3] = {6, 9, 12};
+    for (int i = 0; i < 6; ++i) moved = fmax(moved, fabs(v[2][i] - start[i]) / start[i]);
+    double nmoved = 0;
+    for (int i = 0; i < 3; ++i) nmoved = fmax(nmoved, fabs(v[2][9 + i] - nstart[i]));
+    nbgi_test_check(rcs[0] == 0 && rcs[1] == 0 && same <= 1e-7 && fabs(v[0][0] - 78) < 1e-5 &&
+                        fabs(v[0][2] - 37) < 1e-5 && fabs(v[0][9] - 6) < 1e-4 && moved > 1e-4,
+                    "cligrad-34-setting-refine", "refined from the truth's list and from DIALS's basis re-expressed "
+                    "by -setting: the same answer (largest difference %.2g), at the truth (a %.6f, c %.6f, Na %.5f; "
+                    "exit %d, %d); from DIALS's basis without -setting the fit moves away (cell by %.3g %%, N by "
+                    "%.3g cells; exit %d)", same, v[0][0], v[0][2], v[0][9], rcs[0], rcs[1], 100 * moved, nmoved,
+                    rcs[2]);
+    /* refused: another lattice; no -expt */
+    snprintf(cmd, sizeof cmd, "%s -expt %s -setting %s " HEX " -nopgm -nonoise 2>&1", bin, shear, other);
+    rc = run(cmd);
+    nbgi_test_check(rc != 0 && strstr(out, "-setting") != NULL && strstr(out, "not integer combinations") != NULL,
+                    "cligrad-34-setting-other-lattice", "a reference of another lattice is refused by name (exit %d: "
+                    "%.200s)", rc, out);
+    snprintf(cmd, sizeof cmd, "%s -cell 78 78 37 90 90 120 -setting %s " HEX " -nopgm -nonoise 2>&1", bin, truth);
+    rc = run(cmd);
+    nbgi_test_check(rc != 0 && strstr(out, "there is no -expt") != NULL, "cligrad-34-setting-no-expt",
+                    "-setting without -expt is refused (exit %d: %.200s)", rc, out);
+#undef HEX
+}
+#endif
+
 int main(void)
 {
     const char *bin = getenv("NBG_BIN") ? getenv("NBG_BIN") : "build/nbgrad";
@@ -557,6 +682,9 @@ int main(void)
                         "template's scan: loss %.15g vs %.15g, dL/drotz %.15g vs %.15g", Lsum, Lt, gsum, gt);
     }
 #undef SCAN
+#ifdef NBG_HAVE_FORMATS
+    test_setting(bin, dir);
+#endif
     nbgi_test_rmtree(dir);
     return nbgi_test_summary();
 }

@@ -184,6 +184,41 @@ static void test_sampling_lists(void)
         }
         nbgi_test_check(d1 <= 1e-9 && d2 <= 1e-9, names[k], "the flags, their list and its list render the same "
                         "image: max |diff| / max %.3g and %.3g (exit %d)", d1, d2, r.status);
+        if (k == 0 && r.status == 0) {
+            /* a list without nbgrad's sampling (as DIALS writes it) and the flags again: the domains are drawn
+             * where the flags' run drew them, in the frame of their convention (-xds), and the image is the same;
+             * with another convention's flags they are drawn elsewhere */
+            char l1[PATH_MAX + 64], plain[PATH_MAX + 64];
+            snprintf(l1, sizeof l1, "%s/l1.expt", r.work);
+            snprintf(plain, sizeof plain, "%s/plain.expt", r.work);
+            nbg_geometry g;
+            int ok = nbg_read_expt(g_ctx, l1, &g) == NBG_OK && g.has_mosaic;
+            g.has_mosaic = 0;
+            ok = ok && nbg_write_expt(g_ctx, plain, &g, NULL) == NBG_OK;
+            double d[2] = {INFINITY, INFINITY};
+            for (int conv = 0; ok && conv < 2; ++conv) {
+                run_result p;
+                if (!new_case(&p)) {
+                    break;
+                }
+                const char *a[] = {"-expt", plain, conv == 0 ? "-xds" : "-mosflm", "-mosaic", "0.5", "-mosaic_dom",
+                                   "6", "-default_F", "100", "-N", "6", "-oversample", "1", "-phisteps", "2",
+                                   "-floatfile", "f.bin", NULL};
+                run_in(&p, a);
+                size_t n0 = 0, n1 = 0;
+                float *f0 = read_back(&r, "f.bin", 0, npix, &n0, NULL), *f1 = read_back(&p, "f.bin", 0, npix, &n1, NULL);
+                if (p.status == 0 && f0 != NULL && f1 != NULL) {
+                    d[conv] = max_rel_diff(f0, f1, npix);
+                }
+                free(f0);
+                free(f1);
+                result_free(&p);
+            }
+            nbgi_test_check(ok && d[0] <= 1e-9 && d[1] > 1e-3, "FMT-sampling-mosaic-plain-list",
+                            "a list without nbgrad's domains and the flags' -mosaic_seed: the flags' image with their "
+                            "convention (max |diff| / max %.3g); drawn in another convention's frame, another image "
+                            "(%.3g)", d[0], d[1]);
+        }
         result_free(&r);
     }
 }

@@ -12,7 +12,11 @@ dials, run with Debian's /usr/bin/python3) imports, finds spots, indexes and ref
   - nbgrad refine started from DIALS's refined model, on every frame at once: its orientation error 5x smaller
     than DIALS's, its cell's length and angle errors 5x smaller or (where that is below nbgrad's own standard
     errors on these images) smaller than DIALS's and within 3 standard errors; on the bright series (16 times the
-    photons) all three 5x smaller, without the allowance.
+    photons) all three 5x smaller, without the allowance;
+  - a hexagonal crystal (a parallelepiped of 10 x 10 x 20 cells, mosaic domains) that DIALS indexes in another
+    basis: nbgrad refined from DIALS's model re-expressed in the data's setting (-setting) is 5x better than DIALS
+    (or at its floor) and within the noise; in DIALS's basis (another crystal shape), and with the polarization
+    DIALS's list states, the goodness of fit flags the fit (exit 4).
 
     /usr/bin/python3 tests/dials/roundtrip.py NBGRAD_BINARY WORKDIR [--quick]
 
@@ -128,30 +132,41 @@ def match_crystal(truth, found):
     return {"cell": cd, "true_cell": ct, "len_err": len_err, "ang_err": ang_err, "rot_deg": rot}
 
 
-def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m):
+def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=(), name="nbgrad", expect="fit"):
     """nbgrad refine started from DIALS's refined experiment list (its detector, beam, scan and crystal), on every
     frame of the series at once (the NXmx file, or the CBF files' template), on spot regions, refining the cell, the
     orientation, the detector (distance, beam centre, three rotations) and the rotation axis's tilt towards the beam
     (the beam-spindle angle; its other tilt is a turn of everything about the beam, degenerate with det_rotz and
     rotz).  Its errors against DIALS's: 5x smaller, or, where that lies below nbgrad's own statistical floor on these
-    images, smaller than DIALS's and within 3 standard errors."""
+    images, smaller than DIALS's and within 3 standard errors.  extra: more flags (last); expect "flagged": a model
+    known to be wrong, which the goodness of fit must flag (exit 4), its errors only reported."""
     params = "cell,orientation,distance,beam_fast,beam_slow,det_rotx,det_roty,det_rotz,spindle_tilt1"
-    cmd = [nbgrad, "refine", "-expt", "refined.expt", "-polar", "0"] + crystal_flags + [
+    cmd = [nbgrad, "refine", "-expt", "refined.expt"] + crystal_flags + [
         "-phisteps", "16", "-oversample", "1", "-adc", "40", "-observed", observed, "-loss", "poisson",
-        "-params", params, "-spots", "3", "-exptfile", "nbgrad.expt", "-json", "nbgrad.json"]
-    rc, t = run(cmd, d, "nbgrad_refine.log")
+        "-params", params, "-spots", "3", "-exptfile", name + ".expt", "-json", name + ".json"] + list(extra)
+    if "-polar" not in extra:
+        cmd += ["-polar", "0"]
+    rc, t = run(cmd, d, name + "_refine.log")
+    with open(os.path.join(d, name + "_refine.log")) as f:
+        log = f.read()
+    if expect == "flagged":
+        if not check(rc == 4 and "does not explain the data" in log and os.path.exists(os.path.join(d, name + ".expt")),
+                     tag + "-nbgrad-flagged", "nbgrad refine from DIALS's model, a model known to be wrong (%s): the "
+                     "goodness of fit flags it (exit %d, 4 expected; %.1f s)" % (" ".join(extra), rc, t)):
+            print(tail(os.path.join(d, name + "_refine.log")))
+            return None
     # exit 0: converged, and the goodness of fit finds the model within the data's noise (exit 4 would say it is not:
     # measured 1.000-1.007 over all pixels and over the spots, against a threshold of 1.05)
-    if not check(rc == 0 and os.path.exists(os.path.join(d, "nbgrad.expt")), tag + "-nbgrad-from-dials",
-                 "nbgrad refine from DIALS's model on all frames converged, within the data's noise (%.1f s, exit %d)"
-                 % (t, rc)):
-        print(tail(os.path.join(d, "nbgrad_refine.log")))
+    elif not check(rc == 0 and os.path.exists(os.path.join(d, name + ".expt")), tag + "-nbgrad-from-dials",
+                   "nbgrad refine from DIALS's model on all frames converged, within the data's noise (%.1f s, exit %d)"
+                   % (t, rc)):
+        print(tail(os.path.join(d, name + "_refine.log")))
         return None
-    m = match_crystal(truth[0].crystal, load_expt(os.path.join(d, "nbgrad.expt"))[0].crystal)
+    m = match_crystal(truth[0].crystal, load_expt(os.path.join(d, name + ".expt"))[0].crystal)
     if m is None:
         check(False, tag + "-nbgrad-basis", "nbgrad's basis is an integer transform of the true one")
         return None
-    with open(os.path.join(d, "nbgrad.json")) as f:
+    with open(os.path.join(d, name + ".json")) as f:
         out = json.load(f)
     fit = out["parameters"]
     gof = out.get("fit", {})
@@ -160,7 +175,10 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m):
     # nbgrad's statistical floor: the largest relative standard error of a length, of an angle (deg)
     m["len_sigma"] = max(fit[k]["sigma"] / fit[k]["value"] for k in ("a", "b", "c"))
     m["ang_sigma"] = max(fit[k]["sigma"] for k in ("alpha", "beta", "gamma"))
-    m["frames"] = "frames" if "summed over the frames" in open(os.path.join(d, "nbgrad_refine.log")).read() else "1"
+    m["frames"] = "frames" if "summed over the frames" in log else "1"
+    m["time"] = t
+    if expect == "flagged":
+        return m
     check(m["rot_deg"] * 5 <= dials_m["rot_deg"], tag + "-nbgrad-orientation",
           "orientation off by %.5f deg, DIALS's by %.4f deg (%.1fx smaller)" % (
               m["rot_deg"], dials_m["rot_deg"], dials_m["rot_deg"] / max(m["rot_deg"], 1e-12)))
@@ -217,6 +235,55 @@ def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=
                 series = paths[0] if fmt == "nxmx" else os.path.join(cdir, "series_#####.cbf")
                 nb = from_dials(nbgrad, tag, d, series, truth, crystal_flags, m)
             table.append((conv, fmt, m, geo, rmsds(os.path.join(d, "refined.refl")), t + t1 + t2 + t3, nb))
+
+
+HEX_CELL = (78.0, 78.0, 37.0, 90.0, 90.0, 120.0)
+
+
+def setting_case(nbgrad, work, det, series, table, nbrows):
+    """A hexagonal crystal in a basis DIALS chooses otherwise: 78 78 37 90 90 120, a parallelepiped of 10 x 10 x 20
+    cells along a, b, c (the sinc lattice factor, whose spot shape depends on the basis the cell counts run along),
+    with mosaic domains, on the rotated off-centre detector, as NXmx.  DIALS indexes it in P1 in another basis (c, b,
+    -a-b, measured).  nbgrad refines from DIALS's refined model three times:
+      - with -setting truth.expt (the crystal re-expressed in the data's setting): 5x better than DIALS or at its
+        statistical floor, and within the noise (exit 0);
+      - in DIALS's basis, the same N along DIALS's a, b, c (another crystal shape): the goodness of fit must flag it
+        (exit 4), its errors reported;
+      - with the setting but the polarization DIALS's list states (dxtbx's NXmx reader writes 0.999; the data are
+        unpolarized): flagged (exit 4)."""
+    cdir = os.path.join(work, "hexagonal")
+    os.makedirs(cdir, exist_ok=True)
+    crystal = ["-cell"] + ["%g" % x for x in HEX_CELL] + [
+        "-misset", "12", "-25", "33", "-default_F", "100", "-Na", "10", "-Nb", "10", "-Nc", "20", "-lambda", "0.9795",
+        "-mosaic", "0.03", "-mosaic_domains", "8", "-mosaic_seed", "11"]
+    sim = [nbgrad] + det + crystal + series + ["-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
+    rc, t = run(sim, cdir, "simulate.log")
+    if not check(rc == 0, "hexagonal-simulate", "nbgrad wrote the hexagonal series as NXmx with the true .expt (%.1f s)"
+                 % t):
+        print(tail(os.path.join(cdir, "simulate.log")))
+        return
+    truth = load_expt(os.path.join(cdir, "truth.expt"))
+    n = len(table)
+    round_trip("hexagonal", "nxmx", cdir, ["series.nxs"], truth, table)
+    if len(table) == n:
+        return
+    dials_m = table[-1][2]
+    d = os.path.join(cdir, "nxmx")
+    # the convention of the simulation: the mosaic domains of -mosaic_seed are drawn in its frame, as they were
+    flags = crystal[crystal.index("-default_F"):] + ["-dials"]
+    T = np.array(truth[0].crystal.get_real_space_vectors())
+    D = np.array(load_expt(os.path.join(d, "refined.expt"))[0].crystal.get_real_space_vectors())
+    M = np.rint(np.linalg.solve(T.T, D.T).T).astype(int)
+    check(not np.array_equal(M, np.eye(3, dtype=int)), "hexagonal-dials-basis",
+          "DIALS chose another basis than the simulation's (DIALS's a, b, c in the truth's: %s)" % M.tolist())
+    series_path = os.path.join(cdir, "series.nxs")
+    for label, extra, name, expect in (("-setting truth.expt", ["-setting", "../truth.expt"], "nbgrad_setting", "fit"),
+                                       ("DIALS's basis", [], "nbgrad_dials_basis", "flagged"),
+                                       ("-setting, DIALS's polarization", ["-setting", "../truth.expt", "-polar",
+                                                                           "0.998"], "nbgrad_polar", "flagged")):
+        nb = from_dials(nbgrad, "hexagonal-nxmx-" + name[7:].replace("_", "-"), d, series_path, truth, flags, dials_m,
+                        extra, name, expect)
+        nbrows.append(("hexagonal", "nxmx, " + label, dials_m, nb))
 
 
 def rmsds(path):
@@ -276,8 +343,11 @@ def main(argv):
             files = ["series.nxs"] if fmt == "nxmx" else ["series_%05d.cbf" % (i + 1) for i in range(nframes)]
             round_trip(conv, fmt, cdir, files, truth, table, nbgrad, crystal[crystal.index("-default_F"):])
 
-    print("\nround trip (truth %s; off-centre beam, rotated detector, %d frames of 0.5 deg)"
-          % (" ".join("%g" % x for x in TRUE_CELL), nframes))
+    nbrows = [(conv, fmt, m, nb) for conv, fmt, m, geo, rmsd, t, nb in table if nb is not None]
+    setting_case(nbgrad, work, dials_det, series, table, nbrows)
+
+    print("\nround trip (truth %s, the hexagonal case's %s; off-centre beam, rotated detector, %d frames of 0.5 deg)"
+          % (" ".join("%g" % x for x in TRUE_CELL), " ".join("%g" % x for x in HEX_CELL), nframes))
     print("| convention | format | refined cell | max length error | max angle error | orientation error |"
           " rmsd (x y z) | imported geometry: centre / distance / axes / spindle | DIALS time |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -291,7 +361,7 @@ def main(argv):
     print("| convention | format | length error nbgrad [sigma] / DIALS | angle error nbgrad [sigma] / DIALS |"
           " orientation error nbgrad / DIALS | nbgrad's goodness of fit: deviance / expected, all / spots |")
     print("|---|---|---|---|---|---|")
-    for conv, fmt, m, geo, rmsd, t, nb in table:
+    for conv, fmt, m, nb in nbrows:
         if nb is not None:
             print("| %s | %s | %.5f %% [%.5f] / %.4f %% (%.1fx) | %.5f [%.5f] / %.4f deg (%.1fx) |"
                   " %.5f / %.4f deg (%.1fx) | %s |" % (
