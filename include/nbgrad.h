@@ -870,8 +870,11 @@ int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int fra
 int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const char *images);
 
 /* The same with every panel (npanels >= 1, in DIALS's frame, as nbg_panels_from_report gives them) as a detector
- * of npanels panels under one root group, as DIALS writes a multi-panel detector; g supplies the sensor (the
- * same for every panel) and the rest of the experiment.  npanels = 0 (panels NULL): nbg_write_expt. */
+ * hierarchy, as dxtbx writes one: when a group (nbg_panel.group, >= 0) holds two panels or more, each group is a
+ * child of the identity root with its first panel's frame, and its panels' vectors are written in that frame
+ * (dials.refine can then refine the groups); otherwise every panel is the root's child, in the lab frame.  g
+ * supplies the sensor (the same for every panel) and the rest of the experiment.  npanels = 0 (panels NULL):
+ * nbg_write_expt. */
 int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
                           int npanels, const char *images);
 
@@ -884,7 +887,8 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
  * the caller frees it) every panel in the list's frame (DIALS's laboratory frame, mm), with its name.  A detector
  * hierarchy (dxtbx writes each panel's and group's vectors in its parent group's frame) is followed, so that every
  * panel is where dxtbx places it, also after dials.refine moved a group; a hierarchy that leaves a panel out or
- * names one twice is refused.  After
+ * names one twice is refused.  Each panel's group is its parent group in the hierarchy (numbered from 0 in the
+ * order the hierarchy lists them; a panel under the root is a group of its own, numbered after those).  After
  * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
  * e->panel_frame = NBG_PANELS_LAB render the whole detector.  A panel whose sensor differs from panel 0's (the
  * experiment's) gets its own (thick, thick_abs).  Refused besides: rectangular pixels, a panel without a sensor

@@ -638,8 +638,8 @@ static const cli_flag flags[] = {
      .values = {NBGI_GROUPS_MODULES, NBGI_GROUPS_PANELS, NBGI_GROUPS_DETECTOR}, .group = G_DETECTOR,
      .arg = "modules|panels|detector",
      .help = "which panels move together in -motions and the panel parameters (-params panel_shift, panel_rot, "
-             "g<k>.shift_x ...): the layout's modules (a DIALS list's panels one by one), every panel alone, or the "
-             "whole detector (modules)"},
+             "g<k>.shift_x ...): the layout's modules or a DIALS list's groups (each panel's parent group in its "
+             "hierarchy; a panel under the root alone), every panel alone, or the whole detector (modules)"},
     {"-motions", K_STR, C(motionsfile), .group = G_DETECTOR, .arg = "file",
      .help = "rigid motions of the panel groups, a line each: group shift_x shift_y shift_z (mm) rot_x rot_y rot_z "
              "(deg), along and about the panels' frame axes (the detector plane's fast, slow, normal for a layout), "
@@ -1476,11 +1476,11 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         e->spixels = S;
     }
     if (e->npanels > 0) {
-        /* the motion groups: a layout's modules (its panels' groups), else every panel alone; or as -panel_groups
-         * says; their motions zero unless -motions gives them */
+        /* the motion groups: a layout's modules or a list's groups (its panels' groups, as the layout and the
+         * list's reader set them), or as -panel_groups says; their motions zero unless -motions gives them */
         int ng = 0;
         for (int k = 0; k < e->npanels; ++k) {
-            int g = c->layout != NULL ? c->panels[k].group : k;
+            int g = c->panels[k].group;
             if (c->panel_groups == NBGI_GROUPS_PANELS) {
                 g = k;
             } else if (c->panel_groups == NBGI_GROUPS_DETECTOR) {

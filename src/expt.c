@@ -83,10 +83,58 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     /* The lower end: dxtbx masks values at or below it; -1 is what it uses for counting detectors, and nbgrad's
      * images (pedestal included) never go below 0. */
     const double trusted[2] = {-1, isnan(g->saturation) ? EXPT_NO_SATURATION : g->saturation};
-    /* one panel (g's), or every panel of the table, each in the lab frame (its global frame, as DIALS writes it) */
-    json_t *list = json_array(), *children = json_array();
+    /* the panels' groups (nbg_panel.group: a layout's modules) become groups of the hierarchy, as dxtbx writes a
+     * detector of modules: each group in its first panel's frame (relative to the root's identity), its panels'
+     * vectors in that frame.  Without a group of two or more panels, every panel is the root's child, in the lab
+     * frame (the root's). */
     const int n = npanels > 0 ? npanels : 1;
-    for (int k = 0; list != NULL && children != NULL && k < n; ++k) {
+    int maxg = -1, grouped = 0;
+    int *count = NULL;
+    for (int k = 0; k < npanels; ++k) maxg = panels[k].group > maxg ? panels[k].group : maxg;
+    if (npanels > 1 && maxg >= 1 && maxg < npanels && (count = calloc((size_t)maxg + 1, sizeof *count)) != NULL) {
+        grouped = 1;
+        for (int k = 0; k < npanels; ++k) {
+            if (panels[k].group < 0) {
+                grouped = 0;
+            } else {
+                ++count[panels[k].group];
+            }
+        }
+        int big = 0;
+        for (int q = 0; q <= maxg; ++q) big |= count[q] >= 2;
+        grouped &= big;
+    }
+    /* each group's frame: unit fast, slow, their normal, origin (the first panel's) */
+    double (*gf)[12] = grouped ? calloc((size_t)maxg + 1, sizeof *gf) : NULL;
+    if (grouped && gf == NULL) {
+        free(count);
+        return NULL;
+    }
+    for (int q = 0; grouped && q <= maxg; ++q) {
+        for (int k = 0; k < npanels; ++k) {
+            if (panels[k].group != q) {
+                continue;
+            }
+            const double *f = panels[k].fast, *sl = panels[k].slow;
+            const double nf = sqrt(f[0] * f[0] + f[1] * f[1] + f[2] * f[2]);
+            const double ns = sqrt(sl[0] * sl[0] + sl[1] * sl[1] + sl[2] * sl[2]);
+            for (int i = 0; i < 3; ++i) {
+                gf[q][i] = f[i] / nf;
+                gf[q][3 + i] = sl[i] / ns;
+                gf[q][9 + i] = panels[k].origin[i];
+            }
+            gf[q][6] = gf[q][1] * gf[q][5] - gf[q][2] * gf[q][4];
+            gf[q][7] = gf[q][2] * gf[q][3] - gf[q][0] * gf[q][5];
+            gf[q][8] = gf[q][0] * gf[q][4] - gf[q][1] * gf[q][3];
+            break;
+        }
+    }
+    json_t *list = json_array(), *children = json_array();
+    json_t **gch = grouped ? calloc((size_t)maxg + 1, sizeof *gch) : NULL;
+    for (int q = 0; gch != NULL && q <= maxg; ++q) {
+        gch[q] = count[q] > 0 ? json_array() : NULL;
+    }
+    for (int k = 0; list != NULL && children != NULL && (!grouped || gch != NULL) && k < n; ++k) {
         json_t *panel;
         if (npanels == 0) {
             panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
@@ -102,17 +150,58 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
             /* its own sensor, if it has one (nbg_panels_from_report gives such a panel its attenuation length) */
             const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
             const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
-            panel = panel_json(name, "SENSOR_PAD", p->fast, p->slow, p->origin, p->fpixels, p->spixels, pk, trusted,
+            double f[3], sl[3], o[3];
+            memcpy(f, p->fast, sizeof f);
+            memcpy(sl, p->slow, sizeof sl);
+            memcpy(o, p->origin, sizeof o);
+            if (grouped) {
+                /* in its group's frame: components along the group's fast, slow and normal */
+                const double *G = gf[p->group];
+                for (int i = 0; i < 3; ++i) {
+                    f[i] = G[3 * i] * p->fast[0] + G[3 * i + 1] * p->fast[1] + G[3 * i + 2] * p->fast[2];
+                    sl[i] = G[3 * i] * p->slow[0] + G[3 * i + 1] * p->slow[1] + G[3 * i + 2] * p->slow[2];
+                    o[i] = G[3 * i] * (p->origin[0] - G[9]) + G[3 * i + 1] * (p->origin[1] - G[10]) +
+                           G[3 * i + 2] * (p->origin[2] - G[11]);
+                }
+            }
+            panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->fpixels, p->spixels, pk, trusted,
                                th, g->material, mu, g->gain, g->pedestal,
                                th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
         }
-        if (panel == NULL || json_array_append_new(list, panel) != 0 ||
-            json_array_append_new(children, json_pack("{s:i}", "panel", k)) != 0) {
+        json_t *parent = grouped ? gch[panels[k].group] : children;
+        if (panel == NULL || json_array_append_new(list, panel) != 0 || parent == NULL ||
+            json_array_append_new(parent, json_pack("{s:i}", "panel", k)) != 0) {
             json_decref(list);
             json_decref(children);
             list = children = NULL;
         }
     }
+    /* the groups, each with its panels, under the root */
+    static const double zero2[3] = {0, 0, 0};
+    for (int q = 0; grouped && q <= maxg; ++q) {
+        if (gch == NULL || gch[q] == NULL) {
+            continue;
+        }
+        char name[48];
+        snprintf(name, sizeof name, "group %d", q);
+        json_t *node = children == NULL ? NULL
+                                        : panel_json(name, "", gf[q], gf[q] + 3, gf[q] + 9, 0, 0, zero2, zero2, 0, "", 0,
+                                                     1, 0, "SimplePxMmStrategy");
+        if (node == NULL) {
+            json_decref(gch[q]); /* json_object_set_new takes it otherwise, failing or not */
+        }
+        if (node == NULL || json_object_set_new(node, "children", gch[q]) != 0 ||
+            json_array_append_new(children, node) != 0) {
+            json_decref(children);
+            json_decref(list);
+            list = children = NULL;
+        }
+        gch[q] = NULL;
+    }
+    for (int q = 0; gch != NULL && q <= maxg; ++q) json_decref(gch[q]);
+    free(gch);
+    free(gf);
+    free(count);
     /* The root group of the hierarchy, with the identity frame and empty fields DIALS writes for it. */
     static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
     json_t *root = panel_json("", "", ex, ey, zero, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
@@ -642,9 +731,10 @@ static void in_frame(const lab_frame *P, const double v[3], int point, double ou
 #define EXPT_MAX_DEPTH 32
 
 /* Walks a group of the hierarchy: its frame in its parent's P, then its children, giving each panel it names its
- * parent's laboratory frame in frames[k] (seen[k] marks it). */
+ * parent's laboratory frame in frames[k] and owner[k] = gid + 2 (0: not yet seen; gid -1 is the root, the groups
+ * below it are numbered from 0 in the order met, *ng of them). */
 static int walk_group(const reader *r, json_t *node, const char *where, const lab_frame *P, size_t np,
-                      lab_frame *frames, unsigned char *seen, int depth)
+                      lab_frame *frames, int *owner, int gid, int *ng, int depth)
 {
     if (!json_is_object(node))
         return bad(r, where, "", "expected a group (an object)");
@@ -678,41 +768,44 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
         snprintf(cw, sizeof cw, "%s.children[%zu]", where, c);
         json_t *pi = json_is_object(ch) ? json_object_get(ch, "panel") : NULL;
         if (pi == NULL) {
-            if ((rc = walk_group(r, ch, cw, &G, np, frames, seen, depth + 1)) != NBG_OK)
+            if ((rc = walk_group(r, ch, cw, &G, np, frames, owner, (*ng)++, ng, depth + 1)) != NBG_OK)
                 return rc;
             continue;
         }
         if (!json_is_integer(pi) || json_integer_value(pi) < 0 || (size_t)json_integer_value(pi) >= np)
             return bad(r, cw, "panel", "expected the index of one of the %zu panels", np);
         const size_t k = (size_t)json_integer_value(pi);
-        if (seen[k])
+        if (owner[k] != 0)
             return bad(r, cw, "panel", "panel %zu is in the hierarchy twice", k);
-        seen[k] = 1;
+        owner[k] = gid + 2;
         frames[k] = G;
     }
     return NBG_OK;
 }
 
 /* Each panel's parent frame in the laboratory from the detector's hierarchy (dxtbx writes a panel's vectors in its
- * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's. */
-static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames)
+ * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's.
+ * group[k]: the panel's parent group, numbered from 0 in the order met; a panel under the root (or in a list without
+ * a hierarchy) is a group of its own, numbered after those. */
+static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames, int *group)
 {
-    for (size_t k = 0; k < np; ++k)
+    for (size_t k = 0; k < np; ++k) {
         frames[k] = identity_frame;
+        group[k] = 0;
+    }
     json_t *h;
     int rc = member(r, d, where, "hierarchy", 0, &h);
-    if (rc != NBG_OK || h == NULL)
-        return rc;
-    unsigned char *seen = calloc(np, 1);
-    if (seen == NULL)
-        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the hierarchy of %s", r->file);
-    char hw[128];
-    snprintf(hw, sizeof hw, "%s.hierarchy", where);
-    rc = walk_group(r, h, hw, &identity_frame, np, frames, seen, 0);
+    int ng = 0;
+    if (rc == NBG_OK && h != NULL) {
+        char hw[128];
+        snprintf(hw, sizeof hw, "%s.hierarchy", where);
+        rc = walk_group(r, h, hw, &identity_frame, np, frames, group, -1, &ng, 0);
+        for (size_t k = 0; rc == NBG_OK && k < np; ++k)
+            if (group[k] == 0)
+                rc = bad(r, hw, "", "panel %zu is in no group of the hierarchy", k);
+    }
     for (size_t k = 0; rc == NBG_OK && k < np; ++k)
-        if (!seen[k])
-            rc = bad(r, hw, "", "panel %zu is in no group of the hierarchy", k);
-    free(seen);
+        group[k] = group[k] >= 2 ? group[k] - 2 : ng++;
     return rc;
 }
 
@@ -744,10 +837,11 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     if (np > 100000)
         return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
     /* each panel's parent frame: the vectors in the list are in it (dxtbx's hierarchy of groups) */
-    lab_frame *frames = malloc(sizeof *frames * np);
+    lab_frame *frames = malloc((sizeof *frames + sizeof(int)) * np);
     if (frames == NULL)
         return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
-    if ((rc = panel_frames(r, d, where, np, frames)) != NBG_OK) {
+    int *group = (int *)(frames + np);
+    if ((rc = panel_frames(r, d, where, np, frames, group)) != NBG_OK) {
         free(frames);
         return rc;
     }
@@ -792,6 +886,7 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
                 out[k].thick = gk.thickness * 1000.0;
                 out[k].thick_abs = gk.mu > 0 ? 1000.0 / gk.mu : 0;
             }
+            out[k].group = group[k];
             json_t *name = json_object_get(json_array_get(panels, k), "name");
             snprintf(out[k].name, sizeof out[k].name, "%s", json_is_string(name) ? json_string_value(name) : "");
             if (k == 0)

@@ -475,6 +475,60 @@ static void test_hierarchy(nbg_ctx *ctx, const char *dir)
 
 #endif /* NBG_HAVE_FORMATS */
 
+/* Groups written as dxtbx writes a detector of modules (each group under the root in its first panel's frame, its
+ * panels in that frame), read back to the same panels and groups; without a group of two panels, a flat list */
+static void test_write_groups(nbg_ctx *ctx, const char *dir)
+{
+    nbg_geometry g;
+    sample_geometry(&g);
+    nbg_panel p[4];
+    memset(p, 0, sizeof p);
+    const double t = 12 * M_PI / 180;
+    for (int k = 0; k < 4; ++k) {
+        p[k].fpixels = 50 + k;
+        p[k].spixels = 40;
+        p[k].pixel = g.pixel_f;
+        /* panels 2 and 3 tilted about the slow axis; every panel somewhere else on the plane z = -100..-110 */
+        const double c = k >= 2 ? cos(t) : 1, sn = k >= 2 ? sin(t) : 0;
+        const double f[3] = {c, 0, sn}, sl[3] = {0, -1, 0}, o[3] = {-30.0 + 12 * k, 20.0 - 3 * k, -100.0 - 3 * k};
+        memcpy(p[k].fast, f, sizeof f);
+        memcpy(p[k].slow, sl, sizeof sl);
+        memcpy(p[k].origin, o, sizeof o);
+        snprintf(p[k].name, sizeof p[k].name, "m%d", k);
+    }
+    for (int grouped = 1; grouped >= 0; --grouped) {
+        for (int k = 0; k < 4; ++k) p[k].group = grouped ? k / 2 : k;
+        char path[600];
+        snprintf(path, sizeof path, "%s/groups%d.expt", dir, grouped);
+        nbg_panel *back = NULL;
+        int nb = 0;
+        nbg_geometry gb;
+        int ok = nbg_write_expt_panels(ctx, path, &g, p, 4, NULL) == NBG_OK &&
+                 nbg_read_expt_panels(ctx, path, &gb, &back, &nb) == NBG_OK && nb == 4;
+        double worst = 0;
+        int groups_ok = 1;
+        for (int k = 0; ok && k < 4; ++k) {
+            for (int i = 0; i < 3; ++i) {
+                worst = fmax(worst, fabs(back[k].fast[i] - p[k].fast[i]));
+                worst = fmax(worst, fabs(back[k].slow[i] - p[k].slow[i]));
+                worst = fmax(worst, fabs(back[k].origin[i] - p[k].origin[i]));
+            }
+            groups_ok &= back[k].group == p[k].group;
+        }
+        free(back);
+        size_t size = 0;
+        char *text = nbgi_test_read_file(path, &size);
+        const int has_groups = text != NULL && strstr(text, "\"group 1\"") != NULL;
+        free(text);
+        nbgi_test_check(ok && worst < 1e-12 && groups_ok && has_groups == grouped,
+                        grouped ? "expt-write-groups" : "expt-write-flat",
+                        "%s: read back, every panel in place (largest difference %.2g) with its group (%s)%s",
+                        grouped ? "two groups of two panels written as groups of the hierarchy"
+                                : "four panels alone written under the root",
+                        worst, groups_ok ? "yes" : "no", ok ? "" : nbg_errmsg(ctx));
+    }
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -494,6 +548,7 @@ int main(void)
     test_read_errors(ctx, dir);
     test_compose(ctx, dir);
     test_hierarchy(ctx, dir);
+    test_write_groups(ctx, dir);
 #else
     char path[600];
     nbg_geometry g;

@@ -12,6 +12,9 @@ Then hierarchies (dxtbx writes each panel's and group's vectors in its parent gr
 for the NXmx file's detector (its root group not the identity), and the list with its root group turned and moved
 as dials.refine moves groups, are read by nbgrad (-expt) and written back (-exptfile, global vectors under an
 identity root); every panel nbgrad read sits where dxtbx puts it (within 1e-6), and renders the same image.
+And the hierarchies nbgrad writes: the CSPAD layout's 32 modules as groups of its list (dxtbx reads 32 groups of 2
+panels, each panel where the flat list puts it), one group moved in dxtbx, read by nbgrad and written back with
+its groups.
 
     /usr/bin/python3 tests/dials/multipanel.py NBGRAD_BINARY WORKDIR
 
@@ -162,6 +165,59 @@ def hierarchies(nbgrad, work, el, nx_detector, image):
     return rows
 
 
+def layout_groups(nbgrad, work):
+    """Hierarchies nbgrad writes: the CSPAD layout's 32 modules of two panels as groups of the list's hierarchy.
+    dxtbx reads 32 groups of 2 panels, every panel where the flat list (-panel_groups panels) puts it; a group turned
+    and moved in dxtbx, as dials.refine moves one, is read by nbgrad and written back with its groups, every panel
+    where dxtbx puts it."""
+    from dxtbx.model.experiment_list import ExperimentListFactory
+    from scitbx import matrix
+    base = ["-layout", "cspad", "-distance", "100", "-cell", "70", "80", "90", "90", "90", "90", "-default_F", "100",
+            "-N", "5", "-oversample", "1", "-nopgm", "-nonoise"]
+    for tag, extra in (("groups", []), ("flat", ["-panel_groups", "panels"])):
+        rc = subprocess.call([nbgrad] + base + extra + ["-exptfile", "cspad_%s.expt" % tag], cwd=work,
+                             stdout=open(os.path.join(work, "cspad_%s.log" % tag), "w"), stderr=subprocess.STDOUT)
+        if not check(rc == 0, "layout-" + tag, "nbgrad wrote the CSPAD layout's list (%s; exit %d)" % (tag, rc)):
+            return []
+    load = lambda name: ExperimentListFactory.from_json_file(os.path.join(work, name), check_format=False)
+    el, flat = load("cspad_groups.expt"), load("cspad_flat.expt")
+    det, fdet = el[0].detector, flat[0].detector
+
+    def worst(a, b):
+        w = 0.0
+        for k in range(len(a)):
+            for va, vb in ((a[k].get_fast_axis(), b[k].get_fast_axis()), (a[k].get_slow_axis(), b[k].get_slow_axis()),
+                           (a[k].get_origin(), b[k].get_origin())):
+                w = max(w, float(np.max(np.abs(np.subtract(va, vb)))))
+        return w
+    groups = list(det.hierarchy())
+    sizes = sorted(set(len(g) for g in groups))
+    w = worst(det, fdet)
+    check(len(groups) == 32 and sizes == [2] and len(fdet.hierarchy()) == 64 and w < 1e-6, "layout-hierarchy",
+          "dxtbx reads %d groups of %s panels (the flat list: %d children of the root); every panel where the flat "
+          "list puts it: largest difference %.2g (mm for origins)" % (len(groups), sizes, len(fdet.hierarchy()), w))
+    # group 3 turned by 0.3 deg about its normal and moved, as dials.refine moves a group
+    g = groups[3]
+    f, s_, o = (matrix.col(v) for v in (g.get_local_fast_axis(), g.get_local_slow_axis(), g.get_local_origin()))
+    turn = f.cross(s_).normalize().axis_and_angle_as_r3_rotation_matrix(0.3, deg=True)
+    g.set_local_frame((turn * f).elems, (turn * s_).elems, (o + matrix.col((0.4, -0.2, 0.1))).elems)
+    el.as_file(os.path.join(work, "cspad_moved.expt"))
+    rc = subprocess.call([nbgrad, "-expt", "cspad_moved.expt", "-default_F", "100", "-N", "5", "-oversample", "1",
+                          "-nopgm", "-nonoise", "-exptfile", "cspad_back.expt"], cwd=work,
+                         stdout=open(os.path.join(work, "cspad_back.log"), "w"), stderr=subprocess.STDOUT)
+    if not check(rc == 0, "layout-moved-read", "nbgrad read the list with group 3 moved (exit %d)" % rc):
+        return []
+    moved = load("cspad_moved.expt")[0].detector
+    back = load("cspad_back.expt")[0].detector
+    w2, w3 = worst(moved, back), worst(moved, fdet)
+    check(len(back.hierarchy()) == 32 and w2 < 1e-6 and w3 > 0.1, "layout-moved-placed",
+          "written back with its %d groups, every panel where dxtbx puts it: largest difference %.2g (the move: %.2g "
+          "mm)" % (len(back.hierarchy()), w2, w3))
+    return [("cspad", 0, "(all panels, groups)", w, w, w, det[0].get_pixel_size()[0], det[0].get_image_size(), None),
+            ("moved", 0, "(all panels, group 3 moved)", w2, w2, w2, det[0].get_pixel_size()[0],
+             det[0].get_image_size(), None)]
+
+
 def main(argv):
     nbgrad, work = os.path.abspath(argv[0]), argv[1]
     os.makedirs(work, exist_ok=True)
@@ -182,6 +238,7 @@ def main(argv):
     el = ExperimentListFactory.from_json_file(os.path.join(work, "mp.expt"), check_format=True)
     rows += compare("expt", el[0].detector, el[0].imageset.get_raw_data(0), image)
     rows += hierarchies(nbgrad, work, el, nx[0].detector, image)
+    rows += layout_groups(nbgrad, work)
     print("\nfile  panel  name                                   fast      slow      origin(mm)  pixel  image     "
           "pixels")
     for tag, k, name, df, ds, do, px, size, dd in rows:
