@@ -389,7 +389,11 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
             res->reason = NBG_STOP_STEP;
             break;
         }
-        if (fabs(Lold - L) <= opt->ftol * fmax(fabs(L), 1e-300) && ss <= 1) {
+        /* the loss no longer changes, and the step left is within a standard error or promises less than the loss's
+         * own rounding (a direction the data barely determine amplifies the gradient's rounding into a step that
+         * no trial can take: iterating on would only take steps of 1e-12 until the limit); verdict() judges both
+         * alike */
+        if (fabs(Lold - L) <= opt->ftol * fmax(fabs(L), 1e-300) && (ss <= 1 || ws->dpred <= ws->eps)) {
             res->reason = NBG_STOP_FTOL;
             break;
         }

@@ -731,11 +731,12 @@ static void in_frame(const lab_frame *P, const double v[3], int point, double ou
 #define EXPT_MAX_DEPTH 32
 
 /* Walks a group of the hierarchy: its frame in its parent's P, then its children, giving each panel it names its
- * parent's laboratory frame in frames[k] and owner[k] = gid + 2 (0: not yet seen; gid -1 is the root, the groups
- * below it are numbered from 0 in the order met, *ng of them). */
+ * parent's laboratory frame in frames[k] and owner[k] (0: not yet seen; 1: the root's; else 2 + the number of the
+ * group, the groups that hold panels numbered from 0 in the order met, *ng of them). */
 static int walk_group(const reader *r, json_t *node, const char *where, const lab_frame *P, size_t np,
-                      lab_frame *frames, int *owner, int gid, int *ng, int depth)
+                      lab_frame *frames, int *owner, int is_root, int *ng, int depth)
 {
+    int gid = is_root ? -1 : -2; /* -2: not numbered until it holds a panel */
     if (!json_is_object(node))
         return bad(r, where, "", "expected a group (an object)");
     if (depth > EXPT_MAX_DEPTH)
@@ -768,7 +769,7 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
         snprintf(cw, sizeof cw, "%s.children[%zu]", where, c);
         json_t *pi = json_is_object(ch) ? json_object_get(ch, "panel") : NULL;
         if (pi == NULL) {
-            if ((rc = walk_group(r, ch, cw, &G, np, frames, owner, (*ng)++, ng, depth + 1)) != NBG_OK)
+            if ((rc = walk_group(r, ch, cw, &G, np, frames, owner, 0, ng, depth + 1)) != NBG_OK)
                 return rc;
             continue;
         }
@@ -777,6 +778,8 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
         const size_t k = (size_t)json_integer_value(pi);
         if (owner[k] != 0)
             return bad(r, cw, "panel", "panel %zu is in the hierarchy twice", k);
+        if (gid == -2)
+            gid = (*ng)++;
         owner[k] = gid + 2;
         frames[k] = G;
     }
@@ -786,7 +789,7 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
 /* Each panel's parent frame in the laboratory from the detector's hierarchy (dxtbx writes a panel's vectors in its
  * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's.
  * group[k]: the panel's parent group, numbered from 0 in the order met; a panel under the root (or in a list without
- * a hierarchy) is a group of its own, numbered after those. */
+ * a hierarchy) is a group of its own, numbered after those; a group that holds only groups has no number. */
 static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames, int *group)
 {
     for (size_t k = 0; k < np; ++k) {
@@ -799,7 +802,7 @@ static int panel_frames(const reader *r, json_t *d, const char *where, size_t np
     if (rc == NBG_OK && h != NULL) {
         char hw[128];
         snprintf(hw, sizeof hw, "%s.hierarchy", where);
-        rc = walk_group(r, h, hw, &identity_frame, np, frames, group, -1, &ng, 0);
+        rc = walk_group(r, h, hw, &identity_frame, np, frames, group, 1, &ng, 0);
         for (size_t k = 0; rc == NBG_OK && k < np; ++k)
             if (group[k] == 0)
                 rc = bad(r, hw, "", "panel %zu is in no group of the hierarchy", k);

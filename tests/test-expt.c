@@ -420,6 +420,34 @@ static void test_hierarchy(nbg_ctx *ctx, const char *dir)
     int rc = nbg_read_expt_panels(ctx, path, &g, &pp, &np);
     nbgi_test_check(rc == NBG_OK && np == 2, "hier-read", "two panels under a turned root and a tilted group: %s",
                     rc == NBG_OK ? "read" : nbg_errmsg(ctx));
+    nbgi_test_check(rc == NBG_OK && pp[0].group == 0 && pp[1].group == 1, "hier-groups", "panel 0's group is its "
+                    "group (0), panel 1 under the root is alone (1): %d %d", rc == NBG_OK ? pp[0].group : -1,
+                    rc == NBG_OK ? pp[1].group : -1);
+    {
+        /* as dials.import writes an NXmx detector: the root, a group for the detector that holds only groups, a
+         * group per module with its panel: the modules are groups 0 and 1 (the detector's group has no number) */
+        char text[8192], p2[600];
+        const char *id = "\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, 1, 0], \"origin\": [0, 0, 0]";
+        snprintf(text, sizeof text,
+                 "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT("0") "],\n"
+                 "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+                 "  \"detector\": [{\"panels\": [%s], \"hierarchy\": {%s, \"children\": [{%s, \"children\": "
+                 "[{%s, \"children\": [{\"panel\": 1}]}, {%s, \"children\": [{\"panel\": 0}]}]}]}}],\n"
+                 "  \"goniometer\": [" GON "],\n"
+                 "  \"scan\": [{\"image_range\": [1, 2], \"oscillation\": [0, 0.1], \"exposure_time\": [1, 1]}]}\n",
+                 panels, id, id, id, id);
+        snprintf(p2, sizeof p2, "%s/hier2.expt", dir);
+        write_text(p2, text);
+        nbg_geometry g2;
+        nbg_panel *q = NULL;
+        int nq = 0;
+        const int r2 = nbg_read_expt_panels(ctx, p2, &g2, &q, &nq);
+        nbgi_test_check(r2 == NBG_OK && nq == 2 && q[1].group == 0 && q[0].group == 1, "hier-groups-nested",
+                        "modules under a detector group: groups %d %d (1 0 expected: numbered in the hierarchy's "
+                        "order)%s", r2 == NBG_OK ? q[0].group : -1, r2 == NBG_OK ? q[1].group : -1,
+                        r2 == NBG_OK ? "" : nbg_errmsg(ctx));
+        free(q);
+    }
     for (int k = 0; rc == NBG_OK && k < 2; ++k) {
         double worst = 0;
         for (int i = 0; i < 3; ++i) {

@@ -132,7 +132,8 @@ def match_crystal(truth, found):
     return {"cell": cd, "true_cell": ct, "len_err": len_err, "ang_err": ang_err, "rot_deg": rot}
 
 
-def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=(), name="nbgrad", expect="fit"):
+def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=(), name="nbgrad", expect="fit",
+               params="cell,orientation,distance,beam_fast,beam_slow,det_rotx,det_roty,det_rotz,spindle_tilt1"):
     """nbgrad refine started from DIALS's refined experiment list (its detector, beam, scan and crystal), on every
     frame of the series at once (the NXmx file, or the CBF files' template), on spot regions, refining the cell, the
     orientation, the detector (distance, beam centre, three rotations) and the rotation axis's tilt towards the beam
@@ -140,7 +141,6 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=()
     rotz).  Its errors against DIALS's: 5x smaller, or, where that lies below nbgrad's own statistical floor on these
     images, smaller than DIALS's and within 3 standard errors.  extra: more flags (last); expect "flagged": a model
     known to be wrong, which the goodness of fit must flag (exit 4), its errors only reported."""
-    params = "cell,orientation,distance,beam_fast,beam_slow,det_rotx,det_roty,det_rotz,spindle_tilt1"
     cmd = [nbgrad, "refine", "-expt", "refined.expt"] + crystal_flags + [
         "-phisteps", "16", "-oversample", "1", "-adc", "40", "-observed", observed, "-loss", "poisson",
         "-params", params, "-spots", "3", "-exptfile", name + ".expt", "-json", name + ".json"] + list(extra)
@@ -286,6 +286,92 @@ def setting_case(nbgrad, work, det, series, table, nbrows):
         nbrows.append(("hexagonal", "nxmx, " + label, dials_m, nb))
 
 
+def module_errors(truth, path):
+    """The largest distance of a panel's origin from the truth's (mm) and the largest angle of its axes (deg)."""
+    t, e = truth[0].detector, load_expt(path)[0].detector
+    do = max(float(np.linalg.norm(np.subtract(e[k].get_origin(), t[k].get_origin()))) for k in range(len(t)))
+    da = max(max(angle_deg(e[k].get_fast_axis(), t[k].get_fast_axis()), angle_deg(e[k].get_slow_axis(),
+                                                                                    t[k].get_slow_axis()))
+             for k in range(len(t)))
+    return do, da
+
+
+def hierarchy_case(nbgrad, work, crystal, series, table, nbrows):
+    """A detector of four modules (2 x 2 of 512 x 512 pixels, 1 mm gaps, one module tilted by 2 deg) that DIALS
+    refines as a hierarchy: nbgrad writes the series as NXmx (one module per panel), dials.import reads it as a
+    detector group holding a group per module, dials.refine refines each module (detector.hierarchy_level=2), and
+    nbgrad refines from DIALS's list -- whose hierarchy it follows, each module a motion group -- the cell, the
+    orientation and every module's shift and turn.  Its crystal errors 5x smaller than DIALS's or at its floor, and
+    its modules nearer the truth than DIALS's."""
+    cdir = os.path.join(work, "modules")
+    os.makedirs(cdir, exist_ok=True)
+    base = [nbgrad, "-dials", "-close_distance", "110"] + crystal + [
+        "-detpixels", "32", "-pixel", "0.1", "-phi", "0", "-osc", "0.5",
+        "-frames", series[series.index("-frames") + 1], "-exptfile", "base.expt", "-nopgm", "-nonoise"]
+    rc, _ = run(base, cdir, "base.log")
+    if not check(rc == 0, "modules-base", "nbgrad wrote the beam, goniometer, scan and crystal (exit %d)" % rc):
+        return
+    with open(os.path.join(cdir, "base.expt")) as f:
+        d = json.load(f)
+    p0 = d["detector"][0]["panels"][0]
+    mods = []
+    for j in range(2):
+        for i in range(2):
+            fast = [1.0, 0.0, 0.0]
+            if i == 1 and j == 1:
+                a = math.radians(2.0)
+                fast = [math.cos(a), 0.0, -math.sin(a)]
+            p = dict(p0)
+            p.update({"name": "module %d" % (2 * j + i), "image_size": [512, 512], "pixel_size": [0.1, 0.1],
+                      "fast_axis": fast, "slow_axis": [0.0, -1.0, 0.0],
+                      "origin": [-47.0 + i * 52.2, 50.0 - j * 52.2, -110.0]})
+            mods.append(p)
+    d["detector"][0]["panels"] = mods
+    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(4)]
+    d["imageset"] = []
+    d["experiment"][0].pop("imageset", None)
+    with open(os.path.join(cdir, "in.expt"), "w") as f:
+        json.dump(d, f, indent=1)
+    flags = crystal[crystal.index("-default_F"):]
+    sim = [nbgrad, "-expt", "in.expt"] + flags + ["-phisteps", "16", "-oversample", "1", "-frames",
+                                                   series[series.index("-frames") + 1], "-data", "noise", "-seed", "7",
+                                                   "-adc", "40", "-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
+    rc, t = run(sim, cdir, "simulate.log")
+    if not check(rc == 0, "modules-simulate", "nbgrad wrote the four-module series as NXmx (%.1f s)" % t):
+        print(tail(os.path.join(cdir, "simulate.log")))
+        return
+    truth = load_expt(os.path.join(cdir, "truth.expt"))
+    d = os.path.join(cdir, "nxmx")
+    os.makedirs(d, exist_ok=True)
+    steps = (["dials.import", os.path.join(cdir, "series.nxs")], ["dials.find_spots", "imported.expt", "nproc=2"],
+             ["dials.index", "imported.expt", "strong.refl"],
+             ["dials.refine", "indexed.expt", "indexed.refl", "detector.hierarchy_level=2"])
+    tt = 0
+    for cmd in steps:
+        rc, t = run(cmd, d, cmd[0] + ".log")
+        tt += t
+        if not check(rc == 0, "modules-" + cmd[0], "%s (%.1f s)" % (" ".join(cmd[:1] + cmd[2:]), t)):
+            print(tail(os.path.join(d, cmd[0] + ".log")))
+            return
+    refined = load_expt(os.path.join(d, "refined.expt"))
+    groups = [len(g) for g in list(refined[0].detector.hierarchy())]
+    check(groups == [4], "modules-dials-hierarchy", "DIALS's detector: a group of %s groups (one per module; "
+          "hierarchy_level=2 refines each)" % groups)
+    dials_m = match_crystal(truth[0].crystal, refined[0].crystal)
+    if not check(dials_m is not None, "modules-dials-basis", "DIALS's basis is an integer transform of the true one"):
+        return
+    ddo, dda = module_errors(truth, os.path.join(d, "refined.expt"))
+    nb = from_dials(nbgrad, "modules-nxmx", d, os.path.join(cdir, "series.nxs"), truth, flags, dials_m,
+                    name="nbgrad_modules", params="cell,orientation,panels")
+    if nb is not None:
+        ndo, nda = module_errors(truth, os.path.join(d, "nbgrad_modules.expt"))
+        check(ndo < ddo and nda < dda, "modules-nbgrad-placed",
+              "modules off the truth by %.4f mm and %.4f deg at most, DIALS's by %.4f mm and %.4f deg (%.1fx, %.1fx)"
+              % (ndo, nda, ddo, dda, ddo / max(ndo, 1e-12), dda / max(nda, 1e-12)))
+        nb["modules"] = "%.4f / %.4f mm, %.4f / %.4f deg" % (ndo, ddo, nda, dda)
+    nbrows.append(("4 modules", "nxmx, DIALS refines each", dials_m, nb))
+
+
 def rmsds(path):
     """The refined model's positional rmsds, for the table."""
     try:
@@ -345,6 +431,8 @@ def main(argv):
 
     nbrows = [(conv, fmt, m, nb) for conv, fmt, m, geo, rmsd, t, nb in table if nb is not None]
     setting_case(nbgrad, work, dials_det, series, table, nbrows)
+    crystal[crystal.index("-default_F") + 1] = "100"
+    hierarchy_case(nbgrad, work, crystal, series, table, nbrows)
 
     print("\nround trip (truth %s, the hexagonal case's %s; off-centre beam, rotated detector, %d frames of 0.5 deg)"
           % (" ".join("%g" % x for x in TRUE_CELL), " ".join("%g" % x for x in HEX_CELL), nframes))
@@ -369,6 +457,9 @@ def main(argv):
                       m["len_err"] / max(nb["len_err"], 1e-15), nb["ang_err"], nb["ang_sigma"], m["ang_err"],
                       m["ang_err"] / max(nb["ang_err"], 1e-15), nb["rot_deg"], m["rot_deg"],
                       m["rot_deg"] / max(nb["rot_deg"], 1e-12), nb.get("gof", "-")))
+    for conv, fmt, m, nb in nbrows:
+        if nb is not None and "modules" in nb:
+            print("\n%s (%s): module positions against the truth, nbgrad / DIALS: %s" % (conv, fmt, nb["modules"]))
     print("%d passed, %d failed" % (PASSED, FAILED))
     return 0 if FAILED == 0 else 1
 
