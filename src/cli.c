@@ -1258,9 +1258,6 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
     return 1;
 }
 
-/* After an experiment list set e's sampling (the mosaic domains, the divergence and spectrum nbgrad wrote into it):
- * the sampling flags given (those that differ from the defaults in given_e, e before the list) win.  Returns whether
- * any was given. */
 /* One row of a change of basis as DIALS writes one: "a+b", "-c", "2a-b+c". */
 static void basis_row(const int *m, char *buf, size_t size)
 {
@@ -1335,6 +1332,9 @@ static int reindex_crystal(nbg_ctx *ctx, nbgi_cli *c, nbg_geometry *g)
     return 1;
 }
 
+/* After an experiment list set e's sampling (the mosaic domains, the divergence and spectrum nbgrad wrote into it):
+ * the sampling flags given (those that differ from the defaults in given_e, e before the list) win.  Returns whether
+ * any was given. */
 static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
 {
     nbg_experiment d;

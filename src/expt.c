@@ -131,10 +131,15 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     }
     json_t *list = json_array(), *children = json_array();
     json_t **gch = grouped ? calloc((size_t)maxg + 1, sizeof *gch) : NULL;
+    if (grouped && gch == NULL) { /* out of memory: no detector (the caller reports it) */
+        json_decref(list);
+        json_decref(children);
+        list = children = NULL;
+    }
     for (int q = 0; gch != NULL && q <= maxg; ++q) {
         gch[q] = count[q] > 0 ? json_array() : NULL;
     }
-    for (int k = 0; list != NULL && children != NULL && (!grouped || gch != NULL) && k < n; ++k) {
+    for (int k = 0; list != NULL && children != NULL && k < n; ++k) {
         json_t *panel;
         if (npanels == 0) {
             panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
