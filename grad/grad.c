@@ -697,9 +697,11 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
         if (!nbgi_model_active(&pl.k, i)) {
             continue;
         }
-        if (!isfinite(observed[i]) || observed[i] < 0) {
+        if (!isfinite(observed[i])) {
+            /* a value below zero is data (dark-subtracted images): least squares takes it as it is, the Poisson
+             * losses clip it (nbgi_pixel_loss) */
             nbgi_plan_free(&pl);
-            return nbgi_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite and non-negative)", i,
+            return nbgi_error(ctx, NBG_EINVAL, "observed image pixel %zu is %g (must be finite)", i,
                              (double)observed[i]);
         }
         if (weights != NULL && (!isfinite(weights[i]) || weights[i] < 0)) {

@@ -542,7 +542,9 @@ typedef enum {
 /* Fused loss and gradient against an observed image (npix floats, counts as the file holds them, pedestal
  * included; pixels outside the ROI or masked are left out): *L, and grad[j] = dL/dparams[j] for the nparams
  * parameters listed (nparams = 0: the loss alone, at the cost of one forward pass; grad may then be NULL).  The
- * observed image and the weights must be finite and non-negative. */
+ * observed image must be finite (a value below the pedestal, or below zero in dark-subtracted data, is data: least
+ * squares takes y = (obs - pedestal) / gain as it is, the Poisson losses clip y, or y + s with read noise, at 0);
+ * the weights finite and non-negative. */
 int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const float *observed,
                   const float *weights, const nbg_param *params, int nparams, double *L, double *grad, float *image,
                   size_t npix);

@@ -507,7 +507,7 @@ mask:
         free(fmask);
         return NULL;
     }
-    long nfile = 0, nover = 0, ncli = 0, nbad = 0;
+    long nfile = 0, nover = 0, ncli = 0, nbad = 0, nneg = 0;
     size_t firstbad = 0;
     float badval = 0;
     const double sat = isfinite(g.saturation) && g.saturation > 0 ? g.saturation : INFINITY;
@@ -520,11 +520,13 @@ mask:
             keep = 0, ++nover;
         } else if (fmask != NULL && fmask[i]) {
             keep = 0, ++nfile;
-        } else if (!isfinite(img[i]) || img[i] < 0) {
+        } else if (!isfinite(img[i])) {
             if (nbad++ == 0) {
                 firstbad = i, badval = img[i];
             }
             keep = 0;
+        } else if (img[i] < 0) {
+            ++nneg; /* dark-subtracted data: a value below zero is data (a CBF's flags -1, -2 are in its mask) */
         }
         (*use)[i] = keep;
         if (!keep && !(isfinite(img[i]) && img[i] >= 0)) {
@@ -533,12 +535,17 @@ mask:
     }
     free(fmask);
     if (nbad > 0) {
-        fprintf(stderr, "nbgrad: error: -observed %s: pixel %zu is %g (must be finite and non-negative), %ld such "
-                "pixels outside the file's mask\n", o->observed, firstbad, (double)badval, nbad);
+        fprintf(stderr, "nbgrad: error: -observed %s: pixel %zu is %g (must be finite), %ld such pixels outside the "
+                "file's mask\n", o->observed, firstbad, (double)badval, nbad);
         free(img);
         free(*use);
         *use = NULL;
         return NULL;
+    }
+    if (nneg > 0 && frame == 0) {
+        printf("note: -observed %s: %ld pixels below 0 counts (dark-subtracted data?): least squares takes them as "
+               "they are, the Poisson losses clip (obs - pedestal) / gain (plus the read noise's variance) at 0\n",
+               o->observed, nneg);
     }
     const long nout = nfile + nover + ncli;
     if (nout > 0) {

@@ -1,9 +1,9 @@
 /*
  * test-cli-grad.c -- the gradient subcommands of the program: nbgrad gradcheck (its output format, exit code and
  * failure on a broken adjoint), nbgrad grad (text and JSON), nbgrad refine (a fit from a perturbed start, JSON and
- * residual image, and the bad inputs: an observed image of the wrong size, a negative pixel, an unknown parameter,
- * a start outside the bounds), one frame of a rotation series (CBF, SMV) fitted alone at its own start angle, and
- * -params as a list: exactly the parameters named (a panel group's one component), groups, the order given, F.
+ * residual image, and the bad inputs: an observed image of the wrong size, a NaN pixel (a pixel below zero is
+ * data), an unknown parameter, a start outside the bounds), one frame of a rotation series (CBF, SMV) fitted alone
+ * at its own start angle, and -params as a list: exactly the parameters named (a panel group's one component), groups, the order given, F.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
@@ -412,7 +412,27 @@ int main(void)
     }
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -observed %s -params a 2>&1", bin, obs);
     rc = run(cmd);
-    nbgi_test_check(rc != 0 && strstr(out, "pixel 100") != NULL, "cligrad-9-negative", "a negative observed pixel is named");
+    nbgi_test_check(rc == 0 && strstr(out, "1 pixels below 0 counts (dark-subtracted data?)") != NULL,
+                    "cligrad-9-negative", "a pixel below zero is data (dark-subtracted images), and said (exit %d)", rc);
+    {
+        /* a NaN pixel is not: refused, named */
+        const float nanv = NAN;
+        FILE *fn = fopen(obs, "r+b");
+        if (fn != NULL) {
+            fseek(fn, 4 * 100, SEEK_SET);
+            fwrite(&nanv, 4, 1, fn);
+            fclose(fn);
+        }
+        rc = run(cmd);
+        nbgi_test_check(rc != 0 && strstr(out, "pixel 100 is nan (must be finite)") != NULL, "cligrad-9-nan",
+                        "a NaN observed pixel is named (exit %d)", rc);
+        fn = fopen(obs, "r+b"); /* the pixel below zero again, for the cases below */
+        if (fn != NULL) {
+            fseek(fn, 4 * 100, SEEK_SET);
+            fwrite(&neg, 4, 1, fn);
+            fclose(fn);
+        }
+    }
     snprintf(cmd, sizeof cmd, "%s refine -cell 70 80 90 75 85 195 -default_F 100 -N 5 -detpixels 64 -observed %s "
                               "-params gamma 2>&1", bin, obs);
     rc = run(cmd);
