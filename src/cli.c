@@ -1276,16 +1276,6 @@ static void basis_row(const int *m, char *buf, size_t size)
     }
 }
 
-/* The cell of real-space rows: lengths and angles (deg). */
-static void cell_of(const double *v, double cell[6])
-{
-    for (int i = 0; i < 3; ++i) cell[i] = sqrt(v[3 * i] * v[3 * i] + v[3 * i + 1] * v[3 * i + 1] + v[3 * i + 2] * v[3 * i + 2]);
-    for (int i = 0; i < 3; ++i) {
-        const double *p = v + 3 * ((i + 1) % 3), *q = v + 3 * ((i + 2) % 3);
-        cell[3 + i] = acos((p[0] * q[0] + p[1] * q[1] + p[2] * q[2]) / cell[(i + 1) % 3] / cell[(i + 2) % 3]) * RTD;
-    }
-}
-
 /* -setting: the crystal of -expt (in g) re-expressed in the basis of the crystal of another list, the change of
  * basis and both cells printed.  0 (message printed) on failure. */
 static int reindex_crystal(nbg_ctx *ctx, nbgi_cli *c, nbg_geometry *g)
@@ -1310,14 +1300,14 @@ static int reindex_crystal(nbg_ctx *ctx, nbgi_cli *c, nbg_geometry *g)
     }
     int M[9];
     double misfit = 0, before[6], after[6], want[6];
-    cell_of(g->real_space, before);
+    nbgi_cell_of_vectors(g->real_space, before);
     if (nbg_geometry_reindex(ctx, g, ref.real_space, M, &misfit) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: -setting %s: the crystal of -expt %s: %s\n", c->settingin, c->exptin,
                 nbg_errmsg(ctx));
         return 0;
     }
-    cell_of(g->real_space, after);
-    cell_of(ref.real_space, want);
+    nbgi_cell_of_vectors(g->real_space, after);
+    nbgi_cell_of_vectors(ref.real_space, want);
     if (strcmp(ref.space_group, g->space_group) != 0) {
         memcpy(g->space_group, ref.space_group, sizeof g->space_group);
     }

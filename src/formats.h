@@ -18,6 +18,8 @@ void nbgi_geometry_init(nbg_geometry *g);
 /* Checks what every writer and nbg_experiment_from_geometry need of g (finite values, unit axes, pixel counts);
  * NBG_EINVAL naming the field otherwise.  what names the caller for the message ("writing x.nxs"). */
 int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what);
+/* The cell (lengths in A, angles in deg) of real-space vectors a, b, c (rows of v). */
+void nbgi_cell_of_vectors(const double v[9], double cell[6]);
 /* The rotation from nbgrad's frame under e's convention (and custom beam vector) to DIALS's laboratory frame, as
  * nbg_geometry_from_report applies it: where mosaic domains drawn by a run of e's flags sit, seen from a list. */
 int nbgi_convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double R[9]);

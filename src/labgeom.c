@@ -134,6 +134,17 @@ static void rotation_to_minus_z(const double b[3], double R[9])
     }
 }
 
+void nbgi_cell_of_vectors(const double v[9], double cell[6])
+{
+    const double *a = v, *b = v + 3, *c = v + 6;
+    const double la = nbgi_norm(a), lb = nbgi_norm(b), lc = nbgi_norm(c);
+    const double RTD = 180.0 / 3.14159265358979323846;
+    cell[0] = la, cell[1] = lb, cell[2] = lc;
+    cell[3] = acos(nbgi_dot(b, c) / lb / lc) * RTD;
+    cell[4] = acos(nbgi_dot(a, c) / la / lc) * RTD;
+    cell[5] = acos(nbgi_dot(a, b) / la / lb) * RTD;
+}
+
 int nbgi_convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double R[9])
 {
     nbg_experiment probe;
@@ -320,10 +331,10 @@ int nbgi_panels_check(nbg_ctx *ctx, const nbg_geometry *g, const nbg_panel *pane
 static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)
 {
     const double *a = g->real_space, *b = g->real_space + 3, *c = g->real_space + 6;
-    const double la = nbgi_norm(a), lb = nbgi_norm(b), lc = nbgi_norm(c);
     const double RTD = 180.0 / 3.14159265358979323846;
-    const double cell[6] = {la, lb, lc, acos(nbgi_dot(b, c) / lb / lc) * RTD, acos(nbgi_dot(a, c) / la / lc) * RTD,
-                            acos(nbgi_dot(a, b) / la / lb) * RTD};
+    double cell[6];
+    nbgi_cell_of_vectors(g->real_space, cell);
+    const double la = cell[0], lb = cell[1], lc = cell[2];
     /* nbgrad's cell in its default orientation: B0 (columns a0, b0, c0).  nanoBragg's construction does not give
      * back the angles it is given exactly (85 deg comes out as 84.992: kept for parity), so the cell parameters
      * whose construction has g's lengths and angles are found by a fixed-point iteration (the map is the identity

@@ -145,24 +145,14 @@ static double json_value(const char *json, const char *name)
 #define XTAL "-cell 70 80 90 75 85 95 -misset 10 5 3 -default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1"
 
 #ifdef NBG_HAVE_FORMATS
-/* The largest |a - b| over two float files of n floats, relative to a's largest value (INFINITY: unreadable). */
+/* nbgi_test_max_rel_diff of two float files of n floats (INFINITY: unreadable, or of another size). */
 static double float_diff(const char *pa, const char *pb, size_t n)
 {
     size_t sa = 0, sb = 0;
-    char *a = nbgi_test_read_file(pa, &sa), *b = nbgi_test_read_file(pb, &sb);
-    double d = INFINITY;
-    if (a != NULL && b != NULL && sa == n * 4 && sb == n * 4) {
-        double mx = 0;
-        d = 0;
-        for (size_t i = 0; i < n; ++i) {
-            float x, y;
-            memcpy(&x, a + 4 * i, 4);
-            memcpy(&y, b + 4 * i, 4);
-            mx = fmax(mx, fabs(x));
-            d = fmax(d, fabs((double)x - y));
-        }
-        d /= mx;
-    }
+    float *a = nbgi_test_read_file(pa, &sa), *b = nbgi_test_read_file(pb, &sb);
+    const double d = a != NULL && b != NULL && sa == n * sizeof(float) && sb == n * sizeof(float)
+                         ? nbgi_test_max_rel_diff(a, b, n)
+                         : INFINITY;
     free(a);
     free(b);
     return d;

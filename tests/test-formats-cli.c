@@ -30,16 +30,6 @@ static float *read_back(const run_result *r, const char *name, int frame, size_t
     return img;
 }
 
-static double max_rel_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0, d = 0;
-    for (size_t i = 0; i < n; ++i) {
-        m = fmax(m, fabs(a[i]));
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    }
-    return m > 0 ? d / m : INFINITY;
-}
-
 #define XTAL "-cell", "57", "68", "79", "85", "105", "95", "-misset", "12", "-25", "33", "-default_F", "100", "-N", \
              "6", "-lambda", "0.9795", "-detpixels", "64", "-pixel", "0.4", "-oversample", "1", "-phisteps", "2"
 
@@ -86,7 +76,7 @@ static void test_series(void)
     float *cbf = read_back(&r, "c_00003.cbf", 0, npix, &n3, NULL);
     const int ok = nx != NULL && smv != NULL && cbf != NULL && n1 == npix && n2 == npix && n3 == npix;
     if (nbgi_test_check(ok, "FMT-series-read", "frame 3 read back from NXmx, SMV and CBF (%s)", nbg_errmsg(g_ctx))) {
-        nbgi_test_check(max_rel_diff(smv, nx, npix) == 0 && max_rel_diff(smv, cbf, npix) == 0, "FMT-series-same",
+        nbgi_test_check(nbgi_test_max_rel_diff(smv, nx, npix) == 0 && nbgi_test_max_rel_diff(smv, cbf, npix) == 0, "FMT-series-same",
                         "NXmx frame 3 = CBF 3 = SMV 3, pixel for pixel");
         nbgi_test_check(g.nframes == 3 && fabs(g.scan_start - 10) < 1e-12 && fabs(g.scan_width - 0.5) < 1e-12 &&
                             g.pedestal == 40,
@@ -110,7 +100,7 @@ static void test_series(void)
         size_t na = 0, nb = 0;
         float *a = read_back(&r, "f_00002.bin", 0, npix, &na, NULL);
         float *b = read_back(&back, "f_00002.bin", 0, npix, &nb, NULL);
-        const double d = a != NULL && b != NULL ? max_rel_diff(a, b, npix) : INFINITY;
+        const double d = a != NULL && b != NULL ? nbgi_test_max_rel_diff(a, b, npix) : INFINITY;
         nbgi_test_check(d < 1e-6, "FMT-expt-image",
                         "frame 2 rendered from the experiment list equals the original: max |diff| / max = %.3g", d);
         free(a);
@@ -172,8 +162,8 @@ static void test_sampling_lists(void)
                 float *f0 = read_back(&r, "f.bin", 0, npix, &n0, NULL), *f1 = read_back(&b1, "f.bin", 0, npix, &n1, NULL);
                 float *f2 = read_back(&b2, "f.bin", 0, npix, &n2, NULL);
                 if (f0 != NULL && f1 != NULL && f2 != NULL) {
-                    d1 = max_rel_diff(f0, f1, npix);
-                    d2 = max_rel_diff(f0, f2, npix);
+                    d1 = nbgi_test_max_rel_diff(f0, f1, npix);
+                    d2 = nbgi_test_max_rel_diff(f0, f2, npix);
                 }
                 free(f0);
                 free(f1);
@@ -208,7 +198,7 @@ static void test_sampling_lists(void)
                 size_t n0 = 0, n1 = 0;
                 float *f0 = read_back(&r, "f.bin", 0, npix, &n0, NULL), *f1 = read_back(&p, "f.bin", 0, npix, &n1, NULL);
                 if (p.status == 0 && f0 != NULL && f1 != NULL) {
-                    d[conv] = max_rel_diff(f0, f1, npix);
+                    d[conv] = nbgi_test_max_rel_diff(f0, f1, npix);
                 }
                 free(f0);
                 free(f1);

@@ -265,6 +265,18 @@ static inline double nbgi_test_corr(const float *a, const float *b, size_t n)
     return (saa > 0 && sbb > 0) ? sab / sqrt(saa * sbb) : 0;
 }
 
+/* The largest |a - b| over n pixels relative to a's largest |value|; INFINITY when a is blank (no check on a blank
+ * image). */
+static inline double nbgi_test_max_rel_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; ++i) {
+        m = fmax(m, fabs(a[i]));
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    }
+    return m > 0 ? d / m : INFINITY;
+}
+
 /* 1 when id is in the comma-separated list (spaces around entries ignored), or the list is NULL or empty. */
 static inline int nbgi_test_selected(const char *list, const char *id)
 {
