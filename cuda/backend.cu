@@ -46,6 +46,30 @@ extern "C" {
 #define NBG_RBLOCK 256                /* threads per block of the reduction kernel */
 #define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbgi_adjacc */
 #define NBG_CUDA_MAXACC 1024          /* crystal-vector and wavelength gradients one thread can hold */
+/* Occupancy hints: the least blocks of NBG_BLOCK threads an SM should hold for each pixel kernel (0: none, the
+ * compiler's choice of registers).  Measured on an H200 (bench-cuda, samples per second of device time): the forward
+ * kernel left alone takes 168 (double) and 186 (float) registers, 3 and 2 blocks an SM; held to 5 blocks (at most
+ * 102 registers, a few bytes spilled) heavy2048 runs 1.27x faster in double and 2.05x in float, cubic4k's kernel
+ * 1.16x and 1.84x (4 blocks: 1.18x and 1.87x, 1.20x and 1.74x).  The adjoint (255 registers, spilling already) only
+ * lost: held to 3 or 4 blocks it ran 1.04x to 1.9x slower. */
+#ifndef NBG_MINB_FWD
+#define NBG_MINB_FWD 5
+#endif
+#ifndef NBG_MINB_ADJ
+#define NBG_MINB_ADJ 0
+#endif
+#if NBG_MINB_FWD > 0
+#define NBG_FWD_BOUNDS __launch_bounds__(NBG_BLOCK, NBG_MINB_FWD)
+#else
+#define NBG_FWD_BOUNDS
+#endif
+#if NBG_MINB_ADJ > 0
+#define NBG_ADJ_BOUNDS __launch_bounds__(NBG_BLOCK, NBG_MINB_ADJ)
+#else
+#define NBG_ADJ_BOUNDS
+#endif
+#define NBG_ADJ_PPT 8                 /* pixels per thread of the adjoint kernel (at most) */
+#define NBG_ADJ_WORK ((long)NBG_BLOCK * NBG_ADJ_PPT) /* work indices per block of the adjoint kernel */
 
 typedef struct {
     int device;
@@ -309,7 +333,7 @@ __global__ void nbgi_reduce_kernel(const double *part, unsigned nblocks, double 
 }
 
 template <int FLOAT, int MULTI>
-__global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, float *img, double *part,
+__global__ void NBG_FWD_BOUNDS nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, float *img, double *part,
                                     unsigned nblocks)
 {
     __shared__ double sh[2 * NBG_WARPS];
@@ -341,7 +365,7 @@ __global__ void nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, f
 /* The adjoint pixel kernel: CAP bounds the per-thread crystal-vector and wavelength accumulators (nvar of them
  * are used), so that a thread's local memory is no larger than the experiment needs. */
 template <int FLOAT, int CAP, int MULTI>
-__global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g, float *img,
+__global__ void NBG_ADJ_BOUNDS nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g, float *img,
                                     double *part, unsigned nblocks, int nvar, const long *bstart)
 {
     __shared__ double sh[(NBG_NFIX + CAP + NBG_ADJ_DET) * NBG_WARPS];
@@ -358,15 +382,26 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
      * [bstart[b], bstart[b + 1]), all of one panel, and its partials carry that panel's own detector gradients */
     const long nwork = p.list != NULL ? p.nlist : p.npix;
     const int aligned = MULTI && bstart != NULL;
-    const long t = aligned ? bstart[blockIdx.x] + (long)threadIdx.x : (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    /* block b's work indices: [b NBG_ADJ_WORK, (b + 1) NBG_ADJ_WORK), or [bstart[b], bstart[b + 1]); thread x takes
+     * x, x + NBG_BLOCK, ... of them (NBG_ADJ_PPT at most), so that the block's reduction is paid once per
+     * NBG_ADJ_PPT pixels.  Which thread and block sum a pixel depends on the image alone: the same bits on any GPU. */
+    const long t0 = aligned ? bstart[blockIdx.x] : (long)blockIdx.x * NBG_ADJ_WORK;
+    const long tend = aligned ? bstart[blockIdx.x + 1] : (t0 + NBG_ADJ_WORK < nwork ? t0 + NBG_ADJ_WORK : nwork);
     double mine[NBG_ADJ_DET];
     for (int c = 0; c < NBG_ADJ_DET; ++c) {
         mine[c] = 0;
     }
-    if (aligned ? t < bstart[blockIdx.x + 1] : t < nwork) {
+    for (long t = t0 + (long)threadIdx.x; t < tend; t += NBG_BLOCK) {
         const long i = p.list != NULL ? (long)p.list[t] : t;
         int f, s, panel;
         const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
+        double *det = (double *)&acc, before[NBG_ADJ_DET];
+        if (MULTI) {
+            for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                before[c] = det[c];
+                det[c] = 0;
+            }
+        }
         float v = 0.0f;
         if (nbgi_pixel_active(pp, f, s)) {
             v = FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[t], &acc)
@@ -374,13 +409,15 @@ __global__ void nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, c
         }
         img[t] = v;
         if (MULTI) {
-            /* the pixel's detector gradients are on its panel's vectors: carry them to the plane's */
-            double *det = (double *)&acc;
+            /* the pixel's detector gradients are on its panel's vectors: kept as the panel's own (mine), and
+             * carried to the plane's */
+            double px[NBG_ADJ_DET];
             for (int c = 0; c < NBG_ADJ_DET; ++c) {
-                mine[c] = det[c];
-                det[c] = 0;
+                px[c] = det[c];
+                det[c] = before[c];
+                mine[c] += px[c];
             }
-            nbgi_panel_fold(p.panels + panel, mine, det);
+            nbgi_panel_fold(p.panels + panel, px, det);
         }
     }
     const double *fixed = (const double *)&acc;
@@ -491,12 +528,12 @@ static void launch_adjoint(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned
 }
 
 /* Blocks aligned to the panels (per-panel gradients): each panel's work indices (its pixels, or its entries of the
- * pixel list) cut into blocks of at most NBG_BLOCK; *bs (malloc'd) the nblocks + 1 block starts, bpanel each
+ * pixel list) cut into blocks of at most NBG_ADJ_WORK; *bs (malloc'd) the nblocks + 1 block starts, bpanel each
  * block's panel. */
 static int panel_blocks(nbg_ctx *ctx, const nbgi_kparams *k, long **bs, int **bpanel, unsigned *nblocks)
 {
     const long nwork = nbgi_nwalk(k);
-    const size_t cap = (size_t)(nwork / NBG_BLOCK) + (size_t)k->npanels + 2;
+    const size_t cap = (size_t)(nwork / NBG_ADJ_WORK) + (size_t)k->npanels + 2;
     *bs = (long *)malloc(cap * sizeof(long));
     *bpanel = (int *)malloc(cap * sizeof(int));
     if (*bs == NULL || *bpanel == NULL) {
@@ -520,7 +557,7 @@ static int panel_blocks(nbg_ctx *ctx, const nbgi_kparams *k, long **bs, int **bp
         while (t < end) {
             (*bs)[n] = t;
             (*bpanel)[n++] = q;
-            t = t + NBG_BLOCK < end ? t + NBG_BLOCK : end;
+            t = t + NBG_ADJ_WORK < end ? t + NBG_ADJ_WORK : end;
         }
     }
     (*bs)[n] = nwork;
@@ -539,8 +576,8 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
                          NBG_CUDA_MAXACC, nvar);
     }
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
-    const size_t npix = (size_t)nbgi_nwalk(k); /* a thread a pixel: the image's, or the list's */
-    unsigned nblocks = (unsigned)((npix + NBG_BLOCK - 1) / NBG_BLOCK);
+    const size_t npix = (size_t)nbgi_nwalk(k); /* NBG_ADJ_PPT pixels a thread: the image's, or the list's */
+    unsigned nblocks = (unsigned)((npix + NBG_ADJ_WORK - 1) / NBG_ADJ_WORK);
     long *bs = NULL;
     int *bpanel = NULL;
     const int aligned = panel_out != NULL && k->npanels > 0;

@@ -388,11 +388,20 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
 #endif
 
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
- * tacc[thread] the gradients of L given dLdI.  The accumulators must be zeroed; F gradients are gathered only
- * when tacc->F != NULL, each panel's own detector gradients only when tacc->panel != NULL.  The caller sums the nthreads sets in thread order, so the result is reproducible for a
- * given thread count.  vectorised selects the row form (adjoint_row_tmpl.h) over the scalar twin. */
-void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
+ * acc the gradients of L given dLdI (acc's arrays sized as the plan's; F gradients are gathered only when
+ * acc->F != NULL, each panel's own detector gradients only when acc->panel != NULL; acc's lane scratch is not
+ * used).  The units (rows, or a pixel list's runs) are cut into nbgi_adjoint_chunks chunks, a number that depends
+ * on the experiment alone; each chunk is summed into an accumulator of its own by the thread that runs it, and the
+ * chunks are added in chunk order, so the gradients are the same bits for any nthreads.  vectorised selects the row
+ * form (adjoint_row_tmpl.h) over the scalar twin.  Returns NBG_OK, or NBG_ENOMEM. */
+int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
                      int vectorised);
+
+/* The number of chunks of the reverse pass over nunits units with nflat sums each: one a unit, at most
+ * NBG_ADJ_MAXCHUNKS, and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer chunks). */
+#define NBG_ADJ_MAXCHUNKS 1024
+#define NBG_ADJ_CHUNK_DOUBLES (1L << 23)
+int nbgi_adjoint_chunks(long nunits, size_t nflat);
 
 /* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbgi_plan_tangent),
  * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values.  ptan (NULL: none): tangents of each

@@ -1,12 +1,14 @@
 /*
- * adjoint_cpu.c -- the CPU adjoint kernel: OpenMP over detector rows (static schedule, so each row always goes
- * to the same thread for a given thread count), one accumulator set per thread, summed in thread order; and the
- * forward-mode (JVP) kernel, OpenMP over rows.
+ * adjoint_cpu.c -- the CPU adjoint kernel: OpenMP over chunks of detector rows (or of a pixel list's runs), each
+ * chunk summed into an accumulator of its own, the chunks then added in chunk order, so that the gradients are the
+ * same bits for any thread count; and the forward-mode (JVP) kernel, OpenMP over rows.
  */
 #include "adjoint.h"
 #include "kernel.h"
+#include "nbgrad.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NBG_TMPL NBG_TMPL_DOUBLE
@@ -35,75 +37,140 @@ static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int 
     nbgi_row_jvp_d(p, s, f0, n, t, nt, out, dS, npix, base);
 }
 
-void nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *tacc, int nthreads,
-                     int vectorised)
+/* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
+static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float *image, nbgi_adjacc *acc,
+                         int vectorised)
 {
-    if (p->list != NULL) {
-        memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
+    /* a row of the single detector, or of a panel through its view: the row's detector gradients then land on the
+     * panel's vectors, and are carried to the plane's after the row; or a run of a pixel list */
+    nbgi_kparams view;
+    int s, fa, fb;
+    long first, pos;
+    const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
+    const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+    double *det = (double *)acc, saved[NBG_ADJ_DET] = {0};
+    if (p->npanels > 0) {
+        for (int c = 0; c < NBG_ADJ_DET; ++c) {
+            saved[c] = det[c];
+            det[c] = 0;
+        }
     }
-#pragma omp parallel num_threads(nthreads)
-    {
-#ifdef _OPENMP
-        nbgi_adjacc *acc = &tacc[omp_get_thread_num()];
-#else
-        nbgi_adjacc *acc = &tacc[0];
-#endif
-        const long nu = nbgi_nunits(p);
-#pragma omp for schedule(static)
-        for (long u = 0; u < nu; ++u) {
-            /* a row of the single detector, or of a panel through its view: the row's detector gradients then land
-             * on the panel's vectors, and are carried to the plane's after the row; or a run of a pixel list */
-            nbgi_kparams view;
-            int s, fa, fb;
-            long first, pos;
-            const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
-            const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
-            double *det = (double *)acc, saved[NBG_ADJ_DET] = {0};
-            if (p->npanels > 0) {
-                for (int c = 0; c < NBG_ADJ_DET; ++c) {
-                    saved[c] = det[c];
-                    det[c] = 0;
+    if (vectorised) {
+        for (int f0 = fa; f0 < fb; f0 += 8) {
+            const long i = first + f0;
+            const int n = fb - f0 < 8 ? fb - f0 : 8;
+            float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (dLdI != NULL) {
+                for (int j = 0; j < n; ++j) {
+                    g[j] = dLdI[i + j];
                 }
             }
-            if (vectorised) {
-                for (int f0 = fa; f0 < fb; f0 += 8) {
-                    const long i = first + f0;
-                    const int n = fb - f0 < 8 ? fb - f0 : 8;
-                    float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    if (dLdI != NULL) {
-                        for (int j = 0; j < n; ++j) {
-                            g[j] = dLdI[i + j];
-                        }
-                    }
-                    row_adjoint(pr, s, f0, n, g, image + i, acc);
-                }
-            } else {
-                for (int f = fa; f < fb; ++f) {
-                    const long i = first + f;
-                    if (!nbgi_pixel_active(pr, f, s)) {
-                        image[i] = 0.0f;
-                        continue;
-                    }
-                    const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
-                    image[i] = (float)nbgi_pixel_adjoint_d(pr, f, s, g, acc);
-                }
+            row_adjoint(pr, s, f0, n, g, image + i, acc);
+        }
+    } else {
+        for (int f = fa; f < fb; ++f) {
+            const long i = first + f;
+            if (!nbgi_pixel_active(pr, f, s)) {
+                image[i] = 0.0f;
+                continue;
             }
-            if (p->npanels > 0) {
-                double row[NBG_ADJ_DET];
-                for (int c = 0; c < NBG_ADJ_DET; ++c) {
-                    row[c] = det[c];
-                    det[c] = saved[c];
-                }
-                const int k = nbgi_panel_of_row(p, r);
-                nbgi_panel_fold(&p->panels[k], row, det);
-                if (acc->panel != NULL) {
-                    for (int c = 0; c < NBG_ADJ_DET; ++c) {
-                        acc->panel[(size_t)k * NBG_ADJ_DET + c] += row[c];
-                    }
-                }
+            const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
+            image[i] = (float)nbgi_pixel_adjoint_d(pr, f, s, g, acc);
+        }
+    }
+    if (p->npanels > 0) {
+        double row[NBG_ADJ_DET];
+        for (int c = 0; c < NBG_ADJ_DET; ++c) {
+            row[c] = det[c];
+            det[c] = saved[c];
+        }
+        const int k = nbgi_panel_of_row(p, r);
+        nbgi_panel_fold(&p->panels[k], row, det);
+        if (acc->panel != NULL) {
+            for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                acc->panel[(size_t)k * NBG_ADJ_DET + c] += row[c];
             }
         }
     }
+}
+
+int nbgi_adjoint_chunks(long nunits, size_t nflat)
+{
+    long n = nunits < NBG_ADJ_MAXCHUNKS ? nunits : NBG_ADJ_MAXCHUNKS;
+    const long fit = (long)(NBG_ADJ_CHUNK_DOUBLES / (nflat > 0 ? nflat : 1));
+    n = n < fit ? n : fit;
+    return n > 1 ? (int)n : 1;
+}
+
+int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
+                     int vectorised)
+{
+    const size_t nabc = (size_t)p->nphi * p->nmos * 9, nsrc = (size_t)p->nsources;
+    const size_t nF = acc->F != NULL ? (size_t)p->nh * p->nk * p->nl : 0;
+    const size_t nP = acc->panel != NULL ? (size_t)p->npanels * NBG_ADJ_DET : 0;
+    const size_t nflat = NBG_ADJ_FIXED + nabc + nsrc + nF + nP; /* a chunk's sums, flat */
+    const size_t nlane = (nabc + nsrc) * 8;                      /* a thread's scratch of the vectorised rows */
+    const long nu = nbgi_nunits(p);
+    const int nchunks = nbgi_adjoint_chunks(nu, nflat);
+    if (nthreads < 1) {
+        nthreads = 1;
+    }
+    double *sums = calloc((size_t)nchunks * nflat, sizeof(double));
+    double *lanes = calloc((size_t)nthreads * (nlane ? nlane : 1), sizeof(double));
+    if (sums == NULL || lanes == NULL) {
+        free(sums);
+        free(lanes);
+        return NBG_ENOMEM;
+    }
+    if (p->list != NULL) {
+        memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int c = 0; c < nchunks; ++c) {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num();
+#else
+        const int t = 0;
+#endif
+        double *flat = sums + (size_t)c * nflat;
+        nbgi_adjacc a;
+        memset(&a, 0, sizeof a);
+        a.abc = flat + NBG_ADJ_FIXED;
+        a.lam = a.abc + nabc;
+        a.F = nF ? a.lam + nsrc : NULL;
+        a.panel = nP ? a.lam + nsrc + nF : NULL;
+        a.lane_abc = lanes + (size_t)t * nlane;
+        a.lane_lam = a.lane_abc + nabc * 8;
+        /* chunk c: units [c nu / nchunks, (c + 1) nu / nchunks), in order */
+        const long u0 = (long)((double)c * (double)nu / nchunks), u1 = (long)((double)(c + 1) * (double)nu / nchunks);
+        for (long u = u0; u < u1; ++u) {
+            adjoint_unit(p, u, dLdI, image, &a, vectorised);
+        }
+        memcpy(flat, &a, NBG_ADJ_FIXED * sizeof(double));
+    }
+    /* the chunks added in chunk order, component by component (components in parallel: the order of each sum is
+     * the chunks', whatever the thread count) */
+    const long nf = (long)nflat;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long i = 0; i < nf; ++i) {
+        double v = sums[i];
+        for (int c = 1; c < nchunks; ++c) {
+            v += sums[(size_t)c * nflat + (size_t)i];
+        }
+        sums[i] = v;
+    }
+    memcpy(acc, sums, NBG_ADJ_FIXED * sizeof(double));
+    memcpy(acc->abc, sums + NBG_ADJ_FIXED, nabc * sizeof(double));
+    memcpy(acc->lam, sums + NBG_ADJ_FIXED + nabc, nsrc * sizeof(double));
+    if (nF) {
+        memcpy(acc->F, sums + NBG_ADJ_FIXED + nabc + nsrc, nF * sizeof(double));
+    }
+    if (nP) {
+        memcpy(acc->panel, sums + NBG_ADJ_FIXED + nabc + nsrc + nF, nP * sizeof(double));
+    }
+    free(sums);
+    free(lanes);
+    return NBG_OK;
 }
 
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,

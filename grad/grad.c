@@ -50,28 +50,73 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
 /* --- the image model M = scale * I + B ---------------------------------------------------------------------- */
 
 /* The image-level parameters' gradients from dL/dM and the simulated image I (before the model): sums[0..3] =
- * dL/dG, dL/dbg, dL/dbg_fast, dL/dbg_slow (the table's NBGI_S_MODEL indices). */
+ * dL/dG, dL/dbg, dL/dbg_fast, dL/dbg_slow (the table's NBGI_S_MODEL indices), summed over fixed chunks of the
+ * pixels added in chunk order (the same bits for any thread count). */
 static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I, double sums[4])
 {
-    double sG = 0, s0 = 0, sx = 0, sy = 0;
+    enum { MAXCH = 1024, MINCH = 4096 };
+    double part[MAXCH][4]; /* each chunk's sums, added in chunk order: the same for any thread count */
     const long nw = nbgi_nwalk(k); /* all panels' pixels, or the list's */
-    for (long t = 0; t < nw; ++t) {
-        const size_t i = nbgi_walk_at(k, t);
-        if (!nbgi_model_active(k, i) || dLdM[i] == 0) {
-            continue;
+    long nch = (nw + MINCH - 1) / MINCH;
+    nch = nch < 1 ? 1 : nch > MAXCH ? MAXCH : nch;
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < nch; ++c) {
+        double sG = 0, s0 = 0, sx = 0, sy = 0;
+        const long t0 = (long)((double)c * (double)nw / nch), t1 = (long)((double)(c + 1) * (double)nw / nch);
+        if (k->npanels == 0 && k->list == NULL) {
+            /* the single detector without a list: row by row, the ROI and mask as weights (vectorised) */
+            const int F = k->fpixels;
+            const double cf = 0.5 * (k->fpixels - 1), cs = 0.5 * (k->spixels - 1);
+            for (long t = t0; t < t1;) {
+                const int s = (int)(t / F), fa = (int)(t % F);
+                const int fb = t1 - t < (long)(F - fa) ? fa + (int)(t1 - t) : F;
+                t += fb - fa;
+                if (s < k->roi_ymin || s > k->roi_ymax) {
+                    continue;
+                }
+                const int lo = fa > k->roi_xmin ? fa : k->roi_xmin, hi = fb < k->roi_xmax + 1 ? fb : k->roi_xmax + 1;
+                const float *dr = dLdM + (size_t)s * F, *Ir = I + (size_t)s * F;
+                const uint8_t *mr = k->mask != NULL ? k->mask + (size_t)s * F : NULL;
+                double aG = 0, a0 = 0, ax = 0;
+#pragma omp simd reduction(+ : aG, a0, ax)
+                for (int f = lo; f < hi; ++f) {
+                    const double d = (mr == NULL || mr[f] != 0) ? (double)dr[f] : 0.0;
+                    aG += d != 0 ? d * (double)Ir[f] : 0.0;
+                    a0 += d;
+                    ax += d * (f - cf);
+                }
+                sG += aG;                            /* dM/dG = I */
+                s0 += a0;                            /* dM/dbg = 1 */
+                sx += ax / NBG_BG_UNIT;              /* dM/dbg_fast = x (nbgi_model_xy's) */
+                sy += a0 * ((s - cs) / NBG_BG_UNIT); /* dM/dbg_slow = y */
+            }
+        } else {
+            for (long t = t0; t < t1; ++t) {
+                const size_t i = nbgi_walk_at(k, t);
+                if (dLdM[i] == 0 || !nbgi_model_active(k, i)) {
+                    continue;
+                }
+                double x, y;
+                nbgi_model_xy(k, i, &x, &y);
+                const double d = dLdM[i];
+                sG += d * I[i]; /* dM/dG = I */
+                s0 += d;        /* dM/dbg = 1 */
+                sx += d * x;    /* dM/dbg_fast = x */
+                sy += d * y;    /* dM/dbg_slow = y */
+            }
         }
-        double x, y;
-        nbgi_model_xy(k, i, &x, &y);
-        const double d = dLdM[i];
-        sG += d * I[i]; /* dM/dG = I */
-        s0 += d;        /* dM/dbg = 1 */
-        sx += d * x;    /* dM/dbg_fast = x */
-        sy += d * y;    /* dM/dbg_slow = y */
+        part[c][0] = sG;
+        part[c][1] = s0;
+        part[c][2] = sx;
+        part[c][3] = sy;
     }
-    sums[0] = sG;
-    sums[1] = s0;
-    sums[2] = sx;
-    sums[3] = sy;
+    for (int j = 0; j < 4; ++j) {
+        double v = 0;
+        for (long c = 0; c < nch; ++c) {
+            v += part[c][j];
+        }
+        sums[j] = v;
+    }
 }
 
 /* Which modes the adjoint does not cover, and whether each listed parameter is free in this experiment (the
@@ -456,7 +501,8 @@ static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_a
     return NBG_OK;
 }
 
-/* Runs the adjoint over the plan with per-thread accumulators, reduces them and applies the chain rule. */
+/* Runs the adjoint over the plan (the same bits for any thread count: nbgi_adjoint_cpu, or the device's block
+ * order) and applies the chain rule. */
 static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, const float *dLdI,
                        const nbg_param *params, int nparams, double *grad, float *image)
 {
@@ -473,29 +519,22 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
     const size_t nabc = (size_t)k->nphi * k->nmos * 9;
     const size_t nsrc = (size_t)k->nsources;
     const size_t nF = (want.F && k->F != NULL) ? (size_t)k->nh * k->nk * k->nl : 0;
-    const size_t nlane = (nabc + nsrc) * 8; /* the vectorised adjoint's per-lane scratch */
     const size_t nP = want.motions ? (size_t)k->npanels * NBG_ADJ_DET : 0;
-    const size_t per = nabc + nsrc + nF + nlane + nP;
-    nbgi_adjacc *tacc = calloc((size_t)nthreads, sizeof *tacc);
-    double *buf = calloc((size_t)nthreads * (per ? per : 1), sizeof(double));
-    if (tacc == NULL || buf == NULL) {
-        free(tacc);
-        free(buf);
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d gradient accumulators of %zu doubles", nthreads, per);
+    const size_t per = nabc + nsrc + nF + nP;
+    nbgi_adjacc acc;
+    memset(&acc, 0, sizeof acc);
+    double *buf = calloc(per ? per : 1, sizeof(double));
+    if (buf == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu gradient accumulators", per);
     }
-    for (int t = 0; t < nthreads; ++t) {
-        tacc[t].abc = buf + (size_t)t * per;
-        tacc[t].lam = tacc[t].abc + nabc;
-        tacc[t].F = nF ? tacc[t].lam + nsrc : NULL;
-        tacc[t].lane_abc = tacc[t].lam + nsrc + nF;
-        tacc[t].lane_lam = tacc[t].lane_abc + nabc * 8;
-        tacc[t].panel = nP ? tacc[t].lane_lam + nsrc * 8 : NULL;
-    }
+    acc.abc = buf;
+    acc.lam = acc.abc + nabc;
+    acc.F = nF ? acc.lam + nsrc : NULL;
+    acc.panel = nP ? acc.lam + nsrc + nF : NULL;
 #ifdef NBG_HAVE_CUDA
     if (ctx->backend == NBG_BACKEND_CUDA) {
         if (want.F) {
             free(buf);
-            free(tacc);
             return nbgi_error(ctx, NBG_EUNSUP, "structure-factor gradients are not implemented on the CUDA backend "
                                               "(use the CPU backend for F)");
         }
@@ -505,46 +544,32 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
         double t[3] = {0, 0, 0};
         int rc = out == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory")
                              : nbgi_cuda_adjoint(ctx, k, ctx->precision == NBG_FLOAT, dLdI, image, out, ncomp,
-                                                 nP ? tacc[0].panel : NULL, t);
+                                                 acc.panel, t);
         pl->rep.time_setup += t[0];
         pl->rep.time_kernel = t[1];
         pl->rep.time_copy = t[2];
         if (rc == NBG_OK) {
-            memcpy(&tacc[0], out, NBG_ADJ_FIXED * sizeof(double));
-            memcpy(tacc[0].abc, out + NBG_ADJ_FIXED, (nabc + nsrc) * sizeof(double));
+            memcpy(&acc, out, NBG_ADJ_FIXED * sizeof(double));
+            memcpy(acc.abc, out + NBG_ADJ_FIXED, (nabc + nsrc) * sizeof(double));
         }
         free(out);
         if (rc != NBG_OK) {
             free(buf);
-            free(tacc);
             return rc;
         }
-        nthreads = 1;
     } else
 #endif
     {
         const double t0 = nbgi_now();
-        nbgi_adjoint_cpu(k, dLdI, image, tacc, nthreads, ctx->scalar_adjoint == 0);
+        if (nbgi_adjoint_cpu(k, dLdI, image, &acc, nthreads, ctx->scalar_adjoint == 0) != NBG_OK) {
+            free(buf);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the adjoint's chunk accumulators");
+        }
         pl->rep.time_kernel = nbgi_now() - t0;
         pl->rep.time_copy = 0;
     }
-    /* reduce in thread order */
-    nbgi_adjacc *acc = &tacc[0];
-    for (int t = 1; t < nthreads; ++t) {
-        double *dst = (double *)acc, *src = (double *)&tacc[t];
-        for (size_t i = 0; i < NBG_ADJ_FIXED; ++i) {
-            dst[i] += src[i];
-        }
-        for (size_t i = 0; i < nabc + nsrc + nF; ++i) {
-            acc->abc[i] += tacc[t].abc[i];
-        }
-        for (size_t i = 0; i < nP; ++i) {
-            acc->panel[i] += tacc[t].panel[i];
-        }
-    }
-    const int rc = chain_rule(e, pl, acc, params, nparams, grad);
+    const int rc = chain_rule(e, pl, &acc, params, nparams, grad);
     free(buf);
-    free(tacc);
     return rc != NBG_OK ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the chain rule") : NBG_OK;
 }
 
@@ -569,7 +594,9 @@ static int model_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, c
         if (d == NULL) {
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for dL/dI");
         }
-        for (long t = 0; t < nbgi_nwalk(&pl->k); ++t) { /* the kernels read the listed pixels only */
+        const long nw = nbgi_nwalk(&pl->k);
+#pragma omp parallel for schedule(static)
+        for (long t = 0; t < nw; ++t) { /* the kernels read the listed pixels only */
             const size_t i = nbgi_walk_at(&pl->k, t);
             d[i] = (float)(e->scale * dLdM[i]); /* dL/dI = dL/dM dM/dI */
         }

@@ -37,6 +37,8 @@ class BuildWithLibrary(build_ext):
             ext.include_dirs += [numpy.get_include()]
             # the parser (src/cli.c) is the program's, not the library's: linked beside it for from_flags
             ext.extra_objects = [str(ROOT / B / "src" / "cli.o"), str(ROOT / B / "libnbgrad.a")]
+            # relinked whenever the library changes (setuptools compares the sources and depends only)
+            ext.depends += ext.extra_objects
             ext.extra_link_args = ldlibs
         super().build_extensions()
 

@@ -43,6 +43,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <string.h>
 #include <unistd.h>
 #ifdef NBG_HAVE_MPI
@@ -464,6 +467,15 @@ int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size)
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
+#ifdef _OPENMP
+    /* ranks x threads within the node's processors: each rank takes its share, unless the user set the thread count
+     * (mpirun -x OMP_NUM_THREADS=k).  The results do not depend on it (every reduction has a fixed order). */
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (getenv("OMP_NUM_THREADS") == NULL && local != NULL && atoi(local) > 0) {
+        const int share = omp_get_num_procs() / atoi(local);
+        omp_set_num_threads(share > 0 ? share : 1);
+    }
+#endif
     return 1;
 #else
     (void)argc, (void)argv;

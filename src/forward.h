@@ -8,7 +8,8 @@
 
 /* Renders every pixel of the image (zero outside the ROI and where masked).  use_float selects the single
  * precision instantiation.  *omega_sum receives the sum of subpixel solid angles, *oor the count of tricubic
- * windows that left the table, *image_sum the sum of the image in double (finite exactly when every pixel is). */
+ * windows that left the table, *image_sum the sum of the image in double (finite exactly when every pixel is); the
+ * sums are added over fixed chunks of rows in chunk order, the same bits for any thread count. */
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum);
 

@@ -32,42 +32,55 @@ static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, in
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum)
 {
-    double osum = 0, isum = 0;
+    enum { MAXCH = 1024 };
+    double osum[MAXCH], isum[MAXCH]; /* each chunk's sums, added in chunk order: the same for any thread count */
     long nout = 0;
     const int W = use_float ? nbgi_row_lanes_f : nbgi_row_lanes_d;
     const long nu = nbgi_nunits(p);
+    const int nch = nu < MAXCH ? (nu > 0 ? (int)nu : 1) : MAXCH;
     if (p->list != NULL) {
         memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
     }
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : osum, nout, isum)
-    for (long u = 0; u < nu; ++u) {
-        /* a row of the single detector, or of a panel through its view; or a run of a pixel list within one */
-        nbgi_kparams view;
-        int s, fa, fb;
-        long first, pos;
-        const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
-        const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
-        for (int f0 = fa; f0 < fb; f0 += W) {
-            const int n = fb - f0 < W ? fb - f0 : W;
-            float *out = image + first + f0;
-            if (use_float) {
-                nbgi_pixstat_f st = {0, 0};
-                row_f(pr, s, f0, n, out, &st);
-                osum += st.omega_sum;
-                nout += st.oor;
-            } else {
-                nbgi_pixstat_d st = {0, 0};
-                row_d(pr, s, f0, n, out, &st);
-                osum += st.omega_sum;
-                nout += st.oor;
-            }
-            for (int j = 0; j < n; ++j) {
-                isum += out[j]; /* while the row is in cache: the finiteness check costs nothing */
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : nout)
+    for (int c = 0; c < nch; ++c) {
+        double os = 0, is = 0;
+        const long u0 = (long)((double)c * (double)nu / nch), u1 = (long)((double)(c + 1) * (double)nu / nch);
+        for (long u = u0; u < u1; ++u) {
+            /* a row of the single detector, or of a panel through its view; or a run of a pixel list within one */
+            nbgi_kparams view;
+            int s, fa, fb;
+            long first, pos;
+            const int r = nbgi_walk_unit(p, u, &fa, &fb, &pos);
+            const nbgi_kparams *pr = nbgi_row_at(p, r, &view, &s, &first);
+            for (int f0 = fa; f0 < fb; f0 += W) {
+                const int n = fb - f0 < W ? fb - f0 : W;
+                float *out = image + first + f0;
+                if (use_float) {
+                    nbgi_pixstat_f st = {0, 0};
+                    row_f(pr, s, f0, n, out, &st);
+                    os += st.omega_sum;
+                    nout += st.oor;
+                } else {
+                    nbgi_pixstat_d st = {0, 0};
+                    row_d(pr, s, f0, n, out, &st);
+                    os += st.omega_sum;
+                    nout += st.oor;
+                }
+                for (int j = 0; j < n; ++j) {
+                    is += out[j]; /* while the row is in cache: the finiteness check costs nothing */
+                }
             }
         }
+        osum[c] = os;
+        isum[c] = is;
     }
-    *image_sum = isum;
-    *omega_sum = osum;
+    double o = 0, im = 0;
+    for (int c = 0; c < nch; ++c) {
+        o += osum[c];
+        im += isum[c];
+    }
+    *image_sum = im;
+    *omega_sum = o;
     *oor = nout;
 }
 

@@ -332,6 +332,47 @@ int main(void)
 #ifdef NBG_HAVE_FORMATS
     check_refine_json(rjson, 9, "cligrad-6-refine-json-keys");
 #endif
+    /* cligrad-35: the same bits for any thread count: grad (every parameter, Poisson loss) and refine (LM, and BFGS
+     * on the adjoint's gradient) write the same JSON files with 1, 2 and 3 threads */
+    {
+        static const char *const what[3] = {"grad", "refine-lm", "refine-bfgs"};
+        for (int w = 0; w < 3; ++w) {
+            char *ref = NULL;
+            size_t rlen = 0;
+            int same = 1, ok = 1;
+            for (int t = 1; t <= 3 && ok; ++t) {
+                char jp[1100];
+                snprintf(jp, sizeof jp, "%s/threads-%d-%d.json", dir, w, t);
+                if (w == 0) {
+                    snprintf(cmd, sizeof cmd,
+                             "OMP_NUM_THREADS=%d %s grad -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 "
+                             "-default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1 -mosaic 0.2 "
+                             "-mosaic_dom 3 -observed %s -loss poisson -params all -json %s 2>&1", t, bin, obs, jp);
+                } else {
+                    snprintf(cmd, sizeof cmd,
+                             "OMP_NUM_THREADS=%d %s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 "
+                             "-default_F 100 -N 5 -lambda 1 -distance 100 -detpixels 64 -oversample 1 -observed %s "
+                             "-params cell,orientation,Na,scale -loss poisson -method %s -json %s 2>&1", t, bin, obs,
+                             w == 1 ? "lm" : "bfgs", jp);
+                }
+                rc = run(cmd);
+                size_t len = 0;
+                char *j = nbgi_test_read_file(jp, &len);
+                ok = rc == 0 && j != NULL && len > 0;
+                if (ok && ref == NULL) {
+                    ref = j, rlen = len;
+                } else {
+                    same &= ok && len == rlen && memcmp(j, ref, len) == 0;
+                    free(j);
+                }
+            }
+            char id[64];
+            snprintf(id, sizeof id, "cligrad-35-threads-%s", what[w]);
+            nbgi_test_check(ok && same, id, "%s with 1, 2, 3 threads: %s (exit %d)", what[w],
+                            !ok ? "a run failed" : same ? "the same JSON, byte for byte" : "the JSON files DIFFER", rc);
+            free(ref);
+        }
+    }
     /* progress on stderr, results on stdout; -quiet: no progress */
     snprintf(cmd, sizeof cmd,
              "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "

@@ -1,7 +1,8 @@
 /*
  * test-grad.c -- gradients on the CPU: the adjoint against central finite differences (nbg_gradcheck) for every
  * parameter on the experiments a refinement meets, the checker failing on a deliberately broken adjoint, the
- * gradient call's image equal to the forward call's, reproducible gradients, and the fused losses.
+ * gradient call's image equal to the forward call's, reproducible gradients, the fused losses, and the same bits for
+ * any thread count.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
@@ -56,6 +57,68 @@ static void gradcheck(const char *id, const nbg_experiment *e, const char *param
         nbgi_test_check(res[i].pass == expect_pass, sub, "adjoint=%.12g numeric=%.12g relerr=%.2g order=%.2f%s%s",
                        res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order, res[i].reason[0] ? " # " : "",
                        res[i].reason);
+    }
+}
+
+/* grad-14: the same bits for any thread count.  nbg_simulate_grad and nbg_loss_grad (least squares against an
+ * observed image) on contexts of 1, 2, 3 and 5 threads: images, losses and gradients compared with memcmp. */
+static void thread_invariance(const char *id, const nbg_experiment *e, const nbg_param *ids, int n)
+{
+    nbg_report r;
+    if (nbg_describe(ctx, e, &r) != NBG_OK) {
+        nbgi_test_check(0, id, "describe: %s", nbg_errmsg(ctx));
+        return;
+    }
+    const size_t npix = (size_t)r.npix;
+    float *dl = malloc(npix * sizeof(float)), *obs = malloc(npix * sizeof(float));
+    float *img[2] = {malloc(npix * sizeof(float)), malloc(npix * sizeof(float))};
+    double *g[2] = {malloc((size_t)n * sizeof(double)), malloc((size_t)n * sizeof(double))};
+    double *gl[2] = {malloc((size_t)n * sizeof(double)), malloc((size_t)n * sizeof(double))};
+    double L[2] = {0, 0};
+    if (dl == NULL || obs == NULL || img[0] == NULL || img[1] == NULL || g[0] == NULL || g[1] == NULL ||
+        gl[0] == NULL || gl[1] == NULL) {
+        nbgi_test_check(0, id, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < npix; ++i) {
+        dl[i] = (float)(1.0 + 0.5 * sin(0.37 * (double)i));
+        obs[i] = (float)(10 + 5 * cos(0.11 * (double)i));
+    }
+    const int threads[4] = {1, 2, 3, 5};
+    int same_img = 1, same_grad = 1, same_loss = 1, ok = 1;
+    double nonzero = 0;
+    for (int t = 0; t < 4 && ok; ++t) {
+        nbg_ctx *c = NULL;
+        const int slot = t == 0 ? 0 : 1;
+        ok = nbg_ctx_create(&c, NBG_BACKEND_CPU, NBG_DOUBLE, threads[t]) == NBG_OK &&
+             nbg_simulate_grad(c, e, dl, ids, n, g[slot], img[slot], npix, NULL) == NBG_OK &&
+             nbg_loss_grad(c, e, NBG_LOSS_LSQ, obs, NULL, ids, n, &L[slot], gl[slot], img[slot], npix) == NBG_OK;
+        if (!ok) {
+            nbgi_test_check(0, id, "%d threads: %s", threads[t], c != NULL ? nbg_errmsg(c) : "no context");
+        }
+        nbg_ctx_destroy(c);
+        if (ok && t > 0) {
+            same_img &= memcmp(img[0], img[1], npix * sizeof(float)) == 0;
+            same_grad &= memcmp(g[0], g[1], (size_t)n * sizeof(double)) == 0 &&
+                         memcmp(gl[0], gl[1], (size_t)n * sizeof(double)) == 0;
+            same_loss &= memcmp(&L[0], &L[1], sizeof(double)) == 0;
+        }
+    }
+    for (int j = 0; ok && j < n; ++j) {
+        nonzero += g[0][j] != 0 && gl[0][j] != 0;
+    }
+    if (ok) {
+        nbgi_test_check(same_img && same_grad && same_loss && nonzero >= 0.5 * n, id,
+                        "1, 2, 3, 5 threads: images %s, %d gradients %s (%g non-zero), loss %s", same_img ? "identical" : "DIFFER",
+                        n, same_grad ? "identical" : "DIFFER", nonzero, same_loss ? "identical" : "DIFFERS");
+    }
+out:
+    free(dl);
+    free(obs);
+    for (int k = 0; k < 2; ++k) {
+        free(img[k]);
+        free(g[k]);
+        free(gl[k]);
     }
 }
 
@@ -297,6 +360,96 @@ int main(void)
             free(ia);
             free(ib);
             free(w);
+        }
+    }
+
+    /* grad-14: the same bits for any thread count (rotation with mosaic domains and the image model; panels that
+     * move with a pixel list; structure factors, a table small and one large enough that the adjoint takes fewer
+     * chunks than threads) */
+    {
+        nbg_param tp[NBG_NPARAMS + 16];
+        int tn = 0;
+        for (int p = 0; p < NBG_NPARAMS; ++p) {
+            tp[tn++] = p;
+        }
+        nbgi_test_still(&e);
+        e.mosaic = 0.3;
+        e.mosaic_domains = 3;
+        e.phi0 = 1, e.osc = 1, e.phisteps = 2;
+        e.scale = 1.3;
+        e.bg[0] = 2, e.bg[1] = 0.5, e.bg[2] = -0.25;
+        thread_invariance("grad-14-threads-rotation", &e, tp, tn);
+
+        nbgi_test_still(&e);
+        nbg_panel pan[4];
+        nbg_panel_motion mot[4];
+        memset(mot, 0, sizeof mot);
+        for (int q = 0; q < 4; ++q) {
+            memset(&pan[q], 0, sizeof pan[q]);
+            pan[q].fpixels = 40;
+            pan[q].spixels = 30;
+            pan[q].fast[0] = 1;
+            pan[q].slow[1] = 1;
+            pan[q].origin[0] = e.pixel * (q % 2) * 44;
+            pan[q].origin[1] = e.pixel * (q / 2) * 34;
+            pan[q].group = q;
+            snprintf(pan[q].name, sizeof pan[q].name, "p%d", q);
+        }
+        e.panels = pan;
+        e.npanels = 4;
+        e.motions = mot;
+        e.nmotions = 4;
+        uint32_t list[2400];
+        long nl = 0;
+        for (uint32_t i = 0; i < 4800; i += 2) {
+            list[nl++] = i; /* every other pixel of the four panels: runs of one pixel */
+        }
+        int pn = 0;
+        nbg_param pp[32];
+        const char *pnames[] = {"a", "rotx", "rotz", "Na", "distance", "beam_fast", "det_rotz", "scale", "bg"};
+        for (int j = 0; j < 9; ++j) {
+            pp[pn++] = nbg_param_from_name(pnames[j]);
+        }
+        for (int q = 0; q < 4; ++q) {
+            pp[pn++] = NBG_P_MOTION(q, 0);
+            pp[pn++] = NBG_P_MOTION(q, 5);
+        }
+        thread_invariance("grad-14-threads-panels", &e, pp, pn);
+        e.pixels = list;
+        e.npixels_list = nl;
+        thread_invariance("grad-14-threads-panels-list", &e, pp, pn);
+
+        for (int big = 0; big < 2; ++big) {
+            const int H = big ? 60 : 3;
+            nbg_hkl hkl = {-H, H, -H, H, -H, H, NULL, 0};
+            const size_t nF = (size_t)(2 * H + 1) * (2 * H + 1) * (2 * H + 1);
+            hkl.F = malloc(nF * sizeof(double));
+            if (hkl.F == NULL) {
+                nbgi_test_check(0, "grad-14-threads-F", "out of memory");
+                break;
+            }
+            for (size_t i = 0; i < nF; ++i) {
+                hkl.F[i] = 50 + 40 * sin(1.7 * (double)i);
+            }
+            hkl.nrefl = (long)nF;
+            nbgi_test_still(&e);
+            e.hkl = &hkl;
+            e.fpixels = e.spixels = 48;
+            nbg_param fp[NBG_NPARAMS + 8];
+            int fn = 0;
+            for (int p = 0; p < NBG_NPARAMS; ++p) {
+                if (p != NBG_P_MOSAIC && p != nbg_param_from_name("spindle_tilt1") &&
+                    p != nbg_param_from_name("spindle_tilt2")) {
+                    fp[fn++] = p; /* a still without mosaic domains: every other parameter */
+                }
+            }
+            /* the F entries of the table's centre (h, k, l near 0), which the image's spots reach */
+            const long mid = ((long)H * (2 * H + 1) + H) * (2 * H + 1) + H;
+            for (int d = -3; d <= 3; ++d) {
+                fp[fn++] = NBG_P_F(mid + d);
+            }
+            thread_invariance(big ? "grad-14-threads-F-large" : "grad-14-threads-F", &e, fp, fn);
+            free(hkl.F);
         }
     }
 

@@ -32,6 +32,7 @@
 
 #define __global__
 #define __device__
+#define __launch_bounds__(...) /* occupancy hints: nothing to the emulator */
 #define __host__
 #define __shared__ static
 #define __forceinline__ inline
