@@ -22,7 +22,12 @@
  * Outputs: the base run's output flags with {id} in their names (-floatfile out/{id}.bin -noisefile out/{id}.img
  * -nxsfile out/{id}.nxs ...): one file per shot and format, each written atomically (a temporary renamed when
  * complete).  A shot whose every output exists is skipped, so a rerun resumes an interrupted batch; -overwrite
- * redoes them all.
+ * redoes them all.  The folder of each output template holds nbgrad-batch.json, the record of the configuration
+ * that made its files: the flags but the output names, -shots, -overwrite and -quiet (as text and a 64-bit FNV-1a
+ * fingerprint), and each shot's fingerprint (the flags', its line's, its seed's).  A rerun into a folder made with
+ * other flags, or whose finished shot was made from another line or seed, is refused, naming them, unless
+ * -overwrite; a folder of finished shots without a record (an older nbgrad's) is adopted, and said.  The files the
+ * flags name (-hkl, -sourcefile, ...) are recorded by name, not by content.
  *
  * MPI: when the program runs under mpirun (Open MPI's environment says so) and was built with MPI, shot i goes
  * to rank i mod K; each rank writes its own shots' files, with its OpenMP threads.  Every shot's image depends on
@@ -89,6 +94,18 @@ static int numbers(json_t *v, double *out, int n, int scalar_ok)
 }
 
 /* Parses one shot object; prints the error and returns 0 when it is malformed. */
+/* FNV-1a, 64 bits: the configuration's fingerprint (not a cryptographic hash: it tells runs apart, it does not
+ * defend against forgery) */
+#define FNV_START 14695981039346656037ULL
+static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; ++i) {
+        h = (h ^ b[i]) * 1099511628211ULL;
+    }
+    return h;
+}
+
 static int parse_shot(const char *path, int line, json_t *o, shot *s)
 {
     memset(s, 0, sizeof *s);
@@ -218,6 +235,16 @@ int nbgi_shots_read(const char *path, shot_list *l)
             l->cap = ncap;
         }
         ok = parse_shot(path, line, o, &l->v[l->n]);
+        if (ok) {
+            char *canon = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+            ok = canon != NULL;
+            if (ok) {
+                l->v[l->n].hash = fnv1a(FNV_START, canon, strlen(canon));
+                free(canon);
+            } else {
+                fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
+            }
+        }
         json_decref(o);
         if (ok) {
             ++l->n;
@@ -332,7 +359,8 @@ static const nbgi_sub_flag batch_flag_table[] = {
      "the shot list: JSON lines, keys id misset A cell N mosaic mosaic_domains lambda phi fluence scale seed "
      "sourcefile (nbgrad shots writes one)"},
     {"-overwrite", NBGI_CMD_BATCH, nbgi_set_switch, BO(overwrite), NULL,
-     "redo every shot (without it a shot whose outputs all exist is skipped: a rerun resumes)"},
+     "redo every shot (without it a shot whose outputs all exist is skipped: a rerun resumes; a folder made with "
+     "other flags or another line of a finished shot is refused, see nbgrad-batch.json)"},
     {"-n", NBGI_CMD_SHOTS, set_count, SO(n), "COUNT", "the shots, 1 to 1e8"},
     {"-o", NBGI_CMD_SHOTS, nbgi_set_path, SO(out), "FILE", "the shot list written (JSON lines)"},
     {"-seed", NBGI_CMD_SHOTS, set_seed, SO(seed), "S", "the seed of the draws (1): the same seed, the same list"},
@@ -388,6 +416,225 @@ typedef struct {
     const char *tmpl;  /* the template the flag gave */
     char name[4096];   /* this shot's name */
 } batch_out;
+
+/* --- the record of a batch's configuration (nbgrad-batch.json beside its outputs) ------------------------------ */
+
+/* The folder a template's files go to: what comes before the last '/' ahead of the first {id} ("." when none). */
+static void template_dir(const char *tmpl, char *out, size_t size)
+{
+    const char *id = strstr(tmpl, "{id}");
+    const size_t lim = id != NULL ? (size_t)(id - tmpl) : strlen(tmpl);
+    size_t slash = 0;
+    int found = 0;
+    for (size_t i = 0; i < lim; ++i) {
+        if (tmpl[i] == '/') {
+            slash = i, found = 1;
+        }
+    }
+    if (!found) {
+        snprintf(out, size, ".");
+    } else if (slash == 0) {
+        snprintf(out, size, "/");
+    } else {
+        snprintf(out, size, "%.*s", (int)slash, tmpl);
+    }
+}
+
+#ifdef NBG_HAVE_FORMATS
+/* Whether every output of shot s exists (the test the batch's resume makes). */
+static int shot_complete(const batch_out *outs, int nouts, const shot *s)
+{
+    for (int k = 0; k < nouts; ++k) {
+        char name[4096];
+        if (outs[k].tmpl != NULL &&
+            (!nbgi_shot_name(outs[k].tmpl, s->id, name, sizeof name) || access(name, F_OK) != 0)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* One folder's record: checks it against this run (flags text and fingerprint fh, each shot's fingerprint in
+ * sh[]) and rewrites it.  A folder whose record names other flags, or whose finished shot was made from another
+ * line or seed, is refused unless -overwrite; a folder of finished shots without a record (an older nbgrad's) is
+ * said, and its shots kept and recorded as this run's.  Returns 0 after printing the error. */
+static int record_folder(const char *dir, const char *flags, unsigned long long fh, const shot_list *shots,
+                         const unsigned long long *sh, const batch_out *outs, int nouts, int overwrite)
+{
+    char path[4200], tmp[4300], hex[20];
+    snprintf(path, sizeof path, "%s/nbgrad-batch.json", dir);
+    snprintf(hex, sizeof hex, "%016llx", fh);
+    json_t *rec = NULL;
+    const int legacy = access(path, F_OK) != 0; /* no record: a new folder, or one of an older nbgrad */
+    if (!legacy) {
+        json_error_t err;
+        rec = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+        const json_t *rs = rec != NULL ? json_object_get(rec, "shots") : NULL;
+        if (!overwrite && (rec == NULL || !json_is_string(json_object_get(rec, "flags_hash")) || !json_is_object(rs))) {
+            fprintf(stderr, "nbgrad: error: %s is not a batch record nbgrad can read (%s): give -overwrite to redo "
+                            "the folder's shots and rewrite it\n", path, rec == NULL ? err.text : "keys missing");
+            json_decref(rec);
+            return 0;
+        }
+        if (!overwrite && strcmp(json_string_value(json_object_get(rec, "flags_hash")), hex) != 0) {
+            const char *then = json_string_value(json_object_get(rec, "flags"));
+            fprintf(stderr, "nbgrad: error: %s holds shots made with other flags:\n  then: %s\n  now:  %s\ngive "
+                            "-overwrite to redo them with these flags, or write into another folder\n", dir,
+                    then != NULL ? then : "(not recorded)", flags);
+            json_decref(rec);
+            return 0;
+        }
+        int stale = 0;
+        const shot *first = NULL;
+        for (int i = 0; !overwrite && i < shots->n; ++i) {
+            char want[20];
+            snprintf(want, sizeof want, "%016llx", sh[i]);
+            const char *had = json_string_value(json_object_get(rs, shots->v[i].id));
+            if ((had == NULL || strcmp(had, want) != 0) && shot_complete(outs, nouts, &shots->v[i])) {
+                first = first != NULL ? first : &shots->v[i];
+                ++stale;
+            }
+        }
+        if (stale > 0) {
+            fprintf(stderr, "nbgrad: error: %s: %d finished shot%s made from another line of the shot list or "
+                            "another seed than now (the first: %s, line %d): give -overwrite to redo %s\n", dir,
+                    stale, stale > 1 ? "s were" : " was", first->id, first->line, stale > 1 ? "them" : "it");
+            json_decref(rec);
+            return 0;
+        }
+        const char *had = rec != NULL ? json_string_value(json_object_get(rec, "flags_hash")) : NULL;
+        if (!json_is_object(rs) || had == NULL || strcmp(had, hex) != 0) {
+            /* -overwrite over another configuration: its shots' entries describe files of other flags */
+            json_decref(rec);
+            rec = NULL;
+        }
+    } else if (!overwrite) {
+        int kept = 0;
+        for (int i = 0; i < shots->n; ++i) {
+            kept += shot_complete(outs, nouts, &shots->v[i]);
+        }
+        if (kept > 0) {
+            fprintf(stderr, "nbgrad: note: %s holds the files of %d shot%s but no record of the flags that made them "
+                            "(an older nbgrad, or by hand): kept, and recorded as made with these flags (-overwrite "
+                            "redoes them)\n", dir, kept, kept > 1 ? "s" : "");
+        }
+    }
+    /* the new record: the shots already recorded and finished stay, every shot this run makes is this run's */
+    json_t *out = json_object(), *os = json_object();
+    int ok = out != NULL && os != NULL;
+    const json_t *old = rec != NULL ? json_object_get(rec, "shots") : NULL;
+    const char *key;
+    json_t *v;
+    if (ok && old != NULL) {
+        json_object_foreach((json_t *)old, key, v) {
+            ok = ok && json_object_set(os, key, v) == 0;
+        }
+    }
+    for (int i = 0; ok && i < shots->n; ++i) {
+        if (!overwrite && !legacy && shot_complete(outs, nouts, &shots->v[i])) {
+            continue; /* kept, and recorded already (checked above) */
+        }
+        char want[20];
+        snprintf(want, sizeof want, "%016llx", sh[i]);
+        ok = json_object_set_new(os, shots->v[i].id, json_string(want)) == 0;
+    }
+    ok = ok && json_object_set_new(out, "nbgrad_batch", json_integer(1)) == 0 &&
+         json_object_set_new(out, "version", json_string(nbg_version())) == 0 &&
+         json_object_set_new(out, "flags", json_string(flags)) == 0 &&
+         json_object_set_new(out, "flags_hash", json_string(hex)) == 0 && json_object_set(out, "shots", os) == 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    if (ok && (json_dump_file(out, tmp, JSON_INDENT(1) | JSON_SORT_KEYS) != 0 || rename(tmp, path) != 0)) {
+        fprintf(stderr, "nbgrad: error: cannot record the batch's configuration in %s: %s\n", path, strerror(errno));
+        remove(tmp);
+        ok = -1;
+    } else if (!ok) {
+        fprintf(stderr, "nbgrad: error: out of memory for the batch's record %s\n", path);
+    }
+    json_decref(os);
+    json_decref(out);
+    json_decref(rec);
+    return ok == 1;
+}
+#endif
+
+/* Records the configuration of the batch in the folder of every output template (nbgrad-batch.json): the flags but
+ * the output names, -shots, -overwrite and -quiet, and each shot's line and seed; refuses a folder made with
+ * another configuration unless -overwrite (record_folder).  Rank 0 reads and writes; every rank learns the
+ * verdict.  Returns 0 after the error was printed. */
+static int batch_record(int argc, char **argv, int first, const shot_list *shots, long base_seed,
+                        const batch_out *outs, int nouts, int overwrite, int rank, int mpi)
+{
+    int ok = 1;
+#ifdef NBG_HAVE_FORMATS
+    if (rank == 0) {
+        /* the flags' text (shown) and fingerprint (each token and a 0 byte) */
+        size_t len = 1;
+        for (int i = first; i < argc; ++i) {
+            len += strlen(argv[i]) + 1;
+        }
+        char *flags = malloc(len);
+        unsigned long long *sh = malloc(sizeof *sh * (size_t)(shots->n > 0 ? shots->n : 1));
+        ok = flags != NULL && sh != NULL;
+        unsigned long long fh = FNV_START;
+        size_t k = 0;
+        for (int i = first; ok && i < argc; ++i) {
+            const char *a = argv[i];
+            if (strcmp(a, "-overwrite") == 0 || strcmp(a, "-quiet") == 0 || strcmp(a, "-noprogress") == 0) {
+                continue;
+            }
+            if ((strcmp(a, "-shots") == 0 || nbgi_cli_names_output(a)) && i + 1 < argc) {
+                ++i; /* where the files go and which list: not what they hold */
+                continue;
+            }
+            fh = fnv1a(fh, a, strlen(a) + 1);
+            k += (size_t)snprintf(flags + k, len - k, "%s%s", k > 0 ? " " : "", a);
+        }
+        if (ok) {
+            flags[k] = '\0';
+            for (int i = 0; i < shots->n; ++i) {
+                /* the shot's line and the seed it gets (the base seed + its index when the line has none) */
+                const long seed = (shots->v[i].has & S_SEED) ? shots->v[i].seed : base_seed + i;
+                unsigned long long h = fnv1a(fh, &shots->v[i].hash, sizeof shots->v[i].hash);
+                sh[i] = fnv1a(h, &seed, sizeof seed);
+            }
+        } else {
+            fprintf(stderr, "nbgrad: error: out of memory for the batch's record\n");
+        }
+        /* each folder once */
+        char dirs[8][4096];
+        int nd = 0;
+        for (int j = 0; ok && j < nouts; ++j) {
+            if (outs[j].tmpl == NULL) {
+                continue;
+            }
+            char d[4096];
+            template_dir(outs[j].tmpl, d, sizeof d);
+            int seen = 0;
+            for (int q = 0; q < nd; ++q) {
+                seen |= strcmp(dirs[q], d) == 0;
+            }
+            if (!seen && nd < 8) {
+                memcpy(dirs[nd++], d, sizeof d);
+                ok = record_folder(d, flags, fh, shots, sh, outs, nouts, overwrite);
+            }
+        }
+        free(flags);
+        free(sh);
+    }
+#else
+    (void)argc, (void)argv, (void)first, (void)shots, (void)base_seed, (void)outs, (void)nouts, (void)overwrite,
+        (void)rank;
+#endif
+#ifdef NBG_HAVE_MPI
+    if (mpi) {
+        MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    }
+#else
+    (void)mpi;
+#endif
+    return ok;
+}
+
 
 /* Applies a shot to the base experiment; prints the error and returns 0 when its source file cannot be read. */
 int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc)
@@ -572,6 +819,9 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         goto done;
     }
     const long base_seed = c.have_seed ? c.seed : 1;
+    if (!batch_record(argc, argv, first, &shots, base_seed, outs, nouts, o.overwrite, rank, mpi)) {
+        goto done;
+    }
     const int rounds = (shots.n + size - 1) / size;
     int done_here = 0, skipped = 0, failed = 0;
     const double t0 = nbgi_now();

@@ -766,6 +766,12 @@ static const cli_flag *find_flag(const char *a)
     return NULL;
 }
 
+int nbgi_cli_names_output(const char *a)
+{
+    const cli_flag *f = find_flag(a);
+    return f != NULL && f->kind == K_STR && f->group == G_OUTPUT;
+}
+
 /* "-pivot expects beam or sample, got 'x'": the words of a choice as a phrase. */
 static void choice_error(const cli_flag *f, const char *a, const char *got)
 {

@@ -91,6 +91,9 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first);
 /* Reads the files the flags name (matrix, HKL or Fdump, sources) into the experiment. */
 int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c);
 int nbgi_cli_number(const char *flag, const char *s, double *out);
+
+/* 1 when a is a flag of the program's table that names an output file (-floatfile, -noisefile, ...; one value). */
+int nbgi_cli_names_output(const char *a);
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);
 void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st);
 /* Writes frame `frame` (0-based, of c->nframes) of the images asked for into the run's output set (nothing is

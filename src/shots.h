@@ -20,6 +20,7 @@ typedef struct {
     long seed;
     char *sourcefile;
     int line;
+    unsigned long long hash; /* FNV-1a of the line's object, its keys sorted and its text compact */
 } shot;
 
 typedef struct {

@@ -127,6 +127,64 @@ static void test_shots_and_batch(void)
                     "BATCH-overwrite-quiet", "-overwrite -quiet: every shot redone, the same bytes, nothing on stderr "
                     "(exit %d: %s)", r.status, first_line(r.err));
 
+    /* the record of the configuration (out/nbgrad-batch.json): other flags or another line of a finished shot are
+     * refused, and the files kept; -overwrite redoes them; a folder without a record is adopted, and said */
+    char recp[PATH_MAX + 64];
+    snprintf(recp, sizeof recp, "%s/out/nbgrad-batch.json", r.work);
+    size_t rlen = 0;
+    char *rec = nbgi_test_read_file(recp, &rlen);
+    nbgi_test_check(rec != NULL && strstr(rec, "\"flags\"") != NULL && strstr(rec, "-seed 3") != NULL &&
+                        strstr(rec, "{id}") == NULL && strstr(rec, "\"shot000006\"") != NULL &&
+                        strstr(rec, "-overwrite") == NULL,
+                    "BATCH-record", "out/nbgrad-batch.json records the flags (not the output names, not -overwrite) "
+                    "and the 6 shots");
+    free(rec);
+    const char *seed4[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
+                           "out/{id}.img", "-seed", "4", NULL};
+    run_in(&r, seed4);
+    nbgi_test_check(r.status == 1 && strstr(r.err, "out holds shots made with other flags") != NULL &&
+                        strstr(r.err, "then:") != NULL && strstr(r.err, "-seed 4") != NULL && file_eq(victim, saved),
+                    "BATCH-record-other-flags", "a rerun with -seed 4 into the folder of -seed 3 is refused, the files "
+                    "kept (exit %d: %s)", r.status, first_line(r.err));
+    const char *seed4o[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
+                            "out/{id}.img", "-seed", "4", "-overwrite", NULL};
+    run_in(&r, seed4o);
+    const int redone = r.status == 0 && strstr(r.out, "6 shots simulated, 0 skipped") != NULL && !file_eq(victim, saved);
+    run_in(&r, seed4);
+    nbgi_test_check(redone && r.status == 0 && strstr(r.out, "0 shots simulated, 6 skipped") != NULL,
+                    "BATCH-record-overwrite", "-overwrite redoes them with -seed 4, and a rerun with -seed 4 resumes "
+                    "(exit %d: %s)", r.status, strstr(r.out, "batch: ") ? first_line(strstr(r.out, "batch: ")) : "");
+    /* another line for shot 2 (a seed of its own) */
+    char edited[PATH_MAX + 64];
+    snprintf(edited, sizeof edited, "%s/edited.jsonl", r.work);
+    FILE *ef = fopen(edited, "w");
+    const char *l2 = list != NULL ? strchr(list, '\n') + 1 : NULL;
+    if (ef != NULL && l2 != NULL) {
+        fprintf(ef, "%.*s{\"seed\": 99, %s", (int)(l2 - list), list, l2 + 1);
+        fclose(ef);
+    }
+    const char *edit[] = {"batch", BASE, "-shots", "edited.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
+                          "out/{id}.img", "-seed", "4", NULL};
+    run_in(&r, edit);
+    nbgi_test_check(r.status == 1 && strstr(r.err, "1 finished shot was made from another line") != NULL &&
+                        strstr(r.err, "shot000002, line 2") != NULL,
+                    "BATCH-record-line", "a changed line of a finished shot is refused, naming it (exit %d: %s)",
+                    r.status, first_line(r.err));
+    /* a folder without a record (an older nbgrad's): adopted, said; the next run resumes */
+    remove(recp);
+    run_in(&r, seed4);
+    const int adopted = r.status == 0 && strstr(r.err, "no record of the flags") != NULL &&
+                        strstr(r.out, "0 shots simulated, 6 skipped") != NULL;
+    run_in(&r, seed4);
+    nbgi_test_check(adopted && r.status == 0 && strstr(r.out, "0 shots simulated, 6 skipped") != NULL &&
+                        strstr(r.err, "no record") == NULL,
+                    "BATCH-record-adopt", "a folder of finished shots without a record: kept and said, then recorded "
+                    "(exit %d: %s)", r.status, first_line(r.err));
+    /* back to -seed 3 for the comparisons below */
+    run_in(&r, again);
+    nbgi_test_check(r.status == 0 && file_eq(victim, saved), "BATCH-record-back",
+                    "-overwrite with -seed 3 again: the first files, bit for bit (exit %d)", r.status);
+
     /* MPI: the same files whatever the number of ranks */
     if (!g_mpi) {
         nbgi_test_skip("BATCH-mpi", "mpirun or nbgrad's MPI build is missing");
@@ -218,7 +276,7 @@ static void test_refusals(void)
         const int a_ok = exists_in(r.work, "a.bin") && exists_in(r.work, "b.bin");
         const int rest = !exists_in(r.work, "c.bin") && !exists_in(r.work, "e.bin") && !exists_in(r.work, "f.bin");
         char extra[1024];
-        const char *allowed[] = {"shots.jsonl", "a.bin", "b.bin", "d.bin", NULL};
+        const char *allowed[] = {"shots.jsonl", "a.bin", "b.bin", "d.bin", "nbgrad-batch.json", NULL};
         unexpected_files(r.work, allowed, extra, sizeof extra);
         nbgi_test_check(r.status != 0 && r.status < 128 && named && a_ok && rest && extra[0] == '\0', id,
                         "%s: exit %d, the shot named (%s), earlier shots complete, nothing after (%s)",
