@@ -544,6 +544,63 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
     return rc;
 }
 
+/* The one rule for a refinement that does not determine its parameters (every parameter set, both losses): a
+ * parameter whose information is zero (it does not change the image where the loss looks), or an information
+ * matrix whose correlation form (unit diagonal, so that the rule does not depend on the parameters' units) has a
+ * smallest eigenvalue below NBG_RCOND_MIN of its largest: some combination of the parameters, named from that
+ * eigenvector, moves the image by less than rounding.  (Cholesky alone passed matrices singular to rounding, and
+ * the fit then "converged" with standard errors of 1e7 and more.)  Returns NBG_OK, or NBG_EINVAL naming them. */
+#define NBG_RCOND_MIN 1e-10
+static int determined(refine_ws *ws, const double *H)
+{
+    const int n = ws->n;
+    const nbg_experiment *e = &ws->fr[0].e;
+    char lab[48];
+    for (int a = 0; a < n; ++a) {
+        if (!(H[a * n + a] > 0) || !isfinite(H[a * n + a])) {
+            return nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine %s: it does not change the image "
+                             "where the loss looks (its information is %g)",
+                             nbg_param_label(e, ws->params[a], lab, sizeof lab), H[a * n + a]);
+        }
+    }
+    if (n < 2) {
+        return NBG_OK;
+    }
+    double *C = malloc(sizeof(double) * ((size_t)n * n + (size_t)n)), *w = C != NULL ? C + (size_t)n * n : NULL;
+    if (C == NULL) {
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
+    }
+    for (int a = 0; a < n; ++a) {
+        for (int b = 0; b < n; ++b) {
+            C[a * n + b] = H[a * n + b] / sqrt(H[a * n + a] * H[b * n + b]);
+        }
+    }
+    /* eigenvalues ascending; the eigenvectors in C's columns */
+    if (LAPACKE_dsyev(LAPACK_ROW_MAJOR, 'V', 'L', n, C, n, w) != 0) {
+        free(C);
+        return nbgi_error(ws->ctx, NBG_EINVAL, "the information matrix could not be decomposed (not finite?)");
+    }
+    int rc = NBG_OK;
+    if (!(w[0] > NBG_RCOND_MIN * w[n - 1])) {
+        char names[400];
+        size_t k = 0;
+        names[0] = '\0';
+        for (int a = 0; a < n && k < sizeof names - 60; ++a) {
+            const double v = C[a * n + 0];
+            if (fabs(v) >= 0.2) {
+                k += (size_t)snprintf(names + k, sizeof names - k, "%s%+.2f %s", k > 0 ? " " : "", v,
+                                      nbg_param_label(e, ws->params[a], lab, sizeof lab));
+            }
+        }
+        rc = nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine its parameters: the combination %s "
+                        "(in units of each one's own standard error) does not change the image (the information "
+                        "matrix's condition number is %.2g, above %.0e): fix one of them, or fit more data", names,
+                        w[0] > 0 ? w[n - 1] / w[0] : INFINITY, 1 / NBG_RCOND_MIN);
+    }
+    free(C);
+    return rc;
+}
+
 /* Standard errors and correlations from the information matrix at x. */
 static int information(refine_ws *ws, nbg_refine_result *res)
 {
@@ -560,6 +617,9 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         memcpy(H, ws->gn_H, sizeof(double) * (size_t)n * n);
     } else {
         rc = gauss_newton(ws, &L, g, H);
+    }
+    if (rc == NBG_OK) {
+        rc = determined(ws, H);
     }
     if (rc != NBG_OK) {
         free(g);

@@ -197,19 +197,18 @@ static int shot_id_cmp(const void *a, const void *b)
     return c != 0 ? c : (x->line > y->line) - (x->line < y->line);
 }
 
-int nbgi_shots_read(const char *path, shot_list *l)
+int nbgi_shots_read(nbg_ctx *ctx, const char *path, shot_list *l)
 {
     memset(l, 0, sizeof *l);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        fprintf(stderr, "nbgrad: error: -shots %s: %s\n", path, strerror(errno));
+    FILE *f;
+    if (nbgi_open_input(ctx, path, "-shots", "r", &f) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
     char *buf = NULL;
     size_t cap = 0;
-    ssize_t len;
-    int line = 0, ok = 1;
-    while (ok && (len = getline(&buf, &cap, f)) >= 0) {
+    int line = 0, ok = 1, got;
+    while (ok && (got = nbgi_read_line(ctx, f, &buf, &cap, path, line + 1)) == 1) {
         ++line;
         const char *p = buf + strspn(buf, " \t\r\n");
         if (*p == '\0' || *p == '#') {
@@ -251,8 +250,8 @@ int nbgi_shots_read(const char *path, shot_list *l)
         }
     }
     free(buf);
-    if (ok && ferror(f)) {
-        fprintf(stderr, "nbgrad: error: cannot read %s\n", path);
+    if (ok && got < 0) {
+        fprintf(stderr, "nbgrad: error: -shots: %s\n", nbg_errmsg(ctx));
         ok = 0;
     }
     fclose(f);
@@ -286,8 +285,9 @@ int nbgi_shots_read(const char *path, shot_list *l)
     return ok;
 }
 #else
-int nbgi_shots_read(const char *path, shot_list *l)
+int nbgi_shots_read(nbg_ctx *ctx, const char *path, shot_list *l)
 {
+    (void)ctx;
     memset(l, 0, sizeof *l);
     fprintf(stderr, "nbgrad: error: -shots %s: this nbgrad was built without jansson (FORMATS=0): no shot lists\n",
             path);
@@ -459,13 +459,14 @@ static int shot_complete(const batch_out *outs, int nouts, const shot *s)
  * line or seed, is refused unless -overwrite; a folder of finished shots without a record (an older nbgrad's) is
  * said, and its shots kept and recorded as this run's.  Returns 0 after printing the error. */
 static int record_folder(const char *dir, const char *flags, unsigned long long fh, const shot_list *shots,
-                         const unsigned long long *sh, const batch_out *outs, int nouts, int overwrite)
+                         const unsigned long long *sh, const batch_out *outs, int nouts, int overwrite, int *created)
 {
     char path[4200], tmp[4300], hex[20];
     snprintf(path, sizeof path, "%s/nbgrad-batch.json", dir);
     snprintf(hex, sizeof hex, "%016llx", fh);
     json_t *rec = NULL;
     const int legacy = access(path, F_OK) != 0; /* no record: a new folder, or one of an older nbgrad */
+    *created = legacy;
     if (!legacy) {
         json_error_t err;
         rec = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -561,9 +562,15 @@ static int record_folder(const char *dir, const char *flags, unsigned long long 
  * the output names, -shots, -overwrite and -quiet, and each shot's line and seed; refuses a folder made with
  * another configuration unless -overwrite (record_folder).  Rank 0 reads and writes; every rank learns the
  * verdict.  Returns 0 after the error was printed. */
+typedef struct {
+    char path[8][4200]; /* the records this run created (removed again when it makes no shot) */
+    int n;
+} batch_records;
+
 static int batch_record(int argc, char **argv, int first, const shot_list *shots, long base_seed,
-                        const batch_out *outs, int nouts, int overwrite, int rank, int mpi)
+                        const batch_out *outs, int nouts, int overwrite, int rank, int mpi, batch_records *made)
 {
+    made->n = 0;
     int ok = 1;
 #ifdef NBG_HAVE_FORMATS
     if (rank == 0) {
@@ -615,7 +622,11 @@ static int batch_record(int argc, char **argv, int first, const shot_list *shots
             }
             if (!seen && nd < 8) {
                 memcpy(dirs[nd++], d, sizeof d);
-                ok = record_folder(d, flags, fh, shots, sh, outs, nouts, overwrite);
+                int created = 0;
+                ok = record_folder(d, flags, fh, shots, sh, outs, nouts, overwrite, &created);
+                if (ok && created) {
+                    snprintf(made->path[made->n++], sizeof made->path[0], "%s/nbgrad-batch.json", d);
+                }
             }
         }
         free(flags);
@@ -783,7 +794,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
         goto done;
     }
-    if (!nbgi_shots_read(o.shots, &shots)) {
+    if (!nbgi_shots_read(ctx, o.shots, &shots)) {
         goto done;
     }
     batch_out outs[] = {{&c.floatfile, c.floatfile, ""}, {&c.intfile, c.intfile, ""},
@@ -819,7 +830,8 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         goto done;
     }
     const long base_seed = c.have_seed ? c.seed : 1;
-    if (!batch_record(argc, argv, first, &shots, base_seed, outs, nouts, o.overwrite, rank, mpi)) {
+    batch_records made;
+    if (!batch_record(argc, argv, first, &shots, base_seed, outs, nouts, o.overwrite, rank, mpi, &made)) {
         goto done;
     }
     const int rounds = (shots.n + size - 1) / size;
@@ -903,6 +915,11 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                secs > 0 ? total[0] / secs : 0.0, size, size > 1 ? "s" : "");
     }
     status = total[2] != 0 || failed;
+    if (rank == 0 && status != 0 && total[0] == 0) {
+        for (int k = 0; k < made.n; ++k) {
+            remove(made.path[k]); /* a run that made nothing leaves no record behind */
+        }
+    }
 done:
     free(img);
     nbgi_shots_free(&shots);

@@ -145,17 +145,18 @@ void nbgi_cli_free(nbgi_cli *c)
 
 /* Reads -motions: "group shift_x shift_y shift_z rot_x rot_y rot_z" lines ('#' starts a comment) into c->motions;
  * prints the error naming the file and line. */
-static int read_motions(nbgi_cli *c)
+static int read_motions(nbg_ctx *ctx, nbgi_cli *c)
 {
-    FILE *f = fopen(c->motionsfile, "r");
-    if (f == NULL) {
-        fprintf(stderr, "nbgrad: error: -motions %s: %s\n", c->motionsfile, strerror(errno));
+    FILE *f;
+    if (nbgi_open_input(ctx, c->motionsfile, "-motions", "r", &f) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
-    char line[1024];
-    int ln = 0, ok = 1;
-    while (ok && fgets(line, sizeof line, f) != NULL) {
-        ++ln;
+    char *line = NULL;
+    size_t cap = 0;
+    int ln = 0, ok = 1, got;
+    while (ok && (got = nbgi_read_line(ctx, f, &line, &cap, c->motionsfile, ln + 1)) == 1) {
+        ++ln; /* a line whole, whatever its length: a long comment stays a comment */
         char *hash = strchr(line, '#');
         if (hash != NULL) {
             *hash = '\0';
@@ -189,10 +190,11 @@ static int read_motions(nbgi_cli *c)
             memcpy(c->motions[g].rot, v + 3, sizeof c->motions[g].rot);
         }
     }
-    if (ok && ferror(f)) {
-        fprintf(stderr, "nbgrad: error: -motions %s: read error\n", c->motionsfile);
+    if (ok && got < 0) {
+        fprintf(stderr, "nbgrad: error: -motions: %s\n", nbg_errmsg(ctx));
         ok = 0;
     }
+    free(line);
     fclose(f);
     return ok;
 }
@@ -764,6 +766,23 @@ static const cli_flag *find_flag(const char *a)
         }
     }
     return NULL;
+}
+
+int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
+                            const nbg_geometry *fg)
+{
+    nbg_report r;
+    if (fg == NULL || fg->fpixels <= 0 || fg->spixels <= 0 || nbg_describe(ctx, e, &r) != NBG_OK ||
+        r.npanels > 1) {
+        return 1; /* raw floats state no shape; a detector of panels is checked by its pixel count */
+    }
+    if (fg->fpixels != r.fpixels || fg->spixels != r.spixels) {
+        fprintf(stderr, "nbgrad: error: %s %s is %d x %d pixels (fast x slow, as the file states) but the detector is "
+                        "%d x %d: the same number of pixels in another shape is another image\n", what, path,
+                fg->fpixels, fg->spixels, r.fpixels, r.spixels);
+        return 0;
+    }
+    return 1;
 }
 
 int nbgi_cli_names_output(const char *a)
@@ -1493,7 +1512,7 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
         }
         c->nmotions = ng;
         if (c->motionsfile != NULL) {
-            if (!read_motions(c)) {
+            if (!read_motions(ctx, c)) {
                 return 0;
             }
             e->motions = c->motions;

@@ -92,6 +92,11 @@ int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first);
 int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c);
 int nbgi_cli_number(const char *flag, const char *s, double *out);
 
+/* 0, after printing the error, when an image file read for experiment e (what: the flag, path: the file) states
+ * dimensions (fg: what nbg_read_image gave) other than the single detector's; 1 otherwise (raw floats, panels). */
+int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
+                            const nbg_geometry *fg);
+
 /* 1 when a is a flag of the program's table that names an output file (-floatfile, -noisefile, ...; one value). */
 int nbgi_cli_names_output(const char *a);
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);

@@ -387,6 +387,9 @@ static int load_observed(ens *w, int k)
         fprintf(stderr, "nbgrad: error: shot %s: %s has %zu pixels, the detector %zu\n", s->id, path, n, w->npix);
         return 0;
     }
+    if (!nbgi_cli_image_shape_ok(w->ctx, &w->e[k], "-observed", path, &g)) {
+        return 0;
+    }
     w->e[k].response.pedestal = isnan(g.pedestal) ? w->c->adc : g.fpixels > 0 ? g.pedestal : 0;
     w->e[k].mask = w->mask[k] == NULL ? NULL : w->mask[k];
     if (w->mask[k] != NULL) {
@@ -460,7 +463,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: -global F refines a structure-factor table: give the starting one with -hkl\n");
         goto done;
     }
-    if (!nbgi_shots_read(o.shots, &shots)) {
+    if (!nbgi_shots_read(ctx, o.shots, &shots)) {
         goto done;
     }
     nbg_report r;

@@ -8,6 +8,7 @@
 #include "nbgrad.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,15 @@ void nbgi_limits_of(const nbg_ctx *ctx, nbg_limits *l);
  * within the memory limit, otherwise NBG_ENOMEM with a message naming what (e.g. "the structure-factor table of
  * x.hkl (1001 x 1001 x 1001 entries)"), its size and how to proceed. */
 int nbgi_check_bytes(nbg_ctx *ctx, double bytes, const char *what);
+
+/* Opens an input file for reading (mode "r" or "rb"), what naming it in messages ("HKL file", "-motions"): it must
+ * be a regular file (a device such as /dev/zero, a FIFO or a directory is refused: it may never end) of at most
+ * the context's memory limit.  Returns NBG_OK with *fp open, else the error (NBG_EIO, NBG_ENOMEM) with *fp NULL. */
+int nbgi_open_input(nbg_ctx *ctx, const char *path, const char *what, const char *mode, FILE **fp);
+
+/* Reads the next line (number lineno, for messages) of a text input whole (getline), NUL-terminated with its
+ * newline kept: 1, 0 at the end of the file, or the error (NBG_EFORMAT for a NUL byte in the line, NBG_EIO). */
+int nbgi_read_line(nbg_ctx *ctx, FILE *fp, char **line, size_t *cap, const char *path, long lineno);
 
 /* Seconds on a monotonic clock. */
 double nbgi_now(void);

@@ -66,6 +66,38 @@ static int parse_index(const char *tok, int *out)
 }
 
 /* Cuts a line at its first '#', so that everything from there on is a comment. */
+int nbgi_open_input(nbg_ctx *ctx, const char *path, const char *what, const char *mode, FILE **fp)
+{
+    *fp = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return nbgi_error(ctx, NBG_EIO, "cannot open %s %s: %s", what, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s %s: not a regular file (%s)", what, path,
+                          S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                          : S_ISFIFO(st.st_mode) ? "a pipe" : "a special file");
+    char label[300];
+    snprintf(label, sizeof label, "%s %s (%lld bytes)", what, path, (long long)st.st_size);
+    const int rc = nbgi_check_bytes(ctx, (double)st.st_size, label);
+    if (rc != NBG_OK)
+        return rc;
+    *fp = fopen(path, mode);
+    if (*fp == NULL)
+        return nbgi_error(ctx, NBG_EIO, "cannot open %s %s: %s", what, path, strerror(errno));
+    return NBG_OK;
+}
+
+int nbgi_read_line(nbg_ctx *ctx, FILE *fp, char **line, size_t *cap, const char *path, long lineno)
+{
+    const ssize_t len = getline(line, cap, fp);
+    if (len < 0)
+        return ferror(fp) ? nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno)) : 0;
+    if (strlen(*line) != (size_t)len)
+        return nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: the line holds a NUL byte (a text file was expected)", path,
+                          lineno);
+    return 1;
+}
+
 static void strip_comment(char *line)
 {
     char *hash = strchr(line, '#');
@@ -355,18 +387,19 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
     memset(out, 0, sizeof *out);
 
-    FILE *fp = fopen(path, "r");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "cannot open HKL file %s: %s", path, strerror(errno));
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "HKL file", "r", &fp);
+    if (rc != NBG_OK)
+        return rc;
 
     hkl_entry *ent = NULL;
     size_t nent = 0, cap = 0;
     char *line = NULL;
     size_t linecap = 0;
     long lineno = 0;
-    int rc = NBG_OK;
+    int got;
 
-    while (getline(&line, &linecap, fp) >= 0) {
+    while ((got = nbgi_read_line(ctx, fp, &line, &linecap, path, lineno + 1)) == 1) {
         ++lineno;
         strip_comment(line);
         char *tok[6];
@@ -404,8 +437,8 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
         }
         ent[nent++] = e;
     }
-    if (ferror(fp)) {
-        rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+    if (got < 0) {
+        rc = got;
         goto done;
     }
     if (nent == 0) {
@@ -533,9 +566,10 @@ int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read_fdump: NULL argument");
     memset(out, 0, sizeof *out);
 
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "cannot open Fdump file %s: %s", path, strerror(errno));
+    FILE *fp;
+    const int orc = nbgi_open_input(ctx, path, "Fdump file", "rb", &fp);
+    if (orc != NBG_OK)
+        return orc;
 
     /* The header line, then exactly one form feed. */
     char head[256];
@@ -899,11 +933,10 @@ int nbg_read_smv(nbg_ctx *ctx, const char *path, nbg_smv_header *h, uint16_t **d
         return nbgi_error(ctx, NBG_EINVAL, "nbg_read_smv: NULL argument");
     smv_header_unset(h);
 
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "cannot open SMV file %s: %s", path, strerror(errno));
-
-    int rc = NBG_OK;
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "SMV file", "rb", &fp);
+    if (rc != NBG_OK)
+        return rc;
     uint16_t *pix = NULL;
     char *hdr = malloc(513);
     if (hdr == NULL) {
@@ -1078,9 +1111,10 @@ int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double b
     if (path == NULL || beam == NULL || out == NULL || n == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_sources: NULL argument");
 
-    FILE *fp = fopen(path, "r");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "cannot open source file %s: %s", path, strerror(errno));
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "source file", "r", &fp);
+    if (rc != NBG_OK)
+        return rc;
 
     static const char *const field[5] = {"X", "Y", "Z", "weight", "lambda"};
     /* The reference places a default source 10 m up-beam of the sample. */
@@ -1090,9 +1124,9 @@ int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double b
     char *line = NULL;
     size_t linecap = 0;
     long lineno = 0;
-    int rc = NBG_OK;
+    int got;
 
-    while (getline(&line, &linecap, fp) >= 0) {
+    while ((got = nbgi_read_line(ctx, fp, &line, &linecap, path, lineno + 1)) == 1) {
         ++lineno;
         strip_comment(line);
         char *tok[5];
@@ -1140,8 +1174,8 @@ int nbgi_read_sources(nbg_ctx *ctx, const char *path, double lambda0_A, double b
         }
         src[nsrc++] = s;
     }
-    if (ferror(fp)) {
-        rc = nbgi_error(ctx, NBG_EIO, "error reading %s: %s", path, strerror(errno));
+    if (got < 0) {
+        rc = got;
         goto done;
     }
     if (nsrc == 0) {
@@ -1163,10 +1197,10 @@ int nbgi_read_matrix(nbg_ctx *ctx, const char *path, double mat[9])
 {
     if (path == NULL || mat == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbgi_read_matrix: NULL argument");
-    FILE *fp = fopen(path, "r");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "cannot open matrix file %s: %s", path, strerror(errno));
-    int rc = NBG_OK;
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "matrix file", "r", &fp);
+    if (rc != NBG_OK)
+        return rc;
     double m[9];
     char tok[128];
     for (int i = 0; i < 9 && rc == NBG_OK; ++i) {

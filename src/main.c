@@ -474,8 +474,10 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_
     if (geom != NULL) {
         *geom = g;
     }
-    if (n != npix) {
-        fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", path, n, npix);
+    if (n != npix || !nbgi_cli_image_shape_ok(ctx, &c->e, "-observed", path, &g)) {
+        if (n != npix) {
+            fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", path, n, npix);
+        }
         free(img);
         free(fmask);
         return NULL;
@@ -680,16 +682,19 @@ done:
 
 /* Reads an image of npix pixels (the observed image, the weights) in any format nbg_read_image knows: NXmx, CBF,
  * SMV or raw floats; prints the error. */
-static float *read_image(nbg_ctx *ctx, const char *flag, const char *path, size_t npix)
+static float *read_image(nbg_ctx *ctx, const nbg_experiment *e, const char *flag, const char *path, size_t npix)
 {
     float *img = NULL;
     size_t n = 0;
-    if (nbg_read_image(ctx, path, 0, npix, &img, &n, NULL, NULL, NULL) != NBG_OK) {
+    nbg_geometry g;
+    if (nbg_read_image(ctx, path, 0, npix, &img, &n, &g, NULL, NULL) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s: %s\n", flag, nbg_errmsg(ctx));
         return NULL;
     }
-    if (n != npix) {
-        fprintf(stderr, "nbgrad: error: %s %s has %zu pixels, the detector has %zu\n", flag, path, n, npix);
+    if (n != npix || !nbgi_cli_image_shape_ok(ctx, e, flag, path, &g)) {
+        if (n != npix) {
+            fprintf(stderr, "nbgrad: error: %s %s has %zu pixels, the detector has %zu\n", flag, path, n, npix);
+        }
         free(img);
         return NULL;
     }
@@ -776,7 +781,7 @@ static int cmd_grad(int argc, char **argv, int first)
         nbg_geometry og;
         obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og);
         if (obs == NULL) goto done;
-        if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
+        if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
         double phi0 = r.phi0, osc = r.osc;
         const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
@@ -980,15 +985,17 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
     float *img = NULL;
     int ok = 1;
     if (o->spotlist != NULL) {
-        FILE *fp = fopen(o->spotlist, "r");
-        if (fp == NULL) {
-            fprintf(stderr, "nbgrad: error: -spotlist: cannot open %s\n", o->spotlist);
+        FILE *fp;
+        if (nbgi_open_input(ctx, o->spotlist, "-spotlist", "r", &fp) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             return 0;
         }
-        char line[512];
+        char *line = NULL;
+        size_t lcap = 0;
         long ln = 0;
-        while (ok && fgets(line, sizeof line, fp) != NULL) {
-            ++ln;
+        int got;
+        while (ok && (got = nbgi_read_line(ctx, fp, &line, &lcap, o->spotlist, ln + 1)) == 1) {
+            ++ln; /* a line whole, whatever its length */
             char *p = line;
             while (*p == ' ' || *p == '\t') ++p;
             if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0') continue;
@@ -1014,6 +1021,11 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             centres[2 * nc + 1] = s;
             ++nc;
         }
+        if (ok && got < 0) {
+            fprintf(stderr, "nbgrad: error: -spotlist: %s\n", nbg_errmsg(ctx));
+            ok = 0;
+        }
+        free(line);
         fclose(fp);
         if (ok && nc == 0) {
             fprintf(stderr, "nbgrad: error: -spotlist %s holds no spot centre\n", o->spotlist);
@@ -1340,7 +1352,7 @@ static int cmd_refine(int argc, char **argv, int first)
     if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og)) == NULL) goto done;
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
     const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
-    if (o.weights != NULL && (wts = read_image(ctx, "-weights", o.weights, npix)) == NULL) goto done;
+    if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
     int fits_bg = 0;
     for (int j = 0; j < o.nids; ++j) {
         fits_bg |= o.ids[j] == NBG_P_BG || o.ids[j] == NBG_P_BG_FAST || o.ids[j] == NBG_P_BG_SLOW;

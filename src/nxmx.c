@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef NBG_HAVE_FORMATS
 
@@ -1837,10 +1838,11 @@ static int read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, s
     if (frame < 0)
         return nbgi_error(ctx, NBG_EINVAL, "%s: frame %d is out of range", path, frame);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL)
+    struct stat st;
+    if (stat(path, &st) != 0)
         return nbgi_error(ctx, NBG_EIO, "cannot open %s: %s", path, strerror(errno));
-    fclose(fp);
+    if (!S_ISREG(st.st_mode)) /* HDF5 would search a device such as /dev/zero for its signature */
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s: not a regular file", path);
     const htri_t is = H5Fis_hdf5(path);
     if (is <= 0)
         return nbgi_error(ctx, NBG_EFORMAT, "%s is not an HDF5 file", path);

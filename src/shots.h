@@ -29,7 +29,7 @@ typedef struct {
 } shot_list;
 
 /* Reads a shot list (ids unique and usable in file names); prints the error and returns 0 when it cannot. */
-int nbgi_shots_read(const char *path, shot_list *l);
+int nbgi_shots_read(nbg_ctx *ctx, const char *path, shot_list *l);
 void nbgi_shots_free(shot_list *l);
 /* The base experiment c->e with the shot's keys applied; a source file is read into *src (the caller frees it).
  * Prints the error and returns 0 when that file cannot be read. */

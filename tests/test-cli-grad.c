@@ -373,6 +373,44 @@ int main(void)
             free(ref);
         }
     }
+    /* cligrad-36: an image file whose stated shape is not the detector's is refused even when the pixel count is
+     * the same (a 64 x 64 SMV, CBF and NXmx fitted as a 128 x 32 detector); raw floats state no shape */
+    {
+        static const char *const fmt[3][2] = {{"-intfile", "shape.img"}, {"-cbffile", "shape.cbf"},
+                                              {"-nxsfile", "shape.nxs"}};
+        for (int k = 0; k < 3; ++k) {
+#ifndef NBG_HAVE_FORMATS
+            if (k > 0) {
+                nbgi_test_skip("cligrad-36-shape", "built without the formats");
+                break;
+            }
+#endif
+            char ip[1100], id[64];
+            snprintf(ip, sizeof ip, "%s/%s", dir, fmt[k][1]);
+            snprintf(cmd, sizeof cmd, "%s " XTAL " %s %s 2>&1", bin, fmt[k][0], ip);
+            rc = run(cmd);
+            const int made = rc == 0;
+            for (int sub = 0; sub < 2; ++sub) {
+                snprintf(cmd, sizeof cmd,
+                         "%s %s -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                         "-distance 100 -detpixels_f 128 -detpixels_s 32 -oversample 1 -observed %s -params a 2>&1",
+                         bin, sub == 0 ? "refine" : "grad", ip);
+                rc = run(cmd);
+                snprintf(id, sizeof id, "cligrad-36-shape-%s-%s", fmt[k][1] + 6, sub == 0 ? "refine" : "grad");
+                nbgi_test_check(made && rc != 0 && strstr(out, "is 64 x 64 pixels (fast x slow, as the file states) but "
+                                                               "the detector is 128 x 32") != NULL,
+                                id, "a 64 x 64 image fitted as a 128 x 32 detector is refused (exit %d: %.*s)", rc,
+                                (int)strcspn(out, "\n"), out);
+            }
+        }
+        /* raw floats: the count alone (the 64 x 64 truth as 128 x 32 pixels is taken as such) */
+        snprintf(cmd, sizeof cmd,
+                 "%s grad -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                 "-distance 100 -detpixels_f 128 -detpixels_s 32 -oversample 1 -observed %s -params a 2>&1", bin, obs);
+        rc = run(cmd);
+        nbgi_test_check(rc == 0, "cligrad-36-shape-raw", "raw floats state no shape: the pixel count decides (exit %d)",
+                        rc);
+    }
     /* progress on stderr, results on stdout; -quiet: no progress */
     snprintf(cmd, sizeof cmd,
              "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "

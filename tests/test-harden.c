@@ -14,7 +14,9 @@
  *   - silent nonsense: non-finite images, a detector behind the sample, negative water, impossible cells, counts
  *     of zero, a polarization factor of 5, gradcheck's ignored flags;
  *   - messages: header values of -img/-mask name the file and key, NaN in a header, a negative -cell value, a
- *     directory given as an image, a refinement against an image without signal.
+ *     directory given as an image, a refinement against an image without signal;
+ *   - inputs: a device (/dev/zero) for every input flag and a shot's sourcefile, a NUL byte in a shot list, long
+ *     comment lines in -motions and -spotlist (read whole).
  */
 #include "clirun.h"
 
@@ -410,6 +412,94 @@ static void test_messages(void)
     }
 }
 
+/* --- inputs that never end, long lines, NUL bytes ------------------------------------------------------------- */
+
+static void test_inputs(void)
+{
+    /* a device (/dev/zero never ends) is refused by every input flag, by name, at once (was: unbounded growth past
+     * -max_memory, or a loop for ever) */
+    static const struct {
+        const char *id, *flag;
+    } dev[] = {{"HARD-device-sourcefile", "-sourcefile"}, {"HARD-device-hkl", "-hkl"}, {"HARD-device-mat", "-mat"},
+               {"HARD-device-mask", "-mask"}, {"HARD-device-img", "-img"}};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; ++i) {
+        char what[96];
+        snprintf(what, sizeof what, "%s /dev/zero", dev[i].flag);
+        fail_case(dev[i].id, what, ARGS(BASE, OUTS, dev[i].flag, "/dev/zero"), ARGS("/dev/zero", "not a regular file"),
+                  none);
+    }
+    fail_case("HARD-device-motions", "-motions /dev/zero", ARGS("-layout", "pilatus6m", BASE, OUTS, "-motions",
+              "/dev/zero"), ARGS("/dev/zero", "not a regular file"), none);
+    fail_case("HARD-device-shots", "batch -shots /dev/zero", ARGS("batch", BASE, "-shots", "/dev/zero", "-floatfile",
+              "{id}.bin"), ARGS("/dev/zero", "not a regular file"), none);
+    fail_case_files("HARD-device-shot-sourcefile", "a shot's sourcefile /dev/zero",
+                    ARGS("s.jsonl", "{\"id\": \"a\", \"sourcefile\": \"/dev/zero\"}\n"),
+                    ARGS("batch", BASE, "-shots", "s.jsonl", "-floatfile", "{id}.bin"),
+                    ARGS("/dev/zero", "not a regular file"));
+    run_result r;
+    if (new_case(&r)) {
+        /* -spotlist: an observed image first, then the device */
+        run_in(&r, ARGS(BASE, "-floatfile", "obs.bin"));
+        expect_failure("HARD-device-spotlist", "refine -spotlist /dev/zero", &r,
+                       ARGS("refine", BASE, "-params", "a", "-observed", "obs.bin", "-spotlist", "/dev/zero"),
+                       ARGS("/dev/zero", "not a regular file"), ARGS("obs.bin"));
+        result_free(&r);
+    }
+    /* a NUL byte in a shot-list line is an error naming the line (was: the rest of the line dropped) */
+    if (new_case(&r)) {
+        char path[PATH_MAX + 300];
+        FILE *f = fopen(work_path(&r, "s.jsonl", path, sizeof path), "wb");
+        static const char text[] = "{\"id\": \"a\"}\n{\"id\": \"b\"}\0, \"N\": 9}\n";
+        const int made = f != NULL && fwrite(text, 1, sizeof text - 1, f) == sizeof text - 1;
+        if (f != NULL) {
+            fclose(f);
+        }
+        if (made) {
+            expect_failure("HARD-shots-nul", "a NUL byte in line 2 of a shot list", &r,
+                           ARGS("batch", BASE, "-shots", "s.jsonl", "-floatfile", "{id}.bin"),
+                           ARGS("s.jsonl:2", "NUL byte"), ARGS("s.jsonl"));
+        }
+        result_free(&r);
+    }
+    /* a long '#' comment in -motions stays a comment (was: read in 1024-byte pieces, its tail an entry that moved
+     * group 0 by 0.5 mm); so in -spotlist (512-byte pieces) */
+    if (new_case(&r)) {
+        char text[3000];
+        memset(text, ' ', sizeof text);
+        text[0] = '#';
+        memcpy(text + 1030, "0 0.5 0 0 0 0 0", 15);
+        text[sizeof text - 2] = '\n';
+        text[sizeof text - 1] = '\0';
+        put_file(&r, "m.txt", text);
+        run_in(&r, ARGS("-layout", "pilatus6m", BASE, "-motions", "m.txt", "-floatfile", "moved.bin"));
+        const int rc1 = r.status;
+        run_in(&r, ARGS("-layout", "pilatus6m", BASE, "-floatfile", "still.bin"));
+        size_t n1 = 0, n2 = 0;
+        char *a = read_in(&r, "moved.bin", &n1), *b = read_in(&r, "still.bin", &n2);
+        nbgi_test_check(rc1 == 0 && r.status == 0 && a != NULL && b != NULL && n1 == n2 && n1 > 0 &&
+                            memcmp(a, b, n1) == 0,
+                        "HARD-motions-long-comment", "a 3000-byte comment line in -motions moves nothing (exit %d)",
+                        rc1);
+        free(a);
+        free(b);
+        result_free(&r);
+    }
+    if (new_case(&r)) {
+        char text[1200];
+        memset(text, ' ', sizeof text);
+        text[0] = '#';
+        memcpy(text + 600, "10 12", 5);
+        text[sizeof text - 2] = '\n';
+        text[sizeof text - 1] = '\0';
+        put_file(&r, "spots.txt", text);
+        run_in(&r, ARGS(BASE, "-floatfile", "obs.bin"));
+        expect_failure("HARD-spotlist-long-comment", "a -spotlist of one long comment line", &r,
+                       ARGS("refine", BASE, "-params", "a", "-observed", "obs.bin", "-spotlist", "spots.txt"),
+                       ARGS("spots.txt", "no spot centre"), ARGS("obs.bin", "spots.txt"));
+        result_free(&r);
+    }
+}
+
 /* --- allocations under a memory limit ------------------------------------------------------------------------- */
 
 static void test_memory_limit(void)
@@ -636,6 +726,7 @@ int main(void)
     test_big_tables();
     test_files();
     test_messages();
+    test_inputs();
     test_memory_limit();
     test_library();
     nbgi_test_rmtree(g_root);

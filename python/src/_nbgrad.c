@@ -77,6 +77,14 @@ static PyObject *raise_ctx(nbg_ctx *ctx, int status)
 /* Arrays                                                                                                     */
 /* ---------------------------------------------------------------------------------------------------------- */
 
+/* Whether a has an image's shape: (spixels, fpixels), or flat (npix,). */
+static int image_shape_ok(PyArrayObject *a, int spixels, int fpixels, size_t npix)
+{
+    const int nd = PyArray_NDIM(a);
+    const npy_intp *d = PyArray_DIMS(a);
+    return (nd == 2 && d[0] == spixels && d[1] == fpixels) || (nd == 1 && (size_t)d[0] == npix);
+}
+
 /* Converts obj once to a C-contiguous array of type `type` (any array-like of real numbers) holding exactly
  * npix elements: shape (spixels, fpixels) or flat (npix,) when spixels is 0 any shape of npix elements.  Anything
  * else is a ValueError naming the argument and the shape expected. */
@@ -101,10 +109,7 @@ static PyArrayObject *as_image(PyObject *obj, const char *name, int type, int sp
         Py_XDECREF(tb);
         return NULL;
     }
-    const int nd = PyArray_NDIM(a);
-    const npy_intp *d = PyArray_DIMS(a);
-    int ok = (nd == 2 && d[0] == spixels && d[1] == fpixels) || (nd == 1 && (size_t)d[0] == npix);
-    if (!ok) {
+    if (!image_shape_ok(a, spixels, fpixels, npix)) {
         PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
         PyErr_Format(PyExc_ValueError, "%s: expected shape (%d, %d) (or %zu values), got shape %S", name, spixels,
                      fpixels, npix, shape != NULL ? shape : Py_None);
@@ -980,9 +985,9 @@ static PyObject *py_simulate(PyObject *self, PyObject *args)
         /* the caller's buffer, written in place: it must be exactly what the library writes (no copy back) */
         if (!PyArray_Check(outobj) || PyArray_TYPE((PyArrayObject *)outobj) != NPY_FLOAT32 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)outobj) || !PyArray_ISWRITEABLE((PyArrayObject *)outobj) ||
-            PyArray_SIZE((PyArrayObject *)outobj) != (npy_intp)x->fpixels * x->spixels) {
+            !image_shape_ok((PyArrayObject *)outobj, x->spixels, x->fpixels, (size_t)x->fpixels * x->spixels)) {
             return PyErr_Format(PyExc_ValueError, "out: expected a writable C-contiguous float32 array of shape "
-                                "(%d, %d)", x->spixels, x->fpixels);
+                                "(%d, %d) (or %zu values)", x->spixels, x->fpixels, (size_t)x->fpixels * x->spixels);
         }
         img = (PyArrayObject *)Py_NewRef(outobj);
     }

@@ -134,6 +134,11 @@ def test_simulate_into_out(exp):
     ref = nbgrad.simulate(exp)
     buf = np.zeros(exp.shape, dtype=np.float32)
     assert nbgrad.simulate(exp, out=buf) is buf and np.array_equal(buf, ref)
-    for bad in (np.zeros(exp.shape), np.zeros((96, 95), np.float32), np.zeros((96, 192), np.float32)[:, ::2]):
+    flat = np.zeros(exp.shape[0] * exp.shape[1], dtype=np.float32)
+    assert nbgrad.simulate(exp, out=flat) is flat and np.array_equal(flat, ref.ravel())
+    # the same number of pixels in another shape is refused, as grad refuses it (issue 29)
+    other = (exp.shape[0] // 2, exp.shape[1] * 2)
+    for bad in (np.zeros(exp.shape), np.zeros((96, 95), np.float32), np.zeros((96, 192), np.float32)[:, ::2],
+                np.zeros(other, np.float32), np.zeros((1,) + exp.shape, np.float32)):
         with pytest.raises(ValueError, match="out"):
             nbgrad.simulate(exp, out=bad)
