@@ -39,7 +39,9 @@
 #include "io.h"
 #include "plan.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
 #endif
@@ -52,6 +54,7 @@
 #include <omp.h>
 #endif
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #ifdef NBG_HAVE_MPI
 #include <mpi.h>
@@ -558,6 +561,209 @@ static int record_folder(const char *dir, const char *flags, unsigned long long 
 }
 #endif
 
+/* --- every shot's output names, against the run's inputs and each other ------------------------------------ */
+
+typedef struct {
+    unsigned long long h; /* FNV-1a of the canonical name */
+    int shot, out;
+} name_key;
+
+static int name_key_cmp(const void *a, const void *b)
+{
+    const name_key *x = a, *y = b;
+    if (x->h != y->h) {
+        return x->h < y->h ? -1 : 1;
+    }
+    return x->shot != y->shot ? (x->shot < y->shot ? -1 : 1) : (x->out > y->out) - (x->out < y->out);
+}
+
+/* Shot s's output k, canonical (the template's folder resolved once when it holds no {id}: cdir). */
+static int shot_canonical(const batch_out *o, const char *cdir, const shot *s, char *out, size_t size)
+{
+    char name[4096];
+    if (!nbgi_shot_name(o->tmpl, s->id, name, sizeof name)) {
+        return 0;
+    }
+    if (cdir != NULL) {
+        const char *base = strrchr(name, '/');
+        const int len = snprintf(out, size, "%s/%s", strcmp(cdir, "/") == 0 ? "" : cdir, base != NULL ? base + 1 : name);
+        if (len < 0 || (size_t)len >= size) {
+            return 0;
+        }
+    } else {
+        nbgi_cli_canonical(name, out, size);
+    }
+    return 1;
+}
+
+/* The run's inputs and every shot's expanded output names: an output that is an input (the shot list, -hkl, a
+ * shot's sourcefile, ...) or two outputs with one name (shots "a1" and "1" with {id}.img and a{id}.img) would
+ * overwrite a file, and are refused before any work, naming the shots and flags.  Names are compared canonical
+ * (links in their folders resolved) through 64-bit fingerprints, sorted, and a shared fingerprint confirmed by the
+ * names themselves.  With clean_temps, the temporaries of a killed run (an output's NAME.tmpPID.N whose process
+ * is gone) are removed from the templates' folders.  Returns 0 after printing the error. */
+static int batch_names_check(const nbgi_cli *c, const char *shotsfile, const shot_list *shots, const batch_out *outs,
+                             int nouts, int clean_temps)
+{
+    const char *in[12] = {c->hklfile, c->matfile, c->sourcefile, c->maskfile, c->imgfile, c->exptin, c->settingin,
+                          c->motionsfile, shotsfile, c->hklfile == NULL && !c->nodump ? c->dumpfile : NULL};
+    static const char *const inflag[12] = {"-hkl", "-mat", "-sourcefile", "-mask", "-img", "-expt", "-setting",
+                                           "-motions", "-shots", "-dump"};
+    char cin[12][4200];
+    int nin = 0;
+    const char *inname[12];
+    for (int i = 0; i < 10; ++i) {
+        if (in[i] != NULL) {
+            nbgi_cli_canonical(in[i], cin[nin], sizeof cin[0]);
+            inname[nin++] = inflag[i];
+        }
+    }
+    char cdir[8][4200];
+    int has_cdir[8] = {0};
+    for (int k = 0; k < nouts && k < 8; ++k) {
+        if (outs[k].tmpl == NULL) {
+            continue;
+        }
+        const char *id = strstr(outs[k].tmpl, "{id}"), *slash = strrchr(outs[k].tmpl, '/');
+        if (id == NULL || slash == NULL || slash < id) { /* {id} in the file's name alone: one folder */
+            char d[4096];
+            template_dir(outs[k].tmpl, d, sizeof d);
+            char *r = realpath(d, NULL);
+            snprintf(cdir[k], sizeof cdir[k], "%s", r != NULL ? r : d);
+            free(r);
+            has_cdir[k] = 1;
+        }
+    }
+    const size_t total = (size_t)shots->n * (size_t)nouts;
+    name_key *keys = malloc(sizeof *keys * (total > 0 ? total : 1));
+    if (keys == NULL) {
+        fprintf(stderr, "nbgrad: error: out of memory checking the names of %d shots' outputs\n", shots->n);
+        return 0;
+    }
+    size_t nk = 0;
+    int ok = 1;
+    char name[4200], other[4200];
+    for (int i = 0; ok && i < shots->n; ++i) {
+        const shot *s = &shots->v[i];
+        char csrc[4200];
+        if (s->sourcefile != NULL) {
+            nbgi_cli_canonical(s->sourcefile, csrc, sizeof csrc);
+        }
+        for (int k = 0; ok && k < nouts; ++k) {
+            if (outs[k].tmpl == NULL) {
+                continue;
+            }
+            if (!shot_canonical(&outs[k], has_cdir[k] ? cdir[k] : NULL, s, name, sizeof name)) {
+                fprintf(stderr, "nbgrad: error: shot %s: the output name is too long\n", s->id);
+                ok = 0;
+                break;
+            }
+            struct stat st;
+            if (stat(name, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+                continue; /* a device (/dev/null) may be written by every shot */
+            }
+            for (int j = 0; j < nin; ++j) {
+                if (strcmp(name, cin[j]) == 0) {
+                    fprintf(stderr, "nbgrad: error: shot %s would write its output %s over the input %s\n", s->id,
+                            name, inname[j]);
+                    ok = 0;
+                }
+            }
+            if (ok && s->sourcefile != NULL && strcmp(name, csrc) == 0) {
+                fprintf(stderr, "nbgrad: error: shot %s would write its output %s over its own sourcefile\n", s->id,
+                        name);
+                ok = 0;
+            }
+            keys[nk].h = fnv1a(FNV_START, name, strlen(name));
+            keys[nk].shot = i;
+            keys[nk].out = k;
+            ++nk;
+        }
+    }
+    if (ok && nk > 1) {
+        qsort(keys, nk, sizeof *keys, name_key_cmp);
+        for (size_t t = 1; ok && t < nk; ++t) {
+            if (keys[t].h != keys[t - 1].h) {
+                continue;
+            }
+            const name_key *a = &keys[t - 1], *b = &keys[t];
+            shot_canonical(&outs[a->out], has_cdir[a->out] ? cdir[a->out] : NULL, &shots->v[a->shot], name,
+                           sizeof name);
+            shot_canonical(&outs[b->out], has_cdir[b->out] ? cdir[b->out] : NULL, &shots->v[b->shot], other,
+                           sizeof other);
+            if (strcmp(name, other) == 0) {
+                fprintf(stderr, "nbgrad: error: shot %s's output %s and shot %s's output %s are the same file %s: one "
+                                "would overwrite the other (choose templates that keep the ids apart)\n",
+                        shots->v[a->shot].id, outs[a->out].tmpl, shots->v[b->shot].id, outs[b->out].tmpl, name);
+                ok = 0;
+            }
+        }
+    }
+    if (ok && clean_temps) {
+        /* the temporaries a killed run left beside this batch's outputs (NAME.tmpPID.N of nbgi_out_open, PID no
+         * longer running on this host): removed, so that a resume leaves a clean folder */
+        int removed = 0;
+        for (int k = 0; k < nouts && k < 8; ++k) {
+            int seen = 0;
+            for (int q = 0; q < k; ++q) {
+                seen |= has_cdir[q] && outs[q].tmpl != NULL && strcmp(cdir[q], cdir[k]) == 0;
+            }
+            if (outs[k].tmpl == NULL || !has_cdir[k] || seen) {
+                continue;
+            }
+            DIR *d = opendir(cdir[k]);
+            const struct dirent *de;
+            while (d != NULL && (de = readdir(d)) != NULL) {
+                const char *t = strstr(de->d_name, ".tmp");
+                char *end = NULL;
+                while (t != NULL && strstr(t + 4, ".tmp") != NULL) {
+                    t = strstr(t + 4, ".tmp"); /* the last ".tmp" */
+                }
+                const long pid = t != NULL ? strtol(t + 4, &end, 10) : 0;
+                if (t == NULL || pid <= 0 || end == t + 4 || *end != '.' || strspn(end + 1, "0123456789") == 0 ||
+                    end[1 + strspn(end + 1, "0123456789")] != '\0' || (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) {
+                    continue;
+                }
+                const int n = snprintf(name, sizeof name, "%s/%.*s", strcmp(cdir[k], "/") == 0 ? "" : cdir[k],
+                                       (int)(t - de->d_name), de->d_name);
+                if (n < 0 || (size_t)n >= sizeof name) {
+                    continue;
+                }
+                const name_key probe = {fnv1a(FNV_START, name, strlen(name)), -1, -1};
+                size_t lo = 0, hi = nk; /* the first key of that fingerprint */
+                while (lo < hi) {
+                    const size_t mid = lo + (hi - lo) / 2;
+                    if (name_key_cmp(&keys[mid], &probe) < 0) {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                int ours = 0;
+                for (size_t t2 = lo; t2 < nk && keys[t2].h == probe.h && !ours; ++t2) {
+                    ours = shot_canonical(&outs[keys[t2].out], has_cdir[keys[t2].out] ? cdir[keys[t2].out] : NULL,
+                                          &shots->v[keys[t2].shot], other, sizeof other) &&
+                           strcmp(other, name) == 0;
+                }
+                char victim[4400];
+                if (ours && snprintf(victim, sizeof victim, "%s/%s", cdir[k], de->d_name) < (int)sizeof victim &&
+                    unlink(victim) == 0) {
+                    ++removed;
+                }
+            }
+            if (d != NULL) {
+                closedir(d);
+            }
+        }
+        if (removed > 0) {
+            fprintf(stderr, "nbgrad: note: removed %d temporar%s that an interrupted run left beside its outputs\n",
+                    removed, removed > 1 ? "ies" : "y");
+        }
+    }
+    free(keys);
+    return ok;
+}
+
 /* Records the configuration of the batch in the folder of every output template (nbgrad-batch.json): the flags but
  * the output names, -shots, -overwrite and -quiet, and each shot's line and seed; refuses a folder made with
  * another configuration unless -overwrite (record_folder).  Rank 0 reads and writes; every rank learns the
@@ -830,6 +1036,9 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         goto done;
     }
     const long base_seed = c.have_seed ? c.seed : 1;
+    if (!batch_names_check(&c, o.shots, &shots, outs, nouts, rank == 0)) {
+        goto done;
+    }
     batch_records made;
     if (!batch_record(argc, argv, first, &shots, base_seed, outs, nouts, o.overwrite, rank, mpi, &made)) {
         goto done;

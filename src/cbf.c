@@ -456,13 +456,15 @@ int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
     }
     /* isbuffer = 0: CBFlib neither reads the stream back nor closes it, so o.fp stays ours to finish or abort.
      * Binary sections as raw bytes (ENC_NONE) with MIME headers and an MD5 digest, as Pilatus and dxtbx expect. */
+    errno = 0;
     code = cbf_write_widefile(w.h, o.fp, 0, CBF, MIME_HEADERS | MSG_DIGEST, ENC_NONE | ENC_CRTERM | ENC_LFTERM);
+    const int werr = ferror(o.fp) ? errno : 0; /* a full disk: the stream's own error */
     cbf_free_handle(w.h);
     log_close(&log);
     if (code != 0) {
         nbgi_out_abort(&o);
-        return nbgi_error(ctx, cbf_status(code), "writing %s: CBFlib could not write the file (%s)", path,
-                          cbf_code_name(code));
+        return nbgi_error(ctx, cbf_status(code), "writing %s: CBFlib could not write the file (%s%s%s)", path,
+                          cbf_code_name(code), werr != 0 ? ": " : "", werr != 0 ? strerror(werr) : "");
     }
     return nbgi_out_finish(ctx, &o, set);
 }

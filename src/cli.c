@@ -2053,7 +2053,7 @@ int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c)
 /* --- the run's files ------------------------------------------------------------------------------------------ */
 
 /* The canonical name of a file that may not exist yet: its real path, or its directory's real path and its name. */
-static void canonical(const char *path, char *out, size_t size)
+void nbgi_cli_canonical(const char *path, char *out, size_t size)
 {
     char *r = realpath(path, NULL);
     if (r != NULL) {
@@ -2107,7 +2107,7 @@ int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n)
     for (int i = 0; i < np; ++i) {
         /* an output whose directory is missing or not writable fails now rather than after the work */
         if (p[i].output && access(p[i].path, F_OK) != 0) {
-            canonical(p[i].path, ca, sizeof ca);
+            nbgi_cli_canonical(p[i].path, ca, sizeof ca);
             char *slash = strrchr(ca, '/');
             if (slash != NULL) {
                 *slash = '\0';
@@ -2125,12 +2125,12 @@ int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n)
         if (stat(p[i].path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
             continue;
         }
-        canonical(p[i].path, ca, sizeof ca);
+        nbgi_cli_canonical(p[i].path, ca, sizeof ca);
         for (int j = 0; j < i; ++j) {
             if (!p[i].output && !p[j].output) {
                 continue;
             }
-            canonical(p[j].path, cb, sizeof cb);
+            nbgi_cli_canonical(p[j].path, cb, sizeof cb);
             if (strcmp(ca, cb) != 0) {
                 continue;
             }

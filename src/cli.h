@@ -206,5 +206,8 @@ int nbgi_json_refused(const char *flag, const char *path);
 /* Checks the run's files before any work: the same output named twice, or an output that is one of the inputs, is
  * an error (printed).  extra lists a subcommand's own files (n entries). */
 int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n);
+/* The absolute name of path with its directory's links resolved (the file itself need not exist); path itself when
+ * its directory cannot be resolved. */
+void nbgi_cli_canonical(const char *path, char *out, size_t size);
 
 #endif

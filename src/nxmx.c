@@ -582,33 +582,53 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
     }
 
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* the library never prints: failures become messages */
-    nbgi_out o;
-    const char *write_to = NULL;
-    rc = nbgi_out_open_path(ctx, path, &o, &write_to);
+    /* HDF5 builds the file in memory (the core driver, no backing store) and nbgrad writes its image: a full disk
+     * or another write error is then nbgrad's to report (errno's message), and HDF5 is never left with a file it
+     * could not close (libhdf5 1.10 then crashed at exit, in H5F__close_cb) */
+    const double bytes = (double)rows * cols * 4.0 * nframes + (mask != NULL ? (double)rows * cols : 0) + 1e6;
+    rc = nbgi_check_bytes(ctx, 2 * bytes, "the NXmx file's image in memory");
     if (rc != NBG_OK) {
         free(pframes);
         return rc;
     }
     wr w = {ctx, path, -1, NBG_OK};
-    w.file = H5Fcreate(write_to, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (w.file < 0) {
+    const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) < 0 ||
+        (w.file = H5Fcreate("nbgrad-nxmx-in-memory", H5F_ACC_TRUNC, H5P_DEFAULT, fapl)) < 0) {
+        if (fapl >= 0)
+            H5Pclose(fapl);
         free(pframes);
-        nbgi_out_abort(&o);
-        return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file", path);
+        return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file in memory", path);
     }
+    H5Pclose(fapl);
     wlayout(&w, g, panels, npanels, mask, (int)rows, cols);
     wimages(&w, dtype, padded ? pframes : frames, nframes, (int)rows, cols);
     free(pframes);
     if (w.rc == NBG_OK && H5Lcreate_hard(w.file, "/entry/data/data", w.file, DET "/data", H5P_DEFAULT,
                                          H5P_DEFAULT) < 0)
         wfail(&w, DET "/data (a link to /entry/data/data)");
+    void *image = NULL;
+    ssize_t isize = -1;
+    if (w.rc == NBG_OK && H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0)
+        wfail(&w, "the file (flushing it in memory)");
+    if (w.rc == NBG_OK && (isize = H5Fget_file_image(w.file, NULL, 0)) > 0 && (image = malloc((size_t)isize)) != NULL &&
+        H5Fget_file_image(w.file, image, (size_t)isize) != isize)
+        isize = -1;
     if (H5Fclose(w.file) < 0)
-        wfail(&w, "the file (closing it)");
+        wfail(&w, "the file (closing it in memory)");
+    if (w.rc == NBG_OK && (isize <= 0 || image == NULL))
+        w.rc = nbgi_error(ctx, image == NULL && isize > 0 ? NBG_ENOMEM : NBG_EIO,
+                          "cannot write %s: HDF5 gave no image of the file (%zd bytes)", path, isize);
     if (w.rc != NBG_OK) {
-        nbgi_out_abort(&o);
+        free(image);
         return w.rc;
     }
-    return nbgi_out_finish(ctx, &o, set);
+    nbgi_out o;
+    rc = nbgi_out_open(ctx, path, &o);
+    if (rc == NBG_OK)
+        rc = nbgi_out_write(ctx, &o, image, (size_t)isize);
+    free(image);
+    return rc == NBG_OK ? nbgi_out_finish(ctx, &o, set) : rc;
 }
 
 int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,

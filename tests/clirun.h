@@ -26,6 +26,8 @@
 
 static char g_bin[PATH_MAX];
 static double g_child_as_limit; /* bytes of address space for the program (0: unlimited), as ulimit -v */
+static double g_child_fsize_limit; /* bytes a file the program writes may reach (0: unlimited), as ulimit -f: a write
+                                      beyond it fails with EFBIG (SIGXFSZ ignored), a disk that fills up */
 static char g_root[1024]; /* the temporary directory of this run */
 static int g_case;
 
@@ -110,6 +112,11 @@ static inline void run_in(run_result *r, const char *const *args)
         close(fo);
         close(fe);
         setenv("OMP_NUM_THREADS", "2", 0);
+        if (g_child_fsize_limit > 0) {
+            const struct rlimit rl = {(rlim_t)g_child_fsize_limit, (rlim_t)g_child_fsize_limit};
+            signal(SIGXFSZ, SIG_IGN);
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
         if (g_child_as_limit > 0) {
             const struct rlimit rl = {(rlim_t)g_child_as_limit, (rlim_t)g_child_as_limit};
             setrlimit(RLIMIT_AS, &rl);

@@ -12,6 +12,8 @@
  */
 #include "clirun.h"
 
+#include <signal.h>
+
 #define BASE "-cell", "70", "80", "90", "90", "90", "90", "-N", "5", "-default_F", "100", "-detpixels", "48", \
              "-pixel", "0.8", "-distance", "100", "-oversample", "1"
 
@@ -118,6 +120,27 @@ static void test_shots_and_batch(void)
                     "BATCH-resume-redo", "the shot whose noise file was removed is redone, the same bytes: %s",
                     strstr(r.out, "batch: ") ? first_line(strstr(r.out, "batch: ")) : first_line(r.out));
 
+    /* a killed run's temporary beside an output (NAME.tmpPID.N, PID gone) is removed by the resume; a file that
+     * only looks like one, of no output's name, stays */
+    {
+        long dead = 999999;
+        while (dead > 2 && kill((pid_t)dead, 0) == 0) {
+            --dead;
+        }
+        char tmpn[PATH_MAX + 64], other[PATH_MAX + 64];
+        snprintf(tmpn, sizeof tmpn, "%s/out/shot000003.img.tmp%ld.0", r.work, dead);
+        snprintf(other, sizeof other, "%s/out/notes.txt.tmp%ld.0", r.work, dead);
+        FILE *t1 = fopen(tmpn, "w"), *t2 = fopen(other, "w");
+        if (t1 != NULL) fclose(t1);
+        if (t2 != NULL) fclose(t2);
+        run_in(&r, batch);
+        nbgi_test_check(t1 != NULL && t2 != NULL && r.status == 0 && access(tmpn, F_OK) != 0 &&
+                            access(other, F_OK) == 0 && strstr(r.err, "removed 1 temporary") != NULL,
+                        "BATCH-resume-temporaries", "a resume removes the temporary a killed run left "
+                        "(shot000003.img.tmp%ld.0) and keeps a file of no output's name (exit %d: %s)", dead, r.status,
+                        first_line(r.err));
+        remove(other);
+    }
     /* -overwrite redoes every shot, the same bytes; -quiet: no progress, the totals still */
     const char *again[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", "out/{id}.bin", "-noisefile",
                            "out/{id}.img", "-seed", "3", "-overwrite", "-quiet", NULL};
@@ -250,6 +273,50 @@ static void test_refusals(void)
         const char *words[] = {"{id}", NULL};
         const char *inputs[] = {"shots.jsonl", NULL};
         expect_failure("BATCH-no-id-in-name", "an output name without {id}", &r, args, words, inputs);
+        result_free(&r);
+    }
+    /* every shot's expanded names against the inputs and each other (issue 29): a shot "s" writing {id}.jsonl over
+     * the shot list s.jsonl (with -overwrite), a shot "lyso" writing {id}.hkl over -hkl lyso.hkl, shots "a1" and "1"
+     * writing {id}.img and a{id}.img; the inputs stay as they were */
+    static const struct {
+        const char *id, *what, *list, *extra[4], *words[3];
+    } names[] = {
+        {"BATCH-name-over-list", "a shot's output over the shot list", "{\"id\": \"s\"}\n{\"id\": \"t\"}\n",
+         {"-floatfile", "{id}.jsonl", "-overwrite", NULL}, {"shot s", "-shots", NULL}},
+        {"BATCH-name-over-hkl", "a shot's output over -hkl", "{\"id\": \"lyso\"}\n",
+         {"-floatfile", "{id}.hkl", "-hkl", "lyso.hkl"}, {"shot lyso", "-hkl", NULL}},
+        {"BATCH-name-collision", "two shots' outputs with one name", "{\"id\": \"a1\"}\n{\"id\": \"1\"}\n",
+         {"-floatfile", "{id}.img", "-intfile", "a{id}.img"}, {"a1.img", "shot 1", NULL}},
+    };
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
+        if (!new_case(&r)) {
+            return;
+        }
+        const char *list = k == 0 ? "s.jsonl" : "shots.jsonl";
+        put_file(&r, list, names[k].list);
+        put_file(&r, "lyso.hkl", "1 2 3 100\n");
+        const char *args[64] = {"batch", BASE, "-nodump", "-shots", list};
+        int n = 0;
+        while (args[n] != NULL) {
+            ++n;
+        }
+        for (int j = 0; j < 4 && names[k].extra[j] != NULL; ++j) {
+            args[n++] = names[k].extra[j];
+        }
+        args[n] = NULL;
+        const char *inputs[] = {list, "lyso.hkl", NULL};
+        size_t before = 0, after = 0;
+        char *b0 = read_in(&r, list, &before);
+        expect_failure(names[k].id, names[k].what, &r, args, names[k].words, inputs);
+        char *b1 = read_in(&r, list, &after);
+        size_t h0 = 0;
+        char *hk = read_in(&r, "lyso.hkl", &h0);
+        nbgi_test_check(b0 != NULL && b1 != NULL && before == after && memcmp(b0, b1, before) == 0 && hk != NULL &&
+                            h0 == 10 && memcmp(hk, "1 2 3 100\n", 10) == 0,
+                        names[k].id, "%s: the shot list and the HKL file are as they were", names[k].what);
+        free(b0);
+        free(b1);
+        free(hk);
         result_free(&r);
     }
     /* a failing shot stops the run; the other shots' files are complete */

@@ -411,6 +411,35 @@ int main(void)
         nbgi_test_check(rc == 0, "cligrad-36-shape-raw", "raw floats state no shape: the pixel count decides (exit %d)",
                         rc);
     }
+    /* cligrad-37: one rule for a refinement that does not determine its parameters (was: "converged" with standard
+     * errors of 1e7): det_rotz and twotheta (the same rotation in the MOSFLM convention), two parameters on one
+     * pixel; a well-posed fit with correlated parameters still converges */
+    {
+        static const struct {
+            const char *id, *params, *extra, *want[3];
+        } sg[] = {{"cligrad-37-singular-detector", "det_rotz,twotheta", "", {"does not determine", "det_rotz",
+                                                                             "twotheta"}},
+                  {"cligrad-37-singular-one-pixel", "a,rotx", "-roi 30 30 30 30", {"does not determine", " a ",
+                                                                                   "rotx"}}};
+        for (int k = 0; k < 2; ++k) {
+            snprintf(cmd, sizeof cmd,
+                     "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                     "-distance 100 -detpixels 64 -oversample 1 -observed %s -params %s %s 2>&1", bin, obs,
+                     sg[k].params, sg[k].extra);
+            rc = run(cmd);
+            const char *msg = strstr(out, "nbgrad: error:");
+            nbgi_test_check(rc == 1 && msg != NULL && strstr(msg, sg[k].want[0]) != NULL &&
+                                strstr(msg, sg[k].want[1]) != NULL && strstr(msg, sg[k].want[2]) != NULL,
+                            sg[k].id, "-params %s %s is refused, naming the combination (exit %d: %.*s)", sg[k].params,
+                            sg[k].extra, rc, msg != NULL ? (int)strcspn(msg, "\n") : 0, msg != NULL ? msg : "");
+        }
+        snprintf(cmd, sizeof cmd,
+                 "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                 "-distance 100 -detpixels 64 -oversample 1 -observed %s -params a,distance,lambda 2>&1", bin, obs);
+        rc = run(cmd);
+        nbgi_test_check(rc == 0 && strstr(out, "converged") != NULL, "cligrad-37-correlated",
+                        "a, distance and lambda (correlated, determined) still converge (exit %d)", rc);
+    }
     /* progress on stderr, results on stdout; -quiet: no progress */
     snprintf(cmd, sizeof cmd,
              "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "

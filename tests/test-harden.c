@@ -235,6 +235,30 @@ static void test_files(void)
                        extra);
         result_free(&r);
     }
+    /* a disk that fills up (a file size limit: writes fail with EFBIG) under every image format: an error naming the
+     * file and the cause, exit 1 (NXmx was a SIGSEGV in libhdf5's close at exit), the previous file kept */
+    static const struct {
+        const char *flag, *name;
+    } full[] = {{"-nxsfile", "old.nxs"}, {"-cbffile", "old.cbf"}, {"-floatfile", "old.bin"}, {"-intfile", "old.img"}};
+    for (size_t k = 0; k < sizeof full / sizeof full[0]; ++k) {
+        if (!new_case(&r)) {
+            continue;
+        }
+        put_file(&r, full[k].name, "previous");
+        g_child_fsize_limit = 8192;
+        run_in(&r, ARGS("-cell", "100", "100", "100", "90", "90", "90", "-default_F", "100", "-N", "5", "-distance",
+                        "100", "-detpixels", "256", "-oversample", "1", full[k].flag, full[k].name));
+        g_child_fsize_limit = 0;
+        char extra[1024], id[64];
+        unexpected_files(r.work, ARGS(full[k].name), extra, sizeof extra);
+        snprintf(id, sizeof id, "HARD-full-disk%s", full[k].flag);
+        nbgi_test_check(r.status == 1 && strstr(r.err, full[k].name) != NULL && strstr(r.err, "too large") != NULL &&
+                            file_is(&r, full[k].name, "previous") && extra[0] == '\0',
+                        id, "%s onto a full disk: exit 1 naming the file and the cause, the previous content kept, no "
+                        "temporary left (exit %d: %s%s%s)", full[k].flag, r.status, first_line(r.err),
+                        extra[0] ? "; found " : "", extra);
+        result_free(&r);
+    }
     /* an output directory that does not exist: refused before any work */
     if (new_case(&r)) {
         put_file(&r, "keep.bin", "keep");
