@@ -81,6 +81,7 @@ typedef struct {
     const char *path; /* the caller's name, for messages */
     hid_t file;
     int rc;
+    hid_t gcpl, dcpl; /* creation properties without modification times: the same experiment, the same bytes */
 } wr;
 
 static int wfail(wr *w, const char *what)
@@ -98,7 +99,7 @@ static hid_t wgroup(wr *w, const char *name, const char *nxclass)
 {
     if (w->rc != NBG_OK)
         return -1;
-    const hid_t g = H5Gcreate2(w->file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    const hid_t g = H5Gcreate2(w->file, name, H5P_DEFAULT, w->gcpl, H5P_DEFAULT);
     if (g < 0) {
         wfail(w, name);
         return -1;
@@ -180,7 +181,7 @@ static hid_t wdata(wr *w, const char *name, hid_t ftype, hid_t mtype, const void
     const hid_t s = n > 0 ? H5Screate_simple(1, &dim, NULL) : H5Screate(H5S_SCALAR);
     hid_t d = -1;
     if (s >= 0) {
-        d = H5Dcreate2(w->file, name, ftype, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        d = H5Dcreate2(w->file, name, ftype, s, H5P_DEFAULT, w->dcpl, H5P_DEFAULT);
         if (d >= 0 && H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0) {
             H5Dclose(d);
             d = -1;
@@ -207,7 +208,10 @@ static void wdbl(wr *w, const char *name, const double *v, int n, const char *un
  * type mtype into it, closed; 1 on success.  The caller owns space and dcpl and reports a failure. */
 static int wcreate(wr *w, const char *name, hid_t ftype, hid_t space, hid_t dcpl, hid_t mtype, const void *buf)
 {
-    const hid_t d = H5Dcreate2(w->file, name, ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (dcpl != H5P_DEFAULT && H5Pset_obj_track_times(dcpl, 0) < 0)
+        return 0;
+    const hid_t d = H5Dcreate2(w->file, name, ftype, space, H5P_DEFAULT, dcpl != H5P_DEFAULT ? dcpl : w->dcpl,
+                               H5P_DEFAULT);
     if (d < 0)
         return 0;
     const int ok = H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0;
@@ -591,16 +595,28 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
         free(pframes);
         return rc;
     }
-    wr w = {ctx, path, -1, NBG_OK};
-    const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl < 0 || H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) < 0 ||
-        (w.file = H5Fcreate("nbgrad-nxmx-in-memory", H5F_ACC_TRUNC, H5P_DEFAULT, fapl)) < 0) {
-        if (fapl >= 0)
-            H5Pclose(fapl);
+    wr w = {ctx, path, -1, NBG_OK, -1, -1};
+    const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
+    w.gcpl = H5Pcreate(H5P_GROUP_CREATE);
+    w.dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    /* no object carries the time it was written (HDF5 stamps each by default) */
+    const int props = fapl >= 0 && fcpl >= 0 && w.gcpl >= 0 && w.dcpl >= 0 &&
+                      H5Pset_fapl_core(fapl, (size_t)1 << 20, 0) >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0 &&
+                      H5Pset_obj_track_times(w.gcpl, 0) >= 0 && H5Pset_obj_track_times(w.dcpl, 0) >= 0;
+    if (props)
+        w.file = H5Fcreate("nbgrad-nxmx-in-memory", H5F_ACC_TRUNC, fcpl, fapl);
+    if (fapl >= 0)
+        H5Pclose(fapl);
+    if (fcpl >= 0)
+        H5Pclose(fcpl);
+    if (!props || w.file < 0) {
+        if (w.gcpl >= 0)
+            H5Pclose(w.gcpl);
+        if (w.dcpl >= 0)
+            H5Pclose(w.dcpl);
         free(pframes);
         return nbgi_error(ctx, NBG_EIO, "cannot write %s: HDF5 cannot create the file in memory", path);
     }
-    H5Pclose(fapl);
     wlayout(&w, g, panels, npanels, mask, (int)rows, cols);
     wimages(&w, dtype, padded ? pframes : frames, nframes, (int)rows, cols);
     free(pframes);
@@ -616,6 +632,8 @@ int nbgi_write_nxmx_panels_set(nbg_ctx *ctx, nbgi_outset *set, const char *path,
         isize = -1;
     if (H5Fclose(w.file) < 0)
         wfail(&w, "the file (closing it in memory)");
+    H5Pclose(w.gcpl);
+    H5Pclose(w.dcpl);
     if (w.rc == NBG_OK && (isize <= 0 || image == NULL))
         w.rc = nbgi_error(ctx, image == NULL && isize > 0 ? NBG_ENOMEM : NBG_EIO,
                           "cannot write %s: HDF5 gave no image of the file (%zd bytes)", path, isize);

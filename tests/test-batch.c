@@ -237,6 +237,39 @@ static void test_shots_and_batch(void)
         nbgi_test_check(r.status == 0 && same && strstr(r.out, "6 shots simulated") != NULL, id,
                         "mpirun -n %d: the same 12 files, bit for bit (exit %d: %s)", k, r.status, first_line(r.err));
     }
+    /* NXmx and CBF too: bit for bit for any rank count and any time of writing (no HDF5 object times; CBF's date
+     * from SOURCE_DATE_EPOCH, the reproducible-builds convention); without MPI two runs a second apart */
+    setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
+    int same_fmt = 1, ran = 1;
+    for (int k = 0; k < 2; ++k) {
+        char dname[PATH_MAX + 64], nxs[64], cbf[64];
+        snprintf(dname, sizeof dname, "%s/fmt%d", r.work, k);
+        mkdir(dname, 0700);
+        snprintf(nxs, sizeof nxs, "fmt%d/{id}.nxs", k);
+        snprintf(cbf, sizeof cbf, "fmt%d/{id}.cbf", k);
+        const char *fb[] = {"batch", BASE, "-shots", "shots.jsonl", "-nxsfile", nxs, "-cbffile", cbf, "-seed", "3",
+                            NULL};
+        if (k == 1 && g_mpi) {
+            run_mpi(&r, 2, fb);
+        } else {
+            if (k == 1) {
+                sleep(1);
+            }
+            run_in(&r, fb);
+        }
+        ran &= r.status == 0;
+    }
+    for (int i = 1; i <= 6; ++i) {
+        for (int f = 0; f < 2; ++f) {
+            char x[PATH_MAX + 64], y[PATH_MAX + 64];
+            snprintf(x, sizeof x, "%s/fmt0/shot%06d.%s", r.work, i, f ? "cbf" : "nxs");
+            snprintf(y, sizeof y, "%s/fmt1/shot%06d.%s", r.work, i, f ? "cbf" : "nxs");
+            same_fmt &= file_eq(x, y);
+        }
+    }
+    unsetenv("SOURCE_DATE_EPOCH");
+    nbgi_test_check(ran && same_fmt, "BATCH-formats-bit-for-bit", "the 6 shots' NXmx and CBF files are the same bytes "
+                    "%s", g_mpi ? "for one process and mpirun -n 2" : "for two runs a second apart (no MPI here)");
     free(list);
     result_free(&r);
 }
