@@ -1052,7 +1052,11 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     }
     /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
      * ever larger cell, say) and least squares to no particular place */
-    if (rc == NBG_OK && lit == 0) {
+    if (rc == NBG_OK && ws.nobs == 0) {
+        rc = nbgi_error(ctx, NBG_EINVAL, "no pixel of the observed image%s is in the loss: every one is masked (the "
+                        "file's mask and overloaded pixels, -mask, -roi, the spot regions%s): there is nothing to fit",
+                        nframes > 1 ? "s" : "", weights != NULL ? ", zero weights" : "");
+    } else if (rc == NBG_OK && lit == 0) {
         rc = nbgi_error(ctx, NBG_EINVAL, "the observed image%s no signal (no pixel above the pedestal %g%s): "
                         "there is nothing to fit", nframes > 1 ? "s have" : " has", e->response.pedestal,
                         weights != NULL ? " with a positive weight" : "");

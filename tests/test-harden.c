@@ -436,6 +436,35 @@ static void test_messages(void)
     }
 }
 
+/* refine against an image whose every pixel is an overload (was: "no pixel above the pedestal") */
+static void test_all_overloads(void)
+{
+    run_result r;
+    if (!new_case(&r)) {
+        return;
+    }
+    char path[PATH_MAX + 300], hdr[512];
+    memset(hdr, ' ', sizeof hdr);
+    static const char text[] = "{\nHEADER_BYTES=512;\nDIM=2;\nBYTE_ORDER=little_endian;\nTYPE=unsigned_short;\n"
+                               "SIZE1=64;\nSIZE2=64;\nPIXEL_SIZE=0.1;\n}\n";
+    memcpy(hdr, text, sizeof text - 1);
+    static uint16_t px[64 * 64];
+    for (int i = 0; i < 64 * 64; ++i) {
+        px[i] = 65535; /* little-endian on the machines nbgrad runs on; all bytes 0xff either way */
+    }
+    FILE *f = fopen(work_path(&r, "over.img", path, sizeof path), "wb");
+    const int made = f != NULL && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr && fwrite(px, 2, 64 * 64, f) == 64 * 64;
+    if (f != NULL) {
+        fclose(f);
+    }
+    if (made) {
+        expect_failure("HARD-refine-all-overloads", "refine against an image whose every pixel is an overload", &r,
+                       ARGS("refine", BASE, "-params", "a", "-observed", "over.img"),
+                       ARGS("every one is masked", "overloaded"), ARGS("over.img"));
+    }
+    result_free(&r);
+}
+
 /* --- inputs that never end, long lines, NUL bytes ------------------------------------------------------------- */
 
 static void test_inputs(void)
@@ -751,6 +780,7 @@ int main(void)
     test_files();
     test_messages();
     test_inputs();
+    test_all_overloads();
     test_memory_limit();
     test_library();
     nbgi_test_rmtree(g_root);

@@ -85,6 +85,30 @@ static int image_shape_ok(PyArrayObject *a, int spixels, int fpixels, size_t npi
     return (nd == 2 && d[0] == spixels && d[1] == fpixels) || (nd == 1 && (size_t)d[0] == npix);
 }
 
+/* 1 when every value of obj converts to an integer of [lo, hi] exactly (for the integer formats: a float image is
+ * not silently truncated, a count is not wrapped); else a ValueError naming the argument and the first value. */
+static int exact_integers(PyObject *obj, const char *name, double lo, double hi)
+{
+    PyArrayObject *d = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (d == NULL) {
+        return 0;
+    }
+    const double *v = PyArray_DATA(d);
+    const npy_intp n = PyArray_SIZE(d);
+    for (npy_intp i = 0; i < n; ++i) {
+        if (!(v[i] >= lo && v[i] <= hi) || v[i] != floor(v[i])) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "%s: element %zd is %.17g, not an integer of %.0f to %.0f (round or clip the "
+                     "image first: it would be truncated)", name, (size_t)i, v[i], lo, hi);
+            PyErr_SetString(PyExc_ValueError, msg);
+            Py_DECREF(d);
+            return 0;
+        }
+    }
+    Py_DECREF(d);
+    return 1;
+}
+
 /* Converts obj once to a C-contiguous array of type `type` (any array-like of real numbers) holding exactly
  * npix elements: shape (spixels, fpixels) or flat (npix,) when spixels is 0 any shape of npix elements.  Anything
  * else is a ValueError naming the argument and the shape expected. */
@@ -1616,7 +1640,9 @@ static PyObject *py_write_smv(PyObject *self, PyObject *args)
         Py_DECREF(path);
         return PyErr_Format(PyExc_ValueError, "header: fpixels and spixels must be positive");
     }
-    PyArrayObject *a = as_image(dobj, "data", NPY_UINT16, h.spixels, h.fpixels, (size_t)h.fpixels * h.spixels);
+    PyArrayObject *a = exact_integers(dobj, "data", 0, 65535)
+                           ? as_image(dobj, "data", NPY_UINT16, h.spixels, h.fpixels, (size_t)h.fpixels * h.spixels)
+                           : NULL;
     if (a == NULL) {
         Py_DECREF(path);
         return NULL;
@@ -1865,6 +1891,7 @@ static PyObject *py_write_cbf(PyObject *self, PyObject *args)
     PyArrayObject *a = NULL;
     PyObject *out = NULL;
     if (!geometry_from_dict(gobj, &g)) goto done;
+    if (!exact_integers(dobj, "data", -2147483648.0, 2147483647.0)) goto done;
     a = as_image(dobj, "data", NPY_INT32, g.spixels, g.fpixels, (size_t)g.fpixels * g.spixels);
     if (a == NULL) goto done;
     const char *p = PyBytes_AS_STRING(path);

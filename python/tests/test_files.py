@@ -97,3 +97,10 @@ def test_cbf_round_trip(exp, tmp_path):
     _supported(lambda: nbgrad.write_cbf(tmp_path / "s.cbf", g, counts))
     back, geom = nbgrad.read_image(tmp_path / "s.cbf")
     assert geom.complete and np.array_equal(back, counts.astype(np.float32))
+    # a float image with fractions, or a count beyond int32, is refused rather than truncated (issue 29)
+    for bad in (counts + 0.5, counts.astype(np.float64) * 0 + 3e9):
+        with pytest.raises(ValueError, match="not an integer"):
+            nbgrad.write_cbf(tmp_path / "t.cbf", g, bad)
+    assert not (tmp_path / "t.cbf").exists()
+    nbgrad.write_cbf(tmp_path / "u.cbf", g, counts.astype(np.float64))  # integral floats are integers
+    assert np.array_equal(nbgrad.read_image(tmp_path / "u.cbf")[0], back)
