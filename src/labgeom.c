@@ -215,7 +215,18 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         snprintf(g->material, sizeof g->material, "Si");
     }
     g->has_crystal = 1;
-    for (int i = 0; i < 3; ++i) apply(R, r->real_vectors + 3 * i, g->real_space + 3 * i);
+    /* A still (no oscillation) whose spindle stands at phi0: its crystal is written as the image sees it, turned by
+     * phi0, because DIALS predicts a still's spots from the crystal as its list gives it, with no rotation
+     * (nbg_experiment_from_geometry reads a still so); the scan still states the angle. */
+    const double turn = r->osc == 0 ? r->phi0 * M_PI / 180.0 : 0;
+    for (int i = 0; i < 3; ++i) {
+        double v[3];
+        if (turn != 0)
+            nbgi_rotate_axis(r->real_vectors + 3 * i, r->spindle, turn, v);
+        else
+            memcpy(v, r->real_vectors + 3 * i, sizeof v);
+        apply(R, v, g->real_space + 3 * i);
+    }
     /* the divergence and spectrum sampled (their axes follow the beam and the polarization, which the description
      * carries) */
     if (!isnan(e->hdivrange) || !isnan(e->vdivrange) || !isnan(e->hdivstep) || !isnan(e->vdivstep) ||
@@ -541,7 +552,10 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
         }
     }
     e->lambda = g->wavelength;
-    e->phi0 = g->scan_start;
+    /* a still (a scan of width 0): DIALS predicts its spots from the crystal as the list gives it, with no rotation;
+     * the start angle the scan states is where the goniometer stood (89.9997 deg in a list of dials.import), not a
+     * turn of the crystal */
+    e->phi0 = g->scan_width == 0 ? 0 : g->scan_start;
     e->osc = g->scan_width;
     e->exposure = g->exposure;
     if (g->thickness >= 1e-6) {

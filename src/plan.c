@@ -79,6 +79,11 @@ static void rotate_axis(const double v[3], const double ax[3], double phi, doubl
     rotate_axis_d(v, ax, phi, out);
 }
 
+void nbgi_rotate_axis(const double v[3], const double ax[3], double phi, double out[3])
+{
+    rotate_axis_d(v, ax, phi, out);
+}
+
 static void matvec(const double U[9], const double v[3], double out[3])
 {
     const double x = U[0] * v[0] + U[1] * v[1] + U[2] * v[2];

@@ -68,6 +68,8 @@ void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doub
 
 /* Small vector helpers shared by the setup and the host-side chain rules. */
 void nbgi_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);
+/* v rotated by phi (radians) about ax (as given), as the spindle turns the crystal. */
+void nbgi_rotate_axis(const double v[3], const double ax[3], double phi, double out[3]);
 void nbgi_cross(const double a[3], const double b[3], double out[3]);
 double nbgi_dot(const double a[3], const double b[3]);
 double nbgi_norm(const double a[3]);

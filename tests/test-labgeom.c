@@ -344,6 +344,48 @@ done:
 }
 #endif
 
+/* Stills: a scan of width 0 turns no crystal.  A still that nbgrad renders at phi 30 is written with its crystal
+ * turned by 30 deg (the scan still stating 30), and read back as the same image with phi0 0; a list such as
+ * dials.import writes for a still (width 0, start 89.9997) renders the crystal as the list gives it. */
+static void test_stills(nbg_ctx *ctx)
+{
+    nbg_experiment e, e2, e3;
+    base(&e, NBG_CONV_DIALS);
+    e.phi0 = 30, e.osc = 0, e.phisteps = 1;
+    nbg_report r;
+    nbg_geometry g;
+    if (nbg_describe(ctx, &e, &r) != NBG_OK || nbg_geometry_from_report(ctx, &e, &r, 1, &g) != NBG_OK) {
+        nbgi_test_check(0, "labgeom-still", "%s", nbg_errmsg(ctx));
+        return;
+    }
+    base(&e2, NBG_CONV_DIALS);
+    const int ok2 = nbg_experiment_from_geometry(ctx, &g, &e2) == NBG_OK;
+    const size_t npix = (size_t)r.fpixels * r.spixels;
+    float *a = malloc(npix * sizeof *a), *b = malloc(npix * sizeof *b), *c = malloc(npix * sizeof *c);
+    double amax = 0, d = INFINITY, d2 = INFINITY;
+    if (ok2 && a != NULL && b != NULL && c != NULL && nbg_simulate(ctx, &e, a, npix, NULL) == NBG_OK &&
+        nbg_simulate(ctx, &e2, b, npix, NULL) == NBG_OK) {
+        d = image_diff(a, b, npix, &amax);
+    }
+    nbgi_test_check(ok2 && fabs(g.scan_start - 30) < 1e-12 && g.scan_width == 0 && e2.phi0 == 0 && amax > 0 && d < 1e-8,
+                    "labgeom-still-turned", "a still at phi 30: the list states 30, its crystal is turned, read back "
+                    "with phi0 %g: the same image (max |diff| / max %.3g; scan %g %g, max %g)", e2.phi0, d, g.scan_start, g.scan_width, amax);
+    /* dials.import's still: the crystal at the image, a scan start of 89.9997 */
+    nbg_geometry gd = g;
+    gd.scan_start = 89.9997;
+    base(&e3, NBG_CONV_DIALS);
+    const int ok3 = nbg_experiment_from_geometry(ctx, &gd, &e3) == NBG_OK;
+    if (ok3 && c != NULL && nbg_simulate(ctx, &e3, c, npix, NULL) == NBG_OK) {
+        d2 = image_diff(a, c, npix, &amax);
+    }
+    nbgi_test_check(ok3 && e3.phi0 == 0 && d2 < 1e-8, "labgeom-still-dials-start",
+                    "a still whose scan starts at 89.9997 deg (dials.import's) is not turned: phi0 %g, the same image "
+                    "(max |diff| / max %.3g)", e3.phi0, d2);
+    free(a);
+    free(b);
+    free(c);
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -360,6 +402,7 @@ int main(void)
         test_convention(ctx, convs[i].conv, convs[i].name);
     }
     test_mosflm_map(ctx);
+    test_stills(ctx);
     test_refusals(ctx);
 #ifdef NBG_HAVE_FORMATS
     test_read_image(ctx);
