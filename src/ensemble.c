@@ -9,8 +9,15 @@
  * loss is the sum of the shots' losses.  Each cycle (alternating optimisation):
  *   1. local: every shot's local parameters by Levenberg-Marquardt (nbg_refine) with the globals fixed, each rank
  *      its own shots;
- *   2. global: BFGS (GSL's vector_bfgs2) on the summed loss and its gradient, one adjoint pass per shot and
- *      evaluation; F in units of its starting value, so every variable is of order 1.
+ *   2. global: with the Poisson loss and F the only global, expectation-maximisation on F (em_step: the model is
+ *      linear in F^2 with every shot's own parameters fixed, so EM converges to the maximum likelihood, in one or
+ *      two steps where each pixel sees one reflection; two adjoint passes a shot per step); otherwise BFGS (GSL's
+ *      vector_bfgs2) on the summed loss and its gradient, one adjoint pass per shot and evaluation, F in units of
+ *      its starting value so that every variable is of order 1.  Either says how it ended (converged, or stopped
+ *      at its iteration limit).
+ * -spots HALF fits each shot on its spot regions (its model's spot pixels boxed, drawn again after each cycle's
+ * local fits), so that an evaluation walks the spots, not the detector; EM then fits a reflection on the regions
+ * only where at least half its predicted photons fall in them.
  *
  * Reproducibility whatever the number of ranks: shot i lives on rank i mod K; a shot's loss and gradient depend on
  * the shot alone (the adjoint is bit-for-bit reproducible for a thread count); the ranks exchange the per-shot
@@ -28,6 +35,7 @@
 #include "cli.h"
 #include "io.h"
 #include "param.h"
+#include "plan.h"
 #include "shots.h"
 
 #ifdef NBG_HAVE_FORMATS
@@ -51,7 +59,32 @@ typedef struct {
     const char *global, *local;
     int cycles;
     nbg_loss loss;
+    int spots;        /* -spots: each shot's spot regions' half-width in pixels; -1: every pixel */
+    double spot_frac; /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
 } ens_opts;
+
+static int set_spots(void *opts, const char *flag, char **v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x) || x < 0 || x > 100000 || x != floor(x)) {
+        fprintf(stderr, "nbgrad: error: -spots expects a box half-width in pixels, an integer in [0, 100000], got "
+                "'%s'\n", v[0]);
+        return 0;
+    }
+    *(int *)dst = (int)x;
+    return 1;
+}
+
+static int set_frac(void *opts, const char *flag, char **v, void *dst)
+{
+    double x;
+    if (!nbgi_cli_number(flag, v[0], &x) || !(x > 0 && x < 1)) {
+        fprintf(stderr, "nbgrad: error: -spot_frac expects a fraction in (0, 1), got '%s'\n", v[0]);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
 
 static int set_cycles(void *opts, const char *flag, char **v, void *dst)
 {
@@ -92,6 +125,11 @@ static const nbgi_sub_flag ens_flag_table[] = {
      "with -global F: the refined table, \"h k l F sigma(F)\" lines of the measured entries"},
     {"-json", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(json), "FILE",
      "the result as JSON: losses, globals, F, every shot's locals (docs/json.md)"},
+    {"-spots", NBGI_CMD_ENSEMBLE, set_spots, EO(spots), "HALF",
+     "fit each shot on its spot regions: the pixels within HALF of its starting model's spot pixels (above its floor "
+     "by -spot_frac of its peak), not its whole detector; the cost scales with those pixels"},
+    {"-spot_frac", NBGI_CMD_ENSEMBLE, set_frac, EO(spot_frac), "x",
+     "with -spots: a spot pixel's model value above the floor, as a fraction of the peak's (0.05)"},
 };
 #undef EO
 #define NENS_FLAGS ((int)(sizeof ens_flag_table / sizeof ens_flag_table[0]))
@@ -172,6 +210,7 @@ typedef struct {
     nbg_source **src;       /* nmine source arrays (NULL when none) */
     float **obs;            /* nmine observed images */
     uint8_t **mask;         /* nmine masks (the file's; NULL = none) */
+    uint32_t **list;        /* nmine spot regions (-spots; NULL: every pixel) */
     size_t npix;
     float *img;
     nbg_param *gp, *lp;     /* the global and local parameters (F aside) */
@@ -331,9 +370,121 @@ static void gsl_fdf(const gsl_vector *x, void *p, double *f, gsl_vector *g)
     }
 }
 
-/* BFGS on the globals from x; x is updated.  Returns the iterations, or -1 on a failure. */
-static int global_step(ens *w, double *x, int max_iter, double *Lout)
+/* The structure factors by expectation-maximisation (the Poisson loss, F the only global): with every shot's own
+ * parameters fixed the model of pixel p is linear in u_j = F_j^2, M_p = sum_j u_j a_pj + (what F does not scale),
+ * and one EM step u_j <- u_j B_j / A_j, A_j = sum_p a_pj, B_j = sum_p a_pj y_p / M_p (summed over the shots), raises
+ * the likelihood and converges to its maximum in u (a convex problem): in one step where each pixel sees one
+ * reflection.  A_j and B_j come from two adjoint passes a shot (dL/dM = 1, then y/M; their factor 2 F_j cancels),
+ * added in shot order.  Iterates until no F moves by more than 1e-7 of itself, at most max_iter times; *why says
+ * which.  Returns the iterations, or -1 on a failure. */
+static int em_step(ens *w, double *x, int max_iter, const char **why)
 {
+    const size_t nF = w->nF, len = 2 * nF;
+    double *mine = calloc(((size_t)w->nmine + 1) * len, sizeof(double));
+    double *all = calloc((size_t)w->shots->n * len + 1, sizeof(double));
+    double *sum = calloc(len + 1, sizeof(double));
+    float *wt = malloc(sizeof(float) * w->npix);
+    if (mine == NULL || all == NULL || sum == NULL || wt == NULL) {
+        free(mine), free(all), free(sum), free(wt);
+        fprintf(stderr, "nbgrad: error: out of memory for the structure factors' EM step\n");
+        return -1;
+    }
+    *why = "NOT converged: stopped at the iteration limit";
+    /* u = 0 is a fixed point of EM: a reflection that an earlier cycle found without a photon starts again from
+     * 1e-3 of its starting value, since the orientations have moved since (and returns to 0 if it is still dark) */
+    for (size_t j = 0; j < nF; ++j) {
+        if (x[w->ng + j] == 0) {
+            x[w->ng + j] = 1e-3;
+        }
+    }
+    /* with spot regions: each reflection's predicted photons over the whole detectors, so that only a reflection
+     * whose spots lie mostly in the regions (at least half its photons) is fitted on them; one seen there through
+     * the tails of others' spots alone is left as it is */
+    double *whole = NULL;
+    if (w->o->spots >= 0) {
+        whole = calloc(nF + 1, sizeof(double));
+        set_globals(w, x);
+        for (size_t p = 0; p < w->npix; ++p) wt[p] = 1;
+        for (int k = 0; k < w->nmine && whole != NULL && !w->failed; ++k) {
+            nbg_experiment e = w->e[k];
+            e.pixels = NULL;
+            e.npixels_list = 0;
+            if (nbg_simulate_grad(w->ctx, &e, wt, w->ids + w->ng, (int)nF, mine + (size_t)k * len, w->img, w->npix,
+                                  NULL) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
+                w->failed = 1;
+            }
+        }
+        ++w->evals;
+        if (whole == NULL || !gather_all(w, len, mine, all)) {
+            free(mine), free(all), free(sum), free(wt), free(whole);
+            return -1;
+        }
+        for (int i = 0; i < w->shots->n; ++i) {
+            for (size_t j = 0; j < nF; ++j) whole[j] += all[(size_t)i * len + j];
+        }
+    }
+    int it = 0;
+    for (it = 1; it <= max_iter; ++it) {
+        set_globals(w, x);
+        for (int k = 0; k < w->nmine && !w->failed; ++k) {
+            nbg_experiment *e = &w->e[k];
+            double *A = mine + (size_t)k * len, *B = A + nF;
+            for (size_t p = 0; p < w->npix; ++p) wt[p] = 1;
+            if (nbg_simulate_grad(w->ctx, e, wt, w->ids + w->ng, (int)nF, A, w->img, w->npix, NULL) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
+                w->failed = 1;
+                break;
+            }
+            /* y / M as the loss defines them (photons, the read noise's shift): 1 - dL/dM */
+            for (size_t p = 0; p < w->npix; ++p) {
+                double d = 0;
+                nbgi_pixel_loss(NBG_LOSS_POISSON, &e->response, w->img[p], w->obs[k][p], &d, NULL);
+                wt[p] = (float)(1 - d);
+            }
+            if (nbg_simulate_grad(w->ctx, e, wt, w->ids + w->ng, (int)nF, B, w->img, w->npix, NULL) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
+                w->failed = 1;
+                break;
+            }
+        }
+        w->evals += 2;
+        if (!gather_all(w, len, mine, all)) {
+            it = -1;
+            break;
+        }
+        memset(sum, 0, sizeof(double) * len);
+        for (int i = 0; i < w->shots->n; ++i) {
+            const double *v = all + (size_t)i * len;
+            for (size_t j = 0; j < len; ++j) sum[j] += v[j];
+        }
+        double moved = 0;
+        for (size_t j = 0; j < nF; ++j) {
+            const double A = sum[j], B = sum[nF + j], F = x[w->ng + j] * w->F0[j];
+            if (!(A > 0) || F == 0 || (whole != NULL && !(A >= 0.5 * whole[j]))) {
+                continue; /* no shot measures it (in the regions) */
+            }
+            const double Fn = fabs(F) * sqrt(fmax(B, 0) / A); /* 0 for a reflection none of whose pixels has a photon */
+            moved = fmax(moved, fabs(Fn - fabs(F)) / fabs(F));
+            x[w->ng + j] = Fn / w->F0[j];
+        }
+        if (moved <= 1e-7) {
+            *why = "converged: no F moves by more than 1e-7 of itself";
+            break;
+        }
+    }
+    if (it > max_iter) {
+        it = max_iter;
+    }
+    free(mine), free(all), free(sum), free(wt), free(whole);
+    return w->failed ? -1 : it;
+}
+
+/* BFGS on the globals from x; x is updated.  Returns the iterations, or -1 on a failure; *why says how it ended
+ * (the gradient small, the loss unchanged, the line search stuck, or the iteration limit: said, not hidden). */
+static int global_step(ens *w, double *x, int max_iter, double *Lout, const char **why)
+{
+    *why = "the line search found no lower point";
     const size_t n = w->nvec - 1;
     gsl_multimin_function_fdf fn = {gsl_f, gsl_df, gsl_fdf, n, w};
     gsl_vector *v = gsl_vector_alloc(n);
@@ -355,9 +506,14 @@ static int global_step(ens *w, double *x, int max_iter, double *Lout)
             const int small = gsl_multimin_test_gradient(m->gradient, 1e-6 * fmax(1, fabs(m->f) / (double)n)) ==
                               GSL_SUCCESS;
             if (small || fabs(last - m->f) <= 1e-12 * fabs(m->f)) {
+                *why = small ? "converged: the gradient is small" : "converged: the loss no longer changes";
                 break;
             }
             last = m->f;
+        }
+        if (it > max_iter) {
+            it = max_iter;
+            *why = "NOT converged: stopped at the iteration limit";
         }
     }
     memcpy(x, m->x->data, n * sizeof(double));
@@ -399,6 +555,52 @@ static int load_observed(ens *w, int k)
     return 1;
 }
 
+/* Shot k's spot regions (-spots): its model rendered whole, the pixels above its floor by -spot_frac of its peak
+ * boxed by nbg_spot_pixels, as the shot's pixel list; a shot whose model is flat keeps every pixel (counted in
+ * *nwhole).  The regions come from the model alone (regions chosen by the data's bright pixels would bias the fit
+ * towards them), and are drawn again after every cycle's local fits, where the orientations stand then.  Prints
+ * the error. */
+static int spot_list(ens *w, int k, long *nlisted, long *nwhole)
+{
+    nbg_experiment *e = &w->e[k];
+    const char *id = w->shots->v[shot_of(w, k)].id;
+    e->pixels = NULL; /* the whole model, then its regions */
+    e->npixels_list = 0;
+    free(w->list[k]);
+    w->list[k] = NULL;
+    if (nbg_simulate(w->ctx, e, w->img, w->npix, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
+        return 0;
+    }
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; i < w->npix; ++i) {
+        if (e->mask == NULL || e->mask[i]) {
+            lo = fmin(lo, w->img[i]);
+            hi = fmax(hi, w->img[i]);
+        }
+    }
+    if (!(hi > lo)) {
+        ++*nwhole;
+        return 1;
+    }
+    long n = 0;
+    if (nbg_spot_pixels(w->ctx, e, w->img, w->npix, lo + w->o->spot_frac * (hi - lo), NULL, 0, w->o->spots,
+                        &w->list[k], &n) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
+        return 0;
+    }
+    if (n == 0) {
+        free(w->list[k]);
+        w->list[k] = NULL;
+        ++*nwhole;
+        return 1;
+    }
+    e->pixels = w->list[k];
+    e->npixels_list = n;
+    *nlisted += n;
+    return 1;
+}
+
 int nbgi_cmd_ensemble(int argc, char **argv, int first)
 {
 #ifdef NBG_NO_REFINE
@@ -415,6 +617,8 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     ens_opts o = {0};
     o.cycles = 4;
     o.loss = NBG_LOSS_POISSON;
+    o.spots = -1;
+    o.spot_frac = 0.05;
     nbgi_cli_init(&c);
     c.extra_handler = ens_flags;
     c.extra = &o;
@@ -486,13 +690,15 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     w.src = calloc((size_t)w.nmine + 1, sizeof *w.src);
     w.obs = calloc((size_t)w.nmine + 1, sizeof *w.obs);
     w.mask = calloc((size_t)w.nmine + 1, sizeof *w.mask);
+    w.list = calloc((size_t)w.nmine + 1, sizeof *w.list);
     w.img = malloc(sizeof(float) * w.npix);
     w.mine = calloc(((size_t)w.nmine + 1) * w.nvec, sizeof(double));
     w.all = calloc((size_t)shots.n * w.nvec, sizeof(double));
     w.F0 = calloc(w.nF + 1, sizeof(double));
     x = calloc(w.nvec, sizeof(double));
     g = calloc(w.nvec, sizeof(double));
-    if (!w.e || !w.src || !w.obs || !w.mask || !w.img || !w.mine || !w.all || !w.ids || !w.grad || !w.F0 || !x || !g) {
+    if (!w.e || !w.src || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids || !w.grad || !w.F0 ||
+        !x || !g) {
         fprintf(stderr, "nbgrad: error: out of memory for %d shots of %zu pixels and %zu structure factors\n",
                 shots.n, w.npix, w.nF);
         goto done;
@@ -508,7 +714,29 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         int nsrc = 0;
         ok = nbgi_shot_apply(ctx, &c, &shots.v[shot_of(&w, k)], &w.e[k], &w.src[k], &nsrc) && load_observed(&w, k);
     }
+    /* -spots: each shot fitted on its starting model's spot regions (as refine -spots), its own pixel list */
+    long nlisted = 0, nwhole = 0;
+    for (int k = 0; k < w.nmine && ok && o.spots >= 0; ++k) {
+        ok = spot_list(&w, k, &nlisted, &nwhole);
+    }
     w.failed = !ok;
+    if (o.spots >= 0) {
+        long tot[2] = {nlisted, nwhole};
+#ifdef NBG_HAVE_MPI
+        if (mpi) {
+            MPI_Allreduce(MPI_IN_PLACE, tot, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        }
+#endif
+        if (rank == 0) {
+            printf("spot regions: %ld pixels over the shots (%.3g%% of their %zu each), within %d pixels of each "
+                   "shot's starting model's spots%s\n", tot[0], 100.0 * (double)tot[0] / ((double)w.npix * shots.n),
+                   w.npix, o.spots, tot[1] > 0 ? "; shots without a spot keep every pixel" : "");
+            if (tot[1] > 0) {
+                printf("note: %ld shot%s had no spot in the starting model: fitted on every pixel\n", tot[1],
+                       tot[1] > 1 ? "s" : "");
+            }
+        }
+    }
     if (rank == 0) {
         printf("ensemble: %d shots over %d rank%s, %d global parameter%s%s, %d local per shot, %d cycles\n", shots.n,
                size, size > 1 ? "s" : "", w.ng, w.ng == 1 ? "" : "s", w.want_F ? " and the structure factors" : "",
@@ -546,14 +774,21 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             }
         }
         local_nc = nc;
+        /* the spot regions where the shots' models stand now */
+        long nlist2 = 0, nwhole2 = 0;
+        for (int k = 0; k < w.nmine && o.spots >= 0 && !w.failed; ++k) {
+            w.failed = !spot_list(&w, k, &nlist2, &nwhole2);
+        }
         /* 2. the globals, all shots together */
-        const int it = global_step(&w, x, 40, &L);
-        if (it < 0) {
+        const char *why = "";
+        const int em = w.want_F && w.ng == 0 && o.loss == NBG_LOSS_POISSON;
+        const int it = em ? em_step(&w, x, 50, &why) : global_step(&w, x, 40, &L, &why);
+        if (it < 0 || (em && !evaluate(&w, x, &L, g))) {
             goto done;
         }
         if (rank == 0) {
-            nbgi_progress(1, cyc, o.cycles, "cycle %d: loss %.12g (%d BFGS iterations, %ld evaluations so far)", cyc, L,
-                          it, w.evals);
+            nbgi_progress(1, cyc, o.cycles, "cycle %d: loss %.12g (%d %s iterations, %s; %ld evaluations so far)",
+                          cyc, L, it, em ? "EM" : "BFGS", why, w.evals);
         }
     }
     nbgi_progress_end();
@@ -589,12 +824,15 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         }
         if (w.ng > 0 && tang != NULL &&
             nbg_simulate_jvp(ctx, &w.e[k], w.gp, w.ng, tang, w.img, w.npix) == NBG_OK) {
+            /* the tangents are compact over a pixel list (-spots): entry t of parameter j at tang[j * nw + t] */
+            const size_t nw = w.e[k].pixels != NULL ? (size_t)w.e[k].npixels_list : w.npix;
             for (int j = 0; j < w.ng; ++j) {
                 double s = 0;
-                for (size_t p = 0; p < w.npix; ++p) {
-                    const double t = tang[(size_t)j * w.npix + p], m = w.img[p];
+                for (size_t t = 0; t < nw; ++t) {
+                    const size_t p = w.e[k].pixels != NULL ? w.e[k].pixels[t] : t;
+                    const double tg = tang[(size_t)j * nw + t], m = w.img[p];
                     if (w.e[k].mask == NULL || w.e[k].mask[p]) {
-                        s += o.loss == NBG_LOSS_POISSON ? (m > 0 ? t * t / m : 0) : 2 * t * t;
+                        s += o.loss == NBG_LOSS_POISSON ? (m > 0 ? tg * tg / m : 0) : 2 * tg * tg;
                     }
                 }
                 v[1 + j] = s;
@@ -701,8 +939,9 @@ done:
         free(w.src[k]);
         free(w.obs[k]);
         free(w.mask[k]);
+        free(w.list != NULL ? w.list[k] : NULL);
     }
-    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.img), free(w.mine), free(w.all);
+    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.list), free(w.img), free(w.mine), free(w.all);
     free(w.gp), free(w.lp), free(w.ids), free(w.grad);
     free(w.F0), free(x), free(g);
     nbgi_shots_free(&shots);
