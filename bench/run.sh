@@ -13,7 +13,9 @@
 #
 # 3. Gradients and refinement (BUILD_DIR/bench/bench-grad), as ratios to the forward call.
 # 4. File formats (BUILD_DIR/bench/bench-formats): bytes and write/read times of SMV, raw float, NXmx and CBF.
-# 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks.
+# 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks; and
+#    (bench/bench-ensemble.sh) nbgrad ensemble on 10^3 stills (NBG_BENCH_ENSEMBLE_SHOTS) on one thread, whole detectors
+#    and spot regions.
 # 6. The CUDA backend (BUILD_DIR/bench/bench-cuda) where there is a GPU: kernel, copy, set-up and call times on
 #    cubic4k, samples per second and the fraction of the GPU's peak (with the arithmetic per sample counted by
 #    ncu when it is on the PATH) on the heavy case at 512 and 2048, gradients over the forward call, and the cold
@@ -143,6 +145,9 @@ echo
 # --- 5. many shots: nbgrad batch with and without MPI ranks ------------------------------------------------------
 echo
 sh "$ROOT/bench/bench-batch.sh" "$B" || status=1
+# --- 5b. many stills refined together: nbgrad ensemble on 10^3 stills, whole detectors and spot regions -------------
+echo
+sh "$ROOT/bench/bench-ensemble.sh" "$B" "${NBG_BENCH_ENSEMBLE_SHOTS:-1000}" 96 1 || status=1
 # --- 6. the CUDA backend ------------------------------------------------------------------------------------------
 echo
 BC="$B/bench/bench-cuda"

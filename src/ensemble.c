@@ -219,6 +219,8 @@ typedef struct {
     nbg_param *ids;         /* the gradient's parameters: gp, then NBG_P_F(0 .. nF - 1) with want_F */
     double *grad;           /* ng + nF: the gradient of one shot's loss */
     double *F0;             /* the table's starting values (the F variables' units) */
+    uint8_t *fitted;        /* nF: EM's last step fitted the entry (with -spots: at least half its photons in the
+                               regions); NULL before EM ran */
     size_t nvec;            /* 1 + ng + (want_F ? nF : 0): a shot's loss and gradient */
     double *mine;           /* nmine * nvec */
     double *all;            /* nshots * nvec, in shot order */
@@ -459,12 +461,21 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
             for (size_t j = 0; j < len; ++j) sum[j] += v[j];
         }
         double moved = 0;
+        if (w->fitted == NULL) {
+            w->fitted = calloc(nF + 1, 1);
+        }
         for (size_t j = 0; j < nF; ++j) {
+            if (w->fitted != NULL) {
+                w->fitted[j] = 0;
+            }
             const double A = sum[j], B = sum[nF + j], F = x[w->ng + j] * w->F0[j];
             if (!(A > 0) || F == 0 || (whole != NULL && !(A >= 0.5 * whole[j]))) {
                 continue; /* no shot measures it (in the regions) */
             }
             const double Fn = fabs(F) * sqrt(fmax(B, 0) / A); /* 0 for a reflection none of whose pixels has a photon */
+            if (w->fitted != NULL) {
+                w->fitted[j] = 1;
+            }
             moved = fmax(moved, fabs(Fn - fabs(F)) / fabs(F));
             x[w->ng + j] = Fn / w->F0[j];
         }
@@ -819,7 +830,9 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             }
             for (size_t j = 0; j < w.nF; ++j) {
                 const double F = x[w.ng + j] * w.F0[j];
-                v[1 + w.ng + j] = F != 0 ? 2 * dF[j] / F : 0; /* the Poisson information of F_j */
+                /* the Poisson information of F_j; none for an entry EM left as it was (-spots: not in the regions) */
+                const int left = w.fitted != NULL && !w.fitted[j];
+                v[1 + w.ng + j] = F != 0 && !left ? 2 * dF[j] / F : 0;
             }
         }
         if (w.ng > 0 && tang != NULL &&
@@ -943,7 +956,7 @@ done:
     }
     free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.list), free(w.img), free(w.mine), free(w.all);
     free(w.gp), free(w.lp), free(w.ids), free(w.grad);
-    free(w.F0), free(x), free(g);
+    free(w.F0), free(w.fitted), free(x), free(g);
     nbgi_shots_free(&shots);
     c.extra = NULL;
     nbgi_cli_free(&c);
