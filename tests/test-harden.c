@@ -467,6 +467,17 @@ static void test_all_overloads(void)
 
 /* --- inputs that never end, long lines, NUL bytes ------------------------------------------------------------- */
 
+/* One comment line of size - 2 characters (and its newline) holding entry at offset at: a reader that reads the
+ * line in pieces takes its tail for an entry. */
+static void comment_line(char *text, size_t size, size_t at, const char *entry)
+{
+    memset(text, ' ', size);
+    text[0] = '#';
+    memcpy(text + at, entry, strlen(entry));
+    text[size - 2] = '\n';
+    text[size - 1] = '\0';
+}
+
 static void test_inputs(void)
 {
     /* a device (/dev/zero never ends) is refused by every input flag, by name, at once (was: unbounded growth past
@@ -518,11 +529,7 @@ static void test_inputs(void)
      * group 0 by 0.5 mm); so in -spotlist (512-byte pieces) */
     if (new_case(&r)) {
         char text[3000];
-        memset(text, ' ', sizeof text);
-        text[0] = '#';
-        memcpy(text + 1030, "0 0.5 0 0 0 0 0", 15);
-        text[sizeof text - 2] = '\n';
-        text[sizeof text - 1] = '\0';
+        comment_line(text, sizeof text, 1030, "0 0.5 0 0 0 0 0");
         put_file(&r, "m.txt", text);
         run_in(&r, ARGS("-layout", "pilatus6m", BASE, "-motions", "m.txt", "-floatfile", "moved.bin"));
         const int rc1 = r.status;
@@ -539,11 +546,7 @@ static void test_inputs(void)
     }
     if (new_case(&r)) {
         char text[1200];
-        memset(text, ' ', sizeof text);
-        text[0] = '#';
-        memcpy(text + 600, "10 12", 5);
-        text[sizeof text - 2] = '\n';
-        text[sizeof text - 1] = '\0';
+        comment_line(text, sizeof text, 600, "10 12");
         put_file(&r, "spots.txt", text);
         run_in(&r, ARGS(BASE, "-floatfile", "obs.bin"));
         expect_failure("HARD-spotlist-long-comment", "a -spotlist of one long comment line", &r,
