@@ -451,6 +451,7 @@ int main(void)
             thread_invariance(big ? "grad-14-threads-F-large" : "grad-14-threads-F", &e, fp, fn);
             free(hkl.F);
         }
+        nbgi_test_still(&e); /* e pointed at this block's table, panels and list */
     }
 
     /* grad-12: unsupported modes say so */
