@@ -254,7 +254,7 @@ clean:
 
 FUZZ_CC      ?= clang
 FZ           := $(B)/fuzz
-FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt
+FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt image
 FUZZ_TIME    ?= 300
 FUZZ_CI_TIME ?= 45
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10

@@ -3,6 +3,12 @@
  * axis categories that describe the whole experiment) and the reader behind nbg_read_image (full CBF with its
  * geometry, or a Pilatus-style miniCBF with what its text header carries).
  *
+ * The reader never lets CBFlib near binary data: nbgrad finds, checks and decodes the binary sections itself
+ * (src/cbfbin.c; CBFlib 0.9.7 overruns its buffers on a lying MIME header) and CBFlib parses a copy of the text in
+ * which each section is a placeholder word.  Before CBFlib's geometry constructors run, the axes they would read
+ * are checked (they crash on a goniometer with no readable axis and loop on cyclic dependencies), as is the count
+ * of detector elements (CBFlib divides by it).
+ *
  * How the geometry is written (DIALS's laboratory frame is imgCIF's: beam along -z, z towards the source):
  *
  *   GONIOMETER_PHI  rotation     goniometer  vector g->axis (the one scan axis)
@@ -587,11 +593,231 @@ static void mini_geometry(const char *text, nbg_geometry *g)
     }
 }
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Guarding CBFlib's geometry constructors                                                                      */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* CBFlib 0.9.7 builds a goniometer or a detector (cbf_construct_goniometer, cbf_construct_detector) as a
+ * "positioner": a list of axes read from the axis category, which it trusts.  It looks at its first axis without
+ * checking that it read one (a goniometer whose axes are missing, misnamed or unreadable crashes it), and when an
+ * axis depends on one the list lacks it reads that one and stops connecting the others.  So nbgrad first
+ * collects, with CBFlib's table calls only, the axes each constructor would list (in the same way: the
+ * measurement's or the detector's rows of diffrn_measurement_axis / diffrn_detector_axis, and the array's surface
+ * axes), and calls it only when each of them is in the axis category once, reads as CBFlib reads it, and depends
+ * (depends_on, rotation_axis) only on axes of the same list, without a cycle. */
+
+#define POS_MAX 32
+
+typedef struct {
+    const char *id[POS_MAX];
+    int setting[POS_MAX]; /* CBFlib's read_setting: 1 listed with a setting, 0 a surface axis */
+    int n;
+} axis_set;
+
+static int set_find(const axis_set *s, const char *id)
+{
+    for (int i = 0; i < s->n; ++i) {
+        if (strcasecmp(s->id[i], id) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static int set_add(axis_set *s, const char *id, int setting)
+{
+    if (id == NULL || s->n == POS_MAX)
+        return -1;
+    if (set_find(s, id) < 0)
+        s->id[s->n] = id, s->setting[s->n++] = setting;
+    return 0;
+}
+
+/* The axis id's dependency in column col (depends_on, rotation_axis): NULL when none ('.', '?', no column). */
+static const char *axis_dep(cbf_handle h, const char *id, const char *col)
+{
+    const char *v = NULL, *type = NULL;
+    if (cbf_find_category(h, "axis") != 0 || cbf_find_column(h, "id") != 0 || cbf_find_row(h, id) != 0 ||
+        cbf_find_column(h, col) != 0 || cbf_get_value(h, &v) != 0 || v == NULL)
+        return NULL;
+    if (cbf_get_typeofvalue(h, &type) == 0 && type != NULL && strcmp(type, "null") == 0)
+        return NULL;
+    return strcmp(v, ".") == 0 || strcmp(v, "?") == 0 ? NULL : v;
+}
+
+/* 1 when axis id is in the axis category once and reads as CBFlib's positioner reads it. */
+static int axis_readable(cbf_handle h, const char *id, int setting)
+{
+    unsigned int rows = 0, same = 0;
+    if (cbf_find_category(h, "axis") != 0 || cbf_count_rows(h, &rows) != 0 || cbf_find_column(h, "id") != 0)
+        return 0;
+    for (unsigned int r = 0; r < rows; ++r) {
+        const char *v = NULL;
+        if (cbf_select_row(h, r) != 0 || cbf_find_column(h, "id") != 0 || cbf_get_value(h, &v) != 0 || v == NULL)
+            return 0;
+        same += strcasecmp(v, id) == 0;
+    }
+    const char *v = NULL;
+    double a, b, c;
+    cbf_axis_type type;
+    if (same != 1 || cbf_find_column(h, "id") != 0 || cbf_find_row(h, id) != 0 ||
+        cbf_find_column(h, "depends_on") != 0 || cbf_get_value(h, &v) != 0)
+        return 0;
+    if (cbf_find_column(h, "rotation_axis") == 0 && cbf_get_value(h, &v) != 0)
+        return 0;
+    if (cbf_find_column(h, "rotation") == 0 && cbf_get_doublevalue(h, &a) != 0)
+        return 0;
+    if (cbf_get_axis_type(h, id, &type) != 0 || cbf_get_axis_vector(h, id, &a, &b, &c) != 0 ||
+        cbf_get_axis_offset(h, id, &a, &b, &c) != 0)
+        return 0;
+    return !setting || type == CBF_GENERAL_AXIS || cbf_get_axis_setting(h, 0, id, &a, &b) == 0;
+}
+
+/* 1 when there is no dependency cycle through axis i of s (colour: 0 unseen, 1 on the path, 2 done). */
+static int acyclic_from(cbf_handle h, const axis_set *s, int i, int *colour)
+{
+    static const char *const cols[2] = {"depends_on", "rotation_axis"};
+    if (colour[i] != 0)
+        return colour[i] == 2;
+    colour[i] = 1;
+    for (int c = 0; c < 2; ++c) {
+        const char *dep = axis_dep(h, s->id[i], cols[c]);
+        const int j = dep != NULL ? set_find(s, dep) : -1;
+        if (dep != NULL && (j < 0 || !acyclic_from(h, s, j, colour)))
+            return 0; /* a dependency outside the list, or a cycle */
+    }
+    colour[i] = 2;
+    return 1;
+}
+
+/* 1 when every axis of s is readable and depends only on axes of s, without a cycle. */
+static int set_sound(cbf_handle h, const axis_set *s)
+{
+    int colour[POS_MAX] = {0};
+    for (int i = 0; i < s->n; ++i) {
+        if (!axis_readable(h, s->id[i], s->setting[i]) || !acyclic_from(h, s, i, colour))
+            return 0;
+    }
+    return 1;
+}
+
+/* Adds the axis_id of each row of cat whose owner column (or its deprecated alias "id") is owner; -1 when the
+ * list overflows or a row cannot be read. */
+static int add_owned_axes(cbf_handle h, const char *cat, const char *owner_col, const char *owner, axis_set *s)
+{
+    unsigned int rows = 0;
+    if (cbf_find_category(h, cat) != 0 || cbf_count_rows(h, &rows) != 0)
+        return 0;
+    const char *col = cbf_find_column(h, owner_col) == 0 ? owner_col : "id";
+    for (unsigned int r = 0; r < rows; ++r) {
+        const char *who = NULL, *axis = NULL;
+        /* CBFlib selects a row only with a current column */
+        if (cbf_find_column(h, col) != 0 || cbf_select_row(h, r) != 0 || cbf_get_value(h, &who) != 0 || who == NULL)
+            return -1;
+        if (strcasecmp(who, owner) != 0)
+            continue;
+        if (cbf_find_column(h, "axis_id") != 0 || cbf_get_value(h, &axis) != 0 || set_add(s, axis, 1) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The id of the row of cat whose diffrn_id is the experiment's (as the constructors find it); NULL when none. */
+static const char *owner_id(cbf_handle h, const char *cat)
+{
+    const char *diffrn = NULL, *id = NULL;
+    if (cbf_get_diffrn_id(h, &diffrn) != 0 || diffrn == NULL || cbf_find_category(h, cat) != 0 ||
+        cbf_find_column(h, "diffrn_id") != 0 || cbf_find_row(h, diffrn) != 0 || cbf_find_column(h, "id") != 0 ||
+        cbf_get_value(h, &id) != 0)
+        return NULL;
+    return id;
+}
+
+/* 1 when cbf_construct_goniometer may be called: it fails cleanly before reading axes, or every axis it reads is
+ * sound; 0 when it would crash (nbgrad then takes the file for a still, as it does when the constructor fails). */
+static int goniometer_safe(cbf_handle h)
+{
+    const char *id = owner_id(h, "diffrn_measurement");
+    if (id == NULL)
+        return 1; /* the constructor stops before its positioner */
+    axis_set s = {.n = 0};
+    if (add_owned_axes(h, "diffrn_measurement_axis", "measurement_id", id, &s) != 0 || s.n == 0)
+        return 0;
+    return set_sound(h, &s);
+}
+
+/* The axis_id of array_structure_list_axis row axis_set; NULL when none. */
+static const char *surface_axis(cbf_handle h, const char *axis_set_id)
+{
+    const char *axis = NULL;
+    if (cbf_find_category(h, "array_structure_list_axis") != 0 || cbf_find_column(h, "axis_set_id") != 0 ||
+        cbf_find_row(h, axis_set_id) != 0 || cbf_find_column(h, "axis_id") != 0 || cbf_get_value(h, &axis) != 0)
+        return NULL;
+    return axis;
+}
+
+/* Adds the surface axes of detector element 0 (array_structure_list's axis sets of its array, precedence 1 and 2),
+ * as cbf_construct_detector finds them; 1 when it would stop before its positioner (it then fails cleanly). */
+static int add_surface_axes(cbf_handle h, axis_set *s)
+{
+    const char *array_id = NULL, *section = NULL, *col = "array_section_id";
+    if (cbf_get_array_id(h, 0, &array_id) != 0 || cbf_get_array_section_id(h, 0, &section) != 0 || section == NULL ||
+        cbf_find_category(h, "array_structure_list") != 0)
+        return 1;
+    if (cbf_find_column(h, col) != 0)
+        col = cbf_find_column(h, "array_id") == 0 ? "array_id" : "array_section";
+    if (cbf_find_column(h, col) != 0)
+        return 1;
+    unsigned int rows = 0;
+    const char *sets[2] = {NULL, NULL};
+    if (cbf_count_rows(h, &rows) != 0)
+        return 1;
+    for (unsigned int r = 0; r < rows; ++r) {
+        const char *v = NULL, *set = NULL;
+        int prec = 0;
+        if (cbf_select_row(h, r) != 0 || cbf_find_column(h, col) != 0 || cbf_get_value(h, &v) != 0 || v == NULL ||
+            strcmp(v, section) != 0)
+            continue;
+        if (cbf_find_column(h, "precedence") != 0 || cbf_get_integervalue(h, &prec) != 0 || prec < 1 || prec > 2 ||
+            sets[prec - 1] != NULL || cbf_find_column(h, "axis_set_id") != 0 || cbf_get_value(h, &set) != 0 ||
+            set == NULL)
+            return 1;
+        sets[prec - 1] = set;
+    }
+    for (int k = 0; k < 2; ++k) {
+        const char *axis = sets[k] != NULL ? surface_axis(h, sets[k]) : NULL;
+        if (sets[k] != NULL && (axis == NULL || set_add(s, axis, 0) != 0))
+            return 1;
+    }
+    return sets[0] == NULL;
+}
+
+/* 1 when cbf_construct_detector (element 0) may be called: it fails cleanly before reading axes, or every axis
+ * of its positioner is sound. */
+static int detector_safe(cbf_handle h)
+{
+    const char *id = owner_id(h, "diffrn_detector");
+    axis_set s = {.n = 0};
+    if (id == NULL || add_surface_axes(h, &s))
+        return 1;
+    axis_set all = {.n = 0};
+    if (add_owned_axes(h, "diffrn_detector_axis", "detector_id", id, &all) != 0)
+        return 0;
+    for (int i = 0; i < s.n; ++i) {
+        if (set_add(&all, s.id[i], 0) != 0)
+            return 0;
+    }
+    return set_sound(h, &all);
+}
+
 /* Reads the full CBF geometry into g; 0, or the CBFlib code with *where naming what failed. */
 static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
 {
     cbf_detector det = NULL;
     int code;
+    *where = "the detector's axes (diffrn_detector_axis, array_structure_list_axis, axis: one missing, unreadable, "
+             "or depending on an axis the detector does not list)";
+    if (!detector_safe(h))
+        return CBF_FORMAT;
     *where = "the detector (diffrn_detector, array_structure_list, axis)";
     if ((code = cbf_construct_detector(h, &det, 0)) != 0)
         return code;
@@ -630,9 +856,10 @@ static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
         g->polarization_normal[2] = 0;
     }
 
-    /* A file without a goniometer is a still: the default axis and a scan of width 0. */
+    /* A file without a goniometer is a still: the default axis and a scan of width 0 (also one whose goniometer
+     * CBFlib cannot build, or could not without crashing). */
     cbf_goniometer gon = NULL;
-    if (cbf_construct_goniometer(h, &gon) == 0) {
+    if (goniometer_safe(h) && cbf_construct_goniometer(h, &gon) == 0) {
         double start = 0, inc = 0, a[3];
         *where = "the goniometer (diffrn_measurement_axis, diffrn_scan_axis, diffrn_scan_frame_axis)";
         code = cbf_get_rotation_axis(gon, 0, &a[0], &a[1], &a[2]);
@@ -680,9 +907,9 @@ static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
 
 /* The state of one read, freed in one place. */
 typedef struct {
+    nbgi_cbf_file file; /* the file's bytes, its binary sections and the text CBFlib parses */
     cbf_handle h;
     cbflog log;
-    void *raw;
     float *img;
     uint8_t *mask;
 } cbfr;
@@ -690,9 +917,9 @@ typedef struct {
 static void r_free(cbfr *r)
 {
     if (r->h != NULL)
-        cbf_free_handle(r->h); /* also closes the file CBFlib kept open for the binary section */
+        cbf_free_handle(r->h); /* also closes the in-memory stream of r->file.text */
     log_close(&r->log);
-    free(r->raw);
+    nbgi_cbf_release(&r->file);
     free(r->img);
     free(r->mask);
 }
@@ -731,6 +958,183 @@ static int looks_like_cbf(FILE *fp)
     return 0;
 }
 
+/* 1 when the first thing in text after blanks and comments is a data block header (data_): CIF puts every item in
+ * a data block, and CBFlib 0.9.7 leaks the token it stops at when something else comes first. */
+static int starts_with_data_block(const char *text)
+{
+    const char *p = text;
+    for (;;) {
+        p += strspn(p, " \t\r\n\f\v");
+        if (*p != '#')
+            break;
+        p += strcspn(p, "\r\n");
+    }
+    return strncasecmp(p, "data_", 5) == 0;
+}
+
+/* Reads the file into r->file (nbgrad finds and checks the binary sections: src/cbfbin.c), then has CBFlib parse
+ * its text, in which each binary section is a placeholder word: CBFlib never reads binary data. */
+static int r_open(nbg_ctx *ctx, const char *path, cbfr *r)
+{
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL)
+        return nbgi_error(ctx, NBG_EIO, "reading %s: cannot open it: %s", path, strerror(errno));
+    if (!looks_like_cbf(fp)) {
+        fclose(fp);
+        return nbgi_error(ctx, NBG_EFORMAT, "reading %s: not a CBF file (no ###CBF signature or CIF data block)",
+                          path);
+    }
+    int rc = nbgi_cbf_load(ctx, path, fp, &r->file);
+    fclose(fp);
+    if (rc != NBG_OK)
+        return rc;
+    if (!starts_with_data_block(r->file.text)) {
+        nbgi_cbf_release(&r->file);
+        return nbgi_error(ctx, NBG_EFORMAT, "reading %s: not a CBF file: something other than a comment comes "
+                          "before its first data block (data_)", path);
+    }
+    int code = cbf_make_handle(&r->h);
+    if (code != 0) {
+        r->h = NULL;
+        return r_fail(ctx, r, cbf_status(code), "reading %s: CBFlib could not make a handle (%s)", path,
+                      cbf_code_name(code));
+    }
+    log_open(&r->log, r->h);
+    FILE *text = fmemopen(r->file.text, r->file.textlen, "rb");
+    if (text == NULL)
+        return r_fail(ctx, r, NBG_ENOMEM, "reading %s: cannot open a stream on its text: %s", path, strerror(errno));
+    /* The handle owns the stream from here, on success and failure alike (it closes it with the handle). */
+    code = cbf_read_widefile(r->h, text, MSG_NODIGEST);
+    if (code != 0)
+        return r_fail(ctx, r, cbf_status(code), "reading %s: CBFlib could not parse it (%s): truncated or not CBF",
+                      path, cbf_code_name(code));
+    /* CBFlib 0.9.7 numbers detector elements modulo their count: a diffrn_detector_element category that lists
+     * none of the detector's divides by zero in every call that looks an element up (cbf_get_array_id, the
+     * detector, the gain and overload). */
+    unsigned int elements = 0;
+    if (cbf_count_elements(r->h, &elements) == 0 && elements == 0)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: diffrn_detector_element lists no element of the detector",
+                      path);
+    return NBG_OK;
+}
+
+/* The binary section that the first row of _array_data.data names (its placeholder), into *k. */
+static int r_image_section(nbg_ctx *ctx, const char *path, cbfr *r, int *k)
+{
+    if (cbf_find_category(r->h, "array_data") != 0 || cbf_find_column(r->h, "data") != 0 ||
+        cbf_rewind_row(r->h) != 0)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: no image: the file has no _array_data.data", path);
+    const char *value = NULL;
+    if (cbf_get_value(r->h, &value) != 0 || (*k = nbgi_cbf_section_of(&r->file, value)) < 0)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: no image: _array_data.data is not a binary section", path);
+    return NBG_OK;
+}
+
+/* The image's size: the binary header's dimensions (fastest first), else array_structure_list's, checked against
+ * each other and the element count. */
+static int r_dimensions(nbg_ctx *ctx, const char *path, cbfr *r, const nbgi_cbf_section *s, size_t *dimf,
+                        size_t *dimm)
+{
+    if (!s->has_nel)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: _array_data.data: the binary section gives no "
+                      "X-Binary-Number-of-Elements", path);
+    for (int d = 0; d < 3; ++d) {
+        if (s->dim[d] > INT32_MAX)
+            return r_fail(ctx, r, NBG_EFORMAT, "reading %s: _array_data.data: the binary section's dimension %d "
+                          "(%llu) is too large", path, d + 1, (unsigned long long)s->dim[d]);
+    }
+    uint64_t df = s->dim[0], dm = s->dim[1], ds = s->dim[2];
+    if (df == 0) {
+        size_t sf = 0, ss = 0;
+        if (cbf_get_image_size_fs(r->h, 0, 0, &sf, &ss) == 0)
+            df = sf, dm = ss, ds = 1;
+    }
+    if (ds == 0)
+        ds = 1;
+    if (dm == 0)
+        dm = 1;
+    uint64_t n;
+    if (df == 0 || __builtin_mul_overflow(df, dm, &n) || __builtin_mul_overflow(n, ds, &n) || n != s->nel)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: _array_data.data: the dimensions %llu x %llu x %llu do not "
+                      "match the %llu elements", path, (unsigned long long)df, (unsigned long long)dm,
+                      (unsigned long long)ds, (unsigned long long)s->nel);
+    if (ds != 1)
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: _array_data.data: a 3-D array (%llu x %llu x %llu) is not "
+                      "one image", path, (unsigned long long)df, (unsigned long long)dm, (unsigned long long)ds);
+    if (df > INT32_MAX || dm > INT32_MAX || n > SIZE_MAX / sizeof(float))
+        return r_fail(ctx, r, NBG_EFORMAT, "reading %s: _array_data.data: the image size %llu x %llu is too large",
+                      path, (unsigned long long)df, (unsigned long long)dm);
+    *dimf = (size_t)df, *dimm = (size_t)dm;
+    return NBG_OK;
+}
+
+/* Decodes binary section k (nel elements) into r->img, after checking it and the memory it needs. */
+static int r_pixels(nbg_ctx *ctx, const char *path, cbfr *r, int k, size_t dimf, size_t dimm, int want_mask)
+{
+    const size_t nel = dimf * dimm;
+    int rc = nbgi_cbf_check(ctx, path, &r->file, k, nel);
+    if (rc != NBG_OK) {
+        r_free(r);
+        return rc;
+    }
+    char what[400];
+    snprintf(what, sizeof what, "the image of %s (%zu x %zu pixels)", path, dimf, dimm);
+    const double held = (double)r->file.len + (double)r->file.textlen;
+    rc = nbgi_check_bytes(ctx, held + (double)nel * (sizeof(float) + (want_mask ? 1 : 0)), what);
+    if (rc != NBG_OK) {
+        r_free(r);
+        return rc;
+    }
+    r->img = malloc(nel * sizeof(float));
+    if (r->img == NULL)
+        return r_fail(ctx, r, NBG_ENOMEM, "reading %s: out of memory for %s", path, what);
+    rc = nbgi_cbf_decode(ctx, path, &r->file, k, nel, r->img);
+    if (rc != NBG_OK)
+        r_free(r);
+    return rc;
+}
+
+/* The geometry: a full CBF's axis categories, else a miniCBF's Pilatus header. */
+static int r_geometry(nbg_ctx *ctx, const char *path, cbfr *r, size_t dimf, size_t dimm, nbg_geometry *gg)
+{
+    nbgi_geometry_init(gg);
+    gg->fpixels = (int)dimf, gg->spixels = (int)dimm;
+    const int full = cbf_find_category(r->h, "axis") == 0;
+    if (full) {
+        const char *where = "";
+        const int code = full_geometry(r->h, gg, &where);
+        if (code != 0)
+            return r_fail(ctx, r, cbf_status(code), "reading %s: CBFlib cannot read %s (%s)", path, where,
+                          cbf_code_name(code));
+        size_t sf = 0, ss = 0;
+        if (cbf_get_image_size_fs(r->h, 0, 0, &sf, &ss) == 0 && (sf != dimf || ss != dimm))
+            return r_fail(ctx, r, NBG_EFORMAT, "reading %s: array_structure_list gives %zu x %zu pixels but the "
+                          "binary section holds %zu x %zu", path, sf, ss, dimf, dimm);
+    } else {
+        const char *text = NULL;
+        if (r_string(r->h, "array_data", "header_contents", &text) == 0)
+            mini_geometry(text, gg);
+    }
+    return NBG_OK;
+}
+
+/* r->mask: the negative and overloaded pixels (NULL when there are none). */
+static int r_mask(nbg_ctx *ctx, const char *path, cbfr *r, size_t nel, double saturation)
+{
+    const double over = isfinite(saturation) ? saturation : INFINITY;
+    size_t nbad = 0;
+    for (size_t i = 0; i < nel; ++i)
+        nbad += r->img[i] < 0 || r->img[i] >= over;
+    if (nbad == 0)
+        return NBG_OK;
+    r->mask = malloc(nel);
+    if (r->mask == NULL)
+        return r_fail(ctx, r, NBG_ENOMEM, "reading %s: out of memory for the mask", path);
+    for (size_t i = 0; i < nel; ++i)
+        r->mask[i] = r->img[i] < 0 || r->img[i] >= over;
+    return NBG_OK;
+}
+
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
 {
     if (image != NULL)
@@ -743,145 +1147,25 @@ int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, n
         return nbgi_error(ctx, NBG_EINVAL, "reading a CBF file: no file name or output");
     cbfr r;
     memset(&r, 0, sizeof r);
-
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL)
-        return nbgi_error(ctx, NBG_EIO, "reading %s: cannot open it: %s", path, strerror(errno));
-    if (!looks_like_cbf(fp)) {
-        fclose(fp);
-        return nbgi_error(ctx, NBG_EFORMAT, "reading %s: not a CBF file (no ###CBF signature or CIF data block)",
-                          path);
-    }
-    int code = cbf_make_handle(&r.h);
-    if (code != 0) {
-        fclose(fp);
-        return nbgi_error(ctx, cbf_status(code), "reading %s: CBFlib could not make a handle (%s)", path,
-                          cbf_code_name(code));
-    }
-    log_open(&r.log, r.h);
-    /* The handle owns fp from here, on success and failure alike (CBFlib reads the binary section on demand and
-     * closes the file with the handle).  MSG_DIGESTNOW checks each binary section's MD5 while parsing, so a
-     * damaged section is found here rather than half-way through decompression. */
-    code = cbf_read_widefile(r.h, fp, MSG_DIGESTNOW);
-    if (code != 0)
-        return r_fail(ctx, &r, cbf_status(code), "reading %s: CBFlib could not parse it (%s): truncated or not CBF",
-                      path, cbf_code_name(code));
-
-    if (cbf_find_category(r.h, "array_data") != 0 || cbf_find_column(r.h, "data") != 0 || cbf_rewind_row(r.h) != 0)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: no image: the file has no _array_data.data", path);
-    const char *type = NULL;
-    if (cbf_get_typeofvalue(r.h, &type) != 0 || type == NULL || strcmp(type, "bnry") != 0)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: no image: _array_data.data is not a binary section", path);
-
-    unsigned int compression;
-    int binary_id, elsigned, elunsigned, minel, maxel, realarray;
-    size_t elsize, nel, dimf, dimm, dims, padding;
-    const char *byteorder;
-    code = cbf_get_arrayparameters_wdims_fs(r.h, &compression, &binary_id, &elsize, &elsigned, &elunsigned, &nel,
-                                            &minel, &maxel, &realarray, &byteorder, &dimf, &dimm, &dims, &padding);
-    if (code != 0)
-        return r_fail(ctx, &r, cbf_status(code), "reading %s: _array_data.data: CBFlib cannot read the binary "
-                      "section's parameters (%s)", path, cbf_code_name(code));
-    /* The dimensions: the binary header's, else array_structure_list's. */
-    if (dimf == 0) {
-        size_t sf = 0, ss = 0;
-        if (cbf_get_image_size_fs(r.h, 0, 0, &sf, &ss) == 0)
-            dimf = sf, dimm = ss, dims = 1;
-    }
-    if (dims == 0)
-        dims = 1;
-    if (dimm == 0)
-        dimm = 1;
-    if (dimf == 0 || (double)dimf * dimm * dims != (double)nel)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: the dimensions %zu x %zu x %zu do not "
-                      "match the %zu elements", path, dimf, dimm, dims, nel);
-    if (dims != 1)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: a 3-D array (%zu x %zu x %zu) is not "
-                      "one image", path, dimf, dimm, dims);
-    if (dimf > INT32_MAX || dimm > INT32_MAX)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: the image size %zu x %zu is too large",
-                      path, dimf, dimm);
-    const int okreal = realarray && (elsize == 4 || elsize == 8);
-    const int okint = !realarray && (elsize == 1 || elsize == 2 || elsize == 4 || elsize == 8);
-    if (!okreal && !okint)
-        return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: _array_data.data: elements of %zu bytes (%s) are not "
-                      "supported", path, elsize, realarray ? "real" : "integer");
-    char what[400];
-    snprintf(what, sizeof what, "the image of %s (%zu x %zu pixels)", path, dimf, dimm);
-    int rc = nbgi_check_bytes(ctx, (double)nel * ((double)elsize + sizeof(float) + (mask != NULL ? 1 : 0)), what);
-    if (rc != NBG_OK) {
-        r_free(&r);
+    int k = -1, rc;
+    size_t dimf = 0, dimm = 0;
+    if ((rc = r_open(ctx, path, &r)) != NBG_OK || (rc = r_image_section(ctx, path, &r, &k)) != NBG_OK ||
+        (rc = r_dimensions(ctx, path, &r, &r.file.sec[k], &dimf, &dimm)) != NBG_OK ||
+        (rc = r_pixels(ctx, path, &r, k, dimf, dimm, mask != NULL)) != NBG_OK)
         return rc;
-    }
-    r.raw = malloc(nel * elsize);
-    r.img = malloc(nel * sizeof(float));
-    if (r.raw == NULL || r.img == NULL)
-        return r_fail(ctx, &r, NBG_ENOMEM, "reading %s: out of memory for %s", path, what);
-    size_t got = 0;
-    int id = binary_id;
-    if (realarray)
-        code = cbf_get_realarray(r.h, &id, r.raw, elsize, nel, &got);
-    else
-        code = cbf_get_integerarray(r.h, &id, r.raw, elsize, elsigned, nel, &got);
-    if (code != 0 || got != nel)
-        return r_fail(ctx, &r, code != 0 ? cbf_status(code) : NBG_EFORMAT, "reading %s: _array_data.data: the "
-                      "binary section is damaged or truncated (%s; %zu of %zu elements)", path,
-                      code != 0 ? cbf_code_name(code) : "short", got, nel);
-    for (size_t i = 0; i < nel; ++i) {
-        double v;
-        if (realarray)
-            v = elsize == 4 ? (double)((const float *)r.raw)[i] : ((const double *)r.raw)[i];
-        else if (elsize == 1)
-            v = elsigned ? (double)((const int8_t *)r.raw)[i] : (double)((const uint8_t *)r.raw)[i];
-        else if (elsize == 2)
-            v = elsigned ? (double)((const int16_t *)r.raw)[i] : (double)((const uint16_t *)r.raw)[i];
-        else if (elsize == 4)
-            v = elsigned ? (double)((const int32_t *)r.raw)[i] : (double)((const uint32_t *)r.raw)[i];
-        else
-            v = elsigned ? (double)((const int64_t *)r.raw)[i] : (double)((const uint64_t *)r.raw)[i];
-        r.img[i] = (float)v;
-    }
-
-    /* The geometry: a full CBF's axis categories, else a miniCBF's Pilatus header. */
     nbg_geometry gg;
-    nbgi_geometry_init(&gg);
-    gg.fpixels = (int)dimf, gg.spixels = (int)dimm;
-    const int full = cbf_find_category(r.h, "axis") == 0;
-    if (full) {
-        const char *where = "";
-        code = full_geometry(r.h, &gg, &where);
-        if (code != 0)
-            return r_fail(ctx, &r, cbf_status(code), "reading %s: CBFlib cannot read %s (%s)", path, where,
-                          cbf_code_name(code));
-        size_t sf = 0, ss = 0;
-        if (cbf_get_image_size_fs(r.h, 0, 0, &sf, &ss) == 0 && (sf != dimf || ss != dimm))
-            return r_fail(ctx, &r, NBG_EFORMAT, "reading %s: array_structure_list gives %zu x %zu pixels but the "
-                          "binary section holds %zu x %zu", path, sf, ss, dimf, dimm);
-    } else {
-        const char *text = NULL;
-        if (r_string(r.h, "array_data", "header_contents", &text) == 0)
-            mini_geometry(text, &gg);
-    }
-
+    if ((rc = r_geometry(ctx, path, &r, dimf, dimm, &gg)) != NBG_OK)
+        return rc;
     if (mask != NULL) {
-        const double over = isfinite(gg.saturation) ? gg.saturation : INFINITY;
-        size_t nbad = 0;
-        for (size_t i = 0; i < nel; ++i)
-            nbad += r.img[i] < 0 || r.img[i] >= over;
-        if (nbad > 0) {
-            r.mask = malloc(nel);
-            if (r.mask == NULL)
-                return r_fail(ctx, &r, NBG_ENOMEM, "reading %s: out of memory for the mask", path);
-            for (size_t i = 0; i < nel; ++i)
-                r.mask[i] = r.img[i] < 0 || r.img[i] >= over;
-        }
+        if ((rc = r_mask(ctx, path, &r, dimf * dimm, gg.saturation)) != NBG_OK)
+            return rc;
         *mask = r.mask;
         r.mask = NULL;
     }
     if (g != NULL)
         *g = gg;
     *image = r.img;
-    *npix = nel;
+    *npix = dimf * dimm;
     r.img = NULL;
     r_free(&r);
     return NBG_OK;

@@ -52,4 +52,52 @@ int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **im
                            nbg_geometry *g, uint8_t **mask, int *nmodules);
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
 
+/* The binary sections of a CBF file, which nbgrad finds and decodes itself (src/cbfbin.c): CBFlib then parses a
+ * copy of the file in which each section is a placeholder word, i.e. text only. */
+typedef enum { NBGI_CBF_UNCOMPRESSED = 0, NBGI_CBF_BYTE_OFFSET, NBGI_CBF_OTHER } nbgi_cbf_compression;
+
+/* One binary section as its MIME header describes it (checked against the file: its data lie in it). */
+typedef struct {
+    size_t at;            /* the byte of the ';' that opens its text field */
+    size_t end;           /* just past the ';' that closes its text field */
+    size_t data;          /* its first data byte (after the start marker) */
+    uint64_t size;        /* X-Binary-Size: the data bytes */
+    int compression;      /* nbgi_cbf_compression */
+    char conversion[48];  /* Content-Type's conversions as written ("" when none: uncompressed) */
+    char encoding[24];    /* Content-Transfer-Encoding ("" when not stated) */
+    char eltype[48];      /* X-Binary-Element-Type as written ("" when not stated: signed 32-bit integer) */
+    int elbytes;          /* the element's bytes, 1, 2, 4 or 8; 0 for a type nbgrad does not read */
+    int elsigned, elreal; /* a signed integer; an IEEE real */
+    int bigendian;        /* X-Binary-Element-Byte-Order: 0 LITTLE_ENDIAN (the default), 1 BIG_ENDIAN, -1 other */
+    int has_nel;          /* X-Binary-Number-of-Elements stated */
+    uint64_t nel;
+    uint64_t dim[3];      /* X-Binary-Size-Fastest/Second/Third-Dimension; 0 when not stated */
+    char md5[25];         /* Content-MD5 ("" when none) */
+} nbgi_cbf_section;
+
+typedef struct {
+    unsigned char *bytes; /* the whole file */
+    size_t len;
+    char *text;           /* the file with each binary section's text field replaced by a placeholder word */
+    size_t textlen;
+    nbgi_cbf_section *sec;
+    int nsec;
+} nbgi_cbf_file;
+
+/* Reads the file open as fp (from its start) into f, finds and checks every binary section (its MIME header, the
+ * start marker, X-Binary-Size bytes in the file, the ';' that ends its text field) and builds f->text.  Refused
+ * (NBG_EFORMAT naming the file, the section and the byte): a malformed section, a MIME boundary anywhere else,
+ * a control byte outside the binary sections (CBFlib would take it for binary data).  f is released on failure. */
+int nbgi_cbf_load(nbg_ctx *ctx, const char *path, FILE *fp, nbgi_cbf_file *f);
+void nbgi_cbf_release(nbgi_cbf_file *f);
+/* The section whose placeholder value is (0-based), or -1 when value is no placeholder. */
+int nbgi_cbf_section_of(const nbgi_cbf_file *f, const char *value);
+/* Checks that section k can be decoded into nel elements (encoding, compression, element type and byte order,
+ * X-Binary-Size against nel) before anything is allocated: NBG_EUNSUP or NBG_EFORMAT naming the file otherwise. */
+int nbgi_cbf_check(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k, uint64_t nel);
+/* Verifies section k's Content-MD5 when it has one, then decodes its nel elements into out as float (through
+ * double, as (float)(double)value); a stream that ends early or holds more than nel elements is NBG_EFORMAT
+ * naming the file and the element. */
+int nbgi_cbf_decode(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k, uint64_t nel, float *out);
+
 #endif

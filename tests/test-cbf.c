@@ -2,7 +2,16 @@
  * test-cbf.c -- checks of the CBF (imgCIF) writer and reader in src/cbf.c: write-then-read round trips of the
  * geometry and the pixels (int32 with negative and large values), a frame past the first, the mask of negative
  * and overloaded pixels, the output set, and the refusals (invalid geometry, a frame outside the scan, a truncated
- * file, a file that is not CBF, a CBF without an image, a binary header that claims a huge image).
+ * file, a file that is not CBF, a CBF without an image, a binary header that claims a huge image), and the binary
+ * sections that nbgrad decodes itself (src/cbfbin.c), built by hand around a written file's text: byte_offset with
+ * deltas of every width and uncompressed sections of several types decoded bit for bit (cbf-bin-byte-offset,
+ * cbf-bin-none-*), and malformed ones refused with a message naming the file, never a crash (cbf-bin-*: sizes that
+ * lie, counts that disagree with the dimensions or the data, streams cut inside an escape, dimensions that
+ * overflow, a missing start marker, compressions and encodings nbgrad does not decode, a MIME boundary or a control
+ * byte in the text CBFlib would take for binary data), and axis categories CBFlib's geometry constructors would
+ * crash on, refused or read as a still (cbf-geom-*).  Real beamline images from ../shared/data/real (Pilatus and
+ * Eiger, full CBF and miniCBF; decompressed with gzip or bzip2 into the temporary directory) must read bit for bit
+ * as they did through CBFlib's decoder (cbf-real-*; skipped when the folder is missing).
  *
  * Prints one line per check and a final "N passed, M failed".  Temporary files live in a fresh directory under
  * $TMPDIR (or /tmp) that is removed at the end.  Built without CBFlib (FORMATS=0) the calls must say so
@@ -311,6 +320,539 @@ static void test_errors(nbg_ctx *ctx)
     free(data);
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Binary sections built by hand: nbgrad decodes them itself (src/cbfbin.c), CBFlib only parses the text       */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* A file nbgrad wrote, cut around its binary section: head up to and including the opening MIME boundary line,
+ * tail from the end of the data (the closing boundary, the ';' line) to the end of the file. */
+typedef struct {
+    char *file;
+    size_t size;
+    size_t nhead, tail; /* head: file[0, nhead); tail: file[tail, size) */
+} cbf_parts;
+
+static int split_cbf(char *file, size_t size, cbf_parts *p)
+{
+    static const char boundary[] = "--CIF-BINARY-FORMAT-SECTION--\r\n";
+    static const unsigned char marker[4] = {0x0C, 0x1A, 0x04, 0xD5};
+    p->file = file, p->size = size;
+    const char *b = strstr(file, boundary);
+    const char *sz = strstr(file, "X-Binary-Size:");
+    const unsigned char *m = memmem(file, size, marker, sizeof marker);
+    if (b == NULL || sz == NULL || m == NULL)
+        return 0;
+    p->nhead = (size_t)(b - file) + strlen(boundary);
+    const size_t data = (size_t)((const char *)m - file) + sizeof marker;
+    p->tail = data + strtoul(sz + 14, NULL, 10);
+    return p->tail <= size;
+}
+
+/* A MIME header (the lines, each ending CR LF; the empty line that ends it is added by write_cbf). */
+static void mime(char *buf, size_t size, const char *conversions, const char *type, const char *order, size_t bytes,
+                 size_t nel, const char *f, const char *s, const char *extra)
+{
+    snprintf(buf, size,
+             "Content-Type: application/octet-stream;\r\n     conversions=\"%s\"\r\n"
+             "Content-Transfer-Encoding: BINARY\r\nX-Binary-Size: %zu\r\nX-Binary-ID: 1\r\n"
+             "X-Binary-Element-Type: \"%s\"\r\nX-Binary-Element-Byte-Order: %s\r\n"
+             "X-Binary-Number-of-Elements: %zu\r\nX-Binary-Size-Fastest-Dimension: %s\r\n"
+             "X-Binary-Size-Second-Dimension: %s\r\n%s",
+             conversions, bytes, type, order, nel, f, s, extra);
+}
+
+/* Writes the head, the header lines, the empty line, the start marker, n data bytes and the tail (the first
+ * tail_cut bytes of the tail left out). */
+static void write_cbf(const char *path, const cbf_parts *p, const char *header, const void *data, size_t n,
+                      size_t tail_cut)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return;
+    fwrite(p->file, 1, p->nhead, f);
+    fputs(header, f);
+    fputs("\r\n", f);
+    fwrite("\x0c\x1a\x04\xd5", 1, 4, f);
+    fwrite(data, 1, n, f);
+    if (p->size - p->tail > tail_cut)
+        fwrite(p->file + p->tail + tail_cut, 1, p->size - p->tail - tail_cut, f);
+    fclose(f);
+}
+
+static size_t put_le(unsigned char *out, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; ++i)
+        out[i] = (unsigned char)(v >> (8 * i));
+    return (size_t)bytes;
+}
+
+/* The byte_offset stream of v[0..n) (the test's own encoder, from the format's description: each delta from the
+ * previous value in 1 byte, else 0x80 and 2 bytes, else 0x8000 too and 4 bytes, else 0x80000000 too and 8 bytes,
+ * all little-endian); out holds 15 n bytes.  The deltas are exact (no wrapping), in 64 bits. */
+static size_t bo_encode(const int64_t *v, size_t n, unsigned char *out)
+{
+    size_t p = 0;
+    int64_t prev = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t d = v[i] - prev;
+        prev = v[i];
+        if (d >= -127 && d <= 127) {
+            out[p++] = (unsigned char)(int8_t)d;
+            continue;
+        }
+        out[p++] = 0x80;
+        if (d >= -32767 && d <= 32767) {
+            p += put_le(out + p, (uint64_t)d, 2);
+            continue;
+        }
+        p += put_le(out + p, 0x8000, 2);
+        if (d >= -2147483647 && d <= 2147483647) {
+            p += put_le(out + p, (uint64_t)d, 4);
+            continue;
+        }
+        p += put_le(out + p, 0x80000000u, 4);
+        p += put_le(out + p, (uint64_t)d, 8);
+    }
+    return p;
+}
+
+/* Reads path and checks that every pixel is want[i] exactly. */
+static void expect_pixels(nbg_ctx *ctx, const char *path, const float *want, size_t n, const char *id,
+                          const char *what)
+{
+    float *img = NULL;
+    size_t npix = 0;
+    const int rc = nbgi_read_cbf(ctx, path, &img, &npix, NULL, NULL);
+    size_t bad = 0;
+    for (size_t i = 0; rc == NBG_OK && npix == n && i < n; ++i)
+        bad += memcmp(&img[i], &want[i], sizeof(float)) != 0;
+    nbgi_test_check(rc == NBG_OK && npix == n && bad == 0, id, "%s: %zu pixels, %zu differ (%s)", what, npix, bad,
+                    rc != NBG_OK ? nbg_errmsg(ctx) : "ok");
+    free(img);
+}
+
+/* Good sections of every kind nbgrad decodes, decoded bit for bit. */
+static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const char *sf, const char *ss)
+{
+    char path[4200], head[2048];
+    int64_t *v = calloc(n, sizeof *v);
+    float *want = calloc(n, sizeof *want);
+    unsigned char *buf = calloc(15, n);
+
+    /* byte_offset with deltas of every width: 1, 2, 4 and 8 bytes (2e9 to -2e9 and back) */
+    for (size_t i = 0; i < n; ++i)
+        v[i] = (int64_t)(i % 7) * 30 - 90 + (i % 100 == 5 ? 40000 : 0) + (i % 100 == 50 ? 3000000 : 0);
+    v[200] = 2000000000, v[201] = -2000000000, v[202] = 2147483647, v[203] = -2147483647 - 1, v[204] = 0;
+    for (size_t i = 0; i < n; ++i)
+        want[i] = (float)(double)v[i];
+    size_t nb = bo_encode(v, n, buf);
+    mime(head, sizeof head, "x-CBF_BYTE_OFFSET", "signed 32-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
+    tmp_path("bo_good.cbf", path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-byte-offset", "byte_offset with 1-, 2-, 4- and 8-byte deltas");
+
+    /* unsigned 16-bit byte_offset: the sum wraps in 16 bits, as CBFlib's writer relies on (65535 + 1 = 0) */
+    for (size_t i = 0; i < n; ++i)
+        v[i] = i % 2 == 0 ? 65535 : 65536; /* the stream's exact values; the element is v mod 2^16 */
+    for (size_t i = 0; i < n; ++i)
+        want[i] = (float)(v[i] % 65536);
+    nb = bo_encode(v, n, buf);
+    mime(head, sizeof head, "x-CBF_BYTE_OFFSET", "unsigned 16-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
+    tmp_path("bo_u16.cbf", path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-byte-offset-wrap", "unsigned 16-bit byte_offset, modulo 2^16");
+
+    /* uncompressed: signed 32-bit little-endian, unsigned 16-bit big-endian, IEEE reals of both widths */
+    nb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t x = (int32_t)(i * 2654435761u);
+        nb += put_le(buf + nb, (uint32_t)x, 4);
+        want[i] = (float)(double)x;
+    }
+    mime(head, sizeof head, "x-CBF_NONE", "signed 32-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
+    tmp_path("none_s32.cbf", path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-none-s32-le", "x-CBF_NONE signed 32-bit little-endian");
+
+    nb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const uint16_t x = (uint16_t)(i * 40503u);
+        buf[nb++] = (unsigned char)(x >> 8), buf[nb++] = (unsigned char)x;
+        want[i] = (float)x;
+    }
+    mime(head, sizeof head, "x-CBF_NONE", "unsigned 16-bit integer", "BIG_ENDIAN", nb, n, sf, ss, "");
+    tmp_path("none_u16be.cbf", path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-none-u16-be", "x-CBF_NONE unsigned 16-bit big-endian");
+
+    nb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double x = ((double)i - 1000.0) / 7.0;
+        uint64_t bits;
+        memcpy(&bits, &x, sizeof bits);
+        for (int k = 7; k >= 0; --k)
+            buf[nb++] = (unsigned char)(bits >> (8 * k));
+        want[i] = (float)x;
+    }
+    mime(head, sizeof head, "x-CBF_NONE", "signed 64-bit real IEEE", "BIG_ENDIAN", nb, n, sf, ss, "");
+    tmp_path("none_f64be.cbf", path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-none-f64-be", "x-CBF_NONE 64-bit IEEE reals, big-endian");
+
+    nb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const float x = (float)(((double)i - 500.0) * 0.37);
+        uint32_t bits;
+        memcpy(&bits, &x, sizeof bits);
+        nb += put_le(buf + nb, bits, 4);
+        want[i] = x;
+    }
+    /* no conversions parameter at all: uncompressed */
+    char plain[2048];
+    mime(head, sizeof head, "x-CBF_NONE", "signed 32-bit real IEEE", "LITTLE_ENDIAN", nb, n, sf, ss, "");
+    char *conv = strstr(head, ";\r\n     conversions=\"x-CBF_NONE\"");
+    snprintf(plain, sizeof plain, "%.*s%s", (int)(conv - head), head, conv + strlen(";\r\n     conversions=\"x-CBF_NONE\""));
+    tmp_path("none_f32.cbf", path, sizeof path);
+    write_cbf(path, p, plain, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, "cbf-bin-none-f32", "32-bit IEEE reals, Content-Type without conversions");
+    free(v);
+    free(want);
+    free(buf);
+}
+
+/* Malformed sections: each refused with a message that names the file (and, where given, says what). */
+static void test_binary_bad(nbg_ctx *ctx, const cbf_parts *p, size_t n, const char *sf, const char *ss)
+{
+    char path[4200], head[2048], extra[256];
+    int64_t *v = calloc(n + 1, sizeof *v);
+    unsigned char *buf = calloc(15 * (n + 1) + 64, 1);
+    for (size_t i = 0; i <= n; ++i)
+        v[i] = (int64_t)(i % 13) * 11 + (i % 50 == 7 ? 1000 : 0);
+    const size_t nb = bo_encode(v, n, buf);
+    tmp_path("bad.cbf", path, sizeof path);
+#define BAD(conv, type, order, bytes, nel, f, s, ex, data, ndata, cut, want, part, id, what)                   \
+    do {                                                                                                   \
+        mime(head, sizeof head, conv, type, order, bytes, nel, f, s, ex);                                  \
+        write_cbf(path, p, head, data, ndata, cut);                                                        \
+        expect_read_error(ctx, path, want, part, id, what);                                                \
+    } while (0)
+    const char *bo = "x-CBF_BYTE_OFFSET", *s32 = "signed 32-bit integer", *le = "LITTLE_ENDIAN";
+
+    /* X-Binary-Size against the data and the file */
+    BAD(bo, s32, le, nb + 100000, n, sf, ss, "", buf, nb, 0, NBG_EFORMAT, "X-Binary-Size says", "cbf-bin-size-past-file",
+        "X-Binary-Size past the end of the file");
+    BAD(bo, s32, le, nb + 6, n, sf, ss, "", buf, nb, 0, NBG_EFORMAT, "more than the", "cbf-bin-size-larger",
+        "X-Binary-Size 6 bytes larger than the data (the closing boundary taken for data)");
+    BAD(bo, s32, le, nb - 5, n, sf, ss, "", buf, nb, 0, NBG_EFORMAT, "end", "cbf-bin-size-smaller",
+        "X-Binary-Size 5 bytes smaller than the data");
+    /* the element count against the dimensions, and against the data */
+    BAD(bo, s32, le, nb, n + 1, sf, ss, "", buf, nb, 0, NBG_EFORMAT, "do not match", "cbf-bin-nel-larger",
+        "X-Binary-Number-of-Elements larger than fastest x second");
+    char f1[32];
+    snprintf(f1, sizeof f1, "%ld", strtol(sf, NULL, 10) + 1);
+    const size_t ns = (size_t)strtol(ss, NULL, 10);
+    BAD(bo, s32, le, nb, n + ns, f1, ss, "", buf, nb, 0, NBG_EFORMAT, "end before element", "cbf-bin-nel-past-data",
+        "a header whose dimensions and count agree on more elements than the data hold");
+    /* byte_offset streams cut inside an escape, or holding an element too many */
+    size_t m = bo_encode(v, n - 1, buf);
+    buf[m] = 0x80, buf[m + 1] = 0x34;
+    BAD(bo, s32, le, m + 2, n, sf, ss, "", buf, m + 2, 0, NBG_EFORMAT, "inside the 2-byte delta", "cbf-bin-cut-2",
+        "the data end inside a 2-byte delta");
+    buf[m] = 0x80, buf[m + 1] = 0x00, buf[m + 2] = 0x80, buf[m + 3] = 0x12, buf[m + 4] = 0x34;
+    BAD(bo, s32, le, m + 5, n, sf, ss, "", buf, m + 5, 0, NBG_EFORMAT, "inside the 4-byte delta", "cbf-bin-cut-4",
+        "the data end inside a 4-byte delta");
+    memcpy(buf + m, "\x80\x00\x80\x00\x00\x00\x80\x01\x02", 9);
+    BAD(bo, s32, le, m + 9, n, sf, ss, "", buf, m + 9, 0, NBG_EFORMAT, "inside the 8-byte delta", "cbf-bin-cut-8",
+        "the data end inside an 8-byte delta");
+    m = bo_encode(v, n + 1, buf);
+    BAD(bo, s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EFORMAT, "more than the", "cbf-bin-extra-element",
+        "data that encode one element more than declared");
+    m = bo_encode(v, n, buf);
+    /* dimensions */
+    BAD(bo, s32, le, m, 8, "2147483647", "2147483647", "X-Binary-Size-Third-Dimension: 2147483647\r\n", buf, m, 0,
+        NBG_EFORMAT, "do not match", "cbf-bin-dims-overflow", "dimensions whose product overflows 64 bits");
+    BAD(bo, s32, le, m, n, "4294967296", "1", "", buf, m, 0, NBG_EFORMAT, "too large", "cbf-bin-dim-int32",
+        "a dimension past int32");
+    BAD(bo, s32, le, m, n, sf, ss, "X-Binary-Size-Third-Dimension: 2\r\n", buf, m, 0, NBG_EFORMAT, NULL,
+        "cbf-bin-third-dim", "a third dimension that breaks the count");
+    /* the start marker, the field's end */
+    mime(head, sizeof head, bo, s32, le, m, n, sf, ss, "");
+    write_cbf(path, p, head, buf, m, 0);
+    size_t size = 0;
+    char *file = nbgi_test_read_file(path, &size);
+    char *mk = file != NULL ? memmem(file, size, "\x0c\x1a\x04\xd5", 4) : NULL;
+    if (mk != NULL) {
+        mk[3] = (char)0xd6;
+        write_bytes(path, file, size);
+    }
+    expect_read_error(ctx, path, NBG_EFORMAT, "no start marker", "cbf-bin-no-marker", "a damaged start marker");
+    if (mk != NULL) {
+        mk[3] = (char)0xd5;
+        mk[-2] = 'x'; /* the empty line that ends the header: no longer empty */
+        write_bytes(path, file, size);
+    }
+    expect_read_error(ctx, path, NBG_EFORMAT, "without ':'", "cbf-bin-header-line",
+                      "a MIME header line without ':' where the empty line should be");
+    free(file);
+    BAD(bo, s32, le, m, n, sf, ss, "", buf, m, p->size - p->tail, NBG_EFORMAT, "does not end", "cbf-bin-no-field-end",
+        "a file that ends after the data, without the ';' line");
+    /* what nbgrad does not decode */
+    BAD("x-CBF_PACKED", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "x-CBF_PACKED", "cbf-bin-packed",
+        "x-CBF_PACKED refused as unsupported");
+    BAD("x-CBF_MYSTERY", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "x-CBF_BYTE_OFFSET and x-CBF_NONE",
+        "cbf-bin-unknown-compression", "an unknown compression refused, saying what nbgrad decodes");
+    BAD(bo, "signed 32-bit complex IEEE", le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "complex",
+        "cbf-bin-complex", "complex elements refused");
+    BAD(bo, "signed 24-bit integer", le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "24-bit", "cbf-bin-24-bit",
+        "24-bit elements refused");
+    BAD(bo, s32, "MIDDLE_ENDIAN", m, n, sf, ss, "", buf, m, 0, NBG_EFORMAT, "Byte-Order", "cbf-bin-byte-order",
+        "an unknown byte order");
+    mime(head, sizeof head, bo, s32, le, m, n, sf, ss, "");
+    char *enc = strstr(head, "BINARY");
+    if (enc != NULL)
+        memcpy(enc, "BASE64", 6);
+    write_cbf(path, p, head, buf, m, 0);
+    expect_read_error(ctx, path, NBG_EUNSUP, "BASE64", "cbf-bin-base64", "a BASE64 transfer encoding");
+    BAD("x-CBF_NONE", s32, le, 4 * n - 4, n, sf, ss, "", buf, 4 * n - 4, 0, NBG_EFORMAT, "uncompressed",
+        "cbf-bin-none-short", "x-CBF_NONE data 4 bytes short of the elements");
+    /* malformed header values */
+    mime(head, sizeof head, bo, s32, le, m, n, sf, ss, "");
+    char *sz = strstr(head, "X-Binary-Size: ");
+    if (sz != NULL)
+        memcpy(sz + 15, "1x", 2);
+    write_cbf(path, p, head, buf, m, 0);
+    expect_read_error(ctx, path, NBG_EFORMAT, "not a count", "cbf-bin-size-not-number", "X-Binary-Size not a number");
+    snprintf(extra, sizeof extra, "Content-MD5: not-a-digest\r\n");
+    BAD(bo, s32, le, m, n, sf, ss, extra, buf, m, 0, NBG_EFORMAT, "Content-MD5", "cbf-bin-md5-malformed",
+        "a Content-MD5 that is no digest");
+    snprintf(extra, sizeof extra, "Content-MD5: AAAAAAAAAAAAAAAAAAAAAA==\r\n");
+    BAD(bo, s32, le, m, n, sf, ss, extra, buf, m, 0, NBG_EFORMAT, "Content-MD5", "cbf-bin-md5-mismatch",
+        "data that do not match their Content-MD5");
+    mime(head, sizeof head, bo, s32, le, m, n, sf, ss, "");
+    sz = strstr(head, "X-Binary-Size: ");
+    if (sz != NULL)
+        memcpy(sz, "X-Binary-Sise", 13);
+    write_cbf(path, p, head, buf, m, 0);
+    expect_read_error(ctx, path, NBG_EFORMAT, "X-Binary-Size", "cbf-bin-no-size", "no X-Binary-Size");
+#undef BAD
+    free(v);
+    free(buf);
+}
+
+/* Text that would make CBFlib parse binary data: refused before CBFlib sees it. */
+static void test_binary_text(nbg_ctx *ctx, const char *file, size_t size)
+{
+    char path[4200];
+    tmp_path("text.cbf", path, sizeof path);
+    const char *at = strstr(file, "_array_data.array_id");
+    if (at == NULL) {
+        nbgi_test_check(0, "cbf-bin-text", "the written file has _array_data");
+        return;
+    }
+    const size_t k = (size_t)(at - file);
+    char *edit = malloc(size + 256);
+    /* a text field whose second line is a MIME boundary (CBFlib takes it for a binary section) */
+    const char *field = "_diffrn.details\r\n;\r\nsome text\r\n--CIF-BINARY-FORMAT-SECTION--\r\nX-Binary-Size: 99999999\r\n"
+                        "\r\n;\r\n";
+    size_t m = (size_t)snprintf(edit, size + 256, "%.*s%s", (int)k, file, field);
+    memcpy(edit + m, file + k, size - k);
+    write_bytes(path, edit, m + size - k);
+    expect_read_error(ctx, path, NBG_EFORMAT, "MIME boundary", "cbf-bin-boundary-in-text",
+                      "a MIME boundary inside an ordinary text field");
+    /* a control byte (0x1A, CBFlib's old-style binary marker) in a text value */
+    m = (size_t)snprintf(edit, size + 256, "%.*s_diffrn.details 'a\x1a b'\r\n", (int)k, file);
+    memcpy(edit + m, file + k, size - k);
+    write_bytes(path, edit, m + size - k);
+    expect_read_error(ctx, path, NBG_EFORMAT, "control byte 0x1a", "cbf-bin-control-byte",
+                      "a control byte outside the binary section");
+    free(edit);
+}
+
+/* Writes file with the first occurrence of from replaced by to, into path. */
+static int write_edited(const char *path, const char *file, size_t size, const char *from, const char *to)
+{
+    const char *at = memmem(file, size, from, strlen(from));
+    if (at == NULL)
+        return 0;
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return 0;
+    const size_t k = (size_t)(at - file);
+    fwrite(file, 1, k, f);
+    fputs(to, f);
+    fwrite(at + strlen(from), 1, size - k - strlen(from), f);
+    fclose(f);
+    return 1;
+}
+
+/* Axis categories that CBFlib 0.9.7's geometry constructors would crash on (src/cbf.c checks them first). */
+static void test_geometry_guard(nbg_ctx *ctx, const char *file, size_t size, size_t n)
+{
+    char path[4200];
+    tmp_path("geom.cbf", path, sizeof path);
+    /* the goniometer's axis renamed in axis only: CBFlib's goniometer would read no axis and crash; a still */
+    float *img = NULL;
+    size_t npix = 0;
+    nbg_geometry r;
+    int rc = write_edited(path, file, size, "GONIOMETER_PHI rotation", "GONIOMETER_PHX rotation")
+                 ? nbgi_read_cbf(ctx, path, &img, &npix, &r, NULL)
+                 : -1;
+    nbgi_test_check(rc == NBG_OK && npix == n && r.scan_stated == 0 && r.scan_width == 0, "cbf-geom-goniometer-missing",
+                    "a goniometer axis missing from axis: read as a still (%s, scan_stated %d)",
+                    rc == NBG_OK ? "ok" : nbg_errmsg(ctx), rc == NBG_OK ? r.scan_stated : -1);
+    free(img);
+    int ok = write_edited(path, file, size, "_diffrn_detector_element.detector_id DETECTOR",
+                          "_diffrn_detector_element.detector_id NOBODY");
+    if (ok)
+        expect_read_error(ctx, path, NBG_EFORMAT, "diffrn_detector_element", "cbf-geom-no-element",
+                          "no detector element of the detector (CBFlib divides by their count)");
+    ok = write_edited(path, file, size, "DETECTOR_Z translation detector .",
+                      "DETECTOR_Z translation detector GONIOMETER_PHI");
+    if (ok)
+        expect_read_error(ctx, path, NBG_EFORMAT, "detector's axes", "cbf-geom-dependency-outside",
+                          "a detector axis depending on an axis the detector does not list");
+    ok = ok && write_edited(path, file, size, "DETECTOR_Z translation detector .",
+                            "DETECTOR_Z translation detector ELEMENT_Y");
+    if (ok)
+        expect_read_error(ctx, path, NBG_EFORMAT, "detector's axes", "cbf-geom-dependency-cycle",
+                          "detector axes that depend on each other in a cycle");
+    ok = ok && write_edited(path, file, size, "DETECTOR_Z translation detector .",
+                            "DETECTOR_Z translation detector NO_SUCH_AXIS");
+    if (ok)
+        expect_read_error(ctx, path, NBG_EFORMAT, "detector's axes", "cbf-geom-dependency-missing",
+                          "a detector axis depending on an axis that does not exist");
+    nbgi_test_check(ok, "cbf-geom-edits", "the written file has the rows these checks edit");
+}
+
+static void test_binary(nbg_ctx *ctx)
+{
+    nbg_geometry g;
+    make_geometry(&g);
+    const size_t n = (size_t)g.fpixels * g.spixels;
+    int32_t *data = malloc(n * sizeof *data);
+    for (size_t i = 0; i < n; ++i)
+        data[i] = (int32_t)(i % 9) * 3 - 12;
+    char path[4200];
+    tmp_path("parts_0001.cbf", path, sizeof path);
+    int rc = nbg_write_cbf(ctx, path, &g, 0, data);
+    size_t size = 0;
+    char *file = rc == NBG_OK ? nbgi_test_read_file(path, &size) : NULL;
+    cbf_parts p;
+    if (!nbgi_test_check(file != NULL && split_cbf(file, size, &p), "cbf-bin-split",
+                         "a written file cut around its binary section")) {
+        free(file);
+        free(data);
+        return;
+    }
+    char sf[16], ss[16];
+    snprintf(sf, sizeof sf, "%d", g.fpixels);
+    snprintf(ss, sizeof ss, "%d", g.spixels);
+    test_binary_good(ctx, &p, n, sf, ss);
+    test_binary_bad(ctx, &p, n, sf, ss);
+    test_binary_text(ctx, file, size);
+    test_geometry_guard(ctx, file, size, n);
+
+    /* a written file with one data byte changed: its Content-MD5 no longer matches */
+    char *mk = memmem(file, size, "\x0c\x1a\x04\xd5", 4);
+    if (mk != NULL) {
+        mk[10] ^= 0x01;
+        tmp_path("damaged_0001.cbf", path, sizeof path);
+        write_bytes(path, file, size);
+    }
+    expect_read_error(ctx, path, NBG_EFORMAT, "Content-MD5", "cbf-bin-md5-damaged",
+                      "a written file with one data byte flipped");
+    free(file);
+    free(data);
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Real beamline images                                                                                       */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* FNV-1a (64 bits) of n bytes. */
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; ++i)
+        h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* A real image and what nbg_read_image returned for it when CBFlib decoded its binary section (before nbgrad
+ * decoded it itself): the hashes of the pixels' float bits and of the mask (overloads included), the size, and
+ * some of the geometry, exactly. */
+typedef struct {
+    const char *file, *unpack; /* under the real-data folder; the command that decompresses it to stdout */
+    size_t npix;
+    int f, s;
+    uint64_t img, mask;
+    double wavelength, pixel, origin_z, saturation;
+} real_case;
+
+/* The real-data folder: $NBG_REALDATA, else data/real beside the golden folder (../shared/data/real). */
+static const char *real_dir(char *buf, size_t size)
+{
+    const char *d = getenv("NBG_REALDATA");
+    if (d != NULL && d[0] != '\0')
+        return d;
+    snprintf(buf, size, "%s/../data/real", nbgi_test_golden_dir());
+    return buf;
+}
+
+static void test_real_data(nbg_ctx *ctx)
+{
+    static const real_case cases[] = {
+        {"image_examples/DLS_I03_smargon_0001.cbf.gz", "gzip -dc", 6224001, 2463, 2527, 0xe8560b4ebc84f643ULL,
+         0x829d01ad749db9f9ULL, 0x1.f3d70a3d70a3dp-1, 0x1.604189374bc6ap-3, -0x1.237851eb851ecp+8, 0x1.6693p+16},
+        {"image_examples/dlsnxs2cbf_therm_0001.cbf.gz", "gzip -dc", 18093576, 4148, 4362, 0x89ea30f53e7d9572ULL,
+         0x5330483383db8c7fULL, 0x1.f5e5f30e7ff58p-1, 0x1.3333333333333p-4, -0x1.abeb851eb851fp+7, 0x1.fffep+15},
+        {"thaumatin_grid/thau_3_2_0001.cbf.bz2", "bzip2 -dc", 6224001, 2463, 2527, 0x1081677a6de228adULL,
+         0xb347fcb997d54991ULL, 0x1.efeb074a771c9p-1, 0x1.604189374bc6bp-3, -0x1.5fp+8, 0x1.c4b9p+16},
+    };
+    char dirbuf[4200], src[4400], path[4200], cmd[9000], id[96];
+    const char *dir = real_dir(dirbuf, sizeof dirbuf);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        const real_case *k = &cases[c];
+        const char *name = strrchr(k->file, '/') + 1;
+        snprintf(id, sizeof id, "cbf-real-%.*s", (int)strcspn(name, "."), name);
+        snprintf(src, sizeof src, "%s/%s", dir, k->file);
+        if (!exists(src)) {
+            nbgi_test_skip(id, "%s not found (set NBG_REALDATA to the real-data folder)", src);
+            continue;
+        }
+        tmp_path("real.cbf", path, sizeof path);
+        snprintf(cmd, sizeof cmd, "%s '%s' > '%s'", k->unpack, src, path);
+        if (system(cmd) != 0) {
+            nbgi_test_skip(id, "cannot decompress %s (%s)", src, k->unpack);
+            continue;
+        }
+        float *img = NULL;
+        uint8_t *mask = NULL;
+        size_t npix = 0;
+        nbg_geometry g;
+        int whole = 0;
+        const int rc = nbg_read_image(ctx, path, 0, 0, &img, &npix, &g, &whole, &mask);
+        const int ok = rc == NBG_OK && npix == k->npix && g.fpixels == k->f && g.spixels == k->s &&
+                       fnv1a(img, npix * sizeof *img) == k->img && mask != NULL && fnv1a(mask, npix) == k->mask &&
+                       g.wavelength == k->wavelength && g.pixel_f == k->pixel && g.origin[2] == k->origin_z &&
+                       g.saturation == k->saturation && whole;
+        nbgi_test_check(ok, id, "%s: %zu pixels (%d x %d), pixels and mask as CBFlib decoded them, geometry exact (%s)",
+                        name, npix, g.fpixels, g.spixels, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        free(img);
+        free(mask);
+        remove(path);
+    }
+    /* the CSPAD's four packed 3-D sections: refused, the sections found and skipped over first */
+    snprintf(src, sizeof src, "%s/thermolysin_cspad/idx-20130301060858401.cbf", dir);
+    if (!exists(src)) {
+        nbgi_test_skip("cbf-real-cspad", "%s not found", src);
+        return;
+    }
+    expect_read_error(ctx, src, NBG_EFORMAT, "3-D array", "cbf-real-cspad",
+                      "a CSPAD image of 4 packed 388 x 185 x 8 sections");
+}
+
 #endif
 
 int main(void)
@@ -328,6 +870,8 @@ int main(void)
 #ifdef NBG_HAVE_FORMATS
     test_roundtrip(ctx);
     test_errors(ctx);
+    test_binary(ctx);
+    test_real_data(ctx);
 #else
     nbg_geometry g;
     make_geometry(&g);
