@@ -418,7 +418,10 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
             }
         }
         ++w->evals;
-        if (whole == NULL || !gather_all(w, len, mine, all)) {
+        if (whole == NULL) {
+            w->failed = 1; /* said to every rank by gather_all, so that none waits for this one */
+        }
+        if (!gather_all(w, len, mine, all) || whole == NULL) {
             free(mine), free(all), free(sum), free(wt), free(whole);
             return -1;
         }
