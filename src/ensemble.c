@@ -389,6 +389,8 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
     if (mine == NULL || all == NULL || sum == NULL || wt == NULL) {
         free(mine), free(all), free(sum), free(wt);
         fprintf(stderr, "nbgrad: error: out of memory for the structure factors' EM step\n");
+        w->failed = 1;
+        gather_all(w, len, NULL, NULL); /* the other ranks learn it at their first exchange */
         return -1;
     }
     *why = "NOT converged: stopped at the iteration limit";
