@@ -65,7 +65,6 @@ static int parse_index(const char *tok, int *out)
     return 0;
 }
 
-/* Cuts a line at its first '#', so that everything from there on is a comment. */
 int nbgi_open_input(nbg_ctx *ctx, const char *path, const char *what, const char *mode, FILE **fp)
 {
     *fp = NULL;
@@ -98,6 +97,7 @@ int nbgi_read_line(nbg_ctx *ctx, FILE *fp, char **line, size_t *cap, const char 
     return 1;
 }
 
+/* Cuts a line at its first '#', so that everything from there on is a comment. */
 static void strip_comment(char *line)
 {
     char *hash = strchr(line, '#');

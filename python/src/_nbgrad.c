@@ -98,7 +98,7 @@ static int exact_integers(PyObject *obj, const char *name, double lo, double hi)
     for (npy_intp i = 0; i < n; ++i) {
         if (!(v[i] >= lo && v[i] <= hi) || v[i] != floor(v[i])) {
             char msg[200];
-            snprintf(msg, sizeof msg, "%s: element %zd is %.17g, not an integer of %.0f to %.0f (round or clip the "
+            snprintf(msg, sizeof msg, "%s: element %zu is %.17g, not an integer of %.0f to %.0f (round or clip the "
                      "image first: it would be truncated)", name, (size_t)i, v[i], lo, hi);
             PyErr_SetString(PyExc_ValueError, msg);
             Py_DECREF(d);
