@@ -1253,6 +1253,32 @@ static int open_frames(rd *r, const char *nxdata, int frame, hid_t *dset, char *
     return rc;
 }
 
+/* A dataset's images must be in the file: no compressor HDF5 applies to images packs more than about 1000 to 1
+ * (deflate's bound; LZ4's, bitshuffle's with it, is 255), so a dataset that declares more than NXMX_MAX_RATIO times
+ * the bytes it stores holds chunks never written, or a damaged or hostile header (a 24 KB file declaring gigabytes of
+ * images): refused before any memory is asked for.  A virtual dataset (its data in other files) or one stored in
+ * external files is not judged by this file's storage.  Small datasets (1 MB) pass: a compact layout stores them in
+ * their header. */
+#define NXMX_MAX_RATIO 4000.0
+static int stored_plausibly(rd *r, hid_t d, const char *dname, double declared)
+{
+    if (declared <= 1e6)
+        return NBG_OK;
+    const hid_t dcpl = H5Dget_create_plist(d);
+    if (dcpl < 0)
+        return NBG_OK;
+    const H5D_layout_t layout = H5Pget_layout(dcpl);
+    const int external = H5Pget_external_count(dcpl) > 0;
+    H5Pclose(dcpl);
+    if (layout == H5D_VIRTUAL || external)
+        return NBG_OK;
+    const double stored = (double)H5Dget_storage_size(d);
+    if (stored * NXMX_MAX_RATIO < declared)
+        return bad(r, dname, "declares %.4g bytes of images but stores %.4g (more than %.0f to 1, beyond what any "
+                   "compressor packs): chunks never written, or a damaged file", declared, stored, NXMX_MAX_RATIO);
+    return NBG_OK;
+}
+
 /* Reads frame `local` of dataset d (rank 3, or rank 2 = one frame) as float. */
 static int read_frame(rd *r, hid_t d, const char *dname, int local, int *spixels, int *fpixels, float **image)
 {
@@ -1268,6 +1294,8 @@ static int read_frame(rd *r, hid_t d, const char *dname, int local, int *spixels
     else if (dims[1] < 1 || dims[2] < 1 || dims[1] > 1000000 || dims[2] > 1000000)
         rc = bad(r, dname, "has images of %llu x %llu pixels", (unsigned long long)dims[2],
                  (unsigned long long)dims[1]);
+    if (rc == NBG_OK)
+        rc = stored_plausibly(r, d, dname, (double)dims[0] * dims[1] * dims[2] * (double)H5Tget_size(t));
     if (rc == NBG_OK) {
         char desc[600];
         snprintf(desc, sizeof desc, "an image of %s (%llu x %llu pixels)", r->path, (unsigned long long)dims[2],

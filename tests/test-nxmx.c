@@ -233,6 +233,45 @@ static void eiger_compressed(nbg_ctx *ctx, const char *dir, const nbg_geometry *
     free(ints);
 }
 
+/* A file that declares more images than it stores (its data set replaced by one whose chunks were never written,
+ * as a damaged or hostile file may): refused, naming it, before the memory for them is asked for. */
+static void unwritten_chunks(nbg_ctx *ctx, const char *dir, const nbg_geometry *g0)
+{
+    nbg_geometry g = *g0;
+    g.fpixels = g.spixels = 1024;
+    const size_t npix = (size_t)g.fpixels * g.spixels;
+    float *frames = calloc(3 * npix, sizeof *frames);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/unwritten.nxs", dir);
+    int ok = frames != NULL && nbg_write_nxmx(ctx, path, &g, NBG_DATA_FLOAT32, frames, 3, NULL) == NBG_OK;
+    const hid_t f = ok ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT) : -1;
+    ok = f >= 0 && H5Ldelete(f, "/entry/instrument/detector/data", H5P_DEFAULT) >= 0 &&
+         H5Ldelete(f, "/entry/data/data", H5P_DEFAULT) >= 0;
+    hsize_t dims[3] = {3, 1024, 1024}, chunk[3] = {1, 1024, 1024};
+    const hid_t space = H5Screate_simple(3, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0;
+    const hid_t d = ok ? H5Dcreate2(f, "/entry/data/data", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
+    ok = ok && d >= 0 && H5Lcreate_hard(f, "/entry/data/data", f, "/entry/instrument/detector/data", H5P_DEFAULT,
+                                        H5P_DEFAULT) >= 0;
+    if (d >= 0)
+        H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    if (f >= 0)
+        H5Fclose(f);
+    free(frames);
+    if (!CHECK(ok, "read-unwritten-setup", "the data set replaced by 3 frames of 1024^2 never written")) {
+        return;
+    }
+    float *img = NULL;
+    size_t n = 0;
+    const int rc = nbg_read_image(ctx, path, 0, npix, &img, &n, NULL, NULL, NULL);
+    CHECK(rc == NBG_EFORMAT && img == NULL && strstr(nbg_errmsg(ctx), "stores") != NULL &&
+              strstr(nbg_errmsg(ctx), "unwritten.nxs") != NULL,
+          "read-unwritten", "12.6 MB of images declared, none stored: refused (%s)", nbg_errmsg(ctx));
+    free(img);
+}
+
 static void run(nbg_ctx *ctx, const char *dir)
 {
     nbg_geometry g, r;
@@ -364,6 +403,7 @@ static void run(nbg_ctx *ctx, const char *dir)
     const char *names[2] = {"float.nxs", "int.nxs"};
     CHECK(dir_holds(dir, names, 2), "no-temporary", "failed writes left nothing behind");
     eiger_compressed(ctx, dir, &g);
+    unwritten_chunks(ctx, dir, &g);
 
     free(frames);
     free(mask);
