@@ -554,7 +554,8 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
  * errors.  floor is the 5th percentile of the observed counts over the pixels the loss uses (active, weight > 0);
  * model_floor the 5th percentile of the model's counts gain * M_p + pedestal there; sigma the noise of a count at
  * the model's floor, sqrt(gain^2 M + read_noise^2) (at least 1).  mismatch is 1 when the two differ by more than 5
- * counts and more than 5 sigma; message then says so in words.  image, when not NULL, is the model image M of e
+ * counts and more than 5 sigma, or when the model's floor is under a photon and the observed floor lies a count or
+ * more (and 5 unfloored sigma) above it (a pedestal given too low on a weak image); message then says so in words.  image, when not NULL, is the model image M of e
  * (npix floats, as nbg_simulate renders it); NULL renders it. */
 typedef struct {
     double floor, model_floor, sigma;

@@ -156,9 +156,14 @@ int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed
             out->floor = quantile(vo, n, 0.05);
             out->model_floor = quantile(vm, n, 0.05);
             const double photons = fmax((out->model_floor - r->pedestal) / r->gain, 0);
-            out->sigma = fmax(sqrt(r->gain * r->gain * photons + r->read_noise * r->read_noise), 1);
+            const double s0 = sqrt(r->gain * r->gain * photons + r->read_noise * r->read_noise);
+            out->sigma = fmax(s0, 1);
             const double d = out->floor - out->model_floor;
-            out->mismatch = fabs(d) > 5 && fabs(d) > 5 * out->sigma;
+            /* a floor of under a photon: the observed 5th percentile is the pedestal (less the read noise), never a
+             * count above the model's, so a floor a count or more above it is a pedestal given too low (or a
+             * background the model lacks) however weak the image (was: silent below 5 counts) */
+            const int weak_high = photons < 1 && d >= 1 && d > 5 * s0;
+            out->mismatch = (fabs(d) > 5 && fabs(d) > 5 * out->sigma) || weak_high;
             if (out->mismatch && d > 0) {
                 snprintf(out->message, sizeof out->message, "the observed image has a floor of %.4g counts (5th "
                          "percentile of %ld pixels) but the model's is %.4g (pedestal %g + gain x background): the "

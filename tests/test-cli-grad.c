@@ -552,6 +552,15 @@ int main(void)
                        strstr(out, "converged after") != NULL && strstr(out, "WARNING") == NULL,
                    "cligrad-12-pedestal", "the SMV file's pedestal is nanoBragg's 40: converged, no warning (exit %d)",
                    rc);
+    /* a pedestal 2 counts too low on this weak floor (was silent: the rule wanted 5 counts) */
+    snprintf(cmd, sizeof cmd,
+             "%s refine " START " -observed %s -loss poisson -params cell,orientation -pedestal 38 2>&1", bin, smv);
+    rc = run(cmd);
+    nbgi_test_check(rc != 0 && rc != 1 &&
+                        strstr(out, "WARNING (before the fit): the observed image has a floor of 40") != NULL &&
+                        strstr(out, "-pedestal 40 (nanoBragg's ADC offset") != NULL,
+                    "cligrad-13-low-pedestal", "-pedestal 38 for 40 on a weak floor: the warning gives 40, and the exit "
+                    "status is %d (not 0)", rc);
     snprintf(cmd, sizeof cmd,
              "%s refine " START " -observed %s -loss poisson -params cell,orientation -pedestal 0 2>&1", bin, smv);
     rc = run(cmd);
