@@ -398,8 +398,8 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
                      int vectorised);
 
 /* The number of chunks of the reverse pass over nunits units with nflat sums each: one a unit, at most
- * NBG_ADJ_MAXCHUNKS, and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer chunks). */
-#define NBG_ADJ_MAXCHUNKS 1024
+ * NBGI_MAXCHUNKS (geometry.h), and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer
+ * chunks). */
 #define NBG_ADJ_CHUNK_DOUBLES (1L << 23)
 int nbgi_adjoint_chunks(long nunits, size_t nflat);
 

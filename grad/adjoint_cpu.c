@@ -96,7 +96,7 @@ static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float
 
 int nbgi_adjoint_chunks(long nunits, size_t nflat)
 {
-    long n = nunits < NBG_ADJ_MAXCHUNKS ? nunits : NBG_ADJ_MAXCHUNKS;
+    long n = nunits < NBGI_MAXCHUNKS ? nunits : NBGI_MAXCHUNKS;
     const long fit = (long)(NBG_ADJ_CHUNK_DOUBLES / (nflat > 0 ? nflat : 1));
     n = n < fit ? n : fit;
     return n > 1 ? (int)n : 1;
@@ -142,7 +142,8 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
         a.lane_abc = lanes + (size_t)t * nlane;
         a.lane_lam = a.lane_abc + nabc * 8;
         /* chunk c: units [c nu / nchunks, (c + 1) nu / nchunks), in order */
-        const long u0 = (long)((double)c * (double)nu / nchunks), u1 = (long)((double)(c + 1) * (double)nu / nchunks);
+        long u0, u1;
+        nbgi_chunk(c, nchunks, nu, &u0, &u1);
         for (long u = u0; u < u1; ++u) {
             adjoint_unit(p, u, dLdI, image, &a, vectorised);
         }

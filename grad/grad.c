@@ -54,15 +54,16 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param)
  * pixels added in chunk order (the same bits for any thread count). */
 static void model_grad(const nbgi_kparams *k, const float *dLdM, const float *I, double sums[4])
 {
-    enum { MAXCH = 1024, MINCH = 4096 };
-    double part[MAXCH][4]; /* each chunk's sums, added in chunk order: the same for any thread count */
+    enum { MINCH = 4096 };
+    double part[NBGI_MAXCHUNKS][4]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     const long nw = nbgi_nwalk(k); /* all panels' pixels, or the list's */
     long nch = (nw + MINCH - 1) / MINCH;
-    nch = nch < 1 ? 1 : nch > MAXCH ? MAXCH : nch;
+    nch = nch < 1 ? 1 : nch > NBGI_MAXCHUNKS ? NBGI_MAXCHUNKS : nch;
 #pragma omp parallel for schedule(static)
     for (long c = 0; c < nch; ++c) {
         double sG = 0, s0 = 0, sx = 0, sy = 0;
-        const long t0 = (long)((double)c * (double)nw / nch), t1 = (long)((double)(c + 1) * (double)nw / nch);
+        long t0, t1;
+        nbgi_chunk(c, nch, nw, &t0, &t1);
         if (k->npanels == 0 && k->list == NULL) {
             /* the single detector without a list: row by row, the ROI and mask as weights (vectorised) */
             const int F = k->fpixels;

@@ -1080,6 +1080,31 @@ int nbgi_set_path(void *opts, const char *flag, char **v, void *dst)
     return 1;
 }
 
+int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst)
+{
+    double m;
+    if (!nbgi_cli_number(flag, v[0], &m) || m < 0 || m > 100000 || m != floor(m)) {
+        fprintf(stderr, "nbgrad: error: %s expects a box half-width in pixels, an integer in [0, 100000], got '%s'\n",
+                flag, v[0]);
+        return 0;
+    }
+    *(int *)dst = (int)m;
+    return 1;
+}
+
+int nbgi_spot_threshold(const float *img, const uint8_t *use, size_t npix, double frac, double *thr)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; i < npix; ++i) {
+        if (use == NULL || use[i]) {
+            lo = fmin(lo, img[i]);
+            hi = fmax(hi, img[i]);
+        }
+    }
+    *thr = hi > lo ? lo + frac * (hi - lo) : lo; /* flat: the floor, for the message */
+    return hi > lo;
+}
+
 int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst)
 {
     double x;

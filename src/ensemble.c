@@ -63,18 +63,6 @@ typedef struct {
     double spot_frac; /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
 } ens_opts;
 
-static int set_spots(void *opts, const char *flag, char **v, void *dst)
-{
-    double x;
-    if (!nbgi_cli_number(flag, v[0], &x) || x < 0 || x > 100000 || x != floor(x)) {
-        fprintf(stderr, "nbgrad: error: -spots expects a box half-width in pixels, an integer in [0, 100000], got "
-                "'%s'\n", v[0]);
-        return 0;
-    }
-    *(int *)dst = (int)x;
-    return 1;
-}
-
 static int set_frac(void *opts, const char *flag, char **v, void *dst)
 {
     double x;
@@ -125,7 +113,7 @@ static const nbgi_sub_flag ens_flag_table[] = {
      "with -global F: the refined table, \"h k l F sigma(F)\" lines of the measured entries"},
     {"-json", NBGI_CMD_ENSEMBLE, nbgi_set_path, EO(json), "FILE",
      "the result as JSON: losses, globals, F, every shot's locals (docs/json.md)"},
-    {"-spots", NBGI_CMD_ENSEMBLE, set_spots, EO(spots), "HALF",
+    {"-spots", NBGI_CMD_ENSEMBLE, nbgi_set_half_box, EO(spots), "HALF",
      "fit each shot on its spot regions: the pixels within HALF of its starting model's spot pixels (above its floor "
      "by -spot_frac of its peak), not its whole detector; the cost scales with those pixels"},
     {"-spot_frac", NBGI_CMD_ENSEMBLE, set_frac, EO(spot_frac), "x",
@@ -281,16 +269,33 @@ static int gather_all(ens *w, size_t len, const double *mine, double *all)
     return 1;
 }
 
-/* Gathers the per-shot vectors (w->mine) and sums them in shot order into out (nvec doubles). */
-static int exchange_sum(ens *w, double *out)
+/* Gathers the per-shot vectors of len doubles (this rank's in mine) into all and sums them in shot order into out. */
+static int gather_sum(ens *w, size_t len, const double *mine, double *all, double *out)
 {
-    if (!gather_all(w, w->nvec, w->mine, w->all)) {
+    if (!gather_all(w, len, mine, all)) {
         return 0;
     }
-    for (size_t j = 0; j < w->nvec; ++j) out[j] = 0;
+    for (size_t j = 0; j < len; ++j) out[j] = 0;
     for (int i = 0; i < w->shots->n; ++i) {
-        const double *v = w->all + (size_t)i * w->nvec;
-        for (size_t j = 0; j < w->nvec; ++j) out[j] += v[j];
+        const double *v = all + (size_t)i * len;
+        for (size_t j = 0; j < len; ++j) out[j] += v[j];
+    }
+    return 1;
+}
+
+/* The loss and gradient vectors (w->mine, nvec doubles a shot) summed in shot order into out. */
+static int exchange_sum(ens *w, double *out)
+{
+    return gather_sum(w, w->nvec, w->mine, w->all, out);
+}
+
+/* dL/dF of this rank's shot k (experiment e, dL/dM = dl) into out (nF), the image into w->img; prints the error. */
+static int shot_dF(ens *w, int k, const nbg_experiment *e, const float *dl, double *out)
+{
+    if (nbg_simulate_grad(w->ctx, e, dl, w->ids + w->ng, (int)w->nF, out, w->img, w->npix, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
+        w->failed = 1;
+        return 0;
     }
     return 1;
 }
@@ -413,23 +418,18 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
             nbg_experiment e = w->e[k];
             e.pixels = NULL;
             e.npixels_list = 0;
-            if (nbg_simulate_grad(w->ctx, &e, wt, w->ids + w->ng, (int)nF, mine + (size_t)k * len, w->img, w->npix,
-                                  NULL) != NBG_OK) {
-                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
-                w->failed = 1;
-            }
+            shot_dF(w, k, &e, wt, mine + (size_t)k * len);
         }
         ++w->evals;
         if (whole == NULL) {
-            w->failed = 1; /* said to every rank by gather_all, so that none waits for this one */
+            w->failed = 1; /* said to every rank by the exchange, so that none waits for this one */
         }
-        if (!gather_all(w, len, mine, all) || whole == NULL) {
+        /* the B half of each shot's vector is unused here */
+        if (!gather_sum(w, len, mine, all, sum) || whole == NULL) {
             free(mine), free(all), free(sum), free(wt), free(whole);
             return -1;
         }
-        for (int i = 0; i < w->shots->n; ++i) {
-            for (size_t j = 0; j < nF; ++j) whole[j] += all[(size_t)i * len + j];
-        }
+        memcpy(whole, sum, sizeof(double) * nF);
     }
     int it = 0;
     for (it = 1; it <= max_iter; ++it) {
@@ -438,9 +438,7 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
             nbg_experiment *e = &w->e[k];
             double *A = mine + (size_t)k * len, *B = A + nF;
             for (size_t p = 0; p < w->npix; ++p) wt[p] = 1;
-            if (nbg_simulate_grad(w->ctx, e, wt, w->ids + w->ng, (int)nF, A, w->img, w->npix, NULL) != NBG_OK) {
-                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
-                w->failed = 1;
+            if (!shot_dF(w, k, e, wt, A)) {
                 break;
             }
             /* y / M as the loss defines them (photons, the read noise's shift): 1 - dL/dM */
@@ -449,21 +447,14 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
                 nbgi_pixel_loss(NBG_LOSS_POISSON, &e->response, w->img[p], w->obs[k][p], &d, NULL);
                 wt[p] = (float)(1 - d);
             }
-            if (nbg_simulate_grad(w->ctx, e, wt, w->ids + w->ng, (int)nF, B, w->img, w->npix, NULL) != NBG_OK) {
-                fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
-                w->failed = 1;
+            if (!shot_dF(w, k, e, wt, B)) {
                 break;
             }
         }
         w->evals += 2;
-        if (!gather_all(w, len, mine, all)) {
+        if (!gather_sum(w, len, mine, all, sum)) {
             it = -1;
             break;
-        }
-        memset(sum, 0, sizeof(double) * len);
-        for (int i = 0; i < w->shots->n; ++i) {
-            const double *v = all + (size_t)i * len;
-            for (size_t j = 0; j < len; ++j) sum[j] += v[j];
         }
         double moved = 0;
         if (w->fitted == NULL) {
@@ -588,20 +579,13 @@ static int spot_list(ens *w, int k, long *nlisted, long *nwhole)
         fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
         return 0;
     }
-    double lo = INFINITY, hi = -INFINITY;
-    for (size_t i = 0; i < w->npix; ++i) {
-        if (e->mask == NULL || e->mask[i]) {
-            lo = fmin(lo, w->img[i]);
-            hi = fmax(hi, w->img[i]);
-        }
-    }
-    if (!(hi > lo)) {
+    double thr;
+    if (!nbgi_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
         ++*nwhole;
         return 1;
     }
     long n = 0;
-    if (nbg_spot_pixels(w->ctx, e, w->img, w->npix, lo + w->o->spot_frac * (hi - lo), NULL, 0, w->o->spots,
-                        &w->list[k], &n) != NBG_OK) {
+    if (nbg_spot_pixels(w->ctx, e, w->img, w->npix, thr, NULL, 0, w->o->spots, &w->list[k], &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
         return 0;
     }

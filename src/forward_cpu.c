@@ -32,19 +32,19 @@ static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, in
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
                      double *image_sum)
 {
-    enum { MAXCH = 1024 };
-    double osum[MAXCH], isum[MAXCH]; /* each chunk's sums, added in chunk order: the same for any thread count */
+    double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
     const int W = use_float ? nbgi_row_lanes_f : nbgi_row_lanes_d;
     const long nu = nbgi_nunits(p);
-    const int nch = nu < MAXCH ? (nu > 0 ? (int)nu : 1) : MAXCH;
+    const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;
     if (p->list != NULL) {
         memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
     }
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : nout)
     for (int c = 0; c < nch; ++c) {
         double os = 0, is = 0;
-        const long u0 = (long)((double)c * (double)nu / nch), u1 = (long)((double)(c + 1) * (double)nu / nch);
+        long u0, u1;
+        nbgi_chunk(c, nch, nu, &u0, &u1);
         for (long u = u0; u < u1; ++u) {
             /* a row of the single detector, or of a panel through its view; or a run of a pixel list within one */
             nbgi_kparams view;

@@ -135,6 +135,16 @@ static inline int nbgi_walk_unit(const nbgi_kparams *p, long u, int *fa, int *fb
     return q->r;
 }
 
+/* Sums over the image are cut into fixed chunks, at most NBGI_MAXCHUNKS, whatever thread runs each; the chunks'
+ * sums are added in chunk order, so that a sum does not depend on the thread count.  Chunk c of nch over n items
+ * is [*lo, *hi). */
+#define NBGI_MAXCHUNKS 1024
+static inline void nbgi_chunk(long c, long nch, long n, long *lo, long *hi)
+{
+    *lo = (long)((double)c * (double)n / nch);
+    *hi = (long)((double)(c + 1) * (double)n / nch);
+}
+
 /* The pixels a loop over the image visits: the list's (image index nbgi_walk_at(p, t), t < nbgi_nwalk) or all. */
 static inline long nbgi_nwalk(const nbgi_kparams *p)
 {

@@ -223,20 +223,6 @@ static int set_loss(void *opts, const char *flag, char **vv, void *dst)
     return 1;
 }
 
-static int set_spots(void *opts, const char *flag, char **vv, void *dst)
-{
-    grad_opts *o = opts;
-    const char *v = vv[0];
-    double m;
-    if (!nbgi_cli_number(flag, v, &m) || m < 0 || m > 100000 || m != floor(m)) {
-        fprintf(stderr, "nbgrad: error: -spots expects a box half-width in pixels, an integer in [0, 100000], got "
-                "'%s'\n", v);
-        return 0;
-    }
-    o->spots = (int)m;
-    return 1;
-}
-
 static int set_break(void *opts, const char *flag, char **vv, void *dst)
 {
     grad_opts *o = opts;
@@ -286,7 +272,7 @@ static const nbgi_sub_flag grad_flag_table[] = {
      "the fitted panel motions, in -motions's format (every group)"},
     {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
-    {"-spots", CMD_REFINE, set_spots, 0, "N",
+    {"-spots", CMD_REFINE, nbgi_set_half_box, GO(spots), "N",
      "fit on spot regions only: the pixels within N pixels (a box) of a spot pixel of the starting model (above its "
      "floor by -spot_frac of its peak) or of a -spotlist centre; the cost scales with those pixels"},
     {"-spot_frac", CMD_REFINE, nbgi_set_positive, GO(spot_frac), "x",
@@ -1037,19 +1023,9 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             fprintf(stderr, "nbgrad: error: -spots: cannot render the starting model: %s\n",
                     img == NULL ? "out of memory" : nbg_errmsg(ctx));
             ok = 0;
-        } else {
-            double lo = INFINITY, hi = -INFINITY;
-            for (size_t i = 0; i < npix; ++i) {
-                if (use[i]) {
-                    lo = fmin(lo, img[i]);
-                    hi = fmax(hi, img[i]);
-                }
-            }
-            thr = lo + o->spot_frac * (hi - lo);
-            if (!(hi > lo)) {
-                fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", lo);
-                ok = 0;
-            }
+        } else if (!nbgi_spot_threshold(img, use, npix, o->spot_frac, &thr)) {
+            fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", thr);
+            ok = 0;
         }
     }
     long n = 0;

@@ -29,6 +29,22 @@ static int file_eq(const char *a, const char *b)
     return eq;
 }
 
+/* Whether shots 1 to 6 have the same files, bit for bit, in folders a and b (below r's work folder) for the two
+ * extensions ext. */
+static int same_shots(const run_result *r, const char *a, const char *b, const char *const ext[2])
+{
+    int same = 1;
+    for (int i = 1; i <= 6; ++i) {
+        for (int f = 0; f < 2; ++f) {
+            char x[PATH_MAX + 64], y[PATH_MAX + 64];
+            snprintf(x, sizeof x, "%s/%s/shot%06d.%s", r->work, a, i, ext[f]);
+            snprintf(y, sizeof y, "%s/%s/shot%06d.%s", r->work, b, i, ext[f]);
+            same &= file_eq(x, y);
+        }
+    }
+    return same;
+}
+
 static void test_shots_and_batch(void)
 {
     run_result r;
@@ -222,16 +238,8 @@ static void test_shots_and_batch(void)
         const char *mb[] = {"batch", BASE, "-shots", "shots.jsonl", "-floatfile", flt, "-noisefile", noi, "-seed", "3",
                             NULL};
         run_mpi(&r, k, mb);
-        int same = 1;
-        for (int i = 1; i <= 6; ++i) {
-            char x[PATH_MAX + 64], y[PATH_MAX + 64];
-            snprintf(x, sizeof x, "%s/out/shot%06d.bin", r.work, i);
-            snprintf(y, sizeof y, "%s/mpi%d/shot%06d.bin", r.work, k, i);
-            same &= file_eq(x, y);
-            snprintf(x, sizeof x, "%s/out/shot%06d.img", r.work, i);
-            snprintf(y, sizeof y, "%s/mpi%d/shot%06d.img", r.work, k, i);
-            same &= file_eq(x, y);
-        }
+        static const char *const bin_img[2] = {"bin", "img"};
+        const int same = same_shots(&r, "out", dname + 1, bin_img);
         char id[32];
         snprintf(id, sizeof id, "BATCH-mpi-%d", k);
         nbgi_test_check(r.status == 0 && same && strstr(r.out, "6 shots simulated") != NULL, id,
@@ -240,7 +248,7 @@ static void test_shots_and_batch(void)
     /* NXmx and CBF too: bit for bit for any rank count and any time of writing (no HDF5 object times; CBF's date
      * from SOURCE_DATE_EPOCH, the reproducible-builds convention); without MPI two runs a second apart */
     setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
-    int same_fmt = 1, ran = 1;
+    int ran = 1;
     for (int k = 0; k < 2; ++k) {
         char dname[PATH_MAX + 64], nxs[64], cbf[64];
         snprintf(dname, sizeof dname, "%s/fmt%d", r.work, k);
@@ -259,14 +267,8 @@ static void test_shots_and_batch(void)
         }
         ran &= r.status == 0;
     }
-    for (int i = 1; i <= 6; ++i) {
-        for (int f = 0; f < 2; ++f) {
-            char x[PATH_MAX + 64], y[PATH_MAX + 64];
-            snprintf(x, sizeof x, "%s/fmt0/shot%06d.%s", r.work, i, f ? "cbf" : "nxs");
-            snprintf(y, sizeof y, "%s/fmt1/shot%06d.%s", r.work, i, f ? "cbf" : "nxs");
-            same_fmt &= file_eq(x, y);
-        }
-    }
+    static const char *const nxs_cbf[2] = {"nxs", "cbf"};
+    const int same_fmt = same_shots(&r, "fmt0", "fmt1", nxs_cbf);
     unsetenv("SOURCE_DATE_EPOCH");
     nbgi_test_check(ran && same_fmt, "BATCH-formats-bit-for-bit", "the 6 shots' NXmx and CBF files are the same bytes "
                     "%s", g_mpi ? "for one process and mpirun -n 2" : "for two runs a second apart (no MPI here)");

@@ -431,6 +431,19 @@ static void expect_pixels(nbg_ctx *ctx, const char *path, const float *want, siz
     free(img);
 }
 
+/* One good section: the MIME header of conversion conv, element type and byte order over the nb bytes of buf (n
+ * elements of sf x ss), written to a CBF named file around p, read back: every pixel must be want[i] exactly. */
+static void good_section(nbg_ctx *ctx, const cbf_parts *p, size_t n, const char *sf, const char *ss, const char *conv,
+                         const char *type, const char *order, const unsigned char *buf, size_t nb, const char *file,
+                         const float *want, const char *id, const char *what)
+{
+    char path[4200], head[2048];
+    mime(head, sizeof head, conv, type, order, nb, n, sf, ss, "");
+    tmp_path(file, path, sizeof path);
+    write_cbf(path, p, head, buf, nb, 0);
+    expect_pixels(ctx, path, want, n, id, what);
+}
+
 /* Good sections of every kind nbgrad decodes, decoded bit for bit. */
 static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const char *sf, const char *ss)
 {
@@ -446,10 +459,8 @@ static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const c
     for (size_t i = 0; i < n; ++i)
         want[i] = (float)(double)v[i];
     size_t nb = bo_encode(v, n, buf);
-    mime(head, sizeof head, "x-CBF_BYTE_OFFSET", "signed 32-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
-    tmp_path("bo_good.cbf", path, sizeof path);
-    write_cbf(path, p, head, buf, nb, 0);
-    expect_pixels(ctx, path, want, n, "cbf-bin-byte-offset", "byte_offset with 1-, 2-, 4- and 8-byte deltas");
+    good_section(ctx, p, n, sf, ss, "x-CBF_BYTE_OFFSET", "signed 32-bit integer", "LITTLE_ENDIAN", buf, nb,
+                 "bo_good.cbf", want, "cbf-bin-byte-offset", "byte_offset with 1-, 2-, 4- and 8-byte deltas");
 
     /* unsigned 16-bit byte_offset: the sum wraps in 16 bits, as CBFlib's writer relies on (65535 + 1 = 0) */
     for (size_t i = 0; i < n; ++i)
@@ -457,10 +468,8 @@ static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const c
     for (size_t i = 0; i < n; ++i)
         want[i] = (float)(v[i] % 65536);
     nb = bo_encode(v, n, buf);
-    mime(head, sizeof head, "x-CBF_BYTE_OFFSET", "unsigned 16-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
-    tmp_path("bo_u16.cbf", path, sizeof path);
-    write_cbf(path, p, head, buf, nb, 0);
-    expect_pixels(ctx, path, want, n, "cbf-bin-byte-offset-wrap", "unsigned 16-bit byte_offset, modulo 2^16");
+    good_section(ctx, p, n, sf, ss, "x-CBF_BYTE_OFFSET", "unsigned 16-bit integer", "LITTLE_ENDIAN", buf, nb,
+                 "bo_u16.cbf", want, "cbf-bin-byte-offset-wrap", "unsigned 16-bit byte_offset, modulo 2^16");
 
     /* uncompressed: signed 32-bit little-endian, unsigned 16-bit big-endian, IEEE reals of both widths */
     nb = 0;
@@ -469,10 +478,8 @@ static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const c
         nb += put_le(buf + nb, (uint32_t)x, 4);
         want[i] = (float)(double)x;
     }
-    mime(head, sizeof head, "x-CBF_NONE", "signed 32-bit integer", "LITTLE_ENDIAN", nb, n, sf, ss, "");
-    tmp_path("none_s32.cbf", path, sizeof path);
-    write_cbf(path, p, head, buf, nb, 0);
-    expect_pixels(ctx, path, want, n, "cbf-bin-none-s32-le", "x-CBF_NONE signed 32-bit little-endian");
+    good_section(ctx, p, n, sf, ss, "x-CBF_NONE", "signed 32-bit integer", "LITTLE_ENDIAN", buf, nb,
+                 "none_s32.cbf", want, "cbf-bin-none-s32-le", "x-CBF_NONE signed 32-bit little-endian");
 
     nb = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -480,10 +487,8 @@ static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const c
         buf[nb++] = (unsigned char)(x >> 8), buf[nb++] = (unsigned char)x;
         want[i] = (float)x;
     }
-    mime(head, sizeof head, "x-CBF_NONE", "unsigned 16-bit integer", "BIG_ENDIAN", nb, n, sf, ss, "");
-    tmp_path("none_u16be.cbf", path, sizeof path);
-    write_cbf(path, p, head, buf, nb, 0);
-    expect_pixels(ctx, path, want, n, "cbf-bin-none-u16-be", "x-CBF_NONE unsigned 16-bit big-endian");
+    good_section(ctx, p, n, sf, ss, "x-CBF_NONE", "unsigned 16-bit integer", "BIG_ENDIAN", buf, nb,
+                 "none_u16be.cbf", want, "cbf-bin-none-u16-be", "x-CBF_NONE unsigned 16-bit big-endian");
 
     nb = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -494,10 +499,8 @@ static void test_binary_good(nbg_ctx *ctx, const cbf_parts *p, size_t n, const c
             buf[nb++] = (unsigned char)(bits >> (8 * k));
         want[i] = (float)x;
     }
-    mime(head, sizeof head, "x-CBF_NONE", "signed 64-bit real IEEE", "BIG_ENDIAN", nb, n, sf, ss, "");
-    tmp_path("none_f64be.cbf", path, sizeof path);
-    write_cbf(path, p, head, buf, nb, 0);
-    expect_pixels(ctx, path, want, n, "cbf-bin-none-f64-be", "x-CBF_NONE 64-bit IEEE reals, big-endian");
+    good_section(ctx, p, n, sf, ss, "x-CBF_NONE", "signed 64-bit real IEEE", "BIG_ENDIAN", buf, nb,
+                 "none_f64be.cbf", want, "cbf-bin-none-f64-be", "x-CBF_NONE 64-bit IEEE reals, big-endian");
 
     nb = 0;
     for (size_t i = 0; i < n; ++i) {

@@ -186,6 +186,27 @@ static int make_bad_file(const char *path, int rank)
     return 0;
 }
 
+/* Replaces the data set of the NXmx file at path (nbgrad's: /entry/data/data, linked as the detector's data) by one
+ * of file type ftype over dims with creation properties dcpl, holding data (memory type mtype; NULL: nothing
+ * written, its chunks never allocated).  Returns 1 on success. */
+static int replace_data(const char *path, hid_t ftype, const hsize_t dims[3], hid_t dcpl, hid_t mtype,
+                        const void *data)
+{
+    const hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    int ok = f >= 0 && H5Ldelete(f, "/entry/instrument/detector/data", H5P_DEFAULT) >= 0 &&
+             H5Ldelete(f, "/entry/data/data", H5P_DEFAULT) >= 0;
+    const hid_t space = H5Screate_simple(3, dims, NULL);
+    const hid_t d = ok ? H5Dcreate2(f, "/entry/data/data", ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
+    ok = ok && d >= 0 && (data == NULL || H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0) &&
+         H5Lcreate_hard(f, "/entry/data/data", f, "/entry/instrument/detector/data", H5P_DEFAULT, H5P_DEFAULT) >= 0;
+    if (d >= 0)
+        H5Dclose(d);
+    H5Sclose(space);
+    if (f >= 0)
+        H5Fclose(f);
+    return ok;
+}
+
 /* Eiger-style compression: the file's data set rewritten with the bitshuffle/LZ4 filter (HDF5 filter 32008, the
  * Debian package bitshuffle's plugin), then read by nbg_read_image through HDF5's plugin loading.  Skipped, with
  * the reason, where the plugin is not installed. */
@@ -202,21 +223,12 @@ static void eiger_compressed(nbg_ctx *ctx, const char *dir, const nbg_geometry *
     snprintf(path, sizeof path, "%s/eiger.nxs", dir);
     for (size_t k = 0; k < 3 * npix; ++k) ints[k] = (int32_t)((k * 7919) % 5000) - (k % 97 == 0 ? 1 : 0);
     int ok = nbg_write_nxmx(ctx, path, g, NBG_DATA_INT32, ints, 3, NULL) == NBG_OK;
-    const hid_t f = ok ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT) : -1;
-    ok = f >= 0 && H5Ldelete(f, "/entry/instrument/detector/data", H5P_DEFAULT) >= 0 && H5Ldelete(f, "/entry/data/data", H5P_DEFAULT) >= 0;
-    hsize_t dims[3] = {3, (hsize_t)g->spixels, (hsize_t)g->fpixels}, chunk[3] = {1, dims[1], dims[2]};
+    const hsize_t dims[3] = {3, (hsize_t)g->spixels, (hsize_t)g->fpixels}, chunk[3] = {1, dims[1], dims[2]};
     const unsigned cd[2] = {0, 2}; /* block size automatic, LZ4 */
-    const hid_t space = H5Screate_simple(3, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0 && H5Pset_filter(dcpl, bshuf, H5Z_FLAG_MANDATORY, 2, cd) >= 0;
-    const hid_t d = ok ? H5Dcreate2(f, "/entry/data/data", H5T_STD_I32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT)
-                       : -1;
-    ok = ok && d >= 0 && H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, ints) >= 0;
-    if (d >= 0)
-        H5Dclose(d);
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0 && H5Pset_filter(dcpl, bshuf, H5Z_FLAG_MANDATORY, 2, cd) >= 0 &&
+         replace_data(path, H5T_STD_I32LE, dims, dcpl, H5T_NATIVE_INT32, ints);
     H5Pclose(dcpl);
-    H5Sclose(space);
-    if (f >= 0)
-        H5Fclose(f);
     if (!CHECK(ok, "read-bitshuffle-setup", "the data rewritten with bitshuffle/LZ4")) {
         free(ints);
         return;
@@ -244,21 +256,11 @@ static void unwritten_chunks(nbg_ctx *ctx, const char *dir, const nbg_geometry *
     char path[4096];
     snprintf(path, sizeof path, "%s/unwritten.nxs", dir);
     int ok = frames != NULL && nbg_write_nxmx(ctx, path, &g, NBG_DATA_FLOAT32, frames, 3, NULL) == NBG_OK;
-    const hid_t f = ok ? H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT) : -1;
-    ok = f >= 0 && H5Ldelete(f, "/entry/instrument/detector/data", H5P_DEFAULT) >= 0 &&
-         H5Ldelete(f, "/entry/data/data", H5P_DEFAULT) >= 0;
-    hsize_t dims[3] = {3, 1024, 1024}, chunk[3] = {1, 1024, 1024};
-    const hid_t space = H5Screate_simple(3, dims, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0;
-    const hid_t d = ok ? H5Dcreate2(f, "/entry/data/data", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
-    ok = ok && d >= 0 && H5Lcreate_hard(f, "/entry/data/data", f, "/entry/instrument/detector/data", H5P_DEFAULT,
-                                        H5P_DEFAULT) >= 0;
-    if (d >= 0)
-        H5Dclose(d);
+    const hsize_t dims[3] = {3, 1024, 1024}, chunk[3] = {1, 1024, 1024};
+    const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ok = ok && H5Pset_chunk(dcpl, 3, chunk) >= 0 &&
+         replace_data(path, H5T_IEEE_F32LE, dims, dcpl, H5T_NATIVE_FLOAT, NULL); /* nothing written */
     H5Pclose(dcpl);
-    H5Sclose(space);
-    if (f >= 0)
-        H5Fclose(f);
     free(frames);
     if (!CHECK(ok, "read-unwritten-setup", "the data set replaced by 3 frames of 1024^2 never written")) {
         return;
