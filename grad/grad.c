@@ -177,6 +177,7 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
         zin.lambda0 = din.lambda0;
         for (int i = 0; i < 3; ++i) {
             zin.misset[i] = din.misset[i];
+            zin.orient[i] = din.orient[i];
         }
         double unit; /* set-up units per CLI unit */
         if (what == NBGI_S_CELL) {
@@ -184,6 +185,9 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
             unit = index < 3 ? 1 : 1 / RTD;
         } else if (what == NBGI_S_MISSET) {
             zin.misset[index] += ih;
+            unit = 1 / RTD;
+        } else if (what == NBGI_S_ORIENT) {
+            zin.orient[index] += ih;
             unit = 1 / RTD;
         } else {
             zin.lambda0 += ih;
@@ -367,6 +371,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
     switch (r->setup) {
     case NBGI_S_CELL:
     case NBGI_S_MISSET:
+    case NBGI_S_ORIENT:
     case NBGI_S_LAMBDA:
         tangent_crystal(e, pl, r->setup, r->index, t);
         return;

@@ -40,7 +40,7 @@ _Static_assert(0
 #undef NBG_PARAM
 
 /* The groups -params knows, besides "all"; every row's groups are among them (test-params checks). */
-static const char *const group_names = "all cell orientation crystal beam detector model background goniometer";
+static const char *const group_names = "all cell orientation misset crystal beam detector model background goniometer";
 
 static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
 
@@ -80,7 +80,8 @@ int nbgi_param_image_level(nbg_param p)
 
 int nbgi_param_is_offset(nbg_param p)
 {
-    return p >= 0 && p < NBG_NPARAMS && (nbgi_param_rows[p].setup == NBGI_S_BEAM || nbgi_param_rows[p].setup == NBGI_S_TILT);
+    return p >= 0 && p < NBG_NPARAMS && (nbgi_param_rows[p].setup == NBGI_S_BEAM || nbgi_param_rows[p].setup == NBGI_S_TILT ||
+                                          nbgi_param_rows[p].setup == NBGI_S_ORIENT);
 }
 
 long nbgi_param_nF(const nbg_experiment *e)

@@ -52,6 +52,12 @@ typedef struct {
     nbg_loss loss;
     const nbg_param *params;
     int n;
+    /* the parameters rendered: params, then the cell parameters tied to one of them by the space group (xof[k]: the
+     * fitted parameter whose value k takes, its tangent and gradient folded into that one's) */
+    const nbg_param *xparams;
+    const int *xof;
+    int nx;
+    double *gx;                  /* scratch of nx: a frame's gradient over xparams */
     size_t npix;
     size_t nobs;                 /* pixels in the loss, all frames */
     double eps;                  /* the loss's rounding at the last Gauss-Newton point (float images) */
@@ -81,11 +87,25 @@ static int set_params(refine_ws *ws, const double *x)
         if (!nbg_param_in_bounds(ws->params[j], x[j])) {
             return 0;
         }
+    }
+    for (int k = 0; k < ws->nx; ++k) {
         for (int f = 0; f < ws->nf; ++f) {
-            nbg_param_set(&ws->fr[f].e, ws->params[j], x[j]);
+            nbg_param_set(&ws->fr[f].e, ws->xparams[k], x[ws->xof[k]]);
         }
     }
     return 1;
+}
+
+/* Folds the tied parameters' entries (k >= n of nx, each stride apart) into the ones they follow. */
+static void fold_tied(const refine_ws *ws, double *v, size_t len, size_t stride)
+{
+    for (int k = ws->n; k < ws->nx; ++k) {
+        const double *src = v + (size_t)k * stride;
+        double *dst = v + (size_t)ws->xof[k] * stride;
+        for (size_t t = 0; t < len; ++t) {
+            dst[t] += src[t];
+        }
+    }
 }
 
 /* Loss only (a forward pass of each frame). */
@@ -141,10 +161,11 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
     memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
     for (int f = 0; f < ws->nf; ++f) {
         refine_frame *fr = &ws->fr[f];
-        const int rc = nbg_simulate_jvp(ws->ctx, &fr->e, ws->params, ws->n, fr->T, fr->img, ws->npix);
+        const int rc = nbg_simulate_jvp(ws->ctx, &fr->e, ws->xparams, ws->nx, fr->T, fr->img, ws->npix);
         if (rc != NBG_OK) {
             return rc;
         }
+        fold_tied(ws, fr->T, fr->nw, fr->nw);
         for (size_t t = 0; t < fr->nw; ++t) {
             if (!fr->use[t]) {
                 continue;
@@ -448,8 +469,12 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
     for (int k = 0; k < ws->nf; ++k) {
         refine_frame *fr = &ws->fr[k];
         double Lf;
-        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, ws->params, ws->n, &Lf, ws->gf,
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, ws->xparams, ws->nx, &Lf, ws->gx,
                                      fr->img, ws->npix);
+        if (rc == NBG_OK) {
+            fold_tied(ws, ws->gx, 1, 1);
+            memcpy(ws->gf, ws->gx, sizeof(double) * (size_t)ws->n);
+        }
         if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
             *f = GSL_POSINF;
             gsl_vector_set_zero(df);
@@ -838,6 +863,8 @@ void nbg_refine_result_free(nbg_refine_result *res)
     }
     free(res->params);
     free(res->start); /* start, value, sigma and corr are one allocation */
+    free(res->tied);
+    res->tied = NULL;
     res->params = NULL;
     res->start = res->value = res->sigma = res->corr = NULL;
     res->nparams = 0;
@@ -909,9 +936,10 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
     }
 }
 
-int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
-                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
-                      const nbg_refine_options *opt, nbg_refine_result *res)
+static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                       const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                       const nbg_param *xparams, const int *xof, int nx, const nbg_refine_options *opt,
+                       nbg_refine_result *res)
 {
     if (ctx == NULL || frames == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
@@ -999,10 +1027,14 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     ws.loss = opt->loss;
     ws.params = params;
     ws.n = nparams;
+    ws.xparams = xparams;
+    ws.xof = xof;
+    ws.nx = nx;
+    ws.gx = malloc(sizeof(double) * (size_t)nx);
     ws.npix = npix;
     ws.nf = nframes;
     ws.fr = calloc((size_t)nframes, sizeof *ws.fr);
-    rc = ws.fr == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
+    rc = ws.fr == NULL || ws.gx == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
     if (rc == NBG_OK && e->nmotions > 0) {
         /* the motions are parameters shared by the frames: trial steps go to one copy, which every frame's
          * experiment reads; the callers' lists get the fitted values at the end */
@@ -1036,7 +1068,7 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
         fr->nw = (size_t)nbgi_nwalk(&pl.k);
         fr->use = malloc(fr->nw ? fr->nw : 1);
         fr->img = malloc(sizeof(float) * npix);
-        fr->T = malloc(sizeof(double) * (fr->nw ? fr->nw : 1) * (size_t)nparams);
+        fr->T = malloc(sizeof(double) * (fr->nw ? fr->nw : 1) * (size_t)nx);
         if (fr->use == NULL || fr->img == NULL || fr->T == NULL) {
             nbgi_plan_free(&pl);
             rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images of %zu pixels", nparams, fr->nw);
@@ -1111,8 +1143,239 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     }
     free(ws.fr);
     free(ws.motions);
+    free(ws.gx);
     free(wbuf);
     return rc;
+}
+
+/* The cell under the space group: which of the listed cell parameters are fitted (the first listed of each tied
+ * group), which follow one of them and which are held; the start cell made symmetric in every frame (within 1 %
+ * and 1 deg, else an error).  red/nred: the parameters fitted, in the caller's order; rof[j]: the index in red of
+ * caller parameter j's, -1 held; xp/xof/nx: red, then every other member of a fitted cell group. */
+static int cell_constraints(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const nbg_param *params, int nparams,
+                            nbg_param *red, int *nred, int *rof, nbg_param *xp, int *xof, int *nx, char *text,
+                            size_t tsize)
+{
+    nbg_experiment *const e = &frames[0];
+    int ncell = 0;
+    for (int j = 0; j < nparams; ++j) {
+        ncell += params[j] >= 0 && params[j] < NBG_NPARAMS && nbgi_param_rows[params[j]].setup == NBGI_S_CELL;
+    }
+    nbg_cell_constraints cc;
+    int rc = nbg_cell_constraints_get(ctx, e->space_group, &cc);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    text[0] = 0;
+    const int constrained = ncell > 0 && e->has_cell && cc.system != NBG_SYSTEM_TRICLINIC;
+    if (constrained) {
+        /* the start cell (unset b, c: a's; unset angles: 90) and how far it is from the symmetry */
+        double cell[6], sym[6];
+        for (int i = 0; i < 6; ++i) {
+            cell[i] = e->cell[i];
+        }
+        for (int i = 1; i < 3; ++i) {
+            cell[i] = isnan(cell[i]) ? cell[0] : cell[i];
+        }
+        for (int i = 3; i < 6; ++i) {
+            cell[i] = isnan(cell[i]) ? 90 : cell[i];
+        }
+        double worst_len = 0, worst_ang = 0;
+        for (int i = 0; i < 6; ++i) {
+            if (cc.tie[i] < 0) {
+                sym[i] = cc.fixed[i];
+            } else {
+                double sum = 0;
+                int cnt = 0;
+                for (int k = 0; k < 6; ++k) {
+                    if (cc.tie[k] == cc.tie[i]) {
+                        sum += cell[k], cnt++;
+                    }
+                }
+                sym[i] = sum / cnt;
+            }
+            if (i < 3) {
+                worst_len = fmax(worst_len, fabs(cell[i] - sym[i]) / sym[i]);
+            } else {
+                worst_ang = fmax(worst_ang, fabs(cell[i] - sym[i]));
+            }
+        }
+        if (!(worst_len <= 0.01 && worst_ang <= 1)) {
+            return nbgi_error(ctx, NBG_EINVAL, "the start cell %g %g %g %g %g %g is not %s (%s%.3g %s from it): give "
+                              "the space group it has (-space_group P 1 fits all six parameters)", cell[0], cell[1],
+                              cell[2], cell[3], cell[4], cell[5], cc.description, "off by ",
+                              worst_len > 0.01 ? 100 * worst_len : worst_ang, worst_len > 0.01 ? "%" : "deg");
+        }
+        for (int f = 0; f < nframes; ++f) {
+            for (int i = 0; i < 6; ++i) {
+                frames[f].cell[i] = sym[i];
+            }
+        }
+        snprintf(text, tsize, "cell constrained by the space group: %s", cc.description);
+        if (worst_len > 0 || worst_ang > 0) {
+            const size_t l = strlen(text);
+            snprintf(text + l, tsize - l, "; the start cell made symmetric (by up to %.2g %% and %.2g deg)",
+                     100 * worst_len, worst_ang);
+        }
+    }
+    /* each listed parameter: fitted, following a listed one, or held */
+    int group_rep[6]; /* a cell group's fitted parameter: its index in red, or -1 */
+    for (int i = 0; i < 6; ++i) {
+        group_rep[i] = -1;
+    }
+    *nred = 0;
+    int held = 0;
+    for (int j = 0; j < nparams; ++j) {
+        const int is_cell = constrained && params[j] >= 0 && params[j] < NBG_NPARAMS &&
+                            nbgi_param_rows[params[j]].setup == NBGI_S_CELL;
+        if (!is_cell) {
+            rof[j] = *nred;
+            red[(*nred)++] = params[j];
+            continue;
+        }
+        const int i = nbgi_param_rows[params[j]].index, L = cc.tie[i];
+        if (L < 0) {
+            rof[j] = -1;
+            held++;
+        } else if (group_rep[L] >= 0) {
+            rof[j] = group_rep[L];
+        } else {
+            group_rep[L] = *nred;
+            rof[j] = *nred;
+            red[(*nred)++] = params[j];
+        }
+    }
+    /* the rendered list: the fitted ones, then every other member of a fitted cell group */
+    *nx = 0;
+    for (int r = 0; r < *nred; ++r) {
+        xp[*nx] = red[r];
+        xof[(*nx)++] = r;
+    }
+    for (int L = 0; constrained && L < 6; ++L) {
+        if (group_rep[L] < 0) {
+            continue;
+        }
+        const int lead = nbgi_param_rows[red[group_rep[L]]].index;
+        for (int i = 0; i < 6; ++i) {
+            if (cc.tie[i] == L && i != lead) {
+                for (int p = 0; p < NBG_NPARAMS; ++p) {
+                    if (nbgi_param_rows[p].setup == NBGI_S_CELL && nbgi_param_rows[p].index == i) {
+                        xp[*nx] = (nbg_param)p;
+                        xof[(*nx)++] = group_rep[L];
+                    }
+                }
+            }
+        }
+    }
+    if (constrained) {
+        const size_t l = strlen(text);
+        snprintf(text + l, tsize - l, "; %d cell parameter%s fitted, %d listed tied to them, %d held", *nred - (nparams - ncell),
+                 *nred - (nparams - ncell) == 1 ? "" : "s", ncell - (*nred - (nparams - ncell)) - held, held);
+    }
+    return NBG_OK;
+}
+
+int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                      const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    if (ctx == NULL || frames == NULL || params == NULL || res == NULL || nframes < 1) {
+        return refine_core(ctx, frames, nframes, observed, weights, npix, params, nparams, params, NULL, 0, opt, res);
+    }
+    if (nparams < 1 || nparams > 100000) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to 100000)", nparams);
+    }
+    const size_t N = (size_t)nparams;
+    nbg_param *const red = malloc(sizeof(nbg_param) * 3 * N);
+    int *const ibuf = malloc(sizeof(int) * 3 * N);
+    double *const start0 = malloc(sizeof(double) * N);
+    if (red == NULL || ibuf == NULL || start0 == NULL) {
+        free(red);
+        free(ibuf);
+        free(start0);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nparams);
+    }
+    nbg_param *const xp = red + N;
+    int *const rof = ibuf, *const xof = ibuf + N;
+    /* a copy of the start cell: the caller's frames are left as they were on failure */
+    double cell0[6];
+    memcpy(cell0, frames[0].cell, sizeof cell0);
+    for (int j = 0; j < nparams; ++j) {
+        start0[j] = NAN;
+        nbg_param_get(&frames[0], params[j], &start0[j]);
+    }
+    int nred = 0, nx = 0;
+    char text[320];
+    int rc = cell_constraints(ctx, frames, nframes, params, nparams, red, &nred, rof, xp, xof, &nx, text,
+                              sizeof text);
+    if (rc == NBG_OK && nred == 0) {
+        rc = nbgi_error(ctx, NBG_EINVAL, "nothing to fit: every parameter listed is held by the space group (%s)",
+                        text);
+    }
+    if (rc == NBG_OK) {
+        rc = refine_core(ctx, frames, nframes, observed, weights, npix, red, nred, xp, xof, nx, opt, res);
+    }
+    if (rc != NBG_OK) {
+        for (int f = 0; f < nframes; ++f) {
+            memcpy(frames[f].cell, cell0, sizeof cell0);
+        }
+        free(red);
+        free(ibuf);
+        free(start0);
+        return rc;
+    }
+    /* the result over the caller's list: a tied parameter takes its leader's value, error and correlations; a held
+     * one its fixed value, error 0 */
+    nbg_param *const rp = malloc(sizeof(nbg_param) * N);
+    double *const rbuf = malloc(sizeof(double) * (N * N + 3 * N));
+    int *const tied = malloc(sizeof(int) * N);
+    if (rp == NULL || rbuf == NULL || tied == NULL) {
+        free(rp);
+        free(rbuf);
+        free(tied);
+        free(red);
+        free(ibuf);
+        free(start0);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nparams);
+    }
+    double *const st = rbuf, *const va = rbuf + N, *const sg = rbuf + 2 * N, *const co = rbuf + 3 * N;
+    for (int j = 0; j < nparams; ++j) {
+        const int r = rof[j];
+        rp[j] = params[j];
+        st[j] = start0[j];
+        nbg_param_get(&frames[0], params[j], &va[j]);
+        sg[j] = r >= 0 ? res->sigma[r] : 0;
+        tied[j] = j;
+        if (r < 0) {
+            tied[j] = -1;
+        } else {
+            for (int k = 0; k < j; ++k) {
+                if (rof[k] == r) {
+                    tied[j] = k;
+                    break;
+                }
+            }
+        }
+        for (int k = 0; k < nparams; ++k) {
+            const int q = rof[k];
+            co[j * N + k] = r >= 0 && q >= 0 ? res->corr[r * res->nparams + q] : (j == k ? 1 : 0);
+        }
+    }
+    free(res->params);
+    free(res->start);
+    free(res->tied);
+    res->params = rp;
+    res->start = st;
+    res->value = va;
+    res->sigma = sg;
+    res->corr = co;
+    res->tied = tied;
+    res->nparams = nparams;
+    snprintf(res->constraint, sizeof res->constraint, "%s", text);
+    free(red);
+    free(ibuf);
+    free(start0);
+    return NBG_OK;
 }
 
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,

@@ -299,6 +299,14 @@ typedef struct {
     /* --- refinement offsets ----------------------------------------------------------------------------- */
     double beam_shift[2];           /* direct-beam position shift along the detector's fast and slow axes, mm
                                        (0): moves the detector within its own plane, whatever the convention */
+    double orient[3];               /* small rotations of the crystal about the lab's fixed x, y, z axes, deg (0 0 0),
+                                       composed onto the orientation the cell or matrix and the misset give, as
+                                       Rz Ry Rx: the refinable orientation (the derivatives at 0 are rotations
+                                       about three fixed axes, with no gimbal lock wherever the crystal stands) */
+    char space_group[32];           /* the crystal's space group: a Hall symbol (as DIALS writes it, " P 4nw 2abw"),
+                                       a Hermann-Mauguin symbol ("P 43 21 2", "P43212") or a number 1-230; ""
+                                       unknown (P 1).  Its lattice constrains the cell a refinement fits
+                                       (nbg_cell_constraints) */
 
     /* --- the image model ----------------------------------------------------------------------------------- */
     /* Every image the library returns (nbg_simulate, the gradient calls) is the model image
@@ -567,6 +575,42 @@ int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed
                     const float *image, size_t npix, nbg_floor_check *out);
 
 /* ---------------------------------------------------------------------------------------------------------- */
+/* Space groups: the cell parameters a lattice leaves free                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    NBG_SYSTEM_TRICLINIC = 0,
+    NBG_SYSTEM_MONOCLINIC,
+    NBG_SYSTEM_ORTHORHOMBIC,
+    NBG_SYSTEM_TETRAGONAL,
+    NBG_SYSTEM_TRIGONAL,
+    NBG_SYSTEM_HEXAGONAL,
+    NBG_SYSTEM_CUBIC
+} nbg_crystal_system;
+
+/* The crystal system's constraints on the cell (a b c alpha beta gamma, the indices 0-5 of nbg_experiment.cell):
+ * tie[i] = i for a free parameter, the free one it equals (b = a: tie[1] = 0), or -1 for one fixed at fixed[i]
+ * (deg).  Triclinic 6 free, monoclinic 4 (the unique axis's angle), orthorhombic 3, tetragonal 2, trigonal and
+ * hexagonal 2 (a, c; gamma = 120; on rhombohedral axes a and alpha), cubic 1: the free elements of the metric
+ * tensor, as the cell parameters. */
+typedef struct {
+    nbg_crystal_system system;
+    int unique_axis;        /* monoclinic: 0 a, 1 b, 2 c; else -1 */
+    int rhombohedral;       /* trigonal on rhombohedral axes */
+    int tie[6];
+    double fixed[6];
+    int nfree;
+    char description[160];  /* "tetragonal (P 43 21 2): a (= b), c free; alpha = beta = gamma = 90" */
+} nbg_cell_constraints;
+
+/* The constraints of space_group (nbg_experiment.space_group's forms: a Hall symbol when it begins with a space, '-'
+ * or "Hall:", else a Hermann-Mauguin symbol with or without spaces, or a number 1-230; NULL or "" triclinic).
+ * NBG_EINVAL, naming it, for text that is none of these. */
+int nbg_cell_constraints_get(nbg_ctx *ctx, const char *space_group, nbg_cell_constraints *c);
+/* The system's name ("tetragonal"). */
+const char *nbg_crystal_system_name(nbg_crystal_system s);
+
+/* ---------------------------------------------------------------------------------------------------------- */
 /* Refinement                                                                                                 */
 /* ---------------------------------------------------------------------------------------------------------- */
 
@@ -639,6 +683,13 @@ typedef struct {
     long nobs;                                 /* pixels in the loss */
     nbg_floor_check floor;                     /* the observed floor against the fitted model's (nbg_check_floor) */
     nbg_fit_quality fit;                       /* goodness of fit at the optimum */
+    /* The cell under the experiment's space group (nbg_cell_constraints): with cell parameters listed, only the
+     * free ones are fitted, the tied ones moving with them and the fixed ones held (a start cell within 1 % and
+     * 1 deg of the symmetry is made symmetric first).  tied[j] is j for a parameter fitted, the index in params of
+     * the one it equals (value, sigma and correlations its), or -1 for one held fixed (sigma 0).  constraint says
+     * what was done, "" when nothing was constrained. */
+    int *tied;
+    char constraint[320];
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);

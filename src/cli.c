@@ -411,6 +411,19 @@ static int fn_misset(nbgi_cli *c, const char *flag, int nv, char **v)
     return 3;
 }
 
+static int fn_space_group(nbgi_cli *c, const char *flag, int nv, char **v)
+{
+    (void)nv;
+    nbg_cell_constraints cc;
+    if (strlen(v[0]) >= sizeof c->e.space_group || nbg_cell_constraints_get(NULL, v[0], &cc) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s '%s': not a Hermann-Mauguin symbol (\"P 43 21 2\", \"P43212\", \"C 1 2/c "
+                "1\", \"R 3 :R\"), a Hall symbol (\" P 4nw 2abw\", \"Hall: P 2y\") or a number 1-230\n", flag, v[0]);
+        return -1;
+    }
+    snprintf(c->e.space_group, sizeof c->e.space_group, "%s", v[0]);
+    return 1;
+}
+
 static int fn_detector_abs(nbgi_cli *c, const char *flag, int nv, char **v)
 {
     if (strstr(v[0], "inf") != NULL) {
@@ -496,6 +509,10 @@ static const cli_flag flags[] = {
      .help = "misset rotations about x, y, z, deg; random: drawn from -misset_seed"},
     {"-misset_seed", K_LONG, E(misset_seed), .set = C(have_misset_seed), .setv = 1, .group = G_CRYSTAL,
      .arg = "n", .help = "seed of -misset random (a run without one prints the seed it drew)"},
+    {"-space_group", K_FN, .n = 1, .fn = fn_space_group, .group = G_CRYSTAL, .arg = "symbol",
+     .help = "the crystal's space group (Hermann-Mauguin \"P 43 21 2\" or P43212, a Hall symbol, or its number): a "
+             "refinement of the cell fits only the parameters its lattice leaves free (tetragonal: a = b and c; "
+             "wins over -expt's)"},
     {"-N", K_NUM, E(Na), .also = {E(Nb), E(Nc)}, .group = G_CRYSTAL, .arg = "n",
      .help = "crystal size in unit cells along a, b and c (need not be an integer)"},
     {"-Na", K_NUM, E(Na), .group = G_CRYSTAL, .arg = "n", .help = "unit cells along a"},
@@ -1426,6 +1443,9 @@ int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c)
             free(pan);
             fprintf(stderr, "nbgrad: error: -expt: %s\n", nbg_errmsg(ctx));
             return 0;
+        }
+        if (before.space_group[0] != 0) {
+            memcpy(e->space_group, before.space_group, sizeof e->space_group); /* -space_group wins */
         }
         if (np > 1) {
             /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */

@@ -215,6 +215,11 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         snprintf(g->material, sizeof g->material, "Si");
     }
     g->has_crystal = 1;
+    /* the space group, where the experiment has it as a Hall symbol (as read from a list; a Hermann-Mauguin symbol or
+     * a number given by -space_group is not turned into one here: the list then says P 1) */
+    if (e->space_group[0] == ' ' || e->space_group[0] == '-') {
+        snprintf(g->space_group, sizeof g->space_group, "%s", e->space_group);
+    }
     /* A still (no oscillation) whose spindle stands at phi0: its crystal is written as the image sees it, turned by
      * phi0, because DIALS predicts a still's spots from the crystal as its list gives it, with no rotation
      * (nbg_experiment_from_geometry reads a still so); the scan still states the angle. */
@@ -568,6 +573,18 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     }
     if (g->has_crystal) {
         crystal_from_vectors(ctx, g, e);
+        /* the list's space group (a Hall symbol, DIALS's form): it constrains a refinement of the cell; P 1 is none */
+        const char *sg = g->space_group;
+        while (*sg == ' ') {
+            ++sg;
+        }
+        if (strcmp(sg, "P 1") == 0 || *sg == 0) {
+            e->space_group[0] = 0;
+        } else {
+            /* a Hall symbol is read as one when it begins with a space or '-' (nbg_cell_constraints_get) */
+            const int hall = g->space_group[0] == ' ' || g->space_group[0] == '-';
+            snprintf(e->space_group, sizeof e->space_group, "%s%.30s", hall ? "" : " ", g->space_group);
+        }
     }
     /* the mosaic domains a list nbgrad wrote carries: the same spread, count and seed, drawn in the frame the list
      * says (so that they sit on the crystal where they sat); without them the frame is this one */

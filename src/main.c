@@ -1138,8 +1138,16 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
     printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
     char lab[64];
     for (int j = 0; j < res->nparams; ++j) {
-        printf("%-12s %16.8g %16.8g %14.4g\n", nbg_param_label(e, res->params[j], lab, sizeof lab), res->start[j],
-               res->value[j], res->sigma[j]);
+        const int t = res->tied != NULL ? res->tied[j] : j;
+        char note[80] = "";
+        if (t < 0) {
+            snprintf(note, sizeof note, "   held by the space group");
+        } else if (t != j) {
+            char lt[64];
+            snprintf(note, sizeof note, "   = %s (space group)", nbg_param_label(e, res->params[t], lt, sizeof lt));
+        }
+        printf("%-12s %16.8g %16.8g %14.4g%s\n", nbg_param_label(e, res->params[j], lab, sizeof lab), res->start[j],
+               res->value[j], res->sigma[j], note);
     }
     printf("correlations:\n");
     for (int a = 0; a < res->nparams; ++a) {
@@ -1230,6 +1238,7 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
     json_object_set_new(fit, "mismatch", json_boolean(res->fit.mismatch));
     json_object_set_new(fit, "sigma_scale", nbgi_json_num(res->fit.sigma_scale));
     json_object_set_new(d, "fit", fit);
+    json_object_set_new(d, "constraint", json_string(res->constraint));
     json_object_set_new(d, "start_loss", nbgi_json_num(res->start_loss));
     json_object_set_new(d, "final_loss", nbgi_json_num(res->loss));
     char lab[64];
@@ -1238,6 +1247,12 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
         json_object_set_new(p, "start", nbgi_json_num(res->start[k]));
         json_object_set_new(p, "value", nbgi_json_num(res->value[k]));
         json_object_set_new(p, "sigma", nbgi_json_num(res->sigma[k]));
+        const int t = res->tied != NULL ? res->tied[k] : k;
+        if (t != k) {
+            char lt[64];
+            json_object_set_new(p, "tied_to", t < 0 ? json_string("fixed")
+                                                     : json_string(nbg_param_label(&c->e, res->params[t], lt, sizeof lt)));
+        }
         json_object_set_new(pj, nbg_param_label(&c->e, res->params[k], lab, sizeof lab), p);
     }
     json_object_set_new(d, "parameters", pj);
@@ -1403,6 +1418,9 @@ static int cmd_refine(int argc, char **argv, int first)
     }
     c.e.pixels = NULL; /* the residual and the experiment written are the whole detector's */
     c.e.npixels_list = 0;
+    if (res.constraint[0] != 0) {
+        printf("%s\n", res.constraint);
+    }
     refine_outcome(&res);
     const int floor_bad = res.floor.mismatch;
     if (floor_bad) {

@@ -12,6 +12,7 @@
 typedef enum {
     NBGI_S_CELL,     /* cell[index]: a0 and a* by the complex step on the crystal set-up */
     NBGI_S_MISSET,   /* misset[index]: the same */
+    NBGI_S_ORIENT,   /* orient[index]: the same */
     NBGI_S_LAMBDA,   /* the wavelength: the crystal set-up (with -mat) and every source's lambda */
     NBGI_S_TILT,     /* spindle_tilt[index]: the spindle and the rotation it makes */
     NBGI_S_MOSAIC,   /* the mosaic spread: the domains' rotations */

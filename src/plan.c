@@ -565,6 +565,7 @@ void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doub
     in->lambda0 = lambda0;
     for (int i = 0; i < 3; ++i) {
         in->misset[i] = misset_rad[i];
+        in->orient[i] = e->orient[i] / RTD;
     }
 }
 

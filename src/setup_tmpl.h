@@ -88,6 +88,7 @@ typedef struct {
     double mat[9];      /* MOSFLM A matrix, file order */
     NBG_R lambda0;      /* m; scales the matrix */
     NBG_R misset[3];    /* rad */
+    NBG_R orient[3];    /* rad: the small rotations about the lab's x, y, z composed after the misset */
 } NBG_SFX(nbgi_xtal_in);
 
 /* Real-space vectors a, b, c (A) of the oriented crystal and the reciprocal vectors a*, b*, c* (1/A) rebuilt
@@ -168,6 +169,11 @@ static inline NBG_R NBG_SFX(nbgi_crystal)(const NBG_SFX(nbgi_xtal_in) * in, NBG_
     NBG_SFX(rotate_xyz)(as, mis[0], mis[1], mis[2], as);
     NBG_SFX(rotate_xyz)(bs, mis[0], mis[1], mis[2], bs);
     NBG_SFX(rotate_xyz)(cs, mis[0], mis[1], mis[2], cs);
+    /* the orientation offsets: Rz Ry Rx about the lab's axes, after the misset (exactly the identity at 0) */
+    const NBG_R *ori = in->orient;
+    NBG_SFX(rotate_xyz)(as, ori[0], ori[1], ori[2], as);
+    NBG_SFX(rotate_xyz)(bs, ori[0], ori[1], ori[2], bs);
+    NBG_SFX(rotate_xyz)(cs, ori[0], ori[1], ori[2], cs);
 
     NBG_R bxc[3], cxa[3], axb[3];
     NBG_SFX(cross)(as, bs, axb);

@@ -39,7 +39,8 @@ static int params_of(const char *list, nbg_param *ids)
 }
 
 static const char *const ALL = "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"
-                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow";
+                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow,"
+                               "orient_x,orient_y,orient_z";
 
 /* Runs the gradient check and prints one line per parameter; expect_pass = 0 for the broken adjoint. */
 static void gradcheck(const char *id, const nbg_experiment *e, const char *params, int expect_pass)
@@ -150,7 +151,7 @@ int main(void)
     e.osc = 2;
     e.phisteps = 3;
     gradcheck("grad-3-mosaic-phi", &e, "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,mosaic,lambda,distance,"
-                                       "beam_fast,det_rotx,twotheta", 1);
+                                       "beam_fast,det_rotx,twotheta,orient_x,orient_y,orient_z", 1);
 
     /* grad-4: divergence with dispersion */
     nbgi_test_still(&e);
@@ -452,6 +453,45 @@ int main(void)
             free(hkl.F);
         }
         nbgi_test_still(&e); /* e pointed at this block's table, panels and list */
+    }
+
+    /* grad-15: the orientation offsets where the misset angles lock (roty = 90 deg: rotx and rotz turn the crystal
+     * about the same axis, one parameter lost); the offsets are three independent rotations there, and exact */
+    {
+        nbgi_test_still(&e);
+        e.misset[0] = 10, e.misset[1] = 90, e.misset[2] = -20;
+        e.orient[0] = 0.05, e.orient[1] = -0.03, e.orient[2] = 0.02;
+        gradcheck("grad-15-orient-gimbal", &e, "orient_x,orient_y,orient_z", 1);
+        const nbg_param tp[5] = {nbg_param_from_name("rotx"), nbg_param_from_name("rotz"),
+                                 nbg_param_from_name("orient_x"), nbg_param_from_name("orient_y"),
+                                 nbg_param_from_name("orient_z")};
+        nbg_report rr;
+        nbg_describe(ctx, &e, &rr);
+        const size_t np = (size_t)rr.fpixels * rr.spixels;
+        double *T = malloc(sizeof(double) * 5 * np);
+        float *im = malloc(sizeof(float) * np);
+        const int rc = T != NULL && im != NULL ? nbg_simulate_jvp(ctx, &e, tp, 5, T, im, np) : NBG_ENOMEM;
+        double G[25] = {0}; /* the tangents' Gram matrix */
+        for (int a = 0; rc == NBG_OK && a < 5; ++a) {
+            for (int b = 0; b < 5; ++b) {
+                for (size_t i = 0; i < np; ++i) {
+                    G[5 * a + b] += T[a * np + i] * T[b * np + i];
+                }
+            }
+        }
+        const double cos_mis = fabs(G[1]) / sqrt(G[0] * G[6]);
+        double cos_ori = 0; /* the largest |cos| between two offsets' tangents */
+        for (int a = 2; a < 5; ++a) {
+            for (int b = a + 1; b < 5; ++b) {
+                cos_ori = fmax(cos_ori, fabs(G[5 * a + b]) / sqrt(G[6 * a] * G[6 * b]));
+            }
+        }
+        nbgi_test_check(rc == NBG_OK && cos_mis > 0.999999 && cos_ori < 0.9 && G[12] > 0 && G[18] > 0 && G[24] > 0,
+                       "grad-15-orient-independent", "at roty = 90 the tangents of rotx and rotz are parallel (|cos| "
+                       "%.9f), the offsets' are not (largest |cos| %.3f)", cos_mis, cos_ori);
+        free(T);
+        free(im);
+        nbgi_test_still(&e);
     }
 
     /* grad-12: unsupported modes say so */

@@ -282,6 +282,52 @@ int main(void)
                        "refine-3-bounds", "a start outside the bounds: %s", nbg_errmsg(ctx));
         nbg_refine_result_free(&r);
     }
+    /* refine-6: the cell under a tetragonal space group: a and c fitted (b = a), the angles held at 90, the full
+     * cell reported with b's error a's; a start cell that is not tetragonal is refused; held parameters alone are
+     * nothing to fit */
+    {
+        nbg_experiment tt;
+        truth(&tt);
+        const double cell[6] = {70, 70, 90, 90, 90, 90};
+        memcpy(tt.cell, cell, sizeof cell);
+        snprintf(tt.space_group, sizeof tt.space_group, "P 43 21 2");
+        float *o5 = malloc(npix * sizeof(float));
+        nbg_simulate(ctx, &tt, o5, npix, NULL);
+        nbg_experiment e = tt;
+        e.cell[0] = e.cell[1] = 70.4;
+        e.cell[2] = 89.6;
+        e.cell[5] = 90.3; /* within 1 deg: made 90 */
+        nbg_refine_options o;
+        nbg_refine_options_default(&o);
+        nbg_refine_result r = {0};
+        const int rc = nbg_refine(ctx, &e, o5, NULL, npix, P9, 9, &o, &r);
+        const int want_tied[9] = {0, 0, 2, -1, -1, -1, 6, 7, 8};
+        int tied_ok = rc == NBG_OK && r.tied != NULL && r.nparams == 9;
+        for (int j = 0; tied_ok && j < 9; ++j) {
+            tied_ok = r.tied[j] == want_tied[j];
+        }
+        nbgi_test_check(tied_ok && r.converged && fabs(r.value[0] - 70) < 1e-4 && r.value[1] == r.value[0] &&
+                            fabs(r.value[2] - 90) < 1e-4 && r.value[3] == 90 && r.value[4] == 90 && r.value[5] == 90 &&
+                            r.sigma[1] == r.sigma[0] && r.sigma[3] == 0 && e.cell[1] == e.cell[0] &&
+                            strstr(r.constraint, "tetragonal") != NULL,
+                        "refine-6-tetragonal", "P 43 21 2: a %.6f b %.6f c %.6f angles %g %g %g, converged %d (%s); %s",
+                        rc == NBG_OK ? r.value[0] : NAN, rc == NBG_OK ? r.value[1] : NAN,
+                        rc == NBG_OK ? r.value[2] : NAN, rc == NBG_OK ? r.value[3] : NAN,
+                        rc == NBG_OK ? r.value[4] : NAN, rc == NBG_OK ? r.value[5] : NAN, r.converged,
+                        rc == NBG_OK ? r.why : nbg_errmsg(ctx), r.constraint);
+        e = tt;
+        e.cell[1] = 72;
+        nbgi_test_check(nbg_refine(ctx, &e, o5, NULL, npix, P9, 9, &o, &r) == NBG_EINVAL &&
+                            strstr(nbg_errmsg(ctx), "not tetragonal") != NULL && e.cell[1] == 72,
+                        "refine-6-not-tetragonal", "a start cell with b != a: %s", nbg_errmsg(ctx));
+        e = tt;
+        const nbg_param angles[3] = {NBG_P_ALPHA, NBG_P_BETA, NBG_P_GAMMA};
+        nbgi_test_check(nbg_refine(ctx, &e, o5, NULL, npix, angles, 3, &o, &r) == NBG_EINVAL &&
+                            strstr(nbg_errmsg(ctx), "held") != NULL,
+                        "refine-6-held", "only the angles: %s", nbg_errmsg(ctx));
+        nbg_refine_result_free(&r);
+        free(o5);
+    }
     free(obs);
     nbg_ctx_destroy(ctx);
     return nbgi_test_summary();

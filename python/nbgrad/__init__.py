@@ -282,7 +282,8 @@ def jvp(exp: Experiment, params, return_image: bool = False):
 @dataclass
 class RefineResult:
     """What nbg_refine found.  values, start and sigmas are keyed by parameter name; corr is the correlation
-    matrix in the order of params."""
+    matrix in the order of params.  constraint says what the space group did to the cell ("" nothing); tied maps a
+    cell parameter it ties to another to that one's name (b -> a), and one it holds to None."""
 
     params: List[str]
     values: Dict[str, float]
@@ -293,6 +294,8 @@ class RefineResult:
     start_loss: float
     iterations: int
     converged: bool
+    constraint: str = ""
+    tied: Dict[str, Optional[str]] = field(default_factory=dict)
 
 
 def refine(exp: Experiment, observed, params, method: str = "lm", loss: str = "lsq", weights=None,
@@ -310,7 +313,10 @@ def refine(exp: Experiment, observed, params, method: str = "lm", loss: str = "l
     names = r["params"]
     return RefineResult(params=names, values=dict(zip(names, r["value"])), start=dict(zip(names, r["start"])),
                         sigmas=dict(zip(names, r["sigma"])), corr=r["corr"], loss=r["loss"],
-                        start_loss=r["start_loss"], iterations=r["iterations"], converged=r["converged"])
+                        start_loss=r["start_loss"], iterations=r["iterations"], converged=r["converged"],
+                        constraint=r["constraint"],
+                        tied={n: (names[t] if t >= 0 else None) for j, (n, t) in enumerate(zip(names, r["tied"]))
+                              if t != j})
 
 
 @dataclass

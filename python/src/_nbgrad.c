@@ -1430,6 +1430,20 @@ unlock:
                         "value", vec(res.value, res.nparams), "sigma", vec(res.sigma, res.nparams), "corr", corr,
                         "start_loss", res.start_loss, "loss", res.loss, "iterations", res.iterations, "converged",
                         res.converged ? Py_True : Py_False);
+    if (out != NULL) {
+        /* the space group's doing: what it constrained, and each listed parameter's leader (-1 held) */
+        PyObject *tied = PyList_New(res.nparams);
+        for (int j = 0; tied != NULL && j < res.nparams; ++j) {
+            PyList_SET_ITEM(tied, j, PyLong_FromLong(res.tied != NULL ? res.tied[j] : j));
+        }
+        PyObject *ctext = PyUnicode_FromString(res.constraint);
+        if (tied == NULL || ctext == NULL || PyDict_SetItemString(out, "tied", tied) != 0 ||
+            PyDict_SetItemString(out, "constraint", ctext) != 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(tied);
+        Py_XDECREF(ctext);
+    }
 done:
     Py_XDECREF(names);
     Py_XDECREF(pc.exc_type);

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import nbgrad
+from conftest import BASE
 
 CELL_ORIENT = ["a", "b", "c", "alpha", "beta", "gamma", "rotx", "roty", "rotz"]
 
@@ -90,6 +91,26 @@ def test_refine_recovers_a_perturbed_cell(exp):
     assert res.loss < 1e-6 * res.start_loss
     assert res.corr.shape == (3, 3) and np.allclose(np.diag(res.corr), 1)
     assert set(res.sigmas) == {"a", "b", "c"} and res.iterations >= 1
+
+
+def test_refine_under_a_space_group():
+    """A tetragonal crystal: the cell group fits a and c, b follows a, the angles are held."""
+    base = dict(BASE, cell=(70, 70, 90, 90, 90, 90))
+    truth = nbgrad.Experiment(default_F=100, space_group="P 43 21 2", **base)
+    observed = nbgrad.simulate(truth)
+    start = truth.copy()
+    start.a, start.b, start.c = 70.3, 70.3, 89.8
+    res = nbgrad.refine(start, observed, params="cell,orientation", method="lm")
+    assert res.converged
+    assert "tetragonal" in res.constraint
+    assert res.tied == {"b": "a", "alpha": None, "beta": None, "gamma": None}
+    assert res.values["a"] == pytest.approx(70, abs=1e-3) and res.values["b"] == res.values["a"]
+    assert res.values["c"] == pytest.approx(90, abs=1e-3) and res.values["gamma"] == 90
+    assert res.sigmas["b"] == res.sigmas["a"] and res.sigmas["alpha"] == 0
+    bad = truth.copy()
+    bad.b = 75
+    with pytest.raises(nbgrad.InvalidError, match="not tetragonal"):
+        nbgrad.refine(bad, observed, params="cell")
 
 
 def test_refine_progress_and_errors(exp):
