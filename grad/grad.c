@@ -301,6 +301,41 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
     }
 }
 
+/* The beam's direction, tilt `index`: turning the beam (with its polarization and divergence, every source) about
+ * axis w is, for the image, turning everything else about w the other way -- the detector (pix0, f, s, o; the
+ * plane's, which the panels that move with it follow; the close distance stays), the crystal's vectors at every phi
+ * step and domain and its reciprocal vectors -- so the tangent is -w x v on each, per degree.  Exact (no step). */
+static void tangent_beam_dir(const nbgi_plan *pl, int index, nbgi_adjacc *t)
+{
+    const nbgi_kparams *k = &pl->k;
+    const double *w = pl->beam_axes + 3 * index;
+    const double unit = -1 / RTD;
+    double *dst[4] = {t->pix0, t->f, t->s, t->o};
+    const double *src[4] = {k->pix0, k->fdet, k->sdet, k->odet};
+    for (int q = 0; q < 4; ++q) {
+        double c[3];
+        nbgi_cross(w, src[q], c);
+        for (int i = 0; i < 3; ++i) {
+            dst[q][i] = unit * c[i];
+        }
+    }
+    for (int v = 0; v < 3; ++v) {
+        double c[3];
+        nbgi_cross(w, k->astar + 3 * v, c);
+        for (int i = 0; i < 3; ++i) {
+            t->astar[3 * v + i] = unit * c[i];
+        }
+    }
+    const size_t nv = (size_t)k->nphi * k->nmos * 3;
+    for (size_t v = 0; v < nv; ++v) {
+        double c[3];
+        nbgi_cross(w, pl->abc + 3 * v, c);
+        for (int i = 0; i < 3; ++i) {
+            t->abc[3 * v + i] = unit * c[i];
+        }
+    }
+}
+
 /* The detector set-up's tangent by the complex step on input `what` (index: the beam axis or rotation axis). */
 static void tangent_detector(const nbgi_plan *pl, nbgi_setup what, int index, nbgi_adjacc *t)
 {
@@ -380,6 +415,9 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
         return;
     case NBGI_S_MOSAIC:
         tangent_mosaic(pl, t);
+        return;
+    case NBGI_S_BEAM_DIR:
+        tangent_beam_dir(pl, r->index, t);
         return;
     case NBGI_S_DISTANCE:
     case NBGI_S_BEAM:

@@ -81,7 +81,8 @@ int nbgi_param_image_level(nbg_param p)
 int nbgi_param_is_offset(nbg_param p)
 {
     return p >= 0 && p < NBG_NPARAMS && (nbgi_param_rows[p].setup == NBGI_S_BEAM || nbgi_param_rows[p].setup == NBGI_S_TILT ||
-                                          nbgi_param_rows[p].setup == NBGI_S_ORIENT);
+                                          nbgi_param_rows[p].setup == NBGI_S_ORIENT ||
+                                          nbgi_param_rows[p].setup == NBGI_S_BEAM_DIR);
 }
 
 long nbgi_param_nF(const nbg_experiment *e)
@@ -349,6 +350,11 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
             }
         }
         return "the crystal is not turned about the spindle (a still)";
+    case NBGI_FREE_BEAMDIR:
+        return e->curved ? "is not differentiated on the curved detector"
+               : e->npanels > 0 && e->panel_frame == NBG_PANELS_LAB
+                   ? "is not yet available with panels fixed in the lab frame (its gradient turns the panels)"
+                   : NULL;
     }
     return NULL;
 }

@@ -303,6 +303,9 @@ typedef struct {
                                        composed onto the orientation the cell or matrix and the misset give, as
                                        Rz Ry Rx: the refinable orientation (the derivatives at 0 are rotations
                                        about three fixed axes, with no gimbal lock wherever the crystal stands) */
+    double beam_tilt[2];            /* the beam (with its polarization and divergence) turned, deg (0 0): by tilt1
+                                       about w1 = unit(spindle x beam) (towards the spindle), then by tilt2 about
+                                       w2 = beam x w1 (out of the beam-spindle plane); the detector stays */
     char space_group[32];           /* the crystal's space group: a Hall symbol (as DIALS writes it, " P 4nw 2abw"),
                                        a Hermann-Mauguin symbol ("P 43 21 2", "P43212") or a number 1-230; ""
                                        unknown (P 1).  Its lattice constrains the cell a refinement fits

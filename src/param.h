@@ -18,6 +18,7 @@ typedef enum {
     NBGI_S_MOSAIC,   /* the mosaic spread: the domains' rotations */
     NBGI_S_DISTANCE, /* the detector set-up's distance (or close distance) */
     NBGI_S_BEAM,     /* the detector set-up's beam position along fast (0) or slow (1) */
+    NBGI_S_BEAM_DIR, /* the beam's direction: beam_tilt[index] (the sources turned; by the global rotation) */
     NBGI_S_DET_ROT,  /* the detector set-up's rotation about x, y, z */
     NBGI_S_TWOTHETA, /* the detector set-up's two-theta */
     NBGI_S_N,        /* the kernel's N[index] */
@@ -36,7 +37,8 @@ typedef enum {
     NBGI_FREE_FLUENCE, /* not with -flux */
     NBGI_FREE_POLAR,   /* not with -nopolar */
     NBGI_FREE_PLANE,   /* the detector plane moves the pixels: not with panels in the lab frame */
-    NBGI_FREE_TURNED   /* the crystal turns about the spindle */
+    NBGI_FREE_TURNED,  /* the crystal turns about the spindle */
+    NBGI_FREE_BEAMDIR  /* the beam's direction: not with panels in the lab frame or the curved detector */
 } nbgi_free;
 
 typedef struct {

@@ -601,6 +601,7 @@ typedef struct {
     double tta[3];                 /* two-theta axis (as given) */
     double pol[3], u[3];           /* polarization and spindle unit vectors */
     double vert[3];                /* b x pol, normalised: the axis of the horizontal divergence */
+    double sb[3], spol[3], svert[3]; /* b, pol, vert turned by the beam tilts: what the sources use (beam_tilt) */
     double Xbeam, Ybeam;           /* the header's beam centre */
     double Fbeam, Sbeam;           /* the beam spot along the fast and slow axes (BEAM pivot) */
     double Fclose, Sclose;         /* the near point (SAMPLE pivot) */
@@ -635,6 +636,8 @@ typedef struct {
     int nsrc;               /* source_count */
     double lambda_min;      /* sources: the shortest wavelength */
     int steps;              /* kernel_params: samples per pixel (the normalisation) */
+    int beam_turned;        /* beam_turn: the beam tilts are not zero */
+    double beam_w[6], beam_t[2]; /* beam_turn: the tilts' axes w1, w2 and angles (rad) */
 } plan_build;
 
 /* A sampling count resolved from ranges and steps: at least 1 and small enough for an int (the product of all
@@ -1092,6 +1095,54 @@ static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *p
     return NBG_OK;
 }
 
+/* v turned as the beam is by its tilts: about w1 by tilt1, then about w2 by tilt2. */
+static void turn_beam(const plan_build *pb, const double v[3], double out[3])
+{
+    double t[3];
+    rotate_axis(v, pb->beam_w, pb->beam_t[0], t);
+    rotate_axis(t, pb->beam_w + 3, pb->beam_t[1], out);
+}
+
+/* beam_turn: e's beam tilts and pb->frame's b, pol, vert, u -> pb->frame.sb, .spol, .svert (the beam, polarization
+ * and divergence axes the sources use), pb->beam_*, pl->beam_axes.  The axes: w1 = unit(u x b) (any perpendicular to
+ * b when the spindle lies along it), w2 = b x w1; the detector, the spindle and its tilts' axes keep the untilted
+ * beam.  The gradient turns everything else the other way about the axes as they act (pl->beam_axes). */
+static int beam_turn(const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+{
+    pb_frame *fr = &pb->frame;
+    const double *u = fr->u, *b = fr->b;
+    double w1[3];
+    nbgi_cross(u, b, w1);
+    double l1 = nbgi_norm(w1);
+    if (l1 < 1e-9) {
+        const double x[3] = {fabs(b[0]) < 0.9 ? 1 : 0, fabs(b[0]) < 0.9 ? 0 : 1, 0};
+        nbgi_cross(x, b, w1);
+        l1 = nbgi_norm(w1);
+    }
+    for (int i = 0; i < 3; ++i) {
+        pb->beam_w[i] = w1[i] / l1;
+    }
+    nbgi_cross(b, pb->beam_w, pb->beam_w + 3);
+    const double l2 = nbgi_norm(pb->beam_w + 3);
+    for (int i = 3; i < 6; ++i) {
+        pb->beam_w[i] /= l2;
+    }
+    pb->beam_t[0] = e->beam_tilt[0] / RTD;
+    pb->beam_t[1] = e->beam_tilt[1] / RTD;
+    pb->beam_turned = pb->beam_t[0] != 0 || pb->beam_t[1] != 0;
+    memcpy(fr->sb, fr->b, sizeof fr->b);
+    memcpy(fr->spol, fr->pol, sizeof fr->pol);
+    memcpy(fr->svert, fr->vert, sizeof fr->vert);
+    if (pb->beam_turned) {
+        turn_beam(pb, fr->b, fr->sb);
+        turn_beam(pb, fr->pol, fr->spol);
+        turn_beam(pb, fr->vert, fr->svert);
+    }
+    rotate_axis(pb->beam_w, pb->beam_w + 3, pb->beam_t[1], pl->beam_axes);
+    memcpy(pl->beam_axes + 3, pb->beam_w + 3, 3 * sizeof(double));
+    return NBG_OK;
+}
+
 /* Part of sources: e's sources, or the divergence grid about pb->frame's beam (-10 m along it, rotated about pol
  * and vert) x the wavelength steps about pb->xtal.lambda0 -> pos (x, y, z, lambda per source) and lamrel
  * (d lambda_i / d lambda0); a given source finite and off the origin. */
@@ -1104,6 +1155,11 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
             for (int j = 0; j < 3; ++j) {
                 pos[4 * i + j] = sr->pos[j];
             }
+            if (pb->beam_turned) {
+                double t[3];
+                turn_beam(pb, pos + 4 * i, t);
+                memcpy(pos + 4 * i, t, sizeof t);
+            }
             pos[4 * i + 3] = (sr->lambda > 0) ? sr->lambda * 1e-10 : lambda0;
             lamrel[i] = (sr->lambda > 0) ? 0.0 : 1.0;
             if (!isfinite(pos[4 * i]) || !isfinite(pos[4 * i + 1]) || !isfinite(pos[4 * i + 2]) ||
@@ -1114,7 +1170,7 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
         return NBG_OK;
     }
     const pb_sampling *sp = &pb->samp;
-    const double *b = pb->frame.b, *pol = pb->frame.pol, *vert = pb->frame.vert;
+    const double *b = pb->frame.sb, *pol = pb->frame.spol, *vert = pb->frame.svert;
     const int hsteps = sp->hsteps, vsteps = sp->vsteps, dispsteps = sp->dispsteps;
     const double hrange = sp->hrange, vrange = sp->vrange, hstep = sp->hstep, vstep = sp->vstep;
     const double disp = sp->disp, dispstep = sp->dispstep;
@@ -1146,7 +1202,7 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
  * polarization unit vectors) and pb->lambda_min; every wavelength positive. */
 static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double *src)
 {
-    const double *pol = pb->frame.pol;
+    const double *pol = pb->frame.spol;
     double lambda_min = INFINITY;
     for (int i = 0; i < pb->nsrc; ++i) {
         double *sr = src + NBG_SRC_STRIDE * i;
@@ -1524,8 +1580,8 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     memcpy(r->fdet, g->f, sizeof g->f);
     memcpy(r->sdet, g->s, sizeof g->s);
     memcpy(r->odet, g->o, sizeof g->o);
-    memcpy(r->beam, fr->b, sizeof fr->b);
-    memcpy(r->polar_axis, fr->pol, sizeof fr->pol);
+    memcpy(r->beam, fr->sb, sizeof fr->sb); /* turned by the beam tilts */
+    memcpy(r->polar_axis, fr->spol, sizeof fr->spol);
     memcpy(r->spindle, pl->spindle, sizeof pl->spindle); /* tilted */
     r->lambda = e->lambda;
     r->phi0 = pb->samp.phi0 * RTD;
@@ -1561,6 +1617,7 @@ int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
         (rc = detector_size(ctx, e, &pb)) != NBG_OK ||
         (rc = beam_and_sample(ctx, e, &pb, &pl->rep)) != NBG_OK ||
         (rc = detector_frame(ctx, e, &pb)) != NBG_OK ||
+        (rc = beam_turn(e, &pb, pl)) != NBG_OK ||
         (rc = sampling(ctx, e, &pb)) != NBG_OK ||
         (rc = detector_geometry(ctx, e, &pb, pl)) != NBG_OK ||
         (rc = crystal(ctx, e, &pb, pl)) != NBG_OK ||

@@ -22,6 +22,8 @@ typedef struct {
     double spindle[3];   /* the rotation axis, tilted by e->spindle_tilt */
     double spindle0[3];  /* the rotation axis before the tilt */
     double tilt_axes[6]; /* the tilt's axes v1, v2 (nbg_experiment.spindle_tilt) */
+    double beam_axes[6]; /* the beam tilts' axes as they act at the current tilts: R(w2, t2) w1 and w2 (the gradient
+                            turns everything else about them: nbg_experiment.beam_tilt) */
     double lambda0;      /* m */
     double mosaic_spread;/* rad */
     double misset[3];    /* rad, the misset applied (drawn when random) */

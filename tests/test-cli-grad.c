@@ -109,7 +109,7 @@ static void check_refine_json(const char *path, int nparams, const char *id)
     }
     char why[256] = "", wf[256] = "", wp[256] = "";
     const int top = has_keys(doc, "method loss converged reason why step_sigma iterations pixels pedestal gain "
-                                  "read_noise floor_mismatch fit start_loss final_loss parameters correlation",
+                                  "read_noise floor_mismatch fit constraint start_loss final_loss parameters correlation",
                              why, sizeof why);
     const int fit = has_keys(json_object_get(doc, "fit"), "deviance_ratio deviance_ratio_spots deviance pixels "
                                                           "spot_pixels mismatch sigma_scale", wf, sizeof wf);

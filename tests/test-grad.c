@@ -40,7 +40,7 @@ static int params_of(const char *list, nbg_param *ids)
 
 static const char *const ALL = "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"
                                "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow,"
-                               "orient_x,orient_y,orient_z";
+                               "orient_x,orient_y,orient_z,beam_tilt1,beam_tilt2";
 
 /* Runs the gradient check and prints one line per parameter; expect_pass = 0 for the broken adjoint. */
 static void gradcheck(const char *id, const nbg_experiment *e, const char *params, int expect_pass)
@@ -491,6 +491,33 @@ int main(void)
                        "%.9f), the offsets' are not (largest |cos| %.3f)", cos_mis, cos_ori);
         free(T);
         free(im);
+        nbgi_test_still(&e);
+    }
+
+    /* grad-16: the beam's direction away from zero (where the first tilt's axis is turned by the second), with
+     * divergence, dispersion and a polarized beam; the report's beam turned by the tilts' angle */
+    {
+        nbgi_test_still(&e);
+        e.hdivrange = e.vdivrange = 0.3;
+        e.hdivsteps = e.vdivsteps = 2;
+        e.dispersion = 0.5;
+        e.dispsteps = 2;
+        e.polarization = 0.9;
+        nbg_report r0, r1;
+        nbg_describe(ctx, &e, &r0);
+        e.beam_tilt[0] = 0.4, e.beam_tilt[1] = -0.3;
+        nbg_describe(ctx, &e, &r1);
+        gradcheck("grad-16-beam-tilt", &e, "beam_tilt1,beam_tilt2,distance,rotx", 1);
+        const double c = r0.beam[0] * r1.beam[0] + r0.beam[1] * r1.beam[1] + r0.beam[2] * r1.beam[2];
+        const double ang = acos(fmin(1, c)) * 180 / M_PI, want = acos(cos(0.4 * M_PI / 180) * cos(0.3 * M_PI / 180)) *
+                                                                  180 / M_PI;
+        int same_det = 1;
+        for (int i = 0; i < 3; ++i) {
+            same_det &= r0.pix0[i] == r1.pix0[i] && r0.fdet[i] == r1.fdet[i] && r0.odet[i] == r1.odet[i];
+        }
+        nbgi_test_check(fabs(ang - want) < 1e-9 && same_det, "grad-16-beam-turned", "the report's beam turned by "
+                        "%.9f deg (%.9f for tilts 0.4, -0.3 about perpendicular axes), the detector where it was: %s", ang,
+                        want, same_det ? "yes" : "no");
         nbgi_test_still(&e);
     }
 

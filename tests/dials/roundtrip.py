@@ -16,7 +16,10 @@ dials, run with Debian's /usr/bin/python3) imports, finds spots, indexes and ref
   - a hexagonal crystal (a parallelepiped of 10 x 10 x 20 cells, mosaic domains) that DIALS indexes in another
     basis: nbgrad refined from DIALS's model re-expressed in the data's setting (-setting) is 5x better than DIALS
     (or at its floor) and within the noise; in DIALS's basis (another crystal shape), and with the polarization
-    DIALS's list states, the goodness of fit flags the fit (exit 4).
+    DIALS's list states, the goodness of fit flags the fit (exit 4);
+  - a tetragonal (P4) and a hexagonal (P6) crystal indexed by DIALS in their space groups: nbgrad refines the cell
+    under the list's space group (a = b, c; the angles held) and must say so, its errors 5x smaller than DIALS's
+    or at its floor.
 
     /usr/bin/python3 tests/dials/roundtrip.py NBGRAD_BINARY WORKDIR [--quick]
 
@@ -182,8 +185,16 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=()
     check(m["rot_deg"] * 5 <= dials_m["rot_deg"], tag + "-nbgrad-orientation",
           "orientation off by %.5f deg, DIALS's by %.4f deg (%.1fx smaller)" % (
               m["rot_deg"], dials_m["rot_deg"], dials_m["rot_deg"] / max(m["rot_deg"], 1e-12)))
+    held = all(fit[k].get("tied_to") == "fixed" for k in ("alpha", "beta", "gamma"))
+    if held:
+        # the space group holds the angles at their values: exact in both fits, nothing to compare
+        check(m["ang_err"] < 1e-9 and dials_m["ang_err"] < 1e-9, tag + "-nbgrad-angles-held",
+              "cell angles held by the space group: off by %.2g deg (DIALS's %.2g deg)" % (m["ang_err"],
+                                                                                        dials_m["ang_err"]))
     for what, err, derr, sig, unit, scale in (("lengths", m["len_err"], dials_m["len_err"], m["len_sigma"], "%", 100),
                                               ("angles", m["ang_err"], dials_m["ang_err"], m["ang_sigma"], "deg", 1)):
+        if what == "angles" and held:
+            continue
         five = err * 5 <= derr
         floor = err < derr and err <= 3 * sig and not tag.startswith("dials-bright")
         check(five or floor, "%s-nbgrad-%s" % (tag, what),
@@ -194,8 +205,9 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=()
     return m
 
 
-def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=None):
-    """dials.import, find_spots, index and refine on one format of one case; checks and a table row."""
+def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=None, index_extra=(), nb_extra=()):
+    """dials.import, find_spots, index and refine on one format of one case; checks and a table row.
+    index_extra: dials.index's options (a space group); nb_extra: nbgrad refine's extra flags."""
     tag = conv + "-" + fmt
     d = os.path.join(cdir, fmt)
     os.makedirs(d, exist_ok=True)
@@ -209,7 +221,7 @@ def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=
     geo = compare_geometry(tag, truth, imported)
     rc, t1 = run(["dials.find_spots", "imported.expt", "nproc=2"], d, "find_spots.log")
     check(rc == 0, tag + "-find-spots", "dials.find_spots (%.1f s)" % t1)
-    rc, t2 = run(["dials.index", "imported.expt", "strong.refl"], d, "index.log")
+    rc, t2 = run(["dials.index", "imported.expt", "strong.refl"] + list(index_extra), d, "index.log")
     if not check(rc == 0, tag + "-index", "dials.index (%.1f s)" % t2):
         print(tail(os.path.join(d, "index.log")))
         return
@@ -233,7 +245,7 @@ def round_trip(conv, fmt, cdir, files, truth, table, nbgrad=None, crystal_flags=
             if nbgrad is not None:
                 # every frame: the one NXmx file, or the CBF files' template
                 series = paths[0] if fmt == "nxmx" else os.path.join(cdir, "series_#####.cbf")
-                nb = from_dials(nbgrad, tag, d, series, truth, crystal_flags, m)
+                nb = from_dials(nbgrad, tag, d, series, truth, crystal_flags, m, nb_extra)
             table.append((conv, fmt, m, geo, rmsds(os.path.join(d, "refined.refl")), t + t1 + t2 + t3, nb))
 
 
@@ -284,6 +296,55 @@ def setting_case(nbgrad, work, det, series, table, nbrows):
         nb = from_dials(nbgrad, "hexagonal-nxmx-" + name[7:].replace("_", "-"), d, series_path, truth, flags, dials_m,
                         extra, name, expect)
         nbrows.append(("hexagonal", "nxmx, " + label, dials_m, nb))
+
+
+def symmetry_case(nbgrad, work, det, series, table, nbrows):
+    """A tetragonal and a hexagonal crystal on the rotated off-centre detector, as NXmx, indexed by DIALS in their
+    space groups (dials.index space_group=P4, P6: its cells constrained, its lists carrying the Hall symbols), then
+    refined by nbgrad from DIALS's model: the cell under the list's space group (tetragonal a = b and c, the angles
+    held; hexagonal a = b, c, gamma 120), the orientation as small rotations, the detector and the spindle tilt.
+    nbgrad's JSON must say what it constrained, tie b to a and hold the angles; its errors against the truth 5x
+    smaller than DIALS's or at its statistical floor, as in the other cases."""
+    for name, cell, sg, hall in (("tetragonal", (62.0, 62.0, 88.0, 90.0, 90.0, 90.0), "P4", "P 4"),
+                                 ("hexagonal-P6", (74.0, 74.0, 42.0, 90.0, 90.0, 120.0), "P6", "P 6")):
+        cdir = os.path.join(work, name)
+        os.makedirs(cdir, exist_ok=True)
+        crystal = ["-cell"] + ["%g" % x for x in cell] + [
+            "-misset", "12", "-25", "33", "-default_F", "100", "-N", "8", "-gauss_xtal", "-lambda", "0.9795"]
+        # 10 frames of the series's 0.5 deg (the test's time; the other cases have 20)
+        short = list(series)
+        short[short.index("-frames") + 1] = str(min(10, int(series[series.index("-frames") + 1])))
+        sim = [nbgrad] + det + crystal + short + ["-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
+        rc, t = run(sim, cdir, "simulate.log")
+        if not check(rc == 0, name + "-simulate", "nbgrad wrote the %s series as NXmx (%.1f s)" % (name, t)):
+            print(tail(os.path.join(cdir, "simulate.log")))
+            continue
+        truth = load_expt(os.path.join(cdir, "truth.expt"))
+        n = len(table)
+        # the hexagonal lattice factor of -N along a and b is not invariant under the 60 deg turn DIALS's setting may
+        # differ by: nbgrad takes the crystal in the simulation's setting (-setting), with the space group given
+        nb_extra = [] if name == "tetragonal" else ["-setting", "../truth.expt", "-space_group", sg]
+        round_trip(name, "nxmx", cdir, ["series.nxs"], truth, table, nbgrad, crystal[crystal.index("-default_F"):],
+                   index_extra=["space_group=" + sg], nb_extra=nb_extra)
+        if len(table) == n:
+            continue
+        d = os.path.join(cdir, "nxmx")
+        with open(os.path.join(d, "refined.expt")) as f:
+            got = json.load(f)["crystal"][0].get("space_group_hall_symbol", "")
+        check(got.strip() == hall, name + "-dials-space-group", "DIALS's list carries the space group: '%s'" % got)
+        nb = table[-1][6]
+        if nb is None:
+            continue
+        with open(os.path.join(d, "nbgrad.json")) as f:
+            out = json.load(f)
+        par = out["parameters"]
+        held = [k for k in ("alpha", "beta", "gamma") if par.get(k, {}).get("tied_to") == "fixed"]
+        system = "tetragonal" if name == "tetragonal" else "hexagonal"
+        check(system in out.get("constraint", "") and par["b"].get("tied_to") == "a" and
+              par["b"]["value"] == par["a"]["value"] and len(held) == 3 and "tied_to" not in par["c"] and
+              (system != "hexagonal" or par["gamma"]["value"] == 120),
+              name + "-nbgrad-constrained", "nbgrad fitted the cell under %s: %s; b = a = %.5f, c %.5f, angles %s held" %
+              (sg, out.get("constraint", "?"), par["a"]["value"], par["c"]["value"], ",".join(held)))
 
 
 def module_errors(truth, path):
@@ -431,6 +492,9 @@ def main(argv):
 
     nbrows = [(conv, fmt, m, nb) for conv, fmt, m, geo, rmsd, t, nb in table if nb is not None]
     setting_case(nbgrad, work, dials_det, series, table, nbrows)
+    n = len(table)
+    symmetry_case(nbgrad, work, dials_det, series, table, nbrows)
+    nbrows += [(conv, fmt, m, nb) for conv, fmt, m, geo, rmsd, t, nb in table[n:] if nb is not None]
     crystal[crystal.index("-default_F") + 1] = "100"
     hierarchy_case(nbgrad, work, crystal, series, table, nbrows)
 
