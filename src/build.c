@@ -335,10 +335,11 @@ static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mas
 /* --- the flag table ---------------------------------------------------------------------------------------- */
 
 /*
- * One table, flags[] below, drives the parser (nbgi_cli_parse), the help (nbgi_cli_usage) and the manual's list of
- * flags in docs/flags.md (nbgi_cli_flags_markdown, printed by the hidden option `nbgrad --flags-markdown` together
- * with the subcommands' own flags: the tables of src/main.c (grad, gradcheck, refine), src/ensemble.c and src/batch.c
- * (batch, shots), nbgi_sub_flag entries, which also drive each subcommand's -h).  After changing any of these tables,
+ * One table, flags[] below, drives the parser (nbgi_build_parse), nbg_flag_info, the program's help (nbgi_cli_usage
+ * in src/cli.c, through nbgi_flag_entry) and the manual's list of flags in docs/flags.md (nbgi_cli_flags_markdown,
+ * printed by the hidden option `nbgrad --flags-markdown` together with the subcommands' own flags: the tables of
+ * src/main.c (grad, gradcheck, refine), src/ensemble.c and src/batch.c (batch, shots), nbgi_sub_flag entries, which
+ * also drive each subcommand's -h).  After changing any of these tables,
  * regenerate the generated section of docs/flags.md (tests/test-flags.c fails until it matches):
  *
  *   make build/nbgrad && build/nbgrad --flags-markdown > build/flags.md &&
@@ -1068,8 +1069,8 @@ int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first
             int len = 0;
             const char *near = closest_flag(a, &len);
             if (near != NULL) {
-                return nbgi_error(ctx, NBG_EINVAL, "unknown flag '%s': did you mean '%.*s'? (nbgrad -h lists the flags)",
-                                  a, len, near);
+                return nbgi_error(ctx, NBG_EINVAL,
+                                  "unknown flag '%s': did you mean '%.*s'? (nbgrad -h lists the flags)", a, len, near);
             }
             return nbgi_error(ctx, NBG_EINVAL, "unknown flag '%s' (nbgrad -h lists the flags)", a);
         }
@@ -1138,12 +1139,13 @@ static int reindex_crystal(nbg_ctx *ctx, nbgi_cli *c, nbg_geometry *g)
     }
     char row[3][48];
     for (int i = 0; i < 3; ++i) basis_row(M + 3 * i, row[i], sizeof row[i]);
-    nbgi_build_say(c, NBG_MSG_INFO, "-setting %s: the crystal of %s re-expressed in its basis: a, b, c = %s, %s, %s of %s's (largest "
-           "deviation of the change of basis from integers %.2g); cell %.4f %.4f %.4f %.3f %.3f %.3f becomes %.4f "
-           "%.4f %.4f %.3f %.3f %.3f (the reference's: %.4f %.4f %.4f %.3f %.3f %.3f)",
-           c->settingin, c->exptin, row[0], row[1], row[2], c->exptin, misfit, before[0], before[1], before[2],
-           before[3], before[4], before[5], after[0], after[1], after[2], after[3], after[4], after[5], want[0],
-           want[1], want[2], want[3], want[4], want[5]);
+    nbgi_build_say(c, NBG_MSG_INFO,
+                   "-setting %s: the crystal of %s re-expressed in its basis: a, b, c = %s, %s, %s of %s's (largest "
+                   "deviation of the change of basis from integers %.2g); cell %.4f %.4f %.4f %.3f %.3f %.3f becomes "
+                   "%.4f %.4f %.4f %.3f %.3f %.3f (the reference's: %.4f %.4f %.4f %.3f %.3f %.3f)",
+                   c->settingin, c->exptin, row[0], row[1], row[2], c->exptin, misfit, before[0], before[1], before[2],
+                   before[3], before[4], before[5], after[0], after[1], after[2], after[3], after[4], after[5], want[0],
+                   want[1], want[2], want[3], want[4], want[5]);
     return NBG_OK;
 }
 
@@ -1217,15 +1219,17 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
              * polarization and writes its synchrotron default) */
             e->polarization = c->polar_flag;
             e->nopolar = 0;
-            nbgi_build_say(c, NBG_MSG_INFO, "note: -polar %g replaces the polarization of -expt %s", c->polar_flag, c->exptin);
+            nbgi_build_say(c, NBG_MSG_INFO, "note: -polar %g replaces the polarization of -expt %s", c->polar_flag,
+                           c->exptin);
         } else if (g.polarization_fraction == 0.999 || g.polarization_fraction == 0.5) {
             /* values dxtbx's readers put in whatever the file said: its NXmx reader ignores the file's Stokes
              * vector and writes 0.999, its CBF reader 0.5; the intensities depend on it (by up to +-15 %) */
-            nbgi_build_say(c, NBG_MSG_INFO, "note: -expt %s has the polarization fraction %g, which dxtbx %s; if the data were polarized "
-                   "otherwise, give -polar (Kahn factor 2 f - 1) or dials.import polarization_fraction=...",
-                   c->exptin, g.polarization_fraction, g.polarization_fraction == 0.999
-                       ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
-                       : "gives every full CBF file (and nbgrad an unpolarized beam)");
+            nbgi_build_say(c, NBG_MSG_INFO, "note: -expt %s has the polarization fraction %g, which dxtbx %s; if the "
+                           "data were polarized otherwise, give -polar (Kahn factor 2 f - 1) or dials.import "
+                           "polarization_fraction=...", c->exptin, g.polarization_fraction,
+                           g.polarization_fraction == 0.999
+                               ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
+                               : "gives every full CBF file (and nbgrad an unpolarized beam)");
         }
         if (!g.has_mosaic) {
             /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of
@@ -1241,26 +1245,29 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
                 snprintf(div, sizeof div, ", divergence %g x %g mrad", isnan(e->hdivrange) ? 0 : e->hdivrange,
                          isnan(e->vdivrange) ? 0 : e->vdivrange);
             }
-            nbgi_build_say(c, NBG_MSG_INFO, "read %s: nbgrad's sampling of it: mosaic spread %g deg over %d domains (seed %ld)%s, dispersion "
-                   "%g %%%s", c->exptin, e->mosaic, e->mosaic_domains, e->mosaic_seed, div,
-                   isnan(e->dispersion) ? 0 : e->dispersion, given ? " (with the sampling flags given)" : "");
+            nbgi_build_say(c, NBG_MSG_INFO, "read %s: nbgrad's sampling of it: mosaic spread %g deg over %d domains "
+                           "(seed %ld)%s, dispersion %g %%%s", c->exptin, e->mosaic, e->mosaic_domains, e->mosaic_seed,
+                           div, isnan(e->dispersion) ? 0 : e->dispersion,
+                           given ? " (with the sampling flags given)" : "");
         }
         if (g.crystal_scan_points > 0) {
-            nbgi_build_say(c, NBG_MSG_INFO, "WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one per image boundary, as "
-                   "dials.refine writes for a scan by default): nbgrad uses its static A for every image; refine "
-                   "from dials.refine scan_varying=False for a model nbgrad renders as DIALS does", c->exptin,
-                   g.crystal_scan_points);
+            nbgi_build_say(c, NBG_MSG_INFO, "WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one "
+                           "per image boundary, as dials.refine writes for a scan by default): nbgrad uses its static "
+                           "A for every image; refine from dials.refine scan_varying=False for a model nbgrad renders "
+                           "as DIALS does", c->exptin, g.crystal_scan_points);
         }
         if (g.has_crystal && c->matfile != NULL) {
-            nbgi_build_say(c, NBG_MSG_INFO, "note: the crystal of -expt %s replaces -mat %s", c->exptin, c->matfile);
+            nbgi_build_say(c, NBG_MSG_INFO, "note: the crystal of -expt %s replaces -mat %s", c->exptin,
+                           c->matfile);
             c->matfile = NULL;
         }
         if (c->nframes <= 0) {
             c->nframes = g.nframes;
         }
-        nbgi_build_say(c, NBG_MSG_INFO, "read %s: %dx%d pixels of %g mm, wavelength %g A, scan %d image%s from %g deg by %g deg%s",
-               c->exptin, g.fpixels, g.spixels, g.pixel_f, g.wavelength, g.nframes, g.nframes > 1 ? "s" : "",
-               g.scan_start, g.scan_width, g.has_crystal ? ", with a crystal" : "");
+        nbgi_build_say(c, NBG_MSG_INFO,
+                       "read %s: %dx%d pixels of %g mm, wavelength %g A, scan %d image%s from %g deg by %g deg%s",
+                       c->exptin, g.fpixels, g.spixels, g.pixel_f, g.wavelength, g.nframes, g.nframes > 1 ? "s" : "",
+                       g.scan_start, g.scan_width, g.has_crystal ? ", with a crystal" : "");
     }
     if (c->exptin == NULL && c->settingin != NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "-setting re-expresses the crystal of -expt, and there is no -expt (the "
@@ -1353,7 +1360,8 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         if ((rc = nbg_hkl_read_fdump(ctx, c->dumpfile, &c->hkl)) != NBG_OK) {
             return wrap(ctx, rc, "%s", c->dumpfile);
         }
-        nbgi_build_say(c, NBG_MSG_INFO, "reading structure factors from the cache %s (no -hkl given; -nodump ignores it)", c->dumpfile);
+        nbgi_build_say(c, NBG_MSG_INFO,
+                       "reading structure factors from the cache %s (no -hkl given; -nodump ignores it)", c->dumpfile);
         e->hkl = &c->hkl;
     }
     if (c->sourcefile != NULL) {
@@ -1378,12 +1386,11 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
     }
     if (e->misset_random && !c->have_misset_seed) {
         e->misset_seed = (long)time(NULL);
-        nbgi_build_say(c, NBG_MSG_INFO, "random misset seed: %ld (repeat with -misset_seed %ld)", e->misset_seed, e->misset_seed);
+        nbgi_build_say(c, NBG_MSG_INFO, "random misset seed: %ld (repeat with -misset_seed %ld)", e->misset_seed,
+                       e->misset_seed);
     }
     return NBG_OK;
 }
-
-/* --- statistics and outputs -------------------------------------------------------------------------------- */
 
 /* --- the public builder (nbgrad.h) -------------------------------------------------------------------------- */
 
@@ -1466,8 +1473,8 @@ int nbg_builder_load(nbg_ctx *ctx, nbg_builder *b)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_builder_load: NULL argument");
     }
     if (b->state != 1) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_builder_load: %s", b->state == 0 ? "no flags parsed yet (nbg_builder_parse)"
-                                                                               : "the files are loaded already");
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_builder_load: %s",
+                          b->state == 0 ? "no flags parsed yet (nbg_builder_parse)" : "the files are loaded already");
     }
     b->state = 2;
     int rc = nbgi_build_load(ctx, &b->c);
