@@ -170,7 +170,7 @@ $(B)/emu/libnbgrad.a: $(EMU_OBJ)
 $(B)/emu/nbgrad: $(patsubst %.c,$(B)/emu/%.o,$(CLI_SRC)) $(B)/emu/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS) -lstdc++
 
-# test-cuda also reads the golden cases through the program's flag parser (src/cli.c)
+# test-cuda also reads the golden cases through the program's wrapper of the library's flag parser (src/cli.c)
 $(B)/tests/test-cuda: $(B)/tests/test-cuda.o $(B)/src/cli.o $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 

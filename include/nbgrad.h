@@ -418,6 +418,72 @@ int nbg_layout(nbg_ctx *ctx, const char *name, nbg_panel *panels, int capacity, 
 /* The built-in layouts' names, separated by spaces. */
 const char *nbg_layout_names(void);
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Experiments from nanoBragg's flags                                                                         */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* The command line's way of describing an experiment, as library calls (SUNDIALS's CVodeSetOptions is the model): a
+ * builder parses nanoBragg's flags, nbgrad's own and the flags of the files (the same table as `nbgrad -h` and
+ * docs/flags.md) into an nbg_experiment, then reads the files they name: -expt (and -setting), -layout with
+ * -panel_groups, -motions, -mat, -hkl (or the F cache -dump), -sourcefile, and the headers of -mask and -img (read
+ * while parsing, as nanoBragg does, so that the flags override them).  This is what nbgrad and its subcommands do
+ * before they render.
+ *
+ * The builder never prints.  A failure returns its status with the message in nbg_errmsg(ctx), naming the flag (an
+ * unknown one with the closest flag, when one is close: "unknown flag '-distanse': did you mean '-distance'?"),
+ * the value, the file and the line; the program prints that message after "nbgrad: error: ".  What the program
+ * prints besides (notes on flags accepted and ignored, the files read, a misset seed drawn) the builder keeps as
+ * messages (nbg_builder_message), in order.  Flags the program acts on (output files, -seed, -scale, -frames,
+ * -quiet ...) are checked and kept, with no effect here; -device, -precision, -threads, -max_memory and -max_samples
+ * are the context's (nbg_builder_ctx_create).  The F cache (Fdump.bin) is neither read nor written unless -dump
+ * names it.  A value left out is an error: -cell takes all six values. */
+typedef struct nbg_builder nbg_builder;
+
+/* What a message of the builder is: information (the program prints it on stdout), a note on the input, or a
+ * warning (the program prints these two on stderr, after "nbgrad: note: " and "nbgrad: warning: "). */
+typedef enum { NBG_MSG_INFO = 0, NBG_MSG_NOTE = 1, NBG_MSG_WARNING = 2 } nbg_msg_level;
+
+/* A builder with the flags' defaults (nbg_experiment_default); NBG_ENOMEM, *out NULL, when memory is short. */
+int nbg_builder_create(nbg_builder **out);
+/* Frees the builder and everything its experiment points to that it made (F table, sources, panels, motions,
+ * mask); NULL is a no-op. */
+void nbg_builder_destroy(nbg_builder *b);
+/* Parses the argc flags of argv (no program name: argv[0] is a flag), once per builder; the builder keeps its own
+ * copy.  NBG_EINVAL names a bad flag or value (unknown, a value missing, malformed, out of range, -h); a -mask or
+ * -img file that cannot be read gives its reader's status. */
+int nbg_builder_parse(nbg_ctx *ctx, nbg_builder *b, int argc, const char *const *argv);
+/* Reads the files the parsed flags name into the experiment, once, after nbg_builder_parse.  The status of the
+ * step that failed (NBG_EIO, NBG_EFORMAT, NBG_EINVAL: e.g. -motions without panels, a single-detector file with
+ * panels) with the message naming the flag and the file. */
+int nbg_builder_load(nbg_ctx *ctx, nbg_builder *b);
+/* A deep copy of b (its own flags, F table, sources, panels, motions and mask; no messages). */
+int nbg_builder_copy(const nbg_builder *b, nbg_builder **out);
+/* The experiment built: the caller may read and change it (nbg_param_set ...) and pass it to every call; it
+ * points into the builder, which must outlive its use.  NULL for NULL. */
+nbg_experiment *nbg_builder_experiment(nbg_builder *b);
+/* The builder's structure-factor table (F NULL when none was read).  The experiment points to it when -hkl or the
+ * F cache gave one; a caller may replace its contents (nbg_hkl_free first, F malloc'd), the builder frees them. */
+nbg_hkl *nbg_builder_hkl(nbg_builder *b);
+/* The panel groups' rigid motions: returns the number of groups (0 without panels) and sets *motions (may be
+ * NULL) to the builder's array of them, zero unless -motions gave them.  The experiment points to it only when
+ * -motions was given (e->motions NULL otherwise: the panels as placed). */
+int nbg_builder_motions(nbg_builder *b, nbg_panel_motion **motions);
+/* The -mask read (1 = a pixel used, 0 = skipped; the experiment's mask) and its size, or NULL (sizes 0). */
+const uint8_t *nbg_builder_mask(const nbg_builder *b, int *fpixels, int *spixels);
+/* The images of the rotation series the flags ask for (-frames, or the scan of -expt): 1 or more. */
+int nbg_builder_frames(const nbg_builder *b);
+/* A context as the flags ask for it: -device, -precision, -threads, and the limits -max_memory and -max_samples
+ * (nbg_ctx_create's statuses; *out NULL on failure). */
+int nbg_builder_ctx_create(const nbg_builder *b, nbg_ctx **out);
+/* The builder's messages so far: how many, and message i (0-based; NULL out of range) with its level (may be
+ * NULL); the text has no newline and stays valid while the builder lives. */
+int nbg_builder_nmessages(const nbg_builder *b);
+const char *nbg_builder_message(const nbg_builder *b, int i, nbg_msg_level *level);
+/* The builder's flag table, entry i (0-based): *names the flag's names, the main one first, then its aliases,
+ * space-separated ("-lambda -wave"); *arg the names of its values, a word each ("a b c alpha beta gamma"; NULL: a
+ * switch); *help one line with the unit.  Any of them may be NULL.  NBG_EINVAL past the last entry. */
+int nbg_flag_info(int i, const char **names, const char **arg, const char **help);
+
 /* Renders the image.  image holds npix = fpixels*spixels floats, or the panels' total (nbg_report.npix, which
  * nbg_describe gives); it is overwritten.  report may be NULL. */
 int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npix, nbg_report *report);
@@ -862,6 +928,11 @@ typedef struct {
                                          readers take the static A (real_space) and say so here, so that a caller
                                          can tell the user that the per-image orientations were not used */
 } nbg_geometry;
+
+/* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam
+ * along -z; the wavelength, the saturation and the beam sampling unset: NAN or -1): a geometry to fill in by hand
+ * before nbg_experiment_from_geometry. */
+void nbg_geometry_default(nbg_geometry *g);
 
 /* nbg_geometry of the experiment an nbg_describe/nbg_simulate report derived (e supplies the sensor, exposure and
  * polarization, which the report does not carry).  scan: nframes frames from the report's phi0, each osc wide. */

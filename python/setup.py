@@ -1,6 +1,7 @@
 """Builds nbgrad._nbgrad against the repository's static library.
 
-The library is built by the repository's Makefile into its own build directory (build/py by default, NBGRAD_BUILD
+The extension binds include/nbgrad.h alone (the experiment builder included: nbg_builder parses the command line's
+flags and reads the files they name).  The library is built by the repository's Makefile into its own build directory (build/py by default, NBGRAD_BUILD
 to change it) with CUDA off: the CUDA objects are not position-independent and the extension has no use for them
 on a machine without a GPU.  The link flags are the Makefile's own (make print-ldlibs), so that the extension
 links exactly what the program does (OpenMP, GSL, LAPACKE, HDF5, CBFlib, jansson, as configured).
@@ -31,12 +32,11 @@ class BuildWithLibrary(build_ext):
     def build_extensions(self):
         import numpy
 
-        make(f"{B}/libnbgrad.a", f"{B}/src/cli.o")
+        make(f"{B}/libnbgrad.a")
         ldlibs = shlex.split(make("-s", "print-ldlibs", capture=True).strip().splitlines()[-1])
         for ext in self.extensions:
             ext.include_dirs += [numpy.get_include()]
-            # the parser (src/cli.c) is the program's, not the library's: linked beside it for from_flags
-            ext.extra_objects = [str(ROOT / B / "src" / "cli.o"), str(ROOT / B / "libnbgrad.a")]
+            ext.extra_objects = [str(ROOT / B / "libnbgrad.a")]
             # relinked whenever the library changes (setuptools compares the sources and depends only)
             ext.depends += ext.extra_objects
             ext.extra_link_args = ldlibs
@@ -48,7 +48,7 @@ setup(
         Extension(
             "nbgrad._nbgrad",
             sources=["src/_nbgrad.c"],
-            include_dirs=[str(ROOT / d) for d in ("include", "src", "grad")],
+            include_dirs=[str(ROOT / "include")],
             extra_compile_args=["-std=gnu11", "-fopenmp", "-Wall", "-Wno-unused-parameter"],
         )
     ],

@@ -1,78 +1,25 @@
 /*
- * cli.h -- the command-line program's shared pieces: nanoBragg flag parsing into an nbg_experiment, loading of
- * the files the flags name, statistics and output writing.  Used by every nbgrad subcommand; not library code
- * (it prints).
+ * cli.h -- the command-line program's shared pieces: the library's experiment builder (src/build.h: nanoBragg's
+ * flags into an nbg_experiment, the files they name read) called with its messages and errors printed, the help,
+ * statistics and output writing.  Used by every nbgrad subcommand; not library code (it prints).
  */
 #ifndef NBG_CLI_H
 #define NBG_CLI_H
 
 #include "nbgrad.h"
+#include "build.h"
 #include "io.h"
 
 #include <stdio.h>
 
-typedef struct nbgi_cli nbgi_cli;
-
-struct nbgi_cli {
-    nbg_experiment e;
-    nbg_hkl hkl;
-    nbg_source *sources;
-    int nsources;
-    uint8_t *mask;
-    int mask_f, mask_s;
-    const char *hklfile, *matfile, *sourcefile, *dumpfile, *maskfile, *imgfile;
-    const char *floatfile, *intfile, *pgmfile, *noisefile;
-    const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
-    const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
-    const char *settingin;  /* -setting: an experiment list whose crystal's basis -expt's crystal is re-expressed in */
-    const char *layout;     /* -layout: a built-in multi-panel detector */
-    nbg_panel *panels;      /* the panels of -layout (or of a multi-panel -expt) */
-    int panel_groups;       /* -panel_groups: NBGI_GROUPS_* */
-    const char *motionsfile; /* -motions: the panel groups' rigid motions */
-    nbg_panel_motion *motions; /* one per panel group (zero unless -motions), or NULL without panels */
-    int nmotions;           /* the panel groups */
-    int nframes;            /* -frames: images of the rotation series (1) */
-    int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
-    int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
-    int batch;              /* a shot of nbgrad batch: no per-image advice (the dials.import line) */
-    double polar_flag;      /* -polar's value, NAN when not given (it then wins over -expt's polarization) */
-    /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
-    void *series;
-    double series_scale;
-    nbg_geometry geom;
-    nbg_panel *geom_panels; /* the panels in geom's frame (DIALS's) for -nxsfile and -exptfile, or NULL */
-    double scale, adc, pgmscale;
-    long seed;
-    int have_seed, have_misset_seed;
-    int nopgm, nonoise, nodump, help;
-    int quiet;              /* -quiet: no progress on stderr (errors, warnings and results still printed) */
-    int last_pivot;
-    nbg_backend backend;
-    nbg_precision precision;
-    int threads;
-    nbg_limits limits;      /* -max_memory, -max_samples */
-    nbgi_outset outs;        /* the run's outputs, written to temporaries and renamed together by nbgi_cli_commit */
-    /* a subcommand's own flags: returns the number of argv entries consumed (flag included), 0 when the flag is
-     * not its own, -1 after printing an error */
-    int (*extra_handler)(nbgi_cli *c, int argc, char **argv, int i);
-    void *extra;
-};
-
-/* How -panel_groups groups the panels for their motions. */
-enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2 };
-
 /* Writes the motions of c's panel groups in -motions's format (every group, one line each); prints the error. */
 int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path);
-
-/* What -data puts in NXmx and CBF files. */
-enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };
 
 typedef struct {
     double max, sum, mean, rms, rmsd;
     long imax, n;
 } nbgi_stats;
 
-void nbgi_cli_init(nbgi_cli *c);
 /* Prints the usage and every flag, grouped, with its help (from the flag table in cli.c). */
 void nbgi_cli_usage(FILE *out);
 /* The flags alone, grouped, with their help. */
@@ -85,11 +32,17 @@ void nbgi_cli_flags_list(FILE *out);
  * none); scope, when not NULL, is appended in brackets.  markdown: as an item of docs/flags.md's list. */
 void nbgi_cli_help_line(FILE *out, const char *names, const char *arg, const char *help, const char *scope,
                        int markdown);
+/* Releases c (nbgi_build_release), first saying that the outputs prepared and not committed are discarded. */
 void nbgi_cli_free(nbgi_cli *c);
-/* Parses argv[first..]; prints the error and returns 0 on a bad flag. */
+/* nbgi_build_parse of argv[first..], its messages printed (nbgi_cli_say), then its error ("nbgrad: error: " and the
+ * context's message on stderr); 1 on success, 0 after printing the error. */
 int nbgi_cli_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first);
-/* Reads the files the flags name (matrix, HKL or Fdump, sources) into the experiment. */
+/* nbgi_build_load (the files the flags name read into the experiment), its messages and error printed likewise. */
 int nbgi_cli_load(nbg_ctx *ctx, nbgi_cli *c);
+/* Prints c's messages as the program always has (NBG_MSG_INFO on stdout, notes and warnings on stderr after
+ * "nbgrad: note: " / "nbgrad: warning: ") and empties the list. */
+void nbgi_cli_say(nbgi_cli *c);
+/* Reads s as a finite number for flag (a subcommand's setter): 1, or 0 after printing the error. */
 int nbgi_cli_number(const char *flag, const char *s, double *out);
 
 /* 0, after printing the error, when an image file read for experiment e (what: the flag, path: the file) states
@@ -97,8 +50,6 @@ int nbgi_cli_number(const char *flag, const char *s, double *out);
 int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
                             const nbg_geometry *fg);
 
-/* 1 when a is a flag of the program's table that names an output file (-floatfile, -noisefile, ...; one value). */
-int nbgi_cli_names_output(const char *a);
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);
 void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st);
 /* Writes frame `frame` (0-based, of c->nframes) of the images asked for into the run's output set (nothing is
@@ -163,8 +114,6 @@ const nbgi_sub_flag *nbgi_ensemble_flags(int *n);
 const nbgi_sub_flag *nbgi_batch_flags(int *n);
 /* "grad, refine": the subcommands of a set of NBGI_CMD_* bits, into buf. */
 const char *nbgi_cmd_names(unsigned cmds, char *buf, size_t size);
-/* Whether name is one of the common (nanoBragg and nbgrad) flags of the table in cli.c. */
-int nbgi_cli_is_flag(const char *name);
 /* Parses argv[i] when it is a flag of table t (n entries) for the subcommand cmd: returns the argv entries it used
  * (the flag's included), 0 when it is none of the table's, -1 after printing an error (a bad value, a missing one, or
  * a flag of the table that another subcommand takes; note, when not NULL, is appended to that message). */

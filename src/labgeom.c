@@ -37,6 +37,13 @@ void nbgi_geometry_init(nbg_geometry *g)
     snprintf(g->space_group, sizeof g->space_group, " P 1");
 }
 
+void nbg_geometry_default(nbg_geometry *g)
+{
+    if (g != NULL) {
+        nbgi_geometry_init(g);
+    }
+}
+
 static int finite3(const double *v)
 {
     return isfinite(v[0]) && isfinite(v[1]) && isfinite(v[2]);

@@ -80,10 +80,11 @@ static void test_values(void)
     fail_case("HARD-threads", "-threads -2", ARGS(BASE, OUTS, "-threads", "-2"), ARGS("-threads"), none);
 
     /* overflow and runaway work */
-    fail_case("HARD-oversample-overflow", "-cell 50 60 7e22 (automatic oversampling beyond int)",
-              ARGS(BASE, OUTS, "-oversample", "-1", "-cell", "50", "60", "7e22"), ARGS("-oversample"), none);
-    fail_case("HARD-oversample-overflow", "-cell 50 60 7e22 -oversample 1 (Miller indices beyond int)",
-              ARGS(BASE, OUTS, "-cell", "50", "60", "7e22"), ARGS("Miller indices", "7e+22"), none);
+    fail_case("HARD-oversample-overflow", "-cell 50 60 7e22 90 90 90 (automatic oversampling beyond int)",
+              ARGS(BASE, OUTS, "-oversample", "-1", "-cell", "50", "60", "7e22", "90", "90", "90"), ARGS("-oversample"),
+              none);
+    fail_case("HARD-oversample-overflow", "-cell 50 60 7e22 90 90 90 -oversample 1 (Miller indices beyond int)",
+              ARGS(BASE, OUTS, "-cell", "50", "60", "7e22", "90", "90", "90"), ARGS("Miller indices", "7e+22"), none);
     fail_case("HARD-phisteps-overflow", "-osc 1e70 -phistep 2", ARGS(BASE, OUTS, "-osc", "1e70", "-phistep", "2"),
               ARGS("phi steps", "5e+69"), none);
     fail_case("HARD-work-limit", "-osc 5e6 -phistep 1 (5e6 phi steps x 4096 pixels) with -max_samples 1e9",

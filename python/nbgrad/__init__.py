@@ -8,9 +8,11 @@
     res = nbgrad.refine(exp, observed, params=["a", "b", "c"])  # values, sigmas, correlations
 
 Keyword arguments are the command line's flags without the dash (``Experiment(N=5)`` is ``-N 5``); the flags are
-parsed by the program's own parser (src/cli.c), so both spellings mean exactly the same.  Every library failure
-raises an ``nbgrad.Error`` (a RuntimeError) carrying the library's message; invalid input also is a ValueError.
+parsed by the library's experiment builder (nbg_builder, the parser the program uses), so both spellings mean
+exactly the same.  Every library failure raises an ``nbgrad.Error`` (a RuntimeError) carrying the library's
+message; invalid input also is a ValueError.
 """
+import difflib
 import re
 import shlex
 import warnings
@@ -30,7 +32,9 @@ __version__ = _nbgrad.LIBRARY_VERSION
 PARAM_INFO = {p["name"]: p for p in _nbgrad.param_info()}
 #: the differentiable parameters' names, in the library's order (nbg_param)
 PARAMS = tuple(PARAM_INFO)
-_FLAGS = frozenset(_nbgrad.flag_names())
+#: the builder's flag table: every name (aliases included) -> the names of its values (None: a switch)
+_FLAG_ARGS = {name: arg for names, arg, _ in _nbgrad.flag_table() for name in names}
+_FLAGS = frozenset(_FLAG_ARGS)
 #: parameter groups accepted wherever a parameter list is (as by the program's -params), with the parameters each
 #: holds ("all" is every parameter the experiment leaves free, the library decides which)
 GROUPS = {g: PARAMS if g == "all" else tuple(p["name"] for p in PARAM_INFO.values() if g in p["groups"])
@@ -57,6 +61,20 @@ _METHODS = {"lm": 0, "bfgs": 1}
 # parameters readable as attributes under another name (their aliases: exp.wavelength; and exp.lambda_)
 _PARAM_ALIASES = {p["alias"]: p["name"] for p in PARAM_INFO.values() if p["alias"]}
 _PARAM_ALIASES["lambda_"] = "lambda"
+# values readable and writable as attributes that are several parameters: exp.cell, exp.misset, exp.N
+_TUPLES = {"cell": ("a", "b", "c", "alpha", "beta", "gamma"), "misset": ("rotx", "roty", "rotz"),
+           "N": ("Na", "Nb", "Nc")}
+
+
+def _did_you_mean(name, names) -> str:
+    """"; did you mean 'distance'?" when one of names is close to name, else ""."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.75)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _keywords():
+    """The keyword arguments Experiment accepts: the flags without their dash, their Python spellings."""
+    return ({f.lstrip("-") for f in _FLAGS} | set(_ALIASES) | set(_NEGATIONS) | {"convention", "shape"}) - {"h", "help"}
 
 
 def _number(v):
@@ -93,7 +111,8 @@ def kwargs_to_flags(**kwargs) -> List[str]:
             continue
         flag = "-" + name
         if flag not in _FLAGS:
-            raise TypeError(f"Experiment() got an unexpected keyword argument '{key}'")
+            raise TypeError(f"Experiment() got an unexpected keyword argument '{key}'"
+                            + _did_you_mean(key, _keywords()))
         if isinstance(value, (bool, np.bool_)):
             if value:
                 argv.append(flag)
@@ -103,7 +122,17 @@ def kwargs_to_flags(**kwargs) -> List[str]:
             continue
         if isinstance(value, np.ndarray):
             value = value.tolist()
+        if name == "N" and isinstance(value, (list, tuple)) and len(value) == 3:
+            for axis, v in zip("abc", value):
+                argv.extend(["-N" + axis, _number(v)])
+            continue
         if isinstance(value, (list, tuple)):
+            arg = _FLAG_ARGS.get(flag)
+            want = len(arg.split()) if arg is not None and "|" not in arg else None
+            if want is not None and len(value) != want:
+                # (a K_FN flag's arg counts its values too: -cell's six)
+                raise ValueError(f"{key}: -{name} takes {want} value{'s' if want > 1 else ''} ({arg}), got "
+                                 f"{len(value)}: {tuple(value)!r}")
             argv.append(flag)
             argv.extend(_number(v) for v in value)
         else:
@@ -134,11 +163,15 @@ class Experiment(_nbgrad.Experiment):
     Keyword arguments are the command line's flags without the dash, with their values (a tuple for several):
     ``cell=(70, 80, 90, 75, 85, 95)``, ``N=5`` (Na = Nb = Nc), ``lambda_=1`` or ``wavelength=1``,
     ``detpixels=512``, ``convention="xds"``, ``shape="gauss"``, ``hkl="P1.hkl"``, ``interpolate=False``.
-    ``hkl`` may also be a pair (F, (h_min, k_min, l_min)) with F a 3-d array.  An unknown keyword is a TypeError;
-    a value the parser or the library refuses (NaN, out of range) is a ValueError with its message.
+    ``hkl`` may also be a pair (F, (h_min, k_min, l_min)) with F a 3-d array; ``N=(5, 6, 7)`` sets Na, Nb, Nc.
+    An unknown keyword is a TypeError naming the closest keyword; a value the builder or the library refuses (NaN,
+    out of range, a value left out: ``cell=(70, 80, 90, 90, 90)``) is a ValueError with its message.
 
     The differentiable parameters read and write as attributes: ``exp.a``, ``exp.rotx``, ``exp.distance``,
-    ``exp.wavelength`` ...  (``nbgrad.PARAMS`` lists them).
+    ``exp.wavelength`` ...  (``nbgrad.PARAMS`` lists them), and so do ``exp.cell`` (a b c alpha beta gamma),
+    ``exp.misset`` (rotx roty rotz) and ``exp.N`` (Na Nb Nc) as tuples.  Writing an unknown attribute
+    (``exp.distanse = 5``) is an AttributeError naming the closest name, and writing a flag's value that is no
+    parameter (``exp.detpixels = 64``) one that says so.
     """
 
     def __init__(self, **kwargs):
@@ -209,17 +242,38 @@ class Experiment(_nbgrad.Experiment):
         p = _PARAM_ALIASES.get(name, name)
         if p in PARAMS:
             return self.get_param(p)
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        if name in _TUPLES:
+            return tuple(self.get_param(q) for q in _TUPLES[name])
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'"
+                             + _did_you_mean(name, self._attribute_names()))
 
     def __setattr__(self, name, value):
         p = _PARAM_ALIASES.get(name, name)
         if p in PARAMS:
             self.set_param(p, float(value))
+        elif name in _TUPLES:
+            names = _TUPLES[name]
+            values = tuple(value) if isinstance(value, (list, tuple, np.ndarray)) else (value,)
+            if name == "N" and len(values) == 1:
+                values = values * 3  # as -N: Na = Nb = Nc
+            if len(values) != len(names):
+                raise ValueError(f"{name}: expected {len(names)} values ({' '.join(names)}), got {len(values)}")
+            for q, v in zip(names, values):
+                self.set_param(q, float(v))
+        elif name.startswith("_") or hasattr(type(self), name):
+            object.__setattr__(self, name, value)  # the object's own (properties, private state)
+        elif name.lstrip("-") in _keywords():
+            raise AttributeError(f"'{name}' is set when the Experiment is made (Experiment({name}=...) or "
+                                 f"from_flags), not afterwards; the differentiable parameters (nbgrad.PARAMS) can be")
         else:
-            object.__setattr__(self, name, value)
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'"
+                                 + _did_you_mean(name, self._attribute_names()))
+
+    def _attribute_names(self):
+        return set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}) | set(_TUPLES) | set(super().__dir__())
 
     def __dir__(self):
-        return sorted(set(super().__dir__()) | set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}))
+        return sorted(set(super().__dir__()) | set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}) | set(_TUPLES))
 
     def __reduce__(self):
         raise TypeError("an Experiment is not picklable (it owns C memory); rebuild it from its flags")

@@ -3,8 +3,11 @@
  * result objects, dxtbx and PyTorch) is nbgrad/__init__.py; this file does the calls, the array checks and the
  * error translation.
  *
- * Ownership: an Experiment owns an nbgi_cli (the command-line parser's state), which owns what its nbg_experiment
- * points to (the HKL table, the sources, the mask), and one library context.  Every call that works on an
+ * It binds the public API of include/nbgrad.h alone.  An Experiment owns an nbg_builder (the library's parser of the
+ * command line's flags and loader of the files they name), which owns its nbg_experiment and what that points to
+ * (the HKL table, the sources, the panels, the motions, the mask), and one library context.  The library never
+ * prints: its errors are raised with the context's message (nbg_errmsg) as the exception of the status, and the
+ * builder's notes are the Experiment's log.  Every call that works on an
  * Experiment takes its lock (so one context is used by one thread at a time, as the library requires) and
  * releases the GIL while the library runs, so that two Experiments render concurrently from two threads.
  */
@@ -14,15 +17,13 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "cli.h"
-#include "formats.h" /* nbgi_geometry_init: the library's geometry defaults */
+#include "nbgrad.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Exceptions                                                                                                 */
@@ -150,12 +151,17 @@ static PyArrayObject *as_image(PyObject *obj, const char *name, int type, int sp
 
 typedef struct {
     PyObject_HEAD
-    nbgi_cli cli;          /* cli.e is the experiment; cli owns its table, sources and mask */
+    nbg_builder *b;        /* the library's builder: it owns the experiment and what it points to (the table, the
+                              sources, the panels, the motions, the mask) */
+    nbg_experiment *e;     /* nbg_builder_experiment(b) */
+    nbg_hkl *hkl;          /* nbg_builder_hkl(b): the builder's table (set_hkl replaces it) */
+    nbg_panel_motion *motions; /* nbg_builder_motions(b): the panel groups' motions (zero unless -motions) */
+    int nmotions;
     nbg_ctx *ctx;
     PyThread_type_lock lock;
     int ready;             /* parsed and validated */
     int fpixels, spixels;  /* the image size (pixel counts do not depend on the differentiable parameters) */
-    PyObject *log;         /* what the parser printed (notes, warnings), a str */
+    PyObject *log;         /* what the builder said (notes, warnings, the files read), as the program prints it */
 } ExperimentObject;
 
 static PyTypeObject ExperimentType;
@@ -197,12 +203,25 @@ static int exp_check(PyObject *o, const char *what)
 
 static void exp_release(ExperimentObject *x)
 {
-    if (x->ready) {
-        nbgi_cli_free(&x->cli);
-        x->ready = 0;
-    }
+    nbg_builder_destroy(x->b);
+    x->b = NULL;
+    x->e = NULL;
+    x->hkl = NULL;
+    x->motions = NULL;
+    x->nmotions = 0;
+    x->ready = 0;
     nbg_ctx_destroy(x->ctx);
     x->ctx = NULL;
+}
+
+/* Points the object's shortcuts at its builder's experiment, table and motions. */
+static void exp_attach(ExperimentObject *x, nbg_builder *b)
+{
+    x->b = b;
+    x->e = nbg_builder_experiment(b);
+    x->hkl = nbg_builder_hkl(b);
+    x->nmotions = nbg_builder_motions(b, &x->motions);
+    x->ready = 1;
 }
 
 static PyObject *Experiment_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -230,66 +249,33 @@ static void Experiment_dealloc(ExperimentObject *x)
     Py_TYPE(x)->tp_free((PyObject *)x);
 }
 
-/* The parser and the loader print their errors and notes (src/cli.c is the program's code); they are caught by
- * pointing stdout and stderr at a temporary file for the duration.  The GIL is held meanwhile so that no Python
- * thread writes into the capture. */
-typedef struct {
-    int saved[2];
-    FILE *tmp;
-} capture;
-
-static int capture_begin(capture *c)
+/* The builder's messages as the program prints them, a line each (a new str): information as it is, notes and
+ * warnings after "nbgrad: note: " and "nbgrad: warning: ". */
+static PyObject *builder_log(const nbg_builder *b)
 {
-    fflush(stdout);
-    fflush(stderr);
-    c->tmp = tmpfile();
-    if (c->tmp == NULL) {
-        return 0;
+    PyObject *parts = PyList_New(0);
+    if (parts == NULL) {
+        return NULL;
     }
-    c->saved[0] = dup(1);
-    c->saved[1] = dup(2);
-    if (c->saved[0] < 0 || c->saved[1] < 0) {
-        fclose(c->tmp);
-        return 0;
+    for (int i = 0; i < nbg_builder_nmessages(b); ++i) {
+        nbg_msg_level level = NBG_MSG_INFO;
+        const char *text = nbg_builder_message(b, i, &level);
+        PyObject *line = PyUnicode_FromFormat("%s%s\n", level == NBG_MSG_NOTE      ? "nbgrad: note: "
+                                                        : level == NBG_MSG_WARNING ? "nbgrad: warning: "
+                                                                                   : "",
+                                              text);
+        if (line == NULL || PyList_Append(parts, line) < 0) {
+            Py_XDECREF(line);
+            Py_DECREF(parts);
+            return NULL;
+        }
+        Py_DECREF(line);
     }
-    dup2(fileno(c->tmp), 1);
-    dup2(fileno(c->tmp), 2);
-    return 1;
-}
-
-/* Restores the streams; returns what was printed (a new str). */
-static PyObject *capture_end(capture *c)
-{
-    fflush(stdout);
-    fflush(stderr);
-    dup2(c->saved[0], 1);
-    dup2(c->saved[1], 2);
-    close(c->saved[0]);
-    close(c->saved[1]);
-    long n = ftell(c->tmp);
-    char *buf = malloc(n > 0 ? (size_t)n + 1 : 1);
-    size_t got = 0;
-    if (buf != NULL && n > 0) {
-        rewind(c->tmp);
-        got = fread(buf, 1, (size_t)n, c->tmp);
-    }
-    fclose(c->tmp);
-    PyObject *s = PyUnicode_DecodeUTF8(buf != NULL ? buf : "", (Py_ssize_t)got, "replace");
-    free(buf);
+    PyObject *empty = PyUnicode_FromString("");
+    PyObject *s = empty != NULL ? PyUnicode_Join(empty, parts) : NULL;
+    Py_XDECREF(empty);
+    Py_DECREF(parts);
     return s;
-}
-
-/* The first error line of the parser's output, without the program's prefix (a new str). */
-static PyObject *error_line(PyObject *log)
-{
-    const char *s = PyUnicode_AsUTF8(log);
-    const char *e = s != NULL ? strstr(s, "error: ") : NULL;
-    if (e == NULL) {
-        return PyUnicode_FromString(s != NULL && s[0] ? s : "invalid flags");
-    }
-    e += 7;
-    const char *nl = strchr(e, '\n');
-    return PyUnicode_FromStringAndSize(e, nl != NULL ? nl - e : (Py_ssize_t)strlen(e));
 }
 
 /* Checks the experiment as the library sees it (nbg_describe: ranges, geometry, sampling, limits) and records
@@ -297,7 +283,7 @@ static PyObject *error_line(PyObject *log)
  * it may get its table later (set_hkl). */
 static int exp_validate(ExperimentObject *x)
 {
-    nbg_experiment probe = x->cli.e;
+    nbg_experiment probe = *x->e;
     nbg_report r;
     int st;
     if (probe.hkl == NULL && probe.default_F == 0) {
@@ -316,7 +302,9 @@ static int exp_validate(ExperimentObject *x)
     return 1;
 }
 
-/* Experiment.__init__(argv): argv a sequence of str, the command line's flags (no program name). */
+/* Experiment.__init__(argv): argv a sequence of str, the command line's flags (no program name).  The library's
+ * builder parses them and reads the files they name (nbg_builder_parse, nbg_builder_load); its failure is raised
+ * with its message as the exception of its status (a bad flag or value: InvalidError, a ValueError). */
 static int Experiment_init(ExperimentObject *x, PyObject *args, PyObject *kw)
 {
     PyObject *seq = NULL;
@@ -333,77 +321,53 @@ static int Experiment_init(ExperimentObject *x, PyObject *args, PyObject *kw)
         return -1;
     }
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    /* argv[0] is the program's name; the parser starts at 1 */
-    char **argv = calloc((size_t)n + 2, sizeof *argv);
-    int rc = -1, dump = 0;
+    const char **argv = calloc((size_t)n + 1, sizeof *argv);
+    nbg_builder *b = NULL;
+    nbg_ctx *pctx = NULL;
+    int rc = -1, st;
     if (argv == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    argv[0] = "nbgrad";
     for (Py_ssize_t i = 0; i < n; ++i) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
         if (!PyUnicode_Check(item)) {
             PyErr_Format(PyExc_TypeError, "argv[%zd]: expected str, got %.100s", i, Py_TYPE(item)->tp_name);
             goto done;
         }
-        argv[i + 1] = (char *)PyUnicode_AsUTF8(item);
-        if (argv[i + 1] == NULL) {
+        argv[i] = PyUnicode_AsUTF8(item);
+        if (argv[i] == NULL) {
             goto done;
         }
-        dump |= strcmp(argv[i + 1], "-dump") == 0;
     }
-    nbgi_cli_init(&x->cli);
-    x->ready = 1;
-    nbg_ctx *pctx = scratch_ctx();
-    if (pctx == NULL) {
+    if ((st = nbg_builder_create(&b)) != NBG_OK) {
+        raise_status(st, "could not create a builder");
         goto done;
     }
-    capture cap;
-    if (!capture_begin(&cap)) {
-        nbg_ctx_destroy(pctx);
-        PyErr_SetString(PyExc_OSError, "could not capture the parser's messages");
+    if ((pctx = scratch_ctx()) == NULL) {
         goto done;
     }
-    int ok = nbgi_cli_parse(pctx, &x->cli, (int)n + 1, argv, 1);
-    if (ok && x->cli.help) {
-        printf("nbgrad: error: -h asks for the program's help, which is no experiment\n");
-        ok = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_builder_parse(pctx, b, (int)n, argv);
+    if (st == NBG_OK) {
+        st = nbg_builder_load(pctx, b);
     }
-    const int parsed = ok;
-    if (ok) {
-        /* a library does not read or write Fdump.bin in the working directory unless asked to (-dump) */
-        x->cli.nodump = dump ? x->cli.nodump : 1;
-        ok = nbgi_cli_load(pctx, &x->cli);
-        if (ok && x->cli.outs.n > 0) {
-            ok = nbgi_cli_commit(pctx, &x->cli);
-        }
-    }
-    PyObject *log = capture_end(&cap);
-    nbg_ctx_destroy(pctx);
+    Py_END_ALLOW_THREADS
+    PyObject *log = builder_log(b);
     if (log == NULL) {
         goto done;
     }
     Py_XSETREF(x->log, log);
-    if (!ok) {
-        PyObject *msg = error_line(log);
-        if (msg != NULL) {
-            PyObject *exc = parsed ? FileError : PyExc_ValueError;
-            PyErr_SetObject(exc, msg);
-            Py_DECREF(msg);
-        }
-        goto done;
-    }
-    /* the paths pointed into argv, which goes away; they were only needed by the loader */
-    x->cli.hklfile = x->cli.matfile = x->cli.sourcefile = x->cli.dumpfile = x->cli.maskfile = NULL;
-    x->cli.imgfile = x->cli.floatfile = x->cli.intfile = x->cli.pgmfile = x->cli.noisefile = NULL;
-    x->cli.nxsfile = x->cli.cbffile = x->cli.exptfile = x->cli.exptin = NULL;
-    int st = nbg_ctx_create(&x->ctx, x->cli.backend, x->cli.precision, x->cli.threads);
     if (st != NBG_OK) {
-        raise_status(st, "could not create the context (-device, -threads)");
+        raise_ctx(pctx, st);
         goto done;
     }
-    nbg_ctx_set_limits(x->ctx, &x->cli.limits);
+    exp_attach(x, b);
+    b = NULL;
+    if ((st = nbg_builder_ctx_create(x->b, &x->ctx)) != NBG_OK) {
+        raise_status(st, "could not create the context (-device, -threads, -max_memory)");
+        goto done;
+    }
     if (validate && !exp_validate(x)) {
         goto done;
     }
@@ -412,12 +376,15 @@ done:
     if (rc != 0 && x->ready) {
         exp_release(x);
     }
+    nbg_builder_destroy(b);
+    nbg_ctx_destroy(pctx);
     free(argv);
     Py_DECREF(fast);
     return rc;
 }
 
-/* A deep copy: the table, sources and mask are duplicated and the copy's experiment points at its own. */
+/* A deep copy (nbg_builder_copy): the table, sources, panels, motions and mask are duplicated and the copy's
+ * experiment points at its own. */
 static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
 {
     if (!exp_check((PyObject *)x, "copy")) {
@@ -427,80 +394,38 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
     if (y == NULL) {
         return NULL;
     }
+    nbg_builder *b = NULL;
     exp_lock(x);
-    y->cli = x->cli;
-    nbgi_outset_init(&y->cli.outs);
-    y->cli.series = NULL;
-    y->cli.hkl.F = NULL;
-    y->cli.sources = NULL;
-    y->cli.mask = NULL;
-    y->cli.panels = NULL;
-    y->cli.geom_panels = NULL;
-    y->cli.motions = NULL;
-    y->ready = 1;
-    int fail = 0;
-    if (x->cli.hkl.F != NULL) {
-        const size_t n = (size_t)(x->cli.hkl.h_max - x->cli.hkl.h_min + 1) * (x->cli.hkl.k_max - x->cli.hkl.k_min + 1) *
-                         (x->cli.hkl.l_max - x->cli.hkl.l_min + 1);
-        y->cli.hkl.F = malloc(n * sizeof(double));
-        fail |= y->cli.hkl.F == NULL;
-        if (!fail) memcpy(y->cli.hkl.F, x->cli.hkl.F, n * sizeof(double));
-    }
-    if (x->cli.sources != NULL) {
-        y->cli.sources = malloc((size_t)x->cli.nsources * sizeof(nbg_source));
-        fail |= y->cli.sources == NULL;
-        if (!fail) memcpy(y->cli.sources, x->cli.sources, (size_t)x->cli.nsources * sizeof(nbg_source));
-    }
-    if (x->cli.mask != NULL) {
-        const size_t n = (size_t)x->cli.mask_f * x->cli.mask_s;
-        y->cli.mask = malloc(n);
-        fail |= y->cli.mask == NULL;
-        if (!fail) memcpy(y->cli.mask, x->cli.mask, n);
-    }
-    if (x->cli.panels != NULL && x->cli.e.npanels > 0) {
-        y->cli.panels = malloc((size_t)x->cli.e.npanels * sizeof(nbg_panel));
-        fail |= y->cli.panels == NULL;
-        if (!fail) memcpy(y->cli.panels, x->cli.panels, (size_t)x->cli.e.npanels * sizeof(nbg_panel));
-    }
-    if (x->cli.motions != NULL && x->cli.nmotions > 0) {
-        y->cli.motions = malloc((size_t)x->cli.nmotions * sizeof(nbg_panel_motion));
-        fail |= y->cli.motions == NULL;
-        if (!fail) memcpy(y->cli.motions, x->cli.motions, (size_t)x->cli.nmotions * sizeof(nbg_panel_motion));
-    }
-    y->cli.e.panels = x->cli.e.panels == x->cli.panels ? y->cli.panels : x->cli.e.panels;
-    y->cli.e.motions = x->cli.e.motions == x->cli.motions ? y->cli.motions : x->cli.e.motions;
-    y->cli.e.hkl = x->cli.e.hkl == &x->cli.hkl ? &y->cli.hkl : NULL;
-    y->cli.e.sources = x->cli.e.sources != NULL ? y->cli.sources : NULL;
-    y->cli.e.mask = x->cli.e.mask != NULL ? y->cli.mask : NULL;
+    int st = nbg_builder_copy(x->b, &b);
     y->fpixels = x->fpixels;
     y->spixels = x->spixels;
     Py_XSETREF(y->log, Py_NewRef(x->log));
     exp_unlock(x);
-    if (fail) {
+    if (st != NBG_OK) {
         Py_DECREF(y);
-        return PyErr_NoMemory();
+        return raise_status(st, "could not copy the experiment");
     }
-    int st = nbg_ctx_create(&y->ctx, y->cli.backend, y->cli.precision, y->cli.threads);
+    exp_attach(y, b);
+    st = nbg_builder_ctx_create(y->b, &y->ctx);
     if (st != NBG_OK) {
         Py_DECREF(y);
         return raise_status(st, "could not create the context");
     }
-    nbg_ctx_set_limits(y->ctx, &y->cli.limits);
     return (PyObject *)y;
 }
 
-/* The panel groups' motions: the parser keeps them in cli.motions (zero unless -motions), and gives them to the
+/* The panel groups' motions: the builder keeps them (zero unless -motions), and gives them to the
  * experiment only with -motions, as the program does (a zero motion still goes through the placement, which need not
  * reproduce the unmoved panels' rounding).  A call that names a motion parameter gives them to it; motions_attach
  * returns 1 when it did, and motions_settle takes them back after the call unless a motion is non-zero now. */
 static int motions_attach(ExperimentObject *x)
 {
-    nbg_experiment *e = &x->cli.e;
-    if (e->motions != NULL || x->cli.nmotions <= 0 || x->cli.motions == NULL) {
+    nbg_experiment *e = x->e;
+    if (e->motions != NULL || x->nmotions <= 0 || x->motions == NULL) {
         return 0;
     }
-    e->motions = x->cli.motions;
-    e->nmotions = x->cli.nmotions;
+    e->motions = x->motions;
+    e->nmotions = x->nmotions;
     return 1;
 }
 
@@ -509,15 +434,15 @@ static void motions_settle(ExperimentObject *x, int attached)
     if (!attached) {
         return;
     }
-    for (int g = 0; g < x->cli.nmotions; ++g) {
+    for (int g = 0; g < x->nmotions; ++g) {
         for (int c = 0; c < 3; ++c) {
-            if (x->cli.motions[g].shift[c] != 0 || x->cli.motions[g].rot[c] != 0) {
+            if (x->motions[g].shift[c] != 0 || x->motions[g].rot[c] != 0) {
                 return;
             }
         }
     }
-    x->cli.e.motions = NULL;
-    x->cli.e.nmotions = 0;
+    x->e->motions = NULL;
+    x->e->nmotions = 0;
 }
 
 /* A scalar or panel-motion parameter by name or alias ("a", "wavelength", "g3.shift_x"); -1 with an exception. */
@@ -532,8 +457,8 @@ static int param_index(ExperimentObject *x, PyObject *name)
     int p = nbg_param_from_name(s);
     if (p < 0) {
         PyErr_Format(PyExc_ValueError, "unknown parameter '%s'", s);
-    } else if (p >= NBG_NPARAMS && (p - NBG_P_MOTION0) / 6 >= x->cli.nmotions) {
-        PyErr_Format(PyExc_ValueError, "'%s': the detector has %d panel groups", s, x->cli.nmotions);
+    } else if (p >= NBG_NPARAMS && (p - NBG_P_MOTION0) / 6 >= x->nmotions) {
+        PyErr_Format(PyExc_ValueError, "'%s': the detector has %d panel groups", s, x->nmotions);
         p = -1;
     }
     return p;
@@ -547,14 +472,14 @@ static PyObject *Experiment_get_param(ExperimentObject *x, PyObject *name)
     double v = NAN;
     exp_lock(x);
     /* a motion reads the parser's list, given to the experiment or not */
-    nbg_experiment probe = x->cli.e;
+    nbg_experiment probe = *x->e;
     if (p >= NBG_NPARAMS) {
-        probe.motions = x->cli.motions;
-        probe.nmotions = x->cli.nmotions;
+        probe.motions = x->motions;
+        probe.nmotions = x->nmotions;
     }
     nbg_param_get(&probe, (nbg_param)p, &v);
     /* a cell length or angle left unset (NAN) takes a's value or 90 deg, as the library reads it */
-    if (isnan(v) && p >= NBG_P_B && p <= NBG_P_C) v = x->cli.e.cell[0];
+    if (isnan(v) && p >= NBG_P_B && p <= NBG_P_C) v = x->e->cell[0];
     if (isnan(v) && p >= NBG_P_ALPHA && p <= NBG_P_GAMMA) v = 90;
     exp_unlock(x);
     return PyFloat_FromDouble(v);
@@ -577,11 +502,11 @@ static PyObject *Experiment_set_param(ExperimentObject *x, PyObject *args)
     /* a cell given as "a" alone has NAN b and c; setting one of them must not silently move the others */
     if (p >= NBG_P_A && p <= NBG_P_GAMMA) {
         for (int i = 1; i < 6; ++i) {
-            if (isnan(x->cli.e.cell[i])) x->cli.e.cell[i] = i < 3 ? x->cli.e.cell[0] : 90;
+            if (isnan(x->e->cell[i])) x->e->cell[i] = i < 3 ? x->e->cell[0] : 90;
         }
     }
     const int attached = p >= NBG_NPARAMS ? motions_attach(x) : 0;
-    nbg_param_set(&x->cli.e, (nbg_param)p, v);
+    nbg_param_set(x->e, (nbg_param)p, v);
     motions_settle(x, attached);
     exp_unlock(x);
     Py_RETURN_NONE;
@@ -591,8 +516,8 @@ static PyObject *Experiment_set_param(ExperimentObject *x, PyObject *args)
 static PyObject *Experiment_get_F(ExperimentObject *x, void *closure)
 {
     if (!exp_check((PyObject *)x, "F")) return NULL;
-    if (x->cli.e.hkl == NULL) Py_RETURN_NONE;
-    const nbg_hkl *h = x->cli.e.hkl;
+    if (x->e->hkl == NULL) Py_RETURN_NONE;
+    const nbg_hkl *h = x->e->hkl;
     npy_intp dims[3] = {h->h_max - h->h_min + 1, h->k_max - h->k_min + 1, h->l_max - h->l_min + 1};
     PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
     if (a == NULL) return NULL;
@@ -605,11 +530,11 @@ static PyObject *Experiment_get_F(ExperimentObject *x, void *closure)
 static int Experiment_set_F(ExperimentObject *x, PyObject *value, void *closure)
 {
     if (!exp_check((PyObject *)x, "F")) return -1;
-    if (value == NULL || x->cli.e.hkl == NULL) {
+    if (value == NULL || x->e->hkl == NULL) {
         PyErr_SetString(PyExc_AttributeError, "F: the experiment has no table (set one with set_hkl)");
         return -1;
     }
-    nbg_hkl *h = &x->cli.hkl;
+    nbg_hkl *h = x->hkl;
     const int nh = h->h_max - h->h_min + 1, nk = h->k_max - h->k_min + 1, nl = h->l_max - h->l_min + 1;
     PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(value, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
     if (a == NULL || PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != nh || PyArray_DIM(a, 1) != nk ||
@@ -644,16 +569,16 @@ static PyObject *Experiment_set_hkl(ExperimentObject *x, PyObject *args)
     }
     memcpy(F, PyArray_DATA(a), (size_t)PyArray_SIZE(a) * sizeof(double));
     exp_lock(x);
-    nbg_hkl_free(&x->cli.hkl);
-    x->cli.hkl.h_min = h0;
-    x->cli.hkl.k_min = k0;
-    x->cli.hkl.l_min = l0;
-    x->cli.hkl.h_max = h0 + (int)PyArray_DIM(a, 0) - 1;
-    x->cli.hkl.k_max = k0 + (int)PyArray_DIM(a, 1) - 1;
-    x->cli.hkl.l_max = l0 + (int)PyArray_DIM(a, 2) - 1;
-    x->cli.hkl.F = F;
-    x->cli.hkl.nrefl = (long)PyArray_SIZE(a);
-    x->cli.e.hkl = &x->cli.hkl;
+    nbg_hkl_free(x->hkl);
+    x->hkl->h_min = h0;
+    x->hkl->k_min = k0;
+    x->hkl->l_min = l0;
+    x->hkl->h_max = h0 + (int)PyArray_DIM(a, 0) - 1;
+    x->hkl->k_max = k0 + (int)PyArray_DIM(a, 1) - 1;
+    x->hkl->l_max = l0 + (int)PyArray_DIM(a, 2) - 1;
+    x->hkl->F = F;
+    x->hkl->nrefl = (long)PyArray_SIZE(a);
+    x->e->hkl = x->hkl;
     exp_unlock(x);
     Py_DECREF(a);
     Py_RETURN_NONE;
@@ -662,8 +587,8 @@ static PyObject *Experiment_set_hkl(ExperimentObject *x, PyObject *args)
 static PyObject *Experiment_get_origin(ExperimentObject *x, void *closure)
 {
     if (!exp_check((PyObject *)x, "hkl_origin")) return NULL;
-    if (x->cli.e.hkl == NULL) Py_RETURN_NONE;
-    return Py_BuildValue("(iii)", x->cli.e.hkl->h_min, x->cli.e.hkl->k_min, x->cli.e.hkl->l_min);
+    if (x->e->hkl == NULL) Py_RETURN_NONE;
+    return Py_BuildValue("(iii)", x->e->hkl->h_min, x->e->hkl->k_min, x->e->hkl->l_min);
 }
 
 static PyObject *Experiment_get_shape(ExperimentObject *x, void *closure)
@@ -679,7 +604,7 @@ static PyObject *Experiment_get_log(ExperimentObject *x, void *closure)
 
 static PyObject *Experiment_get_default_F(ExperimentObject *x, void *closure)
 {
-    return PyFloat_FromDouble(x->cli.e.default_F);
+    return PyFloat_FromDouble(x->e->default_F);
 }
 
 static PyObject *vec(const double *v, int n)
@@ -745,7 +670,7 @@ static PyObject *Experiment_describe(ExperimentObject *x, PyObject *unused)
     int st;
     exp_lock(x);
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_describe(x->ctx, &x->cli.e, &r);
+    st = nbg_describe(x->ctx, x->e, &r);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -853,7 +778,7 @@ static const char *const geometry_keys[] = {
     "saturation", "pedestal", "gain", "direction", "wavelength", "polarization_normal", "polarization_fraction",
     "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", NULL};
 
-/* A geometry dict into g: the keys given over the library's defaults (nbgi_geometry_init); an unknown key is a
+/* A geometry dict into g: the keys given over the library's defaults (nbg_geometry_default); an unknown key is a
  * ValueError naming it, so that a misspelt key is not silently dropped. */
 static int geometry_from_dict(PyObject *d, nbg_geometry *g)
 {
@@ -872,7 +797,7 @@ static int geometry_from_dict(PyObject *d, nbg_geometry *g)
             return 0;
         }
     }
-    nbgi_geometry_init(g);
+    nbg_geometry_default(g);
     g->has_crystal = PyDict_GetItemString(d, "real_space") != NULL;
     return get_int(d, "fpixels", &g->fpixels) && get_int(d, "spixels", &g->spixels) &&
            get_num(d, "pixel_f", &g->pixel_f) && get_num(d, "pixel_s", &g->pixel_s) && get_vec(d, "fast", g->fast, 3) &&
@@ -900,8 +825,8 @@ static PyObject *Experiment_geometry(ExperimentObject *x, PyObject *args, PyObje
     int st;
     exp_lock(x);
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_describe(x->ctx, &x->cli.e, &r);
-    if (st == NBG_OK) st = nbg_geometry_from_report(x->ctx, &x->cli.e, &r, nframes, &g);
+    st = nbg_describe(x->ctx, x->e, &r);
+    if (st == NBG_OK) st = nbg_geometry_from_report(x->ctx, x->e, &r, nframes, &g);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -918,17 +843,17 @@ static PyObject *Experiment_apply_geometry(ExperimentObject *x, PyObject *d)
     nbg_geometry g;
     if (!geometry_from_dict(d, &g)) return NULL;
     exp_lock(x);
-    nbg_experiment saved = x->cli.e;
-    int st = nbg_experiment_from_geometry(x->ctx, &g, &x->cli.e);
+    nbg_experiment saved = *x->e;
+    int st = nbg_experiment_from_geometry(x->ctx, &g, x->e);
     if (st != NBG_OK) {
-        x->cli.e = saved;
+        *x->e = saved;
         raise_ctx(x->ctx, st);
         exp_unlock(x);
         return NULL;
     }
     exp_unlock(x);
     if (!exp_validate(x)) {
-        x->cli.e = saved;
+        *x->e = saved;
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1019,7 +944,7 @@ static PyObject *py_simulate(PyObject *self, PyObject *args)
     int st;
     exp_lock(x);
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_simulate(x->ctx, &x->cli.e, PyArray_DATA(img), (size_t)PyArray_SIZE(img), &r);
+    st = nbg_simulate(x->ctx, x->e, PyArray_DATA(img), (size_t)PyArray_SIZE(img), &r);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -1057,7 +982,7 @@ static PyObject *py_time_simulate(PyObject *self, PyObject *args)
         int st;
         Py_BEGIN_ALLOW_THREADS
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        st = nbg_simulate(x->ctx, &x->cli.e, img, npix, NULL);
+        st = nbg_simulate(x->ctx, x->e, img, npix, NULL);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         Py_END_ALLOW_THREADS
         if (st != NBG_OK) {
@@ -1134,7 +1059,7 @@ static int parse_params(ExperimentObject *x, PyObject *list, int flags, nbg_para
         return 1;
     }
     *attached = motions_attach(x);
-    int st = nbg_params_parse(x->ctx, &x->cli.e, s, flags, ids, n);
+    int st = nbg_params_parse(x->ctx, x->e, s, flags, ids, n);
     Py_DECREF(joined);
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -1161,7 +1086,7 @@ static PyObject *param_label(const ExperimentObject *x, nbg_param p)
 {
     char lab[96];
     if (p == NBG_P_F_ALL) return PyUnicode_FromString("F");
-    return PyUnicode_FromString(nbg_param_label(&x->cli.e, p, lab, sizeof lab));
+    return PyUnicode_FromString(nbg_param_label(x->e, p, lab, sizeof lab));
 }
 
 /* {name: dL/dtheta} for the parameters listed, in their order; with want_F the structure factors under "F": an
@@ -1170,7 +1095,7 @@ static PyObject *grad_dict(const ExperimentObject *x, const nbg_param *ids, int 
 {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
-    const nbg_hkl *h = x->cli.e.hkl;
+    const nbg_hkl *h = x->e->hkl;
     PyArrayObject *dF = NULL;
     for (int j = 0; j < n; ++j) {
         PyObject *key = NULL, *val = NULL;
@@ -1224,7 +1149,7 @@ static PyObject *py_grad(PyObject *self, PyObject *args)
     }
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_simulate_grad(x->ctx, &x->cli.e, PyArray_DATA(dLdI), ids, n, g, PyArray_DATA(img), npix, NULL);
+    st = nbg_simulate_grad(x->ctx, x->e, PyArray_DATA(dLdI), ids, n, g, PyArray_DATA(img), npix, NULL);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -1272,7 +1197,7 @@ static PyObject *py_loss_grad(PyObject *self, PyObject *args)
     double L = 0;
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_loss_grad(x->ctx, &x->cli.e, (nbg_loss)loss, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, ids,
+    st = nbg_loss_grad(x->ctx, x->e, (nbg_loss)loss, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, ids,
                        n, &L, g, PyArray_DATA(img), npix);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
@@ -1315,7 +1240,7 @@ static PyObject *py_jvp(PyObject *self, PyObject *args)
     if (tan != NULL && img != NULL) {
         int st;
         Py_BEGIN_ALLOW_THREADS
-        st = nbg_simulate_jvp(x->ctx, &x->cli.e, ids, n, PyArray_DATA(tan), PyArray_DATA(img),
+        st = nbg_simulate_jvp(x->ctx, x->e, ids, n, PyArray_DATA(tan), PyArray_DATA(img),
                               (size_t)x->fpixels * x->spixels);
         Py_END_ALLOW_THREADS
         if (st != NBG_OK) {
@@ -1396,7 +1321,7 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
         goto unlock;
     }
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_refine(x->ctx, &x->cli.e, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, npix, ids, n, &opt,
+    st = nbg_refine(x->ctx, x->e, PyArray_DATA(obs), w != NULL ? PyArray_DATA(w) : NULL, npix, ids, n, &opt,
                     &res);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
@@ -1477,7 +1402,7 @@ static PyObject *py_gradcheck(PyObject *self, PyObject *args)
     }
     int st;
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_gradcheck(x->ctx, &x->cli.e, ids, n, rtol, hscale, res);
+    st = nbg_gradcheck(x->ctx, x->e, ids, n, rtol, hscale, res);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -1597,7 +1522,7 @@ static PyObject *Experiment_smv_header(ExperimentObject *x, PyObject *unused)
     int st;
     exp_lock(x);
     Py_BEGIN_ALLOW_THREADS
-    st = nbg_describe(x->ctx, &x->cli.e, &r);
+    st = nbg_describe(x->ctx, x->e, &r);
     Py_END_ALLOW_THREADS
     if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
@@ -1807,7 +1732,7 @@ static PyObject *py_read_image(PyObject *self, PyObject *args)
     size_t npix = 0;
     nbg_geometry g;
     int have = 0;
-    nbgi_geometry_init(&g);
+    nbg_geometry_default(&g);
     const char *p = PyBytes_AS_STRING(path);
     FILE_CALL(nbg_read_image(ctx, p, frame, (size_t)expect, &img, &npix, &g, &have, &mask));
     Py_DECREF(path);
@@ -1917,20 +1842,23 @@ done:
     return out;
 }
 
-/* Every flag name the parser accepts (nbgi_cli_flags_list), for the keyword check. */
-static PyObject *py_flag_names(PyObject *self, PyObject *unused)
+/* The builder's flag table (nbg_flag_info), for the keyword check: a list of (names, arg, help), names a list of
+ * the flag's names (the main one first, then its aliases), arg the names of its values (None: a switch). */
+static PyObject *py_flag_table(PyObject *self, PyObject *unused)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (f == NULL) return PyErr_NoMemory();
-    nbgi_cli_flags_list(f);
-    fclose(f);
-    PyObject *s = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)len, "replace");
-    free(buf);
-    if (s == NULL) return NULL;
-    PyObject *l = PyUnicode_Splitlines(s, 0);
-    Py_DECREF(s);
+    PyObject *l = PyList_New(0);
+    const char *names, *arg, *help;
+    for (int i = 0; l != NULL && nbg_flag_info(i, &names, &arg, &help) == NBG_OK; ++i) {
+        PyObject *ns = PyUnicode_FromString(names), *nl = ns != NULL ? PyUnicode_Split(ns, NULL, -1) : NULL;
+        PyObject *t = nl != NULL ? Py_BuildValue("(Nzs)", nl, arg, help) : NULL;
+        Py_XDECREF(ns);
+        if (t == NULL || PyList_Append(l, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(l);
+            break;
+        }
+        Py_DECREF(t);
+    }
     return l;
 }
 
@@ -2003,7 +1931,7 @@ static PyMethodDef module_methods[] = {
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},
     {"write_cbf", py_write_cbf, METH_VARARGS, "write_cbf(path, geometry, data, frame=0)"},
-    {"flag_names", py_flag_names, METH_NOARGS, "every flag name the parser accepts"},
+    {"flag_table", py_flag_table, METH_NOARGS, "the flag table: (names, arg, help) per flag"},
     {"param_names", py_param_names, METH_NOARGS, "the differentiable parameters' names"},
     {"param_info", py_param_info, METH_NOARGS, "the table of scalar parameters (nbg_param_info): a list of dicts"},
     {"param_groups", py_param_groups, METH_NOARGS, "the parameter groups a list may name (nbg_param_groups)"},

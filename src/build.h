@@ -1,0 +1,118 @@
+/*
+ * build.h -- the library's experiment builder (src/build.c): nanoBragg's flags parsed into an nbg_experiment
+ * (nbgi_build_parse) and the files they name read into it (nbgi_build_load: the .expt import, -setting, layouts,
+ * panel groups, motions, -mat, HKL or Fdump, sources, -mask and -img headers).  Library code: it never prints; an
+ * error is the status returned with its message in the context (nbg_errmsg), and what the program used to print
+ * besides (notes, the files read, a drawn seed) is kept, in order, in the builder's message list.
+ *
+ * The public face is nbg_builder (include/nbgrad.h, its struct wraps an nbgi_cli); the program (src/cli.c and
+ * its subcommands) uses nbgi_cli directly, adds its own flags through extra_handler, and prints the messages and
+ * the errors (nbgi_cli_parse, nbgi_cli_load in cli.c).
+ */
+#ifndef NBG_BUILD_H
+#define NBG_BUILD_H
+
+#include "nbgrad.h"
+#include "io.h"
+
+#include <stddef.h>
+
+/* One message of the builder: level NBG_MSG_* (nbgrad.h), text without a newline. */
+typedef struct {
+    int level;
+    char *text;
+} nbgi_msg;
+
+typedef struct nbgi_cli nbgi_cli;
+
+struct nbgi_cli {
+    nbg_experiment e;
+    nbg_hkl hkl;
+    nbg_source *sources;
+    int nsources;
+    uint8_t *mask;
+    int mask_f, mask_s;
+    const char *hklfile, *matfile, *sourcefile, *dumpfile, *maskfile, *imgfile;
+    const char *floatfile, *intfile, *pgmfile, *noisefile;
+    const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
+    const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */
+    const char *settingin;  /* -setting: an experiment list whose crystal's basis -expt's crystal is re-expressed in */
+    const char *layout;     /* -layout: a built-in multi-panel detector */
+    nbg_panel *panels;      /* the panels of -layout (or of a multi-panel -expt) */
+    int panel_groups;       /* -panel_groups: NBGI_GROUPS_* */
+    const char *motionsfile; /* -motions: the panel groups' rigid motions */
+    nbg_panel_motion *motions; /* one per panel group (zero unless -motions), or NULL without panels */
+    int nmotions;           /* the panel groups */
+    int nframes;            /* -frames: images of the rotation series (1) */
+    int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
+    int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
+    int batch;              /* a shot of nbgrad batch: no per-image advice (the dials.import line) */
+    double polar_flag;      /* -polar's value, NAN when not given (it then wins over -expt's polarization) */
+    /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
+    void *series;
+    double series_scale;
+    nbg_geometry geom;
+    nbg_panel *geom_panels; /* the panels in geom's frame (DIALS's) for -nxsfile and -exptfile, or NULL */
+    double scale, adc, pgmscale;
+    long seed;
+    int have_seed, have_misset_seed;
+    int nopgm, nonoise, nodump, help;
+    int quiet;              /* -quiet: no progress on stderr (errors, warnings and results still printed) */
+    int last_pivot;
+    nbg_backend backend;
+    nbg_precision precision;
+    int threads;
+    nbg_limits limits;      /* -max_memory, -max_samples */
+    nbgi_outset outs;        /* the run's outputs, written to temporaries and renamed together by nbgi_cli_commit
+                                (the loader puts the F cache of -hkl there) */
+    /* a subcommand's own flags (the program's): returns the number of argv entries consumed (flag included), 0 when
+     * the flag is not its own, -1 after printing an error (nbgi_build_parse then sets handler_failed) */
+    int (*extra_handler)(nbgi_cli *c, int argc, char **argv, int i);
+    void *extra;
+    int handler_failed;     /* the last parse failed in extra_handler, which printed the error itself */
+    nbgi_msg *msgs;         /* what the parser and the loader have to say besides errors, in order */
+    int nmsgs, msgcap;
+};
+
+/* How -panel_groups groups the panels for their motions. */
+enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2 };
+
+/* What -data puts in NXmx and CBF files. */
+enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };
+
+
+/* Sets c to the flags' defaults (nbg_experiment_default, Fdump.bin as the F cache, the CPU in double). */
+void nbgi_cli_init(nbgi_cli *c);
+/* Releases what the builder allocated (the F table, sources, mask, panels, motions, messages) and drops the outputs
+ * not committed; c can be initialised again.  The program's nbgi_cli_free also releases its outputs' state. */
+void nbgi_build_release(nbgi_cli *c);
+/* Parses argv[first..] into c: NBG_OK, or the status with the message naming the flag in ctx (NBG_EINVAL for a bad
+ * flag or value; a -mask or -img file read here gives its reader's status).  -h sets c->help and stops. */
+int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first);
+/* Reads the files the parsed flags name into the experiment: NBG_OK, or the failing step's status with the message
+ * (naming the flag and file) in ctx.  The F cache of -hkl (unless -nodump) goes into c->outs, for the caller to
+ * commit. */
+int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c);
+/* Appends a message at level NBG_MSG_* to c's list (dropped when memory is short). */
+void nbgi_build_say(nbgi_cli *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Empties c's message list. */
+void nbgi_build_clear_messages(nbgi_cli *c);
+
+/* Reads s as a finite number for flag into *out: 1, or 0 with the message ("-distance expects a number, got 'x'")
+ * in msg (size bytes). */
+int nbgi_number_msg(const char *flag, const char *s, double *out, char *msg, size_t size);
+
+/* The i-th entry of the flag table (0-based; 0 past the last): its names (the main one first, then its aliases,
+ * space-separated), the names of its values (NULL: a switch), its help, and its help group (0 to *ngroups - 1,
+ * titled *title). */
+int nbgi_flag_entry(int i, const char **names, const char **arg, const char **help, int *group);
+/* The title of help group g, or NULL past the last. */
+const char *nbgi_flag_group_title(int g);
+/* The i-th space-separated word of s and its length, or NULL. */
+const char *nbgi_word(const char *s, int i, int *len);
+/* 1 when a is a flag of the table that names an output file (-floatfile, -noisefile, ...; one value). */
+int nbgi_cli_names_output(const char *a);
+/* Whether name is one of the common (nanoBragg and nbgrad) flags of the table. */
+int nbgi_cli_is_flag(const char *name);
+
+#endif
