@@ -194,8 +194,13 @@ $(B)/bench/%: $(B)/bench/%.o $(B)/libnbgrad.a
 $(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-test: all checksymbols $(B)/tests/test-python
+test: all checksymbols $(B)/tests/test-python $(B)/tests/test-layers
 	@sh tests/run-all.sh $(B)
+
+# The library's layering on its object files (tests/layers.sh), run by run-all.sh like a test program.
+$(B)/tests/test-layers: tests/layers.sh $(B)/libnbgrad.a
+	@mkdir -p $(dir $@)
+	@printf '#!/bin/sh\nexec sh tests/layers.sh $(B)\n' > $@ && chmod +x $@
 
 # The Python package's tests (python/tests, pytest; python/tests/run.sh builds the package into $(B)/py first).
 # run-all.sh runs them through $(B)/tests/test-python like a test program and adds their summary line to the total.
