@@ -198,6 +198,7 @@ class Experiment(_nbgrad.Experiment):
     def __copy__(self):
         new = _nbgrad.Experiment.copy(self)
         object.__setattr__(new, "_flags", list(getattr(self, "_flags", [])))
+        object.__setattr__(new, "_geometries", list(getattr(self, "_geometries", [])))
         return new
 
     copy = __copy__
@@ -221,8 +222,40 @@ class Experiment(_nbgrad.Experiment):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}))
 
+    def apply_geometry(self, geometry):
+        _nbgrad.Experiment.apply_geometry(self, geometry)
+        # kept for pickling: the experiment is rebuilt from its flags and the geometries applied since
+        object.__setattr__(self, "_geometries", getattr(self, "_geometries", []) + [dict(geometry)])
+
     def __reduce__(self):
-        raise TypeError("an Experiment is not picklable (it owns C memory); rebuild it from its flags")
+        """Pickles as what rebuilds it: its flags (without -hkl: the table travels as an array), the geometries
+        applied, the structure-factor table and every parameter's current value (set since by attribute,
+        set_param or refine).  Files the flags name (-mat, -sourcefile, -mask, -expt ...) are read again when it
+        is unpickled."""
+        flags, skip = [], False
+        for a in self.flags:
+            if skip:
+                skip = not a.startswith("-")
+                if skip:
+                    continue
+            if a in ("-hkl", "-Fdump", "-dump", "-nodump") and self.F is not None:
+                skip = a in ("-hkl", "-Fdump")
+                continue
+            flags.append(a)
+        table = (self.F, tuple(self.hkl_origin)) if self.F is not None else None
+        params = {}
+        for p in PARAMS:
+            try:
+                params[p] = self.get_param(p)
+            except Error:
+                pass
+        for g in range(4096):
+            try:
+                vals = {f"g{g}.{c}": self.get_param(f"g{g}.{c}") for c in _MOTION_COMPONENTS}
+            except (Error, ValueError):
+                break
+            params.update(vals)
+        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params))
 
     @property
     def flags(self) -> List[str]:
@@ -231,6 +264,27 @@ class Experiment(_nbgrad.Experiment):
 
     def __repr__(self):
         return f"nbgrad.Experiment.from_flags({shlex.join(self.flags)!r})"
+
+
+_MOTION_COMPONENTS = ("shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z")
+
+
+def _rebuild(cls, flags, geometries, table, params):
+    """Experiment.__reduce__'s inverse."""
+    obj = cls.__new__(cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # they were said when the original was made
+        obj._init_flags(flags, validate=False)
+    for g in geometries:
+        obj.apply_geometry(g)
+    if table is not None:
+        obj.set_hkl(table[0], table[1])
+    for name, value in params.items():
+        now = obj.get_param(name)
+        if not (now == value or (np.isnan(now) and np.isnan(value))):
+            obj.set_param(name, value)
+    obj.validate()
+    return obj
 
 
 class Gradient(dict):

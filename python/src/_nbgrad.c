@@ -1333,6 +1333,52 @@ done:
     return out;
 }
 
+/* _tangents(exp, params, double) -> (tangents (n, slow, fast) float64, image): nbg_simulate_tangents, one render for
+ * the image and the tangents of the scalar and motion parameters named (a list, possibly empty); the image float64
+ * (the model image before its rounding) when double is true, else float32 (nbg_simulate_jvp's).  For the PyTorch
+ * adapter (nbgrad.torch). */
+static PyObject *py_tangents(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    int dbl;
+    if (!PyArg_ParseTuple(args, "OOp:_tangents", &o, &plist, &dbl)) return NULL;
+    if (!exp_check(o, "_tangents")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    PyArrayObject *tan = NULL, *img = NULL;
+    PyObject *out = NULL;
+    nbg_param *ids = NULL;
+    int n, want_F, attached;
+    exp_lock(x);
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
+    if (want_F) {
+        PyErr_SetString(PyExc_ValueError, "_tangents: 'F' has no tangent images (use grad for the table)");
+        goto done;
+    }
+    npy_intp dims[3] = {n, x->spixels, x->fpixels};
+    tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
+    img = (PyArrayObject *)PyArray_SimpleNew(2, dims + 1, dbl ? NPY_FLOAT64 : NPY_FLOAT32);
+    if (tan != NULL && img != NULL) {
+        int st;
+        Py_BEGIN_ALLOW_THREADS
+        st = nbg_simulate_tangents(x->ctx, &x->cli.e, ids, n, n > 0 ? PyArray_DATA(tan) : NULL,
+                                   dbl ? NULL : PyArray_DATA(img), dbl ? PyArray_DATA(img) : NULL,
+                                   (size_t)x->fpixels * x->spixels);
+        Py_END_ALLOW_THREADS
+        if (st != NBG_OK) {
+            raise_ctx(x->ctx, st);
+        } else {
+            out = Py_BuildValue("(OO)", tan, img);
+        }
+    }
+done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
+    Py_XDECREF(tan);
+    Py_XDECREF(img);
+    return out;
+}
+
 /* The progress callback of nbg_refine runs without the GIL; it takes it for the Python callable.  An exception
  * raised by the callable is kept and re-raised after the refinement (the library cannot be stopped early). */
 typedef struct {
@@ -1973,6 +2019,7 @@ static PyMethodDef module_methods[] = {
     {"grad", py_grad, METH_VARARGS, "grad(exp, dLdI, params) -> (dict, image)"},
     {"loss_grad", py_loss_grad, METH_VARARGS, "loss_grad(exp, observed, weights, loss, params) -> (L, dict, image)"},
     {"jvp", py_jvp, METH_VARARGS, "jvp(exp, params) -> (tangents, image)"},
+    {"_tangents", py_tangents, METH_VARARGS, "_tangents(exp, params, double) -> (tangents, image) (nbgrad.torch)"},
     {"refine", py_refine, METH_VARARGS, "refine(...) -> dict"},
     {"gradcheck", py_gradcheck, METH_VARARGS, "gradcheck(exp, params, rtol, h_scale) -> list of dicts"},
     {"read_hkl", py_read_hkl, METH_VARARGS, "read_hkl(path, default_F=0, fdump=False) -> (F, origin, nrefl)"},
