@@ -19,9 +19,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import _nbgrad
-from ._nbgrad import (DeviceError, Error, FileError, FormatError, InvalidError, LimitError,  # noqa: F401
-                      UnsupportedError)
+from ._cpu import load as _load
+
+#: the extension this CPU runs: the library built for x86-64-v3 (AVX2, FMA) or the baseline x86-64 one ("v3",
+#: "baseline"; nbgrad/_cpu.py, NBGRAD_KERNELS to force one)
+_nbgrad, KERNELS = _load(__name__)
+DeviceError, Error, FileError, FormatError = _nbgrad.DeviceError, _nbgrad.Error, _nbgrad.FileError, _nbgrad.FormatError
+InvalidError, LimitError, UnsupportedError = _nbgrad.InvalidError, _nbgrad.LimitError, _nbgrad.UnsupportedError
 
 __version__ = _nbgrad.LIBRARY_VERSION
 

@@ -2042,7 +2042,16 @@ static PyMethodDef module_methods[] = {
     {"param_groups", py_param_groups, METH_NOARGS, "the parameter groups a list may name (nbg_param_groups)"},
     {NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad._nbgrad", "libnbgrad's calls.", -1,
+/* The module's name: _nbgrad, or another for a second build of the same source against a library compiled for
+ * other CPUs (python/setup.py builds _nbgrad_v3 with -DNBG_PY_MODULE=_nbgrad_v3; nbgrad/_cpu.py picks one). */
+#ifndef NBG_PY_MODULE
+#define NBG_PY_MODULE _nbgrad
+#endif
+#define NBG_STR2(x) #x
+#define NBG_STR(x) NBG_STR2(x)
+#define NBG_CAT2(a, b) a##b
+#define NBG_CAT(a, b) NBG_CAT2(a, b)
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad." NBG_STR(NBG_PY_MODULE), "libnbgrad's calls.", -1,
                                     module_methods};
 
 static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const char *doc)
@@ -2057,7 +2066,7 @@ static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const
     return e;
 }
 
-PyMODINIT_FUNC PyInit__nbgrad(void)
+PyMODINIT_FUNC NBG_CAT(PyInit_, NBG_PY_MODULE)(void)
 {
     import_array();
     if (PyType_Ready(&ExperimentType) < 0) return NULL;

@@ -1,7 +1,13 @@
 """Shared pieces of the Python tests: a small experiment (96 x 96 pixels of 0.5 mm, so that a few hundred
 reflections land on it and every test runs in well under a second), an HKL file, the command-line program."""
 import os
+import sys
 from pathlib import Path
+
+# pytest run from python/ (python -m pytest puts the working directory first on sys.path): the source tree's
+# nbgrad/ has no compiled extension and must not shadow the built or installed package
+_SRC = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _SRC]
 
 import numpy as np
 import pytest
