@@ -10,7 +10,8 @@
    build/bench/bench-forward (the C benchmark program) is run on the same case when it is built, for reference.
 2. nbgrad.torch.simulate forward + backward against nbgrad.grad (the library's adjoint for the same parameters) on
    tric512 for 1, 3 and 6 parameters, float32 and float64 images, and peak memory (RSS).
-3. nanoBragg's PyTorch port against nbgrad from Python on the same 1024^2 command line, each a fresh process
+3. The wheel's two builds of the library (baseline x86-64, x86-64-v3) against -march=native (bench-forward).
+4. nanoBragg's PyTorch port against nbgrad from Python on the same 1024^2 command line, each a fresh process
    (wall time and peak RSS, start-up included, as a user sees them), where the port is importable.  It is not on
    PyPI: install it from a checkout of its repository (`pip install --no-deps -e .`, plus fabio and scipy).
 """
@@ -54,7 +55,7 @@ def overhead(runs, threads):
         lib, py, out = [], [], []
         nbgrad.simulate(exp)  # warm-up
         for _ in range(runs):
-            lib += nbgrad._nbgrad._time_simulate(exp, 1)
+            lib += nbgrad._ext._time_simulate(exp, 1)
             t0 = time.perf_counter()
             nbgrad.simulate(exp)
             py.append(time.perf_counter() - t0)
@@ -72,6 +73,41 @@ def overhead(runs, threads):
             env["OMP_NUM_THREADS"] = str(threads)
         r = subprocess.run([str(prog), "cubic1k"], stdout=subprocess.PIPE, text=True, env=env)
         print("  " + "\n  ".join(r.stdout.strip().splitlines()))
+
+
+def kernels(runs):
+    """The wheel's two builds of the library (python/setup.py: baseline x86-64 and x86-64-v3) against the
+    -march=native library (the program's, build/bench/bench-forward) on tric1k in double: each module's library call
+    timed inside the extension (_time_simulate), best of runs, interleaved; the native time from bench-forward run
+    in the same process's turn.  Ratios over native (1.00 = as fast)."""
+    import importlib
+    import re as _re
+
+    prog = ROOT / "build" / "bench" / "bench-forward"
+    flags = CASES["tric1k"].split()
+    mods = {}
+    for name in ("_nbgrad_v3", "_nbgrad"):
+        try:
+            mods[name] = importlib.import_module("nbgrad." + name)
+        except ImportError:
+            pass
+    if not prog.exists() or not mods:
+        print("wheel kernels vs -march=native: bench-forward or the extension is missing, skipped")
+        return
+    best = {n: float("inf") for n in mods}
+    native = float("inf")
+    for _ in range(max(3, runs)):
+        for n, m in mods.items():
+            e = m.Experiment(flags)
+            best[n] = min([best[n]] + m._time_simulate(e, 3))
+        r = subprocess.run([str(prog), "tric1k"], stdout=subprocess.PIPE, text=True)
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if len(f) > 7 and f[0] == "tric1k" and f[1] == "double" and _re.match(r"^[0-9.]+$", f[6]):
+                native = min(native, float(f[6]))
+    label = {"_nbgrad_v3": "x86-64-v3 (AVX2, FMA)", "_nbgrad": "baseline x86-64 (SSE2)"}
+    print(f"wheel kernels vs -march=native, tric1k double (native {native:.4f} s; the CPU runs "
+          f"{nbgrad.KERNELS}): " + ", ".join(f"{label[n]} {best[n]:.4f} s = {best[n] / native:.2f}x" for n in mods))
 
 
 def torch_cost(runs):
@@ -167,6 +203,7 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
     overhead(a.runs, a.threads)
+    kernels(a.runs)
     if not a.no_torch:
         torch_cost(max(5, a.runs))
     return 0

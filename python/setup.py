@@ -10,6 +10,10 @@ nbgrad/_cpu.py imports the second where the CPU has x86-64-v3's features, the fi
 baseline or v3 forces one), so the wheel runs on any x86-64 and at near -march=native speed on the CPUs of the
 last decade (make bench prints both against -march=native).  NBGRAD_V3=0 builds the baseline alone (on other
 architectures it is always alone, with OPT = -O3).  The link flags are the Makefile's own (make print-ldlibs).
+
+An sdist (python -m build --sdist python, or setup.py sdist) carries a copy of the library's sources as _lib/ and
+builds from it when there is no repository around it: it needs make, a C compiler with OpenMP, and the
+libraries the Makefile finds (GSL, LAPACKE; HDF5, CBFlib, jansson optional).
 """
 import os
 import platform
@@ -20,9 +24,14 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+# the library's sources: the repository around python/, or in an sdist the copy it carries (_lib, see Sdist)
+ROOT = HERE.parent if (HERE.parent / "Makefile").exists() and (HERE.parent / "include" / "nbgrad.h").exists() \
+    else HERE / "_lib"
+# what of the repository an sdist carries to build the library from its own copy
+LIB_PARTS = ("Makefile", "include", "src", "grad", "cuda")
 B = os.environ.get("NBGRAD_BUILD", "build/py")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 OPT = os.environ.get("NBGRAD_OPT", "-O3")
@@ -77,6 +86,22 @@ class BuildWithLibrary(build_ext):
         super().build_extensions()
 
 
+class Sdist(sdist):
+    """An sdist that builds from its own sources: the library's (the Makefile, include/, src/, grad/, cuda/) are
+    copied into it as _lib/, where setup.py finds them when there is no repository around it."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        dest = Path(base_dir) / "_lib"
+        for part in LIB_PARTS:
+            src = ROOT / part
+            if src.is_dir():
+                shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("*.o", "*.d", "*.a", "*.so*"))
+            else:
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / part)
+
+
 def extension(name, march=()):
     return Extension(
         f"nbgrad.{name}",
@@ -89,5 +114,5 @@ def extension(name, march=()):
 
 setup(
     ext_modules=[extension("_nbgrad")] + ([extension("_nbgrad_v3", ["-march=x86-64-v3"])] if V3 else []),
-    cmdclass={"build_ext": BuildWithLibrary},
+    cmdclass={"build_ext": BuildWithLibrary, "sdist": Sdist},
 )

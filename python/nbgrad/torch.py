@@ -141,7 +141,7 @@ class Simulate(torch.autograd.Function):
         images = np.empty((len(exps), S, F), np.float64 if double else np.float32)
         tangents = np.empty((len(exps), len(tnames), S, F), np.float64)
         for i, e in enumerate(exps):
-            tangents[i], images[i] = nbgrad._nbgrad._tangents(e, list(tnames), bool(double))
+            tangents[i], images[i] = nbgrad._ext._tangents(e, list(tnames), bool(double))
         device = values[0].device if values else torch.device("cpu")
         image = torch.from_numpy(images).reshape(tuple(batch) + (S, F)).to(device)
         tan = torch.from_numpy(tangents).reshape(tuple(batch) + (len(tnames), S, F)).to(device)
