@@ -8,9 +8,10 @@
    reused buffer, no Python); nbgrad.simulate is timed from Python with a fresh array each call and with out=
    (a reused one).  Best and median of --runs after a warm-up; the target is an overhead within 5 %.
    build/bench/bench-forward (the C benchmark program) is run on the same case when it is built, for reference.
-2. nbgrad.torch.simulate forward + backward against nbgrad.grad (the same adjoint call) on tric512, time and peak
-   memory (RSS).
-3. nanoBragg's PyTorch port against nbgrad from Python on the same 1024^2 command line, each a fresh process
+2. nbgrad.torch.simulate forward + backward against nbgrad.grad (the library's adjoint for the same parameters) on
+   tric512 for 1, 3 and 6 parameters, float32 and float64 images, and peak memory (RSS).
+3. The wheel's two builds of the library (baseline x86-64, x86-64-v3) against -march=native (bench-forward).
+4. nanoBragg's PyTorch port against nbgrad from Python on the same 1024^2 command line, each a fresh process
    (wall time and peak RSS, start-up included, as a user sees them), where the port is importable.  It is not on
    PyPI: install it from a checkout of its repository (`pip install --no-deps -e .`, plus fabio and scipy).
 """
@@ -54,7 +55,7 @@ def overhead(runs, threads):
         lib, py, out = [], [], []
         nbgrad.simulate(exp)  # warm-up
         for _ in range(runs):
-            lib += nbgrad._nbgrad._time_simulate(exp, 1)
+            lib += nbgrad._ext._time_simulate(exp, 1)
             t0 = time.perf_counter()
             nbgrad.simulate(exp)
             py.append(time.perf_counter() - t0)
@@ -74,7 +75,46 @@ def overhead(runs, threads):
         print("  " + "\n  ".join(r.stdout.strip().splitlines()))
 
 
+def kernels(runs):
+    """The wheel's two builds of the library (python/setup.py: baseline x86-64 and x86-64-v3) against the
+    -march=native library (the program's, build/bench/bench-forward) on tric1k in double: each module's library call
+    timed inside the extension (_time_simulate), best of runs, interleaved; the native time from bench-forward run
+    in the same process's turn.  Ratios over native (1.00 = as fast)."""
+    import importlib
+    import re as _re
+
+    prog = ROOT / "build" / "bench" / "bench-forward"
+    flags = CASES["tric1k"].split()
+    mods = {}
+    for name in ("_nbgrad_v3", "_nbgrad"):
+        try:
+            mods[name] = importlib.import_module("nbgrad." + name)
+        except ImportError:
+            pass
+    if not prog.exists() or not mods:
+        print("wheel kernels vs -march=native: bench-forward or the extension is missing, skipped")
+        return
+    best = {n: float("inf") for n in mods}
+    native = float("inf")
+    for _ in range(max(3, runs)):
+        for n, m in mods.items():
+            e = m.Experiment(flags)
+            best[n] = min([best[n]] + m._time_simulate(e, 3))
+        r = subprocess.run([str(prog), "tric1k"], stdout=subprocess.PIPE, text=True)
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if len(f) > 7 and f[0] == "tric1k" and f[1] == "double" and _re.match(r"^[0-9.]+$", f[6]):
+                native = min(native, float(f[6]))
+    label = {"_nbgrad_v3": "x86-64-v3 (AVX2, FMA)", "_nbgrad": "baseline x86-64 (SSE2)"}
+    print(f"wheel kernels vs -march=native, tric1k double (native {native:.4f} s; the CPU runs "
+          f"{nbgrad.KERNELS}): " + ", ".join(f"{label[n]} {best[n]:.4f} s = {best[n] / native:.2f}x" for n in mods))
+
+
 def torch_cost(runs):
+    """nbgrad.torch.simulate forward + backward against nbgrad.grad (the library's adjoint for the same parameters)
+    on tric512: 1 and 3 scalar parameters (the forward's tangent images, no second render), 6 (the adjoint in
+    backward, a second render), F (the adjoint); in float32 and float64.  The two are interleaved, best of runs.
+    "render+adjoint" is what the adapter did before (nbgrad.simulate, then nbgrad.grad) for comparison."""
     try:
         import torch
 
@@ -85,22 +125,34 @@ def torch_cost(runs):
     exp = nbgrad.Experiment.from_flags(CASES["tric1k"].replace("1024", "512"))
     w = np.random.default_rng(0).uniform(0.5, 1.5, exp.shape).astype(np.float32)
     W = torch.from_numpy(w)
-    params = ["a", "b", "c", "rotx", "roty", "rotz"]
-
-    def direct():
-        nbgrad.grad(exp, w, params)
-
-    def through_torch():
-        ts = {p: torch.tensor(exp.get_param(p), dtype=torch.float64, requires_grad=True) for p in params}
-        (nbt.simulate(exp, ts) * W).sum().backward()
-
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    d_best, d_med = timed(direct, runs)
-    t_best, t_med = timed(through_torch, runs)
+    print(f"torch adapter on tric512 (forward + backward) / nbgrad.grad, best of {runs} interleaved; "
+          f"TANGENT_MAX = {nbt.TANGENT_MAX}")
+    print(f"{'params':>28} {'grad s':>8} {'float32':>8} {'float64':>8} {'render+adjoint':>15}")
+    for params in (["a"], ["a", "b", "c"], ["a", "b", "c", "rotx", "roty", "rotz"]):
+        times = {"grad": [], torch.float32: [], torch.float64: [], "old": []}
+
+        def through_torch(dt):
+            ts = {p: torch.tensor(exp.get_param(p), dtype=dt, requires_grad=True) for p in params}
+            (nbt.simulate(exp, ts) * W).sum().backward()
+
+        def old():
+            nbgrad.simulate(exp)
+            nbgrad.grad(exp, w, params)
+
+        jobs = {"grad": lambda: nbgrad.grad(exp, w, params), torch.float32: lambda: through_torch(torch.float32),
+                torch.float64: lambda: through_torch(torch.float64), "old": old}
+        for fn in jobs.values():
+            fn()  # warm-up
+        for _ in range(runs):
+            for key, fn in jobs.items():
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
+        b = {k: min(v) for k, v in times.items()}
+        print(f"{','.join(params):>28} {b['grad']:8.4f} {b[torch.float32] / b['grad']:7.2f}x "
+              f"{b[torch.float64] / b['grad']:7.2f}x {b['old'] / b['grad']:14.2f}x")
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"torch adapter on tric512, {len(params)} parameters: nbgrad.grad {d_best:.4f} s (median {d_med:.4f}); "
-          f"torch forward+backward {t_best:.4f} s (median {t_med:.4f}), {t_best / d_best:.2f}x: the forward "
-          f"render plus the adjoint's own render")
     print(f"peak RSS {rss1 / 1024:.0f} MiB (grew {(rss1 - rss0) / 1024:.0f} MiB during the torch runs)")
     port_compare()
 
@@ -151,8 +203,9 @@ def main():
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
     overhead(a.runs, a.threads)
+    kernels(a.runs)
     if not a.no_torch:
-        torch_cost(max(3, a.runs // 2))
+        torch_cost(max(5, a.runs))
     return 0
 
 

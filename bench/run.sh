@@ -21,6 +21,9 @@
 #    ncu when it is on the PATH) on the heavy case at 512 and 2048, gradients over the forward call, and the cold
 #    start of the program.
 #
+# 7. The Python package (bench/bench_python.py): call overhead, the wheel's portable builds against -march=native,
+#    the PyTorch adapter's forward + backward against nbgrad.grad.
+#
 # Threads: $NBG_THREADS, or all cores.  Environment: NB_REF_BIN, NBG_THREADS, NBG_BENCH_REPS (3), NBG_BENCH_LONG (5).
 # Takes about 3 minutes on 2 cores with a reference binary (the reference's heavy-sampling case alone is ~1 min).
 
@@ -186,5 +189,20 @@ else
         [ $# -eq 3 ] && echo "cold start, nbgrad -device cuda -precision float, $c: $1 s (process start to the float image written)"
     done
     rm -rf "$d"
+fi
+
+# --- 7. the Python package ------------------------------------------------------------------------------------
+# (bench/bench_python.py) nbgrad.simulate's overhead over the library call, the wheel's two builds of the library
+# (baseline x86-64, x86-64-v3) against -march=native, and the PyTorch adapter's forward + backward over nbgrad.grad
+# (where torch is importable); built into BUILD_DIR/py/lib as make test-python builds it.
+PY=${PYTHON:-python3}
+echo
+echo "--- the Python package (bench/bench_python.py) ---"
+if (cd python && NBGRAD_BUILD="$B/py" $PY setup.py -q build_py -d "$B/py/lib" build_ext -b "$B/py/lib" \
+        -t "$B/py/tmp") >"$TMP/pybuild.log" 2>&1; then
+    PYTHONPATH="$B/py/lib" $PY bench/bench_python.py --runs 5 --threads "$NBG_THREADS" || status=1
+else
+    echo "bench: the Python package did not build (python/setup.py), skipped:"
+    tail -n 5 "$TMP/pybuild.log"
 fi
 exit ${status:-0}

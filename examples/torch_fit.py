@@ -4,7 +4,8 @@
     PYTHONPATH=build/py/lib python3 examples/torch_fit.py
 
 Fits the cell lengths and the structure factors' overall scale with torch.optim.Adam: the image is
-nbgrad.torch.simulate (its backward is nbgrad's adjoint), the loss is ordinary torch code.
+nbgrad.torch.simulate (the forward renders the image and its tangent images in a, b, c in one pass, the backward
+contracts them with the incoming gradient), the loss is ordinary torch code.
 """
 import torch
 

@@ -403,11 +403,12 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
 #define NBG_ADJ_CHUNK_DOUBLES (1L << 23)
 int nbgi_adjoint_chunks(long nunits, size_t nflat);
 
-/* Forward-mode tangents: for nt tangent directions t[j] of the plan-level quantities (see nbgi_plan_tangent),
- * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values.  ptan (NULL: none): tangents of each
+/* Forward-mode tangents: for nt >= 0 tangent directions t[j] of the plan-level quantities (see nbgi_plan_tangent),
+ * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values (image_d, when not NULL, the same values
+ * in double, before their rounding to float).  ptan (NULL: none): tangents of each
  * panel's own detector quantities, added to those the plane's carry, at [(j * npanels + k) * NBG_ADJ_DET] (panel
  * motions). */
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
-                  int vectorised);
+                  double *image_d, int vectorised);
 
 #endif

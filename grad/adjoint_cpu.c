@@ -32,9 +32,10 @@ static __attribute__((noinline)) void row_adjoint(const nbgi_kparams *p, int s, 
 }
 
 static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int f0, int n, const nbgi_adjacc *t,
-                                              int nt, float *out, double *dS, size_t npix, size_t base)
+                                              int nt, float *out, double *outd, double *dS, size_t npix,
+                                              size_t base)
 {
-    nbgi_row_jvp_d(p, s, f0, n, t, nt, out, dS, npix, base);
+    nbgi_row_jvp_d(p, s, f0, n, t, nt, out, outd, dS, npix, base);
 }
 
 /* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
@@ -175,7 +176,7 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
 }
 
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
-                  int vectorised)
+                  double *image_d, int vectorised)
 {
     const size_t npix = (size_t)p->npix;
     /* with a pixel list the tangents are compact: list entry t of parameter j at out[j * nlist + t] */
@@ -183,6 +184,9 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
     const long nu = nbgi_nunits(p);
     if (p->list != NULL) {
         memset(image, 0, sizeof(float) * npix); /* the pixels outside the list */
+        if (image_d != NULL) {
+            memset(image_d, 0, sizeof(double) * npix);
+        }
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (long u = 0; u < nu; ++u) {
@@ -216,7 +220,8 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
             for (int f0 = fa; f0 < fb; f0 += 8) {
                 const size_t i = (size_t)first + f0;
                 const size_t o = pos >= 0 ? (size_t)(pos + (f0 - fa)) : i;
-                row_jvp(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, image + i, out, stride, o);
+                row_jvp(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, image + i, image_d != NULL ? image_d + i : NULL,
+                        out, stride, o);
             }
             continue;
         }
@@ -226,12 +231,19 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
             double dS[NBG_JVP_MAX];
             if (!nbgi_pixel_active(pr, f, s)) {
                 image[i] = 0.0f;
+                if (image_d != NULL) {
+                    image_d[i] = 0.0;
+                }
                 for (int j = 0; j < nt; ++j) {
                     out[(size_t)j * stride + o] = 0;
                 }
                 continue;
             }
-            image[i] = (float)nbgi_pixel_jvp_d(pr, f, s, tr, nt, dS);
+            const double S = nbgi_pixel_jvp_d(pr, f, s, tr, nt, dS);
+            image[i] = (float)S;
+            if (image_d != NULL) {
+                image_d[i] = S;
+            }
             for (int j = 0; j < nt; ++j) {
                 out[(size_t)j * stride + o] = dS[j];
             }

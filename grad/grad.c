@@ -816,15 +816,10 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
     return rc;
 }
 
-int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
-                     float *image, size_t npix)
+/* nbg_simulate_jvp and nbg_simulate_tangents: image (float, always given) and image_d (double, or NULL) */
+static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams,
+                        double *tangents, float *image, double *image_d, size_t npix)
 {
-    if (ctx == NULL || e == NULL || params == NULL || tangents == NULL || image == NULL) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
-    }
-    if (nparams < 1) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (at least 1)", nparams);
-    }
     for (int j = 0; j < nparams; ++j) {
         if (nbgi_param_kind(params[j], NULL, NULL, NULL) == NBGI_K_F) {
             char lab[48];
@@ -842,7 +837,7 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
     /* the simulation's parameters go through the tangent kernel, compacted to the front, NBG_JVP_MAX a pass; the
      * image-level ones are filled afterwards (dM/dG = I, dM/dbg = 1, x, y; the others' tangents times G) */
     const size_t nw = (size_t)nbgi_nwalk(&pl.k);
-    int *slot = malloc(sizeof(int) * (size_t)nparams);
+    int *slot = malloc(sizeof(int) * (size_t)(nparams > 0 ? nparams : 1));
     const size_t nptan = (size_t)NBG_JVP_MAX * (size_t)pl.k.npanels * NBG_ADJ_DET;
     double *ptan = motions ? malloc(sizeof(double) * nptan) : NULL;
     if (slot == NULL || (motions && ptan == NULL)) {
@@ -883,7 +878,7 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
             }
         }
         if (rc == NBG_OK) {
-            nbgi_jvp_cpu(&pl.k, t, m, motion ? ptan : NULL, tangents + (size_t)q0 * nw, image,
+            nbgi_jvp_cpu(&pl.k, t, m, motion ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
                          ctx->scalar_adjoint == 0);
             rc = nbgi_image_check(ctx, &pl, image, NAN);
         }
@@ -891,7 +886,10 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
             free(t[j].abc);
         }
     }
-    if (rc == NBG_OK && nt == 0) {
+    if (rc == NBG_OK && nt == 0 && image_d != NULL) {
+        /* the image alone, in double: the forward kernel's double instantiation, unrounded */
+        rc = nbgi_forward_plan_d(ctx, &pl, image, image_d);
+    } else if (rc == NBG_OK && nt == 0) {
         rc = nbgi_forward_plan(ctx, &pl, image);
     }
     if (rc == NBG_OK) {
@@ -916,15 +914,56 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
                 const size_t i = nbgi_walk_at(&pl.k, (long)u);
                 double x, y;
                 nbgi_model_xy(&pl.k, i, &x, &y);
-                const double v[4] = {image[i], 1, x, y};
+                const double v[4] = {image_d != NULL ? image_d[i] : image[i], 1, x, y};
                 dst[u] = nbgi_model_active(&pl.k, i) ? v[nbgi_param_rows[params[j]].index] : 0;
             }
         }
         nbgi_model_apply(e, &pl.k, image);
+        if (image_d != NULL && !nbgi_model_is_identity(e)) {
+            const long nwalk = nbgi_nwalk(&pl.k);
+            for (long u = 0; u < nwalk; ++u) {
+                const size_t i = nbgi_walk_at(&pl.k, u);
+                if (nbgi_model_active(&pl.k, i)) {
+                    image_d[i] = e->scale * image_d[i] + nbgi_model_bg(e, &pl.k, i);
+                }
+            }
+        }
     }
     free(slot);
     free(ptan);
     nbgi_plan_free(&pl);
+    return rc;
+}
+
+int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
+                     float *image, size_t npix)
+{
+    if (ctx == NULL || e == NULL || params == NULL || tangents == NULL || image == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: NULL argument");
+    }
+    if (nparams < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_jvp: %d parameters (at least 1)", nparams);
+    }
+    return simulate_jvp(ctx, e, params, nparams, tangents, image, NULL, npix);
+}
+
+int nbg_simulate_tangents(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams,
+                          double *tangents, float *image, double *image_d, size_t npix)
+{
+    if (ctx == NULL || e == NULL || nparams < 0 || (nparams > 0 && (params == NULL || tangents == NULL)) ||
+        (image == NULL && image_d == NULL)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_simulate_tangents: NULL argument or %d parameters", nparams);
+    }
+    float *own = NULL;
+    if (image == NULL) {
+        own = malloc(sizeof(float) * (npix > 0 ? npix : 1));
+        if (own == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the image");
+        }
+        image = own;
+    }
+    const int rc = simulate_jvp(ctx, e, params, nparams, tangents, image, image_d, npix);
+    free(own);
     return rc;
 }
 

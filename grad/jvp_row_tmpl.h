@@ -16,7 +16,7 @@
 #define NBG_JLANES 8
 
 static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int f0, int n, const nbgi_adjacc *t, int nt,
-                                       float *out, double *dS, size_t npix, size_t base)
+                                       float *out, double *outd, double *dS, size_t npix, size_t base)
 {
     enum { W = NBG_JLANES };
     const int os = p->oversample;
@@ -168,6 +168,9 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
         S *= (double)polar[j];
         S *= (double)omega[j];
         out[j] = active[j] ? (float)S : 0.0f;
+        if (outd != NULL) {
+            outd[j] = active[j] ? S : 0.0; /* the value before its rounding (nbg_simulate_tangents) */
+        }
         const NBG_R cpo = capture[j] * polar[j] * omega[j];
         for (int k = 0; k < nt; ++k) {
             /* S = scale I capture polar omega */

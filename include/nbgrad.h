@@ -600,6 +600,15 @@ int nbg_simulate_grad(nbg_ctx *ctx, const nbg_experiment *e, const float *dLdI, 
  * (bg_fast, bg_slow) on the active pixels. */
 int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams, double *tangents,
                      float *image, size_t npix);
+/* nbg_simulate_jvp with the model image in double too, and nparams >= 0 (0: the image alone; params and tangents
+ * may then be NULL): image_d (npix doubles, or NULL) receives the model image M before its rounding to float, image
+ * (npix floats, or NULL) nbg_simulate_jvp's image, which is image_d's values rounded when the image model is the
+ * identity (scale 1, no background).  At least one of the two is given.  Both come from the tangent kernel, which
+ * computes in double on the CPU whatever the context's backend and precision (an NBG_FLOAT or CUDA context's
+ * nbg_simulate may differ from them in the last float bits); for a double image, or a differentiable op that
+ * wants the image and its tangents from one render (the PyTorch adapter's forward). */
+int nbg_simulate_tangents(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams,
+                          double *tangents, float *image, double *image_d, size_t npix);
 
 /* The losses compare the model image M_p (photons, see nbg_experiment's image model) with the observed counts
  * converted to photons, y_p = (obs_p - pedestal) / gain (e->response):

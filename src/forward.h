@@ -7,11 +7,12 @@
 #include "physics.h"
 
 /* Renders every pixel of the image (zero outside the ROI and where masked).  use_float selects the single
- * precision instantiation.  *omega_sum receives the sum of subpixel solid angles, *oor the count of tricubic
+ * precision instantiation; image_d (NULL: none) receives the double instantiation's values unrounded (use_float is
+ * then ignored).  *omega_sum receives the sum of subpixel solid angles, *oor the count of tricubic
  * windows that left the table, *image_sum the sum of the image in double (finite exactly when every pixel is); the
  * sums are added over fixed chunks of rows in chunk order, the same bits for any thread count. */
-void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
-                     double *image_sum);
+void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *image_d, double *omega_sum,
+                      long *oor, double *image_sum);
 
 /* sum_p w[p] * I[p] over the active pixels not flagged in skip, with every pixel value in double (the gradient
  * check's loss; images themselves are stored as float).  When sig is not NULL it receives each pixel's signature

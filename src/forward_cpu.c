@@ -22,6 +22,13 @@ static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0
     nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
 }
 
+/* The double image's (nbg_simulate_tangents): the unrounded values too. */
+static __attribute__((noinline)) void row_dd(const nbgi_kparams *p, int s, int f0, int n, float *out,
+                                             nbgi_pixstat_d *st, double *outd)
+{
+    nbgi_row_d(p, s, f0, n, out, st, outd, NULL);
+}
+
 /* The gradient check's: the unrounded values and the signatures too. */
 static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                                 nbgi_pixstat_d *st, double *outd, uint64_t *sig)
@@ -29,9 +36,10 @@ static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, in
     nbgi_row_d(p, s, f0, n, out, st, outd, sig);
 }
 
-void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *omega_sum, long *oor,
-                     double *image_sum)
+void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *image_d, double *omega_sum,
+                      long *oor, double *image_sum)
 {
+    use_float = use_float && image_d == NULL;
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
     const int W = use_float ? nbgi_row_lanes_f : nbgi_row_lanes_d;
@@ -39,6 +47,9 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;
     if (p->list != NULL) {
         memset(image, 0, sizeof(float) * (size_t)p->npix); /* the pixels outside the list */
+        if (image_d != NULL) {
+            memset(image_d, 0, sizeof(double) * (size_t)p->npix);
+        }
     }
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : nout)
     for (int c = 0; c < nch; ++c) {
@@ -58,6 +69,11 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                 if (use_float) {
                     nbgi_pixstat_f st = {0, 0};
                     row_f(pr, s, f0, n, out, &st);
+                    os += st.omega_sum;
+                    nout += st.oor;
+                } else if (image_d != NULL) {
+                    nbgi_pixstat_d st = {0, 0};
+                    row_dd(pr, s, f0, n, out, &st, image_d + first + f0);
                     os += st.omega_sum;
                     nout += st.oor;
                 } else {

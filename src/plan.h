@@ -40,6 +40,9 @@ void nbgi_plan_free(nbgi_plan *pl);
 /* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbgi_image_check) when
  * the image is not finite. */
 int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image);
+/* The same with image_d (NULL: none) receiving the values unrounded: the CPU's double kernel, whatever the
+ * context's backend and precision. */
+int nbgi_forward_plan_d(nbg_ctx *ctx, nbgi_plan *pl, float *image, double *image_d);
 
 /* NBG_OK when every pixel of the plan's image is finite; otherwise NBG_EINVAL with a message that counts the
  * non-finite pixels and names the likely cause (intensities beyond single precision: fluence, F, N; or a

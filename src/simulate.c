@@ -168,10 +168,15 @@ int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, doub
 /* Runs the forward kernel of the context's backend on a built plan. */
 int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image)
 {
+    return nbgi_forward_plan_d(ctx, pl, image, NULL);
+}
+
+int nbgi_forward_plan_d(nbg_ctx *ctx, nbgi_plan *pl, float *image, double *image_d)
+{
     double omega_sum = 0;
     long oor = 0;
 #ifdef NBG_HAVE_CUDA
-    if (ctx->backend == NBG_BACKEND_CUDA) {
+    if (ctx->backend == NBG_BACKEND_CUDA && image_d == NULL) {
         double t[3] = {0, 0, 0};
         const int rc = nbgi_cuda_forward(ctx, &pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, t);
         if (rc != NBG_OK) {
@@ -193,7 +198,7 @@ int nbgi_forward_plan(nbg_ctx *ctx, nbgi_plan *pl, float *image)
     }
 #endif
     double image_sum = 0;
-    nbgi_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, &omega_sum, &oor, &image_sum);
+    nbgi_forward_cpu(&pl->k, ctx->precision == NBG_FLOAT, image, image_d, &omega_sum, &oor, &image_sum);
 #ifdef _OPENMP
     if (ctx->nthreads > 0) {
         omp_set_num_threads(saved);

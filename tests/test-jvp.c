@@ -216,6 +216,58 @@ int main(void)
     float i1;
     nbgi_test_check(nbg_simulate_jvp(ctx, &e, &bad, 1, &t1, &i1, 1) == NBG_EINVAL, "jvp-6-bad-param",
                    "an unknown parameter is an error: %s", nbg_errmsg(ctx));
+    /* jvp-9: nbg_simulate_tangents: the image in double rounds to nbg_simulate's float image (identity model), its
+     * tangents are nbg_simulate_jvp's, no parameter is the double forward alone, the image model applies in
+     * double, and a call without an image is refused */
+    {
+        nbg_experiment t;
+        base(&t);
+        t.fpixels = 37; /* a row that ends in a partial lane group */
+        nbg_report r;
+        nbg_describe(ctx, &t, &r);
+        const size_t np = (size_t)r.fpixels * r.spixels;
+        nbg_param pp[3] = {NBG_P_A, NBG_P_ROTX, NBG_P_SCALE};
+        double *Ta = malloc(sizeof(double) * np * 3), *Tb = malloc(sizeof(double) * np * 3);
+        double *d = malloc(sizeof(double) * np), *d0 = malloc(sizeof(double) * np);
+        float *f = malloc(sizeof(float) * np), *ref = malloc(sizeof(float) * np), *fj = malloc(sizeof(float) * np);
+        nbg_simulate(ctx, &t, ref, np, NULL);
+        int rc = nbg_simulate_tangents(ctx, &t, pp, 3, Ta, f, d, np);
+        nbg_simulate_jvp(ctx, &t, pp, 3, Tb, fj, np);
+        int round = 1, same_f = 1, more = 0;
+        for (size_t i = 0; i < np; ++i) {
+            round &= (float)d[i] == ref[i];
+            same_f &= f[i] == fj[i];
+            more |= (double)ref[i] != d[i];
+        }
+        nbgi_test_check(rc == NBG_OK && round && same_f && more, "jvp-9-tangents-image",
+                        "the double image rounds to nbg_simulate's and holds more bits; the float image is "
+                        "nbg_simulate_jvp's (rc %d)", rc);
+        nbgi_test_check(memcmp(Ta, Tb, sizeof(double) * np * 2) == 0 && memcmp(Ta + 2 * np, d, sizeof(double) * np) == 0,
+                        "jvp-9-tangents", "the tangents equal nbg_simulate_jvp's, the scale's (the image) in double");
+        rc = nbg_simulate_tangents(ctx, &t, NULL, 0, NULL, NULL, d0, np);
+        nbgi_test_check(rc == NBG_OK && memcmp(d0, d, sizeof(double) * np) == 0, "jvp-9-forward-alone",
+                        "no parameter: the double forward kernel's image equals the tangent kernel's (rc %d)", rc);
+        t.scale = 1.5;
+        t.bg[0] = 2;
+        t.bg[1] = 0.5;
+        rc = nbg_simulate_tangents(ctx, &t, NULL, 0, NULL, NULL, d0, np);
+        double worst = 0;
+        for (size_t i = 0; i < np; ++i) {
+            worst = fmax(worst, fabs(d0[i] - (1.5 * d[i] + 2 + 0.5 * (double)((long)(i % (size_t)r.fpixels) -
+                                                                                 (r.fpixels - 1) / 2.0) / 1000)));
+        }
+        nbgi_test_check(rc == NBG_OK && worst < 1e-12, "jvp-9-model", "scale and background in double (worst %g)",
+                        worst);
+        rc = nbg_simulate_tangents(ctx, &t, NULL, 0, NULL, NULL, NULL, np);
+        nbgi_test_check(rc == NBG_EINVAL, "jvp-9-refused", "no image at all is refused (rc %d)", rc);
+        free(Ta);
+        free(Tb);
+        free(d);
+        free(d0);
+        free(f);
+        free(ref);
+        free(fj);
+    }
     nbg_ctx_destroy(ctx);
     return nbgi_test_summary();
 }

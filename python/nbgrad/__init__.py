@@ -21,24 +21,30 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import _nbgrad
-from ._nbgrad import (DeviceError, Error, FileError, FormatError, InvalidError, LimitError,  # noqa: F401
-                      UnsupportedError)
+from ._cpu import load as _load
 
-__version__ = _nbgrad.LIBRARY_VERSION
+#: the extension this CPU runs: the library built for x86-64-v3 (AVX2, FMA) or the baseline x86-64 one ("v3",
+#: "baseline"; nbgrad/_cpu.py, NBGRAD_KERNELS to force one).  It is nbgrad._ext (not nbgrad._nbgrad, which an import
+#: of the baseline submodule would rebind)
+_ext, KERNELS = _load(__name__)
+DeviceError, Error, FileError, FormatError = _ext.DeviceError, _ext.Error, _ext.FileError, _ext.FormatError
+InvalidError, LimitError, UnsupportedError = _ext.InvalidError, _ext.LimitError, _ext.UnsupportedError
+
+__version__ = _ext.LIBRARY_VERSION
+_nbgrad = _ext  # the name the extension had; prefer _ext
 
 #: the table of scalar parameters (nbg_param_info) by name, in the library's order (nbg_param): a dict each with
 #: name, alias, unit, flag, groups, help, lo, hi, optional, bound_lo, bound_hi
-PARAM_INFO = {p["name"]: p for p in _nbgrad.param_info()}
+PARAM_INFO = {p["name"]: p for p in _ext.param_info()}
 #: the differentiable parameters' names, in the library's order (nbg_param)
 PARAMS = tuple(PARAM_INFO)
 #: the builder's flag table: every name (aliases included) -> the names of its values (None: a switch)
-_FLAG_ARGS = {name: arg for names, arg, _ in _nbgrad.flag_table() for name in names}
+_FLAG_ARGS = {name: arg for names, arg, _ in _ext.flag_table() for name in names}
 _FLAGS = frozenset(_FLAG_ARGS)
 #: parameter groups accepted wherever a parameter list is (as by the program's -params), with the parameters each
 #: holds ("all" is every parameter the experiment leaves free, the library decides which)
 GROUPS = {g: PARAMS if g == "all" else tuple(p["name"] for p in PARAM_INFO.values() if g in p["groups"])
-          for g in _nbgrad.param_groups()}
+          for g in _ext.param_groups()}
 
 # Python spellings of flags the command line spells otherwise (or that are Python keywords)
 _ALIASES = {
@@ -157,7 +163,7 @@ def _expand(params) -> List[str]:
     return list(params)
 
 
-class Experiment(_nbgrad.Experiment):
+class Experiment(_ext.Experiment):
     """An experiment: crystal, beam, detector, and the structure factors it owns.
 
     Keyword arguments are the command line's flags without the dash, with their values (a tuple for several):
@@ -188,7 +194,7 @@ class Experiment(_nbgrad.Experiment):
             self.validate()
 
     def _init_flags(self, argv, validate=True):
-        _nbgrad.Experiment.__init__(self, argv, validate)
+        _ext.Experiment.__init__(self, argv, validate)
         object.__setattr__(self, "_flags", list(argv))
         for line in self.log.splitlines():
             if "warning:" in line or "note:" in line:
@@ -229,8 +235,9 @@ class Experiment(_nbgrad.Experiment):
         write_expt(path, self.geometry(nframes), images)
 
     def __copy__(self):
-        new = _nbgrad.Experiment.copy(self)
+        new = _ext.Experiment.copy(self)
         object.__setattr__(new, "_flags", list(getattr(self, "_flags", [])))
+        object.__setattr__(new, "_geometries", list(getattr(self, "_geometries", [])))
         return new
 
     copy = __copy__
@@ -275,8 +282,40 @@ class Experiment(_nbgrad.Experiment):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(PARAMS) | (set(_PARAM_ALIASES) - {"lambda_"}) | set(_TUPLES))
 
+    def apply_geometry(self, geometry):
+        _ext.Experiment.apply_geometry(self, geometry)
+        # kept for pickling: the experiment is rebuilt from its flags and the geometries applied since
+        object.__setattr__(self, "_geometries", getattr(self, "_geometries", []) + [dict(geometry)])
+
     def __reduce__(self):
-        raise TypeError("an Experiment is not picklable (it owns C memory); rebuild it from its flags")
+        """Pickles as what rebuilds it: its flags (without -hkl: the table travels as an array), the geometries
+        applied, the structure-factor table and every parameter's current value (set since by attribute,
+        set_param or refine).  Files the flags name (-mat, -sourcefile, -mask, -expt ...) are read again when it
+        is unpickled."""
+        flags, skip = [], False
+        for a in self.flags:
+            if skip:
+                skip = not a.startswith("-")
+                if skip:
+                    continue
+            if a in ("-hkl", "-Fdump", "-dump", "-nodump") and self.F is not None:
+                skip = a in ("-hkl", "-Fdump")
+                continue
+            flags.append(a)
+        table = (self.F, tuple(self.hkl_origin)) if self.F is not None else None
+        params = {}
+        for p in PARAMS:
+            try:
+                params[p] = self.get_param(p)
+            except Error:
+                pass
+        for g in range(4096):
+            try:
+                vals = {f"g{g}.{c}": self.get_param(f"g{g}.{c}") for c in _MOTION_COMPONENTS}
+            except (Error, ValueError):
+                break
+            params.update(vals)
+        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params))
 
     @property
     def flags(self) -> List[str]:
@@ -285,6 +324,27 @@ class Experiment(_nbgrad.Experiment):
 
     def __repr__(self):
         return f"nbgrad.Experiment.from_flags({shlex.join(self.flags)!r})"
+
+
+_MOTION_COMPONENTS = ("shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z")
+
+
+def _rebuild(cls, flags, geometries, table, params):
+    """Experiment.__reduce__'s inverse."""
+    obj = cls.__new__(cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # they were said when the original was made
+        obj._init_flags(flags, validate=False)
+    for g in geometries:
+        obj.apply_geometry(g)
+    if table is not None:
+        obj.set_hkl(table[0], table[1])
+    for name, value in params.items():
+        now = obj.get_param(name)
+        if not (now == value or (np.isnan(now) and np.isnan(value))):
+            obj.set_param(name, value)
+    obj.validate()
+    return obj
 
 
 class Gradient(dict):
@@ -299,7 +359,7 @@ class Gradient(dict):
 def simulate(exp: Experiment, report: bool = False, out: Optional[np.ndarray] = None):
     """The image, float32 of shape (slow, fast) (and the report dict with report=True).  out: a float32
     C-contiguous array of that shape to render into (no allocation; it is returned)."""
-    return _nbgrad.simulate(exp, report, out)
+    return _ext.simulate(exp, report, out)
 
 
 def grad(exp: Experiment, dLdI, params) -> Gradient:
@@ -308,7 +368,7 @@ def grad(exp: Experiment, dLdI, params) -> Gradient:
     "all" is every parameter free in exp), panel motions ("g3.shift_x"; "panel_shift", "panel_rot", "panels" ...
     for every panel group), "F" (every structure factor: an array of the table's shape) and "F(h,k,l)" (one entry).
     dLdI: any array-like of shape (slow, fast), converted once to float32."""
-    g, image = _nbgrad.grad(exp, dLdI, _expand(params))
+    g, image = _ext.grad(exp, dLdI, _expand(params))
     out = Gradient(g)
     out.image = image
     return out
@@ -319,7 +379,7 @@ def loss_grad(exp: Experiment, observed, loss: str = "poisson", params=(), weigh
     gradient; pixels outside the ROI or masked are left out."""
     if loss not in _LOSSES:
         raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
-    L, g, image = _nbgrad.loss_grad(exp, observed, weights, _LOSSES[loss], _expand(params))
+    L, g, image = _ext.loss_grad(exp, observed, weights, _LOSSES[loss], _expand(params))
     out = Gradient(g)
     out.image = image
     out.loss = L
@@ -329,7 +389,7 @@ def loss_grad(exp: Experiment, observed, loss: str = "poisson", params=(), weigh
 def jvp(exp: Experiment, params, return_image: bool = False):
     """Sensitivity maps dI/dtheta, float64 of shape (nparams, slow, fast), in the parameters' CLI units, in the
     order the names (groups expanded in place) list them (scalars and panel motions, not "F")."""
-    tangents, image = _nbgrad.jvp(exp, _expand(params))
+    tangents, image = _ext.jvp(exp, _expand(params))
     return (tangents, image) if return_image else tangents
 
 
@@ -362,7 +422,7 @@ def refine(exp: Experiment, observed, params, method: str = "lm", loss: str = "l
         raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
-    r = _nbgrad.refine(exp, observed, weights, _expand(params), _METHODS[method], _LOSSES[loss], int(max_iter),
+    r = _ext.refine(exp, observed, weights, _expand(params), _METHODS[method], _LOSSES[loss], int(max_iter),
                        float(ftol), float(gtol), progress)
     names = r["params"]
     return RefineResult(params=names, values=dict(zip(names, r["value"])), start=dict(zip(names, r["start"])),
@@ -393,7 +453,7 @@ class GradcheckResult:
 
 def gradcheck(exp: Experiment, params, rtol: float = 1e-6, h_scale: float = 1.0) -> List[GradcheckResult]:
     """The library's finite-difference check of the adjoint, one result per parameter (and "F")."""
-    return [GradcheckResult(**r) for r in _nbgrad.gradcheck(exp, _expand(params), float(rtol), float(h_scale))]
+    return [GradcheckResult(**r) for r in _ext.gradcheck(exp, _expand(params), float(rtol), float(h_scale))]
 
 
 # --- files -----------------------------------------------------------------------------------------------------
@@ -401,22 +461,22 @@ def gradcheck(exp: Experiment, params, rtol: float = 1e-6, h_scale: float = 1.0)
 def read_hkl(path, default_F: float = 0.0):
     """An HKL text file as (F, (h_min, k_min, l_min)): F a float64 array (nh, nk, nl), unlisted entries
     default_F."""
-    F, origin, _ = _nbgrad.read_hkl(str(path), float(default_F), False)
+    F, origin, _ = _ext.read_hkl(str(path), float(default_F), False)
     return F, origin
 
 
 def read_fdump(path):
     """nanoBragg's Fdump.bin cache as (F, origin)."""
-    F, origin, _ = _nbgrad.read_hkl(str(path), 0.0, True)
+    F, origin, _ = _ext.read_hkl(str(path), 0.0, True)
     return F, origin
 
 
 def write_fdump(path, F, origin) -> None:
-    _nbgrad.write_fdump(str(path), F, tuple(origin))
+    _ext.write_fdump(str(path), F, tuple(origin))
 
 
 def _header(header):
-    return header.smv_header() if isinstance(header, _nbgrad.Experiment) else header
+    return header.smv_header() if isinstance(header, _ext.Experiment) else header
 
 
 def int_image(image, scale: Optional[float] = None, adc: float = 40.0, roi=None) -> np.ndarray:
@@ -426,12 +486,12 @@ def int_image(image, scale: Optional[float] = None, adc: float = 40.0, roi=None)
     if scale is None:
         m = float(image.max()) if image.size else 0.0
         scale = 55000.0 / m if m > 0 else 1.0
-    return _nbgrad.int_image(image, float(scale), float(adc), None if roi is None else tuple(roi))
+    return _ext.int_image(image, float(scale), float(adc), None if roi is None else tuple(roi))
 
 
 def noise_image(image, seed: int, adc: float = 40.0, roi=None):
     """Poisson noise as nanoBragg makes it: (uint16 image, photons, overloads)."""
-    return _nbgrad.noise_image(image, int(seed), float(adc), None if roi is None else tuple(roi))
+    return _ext.noise_image(image, int(seed), float(adc), None if roi is None else tuple(roi))
 
 
 def write_smv(path, image, header, scale: Optional[float] = None, adc: float = 40.0) -> None:
@@ -441,21 +501,21 @@ def write_smv(path, image, header, scale: Optional[float] = None, adc: float = 4
     image = np.asarray(image)
     if image.dtype != np.uint16:
         image = int_image(image, scale, adc)
-    _nbgrad.write_smv(str(path), header, image)
+    _ext.write_smv(str(path), header, image)
 
 
 def read_smv(path):
     """An SMV file as (uint16 data (slow, fast), header dict)."""
-    return _nbgrad.read_smv(str(path))
+    return _ext.read_smv(str(path))
 
 
 def write_float(path, image) -> None:
     """The raw float32 image (as -floatfile)."""
-    _nbgrad.write_float(str(path), image)
+    _ext.write_float(str(path), image)
 
 
 def write_pgm(path, image, scale: float) -> None:
-    _nbgrad.write_pgm(str(path), image, float(scale))
+    _ext.write_pgm(str(path), image, float(scale))
 
 
 class Geometry(dict):
@@ -470,7 +530,7 @@ def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
     (image float32 (slow, fast), geometry or None) (and the mask, 1 = bad, or None, with with_mask=True).
     A raw float file needs shape=(slow, fast)."""
     expect = int(np.prod(shape)) if shape is not None else 0
-    image, geom, complete, mask = _nbgrad.read_image(str(path), int(frame), expect)
+    image, geom, complete, mask = _ext.read_image(str(path), int(frame), expect)
     if geom is not None:
         geom = Geometry(geom)
         geom.complete = bool(complete)
@@ -484,22 +544,22 @@ def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
 
 def read_expt(path) -> Geometry:
     """A DIALS experiment list (one experiment, one panel) as a geometry dict."""
-    return Geometry(_nbgrad.read_expt(str(path)))
+    return Geometry(_ext.read_expt(str(path)))
 
 
 def write_expt(path, geometry: dict, images: str = "") -> None:
-    _nbgrad.write_expt(str(path), dict(geometry), str(images))
+    _ext.write_expt(str(path), dict(geometry), str(images))
 
 
 def write_nxmx(path, geometry: dict, frames, mask=None) -> None:
     """NeXus NXmx: frames (nframes, slow, fast) or one (slow, fast) image; integers are written as int32,
     anything else as float32; mask nonzero = bad pixel."""
-    _nbgrad.write_nxmx(str(path), dict(geometry), frames, mask)
+    _ext.write_nxmx(str(path), dict(geometry), frames, mask)
 
 
 def write_cbf(path, geometry: dict, data, frame: int = 0) -> None:
     """A full CBF of one int32 image, frame `frame` of the geometry's scan."""
-    _nbgrad.write_cbf(str(path), dict(geometry), data, int(frame))
+    _ext.write_cbf(str(path), dict(geometry), data, int(frame))
 
 
 __all__ = [

@@ -1258,6 +1258,52 @@ done:
     return out;
 }
 
+/* _tangents(exp, params, double) -> (tangents (n, slow, fast) float64, image): nbg_simulate_tangents, one render for
+ * the image and the tangents of the scalar and motion parameters named (a list, possibly empty); the image float64
+ * (the model image before its rounding) when double is true, else float32 (nbg_simulate_jvp's).  For the PyTorch
+ * adapter (nbgrad.torch). */
+static PyObject *py_tangents(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    int dbl;
+    if (!PyArg_ParseTuple(args, "OOp:_tangents", &o, &plist, &dbl)) return NULL;
+    if (!exp_check(o, "_tangents")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    PyArrayObject *tan = NULL, *img = NULL;
+    PyObject *out = NULL;
+    nbg_param *ids = NULL;
+    int n, want_F, attached;
+    exp_lock(x);
+    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
+    if (want_F) {
+        PyErr_SetString(PyExc_ValueError, "_tangents: 'F' has no tangent images (use grad for the table)");
+        goto done;
+    }
+    npy_intp dims[3] = {n, x->spixels, x->fpixels};
+    tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
+    img = (PyArrayObject *)PyArray_SimpleNew(2, dims + 1, dbl ? NPY_FLOAT64 : NPY_FLOAT32);
+    if (tan != NULL && img != NULL) {
+        int st;
+        Py_BEGIN_ALLOW_THREADS
+        st = nbg_simulate_tangents(x->ctx, x->e, ids, n, n > 0 ? PyArray_DATA(tan) : NULL,
+                                   dbl ? NULL : PyArray_DATA(img), dbl ? PyArray_DATA(img) : NULL,
+                                   (size_t)x->fpixels * x->spixels);
+        Py_END_ALLOW_THREADS
+        if (st != NBG_OK) {
+            raise_ctx(x->ctx, st);
+        } else {
+            out = Py_BuildValue("(OO)", tan, img);
+        }
+    }
+done:
+    motions_settle(x, attached);
+    exp_unlock(x);
+    free(ids);
+    Py_XDECREF(tan);
+    Py_XDECREF(img);
+    return out;
+}
+
 /* The progress callback of nbg_refine runs without the GIL; it takes it for the Python callable.  An exception
  * raised by the callable is kept and re-raised after the refinement (the library cannot be stopped early). */
 typedef struct {
@@ -1915,6 +1961,7 @@ static PyMethodDef module_methods[] = {
     {"grad", py_grad, METH_VARARGS, "grad(exp, dLdI, params) -> (dict, image)"},
     {"loss_grad", py_loss_grad, METH_VARARGS, "loss_grad(exp, observed, weights, loss, params) -> (L, dict, image)"},
     {"jvp", py_jvp, METH_VARARGS, "jvp(exp, params) -> (tangents, image)"},
+    {"_tangents", py_tangents, METH_VARARGS, "_tangents(exp, params, double) -> (tangents, image) (nbgrad.torch)"},
     {"refine", py_refine, METH_VARARGS, "refine(...) -> dict"},
     {"gradcheck", py_gradcheck, METH_VARARGS, "gradcheck(exp, params, rtol, h_scale) -> list of dicts"},
     {"read_hkl", py_read_hkl, METH_VARARGS, "read_hkl(path, default_F=0, fdump=False) -> (F, origin, nrefl)"},
@@ -1937,7 +1984,16 @@ static PyMethodDef module_methods[] = {
     {"param_groups", py_param_groups, METH_NOARGS, "the parameter groups a list may name (nbg_param_groups)"},
     {NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad._nbgrad", "libnbgrad's calls.", -1,
+/* The module's name: _nbgrad, or another for a second build of the same source against a library compiled for
+ * other CPUs (python/setup.py builds _nbgrad_v3 with -DNBG_PY_MODULE=_nbgrad_v3; nbgrad/_cpu.py picks one). */
+#ifndef NBG_PY_MODULE
+#define NBG_PY_MODULE _nbgrad
+#endif
+#define NBG_STR2(x) #x
+#define NBG_STR(x) NBG_STR2(x)
+#define NBG_CAT2(a, b) a##b
+#define NBG_CAT(a, b) NBG_CAT2(a, b)
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nbgrad." NBG_STR(NBG_PY_MODULE), "libnbgrad's calls.", -1,
                                     module_methods};
 
 static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const char *doc)
@@ -1952,7 +2008,7 @@ static PyObject *new_error(PyObject *m, const char *name, PyObject *bases, const
     return e;
 }
 
-PyMODINIT_FUNC PyInit__nbgrad(void)
+PyMODINIT_FUNC NBG_CAT(PyInit_, NBG_PY_MODULE)(void)
 {
     import_array();
     if (PyType_Ready(&ExperimentType) < 0) return NULL;

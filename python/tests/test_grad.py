@@ -8,6 +8,7 @@ import pytest
 
 import nbgrad
 from conftest import BASE
+from conftest import same_as_cli
 
 CELL_ORIENT = ["a", "b", "c", "alpha", "beta", "gamma", "rotx", "roty", "rotz"]
 
@@ -25,9 +26,9 @@ def test_grad_equals_cli(exp_hkl, cli, tmp_path):
     ref = cli_json(cli, ["grad", *exp_hkl.flags, "-nodump", "-params", ",".join(CELL_ORIENT + ["Na", "distance", "F"])],
                    tmp_path)
     for name, value in ref["gradient"].items():
-        assert g[name] == value, name  # the same library call: bit for bit
+        assert same_as_cli(g[name], value), name  # the same library call: bit for bit
     assert g["F"].shape == exp_hkl.F.shape
-    assert np.array_equal(g["F"].ravel(), np.array(ref["dF"]))
+    assert same_as_cli(g["F"].ravel(), np.array(ref["dF"]))
     assert np.count_nonzero(g["F"]) > 10
     assert ref["loss"] == pytest.approx(float(g.image.astype(np.float64).sum()), rel=1e-12)
 
@@ -43,7 +44,7 @@ def test_loss_grad_equals_cli_and_chain_rule(exp, cli, tmp_path):
         g = nbgrad.loss_grad(e, obs, loss=loss, params=["a", "rotz"])
         ref = cli_json(cli, ["grad", *e.flags, "-params", "a,rotz", "-observed", str(obs_path), "-loss", loss],
                        tmp_path)
-        assert g.loss == ref["loss"] and g["a"] == ref["gradient"]["a"] and g["rotz"] == ref["gradient"]["rotz"]
+        assert same_as_cli(g.loss, ref["loss"]) and same_as_cli({"a": g["a"], "rotz": g["rotz"]}, ref["gradient"])
         I = g.image.astype(np.float64)
         o = obs.astype(np.float64)
         if loss == "poisson":

@@ -1,8 +1,8 @@
-"""The PyTorch adapter: its backward is the library's adjoint, checked by torch.autograd.gradcheck.
+"""The PyTorch adapter (nbgrad.torch): batch, torch.func (vmap, grad, jvp, jacfwd, jacrev), forward mode through
+the library's tangent kernel, the float64 image, and torch.autograd.gradcheck at its default tolerances.
 
-The image comes from the library as float32 (computed in double, rounded once), so gradcheck's finite differences
-see float32 rounding: checked in float64 on a weighted sum of the image, with eps = 1e-3 (parameter units) and
-rtol = atol = 1e-3 (the differences' truncation and rounding error is about 1e-5 relative here)."""
+gradcheck runs in float64, where the image is the library's double image before its rounding to float
+(nbg_simulate_tangents), so that its finite differences (eps = 1e-6) see the double computation."""
 import numpy as np
 import pytest
 
@@ -11,6 +11,29 @@ import nbgrad
 torch = pytest.importorskip("torch")
 import nbgrad.torch as nbt  # noqa: E402
 
+f64 = torch.float64
+
+
+def t(v, grad=False):
+    return torch.tensor(v, dtype=f64, requires_grad=grad)
+
+
+@pytest.fixture
+def small_table(exp):
+    """An experiment with a 5 x 5 x 5 table (-2..2) of distinct F, so that gradcheck can perturb every entry."""
+    F = np.random.default_rng(3).uniform(50, 150, (5, 5, 5))
+    return nbgrad.Experiment(hkl=(F, (-2, -2, -2)), **{k: v for k, v in _base().items()}, default_F=80)
+
+
+def _base():
+    from conftest import BASE
+
+    return dict(BASE, N=3)
+
+
+def weights(exp):
+    return torch.rand(exp.shape, dtype=f64, generator=torch.Generator().manual_seed(2))
+
 
 def test_backward_equals_grad(exp_hkl):
     w = np.random.default_rng(1).uniform(0.5, 1.5, exp_hkl.shape).astype(np.float32)
@@ -18,24 +41,63 @@ def test_backward_equals_grad(exp_hkl):
     rx = torch.tensor(10.0, requires_grad=True)
     F = torch.tensor(exp_hkl.F, requires_grad=True)
     img = nbt.simulate(exp_hkl, {"a": a, "rotx": rx, "F": F})
-    assert img.dtype == torch.float32 and tuple(img.shape) == exp_hkl.shape
-    assert np.array_equal(img.detach().numpy(), nbgrad.simulate(exp_hkl))
-    (img * torch.from_numpy(w)).sum().backward()
+    assert img.dtype == torch.float64  # F is float64
+    img32 = nbt.simulate(exp_hkl, {"a": a, "rotx": rx, "F": F}, dtype=torch.float32)
+    assert img32.dtype == torch.float32 and tuple(img32.shape) == exp_hkl.shape
+    assert np.array_equal(img32.detach().numpy(), nbgrad.simulate(exp_hkl))  # bit for bit
+    (img32 * torch.from_numpy(w)).sum().backward()
     g = nbgrad.grad(exp_hkl, w, ["a", "rotx", "F"])
+    # a and rotx through the forward's tangent images, F through the adjoint
     assert a.grad.item() == pytest.approx(g["a"], rel=1e-6)
     assert rx.grad.item() == pytest.approx(g["rotx"], rel=1e-6)
     assert F.grad.shape == F.shape and np.allclose(F.grad.numpy(), g["F"], rtol=1e-12, atol=0)
     assert exp_hkl.a == 70  # the caller's experiment is not changed
 
 
-def test_gradcheck_float64(exp):
-    W = torch.rand(exp.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+def test_float64_image(exp):
+    img64 = nbt.simulate(exp, {"a": t(70.0)})
+    img32 = nbt.simulate(exp, {"a": torch.tensor(70.0)})
+    ref = nbgrad.simulate(exp)
+    assert img64.dtype == torch.float64 and img32.dtype == torch.float32
+    assert np.array_equal(img32.numpy(), ref)
+    # the double image rounds to the library's float image, and carries the bits the rounding drops
+    assert np.array_equal(img64.numpy().astype(np.float32), ref)
+    assert not np.array_equal(img64.numpy(), ref.astype(np.float64))
+    assert nbt.simulate(exp, {"a": torch.tensor(70.0)}, dtype=f64).dtype == f64
 
-    def f(a, rx, dist):
-        return (nbt.simulate(exp, {"a": a, "rotx": rx, "distance": dist}) * W).sum()
 
-    inputs = tuple(torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (70.0, 10.0, 100.0))
-    assert torch.autograd.gradcheck(f, inputs, eps=1e-3, atol=1e-3, rtol=1e-3)
+@pytest.mark.parametrize("names", [("a", "gamma"), ("rotx", "roty"), ("Na",), ("distance",), ("a", "rotz", "Nb")])
+def test_gradcheck_default_tolerances(exp, names):
+    W = weights(exp)
+    start = {"a": 70.0, "gamma": 95.0, "rotx": 10.0, "roty": 5.0, "rotz": 3.0, "Na": 5.0, "Nb": 5.0,
+             "distance": 100.0}
+
+    def f(*vals):
+        return (nbt.simulate(exp, dict(zip(names, vals))) * W).sum()
+
+    assert torch.autograd.gradcheck(f, tuple(t(start[n], True) for n in names))
+
+
+def test_gradcheck_adjoint_path(exp):
+    # more parameters than TANGENT_MAX: backward is the library's adjoint
+    names = ("a", "b", "rotx", "distance", "Nc")
+    assert len(names) > nbt.TANGENT_MAX
+    W = weights(exp)
+
+    def f(*vals):
+        return (nbt.simulate(exp, dict(zip(names, vals))) * W).sum()
+
+    assert torch.autograd.gradcheck(f, tuple(t(v, True) for v in (70.0, 80.0, 10.0, 100.0, 5.0)))
+
+
+def test_gradcheck_F(small_table):
+    W = weights(small_table)
+
+    def f(F, a):
+        return (nbt.simulate(small_table, {"F": F, "a": a}) * W).sum()
+
+    F = torch.tensor(small_table.F, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (F, t(70.0, True)))
 
 
 def test_gradcheck_catches_a_wrong_gradient(exp):
@@ -47,20 +109,86 @@ def test_gradcheck_catches_a_wrong_gradient(exp):
 
         @staticmethod
         def backward(ctx, g):
-            return 1.01 * g
+            return 1.001 * g
 
-    W = torch.rand(exp.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    W = weights(exp)
 
     def f(a):
         return (nbt.simulate(exp, {"a": Wrong.apply(a)}) * W).sum()
 
-    a = torch.tensor(70.0, dtype=torch.float64, requires_grad=True)
-    assert not torch.autograd.gradcheck(f, (a,), eps=1e-3, atol=1e-3, rtol=1e-3, raise_exception=False)
+    assert not torch.autograd.gradcheck(f, (t(70.0, True),), raise_exception=False)
+
+
+def test_batch(exp_hkl):
+    a = t([70.0, 70.5, 71.0])
+    rx = t(10.0)
+    img = nbt.simulate(exp_hkl, {"a": a, "rotx": rx})
+    assert tuple(img.shape) == (3,) + exp_hkl.shape
+    for k in range(3):
+        e = exp_hkl.copy()
+        e.a = float(a[k])
+        assert np.array_equal(img[k].numpy().astype(np.float32), nbgrad.simulate(e))
+    # two batch dimensions broadcast; F batched alongside
+    F = torch.tensor(exp_hkl.F)
+    Fb = torch.stack([F, 1.1 * F])
+    img2 = nbt.simulate(exp_hkl, {"a": a[None, :], "F": Fb[:, None]}, dtype=torch.float32)
+    assert tuple(img2.shape) == (2, 3) + exp_hkl.shape
+    e = exp_hkl.copy()
+    e.a = 70.5
+    e.F = 1.1 * exp_hkl.F
+    assert np.array_equal(img2[1, 1].numpy(), nbgrad.simulate(e))
+    # gradients of a batch: one per element
+    ab = t([70.0, 70.5], True)
+    W = weights(exp_hkl)
+    (nbt.simulate(exp_hkl, {"a": ab}) * W).sum().backward()
+    for k in range(2):
+        e = exp_hkl.copy()
+        e.a = float(ab[k].detach())
+        assert ab.grad[k].item() == pytest.approx(nbgrad.grad(e, W.numpy(), ["a"])["a"], rel=1e-6)
+    with pytest.raises(ValueError, match="broadcast"):
+        nbt.simulate(exp_hkl, {"a": t([70.0, 71.0]), "b": t([80.0, 81.0, 82.0])})
+
+
+def test_vmap(exp):
+    a = t([70.0, 70.5, 71.0])
+    f = lambda x: nbt.simulate(exp, {"a": x, "rotx": t(10.0)})  # noqa: E731
+    assert torch.equal(torch.vmap(f)(a), nbt.simulate(exp, {"a": a}))
+    # vmap of a gradient: per-element gradients, as the batch's backward gives them
+    W = weights(exp)
+    g = torch.vmap(torch.func.grad(lambda x: (nbt.simulate(exp, {"a": x}) * W).sum()))(a)
+    ab = a.clone().requires_grad_()
+    (nbt.simulate(exp, {"a": ab}) * W).sum().backward()
+    assert torch.allclose(g, ab.grad, rtol=1e-12, atol=0)
+
+
+def test_jvp_and_jacfwd_agree_with_backward(exp):
+    a, rx = t(70.0), t(10.0)
+    f = lambda a, rx: nbt.simulate(exp, {"a": a, "rotx": rx})  # noqa: E731
+    _, tangent = torch.func.jvp(f, (a, rx), (t(1.0), t(0.5)))
+    T = nbgrad.jvp(exp, ["a", "rotx"])
+    assert torch.allclose(tangent, torch.from_numpy(T[0] + 0.5 * T[1]), rtol=1e-12, atol=0)
+    jf = torch.func.jacfwd(f, argnums=(0, 1))(a, rx)
+    jr = torch.func.jacrev(f, argnums=(0, 1))(a, rx)
+    for x, y in zip(jf, jr):
+        assert torch.allclose(x, y, rtol=1e-12, atol=1e-12 * float(y.abs().max()))
+    # the forward-mode derivative of a loss equals the reverse-mode gradient
+    W = weights(exp)
+    loss = lambda a: (nbt.simulate(exp, {"a": a}) * W).sum()  # noqa: E731
+    _, d = torch.func.jvp(loss, (a,), (t(1.0),))
+    assert d.item() == pytest.approx(torch.func.grad(loss)(a).item(), rel=1e-10)
+    # forward mode in F: no tangent kernel
+    with pytest.raises(NotImplementedError, match="structure factors"):
+        from torch.autograd import forward_ad
+
+        e = nbgrad.Experiment(hkl=(np.full((3, 3, 3), 100.0), (-1, -1, -1)), **_base())
+        F = torch.tensor(e.F)
+        with forward_ad.dual_level():
+            nbt.simulate(e, {"F": forward_ad.make_dual(F, torch.ones_like(F))})
 
 
 def test_optimisation_loop(exp):
-    target = torch.from_numpy(nbgrad.simulate(exp))
-    a = torch.tensor(70.15, dtype=torch.float64, requires_grad=True)
+    target = torch.from_numpy(nbgrad.simulate(exp)).double()
+    a = t(70.15, True)
     opt = torch.optim.Adam([a], lr=0.02)
     for _ in range(40):
         opt.zero_grad()
@@ -75,3 +203,5 @@ def test_refusals(exp):
         nbt.simulate(exp, {"bogus": torch.tensor(1.0)})
     with pytest.raises(ValueError, match="table"):
         nbt.simulate(exp, {"F": torch.ones(3, 3, 3)})
+    with pytest.raises(ValueError, match="dtype"):
+        nbt.simulate(exp, {"a": t(70.0)}, dtype=torch.float16)
