@@ -181,6 +181,7 @@ class Experiment(_ext.Experiment):
     """
 
     def __init__(self, **kwargs):
+        response = {k: kwargs.pop(k) for k in _RESPONSE if k in kwargs}
         table = kwargs.pop("hkl", None)
         if table is not None and not isinstance(table, (str, bytes)) and not hasattr(table, "__fspath__"):
             F, origin = table
@@ -192,6 +193,40 @@ class Experiment(_ext.Experiment):
         if F is not None:
             self.set_hkl(F, origin)
             self.validate()
+        for k, v in response.items():
+            setattr(self, k, v)
+
+    # the detector response the losses (loss_grad, refine) read observed counts through: counts = gain * photons +
+    # pedestal, with a Gaussian read noise (nbg_detector_model); as refine's -pedestal, -gain, -read_noise
+    @property
+    def pedestal(self) -> float:
+        """The observed image's pedestal, counts (0)."""
+        return self.response()[0]
+
+    @pedestal.setter
+    def pedestal(self, value):
+        r = self.response()
+        self.set_response(float(value), r[1], r[2])
+
+    @property
+    def gain(self) -> float:
+        """Counts per photon of the observed image (1)."""
+        return self.response()[1]
+
+    @gain.setter
+    def gain(self, value):
+        r = self.response()
+        self.set_response(r[0], float(value), r[2])
+
+    @property
+    def read_noise(self) -> float:
+        """The observed image's Gaussian read noise, counts rms (0)."""
+        return self.response()[2]
+
+    @read_noise.setter
+    def read_noise(self, value):
+        r = self.response()
+        self.set_response(r[0], r[1], float(value))
 
     def _init_flags(self, argv, validate=True):
         _ext.Experiment.__init__(self, argv, validate)
@@ -315,7 +350,7 @@ class Experiment(_ext.Experiment):
             except (Error, ValueError):
                 break
             params.update(vals)
-        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params))
+        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params, self.response()))
 
     @property
     def flags(self) -> List[str]:
@@ -327,9 +362,10 @@ class Experiment(_ext.Experiment):
 
 
 _MOTION_COMPONENTS = ("shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z")
+_RESPONSE = ("pedestal", "gain", "read_noise")
 
 
-def _rebuild(cls, flags, geometries, table, params):
+def _rebuild(cls, flags, geometries, table, params, response=(0.0, 1.0, 0.0)):
     """Experiment.__reduce__'s inverse."""
     obj = cls.__new__(cls)
     with warnings.catch_warnings():
@@ -343,6 +379,7 @@ def _rebuild(cls, flags, geometries, table, params):
         now = obj.get_param(name)
         if not (now == value or (np.isnan(now) and np.isnan(value))):
             obj.set_param(name, value)
+    obj.set_response(*response)
     obj.validate()
     return obj
 

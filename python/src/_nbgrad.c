@@ -159,6 +159,8 @@ typedef struct {
     int nmotions;
     nbg_ctx *ctx;
     PyThread_type_lock lock;
+    unsigned long owner;   /* the thread holding the lock, and how many times (a callback reentering on it) */
+    int depth;
     int ready;             /* parsed and validated */
     int fpixels, spixels;  /* the image size (pixel counts do not depend on the differentiable parameters) */
     PyObject *log;         /* what the builder said (notes, warnings, the files read), as the program prints it */
@@ -166,19 +168,44 @@ typedef struct {
 
 static PyTypeObject ExperimentType;
 
-/* Takes the experiment's lock, letting other threads run while waiting. */
+/* Takes the experiment's lock, letting other threads run while waiting.  The thread that holds it takes it again
+ * (a refine's progress callback reading the experiment being refined); exp_check refuses there what would change
+ * the experiment or start another computation on it. */
 static void exp_lock(ExperimentObject *x)
 {
+    const unsigned long me = PyThread_get_thread_ident();
+    if (x->depth > 0 && x->owner == me) {
+        x->depth++;
+        return;
+    }
     if (!PyThread_acquire_lock(x->lock, NOWAIT_LOCK)) {
         Py_BEGIN_ALLOW_THREADS
         PyThread_acquire_lock(x->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
+    x->owner = me;
+    x->depth = 1;
 }
 
 static void exp_unlock(ExperimentObject *x)
 {
-    PyThread_release_lock(x->lock);
+    if (--x->depth == 0) {
+        x->owner = 0;
+        PyThread_release_lock(x->lock);
+    }
+}
+
+/* What a callback may do with the experiment its call is using (on the thread that holds it): read it, render it. */
+static int exp_reader(const char *what)
+{
+    static const char *const ok[] = {"copy", "get_param", "F", "hkl_origin", "shape", "describe", "geometry",
+                                     "smv_header", "simulate", NULL};
+    for (int i = 0; ok[i] != NULL; ++i) {
+        if (strcmp(what, ok[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static int exp_validate(ExperimentObject *x);
@@ -191,6 +218,12 @@ static int exp_check(PyObject *o, const char *what)
     }
     if (!((ExperimentObject *)o)->ready) {
         PyErr_SetString(PyExc_ValueError, "the Experiment was not initialised");
+        return 0;
+    }
+    const ExperimentObject *xo = (const ExperimentObject *)o;
+    if (xo->depth > 0 && xo->owner == PyThread_get_thread_ident() && !exp_reader(what)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: the experiment is in use by a call on this thread (a refine's progress "
+                     "callback may read it or render it, not change it or start another computation on it)", what);
         return 0;
     }
     /* made with validate=False and not checked since: the image size is not known yet */
@@ -464,6 +497,33 @@ static int param_index(ExperimentObject *x, PyObject *name)
     return p;
 }
 
+/* The detector response the losses read the observed counts through (nbg_experiment.response): (pedestal, gain,
+ * read_noise). */
+static PyObject *Experiment_response(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "get_param")) return NULL;
+    exp_lock(x);
+    const nbg_detector_model r = x->e->response;
+    exp_unlock(x);
+    return Py_BuildValue("(ddd)", r.pedestal, r.gain, r.read_noise);
+}
+
+static PyObject *Experiment_set_response(ExperimentObject *x, PyObject *args)
+{
+    double ped, gain, rn;
+    if (!PyArg_ParseTuple(args, "ddd:set_response", &ped, &gain, &rn)) return NULL;
+    if (!exp_check((PyObject *)x, "set_response")) return NULL;
+    if (!isfinite(ped)) return PyErr_Format(PyExc_ValueError, "pedestal = %g: a finite number of counts", ped);
+    if (!(gain > 0) || !isfinite(gain)) return PyErr_Format(PyExc_ValueError, "gain = %g: counts per photon, > 0", gain);
+    if (!(rn >= 0) || !isfinite(rn)) return PyErr_Format(PyExc_ValueError, "read_noise = %g: counts rms, >= 0", rn);
+    exp_lock(x);
+    x->e->response.pedestal = ped;
+    x->e->response.gain = gain;
+    x->e->response.read_noise = rn;
+    exp_unlock(x);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Experiment_get_param(ExperimentObject *x, PyObject *name)
 {
     if (!exp_check((PyObject *)x, "get_param")) return NULL;
@@ -529,7 +589,7 @@ static PyObject *Experiment_get_F(ExperimentObject *x, void *closure)
 
 static int Experiment_set_F(ExperimentObject *x, PyObject *value, void *closure)
 {
-    if (!exp_check((PyObject *)x, "F")) return -1;
+    if (!exp_check((PyObject *)x, "set F")) return -1;
     if (value == NULL || x->e->hkl == NULL) {
         PyErr_SetString(PyExc_AttributeError, "F: the experiment has no table (set one with set_hkl)");
         return -1;
@@ -876,6 +936,9 @@ static PyMethodDef Experiment_methods[] = {
     {"__copy__", (PyCFunction)Experiment_copy, METH_NOARGS, NULL},
     {"get_param", (PyCFunction)Experiment_get_param, METH_O, "get_param(name) -> float"},
     {"set_param", (PyCFunction)Experiment_set_param, METH_VARARGS, "set_param(name, value)"},
+    {"response", (PyCFunction)Experiment_response, METH_NOARGS,
+     "response() -> (pedestal, gain, read_noise): how the observed counts relate to photons (the losses')"},
+    {"set_response", (PyCFunction)Experiment_set_response, METH_VARARGS, "set_response(pedestal, gain, read_noise)"},
     {"set_hkl", (PyCFunction)Experiment_set_hkl, METH_VARARGS,
      "set_hkl(F, origin): a new structure-factor table F[h-h0, k-k0, l-l0], origin = (h0, k0, l0)"},
     {"describe", (PyCFunction)Experiment_describe, METH_NOARGS, "The geometry and sampling derived (nbg_describe)."},

@@ -170,3 +170,45 @@ def test_bad_arrays(exp):
     assert list(nbgrad.grad(exp, good, ["a", "cell", "a"])) == ["a", "b", "c", "alpha", "beta", "gamma"]
     with pytest.raises(nbgrad.UnsupportedError):
         nbgrad.grad(exp, good, ["mosaic"])
+
+
+def test_progress_callback_reads_the_experiment(exp):
+    """A progress callback may read (and render) the experiment being refined; changing it is refused, not a
+    deadlock."""
+    observed = nbgrad.simulate(exp)
+    start = exp.copy()
+    start.a = 70.2
+    seen, refused = [], []
+
+    def look(*args):
+        seen.append(start.a)
+        nbgrad.simulate(start)
+        try:
+            start.b = 81
+        except RuntimeError as e:
+            refused.append(str(e))
+
+    res = nbgrad.refine(start, observed, ["a"], progress=look)
+    assert res.converged and seen and all(np.isfinite(seen))
+    assert refused and "in use" in refused[0]
+    assert start.b == pytest.approx(80)  # unchanged by the callback
+
+
+def test_detector_response_keywords(exp):
+    """pedestal, gain and read_noise as keywords and attributes: the losses read the observed counts through
+    them, and a pickled experiment keeps them."""
+    import pickle
+
+    truth = nbgrad.simulate(exp)
+    e = nbgrad.Experiment(default_F=100, pedestal=40, gain=2.0, **BASE)
+    assert (e.pedestal, e.gain, e.read_noise) == (40, 2.0, 0)
+    counts = 2.0 * truth + 40
+    L = nbgrad.loss_grad(e, counts, loss="lsq").loss
+    assert L == pytest.approx(0, abs=1e-6 * float((truth ** 2).sum()))
+    e.pedestal = 0
+    assert nbgrad.loss_grad(e, counts, loss="lsq").loss > 1
+    e.read_noise = 3
+    f = pickle.loads(pickle.dumps(e))
+    assert (f.pedestal, f.gain, f.read_noise) == (0, 2.0, 3)
+    with pytest.raises(ValueError, match="gain"):
+        e.gain = 0
