@@ -180,6 +180,9 @@ typedef struct {
     double read_noise; /* Gaussian read noise, counts rms, >= 0 (0) */
 } nbg_detector_model;
 
+/* The levels of a detector hierarchy nbg_panel records (0: the detector, 1: its children, ...). */
+#define NBG_PANEL_LEVELS 6
+
 /* One flat detector panel (a module, a tile or an ASIC) of a multi-panel detector.  Its pixel (i, j) (fast index i,
  * slow index j) covers origin + [i, i+1) pixel fast + [j, j+1) pixel slow; the sensor's depth runs along the normal
  * fast x slow, which must point away from the sample.  The frame of the vectors is nbg_experiment.panel_frame's.
@@ -196,6 +199,11 @@ typedef struct {
     double thick;                   /* its sensor's thickness, um (0: the experiment's -detector_thick) */
     double thick_abs;               /* its sensor's attenuation length, um (0: the experiment's -detector_abs, or
                                        with a thickness of its own and no -detector_abs, that thickness) */
+    int level_group[NBG_PANEL_LEVELS]; /* its group at each level of a DIALS hierarchy (DIALS's hierarchy_level):
+                                       level 0 the whole detector (0); level L the group at depth L below the root
+                                       that holds it, numbered from 0 in the hierarchy's order (a panel nearer the
+                                       root than L: a group of its own, numbered after those); -1 past the depth of
+                                       the hierarchy (nbg_read_expt_panels fills it; a layout's modules are level 1) */
 } nbg_panel;
 
 /* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'

@@ -383,7 +383,7 @@ typedef struct {
     int n;               /* K_NUM, K_INT: how many values (at most 4); K_FN: how many at least */
     int value;           /* K_SWITCH: the value stored */
     const char *choices; /* K_CHOICE: the words accepted, space-separated */
-    int values[3];       /* K_CHOICE: the value each word stores */
+    int values[8];       /* K_CHOICE: the value each word stores */
     flag_fn fn;          /* K_FN */
     /* side effects */
     size_t also[2];      /* the (first) value is stored in these fields too: -N sets Nb and Nc */
@@ -685,12 +685,15 @@ static const cli_flag flags[] = {
     {"-layout", K_STR, C(layout), .group = G_DETECTOR, .arg = "name",
      .help = "a built-in multi-panel detector (pilatus6m, eiger2_16m, jungfrau16m, cspad) in the plane that the "
              "detector flags place; sets -pixel and the plane's pixel counts; the image is the panels' concatenation"},
-    {"-panel_groups", K_CHOICE, C(panel_groups), .choices = "modules panels detector",
-     .values = {NBGI_GROUPS_MODULES, NBGI_GROUPS_PANELS, NBGI_GROUPS_DETECTOR}, .group = G_DETECTOR,
-     .arg = "modules|panels|detector",
+    {"-panel_groups", K_CHOICE, C(panel_groups), .choices = "modules panels detector level1 level2 level3 level4 level5",
+     .values = {NBGI_GROUPS_MODULES, NBGI_GROUPS_PANELS, NBGI_GROUPS_DETECTOR, NBGI_GROUPS_LEVEL1,
+                NBGI_GROUPS_LEVEL1 + 1, NBGI_GROUPS_LEVEL1 + 2, NBGI_GROUPS_LEVEL1 + 3, NBGI_GROUPS_LEVEL1 + 4},
+     .group = G_DETECTOR, .arg = "modules|panels|detector|level<L>",
      .help = "which panels move together in -motions and the panel parameters (-params panel_shift, panel_rot, "
              "g<k>.shift_x ...): the layout's modules or a DIALS list's groups (each panel's parent group in its "
-             "hierarchy; a panel under the root alone), every panel alone, or the whole detector (modules)"},
+             "hierarchy; a panel under the root alone), every panel alone, the whole detector, or the groups at level L "
+             "of the hierarchy as DIALS's detector.hierarchy_level=L counts them (level0 the detector; a layout's "
+             "modules are level 1, the CSPAD's quadrants 1 and sensors 2) (modules)"},
     {"-motions", K_STR, C(motionsfile), .group = G_DETECTOR, .arg = "file",
      .help = "rigid motions of the panel groups, a line each: group shift_x shift_y shift_z (mm) rot_x rot_y rot_z "
              "(deg), along and about the panels' frame axes (the detector plane's fast, slow, normal for a layout), "
@@ -1323,6 +1326,14 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
                 g = k;
             } else if (c->panel_groups == NBGI_GROUPS_DETECTOR) {
                 g = 0;
+            } else if (c->panel_groups >= NBGI_GROUPS_LEVEL1) {
+                const int l = c->panel_groups - NBGI_GROUPS_LEVEL1 + 1;
+                g = c->panels[k].level_group[l];
+                if (g < 0) {
+                    return nbgi_error(ctx, NBG_EINVAL, "-panel_groups level%d: the detector's hierarchy has no level %d "
+                                      "(panel %d is %s)", l, l, k, l == 1 ? "in no group below the detector"
+                                                                           : "not that deep");
+                }
             }
             c->panels[k].group = g;
             ng = g + 1 > ng ? g + 1 : ng;

@@ -75,7 +75,8 @@ struct nbgi_cli {
 };
 
 /* How -panel_groups groups the panels for their motions. */
-enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2 };
+enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2, NBGI_GROUPS_LEVEL1 = 3 };
+/* (NBGI_GROUPS_LEVEL1 + l - 1: level l of the hierarchy, DIALS's hierarchy_level, l = 1 .. 5) */
 
 /* What -data puts in NXmx and CBF files. */
 enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };

@@ -735,12 +735,24 @@ static void in_frame(const lab_frame *P, const double v[3], int point, double ou
 /* The deepest hierarchy nbgrad follows (dxtbx's go a few levels deep; a hostile file cannot recurse without end). */
 #define EXPT_MAX_DEPTH 32
 
+/* The hierarchy's levels as the walk meets them: lv[k * NBG_PANEL_LEVELS + l] is panel k's group at level l (-3: a
+ * group of its own, numbered at the end); path[l] the group being walked at depth l (-2: not numbered until it holds
+ * a panel), count[l] the groups numbered at level l; depth[k] the depth of panel k's parent group. */
+typedef struct {
+    int *lv, *depth;
+    int path[NBG_PANEL_LEVELS], count[NBG_PANEL_LEVELS];
+} hier_walk;
+
 /* Walks a group of the hierarchy: its frame in its parent's P, then its children, giving each panel it names its
  * parent's laboratory frame in frames[k] and owner[k] (0: not yet seen; 1: the root's; else 2 + the number of the
- * group, the groups that hold panels numbered from 0 in the order met, *ng of them). */
+ * group, the groups that hold panels numbered from 0 in the order met, *ng of them), and its groups at each level
+ * (w). */
 static int walk_group(const reader *r, json_t *node, const char *where, const lab_frame *P, size_t np,
-                      lab_frame *frames, int *owner, int is_root, int *ng, int depth)
+                      lab_frame *frames, int *owner, int is_root, int *ng, int depth, hier_walk *w)
 {
+    if (depth < NBG_PANEL_LEVELS) {
+        w->path[depth] = depth == 0 ? 0 : -2;
+    }
     int gid = is_root ? -1 : -2; /* -2: not numbered until it holds a panel */
     if (!json_is_object(node))
         return bad(r, where, "", "expected a group (an object)");
@@ -774,7 +786,7 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
         snprintf(cw, sizeof cw, "%s.children[%zu]", where, c);
         json_t *pi = json_is_object(ch) ? json_object_get(ch, "panel") : NULL;
         if (pi == NULL) {
-            if ((rc = walk_group(r, ch, cw, &G, np, frames, owner, 0, ng, depth + 1)) != NBG_OK)
+            if ((rc = walk_group(r, ch, cw, &G, np, frames, owner, 0, ng, depth + 1, w)) != NBG_OK)
                 return rc;
             continue;
         }
@@ -787,6 +799,16 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
             gid = (*ng)++;
         owner[k] = gid + 2;
         frames[k] = G;
+        w->depth[k] = depth;
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l) {
+            if (l <= depth) {
+                if (w->path[l] == -2)
+                    w->path[l] = w->count[l]++;
+                w->lv[k * NBG_PANEL_LEVELS + l] = w->path[l];
+            } else {
+                w->lv[k * NBG_PANEL_LEVELS + l] = -3;
+            }
+        }
     }
     return NBG_OK;
 }
@@ -794,12 +816,22 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
 /* Each panel's parent frame in the laboratory from the detector's hierarchy (dxtbx writes a panel's vectors in its
  * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's.
  * group[k]: the panel's parent group, numbered from 0 in the order met; a panel under the root (or in a list without
- * a hierarchy) is a group of its own, numbered after those; a group that holds only groups has no number. */
-static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames, int *group)
+ * a hierarchy) is a group of its own, numbered after those; a group that holds only groups has no number.
+ * lv[k * NBG_PANEL_LEVELS + l]: its group at level l (nbg_panel.level_group). */
+static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames, int *group,
+                        int *lv)
 {
+    hier_walk w;
+    memset(&w, 0, sizeof w);
+    w.lv = lv;
+    w.depth = calloc(np, sizeof(int));
+    if (w.depth == NULL)
+        return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
     for (size_t k = 0; k < np; ++k) {
         frames[k] = identity_frame;
         group[k] = 0;
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l)
+            lv[k * NBG_PANEL_LEVELS + l] = l == 0 ? 0 : -3;
     }
     json_t *h;
     int rc = member(r, d, where, "hierarchy", 0, &h);
@@ -807,13 +839,23 @@ static int panel_frames(const reader *r, json_t *d, const char *where, size_t np
     if (rc == NBG_OK && h != NULL) {
         char hw[128];
         snprintf(hw, sizeof hw, "%s.hierarchy", where);
-        rc = walk_group(r, h, hw, &identity_frame, np, frames, group, 1, &ng, 0);
+        rc = walk_group(r, h, hw, &identity_frame, np, frames, group, 1, &ng, 0, &w);
         for (size_t k = 0; rc == NBG_OK && k < np; ++k)
             if (group[k] == 0)
                 rc = bad(r, hw, "", "panel %zu is in no group of the hierarchy", k);
     }
     for (size_t k = 0; rc == NBG_OK && k < np; ++k)
         group[k] = group[k] >= 2 ? group[k] - 2 : ng++;
+    /* the levels: a panel nearer the root than a level is a group of its own there, numbered after the level's
+     * groups; past the deepest panel's level, none */
+    int deepest = 0;
+    for (size_t k = 0; k < np; ++k)
+        deepest = w.depth[k] > deepest ? w.depth[k] : deepest;
+    for (int l = 1; rc == NBG_OK && l < NBG_PANEL_LEVELS; ++l)
+        for (size_t k = 0; k < np; ++k)
+            if (lv[k * NBG_PANEL_LEVELS + l] == -3)
+                lv[k * NBG_PANEL_LEVELS + l] = l > deepest ? -1 : w.count[l]++;
+    free(w.depth);
     return rc;
 }
 
@@ -845,11 +887,11 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     if (np > 100000)
         return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
     /* each panel's parent frame: the vectors in the list are in it (dxtbx's hierarchy of groups) */
-    lab_frame *frames = malloc((sizeof *frames + sizeof(int)) * np);
+    lab_frame *frames = malloc((sizeof *frames + sizeof(int) * (1 + NBG_PANEL_LEVELS)) * np);
     if (frames == NULL)
         return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
-    int *group = (int *)(frames + np);
-    if ((rc = panel_frames(r, d, where, np, frames, group)) != NBG_OK) {
+    int *group = (int *)(frames + np), *lv = group + np;
+    if ((rc = panel_frames(r, d, where, np, frames, group, lv)) != NBG_OK) {
         free(frames);
         return rc;
     }
@@ -895,6 +937,7 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
                 out[k].thick_abs = gk.mu > 0 ? 1000.0 / gk.mu : 0;
             }
             out[k].group = group[k];
+            memcpy(out[k].level_group, lv + k * NBG_PANEL_LEVELS, sizeof out[k].level_group);
             json_t *name = json_object_get(json_array_get(panels, k), "name");
             snprintf(out[k].name, sizeof out[k].name, "%s", json_is_string(name) ? json_string_value(name) : "");
             if (k == 0)

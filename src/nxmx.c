@@ -1949,6 +1949,15 @@ int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
     if (rc == NBG_OK) {
         *g = lg;
         *npanels = np;
+        /* the levels: the detector, its modules (the panels' groups), the panels */
+        for (int k = 0; k < np; ++k) {
+            int *lv = (*panels)[k].level_group;
+            lv[0] = 0;
+            lv[1] = (*panels)[k].group;
+            lv[2] = k;
+            for (int l = 3; l < NBG_PANEL_LEVELS; ++l)
+                lv[l] = -1;
+        }
     }
     return rc;
 }

@@ -608,6 +608,20 @@ int nbg_layout(nbg_ctx *ctx, const char *name, nbg_panel *panels, int capacity, 
     if (capacity < n || panels == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "layout %s has %d panels, room for %d given", name, n, capacity);
     }
+    /* the hierarchy's levels: the detector, then (the CSPAD's quadrants,) the modules, then the panels */
+    const int cspad = strcmp(name, "cspad") == 0;
+    for (int k = 0; k < n; ++k) {
+        int *lv = panels[k].level_group, l = 0;
+        lv[l++] = 0;
+        if (cspad) {
+            lv[l++] = panels[k].group / 8; /* the quadrant of the sensor */
+        }
+        lv[l++] = panels[k].group;
+        lv[l++] = k;
+        while (l < NBG_PANEL_LEVELS) {
+            lv[l++] = -1;
+        }
+    }
     /* the bounding box's corner becomes the plane's pixel (0,0) corner */
     double lo[2] = {INFINITY, INFINITY}, hi[2] = {-INFINITY, -INFINITY};
     for (int k = 0; k < n; ++k) {

@@ -448,6 +448,78 @@ static void test_hierarchy(nbg_ctx *ctx, const char *dir)
                         r2 == NBG_OK ? "" : nbg_errmsg(ctx));
         free(q);
     }
+    {
+        /* three levels, as a CSPAD's list: the detector, 2 quadrants, 2 sensors each, 2 panels each; the groups at
+         * each level as DIALS's hierarchy_level counts them, and -panel_groups levelL through the builder */
+        char pl[8][400], all[4000] = "", text[12000], p3[600];
+        const char *id = "\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, 1, 0], \"origin\": [0, 0, 0]";
+        for (int k = 0; k < 8; ++k) {
+            snprintf(pl[k], sizeof pl[k], "%s{\"name\": \"a%d\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], "
+                     "\"origin\": [%d, 5, -100], \"pixel_size\": [0.1, 0.1], \"image_size\": [20, 10]}",
+                     k ? ", " : "", k, -40 + 10 * k);
+            strcat(all, pl[k]);
+        }
+        char quads[2][2000];
+        for (int qd = 0; qd < 2; ++qd) {
+            char s0[600], s1[600];
+            snprintf(s0, sizeof s0, "{%s, \"children\": [{\"panel\": %d}, {\"panel\": %d}]}", id, 4 * qd, 4 * qd + 1);
+            snprintf(s1, sizeof s1, "{%s, \"children\": [{\"panel\": %d}, {\"panel\": %d}]}", id, 4 * qd + 2,
+                     4 * qd + 3);
+            snprintf(quads[qd], sizeof quads[qd], "{%s, \"children\": [%s, %s]}", id, s0, s1);
+        }
+        snprintf(text, sizeof text,
+                 "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT("0") "],\n"
+                 "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+                 "  \"detector\": [{\"panels\": [%s], \"hierarchy\": {%s, \"children\": [%s, %s]}}],\n"
+                 "  \"goniometer\": [" GON "],\n"
+                 "  \"scan\": [{\"image_range\": [1, 2], \"oscillation\": [0, 0.1], \"exposure_time\": [1, 1]}]}\n",
+                 all, id, quads[0], quads[1]);
+        snprintf(p3, sizeof p3, "%s/hier3.expt", dir);
+        write_text(p3, text);
+        nbg_geometry g3;
+        nbg_panel *q = NULL;
+        int nq = 0;
+        const int r3 = nbg_read_expt_panels(ctx, p3, &g3, &q, &nq);
+        char got[4][40];
+        int ok = r3 == NBG_OK && nq == 8;
+        for (int l = 0; l < 4; ++l) {
+            got[l][0] = 0;
+            for (int k = 0; ok && k < 8; ++k) {
+                const size_t len = strlen(got[l]);
+                snprintf(got[l] + len, sizeof got[l] - len, "%d%s", q[k].level_group[l], k < 7 ? "," : "");
+            }
+        }
+        ok = ok && strcmp(got[0], "0,0,0,0,0,0,0,0") == 0 && strcmp(got[1], "0,0,0,0,1,1,1,1") == 0 &&
+             strcmp(got[2], "0,0,1,1,2,2,3,3") == 0 && strcmp(got[3], "-1,-1,-1,-1,-1,-1,-1,-1") == 0 &&
+             q[5].group == 2;
+        nbgi_test_check(ok, "hier-levels", "the groups at levels 0-3: %s | %s | %s | %s%s", got[0], got[1], got[2],
+                        got[3], r3 == NBG_OK ? "" : nbg_errmsg(ctx));
+        free(q);
+        const char *lvl[4] = {"detector", "level1", "level2", "modules"};
+        const int want_groups[4] = {1, 2, 4, 4};
+        for (int lt = 0; lt < 4; ++lt) {
+            nbg_builder *b = NULL;
+            const char *argv[] = {"-expt", p3, "-panel_groups", lvl[lt], "-default_F", "1", "-N", "2"};
+            int rb = nbg_builder_create(&b);
+            rb = rb == NBG_OK ? nbg_builder_parse(ctx, b, 8, argv) : rb;
+            rb = rb == NBG_OK ? nbg_builder_load(ctx, b) : rb;
+            nbg_panel_motion *mo = NULL;
+            const int ng = rb == NBG_OK ? nbg_builder_motions(b, &mo) : -1;
+            char tid[48];
+            snprintf(tid, sizeof tid, "hier-panel-groups-%s", lvl[lt]);
+            nbgi_test_check(ng == want_groups[lt], tid, "-panel_groups %s: %d motion groups (%d expected)%s%s", lvl[lt],
+                            ng, want_groups[lt], rb == NBG_OK ? "" : ": ", rb == NBG_OK ? "" : nbg_errmsg(ctx));
+            nbg_builder_destroy(b);
+        }
+        nbg_builder *b = NULL;
+        const char *argv[] = {"-expt", p3, "-panel_groups", "level3"};
+        int rb = nbg_builder_create(&b);
+        rb = rb == NBG_OK ? nbg_builder_parse(ctx, b, 4, argv) : rb;
+        rb = rb == NBG_OK ? nbg_builder_load(ctx, b) : rb;
+        nbgi_test_check(rb == NBG_EINVAL && strstr(nbg_errmsg(ctx), "no level 3") != NULL, "hier-panel-groups-too-deep",
+                        "-panel_groups level3 on a list two levels deep: %s", nbg_errmsg(ctx));
+        nbg_builder_destroy(b);
+    }
     for (int k = 0; rc == NBG_OK && k < 2; ++k) {
         double worst = 0;
         for (int i = 0; i < 3; ++i) {
