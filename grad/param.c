@@ -543,11 +543,14 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
         return push(l, p) ? NBG_OK : NBG_ENOMEM;
     }
     if (strcmp(w, "all") == 0) {
-        /* every scalar free in e; fluence left out beside scale (both are overall factors) */
+        /* every scalar free in e, but one of each set of parameters that make the same change: fluence beside scale
+         * (both overall factors), the misset angles beside the orientation offsets (both turn the crystal), the beam's
+         * tilts beside the detector and the crystal (turning the beam is turning them the other way) */
         for (int q = 0; q < NBG_NPARAMS; ++q) {
             int hard;
             const int scale_free = nbgi_param_fixed(e, pl, NBG_P_SCALE, &hard) == NULL;
-            if (nbgi_param_fixed(e, pl, q, &hard) != NULL || (q == NBG_P_FLUENCE && scale_free)) {
+            if (nbgi_param_fixed(e, pl, q, &hard) != NULL || (q == NBG_P_FLUENCE && scale_free) ||
+                nbgi_param_rows[q].setup == NBGI_S_MISSET || nbgi_param_rows[q].setup == NBGI_S_BEAM_DIR) {
                 continue;
             }
             if (!push(l, q)) {

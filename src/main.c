@@ -402,6 +402,14 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
         if (fr && p == NBG_P_FLUENCE) {
             snprintf(why, sizeof why, "fluence: an overall factor, as scale is (name one of the two)");
             fr = 0;
+        } else if (fr && (p == NBG_P_ROTX || p == NBG_P_ROTY || p == NBG_P_ROTZ)) {
+            snprintf(why, sizeof why, "%s: the misset angles turn the crystal as orient_x/y/z do (those, without gimbal "
+                     "lock; name misset to fit these instead)", nbg_param_name(p));
+            fr = 0;
+        } else if (fr && (p == NBG_P_BEAM_TILT1 || p == NBG_P_BEAM_TILT2)) {
+            snprintf(why, sizeof why, "%s: turning the beam is turning the detector and the crystal the other way (name "
+                     "it, and leave out a detector rotation or the orientation, to fit it)", nbg_param_name(p));
+            fr = 0;
         }
         if (!fr) {
             len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0, "\n  %s", why);

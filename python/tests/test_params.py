@@ -52,9 +52,10 @@ def test_all_is_every_free_parameter(exp, cli, tmp_path):
     w = np.ones(exp.shape, dtype=np.float32)
     g = nbgrad.grad(exp, w, "all")
     assert set(g) <= set(nbgrad.PARAMS)
-    assert set(nbgrad.GROUPS["cell"]) | {"rotx", "Na", "lambda", "distance", "bg"} <= set(g)
+    assert set(nbgrad.GROUPS["cell"]) | {"orient_x", "Na", "lambda", "distance", "bg"} <= set(g)
     assert "mosaic" not in g  # no mosaic spread: not free
     assert "fluence" not in g  # an overall factor, as the scale: named alone only
+    assert "rotx" not in g and "beam_tilt1" not in g  # the same changes as orient_x and the detector's: named alone
     assert list(g) == [p for p in nbgrad.PARAMS if p in g]
     assert nbgrad.grad(exp, w, ["all"]) == g
     ref = cli_json(cli, ["grad", *exp.flags, "-params", "all"], tmp_path)
