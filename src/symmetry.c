@@ -49,6 +49,12 @@ static int comp_add(components *cp, int order, char axis)
     return 1;
 }
 
+/* The order of a rotation written as the digit ch (1, 2, 3, 4, 6), else 0. */
+static int rotation_order(char ch)
+{
+    return ch == '1' || ch == '2' || ch == '3' || ch == '4' || ch == '6' ? ch - '0' : 0;
+}
+
 static int is_glide(char ch)
 {
     return ch != 0 && strchr("mabcnde", ch) != NULL;
@@ -61,8 +67,8 @@ static int token(const char *t, int hall, components *cp)
         ++t;
     }
     if (isdigit((unsigned char)*t)) {
-        const int d = *t - '0';
-        if (d != 1 && d != 2 && d != 3 && d != 4 && d != 6) {
+        const int d = rotation_order(*t);
+        if (d == 0) {
             return 0;
         }
         char axis = 0;
@@ -100,8 +106,8 @@ static int compact(const char *t, components *cp)
             ++t;
         }
         if (isdigit((unsigned char)*t)) {
-            const int d = *t - '0';
-            if (d != 1 && d != 2 && d != 3 && d != 4 && d != 6) {
+            const int d = rotation_order(*t);
+            if (d == 0) {
                 return 0;
             }
             ++t;

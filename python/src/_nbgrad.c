@@ -1279,58 +1279,12 @@ done:
     return out;
 }
 
-/* jvp(exp, params) -> (tangents (n, slow, fast) float64, image) */
-static PyObject *py_jvp(PyObject *self, PyObject *args)
+/* The tangent images of the parameters named in plist (a list; groups expanded in place: tangent j is the j-th
+ * parameter) and the image, in one render (nbg_simulate_tangents): (tangents (n, slow, fast) float64, image), the image
+ * float64 (the model image before its rounding) when dbl, else float32 (nbg_simulate_jvp's).  what names the call. */
+static PyObject *tangents_call(PyObject *o, PyObject *plist, int dbl, const char *what)
 {
-    PyObject *o, *plist;
-    if (!PyArg_ParseTuple(args, "OO:jvp", &o, &plist)) return NULL;
-    if (!exp_check(o, "jvp")) return NULL;
-    ExperimentObject *x = (ExperimentObject *)o;
-    PyArrayObject *tan = NULL, *img = NULL;
-    PyObject *out = NULL;
-    nbg_param *ids = NULL;
-    int n, want_F, attached;
-    exp_lock(x);
-    /* tangent j is the j-th parameter named (groups expanded in place) */
-    if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
-    if (want_F) {
-        PyErr_SetString(PyExc_ValueError, "jvp: 'F' has no single tangent (use grad for the table)");
-        goto done;
-    }
-    npy_intp dims[3] = {n, x->spixels, x->fpixels};
-    tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
-    img = new_image(x);
-    if (tan != NULL && img != NULL) {
-        int st;
-        Py_BEGIN_ALLOW_THREADS
-        st = nbg_simulate_jvp(x->ctx, x->e, ids, n, PyArray_DATA(tan), PyArray_DATA(img),
-                              (size_t)x->fpixels * x->spixels);
-        Py_END_ALLOW_THREADS
-        if (st != NBG_OK) {
-            raise_ctx(x->ctx, st);
-        } else {
-            out = Py_BuildValue("(OO)", tan, img);
-        }
-    }
-done:
-    motions_settle(x, attached);
-    exp_unlock(x);
-    free(ids);
-    Py_XDECREF(tan);
-    Py_XDECREF(img);
-    return out;
-}
-
-/* _tangents(exp, params, double) -> (tangents (n, slow, fast) float64, image): nbg_simulate_tangents, one render for
- * the image and the tangents of the scalar and motion parameters named (a list, possibly empty); the image float64
- * (the model image before its rounding) when double is true, else float32 (nbg_simulate_jvp's).  For the PyTorch
- * adapter (nbgrad.torch). */
-static PyObject *py_tangents(PyObject *self, PyObject *args)
-{
-    PyObject *o, *plist;
-    int dbl;
-    if (!PyArg_ParseTuple(args, "OOp:_tangents", &o, &plist, &dbl)) return NULL;
-    if (!exp_check(o, "_tangents")) return NULL;
+    if (!exp_check(o, what)) return NULL;
     ExperimentObject *x = (ExperimentObject *)o;
     PyArrayObject *tan = NULL, *img = NULL;
     PyObject *out = NULL;
@@ -1339,12 +1293,12 @@ static PyObject *py_tangents(PyObject *self, PyObject *args)
     exp_lock(x);
     if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto done;
     if (want_F) {
-        PyErr_SetString(PyExc_ValueError, "_tangents: 'F' has no tangent images (use grad for the table)");
+        PyErr_Format(PyExc_ValueError, "%s: 'F' has no tangent images (use grad for the table)", what);
         goto done;
     }
     npy_intp dims[3] = {n, x->spixels, x->fpixels};
     tan = (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_FLOAT64);
-    img = (PyArrayObject *)PyArray_SimpleNew(2, dims + 1, dbl ? NPY_FLOAT64 : NPY_FLOAT32);
+    img = dbl ? (PyArrayObject *)PyArray_SimpleNew(2, dims + 1, NPY_FLOAT64) : new_image(x);
     if (tan != NULL && img != NULL) {
         int st;
         Py_BEGIN_ALLOW_THREADS
@@ -1365,6 +1319,24 @@ done:
     Py_XDECREF(tan);
     Py_XDECREF(img);
     return out;
+}
+
+/* jvp(exp, params) -> (tangents (n, slow, fast) float64, image float32) */
+static PyObject *py_jvp(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    if (!PyArg_ParseTuple(args, "OO:jvp", &o, &plist)) return NULL;
+    return tangents_call(o, plist, 0, "jvp");
+}
+
+/* _tangents(exp, params, double) -> (tangents, image): as jvp, the list possibly empty, the image float64 when double
+ * is true.  For the PyTorch adapter (nbgrad.torch). */
+static PyObject *py_tangents(PyObject *self, PyObject *args)
+{
+    PyObject *o, *plist;
+    int dbl;
+    if (!PyArg_ParseTuple(args, "OOp:_tangents", &o, &plist, &dbl)) return NULL;
+    return tangents_call(o, plist, dbl, "_tangents");
 }
 
 /* The progress callback of nbg_refine runs without the GIL; it takes it for the Python callable.  An exception
