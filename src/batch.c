@@ -75,6 +75,18 @@ void nbgi_shots_free(shot_list *l)
     memset(l, 0, sizeof *l);
 }
 
+/* FNV-1a, 64 bits: the configuration's fingerprint (not a cryptographic hash: it tells runs apart, it does not
+ * defend against forgery) */
+#define FNV_START 14695981039346656037ULL
+static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; ++i) {
+        h = (h ^ b[i]) * 1099511628211ULL;
+    }
+    return h;
+}
+
 #ifdef NBG_HAVE_FORMATS
 /* Reads n numbers (or, with scalar_ok, one number meaning all n) from v; 0 on a wrong type. */
 static int numbers(json_t *v, double *out, int n, int scalar_ok)
@@ -97,18 +109,6 @@ static int numbers(json_t *v, double *out, int n, int scalar_ok)
 }
 
 /* Parses one shot object; prints the error and returns 0 when it is malformed. */
-/* FNV-1a, 64 bits: the configuration's fingerprint (not a cryptographic hash: it tells runs apart, it does not
- * defend against forgery) */
-#define FNV_START 14695981039346656037ULL
-static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; ++i) {
-        h = (h ^ b[i]) * 1099511628211ULL;
-    }
-    return h;
-}
-
 static int parse_shot(const char *path, int line, json_t *o, shot *s)
 {
     memset(s, 0, sizeof *s);
