@@ -579,6 +579,33 @@ def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
     return (image, geom, mask) if with_mask else (image, geom)
 
 
+def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[float] = None,
+                  gain: Optional[float] = None, read_noise: Optional[float] = None, adc: Optional[float] = None,
+                  with_info: bool = False):
+    """The observed image for exp, read as ``nbgrad grad``/``refine -observed`` read it (nbg_observed_read): frame
+    `frame` of path (a run of '#' names a series' files, 1-based; else frame `frame` of the one file), any format
+    (raw float32 must have exp's pixel count; a file that states its dimensions must have exp's).  Sets exp's
+    detector response (exp.pedestal, exp.gain, exp.read_noise) to the values given, else the file's, else
+    nanoBragg's (an SMV file without ADC_OFFSET carries adc: exp's -adc, 40; gain 1; read noise 0).  Returns
+    (image float32 of exp.shape, mask bool of exp.shape, True = a pixel used): the pixels left out are exp's mask's
+    (-mask), the file's mask and the overloads; pass ``weights=mask`` to loss_grad or refine to leave them out as
+    the program does.  A pixel used that is not finite raises InvalidError.  with_info=True adds a dict: the file
+    read, the response and where each value came from ('given', 'file', 'default'), the file's geometry and
+    scan_stated, the pixels left out by cause, and the program's lines (response_text, note, left_out)."""
+    nan = float("nan")
+    v = [nan if x is None else float(x) for x in (pedestal, gain, read_noise, adc)]
+    image, use, info = _ext.read_observed(exp, str(path), int(frame), *v)
+    shape = exp.shape
+    image = image.reshape(shape)
+    mask = use.reshape(shape).astype(bool)
+    if info.get("geometry") is not None:
+        info["geometry"] = Geometry(info["geometry"])
+        info["geometry"].complete = bool(info.pop("complete"))
+    else:
+        info.pop("complete", None)
+    return (image, mask, info) if with_info else (image, mask)
+
+
 def read_expt(path) -> Geometry:
     """A DIALS experiment list (one experiment, one panel) as a geometry dict."""
     return Geometry(_ext.read_expt(str(path)))
@@ -603,6 +630,6 @@ __all__ = [
     "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "PARAM_INFO", "GROUPS",
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
-    "write_pgm", "read_image", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "write_pgm", "read_image", "read_observed", "read_expt", "write_expt", "write_nxmx", "write_cbf",
     "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
 ]

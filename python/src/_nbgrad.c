@@ -1863,6 +1863,73 @@ static PyObject *py_read_image(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNON)", a, gd, have ? Py_True : Py_False, m != NULL ? (PyObject *)m : Py_NewRef(Py_None));
 }
 
+static const char *value_source(nbg_value_source v)
+{
+    return v == NBG_FROM_OPTION ? "given" : v == NBG_FROM_FILE ? "file" : "default";
+}
+
+/* read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (flat float32 image, flat uint8 use, info
+ * dict): nbg_observed_read with exp's experiment (its mask joins the file's); NAN for a value not given.  exp's
+ * detector response becomes the one chosen. */
+static PyObject *py_read_observed(PyObject *self, PyObject *args)
+{
+    PyObject *o, *path;
+    int frame = 0;
+    nbg_observed_options opt;
+    nbg_observed_options_default(&opt);
+    if (!PyArg_ParseTuple(args, "OO&idddd:read_observed", &o, PyUnicode_FSConverter, &path, &frame, &opt.pedestal,
+                          &opt.gain, &opt.read_noise, &opt.adc)) return NULL;
+    if (!exp_check(o, "read_observed")) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    ExperimentObject *x = (ExperimentObject *)o;
+    if (isnan(opt.adc)) {
+        opt.adc = nbg_builder_adc(x->b);
+    }
+    opt.what = "read_observed";
+    opt.mask_what = "the experiment's mask";
+    nbg_observed ob;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_observed_read(x->ctx, x->e, PyBytes_AS_STRING(path), frame, &opt, &ob);
+    Py_END_ALLOW_THREADS
+    if (st == NBG_OK) {
+        x->e->response = ob.response;
+    } else {
+        raise_ctx(x->ctx, st);
+    }
+    exp_unlock(x);
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    npy_intp n = (npy_intp)ob.npix;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    PyArrayObject *m = a != NULL ? (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8) : NULL;
+    PyObject *info = NULL;
+    if (m != NULL) {
+        memcpy(PyArray_DATA(a), ob.image, ob.npix * sizeof(float));
+        memcpy(PyArray_DATA(m), ob.use, ob.npix);
+        PyObject *gd = ob.geometry.fpixels > 0 ? geometry_dict(&ob.geometry) : Py_NewRef(Py_None);
+        info = gd == NULL ? NULL
+               : Py_BuildValue("{s:s,s:(ddd),s:(sss),s:N,s:O,s:i,s:d,s:l,s:l,s:l,s:l,s:s,s:s,s:s}", "file", ob.file,
+                               "response", ob.response.pedestal, ob.response.gain, ob.response.read_noise, "from",
+                               value_source(ob.pedestal_from), value_source(ob.gain_from),
+                               value_source(ob.read_noise_from), "geometry", gd, "complete",
+                               ob.have_geometry ? Py_True : Py_False, "scan_stated", ob.geometry.scan_stated,
+                               "saturation", ob.saturation, "left_mask", ob.nleft_mask, "left_file", ob.nleft_file,
+                               "left_overload", ob.nleft_overload, "negative", ob.nnegative, "response_text",
+                               ob.response_text, "note", ob.note, "left_out", ob.left_out);
+    }
+    nbg_observed_free(&ob);
+    if (info == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", a, m, info);
+}
+
 static PyObject *py_read_expt(PyObject *self, PyObject *args)
 {
     PyObject *path;
@@ -2037,6 +2104,8 @@ static PyMethodDef module_methods[] = {
     {"noise_image", py_noise_image, METH_VARARGS, "noise_image(image, seed, adc, roi) -> (image, photons, overloads)"},
     {"read_image", py_read_image, METH_VARARGS,
      "read_image(path, frame, expect_npix) -> (image, geom, complete, mask)"},
+    {"read_observed", py_read_observed, METH_VARARGS,
+     "read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (image, use, info)"},
     {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},
