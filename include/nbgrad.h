@@ -839,6 +839,11 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params
  * mask are left out.  half_box in [0, 100000]. */
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels);
+/* The spot pixels' threshold of a model image for nbg_spot_pixels, as nbgrad refine -spots and ensemble -spots take
+ * it: the image's floor plus frac (-spot_frac, 0.05) of its range, over the npix pixels use keeps (NULL: all; 0 =
+ * left out), in *threshold.  Returns 1, or 0 when the image is flat there (no spot to box; *threshold is then the
+ * floor, +INFINITY when no pixel is kept). */
+int nbg_spot_threshold(const float *image, const uint8_t *use, size_t npix, double frac, double *threshold);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Detector files and noise                                                                                    */

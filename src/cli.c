@@ -281,19 +281,6 @@ int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst)
     return 1;
 }
 
-int nbgi_spot_threshold(const float *img, const uint8_t *use, size_t npix, double frac, double *thr)
-{
-    double lo = INFINITY, hi = -INFINITY;
-    for (size_t i = 0; i < npix; ++i) {
-        if (use == NULL || use[i]) {
-            lo = fmin(lo, img[i]);
-            hi = fmax(hi, img[i]);
-        }
-    }
-    *thr = hi > lo ? lo + frac * (hi - lo) : lo; /* flat: the floor, for the message */
-    return hi > lo;
-}
-
 int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst)
 {
     double x;

@@ -125,10 +125,6 @@ int nbgi_set_path(void *opts, const char *flag, char **v, void *dst);
 int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst);
 /* -spots HALF: a box half-width in pixels, an integer in [0, 100000], into the int at dst. */
 int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst);
-/* The spot pixels' threshold of a model image (refine's and ensemble's -spots): its floor plus frac of its range over
- * the pixels use keeps (NULL: all), in *thr; 0 when the image is flat there (no spot to box; *thr is then the
- * floor). */
-int nbgi_spot_threshold(const float *img, const uint8_t *use, size_t npix, double frac, double *thr);
 int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst);
 
 /* --- progress and JSON ----------------------------------------------------------------------------------------- */

@@ -578,7 +578,7 @@ static int spot_list(ens *w, int k, long *nlisted, long *nwhole)
         return 0;
     }
     double thr;
-    if (!nbgi_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
+    if (!nbg_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
         ++*nwhole;
         return 1;
     }

@@ -942,7 +942,7 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             fprintf(stderr, "nbgrad: error: -spots: cannot render the starting model: %s\n",
                     img == NULL ? "out of memory" : nbg_errmsg(ctx));
             ok = 0;
-        } else if (!nbgi_spot_threshold(img, use, npix, o->spot_frac, &thr)) {
+        } else if (!nbg_spot_threshold(img, use, npix, o->spot_frac, &thr)) {
             fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", thr);
             ok = 0;
         }

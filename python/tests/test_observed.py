@@ -89,3 +89,51 @@ def test_loss_equals_cli(exp, cli, tmp_path):
     ref = json.loads(out.read_text())
     assert g.loss == pytest.approx(ref["loss"], rel=1e-9)
     assert g["a"] == pytest.approx(ref["gradient"]["a"], rel=1e-9)
+
+
+def test_spot_pixels(exp, tmp_path):
+    whole = nbgrad.simulate(exp)
+    pix = nbgrad.spot_pixels(exp, half=2)
+    assert pix.dtype == np.uint32 and 0 < pix.size < whole.size and np.all(np.diff(pix.astype(np.int64)) > 0)
+    # around every pixel above the floor by 5% of the range: the brightest is in, the faintest far from spots not
+    assert int(np.argmax(whole)) in set(pix.tolist())
+    assert np.array_equal(nbgrad.spot_pixels(exp, whole, half=2), pix)  # the model given = the model rendered
+    exp.pixels = pix
+    assert np.array_equal(exp.pixels, pix)
+    img = nbgrad.simulate(exp).ravel()
+    assert np.array_equal(img[pix], whole.ravel()[pix]) and not np.any(np.delete(img, pix))
+    # drawn from the whole model even with a list set; kept by copies and pickles
+    assert np.array_equal(nbgrad.spot_pixels(exp, half=2), pix)
+    import copy
+    import pickle
+    assert np.array_equal(copy.copy(exp).pixels, pix) and np.array_equal(pickle.loads(pickle.dumps(exp)).pixels, pix)
+    exp.pixels = None
+    assert exp.pixels is None and np.array_equal(nbgrad.simulate(exp), whole)
+    # centres (as -spotlist): one box; a flat image is refused; a bad index is refused
+    box = nbgrad.spot_pixels(exp, centres=[(10, 20)], half=1)
+    assert box.tolist() == [19 * 96 + 9, 19 * 96 + 10, 19 * 96 + 11, 20 * 96 + 9, 20 * 96 + 10, 20 * 96 + 11,
+                            21 * 96 + 9, 21 * 96 + 10, 21 * 96 + 11]
+    with pytest.raises(ValueError, match="flat"):
+        nbgrad.spot_pixels(exp, np.ones(exp.shape, np.float32))
+    with pytest.raises(ValueError):
+        exp.pixels = [whole.size]
+
+
+def test_spot_refine_equals_cli(exp, cli, tmp_path):
+    """refine -spots 3 in the program and a Python refine on spot_pixels' list: the same pixels, the same loss."""
+    obs = nbgrad.simulate(exp)
+    path = tmp_path / "obs.bin"
+    nbgrad.write_float(path, obs)
+    e = nbgrad.Experiment.from_flags(exp.flags, cell=(70.2, 80, 90, 75, 85, 95))
+    image, mask = nbgrad.read_observed(e, path)
+    e.pixels = nbgrad.spot_pixels(e, mask=mask)
+    r = nbgrad.refine(e, image, ["a"], loss="poisson", weights=mask.astype(np.float32))
+    out = tmp_path / "r.json"
+    subprocess.run([cli, "refine", *exp.flags, "-cell", "70.2", "80", "90", "75", "85", "95", "-observed", str(path),
+                    "-params", "a", "-loss", "poisson", "-spots", "3", "-json", str(out)], cwd=tmp_path, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ref = json.loads(out.read_text())
+    assert ref["pixels"] == e.pixels.size
+    assert r.start_loss == pytest.approx(ref["start_loss"], rel=1e-9)
+    assert r.values["a"] == pytest.approx(ref["parameters"]["a"]["value"], rel=1e-6)
+    assert r.values["a"] == pytest.approx(70, abs=0.01)
