@@ -480,6 +480,9 @@ int nbg_builder_motions(nbg_builder *b, nbg_panel_motion **motions);
 const uint8_t *nbg_builder_mask(const nbg_builder *b, int *fpixels, int *spixels);
 /* The images of the rotation series the flags ask for (-frames, or the scan of -expt): 1 or more. */
 int nbg_builder_frames(const nbg_builder *b);
+/* The ADC offset of the integer images (-adc; 40, nanoBragg's): what an SMV file without ADC_OFFSET carries
+ * (nbg_observed_options.adc). */
+double nbg_builder_adc(const nbg_builder *b);
 /* A context as the flags ask for it: -device, -precision, -threads, and the limits -max_memory and -max_samples
  * (nbg_ctx_create's statuses; *out NULL on failure). */
 int nbg_builder_ctx_create(const nbg_builder *b, nbg_ctx **out);
@@ -844,6 +847,11 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params
  * mask are left out.  half_box in [0, 100000]. */
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels);
+/* The spot pixels' threshold of a model image for nbg_spot_pixels, as nbgrad refine -spots and ensemble -spots take
+ * it: the image's floor plus frac (-spot_frac, 0.05) of its range, over the npix pixels use keeps (NULL: all; 0 =
+ * left out), in *threshold.  Returns 1, or 0 when the image is flat there (no spot to box; *threshold is then the
+ * floor, +INFINITY when no pixel is kept). */
+int nbg_spot_threshold(const float *image, const uint8_t *use, size_t npix, double frac, double *threshold);
 
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Detector files and noise                                                                                    */
@@ -1060,6 +1068,69 @@ int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
  * saturation) or NULL when no pixel is bad. */
 int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
                    nbg_geometry *g, int *have_geometry, uint8_t **mask);
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Observed images                                                                                             */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* How nbg_observed_read takes an observed image (nbg_observed_options_default: every field unset). */
+typedef struct {
+    double pedestal;       /* counts (NAN: not given: the file's; an SMV file without ADC_OFFSET: adc; raw floats: 0) */
+    double gain;           /* counts per photon, > 0 (NAN: not given: the file's when it states one > 0, else 1) */
+    double read_noise;     /* counts rms, >= 0 (NAN: not given: 0) */
+    double adc;            /* nanoBragg's ADC offset, what an SMV file without the ADC_OFFSET key carries (NAN: 40;
+                            * the program's -adc, nbg_builder_adc) */
+    const char *what;      /* the name the messages give the image by (NULL: "observed image"; the program's
+                            * "-observed") */
+    const char *mask_what; /* the name the messages give e->mask by (NULL: "the experiment's mask"; the program's
+                            * "-mask") */
+} nbg_observed_options;
+
+/* Where a value of the detector response came from. */
+typedef enum { NBG_FROM_DEFAULT = 0, NBG_FROM_OPTION = 1, NBG_FROM_FILE = 2 } nbg_value_source;
+
+/* An observed image read for an experiment (nbg_observed_read); nbg_observed_free releases it. */
+typedef struct {
+    float *image;                /* npix counts as read (the pedestal in; malloc'd); a pixel left out whose value is
+                                  * not a finite count >= 0 (a CBF's flags -1, -2) is 0 */
+    size_t npix;                 /* the experiment's pixels (nbg_report.npix) */
+    uint8_t *use;                /* npix (malloc'd): 1 = a pixel used, 0 = left out (e->mask's, the file's mask, an
+                                  * overload); what nbg_experiment.mask takes */
+    char file[4096];             /* the file read (frame f's of a '#' template) */
+    nbg_detector_model response; /* the detector response chosen, for nbg_experiment.response */
+    nbg_value_source pedestal_from, gain_from, read_noise_from; /* NBG_FROM_FILE: what the file's geometry says (SMV's
+                                  * gain is its reader's 1); NBG_FROM_DEFAULT: nanoBragg's ADC offset for SMV without
+                                  * ADC_OFFSET, raw floats' pedestal 0 and gain 1, read noise 0 */
+    nbg_geometry geometry;       /* what the file says of the geometry (nbg_read_image's g); geometry.scan_stated
+                                  * whether it states the image's scan */
+    int have_geometry;           /* the file's geometry is the whole geometry (nbg_read_image's *have_geometry) */
+    double saturation;           /* the first overloaded value, counts (INFINITY: the file states none) */
+    long nleft_mask, nleft_file, nleft_overload; /* the pixels left out: by e->mask, the file's mask, overloaded */
+    long nnegative;              /* pixels used whose count is below 0 (dark-subtracted data) */
+    /* What a program tells its user, one line each without a newline ("" when nothing to say): the response and
+     * where each value came from; a note on counts below 0; the pixels left out. */
+    char response_text[4352], note[4608], left_out[320];
+} nbg_observed;
+
+/* The options unset: pedestal, gain, read_noise and adc NAN, what and mask_what NULL. */
+void nbg_observed_options_default(nbg_observed_options *opt);
+
+/* Reads the observed image for experiment e: frame `frame` (0-based) of path (a run of '#' in the name: the file of
+ * that frame's 1-based number, e.g. img_####.cbf, read at its frame 0; otherwise frame `frame` of the one file, an
+ * NXmx series), any format nbg_read_image knows, raw floats of e's pixel count included.  The policy nbgrad's grad
+ * and refine apply: the image must have e's pixels (and a file that states its dimensions the single detector's);
+ * the response is opt's pedestal, gain and read noise where given, else the file's, else nanoBragg's (an SMV file
+ * without ADC_OFFSET carries opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the
+ * file's mask and those at or above the file's saturation; a pixel used must hold a finite value (NBG_EINVAL naming
+ * the first and counting them).  opt may be NULL (nbg_observed_options_default).  The caller applies the result:
+ * e->response = out->response, e->mask = out->use (a later frame of a series usually keeps the first frame's
+ * response, and takes the first frame's use as e->mask).  Never prints: on failure the status (NBG_EIO, NBG_EINVAL,
+ * NBG_ENOMEM) with the message in nbg_errmsg(ctx), and *out empty (nothing to free); on success *out is to be freed
+ * with nbg_observed_free. */
+int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, int frame,
+                      const nbg_observed_options *opt, nbg_observed *out);
+/* Frees what out holds (image, use) and empties it; NULL is fine. */
+void nbg_observed_free(nbg_observed *out);
 
 #ifdef __cplusplus
 }

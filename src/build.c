@@ -1636,6 +1636,11 @@ int nbg_builder_frames(const nbg_builder *b)
     return b != NULL && b->c.nframes > 0 ? b->c.nframes : 1;
 }
 
+double nbg_builder_adc(const nbg_builder *b)
+{
+    return b != NULL ? b->c.adc : 40;
+}
+
 int nbg_builder_ctx_create(const nbg_builder *b, nbg_ctx **out)
 {
     if (out == NULL) {

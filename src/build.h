@@ -116,4 +116,15 @@ int nbgi_cli_names_output(const char *a);
 /* Whether name is one of the common (nanoBragg and nbgrad) flags of the table. */
 int nbgi_cli_is_flag(const char *name);
 
+/* src/observed.c.  The name of frame `frame` (0-based) of a series of n images written to or read from path: a run
+ * of '#' in the name replaced by the 1-based frame number (zero-padded to the run's width; a single image too, as
+ * still_00001.cbf, the name DIALS can import); else path itself when n is 1, or "_00001" inserted before the
+ * extension.  out holds size bytes. */
+void nbgi_frame_name(const char *path, int frame, int n, char *out, size_t size);
+/* NBG_EINVAL, with the message naming what (the flag) and path, when an image file read for experiment e states
+ * dimensions (fg: what nbg_read_image gave) other than the single detector's; NBG_OK otherwise (raw floats,
+ * panels). */
+int nbgi_image_shape_check(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
+                           const nbg_geometry *fg);
+
 #endif

@@ -113,15 +113,8 @@ int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path)
 int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
                             const nbg_geometry *fg)
 {
-    nbg_report r;
-    if (fg == NULL || fg->fpixels <= 0 || fg->spixels <= 0 || nbg_describe(ctx, e, &r) != NBG_OK ||
-        r.npanels > 1) {
-        return 1; /* raw floats state no shape; a detector of panels is checked by its pixel count */
-    }
-    if (fg->fpixels != r.fpixels || fg->spixels != r.spixels) {
-        fprintf(stderr, "nbgrad: error: %s %s is %d x %d pixels (fast x slow, as the file states) but the detector is "
-                        "%d x %d: the same number of pixels in another shape is another image\n", what, path,
-                fg->fpixels, fg->spixels, r.fpixels, r.spixels);
+    if (nbgi_image_shape_check(ctx, e, what, path, fg) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return 0;
     }
     return 1;
@@ -286,19 +279,6 @@ int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst)
     }
     *(int *)dst = (int)m;
     return 1;
-}
-
-int nbgi_spot_threshold(const float *img, const uint8_t *use, size_t npix, double frac, double *thr)
-{
-    double lo = INFINITY, hi = -INFINITY;
-    for (size_t i = 0; i < npix; ++i) {
-        if (use == NULL || use[i]) {
-            lo = fmin(lo, img[i]);
-            hi = fmax(hi, img[i]);
-        }
-    }
-    *thr = hi > lo ? lo + frac * (hi - lo) : lo; /* flat: the floor, for the message */
-    return hi > lo;
 }
 
 int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst)
@@ -493,26 +473,6 @@ void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nb
     st->rmsd = sqrt(dev / (nall > 1 ? nall - 1 : 1));
 }
 
-void nbgi_cli_frame_name(const char *path, int frame, int n, char *out, size_t size)
-{
-    const char *hash = strchr(path, '#');
-    if (n <= 1 && hash == NULL) { /* one frame: the name as given (a '#' template still takes the number, 1) */
-        snprintf(out, size, "%s", path);
-        return;
-    }
-    if (hash != NULL) {
-        const size_t width = strspn(hash, "#");
-        snprintf(out, size, "%.*s%0*d%s", (int)(hash - path), path, (int)width, frame + 1, hash + width);
-        return;
-    }
-    const char *slash = strrchr(path, '/');
-    const char *dot = strrchr(path, '.');
-    if (dot == NULL || (slash != NULL && dot < slash) || dot == path || (slash != NULL && dot == slash + 1)) {
-        dot = path + strlen(path);
-    }
-    snprintf(out, size, "%.*s_%05d%s", (int)(dot - path), path, frame + 1, dot);
-}
-
 /* The template of a file series for an experiment list: the name with the frame number as '#'s. */
 static void series_template(const char *path, int n, char *out, size_t size)
 {
@@ -630,7 +590,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
     /* the integer and noise images of panels: the concatenation as one row (panels have no region of interest) */
     const int IF = c->e.npanels > 0 ? (int)npix : F, IS = c->e.npanels > 0 ? 1 : S;
     if (c->floatfile != NULL) {
-        nbgi_cli_frame_name(c->floatfile, frame, nframes, name, sizeof name);
+        nbgi_frame_name(c->floatfile, frame, nframes, name, sizeof name);
         if (nbgi_write_float_set(ctx, &c->outs, name, img, npix) != NBG_OK) {
             return out_error(ctx);
         }
@@ -667,7 +627,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         printf("intfile_scale = %g\n", scale);
     }
     if (c->intfile != NULL) {
-        nbgi_cli_frame_name(c->intfile, frame, nframes, name, sizeof name);
+        nbgi_frame_name(c->intfile, frame, nframes, name, sizeof name);
         if (nbgi_write_smv_set(ctx, &c->outs, name, &h, ibuf) != NBG_OK) {
             out_error(ctx);
             goto done;
@@ -679,7 +639,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         if (ps <= 0) {
             ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
         }
-        nbgi_cli_frame_name(c->pgmfile, frame, nframes, name, sizeof name);
+        nbgi_frame_name(c->pgmfile, frame, nframes, name, sizeof name);
         if (nbgi_write_pgm_set(ctx, &c->outs, name, img, F, S, ps) != NBG_OK) {
             out_error(ctx);
             goto done;
@@ -704,7 +664,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
     }
     if (c->noisefile != NULL && !c->nonoise) {
-        nbgi_cli_frame_name(c->noisefile, frame, nframes, name, sizeof name);
+        nbgi_frame_name(c->noisefile, frame, nframes, name, sizeof name);
         if (nbgi_write_smv_set(ctx, &c->outs, name, &h, nbuf) != NBG_OK) {
             out_error(ctx);
             goto done;
@@ -714,7 +674,7 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
     const uint16_t *counts = c->filedata == NBGI_DATA_NOISE ? nbuf : ibuf;
     if (c->cbffile != NULL) {
         for (size_t i = 0; i < npix; ++i) cbuf[i] = counts[i];
-        nbgi_cli_frame_name(c->cbffile, frame, nframes, name, sizeof name);
+        nbgi_frame_name(c->cbffile, frame, nframes, name, sizeof name);
         if (nbgi_write_cbf_set(ctx, &c->outs, name, &c->geom, frame, cbuf) != NBG_OK) {
             out_error(ctx);
             goto done;

@@ -56,10 +56,6 @@ void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nb
  * renamed over a target yet); with several frames, the per-image files get the frame number (1-based) in their
  * names, and the last frame also writes the NXmx file and the experiment list of the series. */
 int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame);
-/* The name of frame `frame` (0-based) of a series of n images written to path: a run of '#' in the name replaced by
- * the 1-based frame number (zero-padded to the run's width; a single image too, as still_00001.cbf, the name DIALS
- * can import); else path itself when n is 1, or "_00001" inserted before the extension.  out holds size bytes. */
-void nbgi_cli_frame_name(const char *path, int frame, int n, char *out, size_t size);
 /* Renames every output of the run over its target; prints the error and returns 0 on failure. */
 int nbgi_cli_commit(nbg_ctx *ctx, nbgi_cli *c);
 
@@ -129,10 +125,6 @@ int nbgi_set_path(void *opts, const char *flag, char **v, void *dst);
 int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst);
 /* -spots HALF: a box half-width in pixels, an integer in [0, 100000], into the int at dst. */
 int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst);
-/* The spot pixels' threshold of a model image (refine's and ensemble's -spots): its floor plus frac of its range over
- * the pixels use keeps (NULL: all), in *thr; 0 when the image is flat there (no spot to box; *thr is then the
- * floor). */
-int nbgi_spot_threshold(const float *img, const uint8_t *use, size_t npix, double frac, double *thr);
 int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst);
 
 /* --- progress and JSON ----------------------------------------------------------------------------------------- */

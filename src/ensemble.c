@@ -197,7 +197,7 @@ typedef struct {
     nbg_experiment *e;      /* nmine experiments */
     nbg_source **src;       /* nmine source arrays (NULL when none) */
     float **obs;            /* nmine observed images */
-    uint8_t **mask;         /* nmine masks (the file's; NULL = none) */
+    uint8_t **mask;         /* nmine masks (-mask's, the file's and the overloads: nbg_observed.use) */
     uint32_t **list;        /* nmine spot regions (-spots; NULL: every pixel) */
     size_t npix;
     float *img;
@@ -531,34 +531,32 @@ static int global_step(ens *w, double *x, int max_iter, double *Lout, const char
 }
 #endif
 
-/* Reads shot k's observed image (pedestal: the file's, else -adc's for SMV without the key, else 0). */
+/* Reads shot k's observed image through the library's policy (nbg_observed_read: the pedestal the file's, else
+ * -adc's for SMV without the key; the shot's mask joined by the file's and the overloads) into its experiment;
+ * prints the error. */
 static int load_observed(ens *w, int k)
 {
     const shot *s = &w->shots->v[shot_of(w, k)];
-    char path[4096];
+    char path[4096], what[256];
     if (!nbgi_shot_name(w->o->observed, s->id, path, sizeof path)) {
         fprintf(stderr, "nbgrad: error: shot %s: the -observed name is too long\n", s->id);
         return 0;
     }
-    size_t n = 0;
-    nbg_geometry g;
-    if (nbg_read_image(w->ctx, path, 0, w->npix, &w->obs[k], &n, &g, NULL, &w->mask[k]) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: shot %s: %s\n", s->id, nbg_errmsg(w->ctx));
+    snprintf(what, sizeof what, "shot %s", s->id);
+    nbg_observed_options opt;
+    nbg_observed_options_default(&opt);
+    opt.adc = w->c->adc;
+    opt.what = what;
+    opt.mask_what = "-mask";
+    nbg_observed ob;
+    if (nbg_observed_read(w->ctx, &w->e[k], path, 0, &opt, &ob) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(w->ctx));
         return 0;
     }
-    if (n != w->npix) {
-        fprintf(stderr, "nbgrad: error: shot %s: %s has %zu pixels, the detector %zu\n", s->id, path, n, w->npix);
-        return 0;
-    }
-    if (!nbgi_cli_image_shape_ok(w->ctx, &w->e[k], "-observed", path, &g)) {
-        return 0;
-    }
-    w->e[k].response.pedestal = isnan(g.pedestal) ? w->c->adc : g.fpixels > 0 ? g.pedestal : 0;
-    w->e[k].mask = w->mask[k] == NULL ? NULL : w->mask[k];
-    if (w->mask[k] != NULL) {
-        /* nbg_read_image's mask is 1 = bad; the experiment's is 0 = skip */
-        for (size_t i = 0; i < n; ++i) w->mask[k][i] = !w->mask[k][i];
-    }
+    w->obs[k] = ob.image;
+    w->mask[k] = ob.use;
+    w->e[k].response = ob.response;
+    w->e[k].mask = ob.use;
     return 1;
 }
 
@@ -580,7 +578,7 @@ static int spot_list(ens *w, int k, long *nlisted, long *nwhole)
         return 0;
     }
     double thr;
-    if (!nbgi_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
+    if (!nbg_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
         ++*nwhole;
         return 1;
     }

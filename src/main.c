@@ -439,119 +439,38 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
     return 1;
 }
 
-/* Reads the observed image and what goes with it: the detector response (-pedestal, -gain, -read_noise, else the
- * file's, else nanoBragg's ADC offset for SMV without the key) into c->e.response, and the pixels to leave out
- * (the file's mask, its overloads, -mask) into *use, which c->e.mask then points to (the caller frees it).
- * Prints what it decided, and errors.  geom (NULL: not wanted) receives what the file says of the geometry (its
- * scan_stated says whether it states the image's start angle). */
-static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, size_t npix, int frame, int nframes,
-                            uint8_t **use, nbg_geometry *geom)
+/* Reads frame `frame` of the observed image for c->e (nbg_observed_read, the policy of the library: the detector
+ * response from -pedestal, -gain, -read_noise, else the file's, else nanoBragg's ADC offset -adc for SMV without the
+ * key; the pixels to leave out: -mask's, the file's mask, its overloads) and prints what it decided and its errors.
+ * Frame 0 sets c->e.response and c->e.mask (to *use, which the caller frees); a later frame keeps the first one's
+ * response.  geom (NULL: not wanted) receives what the file says of the geometry (its scan_stated says whether it
+ * states the image's start angle). */
+static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int frame, uint8_t **use,
+                            nbg_geometry *geom)
 {
-    float *img = NULL;
-    uint8_t *fmask = NULL;
-    size_t n = 0;
-    nbg_geometry g;
-    int have_geom = 0;
+    nbg_observed_options opt = {o->pedestal, o->gain, o->read_noise, c->adc, "-observed", "-mask"};
+    nbg_observed ob;
     *use = NULL;
-    /* frame f of a series: the file the '#' template names, or frame f of the one file (NXmx) */
-    char path[4096];
-    const int templ = strchr(o->observed, '#') != NULL;
-    if (templ) {
-        nbgi_cli_frame_name(o->observed, frame, nframes, path, sizeof path);
-    } else {
-        snprintf(path, sizeof path, "%s", o->observed);
-    }
-    if (nbg_read_image(ctx, path, templ ? 0 : frame, npix, &img, &n, &g, &have_geom, &fmask) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: -observed%s: %s\n", frame > 0 ? " (a later frame)" : "", nbg_errmsg(ctx));
+    if (nbg_observed_read(ctx, &c->e, o->observed, frame, &opt, &ob) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return NULL;
     }
     if (geom != NULL) {
-        *geom = g;
+        *geom = ob.geometry;
     }
-    if (n != npix || !nbgi_cli_image_shape_ok(ctx, &c->e, "-observed", path, &g)) {
-        if (n != npix) {
-            fprintf(stderr, "nbgrad: error: -observed %s has %zu pixels, the detector has %zu\n", path, n, npix);
+    if (frame == 0) { /* the detector response is the first frame's */
+        c->e.response = ob.response;
+        printf("%s\n", ob.response_text);
+        if (ob.note[0] != '\0') {
+            printf("note: %s\n", ob.note);
         }
-        free(img);
-        free(fmask);
-        return NULL;
+        c->e.mask = ob.use;
     }
-    if (frame > 0) {
-        goto mask; /* the detector response is the first frame's */
+    if (ob.left_out[0] != '\0') {
+        printf("%s\n", ob.left_out);
     }
-    nbg_detector_model *r = &c->e.response;
-    const char *from;
-    if (!isnan(o->pedestal)) {
-        r->pedestal = o->pedestal;
-        from = "-pedestal";
-    } else if (isnan(g.pedestal)) { /* SMV without ADC_OFFSET: written by nanoBragg, whose offset is -adc's */
-        r->pedestal = c->adc;
-        from = "an SMV file without ADC_OFFSET: nanoBragg's ADC offset (-adc)";
-    } else {
-        r->pedestal = g.pedestal;
-        from = g.fpixels > 0 ? "the file's" : "raw floats carry none";
-    }
-    r->gain = !isnan(o->gain) ? o->gain : (isfinite(g.gain) && g.gain > 0 ? g.gain : 1);
-    r->read_noise = !isnan(o->read_noise) ? o->read_noise : 0;
-    printf("observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts\n", path,
-           r->pedestal, from, r->gain, r->read_noise);
-mask:
-    *use = malloc(npix);
-    if (*use == NULL) {
-        fprintf(stderr, "nbgrad: error: out of memory for the pixel mask\n");
-        free(img);
-        free(fmask);
-        return NULL;
-    }
-    long nfile = 0, nover = 0, ncli = 0, nbad = 0, nneg = 0;
-    size_t firstbad = 0;
-    float badval = 0;
-    const double sat = isfinite(g.saturation) && g.saturation > 0 ? g.saturation : INFINITY;
-    for (size_t i = 0; i < npix; ++i) {
-        uint8_t keep = 1;
-        /* nbg_read_image's mask includes the overloads: count them as such */
-        if (c->e.mask != NULL && c->e.mask[i] == 0) {
-            keep = 0, ++ncli;
-        } else if (img[i] >= sat) {
-            keep = 0, ++nover;
-        } else if (fmask != NULL && fmask[i]) {
-            keep = 0, ++nfile;
-        } else if (!isfinite(img[i])) {
-            if (nbad++ == 0) {
-                firstbad = i, badval = img[i];
-            }
-            keep = 0;
-        } else if (img[i] < 0) {
-            ++nneg; /* dark-subtracted data: a value below zero is data (a CBF's flags -1, -2 are in its mask) */
-        }
-        (*use)[i] = keep;
-        if (!keep && !(isfinite(img[i]) && img[i] >= 0)) {
-            img[i] = 0; /* a flagged value (CBF's -1, -2) is not data */
-        }
-    }
-    free(fmask);
-    if (nbad > 0) {
-        fprintf(stderr, "nbgrad: error: -observed %s: pixel %zu is %g (must be finite), %ld such pixels outside the "
-                "file's mask\n", o->observed, firstbad, (double)badval, nbad);
-        free(img);
-        free(*use);
-        *use = NULL;
-        return NULL;
-    }
-    if (nneg > 0 && frame == 0) {
-        printf("note: -observed %s: %ld pixels below 0 counts (dark-subtracted data?): least squares takes them as "
-               "they are, the Poisson losses clip (obs - pedestal) / gain (plus the read noise's variance) at 0\n",
-               o->observed, nneg);
-    }
-    const long nout = nfile + nover + ncli;
-    if (nout > 0) {
-        printf("left out %ld of %zu pixels%s: %ld in the file's mask, %ld overloaded (>= %g counts), %ld in -mask\n",
-               nout, npix, frame > 0 ? " of a later frame" : "", nfile, nover, sat, ncli);
-    }
-    if (frame == 0) {
-        c->e.mask = *use;
-    }
-    return img;
+    *use = ob.use;
+    return ob.image;
 }
 
 /* Compares the observed image's floor with the model's (nbg_check_floor) and prints a warning naming the likely
@@ -773,7 +692,7 @@ static int cmd_grad(int argc, char **argv, int first)
         const int nf = refine_nframes(&c, o.observed, &alone);
         const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
         nbg_geometry og;
-        obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og);
+        obs = read_observed(ctx, &c, &o, 0, &use, &og);
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
         double phi0 = r.phi0, osc = r.osc;
@@ -795,7 +714,7 @@ static int cmd_grad(int argc, char **argv, int first)
             uint8_t *uf = NULL;
             if (f > 0) {
                 c.e.mask = climask;
-                if ((of = read_observed(ctx, &c, &o, npix, f, nf, &uf, NULL)) == NULL) {
+                if ((of = read_observed(ctx, &c, &o, f, &uf, NULL)) == NULL) {
                     free(gf);
                     goto done;
                 }
@@ -1031,7 +950,7 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             fprintf(stderr, "nbgrad: error: -spots: cannot render the starting model: %s\n",
                     img == NULL ? "out of memory" : nbg_errmsg(ctx));
             ok = 0;
-        } else if (!nbgi_spot_threshold(img, use, npix, o->spot_frac, &thr)) {
+        } else if (!nbg_spot_threshold(img, use, npix, o->spot_frac, &thr)) {
             fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", thr);
             ok = 0;
         }
@@ -1348,7 +1267,7 @@ static int cmd_refine(int argc, char **argv, int first)
     nf = refine_nframes(&c, o.observed, &alone);
     const uint8_t *climask = c.e.mask; /* -mask, before the first frame's file mask joins it */
     nbg_geometry og;
-    if ((obs = read_observed(ctx, &c, &o, npix, 0, nf, &use, &og)) == NULL) goto done;
+    if ((obs = read_observed(ctx, &c, &o, 0, &use, &og)) == NULL) goto done;
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
     const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
     if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
@@ -1389,7 +1308,7 @@ static int cmd_refine(int argc, char **argv, int first)
             fobs[0] = obs, fuse[0] = use;
         } else {
             c.e.mask = climask;
-            fok = (fobs[f] = read_observed(ctx, &c, &o, npix, f, nf, &fuse[f], NULL)) != NULL;
+            fok = (fobs[f] = read_observed(ctx, &c, &o, f, &fuse[f], NULL)) != NULL;
             c.e.mask = fuse[f];
         }
         fw[f] = wts;

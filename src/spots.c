@@ -140,3 +140,18 @@ int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, s
     nbgi_plan_free(&pl);
     return rc;
 }
+
+int nbg_spot_threshold(const float *image, const uint8_t *use, size_t npix, double frac, double *threshold)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; image != NULL && i < npix; ++i) {
+        if (use == NULL || use[i]) {
+            lo = fmin(lo, image[i]);
+            hi = fmax(hi, image[i]);
+        }
+    }
+    if (threshold != NULL) {
+        *threshold = hi > lo ? lo + frac * (hi - lo) : lo; /* flat: the floor, for the message */
+    }
+    return hi > lo;
+}

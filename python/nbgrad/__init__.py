@@ -228,6 +228,17 @@ class Experiment(_ext.Experiment):
         r = self.response()
         self.set_response(r[0], r[1], float(value))
 
+    @property
+    def pixels(self) -> Optional[np.ndarray]:
+        """The pixel list the calls render and fit (nbg_experiment.pixels): flat pixel indices (uint32, increasing),
+        or None for the whole image.  spot_pixels gives one around the Bragg spots (refine's -spots); the image
+        simulate returns is then 0 outside the list and the losses sum over the list alone."""
+        return self.get_pixels()
+
+    @pixels.setter
+    def pixels(self, value):
+        self.set_pixels(None if value is None else np.asarray(value).ravel())
+
     def _init_flags(self, argv, validate=True):
         _ext.Experiment.__init__(self, argv, validate)
         object.__setattr__(self, "_flags", list(argv))
@@ -350,7 +361,8 @@ class Experiment(_ext.Experiment):
             except (Error, ValueError):
                 break
             params.update(vals)
-        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params, self.response()))
+        return (_rebuild, (type(self), flags, list(getattr(self, "_geometries", [])), table, params, self.response(),
+                           self.get_pixels()))
 
     @property
     def flags(self) -> List[str]:
@@ -365,7 +377,7 @@ _MOTION_COMPONENTS = ("shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"
 _RESPONSE = ("pedestal", "gain", "read_noise")
 
 
-def _rebuild(cls, flags, geometries, table, params, response=(0.0, 1.0, 0.0)):
+def _rebuild(cls, flags, geometries, table, params, response=(0.0, 1.0, 0.0), pixels=None):
     """Experiment.__reduce__'s inverse."""
     obj = cls.__new__(cls)
     with warnings.catch_warnings():
@@ -381,6 +393,8 @@ def _rebuild(cls, flags, geometries, table, params, response=(0.0, 1.0, 0.0)):
             obj.set_param(name, value)
     obj.set_response(*response)
     obj.validate()
+    if pixels is not None:
+        obj.set_pixels(pixels)
     return obj
 
 
@@ -579,6 +593,51 @@ def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
     return (image, geom, mask) if with_mask else (image, geom)
 
 
+def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[float] = None,
+                  gain: Optional[float] = None, read_noise: Optional[float] = None, adc: Optional[float] = None,
+                  with_info: bool = False):
+    """The observed image for exp, read as ``nbgrad grad``/``refine -observed`` read it (nbg_observed_read): frame
+    `frame` of path (a run of '#' names a series' files, 1-based; else frame `frame` of the one file), any format
+    (raw float32 must have exp's pixel count; a file that states its dimensions must have exp's).  Sets exp's
+    detector response (exp.pedestal, exp.gain, exp.read_noise) to the values given, else the file's, else
+    nanoBragg's (an SMV file without ADC_OFFSET carries adc: exp's -adc, 40; gain 1; read noise 0).  Returns
+    (image float32 of exp.shape, mask bool of exp.shape, True = a pixel used): the pixels left out are exp's mask's
+    (-mask), the file's mask and the overloads; pass ``weights=mask`` to loss_grad or refine to leave them out as
+    the program does.  A pixel used that is not finite raises InvalidError.  with_info=True adds a dict: the file
+    read, the response and where each value came from ('given', 'file', 'default'), the file's geometry and
+    scan_stated, the pixels left out by cause, and the program's lines (response_text, note, left_out)."""
+    nan = float("nan")
+    v = [nan if x is None else float(x) for x in (pedestal, gain, read_noise, adc)]
+    image, use, info = _ext.read_observed(exp, str(path), int(frame), *v)
+    shape = exp.shape
+    image = image.reshape(shape)
+    mask = use.reshape(shape).astype(bool)
+    if info.get("geometry") is not None:
+        info["geometry"] = Geometry(info["geometry"])
+        info["geometry"].complete = bool(info.pop("complete"))
+    else:
+        info.pop("complete", None)
+    return (image, mask, info) if with_info else (image, mask)
+
+
+def spot_pixels(exp: Experiment, image=None, half: int = 3, frac: float = 0.05, mask=None,
+                centres=None) -> np.ndarray:
+    """The spot regions as ``nbgrad refine -spots HALF -spot_frac FRAC`` draws them (nbg_spot_threshold,
+    nbg_spot_pixels): the pixels within `half` pixels (a (2 half + 1)^2 box) of every pixel of image (None: exp's
+    model, rendered whole) above its floor by frac of its range over the pixels mask keeps (True = used, as
+    read_observed gives it; None: all), exp's own mask and ROI left out.  centres ((n, 2) fast, slow pixel
+    positions, as refine's -spotlist) boxes those instead.  Returns the flat pixel indices (uint32, increasing)
+    for ``exp.pixels``; a flat image raises ValueError.  Drawn from the model, not the data: regions chosen by the
+    data's bright pixels would bias a fit towards them."""
+    if not 0 <= int(half) <= 100000:
+        raise ValueError(f"half = {half}: a box half-width in pixels, in [0, 100000]")
+    if not float(frac) > 0:
+        raise ValueError(f"frac = {frac}: a fraction of the image's range, > 0 (as -spot_frac)")
+    m = None if mask is None else np.asarray(mask).astype(np.uint8)
+    c = None if centres is None else np.asarray(centres, dtype=np.float64).reshape(-1, 2)
+    return _ext.spot_pixels(exp, image, int(half), float(frac), m, c)
+
+
 def read_expt(path) -> Geometry:
     """A DIALS experiment list (one experiment, one panel) as a geometry dict."""
     return Geometry(_ext.read_expt(str(path)))
@@ -603,6 +662,6 @@ __all__ = [
     "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "PARAM_INFO", "GROUPS",
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
-    "write_pgm", "read_image", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "write_pgm", "read_image", "read_observed", "spot_pixels", "read_expt", "write_expt", "write_nxmx", "write_cbf",
     "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
 ]

@@ -164,6 +164,8 @@ typedef struct {
     int ready;             /* parsed and validated */
     int fpixels, spixels;  /* the image size (pixel counts do not depend on the differentiable parameters) */
     PyObject *log;         /* what the builder said (notes, warnings, the files read), as the program prints it */
+    uint32_t *pixels;      /* the pixel list e->pixels points to (set_pixels; NULL: the whole image), owned here */
+    long npixels;
 } ExperimentObject;
 
 static PyTypeObject ExperimentType;
@@ -199,7 +201,7 @@ static void exp_unlock(ExperimentObject *x)
 static int exp_reader(const char *what)
 {
     static const char *const ok[] = {"copy", "get_param", "F", "hkl_origin", "shape", "describe", "geometry",
-                                     "smv_header", "simulate", NULL};
+                                     "smv_header", "simulate", "get_pixels", NULL};
     for (int i = 0; ok[i] != NULL; ++i) {
         if (strcmp(what, ok[i]) == 0) {
             return 1;
@@ -236,6 +238,9 @@ static int exp_check(PyObject *o, const char *what)
 
 static void exp_release(ExperimentObject *x)
 {
+    free(x->pixels);
+    x->pixels = NULL;
+    x->npixels = 0;
     nbg_builder_destroy(x->b);
     x->b = NULL;
     x->e = NULL;
@@ -439,6 +444,23 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
         return raise_status(st, "could not copy the experiment");
     }
     exp_attach(y, b);
+    y->e->pixels = NULL; /* the copy's own list, or none */
+    y->e->npixels_list = 0;
+    if (x->pixels != NULL) {
+        exp_lock(x);
+        y->pixels = malloc((size_t)x->npixels * sizeof *y->pixels);
+        if (y->pixels != NULL) {
+            memcpy(y->pixels, x->pixels, (size_t)x->npixels * sizeof *y->pixels);
+            y->npixels = x->npixels;
+            y->e->pixels = y->pixels;
+            y->e->npixels_list = y->npixels;
+        }
+        exp_unlock(x);
+        if (y->pixels == NULL) {
+            Py_DECREF(y);
+            return PyErr_NoMemory();
+        }
+    }
     st = nbg_builder_ctx_create(y->b, &y->ctx);
     if (st != NBG_OK) {
         Py_DECREF(y);
@@ -520,6 +542,64 @@ static PyObject *Experiment_set_response(ExperimentObject *x, PyObject *args)
     x->e->response.pedestal = ped;
     x->e->response.gain = gain;
     x->e->response.read_noise = rn;
+    exp_unlock(x);
+    Py_RETURN_NONE;
+}
+
+/* The pixel list the calls render and fit (nbg_experiment.pixels): a uint32 array of flat pixel indices, or None
+ * (the whole image). */
+static PyObject *Experiment_get_pixels(ExperimentObject *x, PyObject *unused)
+{
+    if (!exp_check((PyObject *)x, "get_pixels")) return NULL;
+    exp_lock(x);
+    PyObject *out = Py_None;
+    if (x->pixels != NULL) {
+        npy_intp n = (npy_intp)x->npixels;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT32);
+        if (a != NULL) memcpy(PyArray_DATA(a), x->pixels, (size_t)n * sizeof(uint32_t));
+        out = (PyObject *)a;
+    } else {
+        Py_INCREF(out);
+    }
+    exp_unlock(x);
+    return out;
+}
+
+/* set_pixels(list or None): flat pixel indices in [0, npix), in increasing order (the library checks the order
+ * when it uses the list), kept as the experiment's own copy. */
+static PyObject *Experiment_set_pixels(ExperimentObject *x, PyObject *obj)
+{
+    if (!exp_check((PyObject *)x, "set_pixels")) return NULL;
+    uint32_t *list = NULL;
+    long n = 0;
+    if (obj != Py_None) {
+        PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+        if (a == NULL) return NULL;
+        n = (long)PyArray_DIM(a, 0);
+        const int64_t *v = PyArray_DATA(a);
+        const int64_t npix = (int64_t)x->fpixels * x->spixels;
+        for (long i = 0; i < n; ++i) {
+            if (v[i] < 0 || v[i] >= npix) {
+                PyErr_Format(PyExc_ValueError, "pixels[%ld] = %lld: a flat pixel index in [0, %lld)", i,
+                             (long long)v[i], (long long)npix);
+                Py_DECREF(a);
+                return NULL;
+            }
+        }
+        list = malloc((n > 0 ? (size_t)n : 1) * sizeof *list);
+        if (list == NULL) {
+            Py_DECREF(a);
+            return PyErr_NoMemory();
+        }
+        for (long i = 0; i < n; ++i) list[i] = (uint32_t)v[i];
+        Py_DECREF(a);
+    }
+    exp_lock(x);
+    free(x->pixels);
+    x->pixels = list;
+    x->npixels = n;
+    x->e->pixels = list;
+    x->e->npixels_list = n;
     exp_unlock(x);
     Py_RETURN_NONE;
 }
@@ -939,6 +1019,9 @@ static PyMethodDef Experiment_methods[] = {
     {"response", (PyCFunction)Experiment_response, METH_NOARGS,
      "response() -> (pedestal, gain, read_noise): how the observed counts relate to photons (the losses')"},
     {"set_response", (PyCFunction)Experiment_set_response, METH_VARARGS, "set_response(pedestal, gain, read_noise)"},
+    {"get_pixels", (PyCFunction)Experiment_get_pixels, METH_NOARGS,
+     "get_pixels() -> uint32 array of flat pixel indices, or None (the whole image)"},
+    {"set_pixels", (PyCFunction)Experiment_set_pixels, METH_O, "set_pixels(indices or None)"},
     {"set_hkl", (PyCFunction)Experiment_set_hkl, METH_VARARGS,
      "set_hkl(F, origin): a new structure-factor table F[h-h0, k-k0, l-l0], origin = (h0, k0, l0)"},
     {"describe", (PyCFunction)Experiment_describe, METH_NOARGS, "The geometry and sampling derived (nbg_describe)."},
@@ -1835,6 +1918,150 @@ static PyObject *py_read_image(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNON)", a, gd, have ? Py_True : Py_False, m != NULL ? (PyObject *)m : Py_NewRef(Py_None));
 }
 
+static const char *value_source(nbg_value_source v)
+{
+    return v == NBG_FROM_OPTION ? "given" : v == NBG_FROM_FILE ? "file" : "default";
+}
+
+/* read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (flat float32 image, flat uint8 use, info
+ * dict): nbg_observed_read with exp's experiment (its mask joins the file's); NAN for a value not given.  exp's
+ * detector response becomes the one chosen. */
+static PyObject *py_read_observed(PyObject *self, PyObject *args)
+{
+    PyObject *o, *path;
+    int frame = 0;
+    nbg_observed_options opt;
+    nbg_observed_options_default(&opt);
+    if (!PyArg_ParseTuple(args, "OO&idddd:read_observed", &o, PyUnicode_FSConverter, &path, &frame, &opt.pedestal,
+                          &opt.gain, &opt.read_noise, &opt.adc)) return NULL;
+    if (!exp_check(o, "read_observed")) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    ExperimentObject *x = (ExperimentObject *)o;
+    if (isnan(opt.adc)) {
+        opt.adc = nbg_builder_adc(x->b);
+    }
+    opt.what = "read_observed";
+    opt.mask_what = "the experiment's mask";
+    nbg_observed ob;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_observed_read(x->ctx, x->e, PyBytes_AS_STRING(path), frame, &opt, &ob);
+    Py_END_ALLOW_THREADS
+    if (st == NBG_OK) {
+        x->e->response = ob.response;
+    } else {
+        raise_ctx(x->ctx, st);
+    }
+    exp_unlock(x);
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    npy_intp n = (npy_intp)ob.npix;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    PyArrayObject *m = a != NULL ? (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8) : NULL;
+    PyObject *info = NULL;
+    if (m != NULL) {
+        memcpy(PyArray_DATA(a), ob.image, ob.npix * sizeof(float));
+        memcpy(PyArray_DATA(m), ob.use, ob.npix);
+        PyObject *gd = ob.geometry.fpixels > 0 ? geometry_dict(&ob.geometry) : Py_NewRef(Py_None);
+        info = gd == NULL ? NULL
+               : Py_BuildValue("{s:s,s:(ddd),s:(sss),s:N,s:O,s:i,s:d,s:l,s:l,s:l,s:l,s:s,s:s,s:s}", "file", ob.file,
+                               "response", ob.response.pedestal, ob.response.gain, ob.response.read_noise, "from",
+                               value_source(ob.pedestal_from), value_source(ob.gain_from),
+                               value_source(ob.read_noise_from), "geometry", gd, "complete",
+                               ob.have_geometry ? Py_True : Py_False, "scan_stated", ob.geometry.scan_stated,
+                               "saturation", ob.saturation, "left_mask", ob.nleft_mask, "left_file", ob.nleft_file,
+                               "left_overload", ob.nleft_overload, "negative", ob.nnegative, "response_text",
+                               ob.response_text, "note", ob.note, "left_out", ob.left_out);
+    }
+    nbg_observed_free(&ob);
+    if (info == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", a, m, info);
+}
+
+/* spot_pixels(exp, image or None, half, frac, use or None, centres or None) -> uint32 array: nbg_spot_pixels around
+ * the pixels of image (None: exp's model, rendered whole) above nbg_spot_threshold's threshold (frac of its range over
+ * the pixels use keeps), or around the centres ((n, 2) fast, slow) when given. */
+static PyObject *py_spot_pixels(PyObject *self, PyObject *args)
+{
+    PyObject *o, *iobj, *uobj, *cobj;
+    int half;
+    double frac;
+    if (!PyArg_ParseTuple(args, "OOidOO:spot_pixels", &o, &iobj, &half, &frac, &uobj, &cobj)) return NULL;
+    if (!exp_check(o, "spot_pixels")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    const size_t npix = (size_t)x->fpixels * (size_t)x->spixels;
+    PyArrayObject *img = NULL, *use = NULL, *cen = NULL;
+    PyObject *out = NULL;
+    float *model = NULL;
+    uint32_t *list = NULL;
+    long n = 0, nc = 0;
+    double thr = INFINITY;
+    int st = NBG_OK;
+    if (cobj != Py_None) {
+        cen = (PyArrayObject *)PyArray_FROMANY(cobj, NPY_FLOAT64, 2, 2, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+        if (cen == NULL) return NULL;
+        if (PyArray_DIM(cen, 1) != 2) {
+            Py_DECREF(cen);
+            return PyErr_Format(PyExc_ValueError, "centres: expected shape (n, 2) (fast, slow), got %ld columns",
+                                (long)PyArray_DIM(cen, 1));
+        }
+        nc = (long)PyArray_DIM(cen, 0);
+    } else {
+        if (iobj != Py_None && (img = as_image(iobj, "image", NPY_FLOAT32, x->spixels, x->fpixels, npix)) == NULL)
+            goto done;
+        if (uobj != Py_None && (use = as_image(uobj, "mask", NPY_UINT8, x->spixels, x->fpixels, npix)) == NULL)
+            goto done;
+    }
+    exp_lock(x);
+    nbg_experiment whole = *x->e;
+    whole.pixels = NULL; /* the model rendered whole */
+    whole.npixels_list = 0;
+    const float *im = img != NULL ? PyArray_DATA(img) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (cen == NULL && im == NULL) {
+        model = malloc(npix * sizeof *model);
+        st = model == NULL ? NBG_ENOMEM : nbg_simulate(x->ctx, &whole, model, npix, NULL);
+        im = model;
+    }
+    if (st == NBG_OK && cen == NULL &&
+        !nbg_spot_threshold(im, use != NULL ? PyArray_DATA(use) : NULL, npix, frac, &thr)) {
+        st = 1; /* flat */
+    }
+    if (st == NBG_OK) {
+        st = nbg_spot_pixels(x->ctx, &whole, cen != NULL ? NULL : im, npix, thr, cen != NULL ? PyArray_DATA(cen) : NULL,
+                             nc, half, &list, &n);
+    }
+    Py_END_ALLOW_THREADS
+    if (st == 1) {
+        PyErr_Format(PyExc_ValueError, "spot_pixels: the image is flat (%g): no spot to box", thr);
+    } else if (st == NBG_ENOMEM && model == NULL) {
+        PyErr_NoMemory();
+    } else if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+    }
+    exp_unlock(x);
+    if (st == NBG_OK) {
+        npy_intp dn = (npy_intp)n;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
+        if (a != NULL && n > 0) memcpy(PyArray_DATA(a), list, (size_t)n * sizeof(uint32_t));
+        out = (PyObject *)a;
+    }
+done:
+    free(model);
+    free(list);
+    Py_XDECREF(img);
+    Py_XDECREF(use);
+    Py_XDECREF(cen);
+    return out;
+}
+
 static PyObject *py_read_expt(PyObject *self, PyObject *args)
 {
     PyObject *path;
@@ -2009,6 +2236,10 @@ static PyMethodDef module_methods[] = {
     {"noise_image", py_noise_image, METH_VARARGS, "noise_image(image, seed, adc, roi) -> (image, photons, overloads)"},
     {"read_image", py_read_image, METH_VARARGS,
      "read_image(path, frame, expect_npix) -> (image, geom, complete, mask)"},
+    {"spot_pixels", py_spot_pixels, METH_VARARGS,
+     "spot_pixels(exp, image, half, frac, mask, centres) -> uint32 array of flat pixel indices"},
+    {"read_observed", py_read_observed, METH_VARARGS,
+     "read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (image, use, info)"},
     {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},

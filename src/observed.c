@@ -1,0 +1,211 @@
+/*
+ * observed.c -- an observed image read for an experiment (nbg_observed_read): the file or frame, its shape checked
+ * against the detector, the detector response chosen (given, else the file's, else nanoBragg's) and the pixels to
+ * leave out (the experiment's mask, the file's, the overloads).  The policy of nbgrad's grad, refine and ensemble,
+ * in the library so that every caller (the program, Python) takes images alike.  Library code: it never prints;
+ * what a program tells its user it finds as text in the result.
+ */
+#include "build.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void nbgi_frame_name(const char *path, int frame, int n, char *out, size_t size)
+{
+    const char *hash = strchr(path, '#');
+    if (n <= 1 && hash == NULL) { /* one frame: the name as given (a '#' template still takes the number, 1) */
+        snprintf(out, size, "%s", path);
+        return;
+    }
+    if (hash != NULL) {
+        const size_t width = strspn(hash, "#");
+        snprintf(out, size, "%.*s%0*d%s", (int)(hash - path), path, (int)width, frame + 1, hash + width);
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(path, '.');
+    if (dot == NULL || (slash != NULL && dot < slash) || dot == path || (slash != NULL && dot == slash + 1)) {
+        dot = path + strlen(path);
+    }
+    snprintf(out, size, "%.*s_%05d%s", (int)(dot - path), path, frame + 1, dot);
+}
+
+int nbgi_image_shape_check(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
+                           const nbg_geometry *fg)
+{
+    nbg_report r;
+    if (fg == NULL || fg->fpixels <= 0 || fg->spixels <= 0 || nbg_describe(ctx, e, &r) != NBG_OK ||
+        r.npanels > 1) {
+        return NBG_OK; /* raw floats state no shape; a detector of panels is checked by its pixel count */
+    }
+    if (fg->fpixels != r.fpixels || fg->spixels != r.spixels) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s %s is %d x %d pixels (fast x slow, as the file states) but the detector "
+                          "is %d x %d: the same number of pixels in another shape is another image", what, path,
+                          fg->fpixels, fg->spixels, r.fpixels, r.spixels);
+    }
+    return NBG_OK;
+}
+
+void nbg_observed_options_default(nbg_observed_options *opt)
+{
+    if (opt != NULL) {
+        opt->pedestal = opt->gain = opt->read_noise = opt->adc = NAN;
+        opt->what = opt->mask_what = NULL;
+    }
+}
+
+void nbg_observed_free(nbg_observed *out)
+{
+    if (out != NULL) {
+        free(out->image);
+        free(out->use);
+        memset(out, 0, sizeof *out);
+    }
+}
+
+/* The detector response: the options' values where given, else the file's (g), else nanoBragg's. */
+static void choose_response(const nbg_observed_options *o, const nbg_geometry *g, nbg_observed *out)
+{
+    nbg_detector_model *r = &out->response;
+    const char *from;
+    if (!isnan(o->pedestal)) {
+        r->pedestal = o->pedestal;
+        out->pedestal_from = NBG_FROM_OPTION;
+        from = "-pedestal";
+    } else if (isnan(g->pedestal)) { /* SMV without ADC_OFFSET: written by nanoBragg, whose offset is -adc's */
+        r->pedestal = isnan(o->adc) ? 40 : o->adc;
+        out->pedestal_from = NBG_FROM_DEFAULT;
+        from = "an SMV file without ADC_OFFSET: nanoBragg's ADC offset (-adc)";
+    } else {
+        r->pedestal = g->pedestal;
+        out->pedestal_from = g->fpixels > 0 ? NBG_FROM_FILE : NBG_FROM_DEFAULT;
+        from = g->fpixels > 0 ? "the file's" : "raw floats carry none";
+    }
+    const int file_gain = isfinite(g->gain) && g->gain > 0;
+    const int stated_gain = file_gain && g->fpixels > 0; /* raw floats state nothing */
+    r->gain = !isnan(o->gain) ? o->gain : file_gain ? g->gain : 1;
+    out->gain_from = !isnan(o->gain) ? NBG_FROM_OPTION : stated_gain ? NBG_FROM_FILE : NBG_FROM_DEFAULT;
+    r->read_noise = !isnan(o->read_noise) ? o->read_noise : 0;
+    out->read_noise_from = !isnan(o->read_noise) ? NBG_FROM_OPTION : NBG_FROM_DEFAULT;
+    snprintf(out->response_text, sizeof out->response_text,
+             "observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts", out->file,
+             r->pedestal, from, r->gain, r->read_noise);
+}
+
+int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, int frame,
+                      const nbg_observed_options *opt, nbg_observed *out)
+{
+    if (out == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_observed_read: NULL argument");
+    }
+    memset(out, 0, sizeof *out);
+    if (ctx == NULL || e == NULL || path == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_observed_read: NULL argument");
+    }
+    if (frame < 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_observed_read: frame %d is negative", frame);
+    }
+    nbg_observed_options o;
+    nbg_observed_options_default(&o);
+    if (opt != NULL) {
+        o = *opt;
+    }
+    const char *what = o.what != NULL ? o.what : "observed image";
+    const char *mask_what = o.mask_what != NULL ? o.mask_what : "the experiment's mask";
+    if ((!isnan(o.pedestal) && !isfinite(o.pedestal)) || (!isnan(o.gain) && !(o.gain > 0 && isfinite(o.gain))) ||
+        (!isnan(o.read_noise) && !(o.read_noise >= 0 && isfinite(o.read_noise))) ||
+        (!isnan(o.adc) && !isfinite(o.adc))) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the pedestal %g, gain %g, read noise %g or ADC offset %g is not valid "
+                          "(a finite pedestal and offset, a gain > 0, a read noise >= 0)", what, o.pedestal, o.gain,
+                          o.read_noise, o.adc);
+    }
+    nbg_report rep;
+    int rc = nbg_describe(ctx, e, &rep);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const size_t npix = rep.npix;
+    /* frame f of a series: the file the '#' template names, or frame f of the one file (NXmx) */
+    const int templ = strchr(path, '#') != NULL;
+    if (templ) {
+        nbgi_frame_name(path, frame, 1, out->file, sizeof out->file);
+    } else {
+        snprintf(out->file, sizeof out->file, "%s", path);
+    }
+    float *img = NULL;
+    uint8_t *fmask = NULL;
+    size_t n = 0;
+    nbg_geometry *g = &out->geometry;
+    if ((rc = nbg_read_image(ctx, out->file, templ ? 0 : frame, npix, &img, &n, g, &out->have_geometry, &fmask)) !=
+        NBG_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", nbg_errmsg(ctx));
+        memset(out, 0, sizeof *out);
+        return nbgi_error(ctx, rc, "%s%s: %s", what, frame > 0 ? " (a later frame)" : "", msg);
+    }
+    if (n != npix) {
+        rc = nbgi_error(ctx, NBG_EINVAL, "%s %s has %zu pixels, the detector has %zu", what, out->file, n, npix);
+    } else {
+        rc = nbgi_image_shape_check(ctx, e, what, out->file, g);
+    }
+    if (rc == NBG_OK && (out->use = malloc(npix)) == NULL) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the pixel mask");
+    }
+    if (rc != NBG_OK) {
+        free(img);
+        free(fmask);
+        memset(out, 0, sizeof *out);
+        return rc;
+    }
+    out->image = img;
+    out->npix = npix;
+    choose_response(&o, g, out);
+    long nbad = 0;
+    size_t firstbad = 0;
+    float badval = 0;
+    const double sat = isfinite(g->saturation) && g->saturation > 0 ? g->saturation : INFINITY;
+    out->saturation = sat;
+    for (size_t i = 0; i < npix; ++i) {
+        uint8_t keep = 1;
+        /* nbg_read_image's mask includes the overloads: count them as such */
+        if (e->mask != NULL && e->mask[i] == 0) {
+            keep = 0, ++out->nleft_mask;
+        } else if (img[i] >= sat) {
+            keep = 0, ++out->nleft_overload;
+        } else if (fmask != NULL && fmask[i]) {
+            keep = 0, ++out->nleft_file;
+        } else if (!isfinite(img[i])) {
+            if (nbad++ == 0) {
+                firstbad = i, badval = img[i];
+            }
+            keep = 0;
+        } else if (img[i] < 0) {
+            ++out->nnegative; /* dark-subtracted data: a value below zero is data (a CBF's flags -1, -2 are masked) */
+        }
+        out->use[i] = keep;
+        if (!keep && !(isfinite(img[i]) && img[i] >= 0)) {
+            img[i] = 0; /* a flagged value (CBF's -1, -2) is not data */
+        }
+    }
+    free(fmask);
+    if (nbad > 0) {
+        nbg_observed_free(out);
+        return nbgi_error(ctx, NBG_EINVAL, "%s %s: pixel %zu is %g (must be finite), %ld such pixels outside the "
+                          "file's mask", what, path, firstbad, (double)badval, nbad);
+    }
+    if (out->nnegative > 0) {
+        snprintf(out->note, sizeof out->note, "%s %s: %ld pixels below 0 counts (dark-subtracted data?): least "
+                 "squares takes them as they are, the Poisson losses clip (obs - pedestal) / gain (plus the read "
+                 "noise's variance) at 0", what, path, out->nnegative);
+    }
+    const long nout = out->nleft_file + out->nleft_overload + out->nleft_mask;
+    if (nout > 0) {
+        snprintf(out->left_out, sizeof out->left_out, "left out %ld of %zu pixels%s: %ld in the file's mask, %ld "
+                 "overloaded (>= %g counts), %ld in %s", nout, npix, frame > 0 ? " of a later frame" : "",
+                 out->nleft_file, out->nleft_overload, sat, out->nleft_mask, mask_what);
+    }
+    return NBG_OK;
+}
