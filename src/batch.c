@@ -688,9 +688,12 @@ static int batch_names_check(const nbgi_cli *c, const char *shotsfile, const sho
     char name[4200], other[4200];
     for (int i = 0; ok && i < shots->n; ++i) {
         const shot *s = &shots->v[i];
-        char csrc[4200];
+        char csrc[4200], cexpt[4200];
         if (s->sourcefile != NULL) {
             nbgi_cli_canonical(s->sourcefile, csrc, sizeof csrc);
+        }
+        if (s->expt != NULL) {
+            nbgi_cli_canonical(s->expt, cexpt, sizeof cexpt);
         }
         for (int k = 0; ok && k < nouts; ++k) {
             if (outs[k].tmpl == NULL) {
@@ -715,6 +718,11 @@ static int batch_names_check(const nbgi_cli *c, const char *shotsfile, const sho
             if (ok && s->sourcefile != NULL && strcmp(name, csrc) == 0) {
                 fprintf(stderr, "nbgrad: error: shot %s would write its output %s over its own sourcefile\n", s->id,
                         name);
+                ok = 0;
+            }
+            if (ok && s->expt != NULL && strcmp(name, cexpt) == 0) {
+                fprintf(stderr, "nbgrad: error: shot %s would write its output %s over its own experiment list (\"expt\")\n",
+                        s->id, name);
                 ok = 0;
             }
             keys[nk].h = fnv1a(FNV_START, name, strlen(name));

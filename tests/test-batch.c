@@ -330,6 +330,8 @@ static void test_refusals(void)
          {"-floatfile", "{id}.jsonl", "-overwrite", NULL}, {"shot s", "-shots", NULL}},
         {"BATCH-name-over-hkl", "a shot's output over -hkl", "{\"id\": \"lyso\"}\n",
          {"-floatfile", "{id}.hkl", "-hkl", "lyso.hkl"}, {"shot lyso", "-hkl", NULL}},
+        {"BATCH-name-over-expt", "a shot's output over its own experiment list",
+         "{\"id\": \"a\", \"expt\": \"a.expt\"}\n", {"-exptfile", "{id}.expt", NULL}, {"shot a", "\"expt\"", NULL}},
         {"BATCH-name-collision", "two shots' outputs with one name", "{\"id\": \"a1\"}\n{\"id\": \"1\"}\n",
          {"-floatfile", "{id}.img", "-intfile", "a{id}.img"}, {"a1.img", "shot 1", NULL}},
     };
