@@ -440,6 +440,13 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
     }
     case NBGI_S_MODEL:
         return; /* image-level: no kernel input */
+    case NBGI_S_SPECTRUM:
+        /* the sources' wavelengths alone (plan.c's spectrum): d lambda_i / d shift = 1 A, d lambda_i / d scale =
+         * lambda_i0 - their mean; the crystal does not move (not even -mat's, whose lambda is e->lambda) */
+        for (int i = 0; i < pl->k.nsources; ++i) {
+            t->lam[i] = r->index == 0 ? 1e-10 : pl->src_dscale[i];
+        }
+        return;
     }
 }
 

@@ -40,7 +40,7 @@ _Static_assert(0
 #undef NBG_PARAM
 
 /* The groups -params knows, besides "all"; every row's groups are among them (test-params checks). */
-static const char *const group_names = "all cell orientation misset crystal beam detector model background goniometer";
+static const char *const group_names = "all cell orientation misset crystal beam detector model background goniometer spectrum";
 
 static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
 
@@ -354,7 +354,14 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
         return e->curved ? "is not differentiated on the curved detector"
                : e->npanels > 0 && e->panel_frame == NBG_PANELS_LAB
                    ? "is not yet available with panels fixed in the lab frame (its gradient turns the panels)"
-                   : NULL;
+                   : NULL;    case NBGI_FREE_SPECTRUM:
+        *hard = 0;
+        for (int j = 1; j < pl->k.nsources; ++j) {
+            if (pl->src_dscale[j] != pl->src_dscale[0]) {
+                return NULL;
+            }
+        }
+        return "the beam has one wavelength (a source file of several, or -dispersion, gives the spectrum a width)";
     }
     return NULL;
 }

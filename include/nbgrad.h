@@ -314,6 +314,11 @@ typedef struct {
     double beam_tilt[2];            /* the beam (with its polarization and divergence) turned, deg (0 0): by tilt1
                                        about w1 = unit(spindle x beam) (towards the spindle), then by tilt2 about
                                        w2 = beam x w1 (out of the beam-spindle plane); the detector stays */
+    double spectrum_shift;          /* the spectrum moved: added to every source's wavelength, A (0) */
+    double spectrum_scale;          /* the spectrum's width about its mean wavelength m (the sources' plain mean):
+                                       lambda_i = lambda_i0 + spectrum_shift + (spectrum_scale - 1) (lambda_i0 - m),
+                                       a factor on the bandwidth (1); neither moves the crystal of -mat, whose
+                                       matrix is read at lambda */
     char space_group[32];           /* the crystal's space group: a Hall symbol (as DIALS writes it, " P 4nw 2abw"),
                                        a Hermann-Mauguin symbol ("P 43 21 2", "P43212") or a number 1-230; ""
                                        unknown (P 1).  Its lattice constrains the cell a refinement fits

@@ -8,12 +8,20 @@
  *   id        string or integer: the shot's name, which replaces {id} in the output file names (required, unique)
  *   misset    [rx, ry, rz] deg: the orientation, as -misset (applied as Rz*Ry*Rx after the cell)
  *   A         [9 numbers]: a MOSFLM A matrix in file order, as -mat (replaces the cell and misset)
+ *   orient    [ox, oy, oz] deg: small rotations about the lab's x, y, z composed onto the orientation (the
+ *             parameters orient_x, orient_y, orient_z: a start away from an experiment list's crystal)
  *   cell      [a, b, c, alpha, beta, gamma] (A, deg), as -cell
  *   N         number or [Na, Nb, Nc]: unit cells along a, b, c
  *   mosaic    deg; mosaic_domains: integer
  *   lambda    A; phi: deg (the spindle start)
  *   fluence   photons/m^2; scale: a factor on the fluence (or flux)
- *   sourcefile  a nanoBragg source file (a spectrum) for this shot
+ *   sourcefile  a nanoBragg source file (a spectrum) for this shot (a path as given: relative to the working folder)
+ *   spectrum_shift  A: the shot's spectrum moved (added to every source's wavelength; the parameter of that name)
+ *   spectrum_scale  a factor on the shot's spectrum's width about its mean wavelength (the parameter; > 0)
+ *   expt      a DIALS experiment list (.expt, one experiment: a still's from dials.stills_process or dials.index)
+ *             whose crystal, beam and detector (multi-panel included) the shot takes, as -expt does; a path
+ *             relative to the shot list's folder, or absolute.  Applied first: the shot's other keys (misset, A,
+ *             lambda, sourcefile ...) then change it as the flags after -expt would
  *   seed      integer: the noise seed (default: the base -seed + the shot's line index)
  *
  * Blank lines and lines starting with '#' are skipped.  A malformed line, an unknown key or a value of the wrong
@@ -70,7 +78,10 @@
 
 void nbgi_shots_free(shot_list *l)
 {
-    for (int i = 0; i < l->n; ++i) free(l->v[i].sourcefile);
+    for (int i = 0; i < l->n; ++i) {
+        free(l->v[i].sourcefile);
+        free(l->v[i].expt);
+    }
     free(l->v);
     memset(l, 0, sizeof *l);
 }
@@ -141,6 +152,8 @@ static int parse_shot(const char *path, int line, json_t *o, shot *s)
             want = "a name of letters, digits, '-', '_' or '.' (at most 63) or a non-negative integer";
         } else if (strcmp(key, "misset") == 0) {
             ok = numbers(v, s->misset, 3, 0), want = "3 numbers (deg)", s->has |= S_MISSET;
+        } else if (strcmp(key, "orient") == 0) {
+            ok = numbers(v, s->orient, 3, 0), want = "3 numbers (deg)", s->has |= S_ORIENT;
         } else if (strcmp(key, "A") == 0) {
             ok = numbers(v, s->A, 9, 0), want = "9 numbers", s->has |= S_A;
         } else if (strcmp(key, "cell") == 0) {
@@ -170,15 +183,42 @@ static int parse_shot(const char *path, int line, json_t *o, shot *s)
                 fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
                 return 0;
             }
+        } else if (strcmp(key, "expt") == 0) {
+            ok = json_is_string(v) && json_string_length(v) > 0 && s->expt == NULL, want = "a file name (a DIALS "
+                 "experiment list)", s->has |= S_EXPT;
+            if (ok) {
+                /* relative to the list's folder */
+                const char *name = json_string_value(v), *slash = strrchr(path, '/');
+                const size_t dir = name[0] != '/' && slash != NULL ? (size_t)(slash - path) + 1 : 0;
+                if ((s->expt = malloc(dir + strlen(name) + 1)) == NULL) {
+                    fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
+                    free(s->sourcefile);
+                    s->sourcefile = NULL;
+                    return 0;
+                }
+                memcpy(s->expt, path, dir);
+                strcpy(s->expt + dir, name);
+            }
+        } else if (strcmp(key, "spectrum_shift") == 0) {
+            ok = numbers(v, &s->spectrum_shift, 1, 1), want = "a number (A)", s->has |= S_SPEC_SHIFT;
+        } else if (strcmp(key, "spectrum_scale") == 0) {
+            ok = numbers(v, &s->spectrum_scale, 1, 1) && s->spectrum_scale > 0, want = "a positive number",
+            s->has |= S_SPEC_SCALE;
         } else {
             fprintf(stderr, "nbgrad: error: %s line %d: unknown key \"%s\" (known: id misset A cell N mosaic "
-                            "mosaic_domains lambda phi fluence scale seed sourcefile)\n", path, line, key);
-            return 0;
+                            "mosaic_domains lambda phi fluence scale seed sourcefile spectrum_shift spectrum_scale "
+                            "orient expt)\n", path, line, key);
+            ok = 0;
+            want = NULL;
         }
         if (!ok) {
-            fprintf(stderr, "nbgrad: error: %s line %d: \"%s\" must be %s\n", path, line, key, want);
+            if (want != NULL) {
+                fprintf(stderr, "nbgrad: error: %s line %d: \"%s\" must be %s\n", path, line, key, want);
+            }
             free(s->sourcefile);
             s->sourcefile = NULL;
+            free(s->expt);
+            s->expt = NULL;
             return 0;
         }
     }
@@ -186,6 +226,8 @@ static int parse_shot(const char *path, int line, json_t *o, shot *s)
         fprintf(stderr, "nbgrad: error: %s line %d: the shot has no \"id\"\n", path, line);
         free(s->sourcefile);
         s->sourcefile = NULL;
+        free(s->expt);
+        s->expt = NULL;
         return 0;
     }
     return 1;
@@ -359,8 +401,9 @@ static int set_cell(void *opts, const char *flag, char **v, void *dst)
 #define SO(field) offsetof(shots_opts, field)
 static const nbgi_sub_flag batch_flag_table[] = {
     {"-shots", NBGI_CMD_BATCH, nbgi_set_path, BO(shots), "FILE",
-     "the shot list: JSON lines, keys id misset A cell N mosaic mosaic_domains lambda phi fluence scale seed "
-     "sourcefile (nbgrad shots writes one)"},
+     "the shot list: JSON lines, keys id misset orient A cell N mosaic mosaic_domains lambda phi fluence scale "
+     "seed sourcefile spectrum_shift spectrum_scale expt (a DIALS experiment list per shot) (nbgrad shots writes "
+     "one)"},
     {"-overwrite", NBGI_CMD_BATCH, nbgi_set_switch, BO(overwrite), NULL,
      "redo every shot (without it a shot whose outputs all exist is skipped: a rerun resumes; a folder made with "
      "other flags or another line of a finished shot is refused, see nbgrad-batch.json)"},
@@ -645,9 +688,12 @@ static int batch_names_check(const nbgi_cli *c, const char *shotsfile, const sho
     char name[4200], other[4200];
     for (int i = 0; ok && i < shots->n; ++i) {
         const shot *s = &shots->v[i];
-        char csrc[4200];
+        char csrc[4200], cexpt[4200];
         if (s->sourcefile != NULL) {
             nbgi_cli_canonical(s->sourcefile, csrc, sizeof csrc);
+        }
+        if (s->expt != NULL) {
+            nbgi_cli_canonical(s->expt, cexpt, sizeof cexpt);
         }
         for (int k = 0; ok && k < nouts; ++k) {
             if (outs[k].tmpl == NULL) {
@@ -672,6 +718,11 @@ static int batch_names_check(const nbgi_cli *c, const char *shotsfile, const sho
             if (ok && s->sourcefile != NULL && strcmp(name, csrc) == 0) {
                 fprintf(stderr, "nbgrad: error: shot %s would write its output %s over its own sourcefile\n", s->id,
                         name);
+                ok = 0;
+            }
+            if (ok && s->expt != NULL && strcmp(name, cexpt) == 0) {
+                fprintf(stderr, "nbgrad: error: shot %s would write its output %s over its own experiment list (\"expt\")\n",
+                        s->id, name);
                 ok = 0;
             }
             keys[nk].h = fnv1a(FNV_START, name, strlen(name));
@@ -854,9 +905,47 @@ static int batch_record(int argc, char **argv, int first, const shot_list *shots
 
 
 /* Applies a shot to the base experiment; prints the error and returns 0 when its source file cannot be read. */
-int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experiment *e, nbg_source **src, int *nsrc)
+int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const shot *s, const char *list, nbg_experiment *e, nbg_source **src,
+                    int *nsrc, nbg_panel **pan)
 {
     *e = c->e;
+    *src = NULL;
+    *nsrc = 0;
+    *pan = NULL;
+    if (s->has & S_EXPT) {
+        /* the shot's experiment list, as -expt (the builder's import: nothing duplicated here), over the base flags'
+         * experiment; panels of the base (-layout, the base -expt's) and their motions do not carry over */
+        nbg_geometry g;
+        int np = 0;
+        e->panels = NULL;
+        e->npanels = 0;
+        e->motions = NULL;
+        e->nmotions = 0;
+        if (nbgi_build_import_expt(ctx, c, s->expt, 0, &c->e, e, &g, pan, &np) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s line %d: shot %s: \"expt\" %s: %s\n", list, s->line, s->id, s->expt,
+                    nbg_errmsg(ctx));
+            return 0;
+        }
+        if (g.crystal_scan_points > 0 || !g.has_crystal) {
+            fprintf(stderr, "nbgrad: %s: %s line %d: shot %s: \"expt\" %s %s\n", g.has_crystal ? "warning" : "error",
+                    list, s->line, s->id, s->expt, g.has_crystal ? "has a scan-varying crystal: its static A is used"
+                                                                  : "has no crystal (index the still first)");
+            if (!g.has_crystal) {
+                free(*pan);
+                *pan = NULL;
+                return 0;
+            }
+        }
+        nbg_report r;
+        if (c->mask != NULL && (nbg_describe(ctx, e, &r) != NBG_OK || r.fpixels != c->mask_f ||
+                                r.spixels != c->mask_s || e->npanels > 0)) {
+            fprintf(stderr, "nbgrad: error: %s line %d: shot %s: the -mask is %dx%d pixels and the detector of \"expt\" "
+                    "%s is not\n", list, s->line, s->id, c->mask_f, c->mask_s, s->expt);
+            free(*pan);
+            *pan = NULL;
+            return 0;
+        }
+    }
     if (s->has & S_CELL) {
         e->has_cell = 1;
         memcpy(e->cell, s->cell, sizeof e->cell);
@@ -871,6 +960,9 @@ int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experime
     if (s->has & S_MISSET) {
         memcpy(e->misset, s->misset, sizeof e->misset);
         e->misset_random = 0;
+    }
+    if (s->has & S_ORIENT) {
+        memcpy(e->orient, s->orient, sizeof e->orient);
     }
     if (s->has & S_N) {
         e->Na = s->N[0], e->Nb = s->N[1], e->Nc = s->N[2];
@@ -895,8 +987,12 @@ int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experime
         e->fluence *= s->scale;
         e->flux *= s->scale;
     }
-    *src = NULL;
-    *nsrc = 0;
+    if (s->has & S_SPEC_SHIFT) {
+        e->spectrum_shift = s->spectrum_shift;
+    }
+    if (s->has & S_SPEC_SCALE) {
+        e->spectrum_scale = s->spectrum_scale;
+    }
     if (s->has & S_SOURCE) {
         nbg_report r;
         double beam[3] = {1, 0, 0};
@@ -905,6 +1001,8 @@ int nbgi_shot_apply(nbg_ctx *ctx, const nbgi_cli *c, const shot *s, nbg_experime
         }
         if (nbgi_read_sources(ctx, s->sourcefile, e->lambda, beam, src, nsrc) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: shot %s: %s\n", s->id, nbg_errmsg(ctx));
+            free(*pan);
+            *pan = NULL;
             return 0;
         }
         e->sources = *src;
@@ -1030,6 +1128,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         goto done;
     }
     const size_t npix = r.npix;
+    size_t img_cap = npix;
     img = malloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
@@ -1069,12 +1168,30 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
             } else if (!failed) {
                 nbg_experiment e;
                 nbg_source *src = NULL;
+                nbg_panel *pan = NULL;
                 int nsrc = 0;
                 nbg_report rs;
                 c.seed = (s->has & S_SEED) ? s->seed : base_seed + i;
                 c.have_seed = 1;
-                failed = !nbgi_shot_apply(ctx, &c, s, &e, &src, &nsrc);
-                if (!failed && nbg_simulate(ctx, &e, img, npix, &rs) != NBG_OK) {
+                failed = !nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan);
+                size_t np = npix;
+                if (!failed && (s->has & S_EXPT)) {
+                    /* the shot's own detector */
+                    if (nbg_describe(ctx, &e, &rs) != NBG_OK) {
+                        fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line,
+                                nbg_errmsg(ctx));
+                        failed = 1;
+                    } else if ((np = rs.npix) > img_cap) {
+                        float *grown = realloc(img, sizeof(float) * np);
+                        failed = grown == NULL;
+                        img = grown != NULL ? grown : img;
+                        img_cap = grown != NULL ? np : img_cap;
+                        if (failed) {
+                            fprintf(stderr, "nbgrad: error: out of memory for shot %s's %zu pixels\n", s->id, np);
+                        }
+                    }
+                }
+                if (!failed && nbg_simulate(ctx, &e, img, np, &rs) != NBG_OK) {
                     fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line,
                             nbg_errmsg(ctx));
                     failed = 1;
@@ -1090,6 +1207,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                     }
                 }
                 free(src);
+                free(pan);
                 done_here += !failed;
             }
         }

@@ -1201,6 +1201,86 @@ static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
     return given;
 }
 
+/* An experiment list read into e, as -expt does (nbgi_build_load's -expt; nbgrad batch's and ensemble's per-shot
+ * lists): its crystal, beam and detector (np > 1 panels into *pan, the caller frees them, e->panels pointing at them
+ * in the list's lab frame; otherwise no panels), with before (e as the flags made it) giving the flags that win over
+ * the list's: -space_group, the sampling flags (the mosaic domains, divergence and dispersion, where the list
+ * carries nbgrad's), and -polar (c->polar_flag).  base: the program's -expt (-setting re-expresses its crystal, and
+ * the notes are said); else quiet.  g receives the list as read. */
+int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
+                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np)
+{
+    int rc;
+    *pan = NULL;
+    *np = 0;
+    if ((rc = nbg_read_expt_panels(ctx, path, g, pan, np)) != NBG_OK) {
+        free(*pan);
+        *pan = NULL;
+        return rc;
+    }
+    if (base && c->settingin != NULL && (rc = reindex_crystal(ctx, c, g)) != NBG_OK) {
+        free(*pan);
+        *pan = NULL;
+        return rc;
+    }
+    if ((rc = nbg_experiment_from_geometry(ctx, g, e)) != NBG_OK) {
+        free(*pan);
+        *pan = NULL;
+        return rc;
+    }
+    if (before->space_group[0] != 0) {
+        memcpy(e->space_group, before->space_group, sizeof e->space_group); /* -space_group wins */
+    }
+    if (*np > 1) {
+        /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */
+        e->panels = *pan;
+        e->npanels = *np;
+        e->panel_frame = NBG_PANELS_LAB;
+    } else {
+        free(*pan);
+        *pan = NULL;
+        *np = 0;
+        e->panels = NULL;
+        e->npanels = 0;
+        e->panel_frame = NBG_PANELS_PLANE;
+    }
+    if (!isnan(c->polar_flag)) {
+        /* -polar given: it wins over the list's beam (dxtbx's NXmx reader, for one, does not read the
+         * polarization and writes its synchrotron default) */
+        e->polarization = c->polar_flag;
+        e->nopolar = 0;
+        if (base) {
+            nbgi_build_say(c, NBG_MSG_INFO, "note: -polar %g replaces the polarization of -expt %s", c->polar_flag,
+                           path);
+        }
+    } else if (base && (g->polarization_fraction == 0.999 || g->polarization_fraction == 0.5)) {
+        /* values dxtbx's readers put in whatever the file said: its NXmx reader ignores the file's Stokes
+         * vector and writes 0.999, its CBF reader 0.5; the intensities depend on it (by up to +-15 %) */
+        nbgi_build_say(c, NBG_MSG_INFO, "note: -expt %s has the polarization fraction %g, which dxtbx %s; if the "
+                       "data were polarized otherwise, give -polar (Kahn factor 2 f - 1) or dials.import "
+                       "polarization_fraction=...", path, g->polarization_fraction,
+                       g->polarization_fraction == 0.999
+                           ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
+                           : "gives every full CBF file (and nbgrad an unpolarized beam)");
+    }
+    if (!g->has_mosaic) {
+        /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of
+         * the same flags draws them, in the frame of the flags' convention, and turned into the list's frame */
+        if ((rc = nbgi_convention_frame(ctx, before, e->mosaic_frame)) != NBG_OK) {
+            free(*pan);
+            *pan = NULL;
+            *np = 0;
+            e->panels = NULL;
+            e->npanels = 0;
+            return wrap(ctx, rc, "%s: the frame of the flags' convention", path);
+        }
+    }
+    if (g->has_mosaic || g->has_beam_sampling) {
+        keep_sampling_flags(before, e);
+    }
+    return NBG_OK;
+}
+
 int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
 {
     nbg_experiment *e = &c->e;
@@ -1211,58 +1291,17 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         int np = 0;
         /* the sampling flags given (they win over the mosaic domains and beam sampling of a list nbgrad wrote) */
         const nbg_experiment before = *e;
-        if ((rc = nbg_read_expt_panels(ctx, c->exptin, &g, &pan, &np)) != NBG_OK) {
-            free(pan);
-            return wrap(ctx, rc, "-expt");
-        }
-        if (c->settingin != NULL && (rc = reindex_crystal(ctx, c, &g)) != NBG_OK) {
-            free(pan);
-            return rc;
-        }
-        if ((rc = nbg_experiment_from_geometry(ctx, &g, e)) != NBG_OK) {
-            free(pan);
-            return wrap(ctx, rc, "-expt");
-        }
-        if (before.space_group[0] != 0) {
-            memcpy(e->space_group, before.space_group, sizeof e->space_group); /* -space_group wins */
+        if ((rc = nbgi_build_import_expt(ctx, c, c->exptin, 1, &before, e, &g, &pan, &np)) != NBG_OK) {
+            return c->settingin != NULL && strncmp(nbg_errmsg(ctx), "-setting", 8) == 0 ? rc : wrap(ctx, rc, "-expt");
         }
         if (np > 1) {
-            /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */
             free(c->panels);
             c->panels = pan;
-            e->panels = pan;
-            e->npanels = np;
-            e->panel_frame = NBG_PANELS_LAB;
             nbgi_build_say(c, NBG_MSG_INFO, "read %s: %d panels", c->exptin, np);
-        } else {
-            free(pan);
-        }
-        if (!isnan(c->polar_flag)) {
-            /* -polar given: it wins over the list's beam (dxtbx's NXmx reader, for one, does not read the
-             * polarization and writes its synchrotron default) */
-            e->polarization = c->polar_flag;
-            e->nopolar = 0;
-            nbgi_build_say(c, NBG_MSG_INFO, "note: -polar %g replaces the polarization of -expt %s", c->polar_flag,
-                           c->exptin);
-        } else if (g.polarization_fraction == 0.999 || g.polarization_fraction == 0.5) {
-            /* values dxtbx's readers put in whatever the file said: its NXmx reader ignores the file's Stokes
-             * vector and writes 0.999, its CBF reader 0.5; the intensities depend on it (by up to +-15 %) */
-            nbgi_build_say(c, NBG_MSG_INFO, "note: -expt %s has the polarization fraction %g, which dxtbx %s; if the "
-                           "data were polarized otherwise, give -polar (Kahn factor 2 f - 1) or dials.import "
-                           "polarization_fraction=...", c->exptin, g.polarization_fraction,
-                           g.polarization_fraction == 0.999
-                               ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
-                               : "gives every full CBF file (and nbgrad an unpolarized beam)");
-        }
-        if (!g.has_mosaic) {
-            /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of
-             * the same flags draws them, in the frame of the flags' convention, and turned into the list's frame */
-            if ((rc = nbgi_convention_frame(ctx, &before, e->mosaic_frame)) != NBG_OK) {
-                return wrap(ctx, rc, "-expt: the frame of the flags' convention");
-            }
         }
         if (g.has_mosaic || g.has_beam_sampling) {
-            const int given = keep_sampling_flags(&before, e);
+            nbg_experiment list_e = *e; /* the given flags, as they won: tell whether any did */
+            const int given = keep_sampling_flags(&before, &list_e);
             char div[96] = "";
             if (!isnan(e->hdivrange) || !isnan(e->vdivrange)) {
                 snprintf(div, sizeof div, ", divergence %g x %g mrad", isnan(e->hdivrange) ? 0 : e->hdivrange,

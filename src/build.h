@@ -94,6 +94,12 @@ int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first
  * (naming the flag and file) in ctx.  The F cache of -hkl (unless -nodump) goes into c->outs, for the caller to
  * commit. */
 int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c);
+/* An experiment list read into e as -expt reads it (its crystal, beam, detector; np > 1 panels into *pan, which the
+ * caller frees and e->panels points at), the flags in before (e as the flags made it: -space_group, the sampling
+ * flags) and c->polar_flag winning as over -expt.  base: the program's own -expt (-setting applies, notes said);
+ * otherwise (a shot's list) nothing is said.  g receives the list as read. */
+int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
+                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np);
 /* Appends a message at level NBG_MSG_* to c's list (dropped when memory is short). */
 void nbgi_build_say(nbgi_cli *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Empties c's message list. */

@@ -199,7 +199,9 @@ typedef struct {
     float **obs;            /* nmine observed images */
     uint8_t **mask;         /* nmine masks (-mask's, the file's and the overloads: nbg_observed.use) */
     uint32_t **list;        /* nmine spot regions (-spots; NULL: every pixel) */
-    size_t npix;
+    size_t npix;            /* the largest detector's pixels (the buffers' size) */
+    size_t *np;             /* nmine: each shot's pixels (a shot's own experiment list may bring its own detector) */
+    nbg_panel **pan;        /* nmine: the panels of a shot's own multi-panel list (NULL: none) */
     float *img;
     nbg_param *gp, *lp;     /* the global and local parameters (F aside) */
     int ng, nl, want_F;
@@ -292,7 +294,7 @@ static int exchange_sum(ens *w, double *out)
 /* dL/dF of this rank's shot k (experiment e, dL/dM = dl) into out (nF), the image into w->img; prints the error. */
 static int shot_dF(ens *w, int k, const nbg_experiment *e, const float *dl, double *out)
 {
-    if (nbg_simulate_grad(w->ctx, e, dl, w->ids + w->ng, (int)w->nF, out, w->img, w->npix, NULL) != NBG_OK) {
+    if (nbg_simulate_grad(w->ctx, e, dl, w->ids + w->ng, (int)w->nF, out, w->img, w->np[k], NULL) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
         w->failed = 1;
         return 0;
@@ -321,7 +323,7 @@ static int evaluate(ens *w, const double *x, double *L, double *g)
         double *v = w->mine + (size_t)k * w->nvec;
         double Lk = 0;
         if (nbg_loss_grad(w->ctx, &w->e[k], w->o->loss, w->obs[k], NULL, w->ids, nids, &Lk, w->grad, w->img,
-                          w->npix) != NBG_OK) {
+                          w->np[k]) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: shot %s: %s\n", w->shots->v[shot_of(w, k)].id, nbg_errmsg(w->ctx));
             w->failed = 1;
             break;
@@ -414,7 +416,7 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
         whole = calloc(nF + 1, sizeof(double));
         set_globals(w, x);
         for (size_t p = 0; p < w->npix; ++p) wt[p] = 1;
-        for (int k = 0; k < w->nmine && whole != NULL && !w->failed; ++k) {
+        for (int k = 0; k < w->nmine && whole != NULL && !w->failed; ++k) { /* wt: 1 over the largest detector */
             nbg_experiment e = w->e[k];
             e.pixels = NULL;
             e.npixels_list = 0;
@@ -437,12 +439,12 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
         for (int k = 0; k < w->nmine && !w->failed; ++k) {
             nbg_experiment *e = &w->e[k];
             double *A = mine + (size_t)k * len, *B = A + nF;
-            for (size_t p = 0; p < w->npix; ++p) wt[p] = 1;
+            for (size_t p = 0; p < w->np[k]; ++p) wt[p] = 1;
             if (!shot_dF(w, k, e, wt, A)) {
                 break;
             }
             /* y / M as the loss defines them (photons, the read noise's shift): 1 - dL/dM */
-            for (size_t p = 0; p < w->npix; ++p) {
+            for (size_t p = 0; p < w->np[k]; ++p) {
                 double d = 0;
                 nbgi_pixel_loss(NBG_LOSS_POISSON, &e->response, w->img[p], w->obs[k][p], &d, NULL);
                 wt[p] = (float)(1 - d);
@@ -573,17 +575,17 @@ static int spot_list(ens *w, int k, long *nlisted, long *nwhole)
     e->npixels_list = 0;
     free(w->list[k]);
     w->list[k] = NULL;
-    if (nbg_simulate(w->ctx, e, w->img, w->npix, NULL) != NBG_OK) {
+    if (nbg_simulate(w->ctx, e, w->img, w->np[k], NULL) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
         return 0;
     }
     double thr;
-    if (!nbg_spot_threshold(w->img, e->mask, w->npix, w->o->spot_frac, &thr)) {
+    if (!nbg_spot_threshold(w->img, e->mask, w->np[k], w->o->spot_frac, &thr)) {
         ++*nwhole;
         return 1;
     }
     long n = 0;
-    if (nbg_spot_pixels(w->ctx, e, w->img, w->npix, thr, NULL, 0, w->o->spots, &w->list[k], &n) != NBG_OK) {
+    if (nbg_spot_pixels(w->ctx, e, w->img, w->np[k], thr, NULL, 0, w->o->spots, &w->list[k], &n) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: shot %s: -spots: %s\n", id, nbg_errmsg(w->ctx));
         return 0;
     }
@@ -686,6 +688,8 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     for (size_t j = 0; w.ids != NULL && j < w.nF; ++j) w.ids[(size_t)w.ng + j] = NBG_P_F(j);
     w.e = calloc((size_t)w.nmine + 1, sizeof *w.e);
     w.src = calloc((size_t)w.nmine + 1, sizeof *w.src);
+    w.np = calloc((size_t)w.nmine + 1, sizeof *w.np);
+    w.pan = calloc((size_t)w.nmine + 1, sizeof *w.pan);
     w.obs = calloc((size_t)w.nmine + 1, sizeof *w.obs);
     w.mask = calloc((size_t)w.nmine + 1, sizeof *w.mask);
     w.list = calloc((size_t)w.nmine + 1, sizeof *w.list);
@@ -695,7 +699,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     w.F0 = calloc(w.nF + 1, sizeof(double));
     x = calloc(w.nvec, sizeof(double));
     g = calloc(w.nvec, sizeof(double));
-    if (!w.e || !w.src || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids || !w.grad || !w.F0 ||
+    if (!w.e || !w.src || !w.np || !w.pan || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids || !w.grad || !w.F0 ||
         !x || !g) {
         fprintf(stderr, "nbgrad: error: out of memory for %d shots of %zu pixels and %zu structure factors\n",
                 shots.n, w.npix, w.nF);
@@ -708,9 +712,31 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     }
     for (int j = 0; j < w.ng; ++j) nbg_param_get(&c.e, w.gp[j], &x[j]);
     int ok = 1;
+    long npix_all = 0; /* this rank's shots' pixels */
     for (int k = 0; k < w.nmine && ok; ++k) {
         int nsrc = 0;
-        ok = nbgi_shot_apply(ctx, &c, &shots.v[shot_of(&w, k)], &w.e[k], &w.src[k], &nsrc) && load_observed(&w, k);
+        const shot *s = &shots.v[shot_of(&w, k)];
+        ok = nbgi_shot_apply(ctx, &c, s, o.shots, &w.e[k], &w.src[k], &nsrc, &w.pan[k]);
+        w.np[k] = w.npix;
+        if (ok && (s->has & S_EXPT)) {
+            /* the shot's own detector (its experiment list's) */
+            nbg_report rs;
+            if (nbg_describe(ctx, &w.e[k], &rs) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line, nbg_errmsg(ctx));
+                ok = 0;
+            } else if ((w.np[k] = rs.npix) > w.npix) {
+                float *grown = realloc(w.img, sizeof(float) * w.np[k]);
+                if (grown == NULL) {
+                    fprintf(stderr, "nbgrad: error: out of memory for shot %s's %zu pixels\n", s->id, w.np[k]);
+                    ok = 0;
+                } else {
+                    w.img = grown;
+                    w.npix = w.np[k];
+                }
+            }
+        }
+        npix_all += (long)w.np[k];
+        ok = ok && load_observed(&w, k);
     }
     /* -spots: each shot fitted on its starting model's spot regions (as refine -spots), its own pixel list */
     long nlisted = 0, nwhole = 0;
@@ -719,16 +745,16 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     }
     w.failed = !ok;
     if (o.spots >= 0) {
-        long tot[2] = {nlisted, nwhole};
+        long tot[3] = {nlisted, nwhole, npix_all};
 #ifdef NBG_HAVE_MPI
         if (mpi) {
-            MPI_Allreduce(MPI_IN_PLACE, tot, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, tot, 3, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         }
 #endif
         if (rank == 0) {
-            printf("spot regions: %ld pixels over the shots (%.3g%% of their %zu each), within %d pixels of each "
-                   "shot's starting model's spots%s\n", tot[0], 100.0 * (double)tot[0] / ((double)w.npix * shots.n),
-                   w.npix, o.spots, tot[1] > 0 ? "; shots without a spot keep every pixel" : "");
+            printf("spot regions: %ld pixels over the shots (%.3g%% of their %ld), within %d pixels of each "
+                   "shot's starting model's spots%s\n", tot[0], 100.0 * (double)tot[0] / (double)tot[2],
+                   tot[2], o.spots, tot[1] > 0 ? "; shots without a spot keep every pixel" : "");
             if (tot[1] > 0) {
                 printf("note: %ld shot%s had no spot in the starting model: fitted on every pixel\n", tot[1],
                        tot[1] > 1 ? "s" : "");
@@ -759,7 +785,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         int nc = 0;
         for (int k = 0; k < w.nmine && w.nl > 0 && !w.failed; ++k) {
             nbg_refine_result res = {0};
-            if (nbg_refine(ctx, &w.e[k], w.obs[k], NULL, w.npix, w.lp, w.nl, &ro, &res) != NBG_OK) {
+            if (nbg_refine(ctx, &w.e[k], w.obs[k], NULL, w.np[k], w.lp, w.nl, &ro, &res) != NBG_OK) {
                 fprintf(stderr, "nbgrad: error: shot %s: %s\n", shots.v[shot_of(&w, k)].id, nbg_errmsg(ctx));
                 w.failed = 1;
             }
@@ -811,7 +837,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         memset(v, 0, sizeof(double) * w.nvec);
         if (w.want_F) {
             double *dF = w.grad + w.ng;
-            if (nbg_simulate_grad(ctx, &w.e[k], one, w.ids + w.ng, (int)w.nF, dF, w.img, w.npix, NULL) != NBG_OK) {
+            if (nbg_simulate_grad(ctx, &w.e[k], one, w.ids + w.ng, (int)w.nF, dF, w.img, w.np[k], NULL) != NBG_OK) {
                 w.failed = 1;
                 break;
             }
@@ -823,9 +849,9 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
             }
         }
         if (w.ng > 0 && tang != NULL &&
-            nbg_simulate_jvp(ctx, &w.e[k], w.gp, w.ng, tang, w.img, w.npix) == NBG_OK) {
+            nbg_simulate_jvp(ctx, &w.e[k], w.gp, w.ng, tang, w.img, w.np[k]) == NBG_OK) {
             /* the tangents are compact over a pixel list (-spots): entry t of parameter j at tang[j * nw + t] */
-            const size_t nw = w.e[k].pixels != NULL ? (size_t)w.e[k].npixels_list : w.npix;
+            const size_t nw = w.e[k].pixels != NULL ? (size_t)w.e[k].npixels_list : w.np[k];
             for (int j = 0; j < w.ng; ++j) {
                 double s = 0;
                 for (size_t t = 0; t < nw; ++t) {
@@ -937,11 +963,12 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
 done:
     for (int k = 0; k < w.nmine && w.e != NULL; ++k) {
         free(w.src[k]);
+        free(w.pan != NULL ? w.pan[k] : NULL);
         free(w.obs[k]);
         free(w.mask[k]);
         free(w.list != NULL ? w.list[k] : NULL);
     }
-    free(w.e), free(w.src), free(w.obs), free(w.mask), free(w.list), free(w.img), free(w.mine), free(w.all);
+    free(w.e), free(w.src), free(w.np), free(w.pan), free(w.obs), free(w.mask), free(w.list), free(w.img), free(w.mine), free(w.all);
     free(w.gp), free(w.lp), free(w.ids), free(w.grad);
     free(w.F0), free(w.fitted), free(x), free(g);
     nbgi_shots_free(&shots);

@@ -24,7 +24,8 @@ typedef enum {
     NBGI_S_N,        /* the kernel's N[index] */
     NBGI_S_POLAR,    /* the kernel's Kahn factor */
     NBGI_S_FLUENCE,  /* the kernel's scale and I_bg */
-    NBGI_S_MODEL     /* the image model: scale (0), bg (1), bg_fast (2), bg_slow (3); no kernel input */
+    NBGI_S_MODEL,    /* the image model: scale (0), bg (1), bg_fast (2), bg_slow (3); no kernel input */
+    NBGI_S_SPECTRUM  /* the sources' wavelengths: spectrum_shift (0), spectrum_scale (1); not the crystal */
 } nbgi_setup;
 
 /* When a parameter is free (param.c's predicates). */
@@ -38,7 +39,8 @@ typedef enum {
     NBGI_FREE_POLAR,   /* not with -nopolar */
     NBGI_FREE_PLANE,   /* the detector plane moves the pixels: not with panels in the lab frame */
     NBGI_FREE_TURNED,  /* the crystal turns about the spindle */
-    NBGI_FREE_BEAMDIR  /* the beam's direction: not with panels in the lab frame or the curved detector */
+    NBGI_FREE_BEAMDIR, /* the beam's direction: not with panels in the lab frame or the curved detector */
+    NBGI_FREE_SPECTRUM /* the spectrum's width: needs several wavelengths (soft: a zero gradient otherwise) */
 } nbgi_free;
 
 typedef struct {

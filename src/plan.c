@@ -537,6 +537,7 @@ void nbg_experiment_default(nbg_experiment *e)
     e->mosaic_frame[0] = NAN; /* the identity */
     e->interpolate = -1;
     e->scale = 1;
+    e->spectrum_scale = 1;
     e->response.gain = 1;
 }
 
@@ -1227,18 +1228,46 @@ static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double
     return NBG_OK;
 }
 
+/* Part of sources: the spectrum's shift and width (spectrum_shift, spectrum_scale) on the nominal wavelengths of
+ * pos: lambda_i = lambda_i0 + shift + (scale - 1) (lambda_i0 - m), m the sources' plain mean (nanoBragg's sources
+ * carry no weight: a spectrum is the density of its sources), so that the defaults leave every wavelength as it
+ * was, bit for bit.  The beam only: the crystal (a -mat's, read at e->lambda) does not move.  dscale_i =
+ * lambda_i0 - m, d lambda_i / d scale; lamrel_i (d lambda_i / d lambda0) becomes (1 - scale) mean(lamrel) +
+ * scale lamrel_i, the wavelength's own derivative through the mean. */
+static void spectrum(const nbg_experiment *e, int nsrc, double *pos, double *lamrel, double *dscale)
+{
+    double m = 0, mrel = 0;
+    for (int i = 0; i < nsrc; ++i) {
+        m += pos[4 * i + 3];
+        mrel += lamrel[i];
+    }
+    m /= nsrc > 0 ? nsrc : 1;
+    mrel /= nsrc > 0 ? nsrc : 1;
+    const double shift = e->spectrum_shift * 1e-10, s = e->spectrum_scale;
+    for (int i = 0; i < nsrc; ++i) {
+        const double l0 = pos[4 * i + 3];
+        dscale[i] = l0 - m;
+        if (shift != 0 || s != 1) {
+            pos[4 * i + 3] = l0 + shift + (s - 1) * (l0 - m);
+            lamrel[i] = (1 - s) * mrel + s * lamrel[i];
+        }
+    }
+}
+
 /* sources: pb->nsrc sources (source_positions, source_frames) -> pl->src, pl->src_lamrel, pb->lambda_min; the
  * temporary positions are freed whatever happens. */
 static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
 {
     const int nsrc = pb->nsrc;
     double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
-    pl->src_lamrel = malloc(sizeof(double) * (size_t)nsrc);
+    pl->src_lamrel = malloc(sizeof(double) * 2 * (size_t)nsrc);
+    pl->src_dscale = pl->src_lamrel != NULL ? pl->src_lamrel + nsrc : NULL;
     pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
     int rc;
     if (pos == NULL || pl->src_lamrel == NULL || pl->src == NULL) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
     } else if ((rc = source_positions(ctx, e, pb, pos, pl->src_lamrel)) == NBG_OK) {
+        spectrum(e, nsrc, pos, pl->src_lamrel, pl->src_dscale);
         rc = source_frames(ctx, pos, pb, pl->src);
     }
     free(pos);
@@ -1654,6 +1683,7 @@ void nbgi_plan_free(nbgi_plan *pl)
     pl->runs = NULL;
     pl->k.runs = NULL;
     pl->src_lamrel = NULL;
+    pl->src_dscale = NULL;
     pl->panels = NULL;
     pl->motion_t = NULL;
     pl->k.panels = NULL;

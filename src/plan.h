@@ -13,6 +13,7 @@ typedef struct {
     nbg_report rep;      /* what the setup derived, in user units */
     double *src;         /* nsources * NBG_SRC_STRIDE */
     double *src_lamrel;  /* nsources: d lambda_i / d lambda0 (0 for a wavelength given in a source file) */
+    double *src_dscale;  /* nsources: d lambda_i / d spectrum_scale (m): lambda_i0 - the mean (in src_lamrel's block) */
     double *abc;         /* nphi * nmos * 9 */
     double *umat;        /* nmos * 9 mosaic rotation matrices (row-major) */
     double *mos_axis;    /* nmos * 3 mosaic rotation axes */

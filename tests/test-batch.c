@@ -289,6 +289,16 @@ static void test_refusals(void)
         {"BATCH-bad-type", "a value of the wrong type", "{\"id\": \"a\", \"N\": \"five\"}\n", "\"N\"", "line 1"},
         {"BATCH-dup-id", "two shots with one id", "{\"id\": \"a\"}\n{\"id\": \"a\"}\n", "lines 1 and 2", "\"a\""},
         {"BATCH-bad-id", "an id that is not a file name", "{\"id\": \"../x\"}\n", "\"id\"", "line 1"},
+        {"BATCH-bad-expt-type", "an experiment list that is not a file name",
+         "{\"id\": \"a\"}\n{\"id\": \"b\", \"expt\": 5}\n", "\"expt\"", "line 2"},
+        {"BATCH-missing-expt", "a shot's experiment list that does not exist",
+         "\n{\"id\": \"b\", \"expt\": \"none.expt\"}\n{\"id\": \"a\"}\n", "line 2", "none.expt"},
+        {"BATCH-bad-expt", "a shot's experiment list that is not one", "{\"id\": \"a\", \"expt\": \"shots.jsonl\"}\n",
+         "line 1", "shots.jsonl"},
+        {"BATCH-bad-spectrum-scale", "a spectrum_scale that is not positive",
+         "{\"id\": \"a\", \"spectrum_scale\": 0}\n", "\"spectrum_scale\"", "line 1"},
+        {"BATCH-bad-orient", "an orient of two numbers", "{\"id\": \"a\", \"orient\": [1, 2]}\n", "\"orient\"",
+         "line 1"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
         if (!new_case(&r)) {
@@ -320,6 +330,8 @@ static void test_refusals(void)
          {"-floatfile", "{id}.jsonl", "-overwrite", NULL}, {"shot s", "-shots", NULL}},
         {"BATCH-name-over-hkl", "a shot's output over -hkl", "{\"id\": \"lyso\"}\n",
          {"-floatfile", "{id}.hkl", "-hkl", "lyso.hkl"}, {"shot lyso", "-hkl", NULL}},
+        {"BATCH-name-over-expt", "a shot's output over its own experiment list",
+         "{\"id\": \"a\", \"expt\": \"a.expt\"}\n", {"-exptfile", "{id}.expt", NULL}, {"shot a", "\"expt\"", NULL}},
         {"BATCH-name-collision", "two shots' outputs with one name", "{\"id\": \"a1\"}\n{\"id\": \"1\"}\n",
          {"-floatfile", "{id}.img", "-intfile", "a{id}.img"}, {"a1.img", "shot 1", NULL}},
     };

@@ -637,6 +637,8 @@ int main(void)
     e.fpixels = e.spixels = NPIX / 2;
     e.phi0 = 1, e.osc = 0.5, e.phisteps = 2; /* a rotation, so that the spindle's tilts act */
     e.spindle_tilt[0] = 0.2;
+    e.dispersion = 0.5, e.dispsteps = 2; /* a spectrum with a width, so that spectrum_scale acts */
+    e.spectrum_shift = 0.001;
     if (nbg_gradcheck(gpu, &e, ids, nids, 1e-6, 1, res) == NBG_OK) {
         nres = nids;
     }

@@ -38,9 +38,14 @@ static int params_of(const char *list, nbg_param *ids)
     return n;
 }
 
-static const char *const ALL = "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"
-                               "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow,"
-                               "orient_x,orient_y,orient_z,beam_tilt1,beam_tilt2";
+/* every parameter free on a still of one wavelength (spectrum_scale, the spectrum's width, needs several: it is
+ * checked where there are, ALL_SPECTRUM) */
+#define ALL_LIST                                                                                                  \
+    "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"                               \
+    "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow,"                           \
+    "orient_x,orient_y,orient_z,beam_tilt1,beam_tilt2,spectrum_shift"
+static const char *const ALL = ALL_LIST;
+static const char *const ALL_SPECTRUM = ALL_LIST ",spectrum_scale";
 
 /* Runs the gradient check and prints one line per parameter; expect_pass = 0 for the broken adjoint. */
 static void gradcheck(const char *id, const nbg_experiment *e, const char *params, int expect_pass)
@@ -159,7 +164,7 @@ int main(void)
     e.hdivsteps = e.vdivsteps = 3;
     e.dispersion = 1;
     e.dispsteps = 3;
-    gradcheck("grad-4-divergence-dispersion", &e, ALL, 1);
+    gradcheck("grad-4-divergence-dispersion", &e, ALL_SPECTRUM, 1);
 
     /* grad-5: oversampling with sensor thickness and polarization */
     nbgi_test_still(&e);
@@ -244,6 +249,7 @@ int main(void)
     e.mosaic = 0.3;
     e.mosaic_domains = 3;
     e.phi0 = 1, e.osc = 1, e.phisteps = 2;
+    e.dispersion = 0.5, e.dispsteps = 2; /* a spectrum with a width, for spectrum_scale */
     nbg_report r;
     nbg_describe(ctx, &e, &r);
     const size_t npix = (size_t)r.fpixels * r.spixels;
@@ -254,9 +260,9 @@ int main(void)
     }
     nbg_simulate(ctx, &e, img, npix, NULL);
     double g1[NBG_NPARAMS] = {0}, g2[NBG_NPARAMS] = {0}, gl[NBG_NPARAMS] = {0};
-    /* every scalar parameter: ALL with the mosaic spread and the spindle's tilts */
+    /* every scalar parameter: ALL_SPECTRUM with the mosaic spread and the spindle's tilts */
     char every[600];
-    snprintf(every, sizeof every, "%s,mosaic,spindle_tilt1,spindle_tilt2", ALL);
+    snprintf(every, sizeof every, "%s,mosaic,spindle_tilt1,spindle_tilt2", ALL_SPECTRUM);
     nbg_param all[64];
     const int nall = params_of(every, all);
     if (nall != NBG_NPARAMS) {
@@ -518,6 +524,50 @@ int main(void)
         nbgi_test_check(fabs(ang - want) < 1e-9 && same_det, "grad-16-beam-turned", "the report's beam turned by "
                         "%.9f deg (%.9f for tilts 0.4, -0.3 about perpendicular axes), the detector where it was: %s", ang,
                         want, same_det ? "yes" : "no");
+        nbgi_test_still(&e);
+    }
+
+    /* grad-17: the spectrum's shift and width (spectrum_shift, spectrum_scale) on a source file's spectrum of five
+     * wavelengths (a Gaussian's quantiles about 1 A), away from their defaults, with the crystal as a -mat matrix
+     * (whose lambda dependence the spectrum must not touch) and as a cell; the shift moves every wavelength and not
+     * the crystal: the image with shift d equals the image with every source's wavelength moved by d */
+    {
+        static const double dl_q[5] = {-0.0084, -0.0035, 0, 0.0035, 0.0084};
+        nbg_source srcs[5];
+        for (int i = 0; i < 5; ++i) {
+            srcs[i].pos[0] = -10, srcs[i].pos[1] = 0.001 * i, srcs[i].pos[2] = 0;
+            srcs[i].lambda = 1 + dl_q[i];
+        }
+        nbgi_test_still(&e);
+        e.sources = srcs;
+        e.nsources = 5;
+        e.spectrum_shift = 0.002, e.spectrum_scale = 1.3;
+        gradcheck("grad-17-spectrum-cell", &e, "spectrum_shift,spectrum_scale,orient_x,a", 1);
+        /* the same crystal as a -mat matrix (a* b* c* times lambda, file order) */
+        nbg_report rs;
+        nbg_describe(ctx, &e, &rs);
+        e.has_cell = 0, e.has_mat = 1;
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) e.mat[3 * i + j] = rs.recip_vectors[3 * j + i] * e.lambda;
+        }
+        e.misset[0] = e.misset[1] = e.misset[2] = 0;
+        gradcheck("grad-17-spectrum-mat", &e, "spectrum_shift,spectrum_scale,lambda,orient_y", 1);
+        /* the shift is the beam's alone: the image with shift 0.002 A is the image of the sources moved by it */
+        float *i1 = malloc(sizeof(float) * npix), *i2 = malloc(sizeof(float) * npix);
+        e.spectrum_scale = 1;
+        const int ok1 = i1 != NULL && nbg_simulate(ctx, &e, i1, npix, NULL) == NBG_OK;
+        for (int i = 0; i < 5; ++i) srcs[i].lambda += 0.002;
+        e.spectrum_shift = 0;
+        const int ok2 = i2 != NULL && nbg_simulate(ctx, &e, i2, npix, NULL) == NBG_OK;
+        double md = 0, mx = 0;
+        for (size_t p = 0; ok1 && ok2 && p < npix; ++p) {
+            md = fmax(md, fabs(i1[p] - i2[p]));
+            mx = fmax(mx, fabs(i2[p]));
+        }
+        nbgi_test_check(ok1 && ok2 && mx > 0 && md <= 1e-5 * mx, "grad-17-shift-is-the-beam",
+                        "shift 0.002 A vs the sources moved by 0.002 A (-mat crystal): max |diff| %.3g of max %.3g",
+                        md, mx);
+        free(i1), free(i2);
         nbgi_test_still(&e);
     }
 

@@ -38,8 +38,9 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
     int n = 0;
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if ((p == NBG_P_MOSAIC && !with_mosaic) ||
-            ((p == NBG_P_SPINDLE_TILT1 || p == NBG_P_SPINDLE_TILT2) && nbg_param_free(ctx, e, (nbg_param)p, NULL, 0) != 1)) {
-            continue; /* the spindle's tilts move nothing in a still */
+            ((p == NBG_P_SPINDLE_TILT1 || p == NBG_P_SPINDLE_TILT2 || p == NBG_P_SPECTRUM_SCALE) &&
+             nbg_param_free(ctx, e, (nbg_param)p, NULL, 0) != 1)) {
+            continue; /* the spindle's tilts move nothing in a still, the spectrum's width nothing at one wavelength */
         }
         params[n++] = (nbg_param)p;
     }
@@ -158,6 +159,11 @@ int main(void)
     fd_images("jvp-5-fd", &e, NBG_P_BEAM_FAST, 0.005);
     fd_images("jvp-5-fd", &e, NBG_P_NA, 0.01);
     fd_images("jvp-5-fd", &e, NBG_P_LAMBDA, 1e-4);
+    /* the spectrum's shift and width on a spectrum of three wavelengths, away from their defaults */
+    e.dispersion = 0.8, e.dispsteps = 3;
+    e.spectrum_shift = 0.001, e.spectrum_scale = 1.4;
+    fd_images("jvp-5-fd", &e, NBG_P_SPECTRUM_SHIFT, 1e-4);
+    fd_images("jvp-5-fd", &e, NBG_P_SPECTRUM_SCALE, 0.01);
 
     /* jvp-7: the vectorised tangent kernel equals its scalar twin */
     {

@@ -55,8 +55,8 @@ static nbg_ctx *ctx;
 
 /* The gradient-check experiments, in the order tried: a still; a rotation about a tilted spindle; a triclinic
  * mosaic crystal (4 domains) on a rotation. */
-#define NCASES 3
-static const char *const case_names[NCASES] = {"still", "rotation-tilted", "mosaic-rotation"};
+#define NCASES 4
+static const char *const case_names[NCASES] = {"still", "rotation-tilted", "mosaic-rotation", "still-spectrum"};
 static void gradcase(int k, nbg_experiment *e)
 {
     nbgi_test_still(e);
@@ -69,6 +69,8 @@ static void gradcase(int k, nbg_experiment *e)
         e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
         e->mosaic = 0.5, e->mosaic_domains = 4;
         e->phi0 = 1, e->osc = 2, e->phisteps = 3;
+    } else if (k == 3) {
+        e->dispersion = 0.6, e->dispsteps = 3; /* a spectrum with a width: spectrum_scale is free */
     }
 }
 
@@ -166,7 +168,7 @@ static void info_and_lookup(int p, const nbg_experiment *valid)
     }
     const int ok = in.id == p && in.name != NULL && in.name[0] != '\0' && strcmp(in.name, r->name) == 0 && unique &&
                    strcmp(nbg_param_name(p), in.name) == 0 && in.help != NULL && in.help[0] != '\0' &&
-                   in.unit != NULL && (in.unit[0] != '\0' || p == NBG_P_SCALE || p == NBG_P_POLAR) &&
+                   in.unit != NULL && (in.unit[0] != '\0' || p == NBG_P_SCALE || p == NBG_P_POLAR || p == NBG_P_SPECTRUM_SCALE) &&
                    in.alias != NULL && in.flag != NULL && groups_ok && alias_unique;
     nbgi_test_check(ok, id, "id %d name \"%s\"%s alias \"%s\"%s unit \"%s\" flag \"%s\" groups \"%s\"%s help \"%s\"",
                    in.id, in.name ? in.name : "(null)", unique ? "" : " (not unique)", in.alias ? in.alias : "(null)",

@@ -1,7 +1,8 @@
 #!/bin/sh
-# run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py) and the multi-panel
-# read-back (multipanel.py), with Debian's python; shows their output and ends with the total of their
-# "N passed, M failed" lines.  Exit status 0 only when both ran and nothing failed.
+# run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py), the multi-panel
+# read-back (multipanel.py) and stills from DIALS with their spectra (stills.py), with Debian's python; shows their
+# output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran and nothing
+# failed.
 #
 #   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
 NB=$1
@@ -13,11 +14,11 @@ rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 pass=0
 fail=0
 status=0
-for s in roundtrip multipanel; do
+for s in roundtrip multipanel stills; do
     if [ "$s" = roundtrip ]; then
         PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
     else
-        PATH=/usr/bin:$PATH "$PY" "$DIR/multipanel.py" "$NB" "$WORK/multipanel" > "$WORK/$s.out" 2>&1
+        PATH=/usr/bin:$PATH "$PY" "$DIR/$s.py" "$NB" "$WORK/$s" > "$WORK/$s.out" 2>&1
     fi
     rc=$?
     cat "$WORK/$s.out"
