@@ -13,7 +13,8 @@
 #
 # 3. Gradients and refinement (BUILD_DIR/bench/bench-grad), as ratios to the forward call.
 # 4. File formats (BUILD_DIR/bench/bench-formats): bytes and write/read times of SMV, raw float, NXmx and CBF.
-# 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks; and
+# 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks (200
+#    shots of 256^2, and 10^4 of 32^2: NBG_BENCH_BATCH_SHOTS); and
 #    (bench/bench-ensemble.sh) nbgrad ensemble on 10^3 stills (NBG_BENCH_ENSEMBLE_SHOTS) on one thread, whole detectors
 #    and spot regions.
 # 6. The CUDA backend (BUILD_DIR/bench/bench-cuda) where there is a GPU: kernel, copy, set-up and call times on
@@ -148,6 +149,9 @@ echo
 # --- 5. many shots: nbgrad batch with and without MPI ranks ------------------------------------------------------
 echo
 sh "$ROOT/bench/bench-batch.sh" "$B" || status=1
+# and at scale: 10^4 small shots (32x32 pixels), where the per-shot overheads (shot list, plan, file) show
+echo
+sh "$ROOT/bench/bench-batch.sh" "$B" "${NBG_BENCH_BATCH_SHOTS:-10000}" 32 || status=1
 # --- 5b. many stills refined together: nbgrad ensemble on 10^3 stills, whole detectors and spot regions -------------
 echo
 sh "$ROOT/bench/bench-ensemble.sh" "$B" "${NBG_BENCH_ENSEMBLE_SHOTS:-1000}" 96 1 || status=1
