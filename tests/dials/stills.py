@@ -32,40 +32,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from roundtrip import load_expt, match_crystal  # noqa: E402
+import roundtrip  # noqa: E402  (its counters: roundtrip.PASSED, roundtrip.FAILED)
+from roundtrip import check, load_expt, match_crystal, run, tail  # noqa: E402
 
 CELL = (40.0, 50.0, 60.0, 90.0, 90.0, 90.0)
 NSHOTS = 24
 LAMBDA = 1.0
 SIGMA = 0.0025                       # the spectrum's rms width, relative
 ZQ = (-1.28, -0.52, 0.0, 0.52, 1.28)  # five lines at a Gaussian's quantiles (equal weights: nanoBragg's sources)
-PASSED = 0
-FAILED = 0
-
-
-def check(ok, name, what):
-    global PASSED, FAILED
-    if ok:
-        PASSED += 1
-    else:
-        FAILED += 1
-    print("%s %s: %s" % ("PASS" if ok else "FAIL", name, what), flush=True)
-    return ok
-
-
-def run(cmd, cwd, log):
-    t0 = time.time()
-    with open(os.path.join(cwd, log), "w") as f:
-        rc = subprocess.call(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
-    return rc, time.time() - t0
-
-
-def tail(path, n=15):
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
 
 
 def spectrum(path, direction, shift=0.0):
@@ -156,7 +130,7 @@ def main(argv):
     if not check(rc == 0 and rc2 == 0 and rc3 == 0, "stills-simulate", "nbgrad wrote %d noisy stills (CBF) from "
                  "their true .expt with shifted spectra (%.1f s)" % (NSHOTS, t_sim + t2 + t3)):
         print(tail(os.path.join(work, "simulate.log")))
-        print("%d passed, %d failed" % (PASSED, FAILED))
+        print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
         return 1
 
     # DIALS: every still indexed on its own, the stills split over two processes
@@ -177,7 +151,7 @@ def main(argv):
     if not check(len(indexed) >= 0.8 * NSHOTS, "stills-dials-index", "DIALS indexed %d of %d stills, one experiment "
                  "each (%.0f s)" % (len(indexed), NSHOTS, t_dials)):
         print(tail(os.path.join(work, "dials", "worker0.log")))
-        print("%d passed, %d failed" % (PASSED, FAILED))
+        print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
         return 1
     dials_model = {sid: load_expt(os.path.join(work, "dials", sid, "indexed.expt")) for sid in indexed}
     one = all(len(dials_model[sid]) == 1 for sid in indexed)
@@ -199,7 +173,7 @@ def main(argv):
     if not check(rc == 0, "stills-ensemble", "nbgrad ensemble from DIALS's %d lists: F global, orientation, "
                  "spectrum_shift and scale per shot (%.0f s)" % (len(indexed), t_ens)):
         print(tail(os.path.join(work, "ensemble.log")))
-        print("%d passed, %d failed" % (PASSED, FAILED))
+        print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
         return 1
     res = json.load(open(os.path.join(work, "ensemble.json")))
     # the refined crystals in DIALS's frame: the start's list with the refined offsets, written back by nbgrad batch
@@ -297,8 +271,8 @@ def main(argv):
     for r in rows:
         print("| %s | %.4f / %.4f deg | %.3f %% / %.3f %% | %+.5f / %+.5f |" % (
             r[0], r[2], r[1], 100 * r[4], 100 * r[3], r[5], r[6]))
-    print("%d passed, %d failed" % (PASSED, FAILED))
-    return 0 if FAILED == 0 else 1
+    print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
+    return 0 if roundtrip.FAILED == 0 else 1
 
 
 if __name__ == "__main__":
