@@ -1161,13 +1161,16 @@ static int cell_constraints(nbg_ctx *ctx, nbg_experiment *frames, int nframes, c
     for (int j = 0; j < nparams; ++j) {
         ncell += params[j] >= 0 && params[j] < NBG_NPARAMS && nbgi_param_rows[params[j]].setup == NBGI_S_CELL;
     }
-    nbg_cell_constraints cc;
-    int rc = nbg_cell_constraints_get(ctx, e->space_group, &cc);
-    if (rc != NBG_OK) {
-        return rc;
+    /* the space group is read only where a cell parameter is refined (every local fit of an ensemble comes here) */
+    nbg_cell_constraints cc = {.system = NBG_SYSTEM_TRICLINIC};
+    if (ncell > 0 && e->has_cell) {
+        const int rc = nbg_cell_constraints_get(ctx, e->space_group, &cc);
+        if (rc != NBG_OK) {
+            return rc;
+        }
     }
     text[0] = 0;
-    const int constrained = ncell > 0 && e->has_cell && cc.system != NBG_SYSTEM_TRICLINIC;
+    const int constrained = cc.system != NBG_SYSTEM_TRICLINIC;
     if (constrained) {
         /* the start cell (unset b, c: a's; unset angles: 90) and how far it is from the symmetry */
         double cell[6], sym[6];

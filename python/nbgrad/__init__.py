@@ -163,6 +163,21 @@ def _expand(params) -> List[str]:
     return list(params)
 
 
+def _response_property(index, doc):
+    """A property for one of the experiment's detector response values (pedestal, gain, read_noise: the order of
+    Experiment.response())."""
+
+    def get(self) -> float:
+        return self.response()[index]
+
+    def set(self, value):
+        r = list(self.response())
+        r[index] = float(value)
+        self.set_response(*r)
+
+    return property(get, set, doc=doc)
+
+
 class Experiment(_ext.Experiment):
     """An experiment: crystal, beam, detector, and the structure factors it owns.
 
@@ -198,35 +213,9 @@ class Experiment(_ext.Experiment):
 
     # the detector response the losses (loss_grad, refine) read observed counts through: counts = gain * photons +
     # pedestal, with a Gaussian read noise (nbg_detector_model); as refine's -pedestal, -gain, -read_noise
-    @property
-    def pedestal(self) -> float:
-        """The observed image's pedestal, counts (0)."""
-        return self.response()[0]
-
-    @pedestal.setter
-    def pedestal(self, value):
-        r = self.response()
-        self.set_response(float(value), r[1], r[2])
-
-    @property
-    def gain(self) -> float:
-        """Counts per photon of the observed image (1)."""
-        return self.response()[1]
-
-    @gain.setter
-    def gain(self, value):
-        r = self.response()
-        self.set_response(r[0], float(value), r[2])
-
-    @property
-    def read_noise(self) -> float:
-        """The observed image's Gaussian read noise, counts rms (0)."""
-        return self.response()[2]
-
-    @read_noise.setter
-    def read_noise(self, value):
-        r = self.response()
-        self.set_response(r[0], r[1], float(value))
+    pedestal = _response_property(0, "The observed image's pedestal, counts (0).")
+    gain = _response_property(1, "Counts per photon of the observed image (1).")
+    read_noise = _response_property(2, "The observed image's Gaussian read noise, counts rms (0).")
 
     @property
     def pixels(self) -> Optional[np.ndarray]:
