@@ -7,7 +7,7 @@
 #   make bench      benchmarks (set NB_REF_BIN to a reference nanoBragg binary for ratios)
 #   make checksymbols  fail if the library exports a symbol that is neither API (nbgrad.h) nor internal (nbgi_),
 #                   or if libnbgrad.so does not export exactly the functions nbgrad.h declares
-#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson,
+#   make deps       install missing Debian packages (GSL, LAPACKE, OpenMP runtime, HDF5, CBFlib, jansson, msgpack-c,
 #                   Open MPI, pkg-config); run by every build
 #   make install    the program, libnbgrad.so and .a, nbgrad.h, nbgrad.pc and nbgrad(1) under PREFIX (/usr/local);
 #                   DESTDIR stages; make uninstall; make test-install (run by make test) tries it in a scratch prefix;
@@ -34,7 +34,8 @@ else
 CFLAGS  += -DNBG_NO_REFINE
 DEPS    :=
 endif
-# The formats that carry the whole geometry: NeXus/NXmx (HDF5), CBF (CBFlib), DIALS experiment lists (jansson).
+# The formats that carry the whole geometry: NeXus/NXmx (HDF5), CBF (CBFlib), DIALS experiment lists (jansson),
+# and DIALS reflection tables (libmsgpack-c).
 # FORMATS=0 leaves them out (their calls then return NBG_EUNSUP), e.g. on a GPU machine without Debian packages;
 # it follows GSL by default.
 FORMATS ?= $(GSL)
@@ -42,7 +43,7 @@ ifeq ($(FORMATS),1)
 HDF5_INC ?= $(firstword $(wildcard /usr/include/hdf5/serial) /usr/include)
 HDF5_LIB ?= $(if $(wildcard /usr/lib/*/libhdf5_serial.so /usr/lib/libhdf5_serial.so),-lhdf5_serial,-lhdf5)
 CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
-LDLIBS  += $(HDF5_LIB) -lcbf -ljansson
+LDLIBS  += $(HDF5_LIB) -lcbf -ljansson -lmsgpackc
 DEPS    := $(B)/.deps
 endif
 
@@ -119,6 +120,7 @@ $(B)/.deps:
 	   [ -f /usr/include/hdf5/serial/hdf5.h ] || [ -f /usr/include/hdf5.h ] || missing="$$missing libhdf5-dev"; \
 	   [ -f /usr/include/cbflib/cbf.h ] || missing="$$missing libcbf-dev"; \
 	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
+	   [ -f /usr/include/msgpack.h ] || missing="$$missing libmsgpack-dev"; \
 	   ls /usr/lib/*/hdf5/serial/plugins/libh5bshuf.so >/dev/null 2>&1 || missing="$$missing bitshuffle"; \
 	 fi; \
 	 if [ "$(MPI)" = 1 ]; then \
@@ -261,7 +263,7 @@ clean:
 
 FUZZ_CC      ?= clang
 FZ           := $(B)/fuzz
-FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt image
+FUZZ_TARGETS ?= hkl fdump smv sources matrix cli expt image refl
 FUZZ_TIME    ?= 300
 FUZZ_CI_TIME ?= 30
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
@@ -270,7 +272,7 @@ FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsani
                 -Iinclude -Isrc -Igrad -Icuda -MMD -MP
 ifeq ($(FORMATS),1)
 FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
-FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson
+FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson -lmsgpackc
 endif
 FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c src/batch.c src/ensemble.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
 FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))

@@ -848,10 +848,49 @@ int nbg_gradcheck(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params
  * frees it; NULL when none) and *npixels.  The spot pixels are those of image (npix floats; NULL: e's model image,
  * rendered with e's pixel list ignored) above threshold (INFINITY: none), and the centres given in centres
  * (ncentres pairs fast, slow in pixels; NULL with 0: none), rounded to the nearest pixel; centres are for the single
- * flat detector (NBG_EINVAL with panels), one outside it is NBG_EINVAL naming the entry.  Pixels outside the ROI or
+ * flat detector (NBG_EINVAL with panels: nbg_spot_box_pixels takes boxes on panels), one outside it is NBG_EINVAL
+ * naming the entry.  Pixels outside the ROI or
  * mask are left out.  half_box in [0, 100000]. */
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels);
+/* A rectangle of pixels on one panel: fast x0 <= f < x1, slow y0 <= s < y1 (panel 0 is the single flat detector). */
+typedef struct {
+    int panel;
+    int x0, x1, y0, y1;
+} nbg_spot_box;
+
+/* The pixels of boxes (nboxes of them; NULL with 0: none), clipped at their panel's edges, as a pixel list for
+ * nbg_experiment.pixels: *pixels (malloc'd, the caller frees it; NULL when none) and *npixels, in increasing order,
+ * each pixel once.  A box on a panel the detector does not have (panel >= npanels, or >= 1 for the single flat
+ * detector), with x1 <= x0 or y1 <= y0, or wholly outside its panel is NBG_EINVAL naming the entry.  Pixels outside
+ * the ROI or mask are left out.  Works with panels: the spot regions of a multi-panel detector (nbg_spot_pixels'
+ * centres are for the single flat one). */
+int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_box *boxes, long nboxes,
+                        uint32_t **pixels, long *npixels);
+
+/* The reflections of a DIALS reflection table (a .refl file, msgpack: what dials.find_spots and dials.index write),
+ * the columns spot regions need.  Coordinates are DIALS's: pixel (i, j) covers [i, i+1) x [j, j+1), so nbgrad's
+ * pixel index (fast, slow) of a centroid (x, y) is (floor(x), floor(y)); z is the image (frame) coordinate. */
+typedef struct {
+    long n;             /* rows */
+    int *panel;         /* n panel indices (the "panel" column; all 0 when the table has none) */
+    double *xyz;        /* 3n: "xyzobs.px.value": x (fast), y (slow) in pixels, z in images */
+    int *bbox;          /* 6n: "bbox": x0, x1, y0, y1, z0, z1 (pixels [x0, x1) x [y0, y1), images [z0, z1)), or NULL
+                           when the table has none */
+    int *id;            /* n experiment ids (the "id" column; -1 unassigned), or NULL when the table has none */
+    int has_shoebox;    /* the table carries shoeboxes (not read) */
+    int ncolumns;       /* the table's columns, all of them */
+} nbg_reflections;
+
+/* Reads a DIALS reflection table into *out (its arrays malloc'd; nbg_reflections_free releases them).  The file
+ * must be DIALS's msgpack reflection table, version 1, with an "xyzobs.px.value" column (vec3<double>); "panel"
+ * (std::size_t), "bbox" (int6) and "id" (int) are read when present.  Refused with a message (NBG_EFORMAT):
+ * truncated or malformed msgpack, another kind of file, a column of the wrong type, a column whose length is not
+ * the table's row count, non-finite centroids, panel indices over INT_MAX, bounding boxes with x1 < x0; NBG_EUNSUP
+ * in a build without the file formats (FORMATS=0: libmsgpack-c). */
+int nbg_read_refl(nbg_ctx *ctx, const char *path, nbg_reflections *out);
+void nbg_reflections_free(nbg_reflections *r);
+
 /* The spot pixels' threshold of a model image for nbg_spot_pixels, as nbgrad refine -spots and ensemble -spots take
  * it: the image's floor plus frac (-spot_frac, 0.05) of its range, over the npix pixels use keeps (NULL: all; 0 =
  * left out), in *threshold.  Returns 1, or 0 when the image is flat there (no spot to box; *threshold is then the

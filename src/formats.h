@@ -42,6 +42,9 @@ int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const n
 int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
                         const char *images);
 
+/* nbg_read_refl on the file's bytes (buf, len; path names it in messages): the fuzz harness's way in. */
+int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out);
+
 /* The format readers behind nbg_read_image (same contract: one frame, *image malloc'd, g and mask optional).
  * Each checks sizes against the context's memory limit before allocating. */
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,

@@ -278,8 +278,10 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-spot_frac", CMD_REFINE, nbgi_set_positive, GO(spot_frac), "x",
      "with -spots: a spot pixel's starting model exceeds its floor by this fraction of the peak above it (0.05)"},
     {"-spotlist", CMD_REFINE, nbgi_set_path, GO(spotlist), "FILE",
-     "spot centres, a text file of \"fast slow\" pixel positions a line ('#' comments), e.g. DIALS's strong spots; "
-     "the boxes (half-width -spots, 3 by default) are around them instead of the model's spots"},
+     "spot regions instead of the model's spots: a DIALS reflection table (.refl, e.g. dials.find_spots' strong "
+     "spots: each reflection's bounding box on its panel, or with -spots N a box of half-width N about its "
+     "centroid), or a text file of \"fast slow\" or \"panel fast slow\" pixel positions a line ('#' comments), "
+     "boxes of half-width -spots (3) about them"},
 };
 #undef GO
 #define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
@@ -886,22 +888,78 @@ void usage_main(FILE *out)
     params_help(out);
 }
 
-/* -spots, -spotlist: the pixel list of the spot regions into c->e (*list owns it).  The spot pixels are the -spotlist
- * centres, or else those of the starting model above its floor by -spot_frac of its peak (over the pixels in the
- * loss, use). */
-static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uint8_t *use, size_t npix,
-                        uint32_t **list)
+/* -spotlist as boxes: a DIALS reflection table (.refl, msgpack; recognised by its first byte, a 3-array) or a text
+ * file of "fast slow" or "panel fast slow" centres.  A reflection's box is its bounding box, or with -spots N given a
+ * box of half-width N about its centroid's pixel; a text centre's a box of half-width half about its pixel.  Returns
+ * the boxes (malloc'd) in *boxes and their count in *nb, and what they are in what; 0 after printing the error. */
+static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, int half, nbg_spot_box **boxes,
+                          long *nb, char *what, size_t wsize)
 {
-    const int half = o->spots >= 0 ? o->spots : 3;
-    double *centres = NULL, thr = INFINITY;
-    long nc = 0, cap = 0;
-    float *img = NULL;
+    *boxes = NULL;
+    *nb = 0;
+    nbg_report rep;
+    if (nbg_describe(ctx, &c->e, &rep) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -spotlist: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    const int np = c->e.npanels > 0 ? c->e.npanels : 1;
+    FILE *fp;
+    if (nbgi_open_input(ctx, o->spotlist, "-spotlist", "rb", &fp) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    const int first = fgetc(fp);
     int ok = 1;
-    if (o->spotlist != NULL) {
-        FILE *fp;
-        if (nbgi_open_input(ctx, o->spotlist, "-spotlist", "r", &fp) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+    long cap = 0, n = 0, skipped = 0;
+    nbg_spot_box *b = NULL;
+    if (first == 0x93) { /* msgpack's array of 3: DIALS's reflection table */
+        fclose(fp);
+        nbg_reflections r;
+        if (nbg_read_refl(ctx, o->spotlist, &r) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -spotlist: %s\n", nbg_errmsg(ctx));
             return 0;
+        }
+        const int use_bbox = r.bbox != NULL && o->spots < 0;
+        b = r.n > 0 ? malloc(sizeof *b * (size_t)r.n) : NULL;
+        if (r.n > 0 && b == NULL) {
+            fprintf(stderr, "nbgrad: error: -spotlist: out of memory for %ld spots\n", r.n);
+            ok = 0;
+        }
+        for (long t = 0; ok && t < r.n; ++t) {
+            if (r.id != NULL && r.id[t] > 0) { /* another experiment's */
+                ++skipped;
+                continue;
+            }
+            const int q = r.panel[t];
+            const double x = r.xyz[3 * t], y = r.xyz[3 * t + 1];
+            const int F = c->e.npanels > 0 ? c->e.panels[q < np ? q : 0].fpixels : rep.fpixels;
+            const int S = c->e.npanels > 0 ? c->e.panels[q < np ? q : 0].spixels : rep.spixels;
+            if (q >= np || !(x >= 0 && x < F && y >= 0 && y < S)) {
+                fprintf(stderr, "nbgrad: error: -spotlist %s: reflection %ld (panel %d, x %g, y %g pixels) is not on "
+                        "the detector (%d panel%s%s)\n", o->spotlist, t, q, x, y, np, np > 1 ? "s" : "",
+                        c->e.npanels > 0 ? "" : ", the single flat one");
+                ok = 0;
+                break;
+            }
+            nbg_spot_box *x1 = &b[n++];
+            x1->panel = q;
+            if (use_bbox) {
+                x1->x0 = r.bbox[6 * t], x1->x1 = r.bbox[6 * t + 1];
+                x1->y0 = r.bbox[6 * t + 2], x1->y1 = r.bbox[6 * t + 3];
+            } else {
+                const int f = (int)floor(x), s = (int)floor(y);
+                x1->x0 = f - half, x1->x1 = f + half + 1, x1->y0 = s - half, x1->y1 = s + half + 1;
+            }
+        }
+        if (ok) {
+            snprintf(what, wsize, "the %ld reflections of %s (%s%s)", n, o->spotlist,
+                     use_bbox ? "their bounding boxes" : "boxes about their centroids",
+                     skipped > 0 ? "; those of other experiments left out" : "");
+        }
+        nbg_reflections_free(&r);
+    } else {
+        if (first != EOF) {
+            ungetc(first, fp);
         }
         char *line = NULL;
         size_t lcap = 0;
@@ -912,27 +970,41 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             char *p = line;
             while (*p == ' ' || *p == '\t') ++p;
             if (*p == '#' || *p == '\n' || *p == '\r' || *p == '\0') continue;
-            double f, s;
+            double v[3];
             char extra;
-            if (sscanf(p, "%lf %lf %c", &f, &s, &extra) != 2 || !isfinite(f) || !isfinite(s)) {
-                fprintf(stderr, "nbgrad: error: -spotlist %s line %ld: expected \"fast slow\" (two numbers)\n",
-                        o->spotlist, ln);
+            const int k = sscanf(p, "%lf %lf %lf %c", &v[0], &v[1], &v[2], &extra);
+            int q = 0;
+            double f = v[0], s = v[1];
+            if (k == 3) {
+                q = v[0] >= 0 && v[0] < np && v[0] == floor(v[0]) ? (int)v[0] : -1;
+                f = v[1], s = v[2];
+            }
+            if ((k != 2 && k != 3) || !isfinite(f) || !isfinite(s) || q < 0) {
+                fprintf(stderr, "nbgrad: error: -spotlist %s line %ld: expected \"fast slow\" or \"panel fast slow\" "
+                        "(a panel index below %d)\n", o->spotlist, ln, np);
                 ok = 0;
                 break;
             }
-            if (nc == cap) {
+            const int F = c->e.npanels > 0 ? c->e.panels[q].fpixels : rep.fpixels;
+            const int S = c->e.npanels > 0 ? c->e.panels[q].spixels : rep.spixels;
+            if (!(f > -0.5 && f < F - 0.5 && s > -0.5 && s < S - 0.5)) {
+                fprintf(stderr, "nbgrad: error: -spotlist %s line %ld: the centre (fast %g, slow %g) is outside "
+                        "panel %d of %d x %d pixels\n", o->spotlist, ln, f, s, q, F, S);
+                ok = 0;
+                break;
+            }
+            if (n == cap) {
                 cap = cap ? 2 * cap : 256;
-                double *nw = (double)cap * 16 < 4e9 ? realloc(centres, sizeof(double) * 2 * (size_t)cap) : NULL;
+                nbg_spot_box *nw = (double)cap * sizeof *b < 4e9 ? realloc(b, sizeof *b * (size_t)cap) : NULL;
                 if (nw == NULL) {
                     fprintf(stderr, "nbgrad: error: -spotlist: out of memory at line %ld\n", ln);
                     ok = 0;
                     break;
                 }
-                centres = nw;
+                b = nw;
             }
-            centres[2 * nc] = f;
-            centres[2 * nc + 1] = s;
-            ++nc;
+            const int fi = (int)lround(f), si = (int)lround(s);
+            b[n++] = (nbg_spot_box){q, fi - half, fi + half + 1, si - half, si + half + 1};
         }
         if (ok && got < 0) {
             fprintf(stderr, "nbgrad: error: -spotlist: %s\n", nbg_errmsg(ctx));
@@ -940,8 +1012,41 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
         }
         free(line);
         fclose(fp);
-        if (ok && nc == 0) {
-            fprintf(stderr, "nbgrad: error: -spotlist %s holds no spot centre\n", o->spotlist);
+        if (ok) {
+            snprintf(what, wsize, "%ld spot centres of %s (boxes of half-width %d)", n, o->spotlist, half);
+        }
+    }
+    if (ok && n == 0) {
+        fprintf(stderr, "nbgrad: error: -spotlist %s holds no spot%s\n", o->spotlist,
+                skipped > 0 ? " of experiment 0" : "");
+        ok = 0;
+    }
+    if (!ok) {
+        free(b);
+        return 0;
+    }
+    *boxes = b;
+    *nb = n;
+    return 1;
+}
+
+/* -spots, -spotlist: the pixel list of the spot regions into c->e (*list owns it).  The spot pixels are the boxes of
+ * -spotlist (spotlist_boxes), or else the pixels within -spots of those of the starting model above its floor by
+ * -spot_frac of its peak (over the pixels in the loss, use). */
+static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uint8_t *use, size_t npix,
+                        uint32_t **list)
+{
+    const int half = o->spots >= 0 ? o->spots : 3;
+    double thr = INFINITY;
+    float *img = NULL;
+    nbg_spot_box *boxes = NULL;
+    long nb = 0, n = 0;
+    char what[4400];
+    int ok = 1;
+    if (o->spotlist != NULL) {
+        ok = spotlist_boxes(ctx, c, o, half, &boxes, &nb, what, sizeof what);
+        if (ok && nbg_spot_box_pixels(ctx, &c->e, boxes, nb, list, &n) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -spotlist: %s\n", nbg_errmsg(ctx));
             ok = 0;
         }
     } else {
@@ -954,11 +1059,12 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
             fprintf(stderr, "nbgrad: error: -spots: the starting model is flat (%g): no spot to box\n", thr);
             ok = 0;
         }
-    }
-    long n = 0;
-    if (ok && nbg_spot_pixels(ctx, &c->e, img, npix, thr, centres, nc, half, list, &n) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s%s\n", o->spotlist != NULL ? "-spotlist: " : "-spots: ", nbg_errmsg(ctx));
-        ok = 0;
+        if (ok && nbg_spot_pixels(ctx, &c->e, img, npix, thr, NULL, 0, half, list, &n) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -spots: %s\n", nbg_errmsg(ctx));
+            ok = 0;
+        }
+        snprintf(what, sizeof what, "within %d pixels of the starting model's spot pixels (above %.4g photons)", half,
+                 thr);
     }
     if (ok && n == 0) {
         fprintf(stderr, "nbgrad: error: the spot regions hold no pixel of the loss (all masked)\n");
@@ -967,17 +1073,10 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
     if (ok) {
         c->e.pixels = *list;
         c->e.npixels_list = n;
-        char what[96];
-        if (o->spotlist != NULL) {
-            snprintf(what, sizeof what, "%ld spot centres of %s", nc, o->spotlist);
-        } else {
-            snprintf(what, sizeof what, "the starting model's spot pixels (above %.4g photons)", thr);
-        }
-        printf("spot regions: %ld pixels (%.3g%% of %zu) within %d pixels of %s\n", n, 100.0 * (double)n / npix, npix,
-               half, what);
+        printf("spot regions: %ld pixels (%.3g%% of %zu): %s\n", n, 100.0 * (double)n / npix, npix, what);
     }
     free(img);
-    free(centres);
+    free(boxes);
     return ok;
 }
 

@@ -155,3 +155,86 @@ int nbg_spot_threshold(const float *image, const uint8_t *use, size_t npix, doub
     }
     return hi > lo;
 }
+
+int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_box *boxes, long nboxes,
+                        uint32_t **pixels, long *npixels)
+{
+    if (ctx == NULL || e == NULL || pixels == NULL || npixels == NULL || (boxes == NULL && nboxes != 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_box_pixels: NULL argument");
+    }
+    *pixels = NULL;
+    *npixels = 0;
+    if (nboxes < 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_box_pixels: the boxes' count %ld is negative", nboxes);
+    }
+    nbg_experiment whole = *e;
+    whole.pixels = NULL;
+    whole.npixels_list = 0;
+    nbgi_plan pl;
+    int rc = nbgi_plan_build(ctx, &whole, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbgi_kparams *k = &pl.k;
+    const size_t n = (size_t)k->npix;
+    if (k->npix > (long)UINT32_MAX) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_box_pixels: the image of %zu pixels is too large for a pixel "
+                          "list", n);
+    }
+    const int np = k->npanels > 0 ? k->npanels : 1;
+    for (long b = 0; b < nboxes; ++b) {
+        const nbg_spot_box *x = &boxes[b];
+        if (x->panel < 0 || x->panel >= np) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "spot box %ld is on panel %d, the detector has %d panel%s", b, x->panel,
+                              np, np > 1 ? "s" : " (the single flat detector: panel 0)");
+        }
+        const long F = k->npanels > 0 ? k->panels[x->panel].fpixels : k->fpixels;
+        const long S = k->npanels > 0 ? k->panels[x->panel].spixels : k->spixels;
+        if (x->x1 <= x->x0 || x->y1 <= x->y0 || x->x1 <= 0 || x->y1 <= 0 || x->x0 >= F || x->y0 >= S) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "spot box %ld (fast [%d, %d), slow [%d, %d) on panel %d) is empty or "
+                              "wholly outside its panel of %ld x %ld pixels", b, x->x0, x->x1, x->y0, x->y1,
+                              x->panel, F, S);
+        }
+    }
+    uint8_t *m = calloc(n, 1);
+    if (m == NULL) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_box_pixels: out of memory for %zu pixels", n);
+    }
+    for (long b = 0; b < nboxes; ++b) {
+        const nbg_spot_box *x = &boxes[b];
+        const long off = k->npanels > 0 ? k->panels[x->panel].offset : 0;
+        const long F = k->npanels > 0 ? k->panels[x->panel].fpixels : k->fpixels;
+        const long S = k->npanels > 0 ? k->panels[x->panel].spixels : k->spixels;
+        const long f0 = x->x0 > 0 ? x->x0 : 0, f1 = x->x1 < F ? x->x1 : F;
+        const long s0 = x->y0 > 0 ? x->y0 : 0, s1 = x->y1 < S ? x->y1 : S;
+        for (long s = s0; s < s1; ++s) {
+            memset(m + off + s * F + f0, 1, (size_t)(f1 - f0));
+        }
+    }
+    long cnt = 0;
+    for (size_t i = 0; i < n; ++i) {
+        m[i] = m[i] && nbgi_model_active(k, i);
+        cnt += m[i];
+    }
+    if (cnt > 0) {
+        *pixels = malloc(sizeof(uint32_t) * (size_t)cnt);
+        if (*pixels == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_box_pixels: out of memory for %ld pixels", cnt);
+        } else {
+            long t = 0;
+            for (size_t i = 0; i < n; ++i) {
+                if (m[i]) {
+                    (*pixels)[t++] = (uint32_t)i;
+                }
+            }
+            *npixels = cnt;
+        }
+    }
+    free(m);
+    nbgi_plan_free(&pl);
+    return rc;
+}
