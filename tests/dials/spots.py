@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""Spot regions from DIALS's reflections (nbgrad refine -spotlist strong.refl) on a detector of four panels.
+
+nbgrad renders one noisy image of a detector of 2 x 2 modules (one tilted by 2 deg) as NXmx, with the true
+experiment list; dials.import and dials.find_spots find its strong spots (strong.refl, msgpack).  Then:
+
+  - nbgrad reads the table: the count of reflections it boxes equals the table's rows (dials's flex table);
+  - the spot regions from the reflections' bounding boxes hold exactly the pixels of the union of those boxes on
+    their panels (computed here from the flex table's panel and bbox columns), and with -spots 0 exactly the
+    distinct pixels (panel, floor(x), floor(y)) of the observed centroids (xyzobs.px.value);
+  - nbgrad refine from the true list with its crystal turned by 0.1 deg, on those spot regions, fits the
+    orientation back to within 0.01 deg of the truth (converged).
+
+    /usr/bin/python3 tests/dials/spots.py NBGRAD_BINARY WORKDIR
+
+Prints one PASS/FAIL line per check and "N passed, N failed".
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+PASSED = 0
+FAILED = 0
+
+
+def check(ok, name, what):
+    global PASSED, FAILED
+    if ok:
+        PASSED += 1
+    else:
+        FAILED += 1
+    print("%s spots-%s: %s" % ("PASS" if ok else "FAIL", name, what), flush=True)
+    return ok
+
+
+def run(cmd, cwd, log):
+    t = time.time()
+    with open(os.path.join(cwd, log), "w") as f:
+        rc = subprocess.call(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    with open(os.path.join(cwd, log)) as f:
+        return rc, time.time() - t, f.read()
+
+
+def rot(axis, deg, v):
+    """v turned by deg about the unit axis (Rodrigues)."""
+    a = np.asarray(axis, float) / np.linalg.norm(axis)
+    t = math.radians(deg)
+    v = np.asarray(v, float)
+    return v * math.cos(t) + np.cross(a, v) * math.sin(t) + a * np.dot(a, v) * (1 - math.cos(t))
+
+
+def orientation_error(path_a, path_b):
+    """The angle (deg) of the rotation between two lists' crystals (their real-space bases)."""
+    def basis(p):
+        with open(p) as f:
+            c = json.load(f)["crystal"][0]
+        return np.array([c["real_space_a"], c["real_space_b"], c["real_space_c"]]).T
+    A, B = basis(path_a), basis(path_b)
+    U = B @ np.linalg.inv(A)
+    u, _, vt = np.linalg.svd(U)
+    R = u @ vt
+    return math.degrees(math.acos(max(-1.0, min(1.0, (np.trace(R) - 1) / 2))))
+
+
+def main(argv):
+    nbgrad = os.path.abspath(argv[0])
+    work = os.path.abspath(argv[1])
+    os.makedirs(work, exist_ok=True)
+    crystal = ["-cell", "70", "80", "90", "90", "90", "90", "-misset", "12", "-25", "33", "-default_F", "100", "-N",
+               "8", "-gauss_xtal", "-lambda", "0.9795"]
+    rc, _, _ = run([nbgrad, "-dials", "-close_distance", "100"] + crystal + [
+        "-detpixels", "32", "-pixel", "0.1", "-phi", "0", "-osc", "0.5", "-exptfile", "base.expt", "-nopgm",
+        "-nonoise"], work, "base.log")
+    if not check(rc == 0, "base", "nbgrad wrote the beam, goniometer, scan and crystal (exit %d)" % rc):
+        return
+    with open(os.path.join(work, "base.expt")) as f:
+        d = json.load(f)
+    p0 = d["detector"][0]["panels"][0]
+    mods = []
+    for j in range(2):
+        for i in range(2):
+            fast = [1.0, 0.0, 0.0]
+            if i == 1 and j == 1:
+                a = math.radians(2.0)
+                fast = [math.cos(a), 0.0, -math.sin(a)]
+            p = dict(p0)
+            p.update({"name": "module %d" % (2 * j + i), "image_size": [256, 256], "pixel_size": [0.1, 0.1],
+                      "fast_axis": fast, "slow_axis": [0.0, -1.0, 0.0],
+                      "origin": [-26.0 + i * 26.5, 26.0 - j * 26.5, -100.0]})
+            mods.append(p)
+    d["detector"][0]["panels"] = mods
+    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(4)]
+    d["imageset"] = []
+    d["experiment"][0].pop("imageset", None)
+    with open(os.path.join(work, "in.expt"), "w") as f:
+        json.dump(d, f, indent=1)
+    # the start: the crystal turned by 0.1 deg about (1, 2, 3)
+    s = json.loads(json.dumps(d))
+    c = s["crystal"][0]
+    for k in ("real_space_a", "real_space_b", "real_space_c"):
+        c[k] = list(rot([1, 2, 3], 0.1, c[k]))
+    with open(os.path.join(work, "start.expt"), "w") as f:
+        json.dump(s, f, indent=1)
+    flags = crystal[crystal.index("-default_F"):]
+    rc, t, _ = run([nbgrad, "-expt", "in.expt"] + flags + [
+        "-phisteps", "8", "-oversample", "1", "-data", "noise", "-seed", "7", "-adc", "40", "-nxsfile", "image.nxs",
+        "-exptfile", "truth.expt"], work, "simulate.log")
+    if not check(rc == 0, "simulate", "nbgrad wrote the four-module image as NXmx (%.1f s)" % t):
+        return
+    for cmd in (["dials.import", "image.nxs"], ["dials.find_spots", "imported.expt", "nproc=2"]):
+        rc, t, log = run(cmd, work, cmd[0] + ".log")
+        if not check(rc == 0, cmd[0][6:], "%s (%.1f s)" % (" ".join(cmd), t)):
+            print(log[-2000:])
+            return
+    from dials.array_family import flex
+    refl = flex.reflection_table.from_file(os.path.join(work, "strong.refl"))
+    n = len(refl)
+    panel = np.array(refl["panel"], dtype=np.int64)
+    xyz = np.array(refl["xyzobs.px.value"]).reshape(-1, 3)
+    bbox = np.array(refl["bbox"]).reshape(-1, 6)
+    per_panel = [int((panel == q).sum()) for q in range(4)]
+    check(n >= 20 and sum(1 for k in per_panel if k > 0) >= 3, "found",
+          "dials.find_spots found %d spots, %s on the four panels" % (n, per_panel))
+    # the expected regions: image index = panel offset + y * 256 + x
+    size = 256
+    boxes = set()
+    for q, b in zip(panel, bbox):
+        for y in range(max(b[2], 0), min(b[3], size)):
+            for x in range(max(b[0], 0), min(b[1], size)):
+                boxes.add(int(q) * size * size + y * size + x)
+    cents = set(int(q) * size * size + int(math.floor(p[1])) * size + int(math.floor(p[0])) for q, p in zip(panel, xyz))
+    base = [nbgrad, "refine", "-expt", "start.expt"] + flags + [
+        "-phisteps", "8", "-oversample", "1", "-adc", "40", "-observed", "image.nxs", "-params", "orientation",
+        "-spotlist", "strong.refl"]
+    rc, t, log = run(base + ["-spots", "0", "-maxiter", "1"], work, "centroids.log")
+    m = re.search(r"spot regions: (\d+) pixels .*: the (\d+) reflections of", log)
+    got = (int(m.group(1)), int(m.group(2))) if m else None
+    check(got == (len(cents), n), "centroids",
+          "-spots 0: %s pixels of %s reflections read by nbgrad; the flex table's %d distinct centroid pixels of %d "
+          "rows" % (got[0] if got else "?", got[1] if got else "?", len(cents), n))
+    rc, t, log = run(base + ["-exptfile", "fit.expt"], work, "refine.log")
+    m = re.search(r"spot regions: (\d+) pixels .*: the (\d+) reflections of .*bounding boxes", log)
+    got = (int(m.group(1)), int(m.group(2))) if m else None
+    check(got == (len(boxes), n), "bboxes",
+          "%s pixels in the bounding boxes of %s reflections read by nbgrad; the flex table's union of %d boxes "
+          "holds %d pixels" % (got[0] if got else "?", got[1] if got else "?", n, len(boxes)))
+    ok = rc == 0 and "converged" in log and os.path.exists(os.path.join(work, "fit.expt"))
+    e0 = orientation_error(os.path.join(work, "truth.expt"), os.path.join(work, "start.expt"))
+    e1 = orientation_error(os.path.join(work, "truth.expt"), os.path.join(work, "fit.expt")) if ok else float("inf")
+    if not check(ok and e1 < 0.01, "refine",
+                 "refine on the .refl's spot regions (%.1f s, exit %d): orientation %.4f deg off the truth from %.4f "
+                 "deg" % (t, rc, e1, e0)):
+        print(log[-3000:])
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except Exception as exc:  # a crash is a failure, with the summary line still printed
+        import traceback
+        traceback.print_exc()
+        check(False, "crash", repr(exc))
+    print("%d passed, %d failed" % (PASSED, FAILED))
+    sys.exit(1 if FAILED else 0)
