@@ -799,6 +799,8 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
     if (rc == NBG_OK) {
         nbgi_model_apply(e, &pl.k, image);
         double sum = 0;
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, e);
         for (long t = 0; t < nw; ++t) {
             const size_t i = nbgi_walk_at(&pl.k, t);
             if (!nbgi_model_active(&pl.k, i)) {
@@ -807,7 +809,7 @@ int nbg_loss_grad(nbg_ctx *ctx, const nbg_experiment *e, nbg_loss loss, const fl
             }
             const double w = weights != NULL ? weights[i] : 1.0;
             double d;
-            sum += w * nbgi_pixel_loss(loss, &e->response, image[i], observed[i], &d, NULL);
+            sum += w * nbgi_pixel_loss(loss, nbgi_response_at(&rcur, i), image[i], observed[i], &d, NULL);
             dLdI[i] = (float)(w * d);
         }
         *L = sum;

@@ -139,10 +139,12 @@ static int loss_trial(refine_ws *ws, double *L)
         /* a model without photons where the data have some is impossible under Poisson (the floor at 1e-12 keeps
          * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
         const refine_frame *fr = &ws->fr[f];
-        const nbg_detector_model *r = &fr->e.response;
-        const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
         for (size_t t = 0; t < fr->nw; ++t) {
             const size_t i = at(fr, t);
+            const nbg_detector_model *r = nbgi_response_at(&rcur, i);
+            const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
             if (fr->use[t] && fr->img[i] + sr <= 0 && (fr->obs[i] - r->pedestal) / r->gain + sr > 0) {
                 *L = INFINITY;
                 break;
@@ -166,6 +168,8 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             return rc;
         }
         fold_tied(ws, fr->T, fr->nw, fr->nw);
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
         for (size_t t = 0; t < fr->nw; ++t) {
             if (!fr->use[t]) {
                 continue;
@@ -173,7 +177,7 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             const size_t i = at(fr, t);
             const double wi = fr->w ? fr->w[i] : 1.0;
             double dLdI, c;
-            sum += wi * nbgi_pixel_loss(ws->loss, &fr->e.response, fr->img[i], fr->obs[i], &dLdI, &c);
+            sum += wi * nbgi_pixel_loss(ws->loss, nbgi_response_at(&rcur, i), fr->img[i], fr->obs[i], &dLdI, &c);
             dLdI *= wi;
             c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
             eps += fabs(dLdI * fr->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
@@ -275,6 +279,8 @@ static int linear_start(refine_ws *ws, double *x)
         if (rc != NBG_OK) {
             return rc;
         }
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, e);
         for (size_t t = 0; t < fr->nw; ++t) {
             if (!fr->use[t]) {
                 continue;
@@ -296,7 +302,8 @@ static int linear_start(refine_ws *ws, double *x)
                 }
             }
             const double wi = fr->w ? fr->w[i] : 1.0;
-            const double y = (fr->obs[i] - e->response.pedestal) / e->response.gain - fixed;
+            const nbg_detector_model *r = nbgi_response_at(&rcur, i);
+            const double y = (fr->obs[i] - r->pedestal) / r->gain - fixed;
             for (int a = 0; a < k; ++a) {
                 const double ba = basis[nbgi_param_rows[ws->params[idx[a]]].index];
                 b[a] += wi * ba * y;
@@ -809,13 +816,15 @@ static int fit_quality(refine_ws *ws, nbg_fit_quality *q)
     long ns = 0;
     for (int f = 0; f < ws->nf; ++f) {
         const refine_frame *fr = &ws->fr[f];
-        const nbg_detector_model *r = &fr->e.response;
-        const double s = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
         for (size_t t = 0; t < fr->nw; ++t) {
             if (!fr->use[t]) {
                 continue;
             }
             const size_t i = at(fr, t);
+            const nbg_detector_model *r = nbgi_response_at(&rcur, i);
+            const double s = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
             const double M = fr->img[i], y = (fr->obs[i] - r->pedestal) / r->gain;
             const double mu = fmax(M + s, 1e-12), d = deviance1(fmax(y + s, 0), mu);
             double e, v;
@@ -1074,11 +1083,13 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
             rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images of %zu pixels", nparams, fr->nw);
             break;
         }
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
         for (size_t t = 0; t < fr->nw; ++t) {
             const size_t i = nbgi_walk_at(&pl.k, (long)t);
             fr->use[t] = nbgi_model_active(&pl.k, i) && (fr->w == NULL || fr->w[i] > 0);
             ws.nobs += fr->use[t];
-            lit += fr->use[t] && fr->obs[i] > fr->e.response.pedestal;
+            lit += fr->use[t] && fr->obs[i] > nbgi_response_at(&rcur, i)->pedestal;
         }
         nbgi_plan_free(&pl);
     }

@@ -173,7 +173,8 @@ typedef struct {
 /* How the detector turns photons into the counts of an image file: counts = gain * photons + pedestal, plus
  * Gaussian read noise of read_noise counts rms.  The losses (nbg_loss_grad, nbg_refine) compare the model image
  * with y_p = (observed_p - pedestal) / gain.  nanoBragg's integer and noise images carry a pedestal of 40 counts
- * (its -adc offset) and gain 1. */
+ * (its -adc offset) and gain 1.  A panel of a multi-panel detector may have its own (nbg_panel.own_response): the
+ * losses then read each pixel through its panel's. */
 typedef struct {
     double pedestal;   /* counts every pixel carries with no photon (0) */
     double gain;       /* counts per photon, > 0 (1) */
@@ -204,6 +205,9 @@ typedef struct {
                                        that holds it, numbered from 0 in the hierarchy's order (a panel nearer the
                                        root than L: a group of its own, numbered after those); -1 past the depth of
                                        the hierarchy (nbg_read_expt_panels fills it; a layout's modules are level 1) */
+    int own_response;               /* 1: the losses read this panel's pixels through response below (a gain and
+                                       pedestal per module); 0 (the default): through nbg_experiment.response */
+    nbg_detector_model response;    /* its pedestal, gain (> 0) and read noise (>= 0), when own_response */
 } nbg_panel;
 
 /* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'

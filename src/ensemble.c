@@ -444,9 +444,11 @@ static int em_step(ens *w, double *x, int max_iter, const char **why)
                 break;
             }
             /* y / M as the loss defines them (photons, the read noise's shift): 1 - dL/dM */
+            nbgi_response_cursor rcur;
+            nbgi_response_init(&rcur, e);
             for (size_t p = 0; p < w->np[k]; ++p) {
                 double d = 0;
-                nbgi_pixel_loss(NBG_LOSS_POISSON, &e->response, w->img[p], w->obs[k][p], &d, NULL);
+                nbgi_pixel_loss(NBG_LOSS_POISSON, nbgi_response_at(&rcur, p), w->img[p], w->obs[k][p], &d, NULL);
                 wt[p] = (float)(1 - d);
             }
             if (!shot_dF(w, k, e, wt, B)) {

@@ -59,11 +59,14 @@ int nbg_check_floor(nbg_ctx *ctx, const nbg_experiment *e, const float *observed
     if (rc == NBG_OK) {
         const nbg_detector_model *r = &e->response;
         size_t n = 0;
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, e);
         for (long t = 0; t < nbgi_nwalk(&pl.k); ++t) {
             const size_t i = nbgi_walk_at(&pl.k, t);
             if (nbgi_model_active(&pl.k, i) && (weights == NULL || weights[i] > 0)) {
+                const nbg_detector_model *ri = nbgi_response_at(&rcur, i);
                 vo[n] = observed[i];
-                vm[n] = r->gain * image[i] + r->pedestal;
+                vm[n] = ri->gain * image[i] + ri->pedestal;
                 ++n;
             }
         }

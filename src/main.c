@@ -7,6 +7,7 @@
 #include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
 #include "param.h"     /* nbgi_param_nF */
+#include "plan.h"      /* nbgi_response_cursor */
 
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h>
@@ -85,6 +86,7 @@ typedef struct {
     nbg_param *ids;       /* the parameters, parsed for the experiment (nbg_params_parse; malloc'd) */
     int nids;
     double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
+    const char *panel_resp[3];  /* -panel_pedestal, -panel_gain, -panel_read_noise: a value per panel, comma lists */
     const char *motionsout;       /* refine -motionsfile: the fitted motions */
     nbg_optimizer method;
     int max_iter;
@@ -164,6 +166,44 @@ static int set_finite(void *opts, const char *flag, char **vv, void *dst)
         return 0;
     }
     *(double *)dst = x;
+    return 1;
+}
+
+/* Parses a comma list of numbers (-panel_pedestal, -panel_gain, -panel_read_noise: kind 0 finite, 1 > 0, 2 >= 0)
+ * into vals (room for cap; NULL: check only); the count, or -1 after printing what is wrong. */
+static int value_list(const char *flag, const char *v, int kind, double *vals, int cap)
+{
+    int n = 0;
+    const char *p = v;
+    for (;;) {
+        char *end;
+        errno = 0;
+        const double x = strtod(p, &end);
+        const int ok = end != p && errno == 0 && isfinite(x) && (kind == 0 || (kind == 1 ? x > 0 : x >= 0)) &&
+                       (*end == ',' || *end == '\0');
+        if (!ok) {
+            fprintf(stderr, "nbgrad: error: %s: '%s' is not a comma-separated list of %s numbers, one per panel\n",
+                    flag, v, kind == 0 ? "finite" : kind == 1 ? "positive" : "non-negative");
+            return -1;
+        }
+        if (vals != NULL && n < cap) {
+            vals[n] = x;
+        }
+        ++n;
+        if (*end == '\0') {
+            return n;
+        }
+        p = end + 1;
+    }
+}
+
+static int set_panel_list(void *opts, const char *flag, char **vv, void *dst)
+{
+    const int kind = strcmp(flag, "-panel_pedestal") == 0 ? 0 : strcmp(flag, "-panel_gain") == 0 ? 1 : 2;
+    if (value_list(flag, vv[0], kind, NULL, 0) < 0) {
+        return 0;
+    }
+    *(const char **)dst = vv[0];
     return 1;
 }
 
@@ -255,6 +295,13 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-gain", CMD_GRAD | CMD_REFINE, nbgi_set_positive, GO(gain), "x", "counts per photon of the observed image (1)"},
     {"-read_noise", CMD_GRAD | CMD_REFINE, set_nonneg, GO(read_noise), "counts",
      "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
+    {"-panel_pedestal", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[0]), "LIST",
+     "the observed image's pedestal per panel, counts: one number per panel, comma-separated, in panel order (a "
+     "multi-panel detector; the panels' pedestals instead of -pedestal's)"},
+    {"-panel_gain", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[1]), "LIST",
+     "counts per photon per panel, as -panel_pedestal (each > 0; instead of -gain's)"},
+    {"-panel_read_noise", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[2]), "LIST",
+     "read noise per panel, counts rms, as -panel_pedestal (each >= 0; instead of -read_noise's)"},
     {"-weights", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(weights), "FILE",
      "per-pixel weights of the loss, raw 4-byte floats or SMV"},
     {"-loss", CMD_GRAD | CMD_REFINE, set_loss, 0, "lsq|poisson",
@@ -441,6 +488,47 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
     return 1;
 }
 
+/* -panel_pedestal, -panel_gain, -panel_read_noise: each panel's own response (nbg_panel.own_response), the
+ * experiment's where a list is not given.  0 after printing what is wrong. */
+static int panel_responses(nbgi_cli *c, const grad_opts *o)
+{
+    static const char *const names[3] = {"-panel_pedestal", "-panel_gain", "-panel_read_noise"};
+    if (o->panel_resp[0] == NULL && o->panel_resp[1] == NULL && o->panel_resp[2] == NULL) {
+        return 1;
+    }
+    const int np = c->e.npanels;
+    double *v = np > 0 ? malloc(sizeof(double) * 3 * (size_t)np) : NULL;
+    for (int k = 0; k < 3; ++k) {
+        if (o->panel_resp[k] == NULL) {
+            continue;
+        }
+        const int n = value_list(names[k], o->panel_resp[k], k, v != NULL ? v + (size_t)k * np : NULL, np);
+        if (np == 0 || n != np || v == NULL) {
+            if (n >= 0) {
+                fprintf(stderr, "nbgrad: error: %s gives %d value%s, the detector has %d panel%s%s\n", names[k], n,
+                        n == 1 ? "" : "s", np, np == 1 ? "" : "s", np == 0 ? " (the single flat detector: use "
+                        "-pedestal, -gain, -read_noise)" : "");
+            }
+            free(v);
+            return 0;
+        }
+    }
+    nbg_panel *pan = (nbg_panel *)c->e.panels; /* the builder's copy, which this run owns */
+    for (int q = 0; q < np; ++q) {
+        pan[q].own_response = 1;
+        pan[q].response = c->e.response;
+        if (o->panel_resp[0] != NULL) pan[q].response.pedestal = v[q];
+        if (o->panel_resp[1] != NULL) pan[q].response.gain = v[np + q];
+        if (o->panel_resp[2] != NULL) pan[q].response.read_noise = v[2 * (size_t)np + q];
+    }
+    free(v);
+    printf("the panels' own detector response (%s%s%s): panel 0 pedestal %g, gain %g, read noise %g counts%s\n",
+           o->panel_resp[0] != NULL ? "-panel_pedestal " : "", o->panel_resp[1] != NULL ? "-panel_gain " : "",
+           o->panel_resp[2] != NULL ? "-panel_read_noise" : "", pan[0].response.pedestal, pan[0].response.gain,
+           pan[0].response.read_noise, np > 1 ? ", ..." : "");
+    return 1;
+}
+
 /* Reads frame `frame` of the observed image for c->e (nbg_observed_read, the policy of the library: the detector
  * response from -pedestal, -gain, -read_noise, else the file's, else nanoBragg's ADC offset -adc for SMV without the
  * key; the pixels to leave out: -mask's, the file's mask, its overloads) and prints what it decided and its errors.
@@ -463,6 +551,10 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int f
     if (frame == 0) { /* the detector response is the first frame's */
         c->e.response = ob.response;
         printf("%s\n", ob.response_text);
+        if (!panel_responses(c, o)) {
+            nbg_observed_free(&ob);
+            return NULL;
+        }
         if (ob.note[0] != '\0') {
             printf("note: %s\n", ob.note);
         }
@@ -1193,8 +1285,11 @@ static int refine_write_residual(nbg_ctx *ctx, nbgi_cli *c, const char *path, co
         free(img);
         return 0;
     }
+    nbgi_response_cursor rcur;
+    nbgi_response_init(&rcur, &c->e);
     for (size_t i = 0; i < npix; ++i) {
-        img[i] = use[i] ? (float)((obs[i] - c->e.response.pedestal) / c->e.response.gain - img[i]) : 0.0f;
+        const nbg_detector_model *r = nbgi_response_at(&rcur, i);
+        img[i] = use[i] ? (float)((obs[i] - r->pedestal) / r->gain - img[i]) : 0.0f;
     }
     const int rc = nbgi_write_float_set(ctx, &c->outs, path, img, npix);
     free(img);

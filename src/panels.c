@@ -208,6 +208,12 @@ static int panel_given(nbg_ctx *ctx, const nbg_experiment *e, int k, double fa[3
         return nbgi_error(ctx, NBG_EINVAL, "%s: sensor thickness %g um and attenuation length %g um must be finite "
                          "and not negative (0: the experiment's)", lab, p->thick, p->thick_abs);
     }
+    if (p->own_response && (!isfinite(p->response.pedestal) || !(p->response.gain > 0 && isfinite(p->response.gain)) ||
+                            !(p->response.read_noise >= 0 && isfinite(p->response.read_noise)))) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: its detector response (pedestal %g counts, gain %g counts per photon, "
+                          "read noise %g counts) must be finite, with a gain > 0 and a read noise >= 0", lab,
+                          p->response.pedestal, p->response.gain, p->response.read_noise);
+    }
     for (int x = 0; x < 3; ++x) {
         if (!isfinite(p->fast[x]) || !isfinite(p->slow[x]) || !isfinite(p->origin[x])) {
             return nbgi_error(ctx, NBG_EINVAL, "%s: a fast, slow or origin component is not finite", lab);

@@ -69,6 +69,45 @@ void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *ima
  * Gauss-Newton curvature (2 for least squares, the Fisher information 1 / (M + s) for Poisson). */
 double nbgi_pixel_loss(nbg_loss loss, const nbg_detector_model *r, double M, double obs, double *dLdM, double *c);
 
+/* The detector response of each pixel: the experiment's, or its panel's own (nbg_panel.own_response).  A cursor
+ * over the image's pixels, cheapest when they come in increasing order (as every loop over the image or a pixel
+ * list visits them): nbgi_response_init, then nbgi_response_at(&c, i) for pixel i. */
+typedef struct {
+    const nbg_experiment *e;
+    int any;          /* some panel has its own response */
+    int q;            /* the current panel (-1 before the first) */
+    long start, end;  /* its pixels [start, end) */
+} nbgi_response_cursor;
+
+static inline void nbgi_response_init(nbgi_response_cursor *c, const nbg_experiment *e)
+{
+    c->e = e;
+    c->any = 0;
+    for (int q = 0; e->panels != NULL && q < e->npanels; ++q) {
+        c->any |= e->panels[q].own_response != 0;
+    }
+    c->q = -1;
+    c->start = c->end = 0;
+}
+
+static inline const nbg_detector_model *nbgi_response_at(nbgi_response_cursor *c, size_t i)
+{
+    if (!c->any) {
+        return &c->e->response;
+    }
+    if ((long)i < c->start) {
+        c->q = -1;
+        c->start = c->end = 0;
+    }
+    while ((long)i >= c->end && c->q + 1 < c->e->npanels) {
+        ++c->q;
+        c->start = c->end;
+        c->end += (long)c->e->panels[c->q].fpixels * c->e->panels[c->q].spixels;
+    }
+    const nbg_panel *p = &c->e->panels[c->q];
+    return p->own_response ? &p->response : &c->e->response;
+}
+
 /* Fills the crystal set-up's inputs from an experiment (cell defaults applied, angles in radians). */
 void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], double lambda0, nbgi_xtal_in_d *in);
 
