@@ -208,6 +208,9 @@ typedef struct {
     int own_response;               /* 1: the losses read this panel's pixels through response below (a gain and
                                        pedestal per module); 0 (the default): through nbg_experiment.response */
     nbg_detector_model response;    /* its pedestal, gain (> 0) and read noise (>= 0), when own_response */
+    int has_trusted;                /* 1: trusted below is the range of its valid counts (DIALS's trusted_range) */
+    double trusted[2];              /* when has_trusted and lo < hi: nbg_observed_read leaves out its pixels whose
+                                       count v is not lo < v < hi (dxtbx's rule; nbg_read_expt_panels fills it) */
 } nbg_panel;
 
 /* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'
@@ -965,6 +968,8 @@ typedef struct {
     double mu;                        /* sensor linear attenuation coefficient, 1/mm (0: unknown) */
     char material[16];                /* sensor material, e.g. "Si" ("" unknown) */
     double saturation;                /* the first value that is an overload, counts (the trusted range's top) */
+    double trusted[2];                /* a DIALS list's trusted_range (lo, hi) as stated, counts (NAN NAN: none
+                                         stated; the other readers leave it so) */
     double pedestal;                  /* the ADC offset the data carry, counts (nanoBragg's is 40) */
     double gain;                      /* counts per photon (1) */
     /* --- beam --- */
@@ -1132,6 +1137,10 @@ typedef struct {
                             * "-observed") */
     const char *mask_what; /* the name the messages give e->mask by (NULL: "the experiment's mask"; the program's
                             * "-mask") */
+    double trusted[2];     /* the range of valid counts (lo, hi) of every pixel of a panel without its own
+                            * (nbg_panel.has_trusted) and of the single detector: a count v that is not lo < v < hi
+                            * is left out (DIALS's trusted_range, e.g. of the list the experiment came from); applied
+                            * only when lo < hi (NAN NAN, the default, or 0 0: none) */
 } nbg_observed_options;
 
 /* Where a value of the detector response came from. */
@@ -1154,13 +1163,14 @@ typedef struct {
     int have_geometry;           /* the file's geometry is the whole geometry (nbg_read_image's *have_geometry) */
     double saturation;           /* the first overloaded value, counts (INFINITY: the file states none) */
     long nleft_mask, nleft_file, nleft_overload; /* the pixels left out: by e->mask, the file's mask, overloaded */
+    long nleft_trusted;          /* ... and outside the trusted range (nbg_panel.trusted, opt->trusted) */
     long nnegative;              /* pixels used whose count is below 0 (dark-subtracted data) */
     /* What a program tells its user, one line each without a newline ("" when nothing to say): the response and
      * where each value came from; a note on counts below 0; the pixels left out. */
     char response_text[4352], note[4608], left_out[320];
 } nbg_observed;
 
-/* The options unset: pedestal, gain, read_noise and adc NAN, what and mask_what NULL. */
+/* The options unset: pedestal, gain, read_noise, adc and trusted NAN, what and mask_what NULL. */
 void nbg_observed_options_default(nbg_observed_options *opt);
 
 /* Reads the observed image for experiment e: frame `frame` (0-based) of path (a run of '#' in the name: the file of

@@ -53,6 +53,7 @@ struct nbgi_cli {
     double series_scale;
     nbg_geometry geom;
     nbg_panel *geom_panels; /* the panels in geom's frame (DIALS's) for -nxsfile and -exptfile, or NULL */
+    double expt_trusted[2]; /* -expt of one panel: its trusted_range (NAN NAN or 0 0: none; panels carry their own) */
     double scale, adc, pgmscale;
     long seed;
     int have_seed, have_misset_seed;

@@ -936,6 +936,9 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
                 out[k].thick = gk.thickness * 1000.0;
                 out[k].thick_abs = gk.mu > 0 ? 1000.0 / gk.mu : 0;
             }
+            out[k].has_trusted = !isnan(gk.trusted[1]);
+            out[k].trusted[0] = gk.trusted[0];
+            out[k].trusted[1] = gk.trusted[1];
             out[k].group = group[k];
             memcpy(out[k].level_group, lv + k * NBG_PANEL_LEVELS, sizeof out[k].level_group);
             json_t *name = json_object_get(json_array_get(panels, k), "name");
@@ -978,6 +981,8 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     g->fpixels = (int)size[0];
     g->spixels = (int)size[1];
     g->saturation = trusted[1] >= EXPT_NO_SATURATION ? NAN : trusted[1];
+    g->trusted[0] = isnan(trusted[1]) ? NAN : trusted[0]; /* as stated (the default lower end otherwise is not) */
+    g->trusted[1] = trusted[1];
     return NBG_OK;
 }
 

@@ -35,6 +35,7 @@ void nbgi_geometry_init(nbg_geometry *g)
     g->exposure = 1;
     g->gain = 1;
     g->saturation = NAN;
+    g->trusted[0] = g->trusted[1] = NAN;
     snprintf(g->space_group, sizeof g->space_group, " P 1");
 }
 

@@ -538,7 +538,8 @@ static int panel_responses(nbgi_cli *c, const grad_opts *o)
 static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int frame, uint8_t **use,
                             nbg_geometry *geom)
 {
-    nbg_observed_options opt = {o->pedestal, o->gain, o->read_noise, c->adc, "-observed", "-mask"};
+    nbg_observed_options opt = {o->pedestal, o->gain, o->read_noise, c->adc, "-observed", "-mask",
+                                {c->expt_trusted[0], c->expt_trusted[1]}};
     nbg_observed ob;
     *use = NULL;
     if (nbg_observed_read(ctx, &c->e, o->observed, frame, &opt, &ob) != NBG_OK) {

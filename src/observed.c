@@ -53,6 +53,7 @@ void nbg_observed_options_default(nbg_observed_options *opt)
 {
     if (opt != NULL) {
         opt->pedestal = opt->gain = opt->read_noise = opt->adc = NAN;
+        opt->trusted[0] = opt->trusted[1] = NAN;
         opt->what = opt->mask_what = NULL;
     }
 }
@@ -168,13 +169,26 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
     float badval = 0;
     const double sat = isfinite(g->saturation) && g->saturation > 0 ? g->saturation : INFINITY;
     out->saturation = sat;
+    /* the trusted range of each pixel: its panel's, else the options' (applied where lo < hi) */
+    const double *trusted = o.trusted[0] < o.trusted[1] ? o.trusted : NULL;
+    const double *tr = trusted;
+    int q = -1;
+    size_t qend = 0;
     for (size_t i = 0; i < npix; ++i) {
         uint8_t keep = 1;
+        while (e->npanels > 0 && e->panels != NULL && i >= qend && q + 1 < e->npanels) {
+            ++q;
+            qend += (size_t)e->panels[q].fpixels * (size_t)e->panels[q].spixels;
+            const nbg_panel *pq = &e->panels[q];
+            tr = pq->has_trusted && pq->trusted[0] < pq->trusted[1] ? pq->trusted : trusted;
+        }
         /* nbg_read_image's mask includes the overloads: count them as such */
         if (e->mask != NULL && e->mask[i] == 0) {
             keep = 0, ++out->nleft_mask;
         } else if (img[i] >= sat) {
             keep = 0, ++out->nleft_overload;
+        } else if (tr != NULL && !(tr[0] < img[i] && img[i] < tr[1])) {
+            keep = 0, ++out->nleft_trusted;
         } else if (fmask != NULL && fmask[i]) {
             keep = 0, ++out->nleft_file;
         } else if (!isfinite(img[i])) {
@@ -201,11 +215,15 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
                  "squares takes them as they are, the Poisson losses clip (obs - pedestal) / gain (plus the read "
                  "noise's variance) at 0", what, path, out->nnegative);
     }
-    const long nout = out->nleft_file + out->nleft_overload + out->nleft_mask;
+    const long nout = out->nleft_file + out->nleft_overload + out->nleft_mask + out->nleft_trusted;
     if (nout > 0) {
+        char tt[96] = "";
+        if (out->nleft_trusted > 0) {
+            snprintf(tt, sizeof tt, ", %ld outside the trusted range", out->nleft_trusted);
+        }
         snprintf(out->left_out, sizeof out->left_out, "left out %ld of %zu pixels%s: %ld in the file's mask, %ld "
-                 "overloaded (>= %g counts), %ld in %s", nout, npix, frame > 0 ? " of a later frame" : "",
-                 out->nleft_file, out->nleft_overload, sat, out->nleft_mask, mask_what);
+                 "overloaded (>= %g counts), %ld in %s%s", nout, npix, frame > 0 ? " of a later frame" : "",
+                 out->nleft_file, out->nleft_overload, sat, out->nleft_mask, mask_what, tt);
     }
     return NBG_OK;
 }

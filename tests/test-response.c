@@ -16,6 +16,8 @@
  *   resp-bad                a panel's own gain 0 is refused naming the panel
  *   resp-cli-*              nbgrad refine -panel_pedestal, -panel_gain on a two-panel list: the fit recovers the truth;
  *                           a list of the wrong length, per-panel values on the single flat detector: refused
+ *   resp-trusted-*          DIALS's trusted_range: read per panel from a list, pixels outside (lo, hi) left out by
+ *                           nbg_observed_read (and by refine -expt); the options' range where a panel has none
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
@@ -306,6 +308,60 @@ int main(void)
         s2 = run(cmd);
         nbgi_test_check(s2 != 0 && strstr(g_out, "the single flat detector") != NULL, "resp-cli-flat",
                         "per-panel values on the single flat detector are refused (exit %d)", s2);
+        free(back);
+
+        /* resp-trusted: the list's trusted_range per panel (nbg_read_expt_panels), applied by nbg_observed_read;
+         * the options' range for the single detector */
+        g.saturation = 500;
+        rc = nbg_write_expt_panels(ctx, ex, &g, lab, 2, NULL);
+        back = NULL;
+        rc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
+        nbgi_test_check(rc == NBG_OK && np == 2 && back[0].has_trusted && back[1].has_trusted &&
+                            back[0].trusted[0] == -1 && back[1].trusted[1] == 500 && g2.trusted[1] == 500,
+                        "resp-trusted-read", "the list's trusted_range on each panel: (%g, %g) (%s)",
+                        rc == NBG_OK ? back[1].trusted[0] : NAN, rc == NBG_OK ? back[1].trusted[1] : NAN,
+                        rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        for (size_t i = 0; i < NPIX; ++i) {
+            obs[i] = 20;
+        }
+        obs[3] = -1, obs[5] = -7, obs[NP0 + 2] = 500, obs[NP0 + 9] = 499.5f, obs[NP0 + 11] = -0.5f;
+        f = fopen(ob, "wb");
+        wrote = f != NULL && fwrite(obs, sizeof(float), NPIX, f) == NPIX;
+        if (f != NULL) wrote = fclose(f) == 0 && wrote;
+        nbg_observed ov;
+        nbg_experiment te = e;
+        nbg_panel tp[2] = {pan[0], pan[1]}; /* the plane's panels with the trusted ranges read */
+        for (int k = 0; k < 2 && rc == NBG_OK; ++k) {
+            tp[k].has_trusted = back[k].has_trusted;
+            memcpy(tp[k].trusted, back[k].trusted, sizeof tp[k].trusted);
+        }
+        te.panels = tp;
+        nbg_observed_options oo;
+        nbg_observed_options_default(&oo);
+        int orc = wrote && rc == NBG_OK ? nbg_observed_read(ctx, &te, ob, 0, &oo, &ov) : NBG_EIO;
+        nbgi_test_check(orc == NBG_OK && ov.nleft_trusted == 3 && !ov.use[3] && !ov.use[5] && !ov.use[NP0 + 2] &&
+                            ov.use[NP0 + 9] && ov.use[NP0 + 11] && strstr(ov.left_out, "3 outside the trusted range"),
+                        "resp-trusted-panels", "%ld pixels outside (-1, 500) left out (3 expected): %s",
+                        orc == NBG_OK ? ov.nleft_trusted : -1L, orc == NBG_OK ? ov.left_out : nbg_errmsg(ctx));
+        nbg_observed_free(&ov);
+        /* the options' range on panels without their own, and with 0 0 none */
+        te.panels = pan;
+        oo.trusted[0] = 0, oo.trusted[1] = 100;
+        orc = nbg_observed_read(ctx, &te, ob, 0, &oo, &ov);
+        const long n1 = orc == NBG_OK ? ov.nleft_trusted : -1;
+        nbg_observed_free(&ov);
+        oo.trusted[0] = oo.trusted[1] = 0;
+        orc = nbg_observed_read(ctx, &te, ob, 0, &oo, &ov);
+        const long n2 = orc == NBG_OK ? ov.nleft_trusted : -1;
+        nbg_observed_free(&ov);
+        nbgi_test_check(n1 == 5 && n2 == 0, "resp-trusted-options", "the options' (0, 100): %ld left out (5 "
+                        "expected); 0 0: %ld (none)", n1, n2);
+        /* through the program: refine -expt with the list's trusted range */
+        snprintf(cmd, sizeof cmd, "%s refine -expt %s -default_F 100 -N 5 -oversample 1 -observed %s "
+                 "-params orient_z -maxiter 1 2>&1", bin, ex, ob);
+        s2 = run(cmd);
+        nbgi_test_check(strstr(g_out, "3 outside the trusted range") != NULL, "resp-trusted-cli",
+                        "refine -expt: the list's trusted range leaves out 3 pixels (exit %d)", s2);
         free(back);
         nbgi_test_rmtree(dir);
     }
