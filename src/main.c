@@ -1110,8 +1110,8 @@ static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, i
         }
     }
     if (ok && n == 0) {
-        fprintf(stderr, "nbgrad: error: -spotlist %s holds no spot%s\n", o->spotlist,
-                skipped > 0 ? " of experiment 0" : "");
+        fprintf(stderr, "nbgrad: error: -spotlist %s holds no %s\n", o->spotlist,
+                first != 0x93 ? "spot centre" : skipped > 0 ? "reflection of experiment 0" : "reflection");
         ok = 0;
     }
     if (!ok) {
