@@ -187,10 +187,10 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
             keep = 0, ++out->nleft_mask;
         } else if (img[i] >= sat) {
             keep = 0, ++out->nleft_overload;
-        } else if (tr != NULL && !(tr[0] < img[i] && img[i] < tr[1])) {
-            keep = 0, ++out->nleft_trusted;
         } else if (fmask != NULL && fmask[i]) {
             keep = 0, ++out->nleft_file;
+        } else if (tr != NULL && !(tr[0] < img[i] && img[i] < tr[1])) {
+            keep = 0, ++out->nleft_trusted;
         } else if (!isfinite(img[i])) {
             if (nbad++ == 0) {
                 firstbad = i, badval = img[i];
