@@ -43,7 +43,7 @@ static int run_sh(const char *cmd, char *out, size_t n)
 
 static int copy_file(const char *from, const char *to)
 {
-    char cmd[PATH_MAX * 3], out[256];
+    char cmd[PATH_MAX * 4], out[256];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s' && chmod +x '%s'", from, to, to);
     return run_sh(cmd, out, sizeof out) == 0;
 }
@@ -165,6 +165,7 @@ static void needed_entries(void)
 
 #define TINY "-detpixels 8 -cell 70 80 90 90 90 90 -default_F 100 -N 5"
 
+#ifdef NBG_HAVE_FORMATS
 /* The program writes NXmx and CBF and reads each back as -observed. */
 static void program_formats(const char *dir)
 {
@@ -185,6 +186,7 @@ static void program_formats(const char *dir)
                         rc == 0 ? "" : out);
     }
 }
+#endif
 
 /* The program copied to a folder without the plug-in and nbgrad-mpi. */
 static void program_alone(const char *dir, int have_plugin, int have_mpi)
