@@ -23,8 +23,8 @@ NVCC    ?= nvcc
 OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
 B       ?= build
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -I$(B)/gen -MMD -MP
 GSL     ?= 1
 LDLIBS  += -Wl,--as-needed -fopenmp -lm
 ifeq ($(GSL),1)
@@ -152,6 +152,7 @@ $(B)/.deps:
 	   [ -f /usr/include/cbflib/cbf.h ] || missing="$$missing libcbf-dev"; \
 	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
 	   ls /usr/lib/*/hdf5/serial/plugins/libh5bshuf.so >/dev/null 2>&1 || missing="$$missing bitshuffle"; \
+	   [ -f /usr/include/gemmi/symmetry.hpp ] || missing="$$missing gemmi-dev"; \
 	 fi; \
 	 if [ "$(MPI)" = 1 ]; then \
 	   command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev"; \
@@ -325,7 +326,7 @@ FUZZ_CI_TIME ?= 30
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsanitize=fuzzer,address,undefined \
                 -fsanitize=float-cast-overflow -fno-sanitize-recover=all -DNBG_NO_REFINE $(WARN) -Wno-pass-failed \
-                -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+                -Iinclude -Isrc -Igrad -Icuda -I$(B)/gen -MMD -MP
 ifeq ($(FORMATS),1)
 FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
 FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson
@@ -528,3 +529,13 @@ all: $(SO_LIB)
 test: $(B)/tests/test-install
 
 .PHONY: install uninstall test-install checksymbols-so
+
+# The space-group settings that symmetry.c looks symbols up in (Hermann-Mauguin and numbers to the Hall symbols
+# DIALS's lists carry): generated at build time from gemmi's tables (Debian gemmi-dev, header-only) by
+# src/sgtable-gen.cc, not typed in; without gemmi's headers the table is empty and such symbols have no Hall symbol.
+SG_H := $(B)/gen/sgtable.h
+$(SG_H): src/sgtable-gen.cc | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++11 -O1 $< -o $(B)/gen/sgtable-gen
+	$(B)/gen/sgtable-gen > $@.tmp && mv $@.tmp $@
+$(B)/src/symmetry.o $(B)/emu/src/symmetry.o $(SO_B)/src/symmetry.o $(FZ)/obj/src/symmetry.o: $(SG_H)
