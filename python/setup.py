@@ -41,7 +41,7 @@ V3 = X86 and os.environ.get("NBGRAD_V3", "1") != "0"
 
 
 def make(build, opt, *targets, capture=False):
-    cmd = ["make", "--no-print-directory", "-C", str(ROOT), f"B={build}", f"OPT={opt}", "CUDA=0", *targets]
+    cmd = ["make", "--no-print-directory", "-C", str(ROOT), f"B={build}", f"OPT={opt}", "CUDA=0", "FORMATS_DL=0", *targets]
     if capture:
         return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     jobs = f"-j{os.cpu_count() or 1}"

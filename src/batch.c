@@ -45,6 +45,7 @@
  * files of finished shots are complete; nothing is half-written).
  */
 #include "cli.h"
+#include "formats.h" /* nbgi_helper_path */
 #include "io.h"
 #include "plan.h"
 
@@ -54,6 +55,7 @@
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
 #endif
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1042,9 +1044,32 @@ int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size)
     return 1;
 #else
     (void)argc, (void)argv;
+#ifdef NBG_MPI_EXEC
+    char path[PATH_MAX], tried[2048];
+    if (!nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs its MPI program nbgrad-mpi, which is missing (looked "
+                        "for %s)\n", tried);
+        return -1;
+    }
+#endif
     fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run the "
                     "whole job (rebuild where mpicc is found, or run without mpirun)\n");
     return -1;
+#endif
+}
+
+void nbgi_mpi_reexec(char **argv)
+{
+#if !defined(NBG_HAVE_MPI) && defined(NBG_MPI_EXEC)
+    char path[PATH_MAX], tried[2048];
+    if (nbgi_under_mpirun() && nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        execv(path, argv);
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs %s, which did not start: %s\n", path,
+                strerror(errno));
+        exit(1);
+    }
+#else
+    (void)argv;
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
 #include "param.h"     /* nbgi_param_nF */
+#include "shots.h"     /* nbgi_mpi_reexec */
 
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h>
@@ -1481,6 +1482,7 @@ static void flags_list(FILE *out)
 
 int main(int argc, char **argv)
 {
+    nbgi_mpi_reexec(argv); /* under mpirun: nbgrad-mpi, the program with MPI */
     nbgi_progress_init();
     if (argc < 2) {
         usage_main(stderr);
