@@ -76,6 +76,13 @@ nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbg
 /* The subcommands of src/batch.c: many shots (batch), and writing a shot list (shots). */
 int nbgi_cmd_batch(int argc, char **argv, int first);
 int nbgi_cmd_shots(int argc, char **argv, int first);
+/* Whether the program runs under mpirun (Open MPI's or a PMI launcher's environment says so). */
+int nbgi_under_mpirun(void);
+/* A subcommand's MPI start (src/batch.c): under mpirun, MPI_Init and this process's rank and the rank count (returns
+ * 1); not under mpirun, rank 0 of 1 (returns 0); under mpirun in a build without MPI, an error printed (returns -1:
+ * every process would otherwise run the whole job).  nbgi_mpi_end(the value returned) finalises. */
+int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size);
+void nbgi_mpi_end(int mpi);
 /* src/ensemble.c: refinement of many shots together (global structure factors and parameters, local ones). */
 int nbgi_cmd_ensemble(int argc, char **argv, int first);
 /* --- the subcommands' own flags ------------------------------------------------------------------------------ */
