@@ -77,6 +77,9 @@ int nbg_ensemble(nbg_ctx *ctx, nbg_builder *b, const nbg_shot_list *l, const nbg
     if (res != NULL) {
         memset(res, 0, sizeof *res);
     }
+    if (ctx == NULL) {
+        return NBG_EINVAL;
+    }
     nbgi_cli *c = nbgi_builder_cli(b);
     if (c == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_ensemble: %s", b == NULL ? "NULL builder"

@@ -425,8 +425,8 @@ int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size)
 int nbg_shot_experiment_make(nbg_ctx *ctx, nbg_builder *b, const nbg_shot_list *l, int i, long base_seed,
                              nbg_shot_experiment *out)
 {
-    if (out == NULL) {
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_shot_experiment_make: NULL result");
+    if (ctx == NULL || out == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_shot_experiment_make: NULL %s", ctx == NULL ? "context" : "result");
     }
     memset(out, 0, sizeof *out);
     if (b == NULL || l == NULL || i < 0 || i >= l->n) {
