@@ -107,6 +107,7 @@ static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
 #endif
 
 
+#ifndef NBG_NO_REFINE
 /* A parameter's name, for output (a static buffer: one use per call of printf). */
 static const char *label(const nbg_experiment *e, nbg_param p)
 {
@@ -152,6 +153,8 @@ static void ens_progress(void *user, nbg_ensemble_event what, int done, int tota
         break;
     }
 }
+
+#endif
 
 int nbgi_cmd_ensemble(int argc, char **argv, int first)
 {

@@ -36,6 +36,7 @@ void nbg_shots_free(nbg_shot_list *l)
     memset(l, 0, sizeof *l);
 }
 
+#ifdef NBG_HAVE_FORMATS
 /* FNV-1a, 64 bits: the configuration's fingerprint (not a cryptographic hash: it tells runs apart, it does not
  * defend against forgery) */
 #define FNV_START 14695981039346656037ULL
@@ -48,7 +49,6 @@ static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
     return h;
 }
 
-#ifdef NBG_HAVE_FORMATS
 /* Reads n numbers (or, with scalar_ok, one number meaning all n) from v; 0 on a wrong type. */
 static int numbers(json_t *v, double *out, int n, int scalar_ok)
 {

@@ -23,6 +23,7 @@
 
 static char g_dir[4096];
 
+#ifdef NBG_HAVE_FORMATS
 static const char *const BASE[] = {"-cell", "100", "100", "100", "90", "90", "90", "-N", "5", "-lambda", "1",
                                    "-detpixels", "40", "-pixel", "0.1", "-distance", "100", "-oversample", "1"};
 #define NBASE ((int)(sizeof BASE / sizeof BASE[0]))
@@ -145,6 +146,7 @@ static void test_make(nbg_ctx *ctx)
                     "SHOTS-make-refused", "a cell jitter without a cell: %s", nbg_errmsg(ctx));
 }
 
+#ifndef NBG_NO_REFINE
 /* --- the ensemble ------------------------------------------------------------------------------------------- */
 
 /* The data: truth.hkl, start.hkl (15 % off), shots.jsonl (6 shots), obs/<id>.bin (Poisson counts as raw floats). */
@@ -430,6 +432,9 @@ static void test_ensemble(nbg_ctx *ctx)
     nbg_builder_destroy(b);
     nbg_shots_free(&l);
 }
+
+#endif /* NBG_NO_REFINE */
+#endif /* NBG_HAVE_FORMATS */
 
 int main(void)
 {
