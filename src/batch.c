@@ -39,11 +39,13 @@
  *
  * MPI: when the program runs under mpirun (Open MPI's environment says so) and was built with MPI, shot i goes
  * to rank i mod K; each rank writes its own shots' files, with its OpenMP threads.  Every shot's image depends on
- * the shot alone, so the files are the same, bit for bit, whatever K.  After each round (every rank's k-th shot)
- * the ranks agree on whether one failed; if one did, every rank stops there, the failing rank names the shot, and
- * the run exits 1 (the files of finished shots are complete; nothing is half-written).
+ * the shot alone, so the files are the same, bit for bit, whatever K.  Every few rounds (a round is every rank's
+ * k-th shot; the ranks agree on a count that keeps about 0.05 s of work between agreements) the ranks agree on
+ * whether one failed; if one did, every rank stops there, the failing rank names the shot, and the run exits 1 (the
+ * files of finished shots are complete; nothing is half-written).
  */
 #include "cli.h"
+#include "formats.h" /* nbgi_helper_path */
 #include "io.h"
 #include "plan.h"
 
@@ -53,6 +55,7 @@
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
 #endif
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -661,9 +664,32 @@ int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size)
     return 1;
 #else
     (void)argc, (void)argv;
+#ifdef NBG_MPI_EXEC
+    char path[PATH_MAX], tried[2048];
+    if (!nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs its MPI program nbgrad-mpi, which is missing (looked "
+                        "for %s)\n", tried);
+        return -1;
+    }
+#endif
     fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run the "
                     "whole job (rebuild where mpicc is found, or run without mpirun)\n");
     return -1;
+#endif
+}
+
+void nbgi_mpi_reexec(char **argv)
+{
+#if !defined(NBG_HAVE_MPI) && defined(NBG_MPI_EXEC)
+    char path[PATH_MAX], tried[2048];
+    if (nbgi_under_mpirun() && nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        execv(path, argv);
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs %s, which did not start: %s\n", path,
+                strerror(errno));
+        exit(1);
+    }
+#else
+    (void)argv;
 #endif
 }
 
@@ -766,6 +792,10 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     const int rounds = (shots.n + size - 1) / size;
     int done_here = 0, skipped = 0, failed = 0;
     const double t0 = nbgi_now();
+#ifdef NBG_HAVE_MPI
+    int since_check = 0, check_every = 1; /* rounds since the ranks last agreed, and between agreements */
+    double t_check = t0;
+#endif
     if (rank == 0) {
         printf("batch: %d shots from %s over %d rank%s\n", shots.n, o.shots, size, size > 1 ? "s" : "");
     }
@@ -838,19 +868,31 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 done_here += !failed;
             }
         }
+        int agreed = !mpi;
 #ifdef NBG_HAVE_MPI
-        if (mpi) {
-            /* every rank learns of a failure after this round, and stops: nothing else is started */
-            int any_failed = 0;
-            MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (mpi && (++since_check >= check_every || round == rounds - 1)) {
+            agreed = 1;
+            /* every rank learns of a failure at a check, and stops: nothing else is started.  The ranks check
+             * every check_every rounds, a count they all derive from the same reduced numbers (so they meet at the
+             * same rounds) and that keeps about CHECK_SECONDS of work between checks: a rank does not wait for the
+             * others after every small shot (lockstep rounds of tiny shots spend their time in the collective). */
+            const double CHECK_SECONDS = 0.05;
+            double mine[2] = {(double)failed, nbgi_now() - t_check}, all[2];
+            MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            const int any_failed = all[0] > 0;
             if (any_failed && !failed) {
                 printf("rank %d: stopping: another rank failed\n", rank);
             }
             failed = failed || any_failed;
+            const double per_round = all[1] / since_check;
+            const double want = per_round > 0 ? CHECK_SECONDS / per_round : 1024.0;
+            check_every = want >= 1024.0 ? 1024 : want < 1.0 ? 1 : (int)want;
+            since_check = 0;
+            t_check = nbgi_now();
         }
 #endif
-        if (failed) {
-            break;
+        if (failed && agreed) {
+            break; /* under MPI only where the ranks have just agreed: every rank leaves at the same round */
         }
     }
     nbgi_progress_end();

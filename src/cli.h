@@ -83,6 +83,10 @@ int nbgi_under_mpirun(void);
  * every process would otherwise run the whole job).  nbgi_mpi_end(the value returned) finalises. */
 int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size);
 void nbgi_mpi_end(int mpi);
+/* Under mpirun, a program built without MPI next to its MPI twin (NBG_MPI_EXEC: make builds nbgrad-mpi, so that a
+ * run without mpirun loads no MPI library) executes the twin in its place with the same arguments; returns when it
+ * is not under mpirun, is the twin, or cannot find it (nbgi_mpi_begin then says so). */
+void nbgi_mpi_reexec(char **argv);
 /* src/ensemble.c: refinement of many shots together (global structure factors and parameters, local ones). */
 int nbgi_cmd_ensemble(int argc, char **argv, int first);
 /* --- the subcommands' own flags ------------------------------------------------------------------------------ */
