@@ -11,6 +11,7 @@
  * uses the unrotated crystal.
  */
 #include "build.h"
+#include "shots.h"
 #include "formats.h"
 #include "internal.h"
 #include "io.h"
@@ -1646,6 +1647,11 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     }
     *out = y;
     return NBG_OK;
+}
+
+nbgi_cli *nbgi_builder_cli(nbg_builder *b)
+{
+    return b != NULL && b->state == 2 ? &b->c : NULL;
 }
 
 nbg_experiment *nbg_builder_experiment(nbg_builder *b)

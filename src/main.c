@@ -7,7 +7,6 @@
 #include "formats.h"
 #include "internal.h" /* nbgi_debug_break_adjoint */
 #include "param.h"     /* nbgi_param_nF */
-#include "shots.h"     /* nbgi_mpi_reexec */
 
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h>
