@@ -797,9 +797,11 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
         "shot, %d cycles", nshots, size, size > 1 ? "s" : "", w.ng, w.ng == 1 ? "" : "s",
         w.want_F ? " and the structure factors" : "", w.nl, o->cycles);
     double L = NAN;
+    double t_mark = nbgi_now();
     if (!evaluate(&w, x, &L, g)) {
         goto done;
     }
+    res->seconds_first_pass = nbgi_now() - t_mark;
     const double L0 = L;
     say(&w, NBG_ENSEMBLE_CYCLE, 0, o->cycles, "cycle 0: loss %.12g", L);
     nbg_refine_options ro;
@@ -809,6 +811,7 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
     long local_nc = 0;
     for (int cyc = 1; cyc <= o->cycles; ++cyc) {
         /* 1. the local parameters, shot by shot, with the globals as they are */
+        t_mark = nbgi_now();
         set_globals(&w, x);
         int nc = 0;
         for (int k = 0; k < w.nmine && w.nl > 0 && !w.failed; ++k) {
@@ -828,6 +831,8 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
         for (int k = 0; k < w.nmine && o->spots >= 0 && !w.failed; ++k) {
             spot_list(&w, k, &nlist2, &nwhole2);
         }
+        res->seconds_local += nbgi_now() - t_mark;
+        t_mark = nbgi_now();
         /* 2. the globals, all shots together */
         const char *why = "";
         const int em = w.want_F && w.ng == 0 && o->loss == NBG_LOSS_POISSON;
@@ -836,6 +841,7 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
             w.failed = 1;
             goto done;
         }
+        res->seconds_global += nbgi_now() - t_mark;
         say(&w, NBG_ENSEMBLE_CYCLE, cyc, o->cycles, "cycle %d: loss %.12g (%d %s iterations, %s; %ld evaluations so "
             "far)", cyc, L, it, em ? "EM" : "BFGS", why, w.evals);
     }

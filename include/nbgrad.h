@@ -1278,6 +1278,10 @@ typedef struct {
     long spot_pixels, spot_total, spot_whole; /* -spots: the regions' pixels over the shots, the shots' pixels,
                                                  the shots without a spot (fitted on every pixel) */
     long evaluations;               /* loss and gradient passes over this process's shots */
+    /* where this process's time went (wall-clock seconds; not part of the result proper: it differs from run to
+     * run): the first pass (the starting loss and gradient over its shots: one adjoint pass, the unit the others
+     * are measured in), the local fits, and the global steps (their evaluations - 1 passes and the exchanges) */
+    double seconds_first_pass, seconds_local, seconds_global;
 } nbg_ensemble_result;
 
 void nbg_ensemble_options_default(nbg_ensemble_options *o);

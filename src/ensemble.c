@@ -230,6 +230,16 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
         goto done;
     }
     /* every rank holds the same result: rank 0 prints it and writes the files */
+    if (rank == 0 && !c.quiet) {
+        /* where the time went, in units of one adjoint pass over the shots (rank 0's: its share of them) */
+        const long passes = res.evaluations > 1 ? res.evaluations - 1 : 0;
+        const double unit = res.seconds_first_pass > 0 ? res.seconds_first_pass : NAN;
+        fprintf(stderr, "ensemble time (rank 0): one adjoint pass over its shots %.3g s; local fits %.3g s (%.1f "
+                "passes' worth); global steps %.3g s over %ld passes (%.2f of the first pass each); whole %.1f "
+                "passes' worth\n", res.seconds_first_pass, res.seconds_local, res.seconds_local / unit,
+                res.seconds_global, passes, passes > 0 ? res.seconds_global / (double)passes / unit : NAN,
+                (res.seconds_first_pass + res.seconds_local + res.seconds_global) / unit);
+    }
     if (rank == 0) {
         printf("ensemble: loss %.12g -> %.12g; %d of %d shots' last local fits did not converge\n", res.start_loss,
                res.loss, res.local_not_converged, res.nshots);
