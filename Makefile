@@ -16,15 +16,15 @@
 #
 # Variables: CC, NVCC, CUDA (1 when nvcc is found; CUDA=0 leaves the CUDA backend out), CUDA_ARCH, OPT,
 # GSL (1; GSL=0 builds without GSL and LAPACKE, i.e. without refinement and its tests, installs nothing: for a
-# GPU machine without Debian packages, `make GSL=0 test`).
+# GPU machine without Debian packages, `make GSL=0 test`), FORMATS, FORMATS_DL, MPI (below).
 
 CC      ?= cc
 NVCC    ?= nvcc
 OPT     ?= -O3 -march=native
 CSTD    := -std=gnu11
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -MMD -MP
 B       ?= build
+CFLAGS  += $(CSTD) $(OPT) $(WARN) -fPIC -fopenmp -fno-math-errno -Iinclude -Isrc -Igrad -Icuda -I$(B)/gen -MMD -MP
 GSL     ?= 1
 LDLIBS  += -Wl,--as-needed -fopenmp -lm
 ifeq ($(GSL),1)
@@ -38,13 +38,31 @@ endif
 # and DIALS reflection tables (libmsgpack-c).
 # FORMATS=0 leaves them out (their calls then return NBG_EUNSUP), e.g. on a GPU machine without Debian packages;
 # it follows GSL by default.
+#
+# Start-up: every shared library the program is linked with is loaded and relocated at every run, and HDF5 and
+# CBFlib pull in some 40 (curl, krb5, gnutls, ...), Open MPI a dozen.  So with FORMATS_DL=1 (the default) the NXmx
+# and CBF code is the plug-in $(B)/nbgrad-formats.so (src/nxmx.c, cbf.c, cbfbin.c, fmtplugin.c), which the library
+# of the build tree opens on the first NXmx or CBF call (src/plugin.c; NBG_EUNSUP naming it when it cannot);
+# FORMATS_DL=0 links them in (the Python package's build does; the installed libraries always do).  jansson (.expt,
+# JSON) and msgpack-c (.refl) are small and stay linked.
 FORMATS ?= $(GSL)
+FORMATS_DL ?= 1
+FMT_OBJ :=
+FMT_LIBS :=
+FMT_PLUGIN :=
 ifeq ($(FORMATS),1)
 HDF5_INC ?= $(firstword $(wildcard /usr/include/hdf5/serial) /usr/include)
 HDF5_LIB ?= $(if $(wildcard /usr/lib/*/libhdf5_serial.so /usr/lib/libhdf5_serial.so),-lhdf5_serial,-lhdf5)
 CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
-LDLIBS  += $(HDF5_LIB) -lcbf -ljansson -lmsgpackc
 DEPS    := $(B)/.deps
+ifeq ($(FORMATS_DL),1)
+FMT_OBJ := $(B)/src/nxmx.o $(B)/src/cbf.o $(B)/src/cbfbin.o
+FMT_LIBS := $(HDF5_LIB) -lcbf
+FMT_PLUGIN := $(B)/nbgrad-formats.so
+LDLIBS  += -ljansson -lmsgpackc
+else
+LDLIBS  += $(HDF5_LIB) -lcbf -ljansson -lmsgpackc
+endif
 endif
 
 
@@ -64,16 +82,30 @@ endif
 # MPI (Open MPI's mpicc, Debian libopenmpi-dev, installed by the deps step): `nbgrad batch` splits its shots over
 # the ranks of mpirun.  Built when mpicc is found when the recipe runs (after the deps step, so that a fresh
 # machine's first build has it); MPI=0 leaves it out (batch then runs on one process and refuses mpirun).
+# The MPI build is the second program $(B)/nbgrad-mpi: $(B)/nbgrad loads no MPI library, and executes nbgrad-mpi
+# in its place when it finds itself under mpirun (src/batch.c, nbgi_mpi_reexec).
 MPICC    ?= mpicc
 MPI      ?= 1
+MPI_PROG :=
 ifeq ($(MPI),1)
 MPI_CFLAGS = $$(command -v $(MPICC) >/dev/null 2>&1 && echo -DNBG_HAVE_MPI $$($(MPICC) --showme:compile))
 MPI_LIBS   = $$(command -v $(MPICC) >/dev/null 2>&1 && $(MPICC) --showme:link)
+MPI_PROG  := $(B)/nbgrad-mpi
 endif
+
+# The program links the libraries it loads at every run statically where their archives are installed (GSL,
+# LAPACKE, LAPACK, BLAS with gfortran and quadmath, jansson, msgpack-c, and the C++ runtime of CUDA's): a shared library costs
+# its loading and symbol binding at each start, a third of an 8x8 image's run (make bench's start-up lines;
+# docs/benchmarks.md).  The tests, examples and the installed libraries link them as shared libraries.
+static_lib   = $(if $(filter /%,$(shell $(CC) -print-file-name=lib$(1).a)),-l:lib$(1).a,-l$(1))
+PROG_STATIC := -lgsl -lgslcblas -llapacke -llapack -lblas -ljansson -lmsgpackc -lstdc++
+PROG_LDLIBS := $(foreach w,$(LDLIBS),$(if $(filter $(w),$(PROG_STATIC)),$(call static_lib,$(w:-l%=%)),$(w)))
+PROG_LDLIBS += $(if $(filter -l:liblapack.a,$(PROG_LDLIBS)),$(call static_lib,gfortran) $(call static_lib,quadmath)) -lm
 
 LIB_SRC  := $(wildcard src/*.c) $(wildcard grad/*.c)
 CLI_SRC  := src/cli.c src/main.c src/batch.c src/ensemble.c
-LIB_SRC  := $(filter-out $(CLI_SRC),$(LIB_SRC))
+LIB_SRC  := $(filter-out $(CLI_SRC) src/fmtplugin.c,$(LIB_SRC))
+LIB_SRC  := $(filter-out $(patsubst $(B)/%.o,%.c,$(FMT_OBJ)),$(LIB_SRC))
 ifneq ($(GSL),1)
 LIB_SRC  := $(filter-out grad/refine.c,$(LIB_SRC))
 endif
@@ -105,7 +137,7 @@ EMU_OBJ  := $(patsubst %.c,$(B)/emu/%.o,$(EMU_CUDA_SRC)) $(B)/emu/cuda/backend.o
 EMU_FLAGS := -DNBG_HAVE_CUDA -DNBG_CUDA_EMU
 EMU      := $(B)/emu/libnbgrad.a $(B)/tests/test-cuda-emu $(B)/emu/nbgrad $(B)/tests/test-cudaemu
 
-all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(TESTS) $(BENCHES) $(EXAMPLES) $(EMU)
+all: $(DEPS) $(B)/libnbgrad.a $(B)/nbgrad $(FMT_PLUGIN) $(MPI_PROG) $(TESTS) $(BENCHES) $(EXAMPLES) $(EMU)
 
 # Install what a fresh Debian machine lacks.  Uses sudo only when not root.
 deps: $(B)/.deps
@@ -122,6 +154,7 @@ $(B)/.deps:
 	   [ -f /usr/include/jansson.h ] || missing="$$missing libjansson-dev"; \
 	   [ -f /usr/include/msgpack.h ] || missing="$$missing libmsgpack-dev"; \
 	   ls /usr/lib/*/hdf5/serial/plugins/libh5bshuf.so >/dev/null 2>&1 || missing="$$missing bitshuffle"; \
+	   [ -f /usr/include/gemmi/symmetry.hpp ] || missing="$$missing gemmi-dev"; \
 	 fi; \
 	 if [ "$(MPI)" = 1 ]; then \
 	   command -v $(MPICC) >/dev/null 2>&1 || missing="$$missing libopenmpi-dev"; \
@@ -143,9 +176,17 @@ $(B)/%.o: %.c | $(DEPS)
 # between versions a matter of layout.
 $(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += -falign-functions=64
 
+# batch and ensemble: without MPI in $(B)/nbgrad (which runs nbgrad-mpi under mpirun), with it in nbgrad-mpi
 $(B)/src/batch.o $(B)/src/ensemble.o: $(B)/src/%.o: src/%.c | $(DEPS)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(MPI_PROG),-DNBG_MPI_EXEC) -c $< -o $@
+
+$(B)/mpi/src/batch.o $(B)/mpi/src/ensemble.o: $(B)/mpi/src/%.o: src/%.c | $(DEPS)
+	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
+# the formats loader of the build tree's library (the installed ones link the formats in: $(SO_B)/src/plugin.o)
+$(B)/src/plugin.o: CFLAGS += $(if $(FMT_PLUGIN),-DNBG_FORMATS_DL) -DNBG_HELPER_DIR='"$(LIBDIR)/nbgrad"'
 
 $(B)/emu/src/batch.o $(B)/emu/src/ensemble.o: $(B)/emu/src/%.o: src/%.c | $(DEPS)
 	@mkdir -p $(dir $@)
@@ -156,6 +197,7 @@ $(B)/cuda/%.o: cuda/%.cu $(wildcard src/*.h grad/*.h cuda/*.h include/*.h includ
 	$(NVCC_FOUND) $(NVFLAGS) -DNBG_HAVE_CUDA -Iinclude -Isrc -Igrad -Icuda -c $< -o $@
 
 $(B)/libnbgrad.a: $(LIB_OBJ) $(CUDA_OBJ)
+	@rm -f $@
 	ar rcs $@ $^
 
 $(B)/emu/%.o: %.c | $(DEPS)
@@ -171,32 +213,49 @@ $(B)/emu/libnbgrad.a: $(EMU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(B)/emu/nbgrad: $(patsubst %.c,$(B)/emu/%.o,$(CLI_SRC)) $(B)/emu/libnbgrad.a
+$(B)/emu/nbgrad: $(patsubst %.c,$(B)/emu/%.o,$(CLI_SRC)) $(B)/emu/libnbgrad.a | $(FMT_PLUGIN)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS) -lstdc++
 
 # test-cuda also reads the golden cases through the program's wrapper of the library's flag parser (src/cli.c)
 $(B)/tests/test-cuda: $(B)/tests/test-cuda.o $(B)/src/cli.o $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS)
 
 $(B)/tests/test-cuda-emu: $(B)/emu/tests/test-cuda.o $(B)/emu/src/cli.o $(B)/emu/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS) -lstdc++
 
 # the emulator's own test: it catches a missing barrier and a divergent one
 $(B)/tests/test-cudaemu: tests/test-cudaemu.cc tests/cudaemu/cuda_runtime.h tests/testutil.h
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Wno-unused-parameter -DNBG_CUDA_EMU -Itests/cudaemu -Itests -Iinclude $< -o $@
 
-$(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
+$(B)/nbgrad: $(patsubst %.c,$(B)/%.o,$(CLI_SRC)) $(B)/libnbgrad.a | $(FMT_PLUGIN) $(MPI_PROG)
+	$(CC) $(CFLAGS) $^ -o $@ $(PROG_LDLIBS)
 
-$(B)/tests/%: $(B)/tests/%.o $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(B)/nbgrad-mpi: $(patsubst %.c,$(B)/%.o,$(filter-out src/batch.c src/ensemble.c,$(CLI_SRC))) \
+                 $(B)/mpi/src/batch.o $(B)/mpi/src/ensemble.o $(B)/libnbgrad.a | $(FMT_PLUGIN)
+	$(CC) $(CFLAGS) $^ -o $@ $(PROG_LDLIBS) $(MPI_LIBS)
 
-$(B)/bench/%: $(B)/bench/%.o $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+# The formats plug-in: the format sources and the library objects they call (copies, hidden behind
+# src/pkg/formats.map), linked with HDF5 and CBFlib; from the library without CUDA (the installed one's objects,
+# $(B)/so) when CUDA is built: the geometry code names nbg_describe, which would bring in the CUDA runtime.
+FMT_PLUGIN_LIB := $(if $(CUDA_OBJ),$(B)/so/libnbgrad.a,$(B)/libnbgrad.a)
+$(FMT_PLUGIN): $(B)/src/fmtplugin.o $(FMT_OBJ) $(FMT_PLUGIN_LIB) src/pkg/formats.map
+	$(CC) -shared -fopenmp $(filter -fsanitize=%,$(CFLAGS)) -Wl,--version-script=src/pkg/formats.map \
+	  -Wl,--no-undefined $(B)/src/fmtplugin.o $(FMT_OBJ) $(FMT_PLUGIN_LIB) -o $@ $(SO_LDLIBS)
 
-$(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+# The program linked as before the plug-ins (formats and MPI in the one program), for make bench's start-up line.
+$(B)/bench/nbgrad-linked: $(patsubst %.c,$(B)/%.o,$(filter-out src/batch.c src/ensemble.c,$(CLI_SRC))) \
+                          $(B)/mpi/src/batch.o $(B)/mpi/src/ensemble.o $(FMT_OBJ) $(B)/libnbgrad.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS) $(MPI_LIBS)
+
+$(B)/tests/%: $(B)/tests/%.o $(B)/libnbgrad.a | $(FMT_PLUGIN)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS)
+
+$(B)/bench/%: $(B)/bench/%.o $(B)/libnbgrad.a | $(FMT_PLUGIN)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS)
+
+$(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a | $(FMT_PLUGIN)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(FMT_LIBS)
 
 test: all checksymbols $(B)/tests/test-python $(B)/tests/test-layers
 	@sh tests/run-all.sh $(B)
@@ -229,7 +288,7 @@ checksymbols: $(B)/libnbgrad.a
 demo: all
 	$(B)/examples/refine_cell
 
-bench: all
+bench: all $(if $(FMT_PLUGIN)$(MPI_PROG),$(B)/bench/nbgrad-linked)
 	@sh bench/run.sh $(B)
 
 # the link flags, for the Python extension's build (python/setup.py)
@@ -269,7 +328,7 @@ FUZZ_CI_TIME ?= 30
 FUZZ_OPTS    ?= -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10
 FUZZ_CFLAGS  := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fno-math-errno -fsanitize=fuzzer,address,undefined \
                 -fsanitize=float-cast-overflow -fno-sanitize-recover=all -DNBG_NO_REFINE $(WARN) -Wno-pass-failed \
-                -Iinclude -Isrc -Igrad -Icuda -MMD -MP
+                -Iinclude -Isrc -Igrad -Icuda -I$(B)/gen -MMD -MP
 ifeq ($(FORMATS),1)
 FUZZ_CFLAGS  += -DNBG_HAVE_FORMATS -I$(HDF5_INC) -I/usr/include/cbflib
 FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson -lmsgpackc
@@ -366,6 +425,10 @@ test-dials: $(B)/nbgrad $(B)/.dials-deps
 #   $(PKGCONFIGDIR)/nbgrad.pc            Libs: -lnbgrad; Libs.private: what a static link needs ($(LDLIBS) less CUDA)
 #   $(MANDIR)/man1/nbgrad.1              generated from `nbgrad -h` by src/pkg/man.sh ($(B)/nbgrad.1)
 #
+# and, when built, $(LIBDIR)/nbgrad/nbgrad-formats.so and nbgrad-mpi (the formats plug-in and the MPI program that
+# bin/nbgrad finds in ../lib/nbgrad or in the LIBDIR/nbgrad of its build; the installed libraries link the formats
+# in: their objects are those of $(B)/libnbgrad.a with the format sources for the loader src/plugin.c).
+#
 # The installed libraries have no CUDA backend, so that a C user's program needs no CUDA runtime: they are the
 # objects of $(B)/libnbgrad.a but for the two sources that see NBG_HAVE_CUDA (src/simulate.c, grad/grad.c), which
 # are compiled again without it into $(B)/so (there NBG_BACKEND_AUTO picks the CPU and NBG_BACKEND_CUDA fails with
@@ -388,11 +451,11 @@ SO_B         := $(B)/so
 SO_NAME      := libnbgrad.so.$(firstword $(subst ., ,$(NBG_VER)))
 SO_FILE      := libnbgrad.so.$(NBG_VER)
 SO_LIB       := $(SO_B)/$(SO_FILE)
-SO_CUDA_SRC  := src/simulate.c grad/grad.c
-SO_OBJ       := $(patsubst %.c,$(SO_B)/%.o,$(SO_CUDA_SRC)) \
+SO_CUDA_SRC  := src/simulate.c grad/grad.c src/plugin.c
+SO_OBJ       := $(patsubst %.c,$(SO_B)/%.o,$(SO_CUDA_SRC)) $(FMT_OBJ) \
                 $(filter-out $(patsubst %.c,$(B)/%.o,$(SO_CUDA_SRC)),$(LIB_OBJ))
 SO_CFLAGS    := $(filter-out -DNBG_HAVE_CUDA,$(CFLAGS))
-SO_LDLIBS    := $(filter-out -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++,$(LDLIBS))
+SO_LDLIBS    := $(filter-out -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++,$(LDLIBS)) $(FMT_LIBS)
 PC_LIBS_PRIVATE := $(filter-out -Wl%,$(SO_LDLIBS))
 
 $(SO_B)/%.o: %.c | $(DEPS)
@@ -416,6 +479,8 @@ install: $(B)/nbgrad $(SO_LIB) $(SO_B)/libnbgrad.a $(B)/nbgrad.1 src/pkg/nbgrad.
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
 	  $(DESTDIR)$(MANDIR)/man1
 	install -m 755 $(B)/nbgrad $(DESTDIR)$(BINDIR)/nbgrad
+	$(if $(FMT_PLUGIN)$(MPI_PROG),install -d $(DESTDIR)$(LIBDIR)/nbgrad)
+	$(if $(FMT_PLUGIN)$(MPI_PROG),install -m 755 $(FMT_PLUGIN) $(MPI_PROG) $(DESTDIR)$(LIBDIR)/nbgrad/)
 	install -m 755 $(SO_LIB) $(DESTDIR)$(LIBDIR)/$(SO_FILE)
 	ln -sf $(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME)
 	ln -sf $(SO_NAME) $(DESTDIR)$(LIBDIR)/libnbgrad.so
@@ -434,6 +499,8 @@ install-python:
 	$(PYTHON) -m pip install --no-build-isolation --no-deps --root "$(or $(DESTDIR),/)" --prefix "$(PREFIX)" ./python
 
 uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/nbgrad/nbgrad-formats.so $(DESTDIR)$(LIBDIR)/nbgrad/nbgrad-mpi
+	rmdir $(DESTDIR)$(LIBDIR)/nbgrad 2>/dev/null || true
 	rm -f $(DESTDIR)$(BINDIR)/nbgrad $(DESTDIR)$(LIBDIR)/$(SO_FILE) $(DESTDIR)$(LIBDIR)/$(SO_NAME) \
 	  $(DESTDIR)$(LIBDIR)/libnbgrad.so $(DESTDIR)$(LIBDIR)/libnbgrad.a $(DESTDIR)$(INCLUDEDIR)/nbgrad.h \
 	  $(DESTDIR)$(INCLUDEDIR)/nbgrad_params.def $(DESTDIR)$(PKGCONFIGDIR)/nbgrad.pc $(DESTDIR)$(MANDIR)/man1/nbgrad.1
@@ -464,3 +531,13 @@ all: $(SO_LIB)
 test: $(B)/tests/test-install
 
 .PHONY: install uninstall test-install checksymbols-so
+
+# The space-group settings that symmetry.c looks symbols up in (Hermann-Mauguin and numbers to the Hall symbols
+# DIALS's lists carry): generated at build time from gemmi's tables (Debian gemmi-dev, header-only) by
+# src/sgtable-gen.cc, not typed in; without gemmi's headers the table is empty and such symbols have no Hall symbol.
+SG_H := $(B)/gen/sgtable.h
+$(SG_H): src/sgtable-gen.cc | $(DEPS)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++11 -O1 $< -o $(B)/gen/sgtable-gen
+	$(B)/gen/sgtable-gen > $@.tmp && mv $@.tmp $@
+$(B)/src/symmetry.o $(B)/emu/src/symmetry.o $(SO_B)/src/symmetry.o $(FZ)/obj/src/symmetry.o: $(SG_H)

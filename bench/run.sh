@@ -11,6 +11,8 @@
 #    temporary directory, OMP_NUM_THREADS = the same thread count), with the ratio reference_time / nbgrad_time
 #    and both checksums.
 #
+#    Start-up: the median of 200 runs of `nbgrad --version` and of an 8x8 image, for the program as built and for
+#    the same program linked the old way (BUILD_DIR/bench/nbgrad-linked: every library loaded at every run).
 # 3. Gradients and refinement (BUILD_DIR/bench/bench-grad), as ratios to the forward call.
 # 4. File formats (BUILD_DIR/bench/bench-formats): bytes and write/read times of SMV, raw float, NXmx and CBF.
 # 5. Many shots (bench/bench-batch.sh): shots per second of nbgrad batch on one process and on MPI ranks (200
@@ -135,6 +137,52 @@ for c in cubic1k cubic4k tric1k heavy512; do
         'BEGIN { d = ns - rs; if (d < 0) d = -d; r = (rs != 0) ? d / (rs < 0 ? -rs : rs) : d;
                  printf "%-9s %10.3f %10.3f %9.2fx %8s %8s %18s %18s %9.2e\n", c, nt, rt, rt / nt, nm, rm, ns, rs, r }'
 done
+
+# --- 2b. start-up: the program on --version and on an 8x8 image --------------------------------------------------
+# (BUILD_DIR/bench/bench-startup: the median of NBG_BENCH_STARTUP_RUNS=200 runs, fork to exit) for the program as
+# built (the formats plug-in and nbgrad-mpi loaded only when a run needs them) and, when make bench built it,
+# BUILD_DIR/bench/nbgrad-linked: the same program linked the old way (HDF5, CBFlib, Open MPI and the numerical
+# libraries as shared libraries, loaded by every run); their ratio, and the shared libraries each loads.
+echo
+echo "--- start-up (bench/bench-startup: median of ${NBG_BENCH_STARTUP_RUNS:-200} runs) ---"
+BS="$B/bench/bench-startup"
+if [ -x "$BS" ]; then
+    d="$TMP/startup"
+    mkdir -p "$d"
+    TINY="-detpixels 8 -cell 70 80 90 90 90 90 -default_F 100 -N 5 -floatfile $d/x.bin"
+    SRUNS=${NBG_BENCH_STARTUP_RUNS:-200}
+    startup_ms() { # startup_ms LABEL PROGRAM ARGS...: the median in ms
+        "$BS" -n "$SRUNS" "$@" > "$d/out" || { echo "?"; return; }
+        cat "$d/out" >&2
+        sed -n 's/.* median *\([0-9.]*\) ms.*/\1/p' "$d/out"
+    }
+    libs() { LD_TRACE_LOADED_OBJECTS=1 "$1" 2>/dev/null | grep -c '=>\|ld-linux'; }
+    OLD="$B/bench/nbgrad-linked"
+    # shellcheck disable=SC2086
+    {
+        nv=$(startup_ms "nbgrad --version" "$NB" --version)
+        nt=$(startup_ms "nbgrad 8x8 image" "$NB" $TINY)
+        if [ -x "$OLD" ]; then
+            ov=$(startup_ms "nbgrad-linked --version" "$OLD" --version)
+            ot=$(startup_ms "nbgrad-linked 8x8 image" "$OLD" $TINY)
+        fi
+        if [ -n "$REF" ]; then
+            rt=$(startup_ms "reference 8x8 image" "$REF" -detpixels 8 -cell 70 80 90 90 90 90 -default_F 100 -N 5 \
+                 -nopgm -nonoise -noprogress -floatfile "$d/r.bin" -intfile /dev/null)
+        fi
+    } 2>&1
+    echo "nbgrad: $(libs "$NB") shared libraries loaded (ldd); --version ${nv} ms, 8x8 image ${nt} ms (median)"
+    if [ -x "$OLD" ]; then
+        echo "nbgrad-linked (everything linked as shared libraries): $(libs "$OLD") shared libraries;" \
+             "--version ${ov} ms, 8x8 image ${ot} ms"
+        awk -v nv="$nv" -v nt="$nt" -v ov="$ov" -v ot="$ot" 'BEGIN { if (nv > 0 && nt > 0)
+            printf "start-up, linked / as built: --version %.2fx, 8x8 image %.2fx\n", ov / nv, ot / nt }'
+    fi
+    [ -n "$REF" ] && awk -v nt="$nt" -v rt="$rt" 'BEGIN { if (nt > 0) printf "8x8 image, reference / nbgrad: %.2fx\n", rt / nt }'
+    rm -rf "$d"
+else
+    echo "bench-startup is not built"
+fi
 
 # --- 3. gradients and refinement, as ratios to the forward call ------------------------------------------------
 echo

@@ -38,6 +38,19 @@ _Static_assert(offsetof(nbgi_adjacc, abc) == 29 * sizeof(double), "nbgi_adjacc's
 _Static_assert(NBG_ADJ_DET == NBGI_PANEL_NT, "a panel's detector quantities are the accumulators' first 13");
 #endif
 
+/* Whether a tangent direction moves the detector (any of its first NBG_ADJ_DET quantities nonzero): the tangent
+ * kernel skips the rays' tangents of those that do not (a crystal's, a wavelength's), which are exactly zero. */
+static inline int nbgi_tangent_moves_detector(const nbgi_adjacc *t)
+{
+    const double *v = (const double *)t;
+    for (int i = 0; i < NBG_ADJ_DET; ++i) {
+        if (v[i] != 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* A panel's detector quantities (pix0, f, s, o, close: 13 doubles) from the plane's, linearised: the panel's
  * vectors are pix0_p = pix0 + sum_j c_j e_j and (f, s, o)_p = A (f, s, o) with e = (f, s, o), its close distance
  * pix0_p . o_p.  Adjoint (nbgi_panel_fold): dL/d(plane) += J^T dL/d(panel), the gradients the panel's pixels

@@ -113,8 +113,8 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
     const size_t nlane = (nabc + nsrc) * 8;                      /* a thread's scratch of the vectorised rows */
     const long nu = nbgi_nunits(p);
     const int nchunks = nbgi_adjoint_chunks(nu, nflat);
-    if (nthreads < 1) {
-        nthreads = 1;
+    if (nthreads < 1 || nbgi_samples(p) < NBGI_PARALLEL_MIN) {
+        nthreads = 1; /* a small image: its work on this thread (geometry.h) */
     }
     double *sums = calloc((size_t)nchunks * nflat, sizeof(double));
     double *lanes = calloc((size_t)nthreads * (nlane ? nlane : 1), sizeof(double));

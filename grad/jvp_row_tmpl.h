@@ -25,7 +25,34 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     int active[W];
     NBG_R omega[W], capture[W], polar[W], I[W];
     NBG_R t_om[NBG_JVP_MAX][W], t_cap[NBG_JVP_MAX][W], t_pol[NBG_JVP_MAX][W], t_I[NBG_JVP_MAX][W];
-    for (int j = 0; j < W; ++j) {
+    /* the factors' tangents are needed only for directions that move the detector or the Kahn factor (a crystal's
+     * or a wavelength's have none): without such a direction the factors come from the lane form, as the adjoint
+     * takes them (the same values bit for bit, grad/adjoint.h), and their tangents are zero */
+    int factor_tangents = 0;
+    for (int k = 0; k < nt; ++k) {
+        factor_tangents |= nbgi_tangent_moves_detector(&t[k]) || t[k].K != 0;
+    }
+    if (!factor_tangents) {
+        _Static_assert(NBG_PF_LANES == NBG_JLANES, "the lane factors must have the tangent row's width");
+        nbgi_lane_pixfactors lf;
+        for (int j = 0; j < W; ++j) {
+            active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+        }
+        nbgi_lane_pixel_factors(p, f0, spixel, active, &lf);
+        for (int j = 0; j < W; ++j) {
+            omega[j] = (NBG_R)lf.omega[j];
+            capture[j] = (NBG_R)lf.capture[j];
+            polar[j] = (NBG_R)lf.polar[j];
+            for (int k = 0; k < nt; ++k) {
+                t_om[k][j] = 0;
+                t_cap[k][j] = 0;
+                t_pol[k][j] = 0;
+                t_I[k][j] = (NBG_R)t[k].Ibg;
+            }
+            I[j] = (NBG_R)p->I_bg;
+        }
+    }
+    for (int j = 0; factor_tangents && j < W; ++j) {
         active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
         const int fe = active[j] ? f0 + j : f0;
         NBG_R a[NBG_JVP_MAX], b[NBG_JVP_MAX], c[NBG_JVP_MAX], d[NBG_JVP_MAX];
@@ -41,7 +68,18 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     const NBG_R sub = (NBG_R)p->subpixel;
     NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W];
     NBG_R td[NBG_JVP_MAX][3][W], tq[NBG_JVP_MAX][3][W];
-    int valid[W];
+    int valid[W], moves[NBG_JVP_MAX];
+    for (int k = 0; k < nt; ++k) {
+        /* a direction that does not move the detector leaves the rays alone: t_d = 0 throughout the row */
+        moves[k] = nbgi_tangent_moves_detector(&t[k]);
+        if (!moves[k]) {
+            for (int x = 0; x < 3; ++x) {
+                for (int j = 0; j < W; ++j) {
+                    td[k][x][j] = 0;
+                }
+            }
+        }
+    }
     for (int tt = 0; tt < p->thicksteps; ++tt) {
         const NBG_R Odet = (NBG_R)(tt * p->thickstep);
         for (int subS = 0; subS < os; ++subS) {
@@ -50,6 +88,9 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                 nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, Rl, Fd);
                 /* P = Fdet f + Sdet s + Odet o + pix0: t_P; d = P / R: t_d = (t_P - d (d . t_P)) / R */
                 for (int k = 0; k < nt; ++k) {
+                    if (!moves[k]) {
+                        continue;
+                    }
                     const nbgi_adjacc *tk = &t[k];
                     NBG_R *restrict a0 = td[k][0], *restrict a1 = td[k][1], *restrict a2 = td[k][2];
 #pragma omp simd

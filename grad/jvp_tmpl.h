@@ -38,19 +38,30 @@ static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int f
     nbgi_pixfactors pf; /* the factors and the rays they were taken on (grad/adjoint.h) */
     nbgi_pixel_factors(p, fpixel, spixel, &pf);
     const NBG_R omega = (NBG_R)pf.omega;
+    /* the directions that move the detector: the others' ray tangents are zero, and so are their tangents of the
+     * solid angle and the capture (a crystal's or a wavelength's: most of a refinement's) */
+    int moves[NBG_JVP_MAX];
     for (int j = 0; j < nt; ++j) {
+        moves[j] = nbgi_tangent_moves_detector(&t[j]);
+        t_om[j] = 0;
+        t_cap[j] = 0;
+        t_pol[j] = 0;
+        t_I[j] = (NBG_R)t[j].Ibg;
+        if (!moves[j]) {
+            continue;
+        }
         /* omega(R, close): t_omega = d omega / dR * dR + omega / close * t_close (no close term for a point pixel) */
         NBG_SFX(nbgi_ray_tangent)(&pf.r_om, &t[j], dP, dd, &dR);
         t_om[j] = (NBG_R)nbgi_solid_angle_dR(p, pf.r_om.R, pf.omega) * dR +
                   (NBG_R)nbgi_solid_angle_dclose(p, pf.omega) * (NBG_R)t[j].close;
-        t_cap[j] = 0;
-        t_pol[j] = 0;
-        t_I[j] = (NBG_R)t[j].Ibg;
     }
     if (p->thick != 0) {
         const NBG_R a = (NBG_R)pf.cap_a, rho = (NBG_R)pf.rho;
         const NBG_R dcap_da = (NBG_R)nbgi_capture_da(p->thicksteps - 1, pf.cap_a);
         for (int j = 0; j < nt; ++j) {
+            if (!moves[j]) {
+                continue;
+            }
             /* rho = d . o: t_rho = dd . o + d . t_o;  a = dz mu / rho: t_a = -a t_rho / rho */
             NBG_SFX(nbgi_ray_tangent)(&pf.r_cap, &t[j], dP, dd, &dR);
             NBG_R trho = 0;
@@ -65,6 +76,10 @@ static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int f
         double dP_dd[3], dP_dK;
         nbgi_polar_grad_d(p->polarization, sr, pf.r_pol.d, sr + 4, sr + 7, dP_dd, &dP_dK);
         for (int j = 0; j < nt; ++j) {
+            if (!moves[j]) {
+                t_pol[j] = (NBG_R)dP_dK * (NBG_R)t[j].K;
+                continue;
+            }
             NBG_SFX(nbgi_ray_tangent)(&pf.r_pol, &t[j], dP, dd, &dR);
             t_pol[j] = (NBG_R)dP_dd[0] * dd[0] + (NBG_R)dP_dd[1] * dd[1] + (NBG_R)dP_dd[2] * dd[2] +
                        (NBG_R)dP_dK * (NBG_R)t[j].K;

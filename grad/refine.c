@@ -425,6 +425,13 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
             res->reason = NBG_STOP_FTOL;
             break;
         }
+        /* the last step's decrease and the one the Gauss-Newton step left promises are both within the loss's own
+         * rounding: the fit is at the rounding floor (noise-free data, where the loss falls towards 0 and each
+         * further step's relative decrease is rounding noise: iterating on took 10-25 more iterations there) */
+        if (Lold - L <= ws->eps && ws->dpred <= ws->eps) {
+            res->reason = NBG_STOP_FTOL;
+            break;
+        }
     }
     res->loss = L;
     if (ws->gn_fresh) {
@@ -920,7 +927,7 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
          * the loss's own rounding (noise-free data: the standard errors are then rounding-sized themselves) */
         const int within = ss <= 1, rounding = ws->dpred <= ws->eps;
         res->converged = within || rounding;
-        char tail[96];
+        char tail[80];
         if (within) {
             snprintf(tail, sizeof tail, "%s", "");
         } else if (rounding) {
@@ -930,7 +937,7 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
             snprintf(tail, sizeof tail, " (more than 1: not at the optimum)");
         }
         snprintf(res->why, sizeof res->why, "%s; the Gauss-Newton step left is %.2g standard errors%s",
-                 res->reason == NBG_STOP_FTOL ? "the loss changed by less than ftol"
+                 res->reason == NBG_STOP_FTOL ? "the loss changed by less than ftol or its rounding"
                  : res->reason == NBG_STOP_GTOL ? "the scaled gradient fell below gtol"
                  : opt->method == NBG_OPT_LM ? "no step lowers the loss (largest damping)"
                                              : "the line search found no lower point",

@@ -1190,6 +1190,168 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
 /* Frees what out holds (image, use) and empties it; NULL is fine. */
 void nbg_observed_free(nbg_observed *out);
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Shot lists: many still shots of one base experiment                                                        */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* A shot list is JSON lines (docs/many-shots.md): one object a line naming what differs from the base experiment
+ * (an nbg_builder's), keys id (required, unique: letters, digits, '-', '_', '.' or a non-negative integer), misset,
+ * orient, A, cell, N, mosaic, mosaic_domains, lambda, phi, fluence, scale, seed, sourcefile, spectrum_shift,
+ * spectrum_scale, expt.  Blank lines and '#' lines are skipped.  Lists need jansson (a FORMATS=0 build: NBG_EUNSUP). */
+enum {
+    NBG_SHOT_MISSET = 1 << 0, NBG_SHOT_A = 1 << 1, NBG_SHOT_CELL = 1 << 2, NBG_SHOT_N = 1 << 3,
+    NBG_SHOT_MOSAIC = 1 << 4, NBG_SHOT_DOMAINS = 1 << 5, NBG_SHOT_LAMBDA = 1 << 6, NBG_SHOT_PHI = 1 << 7,
+    NBG_SHOT_FLUENCE = 1 << 8, NBG_SHOT_SCALE = 1 << 9, NBG_SHOT_SEED = 1 << 10, NBG_SHOT_SOURCE = 1 << 11,
+    NBG_SHOT_EXPT = 1 << 12, NBG_SHOT_SPECTRUM_SHIFT = 1 << 13, NBG_SHOT_SPECTRUM_SCALE = 1 << 14,
+    NBG_SHOT_ORIENT = 1 << 15
+};
+
+/* One line of a shot list: the keys it gave (has, NBG_SHOT_* bits) and their values (N: the three counts, a
+ * single number given for all three). */
+typedef struct {
+    char id[64];
+    unsigned has;
+    double misset[3], orient[3], A[9], cell[6], N[3], mosaic, lambda, phi, fluence, scale, spectrum_shift,
+        spectrum_scale;
+    int mosaic_domains;
+    long seed;
+    char *sourcefile;        /* a nanoBragg source file, as given (relative to the working folder) */
+    char *expt;              /* a DIALS experiment list, its path resolved against the list's folder */
+    int line;                /* the line of the list */
+    unsigned long long hash; /* 64-bit FNV-1a of the line's object, keys sorted, text compact */
+} nbg_shot;
+
+/* A shot list read (nbg_shots_read); nbg_shots_free releases it. */
+typedef struct {
+    nbg_shot *v;
+    int n, cap;
+    char *path; /* the file it was read from (malloc'd): messages name it */
+} nbg_shot_list;
+
+/* Reads a shot list into *out (zero it first or pass one freed).  NBG_EIO (the file), NBG_EFORMAT (a line that is
+ * not JSON), NBG_EINVAL (an unknown key, a value of the wrong type, a missing or repeated id, no shots) naming the
+ * file, the line and the key; *out empty on failure. */
+int nbg_shots_read(nbg_ctx *ctx, const char *path, nbg_shot_list *out);
+void nbg_shots_free(nbg_shot_list *l); /* NULL-safe; leaves *l empty */
+
+/* What nbg_shots_make draws (nbg_shots_make_options_default: 1 shot, seed 1, nothing but the orientation). */
+typedef struct {
+    long n;             /* shots, 1 to 1e8 */
+    long seed;          /* the same seed, the same list (1) */
+    int have_cell;      /* every shot gets a cell drawn around cell[] (Gaussian lengths, cell_jitter % rms) */
+    double cell[6];
+    double cell_jitter; /* percent rms (0) */
+    double N;           /* > 0: every shot gets N drawn around it (N_jitter % rms) (0: none) */
+    double N_jitter;
+    double scale_jitter; /* > 0: every shot gets a scale around 1, Gaussian, percent rms (0: none) */
+} nbg_shots_make_options;
+void nbg_shots_make_options_default(nbg_shots_make_options *o);
+/* Writes a shot list of o->n shots in uniformly random orientations (ids shot000001 ..., misset angles) to path,
+ * atomically: what `nbgrad shots` writes, byte for byte.  NBG_EINVAL for options out of range (a jitter without
+ * its value), NBG_EIO; NBG_EUNSUP without jansson. */
+int nbg_shots_make(nbg_ctx *ctx, const nbg_shots_make_options *o, const char *path);
+
+/* The experiment of one shot: the builder's experiment with the shot's keys applied (its experiment list first, as
+ * -expt: crystal, beam and detector, multi-panel included; then the other keys; a source file read), with what it
+ * points to that the builder does not own. */
+typedef struct {
+    nbg_experiment e;        /* points into the builder (table, mask, ...) and at sources and panels below */
+    nbg_source *sources;     /* the shot's source file's (malloc'd), or NULL */
+    int nsources;
+    nbg_panel *panels;       /* the panels of the shot's own experiment list (malloc'd), or NULL */
+    size_t npix;             /* the shot's image size (nbg_report.npix of e) */
+    long seed;               /* the shot's noise seed: its "seed", else base_seed + its index */
+    char warning[512];       /* "" or a warning for the user (an experiment list's scan-varying crystal) */
+} nbg_shot_experiment;
+/* Makes shot i (0-based) of list l over builder b's experiment (b parsed and loaded; base_seed the seed of shots
+ * without one, the program's -seed or 1).  NBG_EINVAL / NBG_EIO naming the list, the line and the shot (a file
+ * that cannot be read, an experiment list without a crystal, a -mask the shot's detector does not fit); on
+ * success free *out with nbg_shot_experiment_free; it must not outlive b. */
+int nbg_shot_experiment_make(nbg_ctx *ctx, nbg_builder *b, const nbg_shot_list *l, int i, long base_seed,
+                             nbg_shot_experiment *out);
+void nbg_shot_experiment_free(nbg_shot_experiment *x); /* NULL-safe */
+
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Ensemble refinement: many shots together                                                                    */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* How the shots of an ensemble are spread over processes (MPI ranks, or anything else): process rank of size
+ * holds shots rank, rank + size, ...  Every process calls nbg_ensemble with the same builder flags, list and
+ * options; the library calls the hooks collectively (every process the same calls in the same order), and every
+ * process gets the same result, bit for bit, whatever size (the per-shot vectors are gathered and added in shot
+ * order).  A hook returns 0 on success, non-zero on a failure (nbg_ensemble then fails with NBG_EIO).  NULL
+ * (nbg_ensemble_options.comm): one process holds every shot.  The library itself does not depend on MPI: the
+ * program passes hooks over MPI_Allreduce and MPI_Allgatherv. */
+typedef struct {
+    int rank, size;
+    void *user;
+    /* values (n longs, the same n on every process) reduced in place over the processes: op 0 the sum, 1 the max */
+    int (*allreduce_long)(void *user, long *values, int n, int op);
+    /* every process's block of doubles (mine: count doubles; process r's: counts[r] doubles) into all, process r's
+     * at all + displs[r], on every process (MPI_Allgatherv's contract) */
+    int (*allgatherv)(void *user, const double *mine, int count, double *all, const int *counts, const int *displs);
+} nbg_comm;
+
+/* What an ensemble reports as it goes (nbg_ensemble_options.progress): a line for the user (INFO: the set-up and
+ * the spot regions; the program prints it on stdout), a warning (a shot's experiment list), a cycle's loss
+ * (CYCLE: done cycles of total, cycle 0 the start), one shot's local fit (SHOT: many; the program shows them on a
+ * terminal only).  INFO, CYCLE and SHOT come on process 0 only, a WARNING on the process that holds the shot. */
+typedef enum { NBG_ENSEMBLE_INFO = 0, NBG_ENSEMBLE_WARNING, NBG_ENSEMBLE_CYCLE, NBG_ENSEMBLE_SHOT } nbg_ensemble_event;
+
+typedef struct {
+    const char *observed;   /* the shots' observed images: a file name with {id} (each shot's id) in it */
+    const char *global;     /* parameters every shot shares, comma-separated: "F" (the whole table of the builder's
+                               -hkl) and any of nbg_params_parse's words (cell ...) */
+    const char *local;      /* parameters of each shot (NULL or "": none), e.g. "rotx,roty,rotz,scale" */
+    int cycles;             /* cycles of local fits then a global step, 1 to 1000 (4) */
+    nbg_loss loss;          /* the loss summed over the shots (NBG_LOSS_POISSON) */
+    int spots;              /* >= 0: fit each shot on its spot regions, the pixels within spots of its model's spot
+                               pixels (nbg_spot_pixels), drawn again after every cycle's local fits; -1 every pixel */
+    double spot_frac;       /* a spot pixel's model value above the floor, of the peak's, in (0, 1) (0.05) */
+    const nbg_comm *comm;   /* NULL: one process */
+    void (*progress)(void *user, nbg_ensemble_event what, int done, int total, const char *text);
+    void *user;
+} nbg_ensemble_options;
+
+/* An ensemble's outcome (every process the same); nbg_ensemble_result_free releases it. */
+typedef struct {
+    int nshots, nranks;
+    double start_loss, loss;        /* the summed loss before and after */
+    int nglobals;                   /* the global parameters but F */
+    nbg_param *globals;
+    double *global_value, *global_sigma; /* sigma NAN where the information is 0 */
+    int has_F;                      /* "F" was global: */
+    size_t nF;                      /* the table's entries (nbg_hkl's storage order) */
+    double *F, *F_sigma;            /* the refined table and its standard errors (NAN: measured by no shot) */
+    long F_measured;                /* entries with a standard error */
+    int nlocals;
+    nbg_param *locals;
+    double *local_value;            /* nshots x nlocals, in shot order */
+    int local_not_converged;        /* shots whose last local fit did not converge */
+    long spot_pixels, spot_total, spot_whole; /* -spots: the regions' pixels over the shots, the shots' pixels,
+                                                 the shots without a spot (fitted on every pixel) */
+    long evaluations;               /* loss and gradient passes over this process's shots */
+    /* where this process's time went (wall-clock seconds; not part of the result proper: it differs from run to
+     * run): the first pass (the starting loss and gradient over its shots: one adjoint pass, the unit the others
+     * are measured in), the local fits, and the global steps (their evaluations - 1 passes and the exchanges) */
+    double seconds_first_pass, seconds_local, seconds_global;
+} nbg_ensemble_result;
+
+void nbg_ensemble_options_default(nbg_ensemble_options *o);
+void nbg_ensemble_result_free(nbg_ensemble_result *r); /* NULL-safe; zeroes it */
+
+/* Refines the shots of list l (shot i the builder's experiment with line i applied, nbg_shot_experiment_make, its
+ * observed image read by nbg_observed_read with the builder's -mask and -adc) together, by alternating cycles: 1.
+ * each shot's local parameters by Levenberg-Marquardt (nbg_refine, 30 iterations at most) with the globals fixed;
+ * 2. the globals over all shots: with the Poisson loss and F the only global, expectation-maximisation on F (50
+ * steps at most), otherwise BFGS on the summed loss (40 iterations at most).  Standard errors of the globals are
+ * conditional on the other parameters (F's from the Poisson information, each pixel seeing one reflection).  On
+ * success the builder's F table holds the refined F.  Requires GSL (NBG_EUNSUP in a GSL=0 build).  A failure:
+ * its status with the message naming the shot (on the process that failed; the others: "another process
+ * failed"), *res empty. */
+int nbg_ensemble(nbg_ctx *ctx, nbg_builder *b, const nbg_shot_list *l, const nbg_ensemble_options *opt,
+                 nbg_ensemble_result *res);
+
 #ifdef __cplusplus
 }
 #endif

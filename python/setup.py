@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent if (HERE.parent / "Makefile").exists() and (HERE.parent / "include" / "nbgrad.h").exists() \
     else HERE / "_lib"
 # what of the repository an sdist carries to build the library from its own copy
-LIB_PARTS = ("Makefile", "include", "src", "grad", "cuda")
+LIB_PARTS = ("Makefile", "include", "src", "grad", "cuda", "LICENSE")
 B = os.environ.get("NBGRAD_BUILD", "build/py")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 OPT = os.environ.get("NBGRAD_OPT", "-O3")
@@ -41,7 +41,7 @@ V3 = X86 and os.environ.get("NBGRAD_V3", "1") != "0"
 
 
 def make(build, opt, *targets, capture=False):
-    cmd = ["make", "--no-print-directory", "-C", str(ROOT), f"B={build}", f"OPT={opt}", "CUDA=0", *targets]
+    cmd = ["make", "--no-print-directory", "-C", str(ROOT), f"B={build}", f"OPT={opt}", "CUDA=0", "FORMATS_DL=0", *targets]
     if capture:
         return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     jobs = f"-j{os.cpu_count() or 1}"
@@ -93,6 +93,8 @@ class Sdist(sdist):
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
         dest = Path(base_dir) / "_lib"
+        if (ROOT / "LICENSE").exists():
+            shutil.copy2(ROOT / "LICENSE", Path(base_dir) / "LICENSE")  # the sdist's own copy of the license
         for part in LIB_PARTS:
             src = ROOT / part
             if src.is_dir():

@@ -39,11 +39,13 @@
  *
  * MPI: when the program runs under mpirun (Open MPI's environment says so) and was built with MPI, shot i goes
  * to rank i mod K; each rank writes its own shots' files, with its OpenMP threads.  Every shot's image depends on
- * the shot alone, so the files are the same, bit for bit, whatever K.  After each round (every rank's k-th shot)
- * the ranks agree on whether one failed; if one did, every rank stops there, the failing rank names the shot, and
- * the run exits 1 (the files of finished shots are complete; nothing is half-written).
+ * the shot alone, so the files are the same, bit for bit, whatever K.  Every few rounds (a round is every rank's
+ * k-th shot; the ranks agree on a count that keeps about 0.05 s of work between agreements) the ranks agree on
+ * whether one failed; if one did, every rank stops there, the failing rank names the shot, and the run exits 1 (the
+ * files of finished shots are complete; nothing is half-written).
  */
 #include "cli.h"
+#include "formats.h" /* nbgi_helper_path */
 #include "io.h"
 #include "plan.h"
 
@@ -53,6 +55,7 @@
 #ifdef NBG_HAVE_FORMATS
 #include <jansson.h> /* shot lists are JSON lines: without jansson (FORMATS=0) there are none */
 #endif
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,19 +75,11 @@
 #define M_PI 3.14159265358979323846
 #endif
 
-/* --- the shot list ------------------------------------------------------------------------------------------ */
-
 #include "shots.h"
 
-void nbgi_shots_free(shot_list *l)
-{
-    for (int i = 0; i < l->n; ++i) {
-        free(l->v[i].sourcefile);
-        free(l->v[i].expt);
-    }
-    free(l->v);
-    memset(l, 0, sizeof *l);
-}
+/* the library's shot lists (include/nbgrad.h, src/shots.c) */
+typedef nbg_shot shot;
+typedef nbg_shot_list shot_list;
 
 /* FNV-1a, 64 bits: the configuration's fingerprint (not a cryptographic hash: it tells runs apart, it does not
  * defend against forgery) */
@@ -97,248 +92,6 @@ static unsigned long long fnv1a(unsigned long long h, const void *p, size_t n)
     }
     return h;
 }
-
-#ifdef NBG_HAVE_FORMATS
-/* Reads n numbers (or, with scalar_ok, one number meaning all n) from v; 0 on a wrong type. */
-static int numbers(json_t *v, double *out, int n, int scalar_ok)
-{
-    if (scalar_ok && json_is_number(v)) {
-        for (int i = 0; i < n; ++i) out[i] = json_number_value(v);
-        return isfinite(out[0]);
-    }
-    if (!json_is_array(v) || (int)json_array_size(v) != n) {
-        return 0;
-    }
-    for (int i = 0; i < n; ++i) {
-        json_t *x = json_array_get(v, (size_t)i);
-        if (!json_is_number(x) || !isfinite(json_number_value(x))) {
-            return 0;
-        }
-        out[i] = json_number_value(x);
-    }
-    return 1;
-}
-
-/* Parses one shot object; prints the error and returns 0 when it is malformed. */
-static int parse_shot(const char *path, int line, json_t *o, shot *s)
-{
-    memset(s, 0, sizeof *s);
-    s->line = line;
-    if (!json_is_object(o)) {
-        fprintf(stderr, "nbgrad: error: %s line %d: a shot must be a JSON object\n", path, line);
-        return 0;
-    }
-    const char *key;
-    json_t *v;
-    json_object_foreach(o, key, v) {
-        int ok = 1;
-        const char *want = "";
-        if (strcmp(key, "id") == 0) {
-            if (json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < sizeof s->id) {
-                snprintf(s->id, sizeof s->id, "%s", json_string_value(v));
-                /* the id goes into file names: letters, digits and -_. only */
-                for (const char *c = s->id; *c != '\0'; ++c) {
-                    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                          *c == '-' || *c == '_' || *c == '.')) {
-                        ok = 0;
-                    }
-                }
-                ok = ok && strcmp(s->id, ".") != 0 && strcmp(s->id, "..") != 0;
-            } else if (json_is_integer(v) && json_integer_value(v) >= 0) {
-                snprintf(s->id, sizeof s->id, "%lld", (long long)json_integer_value(v));
-            } else {
-                ok = 0;
-            }
-            want = "a name of letters, digits, '-', '_' or '.' (at most 63) or a non-negative integer";
-        } else if (strcmp(key, "misset") == 0) {
-            ok = numbers(v, s->misset, 3, 0), want = "3 numbers (deg)", s->has |= S_MISSET;
-        } else if (strcmp(key, "orient") == 0) {
-            ok = numbers(v, s->orient, 3, 0), want = "3 numbers (deg)", s->has |= S_ORIENT;
-        } else if (strcmp(key, "A") == 0) {
-            ok = numbers(v, s->A, 9, 0), want = "9 numbers", s->has |= S_A;
-        } else if (strcmp(key, "cell") == 0) {
-            ok = numbers(v, s->cell, 6, 0), want = "6 numbers (A, deg)", s->has |= S_CELL;
-        } else if (strcmp(key, "N") == 0) {
-            ok = numbers(v, s->N, 3, 1), want = "a number or 3 numbers", s->has |= S_N;
-        } else if (strcmp(key, "mosaic") == 0) {
-            ok = numbers(v, &s->mosaic, 1, 1), want = "a number (deg)", s->has |= S_MOSAIC;
-        } else if (strcmp(key, "mosaic_domains") == 0) {
-            ok = json_is_integer(v) && json_integer_value(v) >= 1 && json_integer_value(v) <= 100000000;
-            s->mosaic_domains = ok ? (int)json_integer_value(v) : 0;
-            want = "a positive integer", s->has |= S_DOMAINS;
-        } else if (strcmp(key, "lambda") == 0) {
-            ok = numbers(v, &s->lambda, 1, 1), want = "a number (A)", s->has |= S_LAMBDA;
-        } else if (strcmp(key, "phi") == 0) {
-            ok = numbers(v, &s->phi, 1, 1), want = "a number (deg)", s->has |= S_PHI;
-        } else if (strcmp(key, "fluence") == 0) {
-            ok = numbers(v, &s->fluence, 1, 1), want = "a number (photons/m^2)", s->has |= S_FLUENCE;
-        } else if (strcmp(key, "scale") == 0) {
-            ok = numbers(v, &s->scale, 1, 1) && s->scale >= 0, want = "a non-negative number", s->has |= S_SCALE;
-        } else if (strcmp(key, "seed") == 0) {
-            ok = json_is_integer(v), want = "an integer", s->has |= S_SEED;
-            s->seed = ok ? (long)json_integer_value(v) : 0;
-        } else if (strcmp(key, "sourcefile") == 0) {
-            ok = json_is_string(v) && json_string_length(v) > 0, want = "a file name", s->has |= S_SOURCE;
-            if (ok && (s->sourcefile = strdup(json_string_value(v))) == NULL) {
-                fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
-                return 0;
-            }
-        } else if (strcmp(key, "expt") == 0) {
-            ok = json_is_string(v) && json_string_length(v) > 0 && s->expt == NULL, want = "a file name (a DIALS "
-                 "experiment list)", s->has |= S_EXPT;
-            if (ok) {
-                /* relative to the list's folder */
-                const char *name = json_string_value(v), *slash = strrchr(path, '/');
-                const size_t dir = name[0] != '/' && slash != NULL ? (size_t)(slash - path) + 1 : 0;
-                if ((s->expt = malloc(dir + strlen(name) + 1)) == NULL) {
-                    fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
-                    free(s->sourcefile);
-                    s->sourcefile = NULL;
-                    return 0;
-                }
-                memcpy(s->expt, path, dir);
-                strcpy(s->expt + dir, name);
-            }
-        } else if (strcmp(key, "spectrum_shift") == 0) {
-            ok = numbers(v, &s->spectrum_shift, 1, 1), want = "a number (A)", s->has |= S_SPEC_SHIFT;
-        } else if (strcmp(key, "spectrum_scale") == 0) {
-            ok = numbers(v, &s->spectrum_scale, 1, 1) && s->spectrum_scale > 0, want = "a positive number",
-            s->has |= S_SPEC_SCALE;
-        } else {
-            fprintf(stderr, "nbgrad: error: %s line %d: unknown key \"%s\" (known: id misset A cell N mosaic "
-                            "mosaic_domains lambda phi fluence scale seed sourcefile spectrum_shift spectrum_scale "
-                            "orient expt)\n", path, line, key);
-            ok = 0;
-            want = NULL;
-        }
-        if (!ok) {
-            if (want != NULL) {
-                fprintf(stderr, "nbgrad: error: %s line %d: \"%s\" must be %s\n", path, line, key, want);
-            }
-            free(s->sourcefile);
-            s->sourcefile = NULL;
-            free(s->expt);
-            s->expt = NULL;
-            return 0;
-        }
-    }
-    if (s->id[0] == '\0') {
-        fprintf(stderr, "nbgrad: error: %s line %d: the shot has no \"id\"\n", path, line);
-        free(s->sourcefile);
-        s->sourcefile = NULL;
-        free(s->expt);
-        s->expt = NULL;
-        return 0;
-    }
-    return 1;
-}
-
-/* Reads a shot list; prints the error and returns 0 when it cannot. */
-/* qsort's order of shots by id, then by line (so that equal ids sit in file order) */
-static int shot_id_cmp(const void *a, const void *b)
-{
-    const shot *x = *(const shot *const *)a, *y = *(const shot *const *)b;
-    const int c = strcmp(x->id, y->id);
-    return c != 0 ? c : (x->line > y->line) - (x->line < y->line);
-}
-
-int nbgi_shots_read(nbg_ctx *ctx, const char *path, shot_list *l)
-{
-    memset(l, 0, sizeof *l);
-    FILE *f;
-    if (nbgi_open_input(ctx, path, "-shots", "r", &f) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
-        return 0;
-    }
-    char *buf = NULL;
-    size_t cap = 0;
-    int line = 0, ok = 1, got;
-    while (ok && (got = nbgi_read_line(ctx, f, &buf, &cap, path, line + 1)) == 1) {
-        ++line;
-        const char *p = buf + strspn(buf, " \t\r\n");
-        if (*p == '\0' || *p == '#') {
-            continue;
-        }
-        json_error_t err;
-        json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &err);
-        if (o == NULL) {
-            fprintf(stderr, "nbgrad: error: %s line %d, column %d: %s\n", path, line, err.column, err.text);
-            ok = 0;
-            break;
-        }
-        if (l->n == l->cap) {
-            const int ncap = l->cap ? 2 * l->cap : 64;
-            shot *v = ncap <= 100000000 ? realloc(l->v, (size_t)ncap * sizeof *v) : NULL;
-            if (v == NULL) {
-                fprintf(stderr, "nbgrad: error: out of memory reading %s (%d shots)\n", path, l->n);
-                json_decref(o);
-                ok = 0;
-                break;
-            }
-            l->v = v;
-            l->cap = ncap;
-        }
-        ok = parse_shot(path, line, o, &l->v[l->n]);
-        if (ok) {
-            char *canon = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
-            ok = canon != NULL;
-            if (ok) {
-                l->v[l->n].hash = fnv1a(FNV_START, canon, strlen(canon));
-                free(canon);
-            } else {
-                fprintf(stderr, "nbgrad: error: out of memory reading %s\n", path);
-            }
-        }
-        json_decref(o);
-        if (ok) {
-            ++l->n;
-        }
-    }
-    free(buf);
-    if (ok && got < 0) {
-        fprintf(stderr, "nbgrad: error: -shots: %s\n", nbg_errmsg(ctx));
-        ok = 0;
-    }
-    fclose(f);
-    if (ok && l->n == 0) {
-        fprintf(stderr, "nbgrad: error: %s holds no shots\n", path);
-        ok = 0;
-    }
-    /* ids name files: two shots with one id would write the same files (sorted, so that a list of 10^6 shots is
-     * checked in n log n) */
-    if (ok && l->n > 1) {
-        const shot **by_id = malloc(sizeof *by_id * (size_t)l->n);
-        if (by_id == NULL) {
-            fprintf(stderr, "nbgrad: error: out of memory checking the ids of %s\n", path);
-            ok = 0;
-        } else {
-            for (int i = 0; i < l->n; ++i) by_id[i] = &l->v[i];
-            qsort(by_id, (size_t)l->n, sizeof *by_id, shot_id_cmp);
-            for (int i = 1; ok && i < l->n; ++i) {
-                if (strcmp(by_id[i - 1]->id, by_id[i]->id) == 0) {
-                    fprintf(stderr, "nbgrad: error: %s lines %d and %d: two shots with the id \"%s\"\n", path,
-                            by_id[i - 1]->line, by_id[i]->line, by_id[i]->id);
-                    ok = 0;
-                }
-            }
-            free(by_id);
-        }
-    }
-    if (!ok) {
-        nbgi_shots_free(l);
-    }
-    return ok;
-}
-#else
-int nbgi_shots_read(nbg_ctx *ctx, const char *path, shot_list *l)
-{
-    (void)ctx;
-    memset(l, 0, sizeof *l);
-    fprintf(stderr, "nbgrad: error: -shots %s: this nbgrad was built without jansson (FORMATS=0): no shot lists\n",
-            path);
-    return 0;
-}
-#endif
 
 /* --- the batch ----------------------------------------------------------------------------------------------- */
 
@@ -432,29 +185,6 @@ const nbgi_sub_flag *nbgi_batch_flags(int *n)
 static int batch_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
     return nbgi_sub_flag_parse(batch_flag_table, NBATCH_FLAGS, NBGI_CMD_BATCH, c->extra, argc, argv, i, NULL);
-}
-
-int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size)
-{
-    size_t k = 0;
-    for (const char *p = tmpl; *p != '\0';) {
-        if (strncmp(p, "{id}", 4) == 0) {
-            const size_t n = strlen(id);
-            if (k + n >= size) {
-                return 0;
-            }
-            memcpy(out + k, id, n);
-            k += n;
-            p += 4;
-        } else {
-            if (k + 1 >= size) {
-                return 0;
-            }
-            out[k++] = *p++;
-        }
-    }
-    out[k] = '\0';
-    return 1;
 }
 
 typedef struct {
@@ -857,7 +587,7 @@ static int batch_record(int argc, char **argv, int first, const shot_list *shots
             flags[k] = '\0';
             for (int i = 0; i < shots->n; ++i) {
                 /* the shot's line and the seed it gets (the base seed + its index when the line has none) */
-                const long seed = (shots->v[i].has & S_SEED) ? shots->v[i].seed : base_seed + i;
+                const long seed = (shots->v[i].has & NBG_SHOT_SEED) ? shots->v[i].seed : base_seed + i;
                 unsigned long long h = fnv1a(fh, &shots->v[i].hash, sizeof shots->v[i].hash);
                 sh[i] = fnv1a(h, &seed, sizeof seed);
             }
@@ -904,113 +634,6 @@ static int batch_record(int argc, char **argv, int first, const shot_list *shots
 }
 
 
-/* Applies a shot to the base experiment; prints the error and returns 0 when its source file cannot be read. */
-int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const shot *s, const char *list, nbg_experiment *e, nbg_source **src,
-                    int *nsrc, nbg_panel **pan)
-{
-    *e = c->e;
-    *src = NULL;
-    *nsrc = 0;
-    *pan = NULL;
-    if (s->has & S_EXPT) {
-        /* the shot's experiment list, as -expt (the builder's import: nothing duplicated here), over the base flags'
-         * experiment; panels of the base (-layout, the base -expt's) and their motions do not carry over */
-        nbg_geometry g;
-        int np = 0;
-        e->panels = NULL;
-        e->npanels = 0;
-        e->motions = NULL;
-        e->nmotions = 0;
-        if (nbgi_build_import_expt(ctx, c, s->expt, 0, &c->e, e, &g, pan, &np) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: %s line %d: shot %s: \"expt\" %s: %s\n", list, s->line, s->id, s->expt,
-                    nbg_errmsg(ctx));
-            return 0;
-        }
-        if (g.crystal_scan_points > 0 || !g.has_crystal) {
-            fprintf(stderr, "nbgrad: %s: %s line %d: shot %s: \"expt\" %s %s\n", g.has_crystal ? "warning" : "error",
-                    list, s->line, s->id, s->expt, g.has_crystal ? "has a scan-varying crystal: its static A is used"
-                                                                  : "has no crystal (index the still first)");
-            if (!g.has_crystal) {
-                free(*pan);
-                *pan = NULL;
-                return 0;
-            }
-        }
-        nbg_report r;
-        if (c->mask != NULL && (nbg_describe(ctx, e, &r) != NBG_OK || r.fpixels != c->mask_f ||
-                                r.spixels != c->mask_s || e->npanels > 0)) {
-            fprintf(stderr, "nbgrad: error: %s line %d: shot %s: the -mask is %dx%d pixels and the detector of \"expt\" "
-                    "%s is not\n", list, s->line, s->id, c->mask_f, c->mask_s, s->expt);
-            free(*pan);
-            *pan = NULL;
-            return 0;
-        }
-    }
-    if (s->has & S_CELL) {
-        e->has_cell = 1;
-        memcpy(e->cell, s->cell, sizeof e->cell);
-    }
-    if (s->has & S_A) {
-        e->has_mat = 1;
-        e->has_cell = 0;
-        memcpy(e->mat, s->A, sizeof e->mat);
-        e->misset[0] = e->misset[1] = e->misset[2] = 0;
-        e->misset_random = 0;
-    }
-    if (s->has & S_MISSET) {
-        memcpy(e->misset, s->misset, sizeof e->misset);
-        e->misset_random = 0;
-    }
-    if (s->has & S_ORIENT) {
-        memcpy(e->orient, s->orient, sizeof e->orient);
-    }
-    if (s->has & S_N) {
-        e->Na = s->N[0], e->Nb = s->N[1], e->Nc = s->N[2];
-    }
-    if (s->has & S_MOSAIC) {
-        e->mosaic = s->mosaic;
-    }
-    if (s->has & S_DOMAINS) {
-        e->mosaic_domains = s->mosaic_domains;
-    }
-    if (s->has & S_LAMBDA) {
-        e->lambda = s->lambda;
-    }
-    if (s->has & S_PHI) {
-        e->phi0 = s->phi;
-    }
-    if (s->has & S_FLUENCE) {
-        e->fluence = s->fluence;
-        e->flux = 0;
-    }
-    if (s->has & S_SCALE) {
-        e->fluence *= s->scale;
-        e->flux *= s->scale;
-    }
-    if (s->has & S_SPEC_SHIFT) {
-        e->spectrum_shift = s->spectrum_shift;
-    }
-    if (s->has & S_SPEC_SCALE) {
-        e->spectrum_scale = s->spectrum_scale;
-    }
-    if (s->has & S_SOURCE) {
-        nbg_report r;
-        double beam[3] = {1, 0, 0};
-        if (nbg_describe(ctx, e, &r) == NBG_OK) {
-            memcpy(beam, r.beam, sizeof beam);
-        }
-        if (nbgi_read_sources(ctx, s->sourcefile, e->lambda, beam, src, nsrc) != NBG_OK) {
-            fprintf(stderr, "nbgrad: error: shot %s: %s\n", s->id, nbg_errmsg(ctx));
-            free(*pan);
-            *pan = NULL;
-            return 0;
-        }
-        e->sources = *src;
-        e->nsources = *nsrc;
-    }
-    return 1;
-}
-
 /* Runs under mpirun?  Open MPI (and PMIx launchers) set these; without them the batch runs as one process and
  * MPI is not initialised at all. */
 int nbgi_under_mpirun(void)
@@ -1041,9 +664,32 @@ int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size)
     return 1;
 #else
     (void)argc, (void)argv;
+#ifdef NBG_MPI_EXEC
+    char path[PATH_MAX], tried[2048];
+    if (!nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs its MPI program nbgrad-mpi, which is missing (looked "
+                        "for %s)\n", tried);
+        return -1;
+    }
+#endif
     fprintf(stderr, "nbgrad: error: this nbgrad was built without MPI: each of the mpirun processes would run the "
                     "whole job (rebuild where mpicc is found, or run without mpirun)\n");
     return -1;
+#endif
+}
+
+void nbgi_mpi_reexec(char **argv)
+{
+#if !defined(NBG_HAVE_MPI) && defined(NBG_MPI_EXEC)
+    char path[PATH_MAX], tried[2048];
+    if (nbgi_under_mpirun() && nbgi_helper_path("nbgrad-mpi", path, sizeof path, tried, sizeof tried)) {
+        execv(path, argv);
+        fprintf(stderr, "nbgrad: error: under mpirun nbgrad runs %s, which did not start: %s\n", path,
+                strerror(errno));
+        exit(1);
+    }
+#else
+    (void)argv;
 #endif
 }
 
@@ -1098,7 +744,8 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
         goto done;
     }
-    if (!nbgi_shots_read(ctx, o.shots, &shots)) {
+    if (nbg_shots_read(ctx, o.shots, &shots) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
     batch_out outs[] = {{&c.floatfile, c.floatfile, ""}, {&c.intfile, c.intfile, ""},
@@ -1145,6 +792,10 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     const int rounds = (shots.n + size - 1) / size;
     int done_here = 0, skipped = 0, failed = 0;
     const double t0 = nbgi_now();
+#ifdef NBG_HAVE_MPI
+    int since_check = 0, check_every = 1; /* rounds since the ranks last agreed, and between agreements */
+    double t_check = t0;
+#endif
     if (rank == 0) {
         printf("batch: %d shots from %s over %d rank%s\n", shots.n, o.shots, size, size > 1 ? "s" : "");
     }
@@ -1171,11 +822,17 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 nbg_panel *pan = NULL;
                 int nsrc = 0;
                 nbg_report rs;
-                c.seed = (s->has & S_SEED) ? s->seed : base_seed + i;
+                c.seed = (s->has & NBG_SHOT_SEED) ? s->seed : base_seed + i;
                 c.have_seed = 1;
-                failed = !nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan);
+                char warn[512];
+                failed = nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan, warn, sizeof warn) != NBG_OK;
+                if (failed) {
+                    fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+                } else if (warn[0] != '\0') {
+                    fprintf(stderr, "nbgrad: warning: %s\n", warn);
+                }
                 size_t np = npix;
-                if (!failed && (s->has & S_EXPT)) {
+                if (!failed && (s->has & NBG_SHOT_EXPT)) {
                     /* the shot's own detector */
                     if (nbg_describe(ctx, &e, &rs) != NBG_OK) {
                         fprintf(stderr, "nbgrad: error: shot %s (%s line %d): %s\n", s->id, o.shots, s->line,
@@ -1211,19 +868,31 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 done_here += !failed;
             }
         }
+        int agreed = !mpi;
 #ifdef NBG_HAVE_MPI
-        if (mpi) {
-            /* every rank learns of a failure after this round, and stops: nothing else is started */
-            int any_failed = 0;
-            MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (mpi && (++since_check >= check_every || round == rounds - 1)) {
+            agreed = 1;
+            /* every rank learns of a failure at a check, and stops: nothing else is started.  The ranks check
+             * every check_every rounds, a count they all derive from the same reduced numbers (so they meet at the
+             * same rounds) and that keeps about CHECK_SECONDS of work between checks: a rank does not wait for the
+             * others after every small shot (lockstep rounds of tiny shots spend their time in the collective). */
+            const double CHECK_SECONDS = 0.05;
+            double mine[2] = {(double)failed, nbgi_now() - t_check}, all[2];
+            MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            const int any_failed = all[0] > 0;
             if (any_failed && !failed) {
                 printf("rank %d: stopping: another rank failed\n", rank);
             }
             failed = failed || any_failed;
+            const double per_round = all[1] / since_check;
+            const double want = per_round > 0 ? CHECK_SECONDS / per_round : 1024.0;
+            check_every = want >= 1024.0 ? 1024 : want < 1.0 ? 1 : (int)want;
+            since_check = 0;
+            t_check = nbgi_now();
         }
 #endif
-        if (failed) {
-            break;
+        if (failed && agreed) {
+            break; /* under MPI only where the ranks have just agreed: every rank leaves at the same round */
         }
     }
     nbgi_progress_end();
@@ -1249,7 +918,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     }
 done:
     free(img);
-    nbgi_shots_free(&shots);
+    nbg_shots_free(&shots);
     c.extra = NULL;
     nbgi_cli_free(&c);
     nbg_ctx_destroy(ctx);
@@ -1257,50 +926,12 @@ done:
     return status;
 }
 
-/* --- the shot list generator ------------------------------------------------------------------------------- */
-
-/* splitmix64: a small, well-mixed generator whose stream depends on the seed alone (the shot list must be the
- * same on every machine) */
-static uint64_t next64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return (double)(next64(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double gauss(uint64_t *s)
-{
-    const double u = uniform01(s), v = uniform01(s);
-    return sqrt(-2.0 * log(1.0 - u)) * cos(2 * M_PI * v);
-}
-
-/* A rotation drawn uniformly (Shoemake's unit quaternion), as the misset angles (deg) of R = Rz Ry Rx. */
-static void random_misset(uint64_t *s, double out[3])
-{
-    const double u1 = uniform01(s), u2 = uniform01(s), u3 = uniform01(s);
-    const double a = sqrt(1 - u1), b = sqrt(u1);
-    const double q[4] = {a * sin(2 * M_PI * u2), a * cos(2 * M_PI * u2), b * sin(2 * M_PI * u3),
-                         b * cos(2 * M_PI * u3)}; /* x y z w */
-    const double x = q[0], y = q[1], z = q[2], w = q[3];
-    const double R00 = 1 - 2 * (y * y + z * z), R10 = 2 * (x * y + z * w), R20 = 2 * (x * z - y * w);
-    const double R21 = 2 * (y * z + x * w), R22 = 1 - 2 * (x * x + y * y);
-    /* R = Rz(g) Ry(b) Rx(a): R20 = -sin b, R21 = cos b sin a, R22 = cos b cos a, R10 = sin g cos b, R00 = cos g cos b */
-    const double rb = asin(fmax(-1, fmin(1, -R20)));
-    out[0] = atan2(R21, R22) * 180 / M_PI;
-    out[1] = rb * 180 / M_PI;
-    out[2] = atan2(R10, R00) * 180 / M_PI;
-}
+/* --- the shot list generator (the library's nbg_shots_make) ------------------------------------------------- */
 
 int nbgi_cmd_shots(int argc, char **argv, int first)
 {
 #ifndef NBG_HAVE_FORMATS
-    (void)argc, (void)argv, (void)first, (void)random_misset, (void)gauss;
+    (void)argc, (void)argv, (void)first;
     fprintf(stderr, "nbgrad: error: nbgrad shots writes JSON lines: this nbgrad was built without jansson "
                     "(FORMATS=0)\n");
     return 1;
@@ -1328,63 +959,33 @@ int nbgi_cmd_shots(int argc, char **argv, int first)
         }
         i += used - 1;
     }
-    const long n = so.n, seed = so.seed;
-    const double *cell = so.cell, N = so.N, cell_jitter = so.cell_jitter, N_jitter = so.N_jitter,
-                 scale_jitter = so.scale_jitter;
-    const int have_cell = so.have_cell;
-    const char *out = so.out;
-    if (n < 1 || out == NULL) {
+    if (so.n < 1 || so.out == NULL) {
         fprintf(stderr, "nbgrad: error: nbgrad shots needs -n COUNT (1 to 1e8) and -o FILE\n");
         return 1;
     }
-    if (cell_jitter < 0 || N_jitter < 0 || scale_jitter < 0 || (cell_jitter > 0 && !have_cell) ||
-        (N_jitter > 0 && !(N > 0))) {
-        fprintf(stderr, "nbgrad: error: a jitter must be >= 0 and needs its value (-cell for -cell_jitter, -N for "
-                        "-N_jitter)\n");
+    nbg_shots_make_options mo;
+    nbg_shots_make_options_default(&mo);
+    mo.n = so.n;
+    mo.seed = so.seed;
+    mo.have_cell = so.have_cell;
+    memcpy(mo.cell, so.cell, sizeof mo.cell);
+    mo.cell_jitter = so.cell_jitter;
+    mo.N = so.N;
+    mo.N_jitter = so.N_jitter;
+    mo.scale_jitter = so.scale_jitter;
+    nbg_ctx *ctx = NULL;
+    if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: out of memory\n");
         return 1;
     }
-    nbgi_out o;
-    if (nbgi_out_open(NULL, out, &o) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot write %s\n", out);
+    const int st = nbg_shots_make(ctx, &mo, so.out);
+    if (st != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        nbg_ctx_destroy(ctx);
         return 1;
     }
-    uint64_t st = (uint64_t)seed * 0x2545F4914F6CDD1DULL + 1;
-    int ok = 1;
-    for (long i = 0; i < n && ok; ++i) {
-        json_t *s = json_object();
-        char id[32];
-        snprintf(id, sizeof id, "shot%06ld", i + 1);
-        double m[3];
-        random_misset(&st, m);
-        json_object_set_new(s, "id", json_string(id));
-        json_object_set_new(s, "misset", json_pack("[fff]", m[0], m[1], m[2]));
-        if (have_cell) {
-            double c6[6];
-            for (int k = 0; k < 6; ++k) c6[k] = cell[k] * (1 + (k < 3 ? cell_jitter / 100 * gauss(&st) : 0));
-            json_object_set_new(s, "cell", json_pack("[ffffff]", c6[0], c6[1], c6[2], c6[3], c6[4], c6[5]));
-        }
-        if (N > 0) {
-            json_object_set_new(s, "N", json_real(fmax(1, N * (1 + N_jitter / 100 * gauss(&st)))));
-        }
-        if (scale_jitter > 0) {
-            json_object_set_new(s, "scale", json_real(fmax(0, 1 + scale_jitter / 100 * gauss(&st))));
-        }
-        char *text = json_dumps(s, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-        json_decref(s);
-        ok = text != NULL && nbgi_out_write(NULL, &o, text, strlen(text)) == NBG_OK &&
-             nbgi_out_write(NULL, &o, "\n", 1) == NBG_OK;
-        free(text);
-    }
-    if (!ok) {
-        nbgi_out_abort(&o);
-        fprintf(stderr, "nbgrad: error: cannot write %s (out of memory or a write error)\n", out);
-        return 1;
-    }
-    if (nbgi_out_finish(NULL, &o, NULL) != NBG_OK) {
-        fprintf(stderr, "nbgrad: error: cannot write %s\n", out);
-        return 1;
-    }
-    printf("wrote %s: %ld shots in uniformly random orientations (seed %ld)\n", out, n, seed);
+    nbg_ctx_destroy(ctx);
+    printf("wrote %s: %ld shots in uniformly random orientations (seed %ld)\n", so.out, so.n, so.seed);
     return 0;
 #endif
 }

@@ -11,6 +11,7 @@
  * uses the unrotated crystal.
  */
 #include "build.h"
+#include "shots.h"
 #include "formats.h"
 #include "internal.h"
 #include "io.h"
@@ -452,6 +453,14 @@ static int fn_space_group(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, c
                    "\"R 3 :R\"), a Hall symbol (\" P 4nw 2abw\", \"Hall: P 2y\") or a number 1-230", flag, v[0]);
         return -1;
     }
+    char hall[sizeof c->e.space_group];
+    const int is_hall = v[0][0] == ' ' || v[0][0] == '-' || strncmp(v[0], "Hall:", 5) == 0;
+    if (!is_hall && nbgi_space_group_table_size() > 0 && !nbgi_space_group_hall(v[0], hall, sizeof hall, NULL)) {
+        /* it reads as a lattice and rotations, but no setting of the 230 groups has that symbol */
+        nbgi_error(ctx, NBG_EINVAL, "%s '%s': no space group has this Hermann-Mauguin symbol (e.g. \"P 43 21 2\", "
+                   "\"P43212\", \"C 1 2/c 1\", \"R 3 :R\"; or give a Hall symbol or a number 1-230)", flag, v[0]);
+        return -1;
+    }
     snprintf(c->e.space_group, sizeof c->e.space_group, "%s", v[0]);
     return 1;
 }
@@ -544,7 +553,7 @@ static const cli_flag flags[] = {
     {"-space_group", K_FN, .n = 1, .fn = fn_space_group, .group = G_CRYSTAL, .arg = "symbol",
      .help = "the crystal's space group (Hermann-Mauguin \"P 43 21 2\" or P43212, a Hall symbol, or its number): a "
              "refinement of the cell fits only the parameters its lattice leaves free (tetragonal: a = b and c; "
-             "wins over -expt's)"},
+             "wins over -expt's); written lists carry its Hall symbol"},
     {"-N", K_NUM, E(Na), .also = {E(Nb), E(Nc)}, .group = G_CRYSTAL, .arg = "n",
      .help = "crystal size in unit cells along a, b and c (need not be an integer)"},
     {"-Na", K_NUM, E(Na), .group = G_CRYSTAL, .arg = "n", .help = "unit cells along a"},
@@ -1640,6 +1649,11 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     }
     *out = y;
     return NBG_OK;
+}
+
+nbgi_cli *nbgi_builder_cli(nbg_builder *b)
+{
+    return b != NULL && b->state == 2 ? &b->c : NULL;
 }
 
 nbg_experiment *nbg_builder_experiment(nbg_builder *b)

@@ -76,6 +76,17 @@ nbg_ctx *nbgi_cli_setup(nbgi_cli *c, int argc, char **argv, int first, const nbg
 /* The subcommands of src/batch.c: many shots (batch), and writing a shot list (shots). */
 int nbgi_cmd_batch(int argc, char **argv, int first);
 int nbgi_cmd_shots(int argc, char **argv, int first);
+/* Whether the program runs under mpirun (Open MPI's or a PMI launcher's environment says so). */
+int nbgi_under_mpirun(void);
+/* A subcommand's MPI start (src/batch.c): under mpirun, MPI_Init and this process's rank and the rank count (returns
+ * 1); not under mpirun, rank 0 of 1 (returns 0); under mpirun in a build without MPI, an error printed (returns -1:
+ * every process would otherwise run the whole job).  nbgi_mpi_end(the value returned) finalises. */
+int nbgi_mpi_begin(int *argc, char ***argv, int *rank, int *size);
+void nbgi_mpi_end(int mpi);
+/* Under mpirun, a program built without MPI next to its MPI twin (NBG_MPI_EXEC: make builds nbgrad-mpi, so that a
+ * run without mpirun loads no MPI library) executes the twin in its place with the same arguments; returns when it
+ * is not under mpirun, is the twin, or cannot find it (nbgi_mpi_begin then says so). */
+void nbgi_mpi_reexec(char **argv);
 /* src/ensemble.c: refinement of many shots together (global structure factors and parameters, local ones). */
 int nbgi_cmd_ensemble(int argc, char **argv, int first);
 /* --- the subcommands' own flags ------------------------------------------------------------------------------ */

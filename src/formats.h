@@ -103,4 +103,37 @@ int nbgi_cbf_check(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k
  * naming the file and the element. */
 int nbgi_cbf_decode(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k, uint64_t nel, float *out);
 
+/* The formats plug-in.  HDF5 and CBFlib (which pull in some 40 shared libraries: curl, krb5, gnutls, ...) cost the
+ * program most of its start-up, so by default (FORMATS_DL=1) the NXmx and CBF code (nxmx.c, cbf.c, cbfbin.c) is
+ * built into NBGI_FORMATS_PLUGIN, which src/plugin.c opens on the first NXmx or CBF call and reaches through this
+ * table; a plug-in that cannot be loaded makes those calls NBG_EUNSUP naming it.  The installed libraries and the
+ * Python package link the formats in (FORMATS_DL=0). */
+#define NBGI_FORMATS_PLUGIN "nbgrad-formats.so"
+#define NBGI_FORMATS_SYMBOL "nbgi_formats_plugin"
+typedef struct {
+    size_t size;          /* sizeof(nbgi_formats_api) */
+    const char *version;  /* NBG_VERSION */
+    size_t abi[4];        /* sizeof nbg_ctx, nbg_geometry, nbg_panel, nbgi_outset: the layouts both sides share */
+    int (*read_nxmx_modules)(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
+                             nbg_geometry *g, uint8_t **mask, int *nmodules);
+    int (*read_nxmx_panels)(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
+    int (*write_nxmx_panels_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g,
+                                 const nbg_panel *panels, int npanels, nbg_dtype dtype, const void *frames,
+                                 int nframes, const uint8_t *mask);
+    int (*write_nxmx_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
+                          const void *frames, int nframes, const uint8_t *mask);
+    int (*read_cbf)(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
+    int (*write_cbf_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
+                         const int32_t *data);
+} nbgi_formats_api;
+#define NBGI_FORMATS_ABI {sizeof(struct nbg_ctx), sizeof(nbg_geometry), sizeof(nbg_panel), sizeof(nbgi_outset)}
+/* The plug-in's one exported function (src/fmtplugin.c). */
+const nbgi_formats_api *nbgi_formats_plugin(void);
+
+/* Finds a file that comes with this build (the formats plug-in, the MPI program nbgrad-mpi): next to the program or
+ * shared object that holds this code, in its parent folder (the build tree's tests/, bench/, examples/), in
+ * ../lib/nbgrad (an installed program) or in NBG_HELPER_DIR (the install's $(LIBDIR)/nbgrad).  Returns 1 with its
+ * path in out, or 0 with the places looked at in tried ("a, b, c"). */
+int nbgi_helper_path(const char *name, char *out, size_t nout, char *tried, size_t ntried);
+
 #endif

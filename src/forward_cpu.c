@@ -51,7 +51,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
             memset(image_d, 0, sizeof(double) * (size_t)p->npix);
         }
     }
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : nout)
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : nout) if (nbgi_samples(p) >= NBGI_PARALLEL_MIN)
     for (int c = 0; c < nch; ++c) {
         double os = 0, is = 0;
         long u0, u1;
@@ -108,7 +108,7 @@ double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_
     if (rows == NULL) {
         return NAN;
     }
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (nbgi_samples(p) >= NBGI_PARALLEL_MIN)
     for (int r = 0; r < S; ++r) {
         nbgi_kparams view;
         int s;

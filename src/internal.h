@@ -57,6 +57,16 @@ int nbgi_read_line(nbg_ctx *ctx, FILE *fp, char **line, size_t *cap, const char 
 /* Seconds on a monotonic clock. */
 double nbgi_now(void);
 
+/* The Hall symbol (" P 4nw 2abw", as DIALS writes it) of a space group given as nbg_experiment.space_group allows
+ * (a Hall symbol, kept as given when the table lacks it; a Hermann-Mauguin symbol, full or short, with or without
+ * spaces and a setting suffix; a number 1-230: its reference setting), and its number (0 for a Hall symbol not in
+ * the table).  0 when the symbol is not in the table or the build has no table (nbgi_space_group_table_size() = 0:
+ * gemmi's headers were missing when it was built; symmetry.c, sgtable-gen.cc). */
+int nbgi_space_group_hall(const char *sg, char *hall, size_t n, int *number);
+int nbgi_space_group_table_size(void);
+/* Setting i (0 .. size - 1) of the table: its number, extended Hermann-Mauguin and Hall symbols; 0 past the end. */
+int nbgi_space_group_setting(int i, int *number, const char **xhm, const char **hall);
+
 /* The one place every library failure goes through: records the message on ctx (which may be NULL) and returns
  * code, so callers write `return nbgi_error(ctx, NBG_EINVAL, "...", ...);`. */
 int nbgi_error(nbg_ctx *ctx, int code, const char *fmt, ...)

@@ -224,10 +224,11 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         snprintf(g->material, sizeof g->material, "Si");
     }
     g->has_crystal = 1;
-    /* the space group, where the experiment has it as a Hall symbol (as read from a list; a Hermann-Mauguin symbol or
-     * a number given by -space_group is not turned into one here: the list then says P 1) */
-    if (e->space_group[0] == ' ' || e->space_group[0] == '-') {
-        snprintf(g->space_group, sizeof g->space_group, "%s", e->space_group);
+    /* the space group as the Hall symbol DIALS's lists carry: as read from a list, or that of the Hermann-Mauguin
+     * symbol or number -space_group gave (the settings table, nbgi_space_group_hall); P 1 when unknown */
+    char hall[sizeof g->space_group];
+    if (e->space_group[0] != 0 && nbgi_space_group_hall(e->space_group, hall, sizeof hall, NULL)) {
+        memcpy(g->space_group, hall, sizeof hall);
     }
     /* A still (no oscillation) whose spindle stands at phi0: its crystal is written as the image sees it, turned by
      * phi0, because DIALS predicts a still's spots from the crystal as its list gives it, with no rotation

@@ -1676,6 +1676,7 @@ static void flags_list(FILE *out)
 
 int main(int argc, char **argv)
 {
+    nbgi_mpi_reexec(argv); /* under mpirun: nbgrad-mpi, the program with MPI */
     nbgi_progress_init();
     if (argc < 2) {
         usage_main(stderr);

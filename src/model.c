@@ -65,7 +65,7 @@ void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *ima
         return; /* bit for bit the simulated image */
     }
     const long nw = nbgi_nwalk(k); /* all panels' pixels, or the list's */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (nw >= (long)NBGI_PARALLEL_MIN)
     for (long t = 0; t < nw; ++t) {
         const size_t i = nbgi_walk_at(k, t);
         if (nbgi_model_active(k, i)) {

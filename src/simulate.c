@@ -117,7 +117,7 @@ int nbgi_image_check(nbg_ctx *ctx, const nbgi_plan *pl, const float *image, doub
     const long n = k->npix;
     if (isnan(sum)) {
         sum = 0;
-#pragma omp parallel for reduction(+ : sum)
+#pragma omp parallel for reduction(+ : sum) if (n >= (long)NBGI_PARALLEL_MIN)
         for (long i = 0; i < n; ++i) {
             sum += image[i];
         }

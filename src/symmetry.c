@@ -341,3 +341,98 @@ int nbg_cell_constraints_get(nbg_ctx *ctx, const char *space_group, nbg_cell_con
              *s ? s : "no space group given", rule);
     return NBG_OK;
 }
+
+/* ---- Hall symbols of Hermann-Mauguin symbols and numbers (the .expt writer's space_group_hall_symbol) ---- */
+
+typedef struct {
+    int number;
+    const char *xhm, *short_name, *hall; /* "P 43 21 2", "P43212", " P 4nw 2abw" */
+} nbgi_sg_setting;
+
+#include "sgtable.h" /* nbgi_sg_table[NBGI_SG_TABLE_N], generated at build time from gemmi (src/sgtable-gen.cc) */
+
+/* a and b equal ignoring spaces and letter case, b up to its end or (stop_colon) its ':' */
+static int same_symbol(const char *a, const char *b, int stop_colon)
+{
+    for (;;) {
+        while (*a == ' ') {
+            ++a;
+        }
+        while (*b == ' ') {
+            ++b;
+        }
+        const int bend = *b == 0 || (stop_colon && *b == ':');
+        if (*a == 0 || bend) {
+            return *a == 0 && bend;
+        }
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) {
+            return 0;
+        }
+        ++a, ++b;
+    }
+}
+
+int nbgi_space_group_table_size(void)
+{
+    return NBGI_SG_TABLE_N;
+}
+
+int nbgi_space_group_setting(int i, int *number, const char **xhm, const char **hall)
+{
+    if (i < 0 || i >= NBGI_SG_TABLE_N) {
+        return 0;
+    }
+    *number = nbgi_sg_table[i].number;
+    *xhm = nbgi_sg_table[i].xhm;
+    *hall = nbgi_sg_table[i].hall;
+    return 1;
+}
+
+int nbgi_space_group_hall(const char *sg, char *hall, size_t n, int *number)
+{
+    if (sg == NULL || n == 0) {
+        return 0;
+    }
+    const int is_hall = sg[0] == ' ' || sg[0] == '-' || strncmp(sg, "Hall:", 5) == 0;
+    const nbgi_sg_setting *hit = NULL;
+    if (is_hall) {
+        const char *h = strncmp(sg, "Hall:", 5) == 0 ? sg + 5 : sg;
+        for (int i = 0; i < NBGI_SG_TABLE_N && hit == NULL; ++i) {
+            hit = same_symbol(h, nbgi_sg_table[i].hall, 0) ? &nbgi_sg_table[i] : NULL;
+        }
+        if (hit == NULL) {
+            /* a Hall symbol the table lacks (another origin or basis): kept as given, its number unknown */
+            while (*h == ' ') {
+                ++h;
+            }
+            if (*h == 0 || (size_t)snprintf(hall, n, " %s", h) >= n) {
+                return 0;
+            }
+            if (number != NULL) {
+                *number = 0;
+            }
+            return 1;
+        }
+    } else {
+        char *end;
+        const long num = strtol(sg, &end, 10);
+        const int numeric = isdigit((unsigned char)sg[0]) && *end == 0;
+        /* a number: its first setting (the reference one: R on hexagonal axes, origin choice 1); a symbol: its full
+         * extended symbol, then without the setting suffix (the first setting again), then its short form */
+        for (int pass = 0; pass < 3 && hit == NULL; ++pass) {
+            for (int i = 0; i < NBGI_SG_TABLE_N && hit == NULL; ++i) {
+                const nbgi_sg_setting *s = &nbgi_sg_table[i];
+                const int match = numeric ? pass == 0 && s->number == num
+                                          : same_symbol(sg, pass == 2 ? s->short_name : s->xhm, pass == 1);
+                hit = match ? s : NULL;
+            }
+        }
+    }
+    if (hit == NULL || (size_t)snprintf(hall, n, "%s", hit->hall) >= n) {
+        return 0;
+    }
+    if (number != NULL) {
+        *number = hit->number;
+    }
+    return 1;
+}

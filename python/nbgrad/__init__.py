@@ -13,6 +13,7 @@ exactly the same.  Every library failure raises an ``nbgrad.Error`` (a RuntimeEr
 message; invalid input also is a ValueError.
 """
 import difflib
+import os
 import re
 import shlex
 import warnings
@@ -647,10 +648,135 @@ def write_cbf(path, geometry: dict, data, frame: int = 0) -> None:
     _ext.write_cbf(str(path), dict(geometry), data, int(frame))
 
 
+# --- many shots: shot lists, batch, ensemble ---------------------------------------------------------------------
+
+class ShotList(_ext.ShotList):
+    """A shot list (JSON lines, docs/many-shots.md) as the library reads it (nbg_shots_read): ShotList(path).
+    len(shots), shots.ids, shots.path; shots[i] is a dict of the keys line i gave (with "id" and "line").  A
+    malformed list raises with the library's message naming the file, line and key."""
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self):
+        return f"ShotList({self.path!r}, {len(self)} shots)"
+
+
+def read_shots(path) -> ShotList:
+    """Reads a shot list (nbg_shots_read), as nbgrad batch -shots and nbgrad ensemble -shots read it."""
+    return ShotList(os.fspath(path))
+
+
+def make_shots(path, n: int, seed: int = 1, cell=None, cell_jitter: float = 0.0, N: float = 0.0,
+               N_jitter: float = 0.0, scale_jitter: float = 0.0) -> ShotList:
+    """Writes a shot list of n shots in uniformly random orientations (nbg_shots_make: what ``nbgrad shots -n n
+    -seed seed [-cell ...] [-cell_jitter ...] [-N ...] [-N_jitter ...] [-scale_jitter ...] -o path`` writes, byte
+    for byte) and returns it read back."""
+    _ext.make_shots(os.fspath(path), int(n), int(seed), None if cell is None else tuple(float(c) for c in cell),
+                    float(cell_jitter), float(N), float(N_jitter), float(scale_jitter))
+    return read_shots(path)
+
+
+def _shots(shots) -> ShotList:
+    return shots if isinstance(shots, _ext.ShotList) else read_shots(shots)
+
+
+def _template(name, what, n):
+    if name is None:
+        return None
+    name = os.fspath(name)
+    if n > 1 and "{id}" not in name:
+        raise ValueError(f"{what}: every shot would write {name}: put {{id}} in the name (e.g. out/{{id}}.bin)")
+    return name
+
+
+def batch(exp: Experiment, shots, floatfile=None, noisefile=None, seed: int = 1, images: bool = True,
+          progress=None) -> Dict[str, np.ndarray]:
+    """Renders every shot of a shot list (a ShotList or its path) over exp, as ``nbgrad batch`` does: shot i is exp
+    with the line's keys applied (nbg_shot_experiment_make).  Returns {id: image} (float32, (slow, fast); with
+    images=False an empty dict).  floatfile and noisefile are file names with {id}: the raw floats and the Poisson
+    noise image (SMV, the shot's "seed" or seed + its index, exp's adc), byte for byte the program's -floatfile and
+    -noisefile.  progress(id, done, total) after each shot."""
+    shots = _shots(shots)
+    n = len(shots)
+    ftmpl, ntmpl = _template(floatfile, "floatfile", n), _template(noisefile, "noisefile", n)
+    smv_adc = "-smv_adc_offset" in getattr(exp, "_flags", ())
+    out = {}
+    for i in range(n):
+        sid = shots.ids[i]
+        r = _ext.batch_shot(exp, shots, i, int(seed), bool(images),
+                            None if ftmpl is None else ftmpl.replace("{id}", sid),
+                            None if ntmpl is None else ntmpl.replace("{id}", sid), smv_adc)
+        if r["warning"]:
+            warnings.warn(r["warning"], stacklevel=2)
+        if images:
+            out[sid] = r["image"]
+        if progress is not None:
+            progress(sid, i + 1, n)
+    return out
+
+
+@dataclass
+class EnsembleResult:
+    """What nbg_ensemble found.  globals and sigmas are keyed by parameter name (sigmas conditional on the other
+    parameters; NaN where no shot informs one); F and F_sigma have the table's shape (exp.F's; F_sigma NaN for an
+    entry no shot measured), None unless "F" was global; locals maps each shot's id to its local parameters' values
+    ({name: value}), local_values holds them as an array (shots x local_params)."""
+
+    start_loss: float
+    loss: float
+    globals: Dict[str, float]
+    sigmas: Dict[str, float]
+    F: Optional[np.ndarray]
+    F_sigma: Optional[np.ndarray]
+    F_measured: int
+    local_params: List[str]
+    local_values: np.ndarray
+    locals: Dict[str, Dict[str, float]]
+    local_not_converged: int
+    evaluations: int
+    spot_pixels: int = 0
+    spot_total: int = 0
+    spot_whole: int = 0
+
+
+def ensemble(exp: Experiment, shots, observed, globals, locals=(), cycles: int = 4, loss: str = "poisson",
+             spots: Optional[int] = None, spot_frac: float = 0.05, progress=None) -> EnsembleResult:
+    """Refines many still shots together (nbg_ensemble; ``nbgrad ensemble``'s optimiser): the global parameters
+    (globals: "F", the whole table of exp, and any parameter names or groups, e.g. "cell") shared by every shot, the
+    local ones (locals: e.g. "rotx,roty,rotz,scale") each shot's own.  shots: a ShotList or its path; observed: the
+    observed images' file name with {id}.  cycles of local fits (LM) then a global step (EM on F with the Poisson
+    loss and F alone, else BFGS); spots: a half-width to fit each shot on its spot regions (-spots).  exp's table
+    holds the refined F afterwards.  progress(what, done, total, text), what "info", "warning", "cycle" or "shot",
+    as the program prints them."""
+    if loss not in _LOSSES:
+        raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError("progress must be callable")
+    shots = _shots(shots)
+    r = _ext.ensemble(exp, shots, os.fspath(observed), ",".join(_expand(globals)), ",".join(_expand(locals)),
+                      int(cycles), _LOSSES[loss], -1 if spots is None else int(spots), float(spot_frac), progress)
+    F = Fs = None
+    if r["has_F"]:
+        shape = exp.F.shape if exp.F is not None else r["F"].shape
+        F, Fs = r["F"].reshape(shape), r["F_sigma"].reshape(shape)
+    lnames = r["local_params"]
+    lv = r["local_value"]
+    return EnsembleResult(start_loss=r["start_loss"], loss=r["loss"],
+                          globals=dict(zip(r["global_params"], r["global_value"])),
+                          sigmas=dict(zip(r["global_params"], r["global_sigma"])), F=F, F_sigma=Fs,
+                          F_measured=r["F_measured"], local_params=lnames, local_values=lv,
+                          locals={sid: dict(zip(lnames, map(float, lv[i]))) for i, sid in enumerate(shots.ids)},
+                          local_not_converged=r["local_not_converged"], evaluations=r["evaluations"],
+                          spot_pixels=r["spot_pixels"], spot_total=r["spot_total"], spot_whole=r["spot_whole"])
+
+
 __all__ = [
     "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "PARAM_INFO", "GROUPS",
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
     "write_pgm", "read_image", "read_observed", "spot_pixels", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "ShotList", "EnsembleResult", "read_shots", "make_shots", "batch", "ensemble",
     "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
 ]

@@ -24,8 +24,8 @@ What the op is:
   tangent images in the same render as the image, and backward and jvp are contractions with them: no second
   render.  Otherwise (more parameters, or ``F``) backward is the library's adjoint (nbg_simulate_grad with dL/dI =
   the incoming gradient), which renders the image again: measured cheaper than that many tangents (bench/
-  bench_python.py prints both ratios to nbgrad.grad).  The adjoint runs on plain tensors only: under ``vmap`` of
-  a gradient, differentiate at most ``TANGENT_MAX`` scalar parameters (or use the batch dimension instead).
+  bench_python.py prints both ratios to nbgrad.grad).  The adjoint is a Function with a vmap rule of its own, so
+  ``torch.vmap`` of a gradient works on either path; it has no second derivative.
 
 The computation runs on the CPU; tensors on another device are brought back there and the image is returned on
 the parameters' device.
@@ -173,15 +173,11 @@ class Simulate(torch.autograd.Function):
             else:
                 adjoint.append(i)
         if adjoint:
-            # the library's adjoint, one reverse pass per batch element (it renders the image again)
-            batch, exps = _experiments(ctx.exp, names, values)
-            g_flat = g_image.detach().to("cpu", torch.float32).reshape((-1,) + tuple(g_image.shape[-2:]))
-            want = [names[i] for i in adjoint]
-            per = [nbgrad.grad(e, g_flat[k].contiguous().numpy(), want) for k, e in enumerate(exps)]
-            for i in adjoint:
+            # the library's adjoint, one reverse pass per batch element (it renders the image again); a Function of
+            # its own so that it also runs under vmap (a vmapped gradient on the adjoint path)
+            grads = _Adjoint.apply(ctx.exp, names, tuple(adjoint), g_image, *values)
+            for i, g in zip(adjoint, grads):
                 v = values[i]
-                g = torch.from_numpy(np.stack([np.asarray(r[names[i]], np.float64) for r in per]))
-                g = g.reshape(tuple(batch) + tuple(g.shape[1:])).to(v.device)
                 out[i] = _sum_to(g, v.shape).reshape(v.shape).to(v.dtype)
         return (None, None, None, None) + tuple(out)
 
@@ -221,6 +217,56 @@ class Simulate(torch.autograd.Function):
             moved.append(v)
         image, tan = Simulate.apply(exp, names, tnames, double, *moved)
         return (image, tan), (0, 0)
+
+
+class _Adjoint(torch.autograd.Function):
+    """_Adjoint.apply(exp, names, which, g_image, *values) -> one gradient per index in which: dL/d values[i] for
+    dL/dI = g_image, by the library's adjoint (nbgrad.grad), per element of the batch that g_image's and the values'
+    batch shapes broadcast to; each gradient has that batch shape followed by the parameter's own shape (() for a
+    scalar, exp.F's for F).  Its vmap rule makes the vmapped dimension a batch dimension, so that torch.vmap of a
+    gradient works on the adjoint path; it is not differentiable again (no second-order adjoint)."""
+
+    @staticmethod
+    def forward(exp, names, which, g_image, *values):
+        fshape = tuple(exp.F.shape) if "F" in names and exp.F is not None else None
+        S, F = exp.shape
+        full = tuple(torch.broadcast_shapes(tuple(g_image.shape[:-2]), _batch_shape(names, values, fshape)))
+        own = [fshape if n == "F" else () for n in names]
+        vals = [v.detach().expand(full + tuple(o)) for v, o in zip(values, own)]
+        _, exps = _experiments(exp, names, vals)
+        g_flat = g_image.detach().to("cpu", torch.float32).expand(full + (S, F)).reshape((-1, S, F))
+        want = [names[i] for i in which]
+        per = [nbgrad.grad(e, g_flat[k].contiguous().numpy(), want) for k, e in enumerate(exps)]
+        device = values[0].device if values else torch.device("cpu")
+        return tuple(torch.from_numpy(np.stack([np.asarray(r[names[i]], np.float64) for r in per]))
+                     .reshape(full + tuple(own[i])).to(device) for i in which)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*output)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("a second derivative through the adjoint path (differentiate at most "
+                                  "TANGENT_MAX scalar parameters to use the tangent path)")
+
+    @staticmethod
+    def vmap(info, in_dims, exp, names, which, g_image, *values):
+        # the vmapped dimension moved to the front of every batched input, with singleton dimensions after it so
+        # that the inputs' own batch dimensions (which broadcast from the right) line up
+        nF = len(exp.F.shape) if "F" in names else 0
+        items = [(g_image, in_dims[3], 2)] + [(v, d, nF if n == "F" else 0)
+                                               for n, v, d in zip(names, values, in_dims[4:])]
+        top = max(t.dim() - (d is not None) - k for t, d, k in items)
+        moved = []
+        for t, d, k in items:
+            if d is not None:
+                t = t.movedim(d, 0)
+                t = t.reshape(t.shape[:1] + (1,) * (top - (t.dim() - 1 - k)) + t.shape[1:])
+            moved.append(t)
+        out = _Adjoint.apply(exp, names, which, *moved)
+        # an input without the vmapped dimension broadcast against it: every output has it in front
+        return out, tuple(0 for _ in out)
 
 
 def _names(params):

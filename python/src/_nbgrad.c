@@ -2217,6 +2217,344 @@ static PyObject *py_param_names(PyObject *self, PyObject *unused)
     return l;
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Shot lists, batch and ensemble                                                                              */
+/* ---------------------------------------------------------------------------------------------------------- */
+
+/* A shot list read by the library (nbg_shots_read), immutable: ShotList(path). */
+typedef struct {
+    PyObject_HEAD
+    nbg_shot_list l;
+} ShotListObject;
+
+static PyTypeObject ShotListType;
+
+static void ShotList_dealloc(ShotListObject *s)
+{
+    nbg_shots_free(&s->l);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static int ShotList_init(ShotListObject *s, PyObject *args, PyObject *kw)
+{
+    PyObject *path;
+    static char *kwlist[] = {"path", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:ShotList", kwlist, PyUnicode_FSConverter, &path)) return -1;
+    nbg_shots_free(&s->l);
+    nbg_shot_list l = {0};
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_shots_read(ctx, p, &l));
+    Py_DECREF(path);
+    if (st != NBG_OK) return -1;
+    s->l = l;
+    return 0;
+}
+
+static Py_ssize_t ShotList_len(ShotListObject *s) { return s->l.n; }
+
+/* shot i as a dict of the keys its line gave (and "line") */
+static PyObject *ShotList_item(ShotListObject *s, Py_ssize_t i)
+{
+    if (i < 0 || i >= s->l.n) {
+        PyErr_SetString(PyExc_IndexError, "shot index out of range");
+        return NULL;
+    }
+    const nbg_shot *h = &s->l.v[i];
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    SET(d, "id", PyUnicode_FromString(h->id));
+    if (h->has & NBG_SHOT_MISSET) SET(d, "misset", vec(h->misset, 3));
+    if (h->has & NBG_SHOT_ORIENT) SET(d, "orient", vec(h->orient, 3));
+    if (h->has & NBG_SHOT_A) SET(d, "A", vec(h->A, 9));
+    if (h->has & NBG_SHOT_CELL) SET(d, "cell", vec(h->cell, 6));
+    if (h->has & NBG_SHOT_N) SET(d, "N", vec(h->N, 3));
+    if (h->has & NBG_SHOT_MOSAIC) SET(d, "mosaic", PyFloat_FromDouble(h->mosaic));
+    if (h->has & NBG_SHOT_DOMAINS) SET(d, "mosaic_domains", PyLong_FromLong(h->mosaic_domains));
+    if (h->has & NBG_SHOT_LAMBDA) SET(d, "lambda", PyFloat_FromDouble(h->lambda));
+    if (h->has & NBG_SHOT_PHI) SET(d, "phi", PyFloat_FromDouble(h->phi));
+    if (h->has & NBG_SHOT_FLUENCE) SET(d, "fluence", PyFloat_FromDouble(h->fluence));
+    if (h->has & NBG_SHOT_SCALE) SET(d, "scale", PyFloat_FromDouble(h->scale));
+    if (h->has & NBG_SHOT_SEED) SET(d, "seed", PyLong_FromLong(h->seed));
+    if (h->has & NBG_SHOT_SOURCE) SET(d, "sourcefile", PyUnicode_FromString(h->sourcefile));
+    if (h->has & NBG_SHOT_EXPT) SET(d, "expt", PyUnicode_FromString(h->expt));
+    if (h->has & NBG_SHOT_SPECTRUM_SHIFT) SET(d, "spectrum_shift", PyFloat_FromDouble(h->spectrum_shift));
+    if (h->has & NBG_SHOT_SPECTRUM_SCALE) SET(d, "spectrum_scale", PyFloat_FromDouble(h->spectrum_scale));
+    SET(d, "line", PyLong_FromLong(h->line));
+    return d;
+}
+
+static PyObject *ShotList_get_ids(ShotListObject *s, void *closure)
+{
+    PyObject *t = PyTuple_New(s->l.n);
+    for (int i = 0; t != NULL && i < s->l.n; ++i) {
+        PyObject *id = PyUnicode_FromString(s->l.v[i].id);
+        if (id == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, id);
+    }
+    return t;
+}
+
+static PyObject *ShotList_get_path(ShotListObject *s, void *closure)
+{
+    return PyUnicode_DecodeFSDefault(s->l.path != NULL ? s->l.path : "");
+}
+
+static PySequenceMethods ShotList_seq = {.sq_length = (lenfunc)ShotList_len, .sq_item = (ssizeargfunc)ShotList_item};
+
+static PyGetSetDef ShotList_getset[] = {
+    {"ids", (getter)ShotList_get_ids, NULL, "the shots' ids, in the list's order", NULL},
+    {"path", (getter)ShotList_get_path, NULL, "the file read", NULL},
+    {NULL}};
+
+static PyTypeObject ShotListType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "nbgrad.ShotList",
+    .tp_basicsize = sizeof(ShotListObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "ShotList(path): a shot list (JSON lines) read by the library (nbg_shots_read).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ShotList_init,
+    .tp_dealloc = (destructor)ShotList_dealloc,
+    .tp_as_sequence = &ShotList_seq,
+    .tp_getset = ShotList_getset,
+};
+
+static int shots_check(PyObject *o)
+{
+    if (!PyObject_TypeCheck(o, &ShotListType)) {
+        PyErr_Format(PyExc_TypeError, "expected an nbgrad.ShotList, got %.100s", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    if (((ShotListObject *)o)->l.n == 0) {
+        PyErr_SetString(PyExc_ValueError, "the ShotList was not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+/* make_shots(path, n, seed, cell or None, cell_jitter, N, N_jitter, scale_jitter): nbg_shots_make */
+static PyObject *py_make_shots(PyObject *self, PyObject *args)
+{
+    PyObject *path, *cell;
+    nbg_shots_make_options o;
+    nbg_shots_make_options_default(&o);
+    if (!PyArg_ParseTuple(args, "O&llOdddd:make_shots", PyUnicode_FSConverter, &path, &o.n, &o.seed, &cell,
+                          &o.cell_jitter, &o.N, &o.N_jitter, &o.scale_jitter))
+        return NULL;
+    if (cell != Py_None) {
+        PyObject *fast = PySequence_Fast(cell, "cell must be 6 numbers");
+        if (fast == NULL || PySequence_Fast_GET_SIZE(fast) != 6) {
+            if (fast != NULL) PyErr_SetString(PyExc_ValueError, "cell must be 6 numbers (a b c alpha beta gamma)");
+            Py_XDECREF(fast);
+            Py_DECREF(path);
+            return NULL;
+        }
+        for (int k = 0; k < 6; ++k) {
+            o.cell[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, k));
+        }
+        Py_DECREF(fast);
+        if (PyErr_Occurred()) {
+            Py_DECREF(path);
+            return NULL;
+        }
+        o.have_cell = 1;
+    }
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_shots_make(ctx, &o, p));
+    Py_DECREF(path);
+    if (st != NBG_OK) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* batch_shot(exp, shots, i, base_seed, want_image, floatfile, noisefile, smv_adc) -> dict: shot i rendered
+ * (nbg_shot_experiment_make, nbg_simulate) as nbgrad batch renders it, its raw floats and its noise image (SMV,
+ * nbg_noise_image with the shot's seed and the builder's -adc) written where a name is given (None: not). */
+static PyObject *py_batch_shot(PyObject *self, PyObject *args)
+{
+    PyObject *o, *so, *fpath, *npath;
+    int i, want_image, smv_adc;
+    long base_seed;
+    if (!PyArg_ParseTuple(args, "OOilpOOp:batch_shot", &o, &so, &i, &base_seed, &want_image, &fpath, &npath, &smv_adc))
+        return NULL;
+    if (!exp_check(o, "batch") || !shots_check(so)) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    const nbg_shot_list *l = &((ShotListObject *)so)->l;
+    if (i < 0 || i >= l->n) return PyErr_Format(PyExc_IndexError, "shot %d: the list has %d", i, l->n);
+    PyObject *fb = NULL, *nb = NULL;
+    if ((fpath != Py_None && !PyUnicode_FSConverter(fpath, &fb)) || (npath != Py_None && !PyUnicode_FSConverter(npath, &nb))) {
+        Py_XDECREF(fb);
+        return NULL;
+    }
+    const char *ff = fb != NULL ? PyBytes_AS_STRING(fb) : NULL, *nf = nb != NULL ? PyBytes_AS_STRING(nb) : NULL;
+    nbg_shot_experiment se;
+    nbg_report r;
+    float *img = NULL;
+    uint16_t *noise = NULL;
+    long photons = 0, overloads = 0;
+    int st, nopanels_noise = 0;
+    exp_lock(x);
+    const double adc = nbg_builder_adc(x->b);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_shot_experiment_make(x->ctx, x->b, l, i, base_seed, &se);
+    if (st == NBG_OK) {
+        img = malloc(sizeof(float) * (se.npix ? se.npix : 1));
+        st = img == NULL ? NBG_ENOMEM : nbg_simulate(x->ctx, &se.e, img, se.npix, &r);
+    }
+    if (st == NBG_OK && ff != NULL) {
+        st = nbg_write_float(x->ctx, ff, img, se.npix);
+    }
+    if (st == NBG_OK && nf != NULL) {
+        if (se.e.npanels > 0) {
+            nopanels_noise = 1;
+        } else if ((noise = malloc(sizeof(uint16_t) * se.npix)) == NULL) {
+            st = NBG_ENOMEM;
+        } else if ((st = nbg_noise_image(x->ctx, img, r.fpixels, r.spixels, se.e.roi, adc, se.seed, noise, &photons,
+                                         &overloads)) == NBG_OK) {
+            nbg_smv_header h;
+            nbg_smv_header_from_report(&r, &h);
+            h.has_adc_offset = smv_adc;
+            h.adc_offset = adc;
+            st = nbg_write_smv(x->ctx, nf, &h, noise);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+    } else if (nopanels_noise) {
+        PyErr_SetString(PyExc_NotImplementedError, "batch: noisefile with panels: use the program (nbgrad batch)");
+    } else {
+        PyObject *image = Py_None;
+        Py_INCREF(image);
+        if (want_image) {
+            const int panels = se.e.npanels > 0;
+            npy_intp dims[2] = {panels ? 1 : r.spixels, panels ? (npy_intp)se.npix : r.fpixels};
+            Py_DECREF(image);
+            image = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+            if (image != NULL) memcpy(PyArray_DATA((PyArrayObject *)image), img, sizeof(float) * se.npix);
+        }
+        if (image != NULL) {
+            out = Py_BuildValue("{s:s,s:N,s:l,s:s,s:l,s:l}", "id", l->v[i].id, "image", image, "seed", se.seed,
+                                "warning", se.warning, "photons", photons, "overloads", overloads);
+        }
+    }
+    exp_unlock(x);
+    nbg_shot_experiment_free(&se);
+    free(img);
+    free(noise);
+    Py_XDECREF(fb);
+    Py_XDECREF(nb);
+    return out;
+}
+
+/* The ensemble's progress: like refine's, the GIL taken for the Python callable, an exception kept. */
+static void ensemble_progress(void *user, nbg_ensemble_event what, int done, int total, const char *text)
+{
+    progress_ctx *p = user;
+    static const char *const names[] = {"info", "warning", "cycle", "shot"};
+    PyGILState_STATE gs = PyGILState_Ensure();
+    if (p->exc_type == NULL) {
+        PyObject *r = PyObject_CallFunction(p->fn, "siis", names[(int)what & 3], done, total, text);
+        if (r == NULL) {
+            PyErr_Fetch(&p->exc_type, &p->exc_value, &p->exc_tb);
+        }
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(gs);
+}
+
+static PyObject *param_list_labels(const ExperimentObject *x, const nbg_param *p, int n)
+{
+    PyObject *names = PyList_New(n);
+    for (int j = 0; names != NULL && j < n; ++j) {
+        PyObject *s = param_label(x, p[j]);
+        if (s == NULL) {
+            Py_CLEAR(names);
+            break;
+        }
+        PyList_SET_ITEM(names, j, s);
+    }
+    return names;
+}
+
+/* ensemble(exp, shots, observed, global, local, cycles, loss, spots, spot_frac, progress) -> dict (nbg_ensemble) */
+static PyObject *py_ensemble(PyObject *self, PyObject *args)
+{
+    PyObject *o, *so, *progress;
+    const char *observed, *global, *local;
+    nbg_ensemble_options opt;
+    nbg_ensemble_options_default(&opt);
+    int loss;
+    if (!PyArg_ParseTuple(args, "OOsssiiidO:ensemble", &o, &so, &observed, &global, &local, &opt.cycles, &loss,
+                          &opt.spots, &opt.spot_frac, &progress))
+        return NULL;
+    if (!exp_check(o, "ensemble") || !shots_check(so)) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    const nbg_shot_list *l = &((ShotListObject *)so)->l;
+    opt.observed = observed;
+    opt.global = global;
+    opt.local = local;
+    opt.loss = (nbg_loss)loss;
+    progress_ctx pc = {progress, NULL, NULL, NULL};
+    if (progress != Py_None) {
+        opt.progress = ensemble_progress;
+        opt.user = &pc;
+    }
+    nbg_ensemble_result res;
+    memset(&res, 0, sizeof res);
+    PyObject *out = NULL, *gnames = NULL, *lnames = NULL;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_ensemble(x->ctx, x->b, l, &opt, &res);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) {
+        raise_ctx(x->ctx, st);
+    } else {
+        gnames = param_list_labels(x, res.globals, res.nglobals);
+        lnames = param_list_labels(x, res.locals, res.nlocals);
+    }
+    exp_unlock(x);
+    if (st != NBG_OK || gnames == NULL || lnames == NULL) goto done;
+    if (pc.exc_type != NULL) {
+        PyErr_Restore(pc.exc_type, pc.exc_value, pc.exc_tb);
+        pc.exc_type = pc.exc_value = pc.exc_tb = NULL;
+        goto done;
+    }
+    npy_intp dF = (npy_intp)res.nF, dl[2] = {res.nshots, res.nlocals};
+    PyArrayObject *F = (PyArrayObject *)PyArray_SimpleNew(1, &dF, NPY_FLOAT64);
+    PyArrayObject *Fs = (PyArrayObject *)PyArray_SimpleNew(1, &dF, NPY_FLOAT64);
+    PyArrayObject *lv = (PyArrayObject *)PyArray_SimpleNew(2, dl, NPY_FLOAT64);
+    if (F == NULL || Fs == NULL || lv == NULL) {
+        Py_XDECREF(F), Py_XDECREF(Fs), Py_XDECREF(lv);
+        goto done;
+    }
+    if (res.nF > 0) {
+        memcpy(PyArray_DATA(F), res.F, sizeof(double) * res.nF);
+        memcpy(PyArray_DATA(Fs), res.F_sigma, sizeof(double) * res.nF);
+    }
+    if (res.nshots > 0 && res.nlocals > 0) {
+        memcpy(PyArray_DATA(lv), res.local_value, sizeof(double) * (size_t)res.nshots * res.nlocals);
+    }
+    out = Py_BuildValue("{s:i,s:d,s:d,s:O,s:N,s:N,s:O,s:N,s:N,s:O,s:N,s:i,s:l,s:l,s:l,s:l,s:l}", "shots", res.nshots,
+                        "start_loss", res.start_loss, "loss", res.loss, "global_params", gnames, "global_value",
+                        vec(res.global_value, res.nglobals), "global_sigma", vec(res.global_sigma, res.nglobals),
+                        "has_F", res.has_F ? Py_True : Py_False, "F", F, "F_sigma", Fs, "local_params", lnames,
+                        "local_value", lv, "local_not_converged", res.local_not_converged, "F_measured",
+                        res.F_measured, "evaluations", res.evaluations, "spot_pixels", res.spot_pixels, "spot_total",
+                        res.spot_total, "spot_whole", res.spot_whole);
+done:
+    Py_XDECREF(gnames);
+    Py_XDECREF(lnames);
+    Py_XDECREF(pc.exc_type);
+    Py_XDECREF(pc.exc_value);
+    Py_XDECREF(pc.exc_tb);
+    nbg_ensemble_result_free(&res);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"simulate", py_simulate, METH_VARARGS, "simulate(exp, report=False, out=None) -> image"},
     {"_time_simulate", py_time_simulate, METH_VARARGS, "seconds of n library calls (benchmark)"},
@@ -2248,6 +2586,12 @@ static PyMethodDef module_methods[] = {
     {"param_names", py_param_names, METH_NOARGS, "the differentiable parameters' names"},
     {"param_info", py_param_info, METH_NOARGS, "the table of scalar parameters (nbg_param_info): a list of dicts"},
     {"param_groups", py_param_groups, METH_NOARGS, "the parameter groups a list may name (nbg_param_groups)"},
+    {"make_shots", py_make_shots, METH_VARARGS,
+     "make_shots(path, n, seed, cell, cell_jitter, N, N_jitter, scale_jitter): a shot list written (nbg_shots_make)"},
+    {"batch_shot", py_batch_shot, METH_VARARGS,
+     "batch_shot(exp, shots, i, base_seed, want_image, floatfile, noisefile, smv_adc) -> dict (one shot of a batch)"},
+    {"ensemble", py_ensemble, METH_VARARGS,
+     "ensemble(exp, shots, observed, global, local, cycles, loss, spots, spot_frac, progress) -> dict (nbg_ensemble)"},
     {NULL}};
 
 /* The module's name: _nbgrad, or another for a second build of the same source against a library compiled for
@@ -2278,9 +2622,11 @@ PyMODINIT_FUNC NBG_CAT(PyInit_, NBG_PY_MODULE)(void)
 {
     import_array();
     if (PyType_Ready(&ExperimentType) < 0) return NULL;
+    if (PyType_Ready(&ShotListType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Experiment", (PyObject *)&ExperimentType) < 0) goto fail;
+    if (PyModule_AddObjectRef(m, "ShotList", (PyObject *)&ShotListType) < 0) goto fail;
     Error = new_error(m, "Error", Py_BuildValue("(O)", PyExc_RuntimeError), "A library call failed (nbg_errmsg).");
     if (Error == NULL) goto fail;
     InvalidError = new_error(m, "InvalidError", Py_BuildValue("(OO)", Error, PyExc_ValueError),

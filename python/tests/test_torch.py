@@ -161,6 +161,39 @@ def test_vmap(exp):
     assert torch.allclose(g, ab.grad, rtol=1e-12, atol=0)
 
 
+def test_vmap_of_gradient_on_the_adjoint_path(exp, small_table):
+    # more scalar parameters than TANGENT_MAX: the gradient is the library's adjoint, under vmap too; each vmapped
+    # element's gradient equals the one nbgrad.grad gives for that element's parameters and weights
+    names = ("a", "b", "rotx", "distance", "Nc")
+    assert len(names) > nbt.TANGENT_MAX
+    start = (70.0, 80.0, 10.0, 100.0, 5.0)
+    a = t([70.0, 70.4, 70.8])
+    Ws = torch.stack([weights(exp), weights(exp).flip(0), weights(exp).flip(1)])
+
+    def loss(x, W, *rest):
+        return (nbt.simulate(exp, dict(zip(names, (x,) + rest))) * W).sum()
+
+    rest = tuple(t(v) for v in start[1:])
+    g = torch.vmap(torch.func.grad(loss, argnums=(0, 2, 3, 4, 5)), in_dims=(0, 0) + (None,) * 4)(a, Ws, *rest)
+    for k in range(3):
+        e = exp.copy()
+        for n, v in zip(names, (float(a[k]),) + start[1:]):
+            e.set_param(n, v)
+        r = nbgrad.grad(e, Ws[k].to(torch.float32).numpy(), list(names))
+        for j, n in enumerate(names):
+            assert float(g[j][k]) == pytest.approx(float(r[n]), rel=1e-12, abs=0), (k, n)
+    # F (always the adjoint) under vmap over the weights
+    W3 = torch.stack([weights(small_table), 2 * weights(small_table)])
+    F = torch.tensor(small_table.F)
+    gF = torch.vmap(torch.func.grad(lambda F, W: (nbt.simulate(small_table, {"F": F}) * W).sum()),
+                    in_dims=(None, 0))(F, W3)
+    assert gF.shape == (2,) + tuple(small_table.F.shape)
+    for k in range(2):
+        r = nbgrad.grad(small_table, W3[k].to(torch.float32).numpy(), ["F"])
+        assert np.allclose(gF[k].numpy(), np.asarray(r["F"]), rtol=1e-12, atol=0)
+    assert float(gF[0].abs().max()) > 0
+
+
 def test_jvp_and_jacfwd_agree_with_backward(exp):
     a, rx = t(70.0), t(10.0)
     f = lambda a, rx: nbt.simulate(exp, {"a": a, "rotx": rx})  # noqa: E731

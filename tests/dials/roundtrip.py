@@ -314,11 +314,19 @@ def symmetry_case(nbgrad, work, det, series, table, nbrows):
         # 10 frames of the series's 0.5 deg (the test's time; the other cases have 20)
         short = list(series)
         short[short.index("-frames") + 1] = str(min(10, int(series[series.index("-frames") + 1])))
-        sim = [nbgrad] + det + crystal + short + ["-nxsfile", "series.nxs", "-exptfile", "truth.expt"]
+        sim = [nbgrad] + det + crystal + short + ["-space_group", sg, "-nxsfile", "series.nxs", "-exptfile",
+                                                  "truth.expt"]
         rc, t = run(sim, cdir, "simulate.log")
         if not check(rc == 0, name + "-simulate", "nbgrad wrote the %s series as NXmx (%.1f s)" % (name, t)):
             print(tail(os.path.join(cdir, "simulate.log")))
             continue
+        # -space_group P4 reaches DIALS as its Hall symbol (nbgrad's settings table, generated from gemmi)
+        from dxtbx.model.experiment_list import ExperimentListFactory
+        tsg = ExperimentListFactory.from_json_file(os.path.join(cdir, "truth.expt"),
+                                                   check_format=False)[0].crystal.get_space_group()
+        check(tsg.type().lookup_symbol().replace(" ", "") == sg and tsg.type().hall_symbol().strip() == hall,
+              name + "-nbgrad-space-group", "nbgrad's list (-space_group %s) read by dxtbx as %s, Hall '%s'" %
+              (sg, tsg.type().lookup_symbol(), tsg.type().hall_symbol().strip()))
         truth = load_expt(os.path.join(cdir, "truth.expt"))
         n = len(table)
         # the hexagonal lattice factor of -N along a and b is not invariant under the 60 deg turn DIALS's setting may

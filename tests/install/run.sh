@@ -121,6 +121,19 @@ fi
 out=$("$P/bin/nbgrad" --version 2>&1)
 check "nbgrad --version says $ver ($out)" sh -c "printf '%s' '$out' | grep -q -F '$ver'"
 
+# the formats plug-in and the MPI program, where the build has them: the installed program finds them in
+# lib/nbgrad (src/plugin.c), not in the build tree
+if [ -f "$B/nbgrad-formats.so" ]; then
+    check "installs lib/nbgrad/nbgrad-formats.so" test -f "$P/lib/nbgrad/nbgrad-formats.so"
+    mkdir -p "$TMP/run"
+    check "the installed nbgrad writes NXmx and CBF through lib/nbgrad/nbgrad-formats.so" sh -c "cd '$TMP/run' && \
+        '$P/bin/nbgrad' -detpixels 8 -cell 70 80 90 90 90 90 -default_F 100 -N 5 -nxsfile a.nxs -cbffile a.cbf && \
+        test -s a.nxs && test -s a.cbf"
+fi
+if [ -f "$B/nbgrad-mpi" ]; then
+    check "installs lib/nbgrad/nbgrad-mpi" test -x "$P/lib/nbgrad/nbgrad-mpi"
+fi
+
 # the man page: formatted without warnings where groff is installed
 man1=$P/share/man/man1/nbgrad.1
 check "the man page is nbgrad(1) version $ver" grep -q "^\.TH NBGRAD 1 .*nbgrad $ver" "$man1"
