@@ -1574,8 +1574,9 @@ static int read_multi(nbg_ctx *ctx, const char *path, cbfr *r, nbg_geometry *g, 
     for (int q = 0; q < np; ++q) {
         int first = 1;
         for (int j = 0; j < q; ++j) first &= mp[j].k != mp[q].k;
-        if (first)
-            need += (double)r->file.sec[mp[q].k].nel * sizeof(float);
+        if (first) /* the decoded array (an unpacked one held twice while it is unpacked) */
+            need += (double)r->file.sec[mp[q].k].nel * sizeof(float) *
+                    (r->file.sec[mp[q].k].compression == NBGI_CBF_PACKED ? 2 : 1);
     }
     if ((rc = nbgi_check_bytes(ctx, need, what)) != NBG_OK)
         goto done;
