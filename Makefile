@@ -351,7 +351,7 @@ $(B)/.dials-deps:
 # (tests/dials/cbfpanels.c: what nbgrad reads of a CBF file, for cbfpanels.py to compare with dxtbx)
 $(B)/tests/dials/cbfpanels: tests/dials/cbfpanels.c $(B)/libnbgrad.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(filter %.c %.a,$^) -o $@ $(LDLIBS)
 
 test-dials: $(B)/nbgrad $(B)/tests/dials/cbfpanels $(B)/.dials-deps
 	@DIALS_PY=$(DIALS_PY) NBG_CBFPANELS=$(B)/tests/dials/cbfpanels sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
