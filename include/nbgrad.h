@@ -1107,6 +1107,17 @@ int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
  * Like nbg_read_expt_panels, for nbg_experiment_from_geometry and NBG_PANELS_LAB.  Refused: rectangular pixels,
  * a module whose slab (data_origin, data_size) leaves the data, what nbg_read_image refuses. */
 int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
+/* The panels of a full CBF file (*panels malloc'd, *npanels of them) in DIALS's laboratory frame (NBG_PANELS_LAB),
+ * as dxtbx reads them: a multi-panel file (several arrays, or arrays cut into sections by
+ * array_structure_list_section, as LCLS's CSPAD files) gives one panel per section (or array), in the order
+ * array_structure_list names them, each framed by its surface axes and the axes they depend on, its levels
+ * (level_group) the runs of axes of one equipment_component; nbg_read_image's image of it is the panels'
+ * concatenation.  A one-panel file gives that panel.  g: the beam and the rest (its detector panel 0's).
+ * Refused, naming what: sections spanning several planes or with a stride, a decreasing direction, surface axes
+ * that are rotations or not fast-depends-on-slow, rectangular pixels, a 3-D array without sections, packed data of
+ * other than 32-bit integers, anything unreadable or inconsistent (dimensions, a section past its array, an axis
+ * chain with a cycle). */
+int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
  * else raw float32 (which then must hold expect_npix pixels; 0 = refuse raw).  *image is malloc'd (float, the

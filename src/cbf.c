@@ -58,6 +58,27 @@ int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int fra
     return nbgi_write_cbf_set(ctx, NULL, path, g, frame, data);
 }
 
+int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    (void)g;
+    if (panels != NULL)
+        *panels = NULL;
+    if (npanels != NULL)
+        *npanels = 0;
+    return nbgi_error(ctx, NBG_EUNSUP, "reading %s: CBF is not available: nbgrad was built without CBFlib (FORMATS=0)",
+                      path != NULL ? path : "(null)");
+}
+
+int nbgi_read_cbf_panels(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g,
+                         uint8_t **mask, nbg_panel **panels, int *npanels)
+{
+    if (panels != NULL)
+        *panels = NULL;
+    if (npanels != NULL)
+        *npanels = 0;
+    return nbgi_read_cbf(ctx, path, image, npix, g, mask);
+}
+
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
 {
     (void)g;
@@ -809,6 +830,8 @@ static int detector_safe(cbf_handle h)
     return set_sound(h, &all);
 }
 
+static int rest_geometry(cbf_handle h, nbg_geometry *g, const char **where);
+
 /* Reads the full CBF geometry into g; 0, or the CBFlib code with *where naming what failed. */
 static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
 {
@@ -837,7 +860,14 @@ static int full_geometry(cbf_handle h, nbg_geometry *g, const char **where)
     for (int i = 0; i < 3; ++i)
         g->origin[i] = o[i], g->fast[i] = f[i], g->slow[i] = s[i];
     g->pixel_f = pf, g->pixel_s = ps;
+    return rest_geometry(h, g, where);
+}
 
+/* The beam, goniometer and detector response of a full CBF into g (all but the detector's frame); 0, or the CBFlib
+ * code with *where naming what failed. */
+static int rest_geometry(cbf_handle h, nbg_geometry *g, const char **where)
+{
+    int code;
     *where = "the wavelength (diffrn_radiation_wavelength)";
     if ((code = cbf_get_wavelength(h, &g->wavelength)) != 0)
         return code;
@@ -1118,6 +1148,513 @@ static int r_geometry(nbg_ctx *ctx, const char *path, cbfr *r, size_t dimf, size
     return NBG_OK;
 }
 
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Multi-panel full CBF: several arrays, or arrays cut into sections (array_structure_list_section), each one a    */
+/* panel whose frame the axis hierarchy gives                                                                     */
+/* ------------------------------------------------------------------------------------------------------------ */
+
+/* dxtbx (FormatCBFMultiTileHierarchy) reads such a file as one panel per array section (or per array when there
+ * are no sections), in the order array_structure_list first names them, each panel's pixels the section's slab
+ * of its array.  Its frame comes from its surface axes (array_structure_list's axis sets of precedence 1 and 2:
+ * fast and slow) and the axes they depend on, each axis a change of basis (a rotation by its setting about its
+ * vector, then its offset; or a translation by offset + setting x unit vector; the setting is CBFlib's
+ * cbf_get_axis_setting, start plus increment).  The axes that share the surface axes' equipment_component place
+ * the panel in its group (its origin is their product applied to 0, and its fast and slow axes are the surface
+ * axes' vectors, unturned); each run of axes with one equipment_component above them is a group of the
+ * hierarchy, turning and moving everything below it.  nbgrad composes the same numbers with CBFlib's table calls
+ * (cbf_get_axis_type, _vector, _offset, _setting, _depends_on, _equipment_component), which read the axis
+ * categories and never build a positioner, so nothing here can make CBFlib crash; dependency chains are bounded
+ * (a cycle is refused), and every lookup that fails is an error naming the axis. */
+
+#define MP_MAX_CHAIN 64
+
+typedef struct {
+    const char *name;    /* the section's (or array's) id */
+    const char *array;   /* its array's id */
+    int k;               /* the binary section of its array */
+    size_t start[3], n[3]; /* its slab (0-based start, extent) along the array's dimensions, fastest first */
+    const char *axis[2]; /* its fast and slow surface axes */
+    double pixel[2];
+} mp_panel;
+
+static int mp_fail(nbg_ctx *ctx, const char *path, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int mp_fail(nbg_ctx *ctx, const char *path, int status, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return nbgi_error(ctx, status, "reading %s (a multi-panel CBF): %s", path, msg);
+}
+
+/* A value of the current row and column col: NULL when the column is missing, the value null ('.', '?'). */
+static const char *row_value(cbf_handle h, const char *col)
+{
+    const char *v = NULL, *type = NULL;
+    if (cbf_find_column(h, col) != 0 || cbf_get_value(h, &v) != 0 || v == NULL)
+        return NULL;
+    if (cbf_get_typeofvalue(h, &type) == 0 && type != NULL && strcmp(type, "null") == 0)
+        return NULL;
+    return strcmp(v, ".") == 0 || strcmp(v, "?") == 0 ? NULL : v;
+}
+
+/* The 4 x 4 change of basis of one axis (row-major, affine), as dxtbx builds it. */
+static int axis_cob(cbf_handle h, const char *id, double M[16], int *rotation)
+{
+    cbf_axis_type type;
+    double v[3], o[3], start = 0, inc = 0;
+    if (cbf_get_axis_type(h, id, &type) != 0 || cbf_get_axis_vector(h, id, &v[0], &v[1], &v[2]) != 0 ||
+        cbf_get_axis_offset(h, id, &o[0], &o[1], &o[2]) != 0 || cbf_get_axis_setting(h, 0, id, &start, &inc) != 0)
+        return -1;
+    const double len = nbgi_norm(v), a = start + inc;
+    if (!(len > 0) || !isfinite(a) || !isfinite(o[0] + o[1] + o[2]))
+        return -1;
+    for (int i = 0; i < 3; ++i) v[i] /= len;
+    memset(M, 0, 16 * sizeof *M);
+    M[15] = 1;
+    if (type == CBF_ROTATION_AXIS) {
+        const double t = a * (M_PI / 180), c = cos(t), s = sin(t), C = 1 - c;
+        const double x = v[0], y = v[1], z = v[2];
+        const double R[9] = {c + x * x * C, x * y * C - z * s, x * z * C + y * s,
+                             y * x * C + z * s, c + y * y * C, y * z * C - x * s,
+                             z * x * C - y * s, z * y * C + x * s, c + z * z * C};
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) M[4 * i + j] = R[3 * i + j];
+            M[4 * i + 3] = o[i];
+        }
+        *rotation = 1;
+    } else if (type == CBF_TRANSLATION_AXIS) {
+        for (int i = 0; i < 3; ++i) M[5 * i] = 1, M[4 * i + 3] = o[i] + v[i] * a;
+        *rotation = 0;
+    } else {
+        return -2;
+    }
+    return 0;
+}
+
+static void mat4_mul(const double A[16], const double B[16], double C[16])
+{
+    double T[16];
+    for (int i = 0; i < 4; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            double s = 0;
+            for (int l = 0; l < 4; ++l) s += A[4 * i + l] * B[4 * l + j];
+            T[4 * i + j] = s;
+        }
+    }
+    memcpy(C, T, sizeof T);
+}
+
+/* Panel p's frame in DIALS's laboratory frame, and the ids of the groups above it (groups[0] the root's first
+ * axis; *ngroups of them). */
+static int mp_frame(nbg_ctx *ctx, const char *path, cbf_handle h, const mp_panel *p, nbg_panel *out,
+                    const char **groups, int *ngroups)
+{
+    const char *dep = NULL;
+    if (cbf_get_axis_depends_on(h, p->axis[0], &dep) != 0 || dep == NULL || strcasecmp(dep, p->axis[1]) != 0)
+        return mp_fail(ctx, path, NBG_EUNSUP, "panel %s: its fast axis %s does not depend on its slow axis %s (the "
+                       "layout dxtbx reads)", p->name, p->axis[0], p->axis[1]);
+    const char *chain[MP_MAX_CHAIN];
+    int n = 0;
+    for (const char *a = p->axis[0]; a != NULL;) {
+        if (n == MP_MAX_CHAIN)
+            return mp_fail(ctx, path, NBG_EFORMAT, "panel %s: the axes below %s depend on each other in a cycle or a "
+                           "chain longer than %d", p->name, p->axis[0], MP_MAX_CHAIN);
+        chain[n++] = a;
+        const char *d = NULL;
+        if (cbf_get_axis_depends_on(h, a, &d) != 0)
+            return mp_fail(ctx, path, NBG_EFORMAT, "axis %s (of panel %s) is not in the axis category", a, p->name);
+        a = d != NULL && strcmp(d, ".") != 0 && strcmp(d, "?") != 0 && d[0] != '\0' ? d : NULL;
+    }
+    /* the product from the root down, and the rotation of the groups above the panel's own run of axes */
+    const char *comp0 = NULL;
+    if (cbf_get_axis_equipment_component(h, chain[0], &comp0) != 0)
+        comp0 = NULL;
+    int own = 1; /* axes 0 .. own-1: the panel's run */
+    while (own < n) {
+        const char *c = NULL;
+        if (cbf_get_axis_equipment_component(h, chain[own], &c) != 0)
+            c = NULL;
+        if (comp0 == NULL || c == NULL || strcmp(c, comp0) != 0)
+            break;
+        ++own;
+    }
+    double M[16] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, G[16];
+    *ngroups = 0;
+    const char *prev = NULL;
+    for (int i = n - 1; i >= 0; --i) {
+        double A[16];
+        int rot = 0;
+        const int rc = axis_cob(h, chain[i], A, &rot);
+        if (rc == -2)
+            return mp_fail(ctx, path, NBG_EUNSUP, "axis %s (of panel %s) is neither a rotation nor a translation",
+                           chain[i], p->name);
+        if (rc != 0)
+            return mp_fail(ctx, path, NBG_EFORMAT, "axis %s (of panel %s): its type, vector, offset or setting "
+                           "(diffrn_scan_axis, diffrn_scan_frame_axis) cannot be read, or is zero or not finite",
+                           chain[i], p->name);
+        if (i < own && (i == 0 || i == 1) && rot)
+            return mp_fail(ctx, path, NBG_EUNSUP, "panel %s: its surface axis %s is a rotation", p->name, chain[i]);
+        /* a new group starts where the equipment component changes (above the panel's run) */
+        if (i >= own) {
+            const char *c = NULL;
+            if (cbf_get_axis_equipment_component(h, chain[i], &c) != 0)
+                c = NULL;
+            if ((i == n - 1 || prev == NULL || c == NULL || strcmp(c, prev) != 0) && *ngroups < NBG_PANEL_LEVELS - 1)
+                groups[(*ngroups)++] = chain[i];
+            prev = c;
+        }
+        mat4_mul(M, A, M);
+        if (i == own)
+            memcpy(G, M, sizeof G);
+    }
+    if (own >= n)
+        memcpy(G, (double[16]){1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1}, sizeof G);
+    double f[3], s[3];
+    if (cbf_get_axis_vector(h, p->axis[0], &f[0], &f[1], &f[2]) != 0 ||
+        cbf_get_axis_vector(h, p->axis[1], &s[0], &s[1], &s[2]) != 0)
+        return mp_fail(ctx, path, NBG_EFORMAT, "panel %s: its surface axes' vectors cannot be read", p->name);
+    const double lf = nbgi_norm(f), ls = nbgi_norm(s);
+    if (!(lf > 0) || !(ls > 0))
+        return mp_fail(ctx, path, NBG_EFORMAT, "panel %s: a surface axis has a zero vector", p->name);
+    for (int i = 0; i < 3; ++i) {
+        out->fast[i] = (G[4 * i] * f[0] + G[4 * i + 1] * f[1] + G[4 * i + 2] * f[2]) / lf;
+        out->slow[i] = (G[4 * i] * s[0] + G[4 * i + 1] * s[1] + G[4 * i + 2] * s[2]) / ls;
+        out->origin[i] = M[4 * i + 3];
+    }
+    return NBG_OK;
+}
+
+/* 1 when the file is a multi-panel CBF: several arrays, or sections of arrays. */
+static int is_multi(cbf_handle h)
+{
+    unsigned int rows = 0;
+    if (cbf_find_category(h, "array_structure_list_section") == 0)
+        return 1;
+    return cbf_find_category(h, "array_data") == 0 && cbf_count_rows(h, &rows) == 0 && rows > 1;
+}
+
+/* The binary section of array id's row in array_data; -1 when none. */
+static int array_section_of(cbfr *r, const char *id)
+{
+    unsigned int rows = 0;
+    if (cbf_find_category(r->h, "array_data") != 0 || cbf_count_rows(r->h, &rows) != 0)
+        return -1;
+    for (unsigned int i = 0; i < rows; ++i) {
+        if (cbf_find_column(r->h, "array_id") != 0 || cbf_select_row(r->h, i) != 0)
+            return -1;
+        const char *a = row_value(r->h, "array_id");
+        if (a == NULL || strcmp(a, id) != 0)
+            continue;
+        const char *v = NULL;
+        if (cbf_find_column(r->h, "data") != 0 || cbf_get_value(r->h, &v) != 0)
+            return -1;
+        return nbgi_cbf_section_of(&r->file, v);
+    }
+    return -1;
+}
+
+/* The surface axis (precedence prec) of section or array name: its axis id and pixel size (the axis set's
+ * displacement_increment), and the dimension array_structure_list gives it. */
+static int surface_of(cbf_handle h, const char *col, const char *name, int prec, const char **axis, double *pixel,
+                      long *dim)
+{
+    unsigned int rows = 0;
+    const char *set = NULL;
+    if (cbf_find_category(h, "array_structure_list") != 0 || cbf_count_rows(h, &rows) != 0)
+        return -1;
+    for (unsigned int i = 0; i < rows && set == NULL; ++i) {
+        int pr = 0;
+        if (cbf_find_column(h, col) != 0 || cbf_select_row(h, i) != 0)
+            return -1;
+        const char *v = row_value(h, col);
+        if (v == NULL || strcmp(v, name) != 0 || cbf_find_column(h, "precedence") != 0 ||
+            cbf_get_integervalue(h, &pr) != 0 || pr != prec)
+            continue;
+        const char *dir = row_value(h, "direction");
+        if (dir != NULL && strcasecmp(dir, "increasing") != 0)
+            return -2;
+        if (cbf_find_column(h, "dimension") != 0 || cbf_get_longvalue(h, dim) != 0)
+            return -1;
+        set = row_value(h, "axis_set_id");
+        if (set == NULL)
+            return -1;
+    }
+    if (set == NULL || cbf_find_category(h, "array_structure_list_axis") != 0 ||
+        cbf_find_column(h, "axis_set_id") != 0 || cbf_find_row(h, set) != 0)
+        return -1;
+    *axis = row_value(h, "axis_id");
+    if (*axis == NULL || cbf_find_column(h, "displacement_increment") != 0 || cbf_get_doublevalue(h, pixel) != 0)
+        return -1;
+    *pixel = fabs(*pixel);
+    return isfinite(*pixel) && *pixel > 0 ? 0 : -1;
+}
+
+/* Section name's slab of its array (array_structure_list_section: index 1, 2, 3, 1-based start and end). */
+static int section_slab(cbf_handle h, const char *name, mp_panel *p)
+{
+    unsigned int rows = 0;
+    int seen[3] = {0, 0, 0};
+    if (cbf_find_category(h, "array_structure_list_section") != 0 || cbf_count_rows(h, &rows) != 0)
+        return -1;
+    for (unsigned int i = 0; i < rows; ++i) {
+        if (cbf_find_column(h, "id") != 0 || cbf_select_row(h, i) != 0)
+            return -1;
+        const char *v = row_value(h, "id");
+        if (v == NULL || strcmp(v, name) != 0)
+            continue;
+        const char *a = row_value(h, "array_id");
+        long idx = 0, st = 0, en = 0;
+        if (a == NULL || (p->array != NULL && strcmp(a, p->array) != 0) || cbf_find_column(h, "index") != 0 ||
+            cbf_get_longvalue(h, &idx) != 0 || idx < 1 || idx > 3 || seen[idx - 1] ||
+            cbf_find_column(h, "start") != 0 || cbf_get_longvalue(h, &st) != 0 || cbf_find_column(h, "end") != 0 ||
+            cbf_get_longvalue(h, &en) != 0 || st < 1 || en < st || en > INT32_MAX)
+            return -1;
+        const char *stride = row_value(h, "stride");
+        if (stride != NULL && strcmp(stride, "1") != 0)
+            return -2;
+        p->array = a;
+        seen[idx - 1] = 1;
+        p->start[idx - 1] = (size_t)st - 1;
+        p->n[idx - 1] = (size_t)(en - st + 1);
+    }
+    if (!seen[0] || !seen[1])
+        return -1;
+    if (!seen[2])
+        p->start[2] = 0, p->n[2] = 1;
+    return 0;
+}
+
+/* Reads a multi-panel full CBF (r open): the panels (*panels malloc'd), their pixels concatenated in r->img, the
+ * beam and the rest of the geometry in g (its detector panel 0's). */
+static int read_multi(nbg_ctx *ctx, const char *path, cbfr *r, nbg_geometry *g, nbg_panel **panels, int *npanels,
+                      size_t *npix)
+{
+    cbf_handle h = r->h;
+    const int sections = cbf_find_category(h, "array_structure_list_section") == 0;
+    const char *col = "array_id";
+    if (cbf_find_category(h, "array_structure_list") != 0)
+        return mp_fail(ctx, path, NBG_EFORMAT, "no array_structure_list");
+    if (sections) {
+        col = cbf_find_column(h, "array_section_id") == 0 ? "array_section_id" : NULL;
+        if (col == NULL)
+            return mp_fail(ctx, path, NBG_EUNSUP, "array_structure_list_section without "
+                           "_array_structure_list.array_section_id");
+    }
+    /* the panels, in the order array_structure_list names them */
+    unsigned int rows = 0;
+    if (cbf_count_rows(h, &rows) != 0 || rows == 0)
+        return mp_fail(ctx, path, NBG_EFORMAT, "array_structure_list is empty");
+    mp_panel *mp = calloc(rows, sizeof *mp);
+    nbg_panel *pan = calloc(rows, sizeof *pan);
+    const char **gid = calloc((size_t)rows * NBG_PANEL_LEVELS, sizeof *gid);
+    int *ng = calloc(rows, sizeof *ng);
+    float **arr = calloc(r->file.nsec > 0 ? (size_t)r->file.nsec : 1, sizeof *arr);
+    int np = 0, rc = NBG_OK;
+    if (mp == NULL || pan == NULL || gid == NULL || ng == NULL || arr == NULL) {
+        rc = mp_fail(ctx, path, NBG_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (unsigned int i = 0; i < rows; ++i) {
+        if (cbf_find_category(h, "array_structure_list") != 0 || cbf_find_column(h, col) != 0 ||
+            cbf_select_row(h, i) != 0) {
+            rc = mp_fail(ctx, path, NBG_EFORMAT, "array_structure_list row %u cannot be read", i + 1);
+            goto done;
+        }
+        const char *v = row_value(h, col);
+        int dup = 0;
+        for (int j = 0; j < np && v != NULL; ++j) dup |= strcmp(mp[j].name, v) == 0;
+        if (v == NULL || dup)
+            continue;
+        if (np == 4096) {
+            rc = mp_fail(ctx, path, NBG_EUNSUP, "more than 4096 panels");
+            goto done;
+        }
+        mp[np].name = v;
+        if (sections && (mp[np].array = row_value(h, "array_id")) == NULL) {
+            rc = mp_fail(ctx, path, NBG_EFORMAT, "array_structure_list row %u names section %s without its array",
+                         i + 1, v);
+            goto done;
+        }
+        ++np;
+    }
+    if (np == 0) {
+        rc = mp_fail(ctx, path, NBG_EFORMAT, "array_structure_list names no %s", sections ? "section" : "array");
+        goto done;
+    }
+    size_t total = 0;
+    for (int q = 0; q < np; ++q) {
+        mp_panel *p = &mp[q];
+        if (sections) {
+            const int s = section_slab(h, p->name, p);
+            if (s != 0) {
+                rc = mp_fail(ctx, path, s == -2 ? NBG_EUNSUP : NBG_EFORMAT, s == -2 ? "section %s has a stride "
+                             "other than 1 (not supported)" : "section %s: array_structure_list_section does not give "
+                             "its array and its start and end along the array's first two dimensions (index 1, 2), "
+                             "once each", p->name);
+                goto done;
+            }
+        } else {
+            p->array = p->name;
+        }
+        if ((p->k = array_section_of(r, p->array)) < 0) {
+            rc = mp_fail(ctx, path, NBG_EFORMAT, "panel %s: array %s has no binary section in array_data", p->name,
+                         p->array);
+            goto done;
+        }
+        const nbgi_cbf_section *s = &r->file.sec[p->k];
+        uint64_t d[3] = {s->dim[0], s->dim[1], s->dim[2] == 0 ? 1 : s->dim[2]}, nel;
+        if (!s->has_nel || d[0] == 0 || d[1] == 0 || d[0] > INT32_MAX || d[1] > INT32_MAX || d[2] > INT32_MAX ||
+            __builtin_mul_overflow(d[0], d[1], &nel) || __builtin_mul_overflow(nel, d[2], &nel) || nel != s->nel) {
+            rc = mp_fail(ctx, path, NBG_EFORMAT, "array %s: its binary section does not state dimensions that match "
+                         "its element count (X-Binary-Size-Fastest/Second/Third-Dimension, "
+                         "X-Binary-Number-of-Elements)", p->array);
+            goto done;
+        }
+        if (!sections) {
+            if (d[2] != 1) {
+                rc = mp_fail(ctx, path, NBG_EUNSUP, "array %s is 3-D (%llu x %llu x %llu) without sections that cut "
+                             "it into panels", p->array, (unsigned long long)d[0], (unsigned long long)d[1],
+                             (unsigned long long)d[2]);
+                goto done;
+            }
+            p->n[0] = (size_t)d[0], p->n[1] = (size_t)d[1], p->n[2] = 1;
+        }
+        for (int a = 0; a < 3; ++a) {
+            if (p->start[a] >= d[a] || p->n[a] > d[a] - p->start[a]) {
+                rc = mp_fail(ctx, path, NBG_EFORMAT, "section %s reaches past its array %s (dimension %d: %zu from "
+                             "%zu, the array has %llu)", p->name, p->array, a + 1, p->n[a], p->start[a] + 1,
+                             (unsigned long long)d[a]);
+                goto done;
+            }
+        }
+        if (p->n[2] != 1) {
+            rc = mp_fail(ctx, path, NBG_EUNSUP, "section %s spans %zu planes of its 3-D array (a panel is one plane)",
+                         p->name, p->n[2]);
+            goto done;
+        }
+        for (int a = 0; a < 2; ++a) {
+            long dim = 0;
+            const int sr = surface_of(h, sections ? col : "array_id", p->name, a + 1, &p->axis[a], &p->pixel[a], &dim);
+            if (sr == -2) {
+                rc = mp_fail(ctx, path, NBG_EUNSUP, "panel %s: a direction other than increasing in "
+                             "array_structure_list", p->name);
+                goto done;
+            }
+            if (sr != 0) {
+                rc = mp_fail(ctx, path, NBG_EFORMAT, "panel %s: array_structure_list / array_structure_list_axis do "
+                             "not give its %s axis (precedence %d: dimension, axis_set_id, axis_id, "
+                             "displacement_increment > 0)", p->name, a == 0 ? "fast" : "slow", a + 1);
+                goto done;
+            }
+            if (dim < 0 || (size_t)dim != p->n[a]) {
+                rc = mp_fail(ctx, path, NBG_EFORMAT, "panel %s: array_structure_list gives dimension %d as %ld, its "
+                             "data hold %zu", p->name, a + 1, dim, p->n[a]);
+                goto done;
+            }
+        }
+        if (fabs(p->pixel[0] - p->pixel[1]) > 1e-12 * p->pixel[0]) {
+            rc = mp_fail(ctx, path, NBG_EUNSUP, "panel %s: rectangular pixels (%g x %g mm)", p->name, p->pixel[0],
+                         p->pixel[1]);
+            goto done;
+        }
+        nbg_panel *o = &pan[q];
+        o->fpixels = (int)p->n[0], o->spixels = (int)p->n[1];
+        o->pixel = p->pixel[0];
+        snprintf(o->name, sizeof o->name, "%s", p->name);
+        if ((rc = mp_frame(ctx, path, h, p, o, gid + (size_t)q * NBG_PANEL_LEVELS, &ng[q])) != NBG_OK)
+            goto done;
+        total += p->n[0] * p->n[1];
+    }
+    /* the pixels: each array decoded once */
+    char what[300];
+    snprintf(what, sizeof what, "the %d panels of %s (%zu pixels)", np, path, total);
+    double need = (double)r->file.len + (double)r->file.textlen + (double)total * (sizeof(float) + 1);
+    for (int q = 0; q < np; ++q) {
+        int first = 1;
+        for (int j = 0; j < q; ++j) first &= mp[j].k != mp[q].k;
+        if (first) /* the decoded array (an unpacked one held twice while it is unpacked) */
+            need += (double)r->file.sec[mp[q].k].nel * sizeof(float) *
+                    (r->file.sec[mp[q].k].compression == NBGI_CBF_PACKED ? 2 : 1);
+    }
+    if ((rc = nbgi_check_bytes(ctx, need, what)) != NBG_OK)
+        goto done;
+    r->img = malloc(total * sizeof(float));
+    if (r->img == NULL) {
+        rc = mp_fail(ctx, path, NBG_ENOMEM, "out of memory for %s", what);
+        goto done;
+    }
+    size_t at = 0;
+    for (int q = 0; q < np; ++q) {
+        const mp_panel *p = &mp[q];
+        const nbgi_cbf_section *s = &r->file.sec[p->k];
+        if (arr[p->k] == NULL) {
+            if ((arr[p->k] = malloc((size_t)s->nel * sizeof(float))) == NULL) {
+                rc = mp_fail(ctx, path, NBG_ENOMEM, "out of memory for array %s", p->array);
+                goto done;
+            }
+            if ((rc = nbgi_cbf_decode(ctx, path, &r->file, p->k, s->nel, arr[p->k])) != NBG_OK)
+                goto done;
+        }
+        const size_t df = (size_t)s->dim[0], plane = df * (size_t)s->dim[1];
+        for (size_t j = 0; j < p->n[1]; ++j) {
+            const float *src = arr[p->k] + p->start[2] * plane + (p->start[1] + j) * df + p->start[0];
+            memcpy(r->img + at, src, p->n[0] * sizeof(float));
+            at += p->n[0];
+        }
+    }
+    /* the hierarchy: level 0 the detector, then at each level its groups numbered in order of appearance */
+    for (int q = 0; q < np; ++q) {
+        int *lv = pan[q].level_group;
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l) lv[l] = -1;
+        lv[0] = 0;
+        for (int l = 1; l < ng[q]; ++l) {
+            const char *id = gid[(size_t)q * NBG_PANEL_LEVELS + l];
+            int num = 0, found = -1;
+            for (int j = 0; j < q && found < 0; ++j) {
+                if (ng[j] <= l)
+                    continue;
+                const char *idj = gid[(size_t)j * NBG_PANEL_LEVELS + l];
+                int seen = 0;
+                for (int i = 0; i < j && !seen; ++i)
+                    seen = ng[i] > l && strcasecmp(gid[(size_t)i * NBG_PANEL_LEVELS + l], idj) == 0;
+                if (seen)
+                    continue;
+                if (strcasecmp(idj, id) == 0)
+                    found = num;
+                ++num;
+            }
+            lv[l] = found >= 0 ? found : num;
+        }
+        if (ng[q] < NBG_PANEL_LEVELS)
+            lv[ng[q]] = q; /* the panel itself */
+        pan[q].group = ng[q] > 1 ? lv[ng[q] - 1] : 0;
+    }
+    /* the beam and the rest: as for one panel, g's detector panel 0's */
+    const char *where = "";
+    const int code = rest_geometry(h, g, &where);
+    if (code != 0) {
+        rc = mp_fail(ctx, path, cbf_status(code), "CBFlib cannot read %s (%s)", where, cbf_code_name(code));
+        goto done;
+    }
+    g->fpixels = pan[0].fpixels, g->spixels = pan[0].spixels;
+    g->pixel_f = g->pixel_s = pan[0].pixel;
+    for (int i = 0; i < 3; ++i) g->fast[i] = pan[0].fast[i], g->slow[i] = pan[0].slow[i], g->origin[i] = pan[0].origin[i];
+    *npix = total;
+    *npanels = np;
+    *panels = pan;
+    pan = NULL;
+done:
+    for (int i = 0; i < r->file.nsec && arr != NULL; ++i) free(arr[i]);
+    free(arr);
+    free(mp);
+    free(pan);
+    free(gid);
+    free(ng);
+    return rc;
+}
+
 /* r->mask: the negative and overloaded pixels (NULL when there are none). */
 static int r_mask(nbg_ctx *ctx, const char *path, cbfr *r, size_t nel, double saturation)
 {
@@ -1135,7 +1672,29 @@ static int r_mask(nbg_ctx *ctx, const char *path, cbfr *r, size_t nel, double sa
     return NBG_OK;
 }
 
-int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+/* The mask of a multi-panel image: the pixels at or below an array's undefined_value (when one is given) and
+ * those at or above the overload (NULL when there are none). */
+static int r_mask_multi(nbg_ctx *ctx, const char *path, cbfr *r, size_t nel, double saturation)
+{
+    double under = -INFINITY, x;
+    if (r_double(r->h, "array_intensities", "undefined_value", &x) == 0 && isfinite(x))
+        under = x;
+    const double over = isfinite(saturation) ? saturation : INFINITY;
+    size_t nbad = 0;
+    for (size_t i = 0; i < nel; ++i)
+        nbad += r->img[i] <= under || r->img[i] >= over;
+    if (nbad == 0)
+        return NBG_OK;
+    r->mask = malloc(nel);
+    if (r->mask == NULL)
+        return r_fail(ctx, r, NBG_ENOMEM, "reading %s: out of memory for the mask", path);
+    for (size_t i = 0; i < nel; ++i)
+        r->mask[i] = r->img[i] <= under || r->img[i] >= over;
+    return NBG_OK;
+}
+
+int nbgi_read_cbf_panels(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g,
+                         uint8_t **mask, nbg_panel **panels, int *npanels)
 {
     if (image != NULL)
         *image = NULL;
@@ -1143,13 +1702,49 @@ int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, n
         *npix = 0;
     if (mask != NULL)
         *mask = NULL;
+    if (panels != NULL)
+        *panels = NULL;
+    if (npanels != NULL)
+        *npanels = 0;
     if (path == NULL || image == NULL || npix == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "reading a CBF file: no file name or output");
     cbfr r;
     memset(&r, 0, sizeof r);
     int k = -1, rc;
     size_t dimf = 0, dimm = 0;
-    if ((rc = r_open(ctx, path, &r)) != NBG_OK || (rc = r_image_section(ctx, path, &r, &k)) != NBG_OK ||
+    if ((rc = r_open(ctx, path, &r)) != NBG_OK)
+        return rc;
+    if (cbf_find_category(r.h, "axis") == 0 && is_multi(r.h)) {
+        nbg_geometry gg;
+        nbgi_geometry_init(&gg);
+        nbg_panel *pan = NULL;
+        int np = 0;
+        size_t n = 0;
+        if ((rc = read_multi(ctx, path, &r, &gg, &pan, &np, &n)) != NBG_OK) {
+            r_free(&r);
+            return rc;
+        }
+        if (mask != NULL && (rc = r_mask_multi(ctx, path, &r, n, gg.saturation)) != NBG_OK) {
+            free(pan);
+            return rc;
+        }
+        if (mask != NULL)
+            *mask = r.mask, r.mask = NULL;
+        if (g != NULL)
+            *g = gg;
+        if (panels != NULL)
+            *panels = pan;
+        else
+            free(pan);
+        if (npanels != NULL)
+            *npanels = np;
+        *image = r.img;
+        *npix = n;
+        r.img = NULL;
+        r_free(&r);
+        return NBG_OK;
+    }
+    if ((rc = r_image_section(ctx, path, &r, &k)) != NBG_OK ||
         (rc = r_dimensions(ctx, path, &r, &r.file.sec[k], &dimf, &dimm)) != NBG_OK ||
         (rc = r_pixels(ctx, path, &r, k, dimf, dimm, mask != NULL)) != NBG_OK)
         return rc;
@@ -1164,11 +1759,42 @@ int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, n
     }
     if (g != NULL)
         *g = gg;
+    if (npanels != NULL)
+        *npanels = 1;
     *image = r.img;
     *npix = dimf * dimm;
     r.img = NULL;
     r_free(&r);
     return NBG_OK;
+}
+
+int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+{
+    return nbgi_read_cbf_panels(ctx, path, image, npix, g, mask, NULL, NULL);
+}
+
+int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    if (g == NULL || panels == NULL || npanels == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_cbf_panels: NULL argument");
+    float *img = NULL;
+    size_t n = 0;
+    const int rc = nbgi_read_cbf_panels(ctx, path, &img, &n, g, NULL, panels, npanels);
+    free(img);
+    if (rc == NBG_OK && *panels == NULL) {
+        /* one panel: the detector of g */
+        nbg_panel *p = calloc(1, sizeof *p);
+        if (p == NULL)
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+        p->fpixels = g->fpixels, p->spixels = g->spixels;
+        p->pixel = g->pixel_f;
+        for (int i = 0; i < 3; ++i) p->fast[i] = g->fast[i], p->slow[i] = g->slow[i], p->origin[i] = g->origin[i];
+        p->level_group[0] = 0;
+        for (int l = 1; l < NBG_PANEL_LEVELS; ++l) p->level_group[l] = -1;
+        *panels = p;
+        *npanels = 1;
+    }
+    return rc;
 }
 
 #endif /* NBG_HAVE_FORMATS */

@@ -157,10 +157,21 @@ static void parse_conversions(const char *v, nbgi_cbf_section *s)
         ++p;
     const size_t n = strcspn(p, "\"; \t");
     printable(s->conversion, sizeof s->conversion, p, n);
+    /* the packing's flags follow in the same parameter ("x-CBF_PACKED flat", "x-CBF_PACKED uncorrelated_sections") */
+    const char *rest = p + n, *stop = strchr(rest, ';');
+    const size_t nrest = stop != NULL ? (size_t)(stop - rest) : strlen(rest);
+    for (size_t i = 0; i < nrest; ++i) {
+        if (nrest - i >= 4 && strncasecmp(rest + i, "flat", 4) == 0)
+            s->packed_flat = 1;
+        if (nrest - i >= 21 && strncasecmp(rest + i, "uncorrelated_sections", 21) == 0)
+            s->packed_uncorrelated = 1;
+    }
     if (strcasecmp(s->conversion, "x-CBF_BYTE_OFFSET") == 0)
         s->compression = NBGI_CBF_BYTE_OFFSET;
     else if (strcasecmp(s->conversion, "x-CBF_NONE") == 0)
         s->compression = NBGI_CBF_UNCOMPRESSED;
+    else if (strcasecmp(s->conversion, "x-CBF_PACKED") == 0)
+        s->compression = NBGI_CBF_PACKED;
     else
         s->compression = NBGI_CBF_OTHER;
 }
@@ -565,7 +576,11 @@ int nbgi_cbf_check(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k
                          "reads binary sections stored as raw bytes (BINARY)", s->encoding);
     if (s->compression == NBGI_CBF_OTHER)
         return sec_error(ctx, NBG_EUNSUP, path, k, s->at, "its compression %s is not supported: nbgrad decodes "
-                         "x-CBF_BYTE_OFFSET and x-CBF_NONE (uncompressed) only", s->conversion);
+                         "x-CBF_BYTE_OFFSET, x-CBF_PACKED (32-bit integers) and x-CBF_NONE (uncompressed) only",
+                         s->conversion);
+    if (s->compression == NBGI_CBF_PACKED && (s->elbytes != 4 || s->elreal))
+        return sec_error(ctx, NBG_EUNSUP, path, k, s->at, "x-CBF_PACKED data of element type \"%s\" are not "
+                         "supported: nbgrad unpacks signed or unsigned 32-bit integers only", s->eltype);
     if (s->elbytes == 0)
         return sec_error(ctx, NBG_EUNSUP, path, k, s->at, "X-Binary-Element-Type \"%s\" is not supported: nbgrad "
                          "reads signed or unsigned 8-, 16-, 32- or 64-bit integers and 32- or 64-bit IEEE reals",
@@ -578,6 +593,10 @@ int nbgi_cbf_check(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k
             return sec_error(ctx, NBG_EFORMAT, path, k, s->at, "X-Binary-Size is %llu bytes but %llu uncompressed "
                              "elements of %d bytes take %.17g", (unsigned long long)s->size, (unsigned long long)nel,
                              s->elbytes, (double)nel * s->elbytes);
+    } else if (s->compression == NBGI_CBF_PACKED) {
+        if (s->size < 32 || nel / 170 > s->size)
+            return sec_error(ctx, NBG_EFORMAT, path, k, s->at, "X-Binary-Size is %llu bytes: too few for a packed "
+                             "header and %llu elements", (unsigned long long)s->size, (unsigned long long)nel);
     } else if (nel > s->size) {
         return sec_error(ctx, NBG_EFORMAT, path, k, s->at, "X-Binary-Size is %llu bytes but %llu byte-offset elements "
                          "take one byte each at least", (unsigned long long)s->size, (unsigned long long)nel);
@@ -708,6 +727,145 @@ static void decode_uncompressed(const nbgi_cbf_section *s, const unsigned char *
     }
 }
 
+
+/* x-CBF_PACKED (the CCP4 packing of J. P. Abrahams as CBFlib writes it), read from the format's description:
+ *  - 32 bytes of header: the element count, the minimum, the maximum and a reserved word, 64 bits each
+ *    (little-endian); then a bit stream read from the least significant bit of each byte on;
+ *  - chunks: a 6-bit code (low 3 bits: the chunk holds 2^c elements; high 3: the index of the width of each
+ *    element's difference in 0, 4, 5, 6, 7, 8, 16, 65 bits; 65 means the element's own width, 32, when the data
+ *    are averaged, else 65 bits of which the low 32 count), then the differences, two's complement in that width;
+ *  - each element is its prediction plus its difference, modulo 2^32 (a signed element is stored offset by 2^31).
+ *    The prediction is the element before it ("flat", or no dimensions in the MIME header), else the average
+ *    of the neighbours already decoded: the element before it in its row and the three above it (left, same, right)
+ *    in the previous row, those that exist (the first column: above and above-right; the last: before and above),
+ *    with, from the second section of a 3-D array on (unless "uncorrelated_sections"), the same neighbours one
+ *    section back, the one before it moved to the element under the current one; the average of n = 2, 4, 8 of
+ *    them is (sum + n/2) >> log2 n in 32-bit two's complement (the sum wraps); the first row of a section uses the
+ *    element before it, the first element of a later section the element under it.
+ * Each difference is read within the X-Binary-Size bytes and written within the nel elements: a stream that ends
+ * early is NBG_EFORMAT naming the element. */
+typedef struct {
+    const unsigned char *p;
+    size_t size, bit; /* bytes, and the next bit to read */
+} bitreader;
+
+/* The next n (<= 65) bits as an integer, sign-extended from bit n-1 when n < 32 and signext; -1 when the stream
+ * ends first. */
+static int get_bits(bitreader *b, unsigned n, int signext, uint32_t *out)
+{
+    if (n > b->size * 8 - b->bit || b->bit > b->size * 8)
+        return -1;
+    uint32_t v = 0;
+    for (unsigned i = 0; i < n; ++i, ++b->bit) {
+        const unsigned bitv = (b->p[b->bit >> 3] >> (b->bit & 7)) & 1u;
+        if (i < 32)
+            v |= (uint32_t)bitv << i;
+    }
+    if (signext && n > 0 && n < 32 && (v >> (n - 1)) & 1u)
+        v |= ~UINT32_C(0) << n;
+    *out = v;
+    return 0;
+}
+
+static int decode_packed(nbg_ctx *ctx, const char *path, int k, const nbgi_cbf_section *s, const unsigned char *src,
+                         size_t nel, float *out)
+{
+    static const unsigned widths[8] = {0, 4, 5, 6, 7, 8, 16, 65};
+    const uint64_t stated = read_le(src, 8);
+    if (stated != nel)
+        return sec_error(ctx, NBG_EFORMAT, path, k, s->at, "the packed data say %llu elements, the MIME header %zu",
+                         (unsigned long long)stated, nel);
+    size_t df = (size_t)s->dim[0], dm = (size_t)s->dim[1], ds = (size_t)s->dim[2];
+    const int avg = !s->packed_flat && (df != 0 || dm != 0 || ds != 0);
+    if (ds == 0)
+        ds = 1;
+    if (dm == 0)
+        dm = 1;
+    if (df == 0)
+        df = nel / (dm * ds);
+    if (avg && (df < 2 || df * dm * ds != nel))
+        return sec_error(ctx, NBG_EUNSUP, path, k, s->at, "packed data averaged over a %zu x %zu x %zu array of %zu "
+                         "elements are not supported (a row needs 2 elements at least)", df, dm, ds, nel);
+    /* elements are kept as the uint32 bits of their value: the signed offset 2^31 only matters to the difference */
+    const uint32_t unsign = s->elsigned ? UINT32_C(0x80000000) : 0;
+    uint32_t *v = malloc(nel * sizeof *v);
+    if (v == NULL)
+        return sec_error(ctx, NBG_ENOMEM, path, k, s->at, "out of memory unpacking %zu elements", nel);
+    bitreader b = {src + 32, (size_t)s->size - 32, 0};
+    uint32_t last = unsign; /* the prediction of the next element, offset by unsign */
+    size_t i = 0, f = 0, m = 0, sl = 0; /* the next element and its indices */
+    const size_t plane = df * dm;
+    int rc = NBG_OK;
+    while (i < nel && rc == NBG_OK) {
+        uint32_t code;
+        if (get_bits(&b, 6, 0, &code) != 0) {
+            rc = sec_error(ctx, NBG_EFORMAT, path, k, s->at, "the packed data end before element %zu of %zu", i, nel);
+            break;
+        }
+        size_t count = (size_t)1 << (code & 7);
+        unsigned w = widths[(code >> 3) & 7];
+        if (avg && w == 65)
+            w = 32;
+        if (count > nel - i)
+            count = nel - i;
+        for (size_t c = 0; c < count; ++c, ++i) {
+            uint32_t d = 0;
+            if (w > 0 && get_bits(&b, w, 1, &d) != 0) {
+                rc = sec_error(ctx, NBG_EFORMAT, path, k, s->at, "the packed data end inside element %zu of %zu", i,
+                               nel);
+                break;
+            }
+            v[i] = (last + d) - unsign; /* modulo 2^32 */
+            out[i] = s->elsigned ? (float)(double)(int32_t)v[i] : (float)(double)v[i];
+            if (!avg) {
+                last = v[i] + unsign;
+                continue;
+            }
+            /* the indices of element i + 1, and its neighbours */
+            if (++f == df) {
+                f = 0;
+                if (++m == dm)
+                    m = 0, ++sl;
+            }
+            const size_t n = i + 1;
+            size_t nb[8];
+            int nn = 0;
+            if (m > 0) {
+                const int first = f == 0, lastcol = f == df - 1;
+                size_t here[4];
+                int nh = 0;
+                if (!first)
+                    here[nh++] = n - 1; /* before */
+                if (!lastcol || first)
+                    here[nh++] = n - df + 1; /* above right */
+                here[nh++] = n - df;         /* above */
+                if (!first && !lastcol)
+                    here[nh++] = n - df - 1; /* above left */
+                for (int h = 0; h < nh; ++h) nb[nn++] = here[h];
+                if (sl > 0 && !s->packed_uncorrelated) {
+                    for (int h = 0; h < nh; ++h)
+                        nb[nn++] = here[h] == n - 1 ? n - plane : here[h] - plane;
+                }
+            } else if (f == 0) {
+                nb[nn++] = n - plane; /* the first element of a later section: the one under it */
+            } else {
+                nb[nn++] = n - 1;
+            }
+            uint32_t sum = 0;
+            for (int h = 0; h < nn; ++h) sum += v[nb[h]];
+            const int half = nn >> 1;
+            static const int shift[4] = {1, 2, 0, 3};
+            const uint32_t a = half > 0 ? (uint32_t)((int32_t)(sum + (uint32_t)half) >> shift[half - 1]) : sum;
+            last = a + unsign;
+        }
+    }
+    free(v);
+    if (rc == NBG_OK && b.size - (b.bit + 7) / 8 > 8)
+        rc = sec_error(ctx, NBG_EFORMAT, path, k, s->at, "the packed data hold %zu bytes more than the %zu elements "
+                       "declared", b.size - (b.bit + 7) / 8, nel);
+    return rc;
+}
+
 int nbgi_cbf_decode(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int k, uint64_t nel, float *out)
 {
     int rc = nbgi_cbf_check(ctx, path, f, k, nel);
@@ -719,6 +877,8 @@ int nbgi_cbf_decode(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int 
         return rc;
     if (s->compression == NBGI_CBF_BYTE_OFFSET)
         return decode_byte_offset(ctx, path, k, s, src, (size_t)nel, out);
+    if (s->compression == NBGI_CBF_PACKED)
+        return decode_packed(ctx, path, k, s, src, (size_t)nel, out);
     decode_uncompressed(s, src, (size_t)nel, out);
     return NBG_OK;
 }

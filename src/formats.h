@@ -54,10 +54,20 @@ int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, siz
 int nbgi_read_nxmx_modules(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix,
                            nbg_geometry *g, uint8_t **mask, int *nmodules);
 int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
+/* The same, with the panels of a multi-panel full CBF (several arrays, or arrays cut into sections: *panels
+ * malloc'd, in DIALS's laboratory frame, the image their concatenation, g panel 0's detector); a one-panel file
+ * gives *panels NULL and *npanels 1.  panels and npanels may be NULL. */
+int nbgi_read_cbf_panels(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g,
+                         uint8_t **mask, nbg_panel **panels, int *npanels);
 
 /* The binary sections of a CBF file, which nbgrad finds and decodes itself (src/cbfbin.c): CBFlib then parses a
  * copy of the file in which each section is a placeholder word, i.e. text only. */
-typedef enum { NBGI_CBF_UNCOMPRESSED = 0, NBGI_CBF_BYTE_OFFSET, NBGI_CBF_OTHER } nbgi_cbf_compression;
+typedef enum {
+    NBGI_CBF_UNCOMPRESSED = 0,
+    NBGI_CBF_BYTE_OFFSET,
+    NBGI_CBF_PACKED, /* x-CBF_PACKED (CCP4 / J. P. Abrahams packing, 32-bit integers) */
+    NBGI_CBF_OTHER
+} nbgi_cbf_compression;
 
 /* One binary section as its MIME header describes it (checked against the file: its data lie in it). */
 typedef struct {
@@ -67,6 +77,8 @@ typedef struct {
     uint64_t size;        /* X-Binary-Size: the data bytes */
     int compression;      /* nbgi_cbf_compression */
     char conversion[48];  /* Content-Type's conversions as written ("" when none: uncompressed) */
+    int packed_flat;      /* x-CBF_PACKED: Content-Type says "flat" (no averaging over neighbours) */
+    int packed_uncorrelated; /* x-CBF_PACKED: "uncorrelated_sections" (no averaging over the prior section) */
     char encoding[24];    /* Content-Transfer-Encoding ("" when not stated) */
     char eltype[48];      /* X-Binary-Element-Type as written ("" when not stated: signed 32-bit integer) */
     int elbytes;          /* the element's bytes, 1, 2, 4 or 8; 0 for a type nbgrad does not read */

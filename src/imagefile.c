@@ -104,9 +104,11 @@ static int read_cbf_entry(nbg_ctx *ctx, const char *path, int frame, size_t expe
                           size_t *npix, nbg_geometry *lg, uint8_t **mask, int *whole)
 {
     (void)frame, (void)expect_npix, (void)size;
-    const int rc = nbgi_read_cbf(ctx, path, image, npix, lg, mask);
-    /* a full CBF describes its axes (a miniCBF's header is read as dxtbx reads it: its fixed axes) */
-    *whole = lg->fast[0] * lg->fast[0] + lg->fast[1] * lg->fast[1] + lg->fast[2] * lg->fast[2] > 0 &&
+    int np = 1;
+    const int rc = nbgi_read_cbf_panels(ctx, path, image, npix, lg, mask, NULL, &np);
+    /* a full CBF describes its axes (a miniCBF's header is read as dxtbx reads it: its fixed axes); several
+     * panels: the image is their concatenation, lg panel 0's detector (nbg_read_cbf_panels gives them all) */
+    *whole = np == 1 && lg->fast[0] * lg->fast[0] + lg->fast[1] * lg->fast[1] + lg->fast[2] * lg->fast[2] > 0 &&
              isfinite(lg->wavelength);
     return rc;
 }

@@ -11,7 +11,10 @@
  * byte in the text CBFlib would take for binary data), and axis categories CBFlib's geometry constructors would
  * crash on, refused or read as a still (cbf-geom-*).  Real beamline images from ../shared/data/real (Pilatus and
  * Eiger, full CBF and miniCBF; decompressed with gzip or bzip2 into the temporary directory) must read bit for bit
- * as they did through CBFlib's decoder (cbf-real-*; skipped when the folder is missing).
+ * as they did through CBFlib's decoder (cbf-real-*; skipped when the folder is missing); the LCLS CSPAD's multi-panel
+ * CBF (x-CBF_PACKED arrays cut into 64 sections under an axis hierarchy) as dxtbx reads it, every panel's pixels and
+ * frame against tests/data/cspad_dxtbx.json (cbf-real-cspad-*), and malformed or unsupported copies of it refused
+ * naming the fault (cbf-cspad-*).
  *
  * Prints one line per check and a final "N passed, M failed".  Temporary files live in a fresh directory under
  * $TMPDIR (or /tmp) that is removed at the end.  Built without CBFlib (FORMATS=0) the calls must say so
@@ -24,6 +27,7 @@
 #include "nbgrad.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <stdint.h>
 
 static char tmpdir[4096];
@@ -600,9 +604,9 @@ static void test_binary_bad(nbg_ctx *ctx, const cbf_parts *p, size_t n, const ch
     BAD(bo, s32, le, m, n, sf, ss, "", buf, m, p->size - p->tail, NBG_EFORMAT, "does not end", "cbf-bin-no-field-end",
         "a file that ends after the data, without the ';' line");
     /* what nbgrad does not decode */
-    BAD("x-CBF_PACKED", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "x-CBF_PACKED", "cbf-bin-packed",
-        "x-CBF_PACKED refused as unsupported");
-    BAD("x-CBF_MYSTERY", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "x-CBF_BYTE_OFFSET and x-CBF_NONE",
+    BAD("x-CBF_PACKED", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EFORMAT, "packed data say", "cbf-bin-packed",
+        "byte-offset data labelled x-CBF_PACKED refused (their first word is no element count)");
+    BAD("x-CBF_MYSTERY", s32, le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "x-CBF_BYTE_OFFSET, x-CBF_PACKED",
         "cbf-bin-unknown-compression", "an unknown compression refused, saying what nbgrad decodes");
     BAD(bo, "signed 32-bit complex IEEE", le, m, n, sf, ss, "", buf, m, 0, NBG_EUNSUP, "complex",
         "cbf-bin-complex", "complex elements refused");
@@ -803,6 +807,194 @@ static const char *real_dir(char *buf, size_t size)
     return buf;
 }
 
+/* Replaces the first occurrence of from in the n bytes of b by to (the same length); 0 when from is not there. */
+static int patch(unsigned char *b, size_t n, const char *from, const char *to)
+{
+    const size_t k = strlen(from);
+    unsigned char *p = memmem(b, n, from, k);
+    if (p == NULL || strlen(to) != k)
+        return 0;
+    memcpy(p, to, k);
+    return 1;
+}
+
+/* The CSPAD's multi-panel CBF (4 arrays of 388 x 185 x 8, x-CBF_PACKED, cut into 64 sections of 194 x 185 by
+ * array_structure_list_section under a quadrant / sensor / ASIC axis hierarchy) against dxtbx's reading of it:
+ * tests/data/cspad_dxtbx.json was written once by Debian's dials (dxtbx's FormatCBFCspad: get_raw_data and the
+ * detector) with tests/data/cspad_dxtbx.py; it holds per panel its name, size, pixel size, the sum and sum of
+ * squares of its pixels, its first and last pixel, its fast and slow axes and origin (DIALS's lab frame, mm).
+ * Then copies of the file made malformed or unsupported in place (same length, so the binary sections stay where
+ * they are): refused with a message naming the file and the fault, never a crash. */
+static void test_cspad(nbg_ctx *ctx, const char *src)
+{
+    json_error_t jerr;
+    json_t *ref = json_load_file("tests/data/cspad_dxtbx.json", 0, &jerr);
+    json_t *rp = ref != NULL ? json_object_get(ref, "panels") : NULL;
+    if (rp == NULL || !json_is_array(rp)) {
+        nbgi_test_check(0, "cbf-real-cspad-ref", "tests/data/cspad_dxtbx.json: %s", jerr.text);
+        json_decref(ref);
+        return;
+    }
+    nbg_geometry g;
+    nbg_panel *pan = NULL;
+    int np = 0;
+    int rc = nbg_read_cbf_panels(ctx, src, &g, &pan, &np);
+    float *img = NULL;
+    uint8_t *mask = NULL;
+    size_t npix = 0;
+    int whole = 1;
+    nbg_geometry gi;
+    const int rci = nbg_read_image(ctx, src, 0, 0, &img, &npix, &gi, &whole, &mask);
+    const size_t nref = json_array_size(rp);
+    nbgi_test_check(rc == NBG_OK && rci == NBG_OK && (size_t)np == nref && np == 64 && npix == 64u * 194 * 185 &&
+                    !whole, "cbf-real-cspad-read", "the CSPAD CBF reads as %d panels (dxtbx: %zu), %zu pixels, not "
+                    "one flat detector (%s)", np, nref, npix, rc != NBG_OK || rci != NBG_OK ? nbg_errmsg(ctx) : "ok");
+    if (rc == NBG_OK && rci == NBG_OK && (size_t)np == nref) {
+        int bad_px = 0, bad_frame = 0, bad_size = 0;
+        double worst = 0;
+        size_t at = 0;
+        for (int k = 0; k < np; ++k) {
+            json_t *r = json_array_get(rp, (size_t)k);
+            const nbg_panel *p = &pan[k];
+            const size_t m = (size_t)p->fpixels * (size_t)p->spixels;
+            if (strcmp(p->name, json_string_value(json_array_get(r, 0))) != 0 ||
+                p->fpixels != json_integer_value(json_array_get(r, 1)) ||
+                p->spixels != json_integer_value(json_array_get(r, 2)) ||
+                fabs(p->pixel - json_number_value(json_array_get(r, 3))) > 1e-12 || at + m > npix) {
+                ++bad_size;
+                break;
+            }
+            double sum = 0, sq = 0;
+            for (size_t i = 0; i < m; ++i) sum += img[at + i], sq += (double)img[at + i] * img[at + i];
+            bad_px += sum != json_number_value(json_array_get(r, 4)) || sq != json_number_value(json_array_get(r, 5)) ||
+                      img[at] != json_number_value(json_array_get(r, 6)) ||
+                      img[at + m - 1] != json_number_value(json_array_get(r, 7));
+            for (int i = 0; i < 3; ++i) {
+                const double d[3] = {p->fast[i] - json_number_value(json_array_get(r, 8 + (size_t)i)),
+                                     p->slow[i] - json_number_value(json_array_get(r, 11 + (size_t)i)),
+                                     p->origin[i] - json_number_value(json_array_get(r, 14 + (size_t)i))};
+                for (int j = 0; j < 3; ++j) worst = fmax(worst, fabs(d[j]));
+            }
+            at += m;
+        }
+        bad_frame = !(worst < 1e-9);
+        nbgi_test_check(bad_size == 0, "cbf-real-cspad-panels", "every panel's name, size (194 x 185) and pixel "
+                        "(0.10992 mm) as dxtbx's, in dxtbx's order");
+        nbgi_test_check(bad_size == 0 && bad_px == 0, "cbf-real-cspad-pixels", "every panel's pixels as dxtbx's "
+                        "get_raw_data (sum, sum of squares, first and last pixel exact; %d panels differ)", bad_px);
+        nbgi_test_check(bad_size == 0 && !bad_frame, "cbf-real-cspad-frames", "every panel's fast, slow and origin "
+                        "as dxtbx's (largest difference %.3g mm, to 1e-9)", worst);
+        json_t *dir = json_object_get(ref, "direction");
+        nbgi_test_check(g.wavelength == json_number_value(json_object_get(ref, "wavelength")) &&
+                        g.direction[2] == json_number_value(json_array_get(dir, 2)) && g.scan_width == 0 &&
+                        gi.fpixels == 194 && gi.spixels == 185, "cbf-real-cspad-beam",
+                        "the beam as dxtbx's (wavelength %.7g A, direction %g %g %g), a still", g.wavelength,
+                        g.direction[0], g.direction[1], g.direction[2]);
+        /* the hierarchy: 4 quadrants at level 1, 32 sensors at level 2 (the motion groups), each panel at 3 */
+        int nq = 0, ns = 0, lvl_ok = 1;
+        for (int k = 0; k < np; ++k) {
+            nq = pan[k].level_group[1] + 1 > nq ? pan[k].level_group[1] + 1 : nq;
+            ns = pan[k].level_group[2] + 1 > ns ? pan[k].level_group[2] + 1 : ns;
+            lvl_ok &= pan[k].level_group[0] == 0 && pan[k].level_group[1] == k / 16 &&
+                      pan[k].level_group[2] == k / 2 && pan[k].level_group[3] == k && pan[k].group == k / 2;
+        }
+        nbgi_test_check(lvl_ok && nq == 4 && ns == 32, "cbf-real-cspad-levels", "the hierarchy's levels: %d quadrants, "
+                        "%d sensors of two ASICs (the motion groups)", nq, ns);
+        size_t nmask = 0;
+        for (size_t i = 0; mask != NULL && i < npix; ++i) nmask += mask[i] != 0;
+        nbgi_test_check(nmask < npix / 2, "cbf-real-cspad-mask", "the mask (pixels at or below undefined_value -400, "
+                        "or at or above the overload 90000): %zu of %zu", nmask, npix);
+    }
+    free(pan);
+    free(img);
+    free(mask);
+    json_decref(ref);
+
+    /* malformed and unsupported copies */
+    size_t len = 0;
+    unsigned char *bytes = (unsigned char *)nbgi_test_read_file(src, &len);
+    if (bytes == NULL) {
+        nbgi_test_check(0, "cbf-real-cspad-bad", "cannot read %s", src);
+        return;
+    }
+    static const struct {
+        const char *id, *from, *to, *part, *what;
+        int want;
+    } bad[] = {
+        {"cbf-cspad-past-array", "ARRAY_D0Q0 ARRAY_D0Q0S0A1 1 195 388", "ARRAY_D0Q0 ARRAY_D0Q0S0A1 1 295 488",
+         "reaches past its array", "a section past its array", NBG_EFORMAT},
+        {"cbf-cspad-cycle", "AXIS_D0_Y translation detector AXIS_D0_Z", "AXIS_D0_Y translation detector AXIS_D0_X",
+         "cycle", "axes that depend on each other in a cycle", NBG_EFORMAT},
+        {"cbf-cspad-rotation", "AXIS_D0Q0S0A0_F translation", "AXIS_D0Q0S0A0_F rotation   ", "is a rotation",
+         "a surface axis that is a rotation", NBG_EUNSUP},
+        {"cbf-cspad-planes", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 3 1 1", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 3 1 2", "planes",
+         "a section spanning two planes", NBG_EUNSUP},
+        {"cbf-cspad-size", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 1 194 1", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 1 195 1",
+         "dimension 1", "array_structure_list's size disagreeing with the section", NBG_EFORMAT},
+        {"cbf-cspad-nosection", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 2 1 185", "ARRAY_D0Q0 ARRAY_D0Q0S0A0 9 1 185",
+         "index 1, 2", "a section without its slow extent", NBG_EFORMAT},
+        {"cbf-cspad-v2", "conversions=\"x-CBF_PACKED\"", "conversions=\"x-CBF_PACKEV\"", "not supported",
+         "a compression nbgrad does not decode", NBG_EUNSUP},
+    };
+    char path[4200];
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; ++c) {
+        unsigned char *b = malloc(len);
+        memcpy(b, bytes, len);
+        if (!patch(b, len, bad[c].from, bad[c].to)) {
+            nbgi_test_check(0, bad[c].id, "the CSPAD file has no \"%s\" to change", bad[c].from);
+            free(b);
+            continue;
+        }
+        tmp_path("cspad-bad.cbf", path, sizeof path);
+        FILE *f = fopen(path, "wb");
+        if (f != NULL) {
+            fwrite(b, 1, len, f);
+            fclose(f);
+        }
+        free(b);
+        expect_read_error(ctx, path, bad[c].want, bad[c].part, bad[c].id, bad[c].what);
+        remove(path);
+    }
+    /* packed data damaged (their Content-MD5 renamed away): any result but a crash, an error naming the file */
+    {
+        unsigned char *b = malloc(len);
+        memcpy(b, bytes, len);
+        int ok = 1;
+        for (int i = 0; i < 4; ++i) ok &= patch(b, len, "Content-MD5:", "Content-XD5:");
+        unsigned char *d = memmem(b, len, "\x0c\x1a\x04\xd5", 4);
+        if (d != NULL && (size_t)(d - b) + 5000 < len) {
+            for (int i = 40; i < 4000; i += 7) d[i] ^= (unsigned char)(0x5a + i);
+            memset(d + 100, 0xff, 200); /* chunks of 128 elements of 65 bits */
+        }
+        tmp_path("cspad-damaged.cbf", path, sizeof path);
+        FILE *f = fopen(path, "wb");
+        if (f != NULL) {
+            fwrite(b, 1, len, f);
+            fclose(f);
+        }
+        free(b);
+        float *im = NULL;
+        size_t n = 0;
+        nbg_geometry gg;
+        rc = nbgi_read_cbf(ctx, path, &im, &n, &gg, NULL);
+        nbgi_test_check(ok && d != NULL && (rc == NBG_OK || contains(nbg_errmsg(ctx), path)), "cbf-cspad-damaged",
+                        "packed data damaged: read or refused naming the file, no crash (status %d, \"%s\")", rc,
+                        rc == NBG_OK ? "" : nbg_errmsg(ctx));
+        free(im);
+        remove(path);
+    }
+    /* cut short */
+    tmp_path("cspad-cut.cbf", path, sizeof path);
+    FILE *f = fopen(path, "wb");
+    if (f != NULL) {
+        fwrite(bytes, 1, len / 2, f);
+        fclose(f);
+    }
+    expect_read_error(ctx, path, 0, NULL, "cbf-cspad-truncated", "the CSPAD file cut in half");
+    remove(path);
+    free(bytes);
+}
+
 static void test_real_data(nbg_ctx *ctx)
 {
     static const real_case cases[] = {
@@ -846,14 +1038,12 @@ static void test_real_data(nbg_ctx *ctx)
         free(mask);
         remove(path);
     }
-    /* the CSPAD's four packed 3-D sections: refused, the sections found and skipped over first */
     snprintf(src, sizeof src, "%s/thermolysin_cspad/idx-20130301060858401.cbf", dir);
     if (!exists(src)) {
         nbgi_test_skip("cbf-real-cspad", "%s not found", src);
         return;
     }
-    expect_read_error(ctx, src, NBG_EFORMAT, "3-D array", "cbf-real-cspad",
-                      "a CSPAD image of 4 packed 388 x 185 x 8 sections");
+    test_cspad(ctx, src);
 }
 
 #endif

@@ -569,15 +569,17 @@ class Geometry(dict):
 def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
     """One frame of an image file of any format nbgrad knows (NXmx, CBF, SMV, raw float32) as
     (image float32 (slow, fast), geometry or None) (and the mask, 1 = bad, or None, with with_mask=True).
-    A raw float file needs shape=(slow, fast)."""
+    A raw float file needs shape=(slow, fast).  A file of several panels (a multi-panel CBF, NXmx modules) gives the
+    panels' pixels concatenated, flat, and geometry its first panel's (geometry.complete False)."""
     expect = int(np.prod(shape)) if shape is not None else 0
     image, geom, complete, mask = _ext.read_image(str(path), int(frame), expect)
     if geom is not None:
         geom = Geometry(geom)
         geom.complete = bool(complete)
-        image = image.reshape(geom["spixels"], geom["fpixels"])
-        if mask is not None:
-            mask = mask.reshape(image.shape)
+        if geom["spixels"] * geom["fpixels"] == image.size:
+            image = image.reshape(geom["spixels"], geom["fpixels"])
+            if mask is not None:
+                mask = mask.reshape(image.shape)
     elif shape is not None:
         image = image.reshape(shape)
     return (image, geom, mask) if with_mask else (image, geom)

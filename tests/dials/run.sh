@@ -1,7 +1,9 @@
 #!/bin/sh
 # run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py), the multi-panel
-# read-back (multipanel.py), stills from DIALS with their spectra (stills.py) and spot regions from DIALS's
-# reflections (spots.py), with Debian's python; shows their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran and nothing
+# read-back (multipanel.py), stills from DIALS with their spectra (stills.py), spot regions from DIALS's reflections
+# (spots.py) and real CBF files read as dxtbx reads them (cbfpanels.py, with $NBG_CBFPANELS), with Debian's python;
+# shows their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran
+# and nothing
 # failed.
 #
 #   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
@@ -14,7 +16,7 @@ rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 pass=0
 fail=0
 status=0
-for s in roundtrip multipanel stills spots; do
+for s in roundtrip multipanel stills spots cbfpanels; do
     if [ "$s" = roundtrip ]; then
         PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
     else

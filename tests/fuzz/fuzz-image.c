@@ -1,6 +1,7 @@
 /*
  * fuzz-image.c -- libFuzzer harness for nbg_read_image over every format it reads: CBF (nbgrad decodes the binary
- * sections, src/cbfbin.c; CBFlib parses the text), NXmx (HDF5), SMV, and raw floats.
+ * sections, src/cbfbin.c; CBFlib parses the text; a multi-panel CBF's panels through nbg_read_cbf_panels, too),
+ * NXmx (HDF5), SMV, and raw floats.
  *
  * The input is the file's content, written to a scratch file with a real name (HDF5 opens the path itself and
  * cannot open an in-memory file's /proc/self/fd/N).  It is read as frame 0 with the geometry and the mask; raw
@@ -42,10 +43,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* 1 when data starts with the signature nbg_read_image takes for a CBF or an SMV file. */
+/* 1 when data starts with the signature nbg_read_image takes for a CBF file, 2 for an SMV file. */
 static int one_detector(const uint8_t *data, size_t size)
 {
-    return (size >= 6 && memcmp(data, "###CBF", 6) == 0) || (size >= 12 && memcmp(data, "{\nHEADER_BYT", 12) == 0);
+    if (size >= 6 && memcmp(data, "###CBF", 6) == 0)
+        return 1;
+    return size >= 12 && memcmp(data, "{\nHEADER_BYT", 12) == 0 ? 2 : 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -73,10 +76,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mask != NULL) {
             nbgi_fuzz_touch(mask, npix);
         }
-        if (whole || one_detector(data, size)) {
+        const int kind = one_detector(data, size);
+        nbg_panel *pan = NULL;
+        int np = 0;
+        const int prc = kind == 1 ? nbg_read_cbf_panels(ctx, file.path, &g, &pan, &np) : NBG_OK;
+        NBG_FUZZ_CHECK(prc == NBG_OK, "nbg_read_cbf_panels refused a CBF that nbg_read_image read");
+        if (kind == 1 && np > 1) {
+            /* a multi-panel CBF: the image is the panels' concatenation */
+            size_t total = 0;
+            for (int k = 0; k < np; ++k) {
+                NBG_FUZZ_CHECK(pan[k].fpixels >= 1 && pan[k].spixels >= 1 && pan[k].pixel > 0,
+                               "nbg_read_cbf_panels returned an empty panel");
+                total += (size_t)pan[k].fpixels * (size_t)pan[k].spixels;
+            }
+            NBG_FUZZ_CHECK(total == npix, "nbg_read_cbf_panels's panels do not hold nbg_read_image's pixels");
+        } else if (whole || kind != 0) {
             NBG_FUZZ_CHECK(g.fpixels >= 1 && g.spixels >= 1 && (size_t)g.fpixels * (size_t)g.spixels == npix,
                            "nbg_read_image returned a detector whose size is not the image's");
         }
+        free(pan);
         free(img);
         free(mask);
     } else {
