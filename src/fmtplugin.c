@@ -15,7 +15,8 @@ const nbgi_formats_api *nbgi_formats_plugin(void)
         nbg_read_nxmx_panels,
         nbgi_write_nxmx_panels_set,
         nbgi_write_nxmx_set,
-        nbgi_read_cbf,
+        nbgi_read_cbf_panels,
+        nbg_read_cbf_panels,
         nbgi_write_cbf_set,
     };
     return &api;

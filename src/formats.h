@@ -134,7 +134,9 @@ typedef struct {
                                  int nframes, const uint8_t *mask);
     int (*write_nxmx_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
                           const void *frames, int nframes, const uint8_t *mask);
-    int (*read_cbf)(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask);
+    int (*read_cbf_panels)(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g,
+                           uint8_t **mask, nbg_panel **panels, int *npanels);
+    int (*read_cbf_panel_list)(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
     int (*write_cbf_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
                          const int32_t *data);
 } nbgi_formats_api;

@@ -206,14 +206,41 @@ int nbg_write_nxmx(nbg_ctx *ctx, const char *path, const nbg_geometry *g, nbg_dt
     return nbgi_write_nxmx_set(ctx, NULL, path, g, dtype, frames, nframes, mask);
 }
 
-int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+int nbgi_read_cbf_panels(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g,
+                         uint8_t **mask, nbg_panel **panels, int *npanels)
 {
     const nbgi_formats_api *a = formats(ctx, "reading", path, "CBF");
     if (a == NULL) {
         no_image(image, npix, mask);
+        if (panels != NULL) {
+            *panels = NULL;
+        }
+        if (npanels != NULL) {
+            *npanels = 0;
+        }
         return NBG_EUNSUP;
     }
-    return a->read_cbf(ctx, path, image, npix, g, mask);
+    return a->read_cbf_panels(ctx, path, image, npix, g, mask, panels, npanels);
+}
+
+int nbgi_read_cbf(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g, uint8_t **mask)
+{
+    return nbgi_read_cbf_panels(ctx, path, image, npix, g, mask, NULL, NULL);
+}
+
+int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+{
+    const nbgi_formats_api *a = formats(ctx, "reading", path, "CBF");
+    if (a == NULL) {
+        if (panels != NULL) {
+            *panels = NULL;
+        }
+        if (npanels != NULL) {
+            *npanels = 0;
+        }
+        return NBG_EUNSUP;
+    }
+    return a->read_cbf_panel_list(ctx, path, g, panels, npanels);
 }
 
 int nbgi_write_cbf_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
