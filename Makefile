@@ -409,12 +409,12 @@ $(B)/.dials-deps:
 	 fi; touch $@
 
 # (tests/dials/cbfpanels.c: what nbgrad reads of a CBF file, for cbfpanels.py to compare with dxtbx)
-$(B)/tests/dials/cbfpanels: tests/dials/cbfpanels.c $(B)/libnbgrad.a
+$(B)/tests/dials-cbfpanels: tests/dials/cbfpanels.c $(B)/libnbgrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(filter %.c %.a,$^) -o $@ $(LDLIBS)
 
-test-dials: $(B)/nbgrad $(B)/tests/dials/cbfpanels $(B)/.dials-deps
-	@DIALS_PY=$(DIALS_PY) NBG_CBFPANELS=$(B)/tests/dials/cbfpanels sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
+test-dials: $(B)/nbgrad $(B)/tests/dials-cbfpanels $(B)/.dials-deps
+	@DIALS_PY=$(DIALS_PY) NBG_CBFPANELS=$(B)/tests/dials-cbfpanels sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
 
 .PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials install-python
 
