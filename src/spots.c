@@ -32,6 +32,32 @@ static void dilate_line(uint8_t *m, long n, long st, int h, uint8_t *tmp)
     }
 }
 
+/* The marked pixels of m (n) that the model computes, as a sorted list (*pixels malloc'd, none: NULL, 0). */
+static int mask_to_list(nbg_ctx *ctx, const nbgi_kparams *k, uint8_t *m, size_t n, uint32_t **pixels, long *npixels,
+                        const char *who)
+{
+    long cnt = 0;
+    for (size_t i = 0; i < n; ++i) {
+        m[i] = m[i] && nbgi_model_active(k, i);
+        cnt += m[i];
+    }
+    if (cnt == 0) {
+        return NBG_OK;
+    }
+    *pixels = malloc(sizeof(uint32_t) * (size_t)cnt);
+    if (*pixels == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "%s: out of memory for %ld pixels", who, cnt);
+    }
+    long t = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (m[i]) {
+            (*pixels)[t++] = (uint32_t)i;
+        }
+    }
+    *npixels = cnt;
+    return NBG_OK;
+}
+
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels)
 {
@@ -114,25 +140,7 @@ int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, s
                 dilate_line(m + off + f, S, F, half_box, tmp);
             }
         }
-        long cnt = 0;
-        for (size_t i = 0; i < n; ++i) {
-            m[i] = m[i] && nbgi_model_active(k, i);
-            cnt += m[i];
-        }
-        if (cnt > 0) {
-            *pixels = malloc(sizeof(uint32_t) * (size_t)cnt);
-            if (*pixels == NULL) {
-                rc = nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_pixels: out of memory for %ld pixels", cnt);
-            } else {
-                long t = 0;
-                for (size_t i = 0; i < n; ++i) {
-                    if (m[i]) {
-                        (*pixels)[t++] = (uint32_t)i;
-                    }
-                }
-                *npixels = cnt;
-            }
-        }
+        rc = mask_to_list(ctx, k, m, n, pixels, npixels, "nbg_spot_pixels");
     }
     free(m);
     free(tmp);
@@ -215,25 +223,7 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
             memset(m + off + s * F + f0, 1, (size_t)(f1 - f0));
         }
     }
-    long cnt = 0;
-    for (size_t i = 0; i < n; ++i) {
-        m[i] = m[i] && nbgi_model_active(k, i);
-        cnt += m[i];
-    }
-    if (cnt > 0) {
-        *pixels = malloc(sizeof(uint32_t) * (size_t)cnt);
-        if (*pixels == NULL) {
-            rc = nbgi_error(ctx, NBG_ENOMEM, "nbg_spot_box_pixels: out of memory for %ld pixels", cnt);
-        } else {
-            long t = 0;
-            for (size_t i = 0; i < n; ++i) {
-                if (m[i]) {
-                    (*pixels)[t++] = (uint32_t)i;
-                }
-            }
-            *npixels = cnt;
-        }
-    }
+    rc = mask_to_list(ctx, k, m, n, pixels, npixels, "nbg_spot_box_pixels");
     free(m);
     nbgi_plan_free(&pl);
     return rc;

@@ -56,6 +56,34 @@ def run(cmd, cwd, log):
     return rc, time.time() - t0
 
 
+def four_modules(base, out, size, corner, pitch, z):
+    """Writes to out the experiment list base (nbgrad's, one panel) with its detector made four modules of size^2
+    pixels of 0.1 mm in a 2 x 2 grid (pitch mm apart, the first's origin at corner, all at z), the fourth tilted by
+    2 deg about the slow axis; returns the list as a dict."""
+    with open(base) as f:
+        d = json.load(f)
+    p0 = d["detector"][0]["panels"][0]
+    mods = []
+    for j in range(2):
+        for i in range(2):
+            fast = [1.0, 0.0, 0.0]
+            if i == 1 and j == 1:
+                a = math.radians(2.0)
+                fast = [math.cos(a), 0.0, -math.sin(a)]
+            p = dict(p0)
+            p.update({"name": "module %d" % (2 * j + i), "image_size": [size, size], "pixel_size": [0.1, 0.1],
+                      "fast_axis": fast, "slow_axis": [0.0, -1.0, 0.0],
+                      "origin": [corner[0] + i * pitch, corner[1] - j * pitch, z]})
+            mods.append(p)
+    d["detector"][0]["panels"] = mods
+    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(4)]
+    d["imageset"] = []
+    d["experiment"][0].pop("imageset", None)
+    with open(out, "w") as f:
+        json.dump(d, f, indent=1)
+    return d
+
+
 def tail(path, n=15):
     try:
         with open(path) as f:
@@ -380,27 +408,7 @@ def hierarchy_case(nbgrad, work, crystal, series, table, nbrows):
     rc, _ = run(base, cdir, "base.log")
     if not check(rc == 0, "modules-base", "nbgrad wrote the beam, goniometer, scan and crystal (exit %d)" % rc):
         return
-    with open(os.path.join(cdir, "base.expt")) as f:
-        d = json.load(f)
-    p0 = d["detector"][0]["panels"][0]
-    mods = []
-    for j in range(2):
-        for i in range(2):
-            fast = [1.0, 0.0, 0.0]
-            if i == 1 and j == 1:
-                a = math.radians(2.0)
-                fast = [math.cos(a), 0.0, -math.sin(a)]
-            p = dict(p0)
-            p.update({"name": "module %d" % (2 * j + i), "image_size": [512, 512], "pixel_size": [0.1, 0.1],
-                      "fast_axis": fast, "slow_axis": [0.0, -1.0, 0.0],
-                      "origin": [-47.0 + i * 52.2, 50.0 - j * 52.2, -110.0]})
-            mods.append(p)
-    d["detector"][0]["panels"] = mods
-    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(4)]
-    d["imageset"] = []
-    d["experiment"][0].pop("imageset", None)
-    with open(os.path.join(cdir, "in.expt"), "w") as f:
-        json.dump(d, f, indent=1)
+    four_modules(os.path.join(cdir, "base.expt"), os.path.join(cdir, "in.expt"), 512, (-47.0, 50.0), 52.2, -110.0)
     flags = crystal[crystal.index("-default_F"):]
     sim = [nbgrad, "-expt", "in.expt"] + flags + ["-phisteps", "16", "-oversample", "1", "-frames",
                                                    series[series.index("-frames") + 1], "-data", "noise", "-seed", "7",

@@ -19,32 +19,24 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
-import time
 
 import numpy as np
 
-PASSED = 0
-FAILED = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roundtrip  # noqa: E402  (its counters: roundtrip.PASSED, roundtrip.FAILED)
+from roundtrip import four_modules  # noqa: E402
 
 
 def check(ok, name, what):
-    global PASSED, FAILED
-    if ok:
-        PASSED += 1
-    else:
-        FAILED += 1
-    print("%s spots-%s: %s" % ("PASS" if ok else "FAIL", name, what), flush=True)
-    return ok
+    return roundtrip.check(ok, "spots-" + name, what)
 
 
 def run(cmd, cwd, log):
-    t = time.time()
-    with open(os.path.join(cwd, log), "w") as f:
-        rc = subprocess.call(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    """roundtrip.run, with the log's text."""
+    rc, t = roundtrip.run(cmd, cwd, log)
     with open(os.path.join(cwd, log)) as f:
-        return rc, time.time() - t, f.read()
+        return rc, t, f.read()
 
 
 def rot(axis, deg, v):
@@ -79,27 +71,7 @@ def main(argv):
         "-nonoise"], work, "base.log")
     if not check(rc == 0, "base", "nbgrad wrote the beam, goniometer, scan and crystal (exit %d)" % rc):
         return
-    with open(os.path.join(work, "base.expt")) as f:
-        d = json.load(f)
-    p0 = d["detector"][0]["panels"][0]
-    mods = []
-    for j in range(2):
-        for i in range(2):
-            fast = [1.0, 0.0, 0.0]
-            if i == 1 and j == 1:
-                a = math.radians(2.0)
-                fast = [math.cos(a), 0.0, -math.sin(a)]
-            p = dict(p0)
-            p.update({"name": "module %d" % (2 * j + i), "image_size": [256, 256], "pixel_size": [0.1, 0.1],
-                      "fast_axis": fast, "slow_axis": [0.0, -1.0, 0.0],
-                      "origin": [-26.0 + i * 26.5, 26.0 - j * 26.5, -100.0]})
-            mods.append(p)
-    d["detector"][0]["panels"] = mods
-    d["detector"][0]["hierarchy"]["children"] = [{"panel": k} for k in range(4)]
-    d["imageset"] = []
-    d["experiment"][0].pop("imageset", None)
-    with open(os.path.join(work, "in.expt"), "w") as f:
-        json.dump(d, f, indent=1)
+    d = four_modules(os.path.join(work, "base.expt"), os.path.join(work, "in.expt"), 256, (-26.0, 26.0), 26.5, -100.0)
     # the start: the crystal turned by 0.1 deg about (1, 2, 3)
     s = json.loads(json.dumps(d))
     c = s["crystal"][0]
@@ -166,5 +138,5 @@ if __name__ == "__main__":
         import traceback
         traceback.print_exc()
         check(False, "crash", repr(exc))
-    print("%d passed, %d failed" % (PASSED, FAILED))
-    sys.exit(1 if FAILED else 0)
+    print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
+    sys.exit(1 if roundtrip.FAILED else 0)
