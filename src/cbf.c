@@ -687,8 +687,13 @@ static int axis_readable(cbf_handle h, const char *id, int setting)
         return 0;
     if (cbf_find_column(h, "rotation") == 0 && cbf_get_doublevalue(h, &a) != 0)
         return 0;
-    if (cbf_get_axis_type(h, id, &type) != 0 || cbf_get_axis_vector(h, id, &a, &b, &c) != 0 ||
-        cbf_get_axis_offset(h, id, &a, &b, &c) != 0)
+    if (cbf_get_axis_type(h, id, &type) != 0 || cbf_get_axis_vector(h, id, &a, &b, &c) != 0)
+        return 0;
+    /* a rotation or translation along a vector of no length, or not finite: CBFlib's positioners crash on it (a
+     * goniometer axis 0 0 0 read address 8 in cbf_construct_goniometer; found by fuzz-image) */
+    if (type != CBF_GENERAL_AXIS && !(isfinite(a) && isfinite(b) && isfinite(c) && a * a + b * b + c * c > 0))
+        return 0;
+    if (cbf_get_axis_offset(h, id, &a, &b, &c) != 0 || !isfinite(a) || !isfinite(b) || !isfinite(c))
         return 0;
     return !setting || type == CBF_GENERAL_AXIS || cbf_get_axis_setting(h, 0, id, &a, &b) == 0;
 }

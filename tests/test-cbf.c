@@ -692,6 +692,29 @@ static int write_edited(const char *path, const char *file, size_t size, const c
     return 1;
 }
 
+/* Writes file into path with the three numbers after prefix (an axis row's vector) replaced by 0 0 0. */
+static int write_zero_vector(const char *path, const char *file, size_t size, const char *prefix)
+{
+    const char *at = memmem(file, size, prefix, strlen(prefix));
+    if (at == NULL)
+        return 0;
+    const char *p = at + strlen(prefix);
+    for (int k = 0; k < 3; ++k) { /* past three numbers and the blanks after each */
+        while (p < file + size && *p != ' ' && *p != '\r' && *p != '\n')
+            ++p;
+        while (k < 2 && p < file + size && *p == ' ')
+            ++p;
+    }
+    char from[256], to[256];
+    const size_t len = (size_t)(p - at);
+    if (len >= sizeof from)
+        return 0;
+    memcpy(from, at, len);
+    from[len] = 0;
+    snprintf(to, sizeof to, "%s0 0 0", prefix);
+    return write_edited(path, file, size, from, to);
+}
+
 /* Axis categories that CBFlib 0.9.7's geometry constructors would crash on (src/cbf.c checks them first). */
 static void test_geometry_guard(nbg_ctx *ctx, const char *file, size_t size, size_t n)
 {
@@ -708,6 +731,21 @@ static void test_geometry_guard(nbg_ctx *ctx, const char *file, size_t size, siz
                     "a goniometer axis missing from axis: read as a still (%s, scan_stated %d)",
                     rc == NBG_OK ? "ok" : nbg_errmsg(ctx), rc == NBG_OK ? r.scan_stated : -1);
     free(img);
+    /* the goniometer's axis of no length: CBFlib's goniometer crashed on it (fuzz-image); read as a still */
+    img = NULL;
+    npix = 0;
+    const int edited = write_zero_vector(path, file, size, "GONIOMETER_PHI rotation goniometer . ");
+    rc = edited ? nbgi_read_cbf(ctx, path, &img, &npix, &r, NULL) : -1;
+    nbgi_test_check(edited && rc == NBG_OK && npix == n && r.scan_stated == 0, "cbf-geom-goniometer-zero-axis",
+                    "a goniometer axis of no length: read as a still, no crash (%s)",
+                    !edited ? "the written file has no such row" : rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(img);
+    /* a detector translation of no length: refused, no crash */
+    if (write_zero_vector(path, file, size, "DETECTOR_Z translation detector . "))
+        expect_read_error(ctx, path, NBG_EFORMAT, "detector's axes", "cbf-geom-zero-translation",
+                          "a detector axis of no length");
+    else
+        nbgi_test_check(0, "cbf-geom-zero-translation", "the written file has no DETECTOR_Z row to edit");
     int ok = write_edited(path, file, size, "_diffrn_detector_element.detector_id DETECTOR",
                           "_diffrn_detector_element.detector_id NOBODY");
     if (ok)
