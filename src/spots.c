@@ -32,6 +32,25 @@ static void dilate_line(uint8_t *m, long n, long st, int h, uint8_t *tmp)
     }
 }
 
+/* e with its pixel list set aside (the list made here replaces it) into *whole, and the plan of that whole
+ * detector, whose pixels a list of 32-bit indices must be able to name; who names the caller in messages. */
+static int whole_plan(nbg_ctx *ctx, const nbg_experiment *e, const char *who, nbg_experiment *whole, nbgi_plan *pl)
+{
+    *whole = *e;
+    whole->pixels = NULL;
+    whole->npixels_list = 0;
+    const int rc = nbgi_plan_build(ctx, whole, pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if (pl->k.npix > (long)UINT32_MAX) {
+        const size_t n = (size_t)pl->k.npix;
+        nbgi_plan_free(pl);
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the image of %zu pixels is too large for a pixel list", who, n);
+    }
+    return NBG_OK;
+}
+
 /* The marked pixels of m (n) that the model computes, as a sorted list (*pixels malloc'd, none: NULL, 0). */
 static int mask_to_list(nbg_ctx *ctx, const nbgi_kparams *k, uint8_t *m, size_t n, uint32_t **pixels, long *npixels,
                         const char *who)
@@ -70,20 +89,14 @@ int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, s
         return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the box half-width must be in [0, 100000] (got %d), the "
                          "threshold a number, the centres' count not negative", half_box);
     }
-    nbg_experiment whole = *e;
-    whole.pixels = NULL;
-    whole.npixels_list = 0;
+    nbg_experiment whole;
     nbgi_plan pl;
-    int rc = nbgi_plan_build(ctx, &whole, &pl);
+    int rc = whole_plan(ctx, e, "nbg_spot_pixels", &whole, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
     const nbgi_kparams *k = &pl.k;
     const size_t n = (size_t)k->npix;
-    if (k->npix > (long)UINT32_MAX) {
-        nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image of %zu pixels is too large for a pixel list", n);
-    }
     if (image != NULL && npix != n) {
         nbgi_plan_free(&pl);
         return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_pixels: the image holds %zu pixels, the detector has %zu", npix,
@@ -175,21 +188,14 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
     if (nboxes < 0) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_box_pixels: the boxes' count %ld is negative", nboxes);
     }
-    nbg_experiment whole = *e;
-    whole.pixels = NULL;
-    whole.npixels_list = 0;
+    nbg_experiment whole;
     nbgi_plan pl;
-    int rc = nbgi_plan_build(ctx, &whole, &pl);
+    int rc = whole_plan(ctx, e, "nbg_spot_box_pixels", &whole, &pl);
     if (rc != NBG_OK) {
         return rc;
     }
     const nbgi_kparams *k = &pl.k;
     const size_t n = (size_t)k->npix;
-    if (k->npix > (long)UINT32_MAX) {
-        nbgi_plan_free(&pl);
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_spot_box_pixels: the image of %zu pixels is too large for a pixel "
-                          "list", n);
-    }
     const int np = k->npanels > 0 ? k->npanels : 1;
     for (long b = 0; b < nboxes; ++b) {
         const nbg_spot_box *x = &boxes[b];

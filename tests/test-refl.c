@@ -259,40 +259,12 @@ static void reader(nbg_ctx *ctx, const char *dir)
 }
 #endif
 
-/* Two panels side by side in the plane: 40 x 32 and 24 x 32 pixels, 4 pixels apart. */
-static void two_panels(nbg_experiment *e, nbg_panel pan[2])
-{
-    nbg_experiment_default(e);
-    e->has_cell = 1;
-    const double cell[6] = {70, 80, 90, 75, 85, 95};
-    memcpy(e->cell, cell, sizeof cell);
-    e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
-    e->default_F = 100;
-    e->Na = e->Nb = e->Nc = 5;
-    e->lambda = 1;
-    e->distance = 60;
-    e->pixel = 0.4;
-    e->fpixels = 68;
-    e->spixels = 32;
-    e->oversample = 1;
-    memset(pan, 0, 2 * sizeof *pan);
-    pan[0].fpixels = 40, pan[0].spixels = 32;
-    pan[1].fpixels = 24, pan[1].spixels = 32;
-    for (int k = 0; k < 2; ++k) {
-        pan[k].fast[0] = 1, pan[k].slow[1] = 1;
-        pan[k].group = k;
-    }
-    pan[1].origin[0] = 44 * e->pixel;
-    e->panels = pan;
-    e->npanels = 2;
-    e->panel_frame = NBG_PANELS_PLANE;
-}
 
 static void boxes(nbg_ctx *ctx)
 {
     nbg_experiment e;
     nbg_panel pan[2];
-    two_panels(&e, pan);
+    nbgi_test_two_panels(&e, pan);
     /* a 3 x 3 box on panel 0, a 5 x 5 box clipped to 2 x 5 at panel 1's right edge, overlapping boxes counted once */
     const nbg_spot_box b[4] = {{0, 10, 13, 4, 7}, {1, 22, 27, 0, 5}, {0, 11, 14, 5, 8}, {1, 0, 1, 31, 32}};
     uint32_t *l = NULL;
@@ -345,7 +317,7 @@ static void cli(nbg_ctx *ctx, const char *dir)
     const char *bin = getenv("NBG_BIN") != NULL ? getenv("NBG_BIN") : "build/nbgrad";
     nbg_experiment e;
     nbg_panel pan[2], lab[2];
-    two_panels(&e, pan);
+    nbgi_test_two_panels(&e, pan);
     char ex[512], obs[512], rf[512], txt[512], cmd[4096];
     snprintf(ex, sizeof ex, "%s/two.expt", dir);
     snprintf(obs, sizeof obs, "%s/obs.bin", dir);

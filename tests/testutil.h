@@ -324,4 +324,34 @@ static inline void nbgi_test_still(nbg_experiment *e)
     e->misset[2] = 5;
 }
 
+/* Two panels side by side in the plane (NBG_PANELS_PLANE, groups 0 and 1): 40 x 32 and 24 x 32 pixels of 0.4 mm,
+ * 4 pixels apart, 60 mm from a triclinic crystal (N = 5, default_F 100), one subpixel.  pan is the caller's. */
+static inline void nbgi_test_two_panels(nbg_experiment *e, nbg_panel pan[2])
+{
+    nbg_experiment_default(e);
+    e->has_cell = 1;
+    const double cell[6] = {70, 80, 90, 75, 85, 95};
+    memcpy(e->cell, cell, sizeof cell);
+    e->misset[0] = 10, e->misset[1] = 5, e->misset[2] = 3;
+    e->default_F = 100;
+    e->Na = e->Nb = e->Nc = 5;
+    e->lambda = 1;
+    e->distance = 60;
+    e->pixel = 0.4;
+    e->fpixels = 68;
+    e->spixels = 32;
+    e->oversample = 1;
+    memset(pan, 0, 2 * sizeof *pan);
+    pan[0].fpixels = 40, pan[0].spixels = 32;
+    pan[1].fpixels = 24, pan[1].spixels = 32;
+    for (int k = 0; k < 2; ++k) {
+        pan[k].fast[0] = 1, pan[k].slow[1] = 1;
+        pan[k].group = k;
+    }
+    pan[1].origin[0] = 44 * e->pixel;
+    e->panels = pan;
+    e->npanels = 2;
+    e->panel_frame = NBG_PANELS_PLANE;
+}
+
 #endif /* NBG_TESTUTIL_H */

@@ -19,8 +19,9 @@ import sys
 
 import numpy as np
 
-PASSED = 0
-FAILED = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roundtrip  # noqa: E402  (its counters: roundtrip.PASSED, roundtrip.FAILED)
+from roundtrip import check  # noqa: E402
 
 # (file under the real-data folder, the command that decompresses it to stdout or None, what dxtbx makes of it)
 FILES = [
@@ -30,16 +31,6 @@ FILES = [
     ("thaumatin_grid/thau_3_2_0001.cbf.bz2", "bzip2 -dc"),
     ("image_examples/DLS_I23_P12M_thau_00001.cbf.gz", "gzip -dc"),
 ]
-
-
-def check(ok, name, what):
-    global PASSED, FAILED
-    if ok:
-        PASSED += 1
-    else:
-        FAILED += 1
-    print("%s %s: %s" % ("PASS" if ok else "FAIL", name, what), flush=True)
-    return ok
 
 
 def compare(tag, path, work, helper, rows):
@@ -156,8 +147,8 @@ def main(argv):
     print("\nfile                        dxtbx format                     panels  frames (mm)  pixels  npix      ")
     for tag, fmt, n, df, dp, npix, what in rows:
         print("%-27s %-32s %6d  %-11s  %-6s  %-9s %s" % (tag, fmt, n, df, dp, npix, what))
-    print("%d passed, %d failed" % (PASSED, FAILED))
-    return 0 if FAILED == 0 else 1
+    print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
+    return 0 if roundtrip.FAILED == 0 else 1
 
 
 if __name__ == "__main__":
