@@ -29,6 +29,7 @@
 #include <gsl/gsl_multimin.h>
 #include <lapacke.h>
 #undef I /* lapacke.h brings complex.h */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,17 @@ typedef struct {
     int gn_cached;               /* gn_L, gn_g, gn_H hold the last Gauss-Newton point's loss, gradient and matrix
                                     (LM leaves them at its final point, which information() then reuses) */
     double gn_L, *gn_g, *gn_H;   /* n and n x n */
+    /* per-reflection scales (nbg_refine_options.F): the table, the entries among params (params[Fa[k]] is
+     * NBG_P_F(Fidx[k]), k < nFx), the other rendered parameters (xq[q] = xparams[qx[q]], q < nq) and scratch */
+    nbg_hkl *Ft;
+    int nFx, nq;
+    int *Fa, *qx;
+    long *Fidx;
+    nbg_param *Fids, *xq;
+    double *Tq, *gF, *Fsave;
+    float *c1, *c2, *c3, *dl;
+    double *Fs0;                 /* nFx: the entries' intensities at the start */
+    unsigned char *pinned;       /* n: an entry held at zero intensity (the data want less than none) */
 } refine_ws;
 
 /* The image index of walked pixel t. */
@@ -81,16 +93,29 @@ static size_t at(const refine_frame *fr, size_t t)
     return fr->list != NULL ? (size_t)fr->list[t] : t;
 }
 
+/* A structure factor is refined as its intensity s = F^2 (the model is linear in it: the Gauss-Newton model is
+ * exact in those directions, and s > 0 keeps the sign question away); its value x is s. */
+static int is_Fp(nbg_param p)
+{
+    return p >= NBG_P_F0;
+}
+
+static int x_in_bounds(nbg_param p, double v)
+{
+    return is_Fp(p) ? v > 0 && isfinite(v) : nbg_param_in_bounds(p, v);
+}
+
 static int set_params(refine_ws *ws, const double *x)
 {
     for (int j = 0; j < ws->n; ++j) {
-        if (!nbg_param_in_bounds(ws->params[j], x[j])) {
+        if (!x_in_bounds(ws->params[j], x[j])) {
             return 0;
         }
     }
     for (int k = 0; k < ws->nx; ++k) {
+        const double v = x[ws->xof[k]];
         for (int f = 0; f < ws->nf; ++f) {
-            nbg_param_set(&ws->fr[f].e, ws->xparams[k], x[ws->xof[k]]);
+            nbg_param_set(&ws->fr[f].e, ws->xparams[k], is_Fp(ws->xparams[k]) ? sqrt(v) : v);
         }
     }
     return 1;
@@ -154,6 +179,73 @@ static int loss_trial(refine_ws *ws, double *L)
     return rc;
 }
 
+/* Frame fr's model image and tangent images T of the rendered parameters.  With per-reflection scales the
+ * structure factors' rows come from the model's own structure: M = G sum_j F_j^2 K_j + bg, so where pixel p sees one
+ * reflection j, dM_p/dF_j = 2 u_p / F_j with u_p = M_p - bg_p.  Which pixels see one fitted reflection, and which,
+ * is read from three more renders: every entry times sqrt 2 (u = M_a - M), fitted entry k times sqrt(k + 2)
+ * ((M_b - M) / u = k + 1 for a pixel of k alone) and times k + 2 ((M_c - M) / u = (k + 1)(k + 3) for k alone: a
+ * mixture of reflections never gives both).  Pixels that see several reflections (or an entry not fitted) get no
+ * structure-factor row: these rows serve the Gauss-Newton matrix only; the gradient's structure-factor entries are
+ * the adjoint's, exact (gauss_newton). */
+static int frame_jacobian(refine_ws *ws, refine_frame *fr)
+{
+    if (ws->Ft == NULL) {
+        return nbg_simulate_jvp(ws->ctx, &fr->e, ws->xparams, ws->nx, fr->T, fr->img, ws->npix);
+    }
+    const size_t nw = fr->nw;
+    int rc = NBG_OK;
+    if (ws->nq > 0) {
+        rc = nbg_simulate_jvp(ws->ctx, &fr->e, ws->xq, ws->nq, ws->Tq, fr->img, ws->npix);
+        for (int q = 0; rc == NBG_OK && q < ws->nq; ++q) {
+            memcpy(fr->T + (size_t)ws->qx[q] * nw, ws->Tq + (size_t)q * nw, sizeof(double) * nw);
+        }
+    } else {
+        rc = nbg_simulate(ws->ctx, &fr->e, fr->img, ws->npix, NULL);
+    }
+    nbg_hkl *const t = ws->Ft;
+    const size_t nF = (size_t)(t->h_max - t->h_min + 1) * (size_t)(t->k_max - t->k_min + 1) *
+                      (size_t)(t->l_max - t->l_min + 1);
+    nbg_experiment e0 = fr->e; /* the crystal's part alone: no background, so that weak pixels keep their digits */
+    e0.bg[0] = e0.bg[1] = e0.bg[2] = 0;
+    if (rc == NBG_OK) {
+        memcpy(ws->Fsave, t->F, sizeof(double) * nF);
+        rc = nbg_simulate(ws->ctx, &e0, ws->c1, ws->npix, NULL);
+        for (int k = 0; k < ws->nFx; ++k) t->F[ws->Fidx[k]] = ws->Fsave[ws->Fidx[k]] * sqrt(k + 2.0);
+        if (rc == NBG_OK) {
+            rc = nbg_simulate(ws->ctx, &e0, ws->c2, ws->npix, NULL);
+        }
+        for (int k = 0; k < ws->nFx; ++k) t->F[ws->Fidx[k]] = ws->Fsave[ws->Fidx[k]] * (k + 2.0);
+        if (rc == NBG_OK) {
+            rc = nbg_simulate(ws->ctx, &e0, ws->c3, ws->npix, NULL);
+        }
+        memcpy(t->F, ws->Fsave, sizeof(double) * nF);
+    }
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    for (int k = 0; k < ws->nFx; ++k) {
+        memset(fr->T + (size_t)ws->Fa[k] * nw, 0, sizeof(double) * nw);
+    }
+    for (size_t u = 0; u < nw; ++u) {
+        const size_t i = at(fr, u);
+        const double un = ws->c1[i];
+        if (!fr->use[u] || !(un > 0)) {
+            continue;
+        }
+        const double r1 = ws->c2[i] / un - 1, r2 = ws->c3[i] / un - 1;
+        const long k = lround(r1) - 1;
+        if (k < 0 || k >= ws->nFx || fabs(r1 - (double)(k + 1)) > 1e-3 ||
+            fabs(r2 - (double)(k + 1) * (double)(k + 3)) > 1e-3 * (double)(k + 1) * (double)(k + 3)) {
+            continue;
+        }
+        const double F = ws->Fsave[ws->Fidx[k]];
+        if (F != 0) {
+            fr->T[(size_t)ws->Fa[k] * nw + u] = un / (F * F); /* dM/ds, s = F^2 */
+        }
+    }
+    return NBG_OK;
+}
+
 /* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
 static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
 {
@@ -163,7 +255,7 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
     memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
     for (int f = 0; f < ws->nf; ++f) {
         refine_frame *fr = &ws->fr[f];
-        const int rc = nbg_simulate_jvp(ws->ctx, &fr->e, ws->xparams, ws->nx, fr->T, fr->img, ws->npix);
+        const int rc = frame_jacobian(ws, fr);
         if (rc != NBG_OK) {
             return rc;
         }
@@ -196,6 +288,47 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
     for (int a = 0; a < n; ++a) {
         for (int b = a + 1; b < n; ++b) {
             H[a * n + b] = H[b * n + a];
+        }
+    }
+    /* the structure factors' gradient from the adjoint, exact (their rows above serve the matrix) */
+    for (int k = 0; k < ws->nFx; ++k) {
+        g[ws->Fa[k]] = 0;
+    }
+    for (int f = 0; f < ws->nf && ws->nFx > 0; ++f) {
+        refine_frame *fr = &ws->fr[f];
+        memset(ws->dl, 0, sizeof(float) * ws->npix);
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
+        for (size_t t = 0; t < fr->nw; ++t) {
+            if (!fr->use[t]) {
+                continue;
+            }
+            const size_t i = at(fr, t);
+            double dLdI;
+            nbgi_pixel_loss(ws->loss, nbgi_response_at(&rcur, i), fr->img[i], fr->obs[i], &dLdI, NULL);
+            ws->dl[i] = (float)(dLdI * (fr->w ? fr->w[i] : 1.0));
+        }
+        const int rc = nbg_simulate_grad(ws->ctx, &fr->e, ws->dl, ws->Fids, ws->nFx, ws->gF, (float *)ws->c1,
+                                         ws->npix, NULL);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        for (int k = 0; k < ws->nFx; ++k) { /* dL/ds = dL/dF / (2 F) */
+            const double F = ws->Ft->F[ws->Fidx[k]];
+            g[ws->Fa[k]] += F != 0 ? ws->gF[k] / (2 * F) : 0;
+        }
+    }
+    /* an entry driven to zero intensity whose gradient still points down sits on its bound (the reflection has
+     * no photons above the rest of the model): it is held there, out of the step and of the stopping rules, until
+     * the gradient turns (a Karush-Kuhn-Tucker point, not a failure to converge) */
+    for (int k = 0; k < ws->nFx; ++k) {
+        const int a = ws->Fa[k];
+        const double F = ws->Ft->F[ws->Fidx[k]];
+        ws->pinned[a] = F * F <= 1e-8 * ws->Fs0[k] && g[a] > 0;
+        if (ws->pinned[a]) {
+            g[a] = 0;
+            for (int b = 0; b < n; ++b) H[a * n + b] = H[b * n + a] = 0;
+            H[a * n + a] = 1;
         }
     }
     *L = sum;
@@ -366,13 +499,20 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
                 mu *= 10;
                 continue;
             }
-            /* shorten a step that leaves the bounds */
+            /* a structure factor's intensity stays positive on its own: a step that would take it to zero or below
+             * takes it to a tenth of its value (one such entry, barely measured, must not shorten every other
+             * parameter's step); other parameters' steps that leave their bounds shorten the whole step */
+            for (int a = 0; a < n; ++a) {
+                if (is_Fp(ws->params[a]) && !(x[a] + d[a] > 0)) {
+                    d[a] = -0.9 * x[a];
+                }
+            }
             double frac = 1;
             for (int k = 0; k < 40; ++k) {
                 int ok = 1;
                 for (int a = 0; a < n; ++a) {
                     xn[a] = x[a] + frac * d[a];
-                    ok &= nbg_param_in_bounds(ws->params[a], xn[a]);
+                    ok &= x_in_bounds(ws->params[a], xn[a]);
                 }
                 if (ok) {
                     break;
@@ -657,10 +797,22 @@ static int information(refine_ws *ws, nbg_refine_result *res)
     } else {
         rc = gauss_newton(ws, &L, g, H);
     }
+    /* a structure factor the fit put at zero carries no information in F (dM/dF = 2 F K): its standard error is
+     * left undefined (NaN), its row and column out of the inversion */
+    unsigned char *zeroF = ws->nFx > 0 ? calloc((size_t)n, 1) : NULL;
+    for (int k = 0; rc == NBG_OK && zeroF != NULL && k < ws->nFx; ++k) {
+        const int a = ws->Fa[k];
+        if (a < n && !(H[a * n + a] > 0)) {
+            zeroF[a] = 1;
+            for (int b = 0; b < n; ++b) H[a * n + b] = H[b * n + a] = 0;
+            H[a * n + a] = 1;
+        }
+    }
     if (rc == NBG_OK) {
         rc = determined(ws, H);
     }
     if (rc != NBG_OK) {
+        free(zeroF);
         free(g);
         return rc;
     }
@@ -676,6 +828,7 @@ static int information(refine_ws *ws, nbg_refine_result *res)
     }
     if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0 || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', n, H, n) != 0) {
         free(g);
+        free(zeroF);
         return nbgi_error(ws->ctx, NBG_EINVAL, "the information matrix is singular: a refined parameter does not "
                          "change the image, or two parameters are degenerate");
     }
@@ -685,8 +838,11 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         }
     }
     for (int a = 0; a < n; ++a) {
-        res->sigma[a] = sqrt(fmax(H[a * n + a] * fac, 0));
+        res->sigma[a] = (zeroF != NULL && zeroF[a]) || (ws->pinned != NULL && ws->pinned[a])
+                            ? NAN : sqrt(fmax(H[a * n + a] * fac, 0));
+        res->F_zero += ws->pinned != NULL && ws->pinned[a];
     }
+    free(zeroF);
     for (int a = 0; a < n; ++a) {
         for (int b = 0; b < n; ++b) {
             const double den = sqrt(H[a * n + a] * H[b * n + b]);
@@ -906,7 +1062,8 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
     for (int j = 0; j < ws->n && ss > opt->stol; ++j) {
         /* the Gauss-Newton step from the final point leaves the parameter's range: the optimum lies beyond the
          * bound the fit ended against */
-        if (isfinite(ws->dstep[j]) && !nbg_param_in_bounds(ws->params[j], x[j] + ws->dstep[j])) {
+        if (isfinite(ws->dstep[j]) && !x_in_bounds(ws->params[j], x[j] + ws->dstep[j]) &&
+            !(ws->pinned != NULL && ws->pinned[j])) {
             res->reason = NBG_STOP_BOUND;
             res->converged = 0;
             snprintf(res->why, sizeof res->why, "%s ended at %g against a bound of its range (the Gauss-Newton step "
@@ -954,7 +1111,7 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
 
 static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                        const float *const *weights, size_t npix, const nbg_param *params, int nparams,
-                       const nbg_param *xparams, const int *xof, int nx, const nbg_refine_options *opt,
+                       const nbg_param *xparams, const int *xof, int nx, nbg_hkl *Ft, const nbg_refine_options *opt,
                        nbg_refine_result *res)
 {
     if (ctx == NULL || frames == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
@@ -983,11 +1140,12 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     if (rc != NBG_OK) {
         return rc;
     }
-    for (int j = 0; j < nparams; ++j) {
+    for (int j = 0; j < nparams && Ft == NULL; ++j) {
         if (nbgi_param_kind(params[j], NULL, NULL, NULL) == NBGI_K_F) {
             char label[48];
-            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: parameter %s: structure factors are not refined (the "
-                             "gradient calls give dL/dF)", nbg_param_label(e, params[j], label, sizeof label));
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: parameter %s: structure factors are fitted through "
+                             "nbg_refine_options.F (per-reflection scales), not listed",
+                             nbg_param_label(e, params[j], label, sizeof label));
         }
     }
     nbg_refine_result_free(res);
@@ -1014,7 +1172,10 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         char label[48];
         nbg_param_label(e, params[j], label, sizeof label);
         nbg_param_get(e, params[j], &x[j]);
-        if (!nbg_param_in_bounds(params[j], x[j])) {
+        if (is_Fp(params[j])) {
+            x[j] *= x[j];
+        }
+        if (!x_in_bounds(params[j], x[j])) {
             const double v = x[j];
             free(wbuf);
             return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", v, label);
@@ -1048,9 +1209,47 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     ws.nx = nx;
     ws.gx = malloc(sizeof(double) * (size_t)nx);
     ws.npix = npix;
+    ws.Ft = Ft;
     ws.nf = nframes;
     ws.fr = calloc((size_t)nframes, sizeof *ws.fr);
     rc = ws.fr == NULL || ws.gx == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d frames", nframes) : NBG_OK;
+    if (rc == NBG_OK && Ft != NULL) {
+        /* the structure factors among the parameters, and the other rendered ones */
+        const size_t nF = (size_t)(Ft->h_max - Ft->h_min + 1) * (size_t)(Ft->k_max - Ft->k_min + 1) *
+                          (size_t)(Ft->l_max - Ft->l_min + 1);
+        ws.Fa = malloc(sizeof(int) * (size_t)(nx + 1) * 2);
+        ws.qx = ws.Fa != NULL ? ws.Fa + nx + 1 : NULL;
+        ws.Fidx = malloc(sizeof(long) * (size_t)(nx + 1));
+        ws.Fids = malloc(sizeof(nbg_param) * (size_t)(nx + 1) * 2);
+        ws.xq = ws.Fids != NULL ? ws.Fids + nx + 1 : NULL;
+        ws.gF = malloc(sizeof(double) * (size_t)(nx + 1));
+        ws.Fsave = malloc(sizeof(double) * nF);
+        ws.c1 = malloc(sizeof(float) * (npix ? npix : 1) * 4);
+        ws.Fs0 = malloc(sizeof(double) * (size_t)(nx + 1));
+        ws.pinned = calloc((size_t)nparams + 1, 1);
+        if (ws.Fs0 == NULL || ws.pinned == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the structure factors' Jacobian");
+        } else if (ws.Fa == NULL || ws.Fidx == NULL || ws.Fids == NULL || ws.gF == NULL || ws.Fsave == NULL || ws.c1 == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the structure factors' Jacobian");
+        } else {
+            ws.c2 = ws.c1 + npix;
+            ws.c3 = ws.c2 + npix;
+            ws.dl = ws.c3 + npix;
+            for (int k = 0; k < nx; ++k) {
+                long idx;
+                if (nbgi_param_kind(xparams[k], NULL, NULL, NULL) == NBGI_K_F && k < nparams) {
+                    idx = (long)xparams[k] - NBG_P_F0;
+                    ws.Fa[ws.nFx] = k;
+                    ws.Fs0[ws.nFx] = Ft->F[idx] * Ft->F[idx];
+                    ws.Fidx[ws.nFx] = idx;
+                    ws.Fids[ws.nFx++] = xparams[k];
+                } else {
+                    ws.qx[ws.nq] = k;
+                    ws.xq[ws.nq++] = xparams[k];
+                }
+            }
+        }
+    }
     if (rc == NBG_OK && e->nmotions > 0) {
         /* the motions are parameters shared by the frames: trial steps go to one copy, which every frame's
          * experiment reads; the callers' lists get the fitted values at the end */
@@ -1099,6 +1298,13 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
             lit += fr->use[t] && fr->obs[i] > nbgi_response_at(&rcur, i)->pedestal;
         }
         nbgi_plan_free(&pl);
+    }
+    if (rc == NBG_OK && Ft != NULL && ws.nq > 0) {
+        size_t maxnw = 1;
+        for (int f = 0; f < nframes; ++f) maxnw = ws.fr[f].nw > maxnw ? ws.fr[f].nw : maxnw;
+        if ((ws.Tq = malloc(sizeof(double) * maxnw * (size_t)ws.nq)) == NULL) {
+            rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d Jacobian images of %zu pixels", ws.nq, maxnw);
+        }
     }
     /* an image without signal has nothing to fit: the Poisson loss would drive the model to zero intensity (an
      * ever larger cell, say) and least squares to no particular place */
@@ -1162,6 +1368,15 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     free(ws.fr);
     free(ws.motions);
     free(ws.gx);
+    free(ws.Fa);
+    free(ws.Fidx);
+    free(ws.Fids);
+    free(ws.gF);
+    free(ws.Fsave);
+    free(ws.c1);
+    free(ws.Tq);
+    free(ws.Fs0);
+    free(ws.pinned);
     free(wbuf);
     return rc;
 }
@@ -1296,12 +1511,13 @@ static int cell_constraints(nbg_ctx *ctx, nbg_experiment *frames, int nframes, c
     return NBG_OK;
 }
 
-int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
-                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
-                      const nbg_refine_options *opt, nbg_refine_result *res)
+static int refine_params(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                         const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                         nbg_hkl *Ft, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     if (ctx == NULL || frames == NULL || params == NULL || res == NULL || nframes < 1) {
-        return refine_core(ctx, frames, nframes, observed, weights, npix, params, nparams, params, NULL, 0, opt, res);
+        return refine_core(ctx, frames, nframes, observed, weights, npix, params, nparams, params, NULL, 0, NULL, opt,
+                           res);
     }
     if (nparams < 1 || nparams > 100000) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to 100000)", nparams);
@@ -1334,7 +1550,7 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
                         text);
     }
     if (rc == NBG_OK) {
-        rc = refine_core(ctx, frames, nframes, observed, weights, npix, red, nred, xp, xof, nx, opt, res);
+        rc = refine_core(ctx, frames, nframes, observed, weights, npix, red, nred, xp, xof, nx, Ft, opt, res);
     }
     if (rc != NBG_OK) {
         for (int f = 0; f < nframes; ++f) {
@@ -1397,6 +1613,344 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
     free(ibuf);
     free(start0);
     return NBG_OK;
+}
+
+/* ---- per-reflection scales: the structure factors fitted with the parameters (nbg_refine_options.F) ---- */
+
+/* The structure-factor step's sums over the frames' loss pixels.  The model is M = G sum_j F_j^2 K_j + bg, so with
+ * u_p = M_p - bg_p (the crystal's part) and, where pixel p sees one reflection j, dM_p/dF_j = 2 u_p / F_j, the loss's
+ * quadratic (Gauss-Newton; Fisher scoring for Poisson) model in s_j = F_j^2 is minimised at
+ * s_j' / s_j = sum_p c_p u_p (u_p - d_p / c_p) / sum_p c_p u_p^2, with d_p = dL/dM_p and c_p its curvature at M_p.
+ * Both sums are adjoint passes over the table: A_j = sum_p (dM_p/dF_j) c_p u_p and B_j = sum_p (dM_p/dF_j)
+ * (c_p u_p - d_p) (weights included), so that F_j' = F_j sqrt(B_j / A_j).  For Poisson without a background this
+ * is expectation-maximisation's step.  Frames are added in order (the sums are the same for any thread count). */
+typedef struct {
+    nbg_ctx *ctx;
+    nbg_experiment *frames;
+    int nf;
+    const float *const *obs, *const *w;
+    size_t npix, nF;
+    nbg_loss loss;
+    nbg_param *ids;         /* NBG_P_F(0 .. nF - 1) */
+    double *A, *B, *part;   /* nF each: the sums, and one frame's pass */
+    float *img, *dl;        /* npix each */
+} fstep_ws;
+
+/* Adds frame f's adjoint pass of dl (over e's pixels) into acc. */
+static int fstep_pass(fstep_ws *fs, const nbg_experiment *e, double *acc)
+{
+    const int rc = nbg_simulate_grad(fs->ctx, e, fs->dl, fs->ids, (int)fs->nF, fs->part, fs->img, fs->npix, NULL);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    for (size_t j = 0; j < fs->nF; ++j) {
+        acc[j] += fs->part[j];
+    }
+    return NBG_OK;
+}
+
+/* The sums A and B at the current table (with *L the loss there), or with whole (A only): A over every active
+ * pixel of the whole detectors with dl = 1 and in = NULL, or with in non-NULL A over every loss pixel with dl = 1
+ * (whole then the two passes that say which entries the loss's pixels measure). */
+static int fstep_sums(fstep_ws *fs, int mode, double *L)
+{
+    memset(fs->A, 0, sizeof(double) * fs->nF);
+    memset(fs->B, 0, sizeof(double) * fs->nF);
+    double sum = 0;
+    for (int f = 0; f < fs->nf; ++f) {
+        nbg_experiment e = fs->frames[f];
+        if (mode == 1) { /* the whole detectors: each entry's predicted photons */
+            e.pixels = NULL;
+            e.npixels_list = 0;
+        }
+        nbgi_plan pl;
+        int rc = nbgi_plan_build(fs->ctx, &e, &pl);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        const long nw = nbgi_nwalk(&pl.k);
+        const float *const w = fs->w != NULL ? fs->w[f] : NULL;
+        memset(fs->dl, 0, sizeof(float) * fs->npix);
+        if (mode == 0) {
+            rc = nbg_simulate(fs->ctx, &e, fs->img, fs->npix, NULL);
+        }
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &e);
+        for (long t = 0; rc == NBG_OK && t < nw; ++t) {
+            const size_t i = nbgi_walk_at(&pl.k, t);
+            const double wi = w != NULL ? w[i] : 1.0;
+            if (!nbgi_model_active(&pl.k, i) || !(wi > 0)) {
+                continue;
+            }
+            if (mode != 0) {
+                fs->dl[i] = 1;
+                continue;
+            }
+            double d, c;
+            sum += wi * nbgi_pixel_loss(fs->loss, nbgi_response_at(&rcur, i), fs->img[i], fs->obs[f][i], &d, &c);
+            const double u = fs->img[i] - nbgi_model_bg(&e, &pl.k, i);
+            fs->dl[i] = (float)(wi * c * u);
+        }
+        if (rc == NBG_OK) {
+            rc = fstep_pass(fs, &e, mode == 0 ? fs->A : mode == 1 ? fs->A : fs->B);
+        }
+        if (rc == NBG_OK && mode == 0) {
+            nbgi_response_init(&rcur, &e);
+            memset(fs->dl, 0, sizeof(float) * fs->npix);
+            for (long t = 0; t < nw; ++t) {
+                const size_t i = nbgi_walk_at(&pl.k, t);
+                const double wi = w != NULL ? w[i] : 1.0;
+                if (!nbgi_model_active(&pl.k, i) || !(wi > 0)) {
+                    continue;
+                }
+                double d, c;
+                nbgi_pixel_loss(fs->loss, nbgi_response_at(&rcur, i), fs->img[i], fs->obs[f][i], &d, &c);
+                const double u = fs->img[i] - nbgi_model_bg(&e, &pl.k, i);
+                fs->dl[i] = (float)(wi * (c * u - d));
+            }
+            rc = fstep_pass(fs, &e, fs->B);
+        }
+        nbgi_plan_free(&pl);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+    }
+    if (L != NULL) {
+        *L = sum;
+    }
+    return NBG_OK;
+}
+
+/* Which entries the loss's pixels measure: fit[j] when at least half entry j's predicted photons on the whole
+ * detectors fall in them (a whole-detector adjoint pass, then one over the loss's pixels) and at least two of
+ * them see entry j alone. */
+static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
+{
+    double *const whole = fs->part + fs->nF; /* scratch after part */
+    int rc = fstep_sums(fs, 1, NULL);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    memcpy(whole, fs->A, sizeof(double) * fs->nF);
+    rc = fstep_sums(fs, 2, NULL);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    long ncand = 0;
+    for (size_t j = 0; j < fs->nF; ++j) {
+        fit[j] = fs->B[j] > 0 && fs->B[j] >= 0.5 * whole[j];
+        ncand += fit[j];
+    }
+    /* and that some pixels see alone (frame_jacobian's test): an entry seen only through pixels it shares with
+     * others would have no row in the Gauss-Newton matrix */
+    long *const cand = malloc(sizeof(long) * (size_t)(ncand + 1));
+    long *const owned = calloc((size_t)(ncand + 1), sizeof(long));
+    float *const m3 = malloc(sizeof(float) * (fs->npix ? fs->npix : 1) * 3);
+    double *const Fs = fs->part; /* scratch of nF (whole is done with) */
+    nbg_hkl *const t = (nbg_hkl *)fs->frames[0].hkl;
+    if (cand == NULL || owned == NULL || m3 == NULL) {
+        free(cand), free(owned), free(m3);
+        return nbgi_error(fs->ctx, NBG_ENOMEM, "out of memory for %ld structure factors", ncand);
+    }
+    long k = 0;
+    for (size_t j = 0; j < fs->nF; ++j) {
+        if (fit[j]) cand[k++] = (long)j;
+    }
+    memcpy(Fs, t->F, sizeof(double) * fs->nF);
+    for (int f = 0; rc == NBG_OK && f < fs->nf; ++f) {
+        nbg_experiment e0 = fs->frames[f]; /* the crystal's part alone, as frame_jacobian renders it */
+        e0.bg[0] = e0.bg[1] = e0.bg[2] = 0;
+        const nbg_experiment *e = &e0;
+        float *const ma = m3, *const mb = m3 + fs->npix, *const mc = m3 + 2 * fs->npix;
+        rc = nbg_simulate(fs->ctx, e, ma, fs->npix, NULL);
+        for (long q = 0; q < ncand; ++q) t->F[cand[q]] = Fs[cand[q]] * sqrt(q + 2.0);
+        if (rc == NBG_OK) rc = nbg_simulate(fs->ctx, e, mb, fs->npix, NULL);
+        for (long q = 0; q < ncand; ++q) t->F[cand[q]] = Fs[cand[q]] * (q + 2.0);
+        if (rc == NBG_OK) rc = nbg_simulate(fs->ctx, e, mc, fs->npix, NULL);
+        memcpy(t->F, Fs, sizeof(double) * fs->nF);
+        nbgi_plan pl;
+        if (rc == NBG_OK && (rc = nbgi_plan_build(fs->ctx, e, &pl)) == NBG_OK) {
+            const long nw = nbgi_nwalk(&pl.k);
+            const float *const w = fs->w != NULL ? fs->w[f] : NULL;
+            for (long u = 0; u < nw; ++u) {
+                const size_t i = nbgi_walk_at(&pl.k, u);
+                const double un = ma[i];
+                if (!nbgi_model_active(&pl.k, i) || (w != NULL && !(w[i] > 0)) || !(un > 0)) {
+                    continue;
+                }
+                const double r1 = mb[i] / un - 1, r2 = mc[i] / un - 1;
+                const long q = lround(r1) - 1;
+                if (q >= 0 && q < ncand && fabs(r1 - (double)(q + 1)) <= 1e-3 &&
+                    fabs(r2 - (double)(q + 1) * (double)(q + 3)) <= 1e-3 * (double)(q + 1) * (double)(q + 3)) {
+                    owned[q]++;
+                }
+            }
+            nbgi_plan_free(&pl);
+        }
+    }
+    *nfit = 0;
+    for (long q = 0; q < ncand; ++q) {
+        fit[cand[q]] = owned[q] >= 2;
+        *nfit += fit[cand[q]];
+    }
+    free(cand), free(owned), free(m3);
+    return rc;
+}
+
+/* One cycle's structure-factor step over the entries fit selects: iterations of
+ * F_j' = F_j sqrt(B_j / A_j) until no entry moves by 1e-6 of itself (at most 50).  *first: the first iteration's
+ * largest relative move; *L the loss before the step. */
+static int fstep(fstep_ws *fs, nbg_hkl *t, const double *F0, const unsigned char *fit, double *first, double *L)
+{
+    int rc = NBG_OK;
+    *first = 0;
+    for (int it = 0; it < 50; ++it) {
+        double Lit;
+        rc = fstep_sums(fs, 0, &Lit);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        if (it == 0) {
+            *L = Lit;
+        }
+        double moved = 0;
+        for (size_t j = 0; j < fs->nF; ++j) {
+            const double F = t->F[j];
+            if (!fit[j] || !(fs->A[j] > 0) || F == 0) {
+                continue;
+            }
+            /* a reflection the data put at no photons goes to 1e-6 of its start, not to 0: F = 0 is a fixed point
+             * of the step, and the next cycle's orientation may show it after all */
+            const double Fn = fmax(fabs(F) * sqrt(fmax(fs->B[j], 0) / fs->A[j]), 1e-6 * fabs(F0[j]));
+            moved = fmax(moved, fabs(Fn - fabs(F)) / fabs(F));
+            t->F[j] = Fn;
+        }
+        if (it == 0) {
+            *first = moved;
+        }
+        if (moved <= 1e-6) {
+            break;
+        }
+    }
+    return NBG_OK;
+}
+
+static int refine_with_F(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                         const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                         const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    nbg_hkl *const t = opt->F;
+    if (t->F == NULL || t->h_max < t->h_min || t->k_max < t->k_min || t->l_max < t->l_min) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: the structure factors to fit (options.F) hold no table");
+    }
+    if (opt->method != NBG_OPT_LM) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: the structure factors are fitted by Levenberg-Marquardt only");
+    }
+    if (nparams < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: the structure factors are fitted together with the "
+                          "parameters: list at least one (e.g. bg)");
+    }
+    for (int f = 0; f < nframes; ++f) {
+        if (frames[f].hkl != t) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: frame %d's experiment does not point at the structure "
+                              "factors to fit (options.F)", f);
+        }
+    }
+    for (int j = 0; j < nparams; ++j) {
+        if (params[j] == NBG_P_SCALE || params[j] == NBG_P_FLUENCE) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %s is an overall factor on every F^2: it cannot be "
+                              "fitted with the structure factors (hold it)", nbg_param_name(params[j]));
+        }
+    }
+    const size_t nF = (size_t)(t->h_max - t->h_min + 1) * (size_t)(t->k_max - t->k_min + 1) *
+                      (size_t)(t->l_max - t->l_min + 1);
+    if (nF > (size_t)(NBG_P_F0 - 1) || nF > (size_t)INT_MAX) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a table of %zu structure factors is too large to fit", nF);
+    }
+    fstep_ws fs = {ctx, frames, nframes, observed, weights, npix, nF, opt->loss, NULL, NULL, NULL, NULL, NULL,
+                   NULL};
+    fs.ids = malloc(sizeof(nbg_param) * nF);
+    double *const dbuf = malloc(sizeof(double) * nF * 5);
+    unsigned char *const fit = malloc(nF);
+    fs.img = malloc(sizeof(float) * (npix ? npix : 1));
+    fs.dl = malloc(sizeof(float) * (npix ? npix : 1));
+    int rc = NBG_OK;
+    if (fs.ids == NULL || dbuf == NULL || fit == NULL || fs.img == NULL || fs.dl == NULL) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu structure factors", nF);
+    }
+    double *const F0 = dbuf + 4 * nF;
+    if (rc == NBG_OK) {
+        fs.A = dbuf;
+        fs.B = dbuf + nF;
+        fs.part = dbuf + 2 * nF; /* and whole after it */
+        for (size_t j = 0; j < nF; ++j) {
+            fs.ids[j] = NBG_P_F((long)j);
+        }
+        memcpy(F0, t->F, sizeof(double) * nF);
+    }
+    /* the entries the loss's pixels measure, brought to their optimum at the start (the parameters held), then one
+     * Levenberg-Marquardt fit of the parameters and those entries together */
+    long nfit = 0;
+    double moved = 0, Lc = NAN;
+    nbg_param *ext = NULL;
+    if (rc == NBG_OK) {
+        rc = fstep_select(&fs, fit, &nfit);
+    }
+    if (rc == NBG_OK) {
+        rc = fstep(&fs, t, F0, fit, &moved, &Lc);
+    }
+    if (rc == NBG_OK) { /* again at the step's values: an entry the data put at no photons has no information in F */
+        rc = fstep_select(&fs, fit, &nfit);
+    }
+    if (rc == NBG_OK && (ext = malloc(sizeof(nbg_param) * ((size_t)nparams + (size_t)nfit))) == NULL) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %ld structure factors", nfit);
+    }
+    if (rc == NBG_OK) {
+        memcpy(ext, params, sizeof(nbg_param) * (size_t)nparams);
+        int m = nparams;
+        for (size_t j = 0; j < nF; ++j) {
+            if (fit[j]) {
+                ext[m++] = NBG_P_F((long)j);
+            }
+        }
+        rc = refine_params(ctx, frames, nframes, observed, weights, npix, ext, m, t, opt, res);
+    }
+    if (rc == NBG_OK) {
+        /* the entries were fitted as s = F^2: their standard errors in F, sigma_s / (2 F) */
+        for (int j = 0; j < res->nparams; ++j) {
+            if (res->params[j] >= NBG_P_F0) {
+                res->sigma[j] = res->value[j] > 0 ? res->sigma[j] / (2 * res->value[j]) : NAN;
+            }
+        }
+        res->F_fitted = nfit;
+        res->F_moved = moved;
+    }
+    if (rc != NBG_OK && dbuf != NULL && fs.A != NULL) {
+        memcpy(t->F, F0, sizeof(double) * nF); /* the caller's table as it was */
+    }
+    free(ext);
+    free(fs.ids);
+    free(dbuf);
+    free(fit);
+    free(fs.img);
+    free(fs.dl);
+    return rc;
+}
+
+int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                      const float *const *weights, size_t npix, const nbg_param *params, int nparams,
+                      const nbg_refine_options *opt, nbg_refine_result *res)
+{
+    if (opt != NULL && opt->F != NULL && ctx != NULL && frames != NULL && observed != NULL && params != NULL &&
+        res != NULL && nframes >= 1 && nframes <= 100000) {
+        for (int f = 0; f < nframes; ++f) {
+            if (observed[f] == NULL) {
+                return nbgi_error(ctx, NBG_EINVAL, "nbg_refine_frames: no observed image for frame %d", f);
+            }
+        }
+        return refine_with_F(ctx, frames, nframes, observed, weights, npix, params, nparams, opt, res);
+    }
+    return refine_params(ctx, frames, nframes, observed, weights, npix, params, nparams, NULL, opt, res);
 }
 
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,

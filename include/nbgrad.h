@@ -730,6 +730,15 @@ typedef struct {
     /* called after each iteration: loss, gradient norm and step length */
     void (*progress)(void *user, int iter, double loss, double gnorm, double step);
     void *user;
+    /* Per-reflection scales: non-NULL, the structure-factor table every frame's experiment points at (e->hkl),
+     * whose entries measured in the loss's pixels (at least half an entry's predicted photons on the whole detector
+     * fall in them: spot regions) are fitted together with the parameters listed, in one Levenberg-Marquardt fit.
+     * They are first brought to their optimum with the parameters held (F^2 enters the model linearly).  The
+     * structure factors' gradient is the adjoint's (exact); their rows of the Gauss-Newton matrix come from the
+     * pixels that see one reflection (dM/dF_j = 2 (M - bg) / F_j there; which reflection, from three more renders).
+     * The result lists the parameters, then the entries fitted (NBG_P_F(i)); the table is updated in place (|F|).
+     * scale and fluence are an overall factor on every F^2 and cannot be fitted with them.  LM only. */
+    nbg_hkl *F;
 } nbg_refine_options;
 
 /* Why a refinement stopped.  Converged: FTOL, GTOL, STEP, and NO_DECREASE when the Gauss-Newton step left is
@@ -791,6 +800,11 @@ typedef struct {
      * what was done, "" when nothing was constrained. */
     int *tied;
     char constraint[320];
+    /* With nbg_refine_options.F: the table's entries fitted, and the largest relative change of one in the
+     * start's step (the parameters held). */
+    long F_fitted;
+    double F_moved;
+    long F_zero;      /* entries the fit put at zero intensity (held at that bound; standard error NaN) */
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);

@@ -411,6 +411,10 @@ static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
         ok = err < 1e-6;
     }
     nbg_experiment trial = *e;
+    /* the structure factors do not enter the crystal's vectors; a run whose -hkl is read later (default_F 0 until
+     * then) must not fail the check, which would leave the crystal as a matrix, with no cell to refine */
+    trial.default_F = 1;
+    trial.hkl = NULL;
     if (ok) {
         /* R = Rz(gz) Ry(gy) Rx(gx): R20 = -sin gy, R21 = cos gy sin gx, R22 = cos gy cos gx, R10 = sin gz cos gy */
         trial.has_cell = 1;

@@ -88,6 +88,8 @@ typedef struct {
     double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
     const char *panel_resp[3];  /* -panel_pedestal, -panel_gain, -panel_read_noise: a value per panel, comma lists */
     const char *motionsout;       /* refine -motionsfile: the fitted motions */
+    const char *hklout;           /* refine -hklout: the fitted structure factors */
+    int fit_F;                    /* refine: F listed (the -hkl table's entries fitted; ids holds the others) */
     nbg_optimizer method;
     int max_iter;
     const char *residual;
@@ -317,6 +319,8 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
     {"-motionsfile", CMD_REFINE, nbgi_set_path, GO(motionsout), "FILE",
      "the fitted panel motions, in -motions's format (every group)"},
+    {"-hklout", CMD_REFINE, nbgi_set_path, GO(hklout), "FILE",
+     "with F among -params: the fitted structure factors, \"h k l F\" lines of the entries fitted"},
     {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
     {"-spots", CMD_REFINE, nbgi_set_half_box, GO(spots), "N",
@@ -423,11 +427,37 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
         fprintf(stderr, "nbgrad: error: -params: %s\n", nbg_errmsg(ctx));
         return 0;
     }
+    /* refine fits the structure factors as per-reflection scales: the whole table (F), not single entries */
+    int nF = 0;
     for (int j = 0; j < o->nids && o->cmd == CMD_REFINE; ++j) {
-        if (is_F(o->ids[j])) {
-            fprintf(stderr, "nbgrad: error: refine does not fit structure factors (F); use nbgrad grad for dL/dF\n");
+        nF += is_F(o->ids[j]);
+    }
+    if (nF > 0) {
+        const nbg_hkl *t = c->e.hkl;
+        const long size = t == NULL ? 0
+                                    : (long)(t->h_max - t->h_min + 1) * (t->k_max - t->k_min + 1) *
+                                          (t->l_max - t->l_min + 1);
+        if (t == NULL || nF != size) {
+            fprintf(stderr, "nbgrad: error: -params: refine fits the structure factors as a whole, the -hkl table's "
+                    "entries (F), %s\n", t == NULL ? "and there is no -hkl table (default_F everywhere)"
+                                                   : "not single entries F(h,k,l)");
             return 0;
         }
+        int k = 0;
+        for (int j = 0; j < o->nids; ++j) {
+            const nbg_param p = o->ids[j];
+            if (is_F(p)) {
+                continue;
+            }
+            if (p == NBG_P_SCALE || p == NBG_P_FLUENCE) {
+                printf("note: %s is held: it is an overall factor on every F^2, and the structure factors are "
+                       "fitted\n", nbg_param_name(p));
+                continue;
+            }
+            o->ids[k++] = p;
+        }
+        o->nids = k;
+        o->fit_F = 1;
     }
     if (!all) {
         return 1;
@@ -465,9 +495,9 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
             ++nleft;
         }
     }
-    if (o->cmd == CMD_REFINE) {
+    if (o->cmd == CMD_REFINE && !o->fit_F) {
         len += (size_t)snprintf(left + len, len < sizeof left ? sizeof left - len : 0,
-                                "\n  F: refine does not fit structure factors (nbgrad grad gives dL/dF)");
+                                "\n  F: the structure factors are fitted only when named (F: per-reflection scales)");
         ++nleft;
     }
     int n = 0;
@@ -1257,6 +1287,9 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
     printf("%-12s %16s %16s %14s\n", "parameter", "start", "refined", "std. error");
     char lab[64];
     for (int j = 0; j < res->nparams; ++j) {
+        if (is_F(res->params[j])) {
+            continue; /* the structure factors: -hklout */
+        }
         const int t = res->tied != NULL ? res->tied[j] : j;
         char note[80] = "";
         if (t < 0) {
@@ -1270,8 +1303,15 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
     }
     printf("correlations:\n");
     for (int a = 0; a < res->nparams; ++a) {
+        if (is_F(res->params[a])) {
+            continue;
+        }
         printf("  %-12s", nbg_param_label(e, res->params[a], lab, sizeof lab));
-        for (int b = 0; b <= a; ++b) printf(" %6.3f", res->corr[a * res->nparams + b]);
+        for (int b = 0; b <= a; ++b) {
+            if (!is_F(res->params[b])) {
+                printf(" %6.3f", res->corr[a * res->nparams + b]);
+            }
+        }
         printf("\n");
     }
 }
@@ -1361,6 +1401,9 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
     json_object_set_new(fit, "sigma_scale", nbgi_json_num(res->fit.sigma_scale));
     json_object_set_new(d, "fit", fit);
     json_object_set_new(d, "constraint", json_string(res->constraint));
+    if (o->fit_F) {
+        json_object_set_new(d, "F_fitted", json_integer(res->F_fitted));
+    }
     json_object_set_new(d, "start_loss", nbgi_json_num(res->start_loss));
     json_object_set_new(d, "final_loss", nbgi_json_num(res->loss));
     char lab[64];
@@ -1393,6 +1436,34 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
 #endif
 }
 
+/* refine -hklout: "h k l F" lines of the table's entries that the fit moved from F0 (its start). */
+static int refine_write_hkl(nbg_ctx *ctx, nbgi_cli *c, const char *path, const double *F0)
+{
+    nbgi_out out;
+    int ok = nbgi_out_open(ctx, path, &out) == NBG_OK;
+    const nbg_hkl *t = &c->hkl;
+    long n = 0;
+    size_t j = 0;
+    for (int h = t->h_min; ok && h <= t->h_max; ++h) {
+        for (int k = t->k_min; ok && k <= t->k_max; ++k) {
+            for (int l = t->l_min; ok && l <= t->l_max; ++l, ++j) {
+                if (t->F[j] != F0[j]) {
+                    char line[128];
+                    const int len = snprintf(line, sizeof line, "%d %d %d %.10g\n", h, k, l, t->F[j]);
+                    ok = nbgi_out_write(ctx, &out, line, (size_t)len) == NBG_OK;
+                    ++n;
+                }
+            }
+        }
+    }
+    if (!ok || nbgi_out_finish(ctx, &out, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -hklout: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    printf("wrote %s: h k l F of the %ld fitted entries\n", path, n);
+    return 1;
+}
+
 static int cmd_refine(int argc, char **argv, int first)
 {
 #ifdef NBG_NO_REFINE
@@ -1420,6 +1491,7 @@ static int cmd_refine(int argc, char **argv, int first)
     uint8_t **fuse = NULL;      /* their masks (fuse[0] = use) */
     uint32_t **fspot = NULL;    /* their spot regions */
     nbg_refine_result res = {0};
+    double *F0 = NULL; /* with F fitted: the table as it started (-hklout writes the entries that moved) */
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -1480,6 +1552,19 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.max_iter = o.max_iter;
     ro.progress = refine_progress;
     ro.user = &o.max_iter;
+    if (o.fit_F) {
+        ro.F = &c.hkl;
+        const size_t nF = (size_t)(c.hkl.h_max - c.hkl.h_min + 1) * (size_t)(c.hkl.k_max - c.hkl.k_min + 1) *
+                          (size_t)(c.hkl.l_max - c.hkl.l_min + 1);
+        if ((F0 = malloc(sizeof(double) * nF)) == NULL) {
+            fprintf(stderr, "nbgrad: error: out of memory for %zu structure factors\n", nF);
+            goto done;
+        }
+        memcpy(F0, c.hkl.F, sizeof(double) * nF);
+    } else if (o.hklout != NULL) {
+        fprintf(stderr, "nbgrad: error: -hklout: the structure factors are not fitted (name F in -params)\n");
+        goto done;
+    }
     fe = calloc((size_t)nf, sizeof *fe);
     fobs = calloc((size_t)nf, sizeof *fobs);
     fuse = calloc((size_t)nf, sizeof *fuse);
@@ -1521,7 +1606,8 @@ static int cmd_refine(int argc, char **argv, int first)
         free(fw);
         goto done;
     }
-    printf("refining %d parameters with %s on the %s loss%s\n", o.nids,
+    printf("refining %d parameters%s with %s on the %s loss%s\n", o.nids,
+           o.fit_F ? " and the structure factors (per-reflection scales)" : "",
            o.method == NBG_OPT_LM ? "Levenberg-Marquardt" : "BFGS",
            o.loss == NBG_LOSS_LSQ ? "least-squares"
            : c.e.response.read_noise > 0 ? "shifted-Poisson (read noise)" : "Poisson",
@@ -1544,6 +1630,15 @@ static int cmd_refine(int argc, char **argv, int first)
         printf("%s\n", res.constraint);
     }
     refine_outcome(&res);
+    if (o.fit_F) {
+        printf("structure factors: %ld entries fitted with the parameters as intensities F^2 (those with at least "
+               "half their predicted photons in the fitted pixels, seen alone by two or more; the start's step moved "
+               "one by up to %.3g of itself), %ld of them at zero intensity; the parameters' standard errors include "
+               "them\n", res.F_fitted, res.F_moved, res.F_zero);
+        if (o.hklout != NULL && !refine_write_hkl(ctx, &c, o.hklout, F0)) {
+            goto done;
+        }
+    }
     const int floor_bad = res.floor.mismatch;
     if (floor_bad) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
@@ -1561,6 +1656,9 @@ static int cmd_refine(int argc, char **argv, int first)
         if (o.loss == NBG_LOSS_POISSON) {
             char lab[64];
             for (int j = 0; j < res.nparams; ++j) {
+                if (is_F(res.params[j])) {
+                    continue;
+                }
                 printf("  %-12s %14.4g\n", nbg_param_label(&c.e, res.params[j], lab, sizeof lab),
                        res.sigma[j] * res.fit.sigma_scale);
             }
@@ -1608,6 +1706,7 @@ done:
     free(fuse);
     free(fspot);
     free(fe);
+    free(F0);
     nbg_refine_result_free(&res);
     grad_opts_free(&o);
     c.extra = NULL;
