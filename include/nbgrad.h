@@ -211,6 +211,11 @@ typedef struct {
     int has_trusted;                /* 1: trusted below is the range of its valid counts (DIALS's trusted_range) */
     double trusted[2];              /* when has_trusted and lo < hi: nbg_observed_read leaves out its pixels whose
                                        count v is not lo < v < hi (dxtbx's rule; nbg_read_expt_panels fills it) */
+    int raw_offset[2];              /* where its pixels start (fast, slow) in an image file that is one array cut
+                                       into panels (a DIALS list's raw_image_offset: the Pilatus 12M's rows of
+                                       modules, a Timepix quad's chips); nbg_read_expt_panels fills it, and
+                                       nbg_observed_read cuts such a file into the panels at these corners when
+                                       any panel's is not (0, 0).  (0, 0) otherwise */
 } nbg_panel;
 
 /* A rigid motion of a group of panels (panels whose nbg_panel.group is its index), in the frame of the panels'
@@ -932,6 +937,7 @@ typedef struct {
     int has_adc_offset; /* 1: the header has (reading) or gets (writing) an ADC_OFFSET key; nanoBragg writes none,
                            so nbg_smv_header_from_report and a zeroed header leave it out (byte-identical files) */
     double adc_offset;  /* the pedestal the data carry, counts */
+    char beamline[32];  /* reading: the header's BEAMLINE ("" when none); the writer writes its own */
 } nbg_smv_header;
 
 /* Fills an SMV header from a report. */
@@ -1019,6 +1025,8 @@ typedef struct {
                                          writes for a scan by default): how many A matrices it held (0: none).  The
                                          readers take the static A (real_space) and say so here, so that a caller
                                          can tell the user that the per-image orientations were not used */
+    char detector[64];                /* the detector as the file names it (a miniCBF's "# Detector:" line, an SMV
+                                         header's BEAMLINE); "" when it names none */
 } nbg_geometry;
 
 /* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam
@@ -1112,7 +1120,11 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
  * nbg_experiment_from_geometry(g) (whose frame is DIALS's), e->panels = *panels, e->npanels = *npanels and
  * e->panel_frame = NBG_PANELS_LAB render the whole detector.  A panel whose sensor differs from panel 0's (the
  * experiment's) gets its own (thick, thick_abs).  Refused besides: rectangular pixels, a panel without a sensor
- * beside panels with one. */
+ * beside panels with one.  Each panel's raw_image_offset is its raw_offset (where nbg_observed_read finds its pixels
+ * in an image file that is one array).  With several panels, g's detector is panel 0's unless the beam does not
+ * meet panel 0's plane in front of the sample (the Pilatus 12M's first row): then the first panel's whose plane it
+ * meets inside the panel (else the first whose plane it meets), so that nbg_experiment_from_geometry can set it up;
+ * the panels, in the lab frame, do not depend on it. */
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* The geometry of an NXmx file with every module (NXdetector_module, in name order, as DIALS orders them) as a
@@ -1130,7 +1142,8 @@ int nbg_read_nxmx_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
  * Refused, naming what: sections spanning several planes or with a stride, a decreasing direction, surface axes
  * that are rotations or not fast-depends-on-slow, rectangular pixels, a 3-D array without sections, packed data of
  * other than 32-bit integers, anything unreadable or inconsistent (dimensions, a section past its array, an axis
- * chain with a cycle). */
+ * chain with a cycle), a miniCBF of a detector whose modules the file does not place (NBG_EUNSUP, as
+ * nbg_read_image refuses it: the Pilatus 12M). */
 int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
 
 /* Reads one frame (0-based) of an image file, of any format nbgrad knows by its content: NXmx/HDF5, CBF, SMV, or
@@ -1143,7 +1156,12 @@ int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pan
  * saying so); from raw floats nothing.  g->scan_stated says whether the file stated the scan: a CBF's (or SMV
  * file's) scan_start is that one image's own start angle.  mask, when not NULL, receives a malloc'd
  * fpixels*spixels mask (1 = bad: the file's pixel mask, CBF's negative pixels, and every pixel at or above the
- * saturation) or NULL when no pixel is bad. */
+ * saturation) or NULL when no pixel is bad.  Refused (NBG_EUNSUP, naming the detector and what to do): a file of a
+ * detector whose header describes one flat panel where the detector is several, placed by tables the file does not
+ * carry (dxtbx's format classes for them): a Pilatus 12M miniCBF (Diamond I23's cylinder of module rows) and a
+ * TimePix_SU SMV of 512 x 512 pixels (a quad of chips with wide edge pixels).  Such an image is read through
+ * the DIALS experiment list of its import (nbg_observed_read with the list's panels, which say where each one's
+ * pixels lie in the file: nbg_panel.raw_offset). */
 int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
                    nbg_geometry *g, int *have_geometry, uint8_t **mask);
 

@@ -600,6 +600,15 @@ static void mini_geometry(const char *text, nbg_geometry *g)
     if ((f = mini_field(text, "Angle_increment")) != NULL && sscanf(f, " %lf", &a) == 1)
         g->scan_width = a, inc = 1;
     g->scan_stated = start ? 1 + inc : 0;
+    /* "# Detector: PILATUS 12M, S/N 120-0100": the detector's name as written */
+    if ((f = mini_field(text, "Detector:")) != NULL) {
+        while (*f == ' ' || *f == '\t')
+            ++f;
+        size_t n = strcspn(f, "\r\n");
+        while (n > 0 && (f[n - 1] == ' ' || f[n - 1] == '\t'))
+            --n;
+        snprintf(g->detector, sizeof g->detector, "%.*s", (int)n, f);
+    }
     /* "# Silicon sensor, thickness 0.000320 m" */
     const char *p = strstr(text, "sensor, thickness");
     if (p != NULL) {
@@ -1786,6 +1795,11 @@ int nbg_read_cbf_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pan
     size_t n = 0;
     const int rc = nbgi_read_cbf_panels(ctx, path, &img, &n, g, NULL, panels, npanels);
     free(img);
+    char why[1024];
+    if (rc == NBG_OK && *panels == NULL && nbgi_unplaced_detector("cbf", g, path, why, sizeof why)) {
+        *npanels = 0; /* a miniCBF's one flat panel that is not the detector (the Pilatus 12M) */
+        return nbgi_error(ctx, NBG_EUNSUP, "%s", why);
+    }
     if (rc == NBG_OK && *panels == NULL) {
         /* one panel: the detector of g */
         nbg_panel *p = calloc(1, sizeof *p);

@@ -11,6 +11,7 @@
  * outside the scan axis, as dxtbx computes them.
  */
 #include "formats.h"
+#include "plan.h"
 
 #include <errno.h>
 #include <float.h>
@@ -936,6 +937,20 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
                 out[k].thick = gk.thickness * 1000.0;
                 out[k].thick_abs = gk.mu > 0 ? 1000.0 / gk.mu : 0;
             }
+            json_t *pk = json_array_get(panels, k);
+            if (json_object_get(pk, "raw_image_offset") != NULL) {
+                /* where its pixels start in the image file's one array (dxtbx's raw_image_offset) */
+                json_int_t off[2];
+                char pw[128];
+                snprintf(pw, sizeof pw, "%s.panels[%zu]", where, k);
+                if ((rk = integers(r, pk, pw, "raw_image_offset", 2, 0, 1000000000, off)) != NBG_OK) {
+                    free(out);
+                    free(frames);
+                    return rk;
+                }
+                out[k].raw_offset[0] = (int)off[0];
+                out[k].raw_offset[1] = (int)off[1];
+            }
             out[k].has_trusted = !isnan(gk.trusted[1]);
             out[k].trusted[0] = gk.trusted[0];
             out[k].trusted[1] = gk.trusted[1];
@@ -1296,7 +1311,36 @@ int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
         return nbgi_error(ctx, NBG_EINVAL, "reading %s: nowhere to put the panels", path != NULL ? path : "a list");
     *panels = NULL;
     *npanels = 0;
-    return read_expt(ctx, path, g, panels, npanels);
+    const int rc = read_expt(ctx, path, g, panels, npanels);
+    if (rc != NBG_OK || *npanels < 2)
+        return rc;
+    /* g's detector: panel 0's where the beam meets its plane in front of the sample, else the first panel's whose
+     * plane it meets there, one it meets inside the panel first (the Pilatus 12M's first row faces the sample from
+     * above the beam, along which its plane never lies): the plane nbg_experiment_from_geometry sets up, on
+     * which the panels (in the lab frame) do not depend */
+    int best = -1, inside = 0;
+    const double beam[3] = {-g->direction[0], -g->direction[1], -g->direction[2]};
+    for (int k = 0; k < *npanels && !inside; ++k) {
+        const nbg_panel *p = &(*panels)[k];
+        double n[3], hit[3];
+        nbgi_cross(p->fast, p->slow, n); /* unit: the reader's axes are unit and perpendicular */
+        const double no = nbgi_dot(n, p->origin), nb = nbgi_dot(n, beam);
+        if (!(fabs(no) > 1e-6 && (no < 0 ? -nb : nb) > 1e-6))
+            continue; /* its plane passes through the sample, or the beam does not reach it */
+        if (k == 0)
+            return NBG_OK;
+        for (int i = 0; i < 3; ++i) hit[i] = beam[i] * (no / nb) - p->origin[i];
+        const double u = nbgi_dot(hit, p->fast) / p->pixel, v = nbgi_dot(hit, p->slow) / p->pixel;
+        inside = u >= 0 && u <= p->fpixels && v >= 0 && v <= p->spixels;
+        if (best < 0 || inside)
+            best = k;
+    }
+    if (best > 0) {
+        nbg_geometry gk;
+        nbgi_geometry_of_panel(g, &(*panels)[best], &gk);
+        *g = gk;
+    }
+    return NBG_OK;
 }
 
 #else /* !NBG_HAVE_FORMATS */

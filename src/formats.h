@@ -45,6 +45,21 @@ int nbgi_write_expt_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const 
 /* nbg_read_refl on the file's bytes (buf, len; path names it in messages): the fuzz harness's way in. */
 int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out);
 
+/* 1 when a file of format ("cbf", "smv") whose geometry g the reader filled (its detector name and size) is of a
+ * detector whose modules nbgrad cannot place from the file (a Pilatus 12M miniCBF, a TimePix_SU quad's SMV: the
+ * header describes one flat panel, dxtbx places the modules from tables of its own), with msg (size bytes, may be
+ * NULL) the refusal naming path, the detector and what to do (import it with DIALS and pass the list with the
+ * image); 0 otherwise. */
+int nbgi_unplaced_detector(const char *format, const nbg_geometry *g, const char *path, char *msg, size_t size);
+
+/* nbg_read_image, except that an image of a detector it refuses because it cannot place its panels (see
+ * nbg_read_image) is read as the file's one array, with unplaced (size bytes) receiving the refusal's message (an
+ * empty string otherwise; may be NULL): for a caller that has the panels from elsewhere, as nbg_observed_read has
+ * a DIALS list's (nbg_panel.raw_offset). */
+int nbgi_read_image_array(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image,
+                          size_t *npix, nbg_geometry *g, int *have_geometry, uint8_t **mask, char *unplaced,
+                          size_t size);
+
 /* The format readers behind nbg_read_image (same contract: one frame, *image malloc'd, g and mask optional).
  * Each checks sizes against the context's memory limit before allocating. */
 int nbgi_read_nxmx(nbg_ctx *ctx, const char *path, int frame, float **image, size_t *npix, nbg_geometry *g,

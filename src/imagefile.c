@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 static int read_smv_image(nbg_ctx *ctx, const char *path, float **image, size_t *npix, nbg_geometry *g)
@@ -38,6 +39,7 @@ static int read_smv_image(nbg_ctx *ctx, const char *path, float **image, size_t 
         if (isfinite(h.distance))
             g->origin[2] = -h.distance;
         g->pedestal = h.has_adc_offset ? h.adc_offset : NAN;
+        snprintf(g->detector, sizeof g->detector, "%s", h.beamline);
         g->saturation = 65535;
         if (isfinite(h.phi0)) {
             g->scan_start = h.phi0;
@@ -146,6 +148,29 @@ static const struct {
 int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image, size_t *npix,
                    nbg_geometry *g, int *have_geometry, uint8_t **mask)
 {
+    char unplaced[1024];
+    const int rc = nbgi_read_image_array(ctx, path, frame, expect_npix, image, npix, g, have_geometry, mask,
+                                         unplaced, sizeof unplaced);
+    if (rc != NBG_OK || unplaced[0] == '\0')
+        return rc;
+    free(*image);
+    *image = NULL;
+    *npix = 0;
+    if (mask != NULL) {
+        free(*mask);
+        *mask = NULL;
+    }
+    if (have_geometry != NULL)
+        *have_geometry = 0;
+    return nbgi_error(ctx, NBG_EUNSUP, "%s", unplaced);
+}
+
+int nbgi_read_image_array(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, float **image,
+                          size_t *npix, nbg_geometry *g, int *have_geometry, uint8_t **mask, char *unplaced,
+                          size_t size)
+{
+    if (unplaced != NULL && size > 0)
+        unplaced[0] = '\0';
     if (image == NULL || npix == NULL)
         return nbgi_error(ctx, NBG_EINVAL, "nbg_read_image: NULL argument");
     *image = NULL;
@@ -204,6 +229,13 @@ int nbg_read_image(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix
                 m[i] = 1;
             }
         }
+    }
+    /* the file's flat panel is not this detector: say so (the caller that has the panels reads the array) */
+    char why[1024];
+    if (nbgi_unplaced_detector(image_formats[fmt].name, &lg, path, why, sizeof why)) {
+        whole = 0;
+        if (unplaced != NULL && size > 0)
+            snprintf(unplaced, size, "%s", why);
     }
     if (mask != NULL)
         *mask = m;

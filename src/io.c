@@ -864,6 +864,7 @@ static void smv_header_unset(nbg_smv_header *h)
     h->ORGX = h->ORGY = h->phi0 = h->osc = h->twotheta = NAN;
     h->has_adc_offset = 0;
     h->adc_offset = NAN;
+    h->beamline[0] = '\0';
 }
 
 /* Parses the header keys into h and checks byte order and pixel type; *swap says whether the data need swapping. */
@@ -908,6 +909,7 @@ static int smv_parse(nbg_ctx *ctx, const char *path, const char *hdr, nbg_smv_he
             return rc;
     }
     h->has_adc_offset = !isnan(h->adc_offset);
+    smv_word(hdr, "BEAMLINE", h->beamline, sizeof h->beamline);
     char word[64];
     smv_word(hdr, "TYPE", word, sizeof word);
     if (word[0] != '\0' && strcmp(word, "unsigned_short") != 0)

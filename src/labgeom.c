@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 static void set3(double *v, double x, double y, double z)
@@ -617,4 +618,49 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
         memcpy(e->mosaic_frame, g->mosaic_frame, sizeof e->mosaic_frame);
     }
     return NBG_OK;
+}
+
+/* Detectors whose files describe one flat panel where the detector is several: dxtbx places their modules from
+ * tables of its own (the instrument's drawings, per serial number or beamline), which the files do not carry, so
+ * nbgrad cannot place them from the file.  Each row: the format, what its detector name (nbg_geometry.detector)
+ * contains (two words, case-insensitive; the second may be NULL), the image size it has (0: any), and the detector
+ * in words. */
+static const struct {
+    const char *format, *word1, *word2;
+    int fpixels, spixels;
+    const char *what;
+} unplaced_detectors[] = {
+    {"cbf", "PILATUS", "12M", 0, 0,
+     "a Pilatus 12M (Diamond I23's: 24 rows of modules on a cylinder about the sample)"},
+    {"smv", "TimePix_SU", NULL, 512, 512,
+     "a TimePix_SU quad (4 Timepix chips, their edge pixels 3 times as wide as the others)"},
+};
+
+static int contains_word(const char *s, const char *w)
+{
+    const size_t n = strlen(w);
+    for (; *s != '\0'; ++s) {
+        if (strncasecmp(s, w, n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+int nbgi_unplaced_detector(const char *format, const nbg_geometry *g, const char *path, char *msg, size_t size)
+{
+    for (size_t i = 0; i < sizeof unplaced_detectors / sizeof unplaced_detectors[0]; ++i) {
+        const __typeof__(unplaced_detectors[0]) *u = &unplaced_detectors[i];
+        if (strcmp(u->format, format) != 0 || !contains_word(g->detector, u->word1) ||
+            (u->word2 != NULL && !contains_word(g->detector, u->word2)) ||
+            (u->fpixels != 0 && (g->fpixels != u->fpixels || g->spixels != u->spixels)))
+            continue;
+        if (msg != NULL && size > 0)
+            snprintf(msg, size, "%s: its detector is \"%s\", %s.  The header describes one flat panel of %d x %d "
+                     "pixels, which this detector is not, and the file does not say where its modules lie (dxtbx "
+                     "places them from a table of its own): nbgrad will not guess.  Import the file with DIALS "
+                     "(dials.import %s) and pass the list with the image: -expt imported.expt -observed %s", path,
+                     g->detector, u->what, g->fpixels, g->spixels, path, path);
+        return 1;
+    }
+    return 0;
 }

@@ -6,6 +6,7 @@
  * what a program tells its user it finds as text in the result.
  */
 #include "build.h"
+#include "formats.h"
 #include "internal.h"
 
 #include <math.h>
@@ -96,6 +97,68 @@ static void choose_response(const nbg_observed_options *o, const nbg_geometry *g
              r->pedestal, from, r->gain, r->read_noise);
 }
 
+/* Whether e's panels say where their pixels lie in a file that is one array (some panel's raw_offset is not 0). */
+static int has_layout(const nbg_experiment *e)
+{
+    for (int q = 0; e->panels != NULL && q < e->npanels; ++q) {
+        if (e->panels[q].raw_offset[0] != 0 || e->panels[q].raw_offset[1] != 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* The file's one array (n pixels, g's fpixels x spixels, fast-major) cut into e's panels at their raw offsets, as
+ * dxtbx's get_raw_data cuts it: *img (and *mask, when not NULL) replaced by the panels' concatenation (npix). */
+static int cut_panels(nbg_ctx *ctx, const nbg_experiment *e, const char *path,
+                      const nbg_geometry *g, size_t n, size_t npix, float **img, uint8_t **mask)
+{
+    const long F = g->fpixels, S = g->spixels;
+    if (!(F > 0 && S > 0) || (size_t)F * (size_t)S != n) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s is not one array of pixels (%zu pixels%s): the experiment's panels "
+                          "say where they lie in one array (a DIALS list's raw_image_offset)", path, n,
+                          F > 0 ? ", the file's first panel or module only described" : ", no shape stated");
+    }
+    size_t total = 0;
+    for (int q = 0; q < e->npanels; ++q) {
+        const nbg_panel *p = &e->panels[q];
+        const long x0 = p->raw_offset[0], y0 = p->raw_offset[1];
+        if (x0 < 0 || y0 < 0 || x0 + p->fpixels > F || y0 + p->spixels > S) {
+            return nbgi_error(ctx, NBG_EINVAL, "%s is %ld x %ld pixels; panel %d (%s) would take %d x %d of them "
+                              "from (%ld, %ld) (its raw_image_offset), past the image's edge", path, F, S, q,
+                              p->name[0] != '\0' ? p->name : "unnamed", p->fpixels, p->spixels, x0, y0);
+        }
+        total += (size_t)p->fpixels * (size_t)p->spixels;
+    }
+    if (total != npix) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: the panels hold %zu pixels, the detector %zu", path, total, npix);
+    }
+    float *out = malloc(npix * sizeof *out);
+    uint8_t *mout = mask != NULL && *mask != NULL ? malloc(npix) : NULL;
+    if (out == NULL || (mask != NULL && *mask != NULL && mout == NULL)) {
+        free(out);
+        free(mout);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory cutting %s into its panels", path);
+    }
+    size_t at = 0;
+    for (int q = 0; q < e->npanels; ++q) {
+        const nbg_panel *p = &e->panels[q];
+        for (int j = 0; j < p->spixels; ++j) {
+            const size_t from = ((size_t)p->raw_offset[1] + (size_t)j) * (size_t)F + (size_t)p->raw_offset[0];
+            memcpy(out + at, *img + from, (size_t)p->fpixels * sizeof *out);
+            if (mout != NULL)
+                memcpy(mout + at, *mask + from, (size_t)p->fpixels);
+            at += (size_t)p->fpixels;
+        }
+    }
+    free(*img);
+    *img = out;
+    if (mout != NULL) {
+        free(*mask);
+        *mask = mout;
+    }
+    return NBG_OK;
+}
+
 int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, int frame,
                       const nbg_observed_options *opt, nbg_observed *out)
 {
@@ -140,8 +203,25 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
     uint8_t *fmask = NULL;
     size_t n = 0;
     nbg_geometry *g = &out->geometry;
-    if ((rc = nbg_read_image(ctx, out->file, templ ? 0 : frame, npix, &img, &n, g, &out->have_geometry, &fmask)) !=
-        NBG_OK) {
+    /* a file that is one array of a detector of panels (the Pilatus 12M's rows, a Timepix quad's chips): the
+     * experiment's panels (a DIALS list's) say where each one's pixels lie; without them nbg_read_image's refusal */
+    char unplaced[1024];
+    const int layout = has_layout(e);
+    if ((rc = nbgi_read_image_array(ctx, out->file, templ ? 0 : frame, npix, &img, &n, g, &out->have_geometry,
+                                    &fmask, unplaced, sizeof unplaced)) == NBG_OK) {
+        if (unplaced[0] != '\0' && !layout) {
+            rc = nbgi_error(ctx, NBG_EUNSUP, "%s", unplaced);
+        } else if (layout) {
+            rc = cut_panels(ctx, e, out->file, g, n, npix, &img, &fmask);
+            n = npix;
+            out->have_geometry = 0;
+        }
+        if (rc != NBG_OK) {
+            free(img);
+            free(fmask);
+        }
+    }
+    if (rc != NBG_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", nbg_errmsg(ctx));
         memset(out, 0, sizeof *out);

@@ -1076,6 +1076,46 @@ static void test_real_data(nbg_ctx *ctx)
         free(mask);
         remove(path);
     }
+    /* the Pilatus 12M miniCBF (Diamond I23: 24 rows of modules on a cylinder; dxtbx places them from its own
+     * table): refused, naming the detector and how to read it, by nbg_read_image and nbg_read_cbf_panels, never a
+     * flat panel of 2463 x 5071 */
+    snprintf(src, sizeof src, "%s/image_examples/DLS_I23_P12M_thau_00001.cbf.gz", dir);
+    tmp_path("DLS_I23_P12M_thau_00001.cbf", path, sizeof path);
+    snprintf(cmd, sizeof cmd, "gzip -dc '%s' > '%s'", src, path);
+    if (!exists(src) || system(cmd) != 0) {
+        nbgi_test_skip("cbf-real-p12m", "%s not found or not decompressed", src);
+    } else {
+        float *img = NULL;
+        size_t npix = 0;
+        nbg_geometry g;
+        int whole = 1;
+        int rc = nbg_read_image(ctx, path, 0, 0, &img, &npix, &g, &whole, NULL);
+        const char *m = nbg_errmsg(ctx);
+        nbgi_test_check(rc == NBG_EUNSUP && img == NULL && npix == 0 && contains(m, path) &&
+                        contains(m, "\"PILATUS 12M, S/N 120-0100\"") && contains(m, "dials.import") &&
+                        contains(m, "-expt"), "cbf-real-p12m", "the Pilatus 12M miniCBF is refused, naming the "
+                        "detector and dials.import: '%s'", m);
+        nbg_panel *pan = NULL;
+        int np = 1;
+        rc = nbg_read_cbf_panels(ctx, path, &g, &pan, &np);
+        nbgi_test_check(rc == NBG_EUNSUP && pan == NULL && np == 0 && contains(nbg_errmsg(ctx), "Pilatus 12M"),
+                        "cbf-real-p12m-panels", "nbg_read_cbf_panels refuses it too (status %d)", rc);
+        free(pan);
+        remove(path);
+    }
+    /* the TimePix_SU quad's SMV (4 chips with wide edge pixels, placed by dxtbx's own table): refused the same way */
+    snprintf(src, sizeof src, "%s/image_examples/TIMEPIX_SU_512-stdgoni_0001.img", dir);
+    if (!exists(src)) {
+        nbgi_test_skip("real-timepix", "%s not found", src);
+    } else {
+        float *img = NULL;
+        size_t npix = 0;
+        int rc = nbg_read_image(ctx, src, 0, 0, &img, &npix, NULL, NULL, NULL);
+        nbgi_test_check(rc == NBG_EUNSUP && img == NULL && contains(nbg_errmsg(ctx), "\"TimePix_SU\"") &&
+                        contains(nbg_errmsg(ctx), "dials.import"), "real-timepix", "the TimePix_SU SMV is refused, "
+                        "naming the detector and dials.import: '%s'", nbg_errmsg(ctx));
+        free(img);
+    }
     snprintf(src, sizeof src, "%s/thermolysin_cspad/idx-20130301060858401.cbf", dir);
     if (!exists(src)) {
         nbgi_test_skip("cbf-real-cspad", "%s not found", src);

@@ -359,6 +359,52 @@ static void frame_matrix(const double f[3], const double s[3], double M[9])
  * turned by 30 deg about z and moved, a subgroup tilted by 10 deg holding panel 0, and panel 1 under the root.
  * Read as dxtbx places them (global = parent origin + parent axes x local), for both readers; and the lists a
  * hierarchy cannot be read from are refused by name. */
+/* Panels that are pieces of one array in the image file (raw_image_offset, as dials.import writes for the Pilatus
+ * 12M's rows and a Timepix quad's chips) and a detector whose panel 0 the beam does not reach (the 12M's first row
+ * lies above the beam): each panel's raw offset as given, g's detector the first panel the beam meets inside, so
+ * that the experiment can be set up; an offset that is not two integers >= 0 refused by name. */
+static void test_raw_offsets(nbg_ctx *ctx, const char *dir)
+{
+    char path[600], panels[2048];
+    snprintf(path, sizeof path, "%s/rawoff.expt", dir);
+    /* panel 0 in the plane y = 10 (parallel to the beam), panel 1 at z = -100 beside the beam, panel 2 about it */
+    snprintf(panels, sizeof panels,
+             "{\"name\": \"r0\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, 0, -1], \"origin\": [-5, 10, 0], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [0, 0]}, "
+             "{\"name\": \"r1\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [50, 5, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [0, 130]}, "
+             "{\"name\": \"r2\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-5, 5, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [7, 260]}");
+    write_list(path, EXPT("0"), panels, GON, "");
+    nbg_geometry g;
+    nbg_panel *pp = NULL;
+    int np = 0;
+    int rc = nbg_read_expt_panels(ctx, path, &g, &pp, &np);
+    nbgi_test_check(rc == NBG_OK && np == 3 && pp[0].raw_offset[0] == 0 && pp[0].raw_offset[1] == 0 &&
+                    pp[1].raw_offset[0] == 0 && pp[1].raw_offset[1] == 130 && pp[2].raw_offset[0] == 7 &&
+                    pp[2].raw_offset[1] == 260, "raw-offsets", "each panel's raw_image_offset (%s)",
+                    rc ? nbg_errmsg(ctx) : "ok");
+    nbg_experiment e;
+    nbg_experiment_default(&e);
+    const int rce = rc == NBG_OK ? nbg_experiment_from_geometry(ctx, &g, &e) : rc;
+    nbgi_test_check(rc == NBG_OK && g.origin[0] == -5 && g.origin[1] == 5 && g.origin[2] == -100 && rce == NBG_OK,
+                    "raw-offsets-base", "g's detector: the panel the beam meets (r2, origin %g %g %g), not panel 0 "
+                    "whose plane it never meets (%s)", g.origin[0], g.origin[1], g.origin[2],
+                    rce != NBG_OK ? nbg_errmsg(ctx) : "ok");
+    free(pp);
+    snprintf(panels, sizeof panels, "{\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-5, 5, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [0, 0]}, "
+             "{\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [50, 5, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [-1, 3]}");
+    write_list(path, EXPT("0"), panels, GON, "");
+    pp = NULL;
+    rc = nbg_read_expt_panels(ctx, path, &g, &pp, &np);
+    nbgi_test_check(rc == NBG_EFORMAT && pp == NULL && strstr(nbg_errmsg(ctx), "raw_image_offset") != NULL &&
+                    strstr(nbg_errmsg(ctx), "panels[1]") != NULL, "raw-offsets-bad", "a negative offset: %s",
+                    nbg_errmsg(ctx));
+    free(pp);
+}
+
 static void test_hierarchy(nbg_ctx *ctx, const char *dir)
 {
     const double c30 = cos(30 * M_PI / 180), s30 = sin(30 * M_PI / 180);
@@ -648,6 +694,7 @@ int main(void)
     test_read_errors(ctx, dir);
     test_compose(ctx, dir);
     test_hierarchy(ctx, dir);
+    test_raw_offsets(ctx, dir);
     test_write_groups(ctx, dir);
 #else
     char path[600];

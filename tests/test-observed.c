@@ -3,7 +3,9 @@
  * the wrong size or shape are refused with their messages; non-finite pixels outside the file's mask are refused;
  * an SMV file without ADC_OFFSET carries nanoBragg's offset (the option adc, 40 by default), one with the key its
  * own pedestal, raw floats none; given values win over the file's; the file's overloads, its mask and the
- * experiment's mask are left out and counted; frames of a '#' template; nothing is printed.
+ * experiment's mask are left out and counted; frames of a '#' template; a file that is one array cut into the
+ * experiment's panels at their raw offsets (a DIALS list's raw_image_offset), and a TimePix_SU quad's SMV (whose
+ * chips the file does not place) refused alone and read through such panels; nothing is printed.
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
@@ -60,6 +62,154 @@ static int write_raw(nbg_ctx *ctx, const char *path, size_t n, float bad)
     const int ok = nbg_write_float(ctx, path, v, n) == NBG_OK;
     free(v);
     return ok;
+}
+
+/* An SMV file of fp x sp with the distinct values 100 + i (beamline: its BEAMLINE, else nbgrad's "fake"). */
+static int write_smv_named(nbg_ctx *ctx, const char *path, int fp, int sp, const char *beamline)
+{
+    nbg_experiment e;
+    experiment(&e);
+    e.fpixels = fp;
+    e.spixels = sp;
+    nbg_report r;
+    if (nbg_describe(ctx, &e, &r) != NBG_OK)
+        return 0;
+    nbg_smv_header h;
+    nbg_smv_header_from_report(&r, &h);
+    const size_t n = (size_t)fp * (size_t)sp;
+    uint16_t *d = malloc(n * sizeof *d);
+    for (size_t i = 0; i < n; ++i) d[i] = (uint16_t)(100 + i % 60000);
+    int ok = nbg_write_smv(ctx, path, &h, d) == NBG_OK;
+    free(d);
+    if (!ok || beamline == NULL)
+        return ok;
+    /* BEAMLINE=fake; renamed inside the 512-byte header (its padding of spaces takes the difference) */
+    size_t len = 0;
+    char *b = nbgi_test_read_file(path, &len);
+    char *at = b != NULL && len > 512 ? memmem(b, 512, "BEAMLINE=fake;", 14) : NULL;
+    const size_t extra = strlen(beamline) - 4, from = at != NULL ? (size_t)(at - b) : 0;
+    ok = at != NULL && strlen(beamline) >= 4 && b[511 - extra] == ' ';
+    if (ok) {
+        memmove(at + 9 + strlen(beamline), at + 13, 512 - from - 13 - extra);
+        memcpy(at + 9, beamline, strlen(beamline));
+        FILE *f = fopen(path, "wb");
+        ok = f != NULL && fwrite(b, 1, len, f) == len;
+        if (f != NULL)
+            ok &= fclose(f) == 0;
+    }
+    free(b);
+    return ok;
+}
+
+/* The file's one array (fp wide, values 100 + i) cut as the panels say: every pixel where its raw offset puts it. */
+static int cut_right(const nbg_observed *ob, const nbg_panel *p, int np, int fp)
+{
+    size_t at = 0;
+    for (int q = 0; q < np; ++q) {
+        for (int j = 0; j < p[q].spixels; ++j) {
+            for (int i = 0; i < p[q].fpixels; ++i, ++at) {
+                const size_t src = (size_t)(p[q].raw_offset[1] + j) * (size_t)fp + (size_t)(p[q].raw_offset[0] + i);
+                if (at >= ob->npix || ob->image[at] != (float)(100 + src % 60000))
+                    return 0;
+            }
+        }
+    }
+    return at == ob->npix;
+}
+
+/* Panels of fp x sp pixels at raw offsets (x, y), side by side in the detector plane. */
+static void layout_panels(nbg_panel *p, int np, const int (*at)[4])
+{
+    memset(p, 0, (size_t)np * sizeof *p);
+    for (int q = 0; q < np; ++q) {
+        p[q].fpixels = at[q][2];
+        p[q].spixels = at[q][3];
+        p[q].pixel = 0.1;
+        p[q].fast[0] = 1;
+        p[q].slow[1] = 1;
+        p[q].origin[0] = 30.0 * q;
+        p[q].raw_offset[0] = at[q][0];
+        p[q].raw_offset[1] = at[q][1];
+        snprintf(p[q].name, sizeof p[q].name, "chip%d", q);
+        p[q].level_group[0] = 0;
+        for (int l = 1; l < NBG_PANEL_LEVELS; ++l) p[q].level_group[l] = -1;
+    }
+}
+
+/* A file that is one array, cut into the experiment's panels at their raw offsets; a TimePix_SU quad's SMV. */
+static void test_layout(nbg_ctx *ctx, const char *dir)
+{
+    char path[1024], want[2048];
+    nbg_experiment e;
+    experiment(&e);
+    nbg_observed ob;
+    nbg_observed_options opt;
+    nbg_observed_options_default(&opt);
+    opt.what = "-observed";
+    snprintf(path, sizeof path, "%s/array.img", dir);
+    nbgi_test_check(write_smv_named(ctx, path, FP, SP, NULL), "layout-write", "an SMV file of %d x %d", FP, SP);
+    /* two panels of the 32 x 24 array: 8 x 5 from (3, 2) and 10 x 4 from (20, 17), the second ending at its
+     * corner (29, 20) */
+    static const int two[2][4] = {{3, 2, 8, 5}, {20, 17, 10, 4}};
+    nbg_panel p[4];
+    layout_panels(p, 2, two);
+    e.panels = p;
+    e.npanels = 2;
+    int rc = nbg_observed_read(ctx, &e, path, 0, &opt, &ob);
+    nbgi_test_check(rc == NBG_OK && ob.npix == 8 * 5 + 10 * 4 && cut_right(&ob, p, 2, FP) && !ob.have_geometry,
+                    "layout-cut", "the 32 x 24 file cut into the two panels at their raw offsets: %zu pixels, each "
+                    "where its offset puts it (%s)", ob.npix, rc ? nbg_errmsg(ctx) : "ok");
+    nbg_observed_free(&ob);
+    p[1].raw_offset[0] = 23; /* 10 wide from 23: past the 32 columns */
+    rc = nbg_observed_read(ctx, &e, path, 0, &opt, &ob);
+    snprintf(want, sizeof want, "-observed: %s is 32 x 24 pixels; panel 1 (chip1) would take 10 x 4 of "
+             "them from (23, 17) (its raw_image_offset), past the image's edge", path);
+    nbgi_test_check(rc == NBG_EINVAL && strcmp(nbg_errmsg(ctx), want) == 0 && ob.image == NULL, "layout-past-edge",
+                    "'%s'", nbg_errmsg(ctx));
+    /* raw floats state no array: refused, not cut */
+    snprintf(path, sizeof path, "%s/layout.bin", dir);
+    p[1].raw_offset[0] = 20;
+    nbgi_test_check(write_raw(ctx, path, 80, 1.0f), "layout-raw-write", "80 raw floats");
+    rc = nbg_observed_read(ctx, &e, path, 0, &opt, &ob);
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "is not one array of pixels") != NULL,
+                    "layout-raw", "raw floats with panels that say where they lie in an array: '%s'", nbg_errmsg(ctx));
+
+    /* a TimePix_SU quad's SMV of 512 x 512: refused alone, naming the detector and dials.import; read through the
+     * four chips of dials.import's list (254 x 254 from (1, 1), (257, 1), (1, 257), (257, 257)) */
+    snprintf(path, sizeof path, "%s/timepix_0001.img", dir);
+    nbgi_test_check(write_smv_named(ctx, path, 512, 512, "TimePix_SU"), "timepix-write",
+                    "an SMV file of 512 x 512 with BEAMLINE=TimePix_SU");
+    float *img = NULL;
+    size_t n = 0;
+    nbg_geometry g;
+    int whole = 1;
+    rc = nbg_read_image(ctx, path, 0, 0, &img, &n, &g, &whole, NULL);
+    nbgi_test_check(rc == NBG_EUNSUP && img == NULL && n == 0 && strstr(nbg_errmsg(ctx), "\"TimePix_SU\"") != NULL &&
+                    strstr(nbg_errmsg(ctx), "dials.import") != NULL && strstr(nbg_errmsg(ctx), "-expt") != NULL,
+                    "timepix-refused", "nbg_read_image: '%s'", nbg_errmsg(ctx));
+    free(img);
+    nbg_experiment e1;
+    experiment(&e1);
+    e1.fpixels = e1.spixels = 512;
+    rc = nbg_observed_read(ctx, &e1, path, 0, &opt, &ob);
+    nbgi_test_check(rc == NBG_EUNSUP && ob.image == NULL && strstr(nbg_errmsg(ctx), "TimePix_SU quad") != NULL,
+                    "timepix-refused-observed", "as one flat detector of 512 x 512: '%s'", nbg_errmsg(ctx));
+    static const int quad[4][4] = {{1, 1, 254, 254}, {257, 1, 254, 254}, {1, 257, 254, 254}, {257, 257, 254, 254}};
+    layout_panels(p, 4, quad);
+    e.panels = p;
+    e.npanels = 4;
+    rc = nbg_observed_read(ctx, &e, path, 0, &opt, &ob);
+    nbgi_test_check(rc == NBG_OK && ob.npix == 4 * 254 * 254 && cut_right(&ob, p, 4, 512), "timepix-chips",
+                    "read through the list's four chips: %zu pixels, each where its offset puts it (%s)", ob.npix,
+                    rc ? nbg_errmsg(ctx) : "ok");
+    nbg_observed_free(&ob);
+    /* another size under that name is not the quad dxtbx cuts (its 516 x 516 form is one flat panel) */
+    snprintf(path, sizeof path, "%s/timepix516.img", dir);
+    nbgi_test_check(write_smv_named(ctx, path, 516, 516, "TimePix_SU"), "timepix516-write", "516 x 516");
+    rc = nbg_read_image(ctx, path, 0, 0, &img, &n, &g, &whole, NULL);
+    nbgi_test_check(rc == NBG_OK && n == 516 * 516 && strcmp(g.detector, "TimePix_SU") == 0, "timepix516-read",
+                    "a TimePix_SU SMV of 516 x 516 is read as its one panel (%s)", rc ? nbg_errmsg(ctx) : "ok");
+    free(img);
 }
 
 int main(void)
@@ -220,6 +370,8 @@ int main(void)
                     ob.left_out);
     nbg_observed_free(&ob);
     e.mask = NULL;
+
+    test_layout(ctx, dir);
 
 #ifdef NBG_HAVE_FORMATS
     /* a CBF's flagged pixels (-1, -2) are its mask: left out and set to 0; its own gain and pedestal */

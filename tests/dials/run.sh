@@ -1,10 +1,10 @@
 #!/bin/sh
 # run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py), the multi-panel
 # read-back (multipanel.py), stills from DIALS with their spectra (stills.py), spot regions from DIALS's reflections
-# (spots.py) and real CBF files read as dxtbx reads them (cbfpanels.py, with $NBG_CBFPANELS), with Debian's python;
-# shows their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran
-# and nothing
-# failed.
+# (spots.py) and every real image and list of ../shared/data/real read as dxtbx reads them (cbfpanels.py, with
+# $NBG_CBFPANELS; the Pilatus 12M and the Timepix quad refused alone and read through dials.import's lists), with
+# Debian's python; shows their output and ends with the total of their "N passed, M failed" lines.  Exit status 0
+# only when all ran and nothing failed.
 #
 #   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
 NB=$1
