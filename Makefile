@@ -348,7 +348,8 @@ FUZZ_LIBS    := $(HDF5_LIB) -lcbf -ljansson -lmsgpackc -lstdc++
 endif
 FUZZ_LIB_SRC := $(filter-out src/main.c src/cli.c src/batch.c src/ensemble.c grad/refine.c,$(wildcard src/*.c) $(wildcard grad/*.c))
 FUZZ_CXXFLAGS := -std=c++11 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-                -fsanitize=float-cast-overflow -fno-sanitize-recover=all -Wall -Wextra -Wno-unused-parameter \
+                -fsanitize=float-cast-overflow -fno-sanitize=vptr -fno-sanitize-recover=all -Wall -Wextra \
+                -Wno-unused-parameter \
                 -Iinclude -Isrc -MMD -MP
 FUZZ_BINS    := $(patsubst %,$(FZ)/fuzz-%,$(FUZZ_TARGETS))
 

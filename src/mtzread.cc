@@ -29,14 +29,24 @@ namespace {
 // The largest index magnitude accepted (the HKL reader's IO_MAX_INDEX).
 const double MAX_INDEX = 1000000.0;
 
-// Bytes in memory as the stream gemmi's readers take (read, seek, read_rest), bounded on every side.
+// Bytes in memory as the stream gemmi's readers take (read, seek, read_rest), bounded on every side.  A history
+// line (at an offset in hist) is handed over with a blank first byte made '_': gemmi 0.5.7 trims a history line
+// from its first non-blank byte + 80, past the end of its 81-byte buffer, when the line starts with two blanks.
 struct Bytes {
     const char *start, *end, *cur;
+    const std::vector<size_t> *hist;
     bool read(void *buf, size_t n)
     {
         if (n > (size_t)(end - cur))
             return false;
+        if (n == 0) // (a batch of no words: gemmi passes an empty vector's null data())
+            return true;
         std::memcpy(buf, cur, n);
+        if (n == 80 && std::binary_search(hist->begin(), hist->end(), (size_t)(cur - start))) {
+            char *c = (char *)buf;
+            if (c[0] == ' ' || c[0] == '\t' || c[0] == '\n' || c[0] == '\r' || c[0] == '\v' || c[0] == '\f')
+                c[0] = '_';
+        }
         cur += n;
         return true;
     }
@@ -139,7 +149,7 @@ std::vector<long> ints_after_word(const std::string &r, int n)
 }
 
 // Walks the file as gemmi will read it and checks what gemmi sizes from it (see the top of the file).
-void prescan(const unsigned char *b, size_t len, double max_bytes)
+void prescan(const unsigned char *b, size_t len, double max_bytes, std::vector<size_t> &hist)
 {
     if (len < 80)
         refuse(NBG_EFORMAT, "not an MTZ file: %zu bytes, less than its 80-byte header", len);
@@ -178,9 +188,9 @@ void prescan(const unsigned char *b, size_t len, double max_bytes)
             if (v[0] < 0 || v[1] < 0 || v[2] < 0)
                 refuse(NBG_EFORMAT, "the NCOL record declares %ld columns, %ld reflections and %ld batches", v[0],
                        v[1], v[2]);
-            ncol = std::max(ncol, v[0]);
-            nrefl = std::max(nrefl, v[1]);
-            nbatch = std::max(nbatch, v[2]);
+            ncol = v[0]; // as gemmi: the last NCOL record counts
+            nrefl = v[1];
+            nbatch = v[2];
         } else if (is_key(p, "SYMI")) {
             const long n = ints_after_word(r, 1)[0];
             if (n < 0 || n > 384)
@@ -193,7 +203,7 @@ void prescan(const unsigned char *b, size_t len, double max_bytes)
             ++ncolu;
         }
     }
-    ncol = std::max(ncol, ncolu);
+    ncol = std::max(ncol, ncolu); // gemmi sizes its data by the COLUMN records (and refuses another NCOL count)
     const double data = 4.0 * (double)ncol * (double)nrefl;
     if (data > (double)(hpos - 80))
         refuse(NBG_EFORMAT, "the header declares %ld columns of %ld reflections (%.0f bytes), and the file holds "
@@ -208,6 +218,7 @@ void prescan(const unsigned char *b, size_t len, double max_bytes)
         refuse(NBG_EFORMAT, "the header (from byte %zu) has no END record (truncated?)", hpos);
     // the history and batch headers, up to MTZENDOFHEADERS (which a complete file has)
     bool mtze = false;
+    long history = 0; // history lines still to come (gemmi reads them as text, whatever their first word)
     while (at + 80 <= len) {
         const unsigned char *p = b + at;
         key_bytes(p, at);
@@ -217,12 +228,16 @@ void prescan(const unsigned char *b, size_t len, double max_bytes)
             mtze = true;
             break;
         }
-        if (is_key(p, "MTZH")) {
+        if (history > 0) {
+            --history;
+            hist.push_back(at - 80);
+        } else if (is_key(p, "MTZH")) {
             text_record(p, at - 80, "MTZHIST");
             const long n = ints_after_word(r, 1)[0];
             if (n < 0 || n > 30)
                 refuse(NBG_EFORMAT, "the MTZHIST record at byte %zu declares %ld history lines (at most 30)", at - 80,
                        n);
+            history = n;
         } else if (is_key(p, "MTZB")) {
             for (long k = 0; k < nbatch; ++k) {
                 if (at + 160 > len)
@@ -312,10 +327,11 @@ std::string labels(const gemmi::Mtz &mtz)
 void expand(const unsigned char *buf, size_t len, const char *label, double max_bytes, nbgi_mtz_result *r,
             std::vector<nbgi_hkl_entry> &out)
 {
-    prescan(buf, len, max_bytes);
+    std::vector<size_t> hist;
+    prescan(buf, len, max_bytes, hist);
     gemmi::Mtz mtz;
     mtz.warnings = nullptr;
-    Bytes s{(const char *)buf, (const char *)buf + len, (const char *)buf};
+    Bytes s{(const char *)buf, (const char *)buf + len, (const char *)buf, &hist};
     try {
         mtz.read_stream(s, true);
     } catch (const std::bad_alloc &) {
