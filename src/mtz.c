@@ -30,7 +30,7 @@ int nbgi_mtz_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, siz
     rc = nbgi_hkl_from_entries(ctx, path, r.ent, r.n, default_F, 1, out);
     free(r.ent);
     if (rc == NBG_OK && what != NULL && nwhat > 0) {
-        snprintf(what, nwhat, "%s", r.info);
+        snprintf(what, nwhat, "%s, %ld distinct indices in the table", r.info, out->nrefl);
     }
     return rc;
 }
