@@ -30,6 +30,9 @@
 #define FIXTURE "tests/data/p43212.mtz"
 #define DEFAULT_F 0.5
 
+#ifdef NBG_HAVE_FORMATS
+#include <msgpack.h>
+
 static double at(const nbg_hkl *t, int h, int k, int l)
 {
     if (h < t->h_min || h > t->h_max || k < t->k_min || k > t->k_max || l < t->l_min || l > t->l_max)
@@ -254,9 +257,6 @@ static void truncations(nbg_ctx *ctx, const char *dir)
         nbg_hkl_free(&t);
     free(b);
 }
-
-#ifdef NBG_HAVE_FORMATS
-#include <msgpack.h>
 
 static void pack_str(msgpack_packer *pk, const char *s)
 {
