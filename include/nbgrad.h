@@ -138,6 +138,22 @@ typedef struct {
  * ignored), '#' comment lines and blank lines.  Entries the file does not list are filled with default_F.
  * A malformed line is NBG_EFORMAT naming the file and line. */
 int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out);
+/* Reads structure factors from any of the files nbgrad takes, told apart by their first bytes:
+ *   - an HKL text file (as nbg_hkl_read);
+ *   - a CCP4 MTZ file (starts with "MTZ "; through gemmi): column names the column (NULL or "": the first amplitude
+ *     column, type F, else the first intensity column, type J); an intensity I gives F = sqrt(max(I, 0)).  The file
+ *     holds the asymmetric unit and the table is looked up without symmetry, so every reflection is expanded to all
+ *     its equivalents under the file's space group and to its Friedel mates (an anomalous column, type G or K, fills
+ *     its own half, its "(+)"/"(-)" partner the other when the file has one).  Missing values (NaN) are left out
+ *     (default_F there); a reflection the file lists twice gets the mean.  An unknown column is NBG_EINVAL naming
+ *     the file's columns;
+ *   - a DIALS reflection table (.refl, msgpack): miller_index with intensity.prf.value where the table has it, else
+ *     intensity.sum.value, F = sqrt(max(I, 0)); a reflection observed several times gets the mean F (summed in the
+ *     table's order); unindexed rows (0 0 0) are left out; no symmetry is applied (the table holds no space group).
+ * what (nwhat bytes; may be NULL) gets one line on what was read: the column, the space group, the entries.
+ * MTZ and .refl files need the formats (NBG_EUNSUP in a build without them). */
+int nbg_hkl_read_column(nbg_ctx *ctx, const char *path, const char *column, double default_F, nbg_hkl *out,
+                        char *what, size_t nwhat);
 /* Writes / reads the nanoBragg Fdump.bin binary cache (same layout as the reference program). */
 int nbg_hkl_write_fdump(nbg_ctx *ctx, const char *path, const nbg_hkl *hkl);
 int nbg_hkl_read_fdump(nbg_ctx *ctx, const char *path, nbg_hkl *out);

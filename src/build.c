@@ -592,7 +592,12 @@ static const cli_flag flags[] = {
 
     /* structure factors */
     {"-hkl", K_STR, C(hklfile), .group = G_F, .arg = "file",
-     .help = "structure factors: \"h k l F\" lines (a 5th and 6th column and # comments are allowed)"},
+     .help = "structure factors: \"h k l F\" lines (a 5th and 6th column and # comments are allowed), an MTZ file "
+             "(expanded to every symmetry equivalent and Friedel mate) or a DIALS reflection table (.refl: "
+             "F = sqrt(max(I, 0)) of its indexed reflections, repeats averaged); told apart by their first bytes"},
+    {"-hkl_column", K_STR, C(hklcolumn), .group = G_F, .arg = "label",
+     .help = "the MTZ column of -hkl: an amplitude (type F, G) or an intensity (type J, K: F = sqrt(max(I, 0))); "
+             "default: the first F, else the first J"},
     {"-default_F", K_NUM, E(default_F), .group = G_F, .arg = "F",
      .help = "F of every reflection the -hkl table does not list (0)"},
     {"-interpolate", K_SWITCH, E(interpolate), .value = 1, .group = G_F,
@@ -1430,13 +1435,19 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         e->has_mat = 1;
     }
     if (c->hklfile != NULL) {
-        if ((rc = nbg_hkl_read(ctx, c->hklfile, e->default_F, &c->hkl)) != NBG_OK) {
+        char what[640];
+        if ((rc = nbg_hkl_read_column(ctx, c->hklfile, c->hklcolumn, e->default_F, &c->hkl, what, sizeof what)) !=
+            NBG_OK) {
             return wrap(ctx, rc, "-hkl");
         }
+        nbgi_build_say(c, NBG_MSG_INFO, "-hkl %s: %s", c->hklfile, what);
         e->hkl = &c->hkl;
         if (!c->nodump && nbgi_hkl_write_fdump_set(ctx, &c->outs, c->dumpfile, &c->hkl) != NBG_OK) {
             nbgi_build_say(c, NBG_MSG_WARNING, "could not write the F cache: %s", nbg_errmsg(ctx));
         }
+    } else if (c->hklcolumn != NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "-hkl_column %s chooses a column of the -hkl file, and no -hkl is given",
+                          c->hklcolumn);
     } else if (!c->nodump && access(c->dumpfile, R_OK) == 0) {
         if ((rc = nbg_hkl_read_fdump(ctx, c->dumpfile, &c->hkl)) != NBG_OK) {
             return wrap(ctx, rc, "%s", c->dumpfile);
@@ -1607,7 +1618,7 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
         fail |= y->args[i] == NULL;
         y->nargs = i + 1;
     }
-    const char **names[] = {&y->c.hklfile, &y->c.matfile, &y->c.sourcefile, &y->c.dumpfile, &y->c.maskfile,
+    const char **names[] = {&y->c.hklfile, &y->c.hklcolumn, &y->c.matfile, &y->c.sourcefile, &y->c.dumpfile, &y->c.maskfile,
                             &y->c.imgfile, &y->c.floatfile, &y->c.intfile, &y->c.pgmfile, &y->c.noisefile,
                             &y->c.nxsfile, &y->c.cbffile, &y->c.exptfile, &y->c.exptin, &y->c.settingin,
                             &y->c.layout, &y->c.motionsfile};

@@ -33,6 +33,7 @@ struct nbgi_cli {
     uint8_t *mask;
     int mask_f, mask_s;
     const char *hklfile, *matfile, *sourcefile, *dumpfile, *maskfile, *imgfile;
+    const char *hklcolumn;  /* -hkl_column: the MTZ column of -hkl (NULL: the first F, else the first J) */
     const char *floatfile, *intfile, *pgmfile, *noisefile;
     const char *nxsfile, *cbffile, *exptfile; /* the formats with the whole geometry, and the experiment list */
     const char *exptin;     /* -expt: a DIALS experiment list read into the experiment */

@@ -132,7 +132,8 @@ int nbgi_cbf_decode(nbg_ctx *ctx, const char *path, const nbgi_cbf_file *f, int 
 
 /* The formats plug-in.  HDF5 and CBFlib (which pull in some 40 shared libraries: curl, krb5, gnutls, ...) cost the
  * program most of its start-up, so by default (FORMATS_DL=1) the NXmx and CBF code (nxmx.c, cbf.c, cbfbin.c) is
- * built into NBGI_FORMATS_PLUGIN, which src/plugin.c opens on the first NXmx or CBF call and reaches through this
+ * built into NBGI_FORMATS_PLUGIN (with the MTZ reader, src/mtz.c and mtzread.cc: gemmi and the C++ runtime), which
+ * src/plugin.c opens on the first NXmx, CBF or MTZ call and reaches through this
  * table; a plug-in that cannot be loaded makes those calls NBG_EUNSUP naming it.  The installed libraries and the
  * Python package link the formats in (FORMATS_DL=0). */
 #define NBGI_FORMATS_PLUGIN "nbgrad-formats.so"
@@ -154,6 +155,8 @@ typedef struct {
     int (*read_cbf_panel_list)(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
     int (*write_cbf_set)(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, int frame,
                          const int32_t *data);
+    int (*read_mtz)(nbg_ctx *ctx, const char *path, const char *column, double default_F, nbg_hkl *out, char *what,
+                    size_t nwhat);
 } nbgi_formats_api;
 #define NBGI_FORMATS_ABI {sizeof(struct nbg_ctx), sizeof(nbg_geometry), sizeof(nbg_panel), sizeof(nbgi_outset)}
 /* The plug-in's one exported function (src/fmtplugin.c). */

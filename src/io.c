@@ -86,6 +86,38 @@ int nbgi_open_input(nbg_ctx *ctx, const char *path, const char *what, const char
     return NBG_OK;
 }
 
+int nbgi_read_whole(nbg_ctx *ctx, const char *path, const char *what, unsigned char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, what, "rb", &fp);
+    if (rc != NBG_OK)
+        return rc;
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || st.st_size < 0) {
+        fclose(fp);
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s %s: %s", what, path, strerror(errno));
+    }
+    const size_t n = (size_t)st.st_size;
+    unsigned char *b = malloc(n + 1);
+    if (b == NULL) {
+        fclose(fp);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s %s (%zu bytes)", what, path, n);
+    }
+    const size_t got = fread(b, 1, n, fp);
+    const int err = ferror(fp) || fgetc(fp) != EOF;
+    fclose(fp);
+    if (got != n || err) {
+        free(b);
+        return nbgi_error(ctx, NBG_EIO, "cannot read %s %s: %s", what, path,
+                          got != n ? "it ended early" : "it grew while being read");
+    }
+    *buf = b;
+    *len = n;
+    return NBG_OK;
+}
+
 int nbgi_read_line(nbg_ctx *ctx, FILE *fp, char **line, size_t *cap, const char *path, long lineno)
 {
     const ssize_t len = getline(line, cap, fp);
@@ -353,11 +385,6 @@ typedef nbgi_out out_file;
 /* Structure factors                                                                                           */
 /* ---------------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    int h, k, l;
-    double F;
-} hkl_entry;
-
 /* Checks that index bounds describe a table within the memory limit (nbg_limits; the Fdump's padded table is the
  * larger); stores its entry count.  A two-line HKL file with indices 0 and 1000 would otherwise allocate and fill
  * a 1001^3 table (8 GB). */
@@ -381,71 +408,26 @@ static int table_size(nbg_ctx *ctx, const char *path, const int lo[3], const int
     return NBG_OK;
 }
 
-int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
+/* Compares entries by index, then by their place in the input: equal indices in input order. */
+static int entry_cmp(const void *a, const void *b)
 {
-    if (out == NULL || path == NULL)
-        return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
+    const nbgi_hkl_entry *x = *(const nbgi_hkl_entry *const *)a, *y = *(const nbgi_hkl_entry *const *)b;
+    if (x->h != y->h)
+        return x->h < y->h ? -1 : 1;
+    if (x->k != y->k)
+        return x->k < y->k ? -1 : 1;
+    if (x->l != y->l)
+        return x->l < y->l ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+int nbgi_hkl_from_entries(nbg_ctx *ctx, const char *path, const nbgi_hkl_entry *ent, size_t nent, double default_F,
+                          int average, nbg_hkl *out)
+{
     memset(out, 0, sizeof *out);
-
-    FILE *fp;
-    int rc = nbgi_open_input(ctx, path, "HKL file", "r", &fp);
-    if (rc != NBG_OK)
-        return rc;
-
-    hkl_entry *ent = NULL;
-    size_t nent = 0, cap = 0;
-    char *line = NULL;
-    size_t linecap = 0;
-    long lineno = 0;
-    int got;
-
-    while ((got = nbgi_read_line(ctx, fp, &line, &linecap, path, lineno + 1)) == 1) {
-        ++lineno;
-        strip_comment(line);
-        char *tok[6];
-        int nt = split_tokens(line, " \t\r\n\v\f", tok, 6);
-        if (nt == 0)
-            continue;
-        if (nt < 4 || nt > 6) {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: expected \"h k l F\" with at most two extra columns, found %d "
-                           "field%s", path, lineno, nt, nt == 1 ? "" : "s");
-            goto done;
-        }
-        hkl_entry e;
-        int *idx[3] = {&e.h, &e.k, &e.l};
-        static const char axis[3] = {'h', 'k', 'l'};
-        for (int i = 0; i < 3; ++i) {
-            if (parse_index(tok[i], idx[i]) != 0) {
-                rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: %c index \"%s\" is not an integer (or is beyond +-%ld)",
-                               path, lineno, axis[i], tok[i], IO_MAX_INDEX);
-                goto done;
-            }
-        }
-        if (parse_double(tok[3], &e.F) != 0) {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: F \"%s\" is not a finite number", path, lineno, tok[3]);
-            goto done;
-        }
-        if (nent == cap) {
-            size_t ncap = cap ? 2 * cap : 1024;
-            hkl_entry *grown = realloc(ent, ncap * sizeof *grown);
-            if (grown == NULL) {
-                rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
-                goto done;
-            }
-            ent = grown;
-            cap = ncap;
-        }
-        ent[nent++] = e;
-    }
-    if (got < 0) {
-        rc = got;
-        goto done;
-    }
-    if (nent == 0) {
-        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
-        goto done;
-    }
-
+    if (nent == 0)
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
+    int rc;
     int lo[3] = {ent[0].h, ent[0].k, ent[0].l}, hi[3] = {ent[0].h, ent[0].k, ent[0].l};
     for (size_t i = 1; i < nent; ++i) {
         const int v[3] = {ent[i].h, ent[i].k, ent[i].l};
@@ -465,30 +447,55 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
                 labs((long)ent[far].h) + labs((long)ent[far].k) + labs((long)ent[far].l))
                 far = i;
         }
-        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: %zu reflections span h %d..%d, k %d..%d, l %d..%d, a table of %.3g "
-                       "entries that would be almost all default_F (%.2g GB); the farthest reflection is %d %d %d, "
-                       "reflection %zu of the file: check for a stray index", path, nent, lo[0], hi[0], lo[1], hi[1],
-                       lo[2], hi[2], entries, entries * sizeof(double) / 1e9, ent[far].h, ent[far].k, ent[far].l,
-                       far + 1);
-        goto done;
+        return nbgi_error(ctx, NBG_EFORMAT, "%s: %zu reflections span h %d..%d, k %d..%d, l %d..%d, a table of %.3g "
+                          "entries that would be almost all default_F (%.2g GB); the farthest reflection is %d %d %d, "
+                          "reflection %zu of the file: check for a stray index", path, nent, lo[0], hi[0], lo[1],
+                          hi[1], lo[2], hi[2], entries, entries * sizeof(double) / 1e9, ent[far].h, ent[far].k,
+                          ent[far].l, far + 1);
     }
     size_t count = 0;
     rc = table_size(ctx, path, lo, hi, &count);
     if (rc != NBG_OK)
-        goto done;
+        return rc;
     double *F = malloc(count * sizeof *F);
-    if (F == NULL) {
-        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
-        goto done;
-    }
+    if (F == NULL)
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu-entry table of %s", count, path);
     for (size_t i = 0; i < count; ++i)
         F[i] = default_F;
     const size_t nk = (size_t)(hi[1] - lo[1] + 1), nl = (size_t)(hi[2] - lo[2] + 1);
-    /* Later entries overwrite earlier ones, so the last of duplicate reflections wins. */
-    for (size_t i = 0; i < nent; ++i) {
-        size_t at = ((size_t)(ent[i].h - lo[0]) * nk + (size_t)(ent[i].k - lo[1])) * nl + (size_t)(ent[i].l - lo[2]);
-        F[at] = ent[i].F;
+#define HKL_AT(e) (((size_t)((e)->h - lo[0]) * nk + (size_t)((e)->k - lo[1])) * nl + (size_t)((e)->l - lo[2]))
+    long distinct = (long)nent;
+    if (!average) {
+        /* Later entries overwrite earlier ones, so the last of duplicate reflections wins. */
+        for (size_t i = 0; i < nent; ++i)
+            F[HKL_AT(&ent[i])] = ent[i].F;
+    } else {
+        /* duplicates averaged, summed in the order they come in (sorted by index, ties in input order) */
+        if ((rc = nbgi_check_bytes(ctx, (double)nent * sizeof(void *), "the reflections' order")) != NBG_OK) {
+            free(F);
+            return rc;
+        }
+        const nbgi_hkl_entry **order = malloc(nent * sizeof *order);
+        if (order == NULL) {
+            free(F);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory ordering the %zu reflections of %s", nent, path);
+        }
+        for (size_t i = 0; i < nent; ++i)
+            order[i] = &ent[i];
+        qsort(order, nent, sizeof *order, entry_cmp);
+        distinct = 0;
+        for (size_t i = 0; i < nent;) {
+            size_t j = i;
+            double sum = 0;
+            while (j < nent && order[j]->h == order[i]->h && order[j]->k == order[i]->k && order[j]->l == order[i]->l)
+                sum += order[j++]->F;
+            F[HKL_AT(order[i])] = sum / (double)(j - i);
+            ++distinct;
+            i = j;
+        }
+        free(order);
     }
+#undef HKL_AT
     out->h_min = lo[0];
     out->h_max = hi[0];
     out->k_min = lo[1];
@@ -496,13 +503,132 @@ int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
     out->l_min = lo[2];
     out->l_max = hi[2];
     out->F = F;
-    out->nrefl = (long)nent;
+    out->nrefl = distinct;
+    return NBG_OK;
+}
+
+static int hkl_read_text(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
+{
+
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "HKL file", "r", &fp);
+    if (rc != NBG_OK)
+        return rc;
+
+    nbgi_hkl_entry *ent = NULL;
+    size_t nent = 0, cap = 0;
+    char *line = NULL;
+    size_t linecap = 0;
+    long lineno = 0;
+    int got;
+
+    while ((got = nbgi_read_line(ctx, fp, &line, &linecap, path, lineno + 1)) == 1) {
+        ++lineno;
+        strip_comment(line);
+        char *tok[6];
+        int nt = split_tokens(line, " \t\r\n\v\f", tok, 6);
+        if (nt == 0)
+            continue;
+        if (nt < 4 || nt > 6) {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: expected \"h k l F\" with at most two extra columns, found %d "
+                           "field%s", path, lineno, nt, nt == 1 ? "" : "s");
+            goto done;
+        }
+        nbgi_hkl_entry e;
+        int *idx[3] = {&e.h, &e.k, &e.l};
+        static const char axis[3] = {'h', 'k', 'l'};
+        for (int i = 0; i < 3; ++i) {
+            if (parse_index(tok[i], idx[i]) != 0) {
+                rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: %c index \"%s\" is not an integer (or is beyond +-%ld)",
+                               path, lineno, axis[i], tok[i], IO_MAX_INDEX);
+                goto done;
+            }
+        }
+        if (parse_double(tok[3], &e.F) != 0) {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s:%ld: F \"%s\" is not a finite number", path, lineno, tok[3]);
+            goto done;
+        }
+        if (nent == cap) {
+            size_t ncap = cap ? 2 * cap : 1024;
+            nbgi_hkl_entry *grown = realloc(ent, ncap * sizeof *grown);
+            if (grown == NULL) {
+                rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory reading %s", path);
+                goto done;
+            }
+            ent = grown;
+            cap = ncap;
+        }
+        ent[nent++] = e;
+    }
+    if (got < 0) {
+        rc = got;
+        goto done;
+    }
+    if (nent == 0) {
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s: no reflections found", path);
+        goto done;
+    }
+
+    rc = nbgi_hkl_from_entries(ctx, path, ent, nent, default_F, 0, out);
 
 done:
     free(line);
     free(ent);
     fclose(fp);
     return rc;
+}
+
+/* The format of a structure-factor file by its first bytes: 'M' an MTZ file ("MTZ "), 'R' a DIALS reflection table
+ * (msgpack ["dials::af::reflection_table", ...]), 'T' text (HKL lines). */
+static int hkl_format(nbg_ctx *ctx, const char *path, char *fmt)
+{
+    FILE *fp;
+    int rc = nbgi_open_input(ctx, path, "HKL file", "rb", &fp);
+    if (rc != NBG_OK)
+        return rc;
+    unsigned char head[32];
+    const size_t got = fread(head, 1, sizeof head, fp);
+    fclose(fp);
+    static const char dials[] = "dials::af::reflection_table";
+    if (got >= 4 && memcmp(head, "MTZ ", 4) == 0)
+        *fmt = 'M';
+    else if (got >= 2 + sizeof dials - 1 && head[0] == 0x93 && memcmp(head + 2, dials, sizeof dials - 1) == 0)
+        *fmt = 'R';
+    else
+        *fmt = 'T';
+    return NBG_OK;
+}
+
+int nbg_hkl_read_column(nbg_ctx *ctx, const char *path, const char *column, double default_F, nbg_hkl *out,
+                        char *what, size_t nwhat)
+{
+    if (what != NULL && nwhat > 0)
+        what[0] = '\0';
+    if (out == NULL || path == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_hkl_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (!isfinite(default_F))
+        return nbgi_error(ctx, NBG_EINVAL, "reading %s: default_F is not finite", path);
+    char fmt = 'T';
+    int rc = hkl_format(ctx, path, &fmt);
+    if (rc != NBG_OK)
+        return rc;
+    if (fmt == 'M')
+        return nbgi_read_mtz(ctx, path, column, default_F, out, what, nwhat);
+    if (column != NULL && column[0] != '\0')
+        return nbgi_error(ctx, NBG_EINVAL, "%s is %s, which has no columns to choose (-hkl_column \"%.64s\" is for MTZ "
+                          "files)", path, fmt == 'R' ? "a DIALS reflection table" : "an HKL text file", column);
+    if (fmt == 'R')
+        return nbgi_refl_hkl(ctx, path, default_F, out, what, nwhat);
+    rc = hkl_read_text(ctx, path, default_F, out);
+    if (rc == NBG_OK && what != NULL && nwhat > 0)
+        snprintf(what, nwhat, "%ld reflections (h k l F lines)", out->nrefl);
+    return rc;
+}
+
+int nbg_hkl_read(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out)
+{
+    return nbg_hkl_read_column(ctx, path, NULL, default_F, out, NULL, 0);
 }
 
 void nbg_hkl_free(nbg_hkl *hkl)

@@ -6,6 +6,7 @@
 #define NBG_IO_H
 
 #include "internal.h"
+#include "mtz.h"
 
 #include <stdio.h>
 
@@ -71,5 +72,22 @@ int nbgi_write_pgm_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const f
                       double scale);
 int nbgi_write_float_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const float *image, size_t npix);
 int nbgi_hkl_write_fdump_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_hkl *hkl);
+
+/* The dense table of entries ent (path names the input in messages): every index's F, default_F elsewhere; with
+ * average, an index listed several times gets the mean of its values (summed in input order), else the last one.
+ * The table's bounds are checked (index range, memory limit, a few stray indices that would make it all default_F)
+ * before anything is allocated.  out->nrefl is the count of distinct indices (with average) or of entries. */
+int nbgi_hkl_from_entries(nbg_ctx *ctx, const char *path, const nbgi_hkl_entry *ent, size_t nent, double default_F,
+                          int average, nbg_hkl *out);
+/* nbg_hkl_read_column's MTZ reader (src/mtz.c; through the formats plug-in where it is one) and its reader of DIALS
+ * reflection tables (src/refl.c).  what (nwhat bytes, may be NULL) gets a line on what was read. */
+int nbgi_read_mtz(nbg_ctx *ctx, const char *path, const char *column, double default_F, nbg_hkl *out, char *what,
+                  size_t nwhat);
+int nbgi_refl_hkl(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out, char *what, size_t nwhat);
+/* The same on a file's bytes (buf, len; path names it in messages). */
+int nbgi_mtz_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, const char *column,
+                   double default_F, nbg_hkl *out, char *what, size_t nwhat);
+/* Reads a whole input file (nbgi_open_input's checks; what names it) into *buf (malloc'd, *len bytes). */
+int nbgi_read_whole(nbg_ctx *ctx, const char *path, const char *what, unsigned char **buf, size_t *len);
 
 #endif

@@ -255,4 +255,17 @@ int nbg_write_cbf(nbg_ctx *ctx, const char *path, const nbg_geometry *g, int fra
     return nbgi_write_cbf_set(ctx, NULL, path, g, frame, data);
 }
 
+int nbgi_read_mtz(nbg_ctx *ctx, const char *path, const char *column, double default_F, nbg_hkl *out, char *what,
+                  size_t nwhat)
+{
+    if (out != NULL) {
+        memset(out, 0, sizeof *out);
+    }
+    if (what != NULL && nwhat > 0) {
+        what[0] = '\0';
+    }
+    const nbgi_formats_api *a = formats(ctx, "reading", path, "MTZ");
+    return a == NULL ? NBG_EUNSUP : a->read_mtz(ctx, path, column, default_F, out, what, nwhat);
+}
+
 #endif /* NBG_FORMATS_DL */

@@ -1,6 +1,7 @@
 /*
  * refl.c -- DIALS reflection tables (.refl) read for spot regions (nbg_read_refl): the panel, observed centroid,
- * bounding box and experiment id of every reflection.
+ * bounding box and experiment id of every reflection; and as structure factors (nbgi_refl_hkl, behind
+ * nbg_hkl_read_column): the Miller indices and intensities of an indexed or integrated table.
  *
  * The file is one msgpack value, as DIALS writes a reflection table:
  *     ["dials::af::reflection_table", 1, {"identifiers": {...}, "nrows": N, "data": {name: [type, column], ...}}]
@@ -307,6 +308,164 @@ static int table(nbg_ctx *ctx, const char *path, const msgpack_object *o, nbg_re
     return NBG_OK;
 }
 
+/* DIALS's reflection flags (dials/array_family/flex_ext: integrated_sum, integrated_prf) */
+#define REFL_INTEGRATED_SUM (1u << 8)
+#define REFL_INTEGRATED_PRF (1u << 9)
+
+/* The structure-factor entries of the table in o (nbgi_refl_hkl): miller_index with the profile-fitted intensity
+ * where the row has one (the table has intensity.prf.value and, when it has flags, the row's integrated_prf flag),
+ * else the summed one; F = sqrt(max(I, 0)).  Unindexed rows (0 0 0, or a negative experiment id) and rows without a
+ * finite intensity are left out.  *ent malloc'd. */
+static int table_hkl(nbg_ctx *ctx, const char *path, const msgpack_object *o, nbgi_hkl_entry **ent, size_t *nent,
+                     long *nrow, long *nprf, long *nsum, long *nskip)
+{
+    *ent = NULL;
+    *nent = 0;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 ||
+        !is_str(&o->via.array.ptr[0], "dials::af::reflection_table")) {
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table (msgpack [\"dials::af::reflection_"
+                          "table\", version, table])", path);
+    }
+    uint64_t version, nrows;
+    if (!as_u64(&o->via.array.ptr[1], &version) || version != 1) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: version is not 1 (the one nbgrad reads)", path);
+    }
+    const msgpack_object *t = &o->via.array.ptr[2];
+    const msgpack_object *nr = map_get(t, "nrows"), *data = map_get(t, "data");
+    if (nr == NULL || data == NULL || !as_u64(nr, &nrows) || data->type != MSGPACK_OBJECT_MAP) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: no row count (\"nrows\", a non-negative integer) "
+                          "or no columns (\"data\", a map)", path);
+    }
+    if (nrows > (uint64_t)LONG_MAX / 64) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: %llu rows", path, (unsigned long long)nrows);
+    }
+    if (map_get(data, "miller_index") == NULL) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s has no miller_index column: it is not indexed (a "
+                          "table from dials.index or dials.integrate holds the Miller indices nbgrad needs for "
+                          "structure factors)", path);
+    }
+    const unsigned char *mi, *prf, *sum, *flags, *id;
+    int rc;
+    if ((rc = column(ctx, path, data, "miller_index", "cctbx::miller::index<>", 12, nrows, 1, &mi)) != NBG_OK ||
+        (rc = column(ctx, path, data, "intensity.prf.value", "double", 8, nrows, 0, &prf)) != NBG_OK ||
+        (rc = column(ctx, path, data, "intensity.sum.value", "double", 8, nrows, 0, &sum)) != NBG_OK ||
+        (rc = column(ctx, path, data, "flags", "std::size_t", 8, nrows, 0, &flags)) != NBG_OK ||
+        (rc = column(ctx, path, data, "id", "int", 4, nrows, 0, &id)) != NBG_OK) {
+        return rc;
+    }
+    if (prf == NULL && sum == NULL) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s has Miller indices but no intensities (neither "
+                          "intensity.prf.value nor intensity.sum.value)", path);
+    }
+    const size_t n = (size_t)nrows;
+    if ((rc = nbgi_check_bytes(ctx, (double)n * sizeof(nbgi_hkl_entry), "the reflection table's intensities")) !=
+        NBG_OK) {
+        return rc;
+    }
+    nbgi_hkl_entry *e = malloc(sizeof *e * (n ? n : 1));
+    if (e == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu reflections of %s", n, path);
+    }
+    size_t k = 0;
+    int id0 = -1;
+    *nrow = (long)n;
+    *nprf = *nsum = *nskip = 0;
+    for (size_t r = 0; r < n; ++r) {
+        const int32_t h = (int32_t)(uint32_t)le(mi + 12 * r, 4), kk = (int32_t)(uint32_t)le(mi + 12 * r + 4, 4),
+                      l = (int32_t)(uint32_t)le(mi + 12 * r + 8, 4);
+        const int rid = id != NULL ? (int32_t)(uint32_t)le(id + 4 * r, 4) : 0;
+        if ((h == 0 && kk == 0 && l == 0) || rid < 0) {
+            ++*nskip;
+            continue;
+        }
+        if (id0 < 0) {
+            id0 = rid;
+        } else if (rid != id0) {
+            free(e);
+            return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s holds the reflections of more than one "
+                              "experiment (ids %d and %d, row %zu): one crystal's indices are needed (dials."
+                              "split_experiments splits it)", path, id0, rid, r);
+        }
+        if (h < -1000000 || h > 1000000 || kk < -1000000 || kk > 1000000 || l < -1000000 || l > 1000000) {
+            free(e);
+            return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: row %zu's Miller index (%d %d %d) is beyond "
+                              "+-1000000", path, r, (int)h, (int)kk, (int)l);
+        }
+        const uint64_t f = flags != NULL ? le(flags + 8 * r, 8) : REFL_INTEGRATED_PRF;
+        double I = NAN;
+        if (prf != NULL && (f & REFL_INTEGRATED_PRF) != 0 && isfinite(le_double(prf + 8 * r))) {
+            I = le_double(prf + 8 * r);
+            ++*nprf;
+        } else if (sum != NULL && isfinite(le_double(sum + 8 * r))) {
+            I = le_double(sum + 8 * r);
+            ++*nsum;
+        } else {
+            ++*nskip;
+            continue;
+        }
+        e[k].h = h;
+        e[k].k = kk;
+        e[k].l = l;
+        e[k].F = sqrt(I > 0 ? I : 0.0);
+        ++k;
+    }
+    *ent = e;
+    *nent = k;
+    return NBG_OK;
+}
+
+int nbgi_refl_hkl(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out, char *what, size_t nwhat)
+{
+    memset(out, 0, sizeof *out);
+    unsigned char *buf;
+    size_t len, used = 0;
+    int rc = nbgi_read_whole(ctx, path, "reflection table", &buf, &len);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    if (!walk(buf, len, &used) || used != len) {
+        free(buf);
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: not one complete msgpack value "
+                          "(truncated, malformed, nested deeper than %d or followed by other bytes)", path,
+                          REFL_MAX_DEPTH);
+    }
+    if ((rc = nbgi_check_bytes(ctx, 32.0 * (double)len + 65536, "the reflection table's msgpack tree")) != NBG_OK) {
+        free(buf);
+        return rc;
+    }
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    nbgi_hkl_entry *ent = NULL;
+    size_t nent = 0;
+    long nrow = 0, nprf = 0, nsum = 0, nskip = 0;
+    const msgpack_unpack_return ur = msgpack_unpack_next(&u, (const char *)buf, len, &off);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory unpacking the reflection table %s", path);
+    } else if (ur != MSGPACK_UNPACK_SUCCESS) {
+        rc = nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: msgpack-c cannot unpack it (%d)", path,
+                        (int)ur);
+    } else {
+        rc = table_hkl(ctx, path, &u.data, &ent, &nent, &nrow, &nprf, &nsum, &nskip);
+    }
+    msgpack_unpacked_destroy(&u);
+    free(buf);
+    if (rc == NBG_OK && nent == 0) {
+        rc = nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: none of its %ld rows is an indexed reflection with an "
+                        "intensity", path, nrow);
+    }
+    if (rc == NBG_OK) {
+        rc = nbgi_hkl_from_entries(ctx, path, ent, nent, default_F, 1, out);
+    }
+    free(ent);
+    if (rc == NBG_OK && what != NULL && nwhat > 0) {
+        snprintf(what, nwhat, "%ld rows: %ld intensity.prf.value, %ld intensity.sum.value, %ld left out (unindexed or "
+                 "without an intensity); F = sqrt(max(I, 0)), %ld distinct indices (repeats averaged), no symmetry "
+                 "applied", nrow, nprf, nsum, nskip, out->nrefl);
+    }
+    return rc;
+}
+
 int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out)
 {
     memset(out, 0, sizeof *out);
@@ -388,6 +547,14 @@ int nbg_read_refl(nbg_ctx *ctx, const char *path, nbg_reflections *out)
 }
 
 #else /* !NBG_HAVE_FORMATS */
+
+int nbgi_refl_hkl(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out, char *what, size_t nwhat)
+{
+    (void)default_F, (void)what, (void)nwhat;
+    memset(out, 0, sizeof *out);
+    return nbgi_error(ctx, NBG_EUNSUP, "reading %s: DIALS reflection tables need libmsgpack-c, and nbgrad was built "
+                      "without the file formats (FORMATS=0)", path);
+}
 
 int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out)
 {

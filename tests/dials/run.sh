@@ -1,10 +1,11 @@
 #!/bin/sh
 # run.sh -- the DIALS tier (make test-dials): the round trip through DIALS (roundtrip.py), the multi-panel
 # read-back (multipanel.py), stills from DIALS with their spectra (stills.py), spot regions from DIALS's reflections
-# (spots.py) and every real image and list of ../shared/data/real read as dxtbx reads them (cbfpanels.py, with
-# $NBG_CBFPANELS; the Pilatus 12M and the Timepix quad refused alone and read through dials.import's lists), with
-# Debian's python; shows their output and ends with the total of their "N passed, M failed" lines.  Exit status 0
-# only when all ran and nothing failed.
+# (spots.py), every real image and list of ../shared/data/real read as dxtbx reads them (cbfpanels.py, with
+# $NBG_CBFPANELS; the Pilatus 12M and the Timepix quad refused alone and read through dials.import's lists) and
+# structure factors from DIALS's MTZ and reflection tables of a real still (hklmtz.py), with Debian's python; shows
+# their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran and
+# nothing failed.
 #
 #   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
 NB=$1
@@ -16,7 +17,7 @@ rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 pass=0
 fail=0
 status=0
-for s in roundtrip multipanel stills spots cbfpanels; do
+for s in roundtrip multipanel stills spots cbfpanels hklmtz; do
     if [ "$s" = roundtrip ]; then
         PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
     else

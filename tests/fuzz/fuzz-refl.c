@@ -1,8 +1,10 @@
 /*
- * fuzz-refl.c -- libFuzzer harness for nbg_read_refl (DIALS reflection tables, msgpack through libmsgpack-c).
+ * fuzz-refl.c -- libFuzzer harness for nbg_read_refl (DIALS reflection tables, msgpack through libmsgpack-c), and
+ * for the same file read as structure factors (nbg_hkl_read_column: miller_index and the intensities).
  *
  * The input is the file's content.  A table that is read must hold finite centroids, panels >= 0 and boxes that
- * do not end before they start; one that is refused must say why.
+ * do not end before they start; structure factors read from it must be finite and >= 0 (a
+ * non-msgpack input is read as HKL text: finite); a refusal must say why.
  */
 #include "fuzz_util.h"
 #include "nbgrad.h"
@@ -40,6 +42,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         NBG_FUZZ_CHECK(r.n == 0 && r.panel == NULL && r.xyz == NULL, "a refused table left columns");
     }
     nbg_reflections_free(&r);
+    nbg_hkl hkl;
+    if (nbg_hkl_read_column(ctx, file.path, NULL, 0.5, &hkl, NULL, 0) == NBG_OK) {
+        NBG_FUZZ_CHECK(hkl.nrefl >= 1 && hkl.F != NULL, "structure factors read without an entry");
+        const size_t n = (size_t)(hkl.h_max - hkl.h_min + 1) * (size_t)(hkl.k_max - hkl.k_min + 1) *
+                         (size_t)(hkl.l_max - hkl.l_min + 1);
+        for (size_t i = 0; i < n; ++i) {
+            /* (an input that is not msgpack is read as HKL text, where F may be negative) */
+            NBG_FUZZ_CHECK(isfinite(hkl.F[i]) && (hkl.F[i] >= 0 || size == 0 || data[0] != 0x93),
+                           "a table entry that is not a finite F >= 0");
+        }
+        NBG_FUZZ_CHECK_TABLE(hkl, "nbg_hkl_read_column");
+    } else {
+        NBG_FUZZ_CHECK(nbg_errmsg(ctx)[0] != '\0', "nbg_hkl_read_column failed without a message");
+    }
     nbg_ctx_destroy(ctx);
     return 0;
 }
