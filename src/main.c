@@ -1403,6 +1403,7 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
     json_object_set_new(d, "constraint", json_string(res->constraint));
     if (o->fit_F) {
         json_object_set_new(d, "F_fitted", json_integer(res->F_fitted));
+        json_object_set_new(d, "F_zero", json_integer(res->F_zero));
     }
     json_object_set_new(d, "start_loss", nbgi_json_num(res->start_loss));
     json_object_set_new(d, "final_loss", nbgi_json_num(res->loss));

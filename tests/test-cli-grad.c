@@ -440,6 +440,78 @@ int main(void)
         nbgi_test_check(rc == 0 && strstr(out, "converged") != NULL, "cligrad-37-correlated",
                         "a, distance and lambda (correlated, determined) still converge (exit %d)", rc);
     }
+    /* cligrad-38: refine -params ...,F fits the -hkl table's measured entries (per-reflection scales): a still whose
+     * structure factors vary, started from a table 30 % off entry by entry and a turned crystal; the refusals */
+    {
+        char thkl[1024], shkl[1024], fobs[1024], fout[1024], fjson[1024];
+        snprintf(thkl, sizeof thkl, "%s/truth.hkl", dir);
+        snprintf(shkl, sizeof shkl, "%s/start.hkl", dir);
+        snprintf(fobs, sizeof fobs, "%s/fobs.bin", dir);
+        snprintf(fout, sizeof fout, "%s/fitted.hkl", dir);
+        snprintf(fjson, sizeof fjson, "%s/f.json", dir);
+        FILE *ft = fopen(thkl, "w"), *fs = fopen(shkl, "w");
+        uint64_t sd = 38;
+        for (int h = -10; h <= 10 && ft != NULL && fs != NULL; ++h) {
+            for (int k = -10; k <= 10; ++k) {
+                for (int l = -10; l <= 10; ++l) {
+                    sd = sd * 6364136223846793005ULL + 1442695040888963407ULL;
+                    const double u1 = (double)(sd >> 11) / 9007199254740992.0;
+                    sd = sd * 6364136223846793005ULL + 1442695040888963407ULL;
+                    const double u2 = (double)(sd >> 11) / 9007199254740992.0;
+                    fprintf(ft, "%d %d %d %.10g\n", h, k, l, 50 + 100 * u1);
+                    fprintf(fs, "%d %d %d %.10g\n", h, k, l, (50 + 100 * u1) * (0.7 + 0.6 * u2));
+                }
+            }
+        }
+        if (ft != NULL) fclose(ft);
+        if (fs != NULL) fclose(fs);
+#define FXTAL "-cell 70 80 90 75 85 95 -misset 10 5 3 -N 10 -lambda 1 -distance 100 -detpixels 128 -oversample 1 -nodump"
+        snprintf(cmd, sizeof cmd, "%s " FXTAL " -hkl %s -floatfile %s 2>&1", bin, thkl, fobs);
+        rc = run(cmd);
+        char fcmd[8192];
+        snprintf(fcmd, sizeof fcmd, "%s refine -cell 70.1 80 90 75 85 95 -misset 10.03 4.98 3.02 -N 10 -lambda 1 "
+                 "-distance 100 -detpixels 128 -oversample 1 -nodump -hkl %s -observed %s "
+                 "-params orientation,a,F -hklout %s -json %s 2>&1", bin, shkl, fobs, fout, fjson);
+        rc = run(fcmd);
+        double a = NAN, a0 = NAN;
+        const char *row = strstr(out, "\na ");
+        if (row == NULL || sscanf(row + 2, "%lf %lf", &a0, &a) != 2) {
+            a = NAN;
+        }
+        size_t hs = 0;
+        char *fitted = nbgi_test_read_file(fout, &hs);
+        long nlines = 0;
+        for (size_t q = 0; fitted != NULL && q < hs; ++q) nlines += fitted[q] == '\n';
+        char *fj = nbgi_test_read_file(fjson, &hs);
+        nbgi_test_check(rc == 0 && strstr(out, "converged after") != NULL && strstr(out, "structure factors: ") != NULL &&
+                            fabs(a - 70) < 1e-5 && nlines > 10 && fj != NULL && strstr(fj, "\"F_fitted\"") != NULL,
+                        "cligrad-38-refine-F", "refine -params orientation,a,F from a table 30 %% off: a = %.8g (truth "
+                        "70), %ld entries in -hklout, JSON F_fitted (exit %d)", a, nlines, rc);
+        free(fitted);
+        free(fj);
+        static const struct {
+            const char *id, *args, *want;
+        } bad[] = {{"cligrad-38-F-no-table", "-default_F 100 -params a,F", "no -hkl table"},
+                   {"cligrad-38-F-one-entry", "-hkl START -params 'a,F(1,2,3)'", "not single entries"},
+                   {"cligrad-38-hklout-no-F", "-hkl START -params a -hklout x.hkl", "not fitted"},
+                   {"cligrad-38-F-bfgs", "-hkl START -params a,F -method bfgs", "Levenberg-Marquardt only"}};
+        for (size_t q = 0; q < sizeof bad / sizeof bad[0]; ++q) {
+            char args[2400];
+            const char *st = strstr(bad[q].args, "START");
+            if (st != NULL) {
+                snprintf(args, sizeof args, "%.*s%s%s", (int)(st - bad[q].args), bad[q].args, shkl, st + 5);
+            } else {
+                snprintf(args, sizeof args, "%s", bad[q].args);
+            }
+            char bcmd[8192];
+            snprintf(bcmd, sizeof bcmd, "%s refine " FXTAL " -observed %s %s 2>&1", bin, fobs, args);
+            rc = run(bcmd);
+            const char *msg = strstr(out, "error");
+            nbgi_test_check(rc == 1 && strstr(out, bad[q].want) != NULL, bad[q].id, "%s refused: %.*s", bad[q].args,
+                            msg != NULL ? (int)strcspn(msg, "\n") : 0, msg != NULL ? msg : "");
+        }
+#undef FXTAL
+    }
     /* progress on stderr, results on stdout; -quiet: no progress */
     snprintf(cmd, sizeof cmd,
              "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
