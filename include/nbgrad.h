@@ -922,7 +922,14 @@ typedef struct {
     int *id;            /* n experiment ids (the "id" column; -1 unassigned), or NULL when the table has none */
     int has_shoebox;    /* the table carries shoeboxes (not read) */
     int ncolumns;       /* the table's columns, all of them */
+    int *hkl;           /* 3n: "miller_index" (0 0 0 unindexed), or NULL when the table has none */
+    uint64_t *flags;    /* n: DIALS's flags (NBG_REFL_USED_IN_REFINEMENT ...), or NULL when the table has none */
+    double *xyzcal;     /* 3n: "xyzcal.px", DIALS's predicted centroid, or NULL when the table has none */
 } nbg_reflections;
+
+/* DIALS's reflection flags (nbg_reflections.flags) that nbgrad reads */
+#define NBG_REFL_INDEXED (1u << 2)
+#define NBG_REFL_USED_IN_REFINEMENT (1u << 3)
 
 /* Reads a DIALS reflection table into *out (its arrays malloc'd; nbg_reflections_free releases them).  The file
  * must be DIALS's msgpack reflection table, version 1, with an "xyzobs.px.value" column (vec3<double>); "panel"
@@ -932,6 +939,18 @@ typedef struct {
  * in a build without the file formats (FORMATS=0: libmsgpack-c). */
 int nbg_read_refl(nbg_ctx *ctx, const char *path, nbg_reflections *out);
 void nbg_reflections_free(nbg_reflections *r);
+
+/* The model's own spot of each of n reflections: for reflection i (Miller index hkl[3i..3i+2], on panel[i], about the
+ * position x[i], y[i] in DIALS's pixel coordinates: pixel (f, s) covers [f, f+1) x [s, s+1)), the centroid cx[i],
+ * cy[i] of that reflection's model photons alone (scale applied, no background, the mask ignored) over the square of
+ * half-width radius pixels about (x[i], y[i]) on its panel, and photons[i] their sum (0, and cx, cy NaN, when the
+ * model puts none there).  The reflection's photons alone: each reflection is rendered on its square with a
+ * structure-factor table that holds only its entry (e's table value, or default_F); exact for nanoBragg's
+ * nearest-index lookup (NBG_EUNSUP with tricubic interpolation, which mixes neighbours).  photons may be NULL.
+ * Deterministic.  Cost: a render of (2 radius + 1)^2 pixels per reflection. */
+int nbg_reflection_centroids(nbg_ctx *ctx, const nbg_experiment *e, long n, const int *hkl, const int *panel,
+                             const double *x, const double *y, int radius, double *cx, double *cy,
+                             double *photons);
 
 /* The spot pixels' threshold of a model image for nbg_spot_pixels, as nbgrad refine -spots and ensemble -spots take
  * it: the image's floor plus frac (-spot_frac, 0.05) of its range, over the npix pixels use keeps (NULL: all; 0 =

@@ -100,6 +100,8 @@ typedef struct {
     int spots;                  /* -spots: the box half-width, pixels (-1: the whole image) */
     double spot_frac;           /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
     const char *spotlist;       /* -spotlist: a text file of spot centres "fast slow" */
+    const char *centroids;      /* refine -centroids: the model's spot centroids of -spotlist's reflections */
+    int centroid_radius;        /* -centroid_radius: their squares' half-width (5) */
     unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
 
@@ -319,6 +321,13 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
     {"-motionsfile", CMD_REFINE, nbgi_set_path, GO(motionsout), "FILE",
      "the fitted panel motions, in -motions's format (every group)"},
+    {"-centroids", CMD_REFINE, nbgi_set_path, GO(centroids), "FILE",
+     "with -spotlist an indexed DIALS reflection table: the centroid of each indexed reflection's own model spot "
+     "(its photons alone, no background, within -centroid_radius of the observed centroid) for the start and the "
+     "fitted model, against the observed centroid and DIALS's prediction (xyzcal.px): rms printed, a line per "
+     "reflection written"},
+    {"-centroid_radius", CMD_REFINE, nbgi_set_half_box, GO(centroid_radius), "N",
+     "with -centroids: the half-width of the square about each observed centroid, pixels (5)"},
     {"-hklout", CMD_REFINE, nbgi_set_path, GO(hklout), "FILE",
      "with F among -params: the fitted structure factors, \"h k l F\" lines of the entries fitted"},
     {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
@@ -1437,6 +1446,151 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
 #endif
 }
 
+/* refine -centroids: the indexed reflections of -spotlist's table (experiment 0) and their model centroids */
+typedef struct {
+    nbg_reflections r;
+    long n;                 /* rows kept */
+    long *row;              /* their rows in r */
+    int *hkl, *panel;
+    double *x, *y;          /* observed centroids */
+    double *sx, *sy, *fx, *fy, *ph; /* the start's and the fit's model centroids, the fit's photons */
+} centroid_set;
+
+static void centroid_set_free(centroid_set *s)
+{
+    nbg_reflections_free(&s->r);
+    free(s->row), free(s->hkl), free(s->panel);
+    free(s->x); /* x, y, sx, sy, fx, fy and ph are one allocation */
+    memset(s, 0, sizeof *s);
+}
+
+static int centroids_start(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, centroid_set *s)
+{
+    if (o->spotlist == NULL || nbg_read_refl(ctx, o->spotlist, &s->r) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -centroids needs -spotlist with DIALS's indexed reflection table%s%s\n",
+                o->spotlist != NULL ? ": " : "", o->spotlist != NULL ? nbg_errmsg(ctx) : "");
+        return 0;
+    }
+    if (s->r.hkl == NULL) {
+        fprintf(stderr, "nbgrad: error: -centroids: %s has no miller_index column (index it: dials.index)\n",
+                o->spotlist);
+        return 0;
+    }
+    const size_t n = (size_t)s->r.n + 1;
+    s->row = malloc(sizeof(long) * n);
+    s->hkl = malloc(sizeof(int) * 3 * n);
+    s->panel = malloc(sizeof(int) * n);
+    double *d = malloc(sizeof(double) * 7 * n);
+    if (s->row == NULL || s->hkl == NULL || s->panel == NULL || d == NULL) {
+        free(d);
+        fprintf(stderr, "nbgrad: error: -centroids: out of memory\n");
+        return 0;
+    }
+    s->x = d, s->y = d + n, s->sx = d + 2 * n, s->sy = d + 3 * n, s->fx = d + 4 * n, s->fy = d + 5 * n;
+    s->ph = d + 6 * n;
+    for (long i = 0; i < s->r.n; ++i) {
+        const int *h = s->r.hkl + 3 * i;
+        if ((h[0] == 0 && h[1] == 0 && h[2] == 0) || (s->r.id != NULL && s->r.id[i] != 0)) {
+            continue;
+        }
+        s->row[s->n] = i;
+        memcpy(s->hkl + 3 * s->n, h, sizeof(int) * 3);
+        s->panel[s->n] = s->r.panel[i];
+        s->x[s->n] = s->r.xyz[3 * i];
+        s->y[s->n] = s->r.xyz[3 * i + 1];
+        ++s->n;
+    }
+    if (s->n == 0) {
+        fprintf(stderr, "nbgrad: error: -centroids: %s holds no indexed reflection of experiment 0\n", o->spotlist);
+        return 0;
+    }
+    if (nbg_reflection_centroids(ctx, &c->e, s->n, s->hkl, s->panel, s->x, s->y, o->centroid_radius, s->sx, s->sy,
+                                 NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -centroids: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    return 1;
+}
+
+/* rms of (ax - x, ay - y) over the rows where sel (NULL: all) and the values are finite; *cnt the rows counted */
+static void rms2(const centroid_set *s, const double *ax, const double *ay, int used_only, double *rx, double *ry,
+                 long *cnt)
+{
+    double qx = 0, qy = 0;
+    long k = 0;
+    for (long i = 0; i < s->n; ++i) {
+        const long r = s->row[i];
+        if (used_only && !(s->r.flags != NULL && (s->r.flags[r] & NBG_REFL_USED_IN_REFINEMENT))) continue;
+        if (!isfinite(ax[i]) || !isfinite(ay[i])) continue;
+        qx += (ax[i] - s->x[i]) * (ax[i] - s->x[i]);
+        qy += (ay[i] - s->y[i]) * (ay[i] - s->y[i]);
+        ++k;
+    }
+    *rx = k ? sqrt(qx / k) : NAN;
+    *ry = k ? sqrt(qy / k) : NAN;
+    *cnt = k;
+}
+
+static int centroids_end(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, centroid_set *s)
+{
+    if (nbg_reflection_centroids(ctx, &c->e, s->n, s->hkl, s->panel, s->x, s->y, o->centroid_radius, s->fx, s->fy,
+                                 s->ph) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -centroids: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    double *dx = NULL, *dy = NULL;
+    if (s->r.xyzcal != NULL) {
+        dx = malloc(sizeof(double) * (size_t)(2 * s->n));
+        if (dx == NULL) {
+            fprintf(stderr, "nbgrad: error: -centroids: out of memory\n");
+            return 0;
+        }
+        dy = dx + s->n;
+        for (long i = 0; i < s->n; ++i) {
+            dx[i] = s->r.xyzcal[3 * s->row[i]];
+            dy[i] = s->r.xyzcal[3 * s->row[i] + 1];
+        }
+    }
+    printf("spot centroids (each indexed reflection's own model spot within %d pixels of its observed centroid, "
+           "against the observed centroid; rms x, y in pixels):\n", o->centroid_radius);
+    for (int used = 0; used <= (s->r.flags != NULL); ++used) {
+        double rx, ry;
+        long k;
+        printf("  %s:", used ? "the reflections DIALS refined against (used_in_refinement)" : "every indexed reflection");
+        rms2(s, s->sx, s->sy, used, &rx, &ry, &k);
+        printf(" start model %.3f %.3f (%ld),", rx, ry, k);
+        rms2(s, s->fx, s->fy, used, &rx, &ry, &k);
+        printf(" fitted model %.3f %.3f (%ld)", rx, ry, k);
+        if (dx != NULL) {
+            rms2(s, dx, dy, used, &rx, &ry, &k);
+            printf(", DIALS's prediction (xyzcal.px) %.3f %.3f (%ld)", rx, ry, k);
+        }
+        printf("\n");
+    }
+    nbgi_out out;
+    int ok = nbgi_out_open(ctx, o->centroids, &out) == NBG_OK;
+    char line[512];
+    int len = snprintf(line, sizeof line, "# panel h k l x_obs y_obs x_dials y_dials x_start y_start x_fit y_fit "
+                       "photons used_in_refinement (pixels; NaN: no model photons within %d pixels)\n",
+                       o->centroid_radius);
+    ok = ok && nbgi_out_write(ctx, &out, line, (size_t)len) == NBG_OK;
+    for (long i = 0; ok && i < s->n; ++i) {
+        const long r = s->row[i];
+        len = snprintf(line, sizeof line, "%d %d %d %d %.4f %.4f %.4f %.4f %.4f %.4f %.4f %.4f %.6g %d\n", s->panel[i],
+                       s->hkl[3 * i], s->hkl[3 * i + 1], s->hkl[3 * i + 2], s->x[i], s->y[i], dx ? dx[i] : NAN,
+                       dy ? dy[i] : NAN, s->sx[i], s->sy[i], s->fx[i], s->fy[i], s->ph[i],
+                       s->r.flags != NULL && (s->r.flags[r] & NBG_REFL_USED_IN_REFINEMENT) ? 1 : 0);
+        ok = nbgi_out_write(ctx, &out, line, (size_t)len) == NBG_OK;
+    }
+    free(dx);
+    if (!ok || nbgi_out_finish(ctx, &out, NULL) != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: -centroids: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    printf("wrote %s: the %ld indexed reflections' observed, DIALS's and nbgrad's centroids\n", o->centroids, s->n);
+    return 1;
+}
+
 /* refine -hklout: "h k l F" lines of the table's entries that the fit moved from F0 (its start). */
 static int refine_write_hkl(nbg_ctx *ctx, nbgi_cli *c, const char *path, const double *F0)
 {
@@ -1479,6 +1633,7 @@ static int cmd_refine(int argc, char **argv, int first)
     o.max_iter = 100;
     o.spots = -1;
     o.spot_frac = 0.05;
+    o.centroid_radius = 5;
     o.cmd = CMD_REFINE;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
@@ -1493,6 +1648,7 @@ static int cmd_refine(int argc, char **argv, int first)
     uint32_t **fspot = NULL;    /* their spot regions */
     nbg_refine_result res = {0};
     double *F0 = NULL; /* with F fitted: the table as it started (-hklout writes the entries that moved) */
+    centroid_set cen = {0};
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
         if (c.help) {
@@ -1616,6 +1772,10 @@ static int cmd_refine(int argc, char **argv, int first)
     if (nf > 1) {
         printf("%d frames of %g deg from phi %g deg\n", nf, r.osc, r.phi0);
     }
+    if (o.centroids != NULL && !centroids_start(ctx, &c, &o, &cen)) {
+        free(fw);
+        goto done;
+    }
     const int frc = nbg_refine_frames(ctx, fe, nf, (const float *const *)fobs, wts != NULL ? fw : NULL, npix,
                                       o.ids, o.nids, &ro, &res);
     nbgi_progress_end();
@@ -1668,6 +1828,9 @@ static int cmd_refine(int argc, char **argv, int first)
     if (o.residual != NULL && !refine_write_residual(ctx, &c, o.residual, obs, use, npix)) {
         goto done;
     }
+    if (o.centroids != NULL && !centroids_end(ctx, &c, &o, &cen)) {
+        goto done;
+    }
     if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed)) {
         goto done;
     }
@@ -1708,6 +1871,7 @@ done:
     free(fspot);
     free(fe);
     free(F0);
+    centroid_set_free(&cen);
     nbg_refine_result_free(&res);
     grad_opts_free(&o);
     c.extra = NULL;

@@ -25,6 +25,9 @@ void nbg_reflections_free(nbg_reflections *r)
         free(r->xyz);
         free(r->bbox);
         free(r->id);
+        free(r->hkl);
+        free(r->flags);
+        free(r->xyzcal);
         memset(r, 0, sizeof *r);
     }
 }
@@ -255,17 +258,38 @@ static int table(nbg_ctx *ctx, const char *path, const msgpack_object *o, nbg_re
         }
     }
     out->ncolumns = (int)data->via.map.size;
-    const unsigned char *xyz, *panel, *bbox, *id;
+    const unsigned char *xyz, *panel, *bbox, *id, *mi, *fl, *cal;
     int rc;
     if ((rc = column(ctx, path, data, "xyzobs.px.value", "vec3<double>", 24, nrows, 1, &xyz)) != NBG_OK ||
         (rc = column(ctx, path, data, "panel", "std::size_t", 8, nrows, 0, &panel)) != NBG_OK ||
         (rc = column(ctx, path, data, "bbox", "int6", 24, nrows, 0, &bbox)) != NBG_OK ||
-        (rc = column(ctx, path, data, "id", "int", 4, nrows, 0, &id)) != NBG_OK) {
+        (rc = column(ctx, path, data, "id", "int", 4, nrows, 0, &id)) != NBG_OK ||
+        (rc = column(ctx, path, data, "miller_index", "cctbx::miller::index<>", 12, nrows, 0, &mi)) != NBG_OK ||
+        (rc = column(ctx, path, data, "flags", "std::size_t", 8, nrows, 0, &fl)) != NBG_OK ||
+        (rc = column(ctx, path, data, "xyzcal.px", "vec3<double>", 24, nrows, 0, &cal)) != NBG_OK) {
         return rc;
     }
     const size_t n = (size_t)nrows;
-    if ((rc = nbgi_check_bytes(ctx, (double)n * (4 + 24 + 24 + 4), "the reflection table's columns")) != NBG_OK) {
+    if ((rc = nbgi_check_bytes(ctx, (double)n * (4 + 24 + 24 + 4 + 12 + 8 + 24), "the reflection table's columns")) !=
+        NBG_OK) {
         return rc;
+    }
+    out->hkl = mi != NULL ? malloc(sizeof(int) * 3 * (n ? n : 1)) : NULL;
+    out->flags = fl != NULL ? malloc(sizeof(uint64_t) * (n ? n : 1)) : NULL;
+    out->xyzcal = cal != NULL ? malloc(sizeof(double) * 3 * (n ? n : 1)) : NULL;
+    if ((mi != NULL && out->hkl == NULL) || (fl != NULL && out->flags == NULL) || (cal != NULL && out->xyzcal == NULL)) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu reflections of %s", n, path);
+    }
+    for (size_t r = 0; r < n; ++r) {
+        for (int j = 0; j < 3 && mi != NULL; ++j) {
+            out->hkl[3 * r + j] = (int32_t)(uint32_t)le(mi + 12 * r + 4 * j, 4);
+        }
+        if (fl != NULL) {
+            out->flags[r] = le(fl + 8 * r, 8);
+        }
+        for (int j = 0; j < 3 && cal != NULL; ++j) {
+            out->xyzcal[3 * r + j] = le_double(cal + 24 * r + 8 * j); /* NaN or any value: only reported */
+        }
     }
     out->n = (long)n;
     out->panel = malloc(sizeof(int) * (n ? n : 1));

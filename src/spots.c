@@ -5,7 +5,9 @@
 #include "plan.h"
 #include "geometry.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -231,6 +233,126 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
     }
     rc = mask_to_list(ctx, k, m, n, pixels, npixels, "nbg_spot_box_pixels");
     free(m);
+    nbgi_plan_free(&pl);
+    return rc;
+}
+
+/* ---- the model's own spot of each reflection (nbg_reflection_centroids) ---- */
+
+/* The structure factor e gives Miller index h (its table's entry, or default_F outside it). */
+static double entry_F(const nbg_experiment *e, const int *h)
+{
+    const nbg_hkl *t = e->hkl;
+    if (t == NULL || h[0] < t->h_min || h[0] > t->h_max || h[1] < t->k_min || h[1] > t->k_max || h[2] < t->l_min ||
+        h[2] > t->l_max) {
+        return e->default_F;
+    }
+    const long nk = t->k_max - t->k_min + 1, nl = t->l_max - t->l_min + 1;
+    return t->F[((long)(h[0] - t->h_min) * nk + (h[1] - t->k_min)) * nl + (h[2] - t->l_min)];
+}
+
+int nbg_reflection_centroids(nbg_ctx *ctx, const nbg_experiment *e, long n, const int *hkl, const int *panel,
+                             const double *x, const double *y, int radius, double *cx, double *cy, double *photons)
+{
+    if (ctx == NULL || e == NULL || (n > 0 && (hkl == NULL || panel == NULL || x == NULL || y == NULL || cx == NULL ||
+                                               cy == NULL))) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_reflection_centroids: NULL argument");
+    }
+    if (n < 0 || n > 10000000 || radius < 1 || radius > 1000) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_reflection_centroids: %ld reflections (0 to 1e7), a square of "
+                          "half-width %d pixels (1 to 1000)", n, radius);
+    }
+    if (e->interpolate == 1 || (e->interpolate < 0 && (e->Na <= 2 || e->Nb <= 2 || e->Nc <= 2))) {
+        return nbgi_error(ctx, NBG_EUNSUP, "nbg_reflection_centroids: with tricubic interpolation of the structure "
+                          "factors (-interpolate, or N <= 2) a pixel's light mixes neighbouring reflections: no "
+                          "reflection's own spot can be told apart");
+    }
+    nbg_experiment whole;
+    nbgi_plan pl;
+    int rc = whole_plan(ctx, e, "nbg_reflection_centroids", &whole, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbgi_kparams *k = &pl.k;
+    const size_t npix = (size_t)k->npix;
+    const int np = k->npanels > 0 ? k->npanels : 1;
+    int lo[3] = {INT_MAX, INT_MAX, INT_MAX}, hi[3] = {INT_MIN, INT_MIN, INT_MIN};
+    for (long i = 0; i < n; ++i) {
+        if (panel[i] < 0 || panel[i] >= np || !isfinite(x[i]) || !isfinite(y[i])) {
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_reflection_centroids: reflection %ld is on panel %d at (%g, %g); "
+                              "the detector has %d panel%s", i, panel[i], x[i], y[i], np, np > 1 ? "s" : "");
+        }
+        for (int a = 0; a < 3; ++a) {
+            lo[a] = hkl[3 * i + a] < lo[a] ? hkl[3 * i + a] : lo[a];
+            hi[a] = hkl[3 * i + a] > hi[a] ? hkl[3 * i + a] : hi[a];
+        }
+        cx[i] = cy[i] = NAN;
+        if (photons != NULL) photons[i] = 0;
+    }
+    if (n == 0) {
+        nbgi_plan_free(&pl);
+        return NBG_OK;
+    }
+    /* one table over the reflections' indices, every entry 0 but the one rendered */
+    const double size = ((double)hi[0] - lo[0] + 1) * ((double)hi[1] - lo[1] + 1) * ((double)hi[2] - lo[2] + 1);
+    if ((rc = nbgi_check_bytes(ctx, size * sizeof(double), "the reflections' structure-factor table")) != NBG_OK) {
+        nbgi_plan_free(&pl);
+        return rc;
+    }
+    const long side = 2L * radius + 1;
+    nbg_hkl t = {lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], calloc((size_t)size, sizeof(double)), 0};
+    uint32_t *list = malloc(sizeof(uint32_t) * (size_t)(side * side));
+    float *img = malloc(sizeof(float) * (npix ? npix : 1));
+    if (t.F == NULL || list == NULL || img == NULL) {
+        free(t.F), free(list), free(img);
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "nbg_reflection_centroids: out of memory");
+    }
+    const long nk = hi[1] - lo[1] + 1, nl = hi[2] - lo[2] + 1;
+    nbg_experiment ec = whole;
+    ec.hkl = &t;
+    ec.default_F = 0;
+    ec.bg[0] = ec.bg[1] = ec.bg[2] = 0;
+    ec.mask = NULL;
+    ec.roi[0] = ec.roi[1] = ec.roi[2] = ec.roi[3] = -1;
+    ec.pixels = list;
+    /* each reflection alone on its square (its light only: another's tails reach any square) */
+    for (long i = 0; rc == NBG_OK && i < n; ++i) {
+        const int *h = hkl + 3 * i;
+        const long j = ((long)(h[0] - lo[0]) * nk + (h[1] - lo[1])) * nl + (h[2] - lo[2]);
+        const int p = panel[i];
+        const long off = k->npanels > 0 ? k->panels[p].offset : 0;
+        const long F = k->npanels > 0 ? k->panels[p].fpixels : k->fpixels;
+        const long S = k->npanels > 0 ? k->panels[p].spixels : k->spixels;
+        const double fl = floor(x[i]), sl = floor(y[i]);
+        const long f0 = (long)fmax(0, fl - radius), f1 = (long)fmin((double)F - 1, fl + radius);
+        const long s0 = (long)fmax(0, sl - radius), s1 = (long)fmin((double)S - 1, sl + radius);
+        long cnt = 0;
+        for (long s2 = s0; s2 <= s1; ++s2) {
+            for (long f2 = f0; f2 <= f1; ++f2) list[cnt++] = (uint32_t)(off + s2 * F + f2);
+        }
+        t.F[j] = entry_F(e, h);
+        if (cnt == 0 || t.F[j] == 0) {
+            t.F[j] = 0;
+            continue;
+        }
+        ec.npixels_list = cnt;
+        rc = nbg_simulate(ctx, &ec, img, npix, NULL);
+        t.F[j] = 0;
+        double sw = 0, sx = 0, sy = 0;
+        for (long q = 0; rc == NBG_OK && q < cnt; ++q) {
+            const long r = (long)list[q] - off;
+            const double v = img[list[q]];
+            sw += v, sx += v * ((double)(r % F) + 0.5), sy += v * ((double)(r / F) + 0.5);
+        }
+        if (sw > 0) {
+            cx[i] = sx / sw;
+            cy[i] = sy / sw;
+        }
+        if (photons != NULL) photons[i] = sw;
+    }
+    free(t.F), free(list), free(img);
     nbgi_plan_free(&pl);
     return rc;
 }

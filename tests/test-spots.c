@@ -419,6 +419,70 @@ int main(void)
     free(dL);
     free(dLz);
     free(wz);
+    /* spots-centroids: nbg_reflection_centroids against each reflection rendered alone.  A table of 9^3 entries of
+     * varied F; every entry is rendered with the others at 0 on the whole detector, and those with light give the
+     * reference: their photons' centroid over the square of half-width 6 about their brightest pixel (moved by a
+     * fraction of a pixel, as an observed centroid would be).  The call's answer must be each reflection's own, to
+     * rounding (the light of the others, whose tails reach every square, left out). */
+    {
+        nbg_experiment e;
+        truth(&e);
+        e.Na = e.Nb = e.Nc = 10;
+        nbg_hkl tab = {-4, 4, -4, 4, -4, 4, malloc(sizeof(double) * 729), 0};
+        nbg_hkl one = {-4, 4, -4, 4, -4, 4, calloc(729, sizeof(double)), 0};
+        float *im = malloc(sizeof(float) * NPIX);
+        uint64_t sd = 99;
+        for (int j = 0; j < 729; ++j) tab.F[j] = 50 + 100 * uni(&sd);
+        int hk[729 * 3], pan[729];
+        double x[729], y[729], rx[729], ry[729], rp[729], cx[729], cy[729], ph[729];
+        long n = 0;
+        int rc7 = NBG_OK;
+        const int R = 6;
+        for (int j = 0; j < 729 && rc7 == NBG_OK; ++j) {
+            one.F[j] = tab.F[j];
+            e.hkl = &one;
+            e.default_F = 0;
+            rc7 = nbg_simulate(ctx, &e, im, NPIX, NULL);
+            one.F[j] = 0;
+            size_t best = 0;
+            for (size_t q = 1; q < NPIX; ++q) best = im[q] > im[best] ? q : best;
+            if (rc7 != NBG_OK || !(im[best] > 1e-3)) continue;
+            const long bf = (long)(best % FP), bs = (long)(best / FP);
+            x[n] = bf + 0.5 + 0.37, y[n] = bs + 0.5 - 0.21;
+            double sw = 0, sx = 0, sy = 0;
+            for (long s2 = bs - R; s2 <= bs + R; ++s2) {
+                for (long f2 = bf - R; f2 <= bf + R; ++f2) {
+                    if (f2 < 0 || s2 < 0 || f2 >= FP || s2 >= SP) continue;
+                    const double v = im[s2 * FP + f2];
+                    sw += v, sx += v * (f2 + 0.5), sy += v * (s2 + 0.5);
+                }
+            }
+            rx[n] = sx / sw, ry[n] = sy / sw, rp[n] = sw;
+            hk[3 * n] = j / 81 - 4, hk[3 * n + 1] = (j / 9) % 9 - 4, hk[3 * n + 2] = j % 9 - 4;
+            pan[n] = 0;
+            ++n;
+        }
+        e.hkl = &tab;
+        if (rc7 == NBG_OK) rc7 = nbg_reflection_centroids(ctx, &e, n, hk, pan, x, y, R, cx, cy, ph);
+        double worst = 0, worstp = 0;
+        for (long i = 0; rc7 == NBG_OK && i < n; ++i) {
+            worst = fmax(worst, fmax(fabs(cx[i] - rx[i]), fabs(cy[i] - ry[i])));
+            worstp = fmax(worstp, fabs(ph[i] / rp[i] - 1));
+        }
+        nbgi_test_check(rc7 == NBG_OK && n >= 10 && worst < 1e-4 && worstp < 1e-5, "spots-centroids",
+                        "%ld reflections with light: each one's centroid as rendered alone to %.2g px, its photons to "
+                        "%.2g", n, worst, worstp);
+        /* bad input: a square of no size, a panel the detector lacks, interpolation (mixes neighbours) */
+        int bad = nbg_reflection_centroids(ctx, &e, n, hk, pan, x, y, 0, cx, cy, ph) == NBG_EINVAL;
+        pan[0] = 1;
+        bad += nbg_reflection_centroids(ctx, &e, n, hk, pan, x, y, R, cx, cy, ph) == NBG_EINVAL &&
+               strstr(nbg_errmsg(ctx), "panel") != NULL;
+        pan[0] = 0;
+        e.interpolate = 1;
+        bad += nbg_reflection_centroids(ctx, &e, n, hk, pan, x, y, R, cx, cy, ph) == NBG_EUNSUP;
+        nbgi_test_check(bad == 3, "spots-centroids-bad", "%d of 3 refused: radius 0, panel 1 of 1, interpolation", bad);
+        free(tab.F), free(one.F), free(im);
+    }
     nbg_ctx_destroy(ctx);
     nbg_ctx_destroy(ctxf);
     return nbgi_test_summary();
