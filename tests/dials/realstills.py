@@ -37,7 +37,14 @@ Two metrics, both reported for DIALS and nbgrad:
   (b) "model centroid near the spot": the model's own intensity centroid (no background) over the reflection's
       bounding box widened by 3 pixels, with no truncation to the observed spot: where the model puts the spot's
       light.  The stricter one: nothing of the observation enters the prediction.  DIALS's prediction is again
-      xyzcal.px.
+      xyzcal.px.  Two things weigh against the model here: the observed centroid is the spot finder's, truncated to
+      the pixels above its threshold, while the model's takes the whole spot; and the widened box can take in part
+      of a neighbour's light (the thaumatin still's c of 150 A puts spots a few pixels apart).  The output gives
+      (b) for boxes widened by 0, 1 and 6 px too (measured, nbgrad's rms x for 0, 1, 3, 6 px: thaumatin 0.55,
+      0.70, 0.97, 1.30 against DIALS's 0.74-0.75; cspad 0.23, 0.34, 0.42, 0.53 against 0.46; with the bare bbox
+      (b) would meet the target on the CSPAD still, not on thaumatin).
+Both metrics are in-sample for DIALS: its refinement minimises exactly xyzcal.px - xyzobs.px.value over these
+reflections; nbgrad fits the pixels of boxes about them, not their centroids.
 The issue's target is nbgrad's rms at most 0.8 times DIALS's, in x and in y.  It is checked on metric (a); metric
 (b) is printed with a line saying whether it meets the target too (measured: not on the thaumatin still's x).
 Also reported: chi^2 per pixel (refine's deviance / its expectation, the JSON's fit.deviance_ratio; DIALS models
@@ -172,16 +179,20 @@ def turn_deg(d_expt, n_expt):
     return rotation_angle_deg(Un, Ud), rotation_angle_deg(R, np.eye(3)), res
 
 
+WIDEN = (3, 0, 1, 6)  # metric (b)'s widenings of the bbox, px: the first is the metric, the others for information
+
+
 def centroids(refl, model, offsets, sizes, bg):
     """Per reflection of refl (a flex table with shoeboxes): the observed centroid recomputed from the shoebox,
     metric (a)'s model centroid (model + bg over the shoebox's foreground), metric (a)'s without the background, and
-    metric (b)'s (model over the bbox widened by 3 px, NaN where the model is empty there)."""
+    metric (b)'s (model over the bbox widened by WIDEN[0] px, NaN where the model is empty there), then metric (b)
+    with the other widenings of WIDEN."""
     from dials.algorithms.shoebox import MaskCode
     want = MaskCode.Valid | MaskCode.Foreground
     sbs = refl["shoebox"]
     panels = list(refl["panel"])
     bboxes = list(refl["bbox"])
-    out = np.full((len(refl), 4, 2), np.nan)
+    out = np.full((len(refl), 3 + len(WIDEN), 2), np.nan)
     for k in range(len(refl)):
         sb = sbs[k]
         p = panels[k]
@@ -198,13 +209,14 @@ def centroids(refl, model, offsets, sizes, bg):
             s = w.sum()
             if s > 0:
                 out[k, j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
-        bx0, bx1, by0, by1 = bboxes[k][0] - 3, bboxes[k][1] + 3, bboxes[k][2] - 3, bboxes[k][3] + 3
-        bx0, by0, bx1, by1 = max(bx0, 0), max(by0, 0), min(bx1, nx), min(by1, ny)
-        w = img[by0:by1, bx0:bx1]
-        s = w.sum()
-        if s > 0:
-            ys, xs = np.mgrid[by0:by1, bx0:bx1]
-            out[k, 3] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
+        for j, g in enumerate(WIDEN):
+            bx0, bx1, by0, by1 = bboxes[k][0] - g, bboxes[k][1] + g, bboxes[k][2] - g, bboxes[k][3] + g
+            bx0, by0, bx1, by1 = max(bx0, 0), max(by0, 0), min(bx1, nx), min(by1, ny)
+            w = img[by0:by1, bx0:bx1]
+            s = w.sum()
+            if s > 0:
+                ys, xs = np.mgrid[by0:by1, bx0:bx1]
+                out[k, 3 + j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
     return out
 
 
@@ -333,6 +345,10 @@ def one_still(nbgrad, work, name, spec):
                                                                                               okb.sum()))
     print("    nbgrad model                           rms x / y %s px (model empty about %d used spots)" %
           (fmt2(b_nb), u.sum() - okb.sum()))
+    for j, g in enumerate(WIDEN[1:], 1):
+        okg = u & np.isfinite(c[:, 3 + j, 0])
+        print("    (for information: with the bbox widened by %d px, nbgrad %s px over %d spots, DIALS %s)" %
+              (g, fmt2(rms(c[okg, 3 + j] - obs[okg])), okg.sum(), fmt2(rms(cal[okg] - obs[okg]))))
     meets_b = bool(np.all(b_nb <= TARGET * b_dials)) and okb.sum() == u.sum()
     print("  metric (b) %s the target (nbgrad <= %.1f x DIALS in x and y): ratios %.2f / %.2f" %
           ("MEETS" if meets_b else "does NOT meet", TARGET, b_nb[0] / b_dials[0], b_nb[1] / b_dials[1]))
