@@ -437,7 +437,14 @@ $(B)/tests/dials-cbfpanels: tests/dials/cbfpanels.c $(B)/libnbgrad.a
 test-dials: $(B)/nbgrad $(B)/tests/dials-cbfpanels $(B)/.dials-deps
 	@DIALS_PY=$(DIALS_PY) NBG_CBFPANELS=$(B)/tests/dials-cbfpanels sh tests/dials/run.sh $(B)/nbgrad $(B)/dials $(DIALS_OPTS)
 
-.PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials install-python
+# The real-data tier (tests/dials/realstills.py; about 2 minutes): real stills (../shared/data/real: the thaumatin
+# grid scan's Pilatus 6M still and the LCLS CSPAD still of thermolysin, 64 panels) indexed by Debian's dials, refined
+# by nbgrad from DIALS's model (orientation, cell, crystal size, background, per-reflection scales), and the spot
+# centroids both predict compared with the observed ones; a temporary work folder (REAL_WORK=dir keeps it there).
+test-real: $(B)/nbgrad $(B)/.dials-deps
+	@PATH=/usr/bin:$$PATH $(DIALS_PY) tests/dials/realstills.py $(B)/nbgrad $(REAL_WORK)
+
+.PHONY: fuzz fuzz-ci fuzz-build test-asan test-dials test-real install-python
 
 # ---------------------------------------------------------------------------------------------------------------
 # Installation: make install [PREFIX=/usr/local] [DESTDIR=] (make uninstall removes the same files), and its test

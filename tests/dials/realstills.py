@@ -1,0 +1,414 @@
+#!/usr/bin/python3
+"""The real-data tier (make test-real; issue 27 item 7): real stills from real beamlines, indexed by DIALS (Debian's
+dials, as the client would), refined by nbgrad from DIALS's model, and the spot predictions of both compared with
+the spots observed.
+
+The data (../shared/data/real, from DIALS's public regression data; $NBG_REAL_DATA overrides the folder):
+  thaumatin  the first still of a grid scan, Pilatus 6M miniCBF (thaumatin_grid/thau_3_2_0001.cbf.bz2),
+             P 41 21 2, 57.8 57.8 150
+  cspad      an LCLS CSPAD XFEL still of thermolysin (thermolysin_cspad/idx-20130301060858401.cbf): 64 panels of
+             194 x 185 after metrology, dark-subtracted (negative pixels), P 61 2 2, 92.8 92.8 128.6
+
+DIALS: DIALS's stills indexer fails on Debian's dials (its candidate refinement imports xfel_mono_sim_ext, which
+the package lacks: see stills.py).  The thaumatin still is imported as a one-image sequence of 0.05 deg
+(convert_stills_to_sequences) and indexed by the rotation indexer (real-space grid search against the known cell).
+For the CSPAD file that import fails inside dxtbx (template_regex_from_list: a TypeError, whatever the file is
+called), so it is imported as the still it is and indexed with indexing.stills.indexer=sequences: the rotation
+indexer's search and refinement on a still (DIALS's refinement then models it as a still, predicting on the Ewald
+sphere).  Its spots are found as XFEL processing finds them on dark-subtracted data (dispersion gain 25, global
+threshold 100, spots of 2 pixels or more), where the defaults take 1.4 million pixels as strong.
+
+nbgrad: refine from DIALS's indexed.expt on boxes of half-width 3 about DIALS's reflections (-spotlist, -spots 3),
+fitting the orientation, the cell under the space group, the background, the crystal size Na Nb Nc and the
+structure factors as per-reflection scales (-params orientation,cell,bg,Na,Nb,Nc,F; the start F from DIALS's
+indexed intensities, -hkl indexed.refl) with the Poisson loss; then `nbgrad simulate` renders the refined experiment
+(-exptfile) with the fitted F (-hklout) and crystal size: nbgrad's model image.
+
+The spots compared are those DIALS used in its refinement (flag used_in_refinement): DIALS's xyzcal.px of the others
+are meaningless for a still.  The observed centroid is DIALS's xyzobs.px.value, the counts-weighted mean of
+(x + 0.5, y + 0.5) over the shoebox's foreground pixels (checked below: recomputed from the shoebox's data and mask).
+Two metrics, both reported for DIALS and nbgrad:
+  (a) "spot finder's centroid of the model image": nbgrad's predicted centroid is the same weighted mean over the
+      same foreground pixels, weighted by nbgrad's model image plus its fitted background (the observed counts
+      include the background).  It favours a pixel model: the prediction is measured exactly as the observation is,
+      with the same pixels, the same truncation to the spot finder's foreground and the same background; a model
+      that predicts the pixels well predicts this centroid well, errors of the window cancel.  DIALS's prediction
+      is its xyzcal.px (the reflection's predicted position).
+  (b) "model centroid near the spot": the model's own intensity centroid (no background) over the reflection's
+      bounding box widened by 3 pixels, with no truncation to the observed spot: where the model puts the spot's
+      light.  The stricter one: nothing of the observation enters the prediction.  DIALS's prediction is again
+      xyzcal.px.  Two things weigh against the model here: the observed centroid is the spot finder's, truncated to
+      the pixels above its threshold, while the model's takes the whole spot; and the widened box can take in part
+      of a neighbour's light (the thaumatin still's c of 150 A puts spots a few pixels apart).  The output gives
+      (b) for boxes widened by 0, 1 and 6 px too (measured, nbgrad's rms x for 0, 1, 3, 6 px: thaumatin 0.55,
+      0.70, 0.97, 1.30 against DIALS's 0.74-0.75; cspad 0.23, 0.34, 0.42, 0.53 against 0.46; with the bare bbox
+      (b) would meet the target on the CSPAD still, not on thaumatin).
+Both metrics are in-sample for DIALS: its refinement minimises exactly xyzcal.px - xyzobs.px.value over these
+reflections; nbgrad fits the pixels of boxes about them, not their centroids.
+The issue's target is nbgrad's rms at most 0.8 times DIALS's, in x and in y.  It is checked on metric (a); metric
+(b) is printed with a line saying whether it meets the target too (measured: not on the thaumatin still's x).
+Also reported: chi^2 per pixel (refine's deviance / its expectation, the JSON's fit.deviance_ratio; DIALS models
+positions, not pixels, so it has none), the standard errors scaled by sqrt(chi^2), the cell, nbgrad's orientation
+change from DIALS's, iterations and times.
+
+Checks (thresholds from the measured values with margin, stated at each check), a table, and the summary line.
+
+    /usr/bin/python3 tests/dials/realstills.py NBGRAD_BINARY [WORKDIR]
+
+Without WORKDIR the work is done in a temporary folder that is removed at the end.
+"""
+import bz2
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roundtrip  # noqa: E402  (its counters: roundtrip.PASSED, roundtrip.FAILED)
+from roundtrip import check, run, tail  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.environ.get("NBG_REAL_DATA") or os.path.join(HERE, "..", "..", "..", "shared", "data", "real")
+TARGET = 0.8  # the issue's target: nbgrad's rms at most 0.8 x DIALS's
+
+STILLS = {
+    "thaumatin": {
+        "file": os.path.join("thaumatin_grid", "thau_3_2_0001.cbf.bz2"),
+        "image": "thau_0001.cbf",
+        "dials": [
+            ["dials.import", "thau_0001.cbf", "geometry.scan.oscillation=89.9997,0.05",
+             "convert_stills_to_sequences=True", "output.experiments=imported.expt"],
+            ["dials.find_spots", "imported.expt", "output.reflections=strong.refl", "nproc=1"],
+            ["dials.index", "imported.expt", "strong.refl", "space_group=P41212", "unit_cell=57.8,57.8,150,90,90,90",
+             "indexing.method=real_space_grid_search", "output.experiments=indexed.expt",
+             "output.reflections=indexed.refl"],
+        ],
+    },
+    "cspad": {
+        "file": os.path.join("thermolysin_cspad", "idx-20130301060858401.cbf"),
+        "image": "cspad.cbf",
+        "dials": [
+            ["dials.import", "cspad.cbf", "output.experiments=imported.expt"],
+            ["dials.find_spots", "imported.expt", "output.reflections=strong.refl", "nproc=1",
+             "spotfinder.threshold.dispersion.gain=25", "spotfinder.threshold.dispersion.global_threshold=100",
+             "spotfinder.filter.min_spot_size=2"],
+            ["dials.index", "imported.expt", "strong.refl", "space_group=P6122",
+             "unit_cell=92.8,92.8,128.6,90,90,120", "indexing.stills.indexer=sequences",
+             "output.experiments=indexed.expt", "output.reflections=indexed.refl"],
+        ],
+    },
+}
+
+REFINE = ["-spotlist", "indexed.refl", "-spots", "3", "-hkl", "indexed.refl", "-nodump",
+          "-params", "orientation,cell,bg,Na,Nb,Nc,F", "-N", "20", "-oversample", "2", "-maxiter", "100",
+          "-loss", "poisson", "-json", "refined.json", "-hklout", "refined.hkl", "-exptfile", "refined.expt"]
+
+# Thresholds, per still, from the values measured here (Debian's dials 3.12, nbgrad at this commit) with margin:
+#   dev_ratio   chi^2 per pixel of nbgrad's fit: measured thaumatin 7.72, cspad 104 (dark-subtracted ADU taken as
+#               photons: the Poisson loss's chi^2 is not a photon chi^2 there); the check allows twice that
+#   cell_rel    nbgrad's a and c against DIALS's: measured thaumatin 0.004 % / 0.03 %, cspad 0.06 % / 0.06 %;
+#               allowed 0.3 %
+#   turn_deg    nbgrad's orientation against DIALS's: measured thaumatin 0.12 deg, cspad 0.02 deg; allowed 0.3 deg
+LIMITS = {
+    "thaumatin": {"dev_ratio": 15.0, "cell_rel": 0.003, "turn_deg": 0.3},
+    "cspad": {"dev_ratio": 210.0, "cell_rel": 0.003, "turn_deg": 0.3},
+}
+
+
+def rms(d):
+    return np.sqrt(np.mean(np.square(d), axis=0)) if len(d) else np.array([np.nan, np.nan])
+
+
+def rotation_angle_deg(U1, U2):
+    R = np.asarray(U1).reshape(3, 3) @ np.asarray(U2).reshape(3, 3).T
+    return math.degrees(math.acos(max(-1.0, min(1.0, (np.trace(R) - 1.0) / 2.0))))
+
+
+def dials_refinement_steps(log):
+    """(steps in the last refinement table of dials.index's log, i.e. its last macro cycle; steps over all its
+    tables; the number of tables), or None."""
+    tables = []
+    in_table = False
+    for ln in log.splitlines():
+        if re.match(r"\|\s+Step\s+\|", ln):
+            in_table = True
+            tables.append(0)
+            continue
+        if in_table:
+            if re.match(r"\|\s+\d+\s+\|", ln):
+                tables[-1] += 1
+            elif not (ln.startswith("+") or ln.startswith("|-") or re.match(r"\|\s+\|", ln)):
+                in_table = False
+    tables = [max(n - 1, 0) for n in tables]  # step 0 is the start
+    return (tables[-1], sum(tables), len(tables)) if tables else None
+
+
+def lab_rotation(d_expt, n_expt):
+    """The rotation taking DIALS's lab frame to the one nbgrad's -exptfile wrote (which turns the frame so that the
+    beam runs along +z, and gives a still a goniometer): the best rotation (Kabsch) between the two detectors' panel
+    corners and beam directions, about the sample (nbgrad does not refine the detector here); and the largest
+    residual of that fit in mm."""
+    def points(e):
+        pts = []
+        for p in e.detector:
+            o, f, s_ = (np.asarray(v, float) for v in (p.get_origin(), p.get_fast_axis(), p.get_slow_axis()))
+            w, h = (n * sz for n, sz in zip(p.get_image_size(), p.get_pixel_size()))
+            pts += [o, o + w * f, o + h * s_, o + w * f + h * s_]
+        b = np.asarray(e.beam.get_s0(), float)
+        pts.append(100.0 * b / np.linalg.norm(b))
+        return np.array(pts)
+    P, Q = points(d_expt), points(n_expt)
+    u, _, vt = np.linalg.svd(P.T @ Q)
+    dd = np.sign(np.linalg.det(vt.T @ u.T))
+    R = vt.T @ np.diag([1.0, 1.0, dd]) @ u.T
+    return R, float(np.max(np.linalg.norm(P @ R.T - Q, axis=1)))
+
+
+def turn_deg(d_expt, n_expt):
+    """nbgrad's crystal orientation against DIALS's in the same frame (DIALS's U taken through lab_rotation); the
+    angle of that frame rotation; its residual (mm)."""
+    R, res = lab_rotation(d_expt, n_expt)
+    Ud = R @ np.asarray(d_expt.crystal.get_U()).reshape(3, 3)
+    Un = np.asarray(n_expt.crystal.get_U()).reshape(3, 3)
+    return rotation_angle_deg(Un, Ud), rotation_angle_deg(R, np.eye(3)), res
+
+
+WIDEN = (3, 0, 1, 6)  # metric (b)'s widenings of the bbox, px: the first is the metric, the others for information
+
+
+def centroids(refl, model, offsets, sizes, bg):
+    """Per reflection of refl (a flex table with shoeboxes): the observed centroid recomputed from the shoebox,
+    metric (a)'s model centroid (model + bg over the shoebox's foreground), metric (a)'s without the background, and
+    metric (b)'s (model over the bbox widened by WIDEN[0] px, NaN where the model is empty there), then metric (b)
+    with the other widenings of WIDEN."""
+    from dials.algorithms.shoebox import MaskCode
+    want = MaskCode.Valid | MaskCode.Foreground
+    sbs = refl["shoebox"]
+    panels = list(refl["panel"])
+    bboxes = list(refl["bbox"])
+    out = np.full((len(refl), 3 + len(WIDEN), 2), np.nan)
+    for k in range(len(refl)):
+        sb = sbs[k]
+        p = panels[k]
+        nx, ny = sizes[p]
+        img = model[offsets[p]:offsets[p] + nx * ny].reshape(ny, nx).astype(np.float64)
+        x0, x1, y0, y1, _, _ = sb.bbox
+        data = sb.data.as_numpy_array()[0].astype(np.float64)
+        fg = (sb.mask.as_numpy_array()[0] & want) == want
+        ys, xs = np.mgrid[y0:y1, x0:x1]
+        cx0, cx1, cy0, cy1 = max(x0, 0), min(x1, nx), max(y0, 0), min(y1, ny)
+        m = np.zeros_like(data)
+        m[cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0] = img[cy0:cy1, cx0:cx1]
+        for j, w in enumerate((data * fg, (m + bg) * fg, m * fg)):
+            s = w.sum()
+            if s > 0:
+                out[k, j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
+        for j, g in enumerate(WIDEN):
+            bx0, bx1, by0, by1 = bboxes[k][0] - g, bboxes[k][1] + g, bboxes[k][2] - g, bboxes[k][3] + g
+            bx0, by0, bx1, by1 = max(bx0, 0), max(by0, 0), min(bx1, nx), min(by1, ny)
+            w = img[by0:by1, bx0:bx1]
+            s = w.sum()
+            if s > 0:
+                ys, xs = np.mgrid[by0:by1, bx0:bx1]
+                out[k, 3 + j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
+    return out
+
+
+def fmt2(v):
+    return "%.3f / %.3f" % (v[0], v[1])
+
+
+def one_still(nbgrad, work, name, spec):
+    """DIALS and nbgrad on one still; its checks; a dict of results for the table (None where it stopped)."""
+    from dials.array_family import flex
+    from dxtbx.model.experiment_list import ExperimentListFactory
+
+    lim = LIMITS[name]
+    src = os.path.join(DATA, spec["file"])
+    if not check(os.path.exists(src), name + "-data", src):
+        return None
+    os.makedirs(work)
+    if src.endswith(".bz2"):
+        with bz2.open(src) as f, open(os.path.join(work, spec["image"]), "wb") as g:
+            g.write(f.read())
+    else:
+        shutil.copyfile(src, os.path.join(work, spec["image"]))
+
+    # --- DIALS ---
+    t_dials = 0.0
+    for cmd in spec["dials"]:
+        rc, t = run(cmd, work, cmd[0] + ".out")
+        t_dials += t
+        if rc != 0:
+            check(False, name + "-dials", "%s failed (exit %d):\n%s" % (" ".join(cmd), rc,
+                                                                      tail(os.path.join(work, cmd[0] + ".out"))))
+            return None
+    d_expt = ExperimentListFactory.from_json_file(os.path.join(work, "indexed.expt"), check_format=False)
+    refl = flex.reflection_table.from_file(os.path.join(work, "indexed.refl"))
+    refl = refl.select(refl["miller_index"] != (0, 0, 0))
+    used = np.array(list(refl.get_flags(refl.flags.used_in_refinement)))
+    d_cell = d_expt[0].crystal.get_unit_cell().parameters()
+    d_steps = dials_refinement_steps(open(os.path.join(work, "dials.index.out")).read())
+    imp = ExperimentListFactory.from_json_file(os.path.join(work, "imported.expt"), check_format=False)[0]
+    p0, pi0 = imp.detector[0], d_expt[0].detector[0]
+    bc = np.subtract(pi0.get_beam_centre_px(d_expt[0].beam.get_s0()), p0.get_beam_centre_px(imp.beam.get_s0()))
+    print("%s: dials.index refined the beam direction by %.3f deg, the beam centre by (%.2f, %.2f) px and the "
+          "distance by %.3f mm from the imported model; %s refinement steps in its last macro cycle (%s in all, %s "
+          "cycles)" %
+          (name, roundtrip.angle_deg(imp.beam.get_s0(), d_expt[0].beam.get_s0()), bc[0], bc[1],
+           pi0.get_distance() - p0.get_distance(),
+           *(d_steps if d_steps else ("?", "?", "?"))))
+    # DIALS ran (import, find_spots, index) and indexed the still: measured thaumatin 247 of 276 indexed spots used
+    # in refinement, cspad 118 of 167; at least 100 asked of both
+    check(used.sum() >= 100, name + "-dials",
+          "dials.import, find_spots, index (%s): %d indexed, %d used in refinement, cell %s, %.1f s"
+          % (spec["dials"][-1][5] if name == "cspad" else "one-image sequence of 0.05 deg", len(refl), used.sum(),
+             " ".join("%.3f" % x for x in d_cell), t_dials))
+
+    # --- nbgrad refine ---
+    rc, t_refine = run([nbgrad, "refine", "-expt", "indexed.expt", "-observed", spec["image"]] + REFINE, work,
+                       "refine.log")
+    log = os.path.join(work, "refine.log")
+    # exit 0: converged within the noise; 3 and 4 converged with a model that does not explain the data (3: its
+    # floor, 4: its noise), both expected of real data; 2 is "not converged", anything else an error
+    if not os.path.exists(os.path.join(work, "refined.json")) or rc not in (0, 3, 4):
+        check(False, name + "-refine", "nbgrad refine exit %d:\n%s" % (rc, tail(log)))
+        return None
+    js = json.load(open(os.path.join(work, "refined.json")))
+    par = js["parameters"]
+    check(js.get("converged") is True and js["iterations"] < 100, name + "-refine",
+          "nbgrad refine converged after %d iterations (%s), exit %d, %.1f s" % (js["iterations"], js.get("reason"),
+                                                                                rc, t_refine))
+    dev = js["fit"]["deviance_ratio"]
+    sig = js["fit"].get("sigma_scale") or math.sqrt(max(dev, 1.0))
+    check(math.isfinite(dev) and dev < lim["dev_ratio"], name + "-chi2",
+          "chi^2 per pixel (deviance / expected over %d pixels) %.3f, limit %.0f" % (js["fit"]["pixels"], dev,
+                                                                                      lim["dev_ratio"]))
+    n_expt = ExperimentListFactory.from_json_file(os.path.join(work, "refined.expt"), check_format=False)
+    n_cell = n_expt[0].crystal.get_unit_cell().parameters()
+    turn, frame_turn, frame_res = turn_deg(d_expt[0], n_expt[0])
+    rel = max(abs(n_cell[0] / d_cell[0] - 1), abs(n_cell[2] / d_cell[2] - 1))
+    # (the frame fit's residual: the detector is the same rigid body in both lists; measured 1e-13 mm)
+    check(rel < lim["cell_rel"] and turn < lim["turn_deg"] and frame_res < 1e-3, name + "-model",
+          "cell %s (DIALS's %s; a and c within %.3f %%), orientation %.4f deg from DIALS's in the beam's frame "
+          "(limits %.1f %%, %.1f deg; the list written has its lab frame turned by %.3f deg, the beam along +z: "
+          "DIALS's detector and beam map on nbgrad's within %.2g mm)"
+          % (" ".join("%.3f" % x for x in n_cell), " ".join("%.3f" % x for x in d_cell), 100 * rel, turn,
+             100 * lim["cell_rel"], lim["turn_deg"], frame_turn, frame_res))
+
+    # --- nbgrad's model image ---
+    Ns = [par[k]["value"] for k in ("Na", "Nb", "Nc")]
+    bg = par["bg"]["value"]
+    rc, t_sim = run([nbgrad, "simulate", "-expt", "refined.expt", "-hkl", "refined.hkl", "-Na", repr(Ns[0]),
+                     "-Nb", repr(Ns[1]), "-Nc", repr(Ns[2]), "-oversample", "2", "-nopgm", "-floatfile",
+                     "model.bin"], work, "simulate.log")
+    det = n_expt[0].detector
+    sizes = [tuple(p.get_image_size()) for p in det]
+    offsets = np.concatenate([[0], np.cumsum([nx * ny for nx, ny in sizes])]).astype(int)
+    model = np.fromfile(os.path.join(work, "model.bin"), dtype=np.float32) if rc == 0 else np.zeros(0)
+    if not check(rc == 0 and model.size == offsets[-1] and model.sum() > 0, name + "-render",
+                 "nbgrad simulate of the refined experiment: exit %d, %d pixels on %d panel(s), %.1f s" %
+                 (rc, model.size, len(sizes), t_sim)):
+        return None
+
+    c = centroids(refl, model, offsets, sizes, bg)
+    obs = np.array(refl["xyzobs.px.value"])[:, :2]
+    cal = np.array(refl["xyzcal.px"])[:, :2]
+    # the definition metric (a) rests on: DIALS's observed centroid is the counts-weighted mean over the shoebox's
+    # foreground (measured: identical, 0 px)
+    dev_obs = np.nanmax(np.abs(c[:, 0] - obs))
+    check(dev_obs < 1e-3, name + "-centroid-definition",
+          "xyzobs.px.value recomputed from the shoeboxes' data and foreground masks: largest difference %.2g px"
+          % dev_obs)
+    u = used
+    d_dials = rms(cal[u] - obs[u])
+    a_nb = rms(c[u, 1] - obs[u])
+    oka = u & np.isfinite(c[:, 2, 0])
+    a_nobg = rms(c[oka, 2] - obs[oka])
+    okb = u & np.isfinite(c[:, 3, 0])
+    b_nb = rms(c[okb, 3] - obs[okb])
+    b_dials = rms(cal[okb] - obs[okb])
+    print("%s: %d spots used in DIALS's refinement" % (name, u.sum()))
+    print("  metric (a), spot finder's centroid of the model image (same pixels and weights as the observation):")
+    print("    DIALS  xyzcal.px                       rms x / y %s px" % fmt2(d_dials))
+    print("    nbgrad model + fitted background %.3f  rms x / y %s px" % (bg, fmt2(a_nb)))
+    print("    nbgrad model alone (no background)     rms x / y %s px (for information; model empty on the "
+          "foreground of %d used spots)" % (fmt2(a_nobg), u.sum() - oka.sum()))
+    print("  metric (b), model centroid near the spot (bbox + 3 px, no background, nothing observed; stricter):")
+    print("    DIALS  xyzcal.px                       rms x / y %s px (over the same %d spots)" % (fmt2(b_dials),
+                                                                                              okb.sum()))
+    print("    nbgrad model                           rms x / y %s px (model empty about %d used spots)" %
+          (fmt2(b_nb), u.sum() - okb.sum()))
+    for j, g in enumerate(WIDEN[1:], 1):
+        okg = u & np.isfinite(c[:, 3 + j, 0])
+        print("    (for information: with the bbox widened by %d px, nbgrad %s px over %d spots, DIALS %s)" %
+              (g, fmt2(rms(c[okg, 3 + j] - obs[okg])), okg.sum(), fmt2(rms(cal[okg] - obs[okg]))))
+    meets_b = bool(np.all(b_nb <= TARGET * b_dials)) and okb.sum() == u.sum()
+    print("  metric (b) %s the target (nbgrad <= %.1f x DIALS in x and y): ratios %.2f / %.2f" %
+          ("MEETS" if meets_b else "does NOT meet", TARGET, b_nb[0] / b_dials[0], b_nb[1] / b_dials[1]))
+    # the issue's target on metric (a): measured thaumatin 0.277 / 0.106 against DIALS's 0.754 / 0.655 (ratios 0.37,
+    # 0.16)
+    check(bool(np.all(a_nb <= TARGET * d_dials)), name + "-centroids",
+          "metric (a): nbgrad rms x / y %s px, DIALS's %s px (ratios %.2f / %.2f, target <= %.1f)" %
+          (fmt2(a_nb), fmt2(d_dials), a_nb[0] / d_dials[0], a_nb[1] / d_dials[1], TARGET))
+
+    return {"name": name, "n": int(u.sum()), "dials_a": d_dials, "nb_a": a_nb, "dials_b": b_dials, "nb_b": b_nb,
+            "meets_b": meets_b, "d_cell": d_cell, "n_cell": n_cell,
+            "n_sig": (par["a"]["sigma"] * sig, par["c"]["sigma"] * sig), "turn": turn, "dev": dev,
+            "iters": js["iterations"], "d_steps": d_steps, "t_dials": t_dials, "t_refine": t_refine,
+            "t_sim": t_sim, "Ns": Ns, "bg": bg}
+
+
+def table(rows):
+    print("\nstill      model   rms (a) x / y    rms (b) x / y    cell a, c (A)                 turn (deg)  chi^2/px  "
+          "iterations  time (s)")
+    print("(DIALS's iterations: the steps of its last refinement macro cycle, in brackets all its steps; its time is "
+          "import, find_spots and index; nbgrad's orientation change is from DIALS's model, in the beam's frame)")
+    for r in rows:
+        print("%-10s DIALS   %-16s %-16s %8.3f %8.3f                          -   %8s  %10s  %8.1f" %
+              (r["name"], fmt2(r["dials_a"]), fmt2(r["dials_b"]), r["d_cell"][0], r["d_cell"][2], "-",
+               "%d (%d)" % r["d_steps"][:2] if r["d_steps"] else "?", r["t_dials"]))
+        print("%-10s nbgrad  %-16s %-16s %8.3f(%.3f) %8.3f(%.3f)  %10.4f  %8.3f  %10d  %8.1f" %
+              ("", fmt2(r["nb_a"]), fmt2(r["nb_b"]), r["n_cell"][0], r["n_sig"][0], r["n_cell"][2], r["n_sig"][1],
+               r["turn"], r["dev"], r["iters"], r["t_refine"]))
+        print("%-10s         Na Nb Nc %.2f %.2f %.2f, background %.2f; (sigma) scaled by sqrt(chi^2)%s" %
+              ("", r["Ns"][0], r["Ns"][1], r["Ns"][2], r["bg"],
+               "" if r["meets_b"] else "; metric (b) misses the target"))
+
+
+def main(argv):
+    nbgrad = os.path.abspath(argv[1])
+    keep = len(argv) > 2
+    work = os.path.abspath(argv[2]) if keep else tempfile.mkdtemp(prefix="nbg-real.")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    rows = []
+    try:
+        for name, spec in STILLS.items():
+            t0 = time.time()
+            r = one_still(nbgrad, os.path.join(work, name), name, spec)
+            print("%s: %.0f s in all" % (name, time.time() - t0), flush=True)
+            if r:
+                rows.append(r)
+        if rows:
+            table(rows)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv)
+    except Exception as exc:  # a crash is a failure, with the summary line still printed
+        import traceback
+        traceback.print_exc()
+        check(False, "crash", repr(exc))
+    print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
+    sys.exit(1 if roundtrip.FAILED else 0)
