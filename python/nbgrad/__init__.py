@@ -456,7 +456,9 @@ class RefineResult:
 def refine(exp: Experiment, observed, params, method: str = "lm", loss: str = "lsq", weights=None,
            max_iter: int = 100, ftol: float = 1e-12, gtol: float = 1e-9, progress=None) -> RefineResult:
     """Fits the parameters of exp to the observed image; exp is updated with the fitted values.
-    progress(iter, loss, gnorm, step) is called after each iteration."""
+    progress(iter, loss, gnorm, step) is called after each iteration.  "F" among params fits the table's measured
+    entries with the others as per-reflection scales (Levenberg-Marquardt; scale cannot be listed with it): the
+    result lists them as "F(h,k,l)" and exp's table holds the fitted values."""
     if method not in _METHODS:
         raise ValueError(f"method: expected 'lm' or 'bfgs', got {method!r}")
     if loss not in _LOSSES:

@@ -1480,8 +1480,28 @@ static PyObject *py_refine(PyObject *self, PyObject *args)
     int n, want_F, attached, st = NBG_OK;
     exp_lock(x);
     if (!parse_params(x, plist, 0, &ids, &n, &want_F, &attached)) goto unlock;
-    if (want_F || n == 0) {
-        PyErr_SetString(PyExc_ValueError, "refine: list one or more parameters (not 'F')");
+    /* "F": the table's measured entries fitted with the others as per-reflection scales (nbg_refine_options.F) */
+    int nF = 0, m = 0;
+    for (int j = 0; j < n; ++j) nF += ids[j] >= NBG_P_F0;
+    if (nF > 0 && !want_F) {
+        PyErr_SetString(PyExc_ValueError, "refine: the structure factors are fitted as a whole ('F'), not single "
+                        "entries F(h,k,l)");
+        goto unlock;
+    }
+    for (int j = 0; j < n; ++j) {
+        if (ids[j] < NBG_P_F0) ids[m++] = ids[j];
+    }
+    n = m;
+    if (want_F) {
+        if (x->e->hkl == NULL || x->e->hkl != x->hkl) {
+            PyErr_SetString(PyExc_ValueError, "refine: 'F' fits the experiment's structure-factor table, and it has "
+                            "none (set one with set_hkl)");
+            goto unlock;
+        }
+        opt.F = x->hkl;
+    }
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "refine: list one or more parameters (with 'F': besides it)");
         goto unlock;
     }
     Py_BEGIN_ALLOW_THREADS
