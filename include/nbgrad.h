@@ -392,6 +392,10 @@ typedef struct {
      * nbg_gradcheck refuses a list.  nbg_spot_pixels builds one around the Bragg spots. */
     const uint32_t *pixels;         /* caller-owned */
     long npixels_list;
+    /* A still as its source described it (a DIALS list without scan and goniometer, a file that states no angle):
+     * set by nbg_experiment_from_geometry; an experiment of one image with osc 0 that keeps it is written back as a
+     * still (nbg_geometry_from_report: scan_stated 0), not as a scan of width 0. */
+    int still;
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -1040,8 +1044,10 @@ typedef struct {
     int nframes;                      /* images in the scan (>= 1) */
     int scan_stated;                  /* what the source stated of the scan: 0 nothing (scan_start and scan_width
                                          are then the defaults, 0), 1 the start angle, 2 the start angle and the
-                                         width.  Set by the readers and by nbg_geometry_from_report (2); the
-                                         writers ignore it */
+                                         width.  Set by the readers and by nbg_geometry_from_report (2, or 0 for
+                                         an experiment's still).  The experiment-list writer writes a geometry
+                                         with 0, one image of width 0 from 0 and the default axis (1,0,0) as a
+                                         still: no scan, no goniometer, an ImageSet */
     double exposure;                  /* seconds per image */
     /* --- crystal (optional) --- */
     int has_crystal;

@@ -360,9 +360,19 @@ static char *abspath(const char *path)
 
 /* The image set as DIALS writes an ImageSequence: an NXmx file is one "template" with the 0-based indices of its
  * frames (single_file_indices); a file series is a template with '#' for the frame number. */
+/* A still: a geometry whose source stated no scan, of one image of width 0 from 0, with the default axis (a
+ * goniometer a caller set is kept) */
+static int is_still(const nbg_geometry *g)
+{
+    return g->scan_stated == 0 && g->nframes == 1 && g->scan_width == 0 && g->scan_start == 0 && g->axis[0] == 1 &&
+           g->axis[1] == 0 && g->axis[2] == 0;
+}
+
 static json_t *imageset_json(const nbg_geometry *g, const char *template_abs, int hdf5)
 {
-    json_t *set = json_pack("{s:s, s:s}", "__id__", "ImageSequence", "template", template_abs);
+    /* a still: DIALS's ImageSet, the file named as it is (an NXmx file with its image's index) */
+    json_t *set = is_still(g) ? json_pack("{s:s, s:[s]}", "__id__", "ImageSet", "images", template_abs)
+                              : json_pack("{s:s, s:s}", "__id__", "ImageSequence", "template", template_abs);
     if (set == NULL)
         return NULL;
     if (hdf5) {
@@ -396,8 +406,11 @@ static json_t *imageset_json(const nbg_geometry *g, const char *template_abs, in
 static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *panels, int npanels,
                                     const char *template_abs, int hdf5)
 {
-    json_t *expt = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "__id__", "Experiment", "identifier", "", "beam", 0,
-                             "detector", 0, "goniometer", 0, "scan", 0);
+    const int still = is_still(g);
+    json_t *expt = still ? json_pack("{s:s, s:s, s:i, s:i}", "__id__", "Experiment", "identifier", "", "beam", 0,
+                                     "detector", 0)
+                         : json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "__id__", "Experiment", "identifier", "",
+                                     "beam", 0, "detector", 0, "goniometer", 0, "scan", 0);
     json_t *imagesets = json_array(), *crystals = json_array();
     json_t *root = NULL;
     int ok = expt != NULL && imagesets != NULL && crystals != NULL;
@@ -407,6 +420,13 @@ static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *pane
     if (ok && template_abs != NULL)
         ok = json_object_set_new(expt, "imageset", json_integer(0)) == 0 &&
              json_array_append_new(imagesets, imageset_json(g, template_abs, hdf5)) == 0;
+    if (ok && still) {
+        root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[], s:[], s:o, s:[], s:[]}", "__id__", "ExperimentList",
+                         "experiment", expt, "imageset", imagesets, "beam", beam_json(g), "detector",
+                         detector_json(g, panels, npanels), "goniometer", "scan", "crystal", crystals, "profile",
+                         "scaling_model");
+        return root;
+    }
     if (ok) {
         root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[{s:o, s:o, s:o}], s:[o], s:o, s:[], s:[]}", "__id__",
                          "ExperimentList", "experiment", expt, "imageset", imagesets, "beam", beam_json(g),

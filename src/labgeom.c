@@ -216,6 +216,11 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     g->scan_start = r->phi0;
     g->scan_width = r->osc;
     g->scan_stated = 2;
+    if (e->still && r->osc == 0 && r->phi0 == 0 && nframes == 1) { /* no goniometer: the list's still stays one */
+        g->scan_stated = 0;
+        g->scan_start = 0;
+        g->axis[0] = 1, g->axis[1] = g->axis[2] = 0;
+    }
     g->nframes = nframes;
     g->exposure = e->exposure;
     if (e->thick > 0) {
@@ -577,6 +582,7 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
      * turn of the crystal */
     e->phi0 = g->scan_width == 0 ? 0 : g->scan_start;
     e->osc = g->scan_width;
+    e->still = g->scan_stated == 0 && g->nframes == 1 && g->scan_width == 0;
     e->exposure = g->exposure;
     if (g->thickness >= 1e-6) {
         e->thick = g->thickness * 1000.0;

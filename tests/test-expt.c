@@ -182,6 +182,46 @@ static void test_round_trip(nbg_ctx *ctx, const char *dir)
                     "rt2-layout", "NXmx image set with single_file_indices, no crystal");
     free(text);
 
+    /* a still (issue 27 item 2): a list without scan and goniometer read, turned into an experiment, described
+     * and written back stays a still: no scan, no goniometer, an ImageSet (it was written as a scan of width 0) */
+    {
+        sample_geometry(&a);
+        a.axis[0] = 1, a.axis[1] = a.axis[2] = 0;
+        a.nframes = 1, a.scan_width = 0, a.scan_start = 0, a.scan_stated = 0;
+        snprintf(path, sizeof path, "%s/still.expt", dir);
+        rc = nbg_write_expt(ctx, path, &a, "still.cbf");
+        text = nbgi_test_read_file(path, NULL);
+        const int layout = rc == NBG_OK && text != NULL && strstr(text, "\"__id__\": \"ImageSet\"") != NULL &&
+                           strstr(text, "\"images\": [") != NULL && strstr(text, "\"scan\": []") != NULL &&
+                           strstr(text, "\"goniometer\": []") != NULL && strstr(text, "\"scan\": 0") == NULL;
+        free(text);
+        nbg_geometry b2, g2;
+        nbg_experiment e2;
+        nbg_report r2;
+        int still = 0, again = 0;
+        nbg_experiment_default(&e2);
+        if (layout && nbg_read_expt(ctx, path, &b2) == NBG_OK && nbg_experiment_from_geometry(ctx, &b2, &e2) == NBG_OK) {
+            still = e2.still;
+            e2.default_F = 1;
+            if (nbg_describe(ctx, &e2, &r2) == NBG_OK && nbg_geometry_from_report(ctx, &e2, &r2, 1, &g2) == NBG_OK) {
+                snprintf(path, sizeof path, "%s/still2.expt", dir);
+                again = nbg_write_expt(ctx, path, &g2, "still.cbf") == NBG_OK;
+                text = nbgi_test_read_file(path, NULL);
+                again = again && text != NULL && strstr(text, "\"__id__\": \"ImageSet\"") != NULL &&
+                        strstr(text, "\"scan\": []") != NULL;
+                free(text);
+                /* the same experiment turned by -osc is a rotation again */
+                e2.osc = 0.1;
+                if (nbg_describe(ctx, &e2, &r2) == NBG_OK && nbg_geometry_from_report(ctx, &e2, &r2, 1, &g2) == NBG_OK)
+                    again += g2.scan_stated == 2;
+            }
+        }
+        if (again < 2) printf("# rt-still: %s\n", nbg_errmsg(ctx));
+        nbgi_test_check(layout && still == 1 && again == 2, "rt-still", "a still is written as DIALS writes one "
+                        "(layout %d), read as a still (%d), written back as one and a turned copy as a scan (%d of 2)",
+                        layout, still, again);
+    }
+
     /* no image set at all */
     snprintf(path, sizeof path, "%s/rt3.expt", dir);
     rc = nbg_write_expt(ctx, path, &a, NULL);

@@ -292,6 +292,11 @@ def one_still(nbgrad, work, name, spec):
                                                                                       lim["dev_ratio"]))
     n_expt = ExperimentListFactory.from_json_file(os.path.join(work, "refined.expt"), check_format=False)
     n_cell = n_expt[0].crystal.get_unit_cell().parameters()
+    if d_expt[0].scan is None:
+        # a still (DIALS's list has no scan and no goniometer) is written back as one, not as a scan of width 0
+        check(n_expt[0].scan is None and n_expt[0].goniometer is None, name + "-still",
+              "DIALS's still is written back by nbgrad as a still: scan %s, goniometer %s" %
+              (n_expt[0].scan, n_expt[0].goniometer))
     turn, frame_turn, frame_res = turn_deg(d_expt[0], n_expt[0])
     rel = max(abs(n_cell[0] / d_cell[0] - 1), abs(n_cell[2] / d_cell[2] - 1))
     # (the frame fit's residual: the detector is the same rigid body in both lists; measured 1e-13 mm)
