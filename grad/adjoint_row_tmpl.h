@@ -25,6 +25,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     const NBG_R scale = (NBG_R)p->scale;
+    const int water = p->water != 0;
     int active[W];
     NBG_R g[W], d_I[W], I[W];
     nbgi_lane_pixfactors lf;
@@ -143,7 +144,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                         double *la = lab + (size_t)m * 9 * W;
 #pragma omp simd
                         for (int j = 0; j < W; ++j) {
-                            const int use = valid[j] && (L[j] != 0 || p->water);
+                            const int use = valid[j] && (L[j] != 0 || water);
                             const NBG_R T = Fc[j] * Fc[j] * L[j] * L[j];
                             I[j] += use ? T : 0;
                             const NBG_R dFc = use ? d_I[j] * 2 * Fc[j] * L[j] * L[j] : 0;
