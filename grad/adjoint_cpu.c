@@ -68,6 +68,7 @@ static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float
             }
             row_adjoint(pr, s, f0, n, g, image + i, acc);
         }
+        nbgi_row_adjoint_flush_d(pr, acc); /* the row's lane sums, before a panel's fold */
     } else {
         for (int f = fa; f < fb; ++f) {
             const long i = first + f;
@@ -110,14 +111,14 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
     const size_t nF = acc->F != NULL ? (size_t)p->nh * p->nk * p->nl : 0;
     const size_t nP = acc->panel != NULL ? (size_t)p->npanels * NBG_ADJ_DET : 0;
     const size_t nflat = NBG_ADJ_FIXED + nabc + nsrc + nF + nP; /* a chunk's sums, flat */
-    const size_t nlane = (nabc + nsrc) * 8;                      /* a thread's scratch of the vectorised rows */
+    const size_t nlane = (nabc + nsrc + NBG_ADJ_FIXED) * 8;      /* a thread's lane accumulators (rows) */
     const long nu = nbgi_nunits(p);
     const int nchunks = nbgi_adjoint_chunks(nu, nflat);
     if (nthreads < 1 || nbgi_samples(p) < NBGI_PARALLEL_MIN) {
         nthreads = 1; /* a small image: its work on this thread (geometry.h) */
     }
     double *sums = calloc((size_t)nchunks * nflat, sizeof(double));
-    double *lanes = calloc((size_t)nthreads * (nlane ? nlane : 1), sizeof(double));
+    double *lanes = calloc((size_t)nthreads * nlane, sizeof(double)); /* zero, and zeroed by each flush */
     if (sums == NULL || lanes == NULL) {
         free(sums);
         free(lanes);
@@ -142,6 +143,7 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
         a.panel = nP ? a.lam + nsrc + nF : NULL;
         a.lane_abc = lanes + (size_t)t * nlane;
         a.lane_lam = a.lane_abc + nabc * 8;
+        a.lane_fix = a.lane_lam + nsrc * 8;
         /* chunk c: units [c nu / nchunks, (c + 1) nu / nchunks), in order */
         long u0, u1;
         nbgi_chunk(c, nchunks, nu, &u0, &u1);

@@ -166,19 +166,27 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
  *     P = (1 + cos^2 2theta - K cos(2 psi) sin^2 2theta) / 2,   psi = -atan2(d.B_in, d.E_in).
  * cos(2 psi) = (x^2 - y^2) / (x^2 + y^2) with x = d.E_in, y = d.B_in, and 1 where both vanish (d along i),
  * which is atan2(0, 0) = 0: no trigonometric call. */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
-                                             const NBG_R *B)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar3)(NBG_R K, const NBG_R *i, NBG_R d0, NBG_R d1, NBG_R d2,
+                                              const NBG_R *E, const NBG_R *B)
 {
-    const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
+    const NBG_R c2t = i[0] * d0 + i[1] * d1 + i[2] * d2;
     const NBG_R s2t2 = 1 - c2t * c2t;
     NBG_R c2psi = 1;
     if (K != 0) {
-        const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
-        const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
+        const NBG_R x = d0 * E[0] + d1 * E[1] + d2 * E[2];
+        const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
         const NBG_R r2 = x * x + y * y;
         c2psi = (r2 > 0) ? (x * x - y * y) / r2 : 1;
     }
     return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+}
+
+/* The same with d as an array.  (The lane loops call the scalar form: a local array inside an `omp simd` loop
+ * becomes a per-lane array GCC 12 does not vectorise.) */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+                                             const NBG_R *B)
+{
+    return NBG_SFX(nbgi_polar3)(K, i, d[0], d[1], d[2], E, B);
 }
 
 /* Four-point Lagrange weights at t in [1, 2) for nodes 0, 1, 2, 3 (tricubic interpolation is their tensor
@@ -393,34 +401,42 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
     return L;
 }
 
-/* Kahn factor with its derivatives in d (the diffracted unit vector) and in K. */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
-                                                  const NBG_R *B, NBG_R *dd, NBG_R *dK)
+/* Kahn factor with its derivatives in d (the diffracted unit vector: d0, d1, d2; dd receives the three) and in K. */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad3)(NBG_R K, const NBG_R *i, NBG_R d0, NBG_R d1, NBG_R d2,
+                                                   const NBG_R *E, const NBG_R *B, NBG_R *dd0, NBG_R *dd1,
+                                                   NBG_R *dd2, NBG_R *dK)
 {
-    const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
+    const NBG_R c2t = i[0] * d0 + i[1] * d1 + i[2] * d2;
     const NBG_R s2t2 = 1 - c2t * c2t;
     NBG_R c2psi = 1, dcx = 0, dcy = 0;
     {
         /* psi is computed even at K = 0, where the forward skips it (P does not depend on it there), since
          * dP/dK needs it */
-        const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
-        const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
+        const NBG_R x = d0 * E[0] + d1 * E[1] + d2 * E[2];
+        const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
         const NBG_R r2 = x * x + y * y;
-        if (r2 > 0) {
-            c2psi = (x * x - y * y) / r2;
-            /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit) */
-            dcx = 4 * x * y * y / (r2 * r2);
-            dcy = -4 * x * x * y / (r2 * r2);
-        }
+        /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit).  Without
+         * a branch (the divisor 1 on the axis, the results selected): the CPU's lane loops vectorise it */
+        const int off = r2 > 0;
+        const NBG_R r2s = off ? r2 : 1;
+        c2psi = off ? (x * x - y * y) / r2s : 1;
+        dcx = off ? 4 * x * y * y / (r2s * r2s) : 0;
+        dcy = off ? -4 * x * x * y / (r2s * r2s) : 0;
     }
     /* P = (1 + c^2 - K c2psi (1 - c^2)) / 2 */
     const NBG_R dP_dc = c2t * (1 + K * c2psi);
     const NBG_R dP_dc2psi = -(NBG_R)0.5 * K * s2t2;
-    for (int x = 0; x < 3; ++x) {
-        dd[x] = dP_dc * i[x] + dP_dc2psi * (dcx * E[x] + dcy * B[x]);
-    }
+    *dd0 = dP_dc * i[0] + dP_dc2psi * (dcx * E[0] + dcy * B[0]);
+    *dd1 = dP_dc * i[1] + dP_dc2psi * (dcx * E[1] + dcy * B[1]);
+    *dd2 = dP_dc * i[2] + dP_dc2psi * (dcx * E[2] + dcy * B[2]);
     *dK = -(NBG_R)0.5 * c2psi * s2t2;
     return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+}
+
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+                                                  const NBG_R *B, NBG_R *dd, NBG_R *dK)
+{
+    return NBG_SFX(nbgi_polar_grad3)(K, i, d[0], d[1], d[2], E, B, &dd[0], &dd[1], &dd[2], dK);
 }
 
 /* d/dt of the four Lagrange weights at t. */
