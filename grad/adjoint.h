@@ -426,9 +426,10 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
  * used).  The units (rows, or a pixel list's runs) are cut into nbgi_adjoint_chunks chunks, a number that depends
  * on the experiment alone; each chunk is summed into an accumulator of its own by the thread that runs it, and the
  * chunks are added in chunk order, so the gradients are the same bits for any nthreads.  vectorised selects the row
- * form (adjoint_row_tmpl.h) over the scalar twin.  Returns NBG_OK, or NBG_ENOMEM. */
+ * form (adjoint_row_tmpl.h) over the scalar twin.  image_sum receives the sum of the image's pixels (summed in the
+ * chunks' order: nbgi_image_check's).  Returns NBG_OK, or NBG_ENOMEM. */
 int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
-                     int vectorised);
+                     int vectorised, double *image_sum);
 
 /* The number of chunks of the reverse pass over nunits units with nflat sums each: one a unit, at most
  * NBGI_MAXCHUNKS (geometry.h), and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer
