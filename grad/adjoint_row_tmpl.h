@@ -153,7 +153,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                         if (!table) {
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
-                                const int use = valid[j] && (L[j] != 0 || water);
+                                const int use = valid[j] & ((L[j] != 0) | water); /* no branch: AVX2 too */
                                 const NBG_R FFL = Fc[j] * Fc[j] * L[j];
                                 const NBG_R T = FFL * L[j];
                                 I[j] += use ? T : 0;
@@ -180,7 +180,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                         } else {
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
-                                const int use = valid[j] && (L[j] != 0 || water);
+                                const int use = valid[j] & ((L[j] != 0) | water); /* no branch: AVX2 too */
                                 const NBG_R FFL = Fc[j] * Fc[j] * L[j];
                                 const NBG_R T = FFL * L[j];
                                 I[j] += use ? T : 0;

@@ -319,7 +319,8 @@ static inline NBG_HD double nbgi_solid_angle_dR(const nbgi_kparams *p, double R,
 /* d omega / d close_distance of nbgi_solid_angle, given omega: omega / close_distance (0 for a point pixel). */
 static inline NBG_HD double nbgi_solid_angle_dclose_of(int point_pixel, double close, double omega)
 {
-    return point_pixel ? 0 : omega / close;
+    const double v = omega / close; /* unconditional: a lane loop without masked division (AVX2) vectorises it */
+    return point_pixel ? 0 : v;
 }
 
 static inline NBG_HD double nbgi_solid_angle_dclose(const nbgi_kparams *p, double omega)

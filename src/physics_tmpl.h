@@ -443,12 +443,14 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad3)(NBG_R K, const NBG_R *i, NB
         const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
         const NBG_R r2 = x * x + y * y;
         /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit).  Without
-         * a branch (the divisor 1 on the axis, the results selected): the CPU's lane loops vectorise it */
+         * a branch (the divisions always done, by 1 on the axis, the results selected): the CPU's lane loops
+         * vectorise it, with AVX2 too (which has no masked division) */
         const int off = r2 > 0;
         const NBG_R r2s = off ? r2 : 1;
-        c2psi = off ? (x * x - y * y) / r2s : 1;
-        dcx = off ? 4 * x * y * y / (r2s * r2s) : 0;
-        dcy = off ? -4 * x * x * y / (r2s * r2s) : 0;
+        const NBG_R q = (x * x - y * y) / r2s, qx = 4 * x * y * y / (r2s * r2s), qy = -4 * x * x * y / (r2s * r2s);
+        c2psi = off ? q : 1;
+        dcx = off ? qx : 0;
+        dcy = off ? qy : 0;
     }
     /* P = (1 + c^2 - K c2psi (1 - c^2)) / 2 */
     const NBG_R dP_dc = c2t * (1 + K * c2psi);
