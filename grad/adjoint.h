@@ -17,7 +17,8 @@ typedef struct {
     double *abc;                             /* nphi*nmos*9: real-space vectors per phi step and domain (m) */
     double *lam;                             /* nsources: wavelengths (m) */
     double *F;                               /* structure-factor table, or NULL when not wanted */
-    double *lane_abc, *lane_lam;             /* scratch of the vectorised adjoint: nmat*9*8 and nsources*8 */
+    double *lane_abc, *lane_lam, *lane_fix;  /* the vectorised adjoint's lane accumulators (a row's, zero between
+                                                rows): nmat*9*8, nsources*8 and NBG_ADJ_FIXED*8 (NBGI_FIX_*) */
     double *panel;                           /* npanels * NBG_ADJ_DET: each panel's own detector gradients (its
                                                 pix0, f, s, o, close before the fold), or NULL when not wanted */
 } nbgi_adjacc;
@@ -293,15 +294,22 @@ static inline void nbgi_lane_pixel_factors(const nbgi_kparams *p, int f0, int sp
     const double *sr = p->src;
     const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
     const double K = p->polarization;
-    const int nopolar = p->nopolar;
+    const int nopolar = p->nopolar, point = p->point_pixel;
+    const double pix2 = p->pixel * p->pixel, close = p->close_distance; /* locals: see the adjoint below */
 #pragma omp simd
     for (int j = 0; j < W; ++j) {
-        const double d[3] = {lf->d0[j], lf->d1[j], lf->d2[j]};
-        lf->omega[j] = nbgi_solid_angle(p, lf->R[j]);
-        lf->polar[j] = nopolar ? 1 : nbgi_polar_d(K, inc, d, E, B);
+        lf->omega[j] = nbgi_solid_angle_of(point, pix2, close, lf->R[j]);
         lf->capture[j] = 1;
         lf->cap_a[j] = 0;
         lf->rho[j] = 1;
+    }
+    /* the polarization in the forward kernel's form (src/row_tmpl.h: an `omp simd` loop with a per-lane array,
+     * which GCC 12 leaves scalar): vectorised, GCC fuses c2t * c2t into both of its uses and the factor rounds
+     * differently from the forward's (test-jvp's jvp-9 compares the images in double) */
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        const double d[3] = {lf->d0[j], lf->d1[j], lf->d2[j]};
+        lf->polar[j] = nopolar ? 1 : nbgi_polar_d(K, inc, d, E, B);
     }
     if (p->thick != 0) {
         nbgi_lane_rays(p, f0, 0, lf->Sdet, lf->Oc, W, lf->c0, lf->c1, lf->c2, lf->Rc, lf->Fc);
@@ -314,11 +322,30 @@ static inline void nbgi_lane_pixel_factors(const nbgi_kparams *p, int f0, int sp
     }
 }
 
+/* The lane accumulators of the row adjoint: component c of the fixed part of nbgi_adjacc (NBGI_FIX_*, its offsets
+ * in doubles) in lane j at fix[c * NBG_PF_LANES + j], summed over the lanes once a row (grad/adjoint_row_tmpl.h). */
+enum {
+    NBGI_FIX_PIX0 = offsetof(nbgi_adjacc, pix0) / sizeof(double),
+    NBGI_FIX_F = offsetof(nbgi_adjacc, f) / sizeof(double),
+    NBGI_FIX_S = offsetof(nbgi_adjacc, s) / sizeof(double),
+    NBGI_FIX_O = offsetof(nbgi_adjacc, o) / sizeof(double),
+    NBGI_FIX_CLOSE = offsetof(nbgi_adjacc, close) / sizeof(double),
+    NBGI_FIX_N = offsetof(nbgi_adjacc, N) / sizeof(double),
+    NBGI_FIX_K = offsetof(nbgi_adjacc, K) / sizeof(double),
+    NBGI_FIX_SCALE = offsetof(nbgi_adjacc, scale) / sizeof(double),
+    NBGI_FIX_IBG = offsetof(nbgi_adjacc, Ibg) / sizeof(double),
+    NBGI_FIX_DEFF = offsetof(nbgi_adjacc, defF) / sizeof(double)
+};
+
 /* nbgi_pixel_factors_adjoint for the lanes of lf with incoming gradients g, final sums I and d_I (lanes with
- * g = 0 contribute nothing); uniform lanes are summed across the lanes first. */
+ * g = 0 contribute nothing).  Uniform lanes add into the lane accumulators fix, and take with them fdd0..2, the
+ * gradient the samples left on the direction of the first subpixel's ray (the ray the solid angle and the
+ * polarization were taken on): that ray's adjoint runs once for both.  Other lanes go through the scalar function
+ * into acc (fdd is then the caller's to carry: it passes zeros). */
 static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactors *lf,
                                                    const double *g, const double *I, const double *d_I,
-                                                   nbgi_adjacc *acc)
+                                                   const double *fdd0, const double *fdd1, const double *fdd2,
+                                                   double *NBG_RESTRICT fix, nbgi_adjacc *acc)
 {
     enum { W = NBG_PF_LANES };
     if (!lf->uniform) {
@@ -329,73 +356,66 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
         }
         return;
     }
+    /* the plan's values in locals: a load through p in these loops, which store through fix, stops GCC
+     * vectorising them */
     const double *sr = p->src;
     const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
-    const double K = p->polarization, scale = p->scale;
-    const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2];
-    const int tl = p->thicksteps - 1, thick = p->thick != 0, pol = !p->nopolar;
-    double s_scale = 0, s_Ibg = 0, s_close = 0, s_K = 0;
-    double r0 = 0, r1 = 0, r2 = 0, rf0 = 0, rf1 = 0, rf2 = 0; /* the first subpixel's ray: d_P, d_P Fdet */
-    double c0 = 0, c1 = 0, c2 = 0, cf0 = 0, cf1 = 0, cf2 = 0; /* the last layer's ray */
-    double n0 = 0, n1 = 0, n2 = 0;                            /* the normal, through rho = d . o */
-#pragma omp simd reduction(+ : s_scale, s_Ibg, s_close, s_K, r0, r1, r2, rf0, rf1, rf2, c0, c1, c2, cf0, cf1, cf2, \
-                               n0, n1, n2)
+    const double K = p->polarization, scale = p->scale, close = p->close_distance, Sdet = lf->Sdet;
+    const int pol = !p->nopolar, point = p->point_pixel;
+    double d_cap[W];
+    /* the solid angle and the polarization, both on the first subpixel's ray (at depth 0: nothing on o) */
+#pragma omp simd
     for (int j = 0; j < W; ++j) {
         const int on = g[j] != 0;
-        double d_scale, d_om, d_cap, d_pol;
+        double d_scale, d_om, d_pol;
         nbgi_factor_cotangents(g[j], scale, I[j], lf->capture[j], lf->polar[j], lf->omega[j], &d_scale, &d_om,
-                               &d_cap, &d_pol);
-        /* the solid angle and the polarization, both on the first subpixel's ray */
-        const double d_R = d_om * nbgi_solid_angle_dR(p, lf->R[j], lf->omega[j]);
-        double dd[3] = {0, 0, 0}, dK = 0;
-        if (pol) {
-            const double d[3] = {lf->d0[j], lf->d1[j], lf->d2[j]};
-            double dP_dd[3];
-            nbgi_polar_grad_d(K, inc, d, E, B, dP_dd, &dK);
+                               &d_cap[j], &d_pol);
+        const double d_R = d_om * nbgi_solid_angle_dR_of(point, lf->R[j], lf->omega[j]);
+        const double d0 = lf->d0[j], d1 = lf->d1[j], d2 = lf->d2[j];
+        double dP0, dP1, dP2, dK;
+        nbgi_polar_grad3_d(K, inc, d0, d1, d2, E, B, &dP0, &dP1, &dP2, &dK);
+        const double wp = pol ? d_pol : 0;
+        double e0, e1, e2;
+        nbgi_ray_dP(d0, d1, d2, lf->R[j], wp * dP0 + fdd0[j], wp * dP1 + fdd1[j], wp * dP2 + fdd2[j], d_R, &e0, &e1,
+                    &e2);
+        e0 = on ? e0 : 0;
+        e1 = on ? e1 : 0;
+        e2 = on ? e2 : 0;
+        fix[NBGI_FIX_SCALE * W + j] += on ? d_scale : 0;
+        fix[NBGI_FIX_IBG * W + j] += on ? d_I[j] : 0;
+        fix[NBGI_FIX_CLOSE * W + j] += on ? d_om * nbgi_solid_angle_dclose_of(point, close, lf->omega[j]) : 0;
+        fix[NBGI_FIX_K * W + j] += on ? wp * dK : 0;
+        /* P = Fdet f + Sdet s + Odet o + pix0 */
+        fix[(NBGI_FIX_PIX0 + 0) * W + j] += e0;
+        fix[(NBGI_FIX_PIX0 + 1) * W + j] += e1;
+        fix[(NBGI_FIX_PIX0 + 2) * W + j] += e2;
+        fix[(NBGI_FIX_F + 0) * W + j] += e0 * lf->Fd[j];
+        fix[(NBGI_FIX_F + 1) * W + j] += e1 * lf->Fd[j];
+        fix[(NBGI_FIX_F + 2) * W + j] += e2 * lf->Fd[j];
+        fix[(NBGI_FIX_S + 0) * W + j] += e0 * Sdet;
+        fix[(NBGI_FIX_S + 1) * W + j] += e1 * Sdet;
+        fix[(NBGI_FIX_S + 2) * W + j] += e2 * Sdet;
+    }
+    if (p->thick != 0) {
+        /* the capture fraction on the last layer's first-subpixel ray: capture(a), a = dz mu / rho, rho = d . o */
+        const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2], Oc = lf->Oc;
+        const int tl = p->thicksteps - 1;
+        for (int j = 0; j < W; ++j) {
+            if (g[j] == 0) {
+                continue;
+            }
+            const double d_rho = nbgi_capture_rho_adjoint(tl, lf->cap_a[j], lf->rho[j], d_cap[j]);
+            double w[3];
+            nbgi_ray_dP(lf->c0[j], lf->c1[j], lf->c2[j], lf->Rc[j], d_rho * o0, d_rho * o1, d_rho * o2, 0, &w[0],
+                        &w[1], &w[2]);
+            const double c[3] = {lf->c0[j], lf->c1[j], lf->c2[j]};
             for (int x = 0; x < 3; ++x) {
-                dd[x] = d_pol * dP_dd[x];
+                fix[(NBGI_FIX_PIX0 + x) * W + j] += w[x];
+                fix[(NBGI_FIX_F + x) * W + j] += w[x] * lf->Fc[j];
+                fix[(NBGI_FIX_S + x) * W + j] += w[x] * Sdet;
+                fix[(NBGI_FIX_O + x) * W + j] += w[x] * Oc + d_rho * c[x];
             }
         }
-        double e0, e1, e2;
-        nbgi_ray_dP(lf->d0[j], lf->d1[j], lf->d2[j], lf->R[j], dd[0], dd[1], dd[2], d_R, &e0, &e1, &e2);
-        s_scale += on ? d_scale : 0;
-        s_Ibg += on ? d_I[j] : 0;
-        s_close += on ? d_om * nbgi_solid_angle_dclose(p, lf->omega[j]) : 0;
-        s_K += on && pol ? d_pol * dK : 0;
-        r0 += on ? e0 : 0;
-        r1 += on ? e1 : 0;
-        r2 += on ? e2 : 0;
-        rf0 += on ? e0 * lf->Fd[j] : 0;
-        rf1 += on ? e1 * lf->Fd[j] : 0;
-        rf2 += on ? e2 * lf->Fd[j] : 0;
-        if (thick) {
-            const double d_rho = nbgi_capture_rho_adjoint(tl, lf->cap_a[j], lf->rho[j], d_cap);
-            double w0, w1, w2;
-            nbgi_ray_dP(lf->c0[j], lf->c1[j], lf->c2[j], lf->Rc[j], d_rho * o0, d_rho * o1, d_rho * o2, 0, &w0, &w1,
-                        &w2);
-            n0 += on ? d_rho * lf->c0[j] : 0;
-            n1 += on ? d_rho * lf->c1[j] : 0;
-            n2 += on ? d_rho * lf->c2[j] : 0;
-            c0 += on ? w0 : 0;
-            c1 += on ? w1 : 0;
-            c2 += on ? w2 : 0;
-            cf0 += on ? w0 * lf->Fc[j] : 0;
-            cf1 += on ? w1 * lf->Fc[j] : 0;
-            cf2 += on ? w2 * lf->Fc[j] : 0;
-        }
-    }
-    acc->scale += s_scale;
-    acc->Ibg += s_Ibg;
-    acc->close += s_close;
-    acc->K += s_K;
-    const double rr[3] = {r0, r1, r2}, rf[3] = {rf0, rf1, rf2}, cc[3] = {c0, c1, c2}, cf[3] = {cf0, cf1, cf2};
-    const double nn[3] = {n0, n1, n2};
-    for (int x = 0; x < 3; ++x) {
-        /* P = Fdet f + Sdet s + Odet o + pix0, the first subpixel's ray at depth 0, the capture's at Oc */
-        acc->pix0[x] += rr[x] + cc[x];
-        acc->f[x] += rf[x] + cf[x];
-        acc->s[x] += (rr[x] + cc[x]) * lf->Sdet;
-        acc->o[x] += cc[x] * lf->Oc + nn[x];
     }
 }
 #endif
@@ -406,9 +426,10 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
  * used).  The units (rows, or a pixel list's runs) are cut into nbgi_adjoint_chunks chunks, a number that depends
  * on the experiment alone; each chunk is summed into an accumulator of its own by the thread that runs it, and the
  * chunks are added in chunk order, so the gradients are the same bits for any nthreads.  vectorised selects the row
- * form (adjoint_row_tmpl.h) over the scalar twin.  Returns NBG_OK, or NBG_ENOMEM. */
+ * form (adjoint_row_tmpl.h) over the scalar twin.  image_sum receives the sum of the image's pixels (summed in the
+ * chunks' order: nbgi_image_check's).  Returns NBG_OK, or NBG_ENOMEM. */
 int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
-                     int vectorised);
+                     int vectorised, double *image_sum);
 
 /* The number of chunks of the reverse pass over nunits units with nflat sums each: one a unit, at most
  * NBGI_MAXCHUNKS (geometry.h), and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer

@@ -39,8 +39,8 @@ static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int 
 }
 
 /* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
-static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float *image, nbgi_adjacc *acc,
-                         int vectorised)
+static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float *image, nbgi_adjacc *acc,
+                           int vectorised)
 {
     /* a row of the single detector, or of a panel through its view: the row's detector gradients then land on the
      * panel's vectors, and are carried to the plane's after the row; or a run of a pixel list */
@@ -68,6 +68,7 @@ static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float
             }
             row_adjoint(pr, s, f0, n, g, image + i, acc);
         }
+        nbgi_row_adjoint_flush_d(pr, acc); /* the row's lane sums, before a panel's fold */
     } else {
         for (int f = fa; f < fb; ++f) {
             const long i = first + f;
@@ -78,6 +79,10 @@ static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float
             const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
             image[i] = (float)nbgi_pixel_adjoint_d(pr, f, s, g, acc);
         }
+    }
+    double isum = 0; /* the unit's image values, while in cache (the finiteness check) */
+    for (int f = fa; f < fb; ++f) {
+        isum += image[first + f];
     }
     if (p->npanels > 0) {
         double row[NBG_ADJ_DET];
@@ -93,6 +98,7 @@ static void adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float
             }
         }
     }
+    return isum;
 }
 
 int nbgi_adjoint_chunks(long nunits, size_t nflat)
@@ -104,20 +110,21 @@ int nbgi_adjoint_chunks(long nunits, size_t nflat)
 }
 
 int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
-                     int vectorised)
+                     int vectorised, double *image_sum)
 {
     const size_t nabc = (size_t)p->nphi * p->nmos * 9, nsrc = (size_t)p->nsources;
     const size_t nF = acc->F != NULL ? (size_t)p->nh * p->nk * p->nl : 0;
     const size_t nP = acc->panel != NULL ? (size_t)p->npanels * NBG_ADJ_DET : 0;
     const size_t nflat = NBG_ADJ_FIXED + nabc + nsrc + nF + nP; /* a chunk's sums, flat */
-    const size_t nlane = (nabc + nsrc) * 8;                      /* a thread's scratch of the vectorised rows */
+    const size_t nlane = (nabc + nsrc + NBG_ADJ_FIXED) * 8;      /* a thread's lane accumulators (rows) */
     const long nu = nbgi_nunits(p);
     const int nchunks = nbgi_adjoint_chunks(nu, nflat);
     if (nthreads < 1 || nbgi_samples(p) < NBGI_PARALLEL_MIN) {
         nthreads = 1; /* a small image: its work on this thread (geometry.h) */
     }
+    double isums[NBGI_MAXCHUNKS]; /* each chunk's image sum, added in chunk order */
     double *sums = calloc((size_t)nchunks * nflat, sizeof(double));
-    double *lanes = calloc((size_t)nthreads * (nlane ? nlane : 1), sizeof(double));
+    double *lanes = calloc((size_t)nthreads * nlane, sizeof(double)); /* zero, and zeroed by each flush */
     if (sums == NULL || lanes == NULL) {
         free(sums);
         free(lanes);
@@ -142,12 +149,15 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
         a.panel = nP ? a.lam + nsrc + nF : NULL;
         a.lane_abc = lanes + (size_t)t * nlane;
         a.lane_lam = a.lane_abc + nabc * 8;
+        a.lane_fix = a.lane_lam + nsrc * 8;
         /* chunk c: units [c nu / nchunks, (c + 1) nu / nchunks), in order */
         long u0, u1;
         nbgi_chunk(c, nchunks, nu, &u0, &u1);
+        double is = 0;
         for (long u = u0; u < u1; ++u) {
-            adjoint_unit(p, u, dLdI, image, &a, vectorised);
+            is += adjoint_unit(p, u, dLdI, image, &a, vectorised);
         }
+        isums[c] = is;
         memcpy(flat, &a, NBG_ADJ_FIXED * sizeof(double));
     }
     /* the chunks added in chunk order, component by component (components in parallel: the order of each sum is
@@ -161,6 +171,11 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
         }
         sums[i] = v;
     }
+    double im = 0;
+    for (int c = 0; c < nchunks; ++c) {
+        im += isums[c];
+    }
+    *image_sum = im;
     memcpy(acc, sums, NBG_ADJ_FIXED * sizeof(double));
     memcpy(acc->abc, sums + NBG_ADJ_FIXED, nabc * sizeof(double));
     memcpy(acc->lam, sums + NBG_ADJ_FIXED + nabc, nsrc * sizeof(double));

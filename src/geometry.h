@@ -293,22 +293,39 @@ static inline NBG_HD int nbgi_scatter_q(const nbgi_kparams *p, const double *d, 
 }
 
 /* The solid angle of a pixel seen at distance R: pixel^2 / R^2 * cos(obliquity), cos(obliquity) = close / R;
- * 1 / R^2 for -point_pixel. */
+ * 1 / R^2 for -point_pixel.  (The _of form takes the plan's values, for lane loops that must not read them through
+ * p: a load through p in a loop that stores through another pointer stops GCC vectorising it.) */
+static inline NBG_HD double nbgi_solid_angle_of(int point_pixel, double pixel2, double close, double R)
+{
+    return point_pixel ? 1 / (R * R) : pixel2 / (R * R) * close / R;
+}
+
 static inline NBG_HD double nbgi_solid_angle(const nbgi_kparams *p, double R)
 {
-    return p->point_pixel ? 1 / (R * R) : (p->pixel * p->pixel) / (R * R) * p->close_distance / R;
+    return nbgi_solid_angle_of(p->point_pixel, p->pixel * p->pixel, p->close_distance, R);
 }
 
 /* d omega / d R of nbgi_solid_angle, given omega (-3 omega / R; -2 omega / R for a point pixel). */
+static inline NBG_HD double nbgi_solid_angle_dR_of(int point_pixel, double R, double omega)
+{
+    return (point_pixel ? -2 : -3) * omega / R;
+}
+
 static inline NBG_HD double nbgi_solid_angle_dR(const nbgi_kparams *p, double R, double omega)
 {
-    return (p->point_pixel ? -2 : -3) * omega / R;
+    return nbgi_solid_angle_dR_of(p->point_pixel, R, omega);
 }
 
 /* d omega / d close_distance of nbgi_solid_angle, given omega: omega / close_distance (0 for a point pixel). */
+static inline NBG_HD double nbgi_solid_angle_dclose_of(int point_pixel, double close, double omega)
+{
+    const double v = omega / close; /* unconditional: a lane loop without masked division (AVX2) vectorises it */
+    return point_pixel ? 0 : v;
+}
+
 static inline NBG_HD double nbgi_solid_angle_dclose(const nbgi_kparams *p, double omega)
 {
-    return p->point_pixel ? 0 : omega / p->close_distance;
+    return nbgi_solid_angle_dclose_of(p->point_pixel, p->close_distance, omega);
 }
 
 /* The fraction of photons absorbed in sensor layer t for a ray with rho = d . o (the cosine of its angle to the

@@ -90,6 +90,36 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
     return c;
 }
 
+/* P(y) with sin(pi d) = pi d P(y), y = (pi d)^2, |d| <= 1/2: the series of sin(u) / u in Horner form, one
+ * fused multiply-add a term (truncation below 2e-18 in double at degree 21, 1e-11 in float at degree 15).  For the
+ * derivatives (nbgi_sincg_grad_int and its lane form), which need the sine besides the forward's cosine; the
+ * forward's nbgi_sinpi_reduced keeps its nested form (and its images their bits). */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
+{
+#ifdef NBG_FLOAT_MODE
+    NBG_R P = -1.0f / 1307674368000.0f;
+    P = 1.0f / 6227020800.0f + y * P;
+    P = -1.0f / 39916800.0f + y * P;
+    P = 1.0f / 362880.0f + y * P;
+    P = -1.0f / 5040.0f + y * P;
+    P = 1.0f / 120.0f + y * P;
+    P = -1.0f / 6.0f + y * P;
+    return 1.0f + y * P;
+#else
+    NBG_R P = 1.0 / 51090942171709440000.0;
+    P = -1.0 / 121645100408832000.0 + y * P;
+    P = 1.0 / 355687428096000.0 + y * P;
+    P = -1.0 / 1307674368000.0 + y * P;
+    P = 1.0 / 6227020800.0 + y * P;
+    P = -1.0 / 39916800.0 + y * P;
+    P = 1.0 / 362880.0 + y * P;
+    P = -1.0 / 5040.0 + y * P;
+    P = 1.0 / 120.0 + y * P;
+    P = -1.0 / 6.0 + y * P;
+    return 1.0 + y * P;
+#endif
+}
+
 /* Lattice factor of N cells along one axis: sin(N pi h) / sin(pi h), evaluated at d = h - rint(h) (see
  * physics.h); equal to N where sin(pi d) = 0.  For a small integer N (Ni = N, else 0) it is the Chebyshev
  * polynomial U_{N-1}(cos(pi d)), by the recurrence U_{k+1} = 2c U_k - U_{k-1}: one polynomial instead of two,
@@ -166,19 +196,27 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
  *     P = (1 + cos^2 2theta - K cos(2 psi) sin^2 2theta) / 2,   psi = -atan2(d.B_in, d.E_in).
  * cos(2 psi) = (x^2 - y^2) / (x^2 + y^2) with x = d.E_in, y = d.B_in, and 1 where both vanish (d along i),
  * which is atan2(0, 0) = 0: no trigonometric call. */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
-                                             const NBG_R *B)
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar3)(NBG_R K, const NBG_R *i, NBG_R d0, NBG_R d1, NBG_R d2,
+                                              const NBG_R *E, const NBG_R *B)
 {
-    const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
+    const NBG_R c2t = i[0] * d0 + i[1] * d1 + i[2] * d2;
     const NBG_R s2t2 = 1 - c2t * c2t;
     NBG_R c2psi = 1;
     if (K != 0) {
-        const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
-        const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
+        const NBG_R x = d0 * E[0] + d1 * E[1] + d2 * E[2];
+        const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
         const NBG_R r2 = x * x + y * y;
         c2psi = (r2 > 0) ? (x * x - y * y) / r2 : 1;
     }
     return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+}
+
+/* The same with d as an array.  (The lane loops call the scalar form: a local array inside an `omp simd` loop
+ * becomes a per-lane array GCC 12 does not vectorise.) */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+                                             const NBG_R *B)
+{
+    return NBG_SFX(nbgi_polar3)(K, i, d[0], d[1], d[2], E, B);
 }
 
 /* Four-point Lagrange weights at t in [1, 2) for nodes 0, 1, 2, 3 (tricubic interpolation is their tensor
@@ -280,15 +318,16 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh,
     return val;
 }
 
-/* The same for a small integer N, from one reduced sine and cosine: with c = cos(pi d),
- *   sincg = U_{N-1}(c),  d/dh = U'_{N-1}(c) (-pi sin(pi d)),  d/dN = pi d cos(N pi d) / sin(pi d) = pi d T_N(c) / s,
- * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = 2 U_k + 2c U'_k - U'_{k-1},
- * T_{k+1} = 2c T_k - T_{k-1} (T_N(cos x) = cos(N x)). */
+/* The same for a small integer N, from one reduced cosine c = cos(pi d) and the sine s = pi d P (nbgi_sinpi_poly):
+ *   sincg = U_{N-1}(c),  d/dh = U'_{N-1}(c) (-pi s),  d/dN = pi d cos(N pi d) / sin(pi d) = T_N(c) / P,
+ * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = 2 U_k + 2c U'_k - U'_{k-1}, and
+ * T_N = c U_{N-1} - U_{N-2} (T_N(cos x) = cos(N x); T_1 = c). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
 {
     const NBG_R d = h - NBG_M(rint)(h);
-    const NBG_R c = NBG_SFX(nbgi_cospi_reduced)(d), s = NBG_SFX(nbgi_sinpi_reduced)(d);
-    NBG_R u0 = 1, u1 = 2 * c, du0 = 0, du1 = 2, t0 = 1, t1 = c;
+    const NBG_R P = NBG_SFX(nbgi_sinpi_poly)((NBG_R)(M_PI * M_PI) * d * d);
+    const NBG_R c = NBG_SFX(nbgi_cospi_reduced)(d), s = ((NBG_R)M_PI * d) * P;
+    NBG_R u0 = 1, u1 = 2 * c, du0 = 0, du1 = 2;
     if (Ni == 1) {
         u1 = 1;
         du1 = 0;
@@ -300,13 +339,9 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *
         du0 = du1;
         du1 = du2;
     }
-    for (int k = 1; k < Ni; ++k) {
-        const NBG_R t2 = 2 * c * t1 - t0;
-        t0 = t1;
-        t1 = t2;
-    }
+    const NBG_R T = Ni == 1 ? c : c * u1 - u0;
     *dh = du1 * (-(NBG_R)M_PI * s);
-    *dN = s != 0 ? (NBG_R)M_PI * d * t1 / s : 1;
+    *dN = T / P;
     return u1;
 }
 
@@ -393,34 +428,44 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
     return L;
 }
 
-/* Kahn factor with its derivatives in d (the diffracted unit vector) and in K. */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
-                                                  const NBG_R *B, NBG_R *dd, NBG_R *dK)
+/* Kahn factor with its derivatives in d (the diffracted unit vector: d0, d1, d2; dd receives the three) and in K. */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad3)(NBG_R K, const NBG_R *i, NBG_R d0, NBG_R d1, NBG_R d2,
+                                                   const NBG_R *E, const NBG_R *B, NBG_R *dd0, NBG_R *dd1,
+                                                   NBG_R *dd2, NBG_R *dK)
 {
-    const NBG_R c2t = i[0] * d[0] + i[1] * d[1] + i[2] * d[2];
+    const NBG_R c2t = i[0] * d0 + i[1] * d1 + i[2] * d2;
     const NBG_R s2t2 = 1 - c2t * c2t;
     NBG_R c2psi = 1, dcx = 0, dcy = 0;
     {
         /* psi is computed even at K = 0, where the forward skips it (P does not depend on it there), since
          * dP/dK needs it */
-        const NBG_R x = d[0] * E[0] + d[1] * E[1] + d[2] * E[2];
-        const NBG_R y = d[0] * B[0] + d[1] * B[1] + d[2] * B[2];
+        const NBG_R x = d0 * E[0] + d1 * E[1] + d2 * E[2];
+        const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
         const NBG_R r2 = x * x + y * y;
-        if (r2 > 0) {
-            c2psi = (x * x - y * y) / r2;
-            /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit) */
-            dcx = 4 * x * y * y / (r2 * r2);
-            dcy = -4 * x * x * y / (r2 * r2);
-        }
+        /* d cos(2psi)/dx = 4 x y^2 / r^4, d/dy = -4 x^2 y / r^4; 0 on the beam axis (atan2(0,0) limit).  Without
+         * a branch (the divisions always done, by 1 on the axis, the results selected): the CPU's lane loops
+         * vectorise it, with AVX2 too (which has no masked division) */
+        const int off = r2 > 0;
+        const NBG_R r2s = off ? r2 : 1;
+        const NBG_R q = (x * x - y * y) / r2s, qx = 4 * x * y * y / (r2s * r2s), qy = -4 * x * x * y / (r2s * r2s);
+        c2psi = off ? q : 1;
+        dcx = off ? qx : 0;
+        dcy = off ? qy : 0;
     }
     /* P = (1 + c^2 - K c2psi (1 - c^2)) / 2 */
     const NBG_R dP_dc = c2t * (1 + K * c2psi);
     const NBG_R dP_dc2psi = -(NBG_R)0.5 * K * s2t2;
-    for (int x = 0; x < 3; ++x) {
-        dd[x] = dP_dc * i[x] + dP_dc2psi * (dcx * E[x] + dcy * B[x]);
-    }
+    *dd0 = dP_dc * i[0] + dP_dc2psi * (dcx * E[0] + dcy * B[0]);
+    *dd1 = dP_dc * i[1] + dP_dc2psi * (dcx * E[1] + dcy * B[1]);
+    *dd2 = dP_dc * i[2] + dP_dc2psi * (dcx * E[2] + dcy * B[2]);
     *dK = -(NBG_R)0.5 * c2psi * s2t2;
     return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+}
+
+static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad)(NBG_R K, const NBG_R *i, const NBG_R *d, const NBG_R *E,
+                                                  const NBG_R *B, NBG_R *dd, NBG_R *dK)
+{
+    return NBG_SFX(nbgi_polar_grad3)(K, i, d[0], d[1], d[2], E, B, &dd[0], &dd[1], &dd[2], dK);
 }
 
 /* d/dt of the four Lagrange weights at t. */

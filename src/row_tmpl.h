@@ -76,6 +76,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
 {
     enum { W = NBG_LANES };
     NBG_R fl[3][W], fh[3][W], fN[3][W];
+    const int want_dN = p->want_dN; /* a local: see nbgi_solid_angle_of */
     for (int j = 0; j < W; ++j) {
         L[j] = 1; /* times each axis's factor: 1 L_a = L_a bit for bit */
     }
@@ -94,7 +95,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             }
             continue;
         }
-        NBG_R c2[W], s[W], dl[W], u0[W], u1[W], du0[W], du1[W], t0[W], t1[W];
+        NBG_R c1[W], c2[W], s[W], P[W], u0[W], u1[W], du0[W], du1[W];
         const NBG_R *NBG_RESTRICT hx = hkl[x];
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
@@ -104,12 +105,12 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             u0[j] = 1;
             u1[j] = Ni == 1 ? 1 : c2[j];
             if (want_grad) {
-                dl[j] = d;
-                s[j] = NBG_SFX(nbgi_sinpi_reduced)(d);
+                /* nbgi_sincg_grad_int's arithmetic (src/physics_tmpl.h) */
+                c1[j] = c;
+                P[j] = NBG_SFX(nbgi_sinpi_poly)((NBG_R)(M_PI * M_PI) * d * d);
+                s[j] = ((NBG_R)M_PI * d) * P[j];
                 du0[j] = 0;
                 du1[j] = Ni == 1 ? 0 : 2;
-                t0[j] = 1;
-                t1[j] = c;
             }
         }
         for (int k = 2; k < Ni; ++k) {
@@ -125,21 +126,14 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                 u1[j] = u2;
             }
         }
-        for (int k = 1; k < Ni && want_grad && p->want_dN; ++k) {
-#pragma omp simd
-            for (int j = 0; j < W; ++j) {
-                const NBG_R t2 = c2[j] * t1[j] - t0[j];
-                t0[j] = t1[j];
-                t1[j] = t2;
-            }
-        }
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
             L[j] *= u1[j];
             if (want_grad) {
                 flx[j] = u1[j];
                 fhx[j] = du1[j] * (-(NBG_R)M_PI * s[j]);
-                fNx[j] = !p->want_dN ? 0 : s[j] != 0 ? (NBG_R)M_PI * dl[j] * t1[j] / s[j] : 1;
+                /* d/dN = T_N(c) / P, T_N = c U_{N-1} - U_{N-2} (T_1 = c) */
+                fNx[j] = !want_dN ? 0 : (Ni == 1 ? c1[j] : c1[j] * u1[j] - u0[j]) / P[j];
             }
         }
     }
