@@ -260,6 +260,9 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             return rc;
         }
         fold_tied(ws, fr->T, fr->nw, fr->nw);
+        if (ws->nFx > 0) {
+            memset(ws->dl, 0, sizeof(float) * ws->npix);
+        }
         nbgi_response_cursor rcur;
         nbgi_response_init(&rcur, &fr->e);
         for (size_t t = 0; t < fr->nw; ++t) {
@@ -272,6 +275,9 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             sum += wi * nbgi_pixel_loss(ws->loss, nbgi_response_at(&rcur, i), fr->img[i], fr->obs[i], &dLdI, &c);
             dLdI *= wi;
             c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
+            if (ws->nFx > 0) {
+                ws->dl[i] = (float)dLdI; /* the adjoint's input below */
+            }
             eps += fabs(dLdI * fr->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
             for (int a = 0; a < n; ++a) {
                 const double Ta = fr->T[(size_t)a * fr->nw + t];
@@ -284,39 +290,26 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
                 }
             }
         }
+        if (ws->nFx > 0) {
+            /* the structure factors' gradient from the adjoint, exact (their rows above serve the matrix) */
+            const int rc2 = nbg_simulate_grad(ws->ctx, &fr->e, ws->dl, ws->Fids, ws->nFx, ws->gF, (float *)ws->c1,
+                                              ws->npix, NULL);
+            if (rc2 != NBG_OK) {
+                return rc2;
+            }
+            for (int k = 0; k < ws->nFx; ++k) {
+                ws->gF[ws->nFx + k] = (f == 0 ? 0 : ws->gF[ws->nFx + k]) + ws->gF[k];
+            }
+        }
     }
     for (int a = 0; a < n; ++a) {
         for (int b = a + 1; b < n; ++b) {
             H[a * n + b] = H[b * n + a];
         }
     }
-    /* the structure factors' gradient from the adjoint, exact (their rows above serve the matrix) */
-    for (int k = 0; k < ws->nFx; ++k) {
-        g[ws->Fa[k]] = 0;
-    }
-    for (int f = 0; f < ws->nf && ws->nFx > 0; ++f) {
-        refine_frame *fr = &ws->fr[f];
-        memset(ws->dl, 0, sizeof(float) * ws->npix);
-        nbgi_response_cursor rcur;
-        nbgi_response_init(&rcur, &fr->e);
-        for (size_t t = 0; t < fr->nw; ++t) {
-            if (!fr->use[t]) {
-                continue;
-            }
-            const size_t i = at(fr, t);
-            double dLdI;
-            nbgi_pixel_loss(ws->loss, nbgi_response_at(&rcur, i), fr->img[i], fr->obs[i], &dLdI, NULL);
-            ws->dl[i] = (float)(dLdI * (fr->w ? fr->w[i] : 1.0));
-        }
-        const int rc = nbg_simulate_grad(ws->ctx, &fr->e, ws->dl, ws->Fids, ws->nFx, ws->gF, (float *)ws->c1,
-                                         ws->npix, NULL);
-        if (rc != NBG_OK) {
-            return rc;
-        }
-        for (int k = 0; k < ws->nFx; ++k) { /* dL/ds = dL/dF / (2 F) */
-            const double F = ws->Ft->F[ws->Fidx[k]];
-            g[ws->Fa[k]] += F != 0 ? ws->gF[k] / (2 * F) : 0;
-        }
+    for (int k = 0; k < ws->nFx; ++k) { /* dL/ds = dL/dF / (2 F), the frames' sum */
+        const double F = ws->Ft->F[ws->Fidx[k]];
+        g[ws->Fa[k]] = F != 0 ? ws->gF[ws->nFx + k] / (2 * F) : 0;
     }
     /* an entry driven to zero intensity whose gradient still points down sits on its bound (the reflection has
      * no photons above the rest of the model): it is held there, out of the step and of the stopping rules, until
@@ -1222,7 +1215,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         ws.Fidx = malloc(sizeof(long) * (size_t)(nx + 1));
         ws.Fids = malloc(sizeof(nbg_param) * (size_t)(nx + 1) * 2);
         ws.xq = ws.Fids != NULL ? ws.Fids + nx + 1 : NULL;
-        ws.gF = malloc(sizeof(double) * (size_t)(nx + 1));
+        ws.gF = malloc(sizeof(double) * (size_t)(nx + 1) * 2); /* one frame's, then the sum */
         ws.Fsave = malloc(sizeof(double) * nF);
         ws.c1 = malloc(sizeof(float) * (npix ? npix : 1) * 4);
         ws.Fs0 = malloc(sizeof(double) * (size_t)(nx + 1));

@@ -489,6 +489,34 @@ int main(void)
                         "70), %ld entries in -hklout, JSON F_fitted (exit %d)", a, nlines, rc);
         free(fitted);
         free(fj);
+        /* the same bits with 1 and 3 threads: the JSON and the fitted table */
+        {
+            int same = 1;
+            char *ref[2] = {NULL, NULL};
+            size_t rl[2] = {0, 0};
+            for (int t = 1; t <= 3; t += 2) {
+                char jp[1100], hp[1100];
+                snprintf(jp, sizeof jp, "%s/fthr%d.json", dir, t);
+                snprintf(hp, sizeof hp, "%s/fthr%d.hkl", dir, t);
+                snprintf(fcmd, sizeof fcmd, "OMP_NUM_THREADS=%d %s refine -cell 70.1 80 90 75 85 95 -misset 10.03 "
+                         "4.98 3.02 -N 10 -lambda 1 -distance 100 -detpixels 128 -oversample 1 -nodump -hkl %s "
+                         "-observed %s -params orientation,a,F -hklout %s -json %s 2>&1", t, bin, shkl, fobs, hp, jp);
+                rc = run(fcmd);
+                size_t l1 = 0, l2 = 0;
+                char *a1 = nbgi_test_read_file(jp, &l1), *a2 = nbgi_test_read_file(hp, &l2);
+                if (t == 1) {
+                    ref[0] = a1, ref[1] = a2, rl[0] = l1, rl[1] = l2;
+                    same = rc == 0 && a1 != NULL && a2 != NULL;
+                } else {
+                    same &= rc == 0 && a1 != NULL && a2 != NULL && l1 == rl[0] && l2 == rl[1] &&
+                            memcmp(a1, ref[0], l1) == 0 && memcmp(a2, ref[1], l2) == 0;
+                    free(a1), free(a2);
+                }
+            }
+            free(ref[0]), free(ref[1]);
+            nbgi_test_check(same, "cligrad-38-threads", "refine -params ...,F with 1 and 3 threads: %s",
+                            same ? "the same JSON and fitted table, byte for byte" : "they DIFFER (or a run failed)");
+        }
         static const struct {
             const char *id, *args, *want;
         } bad[] = {{"cligrad-38-F-no-table", "-default_F 100 -params a,F", "no -hkl table"},
