@@ -180,13 +180,13 @@ static int loss_trial(refine_ws *ws, double *L)
 }
 
 /* Frame fr's model image and tangent images T of the rendered parameters.  With per-reflection scales the
- * structure factors' rows come from the model's own structure: M = G sum_j F_j^2 K_j + bg, so where pixel p sees one
- * reflection j, dM_p/dF_j = 2 u_p / F_j with u_p = M_p - bg_p.  Which pixels see one fitted reflection, and which,
- * is read from three more renders: every entry times sqrt 2 (u = M_a - M), fitted entry k times sqrt(k + 2)
- * ((M_b - M) / u = k + 1 for a pixel of k alone) and times k + 2 ((M_c - M) / u = (k + 1)(k + 3) for k alone: a
- * mixture of reflections never gives both).  Pixels that see several reflections (or an entry not fitted) get no
- * structure-factor row: these rows serve the Gauss-Newton matrix only; the gradient's structure-factor entries are
- * the adjoint's, exact (gauss_newton). */
+ * structure factors' rows come from the model's own structure: M = G sum_j s_j K_j + bg with s_j = F_j^2, so where
+ * pixel p sees one reflection j, dM_p/ds_j = u_p / s_j with u_p = M_p - bg_p.  Which pixels see one fitted
+ * reflection, and which, is read from three more renders without the background (so that weak pixels keep their
+ * digits): u itself, fitted entry k times sqrt(k + 2) (M_b / u - 1 = k + 1 for a pixel of k alone) and times k + 2
+ * (M_c / u - 1 = (k + 1)(k + 3) for k alone: a mixture of reflections never gives both).  Pixels that see several
+ * reflections (or an entry not fitted) get no structure-factor row: these rows serve the Gauss-Newton matrix only;
+ * the gradient's structure-factor entries are the adjoint's, exact (gauss_newton). */
 static int frame_jacobian(refine_ws *ws, refine_frame *fr)
 {
     if (ws->Ft == NULL) {
