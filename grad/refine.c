@@ -1642,9 +1642,9 @@ static int fstep_pass(fstep_ws *fs, const nbg_experiment *e, double *acc)
     return NBG_OK;
 }
 
-/* The sums A and B at the current table (with *L the loss there), or with whole (A only): A over every active
- * pixel of the whole detectors with dl = 1 and in = NULL, or with in non-NULL A over every loss pixel with dl = 1
- * (whole then the two passes that say which entries the loss's pixels measure). */
+/* mode 0: the sums A and B at the current table over the loss's pixels (*L the loss there, L may be NULL);
+ * mode 1: A = each entry's predicted photons (times 2 / F) over every active pixel of the whole detectors (dl = 1);
+ * mode 2: B = the same over the loss's pixels.  Modes 1 and 2 say which entries the loss's pixels measure. */
 static int fstep_sums(fstep_ws *fs, int mode, double *L)
 {
     memset(fs->A, 0, sizeof(double) * fs->nF);
