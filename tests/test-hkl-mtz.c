@@ -33,6 +33,8 @@
 #ifdef NBG_HAVE_FORMATS
 #include <msgpack.h>
 
+#include "msgpackutil.h"
+
 static double at(const nbg_hkl *t, int h, int k, int l)
 {
     if (h < t->h_min || h > t->h_max || k < t->k_min || k > t->k_max || l < t->l_min || l > t->l_max)
@@ -258,23 +260,6 @@ static void truncations(nbg_ctx *ctx, const char *dir)
     free(b);
 }
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-    msgpack_pack_str(pk, strlen(s));
-    msgpack_pack_str_body(pk, s, strlen(s));
-}
-
-static void pack_col(msgpack_packer *pk, const char *name, const char *type, uint64_t count, const void *bytes,
-                     size_t size)
-{
-    pack_str(pk, name);
-    msgpack_pack_array(pk, 2);
-    pack_str(pk, type);
-    msgpack_pack_array(pk, 2);
-    msgpack_pack_uint64(pk, count);
-    msgpack_pack_bin(pk, size);
-    msgpack_pack_bin_body(pk, bytes, size);
-}
 
 /* A table of 6 rows as dials.integrate writes one (the host is little-endian, as DIALS's files are). */
 #define NROW 6

@@ -30,6 +30,8 @@
 #ifdef NBG_HAVE_FORMATS
 #include <msgpack.h>
 
+#include "msgpackutil.h"
+
 int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out);
 
 /* What to break in a table. */
@@ -53,24 +55,6 @@ static const char *kind_name[T_NKINDS] = {"ok", "no-panel-bbox", "magic", "versi
                                           "xyz-bytes", "xyz-nan", "panel-huge", "bbox-reversed", "other-count",
                                           "no-xyz", "nrows-string"};
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-    msgpack_pack_str(pk, strlen(s));
-    msgpack_pack_str_body(pk, s, strlen(s));
-}
-
-/* A column [type, [count, bin]]. */
-static void pack_col(msgpack_packer *pk, const char *name, const char *type, uint64_t count, const void *bytes,
-                     size_t size)
-{
-    pack_str(pk, name);
-    msgpack_pack_array(pk, 2);
-    pack_str(pk, type);
-    msgpack_pack_array(pk, 2);
-    msgpack_pack_uint64(pk, count);
-    msgpack_pack_bin(pk, size);
-    msgpack_pack_bin_body(pk, bytes, size);
-}
 
 #define NR 3
 static const uint64_t g_panel[NR] = {0, 1, 1};

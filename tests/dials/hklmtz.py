@@ -181,11 +181,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv)
-    except Exception as exc:  # a crash is a failure, with the summary line still printed
-        import traceback
-        traceback.print_exc()
-        check(False, "crash", repr(exc))
-    print("%d passed, %d failed" % (roundtrip.PASSED, roundtrip.FAILED))
-    sys.exit(1 if roundtrip.FAILED else 0)
+    roundtrip.run_script(main, sys.argv)

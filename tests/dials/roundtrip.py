@@ -544,5 +544,18 @@ def main(argv):
     return 0 if FAILED == 0 else 1
 
 
+def run_script(main, argv):
+    """A DIALS-tier script's entry: main(argv), a crash counted as a failure with the summary line still printed,
+    the exit status 1 when anything failed."""
+    try:
+        main(argv)
+    except Exception as exc:
+        import traceback
+        traceback.print_exc()
+        check(False, "crash", repr(exc))
+    print("%d passed, %d failed" % (PASSED, FAILED))
+    sys.exit(1 if FAILED else 0)
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
