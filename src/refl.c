@@ -438,38 +438,51 @@ static int table_hkl(nbg_ctx *ctx, const char *path, const msgpack_object *o, nb
     return NBG_OK;
 }
 
+/* The table's bytes (buf, len; path names them) unpacked into *u (msgpack_unpacked_init'd by the caller, who
+ * destroys it): one complete msgpack value of bounded depth and nothing after it, its tree within the memory limit. */
+static int unpack_table(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, msgpack_unpacked *u)
+{
+    size_t used = 0;
+    if (!walk(buf, len, &used)) {
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: not one complete msgpack value "
+                          "(truncated, malformed or nested deeper than %d)", path, REFL_MAX_DEPTH);
+    }
+    if (used != len) {
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: %zu bytes follow its msgpack value",
+                          path, len - used);
+    }
+    const int rc = nbgi_check_bytes(ctx, 32.0 * (double)len + 65536, "the reflection table's msgpack tree");
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    size_t off = 0;
+    const msgpack_unpack_return ur = msgpack_unpack_next(u, (const char *)buf, len, &off);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory unpacking the reflection table %s", path);
+    }
+    if (ur != MSGPACK_UNPACK_SUCCESS) {
+        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: msgpack-c cannot unpack it (%d)", path,
+                          (int)ur);
+    }
+    return NBG_OK;
+}
+
 int nbgi_refl_hkl(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out, char *what, size_t nwhat)
 {
     memset(out, 0, sizeof *out);
     unsigned char *buf;
-    size_t len, used = 0;
+    size_t len;
     int rc = nbgi_read_whole(ctx, path, "reflection table", &buf, &len);
     if (rc != NBG_OK) {
         return rc;
     }
-    if (!walk(buf, len, &used) || used != len) {
-        free(buf);
-        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: not one complete msgpack value "
-                          "(truncated, malformed, nested deeper than %d or followed by other bytes)", path,
-                          REFL_MAX_DEPTH);
-    }
-    if ((rc = nbgi_check_bytes(ctx, 32.0 * (double)len + 65536, "the reflection table's msgpack tree")) != NBG_OK) {
-        free(buf);
-        return rc;
-    }
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
-    size_t off = 0;
     nbgi_hkl_entry *ent = NULL;
     size_t nent = 0;
     long nrow = 0, nprf = 0, nsum = 0, nskip = 0;
-    const msgpack_unpack_return ur = msgpack_unpack_next(&u, (const char *)buf, len, &off);
-    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory unpacking the reflection table %s", path);
-    } else if (ur != MSGPACK_UNPACK_SUCCESS) {
-        rc = nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: msgpack-c cannot unpack it (%d)", path,
-                        (int)ur);
-    } else {
+    rc = unpack_table(ctx, path, buf, len, &u);
+    if (rc == NBG_OK) {
         rc = table_hkl(ctx, path, &u.data, &ent, &nent, &nrow, &nprf, &nsum, &nskip);
     }
     msgpack_unpacked_destroy(&u);
@@ -493,29 +506,10 @@ int nbgi_refl_hkl(nbg_ctx *ctx, const char *path, double default_F, nbg_hkl *out
 int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, size_t len, nbg_reflections *out)
 {
     memset(out, 0, sizeof *out);
-    size_t used = 0;
-    if (!walk(buf, len, &used)) {
-        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: not one complete msgpack value "
-                          "(truncated, malformed or nested deeper than %d)", path, REFL_MAX_DEPTH);
-    }
-    if (used != len) {
-        return nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: %zu bytes follow its msgpack value",
-                          path, len - used);
-    }
-    int rc = nbgi_check_bytes(ctx, 32.0 * (double)len + 65536, "the reflection table's msgpack tree");
-    if (rc != NBG_OK) {
-        return rc;
-    }
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
-    size_t off = 0;
-    const msgpack_unpack_return ur = msgpack_unpack_next(&u, (const char *)buf, len, &off);
-    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory unpacking the reflection table %s", path);
-    } else if (ur != MSGPACK_UNPACK_SUCCESS) {
-        rc = nbgi_error(ctx, NBG_EFORMAT, "%s is not a DIALS reflection table: msgpack-c cannot unpack it (%d)", path,
-                        (int)ur);
-    } else {
+    int rc = unpack_table(ctx, path, buf, len, &u);
+    if (rc == NBG_OK) {
         rc = table(ctx, path, &u.data, out);
     }
     msgpack_unpacked_destroy(&u);
