@@ -179,6 +179,44 @@ static int loss_trial(refine_ws *ws, double *L)
     return rc;
 }
 
+/* The three renders that tell which pixels see one of n listed table entries alone (idx[k], k < n), without the
+ * background: u (e's model, the crystal's part), then entry k times sqrt(k + 2) into mb and times k + 2 into mc.  save
+ * (the table's size) receives the table, which is restored. */
+static int coded_renders(nbg_ctx *ctx, const nbg_experiment *e, nbg_hkl *t, const long *idx, long n, double *save,
+                         float *u, float *mb, float *mc, size_t npix)
+{
+    const size_t nF = (size_t)(t->h_max - t->h_min + 1) * (size_t)(t->k_max - t->k_min + 1) *
+                      (size_t)(t->l_max - t->l_min + 1);
+    nbg_experiment e0 = *e; /* no background, so that weak pixels keep their digits */
+    e0.bg[0] = e0.bg[1] = e0.bg[2] = 0;
+    memcpy(save, t->F, sizeof(double) * nF);
+    int rc = nbg_simulate(ctx, &e0, u, npix, NULL);
+    for (long k = 0; k < n; ++k) t->F[idx[k]] = save[idx[k]] * sqrt(k + 2.0);
+    if (rc == NBG_OK) {
+        rc = nbg_simulate(ctx, &e0, mb, npix, NULL);
+    }
+    for (long k = 0; k < n; ++k) t->F[idx[k]] = save[idx[k]] * (k + 2.0);
+    if (rc == NBG_OK) {
+        rc = nbg_simulate(ctx, &e0, mc, npix, NULL);
+    }
+    memcpy(t->F, save, sizeof(double) * nF);
+    return rc;
+}
+
+/* The entry (k < n) pixel i sees alone, from coded_renders' images, or -1 (no light, several entries, or one not
+ * listed): M_b / u - 1 = k + 1 and M_c / u - 1 = (k + 1)(k + 3) for entry k alone, which no mixture gives both. */
+static long coded_owner(const float *u, const float *mb, const float *mc, size_t i, long n)
+{
+    const double un = u[i];
+    if (!(un > 0)) {
+        return -1;
+    }
+    const double r1 = mb[i] / un - 1, r2 = mc[i] / un - 1;
+    const long k = lround(r1) - 1;
+    const double a = (double)(k + 1), b = (double)(k + 1) * (double)(k + 3);
+    return k >= 0 && k < n && fabs(r1 - a) <= 1e-3 && fabs(r2 - b) <= 1e-3 * b ? k : -1;
+}
+
 /* Frame fr's model image and tangent images T of the rendered parameters.  With per-reflection scales the
  * structure factors' rows come from the model's own structure: M = G sum_j s_j K_j + bg with s_j = F_j^2, so where
  * pixel p sees one reflection j, dM_p/ds_j = u_p / s_j with u_p = M_p - bg_p.  Which pixels see one fitted
@@ -202,23 +240,8 @@ static int frame_jacobian(refine_ws *ws, refine_frame *fr)
     } else {
         rc = nbg_simulate(ws->ctx, &fr->e, fr->img, ws->npix, NULL);
     }
-    nbg_hkl *const t = ws->Ft;
-    const size_t nF = (size_t)(t->h_max - t->h_min + 1) * (size_t)(t->k_max - t->k_min + 1) *
-                      (size_t)(t->l_max - t->l_min + 1);
-    nbg_experiment e0 = fr->e; /* the crystal's part alone: no background, so that weak pixels keep their digits */
-    e0.bg[0] = e0.bg[1] = e0.bg[2] = 0;
     if (rc == NBG_OK) {
-        memcpy(ws->Fsave, t->F, sizeof(double) * nF);
-        rc = nbg_simulate(ws->ctx, &e0, ws->c1, ws->npix, NULL);
-        for (int k = 0; k < ws->nFx; ++k) t->F[ws->Fidx[k]] = ws->Fsave[ws->Fidx[k]] * sqrt(k + 2.0);
-        if (rc == NBG_OK) {
-            rc = nbg_simulate(ws->ctx, &e0, ws->c2, ws->npix, NULL);
-        }
-        for (int k = 0; k < ws->nFx; ++k) t->F[ws->Fidx[k]] = ws->Fsave[ws->Fidx[k]] * (k + 2.0);
-        if (rc == NBG_OK) {
-            rc = nbg_simulate(ws->ctx, &e0, ws->c3, ws->npix, NULL);
-        }
-        memcpy(t->F, ws->Fsave, sizeof(double) * nF);
+        rc = coded_renders(ws->ctx, &fr->e, ws->Ft, ws->Fidx, ws->nFx, ws->Fsave, ws->c1, ws->c2, ws->c3, ws->npix);
     }
     if (rc != NBG_OK) {
         return rc;
@@ -228,19 +251,10 @@ static int frame_jacobian(refine_ws *ws, refine_frame *fr)
     }
     for (size_t u = 0; u < nw; ++u) {
         const size_t i = at(fr, u);
-        const double un = ws->c1[i];
-        if (!fr->use[u] || !(un > 0)) {
-            continue;
-        }
-        const double r1 = ws->c2[i] / un - 1, r2 = ws->c3[i] / un - 1;
-        const long k = lround(r1) - 1;
-        if (k < 0 || k >= ws->nFx || fabs(r1 - (double)(k + 1)) > 1e-3 ||
-            fabs(r2 - (double)(k + 1) * (double)(k + 3)) > 1e-3 * (double)(k + 1) * (double)(k + 3)) {
-            continue;
-        }
-        const double F = ws->Fsave[ws->Fidx[k]];
+        const long k = fr->use[u] ? coded_owner(ws->c1, ws->c2, ws->c3, i, ws->nFx) : -1;
+        const double F = k >= 0 ? ws->Fsave[ws->Fidx[k]] : 0;
         if (F != 0) {
-            fr->T[(size_t)ws->Fa[k] * nw + u] = un / (F * F); /* dM/ds, s = F^2 */
+            fr->T[(size_t)ws->Fa[k] * nw + u] = ws->c1[i] / (F * F); /* dM/ds, s = F^2 */
         }
     }
     return NBG_OK;
@@ -1626,13 +1640,13 @@ typedef struct {
     nbg_loss loss;
     nbg_param *ids;         /* NBG_P_F(0 .. nF - 1) */
     double *A, *B, *part;   /* nF each: the sums, and one frame's pass */
-    float *img, *dl;        /* npix each */
+    float *img, *dl, *dl2;  /* npix each */
 } fstep_ws;
 
 /* Adds frame f's adjoint pass of dl (over e's pixels) into acc. */
-static int fstep_pass(fstep_ws *fs, const nbg_experiment *e, double *acc)
+static int fstep_pass(fstep_ws *fs, const nbg_experiment *e, const float *dl, double *acc)
 {
-    const int rc = nbg_simulate_grad(fs->ctx, e, fs->dl, fs->ids, (int)fs->nF, fs->part, fs->img, fs->npix, NULL);
+    const int rc = nbg_simulate_grad(fs->ctx, e, dl, fs->ids, (int)fs->nF, fs->part, fs->img, fs->npix, NULL);
     if (rc != NBG_OK) {
         return rc;
     }
@@ -1665,6 +1679,7 @@ static int fstep_sums(fstep_ws *fs, int mode, double *L)
         const float *const w = fs->w != NULL ? fs->w[f] : NULL;
         memset(fs->dl, 0, sizeof(float) * fs->npix);
         if (mode == 0) {
+            memset(fs->dl2, 0, sizeof(float) * fs->npix);
             rc = nbg_simulate(fs->ctx, &e, fs->img, fs->npix, NULL);
         }
         nbgi_response_cursor rcur;
@@ -1683,25 +1698,13 @@ static int fstep_sums(fstep_ws *fs, int mode, double *L)
             sum += wi * nbgi_pixel_loss(fs->loss, nbgi_response_at(&rcur, i), fs->img[i], fs->obs[f][i], &d, &c);
             const double u = fs->img[i] - nbgi_model_bg(&e, &pl.k, i);
             fs->dl[i] = (float)(wi * c * u);
+            fs->dl2[i] = (float)(wi * (c * u - d));
         }
         if (rc == NBG_OK) {
-            rc = fstep_pass(fs, &e, mode == 0 ? fs->A : mode == 1 ? fs->A : fs->B);
+            rc = fstep_pass(fs, &e, fs->dl, mode == 2 ? fs->B : fs->A);
         }
         if (rc == NBG_OK && mode == 0) {
-            nbgi_response_init(&rcur, &e);
-            memset(fs->dl, 0, sizeof(float) * fs->npix);
-            for (long t = 0; t < nw; ++t) {
-                const size_t i = nbgi_walk_at(&pl.k, t);
-                const double wi = w != NULL ? w[i] : 1.0;
-                if (!nbgi_model_active(&pl.k, i) || !(wi > 0)) {
-                    continue;
-                }
-                double d, c;
-                nbgi_pixel_loss(fs->loss, nbgi_response_at(&rcur, i), fs->img[i], fs->obs[f][i], &d, &c);
-                const double u = fs->img[i] - nbgi_model_bg(&e, &pl.k, i);
-                fs->dl[i] = (float)(wi * (c * u - d));
-            }
-            rc = fstep_pass(fs, &e, fs->B);
+            rc = fstep_pass(fs, &e, fs->dl2, fs->B);
         }
         nbgi_plan_free(&pl);
         if (rc != NBG_OK) {
@@ -1739,7 +1742,7 @@ static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
     long *const cand = malloc(sizeof(long) * (size_t)(ncand + 1));
     long *const owned = calloc((size_t)(ncand + 1), sizeof(long));
     float *const m3 = malloc(sizeof(float) * (fs->npix ? fs->npix : 1) * 3);
-    double *const Fs = fs->part; /* scratch of nF (whole is done with) */
+    double *const Fs = fs->part; /* coded_renders' scratch of nF (whole is done with) */
     nbg_hkl *const t = (nbg_hkl *)fs->frames[0].hkl;
     if (cand == NULL || owned == NULL || m3 == NULL) {
         free(cand), free(owned), free(m3);
@@ -1749,32 +1752,21 @@ static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
     for (size_t j = 0; j < fs->nF; ++j) {
         if (fit[j]) cand[k++] = (long)j;
     }
-    memcpy(Fs, t->F, sizeof(double) * fs->nF);
     for (int f = 0; rc == NBG_OK && f < fs->nf; ++f) {
-        nbg_experiment e0 = fs->frames[f]; /* the crystal's part alone, as frame_jacobian renders it */
-        e0.bg[0] = e0.bg[1] = e0.bg[2] = 0;
-        const nbg_experiment *e = &e0;
+        const nbg_experiment *e = &fs->frames[f];
         float *const ma = m3, *const mb = m3 + fs->npix, *const mc = m3 + 2 * fs->npix;
-        rc = nbg_simulate(fs->ctx, e, ma, fs->npix, NULL);
-        for (long q = 0; q < ncand; ++q) t->F[cand[q]] = Fs[cand[q]] * sqrt(q + 2.0);
-        if (rc == NBG_OK) rc = nbg_simulate(fs->ctx, e, mb, fs->npix, NULL);
-        for (long q = 0; q < ncand; ++q) t->F[cand[q]] = Fs[cand[q]] * (q + 2.0);
-        if (rc == NBG_OK) rc = nbg_simulate(fs->ctx, e, mc, fs->npix, NULL);
-        memcpy(t->F, Fs, sizeof(double) * fs->nF);
+        rc = coded_renders(fs->ctx, e, t, cand, ncand, Fs, ma, mb, mc, fs->npix);
         nbgi_plan pl;
         if (rc == NBG_OK && (rc = nbgi_plan_build(fs->ctx, e, &pl)) == NBG_OK) {
             const long nw = nbgi_nwalk(&pl.k);
             const float *const w = fs->w != NULL ? fs->w[f] : NULL;
             for (long u = 0; u < nw; ++u) {
                 const size_t i = nbgi_walk_at(&pl.k, u);
-                const double un = ma[i];
-                if (!nbgi_model_active(&pl.k, i) || (w != NULL && !(w[i] > 0)) || !(un > 0)) {
+                if (!nbgi_model_active(&pl.k, i) || (w != NULL && !(w[i] > 0))) {
                     continue;
                 }
-                const double r1 = mb[i] / un - 1, r2 = mc[i] / un - 1;
-                const long q = lround(r1) - 1;
-                if (q >= 0 && q < ncand && fabs(r1 - (double)(q + 1)) <= 1e-3 &&
-                    fabs(r2 - (double)(q + 1) * (double)(q + 3)) <= 1e-3 * (double)(q + 1) * (double)(q + 3)) {
+                const long q = coded_owner(ma, mb, mc, i, ncand);
+                if (q >= 0) {
                     owned[q]++;
                 }
             }
@@ -1861,12 +1853,13 @@ static int refine_with_F(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a table of %zu structure factors is too large to fit", nF);
     }
     fstep_ws fs = {ctx, frames, nframes, observed, weights, npix, nF, opt->loss, NULL, NULL, NULL, NULL, NULL,
-                   NULL};
+                   NULL, NULL};
     fs.ids = malloc(sizeof(nbg_param) * nF);
     double *const dbuf = malloc(sizeof(double) * nF * 5);
     unsigned char *const fit = malloc(nF);
     fs.img = malloc(sizeof(float) * (npix ? npix : 1));
-    fs.dl = malloc(sizeof(float) * (npix ? npix : 1));
+    fs.dl = malloc(sizeof(float) * (npix ? npix : 1) * 2);
+    fs.dl2 = fs.dl != NULL ? fs.dl + (npix ? npix : 1) : NULL;
     int rc = NBG_OK;
     if (fs.ids == NULL || dbuf == NULL || fit == NULL || fs.img == NULL || fs.dl == NULL) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %zu structure factors", nF);
