@@ -1717,10 +1717,10 @@ static int fstep_sums(fstep_ws *fs, int mode, double *L)
     return NBG_OK;
 }
 
-/* Which entries the loss's pixels measure: fit[j] when at least half entry j's predicted photons on the whole
- * detectors fall in them (a whole-detector adjoint pass, then one over the loss's pixels) and at least two of
- * them see entry j alone. */
-static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
+/* The entries the loss's pixels measure: cand[j] when at least half entry j's predicted photons on the whole
+ * detectors fall in them (a whole-detector adjoint pass, then one over the loss's pixels).  The fraction is F_j's
+ * photons over F_j's photons: it does not depend on the table's values. */
+static int fstep_candidates(fstep_ws *fs, unsigned char *cand)
 {
     double *const whole = fs->part + fs->nF; /* scratch after part */
     int rc = fstep_sums(fs, 1, NULL);
@@ -1732,17 +1732,26 @@ static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
     if (rc != NBG_OK) {
         return rc;
     }
+    for (size_t j = 0; j < fs->nF; ++j) {
+        cand[j] = fs->B[j] > 0 && fs->B[j] >= 0.5 * whole[j];
+    }
+    return NBG_OK;
+}
+
+/* The candidates (fstep_candidates) that at least two of the loss's pixels see alone, at the table's values: fit[j],
+ * *nfit of them (an entry seen only through pixels it shares with others would have no row in the Gauss-Newton
+ * matrix: frame_jacobian's test). */
+static int fstep_select(fstep_ws *fs, const unsigned char *isc, unsigned char *fit, long *nfit)
+{
+    int rc = NBG_OK;
     long ncand = 0;
     for (size_t j = 0; j < fs->nF; ++j) {
-        fit[j] = fs->B[j] > 0 && fs->B[j] >= 0.5 * whole[j];
-        ncand += fit[j];
+        ncand += isc[j] != 0;
     }
-    /* and that some pixels see alone (frame_jacobian's test): an entry seen only through pixels it shares with
-     * others would have no row in the Gauss-Newton matrix */
     long *const cand = malloc(sizeof(long) * (size_t)(ncand + 1));
     long *const owned = calloc((size_t)(ncand + 1), sizeof(long));
     float *const m3 = malloc(sizeof(float) * (fs->npix ? fs->npix : 1) * 3);
-    double *const Fs = fs->part; /* coded_renders' scratch of nF (whole is done with) */
+    double *const Fs = fs->part; /* coded_renders' scratch of nF */
     nbg_hkl *const t = (nbg_hkl *)fs->frames[0].hkl;
     if (cand == NULL || owned == NULL || m3 == NULL) {
         free(cand), free(owned), free(m3);
@@ -1750,7 +1759,8 @@ static int fstep_select(fstep_ws *fs, unsigned char *fit, long *nfit)
     }
     long k = 0;
     for (size_t j = 0; j < fs->nF; ++j) {
-        if (fit[j]) cand[k++] = (long)j;
+        fit[j] = 0;
+        if (isc[j]) cand[k++] = (long)j;
     }
     for (int f = 0; rc == NBG_OK && f < fs->nf; ++f) {
         const nbg_experiment *e = &fs->frames[f];
@@ -1856,7 +1866,7 @@ static int refine_with_F(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
                    NULL, NULL};
     fs.ids = malloc(sizeof(nbg_param) * nF);
     double *const dbuf = malloc(sizeof(double) * nF * 5);
-    unsigned char *const fit = malloc(nF);
+    unsigned char *const fit = malloc(nF * 2), *const isc = fit != NULL ? fit + nF : NULL;
     fs.img = malloc(sizeof(float) * (npix ? npix : 1));
     fs.dl = malloc(sizeof(float) * (npix ? npix : 1) * 2);
     fs.dl2 = fs.dl != NULL ? fs.dl + (npix ? npix : 1) : NULL;
@@ -1880,13 +1890,16 @@ static int refine_with_F(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
     double moved = 0, Lc = NAN;
     nbg_param *ext = NULL;
     if (rc == NBG_OK) {
-        rc = fstep_select(&fs, fit, &nfit);
+        rc = fstep_candidates(&fs, isc);
+    }
+    if (rc == NBG_OK) {
+        rc = fstep_select(&fs, isc, fit, &nfit);
     }
     if (rc == NBG_OK) {
         rc = fstep(&fs, t, F0, fit, &moved, &Lc);
     }
     if (rc == NBG_OK) { /* again at the step's values: an entry the data put at no photons has no information in F */
-        rc = fstep_select(&fs, fit, &nfit);
+        rc = fstep_select(&fs, isc, fit, &nfit);
     }
     if (rc == NBG_OK && (ext = malloc(sizeof(nbg_param) * ((size_t)nparams + (size_t)nfit))) == NULL) {
         rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %ld structure factors", nfit);
