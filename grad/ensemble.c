@@ -556,6 +556,16 @@ static int load_observed(ens *w, int k)
     snprintf(what, sizeof what, "shot %s", s->id);
     nbg_observed_options opt;
     nbg_observed_options_default(&opt);
+    if (w->o->response != NULL) { /* the detector response given: pedestal, gain, read noise, the panels' own */
+        const nbg_observed_options *r = w->o->response;
+        opt.pedestal = r->pedestal;
+        opt.gain = r->gain;
+        opt.read_noise = r->read_noise;
+        opt.panel_pedestal = r->panel_pedestal;
+        opt.panel_gain = r->panel_gain;
+        opt.panel_read_noise = r->panel_read_noise;
+        opt.npanel_values = r->npanel_values;
+    }
     opt.adc = w->c->adc;
     opt.what = what;
     opt.mask_what = "-mask";
@@ -565,10 +575,28 @@ static int load_observed(ens *w, int k)
         failf(w, st, "%s", nbg_errmsg(w->ctx));
         return 0;
     }
+    nbg_experiment *e = &w->e[k];
+    if (ob.panel_response != NULL && w->pan[k] == NULL) {
+        /* the panels' own responses go on a copy of the builder's panels, this shot's */
+        if ((w->pan[k] = malloc((size_t)e->npanels * sizeof *w->pan[k])) == NULL) {
+            nbg_observed_free(&ob);
+            failf(w, NBG_ENOMEM, "%s: out of memory for the panels' detector response", what);
+            return 0;
+        }
+        memcpy(w->pan[k], e->panels, (size_t)e->npanels * sizeof *w->pan[k]);
+        e->panels = w->pan[k];
+    }
+    const int st2 = nbg_observed_apply_response(w->ctx, &ob, e, ob.panel_response != NULL ? w->pan[k] : NULL,
+                                                e->npanels);
+    if (st2 != NBG_OK) {
+        nbg_observed_free(&ob);
+        failf(w, st2, "%s: %s", what, nbg_errmsg(w->ctx));
+        return 0;
+    }
+    free(ob.panel_response); /* copied onto the panels */
     w->obs[k] = ob.image;
     w->mask[k] = ob.use;
-    w->e[k].response = ob.response;
-    w->e[k].mask = ob.use;
+    e->mask = ob.use;
     return 1;
 }
 

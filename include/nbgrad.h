@@ -1227,6 +1227,13 @@ typedef struct {
                             * (nbg_panel.has_trusted) and of the single detector: a count v that is not lo < v < hi
                             * is left out (DIALS's trusted_range, e.g. of the list the experiment came from); applied
                             * only when lo < hi (NAN NAN, the default, or 0 0: none) */
+    /* Each panel's own detector response (nbg_panel.own_response: a module's pedestal, gain and read noise), for a
+     * detector of panels: each list NULL (not given) or npanel_values values, panel by panel, and npanel_values must
+     * then be the experiment's npanels (NBG_EINVAL naming the list otherwise; each value as pedestal, gain and
+     * read_noise above).  A value no list gives is the image's response chosen above.  nbg_observed.panel_response
+     * receives the result; nbg_observed_apply_response puts it on the panels. */
+    const double *panel_pedestal, *panel_gain, *panel_read_noise;
+    int npanel_values;
 } nbg_observed_options;
 
 /* Where a value of the detector response came from. */
@@ -1254,10 +1261,21 @@ typedef struct {
     /* What a program tells its user, one line each without a newline ("" when nothing to say): the response and
      * where each value came from; a note on counts below 0; the pixels left out. */
     char response_text[4352], note[4608], left_out[320];
+    /* Each panel's own response when the options gave one (npanel_response = the experiment's npanels, malloc'd);
+     * NULL and 0 otherwise.  response_text then also says what panel 0's is. */
+    nbg_detector_model *panel_response;
+    int npanel_response;
 } nbg_observed;
 
-/* The options unset: pedestal, gain, read_noise, adc and trusted NAN, what and mask_what NULL. */
+/* The options unset: pedestal, gain, read_noise, adc and trusted NAN, what and mask_what NULL, no panel lists. */
 void nbg_observed_options_default(nbg_observed_options *opt);
+
+/* Puts the detector response nbg_observed_read chose on the experiment: e->response = ob->response and, when ob
+ * has the panels' own (ob->panel_response), each of panels[0 .. npanels) marked own_response with its own.  panels is
+ * the caller's writable array that e->panels points to (npanels = e->npanels; NBG_EINVAL otherwise); it may be NULL
+ * when ob has no panel responses.  The mask (ob->use) is the caller's to set. */
+int nbg_observed_apply_response(nbg_ctx *ctx, const nbg_observed *ob, nbg_experiment *e, nbg_panel *panels,
+                                int npanels);
 
 /* Reads the observed image for experiment e: frame `frame` (0-based) of path (a run of '#' in the name: the file of
  * that frame's 1-based number, e.g. img_####.cbf, read at its frame 0; otherwise frame `frame` of the one file, an
@@ -1394,6 +1412,9 @@ typedef struct {
     int spots;              /* >= 0: fit each shot on its spot regions, the pixels within spots of its model's spot
                                pixels (nbg_spot_pixels), drawn again after every cycle's local fits; -1 every pixel */
     double spot_frac;       /* a spot pixel's model value above the floor, of the peak's, in (0, 1) (0.05) */
+    const nbg_observed_options *response; /* the observed images' detector response, as nbg_observed_read takes it
+                               (pedestal, gain, read noise, each panel's own; its adc, what, mask_what and trusted
+                               are the ensemble's own): NULL, the default, the files' or nanoBragg's */
     const nbg_comm *comm;   /* NULL: one process */
     void (*progress)(void *user, nbg_ensemble_event what, int done, int total, const char *text);
     void *user;

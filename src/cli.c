@@ -259,6 +259,9 @@ void nbgi_sub_usage(FILE *out, const char *usage, const nbgi_sub_flag *t, int n,
     char name[32];
     fprintf(out, "%s%s%s's own flags:\n", usage, usage[0] != '\0' ? "\n" : "", nbgi_cmd_names(cmd, name, sizeof name));
     nbgi_sub_flags_doc(out, t, n, cmd, 0);
+    int nr;
+    const nbgi_sub_flag *r = nbgi_response_flags(&nr);
+    nbgi_sub_flags_doc(out, r, nr, cmd, 0); /* the observed image's detector response, where cmd takes it */
     fprintf(out, "nanoBragg's flags, as for nbgrad simulate:\n");
     flags_doc(out, 0);
 }
@@ -298,6 +301,145 @@ int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst)
 int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst)
 {
     *(int *)dst = 1;
+    return 1;
+}
+
+/* --- the observed image's detector response (grad, refine, ensemble) ---------------------------------------- */
+
+static int set_finite(void *opts, const char *flag, char **vv, void *dst)
+{
+    const char *v = vv[0];
+    double x;
+    if (!nbgi_cli_number(flag, v, &x)) return 0;
+    if (!isfinite(x)) {
+        fprintf(stderr, "nbgrad: error: %s must be a finite number, got '%s'\n", flag, v);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+/* Parses a comma list of numbers (-panel_pedestal, -panel_gain, -panel_read_noise: kind 0 finite, 1 > 0, 2 >= 0)
+ * into vals (room for cap; NULL: check only); the count, or -1 after printing what is wrong. */
+static int value_list(const char *flag, const char *v, int kind, double *vals, int cap)
+{
+    int n = 0;
+    const char *p = v;
+    for (;;) {
+        char *end;
+        errno = 0;
+        const double x = strtod(p, &end);
+        const int ok = end != p && errno == 0 && isfinite(x) && (kind == 0 || (kind == 1 ? x > 0 : x >= 0)) &&
+                       (*end == ',' || *end == '\0');
+        if (!ok) {
+            fprintf(stderr, "nbgrad: error: %s: '%s' is not a comma-separated list of %s numbers, one per panel\n",
+                    flag, v, kind == 0 ? "finite" : kind == 1 ? "positive" : "non-negative");
+            return -1;
+        }
+        if (vals != NULL && n < cap) {
+            vals[n] = x;
+        }
+        ++n;
+        if (*end == '\0') {
+            return n;
+        }
+        p = end + 1;
+    }
+}
+
+static int set_panel_list(void *opts, const char *flag, char **vv, void *dst)
+{
+    const int kind = strcmp(flag, "-panel_pedestal") == 0 ? 0 : strcmp(flag, "-panel_gain") == 0 ? 1 : 2;
+    if (value_list(flag, vv[0], kind, NULL, 0) < 0) {
+        return 0;
+    }
+    *(const char **)dst = vv[0];
+    return 1;
+}
+
+static int set_nonneg(void *opts, const char *flag, char **vv, void *dst)
+{
+    const char *v = vv[0];
+    double x;
+    if (!nbgi_cli_number(flag, v, &x)) return 0;
+    if (!(x >= 0) || !isfinite(x)) {
+        fprintf(stderr, "nbgrad: error: %s must be a non-negative number, got '%s'\n", flag, v);
+        return 0;
+    }
+    *(double *)dst = x;
+    return 1;
+}
+
+#define RO(f) offsetof(nbgi_response_opts, f)
+#define RESP_CMDS (NBGI_CMD_GRAD | NBGI_CMD_REFINE | NBGI_CMD_ENSEMBLE)
+static const nbgi_sub_flag response_flag_table[] = {
+    {"-pedestal", RESP_CMDS, set_finite, RO(pedestal), "counts",
+     "the observed image's pedestal (default: the file's; SMV without ADC_OFFSET: -adc, 40; raw floats: 0)"},
+    {"-gain", RESP_CMDS, nbgi_set_positive, RO(gain), "x", "counts per photon of the observed image (1)"},
+    {"-read_noise", RESP_CMDS, set_nonneg, RO(read_noise), "counts",
+     "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
+    {"-panel_pedestal", RESP_CMDS, set_panel_list, RO(panel[0]), "LIST",
+     "the observed image's pedestal per panel, counts: one number per panel, comma-separated, in panel order (a "
+     "multi-panel detector; the panels' pedestals instead of -pedestal's)"},
+    {"-panel_gain", RESP_CMDS, set_panel_list, RO(panel[1]), "LIST",
+     "counts per photon per panel, as -panel_pedestal (each > 0; instead of -gain's)"},
+    {"-panel_read_noise", RESP_CMDS, set_panel_list, RO(panel[2]), "LIST",
+     "read noise per panel, counts rms, as -panel_pedestal (each >= 0; instead of -read_noise's)"},
+};
+#undef RO
+#undef RESP_CMDS
+#define NRESPONSE_FLAGS ((int)(sizeof response_flag_table / sizeof response_flag_table[0]))
+
+void nbgi_response_opts_init(nbgi_response_opts *r)
+{
+    r->pedestal = r->gain = r->read_noise = NAN;
+    r->panel[0] = r->panel[1] = r->panel[2] = NULL;
+}
+
+const nbgi_sub_flag *nbgi_response_flags(int *n)
+{
+    *n = NRESPONSE_FLAGS;
+    return response_flag_table;
+}
+
+int nbgi_response_flag_parse(nbgi_response_opts *r, unsigned cmd, int argc, char **argv, int i)
+{
+    return nbgi_sub_flag_parse(response_flag_table, NRESPONSE_FLAGS, cmd, r, argc, argv, i, NULL);
+}
+
+int nbgi_response_options(const nbgi_response_opts *r, int npanels, nbg_observed_options *opt, double **values)
+{
+    static const char *const names[3] = {"-panel_pedestal", "-panel_gain", "-panel_read_noise"};
+    nbg_observed_options_default(opt);
+    opt->pedestal = r->pedestal;
+    opt->gain = r->gain;
+    opt->read_noise = r->read_noise;
+    *values = NULL;
+    if (r->panel[0] == NULL && r->panel[1] == NULL && r->panel[2] == NULL) {
+        return 1;
+    }
+    const int np = npanels > 0 ? npanels : 0;
+    double *v = np > 0 ? malloc(sizeof(double) * 3 * (size_t)np) : NULL;
+    for (int k = 0; k < 3; ++k) {
+        if (r->panel[k] == NULL) {
+            continue;
+        }
+        const int n = value_list(names[k], r->panel[k], k, v != NULL ? v + (size_t)k * np : NULL, np);
+        if (np == 0 || n != np || v == NULL) {
+            if (n >= 0) {
+                fprintf(stderr, "nbgrad: error: %s gives %d value%s, the detector has %d panel%s%s\n", names[k], n,
+                        n == 1 ? "" : "s", np, np == 1 ? "" : "s", np == 0 ? " (the single flat detector: use "
+                        "-pedestal, -gain, -read_noise)" : "");
+            }
+            free(v);
+            return 0;
+        }
+    }
+    opt->panel_pedestal = r->panel[0] != NULL ? v : NULL;
+    opt->panel_gain = r->panel[1] != NULL ? v + np : NULL;
+    opt->panel_read_noise = r->panel[2] != NULL ? v + 2 * (size_t)np : NULL;
+    opt->npanel_values = np;
+    *values = v;
     return 1;
 }
 

@@ -138,6 +138,21 @@ int nbgi_set_positive(void *opts, const char *flag, char **v, void *dst);
 int nbgi_set_half_box(void *opts, const char *flag, char **v, void *dst);
 int nbgi_set_switch(void *opts, const char *flag, char **v, void *dst);
 
+/* The observed image's detector response as grad, refine and ensemble take it, one table for the three (src/cli.c):
+ * -pedestal, -gain, -read_noise, and each panel's own -panel_pedestal, -panel_gain, -panel_read_noise. */
+typedef struct {
+    double pedestal, gain, read_noise; /* NAN: not given */
+    const char *panel[3];              /* the per-panel comma lists as given (NULL: not given) */
+} nbgi_response_opts;
+void nbgi_response_opts_init(nbgi_response_opts *r);
+const nbgi_sub_flag *nbgi_response_flags(int *n);
+/* nbgi_sub_flag_parse of the response table into r. */
+int nbgi_response_flag_parse(nbgi_response_opts *r, unsigned cmd, int argc, char **argv, int i);
+/* r as nbg_observed_read's options (every other field unset): the panel lists parsed into *values (malloc'd, to free
+ * after the read; NULL when none), each checked to give npanels values (the experiment's panels).  0 after printing
+ * the error (naming the flag), 1 otherwise. */
+int nbgi_response_options(const nbgi_response_opts *r, int npanels, nbg_observed_options *opt, double **values);
+
 /* --- progress and JSON ----------------------------------------------------------------------------------------- */
 
 /* Progress of long runs goes to stderr (line-buffered, as stdout is): a bar redrawn in place (\r) when stderr is a

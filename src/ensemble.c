@@ -32,6 +32,7 @@ typedef struct {
     nbg_loss loss;
     int spots;        /* -spots: each shot's spot regions' half-width in pixels; -1: every pixel */
     double spot_frac; /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
+    nbgi_response_opts resp; /* -pedestal, -gain, -read_noise, -panel_*: the observed images' detector response */
 } ens_opts;
 
 static int set_frac(void *opts, const char *flag, char **v, void *dst)
@@ -102,7 +103,9 @@ const nbgi_sub_flag *nbgi_ensemble_flags(int *n)
 #ifndef NBG_NO_REFINE
 static int ens_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
-    return nbgi_sub_flag_parse(ens_flag_table, NENS_FLAGS, NBGI_CMD_ENSEMBLE, c->extra, argc, argv, i, NULL);
+    ens_opts *o = c->extra;
+    const int used = nbgi_sub_flag_parse(ens_flag_table, NENS_FLAGS, NBGI_CMD_ENSEMBLE, o, argc, argv, i, NULL);
+    return used != 0 ? used : nbgi_response_flag_parse(&o->resp, NBGI_CMD_ENSEMBLE, argc, argv, i);
 }
 #endif
 
@@ -174,6 +177,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     o.loss = NBG_LOSS_POISSON;
     o.spots = -1;
     o.spot_frac = 0.05;
+    nbgi_response_opts_init(&o.resp);
     nbgi_cli_init(&c);
     c.extra_handler = ens_flags;
     c.extra = &o;
@@ -217,6 +221,12 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     eo.spots = o.spots;
     eo.spot_frac = o.spot_frac;
     eo.progress = ens_progress;
+    nbg_observed_options resp;
+    double *resp_values = NULL;
+    if (!nbgi_response_options(&o.resp, c.e.npanels, &resp, &resp_values)) {
+        goto done;
+    }
+    eo.response = &resp;
 #ifdef NBG_HAVE_MPI
     nbg_comm comm = {rank, size, NULL, mpi_allreduce_long, mpi_allgatherv};
     if (mpi) {
@@ -224,6 +234,7 @@ int nbgi_cmd_ensemble(int argc, char **argv, int first)
     }
 #endif
     const int st = nbgi_ensemble(ctx, &c, &shots, &eo, &res);
+    free(resp_values);
     nbgi_progress_end();
     if (st != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));

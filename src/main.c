@@ -85,8 +85,7 @@ typedef struct {
     char *params;         /* -params, the lists given (joined with commas; malloc'd) */
     nbg_param *ids;       /* the parameters, parsed for the experiment (nbg_params_parse; malloc'd) */
     int nids;
-    double pedestal, gain, read_noise; /* NAN: unset (from the file; 1; 0) */
-    const char *panel_resp[3];  /* -panel_pedestal, -panel_gain, -panel_read_noise: a value per panel, comma lists */
+    nbgi_response_opts resp;      /* -pedestal, -gain, -read_noise, -panel_*: the observed image's response */
     const char *motionsout;       /* refine -motionsfile: the fitted motions */
     const char *hklout;           /* refine -hklout: the fitted structure factors */
     int fit_F;                    /* refine: F listed (the -hkl table's entries fitted; ids holds the others) */
@@ -160,70 +159,6 @@ static int set_params(void *opts, const char *flag, char **vv, void *dst)
     return 1;
 }
 
-static int set_finite(void *opts, const char *flag, char **vv, void *dst)
-{
-    const char *v = vv[0];
-    double x;
-    if (!nbgi_cli_number(flag, v, &x)) return 0;
-    if (!isfinite(x)) {
-        fprintf(stderr, "nbgrad: error: %s must be a finite number, got '%s'\n", flag, v);
-        return 0;
-    }
-    *(double *)dst = x;
-    return 1;
-}
-
-/* Parses a comma list of numbers (-panel_pedestal, -panel_gain, -panel_read_noise: kind 0 finite, 1 > 0, 2 >= 0)
- * into vals (room for cap; NULL: check only); the count, or -1 after printing what is wrong. */
-static int value_list(const char *flag, const char *v, int kind, double *vals, int cap)
-{
-    int n = 0;
-    const char *p = v;
-    for (;;) {
-        char *end;
-        errno = 0;
-        const double x = strtod(p, &end);
-        const int ok = end != p && errno == 0 && isfinite(x) && (kind == 0 || (kind == 1 ? x > 0 : x >= 0)) &&
-                       (*end == ',' || *end == '\0');
-        if (!ok) {
-            fprintf(stderr, "nbgrad: error: %s: '%s' is not a comma-separated list of %s numbers, one per panel\n",
-                    flag, v, kind == 0 ? "finite" : kind == 1 ? "positive" : "non-negative");
-            return -1;
-        }
-        if (vals != NULL && n < cap) {
-            vals[n] = x;
-        }
-        ++n;
-        if (*end == '\0') {
-            return n;
-        }
-        p = end + 1;
-    }
-}
-
-static int set_panel_list(void *opts, const char *flag, char **vv, void *dst)
-{
-    const int kind = strcmp(flag, "-panel_pedestal") == 0 ? 0 : strcmp(flag, "-panel_gain") == 0 ? 1 : 2;
-    if (value_list(flag, vv[0], kind, NULL, 0) < 0) {
-        return 0;
-    }
-    *(const char **)dst = vv[0];
-    return 1;
-}
-
-static int set_nonneg(void *opts, const char *flag, char **vv, void *dst)
-{
-    const char *v = vv[0];
-    double x;
-    if (!nbgi_cli_number(flag, v, &x)) return 0;
-    if (!(x >= 0) || !isfinite(x)) {
-        fprintf(stderr, "nbgrad: error: %s must be a non-negative number, got '%s'\n", flag, v);
-        return 0;
-    }
-    *(double *)dst = x;
-    return 1;
-}
-
 static int set_maxiter(void *opts, const char *flag, char **vv, void *dst)
 {
     grad_opts *o = opts;
@@ -294,18 +229,6 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-observed", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(observed), "FILE",
      "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
      "overloads are left out"},
-    {"-pedestal", CMD_GRAD | CMD_REFINE, set_finite, GO(pedestal), "counts",
-     "the observed image's pedestal (default: the file's; SMV without ADC_OFFSET: -adc, 40; raw floats: 0)"},
-    {"-gain", CMD_GRAD | CMD_REFINE, nbgi_set_positive, GO(gain), "x", "counts per photon of the observed image (1)"},
-    {"-read_noise", CMD_GRAD | CMD_REFINE, set_nonneg, GO(read_noise), "counts",
-     "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
-    {"-panel_pedestal", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[0]), "LIST",
-     "the observed image's pedestal per panel, counts: one number per panel, comma-separated, in panel order (a "
-     "multi-panel detector; the panels' pedestals instead of -pedestal's)"},
-    {"-panel_gain", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[1]), "LIST",
-     "counts per photon per panel, as -panel_pedestal (each > 0; instead of -gain's)"},
-    {"-panel_read_noise", CMD_GRAD | CMD_REFINE, set_panel_list, GO(panel_resp[2]), "LIST",
-     "read noise per panel, counts rms, as -panel_pedestal (each >= 0; instead of -read_noise's)"},
     {"-weights", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(weights), "FILE",
      "per-pixel weights of the loss, raw 4-byte floats or SMV"},
     {"-loss", CMD_GRAD | CMD_REFINE, set_loss, 0, "lsq|poisson",
@@ -358,8 +281,9 @@ static int grad_flags(nbgi_cli *c, int argc, char **argv, int i)
 {
     grad_opts *o = c->extra;
     const char *note = "; gradcheck checks L = sum w I with fixed pseudo-random weights";
-    return nbgi_sub_flag_parse(grad_flag_table, (int)NGRAD_FLAGS, o->cmd, o, argc, argv, i,
-                               o->cmd == CMD_GRADCHECK ? note : NULL);
+    const int used = nbgi_sub_flag_parse(grad_flag_table, (int)NGRAD_FLAGS, o->cmd, o, argc, argv, i,
+                                         o->cmd == CMD_GRADCHECK ? note : NULL);
+    return used != 0 ? used : nbgi_response_flag_parse(&o->resp, o->cmd, argc, argv, i);
 }
 
 /* Common set-up of a subcommand (nbgi_cli_setup) with the gradient subcommands' files; o is NULL for simulate. */
@@ -527,47 +451,6 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
     return 1;
 }
 
-/* -panel_pedestal, -panel_gain, -panel_read_noise: each panel's own response (nbg_panel.own_response), the
- * experiment's where a list is not given.  0 after printing what is wrong. */
-static int panel_responses(nbgi_cli *c, const grad_opts *o)
-{
-    static const char *const names[3] = {"-panel_pedestal", "-panel_gain", "-panel_read_noise"};
-    if (o->panel_resp[0] == NULL && o->panel_resp[1] == NULL && o->panel_resp[2] == NULL) {
-        return 1;
-    }
-    const int np = c->e.npanels;
-    double *v = np > 0 ? malloc(sizeof(double) * 3 * (size_t)np) : NULL;
-    for (int k = 0; k < 3; ++k) {
-        if (o->panel_resp[k] == NULL) {
-            continue;
-        }
-        const int n = value_list(names[k], o->panel_resp[k], k, v != NULL ? v + (size_t)k * np : NULL, np);
-        if (np == 0 || n != np || v == NULL) {
-            if (n >= 0) {
-                fprintf(stderr, "nbgrad: error: %s gives %d value%s, the detector has %d panel%s%s\n", names[k], n,
-                        n == 1 ? "" : "s", np, np == 1 ? "" : "s", np == 0 ? " (the single flat detector: use "
-                        "-pedestal, -gain, -read_noise)" : "");
-            }
-            free(v);
-            return 0;
-        }
-    }
-    nbg_panel *pan = (nbg_panel *)c->e.panels; /* the builder's copy, which this run owns */
-    for (int q = 0; q < np; ++q) {
-        pan[q].own_response = 1;
-        pan[q].response = c->e.response;
-        if (o->panel_resp[0] != NULL) pan[q].response.pedestal = v[q];
-        if (o->panel_resp[1] != NULL) pan[q].response.gain = v[np + q];
-        if (o->panel_resp[2] != NULL) pan[q].response.read_noise = v[2 * (size_t)np + q];
-    }
-    free(v);
-    printf("the panels' own detector response (%s%s%s): panel 0 pedestal %g, gain %g, read noise %g counts%s\n",
-           o->panel_resp[0] != NULL ? "-panel_pedestal " : "", o->panel_resp[1] != NULL ? "-panel_gain " : "",
-           o->panel_resp[2] != NULL ? "-panel_read_noise" : "", pan[0].response.pedestal, pan[0].response.gain,
-           pan[0].response.read_noise, np > 1 ? ", ..." : "");
-    return 1;
-}
-
 /* Reads frame `frame` of the observed image for c->e (nbg_observed_read, the policy of the library: the detector
  * response from -pedestal, -gain, -read_noise, else the file's, else nanoBragg's ADC offset -adc for SMV without the
  * key; the pixels to leave out: -mask's, the file's mask, its overloads) and prints what it decided and its errors.
@@ -577,11 +460,21 @@ static int panel_responses(nbgi_cli *c, const grad_opts *o)
 static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int frame, uint8_t **use,
                             nbg_geometry *geom)
 {
-    nbg_observed_options opt = {o->pedestal, o->gain, o->read_noise, c->adc, "-observed", "-mask",
-                                {c->expt_trusted[0], c->expt_trusted[1]}};
-    nbg_observed ob;
+    nbg_observed_options opt;
+    double *values = NULL;
     *use = NULL;
-    if (nbg_observed_read(ctx, &c->e, o->observed, frame, &opt, &ob) != NBG_OK) {
+    if (!nbgi_response_options(&o->resp, c->e.npanels, &opt, &values)) {
+        return NULL;
+    }
+    opt.adc = c->adc;
+    opt.what = "-observed";
+    opt.mask_what = "-mask";
+    opt.trusted[0] = c->expt_trusted[0];
+    opt.trusted[1] = c->expt_trusted[1];
+    nbg_observed ob;
+    const int st = nbg_observed_read(ctx, &c->e, o->observed, frame, &opt, &ob);
+    free(values);
+    if (st != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         return NULL;
     }
@@ -589,12 +482,13 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int f
         *geom = ob.geometry;
     }
     if (frame == 0) { /* the detector response is the first frame's */
-        c->e.response = ob.response;
-        printf("%s\n", ob.response_text);
-        if (!panel_responses(c, o)) {
+        /* the panels are the builder's copy, which this run owns */
+        if (nbg_observed_apply_response(ctx, &ob, &c->e, (nbg_panel *)c->e.panels, c->e.npanels) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             nbg_observed_free(&ob);
             return NULL;
         }
+        printf("%s\n", ob.response_text);
         if (ob.note[0] != '\0') {
             printf("note: %s\n", ob.note);
         }
@@ -604,6 +498,7 @@ static float *read_observed(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, int f
         printf("%s\n", ob.left_out);
     }
     *use = ob.use;
+    free(ob.panel_response); /* copied onto the panels */
     return ob.image;
 }
 
@@ -652,7 +547,7 @@ static int cmd_gradcheck(int argc, char **argv, int first)
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
-    o.pedestal = o.gain = o.read_noise = NAN;
+    nbgi_response_opts_init(&o.resp);
     o.cmd = CMD_GRADCHECK;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
@@ -757,7 +652,7 @@ static int cmd_grad(int argc, char **argv, int first)
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
-    o.pedestal = o.gain = o.read_noise = NAN;
+    nbgi_response_opts_init(&o.resp);
     o.cmd = CMD_GRAD;
     nbgi_cli_init(&c);
     c.extra_handler = grad_flags;
@@ -1629,7 +1524,7 @@ static int cmd_refine(int argc, char **argv, int first)
     nbgi_cli c;
     grad_opts o = {0};
     o.break_param = -1;
-    o.pedestal = o.gain = o.read_noise = NAN;
+    nbgi_response_opts_init(&o.resp);
     o.max_iter = 100;
     o.spots = -1;
     o.spot_frac = 0.05;
@@ -1892,6 +1787,8 @@ static const nbgi_sub_flag *sub_table(int k, int *n)
         return nbgi_ensemble_flags(n);
     case 2:
         return nbgi_batch_flags(n);
+    case 3:
+        return nbgi_response_flags(n);
     default:
         *n = 0;
         return NULL;

@@ -56,6 +56,8 @@ void nbg_observed_options_default(nbg_observed_options *opt)
         opt->pedestal = opt->gain = opt->read_noise = opt->adc = NAN;
         opt->trusted[0] = opt->trusted[1] = NAN;
         opt->what = opt->mask_what = NULL;
+        opt->panel_pedestal = opt->panel_gain = opt->panel_read_noise = NULL;
+        opt->npanel_values = 0;
     }
 }
 
@@ -64,6 +66,7 @@ void nbg_observed_free(nbg_observed *out)
     if (out != NULL) {
         free(out->image);
         free(out->use);
+        free(out->panel_response);
         memset(out, 0, sizeof *out);
     }
 }
@@ -95,6 +98,82 @@ static void choose_response(const nbg_observed_options *o, const nbg_geometry *g
     snprintf(out->response_text, sizeof out->response_text,
              "observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts", out->file,
              r->pedestal, from, r->gain, r->read_noise);
+}
+
+/* The options' panel lists (o->panel_*) checked against e's panels: NBG_OK with *any 1 when some list is given. */
+static int check_panel_lists(nbg_ctx *ctx, const nbg_observed_options *o, const nbg_experiment *e, const char *what,
+                             int *any)
+{
+    static const char *const names[3] = {"pedestal", "gain", "read noise"};
+    const double *lists[3] = {o->panel_pedestal, o->panel_gain, o->panel_read_noise};
+    *any = lists[0] != NULL || lists[1] != NULL || lists[2] != NULL;
+    if (!*any) {
+        return NBG_OK;
+    }
+    const int np = e->panels != NULL ? e->npanels : 0;
+    if (np <= 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: a pedestal, gain or read noise per panel is given, but the detector "
+                          "is the single flat one (give the image's own instead)", what);
+    }
+    if (o->npanel_values != np) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: %d values per panel of the detector response are given, the detector "
+                          "has %d panels", what, o->npanel_values, np);
+    }
+    for (int k = 0; k < 3; ++k) {
+        for (int q = 0; lists[k] != NULL && q < np; ++q) {
+            const double v = lists[k][q];
+            if (!(isfinite(v) && (k == 0 || (k == 1 ? v > 0 : v >= 0)))) {
+                return nbgi_error(ctx, NBG_EINVAL, "%s: panel %d's %s %g is not valid (%s)", what, q, names[k], v,
+                                  k == 0 ? "a finite number" : k == 1 ? "a gain > 0" : "a read noise >= 0");
+            }
+        }
+    }
+    return NBG_OK;
+}
+
+/* Each panel's own response (the options' lists, the image's response where a list is not given) into
+ * out->panel_response, with a line on it appended to out->response_text. */
+static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nbg_experiment *e, nbg_observed *out)
+{
+    const int np = e->npanels;
+    if ((out->panel_response = malloc((size_t)np * sizeof *out->panel_response)) == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels' detector response");
+    }
+    out->npanel_response = np;
+    for (int q = 0; q < np; ++q) {
+        nbg_detector_model *r = &out->panel_response[q];
+        *r = out->response;
+        if (o->panel_pedestal != NULL) r->pedestal = o->panel_pedestal[q];
+        if (o->panel_gain != NULL) r->gain = o->panel_gain[q];
+        if (o->panel_read_noise != NULL) r->read_noise = o->panel_read_noise[q];
+    }
+    const size_t used = strlen(out->response_text);
+    snprintf(out->response_text + used, sizeof out->response_text - used, "; the panels' own detector response (%s%s%s): panel 0 "
+             "pedestal %g, gain %g, read noise %g counts%s", o->panel_pedestal != NULL ? "pedestal " : "",
+             o->panel_gain != NULL ? "gain " : "", o->panel_read_noise != NULL ? "read noise" : "",
+             out->panel_response[0].pedestal, out->panel_response[0].gain, out->panel_response[0].read_noise,
+             np > 1 ? ", ..." : "");
+    return NBG_OK;
+}
+
+int nbg_observed_apply_response(nbg_ctx *ctx, const nbg_observed *ob, nbg_experiment *e, nbg_panel *panels,
+                                int npanels)
+{
+    if (ob == NULL || e == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_observed_apply_response: NULL argument");
+    }
+    if (ob->panel_response != NULL &&
+        (panels == NULL || panels != e->panels || npanels != e->npanels || npanels != ob->npanel_response)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_observed_apply_response: the panels' own responses (%d) need the "
+                          "experiment's panel array and its count (%d given, the experiment has %d)",
+                          ob->npanel_response, npanels, e->npanels);
+    }
+    e->response = ob->response;
+    for (int q = 0; ob->panel_response != NULL && q < npanels; ++q) {
+        panels[q].own_response = 1;
+        panels[q].response = ob->panel_response[q];
+    }
+    return NBG_OK;
 }
 
 /* Whether e's panels say where their pixels lie in a file that is one array (some panel's raw_offset is not 0). */
@@ -186,9 +265,13 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
                           "(a finite pedestal and offset, a gain > 0, a read noise >= 0)", what, o.pedestal, o.gain,
                           o.read_noise, o.adc);
     }
-    nbg_report rep;
-    int rc = nbg_describe(ctx, e, &rep);
+    int any_panel_list;
+    int rc = check_panel_lists(ctx, &o, e, what, &any_panel_list);
     if (rc != NBG_OK) {
+        return rc;
+    }
+    nbg_report rep;
+    if ((rc = nbg_describe(ctx, e, &rep)) != NBG_OK) {
         return rc;
     }
     const size_t npix = rep.npix;
@@ -244,6 +327,10 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
     out->image = img;
     out->npix = npix;
     choose_response(&o, g, out);
+    if (any_panel_list && (rc = panel_responses(ctx, &o, e, out)) != NBG_OK) {
+        nbg_observed_free(out);
+        return rc;
+    }
     long nbad = 0;
     size_t firstbad = 0;
     float badval = 0;

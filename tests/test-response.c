@@ -16,6 +16,10 @@
  *   resp-bad                a panel's own gain 0 is refused naming the panel
  *   resp-cli-*              nbgrad refine -panel_pedestal, -panel_gain on a two-panel list: the fit recovers the truth;
  *                           a list of the wrong length, per-panel values on the single flat detector: refused
+ *   resp-lib-*              the library's way (nbg_observed_options' panel lists, nbg_observed.panel_response,
+ *                           nbg_observed_apply_response): values, the count and a bad value refused, the wrong array
+ *   resp-cli-ensemble*      nbgrad ensemble takes the same flags: one shot's orientation recovered through the
+ *                           panels' responses (not through one response for both); a list of the wrong length refused
  *   resp-trusted-*          DIALS's trusted_range: read per panel from a list, pixels outside (lo, hi) left out by
  *                           nbg_observed_read (and by refine -expt); the options' range where a panel has none
  */
@@ -27,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define NP0 (40 * 32)
 #define NPIX ((size_t)(40 * 32 + 24 * 32))
@@ -285,6 +291,77 @@ int main(void)
         s2 = run(cmd);
         nbgi_test_check(s2 != 0 && strstr(g_out, "the single flat detector") != NULL, "resp-cli-flat",
                         "per-panel values on the single flat detector are refused (exit %d)", s2);
+
+        /* resp-lib-*: the per-panel lists through nbg_observed_read's options and nbg_observed_apply_response */
+        nbg_experiment te2 = t;
+        nbg_panel mine[2];
+        memcpy(mine, back, sizeof mine);
+        te2.panels = mine;
+        const double ped[2] = {40, 10}, gain[2] = {2, 0.5}, rn[2] = {1, 3};
+        nbg_observed_options oo2;
+        nbg_observed_options_default(&oo2);
+        oo2.gain = 7; /* the image's own: what a panel takes where no list is given (read noise here) */
+        oo2.panel_pedestal = ped, oo2.panel_gain = gain, oo2.npanel_values = 2;
+        nbg_observed ob2;
+        rc = nbg_observed_read(ctx, &te2, ob, 0, &oo2, &ob2);
+        const int lib_ok = rc == NBG_OK && ob2.panel_response != NULL && ob2.npanel_response == 2 &&
+                           ob2.panel_response[0].pedestal == 40 && ob2.panel_response[1].pedestal == 10 &&
+                           ob2.panel_response[0].gain == 2 && ob2.panel_response[1].gain == 0.5 &&
+                           ob2.panel_response[1].read_noise == 0 && ob2.response.gain == 7;
+        nbgi_test_check(lib_ok, "resp-lib-read", "the options' lists give each panel its own response: panel 1 "
+                        "pedestal %g, gain %g (%s)", lib_ok ? ob2.panel_response[1].pedestal : NAN,
+                        lib_ok ? ob2.panel_response[1].gain : NAN, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        rc = rc == NBG_OK ? nbg_observed_apply_response(ctx, &ob2, &te2, mine, 2) : rc;
+        nbgi_test_check(rc == NBG_OK && mine[0].own_response && mine[1].own_response &&
+                            mine[1].response.gain == 0.5 && mine[0].response.pedestal == 40 && te2.response.gain == 7,
+                        "resp-lib-apply", "nbg_observed_apply_response marks both panels with their own (%s)",
+                        rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        nbg_panel other[2];
+        memcpy(other, back, sizeof other);
+        rc = nbg_observed_apply_response(ctx, &ob2, &te2, other, 2);
+        nbgi_test_check(rc == NBG_EINVAL && !other[0].own_response, "resp-lib-apply-wrong-array",
+                        "panels other than the experiment's are refused: %s", nbg_errmsg(ctx));
+        nbg_observed_free(&ob2);
+        oo2.npanel_values = 3;
+        rc = nbg_observed_read(ctx, &te2, ob, 0, &oo2, &ob2);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "the detector has 2 panels") != NULL,
+                        "resp-lib-count", "3 values for 2 panels refused: %s", nbg_errmsg(ctx));
+        oo2.npanel_values = 2, oo2.panel_read_noise = rn, oo2.panel_gain = ped; /* fine */
+        const double badgain[2] = {1, -1};
+        oo2.panel_gain = badgain;
+        rc = nbg_observed_read(ctx, &te2, ob, 0, &oo2, &ob2);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "panel 1's gain -1") != NULL, "resp-lib-bad",
+                        "a negative gain refused naming the panel: %s", nbg_errmsg(ctx));
+
+        /* resp-cli-ensemble: nbgrad ensemble takes the same flags (one table): one shot, its orientation fitted */
+        char shots[512], obs_t[512], odir[512];
+        snprintf(shots, sizeof shots, "%s/s.jsonl", dir);
+        snprintf(odir, sizeof odir, "%s/o", dir);
+        snprintf(obs_t, sizeof obs_t, "%s/o/a.bin", dir);
+        FILE *sf = fopen(shots, "w");
+        int made = sf != NULL && fputs("{\"id\": \"a\"}\n", sf) >= 0;
+        if (sf != NULL) made = fclose(sf) == 0 && made;
+        made = made && mkdir(odir, 0755) == 0 && link(ob, obs_t) == 0;
+        const char *ens = "%s ensemble -expt %s -default_F 100 -N 5 -oversample 1 -shots %s -observed %s/o/{id}.bin "
+                          "-global Na -local orient_z -loss lsq -cycles 2 %s 2>&1";
+        double fits[2] = {NAN, NAN};
+        int sts[2] = {-1, -1};
+        const char *resp[2] = {"-panel_pedestal 40,10 -panel_gain 2,0.5", "-pedestal 40 -gain 2"};
+        for (int k = 0; k < 2 && made; ++k) {
+            snprintf(cmd, sizeof cmd, ens, bin, ex, shots, dir, resp[k]);
+            sts[k] = run(cmd);
+            const char *lz = strstr(g_out, "shot a: orient_z=");
+            if (lz == NULL || sscanf(lz + 17, "%lf", &fits[k]) != 1) fits[k] = NAN;
+            if (k == 0 && !(sts[k] == 0 && fabs(fits[0] - 0.1) < 1e-4)) fputs(g_out, stdout);
+        }
+        nbgi_test_check(sts[0] == 0 && fabs(fits[0] - 0.1) < 1e-4 && !(fabs(fits[1] - 0.1) < 1e-4),
+                        "resp-cli-ensemble", "ensemble -panel_pedestal 40,10 -panel_gain 2,0.5: orient_z %.6f "
+                        "(truth 0.1; exit %d); with one response for both panels %.6f (exit %d)", fits[0], sts[0],
+                        fits[1], sts[1]);
+        snprintf(cmd, sizeof cmd, ens, bin, ex, shots, dir, "-panel_gain 2,0.5,1");
+        s2 = made ? run(cmd) : -1;
+        nbgi_test_check(s2 != 0 && strstr(g_out, "-panel_gain gives 3 values, the detector has 2 panels") != NULL,
+                        "resp-cli-ensemble-count", "ensemble: a list of 3 for 2 panels is refused (exit %d)", s2);
         free(back);
 
         /* resp-trusted: the list's trusted_range per panel (nbg_read_expt_panels), applied by nbg_observed_read;

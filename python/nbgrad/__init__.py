@@ -589,7 +589,7 @@ def read_image(path, frame: int = 0, shape=None, with_mask: bool = False):
 
 def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[float] = None,
                   gain: Optional[float] = None, read_noise: Optional[float] = None, adc: Optional[float] = None,
-                  with_info: bool = False):
+                  with_info: bool = False, panel_pedestal=None, panel_gain=None, panel_read_noise=None):
     """The observed image for exp, read as ``nbgrad grad``/``refine -observed`` read it (nbg_observed_read): frame
     `frame` of path (a run of '#' names a series' files, 1-based; else frame `frame` of the one file), any format
     (raw float32 must have exp's pixel count; a file that states its dimensions must have exp's).  Sets exp's
@@ -599,10 +599,15 @@ def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[floa
     (-mask), the file's mask and the overloads; pass ``weights=mask`` to loss_grad or refine to leave them out as
     the program does.  A pixel used that is not finite raises InvalidError.  with_info=True adds a dict: the file
     read, the response and where each value came from ('given', 'file', 'default'), the file's geometry and
-    scan_stated, the pixels left out by cause, and the program's lines (response_text, note, left_out)."""
+    scan_stated, the pixels left out by cause, and the program's lines (response_text, note, left_out).
+    panel_pedestal, panel_gain, panel_read_noise (a value per panel, as ``-panel_pedestal`` ...): each panel of a
+    multi-panel detector its own response (the image's where a list is not given); info's 'panel_response' lists
+    them, (pedestal, gain, read_noise) per panel."""
     nan = float("nan")
     v = [nan if x is None else float(x) for x in (pedestal, gain, read_noise, adc)]
-    image, use, info = _ext.read_observed(exp, str(path), int(frame), *v)
+    lists = [None if x is None else np.asarray(x, dtype=np.float64).ravel()
+             for x in (panel_pedestal, panel_gain, panel_read_noise)]
+    image, use, info = _ext.read_observed(exp, str(path), int(frame), *v, *lists)
     shape = exp.shape
     image = image.reshape(shape)
     mask = use.reshape(shape).astype(bool)

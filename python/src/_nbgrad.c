@@ -1948,17 +1948,41 @@ static const char *value_source(nbg_value_source v)
  * detector response becomes the one chosen. */
 static PyObject *py_read_observed(PyObject *self, PyObject *args)
 {
-    PyObject *o, *path;
+    PyObject *o, *path, *lists[3] = {Py_None, Py_None, Py_None};
     int frame = 0;
     nbg_observed_options opt;
     nbg_observed_options_default(&opt);
-    if (!PyArg_ParseTuple(args, "OO&idddd:read_observed", &o, PyUnicode_FSConverter, &path, &frame, &opt.pedestal,
-                          &opt.gain, &opt.read_noise, &opt.adc)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO&idddd|OOO:read_observed", &o, PyUnicode_FSConverter, &path, &frame,
+                          &opt.pedestal, &opt.gain, &opt.read_noise, &opt.adc, &lists[0], &lists[1], &lists[2]))
+        return NULL;
     if (!exp_check(o, "read_observed")) {
         Py_DECREF(path);
         return NULL;
     }
     ExperimentObject *x = (ExperimentObject *)o;
+    /* each panel's own pedestal, gain, read noise: None or one value per panel (the library checks the count) */
+    PyArrayObject *arr[3] = {NULL, NULL, NULL};
+    const double **dst[3] = {&opt.panel_pedestal, &opt.panel_gain, &opt.panel_read_noise};
+    for (int k = 0; k < 3; ++k) {
+        if (lists[k] == Py_None) continue;
+        arr[k] = (PyArrayObject *)PyArray_FROMANY(lists[k], NPY_FLOAT64, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+        if (arr[k] == NULL) {
+            for (int j = 0; j < k; ++j) Py_XDECREF(arr[j]);
+            Py_DECREF(path);
+            return NULL;
+        }
+        *dst[k] = (const double *)PyArray_DATA(arr[k]);
+        opt.npanel_values = (int)PyArray_DIM(arr[k], 0);
+    }
+    for (int k = 0; k < 3; ++k) {
+        if (arr[k] != NULL && (int)PyArray_DIM(arr[k], 0) != opt.npanel_values) {
+            PyErr_Format(PyExc_ValueError, "read_observed: the panel lists differ in length (%d and %d values)",
+                         (int)PyArray_DIM(arr[k], 0), opt.npanel_values);
+            for (int j = 0; j < 3; ++j) Py_XDECREF(arr[j]);
+            Py_DECREF(path);
+            return NULL;
+        }
+    }
     if (isnan(opt.adc)) {
         opt.adc = nbg_builder_adc(x->b);
     }
@@ -1971,11 +1995,15 @@ static PyObject *py_read_observed(PyObject *self, PyObject *args)
     st = nbg_observed_read(x->ctx, x->e, PyBytes_AS_STRING(path), frame, &opt, &ob);
     Py_END_ALLOW_THREADS
     if (st == NBG_OK) {
-        x->e->response = ob.response;
-    } else {
+        /* the panels are the builder's, which this experiment owns */
+        st = nbg_observed_apply_response(x->ctx, &ob, x->e, (nbg_panel *)x->e->panels, x->e->npanels);
+        if (st != NBG_OK) nbg_observed_free(&ob);
+    }
+    if (st != NBG_OK) {
         raise_ctx(x->ctx, st);
     }
     exp_unlock(x);
+    for (int k = 0; k < 3; ++k) Py_XDECREF(arr[k]);
     Py_DECREF(path);
     if (st != NBG_OK) return NULL;
     npy_intp n = (npy_intp)ob.npix;
@@ -1995,6 +2023,22 @@ static PyObject *py_read_observed(PyObject *self, PyObject *args)
                                "saturation", ob.saturation, "left_mask", ob.nleft_mask, "left_file", ob.nleft_file,
                                "left_overload", ob.nleft_overload, "negative", ob.nnegative, "response_text",
                                ob.response_text, "note", ob.note, "left_out", ob.left_out);
+        if (info != NULL && ob.panel_response != NULL) {
+            PyObject *pr = PyList_New(ob.npanel_response);
+            for (int q = 0; pr != NULL && q < ob.npanel_response; ++q) {
+                const nbg_detector_model *r = &ob.panel_response[q];
+                PyObject *t = Py_BuildValue("(ddd)", r->pedestal, r->gain, r->read_noise);
+                if (t == NULL) {
+                    Py_CLEAR(pr);
+                    break;
+                }
+                PyList_SET_ITEM(pr, q, t);
+            }
+            if (pr == NULL || PyDict_SetItemString(info, "panel_response", pr) != 0) {
+                Py_CLEAR(info);
+            }
+            Py_XDECREF(pr);
+        }
     }
     nbg_observed_free(&ob);
     if (info == NULL) {
