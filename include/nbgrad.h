@@ -517,6 +517,13 @@ int nbg_builder_motions(nbg_builder *b, nbg_panel_motion **motions);
 const uint8_t *nbg_builder_mask(const nbg_builder *b, int *fpixels, int *spixels);
 /* The images of the rotation series the flags ask for (-frames, or the scan of -expt): 1 or more. */
 int nbg_builder_frames(const nbg_builder *b);
+/* Image `frame` (0-based, below nbg_builder_frames) of the series as the program renders it, into *out: the
+ * builder's experiment with the crystal turned from phi0 + frame osc through osc (nbg_describe's phi0 and osc) and,
+ * when -expt's crystal is scan-varying (nbg_read_expt_scan_crystal), that image's own crystal: the mean of the A
+ * matrices at its start and end (DIALS interpolates A linearly between them), as a cell and misset angles.  *out
+ * points into the builder as nbg_builder_experiment's does.  NBG_EINVAL for a frame out of range or without scan
+ * points. */
+int nbg_builder_frame(nbg_ctx *ctx, nbg_builder *b, int frame, nbg_experiment *out);
 /* The ADC offset of the integer images (-adc; 40, nanoBragg's): what an SMV file without ADC_OFFSET carries
  * (nbg_observed_options.adc). */
 double nbg_builder_adc(const nbg_builder *b);
@@ -1169,6 +1176,13 @@ int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g);
  * meets inside the panel (else the first whose plane it meets), so that nbg_experiment_from_geometry can set it up;
  * the panels, in the lab frame, do not depend on it. */
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels);
+/* The scan-varying crystal of a DIALS list (its A_at_scan_points, what dials.refine writes for a scan by default:
+ * one A matrix per image boundary, npoints = images + 1): *real_space (malloc'd, npoints x 9) receives each scan
+ * point's real-space vectors a, b, c (rows, Angstrom) in the frame of nbg_geometry.real_space (the list's lab frame,
+ * the goniometer's fixed and setting rotations applied, at scan angle 0), so that point k is the crystal of
+ * nbg_geometry at the start of image k.  A static crystal gives *real_space NULL and *npoints 0.  Refused
+ * (NBG_EFORMAT, naming the matrix): a matrix of other than 9 finite numbers, a singular one. */
+int nbg_read_expt_scan_crystal(nbg_ctx *ctx, const char *path, double **real_space, int *npoints);
 
 /* The geometry of an NXmx file with every module (NXdetector_module, in name order, as DIALS orders them) as a
  * panel in DIALS's frame (mm; its name nbgrad's where nbgrad wrote the file, else the module's group name): *g as

@@ -192,6 +192,9 @@ void nbgi_build_release(nbgi_cli *c)
     c->panels = NULL;
     free(c->motions);
     c->motions = NULL;
+    free(c->scan_crystal);
+    c->scan_crystal = NULL;
+    c->scan_points = 0;
     nbgi_build_clear_messages(c);
     free(c->msgs);
     c->msgs = NULL;
@@ -1295,6 +1298,95 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
     return NBG_OK;
 }
 
+/* The 3x3 inverse of m (row-major) into out; 0 when m is singular. */
+static int inverse3(const double m[9], double out[9])
+{
+    const double det = m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
+                       m[2] * (m[3] * m[7] - m[4] * m[6]);
+    if (!(fabs(det) > 0) || !isfinite(1.0 / det)) {
+        return 0;
+    }
+    out[0] = (m[4] * m[8] - m[5] * m[7]) / det, out[1] = (m[2] * m[7] - m[1] * m[8]) / det;
+    out[2] = (m[1] * m[5] - m[2] * m[4]) / det, out[3] = (m[5] * m[6] - m[3] * m[8]) / det;
+    out[4] = (m[0] * m[8] - m[2] * m[6]) / det, out[5] = (m[2] * m[3] - m[0] * m[5]) / det;
+    out[6] = (m[3] * m[7] - m[4] * m[6]) / det, out[7] = (m[1] * m[6] - m[0] * m[7]) / det;
+    out[8] = (m[0] * m[4] - m[1] * m[3]) / det;
+    return 1;
+}
+
+/* -expt's scan-varying crystal (g read from c->exptin, its crystal re-expressed by -setting already) into
+ * c->scan_crystal: each scan point's basis, re-expressed in the static crystal's (the same lattice, turned a little:
+ * the integer change of basis -setting chose, found again for each point). */
+static int scan_crystal(nbg_ctx *ctx, nbgi_cli *c, const nbg_geometry *g)
+{
+    double *rs = NULL;
+    int n = 0;
+    int rc = nbg_read_expt_scan_crystal(ctx, c->exptin, &rs, &n);
+    if (rc != NBG_OK) {
+        return wrap(ctx, rc, "-expt");
+    }
+    for (int k = 0; k < n; ++k) {
+        nbg_geometry gk = *g;
+        memcpy(gk.real_space, rs + 9 * k, sizeof gk.real_space);
+        int M[9];
+        double misfit;
+        if ((rc = nbg_geometry_reindex(ctx, &gk, g->real_space, M, &misfit)) != NBG_OK) {
+            free(rs);
+            return wrap(ctx, rc, "-expt %s: the crystal at scan point %d against the static crystal", c->exptin, k);
+        }
+        memcpy(rs + 9 * k, gk.real_space, sizeof gk.real_space);
+    }
+    free(c->scan_crystal);
+    c->scan_crystal = rs;
+    c->scan_points = n;
+    c->scan_lambda = g->wavelength;
+    nbgi_build_say(c, NBG_MSG_INFO, "read %s: a scan-varying crystal (%d A matrices, one per image boundary, as "
+                   "dials.refine writes for a scan): each image gets its own, the mean of the A matrices at its start "
+                   "and end (refine: its own orientation, one cell for the scan)", c->exptin, n);
+    return NBG_OK;
+}
+
+int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, int orientation_only, nbg_experiment *e)
+{
+    if (c->scan_crystal == NULL) {
+        return NBG_OK;
+    }
+    if (frame < 0 || frame + 1 >= c->scan_points) {
+        return nbgi_error(ctx, NBG_EINVAL, "image %d: the scan-varying crystal of -expt %s has %d scan points (A at "
+                          "the start and end of images 1 to %d)", frame + 1, c->exptin, c->scan_points,
+                          c->scan_points - 1);
+    }
+    /* A = (a* b* c*) columns = the inverse of the basis (rows a, b, c): the image's mean A, then its basis */
+    double A0[9], A1[9], Am[9], basis[9];
+    if (!inverse3(c->scan_crystal + 9 * frame, A0) || !inverse3(c->scan_crystal + 9 * (frame + 1), A1)) {
+        return nbgi_error(ctx, NBG_EINVAL, "image %d: a singular crystal basis", frame + 1);
+    }
+    for (int i = 0; i < 9; ++i) {
+        Am[i] = 0.5 * (A0[i] + A1[i]);
+    }
+    if (!inverse3(Am, basis)) {
+        return nbgi_error(ctx, NBG_EINVAL, "image %d: the mean of its A matrices is singular", frame + 1);
+    }
+    nbg_experiment t = *e;
+    nbgi_crystal_from_vectors(ctx, basis, c->scan_lambda, &t);
+    if (!orientation_only) {
+        e->has_cell = t.has_cell, e->has_mat = t.has_mat;
+        memcpy(e->cell, t.cell, sizeof e->cell);
+        memcpy(e->mat, t.mat, sizeof e->mat);
+        memcpy(e->misset, t.misset, sizeof e->misset);
+        e->misset_random = 0;
+        return NBG_OK;
+    }
+    if (!t.has_cell || !e->has_cell) {
+        return nbgi_error(ctx, NBG_EINVAL, "image %d: the scan-varying crystal of -expt %s is no cell nbgrad can "
+                          "construct (a left-handed basis?): its orientation cannot be fitted with one cell",
+                          frame + 1, c->exptin);
+    }
+    memcpy(e->misset, t.misset, sizeof e->misset);
+    e->misset_random = 0;
+    return NBG_OK;
+}
+
 int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
 {
     nbg_experiment *e = &c->e;
@@ -1328,11 +1420,8 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
                            div, isnan(e->dispersion) ? 0 : e->dispersion,
                            given ? " (with the sampling flags given)" : "");
         }
-        if (g.crystal_scan_points > 0) {
-            nbgi_build_say(c, NBG_MSG_INFO, "WARNING: the crystal of -expt %s is scan-varying (%d A matrices, one "
-                           "per image boundary, as dials.refine writes for a scan by default): nbgrad uses its static "
-                           "A for every image; refine from dials.refine scan_varying=False for a model nbgrad renders "
-                           "as DIALS does", c->exptin, g.crystal_scan_points);
+        if (g.crystal_scan_points > 0 && (rc = scan_crystal(ctx, c, &g)) != NBG_OK) {
+            return rc;
         }
         if (g.has_crystal && c->matfile != NULL) {
             nbgi_build_say(c, NBG_MSG_INFO, "note: the crystal of -expt %s replaces -mat %s", c->exptin,
@@ -1638,6 +1727,8 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     y->c.mask = dup_bytes(x->mask, (size_t)x->mask_f * (size_t)x->mask_s, &fail);
     y->c.panels = dup_bytes(x->panels, (size_t)(x->e.npanels > 0 ? x->e.npanels : 0) * sizeof(nbg_panel), &fail);
     y->c.motions = dup_bytes(x->motions, (size_t)(x->nmotions > 0 ? x->nmotions : 0) * sizeof(nbg_panel_motion), &fail);
+    y->c.scan_crystal = dup_bytes(x->scan_crystal, (size_t)(x->scan_points > 0 ? x->scan_points : 0) * 9 * sizeof(double),
+                                  &fail);
     nbg_experiment *e = &y->c.e;
     if (x->e.hkl == &x->hkl) {
         e->hkl = &y->c.hkl;
@@ -1700,6 +1791,29 @@ const uint8_t *nbg_builder_mask(const nbg_builder *b, int *fpixels, int *spixels
 int nbg_builder_frames(const nbg_builder *b)
 {
     return b != NULL && b->c.nframes > 0 ? b->c.nframes : 1;
+}
+
+int nbg_builder_frame(nbg_ctx *ctx, nbg_builder *b, int frame, nbg_experiment *out)
+{
+    if (b == NULL || out == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_builder_frame: NULL argument");
+    }
+    const int n = nbg_builder_frames(b);
+    if (frame < 0 || frame >= n) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_builder_frame: image %d of a series of %d", frame, n);
+    }
+    nbg_report r;
+    int rc = nbg_describe(ctx, &b->c.e, &r);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    nbg_experiment e = b->c.e;
+    e.phi0 = r.phi0 + frame * r.osc;
+    if ((rc = nbgi_build_frame_crystal(ctx, &b->c, frame, 0, &e)) != NBG_OK) {
+        return rc;
+    }
+    *out = e;
+    return NBG_OK;
 }
 
 double nbg_builder_adc(const nbg_builder *b)

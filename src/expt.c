@@ -522,6 +522,8 @@ typedef struct {
     const char *file;
     nbg_panel **panels; /* nbg_read_expt_panels: every panel (malloc'd) and their count; NULL: one panel only */
     int *npanels;
+    double **scan;      /* nbg_read_expt_scan_crystal: the scan-varying crystal's bases (malloc'd) and their count; */
+    int *nscan;         /* NULL: not wanted */
 } reader;
 
 static int bad(const reader *r, const char *where, const char *key, const char *fmt, ...)
@@ -923,7 +925,7 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             free(frames);
             return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
         }
-        const reader one = {r->ctx, r->file, NULL, NULL};
+        const reader one = {r->ctx, r->file, NULL, NULL, NULL, NULL};
         nbg_geometry g0 = *g;
         for (size_t k = 0; k < np; ++k) {
             json_t *dk = json_pack("{s:[O]}", "panels", json_array_get(panels, k));
@@ -1216,12 +1218,51 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
         g->mosaic_seed = (long)json_integer_value(seed);
         g->has_mosaic = 1;
     }
-    /* a scan-varying crystal: its per-image A matrices are counted, not used (nbg_geometry holds one crystal) */
+    /* a scan-varying crystal: its per-image A matrices are counted here (nbg_geometry holds one crystal) and read
+     * as bases by nbg_read_expt_scan_crystal */
     json_t *sv = json_object_get(c, "A_at_scan_points");
     if (sv != NULL && !json_is_null(sv)) {
         if (!json_is_array(sv))
             return bad(r, where, "A_at_scan_points", "expected a list of matrices");
-        g->crystal_scan_points = (int)(json_array_size(sv) > 1000000 ? 1000000 : json_array_size(sv));
+        if (json_array_size(sv) > 1000000)
+            return bad(r, where, "A_at_scan_points", "%zu matrices: more than a scan of a million images has",
+                       json_array_size(sv));
+        g->crystal_scan_points = (int)json_array_size(sv);
+    }
+    if (r->scan != NULL && g->crystal_scan_points > 0) {
+        const size_t n = (size_t)g->crystal_scan_points;
+        double *bases = malloc(n * 9 * sizeof *bases);
+        if (bases == NULL)
+            return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu A matrices of %s", n, r->file);
+        for (size_t k = 0; k < n; ++k) {
+            json_t *Ak = json_array_get(sv, k);
+            double A[9];
+            char aw[128];
+            snprintf(aw, sizeof aw, "%s.A_at_scan_points[%zu]", where, k);
+            int ok = json_is_array(Ak) && json_array_size(Ak) == 9;
+            for (size_t i = 0; ok && i < 9; ++i) {
+                json_t *v = json_array_get(Ak, i);
+                ok = json_is_number(v) && isfinite(A[i] = json_number_value(v));
+            }
+            /* A = (a* b* c*) as columns: the real-space vectors a, b, c are the rows of its inverse */
+            const double det = ok ? A[0] * (A[4] * A[8] - A[5] * A[7]) - A[1] * (A[3] * A[8] - A[5] * A[6]) +
+                                    A[2] * (A[3] * A[7] - A[4] * A[6])
+                                  : 0;
+            if (!ok || !(fabs(det) > 1e-30) || !isfinite(1.0 / det)) {
+                free(bases);
+                return bad(r, aw, "", ok ? "a singular matrix (determinant %g)" : "expected 9 finite numbers", det);
+            }
+            double *R = bases + 9 * k;
+            R[0] = (A[4] * A[8] - A[5] * A[7]) / det, R[1] = (A[2] * A[7] - A[1] * A[8]) / det;
+            R[2] = (A[1] * A[5] - A[2] * A[4]) / det, R[3] = (A[5] * A[6] - A[3] * A[8]) / det;
+            R[4] = (A[0] * A[8] - A[2] * A[6]) / det, R[5] = (A[2] * A[3] - A[0] * A[5]) / det;
+            R[6] = (A[3] * A[7] - A[4] * A[6]) / det, R[7] = (A[1] * A[6] - A[0] * A[7]) / det;
+            R[8] = (A[0] * A[4] - A[1] * A[3]) / det;
+            for (int i = 0; i < 3; ++i) /* into the lab frame, as the static crystal's vectors above */
+                matvec(sf, R + 3 * i, R + 3 * i);
+        }
+        *r->scan = bases;
+        *r->nscan = (int)n;
     }
     return NBG_OK;
 }
@@ -1269,7 +1310,8 @@ static int read_list(const reader *r, json_t *root, nbg_geometry *g)
     return NBG_OK;
 }
 
-static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
+static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels,
+                     double **scan, int *nscan)
 {
     if (path == NULL || path[0] == '\0')
         return nbgi_error(ctx, NBG_EINVAL, "reading an experiment list: no file name");
@@ -1301,11 +1343,14 @@ static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel 
     nbgi_geometry_init(&tmp);
     nbg_panel *pp = NULL;
     int n = 1;
-    const reader r = {ctx, path, panels != NULL ? &pp : NULL, &n};
+    double *sc = NULL;
+    int nsc = 0;
+    const reader r = {ctx, path, panels != NULL ? &pp : NULL, &n, scan != NULL ? &sc : NULL, &nsc};
     rc = read_list(&r, root, &tmp);
     json_decref(root);
     if (rc != NBG_OK) {
         free(pp);
+        free(sc);
         return rc;
     }
     snprintf(what, sizeof what, "reading %s", path);
@@ -1313,6 +1358,7 @@ static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel 
     rc = nbgi_geometry_check(ctx, &tmp, what);
     if (rc != NBG_OK) {
         free(pp);
+        free(sc);
         return NBG_EFORMAT;
     }
     *g = tmp;
@@ -1320,10 +1366,31 @@ static int read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel 
         *panels = pp;
         *npanels = n;
     }
+    if (scan != NULL) {
+        *scan = sc;
+        *nscan = nsc;
+    }
     return NBG_OK;
 }
 
-int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g) { return read_expt(ctx, path, g, NULL, NULL); }
+int nbg_read_expt(nbg_ctx *ctx, const char *path, nbg_geometry *g)
+{
+    return read_expt(ctx, path, g, NULL, NULL, NULL, NULL);
+}
+
+int nbg_read_expt_scan_crystal(nbg_ctx *ctx, const char *path, double **real_space, int *npoints)
+{
+    if (real_space == NULL || npoints == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_read_expt_scan_crystal: NULL argument");
+    *real_space = NULL;
+    *npoints = 0;
+    nbg_geometry g;
+    nbg_panel *pp = NULL;
+    int np = 0;
+    const int rc = read_expt(ctx, path, &g, &pp, &np, real_space, npoints);
+    free(pp);
+    return rc;
+}
 
 int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_panel **panels, int *npanels)
 {
@@ -1331,7 +1398,7 @@ int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
         return nbgi_error(ctx, NBG_EINVAL, "reading %s: nowhere to put the panels", path != NULL ? path : "a list");
     *panels = NULL;
     *npanels = 0;
-    const int rc = read_expt(ctx, path, g, panels, npanels);
+    const int rc = read_expt(ctx, path, g, panels, npanels, NULL, NULL);
     if (rc != NBG_OK || *npanels < 2)
         return rc;
     /* g's detector: panel 0's where the beam meets its plane in front of the sample, else the first panel's whose

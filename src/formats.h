@@ -18,6 +18,10 @@ void nbgi_geometry_init(nbg_geometry *g);
 /* Checks what every writer and nbg_experiment_from_geometry need of g (finite values, unit axes, pixel counts);
  * NBG_EINVAL naming the field otherwise.  what names the caller for the message ("writing x.nxs"). */
 int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what);
+/* The crystal of real-space vectors a, b, c (rows, A) into e as nbg_experiment_from_geometry sets it: a cell and
+ * misset angles, or (when nbgrad's cell construction cannot give the basis: a left-handed one) the A matrix at
+ * wavelength. */
+void nbgi_crystal_from_vectors(nbg_ctx *ctx, const double real_space[9], double wavelength, nbg_experiment *e);
 /* The cell (lengths in A, angles in deg) of real-space vectors a, b, c (rows of v). */
 void nbgi_cell_of_vectors(const double v[9], double cell[6]);
 /* The rotation from nbgrad's frame under e's convention (and custom beam vector) to DIALS's laboratory frame, as

@@ -458,6 +458,16 @@ static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     e->misset_random = 0;
 }
 
+void nbgi_crystal_from_vectors(nbg_ctx *ctx, const double real_space[9], double wavelength, nbg_experiment *e)
+{
+    nbg_geometry g;
+    nbgi_geometry_init(&g);
+    memcpy(g.real_space, real_space, sizeof g.real_space);
+    g.wavelength = wavelength;
+    g.has_crystal = 1;
+    crystal_from_vectors(ctx, &g, e);
+}
+
 int nbg_geometry_reindex(nbg_ctx *ctx, nbg_geometry *g, const double reference[9], int M[9], double *misfit)
 {
     if (g == NULL || reference == NULL || M == NULL) {

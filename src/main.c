@@ -645,7 +645,7 @@ static float *read_image(nbg_ctx *ctx, const nbg_experiment *e, const char *flag
 
 static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone);
 static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_geometry *og, const char *observed,
-                              double *phi0, double *osc);
+                              double *phi0, double *osc, int *frame);
 
 static int cmd_grad(int argc, char **argv, int first)
 {
@@ -725,7 +725,8 @@ static int cmd_grad(int argc, char **argv, int first)
         if (obs == NULL) goto done;
         if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
         double phi0 = r.phi0, osc = r.osc;
-        const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
+        int alone_frame = 0;
+    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, &alone_frame);
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
         if (nf > 1) {
             printf("%d frames of %g deg from phi %g deg: the loss and its gradient summed over them\n", nf, osc, phi0);
@@ -738,6 +739,12 @@ static int cmd_grad(int argc, char **argv, int first)
             ef.phi0 = phi0 + f * osc;
             if (own_osc) {
                 ef.osc = osc;
+            }
+            /* a scan-varying crystal: the image's own (an image fitted alone that is no frame of the scan: the
+             * static crystal) */
+            const int fi = alone ? alone_frame : f;
+            if (fi >= 0 && (rc = nbgi_build_frame_crystal(ctx, &c, fi, 0, &ef)) != NBG_OK) {
+                break;
             }
             float *of = obs;
             uint8_t *uf = NULL;
@@ -877,7 +884,7 @@ static int cmd_simulate(int argc, char **argv, int first)
     for (int frame = 0; frame < c.nframes && ok; ++frame) {
         nbg_experiment ef = c.e;
         ef.phi0 = phi0 + frame * osc;
-        if (nbg_simulate(ctx, &ef, img, npix, &r) != NBG_OK) {
+        if (nbgi_build_frame_crystal(ctx, &c, frame, 0, &ef) != NBG_OK || nbg_simulate(ctx, &ef, img, npix, &r) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
             ok = 0;
             break;
@@ -1142,8 +1149,9 @@ static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone)
  * the width its header (og) states, where it states them.  Prints which angle the fit uses; returns whether the
  * width is the file's own (not the scan's). */
 static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_geometry *og, const char *observed,
-                               double *phi0, double *osc)
+                               double *phi0, double *osc, int *frame)
 {
+    *frame = 0;
     if (!(og->scan_stated >= 1 && isfinite(og->scan_start))) {
         printf("note: -observed %s holds one image that states no start angle: fitting it alone at the scan's "
                "first, phi %g deg (an NXmx series or a '#' template gives all %d frames of the scan)\n",
@@ -1156,8 +1164,10 @@ static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_
     char which[96] = "";
     const double tol = fmin(1e-5 * fmax(1, fabs(*phi0)), 0.01 * fabs(r->osc));
     const double k = r->osc != 0 ? round((*phi0 - r->phi0) / r->osc) : 0;
+    *frame = -1; /* not a frame of the scan */
     if (k >= 0 && k < c->nframes && fabs(r->phi0 + k * r->osc - *phi0) <= tol) {
         *phi0 = r->phi0 + k * r->osc;
+        *frame = (int)k;
         snprintf(which, sizeof which, ", frame %d of the scan's %d", (int)k + 1, c->nframes);
     } else {
         snprintf(which, sizeof which, "; the scan's %d frames start at phi %g deg", c->nframes, r->phi0);
@@ -1588,11 +1598,18 @@ static int cmd_refine(int argc, char **argv, int first)
     nbg_geometry og;
     if ((obs = read_observed(ctx, &c, &o, 0, &use, &og)) == NULL) goto done;
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
-    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc);
+    int alone_frame = 0;
+    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, &alone_frame);
     if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
     int fits_bg = 0;
     for (int j = 0; j < o.nids; ++j) {
         fits_bg |= o.ids[j] == NBG_P_BG || o.ids[j] == NBG_P_BG_FAST || o.ids[j] == NBG_P_BG_SLOW;
+        if (c.scan_crystal != NULL && (o.ids[j] == NBG_P_ROTX || o.ids[j] == NBG_P_ROTY || o.ids[j] == NBG_P_ROTZ)) {
+            fprintf(stderr, "nbgrad: error: -params %s: with the scan-varying crystal of -expt %s every image has its "
+                    "own misset angles (its orientation); refine orient_x, orient_y, orient_z (the orientation group: "
+                    "small turns shared by the images)\n", nbg_param_name(o.ids[j]), c.exptin);
+            goto done;
+        }
     }
     if (!fits_bg) {
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (before the fit)");
@@ -1635,6 +1652,14 @@ static int cmd_refine(int argc, char **argv, int first)
         c.e.phi0 = phi0 + f * osc;
         if (own_osc) {
             c.e.osc = osc;
+        }
+        /* a scan-varying crystal: the image's own orientation, one cell for the scan (an image fitted alone that is
+         * no frame of the scan: the static crystal) */
+        const int fi = alone ? alone_frame : f;
+        if (fi >= 0 && nbgi_build_frame_crystal(ctx, &c, fi, 1, &c.e) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+            fok = 0;
+            break;
         }
         if (f == 0) {
             fobs[0] = obs, fuse[0] = use;

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The number of entries in dir (besides . and ..): a failed write must leave nothing, temporaries included. */
@@ -715,6 +716,166 @@ static void test_write_groups(nbg_ctx *ctx, const char *dir)
     }
 }
 
+/* The real-space basis (rows a, b, c) of A = (a* b* c*) as columns, and back: each the other's inverse. */
+static void inverse3(const double m[9], double out[9])
+{
+    const double det = m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
+                       m[2] * (m[3] * m[7] - m[4] * m[6]);
+    out[0] = (m[4] * m[8] - m[5] * m[7]) / det, out[1] = (m[2] * m[7] - m[1] * m[8]) / det;
+    out[2] = (m[1] * m[5] - m[2] * m[4]) / det, out[3] = (m[5] * m[6] - m[3] * m[8]) / det;
+    out[4] = (m[0] * m[8] - m[2] * m[6]) / det, out[5] = (m[2] * m[3] - m[0] * m[5]) / det;
+    out[6] = (m[3] * m[7] - m[4] * m[6]) / det, out[7] = (m[1] * m[6] - m[0] * m[7]) / det;
+    out[8] = (m[0] * m[4] - m[1] * m[3]) / det;
+}
+
+/* A scan-varying crystal (dials.refine's A_at_scan_points): the bases read at every scan point, each image's own
+ * crystal through the builder (the mean of the A matrices at its start and end), the program's frames rendered with
+ * it, the refusals.  The crystal turns by 0.1 deg a scan point about y; the goniometer has a setting rotation (90 deg
+ * about z), which the bases must carry as the static crystal's do. */
+static void test_scan_varying(nbg_ctx *ctx, const char *dir)
+{
+    char path[512], text[8192], sv[4096] = "";
+    snprintf(path, sizeof path, "%s/sv.expt", dir);
+    const double R0[9] = {51.2, 3.1, -2.4, 7.5, 62.3, 4.4, -6.1, 9.8, 83.7};
+    const double S[9] = {0, -1, 0, 1, 0, 0, 0, 0, 1};
+    double want[5][9]; /* the lab bases: S applied to each row of point k's */
+    for (int k = 0; k < 5; ++k) {
+        const double t = k * 0.1 * M_PI / 180, Ry[9] = {cos(t), 0, sin(t), 0, 1, 0, -sin(t), 0, cos(t)};
+        double Rk[9], A[9];
+        for (int i = 0; i < 3; ++i) {
+            mat_vec(Ry, R0 + 3 * i, Rk + 3 * i);
+            mat_vec(S, Rk + 3 * i, want[k] + 3 * i);
+        }
+        inverse3(Rk, A);
+        size_t at = strlen(sv);
+        snprintf(sv + at, sizeof sv - at, "%s[", k ? ", " : "");
+        for (int i = 0; i < 9; ++i) {
+            at = strlen(sv);
+            snprintf(sv + at, sizeof sv - at, "%.17g%s", A[i], i < 8 ? ", " : "]");
+        }
+    }
+    const char *head = "{\n  \"__id__\": \"ExperimentList\",\n  \"experiment\": [" EXPT_C "],\n"
+                       "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+                       "  \"detector\": [{\"panels\": [{\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], "
+                       "\"origin\": [-6.4, 6.4, -80], \"pixel_size\": [0.1, 0.1], \"image_size\": [128, 128]}]}],\n"
+                       "  \"goniometer\": [{\"rotation_axis\": [1, 0, 0], \"setting_rotation\": [0, -1, 0, 1, 0, 0, "
+                       "0, 0, 1]}],\n"
+                       "  \"scan\": [{\"image_range\": [1, 4], \"oscillation\": [0, 0.5], \"exposure_time\": [1, 1, 1, 1]}],\n"
+                       "  \"crystal\": [{\"__id__\": \"crystal\", \"real_space_a\": [51.2, 3.1, -2.4], "
+                       "\"real_space_b\": [7.5, 62.3, 4.4], \"real_space_c\": [-6.1, 9.8, 83.7], "
+                       "\"space_group_hall_symbol\": \" P 1\", \"A_at_scan_points\": [";
+    snprintf(text, sizeof text, "%s%s]}]\n}\n", head, sv);
+    write_text(path, text);
+    double *rs = NULL;
+    int n = 0;
+    int rc = nbg_read_expt_scan_crystal(ctx, path, &rs, &n);
+    double worst = rc == NBG_OK && n == 5 ? 0 : INFINITY;
+    for (int k = 0; k < 5 && worst < INFINITY; ++k)
+        for (int i = 0; i < 9; ++i) worst = fmax(worst, fabs(rs[9 * k + i] - want[k][i]));
+    nbgi_test_check(worst < 1e-9, "sv-read", "5 scan points read as bases in the lab frame (setting rotation "
+                    "applied): largest difference %.3g A (%s)", worst, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(rs);
+
+    /* image 3 through the builder: the crystal of the mean of A at points 2 and 3, turned from phi 1 deg */
+    nbg_builder *b = NULL;
+    const char *argv[] = {"-expt", path, "-default_F", "100", "-N", "3", "-oversample", "1"};
+    rc = nbg_builder_create(&b);
+    rc = rc == NBG_OK ? nbg_builder_parse(ctx, b, 8, argv) : rc;
+    rc = rc == NBG_OK ? nbg_builder_load(ctx, b) : rc;
+    nbg_experiment e2;
+    nbg_report r2;
+    rc = rc == NBG_OK ? nbg_builder_frame(ctx, b, 2, &e2) : rc;
+    rc = rc == NBG_OK ? nbg_describe(ctx, &e2, &r2) : rc;
+    double A2[9], A3[9], Am[9], mean[9];
+    inverse3(want[2], A2);
+    inverse3(want[3], A3);
+    for (int i = 0; i < 9; ++i) Am[i] = 0.5 * (A2[i] + A3[i]);
+    inverse3(Am, mean);
+    worst = rc == NBG_OK ? 0 : INFINITY;
+    for (int i = 0; i < 9 && rc == NBG_OK; ++i) worst = fmax(worst, fabs(r2.real_vectors[i] - mean[i]));
+    nbgi_test_check(worst < 1e-8 && rc == NBG_OK && fabs(r2.phi0 - 1.0) < 1e-12, "sv-frame",
+                    "image 3's crystal is the mean of its A matrices to %.3g A, from phi %g deg (%s)", worst,
+                    rc == NBG_OK ? r2.phi0 : NAN, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    nbg_experiment e4;
+    rc = b != NULL ? nbg_builder_frame(ctx, b, 4, &e4) : -1;
+    nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "image 4 of a series of 4") != NULL, "sv-frame-range",
+                    "an image past the scan refused: %s", nbg_errmsg(ctx));
+
+    /* the program renders image 3 with it: bit for bit the builder's image, and not the static crystal's */
+    const char *bin = getenv("NBG_BIN") != NULL ? getenv("NBG_BIN") : "build/nbgrad";
+    char cmd[2048], out[512], frame3[600];
+    snprintf(out, sizeof out, "%s/sv.bin", dir);
+    snprintf(frame3, sizeof frame3, "%s/sv_00003.bin", dir);
+    snprintf(cmd, sizeof cmd, "%s -expt %s -default_F 100 -N 3 -oversample 1 -floatfile %s > %s/sv.log 2>&1", bin,
+             path, out, dir);
+    const int st = system(cmd);
+    float img[128 * 128], prog[128 * 128], stat[128 * 128];
+    FILE *f = fopen(frame3, "rb");
+    int got = f != NULL && fread(prog, sizeof(float), 128 * 128, f) == 128 * 128;
+    if (f != NULL) fclose(f);
+    rc = e2.fpixels == 128 ? nbg_simulate(ctx, &e2, img, 128 * 128, NULL) : -1;
+    nbg_experiment es = *nbg_builder_experiment(b); /* the static crystal, image 3's angles */
+    es.phi0 = 1.0;
+    rc = rc == NBG_OK ? nbg_simulate(ctx, &es, stat, 128 * 128, NULL) : rc;
+    double sum = 0, moved = 0;
+    int same = got && rc == NBG_OK;
+    for (int i = 0; same && i < 128 * 128; ++i) {
+        same = memcmp(&img[i], &prog[i], sizeof(float)) == 0;
+        sum += img[i];
+        moved += fabs(img[i] - stat[i]);
+    }
+    nbgi_test_check(st == 0 && same && sum > 0 && moved > 1e-3 * sum, "sv-cli", "the program's image 3 is the "
+                    "builder's bit for bit (photons %.4g; %.2g of them move against the static crystal; exit %d)",
+                    sum, moved, st);
+    nbg_builder_destroy(b);
+
+    /* refine: the misset angles are every image's own, refused; too few scan points for an image, refused */
+    snprintf(cmd, sizeof cmd, "%s refine -expt %s -default_F 100 -N 3 -oversample 1 -observed %s -params rotx > "
+             "%s/sv2.log 2>&1", bin, path, frame3, dir);
+    const int st2 = system(cmd);
+    char log[600], buf[4096] = "";
+    snprintf(log, sizeof log, "%s/sv2.log", dir);
+    f = fopen(log, "r");
+    size_t nr = f != NULL ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[nr] = 0;
+    if (f != NULL) fclose(f);
+    nbgi_test_check(st2 != 0 && strstr(buf, "every image has its own misset angles") != NULL, "sv-refine-misset",
+                    "refine -params rotx refused: %.200s", buf);
+    char *cut = strstr(text, sv);
+    const char *three = strstr(sv, "], [") ? strstr(strstr(strstr(sv, "], [") + 1, "], [") + 1, "], [") : NULL;
+    if (cut != NULL && three != NULL) {
+        snprintf(cut, sizeof text - (size_t)(cut - text), "%.*s]]}]\n}\n", (int)(three - sv), sv); /* 3 points */
+        write_text(path, text);
+    }
+    b = NULL;
+    rc = nbg_builder_create(&b);
+    rc = rc == NBG_OK ? nbg_builder_parse(ctx, b, 8, argv) : rc;
+    rc = rc == NBG_OK ? nbg_builder_load(ctx, b) : rc;
+    rc = rc == NBG_OK ? nbg_builder_frame(ctx, b, 3, &e4) : rc;
+    nbgi_test_check(cut != NULL && three != NULL && rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "3 scan points") != NULL,
+                    "sv-too-few", "image 4 of a list with 3 scan points refused: %s", nbg_errmsg(ctx));
+    nbg_builder_destroy(b);
+    /* a matrix of 8 numbers, a singular one: refused naming it */
+    const char *bad[2] = {"[1, 0, 0, 0, 1, 0, 0, 0, 1], [1, 0, 0, 0, 1, 0, 0, 0]",
+                          "[1, 0, 0, 0, 1, 0, 0, 0, 1], [1, 0, 0, 0, 1, 0, 0, 0, 0]"};
+    const char *needle[2] = {"expected 9 finite numbers", "singular"};
+    for (int k = 0; k < 2; ++k) {
+        snprintf(text, sizeof text, "%s%s]}]\n}\n", head, bad[k]);
+        write_text(path, text);
+        rs = NULL;
+        rc = nbg_read_expt_scan_crystal(ctx, path, &rs, &n);
+        nbgi_test_check(rc == NBG_EFORMAT && rs == NULL && strstr(nbg_errmsg(ctx), "A_at_scan_points[1]") != NULL &&
+                            strstr(nbg_errmsg(ctx), needle[k]) != NULL,
+                        k ? "sv-singular" : "sv-malformed", "%s", nbg_errmsg(ctx));
+        free(rs);
+    }
+    /* a static crystal: no scan points */
+    write_list(path, EXPT_C, PANEL(FAST), GON, CRYSTAL);
+    rs = (double *)1;
+    rc = nbg_read_expt_scan_crystal(ctx, path, &rs, &n);
+    nbgi_test_check(rc == NBG_OK && rs == NULL && n == 0, "sv-static", "a static crystal: %d points", n);
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -736,6 +897,7 @@ int main(void)
     test_hierarchy(ctx, dir);
     test_raw_offsets(ctx, dir);
     test_write_groups(ctx, dir);
+    test_scan_varying(ctx, dir);
 #else
     char path[600];
     nbg_geometry g;
