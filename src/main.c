@@ -1022,8 +1022,9 @@ void usage_main(FILE *out)
 
 /* -spotlist as boxes: a DIALS reflection table (.refl, msgpack; recognised by its first byte, a 3-array) or a text
  * file of "fast slow" or "panel fast slow" centres.  A reflection's box is its bounding box, or with -spots N given a
- * box of half-width N about its centroid's pixel (nbg_reflection_boxes, as Python's spot_pixels); a text centre's a box of half-width half about its pixel.  Returns
- * the boxes (malloc'd) in *boxes and their count in *nb, and what they are in what; 0 after printing the error. */
+ * box of half-width N about its centroid's pixel (nbg_reflection_boxes, the path Python's spot_pixels takes); a text
+ * centre's a box of half-width half about its pixel.  Returns the boxes (malloc'd) in *boxes and their count in *nb,
+ * and what they are in what; 0 after printing the error. */
 static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, int half, nbg_spot_box **boxes,
                           long *nb, char *what, size_t wsize)
 {

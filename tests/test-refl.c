@@ -309,9 +309,9 @@ static void boxes(nbg_ctx *ctx)
     rp[1] = 1, rid[0] = rid[1] = 1;
     rbad += nbg_reflection_boxes(ctx, &e, &r, 2, &ob, &nb, &skipped) == NBG_OK && ob == NULL && nb == 0 &&
            skipped == 3;
-    nbgi_test_check(rbad == 4, "refl-boxes-bad", "%d of 4: bounding boxes asked of a table without them, a centroid off "
-                    "its panel and a panel the detector lacks refused naming the row; no row of experiment 0: none",
-                    rbad);
+    nbgi_test_check(rbad == 4, "refl-boxes-bad", "%d of 4: bounding boxes asked of a table without them, a "
+                    "centroid off its panel and a panel the detector lacks refused naming the row; no row of "
+                    "experiment 0: none", rbad);
     /* the single flat detector is panel 0 */
     e.panels = NULL, e.npanels = 0;
     rc = nbg_spot_box_pixels(ctx, &e, b, 1, &l, &n);
