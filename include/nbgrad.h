@@ -953,6 +953,15 @@ typedef struct {
 int nbg_read_refl(nbg_ctx *ctx, const char *path, nbg_reflections *out);
 void nbg_reflections_free(nbg_reflections *r);
 
+/* The spot boxes of a reflection table's rows, as nbgrad refine -spotlist FILE.refl takes them: one box per row
+ * of experiment 0 (rows whose id is above 0 are another experiment's, left out and counted in *skipped; NULL
+ * allowed), on its panel: with half < 0 its bounding box (r->bbox; NBG_EINVAL when the table has none), else the
+ * box of half-width half (at most 100000) about its centroid's pixel (floor(x), floor(y)).  A row whose panel the
+ * detector lacks or whose centroid (x, y) is off its panel is NBG_EINVAL naming the row.  *boxes (malloc'd, the
+ * caller frees it; NULL when none) and *nboxes, for nbg_spot_box_pixels. */
+int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int half,
+                         nbg_spot_box **boxes, long *nboxes, long *skipped);
+
 /* The model's own spot of each of n reflections: for reflection i (Miller index hkl[3i..3i+2], on panel[i], about the
  * position x[i], y[i] in DIALS's pixel coordinates: pixel (f, s) covers [f, f+1) x [s, s+1)), the centroid cx[i],
  * cy[i] of that reflection's model photons alone (scale applied, no background, the mask ignored) over the square of

@@ -924,8 +924,9 @@ void usage_main(FILE *out)
 
 /* -spotlist as boxes: a DIALS reflection table (.refl, msgpack; recognised by its first byte, a 3-array) or a text
  * file of "fast slow" or "panel fast slow" centres.  A reflection's box is its bounding box, or with -spots N given a
- * box of half-width N about its centroid's pixel; a text centre's a box of half-width half about its pixel.  Returns
- * the boxes (malloc'd) in *boxes and their count in *nb, and what they are in what; 0 after printing the error. */
+ * box of half-width N about its centroid's pixel (nbg_reflection_boxes, the path Python's spot_pixels takes); a text
+ * centre's a box of half-width half about its pixel.  Returns the boxes (malloc'd) in *boxes and their count in *nb,
+ * and what they are in what; 0 after printing the error. */
 static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, int half, nbg_spot_box **boxes,
                           long *nb, char *what, size_t wsize)
 {
@@ -954,36 +955,9 @@ static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, i
             return 0;
         }
         const int use_bbox = r.bbox != NULL && o->spots < 0;
-        b = r.n > 0 ? malloc(sizeof *b * (size_t)r.n) : NULL;
-        if (r.n > 0 && b == NULL) {
-            fprintf(stderr, "nbgrad: error: -spotlist: out of memory for %ld spots\n", r.n);
+        if (nbg_reflection_boxes(ctx, &c->e, &r, use_bbox ? -1 : half, &b, &n, &skipped) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -spotlist %s: %s\n", o->spotlist, nbg_errmsg(ctx));
             ok = 0;
-        }
-        for (long t = 0; ok && t < r.n; ++t) {
-            if (r.id != NULL && r.id[t] > 0) { /* another experiment's */
-                ++skipped;
-                continue;
-            }
-            const int q = r.panel[t];
-            const double x = r.xyz[3 * t], y = r.xyz[3 * t + 1];
-            const int F = c->e.npanels > 0 ? c->e.panels[q < np ? q : 0].fpixels : rep.fpixels;
-            const int S = c->e.npanels > 0 ? c->e.panels[q < np ? q : 0].spixels : rep.spixels;
-            if (q >= np || !(x >= 0 && x < F && y >= 0 && y < S)) {
-                fprintf(stderr, "nbgrad: error: -spotlist %s: reflection %ld (panel %d, x %g, y %g pixels) is not on "
-                        "the detector (%d panel%s%s)\n", o->spotlist, t, q, x, y, np, np > 1 ? "s" : "",
-                        c->e.npanels > 0 ? "" : ", the single flat one");
-                ok = 0;
-                break;
-            }
-            nbg_spot_box *x1 = &b[n++];
-            x1->panel = q;
-            if (use_bbox) {
-                x1->x0 = r.bbox[6 * t], x1->x1 = r.bbox[6 * t + 1];
-                x1->y0 = r.bbox[6 * t + 2], x1->y1 = r.bbox[6 * t + 3];
-            } else {
-                const int f = (int)floor(x), s = (int)floor(y);
-                x1->x0 = f - half, x1->x1 = f + half + 1, x1->y0 = s - half, x1->y1 = s + half + 1;
-            }
         }
         if (ok) {
             snprintf(what, wsize, "the %ld reflections of %s (%s%s)", n, o->spotlist,

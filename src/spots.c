@@ -237,6 +237,72 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
     return rc;
 }
 
+int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int half,
+                         nbg_spot_box **boxes, long *nboxes, long *skipped)
+{
+    if (ctx == NULL || e == NULL || r == NULL || boxes == NULL || nboxes == NULL ||
+        (r->n > 0 && (r->panel == NULL || r->xyz == NULL))) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_reflection_boxes: NULL argument");
+    }
+    *boxes = NULL;
+    *nboxes = 0;
+    if (skipped != NULL) *skipped = 0;
+    if (r->n < 0 || half > 100000 || (half < 0 && r->bbox == NULL && r->n > 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_reflection_boxes: %ld reflections, half-width %d (0 to 100000, or "
+                          "negative for the table's bounding boxes%s)", r->n, half,
+                          r->bbox == NULL ? ", and it has no bbox column" : "");
+    }
+    nbg_experiment whole;
+    nbgi_plan pl;
+    int rc = whole_plan(ctx, e, "nbg_reflection_boxes", &whole, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbgi_kparams *k = &pl.k;
+    const int np = k->npanels > 0 ? k->npanels : 1;
+    nbg_spot_box *b = r->n > 0 ? malloc(sizeof *b * (size_t)r->n) : NULL;
+    if (r->n > 0 && b == NULL) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "nbg_reflection_boxes: out of memory for %ld boxes", r->n);
+    }
+    long n = 0, left = 0;
+    for (long t = 0; t < r->n; ++t) {
+        if (r->id != NULL && r->id[t] > 0) { /* another experiment's */
+            ++left;
+            continue;
+        }
+        const int q = r->panel[t];
+        const double x = r->xyz[3 * t], y = r->xyz[3 * t + 1];
+        const long F = k->npanels > 0 ? k->panels[q >= 0 && q < np ? q : 0].fpixels : k->fpixels;
+        const long S = k->npanels > 0 ? k->panels[q >= 0 && q < np ? q : 0].spixels : k->spixels;
+        if (q < 0 || q >= np || !(x >= 0 && x < F && y >= 0 && y < S)) {
+            free(b);
+            nbgi_plan_free(&pl);
+            return nbgi_error(ctx, NBG_EINVAL, "reflection %ld (panel %d, x %g, y %g pixels) is not on the detector "
+                              "(%d panel%s%s)", t, q, x, y, np, np > 1 ? "s" : "",
+                              k->npanels > 0 ? "" : ", the single flat one");
+        }
+        nbg_spot_box *o = &b[n++];
+        o->panel = q;
+        if (half < 0) {
+            o->x0 = r->bbox[6 * t], o->x1 = r->bbox[6 * t + 1];
+            o->y0 = r->bbox[6 * t + 2], o->y1 = r->bbox[6 * t + 3];
+        } else {
+            const int f = (int)floor(x), s = (int)floor(y);
+            o->x0 = f - half, o->x1 = f + half + 1, o->y0 = s - half, o->y1 = s + half + 1;
+        }
+    }
+    nbgi_plan_free(&pl);
+    if (n == 0) {
+        free(b);
+        b = NULL;
+    }
+    *boxes = b;
+    *nboxes = n;
+    if (skipped != NULL) *skipped = left;
+    return NBG_OK;
+}
+
 /* ---- the model's own spot of each reflection (nbg_reflection_centroids) ---- */
 
 /* The structure factor e gives Miller index h (its table's entry, or default_F outside it). */

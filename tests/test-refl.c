@@ -12,6 +12,8 @@
  *                    read), never a crash (ASan in make test-asan)
  *   boxes-*          nbg_spot_box_pixels on two panels: pixels per box, clipping at a panel's edge, overlaps once,
  *                    sorted; a box on a panel the detector lacks, an empty box, a box outside its panel: named
+ *   refl-boxes-*     nbg_reflection_boxes on two panels: the rows' bounding boxes or boxes about their centroids,
+ *                    other experiments' rows left out; a centroid off its panel, a panel the detector lacks named
  *   cli-*            nbgrad refine -expt (two panels) -spotlist: a .refl of the model's spots on both panels (their
  *                    bounding boxes, or -spots N about the centroids) and a "panel fast slow" text list give the
  *                    pixel counts nbg_spot_box_pixels gives; the fit of orient_z on those regions converges to the
@@ -273,6 +275,43 @@ static void boxes(nbg_ctx *ctx)
                             strstr(nbg_errmsg(ctx), what[k]) != NULL,
                         id, "%s", nbg_errmsg(ctx));
     }
+    /* nbg_reflection_boxes (refine -spotlist FILE.refl, Python's spot_pixels(reflections=)): a row on each panel
+     * and one of experiment 2; their bounding boxes, or boxes of half-width 2 about their centroids' pixels */
+    int rp[3] = {0, 1, 1}, rb[18] = {8, 13, 10, 15, 0, 1, 2, 6, 18, 23, 0, 1, 19, 22, 4, 7, 0, 1}, rid[3] = {0, -1, 2};
+    double rx[9] = {10.5, 12.25, 0.5, 3.75, 20.5, 0.5, 20.1, 5.9, 0.5};
+    nbg_reflections r = {3, rp, rx, rb, rid, 0, 4, NULL, NULL, NULL};
+    nbg_spot_box *ob = NULL;
+    long nb = 0, skipped = 0;
+    rc = nbg_reflection_boxes(ctx, &e, &r, -1, &ob, &nb, &skipped);
+    int same = rc == NBG_OK && nb == 2 && skipped == 1;
+    for (long t = 0; same && t < 2; ++t) {
+        same = ob[t].panel == rp[t] && ob[t].x0 == rb[6 * t] && ob[t].x1 == rb[6 * t + 1] &&
+               ob[t].y0 == rb[6 * t + 2] && ob[t].y1 == rb[6 * t + 3];
+    }
+    nbgi_test_check(same, "refl-boxes-bbox", "%ld boxes, %ld of another experiment left out: the rows' bounding boxes "
+                    "on their panels (%s)", nb, skipped, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(ob);
+    rc = nbg_reflection_boxes(ctx, &e, &r, 2, &ob, &nb, NULL);
+    const nbg_spot_box w2[2] = {{0, 8, 13, 10, 15}, {1, 1, 6, 18, 23}};
+    same = rc == NBG_OK && nb == 2 && memcmp(ob, w2, sizeof w2) == 0;
+    nbgi_test_check(same, "refl-boxes-half", "half-width 2 about (floor x, floor y) of each row (%s)",
+                    rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(ob);
+    r.bbox = NULL;
+    int rbad = nbg_reflection_boxes(ctx, &e, &r, -1, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+              strstr(nbg_errmsg(ctx), "no bbox") != NULL;
+    rx[3] = 30; /* off panel 1 (24 pixels wide) */
+    rbad += nbg_reflection_boxes(ctx, &e, &r, 2, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 1 (panel 1, x 30") != NULL;
+    rx[3] = 3.75, rp[1] = 2;
+    rbad += nbg_reflection_boxes(ctx, &e, &r, 2, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 1 (panel 2") != NULL;
+    rp[1] = 1, rid[0] = rid[1] = 1;
+    rbad += nbg_reflection_boxes(ctx, &e, &r, 2, &ob, &nb, &skipped) == NBG_OK && ob == NULL && nb == 0 &&
+           skipped == 3;
+    nbgi_test_check(rbad == 4, "refl-boxes-bad", "%d of 4: bounding boxes asked of a table without them, a "
+                    "centroid off its panel and a panel the detector lacks refused naming the row; no row of "
+                    "experiment 0: none", rbad);
     /* the single flat detector is panel 0 */
     e.panels = NULL, e.npanels = 0;
     rc = nbg_spot_box_pixels(ctx, &e, b, 1, &l, &n);

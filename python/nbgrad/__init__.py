@@ -619,22 +619,91 @@ def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[floa
     return (image, mask, info) if with_info else (image, mask)
 
 
-def spot_pixels(exp: Experiment, image=None, half: int = 3, frac: float = 0.05, mask=None,
-                centres=None) -> np.ndarray:
+def spot_pixels(exp: Experiment, image=None, half: Optional[int] = None, frac: float = 0.05, mask=None,
+                centres=None, reflections=None) -> np.ndarray:
     """The spot regions as ``nbgrad refine -spots HALF -spot_frac FRAC`` draws them (nbg_spot_threshold,
-    nbg_spot_pixels): the pixels within `half` pixels (a (2 half + 1)^2 box) of every pixel of image (None: exp's
-    model, rendered whole) above its floor by frac of its range over the pixels mask keeps (True = used, as
-    read_observed gives it; None: all), exp's own mask and ROI left out.  centres ((n, 2) fast, slow pixel
-    positions, as refine's -spotlist) boxes those instead.  Returns the flat pixel indices (uint32, increasing)
-    for ``exp.pixels``; a flat image raises ValueError.  Drawn from the model, not the data: regions chosen by the
+    nbg_spot_pixels): the pixels within `half` pixels (a (2 half + 1)^2 box; None: 3) of every pixel of image
+    (None: exp's model, rendered whole) above its floor by frac of its range over the pixels mask keeps (True =
+    used, as read_observed gives it; None: all), exp's own mask and ROI left out.  centres ((n, 2) fast, slow pixel
+    positions, as refine's -spotlist) boxes those instead.  reflections (a DIALS reflection table from read_refl,
+    as refine's ``-spotlist FILE.refl``: nbg_reflection_boxes) boxes its reflections of experiment 0 on their panels:
+    each one's bounding box where the table has them and half is None, else a box of half-width half (None: 3)
+    about its centroid's pixel; a reflection off the detector raises InvalidError naming it, a table with no
+    reflection of experiment 0 ValueError.  Returns the flat pixel indices (uint32, increasing) for
+    ``exp.pixels``; a flat image raises ValueError.  Drawn from the model, not the data: regions chosen by the
     data's bright pixels would bias a fit towards them."""
-    if not 0 <= int(half) <= 100000:
+    if half is not None and not 0 <= int(half) <= 100000:
         raise ValueError(f"half = {half}: a box half-width in pixels, in [0, 100000]")
+    if reflections is not None:
+        if centres is not None or image is not None:
+            raise ValueError("spot_pixels: reflections box the table's spots; give no image or centres with them")
+        missing = [k for k in ("panel", "xyzobs.px.value") if reflections.get(k) is None]
+        if missing:
+            raise ValueError(f"reflections: no {' or '.join(missing)} column (a table from read_refl)")
+        bbox = reflections.get("bbox")
+        hb = -1 if half is None and bbox is not None else (3 if half is None else int(half))
+        pix, nboxes, _ = _ext.refl_spot_pixels(exp, reflections["panel"], reflections["xyzobs.px.value"],
+                                               bbox if hb < 0 else None, reflections.get("id"), hb)
+        if nboxes == 0:
+            raise ValueError("reflections: the table holds no reflection of experiment 0")
+        return pix
     if not float(frac) > 0:
         raise ValueError(f"frac = {frac}: a fraction of the image's range, > 0 (as -spot_frac)")
     m = None if mask is None else np.asarray(mask).astype(np.uint8)
     c = None if centres is None else np.asarray(centres, dtype=np.float64).reshape(-1, 2)
-    return _ext.spot_pixels(exp, image, int(half), float(frac), m, c)
+    return _ext.spot_pixels(exp, image, 3 if half is None else int(half), float(frac), m, c)
+
+
+class Reflections(dict):
+    """A DIALS reflection table (read_refl): numpy columns under DIALS's names, None where the table has none:
+    "panel" (n,) int32 (0 when the table has no panel column), "xyzobs.px.value" (n, 3) float64 (x fast, y slow in
+    pixels, z in images; pixel (f, s) covers [f, f+1) x [s, s+1)), "bbox" (n, 6) int32 (x0, x1, y0, y1, z0, z1),
+    "id" (n,) int32 (the experiment; -1 unassigned), "miller_index" (n, 3) int32 (0 0 0 unindexed), "flags" (n,)
+    uint64 (DIALS's flags: REFL_INDEXED, REFL_USED_IN_REFINEMENT ...), "xyzcal.px" (n, 3) float64 (DIALS's
+    prediction).  nrows, ncolumns (the table's columns, all of them), has_shoebox and path describe the file."""
+
+    nrows: int = 0
+    ncolumns: int = 0
+    has_shoebox: bool = False
+    path: str = ""
+
+    def indexed(self, experiment: int = 0) -> np.ndarray:
+        """The rows refine -centroids uses: indexed (miller_index not 0 0 0) and of this experiment (id; a table
+        without an id column is all experiment 0).  A boolean array; ValueError without a miller_index column."""
+        hkl = self.get("miller_index")
+        if hkl is None:
+            raise ValueError(f"{self.path}: the table has no miller_index column (index it: dials.index)")
+        keep = np.any(hkl != 0, axis=1)
+        ids = self.get("id")
+        return keep & (ids == experiment) if ids is not None else keep & (experiment == 0)
+
+
+REFL_INDEXED = 1 << 2
+REFL_USED_IN_REFINEMENT = 1 << 3
+
+
+def read_refl(path) -> Reflections:
+    """A DIALS reflection table (.refl, msgpack, as dials.find_spots and dials.index write it) through the library's
+    reader (nbg_read_refl, what refine -spotlist and -centroids read): a Reflections dict of its columns.  A file
+    that is not one, or is damaged, raises FormatError (FileError when it cannot be read) with the library's message,
+    which names the file."""
+    d = _ext.read_refl(str(path))
+    r = Reflections((k, v) for k, v in d.items() if k not in ("nrows", "ncolumns", "has_shoebox"))
+    r.nrows, r.ncolumns, r.has_shoebox, r.path = d["nrows"], d["ncolumns"], bool(d["has_shoebox"]), str(path)
+    return r
+
+
+def reflection_centroids(exp: Experiment, hkl, panel, x, y, radius: int = 5):
+    """The model's own spot centroid of each reflection, as ``nbgrad refine -centroids`` computes it
+    (nbg_reflection_centroids, -centroid_radius radius): for reflection i (Miller index hkl[i], on panel[i], about the
+    position x[i], y[i] in DIALS's pixel coordinates, e.g. its observed centroid xyzobs.px.value), the centroid of
+    that reflection's model photons alone (scale applied, no background, the mask ignored) over the square of
+    half-width radius pixels about (x[i], y[i]).  Returns (cx, cy, photons), float64 arrays of n; cx, cy are NaN
+    and photons 0 where the model puts no photon there.  Refused (UnsupportedError) with tricubic interpolation
+    of the structure factors, which mixes neighbouring reflections."""
+    if not 1 <= int(radius) <= 1000:
+        raise ValueError(f"radius = {radius}: the square's half-width in pixels, in [1, 1000] (as -centroid_radius)")
+    return _ext.reflection_centroids(exp, hkl, panel, x, y, int(radius))
 
 
 def read_expt(path) -> Geometry:
@@ -785,7 +854,8 @@ __all__ = [
     "Experiment", "Gradient", "RefineResult", "GradcheckResult", "Geometry", "PARAMS", "PARAM_INFO", "GROUPS",
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
-    "write_pgm", "read_image", "read_observed", "spot_pixels", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "write_pgm", "read_image", "read_observed", "spot_pixels", "Reflections", "read_refl", "reflection_centroids",
+    "REFL_INDEXED", "REFL_USED_IN_REFINEMENT", "read_expt", "write_expt", "write_nxmx", "write_cbf",
     "ShotList", "EnsembleResult", "read_shots", "make_shots", "batch", "ensemble",
     "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
 ]

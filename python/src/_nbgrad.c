@@ -2126,6 +2126,181 @@ done:
     return out;
 }
 
+/* A new C-contiguous array of n rows of `cols` elements (cols 0: a vector) of `type`, copied from data (NULL: no
+ * such column, None). */
+static PyObject *column_array(const void *data, long n, int cols, int type, size_t elsize)
+{
+    if (data == NULL) Py_RETURN_NONE;
+    npy_intp dims[2] = {(npy_intp)n, cols};
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(cols > 0 ? 2 : 1, dims, type);
+    if (a != NULL && n > 0) memcpy(PyArray_DATA(a), data, (size_t)n * (size_t)(cols > 0 ? cols : 1) * elsize);
+    return (PyObject *)a;
+}
+
+/* read_refl(path) -> dict: nbg_read_refl's columns under DIALS's names ("panel", "xyzobs.px.value", "bbox", "id",
+ * "miller_index", "flags", "xyzcal.px"; None where the table has none) and "nrows", "ncolumns", "has_shoebox". */
+static PyObject *py_read_refl(PyObject *self, PyObject *args)
+{
+    PyObject *path;
+    if (!PyArg_ParseTuple(args, "O&:read_refl", PyUnicode_FSConverter, &path)) return NULL;
+    nbg_reflections r;
+    memset(&r, 0, sizeof r);
+    const char *p = PyBytes_AS_STRING(path);
+    FILE_CALL(nbg_read_refl(ctx, p, &r));
+    Py_DECREF(path);
+    if (st != NBG_OK) {
+        nbg_reflections_free(&r);
+        return NULL;
+    }
+    PyObject *d = Py_BuildValue(
+        "{s:l,s:i,s:O,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "nrows", r.n, "ncolumns", r.ncolumns, "has_shoebox",
+        r.has_shoebox ? Py_True : Py_False, "panel", column_array(r.panel, r.n, 0, NPY_INT32, sizeof(int)),
+        "xyzobs.px.value", column_array(r.xyz, r.n, 3, NPY_FLOAT64, sizeof(double)), "bbox",
+        column_array(r.bbox, r.n, 6, NPY_INT32, sizeof(int)), "id", column_array(r.id, r.n, 0, NPY_INT32, sizeof(int)),
+        "miller_index", column_array(r.hkl, r.n, 3, NPY_INT32, sizeof(int)), "flags",
+        column_array(r.flags, r.n, 0, NPY_UINT64, sizeof(uint64_t)), "xyzcal.px",
+        column_array(r.xyzcal, r.n, 3, NPY_FLOAT64, sizeof(double)));
+    nbg_reflections_free(&r);
+    return d;
+}
+
+/* obj as a C-contiguous int32 array of n x cols values (cols 0: n values; n < 0: any n, set), every value an
+ * integer (exact_integers); NULL with a ValueError naming the argument otherwise. */
+static PyArrayObject *int_column(PyObject *obj, const char *name, long *n, int cols)
+{
+    if (!exact_integers(obj, name, -2147483648.0, 2147483647.0)) return NULL;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT32, cols > 0 ? 2 : 1, cols > 0 ? 2 : 1,
+                                                        NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) return NULL;
+    if ((cols > 0 && PyArray_DIM(a, 1) != cols) || (*n >= 0 && PyArray_DIM(a, 0) != *n)) {
+        PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
+        if (cols > 0)
+            PyErr_Format(PyExc_ValueError, "%s: expected shape (%ld, %d), got %S", name, *n, cols,
+                         shape != NULL ? shape : Py_None);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: expected shape (%ld,), got %S", name, *n,
+                         shape != NULL ? shape : Py_None);
+        Py_XDECREF(shape);
+        Py_DECREF(a);
+        return NULL;
+    }
+    *n = (long)PyArray_DIM(a, 0);
+    return a;
+}
+
+/* obj as a C-contiguous float64 array of n x cols values (cols 0: n values) */
+static PyArrayObject *real_column(PyObject *obj, const char *name, long n, int cols)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_FLOAT64, cols > 0 ? 2 : 1, cols > 0 ? 2 : 1,
+                                                        NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) return NULL;
+    if ((cols > 0 && PyArray_DIM(a, 1) != cols) || PyArray_DIM(a, 0) != n) {
+        PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
+        if (cols > 0)
+            PyErr_Format(PyExc_ValueError, "%s: expected shape (%ld, %d), got %S", name, n, cols,
+                         shape != NULL ? shape : Py_None);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: expected shape (%ld,), got %S", name, n,
+                         shape != NULL ? shape : Py_None);
+        Py_XDECREF(shape);
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* reflection_centroids(exp, hkl (n, 3), panel (n,), x (n,), y (n,), radius) -> (cx, cy, photons):
+ * nbg_reflection_centroids, as refine -centroids computes them */
+static PyObject *py_reflection_centroids(PyObject *self, PyObject *args)
+{
+    PyObject *o, *hobj, *pobj, *xobj, *yobj;
+    int radius;
+    if (!PyArg_ParseTuple(args, "OOOOOi:reflection_centroids", &o, &hobj, &pobj, &xobj, &yobj, &radius)) return NULL;
+    if (!exp_check(o, "reflection_centroids")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    long n = -1;
+    PyArrayObject *h = int_column(hobj, "hkl", &n, 3), *pa = NULL, *xa = NULL, *ya = NULL, *cx = NULL, *cy = NULL,
+                  *ph = NULL;
+    PyObject *out = NULL;
+    if (h == NULL || (pa = int_column(pobj, "panel", &n, 0)) == NULL || (xa = real_column(xobj, "x", n, 0)) == NULL ||
+        (ya = real_column(yobj, "y", n, 0)) == NULL)
+        goto done;
+    npy_intp dn = (npy_intp)n;
+    cx = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_FLOAT64);
+    cy = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_FLOAT64);
+    ph = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_FLOAT64);
+    if (cx == NULL || cy == NULL || ph == NULL) goto done;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_reflection_centroids(x->ctx, x->e, n, PyArray_DATA(h), PyArray_DATA(pa), PyArray_DATA(xa),
+                                  PyArray_DATA(ya), radius, PyArray_DATA(cx), PyArray_DATA(cy), PyArray_DATA(ph));
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) raise_ctx(x->ctx, st);
+    exp_unlock(x);
+    if (st == NBG_OK) out = Py_BuildValue("(OOO)", cx, cy, ph);
+done:
+    Py_XDECREF(h);
+    Py_XDECREF(pa);
+    Py_XDECREF(xa);
+    Py_XDECREF(ya);
+    Py_XDECREF(cx);
+    Py_XDECREF(cy);
+    Py_XDECREF(ph);
+    return out;
+}
+
+/* refl_spot_pixels(exp, panel (n,), xyz (n, 3), bbox (n, 6) or None, id (n,) or None, half) -> (pixels, boxes,
+ * skipped): nbg_reflection_boxes (half < 0: the bounding boxes) and nbg_spot_box_pixels, as refine -spotlist
+ * FILE.refl draws the spot regions */
+static PyObject *py_refl_spot_pixels(PyObject *self, PyObject *args)
+{
+    PyObject *o, *pobj, *xobj, *bobj, *iobj;
+    int half;
+    if (!PyArg_ParseTuple(args, "OOOOOi:refl_spot_pixels", &o, &pobj, &xobj, &bobj, &iobj, &half)) return NULL;
+    if (!exp_check(o, "spot_pixels")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    long n = -1;
+    PyArrayObject *pa = int_column(pobj, "panel", &n, 0), *xa = NULL, *ba = NULL, *ia = NULL;
+    PyObject *out = NULL;
+    if (pa == NULL || (xa = real_column(xobj, "xyzobs.px.value", n, 3)) == NULL ||
+        (bobj != Py_None && (ba = int_column(bobj, "bbox", &n, 6)) == NULL) ||
+        (iobj != Py_None && (ia = int_column(iobj, "id", &n, 0)) == NULL))
+        goto done;
+    nbg_reflections r;
+    memset(&r, 0, sizeof r);
+    r.n = n;
+    r.panel = PyArray_DATA(pa);
+    r.xyz = PyArray_DATA(xa);
+    r.bbox = ba != NULL ? PyArray_DATA(ba) : NULL;
+    r.id = ia != NULL ? PyArray_DATA(ia) : NULL;
+    nbg_spot_box *boxes = NULL;
+    uint32_t *list = NULL;
+    long nb = 0, skipped = 0, np = 0;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_reflection_boxes(x->ctx, x->e, &r, half, &boxes, &nb, &skipped);
+    if (st == NBG_OK) st = nbg_spot_box_pixels(x->ctx, x->e, boxes, nb, &list, &np);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) raise_ctx(x->ctx, st);
+    exp_unlock(x);
+    if (st == NBG_OK) {
+        npy_intp dn = (npy_intp)np;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
+        if (a != NULL && np > 0) memcpy(PyArray_DATA(a), list, (size_t)np * sizeof(uint32_t));
+        if (a != NULL) out = Py_BuildValue("(Nll)", a, nb, skipped);
+    }
+    free(boxes);
+    free(list);
+done:
+    Py_XDECREF(pa);
+    Py_XDECREF(xa);
+    Py_XDECREF(ba);
+    Py_XDECREF(ia);
+    return out;
+}
+
 static PyObject *py_read_expt(PyObject *self, PyObject *args)
 {
     PyObject *path;
@@ -2642,6 +2817,11 @@ static PyMethodDef module_methods[] = {
      "spot_pixels(exp, image, half, frac, mask, centres) -> uint32 array of flat pixel indices"},
     {"read_observed", py_read_observed, METH_VARARGS,
      "read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (image, use, info)"},
+    {"read_refl", py_read_refl, METH_VARARGS, "read_refl(path) -> dict of a DIALS reflection table's columns"},
+    {"reflection_centroids", py_reflection_centroids, METH_VARARGS,
+     "reflection_centroids(exp, hkl, panel, x, y, radius) -> (cx, cy, photons)"},
+    {"refl_spot_pixels", py_refl_spot_pixels, METH_VARARGS,
+     "refl_spot_pixels(exp, panel, xyz, bbox, id, half) -> (pixels, boxes, skipped)"},
     {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},
