@@ -469,6 +469,29 @@ static PyObject *Experiment_copy(ExperimentObject *x, PyObject *unused)
     return (PyObject *)y;
 }
 
+/* frame(k): image k of the series as the program renders it (nbg_builder_frame): a copy with the crystal turned from
+ * phi0 + k osc and, for a scan-varying crystal from an experiment list, image k's own crystal. */
+static PyObject *Experiment_frame(ExperimentObject *x, PyObject *args)
+{
+    int k;
+    if (!PyArg_ParseTuple(args, "i:frame", &k)) {
+        return NULL;
+    }
+    ExperimentObject *y = (ExperimentObject *)Experiment_copy(x, NULL);
+    if (y == NULL) {
+        return NULL;
+    }
+    nbg_experiment fe;
+    const int st = nbg_builder_frame(y->ctx, y->b, k, &fe);
+    if (st != NBG_OK) {
+        raise_ctx(y->ctx, st);
+        Py_DECREF(y);
+        return NULL;
+    }
+    *y->e = fe;
+    return (PyObject *)y;
+}
+
 /* The panel groups' motions: the builder keeps them (zero unless -motions), and gives them to the
  * experiment only with -motions, as the program does (a zero motion still goes through the placement, which need not
  * reproduce the unmoved panels' rounding).  A call that names a motion parameter gives them to it; motions_attach
@@ -790,6 +813,8 @@ static PyObject *report_dict(const nbg_report *r)
     SET(d, "oversample", PyLong_FromLong(r->oversample));
     SET(d, "recommended_oversample", PyLong_FromLong(r->recommended_oversample));
     SET(d, "nsources", PyLong_FromLong(r->nsources));
+    SET(d, "phi0", PyFloat_FromDouble(r->phi0));
+    SET(d, "osc", PyFloat_FromDouble(r->osc));
     SET(d, "phisteps", PyLong_FromLong(r->phisteps));
     SET(d, "mosaic_domains", PyLong_FromLong(r->mosaic_domains));
     SET(d, "steps", PyLong_FromLong(r->steps));
@@ -1013,6 +1038,10 @@ static PyObject *Experiment_validate(ExperimentObject *x, PyObject *unused)
 
 static PyMethodDef Experiment_methods[] = {
     {"copy", (PyCFunction)Experiment_copy, METH_NOARGS, "A deep copy (own table, sources and mask)."},
+    {"frame", (PyCFunction)Experiment_frame, METH_VARARGS,
+     "frame(k): image k (0-based) of the rotation series as the program renders it, a copy: the crystal turned from "
+     "phi0 + k osc through osc and, when an experiment list's crystal is scan-varying (dials.refine's "
+     "A_at_scan_points), image k's own crystal (the mean of the A matrices at its start and end)."},
     {"__copy__", (PyCFunction)Experiment_copy, METH_NOARGS, NULL},
     {"get_param", (PyCFunction)Experiment_get_param, METH_O, "get_param(name) -> float"},
     {"set_param", (PyCFunction)Experiment_set_param, METH_VARARGS, "set_param(name, value)"},

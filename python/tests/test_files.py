@@ -104,3 +104,48 @@ def test_cbf_round_trip(exp, tmp_path):
     assert not (tmp_path / "t.cbf").exists()
     nbgrad.write_cbf(tmp_path / "u.cbf", g, counts.astype(np.float64))  # integral floats are integers
     assert np.array_equal(nbgrad.read_image(tmp_path / "u.cbf")[0], back)
+
+
+def test_scan_varying_frames(tmp_path, cli):
+    """Experiment.frame(k): image k of a scan with a scan-varying crystal (A_at_scan_points) gets its own crystal, the
+    mean of the A matrices at its start and end, as the program renders it."""
+    import json
+    import subprocess
+
+    r0 = np.array([[51.2, 3.1, -2.4], [7.5, 62.3, 4.4], [-6.1, 9.8, 83.7]])
+    bases = []
+    for k in range(5):  # the crystal turns by 0.1 deg a scan point about y
+        t = np.radians(0.1 * k)
+        ry = np.array([[np.cos(t), 0, np.sin(t)], [0, 1, 0], [-np.sin(t), 0, np.cos(t)]])
+        bases.append(r0 @ ry.T)
+    doc = {"__id__": "ExperimentList",
+           "experiment": [{"beam": 0, "detector": 0, "goniometer": 0, "scan": 0, "crystal": 0}],
+           "beam": [{"direction": [0, 0, 1], "wavelength": 1.0}],
+           "detector": [{"panels": [{"fast_axis": [1, 0, 0], "slow_axis": [0, -1, 0], "origin": [-6.4, 6.4, -80],
+                                     "pixel_size": [0.1, 0.1], "image_size": [128, 128]}]}],
+           "goniometer": [{"rotation_axis": [1, 0, 0]}],
+           "scan": [{"image_range": [1, 4], "oscillation": [0, 0.5], "exposure_time": [1, 1, 1, 1]}],
+           "crystal": [{"__id__": "crystal", "real_space_a": list(r0[0]), "real_space_b": list(r0[1]),
+                        "real_space_c": list(r0[2]), "space_group_hall_symbol": " P 1",
+                        "A_at_scan_points": [list(np.linalg.inv(b).ravel()) for b in bases]}]}
+    path = tmp_path / "sv.expt"
+    path.write_text(json.dumps(doc))
+    e = nbgrad.Experiment.from_expt(path, default_F=100, N=3, oversample=1)
+    f2 = e.frame(2)
+    mean = np.linalg.inv(0.5 * (np.linalg.inv(bases[2]) + np.linalg.inv(bases[3])))
+    d = f2.describe()
+    assert np.abs(np.array(d["real_vectors"]).reshape(3, 3) - mean).max() < 1e-8
+    # its image: the program's image 3, bit for bit; and not the static crystal's at the same angle
+    out = tmp_path / "sv.bin"
+    subprocess.run([cli, "-expt", str(path), "-default_F", "100", "-N", "3", "-oversample", "1", "-floatfile",
+                    str(out)], check=True, capture_output=True)
+    prog = np.fromfile(tmp_path / "sv_00003.bin", dtype=np.float32).reshape(f2.shape)
+    img = nbgrad.simulate(f2)
+    assert np.array_equal(img, prog) and img.sum() > 0
+    del doc["crystal"][0]["A_at_scan_points"]  # the static crystal, image 3's angles
+    (tmp_path / "static.expt").write_text(json.dumps(doc))
+    static = nbgrad.Experiment.from_expt(tmp_path / "static.expt", default_F=100, N=3, oversample=1).frame(2)
+    assert static.describe()["phi0"] == d["phi0"] == 1.0
+    assert np.abs(nbgrad.simulate(static) - img).sum() > 1e-3 * img.sum()
+    with pytest.raises(nbgrad.InvalidError, match="image 4 of a series of 4"):
+        e.frame(4)
