@@ -557,14 +557,8 @@ static int load_observed(ens *w, int k)
     nbg_observed_options opt;
     nbg_observed_options_default(&opt);
     if (w->o->response != NULL) { /* the detector response given: pedestal, gain, read noise, the panels' own */
-        const nbg_observed_options *r = w->o->response;
-        opt.pedestal = r->pedestal;
-        opt.gain = r->gain;
-        opt.read_noise = r->read_noise;
-        opt.panel_pedestal = r->panel_pedestal;
-        opt.panel_gain = r->panel_gain;
-        opt.panel_read_noise = r->panel_read_noise;
-        opt.npanel_values = r->npanel_values;
+        opt = *w->o->response;
+        opt.trusted[0] = opt.trusted[1] = NAN; /* the rest is the ensemble's own (below) */
     }
     opt.adc = w->c->adc;
     opt.what = what;
