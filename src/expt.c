@@ -75,6 +75,165 @@ static json_t *panel_json(const char *name, const char *type, const double fast[
                      "px_mm_strategy", "type", strategy);
 }
 
+/* A detector hierarchy of several levels from the panels' levels (nbg_panel.level_group, as a DIALS list or a built-in
+ * layout gives them): its groups (a group of one panel, or of the same panels as its parent group, is no group of its
+ * own here: it adds nothing), each with its parent and its children in the order their first panels come. */
+typedef struct {
+    int parent;      /* the parent node, -1: the root */
+    int first;       /* its first panel (whose frame is the group's) */
+    int level, id;   /* its level and number there (nbg_panel.level_group) */
+    int nkids, *kid; /* children: node n as -(n + 1), panel k as k */
+} hier_node;
+
+typedef struct {
+    hier_node *node;
+    int n, depth;
+    int *owner; /* each panel's parent node (-1: the root) */
+    int nroot, *root; /* the root's children, as hier_node's kid */
+} hier_tree;
+
+static void hier_free(hier_tree *t)
+{
+    for (int i = 0; t->node != NULL && i < t->n; ++i) free(t->node[i].kid);
+    free(t->node);
+    free(t->owner);
+    free(t->root);
+    memset(t, 0, sizeof *t);
+}
+
+static int hier_add_kid(hier_tree *t, int parent, int kid, int npanels)
+{
+    if (parent < 0) {
+        t->root[t->nroot++] = kid;
+        return 1;
+    }
+    hier_node *q = &t->node[parent];
+    if (q->kid == NULL && (q->kid = malloc(sizeof(int) * (size_t)(npanels + t->n + 1))) == NULL)
+        return 0;
+    q->kid[q->nkids++] = kid;
+    return 1;
+}
+
+/* The tree of the panels' levels, when they describe one (every panel's level 0 is 0 and some level past the
+ * deepest is -1: a layout's or a read list's, not panels with their levels left 0) nested consistently, two group
+ * levels deep or more; 0 otherwise (the writer then writes the panels' groups, one level). */
+static int hier_build(const nbg_panel *panels, int npanels, hier_tree *t)
+{
+    memset(t, 0, sizeof *t);
+    int ends = 0, maxid = 0;
+    for (int k = 0; k < npanels; ++k) {
+        if (panels[k].level_group[0] != 0)
+            return 0;
+        for (int l = 1; l < NBG_PANEL_LEVELS; ++l) {
+            ends |= panels[k].level_group[l] < 0;
+            maxid = panels[k].level_group[l] > maxid ? panels[k].level_group[l] : maxid;
+        }
+    }
+    if (!ends || npanels < 2 || maxid > 1000000)
+        return 0;
+    /* the panels in each group of each level */
+    int *count = calloc((size_t)NBG_PANEL_LEVELS * (size_t)(maxid + 1), sizeof *count);
+    int *made = malloc(sizeof(int) * (size_t)NBG_PANEL_LEVELS * (size_t)(maxid + 1));
+    t->node = malloc(sizeof *t->node * (size_t)npanels * NBG_PANEL_LEVELS);
+    t->owner = malloc(sizeof *t->owner * (size_t)npanels);
+    t->root = malloc(sizeof *t->root * (size_t)npanels);
+    int ok = count != NULL && made != NULL && t->node != NULL && t->owner != NULL && t->root != NULL;
+    for (int k = 0; ok && k < npanels; ++k)
+        for (int l = 1; l < NBG_PANEL_LEVELS && panels[k].level_group[l] >= 0; ++l)
+            ++count[l * (maxid + 1) + panels[k].level_group[l]];
+    for (int i = 0; ok && i < NBG_PANEL_LEVELS * (maxid + 1); ++i) made[i] = -1;
+    for (int k = 0; ok && k < npanels; ++k) {
+        int parent = -1, had = npanels; /* the chain's last node and its panels (the root: all of them) */
+        for (int l = 1; ok && l < NBG_PANEL_LEVELS && panels[k].level_group[l] >= 0; ++l) {
+            const int id = panels[k].level_group[l], c = count[l * (maxid + 1) + id];
+            if (c < 2 || (c == had && parent >= 0))
+                continue; /* a group of this panel alone, or its parent group again */
+            int *m = &made[l * (maxid + 1) + id];
+            if (*m < 0) {
+                *m = t->n++;
+                t->node[*m] = (hier_node){parent, k, l, id, 0, NULL};
+                ok = hier_add_kid(t, parent, -(*m + 1), npanels);
+            } else if (t->node[*m].parent != parent) {
+                ok = 0; /* not nested: a group whose panels lie in different groups of the level above */
+            }
+            parent = *m, had = c;
+        }
+        t->owner[k] = parent;
+        ok = ok && hier_add_kid(t, parent, k, npanels);
+    }
+    for (int i = 0; ok && i < t->n; ++i) {
+        int d = 1;
+        for (int q = t->node[i].parent; q >= 0; q = t->node[q].parent) ++d;
+        t->depth = d > t->depth ? d : t->depth;
+    }
+    free(count);
+    free(made);
+    if (!ok || t->depth < 2) {
+        hier_free(t);
+        return 0;
+    }
+    return 1;
+}
+
+/* The unit frame (fast, slow, normal, origin) of panel p, as a group's whose first panel it is. */
+static void panel_unit_frame(const nbg_panel *p, double G[12])
+{
+    const double nf = sqrt(p->fast[0] * p->fast[0] + p->fast[1] * p->fast[1] + p->fast[2] * p->fast[2]);
+    const double ns = sqrt(p->slow[0] * p->slow[0] + p->slow[1] * p->slow[1] + p->slow[2] * p->slow[2]);
+    for (int i = 0; i < 3; ++i) {
+        G[i] = p->fast[i] / nf;
+        G[3 + i] = p->slow[i] / ns;
+        G[9 + i] = p->origin[i];
+    }
+    G[6] = G[1] * G[5] - G[2] * G[4];
+    G[7] = G[2] * G[3] - G[0] * G[5];
+    G[8] = G[0] * G[4] - G[1] * G[3];
+}
+
+/* Vectors f, s and point o (laboratory) in the frame G (NULL: the root's, the laboratory). */
+static void to_frame(const double *G, const double f[3], const double s[3], const double o[3], double fo[3],
+                     double so[3], double oo[3])
+{
+    for (int i = 0; i < 3; ++i) {
+        if (G == NULL) {
+            fo[i] = f[i], so[i] = s[i], oo[i] = o[i];
+            continue;
+        }
+        fo[i] = G[3 * i] * f[0] + G[3 * i + 1] * f[1] + G[3 * i + 2] * f[2];
+        so[i] = G[3 * i] * s[0] + G[3 * i + 1] * s[1] + G[3 * i + 2] * s[2];
+        oo[i] = G[3 * i] * (o[0] - G[9]) + G[3 * i + 1] * (o[1] - G[10]) + G[3 * i + 2] * (o[2] - G[11]);
+    }
+}
+
+/* Node i of t as a group of the hierarchy (its frame in its parent's, its children), or NULL when memory is short. */
+static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
+{
+    const hier_node *q = &t->node[i];
+    double G[12], P[12], f[3], s[3], o[3];
+    panel_unit_frame(&panels[q->first], G);
+    if (q->parent >= 0)
+        panel_unit_frame(&panels[t->node[q->parent].first], P);
+    to_frame(q->parent >= 0 ? P : NULL, G, G + 3, G + 9, f, s, o);
+    char name[48];
+    snprintf(name, sizeof name, "level %d group %d", q->level, q->id);
+    static const double zero2[3] = {0, 0, 0};
+    json_t *node = panel_json(name, "", f, s, o, 0, 0, zero2, zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+    json_t *kids = json_array();
+    for (int c = 0; node != NULL && kids != NULL && c < q->nkids; ++c) {
+        const int k = q->kid[c];
+        json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(t, panels, -k - 1);
+        if (ch == NULL || json_array_append_new(kids, ch) != 0) {
+            json_decref(kids);
+            kids = NULL;
+        }
+    }
+    if (node == NULL || kids == NULL || json_object_set_new(node, "children", kids) != 0) {
+        json_decref(node);
+        return NULL;
+    }
+    return node;
+}
+
 static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
 {
     /* DIALS's parallax correction needs both the thickness and mu; without either it uses the simple mapping. */
@@ -89,6 +248,54 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
      * vectors in that frame.  Without a group of two or more panels, every panel is the root's child, in the lab
      * frame (the root's). */
     const int n = npanels > 0 ? npanels : 1;
+    hier_tree tree;
+    if (npanels > 1 && hier_build(panels, npanels, &tree)) {
+        /* several levels (a list's hierarchy read, a layout's quadrants and modules): written as they are, each group
+         * in its first panel's frame relative to its parent group's, each panel in its group's */
+        json_t *list = json_array(), *kids = json_array();
+        for (int k = 0; list != NULL && k < npanels; ++k) {
+            const nbg_panel *p = &panels[k];
+            double G[12], f[3], sl[3], o[3];
+            if (tree.owner[k] >= 0)
+                panel_unit_frame(&panels[tree.node[tree.owner[k]].first], G);
+            to_frame(tree.owner[k] >= 0 ? G : NULL, p->fast, p->slow, p->origin, f, sl, o);
+            char name[48];
+            if (p->name[0] != '\0')
+                snprintf(name, sizeof name, "%.31s", p->name);
+            else
+                snprintf(name, sizeof name, "panel %d", k);
+            const double pk[2] = {p->pixel, p->pixel};
+            const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
+            const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
+            json_t *panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->fpixels, p->spixels, pk, trusted, th,
+                                       g->material, mu, g->gain, g->pedestal,
+                                       th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
+            if (panel == NULL || json_array_append_new(list, panel) != 0) {
+                json_decref(list);
+                list = NULL;
+            }
+        }
+        for (int c = 0; kids != NULL && c < tree.nroot; ++c) {
+            const int k = tree.root[c];
+            json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(&tree, panels, -k - 1);
+            if (ch == NULL || json_array_append_new(kids, ch) != 0) {
+                json_decref(kids);
+                kids = NULL;
+            }
+        }
+        hier_free(&tree);
+        static const double ex1[3] = {1, 0, 0}, ey1[3] = {0, 1, 0}, zero1[3] = {0, 0, 0};
+        json_t *root = list != NULL && kids != NULL
+                           ? panel_json("", "", ex1, ey1, zero1, 0, 0, zero1, zero1, 0, "", 0, 1, 0, "SimplePxMmStrategy")
+                           : NULL;
+        if (root == NULL || json_object_set_new(root, "children", kids) != 0) {
+            json_decref(root);
+            json_decref(list);
+            if (root == NULL) json_decref(kids);
+            return NULL;
+        }
+        return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
+    }
     int maxg = -1, grouped = 0;
     int *count = NULL;
     for (int k = 0; k < npanels; ++k) maxg = panels[k].group > maxg ? panels[k].group : maxg;

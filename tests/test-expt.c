@@ -581,6 +581,51 @@ static void test_hierarchy(nbg_ctx *ctx, const char *dir)
              q[5].group == 2;
         nbgi_test_check(ok, "hier-levels", "the groups at levels 0-3: %s | %s | %s | %s%s", got[0], got[1], got[2],
                         got[3], r3 == NBG_OK ? "" : nbg_errmsg(ctx));
+        /* written back: the three levels as they were (each group in its first panel's frame relative to its
+         * parent's), every panel in place; then the CSPAD layout, its quadrants and sensors */
+        for (int lay = 0; lay < 2 && ok; ++lay) {
+            nbg_panel cs[64];
+            int ncs = 0;
+            if (lay == 1) {
+                double px;
+                int fp, sp;
+                ok = nbg_layout(ctx, "cspad", cs, 64, &ncs, &px, &fp, &sp) == NBG_OK && ncs == 64;
+                for (int k = 0; ok && k < ncs; ++k) { /* placed in a lab frame: its plane 100 mm from the sample */
+                    cs[k].origin[2] = -100;
+                    cs[k].slow[1] = -cs[k].slow[1], cs[k].origin[1] = -cs[k].origin[1];
+                }
+            }
+            const nbg_panel *src = lay ? cs : q;
+            const int ns = lay ? ncs : nq;
+            char pw[600];
+            snprintf(pw, sizeof pw, "%s/hier3w%d.expt", dir, lay);
+            nbg_geometry gw;
+            nbg_panel *w = NULL;
+            int nw = 0;
+            int rw = ok ? nbg_write_expt_panels(ctx, pw, &g3, src, ns, NULL) : -1;
+            rw = rw == NBG_OK ? nbg_read_expt_panels(ctx, pw, &gw, &w, &nw) : rw;
+            double worst = rw == NBG_OK && nw == ns ? 0 : INFINITY;
+            int same = worst == 0;
+            for (int k = 0; same && k < ns; ++k) {
+                for (int i = 0; i < 3; ++i) {
+                    worst = fmax(worst, fabs(w[k].fast[i] - src[k].fast[i]));
+                    worst = fmax(worst, fabs(w[k].slow[i] - src[k].slow[i]));
+                    worst = fmax(worst, fabs(w[k].origin[i] - src[k].origin[i]));
+                }
+                /* the groups of levels 1 and 2 (a layout's level 3 is each panel alone: not written as a group) */
+                for (int l = 0; l < 3; ++l) same &= w[k].level_group[l] == src[k].level_group[l];
+            }
+            size_t size = 0;
+            char *txt = nbgi_test_read_file(pw, &size);
+            const int nested = txt != NULL && strstr(txt, "\"level 2 group 1\"") != NULL;
+            free(txt);
+            free(w);
+            nbgi_test_check(same && worst < 1e-12 && nested, lay ? "hier-write-cspad" : "hier-write-levels",
+                            "%s written as a hierarchy of two group levels, read back with the same groups at each "
+                            "level (%s) and every panel in place to %.2g mm%s", lay ? "the CSPAD layout's 64 panels"
+                            : "the three-level list's 8 panels", same ? "yes" : "no", worst,
+                            rw == NBG_OK ? "" : nbg_errmsg(ctx));
+        }
         free(q);
         const char *lvl[4] = {"detector", "level1", "level2", "modules"};
         const int want_groups[4] = {1, 2, 4, 4};

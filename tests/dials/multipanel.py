@@ -174,30 +174,33 @@ def hierarchies(nbgrad, work, el, nx_detector, image):
 
 
 def layout_groups(nbgrad, work):
-    """Hierarchies nbgrad writes: the CSPAD layout's 32 modules of two panels as groups of the list's hierarchy.
-    dxtbx reads 32 groups of 2 panels, every panel where the flat list (-panel_groups panels) puts it; a group turned
-    and moved in dxtbx, as dials.refine moves one, is read by nbgrad and written back with its groups, every panel
-    where dxtbx puts it."""
+    """Hierarchies nbgrad writes: the CSPAD layout's 4 quadrants of 8 modules of two panels as groups of the list's
+    hierarchy, two levels (as DIALS's CSPAD lists have them).  dxtbx reads 4 groups of 8 groups of 2 panels, every
+    panel where dxtbx's reading of the NXmx file of the same run (written by nbgrad's other writer, modules of
+    panels) puts it; a module turned and moved in dxtbx, as dials.refine moves one, is read by nbgrad and written
+    back with its groups, every panel where dxtbx puts it."""
     from dxtbx.model.experiment_list import ExperimentListFactory
     from scitbx import matrix
+    import dxtbx
     base = ["-layout", "cspad", "-distance", "100", "-cell", "70", "80", "90", "90", "90", "90", "-default_F", "100",
             "-N", "5", "-oversample", "1", "-nopgm", "-nonoise"]
-    for tag, extra in (("groups", []), ("flat", ["-panel_groups", "panels"])):
-        rc = subprocess.call([nbgrad] + base + extra + ["-exptfile", "cspad_%s.expt" % tag], cwd=work,
-                             stdout=open(os.path.join(work, "cspad_%s.log" % tag), "w"), stderr=subprocess.STDOUT)
-        if not check(rc == 0, "layout-" + tag, "nbgrad wrote the CSPAD layout's list (%s; exit %d)" % (tag, rc)):
-            return []
+    rc = subprocess.call([nbgrad] + base + ["-exptfile", "cspad_groups.expt", "-nxsfile", "cspad_layout.nxs"],
+                         cwd=work, stdout=open(os.path.join(work, "cspad_groups.log"), "w"), stderr=subprocess.STDOUT)
+    if not check(rc == 0, "layout-groups", "nbgrad wrote the CSPAD layout's list and NXmx file (exit %d)" % rc):
+        return []
     load = lambda name: ExperimentListFactory.from_json_file(os.path.join(work, name), check_format=False)
-    el, flat = load("cspad_groups.expt"), load("cspad_flat.expt")
-    det, fdet = el[0].detector, flat[0].detector
-    groups = list(det.hierarchy())
-    sizes = sorted(set(len(g) for g in groups))
-    w = worst_placement(det, fdet)
-    check(len(groups) == 32 and sizes == [2] and len(fdet.hierarchy()) == 64 and w < 1e-6, "layout-hierarchy",
-          "dxtbx reads %d groups of %s panels (the flat list: %d children of the root); every panel where the flat "
-          "list puts it: largest difference %.2g (mm for origins)" % (len(groups), sizes, len(fdet.hierarchy()), w))
-    # group 3 turned by 0.3 deg about its normal and moved, as dials.refine moves a group
-    g = groups[3]
+    el = load("cspad_groups.expt")
+    det = el[0].detector
+    ndet = dxtbx.load(os.path.join(work, "cspad_layout.nxs")).get_detector()
+    quads = list(det.hierarchy())
+    modules = [m for q in quads for m in q]
+    sizes = sorted(set(len(m) for m in modules))
+    w = worst_placement(det, ndet)
+    check(len(quads) == 4 and all(len(q) == 8 for q in quads) and sizes == [2] and w < 1e-6, "layout-hierarchy",
+          "dxtbx reads %d groups (quadrants) of %s groups (modules) of %s panels; every panel where the NXmx file puts "
+          "it: largest difference %.2g (mm for origins)" % (len(quads), sorted(set(len(q) for q in quads)), sizes, w))
+    # module 3 of quadrant 1 turned by 0.3 deg about its normal and moved, as dials.refine moves a group
+    g = list(quads[1])[3]
     f, s_, o = (matrix.col(v) for v in (g.get_local_fast_axis(), g.get_local_slow_axis(), g.get_local_origin()))
     turn = f.cross(s_).normalize().axis_and_angle_as_r3_rotation_matrix(0.3, deg=True)
     g.set_local_frame((turn * f).elems, (turn * s_).elems, (o + matrix.col((0.4, -0.2, 0.1))).elems)
@@ -205,14 +208,15 @@ def layout_groups(nbgrad, work):
     rc = subprocess.call([nbgrad, "-expt", "cspad_moved.expt", "-default_F", "100", "-N", "5", "-oversample", "1",
                           "-nopgm", "-nonoise", "-exptfile", "cspad_back.expt"], cwd=work,
                          stdout=open(os.path.join(work, "cspad_back.log"), "w"), stderr=subprocess.STDOUT)
-    if not check(rc == 0, "layout-moved-read", "nbgrad read the list with group 3 moved (exit %d)" % rc):
+    if not check(rc == 0, "layout-moved-read", "nbgrad read the list with a module moved (exit %d)" % rc):
         return []
     moved = load("cspad_moved.expt")[0].detector
     back = load("cspad_back.expt")[0].detector
-    w2, w3 = worst_placement(moved, back), worst_placement(moved, fdet)
-    check(len(back.hierarchy()) == 32 and w2 < 1e-6 and w3 > 0.1, "layout-moved-placed",
-          "written back with its %d groups, every panel where dxtbx puts it: largest difference %.2g (the move: %.2g "
-          "mm)" % (len(back.hierarchy()), w2, w3))
+    w2, w3 = worst_placement(moved, back), worst_placement(moved, ndet)
+    bq = list(back.hierarchy())
+    check(len(bq) == 4 and all(len(q) == 8 for q in bq) and w2 < 1e-6 and w3 > 0.1, "layout-moved-placed",
+          "written back with its 4 x 8 groups, every panel where dxtbx puts it: largest difference %.2g (the move: "
+          "%.2g mm)" % (w2, w3))
     return [("cspad", 0, "(all panels, groups)", w, w, w, det[0].get_pixel_size()[0], det[0].get_image_size(), None),
             ("moved", 0, "(all panels, group 3 moved)", w2, w2, w2, det[0].get_pixel_size()[0],
              det[0].get_image_size(), None)]
