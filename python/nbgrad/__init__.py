@@ -820,21 +820,30 @@ class EnsembleResult:
 
 
 def ensemble(exp: Experiment, shots, observed, globals, locals=(), cycles: int = 4, loss: str = "poisson",
-             spots: Optional[int] = None, spot_frac: float = 0.05, progress=None) -> EnsembleResult:
+             spots: Optional[int] = None, spot_frac: float = 0.05, progress=None, pedestal: Optional[float] = None,
+             gain: Optional[float] = None, read_noise: Optional[float] = None, panel_pedestal=None,
+             panel_gain=None, panel_read_noise=None) -> EnsembleResult:
     """Refines many still shots together (nbg_ensemble; ``nbgrad ensemble``'s optimiser): the global parameters
     (globals: "F", the whole table of exp, and any parameter names or groups, e.g. "cell") shared by every shot, the
     local ones (locals: e.g. "rotx,roty,rotz,scale") each shot's own.  shots: a ShotList or its path; observed: the
     observed images' file name with {id}.  cycles of local fits (LM) then a global step (EM on F with the Poisson
     loss and F alone, else BFGS); spots: a half-width to fit each shot on its spot regions (-spots).  exp's table
     holds the refined F afterwards.  progress(what, done, total, text), what "info", "warning", "cycle" or "shot",
-    as the program prints them."""
+    as the program prints them.  pedestal, gain, read_noise and the per-panel lists panel_pedestal, panel_gain,
+    panel_read_noise: the observed images' detector response, as read_observed and the program's -pedestal ...
+    take it (default: each file's)."""
     if loss not in _LOSSES:
         raise ValueError(f"loss: expected 'lsq' or 'poisson', got {loss!r}")
     if progress is not None and not callable(progress):
         raise TypeError("progress must be callable")
     shots = _shots(shots)
+    nan = float("nan")
+    resp = [nan if x is None else float(x) for x in (pedestal, gain, read_noise)]
+    lists = [None if x is None else np.asarray(x, dtype=np.float64).ravel()
+             for x in (panel_pedestal, panel_gain, panel_read_noise)]
     r = _ext.ensemble(exp, shots, os.fspath(observed), ",".join(_expand(globals)), ",".join(_expand(locals)),
-                      int(cycles), _LOSSES[loss], -1 if spots is None else int(spots), float(spot_frac), progress)
+                      int(cycles), _LOSSES[loss], -1 if spots is None else int(spots), float(spot_frac), progress,
+                      *resp, *lists)
     F = Fs = None
     if r["has_F"]:
         shape = exp.F.shape if exp.F is not None else r["F"].shape

@@ -1972,6 +1972,33 @@ static const char *value_source(nbg_value_source v)
     return v == NBG_FROM_OPTION ? "given" : v == NBG_FROM_FILE ? "file" : "default";
 }
 
+/* Each panel's own pedestal, gain and read noise (lists: None or one value per panel each; the library checks the
+ * count against the panels) into opt, their arrays in arr (to release after the call); 0 with the exception set. */
+static int response_lists(const char *what, PyObject *const lists[3], nbg_observed_options *opt, PyArrayObject *arr[3])
+{
+    const double **dst[3] = {&opt->panel_pedestal, &opt->panel_gain, &opt->panel_read_noise};
+    for (int k = 0; k < 3; ++k) {
+        arr[k] = NULL;
+        if (lists[k] == Py_None) continue;
+        arr[k] = (PyArrayObject *)PyArray_FROMANY(lists[k], NPY_FLOAT64, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+        if (arr[k] == NULL) {
+            for (int j = 0; j < k; ++j) Py_XDECREF(arr[j]);
+            return 0;
+        }
+        *dst[k] = (const double *)PyArray_DATA(arr[k]);
+        opt->npanel_values = (int)PyArray_DIM(arr[k], 0);
+    }
+    for (int k = 0; k < 3; ++k) {
+        if (arr[k] != NULL && (int)PyArray_DIM(arr[k], 0) != opt->npanel_values) {
+            PyErr_Format(PyExc_ValueError, "%s: the panel lists differ in length (%d and %d values)", what,
+                         (int)PyArray_DIM(arr[k], 0), opt->npanel_values);
+            for (int j = 0; j < 3; ++j) Py_XDECREF(arr[j]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* read_observed(exp, path, frame, pedestal, gain, read_noise, adc) -> (flat float32 image, flat uint8 use, info
  * dict): nbg_observed_read with exp's experiment (its mask joins the file's); NAN for a value not given.  exp's
  * detector response becomes the one chosen. */
@@ -1989,28 +2016,10 @@ static PyObject *py_read_observed(PyObject *self, PyObject *args)
         return NULL;
     }
     ExperimentObject *x = (ExperimentObject *)o;
-    /* each panel's own pedestal, gain, read noise: None or one value per panel (the library checks the count) */
     PyArrayObject *arr[3] = {NULL, NULL, NULL};
-    const double **dst[3] = {&opt.panel_pedestal, &opt.panel_gain, &opt.panel_read_noise};
-    for (int k = 0; k < 3; ++k) {
-        if (lists[k] == Py_None) continue;
-        arr[k] = (PyArrayObject *)PyArray_FROMANY(lists[k], NPY_FLOAT64, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
-        if (arr[k] == NULL) {
-            for (int j = 0; j < k; ++j) Py_XDECREF(arr[j]);
-            Py_DECREF(path);
-            return NULL;
-        }
-        *dst[k] = (const double *)PyArray_DATA(arr[k]);
-        opt.npanel_values = (int)PyArray_DIM(arr[k], 0);
-    }
-    for (int k = 0; k < 3; ++k) {
-        if (arr[k] != NULL && (int)PyArray_DIM(arr[k], 0) != opt.npanel_values) {
-            PyErr_Format(PyExc_ValueError, "read_observed: the panel lists differ in length (%d and %d values)",
-                         (int)PyArray_DIM(arr[k], 0), opt.npanel_values);
-            for (int j = 0; j < 3; ++j) Py_XDECREF(arr[j]);
-            Py_DECREF(path);
-            return NULL;
-        }
+    if (!response_lists("read_observed", lists, &opt, arr)) {
+        Py_DECREF(path);
+        return NULL;
     }
     if (isnan(opt.adc)) {
         opt.adc = nbg_builder_adc(x->b);
@@ -2750,15 +2759,21 @@ static PyObject *param_list_labels(const ExperimentObject *x, const nbg_param *p
 /* ensemble(exp, shots, observed, global, local, cycles, loss, spots, spot_frac, progress) -> dict (nbg_ensemble) */
 static PyObject *py_ensemble(PyObject *self, PyObject *args)
 {
-    PyObject *o, *so, *progress;
+    PyObject *o, *so, *progress, *lists[3] = {Py_None, Py_None, Py_None};
     const char *observed, *global, *local;
     nbg_ensemble_options opt;
     nbg_ensemble_options_default(&opt);
+    nbg_observed_options resp;
+    nbg_observed_options_default(&resp);
     int loss;
-    if (!PyArg_ParseTuple(args, "OOsssiiidO:ensemble", &o, &so, &observed, &global, &local, &opt.cycles, &loss,
-                          &opt.spots, &opt.spot_frac, &progress))
+    if (!PyArg_ParseTuple(args, "OOsssiiidO|dddOOO:ensemble", &o, &so, &observed, &global, &local, &opt.cycles,
+                          &loss, &opt.spots, &opt.spot_frac, &progress, &resp.pedestal, &resp.gain, &resp.read_noise,
+                          &lists[0], &lists[1], &lists[2]))
         return NULL;
     if (!exp_check(o, "ensemble") || !shots_check(so)) return NULL;
+    PyArrayObject *arr[3];
+    if (!response_lists("ensemble", lists, &resp, arr)) return NULL;
+    opt.response = &resp;
     ExperimentObject *x = (ExperimentObject *)o;
     const nbg_shot_list *l = &((ShotListObject *)so)->l;
     opt.observed = observed;
@@ -2814,6 +2829,7 @@ static PyObject *py_ensemble(PyObject *self, PyObject *args)
                         res.F_measured, "evaluations", res.evaluations, "spot_pixels", res.spot_pixels, "spot_total",
                         res.spot_total, "spot_whole", res.spot_whole);
 done:
+    for (int k = 0; k < 3; ++k) Py_XDECREF(arr[k]);
     Py_XDECREF(gnames);
     Py_XDECREF(lnames);
     Py_XDECREF(pc.exc_type);

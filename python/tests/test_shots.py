@@ -173,6 +173,23 @@ def test_ensemble_bfgs_matches_cli(cli, data):
     assert list(res.globals) == ["a"] and res.sigmas["a"] > 0
 
 
+def test_ensemble_detector_response_matches_cli(cli, data):
+    """The observed images' response given (-pedestal, -gain): the program's JSON, and not the default's; per-panel
+    values on the single flat detector refused, as by the program."""
+    ref, _ = cli_ensemble(cli, data, ["-global", "F", "-local", "rotx,roty,rotz", "-cycles", "1", "-pedestal", "35",
+                                      "-gain", "1.25"], "resp.json")
+    shots = nbgrad.read_shots(data / "shots.jsonl")
+    exp = nbgrad.Experiment.from_flags(SMALL + ["-hkl", str(data / "start.hkl"), "-default_F", "0"])
+    res = nbgrad.ensemble(exp, shots, data / "obs" / "{id}.img", "F", "rotx,roty,rotz", cycles=1, pedestal=35,
+                          gain=1.25)
+    check_same(res, ref, shots, exp)
+    exp0 = nbgrad.Experiment.from_flags(SMALL + ["-hkl", str(data / "start.hkl"), "-default_F", "0"])
+    res0 = nbgrad.ensemble(exp0, shots, data / "obs" / "{id}.img", "F", "rotx,roty,rotz", cycles=1)
+    assert res0.start_loss != res.start_loss
+    with pytest.raises(nbgrad.InvalidError, match="single flat"):
+        nbgrad.ensemble(exp0, shots, data / "obs" / "{id}.img", "F", "rotx", cycles=1, panel_gain=[1, 2])
+
+
 def test_ensemble_errors_are_the_programs(cli, data):
     exp = nbgrad.Experiment.from_flags(SMALL + ["-hkl", str(data / "start.hkl"), "-default_F", "0"])
     shots = nbgrad.read_shots(data / "shots.jsonl")
