@@ -1298,22 +1298,6 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
     return NBG_OK;
 }
 
-/* The 3x3 inverse of m (row-major) into out; 0 when m is singular. */
-static int inverse3(const double m[9], double out[9])
-{
-    const double det = m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
-                       m[2] * (m[3] * m[7] - m[4] * m[6]);
-    if (!(fabs(det) > 0) || !isfinite(1.0 / det)) {
-        return 0;
-    }
-    out[0] = (m[4] * m[8] - m[5] * m[7]) / det, out[1] = (m[2] * m[7] - m[1] * m[8]) / det;
-    out[2] = (m[1] * m[5] - m[2] * m[4]) / det, out[3] = (m[5] * m[6] - m[3] * m[8]) / det;
-    out[4] = (m[0] * m[8] - m[2] * m[6]) / det, out[5] = (m[2] * m[3] - m[0] * m[5]) / det;
-    out[6] = (m[3] * m[7] - m[4] * m[6]) / det, out[7] = (m[1] * m[6] - m[0] * m[7]) / det;
-    out[8] = (m[0] * m[4] - m[1] * m[3]) / det;
-    return 1;
-}
-
 /* -expt's scan-varying crystal (g read from c->exptin, its crystal re-expressed by -setting already) into
  * c->scan_crystal: each scan point's basis, re-expressed in the static crystal's (the same lattice, turned a little:
  * the integer change of basis -setting chose, found again for each point). */
@@ -1358,13 +1342,13 @@ int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, int ori
     }
     /* A = (a* b* c*) columns = the inverse of the basis (rows a, b, c): the image's mean A, then its basis */
     double A0[9], A1[9], Am[9], basis[9];
-    if (!inverse3(c->scan_crystal + 9 * frame, A0) || !inverse3(c->scan_crystal + 9 * (frame + 1), A1)) {
+    if (!nbgi_inverse3(c->scan_crystal + 9 * frame, A0) || !nbgi_inverse3(c->scan_crystal + 9 * (frame + 1), A1)) {
         return nbgi_error(ctx, NBG_EINVAL, "image %d: a singular crystal basis", frame + 1);
     }
     for (int i = 0; i < 9; ++i) {
         Am[i] = 0.5 * (A0[i] + A1[i]);
     }
-    if (!inverse3(Am, basis)) {
+    if (!nbgi_inverse3(Am, basis)) {
         return nbgi_error(ctx, NBG_EINVAL, "image %d: the mean of its A matrices is singular", frame + 1);
     }
     nbg_experiment t = *e;

@@ -1438,6 +1438,11 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
     }
     if (r->scan != NULL && g->crystal_scan_points > 0) {
         const size_t n = (size_t)g->crystal_scan_points;
+        char what[96];
+        snprintf(what, sizeof what, "the %zu A matrices of a scan-varying crystal", n);
+        int rk = nbgi_check_bytes(r->ctx, (double)n * 9 * sizeof(double), what);
+        if (rk != NBG_OK)
+            return rk;
         double *bases = malloc(n * 9 * sizeof *bases);
         if (bases == NULL)
             return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu A matrices of %s", n, r->file);
@@ -1452,19 +1457,11 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
                 ok = json_is_number(v) && isfinite(A[i] = json_number_value(v));
             }
             /* A = (a* b* c*) as columns: the real-space vectors a, b, c are the rows of its inverse */
-            const double det = ok ? A[0] * (A[4] * A[8] - A[5] * A[7]) - A[1] * (A[3] * A[8] - A[5] * A[6]) +
-                                    A[2] * (A[3] * A[7] - A[4] * A[6])
-                                  : 0;
-            if (!ok || !(fabs(det) > 1e-30) || !isfinite(1.0 / det)) {
-                free(bases);
-                return bad(r, aw, "", ok ? "a singular matrix (determinant %g)" : "expected 9 finite numbers", det);
-            }
             double *R = bases + 9 * k;
-            R[0] = (A[4] * A[8] - A[5] * A[7]) / det, R[1] = (A[2] * A[7] - A[1] * A[8]) / det;
-            R[2] = (A[1] * A[5] - A[2] * A[4]) / det, R[3] = (A[5] * A[6] - A[3] * A[8]) / det;
-            R[4] = (A[0] * A[8] - A[2] * A[6]) / det, R[5] = (A[2] * A[3] - A[0] * A[5]) / det;
-            R[6] = (A[3] * A[7] - A[4] * A[6]) / det, R[7] = (A[1] * A[6] - A[0] * A[7]) / det;
-            R[8] = (A[0] * A[4] - A[1] * A[3]) / det;
+            if (!ok || !nbgi_inverse3(A, R)) {
+                free(bases);
+                return bad(r, aw, "", ok ? "a singular matrix" : "expected 9 finite numbers");
+            }
             for (int i = 0; i < 3; ++i) /* into the lab frame, as the static crystal's vectors above */
                 matvec(sf, R + 3 * i, R + 3 * i);
         }

@@ -55,6 +55,28 @@ double nbgi_dot(const double a[3], const double b[3]) { return dot_d(a, b); }
 
 double nbgi_norm(const double a[3]) { return sqrt(dot_d(a, a)); }
 
+int nbgi_inverse3(const double m[9], double out[9])
+{
+    const double det = m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
+                       m[2] * (m[3] * m[7] - m[4] * m[6]);
+    if (!(fabs(det) > 0) || !isfinite(1.0 / det)) {
+        return 0;
+    }
+    double t[9];
+    t[0] = (m[4] * m[8] - m[5] * m[7]) / det, t[1] = (m[2] * m[7] - m[1] * m[8]) / det;
+    t[2] = (m[1] * m[5] - m[2] * m[4]) / det, t[3] = (m[5] * m[6] - m[3] * m[8]) / det;
+    t[4] = (m[0] * m[8] - m[2] * m[6]) / det, t[5] = (m[2] * m[3] - m[0] * m[5]) / det;
+    t[6] = (m[3] * m[7] - m[4] * m[6]) / det, t[7] = (m[1] * m[6] - m[0] * m[7]) / det;
+    t[8] = (m[0] * m[4] - m[1] * m[3]) / det;
+    for (int i = 0; i < 9; ++i) {
+        if (!isfinite(t[i])) {
+            return 0;
+        }
+    }
+    memcpy(out, t, sizeof t);
+    return 1;
+}
+
 /* Scales v to unit length in place and returns its former length (0 leaves it unchanged). */
 static double unitize(double v[3])
 {

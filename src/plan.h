@@ -118,5 +118,8 @@ void nbgi_rotate_axis(const double v[3], const double ax[3], double phi, double 
 void nbgi_cross(const double a[3], const double b[3], double out[3]);
 double nbgi_dot(const double a[3], const double b[3]);
 double nbgi_norm(const double a[3]);
+/* The inverse of the 3x3 matrix m (row-major) into out; 0 (out untouched) when m is singular or its inverse is not
+ * finite. */
+int nbgi_inverse3(const double m[9], double out[9]);
 
 #endif
