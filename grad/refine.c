@@ -274,7 +274,17 @@ static int frame_jacobian(refine_ws *ws, refine_frame *fr)
 /* The dense Gauss-Newton sums of walked pixels [t0, t1) of frame fr (no structure-factor rows): out[0] the loss,
  * out[1] its rounding, out[2 + a] g_a, out[2 + n + a (a + 1) / 2 + b] H_ab (b <= a).  The pixels in the loss whose
  * tangents are not all zero are copied, a block at a time, into a compact buffer whose dot products vectorise. */
-enum { GN_BLK = 256, GN_DENSE_MAX = 24, GN_CHUNK = 8192 };
+enum { GN_BLK = 256, GN_DENSE_MAX = 24, GN_CHUNK = 8192, GN_LANES = 8 };
+
+static double lanes_sum(const double *acc)
+{
+    double s = 0;
+    for (int l = 0; l < GN_LANES; ++l) {
+        s += acc[l];
+    }
+    return s;
+}
+
 static void gn_dense_chunk(const refine_ws *ws, const refine_frame *fr, long t0, long t1, double *out)
 {
     const int n = ws->n;
@@ -309,24 +319,38 @@ static void gn_dense_chunk(const refine_ws *ws, const refine_frame *fr, long t0,
                 ++m;
             }
         }
+        /* the dot products in GN_LANES partial sums added in a fixed order at the end, so that the bits do not
+         * depend on the vector width the compiler chose (the program's -march=native and the Python extension's
+         * x86-64-v3 build give the same fits); the block is padded with zeros to a whole number of lanes */
+        const int mp = (m + GN_LANES - 1) / GN_LANES * GN_LANES;
+        for (int j = m; j < mp; ++j) {
+            dl[j] = cl[j] = 0;
+            for (int a = 0; a < n; ++a) {
+                Tl[a][j] = 0;
+            }
+        }
         for (int a = 0; a < n; ++a) {
             const double *const Ta = Tl[a];
-            double ga = 0;
-#pragma omp simd reduction(+ : ga)
-            for (int j = 0; j < m; ++j) {
-                ga += dl[j] * Ta[j];
-                ct[j] = cl[j] * Ta[j];
+            double acc[GN_LANES] = {0};
+            for (int j = 0; j < mp; j += GN_LANES) {
+#pragma omp simd
+                for (int l = 0; l < GN_LANES; ++l) {
+                    acc[l] += dl[j + l] * Ta[j + l];
+                    ct[j + l] = cl[j + l] * Ta[j + l];
+                }
             }
-            g[a] += ga;
+            g[a] += lanes_sum(acc);
             double *const Ha = H + (size_t)a * (a + 1) / 2;
             for (int b = 0; b <= a; ++b) {
                 const double *const Tb = Tl[b];
-                double h = 0;
-#pragma omp simd reduction(+ : h)
-                for (int j = 0; j < m; ++j) {
-                    h += ct[j] * Tb[j];
+                double hacc[GN_LANES] = {0};
+                for (int j = 0; j < mp; j += GN_LANES) {
+#pragma omp simd
+                    for (int l = 0; l < GN_LANES; ++l) {
+                        hacc[l] += ct[j + l] * Tb[j + l];
+                    }
                 }
-                Ha[b] += h;
+                Ha[b] += lanes_sum(hacc);
             }
         }
     }
