@@ -52,6 +52,25 @@ static inline int nbgi_tangent_moves_detector(const nbgi_adjacc *t)
     return 0;
 }
 
+/* What the tangent row kernel (grad/jvp_row_tmpl.h) needs to know of its directions, found once per row rather
+ * than per group of pixels: which move the detector (their rays' tangents), whether any moves the detector or the
+ * Kahn factor (the once-per-pixel factors' tangents), and which leave N alone. */
+typedef struct {
+    int factor_tangents;
+    int moves[NBG_JVP_MAX];
+    int tN_zero[NBG_JVP_MAX];
+} nbgi_jvp_dirs;
+
+static inline void nbgi_jvp_dirs_of(const nbgi_adjacc *t, int nt, nbgi_jvp_dirs *d)
+{
+    d->factor_tangents = 0;
+    for (int k = 0; k < nt; ++k) {
+        d->moves[k] = nbgi_tangent_moves_detector(&t[k]);
+        d->factor_tangents |= d->moves[k] || t[k].K != 0;
+        d->tN_zero[k] = t[k].N[0] == 0 && t[k].N[1] == 0 && t[k].N[2] == 0;
+    }
+}
+
 /* A panel's detector quantities (pix0, f, s, o, close: 13 doubles) from the plane's, linearised: the panel's
  * vectors are pix0_p = pix0 + sum_j c_j e_j and (f, s, o)_p = A (f, s, o) with e = (f, s, o), its close distance
  * pix0_p . o_p.  Adjoint (nbgi_panel_fold): dL/d(plane) += J^T dL/d(panel), the gradients the panel's pixels
@@ -441,8 +460,9 @@ int nbgi_adjoint_chunks(long nunits, size_t nflat);
  * out[j * npix + pixel] = dI[pixel]/dtheta_j, and image the forward values (image_d, when not NULL, the same values
  * in double, before their rounding to float).  ptan (NULL: none): tangents of each
  * panel's own detector quantities, added to those the plane's carry, at [(j * npanels + k) * NBG_ADJ_DET] (panel
- * motions). */
+ * motions).  Runs on nthreads threads (the context's; the calling thread alone below NBGI_PARALLEL_MIN samples:
+ * it had taken every core whatever the context said). */
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
-                  double *image_d, int vectorised);
+                  double *image_d, int vectorised, int nthreads);
 
 #endif

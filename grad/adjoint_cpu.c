@@ -32,10 +32,10 @@ static __attribute__((noinline)) void row_adjoint(const nbgi_kparams *p, int s, 
 }
 
 static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int f0, int n, const nbgi_adjacc *t,
-                                              int nt, float *out, double *outd, double *dS, size_t npix,
-                                              size_t base)
+                                              int nt, const nbgi_jvp_dirs *dirs, float *out, double *outd, double *dS,
+                                              size_t npix, size_t base)
 {
-    nbgi_row_jvp_d(p, s, f0, n, t, nt, out, outd, dS, npix, base);
+    nbgi_row_jvp_d(p, s, f0, n, t, nt, dirs, out, outd, dS, npix, base);
 }
 
 /* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
@@ -191,7 +191,7 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
 }
 
 void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const double *ptan, double *out, float *image,
-                  double *image_d, int vectorised)
+                  double *image_d, int vectorised, int nthreads)
 {
     const size_t npix = (size_t)p->npix;
     /* with a pixel list the tangents are compact: list entry t of parameter j at out[j * nlist + t] */
@@ -203,7 +203,7 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
             memset(image_d, 0, sizeof(double) * npix);
         }
     }
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nbgi_samples(p) >= NBGI_PARALLEL_MIN)
     for (long u = 0; u < nu; ++u) {
         /* a row of the single detector, or of a panel through its view with the tangents carried to its vectors;
          * or a run of a pixel list within one */
@@ -232,11 +232,13 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
             tr = tp;
         }
         if (vectorised) {
+            nbgi_jvp_dirs dirs;
+            nbgi_jvp_dirs_of(tr, nt, &dirs);
             for (int f0 = fa; f0 < fb; f0 += 8) {
                 const size_t i = (size_t)first + f0;
                 const size_t o = pos >= 0 ? (size_t)(pos + (f0 - fa)) : i;
-                row_jvp(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, image + i, image_d != NULL ? image_d + i : NULL,
-                        out, stride, o);
+                row_jvp(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, &dirs, image + i,
+                        image_d != NULL ? image_d + i : NULL, out, stride, o);
             }
             continue;
         }

@@ -903,8 +903,12 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
             }
         }
         if (rc == NBG_OK) {
+            int nthreads = 1;
+#ifdef _OPENMP
+            nthreads = ctx->nthreads > 0 ? ctx->nthreads : omp_get_max_threads();
+#endif
             nbgi_jvp_cpu(&pl.k, t, m, motion ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
-                         ctx->scalar_adjoint == 0);
+                         ctx->scalar_adjoint == 0, nthreads);
             rc = nbgi_image_check(ctx, &pl, image, NAN);
         }
         for (int j = 0; j < na; ++j) {

@@ -2,7 +2,11 @@
  * jvp_row_tmpl.h -- the tangent kernel's vectorised form: grad/jvp_tmpl.h for NBG_JLANES neighbouring pixels of a
  * row.  The once-per-pixel factors and their tangents come per lane from the scalar twin (nbgi_jvp_factors); each
  * sample's tangents are propagated across the lanes in `omp simd` loops.  Same arithmetic per pixel as the
- * scalar twin up to the order of additions.  Instantiated for double by grad/adjoint_cpu.c.
+ * scalar twin up to the order of additions and the exact zeros it leaves out: a crystal's direction (cell,
+ * orientation) under a constant F has no t_q, t_N or dF/dh terms.  What the row needs to know of its directions
+ * (nbgi_jvp_dirs) is found once per row by the caller; the last loop writes the tangent images direction by
+ * direction across the lanes (it was a scalar loop over the lanes, with the direction flags recomputed for every 8
+ * pixels: together half of cubic1k's nine tangents).  Instantiated for double by grad/adjoint_cpu.c.
  */
 #ifndef NBG_TMPL_OPEN
 #error "jvp_row_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"
@@ -16,7 +20,8 @@
 #define NBG_JLANES 8
 
 static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int f0, int n, const nbgi_adjacc *t, int nt,
-                                       float *out, double *outd, double *dS, size_t npix, size_t base)
+                                       const nbgi_jvp_dirs *dirs, float *out, double *outd, double *dS, size_t npix,
+                                       size_t base)
 {
     enum { W = NBG_JLANES };
     const int os = p->oversample;
@@ -28,10 +33,8 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     /* the factors' tangents are needed only for directions that move the detector or the Kahn factor (a crystal's
      * or a wavelength's have none): without such a direction the factors come from the lane form, as the adjoint
      * takes them (the same values bit for bit, grad/adjoint.h), and their tangents are zero */
-    int factor_tangents = 0;
-    for (int k = 0; k < nt; ++k) {
-        factor_tangents |= nbgi_tangent_moves_detector(&t[k]) || t[k].K != 0;
-    }
+    const int factor_tangents = dirs->factor_tangents;
+    const int *const moves = dirs->moves, *const tN_zero = dirs->tN_zero;
     if (!factor_tangents) {
         _Static_assert(NBG_PF_LANES == NBG_JLANES, "the lane factors must have the tangent row's width");
         nbgi_lane_pixfactors lf;
@@ -43,13 +46,17 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
             omega[j] = (NBG_R)lf.omega[j];
             capture[j] = (NBG_R)lf.capture[j];
             polar[j] = (NBG_R)lf.polar[j];
-            for (int k = 0; k < nt; ++k) {
+            I[j] = (NBG_R)p->I_bg;
+        }
+        for (int k = 0; k < nt; ++k) {
+            const NBG_R ib = (NBG_R)t[k].Ibg;
+#pragma omp simd
+            for (int j = 0; j < W; ++j) {
                 t_om[k][j] = 0;
                 t_cap[k][j] = 0;
                 t_pol[k][j] = 0;
-                t_I[k][j] = (NBG_R)t[k].Ibg;
+                t_I[k][j] = ib;
             }
-            I[j] = (NBG_R)p->I_bg;
         }
     }
     for (int j = 0; factor_tangents && j < W; ++j) {
@@ -68,10 +75,9 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     const NBG_R sub = (NBG_R)p->subpixel;
     NBG_R d0[W], d1[W], d2[W], Rl[W], Fd[W], q0[W], q1[W], q2[W];
     NBG_R td[NBG_JVP_MAX][3][W], tq[NBG_JVP_MAX][3][W];
-    int valid[W], moves[NBG_JVP_MAX];
+    int valid[W], crystal[NBG_JVP_MAX];
     for (int k = 0; k < nt; ++k) {
         /* a direction that does not move the detector leaves the rays alone: t_d = 0 throughout the row */
-        moves[k] = nbgi_tangent_moves_detector(&t[k]);
         if (!moves[k]) {
             for (int x = 0; x < 3; ++x) {
                 for (int j = 0; j < W; ++j) {
@@ -111,9 +117,15 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                     for (int j = 0; j < W; ++j) {
                         valid[j] = valid[j] && active[j];
                     }
-                    /* q = (d - i) / lambda: t_q = t_d / lambda - q t_lambda / lambda */
+                    /* q = (d - i) / lambda: t_q = t_d / lambda - q t_lambda / lambda; zero for a direction that
+                     * moves neither the detector nor this source's wavelength */
                     for (int k = 0; k < nt; ++k) {
                         const NBG_R tl = (NBG_R)t[k].lam[src];
+                        /* the crystal's directions under a constant F take the short form below, without t_q */
+                        crystal[k] = !moves[k] && tl == 0 && tN_zero[k] && p->F == 0;
+                        if (crystal[k]) {
+                            continue;
+                        }
 #pragma omp simd
                         for (int j = 0; j < W; ++j) {
                             tq[k][0][j] = td[k][0][j] * ilambda - q0[j] * tl * ilambda;
@@ -176,19 +188,32 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                             const NBG_R tN0 = (NBG_R)t[k].N[0], tN1 = (NBG_R)t[k].N[1], tN2 = (NBG_R)t[k].N[2];
                             NBG_R *restrict tIk = t_I[k];
                             const NBG_R *restrict tq0 = tq[k][0], *restrict tq1 = tq[k][1], *restrict tq2 = tq[k][2];
+                            if (crystal[k]) {
+                                /* a crystal's direction under a constant F: t_q = 0, t_N = 0 and dF/dh = 0, so
+                                 * t_h = t_a . q and t_I gains dI/dL t_L alone (the terms left out are exact zeros) */
 #pragma omp simd
-                            for (int j = 0; j < W; ++j) {
-                                /* h = a . q: t_h = t_a . q + a . t_q */
-                                const NBG_R th = tv[0] * q0[j] + tv[1] * q1[j] + tv[2] * q2[j] + v[0] * tq0[j] +
-                                                 v[1] * tq1[j] + v[2] * tq2[j];
-                                const NBG_R tk = tv[3] * q0[j] + tv[4] * q1[j] + tv[5] * q2[j] + v[3] * tq0[j] +
-                                                 v[4] * tq1[j] + v[5] * tq2[j];
-                                const NBG_R tl = tv[6] * q0[j] + tv[7] * q1[j] + tv[8] * q2[j] + v[6] * tq0[j] +
-                                                 v[7] * tq1[j] + v[8] * tq2[j];
-                                const NBG_R tL = dLh[0][j] * th + dLh[1][j] * tk + dLh[2][j] * tl +
-                                                 dLdN[0][j] * tN0 + dLdN[1][j] * tN1 + dLdN[2][j] * tN2;
-                                const NBG_R tF = dFh[0][j] * th + dFh[1][j] * tk + dFh[2][j] * tl;
-                                tIk[j] += cF[j] * tF + cL[j] * tL;
+                                for (int j = 0; j < W; ++j) {
+                                    const NBG_R th = tv[0] * q0[j] + tv[1] * q1[j] + tv[2] * q2[j];
+                                    const NBG_R tk = tv[3] * q0[j] + tv[4] * q1[j] + tv[5] * q2[j];
+                                    const NBG_R tl = tv[6] * q0[j] + tv[7] * q1[j] + tv[8] * q2[j];
+                                    const NBG_R tL = dLh[0][j] * th + dLh[1][j] * tk + dLh[2][j] * tl;
+                                    tIk[j] += cL[j] * tL;
+                                }
+                            } else {
+#pragma omp simd
+                                for (int j = 0; j < W; ++j) {
+                                    /* h = a . q: t_h = t_a . q + a . t_q */
+                                    const NBG_R th = tv[0] * q0[j] + tv[1] * q1[j] + tv[2] * q2[j] + v[0] * tq0[j] +
+                                                     v[1] * tq1[j] + v[2] * tq2[j];
+                                    const NBG_R tk = tv[3] * q0[j] + tv[4] * q1[j] + tv[5] * q2[j] + v[3] * tq0[j] +
+                                                     v[4] * tq1[j] + v[5] * tq2[j];
+                                    const NBG_R tl = tv[6] * q0[j] + tv[7] * q1[j] + tv[8] * q2[j] + v[6] * tq0[j] +
+                                                     v[7] * tq1[j] + v[8] * tq2[j];
+                                    const NBG_R tL = dLh[0][j] * th + dLh[1][j] * tk + dLh[2][j] * tl +
+                                                     dLdN[0][j] * tN0 + dLdN[1][j] * tN1 + dLdN[2][j] * tN2;
+                                    const NBG_R tF = dFh[0][j] * th + dFh[1][j] * tk + dFh[2][j] * tl;
+                                    tIk[j] += cF[j] * tF + cL[j] * tL;
+                                }
                             }
                             if (p->shape == NBG_GAUSS) {
                                 for (int j = 0; j < W; ++j) {
@@ -203,6 +228,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
             }
         }
     }
+    NBG_R cpo[W];
     for (int j = 0; j < n; ++j) {
         double S = p->scale * (double)I[j];
         S *= (double)capture[j];
@@ -212,15 +238,23 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
         if (outd != NULL) {
             outd[j] = active[j] ? S : 0.0; /* the value before its rounding (nbg_simulate_tangents) */
         }
-        const NBG_R cpo = capture[j] * polar[j] * omega[j];
-        for (int k = 0; k < nt; ++k) {
-            /* S = scale I capture polar omega */
-            const double v = (double)((NBG_R)t[k].scale * I[j] * cpo +
-                                      scale * (t_I[k][j] * cpo +
-                                               I[j] * (t_cap[k][j] * polar[j] * omega[j] +
-                                                       capture[j] * t_pol[k][j] * omega[j] +
-                                                       capture[j] * polar[j] * t_om[k][j])));
-            dS[(size_t)k * npix + base + (size_t)j] = active[j] ? v : 0;
+    }
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        cpo[j] = capture[j] * polar[j] * omega[j];
+    }
+    for (int k = 0; k < nt; ++k) {
+        /* S = scale I capture polar omega */
+        const NBG_R ts = (NBG_R)t[k].scale;
+        const NBG_R *restrict tIk = t_I[k], *restrict tck = t_cap[k], *restrict tpk = t_pol[k], *restrict tok = t_om[k];
+        double *restrict dk = dS + (size_t)k * npix + base;
+#pragma omp simd
+        for (int j = 0; j < n; ++j) {
+            const double v = (double)(ts * I[j] * cpo[j] +
+                                      scale * (tIk[j] * cpo[j] +
+                                               I[j] * (tck[j] * polar[j] * omega[j] + capture[j] * tpk[j] * omega[j] +
+                                                       capture[j] * polar[j] * tok[j])));
+            dk[j] = active[j] ? v : 0;
         }
     }
 }

@@ -33,6 +33,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* One image of the fit, with its own experiment (a frame of a rotation series differs from the others in its phi
  * range; its pixel list and mask are its own), sharing the parameters. */
@@ -150,6 +153,27 @@ static int loss_only(refine_ws *ws, double *L)
     return NBG_OK;
 }
 
+/* Under the Poisson loss, whether a frame's model (its image as last rendered) has no photons where the data have
+ * some: impossible under Poisson (the floor at 1e-12 keeps the loss finite, not meaningful), a step too far, e.g. a
+ * background plane crossing zero. */
+static int photons_missing(const refine_ws *ws)
+{
+    for (int f = 0; f < ws->nf; ++f) {
+        const refine_frame *fr = &ws->fr[f];
+        nbgi_response_cursor rcur;
+        nbgi_response_init(&rcur, &fr->e);
+        for (size_t t = 0; t < fr->nw; ++t) {
+            const size_t i = at(fr, t);
+            const nbg_detector_model *r = nbgi_response_at(&rcur, i);
+            const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
+            if (fr->use[t] && fr->img[i] + sr <= 0 && (fr->obs[i] - r->pedestal) / r->gain + sr > 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 /* The loss at a trial point.  A point that the plan refuses (NBG_EINVAL: a cell with no volume, a detector
  * behind the sample, a crystal that needs too many subpixels) is not a failure of the refinement but a step too
  * far: it gets an infinite loss, so the step is shortened.  Any other failure is returned. */
@@ -160,21 +184,8 @@ static int loss_trial(refine_ws *ws, double *L)
         *L = INFINITY;
         return NBG_OK;
     }
-    for (int f = 0; rc == NBG_OK && ws->loss == NBG_LOSS_POISSON && f < ws->nf && isfinite(*L); ++f) {
-        /* a model without photons where the data have some is impossible under Poisson (the floor at 1e-12 keeps
-         * the loss finite, not meaningful): a step too far, e.g. a background plane crossing zero */
-        const refine_frame *fr = &ws->fr[f];
-        nbgi_response_cursor rcur;
-        nbgi_response_init(&rcur, &fr->e);
-        for (size_t t = 0; t < fr->nw; ++t) {
-            const size_t i = at(fr, t);
-            const nbg_detector_model *r = nbgi_response_at(&rcur, i);
-            const double sr = r->read_noise > 0 ? (r->read_noise / r->gain) * (r->read_noise / r->gain) : 0;
-            if (fr->use[t] && fr->img[i] + sr <= 0 && (fr->obs[i] - r->pedestal) / r->gain + sr > 0) {
-                *L = INFINITY;
-                break;
-            }
-        }
+    if (rc == NBG_OK && ws->loss == NBG_LOSS_POISSON && isfinite(*L) && photons_missing(ws)) {
+        *L = INFINITY;
     }
     return rc;
 }
@@ -260,6 +271,93 @@ static int frame_jacobian(refine_ws *ws, refine_frame *fr)
     return NBG_OK;
 }
 
+/* The dense Gauss-Newton sums of walked pixels [t0, t1) of frame fr (no structure-factor rows): out[0] the loss,
+ * out[1] its rounding, out[2 + a] g_a, out[2 + n + a (a + 1) / 2 + b] H_ab (b <= a).  The pixels in the loss whose
+ * tangents are not all zero are copied, a block at a time, into a compact buffer whose dot products vectorise. */
+enum { GN_BLK = 256, GN_DENSE_MAX = 24, GN_CHUNK = 8192, GN_LANES = 8 };
+
+static double lanes_sum(const double *acc)
+{
+    double s = 0;
+    for (int l = 0; l < GN_LANES; ++l) {
+        s += acc[l];
+    }
+    return s;
+}
+
+static void gn_dense_chunk(const refine_ws *ws, const refine_frame *fr, long t0, long t1, double *out)
+{
+    const int n = ws->n;
+    double Tl[GN_DENSE_MAX][GN_BLK], dl[GN_BLK], cl[GN_BLK], ct[GN_BLK];
+    double *const g = out + 2, *const H = out + 2 + n;
+    double sum = 0, eps = 0;
+    nbgi_response_cursor rcur;
+    nbgi_response_init(&rcur, &fr->e);
+    for (long tb = t0; tb < t1; tb += GN_BLK) {
+        const long te = tb + GN_BLK < t1 ? tb + GN_BLK : t1;
+        int m = 0;
+        for (long t = tb; t < te; ++t) {
+            if (!fr->use[t]) {
+                continue;
+            }
+            const size_t i = at(fr, (size_t)t);
+            const double wi = fr->w ? fr->w[i] : 1.0;
+            double dLdI, c;
+            sum += wi * nbgi_pixel_loss(ws->loss, nbgi_response_at(&rcur, i), fr->img[i], fr->obs[i], &dLdI, &c);
+            dLdI *= wi;
+            c *= wi; /* least squares 2 w; Poisson Fisher scoring w E[y] / m^2 = w / m */
+            eps += fabs(dLdI * fr->img[i]) * 0x1p-24; /* the model image is float: M to half an ulp */
+            int any = 0;
+            for (int a = 0; a < n; ++a) {
+                const double Ta = fr->T[(size_t)a * fr->nw + (size_t)t];
+                Tl[a][m] = Ta;
+                any |= Ta != 0;
+            }
+            if (any) {
+                dl[m] = dLdI;
+                cl[m] = c;
+                ++m;
+            }
+        }
+        /* the dot products in GN_LANES partial sums added in a fixed order at the end, so that the bits do not
+         * depend on the vector width the compiler chose (the program's -march=native and the Python extension's
+         * x86-64-v3 build give the same fits); the block is padded with zeros to a whole number of lanes */
+        const int mp = (m + GN_LANES - 1) / GN_LANES * GN_LANES;
+        for (int j = m; j < mp; ++j) {
+            dl[j] = cl[j] = 0;
+            for (int a = 0; a < n; ++a) {
+                Tl[a][j] = 0;
+            }
+        }
+        for (int a = 0; a < n; ++a) {
+            const double *const Ta = Tl[a];
+            double acc[GN_LANES] = {0};
+            for (int j = 0; j < mp; j += GN_LANES) {
+#pragma omp simd
+                for (int l = 0; l < GN_LANES; ++l) {
+                    acc[l] += dl[j + l] * Ta[j + l];
+                    ct[j + l] = cl[j + l] * Ta[j + l];
+                }
+            }
+            g[a] += lanes_sum(acc);
+            double *const Ha = H + (size_t)a * (a + 1) / 2;
+            for (int b = 0; b <= a; ++b) {
+                const double *const Tb = Tl[b];
+                double hacc[GN_LANES] = {0};
+                for (int j = 0; j < mp; j += GN_LANES) {
+#pragma omp simd
+                    for (int l = 0; l < GN_LANES; ++l) {
+                        hacc[l] += ct[j + l] * Tb[j + l];
+                    }
+                }
+                Ha[b] += lanes_sum(hacc);
+            }
+        }
+    }
+    out[0] = sum;
+    out[1] = eps;
+}
+
 /* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
 static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
 {
@@ -274,6 +372,41 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             return rc;
         }
         fold_tied(ws, fr->T, fr->nw, fr->nw);
+        if (ws->nFx == 0 && n <= GN_DENSE_MAX) {
+            /* over fixed chunks of the pixels, in parallel, added in chunk order (the same bits for any thread
+             * count); the matrix's lower triangle packed */
+            const long nw = (long)fr->nw;
+            const size_t stride = 2 + (size_t)n + (size_t)n * (n + 1) / 2;
+            long nch = (nw + GN_CHUNK - 1) / GN_CHUNK;
+            nch = nch < 1 ? 1 : nch > NBGI_MAXCHUNKS ? NBGI_MAXCHUNKS : nch;
+            double *const part = calloc((size_t)nch * stride, sizeof(double));
+            if (part == NULL) {
+                return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for the Gauss-Newton sums");
+            }
+            int nthreads = 1;
+#ifdef _OPENMP
+            nthreads = ws->ctx->nthreads > 0 ? ws->ctx->nthreads : omp_get_max_threads();
+#endif
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nw >= (long)NBGI_PARALLEL_MIN)
+            for (long c = 0; c < nch; ++c) {
+                long t0, t1;
+                nbgi_chunk(c, nch, nw, &t0, &t1);
+                gn_dense_chunk(ws, fr, t0, t1, part + (size_t)c * stride);
+            }
+            for (long c = 0; c < nch; ++c) {
+                const double *const pc = part + (size_t)c * stride;
+                sum += pc[0];
+                eps += pc[1];
+                for (int a = 0; a < n; ++a) {
+                    g[a] += pc[2 + a];
+                    for (int b = 0; b <= a; ++b) {
+                        H[a * n + b] += pc[2 + n + (size_t)a * (a + 1) / 2 + b];
+                    }
+                }
+            }
+            free(part);
+            continue;
+        }
         if (ws->nFx > 0) {
             memset(ws->dl, 0, sizeof(float) * ws->npix);
         }
@@ -478,12 +611,18 @@ static int linear_start(refine_ws *ws, double *x)
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
-    double *const buf = malloc(sizeof(double) * ((size_t)n * n * 2 + 3 * (size_t)n));
+    double *const buf = malloc(sizeof(double) * ((size_t)n * n * 3 + 4 * (size_t)n));
     if (buf == NULL) {
         return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
     }
     double *const g = buf, *const H = g + n, *const A = H + (size_t)n * n, *const d = A + (size_t)n * n;
-    double *const xn = d + n;
+    double *const xn = d + n, *const gn = xn + n, *const Hn = gn + n;
+    /* A trial point's loss comes with its tangent images (the Gauss-Newton pass, whose render gives the model
+     * image and the loss too) while trials are being accepted: an accepted trial then needs no second render of
+     * the same point (was: a forward for the trial's loss, then the tangents' pass at the same point).  After a
+     * refused trial the next ones take the loss alone until one is accepted at the first try.  Not with the
+     * structure factors' rows (their Gauss-Newton pass adds three renders and an adjoint pass). */
+    int speculate = ws->Ft == NULL;
     double L;
     int rc = gauss_newton(ws, &L, g, H);
     if (rc != NBG_OK) {
@@ -494,7 +633,7 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
     int it;
     res->reason = NBG_STOP_MAXITER;
     for (it = 1; it <= opt->max_iter; ++it) {
-        int accepted = 0;
+        int accepted = 0, fresh = 0;
         double Ln = L, step = 0;
         for (int tries = 0; tries < 30 && !accepted; ++tries) {
             memcpy(A, H, sizeof(double) * (size_t)n * n);
@@ -530,18 +669,34 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
                 mu *= 10;
                 continue;
             }
-            rc = loss_trial(ws, &Ln);
+            const int spec = speculate && tries == 0 && ws->Ft == NULL;
+            if (spec) {
+                rc = gauss_newton(ws, &Ln, gn, Hn);
+                if (rc == NBG_EINVAL) { /* a point the plan refuses: a step too far (loss_trial) */
+                    Ln = INFINITY;
+                    rc = NBG_OK;
+                } else if (rc == NBG_OK && ws->loss == NBG_LOSS_POISSON && isfinite(Ln) && photons_missing(ws)) {
+                    Ln = INFINITY;
+                }
+            } else {
+                rc = loss_trial(ws, &Ln);
+            }
             if (rc != NBG_OK) {
                 free(buf);
                 return rc;
             }
             if (Ln < L) {
                 accepted = 1;
+                fresh = spec;
                 step = frac * norm2(d, n);
                 mu = fmax(mu / 3, 1e-12);
             } else {
                 mu *= 4;
                 set_params(ws, x);
+                ws->gn_fresh = 0; /* the images are the refused point's */
+            }
+            if (tries == 0) {
+                speculate = accepted;
             }
         }
         if (!accepted) {
@@ -550,7 +705,14 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
         }
         const double Lold = L;
         memcpy(x, xn, sizeof(double) * (size_t)n);
-        rc = gauss_newton(ws, &L, g, H);
+        if (fresh) {
+            /* the trial's own Gauss-Newton pass (its images, eps, gn_fresh are this point's) */
+            L = Ln;
+            memcpy(g, gn, sizeof(double) * (size_t)n);
+            memcpy(H, Hn, sizeof(double) * (size_t)n * n);
+        } else {
+            rc = gauss_newton(ws, &L, g, H);
+        }
         if (rc != NBG_OK) {
             free(buf);
             return rc;
@@ -860,38 +1022,6 @@ static int information(refine_ws *ws, nbg_refine_result *res)
     return NBG_OK;
 }
 
-/* The k-th smallest (0-based) of v[0..n), n > k (v reordered): quickselect with a median-of-three pivot and a
- * three-way partition (images hold many equal values). */
-static double kth(double *v, size_t n, size_t k)
-{
-    size_t lo = 0, hi = n; /* k is in [lo, hi) */
-    while (hi - lo > 1) {
-        const double a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi - 1];
-        const double pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-        size_t lt = lo, i = lo, gt = hi; /* [lo, lt) < pivot, [lt, i) == pivot, [gt, hi) > pivot */
-        while (i < gt) {
-            const double x = v[i];
-            if (x < pivot) {
-                v[i++] = v[lt];
-                v[lt++] = x;
-            } else if (x > pivot) {
-                v[i] = v[--gt];
-                v[gt] = x;
-            } else {
-                ++i;
-            }
-        }
-        if (k < lt) {
-            hi = lt;
-        } else if (k >= gt) {
-            lo = gt;
-        } else {
-            return pivot;
-        }
-    }
-    return v[lo];
-}
-
 /* The Poisson deviance of one count k at mean mu, 2 (k log(k / mu) - (k - mu)). */
 static double deviance1(double k, double mu)
 {
@@ -980,7 +1110,7 @@ static int fit_quality(refine_ws *ws, nbg_fit_quality *q)
             }
         }
     }
-    const double bright = n > 0 ? kth(m, n, n - 1 - n / 20) : INFINITY;
+    const double bright = n > 0 ? nbgi_kth(m, n, n - 1 - n / 20) : INFINITY;
     free(m);
     double D = 0, E = 0, V = 0, Ds = 0, Es = 0, Vs = 0;
     long ns = 0;

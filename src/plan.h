@@ -64,6 +64,9 @@ int nbgi_model_active(const nbgi_kparams *k, size_t i);
 double nbgi_model_bg(const nbg_experiment *e, const nbgi_kparams *k, size_t i);
 /* image = scale * image + B over the active pixels (nothing when the model is the identity). */
 void nbgi_model_apply(const nbg_experiment *e, const nbgi_kparams *k, float *image);
+/* The k-th smallest (0-based) of v[0..n), n > k, v reordered (src/floor.c): quickselect. */
+double nbgi_kth(double *v, size_t n, size_t k);
+
 /* One pixel's loss term (weight 1) for model value M (photons) against the observed count obs, with the detector
  * response r (see nbg_loss): returns the term, *dLdM its derivative in M and, when c is not NULL, *c the
  * Gauss-Newton curvature (2 for least squares, the Fisher information 1 / (M + s) for Poisson). */
