@@ -23,6 +23,10 @@ void nbgi_cell_of_vectors(const double v[9], double cell[6]);
 /* The rotation from nbgrad's frame under e's convention (and custom beam vector) to DIALS's laboratory frame, as
  * nbg_geometry_from_report applies it: where mosaic domains drawn by a run of e's flags sit, seen from a list. */
 int nbgi_convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double R[9]);
+/* g (and its npanels panels, in g's frame) turned as a whole so that the beam runs along -z, as NXmx needs
+ * (nbg_write_nxmx refuses any other beam): every vector (detector, beam, polarization, axis, crystal, panels) and
+ * the mosaic domains' frame; the same experiment.  Nothing changes when the beam already runs along -z. */
+void nbgi_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanels);
 
 /* The writers of nbgrad.h with an output set (NULL: write at once). */
 int nbgi_write_nxmx_set(nbg_ctx *ctx, nbgi_outset *set, const char *path, const nbg_geometry *g, nbg_dtype dtype,
