@@ -1103,7 +1103,8 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
                            int npanels);
 
 /* Sets e's detector, beam, spindle, scan start and width and (when g has one) crystal to describe g: the custom
- * convention with g's vectors (nbgrad's frame is then DIALS's), the sample pivot, pix0 = g's origin exactly, the
+ * convention with g's vectors (nbgrad's frame is then DIALS's: e->dials_frame = 1, so that nbg_geometry_from_report
+ * gives the vectors back unturned), the sample pivot, pix0 = g's origin exactly, the
  * crystal as a cell and misset angles (so that both are refinable; the A matrix where that cannot reproduce g's
  * real-space vectors to 1e-9, e.g. a left-handed basis).  The other fields of e are left as they are.  Refused (NBG_EINVAL, named):
  * non-orthogonal or zero axes, a detector plane through the sample, a beam parallel to the panel, pixels of

@@ -503,6 +503,26 @@ static void test_raw_offsets_written(nbg_ctx *ctx, const char *dir)
     }
     free(pp);
     free(back);
+
+    /* the image set's multi_panel option (dials.import multi_panel=True: dxtbx cuts the image into the list's
+     * modules only with it) read and written back; without it, none stated */
+    for (int mp = 0; mp < 2; ++mp) {
+        char extra[512];
+        snprintf(extra, sizeof extra, ",\n  \"imageset\": [{\"__id__\": \"ImageSequence\", \"template\": "
+                 "\"/x/img_#####.cbf\", \"params\": {\"dynamic_shadowing\": \"Auto\", \"multi_panel\": %s}}]",
+                 mp ? "true" : "false");
+        write_list(path, "{\"beam\": 0, \"detector\": 0, \"goniometer\": 0, \"scan\": 0, \"imageset\": 0}",
+                   PANEL(FAST), GON, extra);
+        nbg_geometry gm, gm2;
+        ok = nbg_read_expt(ctx, path, &gm) == NBG_OK && gm.multi_panel == mp &&
+             nbg_write_expt(ctx, path2, &gm, "img_#####.cbf") == NBG_OK && nbg_read_expt(ctx, path2, &gm2) == NBG_OK;
+        text = nbgi_test_read_file(path2, NULL);
+        const int stated = text != NULL && strstr(text, "\"multi_panel\": true") != NULL;
+        free(text);
+        nbgi_test_check(ok && gm2.multi_panel == mp && stated == mp, mp ? "multi-panel-kept" : "multi-panel-none",
+                        "the image set's multi_panel %s read (%d), written (%d) and read back (%d)",
+                        mp ? "true" : "false", ok ? gm.multi_panel : -1, stated, ok ? gm2.multi_panel : -1);
+    }
 }
 
 /* The largest |a - b| over n values relative to the largest |a| (vectors compared in their own units). */
