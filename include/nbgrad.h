@@ -396,6 +396,12 @@ typedef struct {
      * set by nbg_experiment_from_geometry; an experiment of one image with osc 0 that keeps it is written back as a
      * still (nbg_geometry_from_report: scan_stated 0), not as a scan of width 0. */
     int still;
+    /* The custom convention's vectors are in DIALS's laboratory frame (set by nbg_experiment_from_geometry: the
+     * experiment of a DIALS list, an NXmx or a CBF file): nbg_geometry_from_report and nbg_panels_from_report then
+     * give every vector as it is, so that a list read and written back keeps its beam, detector, axis and crystal
+     * (a beam dials.index tilted off -z included).  0 (the default, and with any nanoBragg convention): they turn
+     * the description's frame so that the beam runs along -z. */
+    int dials_frame;
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -1030,10 +1036,12 @@ int nbg_noise_image(nbg_ctx *ctx, const float *image, int fpixels, int spixels, 
 /* ---------------------------------------------------------------------------------------------------------- */
 
 /* One experiment (single panel, rotation scan) in DIALS's laboratory frame, the frame of dxtbx's models, of
- * NXmx (McStas) and of imgCIF: the beam travels along -z.  nbgrad's own frame depends on the convention (the beam
- * travels along +x in MOSFLM's, +z in XDS's); nbg_geometry_from_report applies the one rotation that takes the
- * beam to -z (about the axis beam x -z; for a beam along +z, 180 deg about x), to every vector alike, so that
- * the description is physically the same experiment.  Lengths in mm, wavelength in Angstrom, angles in degrees.
+ * NXmx (McStas) and of imgCIF: the beam travels along -z (or near it, as dials.index and dials.refine leave it).
+ * nbgrad's own frame depends on the convention (the beam travels along +x in MOSFLM's, +z in XDS's);
+ * nbg_geometry_from_report applies the one rotation that takes the beam to -z (about the axis beam x -z; for a
+ * beam along +z, 180 deg about x), to every vector alike, so that the description is physically the same
+ * experiment.  An experiment whose frame is already DIALS's (nbg_experiment.dials_frame: built from a list or a
+ * file by nbg_experiment_from_geometry) is not turned: its vectors are given as they are, a beam off -z too.  Lengths in mm, wavelength in Angstrom, angles in degrees.
  * Every vector is a unit vector unless said otherwise. */
 typedef struct {
     /* --- detector (one flat panel) --- */
@@ -1086,6 +1094,10 @@ typedef struct {
                                          can tell the user that the per-image orientations were not used */
     char detector[64];                /* the detector as the file names it (a miniCBF's "# Detector:" line, an SMV
                                          header's BEAMLINE); "" when it names none */
+    int multi_panel;                  /* a DIALS list's image set option multi_panel (dials.import multi_panel=True:
+                                         dxtbx cuts a Pilatus's one array into its modules): 1 when the list states
+                                         it true.  The experiment-list writer states it when 1, so that dxtbx cuts
+                                         the image the list names into the list's panels */
 } nbg_geometry;
 
 /* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam
@@ -1099,20 +1111,28 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
                              nbg_geometry *g);
 
 /* The panels of a multi-panel experiment (e->npanels of them: npanels must equal it) as nbg_geometry describes
- * the experiment: in DIALS's laboratory frame by the same rotation as nbg_geometry_from_report's, each with its
- * unit fast and slow axes, the corner of its pixel (0,0) in mm from the sample, its pixel size (never 0) and its
- * name as given.  r is nbg_describe's report of e.  These go with the nbg_geometry of the same report to
+ * the experiment: in DIALS's laboratory frame by the same rotation as nbg_geometry_from_report's (none for an
+ * experiment in DIALS's frame), each with its unit fast and slow axes, the corner of its pixel (0,0) in mm from
+ * the sample, its pixel size (never 0), its name and its raw_offset as given.  r is nbg_describe's report of e.  These go with the nbg_geometry of the same report to
  * nbg_write_nxmx_panels and nbg_write_expt_panels. */
 int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, nbg_panel *panels,
                            int npanels);
 
 /* Sets e's detector, beam, spindle, scan start and width and (when g has one) crystal to describe g: the custom
- * convention with g's vectors (nbgrad's frame is then DIALS's), the sample pivot, pix0 = g's origin exactly, the
+ * convention with g's vectors (nbgrad's frame is then DIALS's: e->dials_frame = 1, so that nbg_geometry_from_report
+ * gives the vectors back unturned), the sample pivot, pix0 = g's origin exactly, the
  * crystal as a cell and misset angles (so that both are refinable; the A matrix where that cannot reproduce g's
  * real-space vectors to 1e-9, e.g. a left-handed basis).  The other fields of e are left as they are.  Refused (NBG_EINVAL, named):
  * non-orthogonal or zero axes, a detector plane through the sample, a beam parallel to the panel, pixels of
  * different sizes along fast and slow, a crystal with a singular cell. */
 int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e);
+
+/* Turns g (and its npanels panels, NULL allowed) as a whole so that its beam travels along -z: the one rotation
+ * about the axis beam x -z (for a beam along +z, 180 deg about x) applied to every vector alike (detector, beam,
+ * polarization, axis, crystal, the mosaic domains' frame), so that it describes the same experiment.  NXmx holds
+ * only such a beam (nbg_write_nxmx refuses another): the program's -nxsfile, and Python's write_nxmx, turn a
+ * geometry from a DIALS list whose refined beam is off -z this way first.  Nothing changes for a beam along -z. */
+void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanels);
 
 /* Re-expresses g's crystal in the setting (basis) of a reference crystal of the same lattice: the reference's
  * real-space vectors (rows a, b, c in g's frame, Angstrom, as nbg_geometry.real_space) are integer combinations of
@@ -1159,8 +1179,10 @@ int nbg_write_expt(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const 
 /* The same with every panel (npanels >= 1, in DIALS's frame, as nbg_panels_from_report gives them) as a detector
  * hierarchy, as dxtbx writes one: when a group (nbg_panel.group, >= 0) holds two panels or more, each group is a
  * child of the identity root with its first panel's frame, and its panels' vectors are written in that frame
- * (dials.refine can then refine the groups); otherwise every panel is the root's child, in the lab frame.  g
- * supplies the sensor (the same for every panel) and the rest of the experiment.  npanels = 0 (panels NULL):
+ * (dials.refine can then refine the groups); otherwise every panel is the root's child, in the lab frame.  Each
+ * panel's raw_image_offset is its raw_offset (where its pixels start in an image file that is one array: a list of
+ * the Pilatus 12M written back still cuts the original image).  g supplies the sensor (the same for every panel)
+ * and the rest of the experiment.  npanels = 0 (panels NULL):
  * nbg_write_expt. */
 int nbg_write_expt_panels(nbg_ctx *ctx, const char *path, const nbg_geometry *g, const nbg_panel *panels,
                           int npanels, const char *images);

@@ -1389,6 +1389,7 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
             c->panels = pan;
             nbgi_build_say(c, NBG_MSG_INFO, "read %s: %d panels", c->exptin, np);
         }
+        c->expt_multi_panel = g.multi_panel;
         c->expt_trusted[0] = np > 1 ? NAN : g.trusted[0]; /* the observed image's valid counts (refine, grad) */
         c->expt_trusted[1] = np > 1 ? NAN : g.trusted[1];
         if (g.has_mosaic || g.has_beam_sampling) {

@@ -54,6 +54,8 @@ struct nbgi_cli {
     double series_scale;
     nbg_geometry geom;
     nbg_panel *geom_panels; /* the panels in geom's frame (DIALS's) for -nxsfile and -exptfile, or NULL */
+    int expt_multi_panel;   /* -expt's image set option multi_panel (nbg_geometry.multi_panel): refine -exptfile
+                               writes it back with the observed image */
     double expt_trusted[2]; /* -expt of one panel: its trusted_range (NAN NAN or 0 0: none; panels carry their own) */
     double *scan_crystal;   /* -expt's scan-varying crystal: its bases at the scan points (nbg_read_expt_scan_crystal,
                                re-expressed as -setting asks), or NULL; nbgi_build_frame_crystal gives each image its

@@ -848,9 +848,25 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             for (size_t i = 0; i < npix; ++i) dst[i] = counts[i];
         }
         if (frame == nframes - 1) {
-            if (nbgi_write_nxmx_panels_set(ctx, &c->outs, c->nxsfile, &c->geom, c->geom_panels, c->e.npanels,
-                                           c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32 : NBG_DATA_INT32,
-                                           c->series, nframes, c->e.mask) != NBG_OK) {
+            /* NXmx holds a beam along -z only (dxtbx's reader assumes it): an experiment of a DIALS list whose beam
+             * dials.index tilted (kept as it is in c->geom, and in -exptfile's list) is written turned as a whole,
+             * the same experiment */
+            nbg_geometry gx = c->geom;
+            nbg_panel *px = NULL;
+            if (c->e.npanels > 0 && (px = malloc((size_t)c->e.npanels * sizeof *px)) == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory for %d panels\n", c->e.npanels);
+                goto done;
+            }
+            if (px != NULL) {
+                memcpy(px, c->geom_panels, (size_t)c->e.npanels * sizeof *px);
+            }
+            nbg_geometry_beam_to_minus_z(&gx, px, c->e.npanels);
+            const int wrc = nbgi_write_nxmx_panels_set(ctx, &c->outs, c->nxsfile, &gx, px, c->e.npanels,
+                                                       c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32
+                                                                                      : NBG_DATA_INT32,
+                                                       c->series, nframes, c->e.mask);
+            free(px);
+            if (wrc != NBG_OK) {
                 out_error(ctx);
                 goto done;
             }
@@ -870,6 +886,13 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             snprintf(tmpl, sizeof tmpl, "%s", img_path);
         } else {
             series_template(img_path, nframes, tmpl, sizeof tmpl);
+        }
+        if (img_path[0] != '\0') {
+            /* the images the list names are nbgrad's (an NXmx file of modules, each its own slab): the panels'
+             * raw offsets in the file the experiment came from (a Pilatus 12M's one array) do not describe them */
+            for (int k = 0; k < c->e.npanels; ++k) {
+                c->geom_panels[k].raw_offset[0] = c->geom_panels[k].raw_offset[1] = 0;
+            }
         }
         if (nbgi_write_expt_panels_set(ctx, &c->outs, c->exptfile, &c->geom, c->geom_panels, c->e.npanels, tmpl) !=
             NBG_OK) {

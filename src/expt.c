@@ -63,13 +63,14 @@ static json_t *identity9(void)
 
 /* The panel as dxtbx's Panel.to_dict writes it (also used for the hierarchy's root group, with its fields). */
 static json_t *panel_json(const char *name, const char *type, const double fast[3], const double slow[3],
-                          const double origin[3], json_int_t fpix, json_int_t spix, const double pixel[2],
+                          const double origin[3], const int raw_offset[2], json_int_t fpix, json_int_t spix,
+                          const double pixel[2],
                           const double trusted[2], double thickness, const char *material, double mu, double gain,
                           double pedestal, const char *strategy)
 {
     return json_pack("{s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:s, s:f, s:s, s:[], s:f, s:f, s:{s:s}}",
                      "name", name, "type", type, "fast_axis", reals(fast, 3), "slow_axis", reals(slow, 3), "origin",
-                     reals(origin, 3), "raw_image_offset", ints2(0, 0), "image_size", ints2(fpix, spix), "pixel_size",
+                     reals(origin, 3), "raw_image_offset", ints2(raw_offset[0], raw_offset[1]), "image_size", ints2(fpix, spix), "pixel_size",
                      reals(pixel, 2), "trusted_range", reals(trusted, 2), "thickness", thickness, "material",
                      material, "mu", mu, "identifier", "", "mask", "gain", gain, "pedestal", pedestal,
                      "px_mm_strategy", "type", strategy);
@@ -217,7 +218,8 @@ static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
     char name[48];
     snprintf(name, sizeof name, "level %d group %d", q->level, q->id);
     static const double zero2[3] = {0, 0, 0};
-    json_t *node = panel_json(name, "", f, s, o, 0, 0, zero2, zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+    static const int none[2] = {0, 0};
+    json_t *node = panel_json(name, "", f, s, o, none, 0, 0, zero2, zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
     json_t *kids = json_array();
     for (int c = 0; node != NULL && kids != NULL && c < q->nkids; ++c) {
         const int k = q->kid[c];
@@ -236,6 +238,7 @@ static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
 
 static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
 {
+    static const int no_offset[2] = {0, 0};
     /* DIALS's parallax correction needs both the thickness and mu; without either it uses the simple mapping. */
     const char *strategy =
         g->thickness > 0 && g->mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy";
@@ -267,8 +270,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
             const double pk[2] = {p->pixel, p->pixel};
             const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
             const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
-            json_t *panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->fpixels, p->spixels, pk, trusted, th,
-                                       g->material, mu, g->gain, g->pedestal,
+            json_t *panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk,
+                                       trusted, th, g->material, mu, g->gain, g->pedestal,
                                        th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
             if (panel == NULL || json_array_append_new(list, panel) != 0) {
                 json_decref(list);
@@ -285,8 +288,10 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         }
         hier_free(&tree);
         static const double ex1[3] = {1, 0, 0}, ey1[3] = {0, 1, 0}, zero1[3] = {0, 0, 0};
+        static const int none1[2] = {0, 0};
         json_t *root = list != NULL && kids != NULL
-                           ? panel_json("", "", ex1, ey1, zero1, 0, 0, zero1, zero1, 0, "", 0, 1, 0, "SimplePxMmStrategy")
+                           ? panel_json("", "", ex1, ey1, zero1, none1, 0, 0, zero1, zero1, 0, "", 0, 1, 0,
+                                        "SimplePxMmStrategy")
                            : NULL;
         if (root == NULL || json_object_set_new(root, "children", kids) != 0) {
             json_decref(root);
@@ -350,8 +355,9 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     for (int k = 0; list != NULL && children != NULL && k < n; ++k) {
         json_t *panel;
         if (npanels == 0) {
-            panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, g->fpixels, g->spixels, pixel,
-                               trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal, strategy);
+            panel = panel_json("Panel", "SENSOR_PAD", g->fast, g->slow, g->origin, no_offset, g->fpixels,
+                               g->spixels, pixel, trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal,
+                               strategy);
         } else {
             const nbg_panel *p = &panels[k];
             char name[48];
@@ -377,7 +383,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
                            G[3 * i + 2] * (p->origin[2] - G[11]);
                 }
             }
-            panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->fpixels, p->spixels, pk, trusted,
+            /* where its pixels start in an image file that is one array (the Pilatus 12M's, a Timepix quad's) */
+            panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk, trusted,
                                th, g->material, mu, g->gain, g->pedestal,
                                th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
         }
@@ -398,8 +405,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         char name[48];
         snprintf(name, sizeof name, "group %d", q);
         json_t *node = children == NULL ? NULL
-                                        : panel_json(name, "", gf[q], gf[q] + 3, gf[q] + 9, 0, 0, zero2, zero2, 0, "", 0,
-                                                     1, 0, "SimplePxMmStrategy");
+                                        : panel_json(name, "", gf[q], gf[q] + 3, gf[q] + 9, no_offset, 0, 0, zero2,
+                                                     zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
         if (node == NULL) {
             json_decref(gch[q]); /* json_object_set_new takes it otherwise, failing or not */
         }
@@ -417,7 +424,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     free(count);
     /* The root group of the hierarchy, with the identity frame and empty fields DIALS writes for it. */
     static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
-    json_t *root = panel_json("", "", ex, ey, zero, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+    json_t *root =
+        panel_json("", "", ex, ey, zero, no_offset, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
     if (root != NULL && (children == NULL || json_object_set_new(root, "children", children) != 0)) {
         json_decref(root);
         root = NULL;
@@ -602,7 +610,9 @@ static json_t *imageset_json(const nbg_geometry *g, const char *template_abs, in
             return NULL;
         }
     }
-    if (json_object_set_new(set, "params", json_object()) != 0) {
+    /* dxtbx's format option that makes the list's panels the image's modules (dials.import multi_panel=True) */
+    json_t *params = g->multi_panel ? json_pack("{s:b}", "multi_panel", 1) : json_object();
+    if (json_object_set_new(set, "params", params) != 0) {
         json_decref(set);
         return NULL;
     }
@@ -1511,6 +1521,14 @@ static int read_list(const reader *r, json_t *root, nbg_geometry *g)
         return rc;
     if (c != NULL && (rc = read_crystal(r, c, cw, g, fixed, setting)) != NBG_OK)
         return rc;
+    /* the image set's format option multi_panel (dials.import multi_panel=True), kept for writing the list back; an
+     * image set nbgrad cannot follow says nothing of it */
+    json_t *isx = json_object_get(expt, "imageset"), *sets = json_object_get(root, "imageset");
+    if (json_is_integer(isx) && json_is_array(sets) && json_integer_value(isx) >= 0 &&
+        (size_t)json_integer_value(isx) < json_array_size(sets)) {
+        json_t *params = json_object_get(json_array_get(sets, (size_t)json_integer_value(isx)), "params");
+        g->multi_panel = json_is_object(params) && json_is_true(json_object_get(params, "multi_panel"));
+    }
     return NBG_OK;
 }
 

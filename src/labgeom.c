@@ -155,8 +155,29 @@ void nbgi_cell_of_vectors(const double v[9], double cell[6])
     cell[5] = acos(nbgi_dot(a, b) / la / lb) * RTD;
 }
 
+/* The turn nbg_geometry_from_report and nbg_panels_from_report give the description's vectors: none where the
+ * experiment's frame is already DIALS's (nbg_experiment.dials_frame: built by nbg_experiment_from_geometry from a list,
+ * an NXmx or a CBF file, whose beam dials.index may have tilted off -z), so that a list read and written back keeps
+ * its vectors; otherwise the rotation that puts the beam along -z (a nanoBragg convention's frame: MOSFLM's beam runs
+ * along +x). */
+static void frame_turn(const nbg_experiment *e, const nbg_report *r, double R[9])
+{
+    if (e->dials_frame && e->convention == NBG_CONV_CUSTOM) {
+        static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+        memcpy(R, I3, sizeof I3);
+    } else {
+        rotation_to_minus_z(r->beam, R);
+    }
+}
+
 int nbgi_convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double R[9])
 {
+    if (e->dials_frame && e->convention == NBG_CONV_CUSTOM) {
+        /* already DIALS's frame, which the writers keep (frame_turn): no turn */
+        static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+        memcpy(R, I3, sizeof I3);
+        return NBG_OK;
+    }
     nbg_experiment probe;
     nbg_experiment_default(&probe);
     probe.convention = e->convention;
@@ -190,7 +211,7 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         return nbgi_error(ctx, NBG_EINVAL, "nbg_geometry_from_report: %d frames (at least 1)", nframes);
     nbgi_geometry_init(g);
     double R[9];
-    rotation_to_minus_z(r->beam, R);
+    frame_turn(e, r, R);
     g->fpixels = r->fpixels;
     g->spixels = r->spixels;
     g->pixel_f = g->pixel_s = r->pixel;
@@ -275,6 +296,35 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     return nbgi_geometry_check(ctx, g, "describing the experiment");
 }
 
+void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanels)
+{
+    double b[3], R[9];
+    for (int i = 0; i < 3; ++i) b[i] = -g->direction[i];
+    rotation_to_minus_z(b, R);
+    if (R[0] == 1 && R[4] == 1 && R[8] == 1) {
+        return; /* the identity (rotation_to_minus_z gives it exactly for a beam along -z) */
+    }
+    apply(R, g->fast, g->fast);
+    apply(R, g->slow, g->slow);
+    apply(R, g->origin, g->origin);
+    apply(R, g->direction, g->direction);
+    apply(R, g->polarization_normal, g->polarization_normal);
+    apply(R, g->axis, g->axis);
+    for (int i = 0; i < 3; ++i) apply(R, g->real_space + 3 * i, g->real_space + 3 * i);
+    if (g->has_mosaic) {
+        double F[9];
+        memcpy(F, g->mosaic_frame, sizeof F);
+        for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j)
+                g->mosaic_frame[3 * i + j] = R[3 * i] * F[j] + R[3 * i + 1] * F[3 + j] + R[3 * i + 2] * F[6 + j];
+    }
+    for (int k = 0; panels != NULL && k < npanels; ++k) {
+        apply(R, panels[k].fast, panels[k].fast);
+        apply(R, panels[k].slow, panels[k].slow);
+        apply(R, panels[k].origin, panels[k].origin);
+    }
+}
+
 int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, nbg_panel *panels,
                            int npanels)
 {
@@ -284,7 +334,7 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
         return nbgi_error(ctx, NBG_EINVAL, "nbg_panels_from_report: room for %d panels, and the experiment has %d",
                           npanels, e->panels == NULL ? 0 : e->npanels);
     double R[9];
-    rotation_to_minus_z(r->beam, R);
+    frame_turn(e, r, R);
     const double *plane[3] = {r->fdet, r->sdet, r->odet};
     /* the panels as the renderer places them (their motions applied) */
     nbgi_placed pp;
@@ -353,6 +403,9 @@ int nbgi_panels_check(nbg_ctx *ctx, const nbg_geometry *g, const nbg_panel *pane
         const int rc = nbgi_geometry_check(ctx, &gk, wk);
         if (rc != NBG_OK)
             return rc;
+        if (panels[k].raw_offset[0] < 0 || panels[k].raw_offset[1] < 0)
+            return nbgi_error(ctx, NBG_EINVAL, "%s: the raw offset (%d, %d) is negative (where its pixels start in "
+                              "the image file)", wk, panels[k].raw_offset[0], panels[k].raw_offset[1]);
     }
     return NBG_OK;
 }
@@ -557,6 +610,7 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
         return nbgi_error(ctx, NBG_EINVAL, "the beam does not reach the detector plane (it is parallel to it or "
                           "points away from it)");
     e->convention = NBG_CONV_CUSTOM;
+    e->dials_frame = 1; /* its vectors are g's, in DIALS's frame: written back as they are */
     e->pivot = NBG_PIVOT_SAMPLE;
     e->pixel = g->pixel_f;
     e->fpixels = g->fpixels;

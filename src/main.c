@@ -1247,6 +1247,9 @@ static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *obse
     if (erc == NBG_OK && gp != NULL) {
         erc = nbg_panels_from_report(ctx, &c->e, &rr, gp, c->e.npanels);
     }
+    /* the list names the observed image, which -expt's list cut into modules as dxtbx does (its raw offsets, which
+     * the panels carry, and its image set's multi_panel option) */
+    g.multi_panel = c->expt_multi_panel;
     if (erc == NBG_OK) {
         erc = nbgi_write_expt_panels_set(ctx, &c->outs, c->exptfile, &g, gp, gp != NULL ? c->e.npanels : 0,
                                          observed);

@@ -446,6 +446,234 @@ static void test_raw_offsets(nbg_ctx *ctx, const char *dir)
     free(pp);
 }
 
+/* A list's panels' raw offsets survive nbgrad: read, turned into an experiment of LAB panels, described and written
+ * back (nbg_panels_from_report, nbg_write_expt_panels), the list read again gives every panel its offset, so that
+ * a list nbgrad writes of a Pilatus 12M still cuts the original image; a negative offset is refused on writing. */
+static void test_raw_offsets_written(nbg_ctx *ctx, const char *dir)
+{
+    char path[600], path2[600], panels[2048];
+    snprintf(path, sizeof path, "%s/rawoff-in.expt", dir);
+    snprintf(path2, sizeof path2, "%s/rawoff-out.expt", dir);
+    static const int want[3][2] = {{0, 0}, {0, 130}, {7, 260}};
+    snprintf(panels, sizeof panels,
+             "{\"name\": \"r0\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-15, 5, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [%d, %d]}, "
+             "{\"name\": \"r1\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-5, -8, -100], "
+             "\"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], \"raw_image_offset\": [%d, %d]}, "
+             "{\"name\": \"r2\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -0.9, -0.43588989435406735], "
+             "\"origin\": [-5, -21, -101], \"pixel_size\": [0.1, 0.1], \"image_size\": [100, 120], "
+             "\"raw_image_offset\": [%d, %d]}", want[0][0], want[0][1], want[1][0], want[1][1], want[2][0],
+             want[2][1]);
+    write_list(path, EXPT_C, panels, GON, CRYSTAL);
+    nbg_geometry g, g2;
+    nbg_panel *pp = NULL, *back = NULL;
+    int np = 0, nb = 0, ok = 0, same = 0;
+    nbg_experiment e;
+    nbg_experiment_default(&e);
+    nbg_report r;
+    nbg_panel out[3];
+    if (nbg_read_expt_panels(ctx, path, &g, &pp, &np) == NBG_OK && np == 3 &&
+        nbg_experiment_from_geometry(ctx, &g, &e) == NBG_OK) {
+        e.panels = pp;
+        e.npanels = np;
+        e.panel_frame = NBG_PANELS_LAB;
+        e.default_F = 1;
+        ok = nbg_describe(ctx, &e, &r) == NBG_OK && nbg_geometry_from_report(ctx, &e, &r, 2, &g2) == NBG_OK &&
+             nbg_panels_from_report(ctx, &e, &r, out, 3) == NBG_OK &&
+             nbg_write_expt_panels(ctx, path2, &g2, out, 3, "img_#####.cbf") == NBG_OK &&
+             nbg_read_expt_panels(ctx, path2, &g2, &back, &nb) == NBG_OK && nb == 3;
+        for (int k = 0; ok && k < 3; ++k) {
+            same += back[k].raw_offset[0] == want[k][0] && back[k].raw_offset[1] == want[k][1];
+        }
+    }
+    nbgi_test_check(ok && same == 3, "raw-offsets-written", "a list read, described and written back keeps every "
+                    "panel's raw_image_offset (%d of 3; %s)", same, ok ? "ok" : nbg_errmsg(ctx));
+    /* the text itself (dxtbx reads the key as it is) */
+    char *text = nbgi_test_read_file(path2, NULL);
+    nbgi_test_check(text != NULL && strstr(text, "\"raw_image_offset\": [\n") != NULL &&
+                        strstr(text, "260\n") != NULL,
+                    "raw-offsets-text", "the written list states the offsets under raw_image_offset");
+    free(text);
+    /* a negative offset cannot be written (the readers refuse it) */
+    if (ok) {
+        out[1].raw_offset[0] = -3;
+        const int rc = nbg_write_expt_panels(ctx, path2, &g2, out, 3, NULL);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "raw offset") != NULL &&
+                            strstr(nbg_errmsg(ctx), "panel 1") != NULL,
+                        "raw-offsets-write-bad", "a negative offset refused on writing: %s", nbg_errmsg(ctx));
+    }
+    free(pp);
+    free(back);
+
+    /* the image set's multi_panel option (dials.import multi_panel=True: dxtbx cuts the image into the list's
+     * modules only with it) read and written back; without it, none stated */
+    for (int mp = 0; mp < 2; ++mp) {
+        char extra[512];
+        snprintf(extra, sizeof extra, ",\n  \"imageset\": [{\"__id__\": \"ImageSequence\", \"template\": "
+                 "\"/x/img_#####.cbf\", \"params\": {\"dynamic_shadowing\": \"Auto\", \"multi_panel\": %s}}]",
+                 mp ? "true" : "false");
+        write_list(path, "{\"beam\": 0, \"detector\": 0, \"goniometer\": 0, \"scan\": 0, \"imageset\": 0}",
+                   PANEL(FAST), GON, extra);
+        nbg_geometry gm, gm2;
+        ok = nbg_read_expt(ctx, path, &gm) == NBG_OK && gm.multi_panel == mp &&
+             nbg_write_expt(ctx, path2, &gm, "img_#####.cbf") == NBG_OK && nbg_read_expt(ctx, path2, &gm2) == NBG_OK;
+        text = nbgi_test_read_file(path2, NULL);
+        const int stated = text != NULL && strstr(text, "\"multi_panel\": true") != NULL;
+        free(text);
+        nbgi_test_check(ok && gm2.multi_panel == mp && stated == mp, mp ? "multi-panel-kept" : "multi-panel-none",
+                        "the image set's multi_panel %s read (%d), written (%d) and read back (%d)",
+                        mp ? "true" : "false", ok ? gm.multi_panel : -1, stated, ok ? gm2.multi_panel : -1);
+    }
+}
+
+/* The largest |a - b| over n values relative to the largest |a| (vectors compared in their own units). */
+static double vec_rel(const double *a, const double *b, int n)
+{
+    double m = 0, d = 0;
+    for (int i = 0; i < n; ++i) {
+        m = fmax(m, fabs(a[i]));
+        d = fmax(d, fabs(a[i] - b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* A list in DIALS's frame whose beam dials.index tilted 2 deg off -z (the thaumatin still's 1.99 deg): read, turned
+ * into an experiment (nbgrad's frame DIALS's), described and written back, it keeps its beam, detector (a panel and
+ * panels), rotation axis and crystal (A matrix) as they are, to 1e-12 -- not turned so that the beam runs along -z
+ * -- and its mosaic domains render the same image.  An experiment of the MOSFLM convention is still written with
+ * its beam along -z. */
+static void test_tilted_frame(nbg_ctx *ctx, const char *dir)
+{
+    const double t = 2 * M_PI / 180;
+    const double dir0[3] = {sin(t), 0.0, cos(t)}; /* sample to source */
+    const double ax_n = sqrt(1 + 0.03 * 0.03);
+    char path[600], path2[600], path3[600], text[8192];
+    snprintf(path, sizeof path, "%s/tilted.expt", dir);
+    snprintf(path2, sizeof path2, "%s/tilted-out.expt", dir);
+    snprintf(path3, sizeof path3, "%s/tilted-out2.expt", dir);
+    snprintf(text, sizeof text,
+             "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT_C "],\n"
+             " \"beam\": [{\"direction\": [%.17g, 0, %.17g], \"wavelength\": 0.9795}],\n"
+             " \"detector\": [{\"panels\": [{\"fast_axis\": [0.99862953475457383, 0, 0.052335956242943835], "
+             "\"slow_axis\": [0, -1, 0], \"origin\": [-33.3, 31.7, -120.4], \"pixel_size\": [1, 1], "
+             "\"image_size\": [64, 64]}]}],\n"
+             " \"goniometer\": [{\"rotation_axis\": [%.17g, %.17g, 0]}],\n"
+             " \"scan\": [{\"image_range\": [1, 1], \"oscillation\": [3, 0.5], \"exposure_time\": [1]}]" CRYSTAL "\n}\n",
+             dir0[0], dir0[2], 1 / ax_n, 0.03 / ax_n);
+    write_text(path, text);
+    nbg_geometry a, b, c;
+    nbg_experiment e, e2;
+    nbg_report r;
+    nbg_experiment_default(&e);
+    int ok = nbg_read_expt(ctx, path, &a) == NBG_OK && nbg_experiment_from_geometry(ctx, &a, &e) == NBG_OK;
+    if (ok) {
+        e.default_F = 100;
+        e.Na = e.Nb = e.Nc = 6;
+        e.oversample = 1;
+        e.phisteps = 2;
+        e.mosaic = 0.5;
+        e.mosaic_domains = 6;
+    }
+    ok = ok && e.dials_frame == 1 && nbg_describe(ctx, &e, &r) == NBG_OK &&
+         nbg_geometry_from_report(ctx, &e, &r, 1, &b) == NBG_OK && nbg_write_expt(ctx, path2, &b, NULL) == NBG_OK &&
+         nbg_read_expt(ctx, path2, &c) == NBG_OK;
+    if (!nbgi_test_check(ok, "tilted-round-trip", "the list read, described and written back (%s)",
+                         ok ? "ok" : nbg_errmsg(ctx)))
+        return;
+    const double dbeam = vec_rel(a.direction, c.direction, 3), dfast = vec_rel(a.fast, c.fast, 3);
+    const double dslow = vec_rel(a.slow, c.slow, 3), dorg = vec_rel(a.origin, c.origin, 3);
+    const double daxis = vec_rel(a.axis, c.axis, 3), dA = vec_rel(a.real_space, c.real_space, 9);
+    printf("# tilted: largest differences after the round trip (relative to each vector's largest component): beam "
+           "%.2g, fast %.2g, slow %.2g, origin %.2g, axis %.2g, real-space vectors %.2g\n", dbeam, dfast, dslow, dorg,
+           daxis, dA);
+    nbgi_test_check(dbeam <= 1e-12 && acos(c.direction[2]) * 180 / M_PI > 1.99, "tilted-beam",
+                    "the beam 2 deg off -z kept: (%.15f, %.15f, %.15f), difference %.2g", c.direction[0],
+                    c.direction[1], c.direction[2], dbeam);
+    nbgi_test_check(dfast <= 1e-12 && dslow <= 1e-12 && dorg <= 1e-12, "tilted-detector",
+                    "the detector's fast, slow and origin kept (differences %.2g, %.2g, %.2g)", dfast, dslow, dorg);
+    nbgi_test_check(daxis <= 1e-12, "tilted-axis", "the rotation axis kept (difference %.2g)", daxis);
+    nbgi_test_check(dA <= 1e-12, "tilted-crystal", "the crystal's real-space vectors (its A matrix) kept "
+                    "(difference %.2g)", dA);
+    nbgi_test_rel(c.scan_start, a.scan_start, 1e-15, "tilted-scan", "the scan's start");
+    /* the mosaic domains: the list written carries them, and renders the same image as the experiment */
+    nbg_experiment_default(&e2);
+    const size_t npix = 64 * 64;
+    float *f1 = malloc(npix * sizeof *f1), *f2 = malloc(npix * sizeof *f2);
+    double d = INFINITY;
+    if (f1 != NULL && f2 != NULL && c.has_mosaic && nbg_experiment_from_geometry(ctx, &c, &e2) == NBG_OK) {
+        e2.default_F = 100;
+        e2.Na = e2.Nb = e2.Nc = 6;
+        e2.oversample = 1;
+        e2.phisteps = 2;
+        if (nbg_simulate(ctx, &e, f1, npix, NULL) == NBG_OK && nbg_simulate(ctx, &e2, f2, npix, NULL) == NBG_OK)
+            d = nbgi_test_max_rel_diff(f1, f2, npix);
+    }
+    nbgi_test_check(d <= 1e-9, "tilted-mosaic", "the experiment and the list it wrote (6 mosaic domains) render the "
+                    "same image: max |diff| / max %.3g", d);
+    /* written again from the list's experiment: the domains' frame and the vectors as they were */
+    nbg_geometry b2, c2;
+    ok = nbg_describe(ctx, &e2, &r) == NBG_OK && nbg_geometry_from_report(ctx, &e2, &r, 1, &b2) == NBG_OK &&
+         nbg_write_expt(ctx, path3, &b2, NULL) == NBG_OK && nbg_read_expt(ctx, path3, &c2) == NBG_OK;
+    nbgi_test_check(ok && vec_rel(c.mosaic_frame, c2.mosaic_frame, 9) <= 1e-12 &&
+                        vec_rel(c.real_space, c2.real_space, 9) <= 1e-12 && vec_rel(c.direction, c2.direction, 3) <= 1e-12,
+                    "tilted-again", "written a second time: the same domains' frame, crystal and beam (%s)",
+                    ok ? "ok" : nbg_errmsg(ctx));
+    free(f1);
+    free(f2);
+
+    /* panels: the same list with two panels, every panel's vectors kept */
+    snprintf(text, sizeof text,
+             "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT_C "],\n"
+             " \"beam\": [{\"direction\": [%.17g, 0, %.17g], \"wavelength\": 0.9795}],\n"
+             " \"detector\": [{\"panels\": [{\"name\": \"p0\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], "
+             "\"origin\": [-33.3, 31.7, -120.4], \"pixel_size\": [1, 1], \"image_size\": [64, 30]}, "
+             "{\"name\": \"p1\", \"fast_axis\": [0.99862953475457383, 0, 0.052335956242943835], "
+             "\"slow_axis\": [0, -1, 0], \"origin\": [-33.3, -0.3, -121.1], \"pixel_size\": [1, 1], "
+             "\"image_size\": [64, 30]}]}],\n"
+             " \"goniometer\": [{\"rotation_axis\": [1, 0, 0]}],\n"
+             " \"scan\": [{\"image_range\": [1, 1], \"oscillation\": [3, 0.5], \"exposure_time\": [1]}]" CRYSTAL "\n}\n",
+             dir0[0], dir0[2]);
+    write_text(path, text);
+    nbg_panel *pp = NULL, *back = NULL, out[2];
+    int np = 0, nb = 0;
+    double dp = INFINITY;
+    nbg_experiment_default(&e);
+    ok = nbg_read_expt_panels(ctx, path, &a, &pp, &np) == NBG_OK && np == 2 &&
+         nbg_experiment_from_geometry(ctx, &a, &e) == NBG_OK;
+    if (ok) {
+        e.panels = pp;
+        e.npanels = np;
+        e.panel_frame = NBG_PANELS_LAB;
+        e.default_F = 1;
+        ok = nbg_describe(ctx, &e, &r) == NBG_OK && nbg_geometry_from_report(ctx, &e, &r, 1, &b) == NBG_OK &&
+             nbg_panels_from_report(ctx, &e, &r, out, 2) == NBG_OK &&
+             nbg_write_expt_panels(ctx, path2, &b, out, 2, NULL) == NBG_OK &&
+             nbg_read_expt_panels(ctx, path2, &c, &back, &nb) == NBG_OK && nb == 2;
+        for (int k = 0; ok && k < 2; ++k) {
+            dp = k == 0 ? 0 : dp;
+            dp = fmax(dp, fmax(vec_rel(pp[k].fast, back[k].fast, 3), vec_rel(pp[k].slow, back[k].slow, 3)));
+            dp = fmax(dp, vec_rel(pp[k].origin, back[k].origin, 3));
+        }
+    }
+    nbgi_test_check(ok && dp <= 1e-12 && vec_rel(a.direction, c.direction, 3) <= 1e-12, "tilted-panels",
+                    "two panels and the tilted beam written back as they were (largest difference %.2g; %s)", dp,
+                    ok ? "ok" : nbg_errmsg(ctx));
+    free(pp);
+    free(back);
+
+    /* nanoBragg's conventions are still turned: MOSFLM's beam (along +x in its frame) is written along -z */
+    nbg_experiment m;
+    nbg_experiment_default(&m);
+    m.has_cell = 1;
+    m.cell[0] = 50;
+    m.default_F = 1;
+    m.fpixels = m.spixels = 16;
+    ok = nbg_describe(ctx, &m, &r) == NBG_OK && nbg_geometry_from_report(ctx, &m, &r, 1, &b) == NBG_OK;
+    nbgi_test_check(ok && m.dials_frame == 0 && b.direction[0] == 0 && b.direction[1] == 0 && b.direction[2] == 1,
+                    "tilted-mosflm-turned", "a MOSFLM experiment's list has the beam along -z: direction (%g, %g, %g)",
+                    b.direction[0], b.direction[1], b.direction[2]);
+}
+
 static void test_hierarchy(nbg_ctx *ctx, const char *dir)
 {
     const double c30 = cos(30 * M_PI / 180), s30 = sin(30 * M_PI / 180);
@@ -941,6 +1169,8 @@ int main(void)
     test_compose(ctx, dir);
     test_hierarchy(ctx, dir);
     test_raw_offsets(ctx, dir);
+    test_raw_offsets_written(ctx, dir);
+    test_tilted_frame(ctx, dir);
     test_write_groups(ctx, dir);
     test_scan_varying(ctx, dir);
 #else

@@ -9,6 +9,8 @@
  *   - -observed reads NXmx and CBF: grad on an NXmx observation equals grad on the SMV of the same counts.
  *   - SMV stays nanoBragg's byte for byte unless -smv_adc_offset; the dials.import line names the overrides.
  *   - Two panels: -nxsfile and -exptfile write every panel (read back by the library); -intfile is refused.
+ *   - A list whose beam is 2 deg off -z: -exptfile keeps its frame, -nxsfile turns it as a whole (NXmx: the beam
+ *     along -z), both render the same image.
  *   - Refusals: -cbffile with -data float; -expt naming a list with two overlapping panels, a list with a missing field; a
  *     failed run leaves no file.
  */
@@ -384,6 +386,110 @@ static void test_panels(void)
     }
 }
 
+/* A DIALS list whose beam dials.index tilted 2 deg off -z, through the program: -exptfile writes it back in its own
+ * frame (the beam as it was), -nxsfile (which holds a beam along -z only) the same experiment turned as a whole (the
+ * angles and lengths between beam and detector the list's), the NXmx pixels the float image's, and the list written
+ * renders the image of the list read.  Two panels the same. */
+static double dot3(const double *a, const double *b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]; }
+
+static void test_tilted_list(void)
+{
+    const double t = 2 * M_PI / 180;
+    for (int panels = 0; panels < 2; ++panels) {
+        char list[4096];
+        snprintf(list, sizeof list,
+                 "{\"__id__\": \"ExperimentList\", \"experiment\": [{\"__id__\": \"Experiment\", \"beam\": 0, "
+                 "\"detector\": 0, \"goniometer\": 0, \"scan\": 0, \"crystal\": 0}], \"beam\": [{\"direction\": "
+                 "[%.17g, 0, %.17g], \"wavelength\": 0.9795}], \"detector\": [{\"panels\": [{\"name\": \"a\", "
+                 "\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], \"origin\": [-33.3, 31.7, -120.4], "
+                 "\"pixel_size\": [1, 1], \"image_size\": [64, %d]}%s]}], \"goniometer\": [{\"rotation_axis\": "
+                 "[1, 0, 0]}], \"scan\": [{\"image_range\": [1, 1], \"oscillation\": [3, 0.5], \"exposure_time\": "
+                 "[1]}], \"crystal\": [{\"__id__\": \"crystal\", \"real_space_a\": [51.2, 3.1, -2.4], "
+                 "\"real_space_b\": [7.5, 62.3, 4.4], \"real_space_c\": [-6.1, 9.8, 83.7], "
+                 "\"space_group_hall_symbol\": \" P 1\"}]}\n",
+                 sin(t), cos(t), panels ? 30 : 64,
+                 panels ? ", {\"name\": \"b\", \"fast_axis\": [0.99862953475457383, 0, 0.052335956242943835], "
+                          "\"slow_axis\": [0, -1, 0], \"origin\": [-33.3, -0.3, -121.1], \"pixel_size\": [1, 1], "
+                          "\"image_size\": [64, 30]}"
+                        : "");
+        run_result r, b;
+        if (!new_case(&r)) {
+            return;
+        }
+        put_file(&r, "tilted.expt", list);
+        const char *args[] = {"-expt", "tilted.expt", "-default_F", "100", "-N", "6", "-oversample", "1",
+                              "-phisteps", "2", "-data", "float", "-floatfile", "f.bin", "-nxsfile", "s.nxs",
+                              "-exptfile", "out.expt", NULL};
+        run_in(&r, args);
+        const char *tag = panels ? "FMT-tilted-panels" : "FMT-tilted";
+        char id[64];
+        snprintf(id, sizeof id, "%s-run", tag);
+        if (!nbgi_test_check(r.status == 0, id, "a list with the beam 2 deg off -z, -nxsfile and -exptfile (exit %d: "
+                             "%s)", r.status, first_line(r.err))) {
+            result_free(&r);
+            continue;
+        }
+        char path[PATH_MAX + 256];
+        nbg_geometry gl, go, gn;
+        nbg_panel *pl = NULL, *po = NULL, *pn = NULL;
+        int nl = 0, no = 0, nn = 0;
+        snprintf(path, sizeof path, "%s/tilted.expt", r.work);
+        int ok = nbg_read_expt_panels(g_ctx, path, &gl, &pl, &nl) == NBG_OK;
+        snprintf(path, sizeof path, "%s/out.expt", r.work);
+        ok = ok && nbg_read_expt_panels(g_ctx, path, &go, &po, &no) == NBG_OK;
+        snprintf(path, sizeof path, "%s/s.nxs", r.work);
+        ok = ok && nbg_read_nxmx_panels(g_ctx, path, &gn, &pn, &nn) == NBG_OK && nl == no && nl == nn;
+        /* the list written: every vector as read; the NXmx file: the beam along -z, the beam's angles to the
+         * panels' axes and the panels' corners along and across the beam the list's */
+        double dl = ok ? 0 : INFINITY, dn = ok ? 0 : INFINITY;
+        for (int k = 0; ok && k < nl; ++k) {
+            for (int i = 0; i < 3; ++i) {
+                dl = fmax(dl, fmax(fabs(po[k].fast[i] - pl[k].fast[i]), fabs(po[k].slow[i] - pl[k].slow[i])));
+                dl = fmax(dl, fabs(po[k].origin[i] - pl[k].origin[i]) / 100);
+                dl = fmax(dl, fabs(go.direction[i] - gl.direction[i]));
+            }
+            const double inv_l[4] = {dot3(pl[k].fast, gl.direction), dot3(pl[k].slow, gl.direction),
+                                     dot3(pl[k].origin, gl.direction), dot3(pl[k].origin, pl[k].origin)};
+            const double inv_n[4] = {dot3(pn[k].fast, gn.direction), dot3(pn[k].slow, gn.direction),
+                                     dot3(pn[k].origin, gn.direction), dot3(pn[k].origin, pn[k].origin)};
+            for (int i = 0; i < 4; ++i) dn = fmax(dn, fabs(inv_n[i] - inv_l[i]) / (i < 2 ? 1 : i == 2 ? 100 : 1e4));
+        }
+        snprintf(id, sizeof id, "%s-expt", tag);
+        nbgi_test_check(ok && dl <= 1e-12, id, "-exptfile keeps the list's beam (%.6f, %.6f, %.6f) and %d panel(s) as "
+                        "they were (largest difference %.2g; %s)", go.direction[0], go.direction[1], go.direction[2],
+                        no, dl, ok ? "ok" : nbg_errmsg(g_ctx));
+        snprintf(id, sizeof id, "%s-nxmx", tag);
+        nbgi_test_check(ok && fabs(gn.direction[0]) < 1e-12 && fabs(gn.direction[1]) < 1e-12 && dn <= 1e-12, id,
+                        "-nxsfile: the beam along -z (%.3g, %.3g, %.6f), the detector turned with it (beam-detector "
+                        "invariants differ by %.2g relative)", gn.direction[0], gn.direction[1], gn.direction[2], dn);
+        free(pl);
+        free(po);
+        free(pn);
+        /* the NXmx pixels are the float image's, and the list written renders it again */
+        const size_t npix = panels ? 2 * 64 * 30 : 64 * 64;
+        size_t n1 = 0, n2 = 0, n3 = 0;
+        float *f = read_back(&r, "f.bin", 0, npix, &n1, NULL), *x = read_back(&r, "s.nxs", 0, 0, &n2, NULL), *f2 = NULL;
+        if (new_case(&b)) {
+            snprintf(path, sizeof path, "%s/out.expt", r.work);
+            const char *a2[] = {"-expt", path, "-default_F", "100", "-N", "6", "-oversample", "1", "-phisteps", "2",
+                                "-floatfile", "f.bin", NULL};
+            run_in(&b, a2);
+            f2 = b.status == 0 ? read_back(&b, "f.bin", 0, npix, &n3, NULL) : NULL;
+            result_free(&b);
+        }
+        const double d1 = f != NULL && x != NULL && n1 == npix && n2 == npix ? nbgi_test_max_rel_diff(f, x, npix)
+                                                                             : INFINITY;
+        const double d2 = f != NULL && f2 != NULL && n3 == npix ? nbgi_test_max_rel_diff(f, f2, npix) : INFINITY;
+        snprintf(id, sizeof id, "%s-image", tag);
+        nbgi_test_check(d1 == 0 && d2 <= 1e-9, id, "the NXmx pixels are the float image's (max |diff| / max %.3g) and "
+                        "-expt out.expt renders the same image (%.3g)", d1, d2);
+        free(f);
+        free(x);
+        free(f2);
+        result_free(&r);
+    }
+}
+
 int main(void)
 {
     if (!clirun_setup("nbg-test-formats-") || nbg_ctx_create(&g_ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
@@ -396,6 +502,7 @@ int main(void)
     test_smv_key();
     test_refusals();
     test_panels();
+    test_tilted_list();
 #else
     nbgi_test_skip("FMT", "built without the formats (FORMATS=0)");
 #endif

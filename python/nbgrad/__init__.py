@@ -717,7 +717,9 @@ def write_expt(path, geometry: dict, images: str = "") -> None:
 
 def write_nxmx(path, geometry: dict, frames, mask=None) -> None:
     """NeXus NXmx: frames (nframes, slow, fast) or one (slow, fast) image; integers are written as int32,
-    anything else as float32; mask nonzero = bad pixel."""
+    anything else as float32; mask nonzero = bad pixel.  NXmx holds a beam along -z: a geometry whose beam is off it
+    (a DIALS list's refined beam) is turned as a whole first, as the program's -nxsfile does
+    (nbg_geometry_beam_to_minus_z)."""
     _ext.write_nxmx(str(path), dict(geometry), frames, mask)
 
 

@@ -2377,6 +2377,7 @@ static PyObject *py_write_nxmx(PyObject *self, PyObject *args)
     PyArrayObject *a = NULL, *m = NULL;
     PyObject *out = NULL;
     if (!geometry_from_dict(gobj, &g)) goto done;
+    nbg_geometry_beam_to_minus_z(&g, NULL, 0); /* NXmx holds a beam along -z: the program's -nxsfile turns it too */
     /* integers stay integers (counts); anything else is written as float32 */
     const int isint = PyArray_Check(fobj) && PyArray_ISINTEGER((PyArrayObject *)fobj);
     a = (PyArrayObject *)PyArray_FROM_OTF(fobj, isint ? NPY_INT32 : NPY_FLOAT32,

@@ -149,3 +149,20 @@ def test_scan_varying_frames(tmp_path, cli):
     assert np.abs(nbgrad.simulate(static) - img).sum() > 1e-3 * img.sum()
     with pytest.raises(nbgrad.InvalidError, match="image 4 of a series of 4"):
         e.frame(4)
+
+
+def test_nxmx_of_a_tilted_beam(tmp_path):
+    """A geometry whose beam is 2 deg off -z (as from a DIALS list) is written as NXmx turned as a whole: the beam
+    along -z, the detector where it was relative to the beam."""
+    g = nbgrad.Experiment(cell=(50, 50, 50, 90, 90, 90), default_F=1, N=2, detpixels=32, distance=100).geometry()
+    t = np.radians(2.0)
+    R = np.array([[1, 0, 0], [0, np.cos(t), -np.sin(t)], [0, np.sin(t), np.cos(t)]])
+    turned = dict(g)
+    for k in ("direction", "fast", "slow", "origin", "axis", "polarization_normal"):
+        turned[k] = list(R @ np.asarray(g[k], float))
+    path = tmp_path / "tilted.nxs"
+    nbgrad.write_nxmx(path, turned, np.ones((32, 32), np.float32))
+    _, back = nbgrad.read_image(path)
+    assert np.allclose(back["direction"], [0, 0, 1], atol=1e-12)
+    for k in ("fast", "slow", "origin"):
+        assert np.allclose(back[k], g[k], atol=1e-9)

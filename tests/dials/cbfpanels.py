@@ -12,6 +12,9 @@ beam's wavelength and direction.  Three ways in:
     -expt LIST -observed IMAGE reads them): the image cut into the list's panels at their raw_image_offset, every
     pixel as dxtbx's where dxtbx's is a count (>= 0), and left out where it is a gap flag (< 0); the same for a
     Pilatus 6M imported with multi_panel=True (60 modules cut from the file's one array);
+    Each such list is then written back by nbgrad (refine -exptfile, naming the image): dxtbx reads nbgrad's list
+    with every panel's raw_image_offset and frame as DIALS's and cuts the image into DIALS's panel arrays (the
+    multi_panel option carried), and nbgrad cuts the image through its own list into dxtbx's pixels;
   - an experiment list without its images (the refined CSPAD hierarchy): every panel's frame.
 Then the LCLS CSPAD still through DIALS: dials.import's list of it read by nbgrad (-expt) and rendered on its 64
 panels, and refine against the CBF itself (-observed), which must read the CBF's 64 panels in the list's order (the
@@ -163,6 +166,52 @@ def through_import(tag, path, work, helper, rows, options=()):
                    json.load(open(prefix + ".json")), np.fromfile(prefix + ".f32", dtype=np.float32),
                    np.fromfile(prefix + ".use", dtype=np.uint8), imset.get_format_class().__name__ + " (list%s)" % (
                        ", " + " ".join(options) if options else ""), rows)
+    written_back(tag, path, work, imp, lst, helper, imset, rows)
+
+
+def written_back(tag, path, work, imp, lst, helper, imset, rows):
+    """nbgrad's own list of dials.import's (refine -exptfile, which names the image it fitted): dxtbx reads it with
+    the image, each panel's raw_image_offset and frame as in DIALS's list, and cuts the image into DIALS's panel
+    arrays (dxtbx's format class cuts by its own table, so the offsets are checked as dxtbx reads them, and its
+    option multi_panel, which the list must carry, decides how many panels it cuts); and nbgrad reads the image
+    through its own list (the cut at the offsets that list carries) to dxtbx's pixels."""
+    from dxtbx.model.experiment_list import ExperimentListFactory
+    out = os.path.join(imp, "nbgrad.expt")
+    log = os.path.join(imp, "written.log")
+    # a cheap fit (spot regions of the reflections to 4 A, one iteration): only its list is looked at
+    rc = subprocess.call([nbgrad_path[0], "refine", "-expt", lst, "-observed", path, "-default_F", "100", "-N", "5",
+                          "-cell", "50", "60", "70", "90", "90", "90", "-oversample", "1", "-dmin", "4", "-spots", "2",
+                          "-params", "scale", "-maxiter", "1", "-exptfile", out], cwd=imp, stdout=open(log, "w"),
+                         stderr=subprocess.STDOUT)
+    if not check(rc in (0, 2, 3, 4) and os.path.exists(out), tag + "-written", "nbgrad refine -expt (dials.import's "
+                 "list) -exptfile wrote its own list of the image (exit %d; %s)" % (rc, log)):
+        return
+    mine = ExperimentListFactory.from_json_file(out)[0]
+    det, want = mine.detector, imset.get_detector()
+    n = min(len(det), len(want))
+    bad_off = sum(tuple(det[k].get_raw_image_offset()) != tuple(want[k].get_raw_image_offset()) for k in range(n))
+    nonzero = sum(tuple(p.get_raw_image_offset()) != (0, 0) for p in want)
+    frame = max(float(np.abs(np.subtract(getattr(det[k], f)(), getattr(want[k], f)())).max())
+                for k in range(n) for f in ("get_origin", "get_fast_axis", "get_slow_axis")) if n else 1e30
+    check(len(det) == len(want) and bad_off == 0 and frame < 1e-6, tag + "-written-dxtbx-offsets",
+          "dxtbx reads nbgrad's list: %d panels (DIALS's %d), every panel's raw_image_offset as in DIALS's list (%d "
+          "differ; %d of DIALS's are not (0, 0)), every panel's frame within %.2g mm" % (len(det), len(want), bad_off,
+                                                                                        nonzero, frame))
+    raw_want, raw_mine = imset.get_raw_data(0), mine.imageset.get_raw_data(0)
+    same_shape = len(raw_mine) == len(raw_want) and all(a.all() == b.all() for a, b in zip(raw_mine, raw_want))
+    worst = max(float(np.abs(a.as_numpy_array().astype(np.float64) - b.as_numpy_array()).max())
+                for a, b in zip(raw_mine, raw_want)) if same_shape else float("inf")
+    check(same_shape and worst == 0, tag + "-written-dxtbx-pixels", "dxtbx cuts the image through nbgrad's list "
+          "(%s) into DIALS's panel arrays: %d arrays (DIALS's %d), largest difference %g" % (
+              mine.imageset.get_format_class().__name__, len(raw_mine), len(raw_want), worst))
+    prefix = os.path.join(work, tag + "_written")
+    r = subprocess.run([helper, "-expt", out, prefix, path], capture_output=True, text=True)
+    if not check(r.returncode == 0, tag + "-written-read", "nbgrad reads %s through its own list (%s)" % (
+            os.path.basename(path), r.stderr.strip() or "ok")):
+        return
+    compare_panels(tag + "-written", want, imset.get_beam(), raw_want, json.load(open(prefix + ".json")),
+                   np.fromfile(prefix + ".f32", dtype=np.float32), np.fromfile(prefix + ".use", dtype=np.uint8),
+                   imset.get_format_class().__name__ + " (nbgrad's list of it)", rows)
 
 
 def list_only(tag, path, work, helper, rows):

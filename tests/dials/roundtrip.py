@@ -10,7 +10,9 @@ dials, run with Debian's /usr/bin/python3) imports, finds spots, indexes and ref
   - the cell DIALS indexes and refines is the true cell within 0.05 % (lengths) and 0.05 deg (angles), and its
     orientation is the true one within 0.05 deg, after matching the two bases by their integer transformation;
   - nbgrad refine started from DIALS's refined model, on every frame at once: its orientation error 5x smaller
-    than DIALS's, its cell's length and angle errors 5x smaller or (where that is below nbgrad's own standard
+    than DIALS's (nbgrad holds DIALS's beam and writes its list in DIALS's frame: its crystal is compared after
+    the rotation that takes that beam onto the truth's; DIALS's, whose frame the rotation axis it holds anchors,
+    as it is), its cell's length and angle errors 5x smaller or (where that is below nbgrad's own standard
     errors on these images) smaller than DIALS's and within 3 standard errors; on the bright series (16 times the
     photons) all three 5x smaller, without the allowance;
   - a hexagonal crystal (a parallelepiped of 10 x 10 x 20 cells, mosaic domains) that DIALS indexes in another
@@ -139,11 +141,28 @@ def compare_geometry(tag, truth, imported):
             "spindle_deg": ag, "beam_deg": ab}
 
 
-def match_crystal(truth, found):
+def beam_alignment(found_beam, truth_beam):
+    """The smallest rotation taking the direction of found_beam (s0 or any vector along the beam) onto truth_beam's
+    (about their cross product)."""
+    u = np.asarray(found_beam, float) / np.linalg.norm(found_beam)
+    v = np.asarray(truth_beam, float) / np.linalg.norm(truth_beam)
+    k = np.cross(u, v)
+    s, c = np.linalg.norm(k), float(u @ v)
+    if s < 1e-15:
+        return np.eye(3)
+    k /= s
+    K = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
+    return c * np.eye(3) + s * K + (1 - c) * np.outer(k, k)
+
+
+def match_crystal(truth, found, R=None):
     """Cell and orientation of DIALS's crystal against the truth, after expressing the truth in DIALS's basis
-    (the bases differ by an integer matrix of determinant +-1)."""
+    (the bases differ by an integer matrix of determinant +-1); R, when given, turns found's vectors first (a
+    change of lab frame)."""
     T = np.array(truth.get_real_space_vectors()).T  # columns a, b, c
     D = np.array(found.get_real_space_vectors()).T
+    if R is not None:
+        D = np.asarray(R) @ D
     M = np.rint(np.linalg.solve(T, D))
     if abs(abs(np.linalg.det(M)) - 1) > 1e-6:
         return None
@@ -193,7 +212,16 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=()
                    % (t, rc)):
         print(tail(os.path.join(d, name + "_refine.log")))
         return None
-    m = match_crystal(truth[0].crystal, load_expt(os.path.join(d, name + ".expt"))[0].crystal)
+    # nbgrad holds the beam at DIALS's and refines the rotation axis's tilt towards it (spindle_tilt1): its lab frame
+    # is anchored on the beam, DIALS's on the axis (which DIALS holds).  The list nbgrad writes keeps DIALS's frame
+    # (its beam as dials.refine left it), so its crystal is compared with the truth after the smallest rotation
+    # that takes its beam onto the truth's (DIALS's beam error, measured up to 0.008 deg, is not nbgrad's); DIALS's
+    # crystal is compared in its own frame.
+    mine = load_expt(os.path.join(d, name + ".expt"))[0]
+    R = beam_alignment(mine.beam.get_s0(), truth[0].beam.get_s0())
+    m = match_crystal(truth[0].crystal, mine.crystal, R)
+    if m is not None:
+        m["beam_deg"] = angle_deg(mine.beam.get_s0(), truth[0].beam.get_s0())
     if m is None:
         check(False, tag + "-nbgrad-basis", "nbgrad's basis is an integer transform of the true one")
         return None
@@ -211,8 +239,9 @@ def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=()
     if expect == "flagged":
         return m
     check(m["rot_deg"] * 5 <= dials_m["rot_deg"], tag + "-nbgrad-orientation",
-          "orientation off by %.5f deg, DIALS's by %.4f deg (%.1fx smaller)" % (
-              m["rot_deg"], dials_m["rot_deg"], dials_m["rot_deg"] / max(m["rot_deg"], 1e-12)))
+          "orientation off by %.5f deg (in the beam's frame: DIALS's beam, which nbgrad holds, is %.5f deg off the "
+          "truth's), DIALS's by %.4f deg (%.1fx smaller)" % (
+              m["rot_deg"], m["beam_deg"], dials_m["rot_deg"], dials_m["rot_deg"] / max(m["rot_deg"], 1e-12)))
     held = all(fit[k].get("tied_to") == "fixed" for k in ("alpha", "beta", "gamma"))
     if held:
         # the space group holds the angles at their values: exact in both fits, nothing to compare
