@@ -1326,11 +1326,11 @@ static int scan_crystal(nbg_ctx *ctx, nbgi_cli *c, const nbg_geometry *g)
     c->scan_lambda = g->wavelength;
     nbgi_build_say(c, NBG_MSG_INFO, "read %s: a scan-varying crystal (%d A matrices, one per image boundary, as "
                    "dials.refine writes for a scan): each image gets its own, the mean of the A matrices at its start "
-                   "and end (refine: its own orientation, one cell for the scan)", c->exptin, n);
+                   "and end (refine fits one crystal for every image, from the static one)", c->exptin, n);
     return NBG_OK;
 }
 
-int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, int orientation_only, nbg_experiment *e)
+int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, nbg_experiment *e)
 {
     if (c->scan_crystal == NULL) {
         return NBG_OK;
@@ -1351,23 +1351,7 @@ int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, int ori
     if (!nbgi_inverse3(Am, basis)) {
         return nbgi_error(ctx, NBG_EINVAL, "image %d: the mean of its A matrices is singular", frame + 1);
     }
-    nbg_experiment t = *e;
-    nbgi_crystal_from_vectors(ctx, basis, c->scan_lambda, &t);
-    if (!orientation_only) {
-        e->has_cell = t.has_cell, e->has_mat = t.has_mat;
-        memcpy(e->cell, t.cell, sizeof e->cell);
-        memcpy(e->mat, t.mat, sizeof e->mat);
-        memcpy(e->misset, t.misset, sizeof e->misset);
-        e->misset_random = 0;
-        return NBG_OK;
-    }
-    if (!t.has_cell || !e->has_cell) {
-        return nbgi_error(ctx, NBG_EINVAL, "image %d: the scan-varying crystal of -expt %s is no cell nbgrad can "
-                          "construct (a left-handed basis?): its orientation cannot be fitted with one cell",
-                          frame + 1, c->exptin);
-    }
-    memcpy(e->misset, t.misset, sizeof e->misset);
-    e->misset_random = 0;
+    nbgi_crystal_from_vectors(ctx, basis, c->scan_lambda, e);
     return NBG_OK;
 }
 
@@ -1794,7 +1778,7 @@ int nbg_builder_frame(nbg_ctx *ctx, nbg_builder *b, int frame, nbg_experiment *o
     }
     nbg_experiment e = b->c.e;
     e.phi0 = r.phi0 + frame * r.osc;
-    if ((rc = nbgi_build_frame_crystal(ctx, &b->c, frame, 0, &e)) != NBG_OK) {
+    if ((rc = nbgi_build_frame_crystal(ctx, &b->c, frame, &e)) != NBG_OK) {
         return rc;
     }
     *out = e;

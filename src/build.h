@@ -112,11 +112,9 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
 /* Image `frame` (0-based) of the series' crystal into e (e otherwise as the caller made it, its phi0 included): with a
  * scan-varying crystal from -expt (c->scan_crystal), the crystal of that image, the mean of the A matrices at its
  * start and end (scan points frame and frame + 1; DIALS interpolates A linearly in the angle between them), as a
- * cell and misset angles (or an A matrix, as -expt reads a crystal); orientation_only: its orientation alone (the
- * misset angles), e's cell kept (a refinement that fits one cell for every image).  Without one, e is left as it
- * is.  NBG_EINVAL naming the image when the list has no scan point for it, or when orientation_only meets a crystal
- * that is no cell (a left-handed basis). */
-int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, int orientation_only, nbg_experiment *e);
+ * cell and misset angles (or an A matrix, as -expt reads a crystal).  Without one, e is left as it is.  NBG_EINVAL
+ * naming the image when the list has no scan point for it. */
+int nbgi_build_frame_crystal(nbg_ctx *ctx, const nbgi_cli *c, int frame, nbg_experiment *e);
 /* Appends a message at level NBG_MSG_* to c's list (dropped when memory is short). */
 void nbgi_build_say(nbgi_cli *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Empties c's message list. */
