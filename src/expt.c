@@ -206,6 +206,50 @@ static void to_frame(const double *G, const double f[3], const double s[3], cons
     }
 }
 
+/* A group of the hierarchy (the root's too) as dxtbx writes one: its frame, no pixels, empty fields. */
+static json_t *group_json(const char *name, const double f[3], const double s[3], const double o[3])
+{
+    static const double zero[3] = {0, 0, 0};
+    static const int none[2] = {0, 0};
+    return panel_json(name, "", f, s, o, none, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+}
+
+/* Panel k of a multi-panel detector with its vectors in the frame G (NULL: the laboratory's), its own sensor where it
+ * has one (nbg_panels_from_report gives such a panel its attenuation length), where its pixels start in an image
+ * file that is one array (the Pilatus 12M's, a Timepix quad's). */
+static json_t *sensor_json(const nbg_geometry *g, const nbg_panel *p, int k, const double *G, const double trusted[2])
+{
+    double f[3], sl[3], o[3];
+    to_frame(G, p->fast, p->slow, p->origin, f, sl, o);
+    char name[48];
+    if (p->name[0] != '\0')
+        snprintf(name, sizeof name, "%.31s", p->name);
+    else
+        snprintf(name, sizeof name, "panel %d", k);
+    const double pk[2] = {p->pixel, p->pixel};
+    const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
+    const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
+    return panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk, trusted, th,
+                      g->material, mu, g->gain, g->pedestal,
+                      th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
+}
+
+/* The detector's JSON: its panels and the hierarchy's root (the identity frame and the empty fields DIALS writes for
+ * it) over children; NULL when any is NULL or memory is short (every reference given is taken). */
+static json_t *detector_doc(json_t *list, json_t *children)
+{
+    static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
+    json_t *root = list != NULL && children != NULL ? group_json("", ex, ey, zero) : NULL;
+    if (root == NULL || json_object_set_new(root, "children", children) != 0) { /* it takes children, failing too */
+        if (root == NULL)
+            json_decref(children);
+        json_decref(root);
+        json_decref(list);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
+}
+
 /* Node i of t as a group of the hierarchy (its frame in its parent's, its children), or NULL when memory is short. */
 static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
 {
@@ -217,9 +261,7 @@ static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
     to_frame(q->parent >= 0 ? P : NULL, G, G + 3, G + 9, f, s, o);
     char name[48];
     snprintf(name, sizeof name, "level %d group %d", q->level, q->id);
-    static const double zero2[3] = {0, 0, 0};
-    static const int none[2] = {0, 0};
-    json_t *node = panel_json(name, "", f, s, o, none, 0, 0, zero2, zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+    json_t *node = group_json(name, f, s, o);
     json_t *kids = json_array();
     for (int c = 0; node != NULL && kids != NULL && c < q->nkids; ++c) {
         const int k = q->kid[c];
@@ -257,22 +299,10 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
          * in its first panel's frame relative to its parent group's, each panel in its group's */
         json_t *list = json_array(), *kids = json_array();
         for (int k = 0; list != NULL && k < npanels; ++k) {
-            const nbg_panel *p = &panels[k];
-            double G[12], f[3], sl[3], o[3];
+            double G[12];
             if (tree.owner[k] >= 0)
                 panel_unit_frame(&panels[tree.node[tree.owner[k]].first], G);
-            to_frame(tree.owner[k] >= 0 ? G : NULL, p->fast, p->slow, p->origin, f, sl, o);
-            char name[48];
-            if (p->name[0] != '\0')
-                snprintf(name, sizeof name, "%.31s", p->name);
-            else
-                snprintf(name, sizeof name, "panel %d", k);
-            const double pk[2] = {p->pixel, p->pixel};
-            const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
-            const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
-            json_t *panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk,
-                                       trusted, th, g->material, mu, g->gain, g->pedestal,
-                                       th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
+            json_t *panel = sensor_json(g, &panels[k], k, tree.owner[k] >= 0 ? G : NULL, trusted);
             if (panel == NULL || json_array_append_new(list, panel) != 0) {
                 json_decref(list);
                 list = NULL;
@@ -287,19 +317,7 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
             }
         }
         hier_free(&tree);
-        static const double ex1[3] = {1, 0, 0}, ey1[3] = {0, 1, 0}, zero1[3] = {0, 0, 0};
-        static const int none1[2] = {0, 0};
-        json_t *root = list != NULL && kids != NULL
-                           ? panel_json("", "", ex1, ey1, zero1, none1, 0, 0, zero1, zero1, 0, "", 0, 1, 0,
-                                        "SimplePxMmStrategy")
-                           : NULL;
-        if (root == NULL || json_object_set_new(root, "children", kids) != 0) {
-            json_decref(root);
-            json_decref(list);
-            if (root == NULL) json_decref(kids);
-            return NULL;
-        }
-        return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
+        return detector_doc(list, kids);
     }
     int maxg = -1, grouped = 0;
     int *count = NULL;
@@ -325,21 +343,10 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     }
     for (int q = 0; grouped && q <= maxg; ++q) {
         for (int k = 0; k < npanels; ++k) {
-            if (panels[k].group != q) {
-                continue;
+            if (panels[k].group == q) {
+                panel_unit_frame(&panels[k], gf[q]);
+                break;
             }
-            const double *f = panels[k].fast, *sl = panels[k].slow;
-            const double nf = sqrt(f[0] * f[0] + f[1] * f[1] + f[2] * f[2]);
-            const double ns = sqrt(sl[0] * sl[0] + sl[1] * sl[1] + sl[2] * sl[2]);
-            for (int i = 0; i < 3; ++i) {
-                gf[q][i] = f[i] / nf;
-                gf[q][3 + i] = sl[i] / ns;
-                gf[q][9 + i] = panels[k].origin[i];
-            }
-            gf[q][6] = gf[q][1] * gf[q][5] - gf[q][2] * gf[q][4];
-            gf[q][7] = gf[q][2] * gf[q][3] - gf[q][0] * gf[q][5];
-            gf[q][8] = gf[q][0] * gf[q][4] - gf[q][1] * gf[q][3];
-            break;
         }
     }
     json_t *list = json_array(), *children = json_array();
@@ -359,34 +366,7 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
                                g->spixels, pixel, trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal,
                                strategy);
         } else {
-            const nbg_panel *p = &panels[k];
-            char name[48];
-            if (p->name[0] != '\0')
-                snprintf(name, sizeof name, "%.31s", p->name);
-            else
-                snprintf(name, sizeof name, "panel %d", k);
-            const double pk[2] = {p->pixel, p->pixel};
-            /* its own sensor, if it has one (nbg_panels_from_report gives such a panel its attenuation length) */
-            const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
-            const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
-            double f[3], sl[3], o[3];
-            memcpy(f, p->fast, sizeof f);
-            memcpy(sl, p->slow, sizeof sl);
-            memcpy(o, p->origin, sizeof o);
-            if (grouped) {
-                /* in its group's frame: components along the group's fast, slow and normal */
-                const double *G = gf[p->group];
-                for (int i = 0; i < 3; ++i) {
-                    f[i] = G[3 * i] * p->fast[0] + G[3 * i + 1] * p->fast[1] + G[3 * i + 2] * p->fast[2];
-                    sl[i] = G[3 * i] * p->slow[0] + G[3 * i + 1] * p->slow[1] + G[3 * i + 2] * p->slow[2];
-                    o[i] = G[3 * i] * (p->origin[0] - G[9]) + G[3 * i + 1] * (p->origin[1] - G[10]) +
-                           G[3 * i + 2] * (p->origin[2] - G[11]);
-                }
-            }
-            /* where its pixels start in an image file that is one array (the Pilatus 12M's, a Timepix quad's) */
-            panel = panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk, trusted,
-                               th, g->material, mu, g->gain, g->pedestal,
-                               th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
+            panel = sensor_json(g, &panels[k], k, grouped ? gf[panels[k].group] : NULL, trusted);
         }
         json_t *parent = grouped ? gch[panels[k].group] : children;
         if (panel == NULL || json_array_append_new(list, panel) != 0 || parent == NULL ||
@@ -397,16 +377,13 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         }
     }
     /* the groups, each with its panels, under the root */
-    static const double zero2[3] = {0, 0, 0};
     for (int q = 0; grouped && q <= maxg; ++q) {
         if (gch == NULL || gch[q] == NULL) {
             continue;
         }
         char name[48];
         snprintf(name, sizeof name, "group %d", q);
-        json_t *node = children == NULL ? NULL
-                                        : panel_json(name, "", gf[q], gf[q] + 3, gf[q] + 9, no_offset, 0, 0, zero2,
-                                                     zero2, 0, "", 0, 1, 0, "SimplePxMmStrategy");
+        json_t *node = children == NULL ? NULL : group_json(name, gf[q], gf[q] + 3, gf[q] + 9);
         if (node == NULL) {
             json_decref(gch[q]); /* json_object_set_new takes it otherwise, failing or not */
         }
@@ -422,17 +399,7 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     free(gch);
     free(gf);
     free(count);
-    /* The root group of the hierarchy, with the identity frame and empty fields DIALS writes for it. */
-    static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
-    json_t *root =
-        panel_json("", "", ex, ey, zero, no_offset, 0, 0, zero, zero, 0, "", 0, 1, 0, "SimplePxMmStrategy");
-    if (root != NULL && (children == NULL || json_object_set_new(root, "children", children) != 0)) {
-        json_decref(root);
-        root = NULL;
-    } else if (root == NULL) {
-        json_decref(children);
-    }
-    return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
+    return detector_doc(list, children);
 }
 
 /* The beam as dxtbx writes it; nbgrad's sampling of the divergence and the spectrum (the fields set) under a key of

@@ -726,7 +726,7 @@ static int cmd_grad(int argc, char **argv, int first)
         if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
         double phi0 = r.phi0, osc = r.osc;
         int alone_frame = 0;
-    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, &alone_frame);
+        const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, &alone_frame);
         floor_warning(ctx, &c, obs, wts, NULL, npix, "");
         if (nf > 1) {
             printf("%d frames of %g deg from phi %g deg: the loss and its gradient summed over them\n", nf, osc, phi0);
@@ -1121,11 +1121,14 @@ static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone)
 }
 
 /* One image of a scan fitted alone: *phi0 and *osc (the scan's first frame's on entry) become the start angle and
- * the width its header (og) states, where it states them.  Prints which angle the fit uses; returns whether the
+ * the width its header (og) states, where it states them; *frame (NULL: not wanted) the frame of the scan it is (0
+ * when it states no angle, -1 when its angle is no frame's).  Prints which angle the fit uses; returns whether the
  * width is the file's own (not the scan's). */
 static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_geometry *og, const char *observed,
                                double *phi0, double *osc, int *frame)
 {
+    int unused;
+    frame = frame != NULL ? frame : &unused;
     *frame = 0;
     if (!(og->scan_stated >= 1 && isfinite(og->scan_start))) {
         printf("note: -observed %s holds one image that states no start angle: fitting it alone at the scan's "
@@ -1576,8 +1579,7 @@ static int cmd_refine(int argc, char **argv, int first)
     nbg_geometry og;
     if ((obs = read_observed(ctx, &c, &o, 0, &use, &og)) == NULL) goto done;
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
-    int alone_frame = 0;
-    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, &alone_frame);
+    const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, NULL);
     if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
     if (c.scan_crystal != NULL) {
         /* refine's model is one crystal for every image: it starts from the list's static crystal (starting each
