@@ -744,6 +744,9 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
         goto done;
     }
+    if (!nbgi_cli_data_fits(ctx, &c)) {
+        goto done;
+    }
     if (nbg_shots_read(ctx, o.shots, &shots) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;

@@ -685,6 +685,37 @@ static void cbf_notes(const char *name)
            "least 6 pixels: give dials.find_spots min_spot_size=3, or write -nxsfile\n");
 }
 
+/* -data float asks for photons: refused for an output whose format holds integers only (src/outputs.def's rows
+ * that carry what -data says, and the registry's formats); prints the error. */
+int nbgi_cli_data_fits(nbg_ctx *ctx, const nbgi_cli *c)
+{
+    if (c->filedata != NBGI_DATA_FLOAT) {
+        return 1;
+    }
+    char floats[256], flag[64];
+    size_t at = 0;
+    floats[0] = '\0';
+    for (int k = 0; nbgi_output_at(k) != NULL && at < sizeof floats; ++k) {
+        const nbgi_output *o = nbgi_output_at(k);
+        const nbgi_image_format *f = nbgi_image_format_named(ctx, o->format);
+        if ((o->carries & NBGI_CARRY_DATA) && f != NULL && (f->carries & NBGI_CARRY_PHOTONS)) {
+            at += (size_t)snprintf(floats + at, sizeof floats - at, "%s%s", at ? ", " : "",
+                                   nbgi_output_flag(o, flag, sizeof flag));
+        }
+    }
+    for (int k = 0; nbgi_output_at(k) != NULL; ++k) {
+        const nbgi_output *o = nbgi_output_at(k);
+        const nbgi_image_format *f = nbgi_image_format_named(ctx, o->format);
+        if ((o->carries & NBGI_CARRY_DATA) && f != NULL && !(f->carries & NBGI_CARRY_PHOTONS) &&
+            nbgi_output_path(c, o) != NULL) {
+            fprintf(stderr, "nbgrad: error: %s holds integers: -data float is for %s (use -data int or noise)\n",
+                    nbgi_output_flag(o, flag, sizeof flag), floats);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame)
 {
     const int F = r->fpixels, S = r->spixels;
