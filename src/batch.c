@@ -744,14 +744,23 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         fprintf(stderr, "nbgrad: error: batch simulates still shots: -frames is not for it\n");
         goto done;
     }
+    if (!nbgi_cli_data_fits(ctx, &c)) {
+        goto done;
+    }
     if (nbg_shots_read(ctx, o.shots, &shots) != NBG_OK) {
         fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
         goto done;
     }
-    batch_out outs[] = {{&c.floatfile, c.floatfile, ""}, {&c.intfile, c.intfile, ""},
-                        {&c.pgmfile, c.nopgm ? NULL : c.pgmfile, ""}, {&c.noisefile, c.nonoise ? NULL : c.noisefile, ""},
-                        {&c.nxsfile, c.nxsfile, ""}, {&c.cbffile, c.cbffile, ""}, {&c.exptfile, c.exptfile, ""}};
-    const int nouts = sizeof outs / sizeof outs[0];
+    /* the outputs (src/outputs.def), each named per shot */
+    batch_out outs[8];
+    int nouts = 0;
+    for (int k = 0; nbgi_output_at(k) != NULL && nouts < 8; ++k) {
+        const nbgi_output *ot = nbgi_output_at(k);
+        outs[nouts].slot = (const char **)((char *)&c + ot->field);
+        outs[nouts].tmpl = nbgi_output_path(&c, ot);
+        outs[nouts].name[0] = '\0';
+        ++nouts;
+    }
     int any = 0;
     for (int k = 0; k < nouts; ++k) {
         if (outs[k].tmpl == NULL) {
@@ -765,8 +774,13 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
         }
     }
     if (!any) {
-        fprintf(stderr, "nbgrad: error: batch writes nothing: give an output with {id} in its name (-floatfile, "
-                        "-intfile, -noisefile, -nxsfile, -cbffile, -exptfile)\n");
+        char list[512], flag[64];
+        size_t at = 0;
+        for (int k = 0; nbgi_output_at(k) != NULL && at < sizeof list; ++k) {
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "",
+                                   nbgi_output_flag(nbgi_output_at(k), flag, sizeof flag));
+        }
+        fprintf(stderr, "nbgrad: error: batch writes nothing: give an output with {id} in its name (%s)\n", list);
         goto done;
     }
     nbg_report r;

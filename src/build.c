@@ -733,20 +733,15 @@ static const cli_flag flags[] = {
      .help = "solid angle at every subpixel (nanoBragg's running-sum semantics)"},
 
     /* output */
-    {"-floatfile -floatimage", K_STR, C(floatfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image as 4-byte floats"},
-    {"-intfile -intimage", K_STR, C(intfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image as an SMV file of 2-byte integers"},
-    {"-pgmfile -pgmimage", K_STR, C(pgmfile), .group = G_OUTPUT, .arg = "file", .help = "the image as an 8-bit PGM"},
-    {"-noisefile -noiseimage", K_STR, C(noisefile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image with Poisson noise, as an SMV file"},
-    {"-nxsfile -nexusfile", K_STR, C(nxsfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image(s) with the whole geometry as NeXus NXmx (HDF5), every frame in one file (with panels: "
-             "one module per panel)"},
-    {"-cbffile", K_STR, C(cbffile), .group = G_OUTPUT, .arg = "file",
-     .help = "the image as a full CBF (imgCIF with the axes; byte-offset 4-byte integers)"},
-    {"-exptfile", K_STR, C(exptfile), .group = G_OUTPUT, .arg = "file",
-     .help = "the experiment as a DIALS experiment list (the ground truth, crystal included; every panel)"},
+    /* the output files: src/outputs.def, each row a flag here */
+#define NBGI_CANCEL(f) 0
+#define NBGI_NO_CANCEL 0
+#define NBGI_OUTPUT(names, field, cancel, format, carries, flat, help_)                                              \
+    {names, K_STR, C(field), .group = G_OUTPUT, .arg = "file", .help = help_},
+#include "outputs.def"
+#undef NBGI_OUTPUT
+#undef NBGI_CANCEL
+#undef NBGI_NO_CANCEL
     {"-data", K_CHOICE, C(filedata), .choices = "int float noise",
      .values = {NBGI_DATA_INT, NBGI_DATA_FLOAT, NBGI_DATA_NOISE}, .group = G_OUTPUT, .arg = "int|float|noise",
      .help = "what -nxsfile and -cbffile hold: -intfile's counts (the default), photons as floats (NXmx only), "
@@ -798,6 +793,55 @@ static const cli_flag flags[] = {
 
 #undef CUSTOM_AXIS
 #undef CONVENTION
+
+/* The program's output files (src/outputs.def), in order. */
+static const nbgi_output outputs[] = {
+#define NBGI_CANCEL(f) (offsetof(nbgi_cli, f) + 1)
+#define NBGI_NO_CANCEL 0
+#define NBGI_OUTPUT(names, field, cancel, format, carries, flat, help_)                                              \
+    {names, offsetof(nbgi_cli, field), cancel, format, carries, flat, help_},
+#include "outputs.def"
+#undef NBGI_OUTPUT
+#undef NBGI_CANCEL
+#undef NBGI_NO_CANCEL
+};
+
+const nbgi_output *nbgi_output_at(int i)
+{
+    return i >= 0 && (size_t)i < sizeof outputs / sizeof outputs[0] ? &outputs[i] : NULL;
+}
+
+const char *nbgi_output_given(const nbgi_cli *c, const nbgi_output *o)
+{
+    return *(const char *const *)((const char *)c + o->field);
+}
+
+const char *nbgi_output_path(const nbgi_cli *c, const nbgi_output *o)
+{
+    if (o->cancel != 0 && *(const int *)((const char *)c + o->cancel - 1) != 0) {
+        return NULL;
+    }
+    return nbgi_output_given(c, o);
+}
+
+int nbgi_output_carries(const nbgi_cli *c, const nbgi_output *o)
+{
+    int k = o->carries & ~NBGI_CARRY_DATA;
+    if (o->carries & NBGI_CARRY_DATA) {
+        k |= c->filedata == NBGI_DATA_FLOAT ? NBGI_CARRY_PHOTONS
+             : c->filedata == NBGI_DATA_NOISE ? NBGI_CARRY_NOISE
+                                              : NBGI_CARRY_COUNTS;
+    }
+    return k;
+}
+
+const char *nbgi_output_flag(const nbgi_output *o, char *buf, size_t size)
+{
+    int len = 0;
+    const char *w = nbgi_word(o->flags, 0, &len);
+    snprintf(buf, size, "%.*s", w != NULL ? len : 0, w != NULL ? w : "");
+    return buf;
+}
 #undef IGNORED_NOTE
 
 const char *nbgi_word(const char *s, int i, int *len)
@@ -1470,11 +1514,19 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
     }
     if (e->npanels > 0) {
         /* the files that describe one flat detector cannot hold several panels (NXmx and experiment lists can) */
+        /* the outputs that describe one flat detector (src/outputs.def), then -mask, -img and -roi */
+        char flag[64];
+        for (int k = 0; nbgi_output_at(k) != NULL; ++k) {
+            const nbgi_output *o = nbgi_output_at(k);
+            if (o->flat && nbgi_output_given(c, o) != NULL) {
+                return nbgi_error(ctx, NBG_EINVAL, "%s describes a single flat detector, and this one has %d panels "
+                                  "(-floatfile writes the panels' concatenation; -nxsfile and -exptfile every panel)",
+                                  nbgi_output_flag(o, flag, sizeof flag), e->npanels);
+            }
+        }
         const struct {
             const char *flag, *path;
-        } one[] = {{"-intfile", c->intfile}, {"-pgmfile", c->pgmfile}, {"-noisefile", c->noisefile},
-                   {"-cbffile", c->cbffile}, {"-mask", c->maskfile},   {"-img", c->imgfile},
-                   {"-roi", e->roi[0] >= 0 ? "" : NULL}};
+        } one[] = {{"-mask", c->maskfile}, {"-img", c->imgfile}, {"-roi", e->roi[0] >= 0 ? "" : NULL}};
         for (size_t k = 0; k < sizeof one / sizeof one[0]; ++k) {
             if (one[k].path != NULL) {
                 return nbgi_error(ctx, NBG_EINVAL, "%s describes a single flat detector, and this one has %d panels "

@@ -91,6 +91,28 @@ enum { NBGI_GROUPS_MODULES = 0, NBGI_GROUPS_PANELS = 1, NBGI_GROUPS_DETECTOR = 2
 enum { NBGI_DATA_INT = 0, NBGI_DATA_FLOAT = 1, NBGI_DATA_NOISE = 2 };
 
 
+/* The program's output files, a row of src/outputs.def each (the flag table takes its output flags from them; the
+ * program writes them through the format registry, src/imagefile.c). */
+typedef struct {
+    const char *flags;   /* the flag, then its aliases, space-separated ("-intfile -intimage") */
+    size_t field;        /* offsetof(nbgi_cli, the field holding the file's name) */
+    size_t cancel;       /* offsetof(nbgi_cli, the int switch that cancels it (-nopgm)) + 1, or 0: none */
+    const char *format;  /* the registry's row that writes it */
+    int carries;         /* NBGI_CARRY_* (formats.h); NBGI_CARRY_DATA: what -data says */
+    int flat;            /* 1: it describes a single flat detector (refused with panels) */
+    const char *help;
+} nbgi_output;
+/* Row i (0-based), NULL past the last. */
+const nbgi_output *nbgi_output_at(int i);
+/* The name c's flags give o, cancelled or not (NULL: not given). */
+const char *nbgi_output_given(const nbgi_cli *c, const nbgi_output *o);
+/* The file c asks o to write: its name, or NULL when not given or cancelled (-nopgm, -nonoise). */
+const char *nbgi_output_path(const nbgi_cli *c, const nbgi_output *o);
+/* What o carries in c's run: NBGI_CARRY_DATA replaced by -data's (photons, counts or noise). */
+int nbgi_output_carries(const nbgi_cli *c, const nbgi_output *o);
+/* o's flag (the first of its names) into buf (size bytes); returns buf. */
+const char *nbgi_output_flag(const nbgi_output *o, char *buf, size_t size);
+
 /* Sets c to the flags' defaults (nbg_experiment_default, Fdump.bin as the F cache, the CPU in double). */
 void nbgi_cli_init(nbgi_cli *c);
 /* Releases what the builder allocated (the F table, sources, mask, panels, motions, messages) and drops the outputs

@@ -685,6 +685,37 @@ static void cbf_notes(const char *name)
            "least 6 pixels: give dials.find_spots min_spot_size=3, or write -nxsfile\n");
 }
 
+/* -data float asks for photons: refused for an output whose format holds integers only (src/outputs.def's rows
+ * that carry what -data says, and the registry's formats); prints the error. */
+int nbgi_cli_data_fits(nbg_ctx *ctx, const nbgi_cli *c)
+{
+    if (c->filedata != NBGI_DATA_FLOAT) {
+        return 1;
+    }
+    char floats[256], flag[64];
+    size_t at = 0;
+    floats[0] = '\0';
+    for (int k = 0; nbgi_output_at(k) != NULL && at < sizeof floats; ++k) {
+        const nbgi_output *o = nbgi_output_at(k);
+        const nbgi_image_format *f = nbgi_image_format_named(ctx, o->format);
+        if ((o->carries & NBGI_CARRY_DATA) && f != NULL && (f->carries & NBGI_CARRY_PHOTONS)) {
+            at += (size_t)snprintf(floats + at, sizeof floats - at, "%s%s", at ? ", " : "",
+                                   nbgi_output_flag(o, flag, sizeof flag));
+        }
+    }
+    for (int k = 0; nbgi_output_at(k) != NULL; ++k) {
+        const nbgi_output *o = nbgi_output_at(k);
+        const nbgi_image_format *f = nbgi_image_format_named(ctx, o->format);
+        if ((o->carries & NBGI_CARRY_DATA) && f != NULL && !(f->carries & NBGI_CARRY_PHOTONS) &&
+            nbgi_output_path(c, o) != NULL) {
+            fprintf(stderr, "nbgrad: error: %s holds integers: -data float is for %s (use -data int or noise)\n",
+                    nbgi_output_flag(o, flag, sizeof flag), floats);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const float *img, int frame)
 {
     const int F = r->fpixels, S = r->spixels;
@@ -707,8 +738,14 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
         printf("max_I = %g\n", st.max);
     }
     printf("mean= %g rms= %g rmsd= %g\n", st.mean, st.rms, st.rmsd);
-    if (frame == 0 && (c->nxsfile != NULL || c->cbffile != NULL || c->exptfile != NULL || c->intfile != NULL ||
-                       (c->noisefile != NULL && !c->nonoise))) {
+    /* what the asked outputs carry, all together */
+    int asked = 0;
+    for (int k = 0; nbgi_output_at(k) != NULL; ++k) {
+        if (nbgi_output_path(c, nbgi_output_at(k)) != NULL) {
+            asked |= nbgi_output_carries(c, nbgi_output_at(k));
+        }
+    }
+    if (frame == 0 && (asked & (NBGI_CARRY_GEOMETRY | NBGI_CARRY_COUNTS | NBGI_CARRY_NOISE))) {
         if (nbg_geometry_from_report(ctx, &c->e, r, nframes, &c->geom) != NBG_OK) {
             return out_error(ctx);
         }
@@ -731,13 +768,6 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
     }
     /* the integer and noise images of panels: the concatenation as one row (panels have no region of interest) */
     const int IF = c->e.npanels > 0 ? (int)npix : F, IS = c->e.npanels > 0 ? 1 : S;
-    if (c->floatfile != NULL) {
-        nbgi_frame_name(c->floatfile, frame, nframes, name, sizeof name);
-        if (nbgi_write_float_set(ctx, &c->outs, name, img, npix) != NBG_OK) {
-            return out_error(ctx);
-        }
-        printf("wrote %s as %zu 4-byte floats\n", name, npix);
-    }
     /* the integer scale: -scale, else 55000 / the maximum, of the first frame for a whole series */
     double scale = c->scale;
     if (scale <= 0) {
@@ -748,173 +778,167 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
     nbg_smv_header_from_report(r, &h);
     h.has_adc_offset = c->smv_adc;
     h.adc_offset = c->adc;
-    const int want_int = c->intfile != NULL || ((c->nxsfile != NULL || c->cbffile != NULL) &&
-                                                c->filedata == NBGI_DATA_INT);
-    const int want_noise = (c->noisefile != NULL && !c->nonoise) ||
-                           ((c->nxsfile != NULL || c->cbffile != NULL) && c->filedata == NBGI_DATA_NOISE);
     uint16_t *ibuf = NULL, *nbuf = NULL;
-    int32_t *cbuf = NULL;
     int ok = 0;
-    if ((want_int && (ibuf = malloc(sizeof(uint16_t) * npix)) == NULL) ||
-        (want_noise && (nbuf = malloc(sizeof(uint16_t) * npix)) == NULL) ||
-        (c->cbffile != NULL && (cbuf = malloc(sizeof(int32_t) * npix)) == NULL)) {
-        fprintf(stderr, "nbgrad: error: out of memory for the integer images (%zu pixels)\n", npix);
-        goto done;
-    }
-    if (want_int) {
-        if (nbg_int_image(ctx, img, IF, IS, c->e.roi, scale, c->adc, ibuf) != NBG_OK) {
+    /* the outputs, in src/outputs.def's order, each through its format's writer (src/imagefile.c) */
+    for (int k = 0; nbgi_output_at(k) != NULL; ++k) {
+        const nbgi_output *out = nbgi_output_at(k);
+        const nbgi_image_format *fmt = nbgi_image_format_named(ctx, out->format);
+        if (fmt == NULL) {
             out_error(ctx);
             goto done;
         }
-        printf("intfile_scale = %g\n", scale);
-    }
-    if (c->intfile != NULL) {
-        nbgi_frame_name(c->intfile, frame, nframes, name, sizeof name);
-        if (nbgi_write_smv_set(ctx, &c->outs, name, &h, ibuf) != NBG_OK) {
+        const int carry = nbgi_output_carries(c, out);
+        /* the counts are drawn at their own output's place (-intfile's, -noisefile's) whenever an output asked for
+         * carries them, written or not there: the integer image before the PGM, the noise after it */
+        const int draw = carry & (asked & (NBGI_CARRY_COUNTS | NBGI_CARRY_NOISE));
+        if ((draw & NBGI_CARRY_COUNTS) && ibuf == NULL) {
+            if ((ibuf = malloc(sizeof(uint16_t) * npix)) == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory for the integer images (%zu pixels)\n", npix);
+                goto done;
+            }
+            if (nbg_int_image(ctx, img, IF, IS, c->e.roi, scale, c->adc, ibuf) != NBG_OK) {
+                out_error(ctx);
+                goto done;
+            }
+            printf("intfile_scale = %g\n", scale);
+        }
+        if ((draw & NBGI_CARRY_NOISE) && nbuf == NULL) {
+            if ((nbuf = malloc(sizeof(uint16_t) * npix)) == NULL) {
+                fprintf(stderr, "nbgrad: error: out of memory for the integer images (%zu pixels)\n", npix);
+                goto done;
+            }
+            long seed = c->seed;
+            if (!c->have_seed) {
+                seed = (long)time(NULL);
+                c->seed = seed;
+                c->have_seed = 1;
+                printf("noise seed: %ld (repeat with -seed %ld)\n", seed, seed);
+            }
+            long photons = 0, overloads = 0;
+            /* frame i of a series draws from seed + i: the first frame is the single image's */
+            if (nbg_noise_image(ctx, img, IF, IS, c->e.roi, c->adc, seed + frame, nbuf, &photons, &overloads) !=
+                NBG_OK) {
+                out_error(ctx);
+                goto done;
+            }
+            printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
+        }
+        const char *path = nbgi_output_path(c, out);
+        if (path == NULL) {
+            continue;
+        }
+        if ((carry & NBGI_CARRY_COUNTS && ibuf == NULL) || (carry & NBGI_CARRY_NOISE && nbuf == NULL)) {
+            fprintf(stderr, "nbgrad: error: %s's counts were not drawn (src/outputs.def: its carry has no drawing "
+                    "output before it)\n", out->flags);
+            goto done;
+        }
+        nbgi_image_out o;
+        memset(&o, 0, sizeof o);
+        o.carry = carry & (NBGI_CARRY_PHOTONS | NBGI_CARRY_COUNTS | NBGI_CARRY_NOISE);
+        o.npix = npix;
+        o.fpixels = F;
+        o.spixels = S;
+        o.photons = img;
+        o.counts = carry & NBGI_CARRY_NOISE ? nbuf : ibuf;
+        o.frame = frame;
+        o.nframes = 1;
+        o.smv = &h;
+        if (fmt->carries & NBGI_CARRY_SCALED) {
+            double ps = c->pgmscale;
+            if (ps <= 0) {
+                ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
+            }
+            o.pgm_scale = ps;
+        }
+        o.g = &c->geom;
+        o.panels = c->geom_panels;
+        o.npanels = c->e.npanels;
+        o.mask = c->e.mask;
+        if (fmt->frames == 1) {
+            /* one image a file: each frame its own, named by its number */
+            nbgi_frame_name(path, frame, nframes, name, sizeof name);
+        } else {
+            /* the whole series in one file: the frames gathered, written after the last */
+            snprintf(name, sizeof name, "%s", path);
+            if (o.carry != 0) {
+                const size_t elem = o.carry == NBGI_CARRY_PHOTONS ? sizeof(float) : sizeof(int32_t);
+                if (frame == 0) {
+                    char what[128];
+                    snprintf(what, sizeof what, "the frames of %s", fmt->what);
+                    if (nbgi_check_bytes(ctx, (double)elem * npix * nframes, what) != NBG_OK) {
+                        out_error(ctx);
+                        goto done;
+                    }
+                    free(c->series);
+                    c->series = malloc(elem * npix * nframes);
+                    if (c->series == NULL) {
+                        fprintf(stderr, "nbgrad: error: out of memory for %d frames of %zu pixels\n", nframes, npix);
+                        goto done;
+                    }
+                }
+                if (o.carry == NBGI_CARRY_PHOTONS) {
+                    memcpy((float *)c->series + (size_t)frame * npix, img, npix * sizeof(float));
+                } else {
+                    int32_t *dst = (int32_t *)c->series + (size_t)frame * npix;
+                    for (size_t i = 0; i < npix; ++i) dst[i] = o.counts[i];
+                }
+                o.photons = c->series;
+                o.counts = NULL;
+                o.counts32 = c->series;
+                o.nframes = nframes;
+            }
+            if (frame != nframes - 1) {
+                continue;
+            }
+        }
+        char images[PATH_MAX];
+        if (fmt->carries & NBGI_CARRY_GEOMETRY && o.carry == 0) {
+            /* an experiment list: it names the images of the run (the NXmx file, else the CBF, SMV or noise series),
+             * which are nbgrad's (an NXmx file of modules, each its own slab): the panels' raw offsets in the file
+             * the experiment came from (a Pilatus 12M's one array) do not describe them */
+            const char *img_path = c->nxsfile != NULL    ? c->nxsfile
+                                   : c->cbffile != NULL  ? c->cbffile
+                                   : c->intfile != NULL  ? c->intfile
+                                   : c->noisefile != NULL ? c->noisefile
+                                                          : "";
+            if (c->nxsfile != NULL) {
+                snprintf(images, sizeof images, "%s", img_path);
+            } else {
+                series_template(img_path, nframes, images, sizeof images);
+            }
+            if (img_path[0] != '\0') {
+                for (int p = 0; p < c->e.npanels; ++p) {
+                    c->geom_panels[p].raw_offset[0] = c->geom_panels[p].raw_offset[1] = 0;
+                }
+            }
+            o.images = images;
+        }
+        if (nbgi_image_write(ctx, &c->outs, fmt->name, name, &o) != NBG_OK) {
             out_error(ctx);
             goto done;
         }
-        printf("wrote %s as 2-byte integers\n", name);
-    }
-    if (c->pgmfile != NULL && !c->nopgm) {
-        double ps = c->pgmscale;
-        if (ps <= 0) {
-            ps = st.rmsd > 0 ? 250.0 / (5.0 * st.rmsd) : scale;
-        }
-        nbgi_frame_name(c->pgmfile, frame, nframes, name, sizeof name);
-        if (nbgi_write_pgm_set(ctx, &c->outs, name, img, F, S, ps) != NBG_OK) {
-            out_error(ctx);
-            goto done;
-        }
-        printf("wrote %s with pixels scaled by %g\n", name, ps);
-    }
-    if (want_noise) {
-        long seed = c->seed;
-        if (!c->have_seed) {
-            seed = (long)time(NULL);
-            c->seed = seed;
-            c->have_seed = 1;
-            printf("noise seed: %ld (repeat with -seed %ld)\n", seed, seed);
-        }
-        long photons = 0, overloads = 0;
-        /* frame i of a series draws from seed + i: the first frame is the single image's */
-        if (nbg_noise_image(ctx, img, IF, IS, c->e.roi, c->adc, seed + frame, nbuf, &photons, &overloads) !=
-            NBG_OK) {
-            out_error(ctx);
-            goto done;
-        }
-        printf("%ld photons on noise image (%ld overloads)\n", photons, overloads);
-    }
-    if (c->noisefile != NULL && !c->nonoise) {
-        nbgi_frame_name(c->noisefile, frame, nframes, name, sizeof name);
-        if (nbgi_write_smv_set(ctx, &c->outs, name, &h, nbuf) != NBG_OK) {
-            out_error(ctx);
-            goto done;
-        }
-        printf("wrote %s as 2-byte integers\n", name);
-    }
-    const uint16_t *counts = c->filedata == NBGI_DATA_NOISE ? nbuf : ibuf;
-    if (c->cbffile != NULL) {
-        for (size_t i = 0; i < npix; ++i) cbuf[i] = counts[i];
-        nbgi_frame_name(c->cbffile, frame, nframes, name, sizeof name);
-        if (nbgi_write_cbf_set(ctx, &c->outs, name, &c->geom, frame, cbuf) != NBG_OK) {
-            out_error(ctx);
-            goto done;
-        }
-        printf("wrote %s as a CBF of 4-byte integers\n", name);
-        if (frame == nframes - 1 && !c->batch) {
+        printf("wrote %s%s%s\n", name, o.said[0] == ',' ? "" : " ", o.said);
+        if (strcmp(fmt->name, "cbf") == 0 && frame == nframes - 1 && !c->batch) {
             cbf_notes(name);
         }
-    }
-    if (c->nxsfile != NULL) {
-        /* NXmx holds the whole series in one file: gather the frames, write after the last */
-        const size_t elem = c->filedata == NBGI_DATA_FLOAT ? sizeof(float) : sizeof(int32_t);
-        if (frame == 0) {
-            if (nbgi_check_bytes(ctx, (double)elem * npix * nframes, "the frames of the NXmx file") != NBG_OK) {
-                out_error(ctx);
-                goto done;
-            }
-            free(c->series);
-            c->series = malloc(elem * npix * nframes);
-            if (c->series == NULL) {
-                fprintf(stderr, "nbgrad: error: out of memory for %d frames of %zu pixels\n", nframes, npix);
-                goto done;
-            }
-        }
-        if (c->filedata == NBGI_DATA_FLOAT) {
-            memcpy((float *)c->series + (size_t)frame * npix, img, npix * sizeof(float));
-        } else {
-            int32_t *dst = (int32_t *)c->series + (size_t)frame * npix;
-            for (size_t i = 0; i < npix; ++i) dst[i] = counts[i];
-        }
-        if (frame == nframes - 1) {
-            /* NXmx holds a beam along -z only (dxtbx's reader assumes it): an experiment of a DIALS list whose beam
-             * dials.index tilted (kept as it is in c->geom, and in -exptfile's list) is written turned as a whole,
-             * the same experiment */
-            nbg_geometry gx = c->geom;
-            nbg_panel *px = NULL;
-            if (c->e.npanels > 0 && (px = malloc((size_t)c->e.npanels * sizeof *px)) == NULL) {
-                fprintf(stderr, "nbgrad: error: out of memory for %d panels\n", c->e.npanels);
-                goto done;
-            }
-            if (px != NULL) {
-                memcpy(px, c->geom_panels, (size_t)c->e.npanels * sizeof *px);
-            }
-            nbg_geometry_beam_to_minus_z(&gx, px, c->e.npanels);
-            const int wrc = nbgi_write_nxmx_panels_set(ctx, &c->outs, c->nxsfile, &gx, px, c->e.npanels,
-                                                       c->filedata == NBGI_DATA_FLOAT ? NBG_DATA_FLOAT32
-                                                                                      : NBG_DATA_INT32,
-                                                       c->series, nframes, c->e.mask);
-            free(px);
-            if (wrc != NBG_OK) {
-                out_error(ctx);
-                goto done;
-            }
-            printf("wrote %s as NeXus NXmx (%d frame%s of %s)\n", c->nxsfile, nframes, nframes > 1 ? "s" : "",
-                   c->filedata == NBGI_DATA_FLOAT ? "4-byte floats" : "4-byte integers");
-        }
-    }
-    if (c->exptfile != NULL && frame == nframes - 1) {
-        /* the images the list names: the NXmx file, else the CBF, SMV or noise series */
-        const char *img_path = c->nxsfile != NULL    ? c->nxsfile
-                               : c->cbffile != NULL  ? c->cbffile
-                               : c->intfile != NULL  ? c->intfile
-                               : c->noisefile != NULL ? c->noisefile
-                                                      : "";
-        char tmpl[PATH_MAX];
-        if (c->nxsfile != NULL) {
-            snprintf(tmpl, sizeof tmpl, "%s", img_path);
-        } else {
-            series_template(img_path, nframes, tmpl, sizeof tmpl);
-        }
-        if (img_path[0] != '\0') {
-            /* the images the list names are nbgrad's (an NXmx file of modules, each its own slab): the panels'
-             * raw offsets in the file the experiment came from (a Pilatus 12M's one array) do not describe them */
-            for (int k = 0; k < c->e.npanels; ++k) {
-                c->geom_panels[k].raw_offset[0] = c->geom_panels[k].raw_offset[1] = 0;
-            }
-        }
-        if (nbgi_write_expt_panels_set(ctx, &c->outs, c->exptfile, &c->geom, c->geom_panels, c->e.npanels, tmpl) !=
-            NBG_OK) {
-            out_error(ctx);
-            goto done;
-        }
-        printf("wrote %s, the DIALS experiment list (truth: beam, detector, goniometer, scan, crystal)\n",
-               c->exptfile);
     }
     if (frame == nframes - 1 && !c->batch && (c->intfile != NULL || (c->noisefile != NULL && !c->nonoise))) {
         print_dials_import(c, c->intfile != NULL ? c->intfile : c->noisefile);
     }
-    if (c->floatfile == NULL && c->intfile == NULL && (c->pgmfile == NULL || c->nopgm) &&
-        (c->noisefile == NULL || c->nonoise) && c->nxsfile == NULL && c->cbffile == NULL && c->exptfile == NULL) {
-        printf("no output file asked for (-floatfile, -intfile, -pgmfile, -noisefile, -nxsfile, -cbffile, "
-               "-exptfile)\n");
+    if (asked == 0) {
+        char list[512], flag[64];
+        size_t at = 0;
+        for (int k = 0; nbgi_output_at(k) != NULL && at < sizeof list; ++k) {
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", k ? ", " : "",
+                                   nbgi_output_flag(nbgi_output_at(k), flag, sizeof flag));
+        }
+        printf("no output file asked for (%s)\n", list);
     }
     ok = 1;
 done:
     free(ibuf);
     free(nbuf);
-    free(cbuf);
     return ok;
 }
 
@@ -1064,16 +1088,29 @@ int nbgi_cli_check_paths(const nbgi_cli *c, const nbgi_cli_path *extra, int n)
     const nbgi_cli_path own[] = {
         {"-hkl", c->hklfile, 0},         {"-mat", c->matfile, 0},          {"-sourcefile", c->sourcefile, 0},
         {"-mask", c->maskfile, 0},       {"-img", c->imgfile, 0},          {"-dump", fdump_in ? c->dumpfile : NULL, 0},
-        {"-dump", fdump_out ? c->dumpfile : NULL, 1},                      {"-floatfile", c->floatfile, 1},
-        {"-intfile", c->intfile, 1},     {"-pgmfile", c->nopgm ? NULL : c->pgmfile, 1},
-        {"-noisefile", c->nonoise ? NULL : c->noisefile, 1},
-        {"-nxsfile", c->nxsfile, 1},     {"-cbffile", c->cbffile, 1},      {"-exptfile", c->exptfile, 1},
-        {"-expt", c->exptin, 0},
+        {"-dump", fdump_out ? c->dumpfile : NULL, 1},
     };
     for (size_t i = 0; i < sizeof own / sizeof own[0]; ++i) {
         if (own[i].path != NULL) {
             p[np++] = own[i];
         }
+    }
+    /* the output files (src/outputs.def) */
+    char oflag[16][64];
+    for (int k = 0; nbgi_output_at(k) != NULL && k < 16; ++k) {
+        const nbgi_output *o = nbgi_output_at(k);
+        if (nbgi_output_path(c, o) != NULL) {
+            p[np].flag = nbgi_output_flag(o, oflag[k], sizeof oflag[k]);
+            p[np].path = nbgi_output_path(c, o);
+            p[np].output = 1;
+            ++np;
+        }
+    }
+    if (c->exptin != NULL) {
+        p[np].flag = "-expt";
+        p[np].path = c->exptin;
+        p[np].output = 0;
+        ++np;
     }
     for (int i = 0; i < n && np < 32; ++i) {
         if (extra[i].path != NULL) {

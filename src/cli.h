@@ -49,6 +49,9 @@ int nbgi_cli_number(const char *flag, const char *s, double *out);
  * dimensions (fg: what nbg_read_image gave) other than the single detector's; 1 otherwise (raw floats, panels). */
 int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
                             const nbg_geometry *fg);
+/* -data float with an output whose format holds integers only (-cbffile): prints the error naming it and the
+ * outputs that hold floats, returns 0; 1 otherwise. */
+int nbgi_cli_data_fits(nbg_ctx *ctx, const nbgi_cli *c);
 
 void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r);
 void nbgi_cli_stats(const nbgi_cli *c, const nbg_report *r, const float *img, nbgi_stats *st);

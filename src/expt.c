@@ -1664,4 +1664,13 @@ int nbg_read_expt_panels(nbg_ctx *ctx, const char *path, nbg_geometry *g, nbg_pa
     return nbg_read_expt(ctx, path, g);
 }
 
+int nbg_read_expt_scan_crystal(nbg_ctx *ctx, const char *path, double **real_space, int *npoints)
+{
+    if (real_space != NULL)
+        *real_space = NULL;
+    if (npoints != NULL)
+        *npoints = 0;
+    return nbg_read_expt(ctx, path, NULL);
+}
+
 #endif

@@ -10,6 +10,8 @@
 #include "internal.h"
 #include "io.h"
 
+#include <sys/types.h>
+
 /* Sets g to the defaults: no detector (0 pixels), beam along -z (direction (0,0,1)), wavelength NAN, rotation
  * axis (1,0,0), one frame of 0 width at 0, exposure 1 s, gain 1, pedestal 0, saturation NAN, unpolarized, no
  * crystal, space group " P 1". */
@@ -55,6 +57,70 @@ int nbgi_refl_parse(nbg_ctx *ctx, const char *path, const unsigned char *buf, si
  * NULL) the refusal naming path, the detector and what to do (import it with DIALS and pass the list with the
  * image); 0 otherwise. */
 int nbgi_unplaced_detector(const char *format, const nbg_geometry *g, const char *path, char *msg, size_t size);
+
+/* --- the format registry (src/imagefile.c) ------------------------------------------------------------------
+ * One row per image or experiment format nbgrad reads or writes: its name, how a file of it is recognised from its
+ * first bytes, its reader (behind nbg_read_image) and its writer (behind the program's output flags, src/outputs.def),
+ * what the writer carries, and whether a file holds several frames.  A format nbgrad cannot read (PGM, experiment
+ * lists as images) or write has NULL there and says why in note. */
+
+/* What a writer carries (a bit each). */
+enum {
+    NBGI_CARRY_PHOTONS = 1,  /* the image in photons, as floats */
+    NBGI_CARRY_COUNTS = 2,   /* integer counts: the photons scaled (-scale) plus the pedestal (-adc), rounded */
+    NBGI_CARRY_NOISE = 4,    /* integer counts with Poisson noise */
+    NBGI_CARRY_SCALED = 8,   /* an 8-bit picture (scaled for the eye, clipped) */
+    NBGI_CARRY_GEOMETRY = 16, /* the experiment's geometry (beam, detector, goniometer, scan; a list the crystal) */
+    NBGI_CARRY_DATA = 32     /* (an output's, src/outputs.def) what -data says: counts, photons or noise */
+};
+
+/* What one write is given: the fields its format carries are read, the rest ignored. */
+typedef struct {
+    int carry;                 /* NBGI_CARRY_PHOTONS, _COUNTS or _NOISE: what the image data are */
+    size_t npix;               /* pixels of one frame */
+    int fpixels, spixels;      /* a frame's shape (a panel concatenation: npix x 1) */
+    const float *photons;      /* PHOTONS: nframes frames (formats of one image a file: one) */
+    const uint16_t *counts;    /* COUNTS, NOISE: the same as 16-bit counts */
+    const int32_t *counts32;   /* COUNTS, NOISE in a format of several frames: nframes frames of 32-bit counts */
+    int frame, nframes;        /* this frame (0-based) of the series; the frames given (several-frame formats) */
+    const nbg_smv_header *smv; /* SMV: the header */
+    double pgm_scale;          /* PGM: the pixel scale */
+    const nbg_geometry *g;     /* GEOMETRY */
+    const nbg_panel *panels;   /* GEOMETRY: the panels (in g's frame) or NULL */
+    int npanels;
+    const uint8_t *mask;       /* NXmx: the mask written with the frames, or NULL */
+    const char *images;        /* experiment lists: the images the list names ("" or NULL: none) */
+    char said[160];            /* out: what was written, after the file's name ("as 2-byte integers") */
+} nbgi_image_out;
+
+typedef int (*nbgi_image_reader)(nbg_ctx *ctx, const char *path, int frame, size_t expect_npix, off_t size,
+                                 float **image, size_t *npix, nbg_geometry *lg, uint8_t **mask, int *whole);
+typedef int (*nbgi_image_writer)(nbg_ctx *ctx, nbgi_outset *set, const char *path, nbgi_image_out *o);
+
+typedef struct {
+    const char *name, *what;   /* "cbf", and a file of it in words ("a CBF file") */
+    const char *magic;         /* its first bytes (NULL: anything, the last row: raw floats) */
+    size_t nmagic;
+    int frames;                /* 1: one image a file; 0: any number */
+    nbgi_image_reader read;    /* NULL: nbgrad cannot read its images */
+    nbgi_image_writer write;   /* NULL: nbgrad cannot write it */
+    int carries;               /* what the writer can carry (NBGI_CARRY_*) */
+    const char *note;          /* for a row without reader or writer: why, and what reads it */
+} nbgi_image_format;
+
+/* Row i of the registry (0-based), NULL past the last. */
+const nbgi_image_format *nbgi_image_format_at(int i);
+/* The row named name; NULL, with NBG_EINVAL naming it and the known formats in ctx (ctx may be NULL), for a name
+ * nbgrad does not know. */
+const nbgi_image_format *nbgi_image_format_named(nbg_ctx *ctx, const char *name);
+/* The row a file's first bytes (head, n of them) make it: the first row whose magic they begin with. */
+const nbgi_image_format *nbgi_image_format_sniff(const unsigned char *head, size_t n);
+/* The first bytes read to sniff a file. */
+#define NBGI_SNIFF_BYTES 64
+/* Writes o to path (set: the run's output set, NULL: at once) through the writer of format name: NBG_EINVAL for a
+ * name nbgrad does not know, a format it cannot write, or data it does not carry (o->carry), naming them; else the
+ * writer's status, with o->said filled. */
+int nbgi_image_write(nbg_ctx *ctx, nbgi_outset *set, const char *format, const char *path, nbgi_image_out *o);
 
 /* nbg_read_image, except that an image of a detector it refuses because it cannot place its panels (see
  * nbg_read_image) is read as the file's one array, with unplaced (size bytes) receiving the refusal's message (an

@@ -867,9 +867,7 @@ static int cmd_simulate(int argc, char **argv, int first)
         goto done;
     }
     nbgi_cli_print_setup(&c, &r);
-    if (c.cbffile != NULL && c.filedata == NBGI_DATA_FLOAT) {
-        fprintf(stderr, "nbgrad: error: -cbffile holds integers: -data float is for -nxsfile (use -data int or "
-                        "noise)\n");
+    if (!nbgi_cli_data_fits(ctx, &c)) {
         goto done;
     }
     const size_t npix = r.npix;

@@ -1,8 +1,8 @@
 #!/bin/sh
 # layers.sh -- the library's layering, checked on its object files: who may call whom.  The geometry model
-# (labgeom) is used by the format readers and writers (cbf, cbfbin, nxmx, expt) and calls none of them; the image
-# reader's table (imagefile) sits above the formats; the image model (model) is used by the forward (simulate),
-# and what renders to judge (floor) sits above both.  One PASS/FAIL line per rule, then "N passed, N failed".
+# (labgeom) is used by the format readers and writers (cbf, cbfbin, nxmx, expt, io's SMV/PGM/floats) and calls none
+# of them; the format registry (imagefile: sniff, read, write) sits above the formats, which never call it; the
+# image model (model) is used by the forward (simulate), and what renders to judge (floor) sits above both.  One PASS/FAIL line per rule, then "N passed, N failed".
 #   sh tests/layers.sh BUILD_DIR
 B=${1:-build}
 pass=0
@@ -39,6 +39,8 @@ rule labgeom "cbf cbfbin nxmx expt imagefile io" "the geometry model: the format
 rule cbf "imagefile expt nxmx" "a format reads and writes its files alone"
 rule nxmx "imagefile cbf cbfbin expt" "a format reads and writes its files alone"
 rule expt "imagefile cbf cbfbin nxmx" "a format reads and writes its files alone"
+rule cbfbin "imagefile expt nxmx" "a format reads and writes its files alone"
+rule io "imagefile cbf cbfbin nxmx expt" "a format reads and writes its files alone"
 rule model "simulate floor" "the image model's arithmetic: the forward applies it"
 rule simulate "floor" "the forward: the floor check renders through it"
 echo "$pass passed, $fail failed"

@@ -11,7 +11,7 @@
  *   - Two panels: -nxsfile and -exptfile write every panel (read back by the library); -intfile is refused.
  *   - A list whose beam is 2 deg off -z: -exptfile keeps its frame, -nxsfile turns it as a whole (NXmx: the beam
  *     along -z), both render the same image.
- *   - Refusals: -cbffile with -data float; -expt naming a list with two overlapping panels, a list with a missing field; a
+ *   - Refusals: -cbffile with -data float (simulate and batch); -expt naming a list with two overlapping panels, a list with a missing field; a
  *     failed run leaves no file.
  */
 #include "clirun.h"
@@ -280,6 +280,17 @@ static void test_refusals(void)
         const char *words[] = {"-cbffile", "integers", NULL};
         const char *inputs[] = {NULL};
         expect_failure("FMT-cbf-float", "-cbffile with -data float", &r, args, words, inputs);
+        result_free(&r);
+    }
+    if (new_case(&r)) {
+        /* the same in batch (it used to crash on the first shot) */
+        const char *shots = "{\"id\":\"s1\",\"N\":5}\n{\"id\":\"s2\",\"N\":6}\n";
+        const char *args[] = {"batch", XTAL, "-shots", "shots.jsonl", "-cbffile", "{id}.cbf", "-data", "float", NULL};
+        const char *words[] = {"-cbffile", "integers", "-nxsfile", NULL};
+        const char *inputs[] = {"shots.jsonl", NULL};
+        if (put_file(&r, "shots.jsonl", shots)) {
+            expect_failure("FMT-cbf-float-batch", "batch -cbffile with -data float", &r, args, words, inputs);
+        }
         result_free(&r);
     }
     if (new_case(&r)) {
