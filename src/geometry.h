@@ -368,6 +368,30 @@ static inline NBG_HD void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF
     }
 }
 
+/* nbgi_lane_rays with d = P (1 / R): one division a ray instead of three (d moves by an ulp of double), for the
+ * single-precision forward, whose per-sample work rounds to float after it. */
+static inline NBG_HD void nbgi_lane_rays_rcp(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                            double *NBG_RESTRICT d0, double *NBG_RESTRICT d1,
+                                            double *NBG_RESTRICT d2, double *NBG_RESTRICT Rl)
+{
+    const int os = p->oversample;
+    const double sub = p->subpixel;
+#pragma omp simd
+    for (int j = 0; j < w; ++j) {
+        const double Fdet = nbgi_subpixel_center(sub, os, f0 + j, subF);
+        double P[3];
+        for (int x = 0; x < 3; ++x) {
+            P[x] = nbgi_flat_component(Fdet, Sdet, Odet, p->fdet[x], p->sdet[x], p->odet[x], p->pix0[x]);
+        }
+        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
+        const double r = 1 / R;
+        d0[j] = P[0] * r;
+        d1[j] = P[1] * r;
+        d2[j] = P[2] * r;
+        Rl[j] = R;
+    }
+}
+
 /* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the
  * resolution cut (valid): nbgi_scatter_q's arithmetic, across the lanes.  Shared by the row kernels. */
 static inline NBG_HD void nbgi_lane_q(const nbgi_kparams *p, int src, int w, const double *d0, const double *d1,

@@ -167,10 +167,15 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     const double K = p->polarization;
+    /* the plan's values the lane loops read, in locals (a load through p in a loop that stores elsewhere stops GCC
+     * vectorising it) */
+    const int os_omega = p->os_omega, os_polar = p->os_polar, point_pixel = p->point_pixel;
+    const int os_any = p->os_thick || os_polar || os_omega, water = p->water != 0;
+    const double pixel2 = p->pixel * p->pixel, close = p->close_distance;
     NBG_R I[W], qf0[W], qf1[W], qf2[W];
     double polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
     int valid[W], active[W];
-    double osum = 0;
+    double osum = 0, osl[W]; /* the solid angles' sum: each lane's over its subpixels, then the lanes in order */
     long oor = 0;
     int any = 0; /* whether any lane's pixel is active */
     for (int j = 0; j < W; ++j) {
@@ -180,6 +185,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
         hash[j] = 1469598103934665603ULL;
         polar[j] = p->nopolar ? 1 : 0;
         omega[j] = 0;
+        osl[j] = 0;
         capture[j] = 0;
     }
     /* one lane (a device thread) on an inactive pixel does nothing; with many, skipping rows of inactive pixels
@@ -203,17 +209,22 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         d2[j] = P[2] / R;
                         q0[j] = R;
                     }
+                } else if (sizeof(NBG_R) == sizeof(float)) {
+                    nbgi_lane_rays_rcp(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0);
                 } else {
                     double Fd[W];
                     nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
                 }
-                /* once-per-pixel factors: solid angle, then this layer's capture fraction */
-#pragma omp simd reduction(+ : osum)
+                /* once-per-pixel factors: solid angle, then this layer's capture fraction (the plan's values in
+                 * locals, so that the loop vectorises: see nbgi_solid_angle_of) */
+#pragma omp simd
                 for (int j = 0; j < W; ++j) {
-                    if (omega[j] == 0 || p->os_omega) {
-                        omega[j] = nbgi_solid_angle(p, q0[j]);
-                    }
-                    osum += active[j] ? omega[j] : 0.0;
+                    omega[j] = (omega[j] == 0 || os_omega) ? nbgi_solid_angle_of(point_pixel, pixel2, close, q0[j])
+                                                           : omega[j];
+                }
+#pragma omp simd
+                for (int j = 0; j < W; ++j) {
+                    osl[j] += active[j] ? omega[j] : 0.0;
                 }
                 /* without a sensor thickness capture stays 1 (unless -oversample_thick recomputes it to 0) */
                 for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
@@ -239,16 +250,32 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         continue; /* one lane (a device thread): its pixel's sample is cut.  With many lanes the
                                    * test cost more than it saved (heavy512 in float: 19 %) */
                     }
-#pragma omp simd
+                    /* the polarization once a pixel (at its first surviving sample); once every lane has it, the
+                     * conversions alone.  The loop with it stays as it is: GCC leaves it scalar, and the adjoint's
+                     * prologue rounds as it does (grad/adjoint.h) */
+                    int want_polar = 0;
                     for (int j = 0; j < W; ++j) {
-                        const int ok = valid[j];
-                        if (ok && (polar[j] == 0 || p->os_polar)) {
-                            const double d[3] = {d0[j], d1[j], d2[j]};
-                            polar[j] = nbgi_polar_d(K, inc, d, E, B);
+                        want_polar |= valid[j] && (polar[j] == 0 || os_polar);
+                    }
+                    if (want_polar) {
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            const int ok = valid[j];
+                            if (ok && (polar[j] == 0 || p->os_polar)) {
+                                const double d[3] = {d0[j], d1[j], d2[j]};
+                                polar[j] = nbgi_polar_d(K, inc, d, E, B);
+                            }
+                            qf0[j] = (NBG_R)q0[j];
+                            qf1[j] = (NBG_R)q1[j];
+                            qf2[j] = (NBG_R)q2[j];
                         }
-                        qf0[j] = (NBG_R)q0[j];
-                        qf1[j] = (NBG_R)q1[j];
-                        qf2[j] = (NBG_R)q2[j];
+                    } else {
+#pragma omp simd
+                        for (int j = 0; j < W; ++j) {
+                            qf0[j] = (NBG_R)q0[j];
+                            qf1[j] = (NBG_R)q1[j];
+                            qf2[j] = (NBG_R)q2[j];
+                        }
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
@@ -294,10 +321,18 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                                 oor += o;
                             }
                         }
-                        /* phase 4: accumulate */
+                        /* phase 4: accumulate (without the per-subpixel factors a select, so that it vectorises) */
+                        if (!os_any) {
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                const NBG_R acc = I[j] + Fc[j] * Fc[j] * L[j] * L[j];
+                                I[j] = (valid[j] && active[j] && (L[j] != 0 || water)) ? acc : I[j];
+                            }
+                            continue;
+                        }
 #pragma omp simd
                         for (int j = 0; j < W; ++j) {
-                            if (valid[j] && active[j] && (L[j] != 0 || p->water)) {
+                            if (valid[j] && active[j] && (L[j] != 0 || water)) {
                                 I[j] += Fc[j] * Fc[j] * L[j] * L[j];
                                 if (p->os_thick) {
                                     I[j] *= (NBG_R)capture[j];
@@ -333,6 +368,9 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
         if (sig != NULL) {
             sig[j] = active[j] ? hash[j] : 0;
         }
+    }
+    for (int j = 0; j < W; ++j) {
+        osum += osl[j];
     }
     st->omega_sum += osum;
     st->oor += oor;
