@@ -820,8 +820,8 @@ static void test_multi_axis(nbg_ctx *ctx, const char *dir)
              nbg_write_expt(ctx, path3, &c, NULL) == NBG_OK && nbg_read_expt(ctx, path3, &d) == NBG_OK;
         snprintf(id, sizeof id, "multi-described-scan%d", k);
         nbgi_test_check(ok && same_goniometer(&a.goniometer, &d.goniometer, 0) &&
-                            vec_rel(d.goniometer.crystal, rs_list, 9) <= 1e-12 && vec_rel(d.real_space, a.real_space, 9) <= 1e-12 &&
-                            vec_rel(d.axis, a.axis, 3) <= 1e-12,
+                            vec_rel(d.goniometer.crystal, rs_list, 9) <= 1e-12 &&
+                            vec_rel(d.real_space, a.real_space, 9) <= 1e-12 && vec_rel(d.axis, a.axis, 3) <= 1e-12,
                         id, "described and written back: the same goniometer, its crystal in the goniometer's frame "
                         "(difference %.2g) (%s)", ok ? vec_rel(d.goniometer.crystal, rs_list, 9) : -1.0,
                         ok ? "ok" : nbg_errmsg(ctx));
@@ -830,10 +830,12 @@ static void test_multi_axis(nbg_ctx *ctx, const char *dir)
              nbg_write_expt(ctx, path3, &c, NULL) == NBG_OK && nbg_read_expt(ctx, path3, &d) == NBG_OK;
         snprintf(id, sizeof id, "multi-tilted-scan%d", k);
         const double *ek = d.goniometer.axes[k];
-        const double moved = ok ? vec_rel(d.axis, a.axis, 3) : 0, len = sqrt(ek[0] * ek[0] + ek[1] * ek[1] + ek[2] * ek[2]);
-        nbgi_test_check(ok && same_goniometer(&a.goniometer, &d.goniometer, 1) && vec_rel(d.axis, r.spindle, 3) <= 1e-12 &&
-                            moved > 1e-3 && fabs(len - 1) < 1e-15 && vec_rel(d.goniometer.fixed, F, 9) <= 1e-12 &&
-                            vec_rel(d.goniometer.setting, S, 9) <= 1e-12 && vec_rel(d.real_space, c.real_space, 9) <= 1e-12,
+        const double moved = ok ? vec_rel(d.axis, a.axis, 3) : 0;
+        const double len = sqrt(ek[0] * ek[0] + ek[1] * ek[1] + ek[2] * ek[2]);
+        nbgi_test_check(ok && same_goniometer(&a.goniometer, &d.goniometer, 1) &&
+                            vec_rel(d.axis, r.spindle, 3) <= 1e-12 && moved > 1e-3 && fabs(len - 1) < 1e-15 &&
+                            vec_rel(d.goniometer.fixed, F, 9) <= 1e-12 && vec_rel(d.goniometer.setting, S, 9) <= 1e-12 &&
+                            vec_rel(d.real_space, c.real_space, 9) <= 1e-12,
                         id, "a tilted spindle (moved %.3g) written as the scan axis S^T axis (unit, length - 1 = %.2g): "
                         "the other axes, angles, names, F and S kept, the laboratory's axis and crystal read back (%s)",
                         moved, len - 1, ok ? "ok" : nbg_errmsg(ctx));
@@ -879,8 +881,10 @@ static void test_multi_axis(nbg_ctx *ctx, const char *dir)
         const struct {
             const char *id, *needle;
             int what;
-        } badw[] = {{"multi-write-nan-axis", "goniometer.axes[2]", 0}, {"multi-write-nan-angle", "goniometer.angles[0]", 1},
-                    {"multi-write-short-axis", "goniometer.axes[2]", 2}, {"multi-write-naxes", "goniometer.naxes", 3},
+        } badw[] = {{"multi-write-nan-axis", "goniometer.axes[2]", 0},
+                    {"multi-write-nan-angle", "goniometer.angles[0]", 1},
+                    {"multi-write-short-axis", "goniometer.axes[2]", 2},
+                    {"multi-write-naxes", "goniometer.naxes", 3},
                     {"multi-write-scanaxis", "goniometer.scan_axis", 4}};
         for (size_t i = 0; i < sizeof badw / sizeof badw[0]; ++i) {
             nbg_geometry h = g;

@@ -32,7 +32,8 @@ static void check_multi_axis(nbg_ctx *ctx, const nbg_geometry *g)
                    "a goniometer's axis count or scan axis out of range");
     for (int i = 0; i < gn->naxes; ++i) {
         const double *v = gn->axes[i], n = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
-        NBG_FUZZ_CHECK(fabs(n - 1) <= 0.01 && isfinite(gn->angles[i]), "a goniometer axis off unit or angle not finite");
+        NBG_FUZZ_CHECK(fabs(n - 1) <= 0.01 && isfinite(gn->angles[i]),
+                       "a goniometer axis off unit length or an angle not finite");
         NBG_FUZZ_CHECK(memchr(gn->names[i], '\0', sizeof gn->names[i]) != NULL, "an axis name not terminated");
     }
     if (nbg_write_expt(ctx, out_path, g, NULL) != NBG_OK) {
@@ -63,8 +64,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     nbgi_fuzz_file_open(&file, "nbg-fuzz-expt");
     const char *base = getenv("TMPDIR");
-    snprintf(out_path, sizeof out_path, "%s/nbg-fuzz-expt-out-%ld.expt", base != NULL && base[0] != '\0' ? base : "/tmp",
-             (long)getpid());
+    snprintf(out_path, sizeof out_path, "%s/nbg-fuzz-expt-out-%ld.expt",
+             base != NULL && base[0] != '\0' ? base : "/tmp", (long)getpid());
     atexit(remove_out);
     return 0;
 }
