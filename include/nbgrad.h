@@ -252,6 +252,36 @@ typedef struct {
  * detector flags do not move them. */
 typedef enum { NBG_PANELS_PLANE = 0, NBG_PANELS_LAB = 1 } nbg_panel_frame;
 
+/* A DIALS multi-axis goniometer (dxtbx's MultiAxisGoniometer: a kappa, a SmarGon) as an experiment list gives it.
+ * The crystal turns by S R(axes[scan_axis], phi) F with F = R(axes[scan_axis-1]) ... R(axes[0]) (the axes inside the
+ * scan axis, at their angles) and S = R(axes[naxes-1]) ... R(axes[scan_axis+1]) (those outside), R(u, t) the
+ * right-handed rotation about unit(u) by t; nbg_geometry holds the result in the laboratory (its axis is
+ * S unit(axes[scan_axis]), its crystal S F times the list's), and this the structure, so that a list written back
+ * is the goniometer the beamline has.  naxes 0: a single-axis goniometer (nbg_geometry.axis alone). */
+#define NBG_GONIO_MAX_AXES 16
+typedef struct {
+    int naxes;                          /* 0 (single-axis), or 1 to NBG_GONIO_MAX_AXES */
+    double axes[NBG_GONIO_MAX_AXES][3]; /* each axis at every angle 0, innermost (next to the sample) first, as the
+                                           list gives it: within 1 % of unit length (dxtbx normalises it; the
+                                           rotations use unit(axes[i])) */
+    double angles[NBG_GONIO_MAX_AXES];  /* each axis's angle, deg (|angle| <= 1e6); the scan axis's plays no part
+                                           (the scan gives it) and is written back as given */
+    char names[NBG_GONIO_MAX_AXES][32]; /* each axis's name ("" when the list names none) */
+    int scan_axis;                      /* the axis the scan turns, 0 to naxes - 1 */
+    double fixed[9], setting[9];        /* F and S (row-major) of the axes and angles above: derived, set by the
+                                           readers and nbg_goniometer_derive; the writers recompute them */
+    double crystal[9];                  /* the crystal's real-space vectors a, b, c (rows, A) as the list gave them
+                                           (in the goniometer's frame: nbg_geometry.real_space = S F crystal), so
+                                           that a list written back from an unchanged crystal repeats them bit for
+                                           bit; the writer uses them only when S F crystal gives real_space exactly,
+                                           (S F)^T real_space otherwise.  Unused without a crystal */
+} nbg_goniometer;
+
+/* F and S of gn's axes and angles into gn->fixed and gn->setting (nothing for naxes 0).  NBG_EINVAL naming the field
+ * (with what, e.g. "writing x.expt") for a count, scan axis, axis (zero, not finite, off unit length by more than
+ * 1 %) or angle (not finite, beyond 1e6 deg) that is not valid. */
+int nbg_goniometer_derive(nbg_ctx *ctx, nbg_goniometer *gn, const char *what);
+
 /* "Unset" is NAN for every double field documented as optional (the default then applies, as nanoBragg's), and
  * -1 for every count documented as automatic and for the pixel counts (derived from the detector size); such a
  * count is otherwise at least 1: 0 is an error, not "unset".  nbg_experiment_default sets every field to its
@@ -402,6 +432,11 @@ typedef struct {
      * (a beam dials.index tilted off -z included).  0 (the default, and with any nanoBragg convention): they turn
      * the description's frame so that the beam runs along -z. */
     int dials_frame;
+    /* The multi-axis goniometer of the list the experiment came from (nbg_experiment_from_geometry copies
+     * nbg_geometry.goniometer; naxes 0, the default: none): not used by the simulation (spindle is the rotation axis
+     * in the laboratory, the crystal is in the laboratory), handed back by nbg_geometry_from_report, so that the list
+     * written back keeps the beamline's goniometer. */
+    nbg_goniometer goniometer;
 } nbg_experiment;
 
 /* Fills e with nanoBragg's defaults. */
@@ -1098,6 +1133,12 @@ typedef struct {
                                          dxtbx cuts a Pilatus's one array into its modules): 1 when the list states
                                          it true.  The experiment-list writer states it when 1, so that dxtbx cuts
                                          the image the list names into the list's panels */
+    nbg_goniometer goniometer;        /* a DIALS list's multi-axis goniometer (naxes 0: none, the single-axis
+                                         goniometer of axis; the other readers leave it so).  The experiment-list
+                                         writer writes one with naxes > 0 as a MultiAxisGoniometer of these axes,
+                                         angles, names and scan axis, its scan axis turned where axis is no longer
+                                         S unit(axes[scan_axis]) (a refined spindle: S^T axis, unit), and the
+                                         crystal in its frame, (S F)^T real_space (see nbg_goniometer) */
 } nbg_geometry;
 
 /* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam

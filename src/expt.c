@@ -459,10 +459,10 @@ static json_t *scan_json(const nbg_geometry *g)
 /* The crystal as dxtbx's Crystal.to_dict writes it; nbgrad's mosaic domains (spread, count, seed and the frame their
  * axes were drawn in) under a key of nbgrad's own, which dxtbx ignores, so that nbgrad renders the list as it
  * rendered the experiment. */
-static json_t *crystal_json(const nbg_geometry *g)
+static json_t *crystal_json(const nbg_geometry *g, const double rs[9])
 {
-    json_t *c = json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(g->real_space, 3),
-                          "real_space_b", reals(g->real_space + 3, 3), "real_space_c", reals(g->real_space + 6, 3),
+    json_t *c = json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(rs, 3),
+                          "real_space_b", reals(rs + 3, 3), "real_space_c", reals(rs + 6, 3),
                           "space_group_hall_symbol", g->space_group);
     if (c != NULL && g->has_mosaic) {
         json_t *m = json_pack("{s:f, s:i, s:I, s:o}", "spread_deg", g->mosaic_spread, "domains", g->mosaic_domains,
@@ -473,6 +473,55 @@ static json_t *crystal_json(const nbg_geometry *g)
         }
     }
     return c;
+}
+
+/* The goniometer as dxtbx writes it, and the crystal's vectors in its frame (rs).  A single-axis goniometer: the
+ * laboratory's axis with identity fixed and setting rotations (the reader folded them into the axis and the crystal),
+ * the crystal as it is.  A multi-axis one (g->goniometer): its axes, angles, names and scan axis, the scan axis as
+ * the list had it unless the laboratory's axis moved (a refined spindle: then S^T axis), the crystal as the list had
+ * it unless it moved (then (S F)^T real_space); "as it had it" when the fold the reader makes gives g's axis and
+ * crystal bit for bit, so that a list read and written back is the same list.  NULL when memory is short. */
+static json_t *goniometer_json(const nbg_geometry *g, double rs[9])
+{
+    memcpy(rs, g->real_space, sizeof g->real_space);
+    if (g->goniometer.naxes <= 0)
+        return json_pack("{s:o, s:o, s:o}", "rotation_axis", reals(g->axis, 3), "fixed_rotation", identity9(),
+                         "setting_rotation", identity9());
+    nbg_goniometer gn = g->goniometer;
+    if (nbg_goniometer_derive(NULL, &gn, "") != NBG_OK) /* checked by nbgi_geometry_check before */
+        return NULL;
+    const int k = gn.scan_axis;
+    double lab[9];
+    nbgi_goniometer_axis(&gn, lab);
+    if (memcmp(lab, g->axis, sizeof g->axis) != 0) {
+        /* the spindle the experiment has (tilted by a refinement) is S e: e = S^T axis, in unit length */
+        double e[3];
+        for (int i = 0; i < 3; ++i)
+            e[i] = gn.setting[i] * g->axis[0] + gn.setting[3 + i] * g->axis[1] + gn.setting[6 + i] * g->axis[2];
+        const double n = sqrt(e[0] * e[0] + e[1] * e[1] + e[2] * e[2]);
+        for (int i = 0; i < 3; ++i)
+            gn.axes[k][i] = e[i] / n;
+    }
+    if (g->has_crystal) {
+        nbgi_goniometer_fold(&gn, gn.crystal, lab);
+        if (memcmp(lab, g->real_space, sizeof lab) == 0)
+            memcpy(rs, gn.crystal, sizeof gn.crystal);
+        else
+            nbgi_goniometer_unfold(&gn, g->real_space, rs);
+    }
+    json_t *axes = json_array(), *angles = json_array(), *names = json_array();
+    int ok = axes != NULL && angles != NULL && names != NULL;
+    for (int i = 0; ok && i < gn.naxes; ++i)
+        ok = json_array_append_new(axes, reals(gn.axes[i], 3)) == 0 &&
+             json_array_append_new(angles, json_real(gn.angles[i])) == 0 &&
+             json_array_append_new(names, json_string(gn.names[i])) == 0;
+    if (!ok) {
+        json_decref(axes);
+        json_decref(angles);
+        json_decref(names);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o, s:o, s:i}", "axes", axes, "angles", angles, "names", names, "scan_axis", k);
 }
 
 /* 1 when name ends in an HDF5 extension (NXmx: one file holds every frame). */
@@ -597,10 +646,14 @@ static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *pane
                                      "beam", 0, "detector", 0, "goniometer", 0, "scan", 0);
     json_t *imagesets = json_array(), *crystals = json_array();
     json_t *root = NULL;
-    int ok = expt != NULL && imagesets != NULL && crystals != NULL;
+    double rs[9];
+    json_t *gon = still ? NULL : goniometer_json(g, rs);
+    if (still)
+        memcpy(rs, g->real_space, sizeof rs);
+    int ok = expt != NULL && imagesets != NULL && crystals != NULL && (still || gon != NULL);
     if (ok && g->has_crystal)
         ok = json_object_set_new(expt, "crystal", json_integer(0)) == 0 &&
-             json_array_append_new(crystals, crystal_json(g)) == 0;
+             json_array_append_new(crystals, crystal_json(g, rs)) == 0;
     if (ok && template_abs != NULL)
         ok = json_object_set_new(expt, "imageset", json_integer(0)) == 0 &&
              json_array_append_new(imagesets, imageset_json(g, template_abs, hdf5)) == 0;
@@ -612,16 +665,16 @@ static json_t *experiment_list_json(const nbg_geometry *g, const nbg_panel *pane
         return root;
     }
     if (ok) {
-        root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[{s:o, s:o, s:o}], s:[o], s:o, s:[], s:[]}", "__id__",
+        root = json_pack("{s:s, s:[o], s:o, s:[o], s:[o], s:[o], s:[o], s:o, s:[], s:[]}", "__id__",
                          "ExperimentList", "experiment", expt, "imageset", imagesets, "beam", beam_json(g),
-                         "detector", detector_json(g, panels, npanels), "goniometer", "rotation_axis",
-                         reals(g->axis, 3), "fixed_rotation", identity9(), "setting_rotation", identity9(), "scan",
-                         scan_json(g), "crystal", crystals, "profile", "scaling_model");
+                         "detector", detector_json(g, panels, npanels), "goniometer", gon, "scan", scan_json(g),
+                         "crystal", crystals, "profile", "scaling_model");
         return root; /* json_pack consumed every "o" reference, on failure too */
     }
     json_decref(expt);
     json_decref(imagesets);
     json_decref(crystals);
+    json_decref(gon);
     return NULL;
 }
 
@@ -1207,15 +1260,6 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     return NBG_OK;
 }
 
-/* The rotation about unit axis u by angle deg, right-handed (row-major). */
-static void rotation(const double u[3], double deg, double m[9])
-{
-    const double t = deg * (M_PI / 180), c = cos(t), s = sin(t), k = 1 - c;
-    m[0] = c + u[0] * u[0] * k, m[1] = u[0] * u[1] * k - u[2] * s, m[2] = u[0] * u[2] * k + u[1] * s;
-    m[3] = u[1] * u[0] * k + u[2] * s, m[4] = c + u[1] * u[1] * k, m[5] = u[1] * u[2] * k - u[0] * s;
-    m[6] = u[2] * u[0] * k - u[1] * s, m[7] = u[2] * u[1] * k + u[0] * s, m[8] = c + u[2] * u[2] * k;
-}
-
 static void matmul(const double a[9], const double b[9], double out[9])
 {
     double t[9];
@@ -1260,50 +1304,62 @@ static int read_goniometer(const reader *r, json_t *gon, const char *where, nbg_
         return rc;
     if (axes != NULL) {
         /* dxtbx's MultiAxisGoniometer: axes from the innermost out; F = R(k-1) ... R(0), S = R(n-1) ... R(k+1)
-         * for scan axis k, and the scan axis's own angle plays no part (the scan gives it). */
-        json_t *angles, *scan_axis;
-        if (!json_is_array(axes) || json_array_size(axes) == 0 || json_array_size(axes) > 64)
-            return bad(r, where, "axes", "expected a list of 1 to 64 axes");
+         * for scan axis k, and the scan axis's own angle plays no part (the scan gives it).  Kept whole in
+         * g->goniometer (the writer writes it back); nbg_goniometer_derive makes F and S. */
+        nbg_goniometer *gn = &g->goniometer;
+        json_t *angles, *scan_axis, *names;
+        if (!json_is_array(axes) || json_array_size(axes) == 0 || json_array_size(axes) > NBG_GONIO_MAX_AXES)
+            return bad(r, where, "axes", "expected a list of 1 to %d axes", NBG_GONIO_MAX_AXES);
         const size_t n = json_array_size(axes);
         if ((rc = member(r, gon, where, "angles", 1, &angles)) != NBG_OK ||
-            (rc = member(r, gon, where, "scan_axis", 1, &scan_axis)) != NBG_OK)
+            (rc = member(r, gon, where, "scan_axis", 1, &scan_axis)) != NBG_OK ||
+            (rc = member(r, gon, where, "names", 0, &names)) != NBG_OK)
             return rc;
         if (!json_is_array(angles) || json_array_size(angles) != n)
             return bad(r, where, "angles", "expected %zu numbers (one per axis)", n);
+        if (names != NULL && (!json_is_array(names) || json_array_size(names) != n))
+            return bad(r, where, "names", "expected %zu names (one per axis)", n);
         if (!json_is_integer(scan_axis) || json_integer_value(scan_axis) < 0 ||
             (size_t)json_integer_value(scan_axis) >= n)
             return bad(r, where, "scan_axis", "expected an axis index from 0 to %zu", n - 1);
-        const size_t k = (size_t)json_integer_value(scan_axis);
+        memset(gn, 0, sizeof *gn);
+        gn->naxes = (int)n;
+        gn->scan_axis = (int)json_integer_value(scan_axis);
         for (size_t i = 0; i < n; ++i) {
-            char aw[128];
-            double e[3], angle, m[9];
-            snprintf(aw, sizeof aw, "%s.axes", where);
             json_t *a = json_array_get(axes, i), *an = json_array_get(angles, i);
             if (!json_is_array(a) || json_array_size(a) != 3 || !json_is_number(json_array_get(a, 0)) ||
                 !json_is_number(json_array_get(a, 1)) || !json_is_number(json_array_get(a, 2)))
-                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s[%zu]: expected 3 numbers", r->file, aw, i);
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.axes[%zu]: expected 3 numbers", r->file, where, i);
             for (int j = 0; j < 3; ++j)
-                e[j] = json_number_value(json_array_get(a, (size_t)j));
-            char ew[32];
-            snprintf(ew, sizeof ew, "[%zu]", i);
-            if ((rc = unit(r, aw, ew, e)) != NBG_OK)
-                return rc;
+                gn->axes[i][j] = json_number_value(json_array_get(a, (size_t)j));
+            const double len = sqrt(gn->axes[i][0] * gn->axes[i][0] + gn->axes[i][1] * gn->axes[i][1] +
+                                    gn->axes[i][2] * gn->axes[i][2]);
+            if (!(fabs(len - 1) <= 0.01))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.axes[%zu]: (%g, %g, %g) is not a unit vector (length "
+                                  "%g; nbgrad takes an axis within 1 %% of unit length)", r->file, where, i,
+                                  gn->axes[i][0], gn->axes[i][1], gn->axes[i][2], len);
             if (!json_is_number(an))
                 return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.angles[%zu]: expected a number", r->file, where, i);
-            angle = json_number_value(an);
-            if (!(fabs(angle) <= 1e6))
+            gn->angles[i] = json_number_value(an);
+            if (!(fabs(gn->angles[i]) <= 1e6))
                 return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.angles[%zu]: %g is not a usable angle", r->file,
-                                  where, i, angle);
-            if (i == k) {
-                memcpy(g->axis, e, sizeof e);
-                continue;
-            }
-            rotation(e, angle, m);
-            if (i < k)
-                matmul(m, fixed, fixed);
-            else
-                matmul(m, setting, setting);
+                                  where, i, gn->angles[i]);
+            json_t *nm = names != NULL ? json_array_get(names, i) : NULL;
+            if (nm != NULL && !json_is_string(nm))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.names[%zu]: expected a string", r->file, where, i);
+            if (nm != NULL && (json_string_length(nm) >= sizeof gn->names[i] ||
+                               strlen(json_string_value(nm)) != json_string_length(nm)))
+                return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s.names[%zu]: the name is longer than %zu characters",
+                                  r->file, where, i, sizeof gn->names[i] - 1);
+            if (nm != NULL)
+                memcpy(gn->names[i], json_string_value(nm), json_string_length(nm) + 1);
         }
+        if ((rc = nbg_goniometer_derive(r->ctx, gn, r->file)) != NBG_OK)
+            return NBG_EFORMAT;
+        memcpy(fixed, gn->fixed, sizeof gn->fixed);
+        memcpy(setting, gn->setting, sizeof gn->setting);
+        nbgi_goniometer_axis(gn, g->axis);
+        return NBG_OK;
     } else {
         if ((rc = numbers(r, gon, where, "rotation_axis", 1, 3, g->axis)) != NBG_OK ||
             (rc = unit(r, where, "rotation_axis", g->axis)) != NBG_OK ||
@@ -1378,8 +1434,14 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
         return rc;
     double sf[9];
     matmul(setting, fixed, sf);
-    for (int i = 0; i < 3; ++i)
-        matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
+    if (g->goniometer.naxes > 0) {
+        /* the list's vectors kept (in the goniometer's frame), the laboratory's by the fold the writer uses */
+        memcpy(g->goniometer.crystal, g->real_space, sizeof g->goniometer.crystal);
+        nbgi_goniometer_fold(&g->goniometer, g->goniometer.crystal, g->real_space);
+    } else {
+        for (int i = 0; i < 3; ++i)
+            matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
+    }
     g->has_crystal = 1;
     /* nbgrad's mosaic domains, where nbgrad wrote the list */
     json_t *m = json_object_get(c, "nbgrad_mosaic");

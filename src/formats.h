@@ -24,6 +24,14 @@ int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what);
  * misset angles, or (when nbgrad's cell construction cannot give the basis: a left-handed one) the A matrix at
  * wavelength. */
 void nbgi_crystal_from_vectors(nbg_ctx *ctx, const double real_space[9], double wavelength, nbg_experiment *e);
+/* A multi-axis goniometer's fold (gn derived by nbg_goniometer_derive), the one the list's reader and writer share:
+ * its scan axis in the laboratory, S unit(axes[scan_axis]); real-space rows in into the laboratory, S F in; and
+ * back, (S F)^T in; and the whole goniometer turned with the laboratory by the rotation R (its axes and crystal,
+ * F and S derived again: R F R^T, R S R^T). */
+void nbgi_goniometer_axis(const nbg_goniometer *gn, double axis[3]);
+void nbgi_goniometer_fold(const nbg_goniometer *gn, const double in[9], double out[9]);
+void nbgi_goniometer_unfold(const nbg_goniometer *gn, const double in[9], double out[9]);
+void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9]);
 /* The cell (lengths in A, angles in deg) of real-space vectors a, b, c (rows of v). */
 void nbgi_cell_of_vectors(const double v[9], double cell[6]);
 /* The rotation from nbgrad's frame under e's convention (and custom beam vector) to DIALS's laboratory frame, as

@@ -52,6 +52,126 @@ static int finite3(const double *v)
     return isfinite(v[0]) && isfinite(v[1]) && isfinite(v[2]);
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* The multi-axis goniometer (nbg_goniometer): one fold, shared by the list's reader and writer, so that what the
+ * writer compares with (the laboratory axis and crystal) is computed as the reader computes it. */
+
+/* The rotation about unit axis u by angle deg, right-handed (row-major). */
+static void gon_rotation(const double u[3], double deg, double m[9])
+{
+    const double t = deg * (M_PI / 180), c = cos(t), s = sin(t), k = 1 - c;
+    m[0] = c + u[0] * u[0] * k, m[1] = u[0] * u[1] * k - u[2] * s, m[2] = u[0] * u[2] * k + u[1] * s;
+    m[3] = u[1] * u[0] * k + u[2] * s, m[4] = c + u[1] * u[1] * k, m[5] = u[1] * u[2] * k - u[0] * s;
+    m[6] = u[2] * u[0] * k - u[1] * s, m[7] = u[2] * u[1] * k + u[0] * s, m[8] = c + u[2] * u[2] * k;
+}
+
+static void gon_matmul(const double a[9], const double b[9], double out[9])
+{
+    double t[9];
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
+    memcpy(out, t, sizeof t);
+}
+
+static void gon_matvec(const double m[9], const double v[3], double out[3])
+{
+    double t[3];
+    for (int i = 0; i < 3; ++i)
+        t[i] = m[3 * i] * v[0] + m[3 * i + 1] * v[1] + m[3 * i + 2] * v[2];
+    memcpy(out, t, sizeof t);
+}
+
+/* unit(v) (v's length is checked by nbg_goniometer_derive) */
+static void gon_unit(const double v[3], double out[3])
+{
+    const double n = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    for (int i = 0; i < 3; ++i)
+        out[i] = v[i] / n;
+}
+
+int nbg_goniometer_derive(nbg_ctx *ctx, nbg_goniometer *gn, const char *what)
+{
+    static const double id[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    if (gn == NULL)
+        return nbgi_error(ctx, NBG_EINVAL, "%s: no goniometer", what);
+    if (gn->naxes < 0 || gn->naxes > NBG_GONIO_MAX_AXES)
+        return nbgi_error(ctx, NBG_EINVAL, "%s: goniometer.naxes: %d axes (0, single-axis, or 1 to %d)", what,
+                          gn->naxes, NBG_GONIO_MAX_AXES);
+    if (gn->naxes == 0)
+        return NBG_OK;
+    if (gn->scan_axis < 0 || gn->scan_axis >= gn->naxes)
+        return nbgi_error(ctx, NBG_EINVAL, "%s: goniometer.scan_axis: %d is not an axis index from 0 to %d", what,
+                          gn->scan_axis, gn->naxes - 1);
+    for (int i = 0; i < gn->naxes; ++i) {
+        const double *v = gn->axes[i], n = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+        if (!finite3(v) || !(fabs(n - 1) <= 0.01))
+            return nbgi_error(ctx, NBG_EINVAL, "%s: goniometer.axes[%d]: (%g, %g, %g) is not a unit vector (its length "
+                              "%g is off 1 by more than 1 %%)", what, i, v[0], v[1], v[2], n);
+        if (!(fabs(gn->angles[i]) <= 1e6))
+            return nbgi_error(ctx, NBG_EINVAL, "%s: goniometer.angles[%d]: %g is not a usable angle", what, i,
+                              gn->angles[i]);
+        if (memchr(gn->names[i], '\0', sizeof gn->names[i]) == NULL)
+            return nbgi_error(ctx, NBG_EINVAL, "%s: goniometer.names[%d]: not terminated within %zu characters",
+                              what, i, sizeof gn->names[i]);
+    }
+    /* F = R(k-1) ... R(0), S = R(n-1) ... R(k+1): each rotation composed on the left, innermost first */
+    double F[9], S[9];
+    memcpy(F, id, sizeof id);
+    memcpy(S, id, sizeof id);
+    for (int i = 0; i < gn->naxes; ++i) {
+        if (i == gn->scan_axis)
+            continue;
+        double u[3], m[9];
+        gon_unit(gn->axes[i], u);
+        gon_rotation(u, gn->angles[i], m);
+        if (i < gn->scan_axis)
+            gon_matmul(m, F, F);
+        else
+            gon_matmul(m, S, S);
+    }
+    memcpy(gn->fixed, F, sizeof F);
+    memcpy(gn->setting, S, sizeof S);
+    return NBG_OK;
+}
+
+void nbgi_goniometer_axis(const nbg_goniometer *gn, double axis[3])
+{
+    double u[3];
+    gon_unit(gn->axes[gn->scan_axis], u);
+    gon_matvec(gn->setting, u, axis);
+}
+
+void nbgi_goniometer_fold(const nbg_goniometer *gn, const double in[9], double out[9])
+{
+    double sf[9];
+    gon_matmul(gn->setting, gn->fixed, sf);
+    for (int i = 0; i < 3; ++i)
+        gon_matvec(sf, in + 3 * i, out + 3 * i);
+}
+
+void nbgi_goniometer_unfold(const nbg_goniometer *gn, const double in[9], double out[9])
+{
+    double sf[9], sft[9];
+    gon_matmul(gn->setting, gn->fixed, sf);
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            sft[3 * i + j] = sf[3 * j + i];
+    for (int i = 0; i < 3; ++i)
+        gon_matvec(sft, in + 3 * i, out + 3 * i);
+}
+
+void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9])
+{
+    if (gn->naxes <= 0 || gn->naxes > NBG_GONIO_MAX_AXES)
+        return;
+    for (int i = 0; i < gn->naxes; ++i)
+        gon_matvec(R, gn->axes[i], gn->axes[i]);
+    for (int i = 0; i < 3; ++i)
+        gon_matvec(R, gn->crystal + 3 * i, gn->crystal + 3 * i);
+    (void)nbg_goniometer_derive(NULL, gn, "turning the goniometer"); /* valid before, valid after (a rotation) */
+}
+
 /* A unit vector within 1e-6. */
 static int unit3(const double *v)
 {
@@ -106,6 +226,10 @@ int nbgi_geometry_check(nbg_ctx *ctx, const nbg_geometry *g, const char *what)
     if (!isfinite(g->pedestal) || !(g->gain > 0 && isfinite(g->gain)) || isinf(g->saturation))
         return nbgi_error(ctx, NBG_EINVAL, "%s: the detector's pedestal %g, gain %g or saturation %g is not valid",
                           what, g->pedestal, g->gain, g->saturation);
+    nbg_goniometer gn = g->goniometer;
+    const int grc = nbg_goniometer_derive(ctx, &gn, what);
+    if (grc != NBG_OK)
+        return grc;
     if (g->has_crystal) {
         for (int i = 0; i < 9; ++i) {
             if (!isfinite(g->real_space[i]))
@@ -234,6 +358,10 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     }
     g->polarization_fraction = e->nopolar ? 0.5 : 0.5 * (1 + e->polarization);
     apply(R, r->spindle, g->axis);
+    /* the list's multi-axis goniometer, turned with the frame (the writer turns its scan axis to a refined spindle) */
+    g->goniometer = e->goniometer;
+    if (!(R[0] == 1 && R[4] == 1 && R[8] == 1))
+        nbgi_goniometer_turn(&g->goniometer, R);
     g->scan_start = r->phi0;
     g->scan_width = r->osc;
     g->scan_stated = 2;
@@ -311,6 +439,7 @@ void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanel
     apply(R, g->polarization_normal, g->polarization_normal);
     apply(R, g->axis, g->axis);
     for (int i = 0; i < 3; ++i) apply(R, g->real_space + 3 * i, g->real_space + 3 * i);
+    nbgi_goniometer_turn(&g->goniometer, R);
     if (g->has_mosaic) {
         double F[9];
         memcpy(F, g->mosaic_frame, sizeof F);
@@ -628,6 +757,7 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     memcpy(e->odet, o, sizeof e->odet);
     memcpy(e->beam, b, sizeof e->beam);
     memcpy(e->spindle, g->axis, sizeof e->spindle);
+    e->goniometer = g->goniometer; /* handed back to the writers by nbg_geometry_from_report */
     /* the polarization axis p lies in the polarization plane: p = n x b */
     nbgi_cross(g->polarization_normal, b, e->polar_axis);
     e->polarization = 2 * g->polarization_fraction - 1;

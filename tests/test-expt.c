@@ -674,6 +674,237 @@ static void test_tilted_frame(nbg_ctx *ctx, const char *dir)
                     b.direction[0], b.direction[1], b.direction[2]);
 }
 
+/* The right-handed rotation about unit(u) by deg (row-major), written out here apart from the library's. */
+static void axis_angle(const double u0[3], double deg, double m[9])
+{
+    const double n = sqrt(u0[0] * u0[0] + u0[1] * u0[1] + u0[2] * u0[2]);
+    const double u[3] = {u0[0] / n, u0[1] / n, u0[2] / n}, t = deg * M_PI / 180;
+    const double K[9] = {0, -u[2], u[1], u[2], 0, -u[0], -u[1], u[0], 0};
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+            double k2 = 0;
+            for (int l = 0; l < 3; ++l) k2 += K[3 * i + l] * K[3 * l + j];
+            m[3 * i + j] = (i == j) + sin(t) * K[3 * i + j] + (1 - cos(t)) * k2;
+        }
+}
+
+static void mat_mul(const double a[9], const double b[9], double out[9])
+{
+    double t[9] = {0};
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            for (int l = 0; l < 3; ++l) t[3 * i + j] += a[3 * i + l] * b[3 * l + j];
+    memcpy(out, t, sizeof t);
+}
+
+/* 1 when the goniometers' axes, angles, names and scan axis are the same bit for bit */
+static int same_goniometer(const nbg_goniometer *a, const nbg_goniometer *b, int skip_scan_axis_vector)
+{
+    if (a->naxes != b->naxes || a->scan_axis != b->scan_axis)
+        return 0;
+    for (int i = 0; i < a->naxes; ++i) {
+        if ((!(skip_scan_axis_vector && i == a->scan_axis) && memcmp(a->axes[i], b->axes[i], sizeof a->axes[i]) != 0) ||
+            a->angles[i] != b->angles[i] || strcmp(a->names[i], b->names[i]) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* A kappa-like multi-axis goniometer (dxtbx's MultiAxisGoniometer: phi, kappa, omega, non-zero angles) read, kept
+ * whole and written back as one: its axes, angles, names and scan axis the same, its fold (axis, F, S) as dxtbx
+ * defines it, the crystal written in the goniometer's frame (the list's own vectors), an image from the written list
+ * the same bit for bit; described and written (the program's path), a tilted spindle turning the scan axis alone;
+ * malformed goniometers refused naming the field. */
+static void test_multi_axis(nbg_ctx *ctx, const char *dir)
+{
+    static const double ax[3][3] = {{1, 0, 0}, {0.64278761, -0.76604444, 0}, {0.99999, 0.002, -0.001}};
+    static const double ang[3] = {30, -40, 12.5};
+    static const char *const nm[3] = {"PHI", "KAPPA", "OMEGA"};
+    const double rs_list[9] = {51.2, 3.1, -2.4, 7.5, 62.3, 4.4, -6.1, 9.8, 83.7};
+    char path[600], path2[600], path3[600];
+    snprintf(path, sizeof path, "%s/multi.expt", dir);
+    snprintf(path2, sizeof path2, "%s/multi-out.expt", dir);
+    snprintf(path3, sizeof path3, "%s/multi-described.expt", dir);
+    for (int k = 1; k <= 2; ++k) {
+        char gon[600], id[64];
+        snprintf(gon, sizeof gon, "{\"axes\": [[1, 0, 0], [0.64278761, -0.76604444, 0], [0.99999, 0.002, -0.001]], "
+                 "\"angles\": [30, -40, 12.5], \"names\": [\"PHI\", \"KAPPA\", \"OMEGA\"], \"scan_axis\": %d}", k);
+        write_list(path, EXPT_C, PANEL(FAST), gon, CRYSTAL);
+        nbg_geometry a, b;
+        int rc = nbg_read_expt(ctx, path, &a);
+        snprintf(id, sizeof id, "multi-read-scan%d", k);
+        if (!nbgi_test_check(rc == NBG_OK, id, "a 3-axis goniometer, scan axis %d: %s", k, rc ? nbg_errmsg(ctx) : "ok"))
+            continue;
+        const nbg_goniometer *gn = &a.goniometer;
+        int kept = gn->naxes == 3 && gn->scan_axis == k;
+        for (int i = 0; kept && i < 3; ++i)
+            kept = memcmp(gn->axes[i], ax[i], sizeof ax[i]) == 0 && gn->angles[i] == ang[i] &&
+                   strcmp(gn->names[i], nm[i]) == 0;
+        snprintf(id, sizeof id, "multi-kept-scan%d", k);
+        nbgi_test_check(kept, id, "axes, angles, names and scan axis kept as the list gives them (naxes %d, scan axis "
+                        "%d)", gn->naxes, gn->scan_axis);
+        /* dxtbx's fold: F = R(k-1) ... R(0), S = R(2) ... R(k+1), axis S unit(axes[k]), crystal S F a */
+        double F[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1}, S[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1}, m[9], SF[9], axis[3], rs[9];
+        for (int i = 0; i < 3; ++i) {
+            if (i == k) continue;
+            axis_angle(ax[i], ang[i], m);
+            mat_mul(m, i < k ? F : S, i < k ? F : S);
+        }
+        const double na = sqrt(ax[k][0] * ax[k][0] + ax[k][1] * ax[k][1] + ax[k][2] * ax[k][2]);
+        const double uk[3] = {ax[k][0] / na, ax[k][1] / na, ax[k][2] / na};
+        mat_vec(S, uk, axis);
+        mat_mul(S, F, SF);
+        for (int i = 0; i < 3; ++i) mat_vec(SF, rs_list + 3 * i, rs + 3 * i);
+        snprintf(id, sizeof id, "multi-fold-scan%d", k);
+        check_vec(gn->fixed, F, 9, id, "fixed_rotation");
+        check_vec(gn->setting, S, 9, id, "setting_rotation");
+        check_vec(a.axis, axis, 3, id, "axis");
+        check_vec(a.real_space, rs, 9, id, "real_space");
+        double off = 0;
+        for (int i = 0; i < 9; ++i) off = fmax(off, fabs((k == 1 ? S : F)[i] - (i % 4 == 0)));
+        nbgi_test_check(off > 0.1 && fabs(F[0] - 1) + fabs(F[4] - 1) > 0.1, id, "F and, for scan axis 1, S are not the "
+                        "identity (S or F - I up to %.3g)", off);
+
+        /* written back as it was read */
+        rc = nbg_write_expt(ctx, path2, &a, NULL);
+        char *text = nbgi_test_read_file(path2, NULL);
+        snprintf(id, sizeof id, "multi-write-scan%d", k);
+        char want[64];
+        snprintf(want, sizeof want, "\"scan_axis\": %d", k);
+        nbgi_test_check(rc == NBG_OK && text != NULL && strstr(text, "\"axes\": [") != NULL &&
+                            strstr(text, "\"KAPPA\"") != NULL && strstr(text, want) != NULL &&
+                            strstr(text, "rotation_axis") == NULL,
+                        id, "written as a MultiAxisGoniometer (axes, names, %s, no rotation_axis): %s", want,
+                        rc ? nbg_errmsg(ctx) : "ok");
+        free(text);
+        rc = rc == NBG_OK ? nbg_read_expt(ctx, path2, &b) : rc;
+        snprintf(id, sizeof id, "multi-reread-scan%d", k);
+        int same = rc == NBG_OK && same_goniometer(&a.goniometer, &b.goniometer, 0) &&
+                   memcmp(a.goniometer.crystal, b.goniometer.crystal, sizeof a.goniometer.crystal) == 0 &&
+                   memcmp(a.goniometer.crystal, rs_list, sizeof rs_list) == 0 &&
+                   memcmp(a.real_space, b.real_space, sizeof a.real_space) == 0 &&
+                   memcmp(a.axis, b.axis, sizeof a.axis) == 0;
+        nbgi_test_check(same, id, "read back: the same axes, angles, names, scan axis, the list's crystal vectors and "
+                        "the laboratory's axis and crystal bit for bit (%s)", rc ? nbg_errmsg(ctx) : "ok");
+        check_vec(b.goniometer.fixed, F, 9, id, "fixed_rotation");
+        check_vec(b.goniometer.setting, S, 9, id, "setting_rotation");
+        check_vec(b.axis, axis, 3, id, "axis");
+
+        /* the image of each list: the same bit for bit (and not blank) */
+        nbg_experiment e1, e2;
+        nbg_experiment_default(&e1);
+        nbg_experiment_default(&e2);
+        const size_t npix = 100 * 120;
+        float *f1 = malloc(npix * sizeof *f1), *f2 = malloc(npix * sizeof *f2);
+        int ok = f1 != NULL && f2 != NULL && rc == NBG_OK && nbg_experiment_from_geometry(ctx, &a, &e1) == NBG_OK &&
+                 nbg_experiment_from_geometry(ctx, &b, &e2) == NBG_OK;
+        nbg_experiment *es[2] = {&e1, &e2};
+        for (int j = 0; ok && j < 2; ++j) {
+            es[j]->default_F = 100;
+            es[j]->Na = es[j]->Nb = es[j]->Nc = 5;
+            es[j]->oversample = 1;
+            es[j]->phisteps = 2;
+            es[j]->lambda = 0.3; /* many spots on the small detector */
+        }
+        ok = ok && nbg_simulate(ctx, &e1, f1, npix, NULL) == NBG_OK && nbg_simulate(ctx, &e2, f2, npix, NULL) == NBG_OK;
+        double peak = 0;
+        for (size_t p = 0; ok && p < npix; ++p) peak = fmax(peak, f1[p]);
+        snprintf(id, sizeof id, "multi-image-scan%d", k);
+        nbgi_test_check(ok && peak > 0 && memcmp(f1, f2, npix * sizeof *f1) == 0, id, "the image of the list written "
+                        "back is the input's bit for bit (peak %.4g photons; %s)", peak, ok ? "ok" : nbg_errmsg(ctx));
+
+        /* the program's path: the experiment described and written; then the spindle tilted as refine tilts it */
+        nbg_report r;
+        nbg_geometry c, d;
+        ok = ok && nbg_describe(ctx, &e1, &r) == NBG_OK && nbg_geometry_from_report(ctx, &e1, &r, 2, &c) == NBG_OK &&
+             nbg_write_expt(ctx, path3, &c, NULL) == NBG_OK && nbg_read_expt(ctx, path3, &d) == NBG_OK;
+        snprintf(id, sizeof id, "multi-described-scan%d", k);
+        nbgi_test_check(ok && same_goniometer(&a.goniometer, &d.goniometer, 0) &&
+                            vec_rel(d.goniometer.crystal, rs_list, 9) <= 1e-12 &&
+                            vec_rel(d.real_space, a.real_space, 9) <= 1e-12 && vec_rel(d.axis, a.axis, 3) <= 1e-12,
+                        id, "described and written back: the same goniometer, its crystal in the goniometer's frame "
+                        "(difference %.2g) (%s)", ok ? vec_rel(d.goniometer.crystal, rs_list, 9) : -1.0,
+                        ok ? "ok" : nbg_errmsg(ctx));
+        e1.spindle_tilt[0] = 0.7, e1.spindle_tilt[1] = -0.4;
+        ok = ok && nbg_describe(ctx, &e1, &r) == NBG_OK && nbg_geometry_from_report(ctx, &e1, &r, 2, &c) == NBG_OK &&
+             nbg_write_expt(ctx, path3, &c, NULL) == NBG_OK && nbg_read_expt(ctx, path3, &d) == NBG_OK;
+        snprintf(id, sizeof id, "multi-tilted-scan%d", k);
+        const double *ek = d.goniometer.axes[k];
+        const double moved = ok ? vec_rel(d.axis, a.axis, 3) : 0;
+        const double len = sqrt(ek[0] * ek[0] + ek[1] * ek[1] + ek[2] * ek[2]);
+        nbgi_test_check(ok && same_goniometer(&a.goniometer, &d.goniometer, 1) &&
+                            vec_rel(d.axis, r.spindle, 3) <= 1e-12 && moved > 1e-3 && fabs(len - 1) < 1e-15 &&
+                            vec_rel(d.goniometer.fixed, F, 9) <= 1e-12 && vec_rel(d.goniometer.setting, S, 9) <= 1e-12 &&
+                            vec_rel(d.real_space, c.real_space, 9) <= 1e-12,
+                        id, "a tilted spindle (moved %.3g) written as the scan axis S^T axis (unit, length - 1 = %.2g): "
+                        "the other axes, angles, names, F and S kept, the laboratory's axis and crystal read back (%s)",
+                        moved, len - 1, ok ? "ok" : nbg_errmsg(ctx));
+        free(f1);
+        free(f2);
+    }
+
+    /* malformed goniometers in a list: refused naming the field */
+    const struct {
+        const char *id, *gon, *n1, *n2;
+    } badl[] = {
+        {"multi-bad-nonunit", "{\"axes\": [[1, 0, 0], [2, 0, 0]], \"angles\": [0, 1], \"scan_axis\": 0}",
+         "goniometer[0].axes[1]", "not a unit vector"},
+        {"multi-bad-zero", "{\"axes\": [[1, 0, 0], [0, 0, 0]], \"angles\": [0, 1], \"scan_axis\": 0}",
+         "goniometer[0].axes[1]", "not a unit vector"},
+        {"multi-bad-axis3", "{\"axes\": [[1, 0, 0], [0, 1]], \"angles\": [0, 1], \"scan_axis\": 0}",
+         "goniometer[0].axes[1]", "expected 3 numbers"},
+        {"multi-bad-names", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1], \"names\": [\"a\"], "
+         "\"scan_axis\": 0}", "goniometer[0].names", "expected 2 names"},
+        {"multi-bad-name", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1], \"names\": [\"a\", 7], "
+         "\"scan_axis\": 0}", "goniometer[0].names[1]", "expected a string"},
+        {"multi-bad-longname", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1], \"names\": [\"a\", "
+         "\"0123456789012345678901234567890123456789\"], \"scan_axis\": 0}", "goniometer[0].names[1]", "longer"},
+        {"multi-bad-angles", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1, 2], \"scan_axis\": 0}",
+         "goniometer[0].angles", "expected 2 numbers"},
+        {"multi-bad-angle", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1e300], \"scan_axis\": 0}",
+         "goniometer[0].angles[1]", "not a usable angle"},
+        {"multi-bad-scanaxis", "{\"axes\": [[1, 0, 0], [0, 1, 0]], \"angles\": [0, 1], \"scan_axis\": 2}",
+         "goniometer[0].scan_axis", "from 0 to 1"},
+        {"multi-bad-many", "{\"axes\": [[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],"
+         "[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0],[1,0,0]], \"angles\": [0], \"scan_axis\": 0}",
+         "goniometer[0].axes", "1 to 16 axes"},
+    };
+    for (size_t i = 0; i < sizeof badl / sizeof badl[0]; ++i) {
+        write_list(path, EXPT_C, PANEL(FAST), badl[i].gon, CRYSTAL);
+        expect_error(ctx, path, NBG_EFORMAT, badl[i].id, badl[i].n1, badl[i].n2);
+    }
+    /* and in a geometry given to the writer (NaN has no JSON form: only the API can hold it) */
+    write_list(path, EXPT_C, PANEL(FAST), "{\"axes\": [[1, 0, 0], [0, 1, 0], [0, 0, 1]], \"angles\": [10, 20, 30], "
+               "\"scan_axis\": 1}", CRYSTAL);
+    nbg_geometry g;
+    if (nbg_read_expt(ctx, path, &g) == NBG_OK) {
+        const struct {
+            const char *id, *needle;
+            int what;
+        } badw[] = {{"multi-write-nan-axis", "goniometer.axes[2]", 0},
+                    {"multi-write-nan-angle", "goniometer.angles[0]", 1},
+                    {"multi-write-short-axis", "goniometer.axes[2]", 2},
+                    {"multi-write-naxes", "goniometer.naxes", 3},
+                    {"multi-write-scanaxis", "goniometer.scan_axis", 4}};
+        for (size_t i = 0; i < sizeof badw / sizeof badw[0]; ++i) {
+            nbg_geometry h = g;
+            switch (badw[i].what) {
+            case 0: h.goniometer.axes[2][1] = NAN; break;
+            case 1: h.goniometer.angles[0] = NAN; break;
+            case 2: h.goniometer.axes[2][2] = 0.5; break;
+            case 3: h.goniometer.naxes = NBG_GONIO_MAX_AXES + 1; break;
+            default: h.goniometer.scan_axis = 3; break;
+            }
+            const int rc = nbg_write_expt(ctx, path2, &h, NULL);
+            nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), badw[i].needle) != NULL &&
+                                strstr(nbg_errmsg(ctx), path2) != NULL,
+                            badw[i].id, "refused naming %s: %s", badw[i].needle, nbg_errmsg(ctx));
+        }
+    } else {
+        nbgi_test_check(0, "multi-write-bad", "the list for the writer's refusals: %s", nbg_errmsg(ctx));
+    }
+}
+
 static void test_hierarchy(nbg_ctx *ctx, const char *dir)
 {
     const double c30 = cos(30 * M_PI / 180), s30 = sin(30 * M_PI / 180);
@@ -1176,6 +1407,7 @@ int main(void)
     test_tilted_frame(ctx, dir);
     test_write_groups(ctx, dir);
     test_scan_varying(ctx, dir);
+    test_multi_axis(ctx, dir);
 #else
     char path[600];
     nbg_geometry g;

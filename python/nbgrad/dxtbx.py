@@ -48,6 +48,12 @@ def geometry_from_dxtbx(experiment) -> dict:
         S = _mat3(gonio.get_setting_rotation())
         Fm = _mat3(gonio.get_fixed_rotation())
         g["axis"] = tuple(S @ np.array(gonio.get_rotation_axis_datum(), dtype=float))
+        if hasattr(gonio, "get_axes") and hasattr(gonio, "get_scan_axis"):
+            # a MultiAxisGoniometer (kappa, SmarGon): its structure, so that a list written back keeps it
+            g["goniometer"] = {"axes": tuple(tuple(float(x) for x in v) for v in gonio.get_axes()),
+                               "angles": tuple(float(x) for x in gonio.get_angles()),
+                               "names": tuple(str(x) for x in gonio.get_names()),
+                               "scan_axis": int(gonio.get_scan_axis())}
     if scan is not None:
         start, width = scan.get_oscillation()
         first, last = scan.get_image_range()

@@ -848,6 +848,35 @@ static PyObject *Experiment_describe(ExperimentObject *x, PyObject *unused)
 
 /* --- nbg_geometry <-> dict ---------------------------------------------------------------------------------- */
 
+/* A multi-axis goniometer (nbg_goniometer) as a dict: axes (innermost first), angles (deg), names, scan_axis, and
+ * the fixed and setting rotations they give (rows) */
+static PyObject *goniometer_dict(const nbg_goniometer *gn)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    PyObject *axes = PyTuple_New(gn->naxes), *names = PyTuple_New(gn->naxes);
+    for (int i = 0; axes != NULL && names != NULL && i < gn->naxes; ++i) {
+        PyObject *a = vec(gn->axes[i], 3), *n = PyUnicode_FromString(gn->names[i]);
+        if (a == NULL || n == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(n);
+            Py_CLEAR(axes);
+            break;
+        }
+        PyTuple_SET_ITEM(axes, i, a);
+        PyTuple_SET_ITEM(names, i, n);
+    }
+    if (axes == NULL) Py_CLEAR(names);
+    SET(d, "axes", axes);
+    SET(d, "angles", vec(gn->angles, gn->naxes));
+    SET(d, "names", names);
+    SET(d, "scan_axis", PyLong_FromLong(gn->scan_axis));
+    SET(d, "fixed_rotation", Py_BuildValue("(NNN)", vec(gn->fixed, 3), vec(gn->fixed + 3, 3), vec(gn->fixed + 6, 3)));
+    SET(d, "setting_rotation",
+        Py_BuildValue("(NNN)", vec(gn->setting, 3), vec(gn->setting + 3, 3), vec(gn->setting + 6, 3)));
+    return d;
+}
+
 static PyObject *geometry_dict(const nbg_geometry *g)
 {
     PyObject *d = PyDict_New();
@@ -870,6 +899,7 @@ static PyObject *geometry_dict(const nbg_geometry *g)
     SET(d, "polarization_normal", vec(g->polarization_normal, 3));
     SET(d, "polarization_fraction", PyFloat_FromDouble(g->polarization_fraction));
     SET(d, "axis", vec(g->axis, 3));
+    if (g->goniometer.naxes > 0) SET(d, "goniometer", goniometer_dict(&g->goniometer));
     SET(d, "scan_start", PyFloat_FromDouble(g->scan_start));
     SET(d, "scan_width", PyFloat_FromDouble(g->scan_width));
     SET(d, "nframes", PyLong_FromLong(g->nframes));
@@ -941,7 +971,87 @@ static int get_str(PyObject *d, const char *key, char *out, size_t size)
 static const char *const geometry_keys[] = {
     "fpixels", "spixels", "pixel_f", "pixel_s", "fast", "slow", "origin", "thickness", "mu", "material",
     "saturation", "pedestal", "gain", "direction", "wavelength", "polarization_normal", "polarization_fraction",
-    "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", NULL};
+    "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", "goniometer", NULL};
+
+/* geometry['goniometer'] into g->goniometer: axes, angles and scan_axis (names optional; fixed_rotation and
+ * setting_rotation, which geometry_dict gives, are taken as derived: the library computes them again).  A
+ * ValueError names what does not fit; the values themselves are checked by the library (nbg_goniometer_derive). */
+static int goniometer_from_dict(PyObject *d, nbg_goniometer *gn)
+{
+    PyObject *o = PyDict_GetItemString(d, "goniometer");
+    if (o == NULL || o == Py_None) return 1;
+    if (!PyDict_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "geometry['goniometer']: expected a dict, got %.100s", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    static const char *const keys[] = {"axes", "angles", "names", "scan_axis", "fixed_rotation", "setting_rotation",
+                                       NULL};
+    PyObject *key, *val;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &key, &val)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        int known = 0;
+        for (int i = 0; k != NULL && keys[i] != NULL; ++i) known |= strcmp(k, keys[i]) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_ValueError, "geometry['goniometer']: unknown key %R", key);
+            return 0;
+        }
+    }
+    PyObject *axes = PyDict_GetItemString(o, "axes"), *angles = PyDict_GetItemString(o, "angles");
+    PyObject *names = PyDict_GetItemString(o, "names"), *scan = PyDict_GetItemString(o, "scan_axis");
+    if (axes == NULL || angles == NULL || scan == NULL) {
+        PyErr_SetString(PyExc_ValueError, "geometry['goniometer']: needs 'axes', 'angles' and 'scan_axis'");
+        return 0;
+    }
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(axes, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL || PyArray_NDIM(a) != 2 || PyArray_DIM(a, 1) != 3 || PyArray_DIM(a, 0) < 1 ||
+        PyArray_DIM(a, 0) > NBG_GONIO_MAX_AXES) {
+        Py_XDECREF(a);
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "geometry['goniometer']['axes']: expected 1 to %d axes of 3 numbers",
+                     NBG_GONIO_MAX_AXES);
+        return 0;
+    }
+    const int n = (int)PyArray_DIM(a, 0);
+    memset(gn, 0, sizeof *gn);
+    gn->naxes = n;
+    memcpy(gn->axes, PyArray_DATA(a), (size_t)n * 3 * sizeof(double));
+    Py_DECREF(a);
+    PyArrayObject *b = (PyArrayObject *)PyArray_FROM_OTF(angles, NPY_FLOAT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (b == NULL || PyArray_SIZE(b) != n) {
+        Py_XDECREF(b);
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "geometry['goniometer']['angles']: expected %d numbers (one per axis)", n);
+        return 0;
+    }
+    memcpy(gn->angles, PyArray_DATA(b), (size_t)n * sizeof(double));
+    Py_DECREF(b);
+    if (names != NULL && names != Py_None) {
+        PyObject *seq = PySequence_Fast(names, "");
+        int ok = seq != NULL && PySequence_Fast_GET_SIZE(seq) == n;
+        for (int i = 0; ok && i < n; ++i) {
+            PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+            const char *str = PyUnicode_Check(it) ? PyUnicode_AsUTF8(it) : NULL;
+            ok = str != NULL && strlen(str) < sizeof gn->names[i];
+            if (ok) snprintf(gn->names[i], sizeof gn->names[i], "%s", str);
+        }
+        Py_XDECREF(seq);
+        if (!ok) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "geometry['goniometer']['names']: expected %d str (one per axis) of at "
+                         "most %zu characters", n, sizeof gn->names[0] - 1);
+            return 0;
+        }
+    }
+    long k = PyLong_Check(scan) ? PyLong_AsLong(scan) : -1;
+    if (!PyLong_Check(scan) || (k == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "geometry['goniometer']['scan_axis']: expected an int");
+        return 0;
+    }
+    gn->scan_axis = k < INT_MIN || k > INT_MAX ? -1 : (int)k; /* out of range: the library says so */
+    return 1;
+}
 
 /* A geometry dict into g: the keys given over the library's defaults (nbg_geometry_default); an unknown key is a
  * ValueError naming it, so that a misspelt key is not silently dropped. */
@@ -976,7 +1086,7 @@ static int geometry_from_dict(PyObject *d, nbg_geometry *g)
            get_num(d, "scan_start", &g->scan_start) && get_num(d, "scan_width", &g->scan_width) &&
            get_int(d, "nframes", &g->nframes) && get_num(d, "exposure", &g->exposure) &&
            get_vec(d, "real_space", g->real_space, 9) &&
-           get_str(d, "space_group", g->space_group, sizeof g->space_group);
+           get_str(d, "space_group", g->space_group, sizeof g->space_group) && goniometer_from_dict(d, &g->goniometer);
 }
 
 static PyObject *Experiment_geometry(ExperimentObject *x, PyObject *args, PyObject *kw)

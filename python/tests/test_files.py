@@ -74,6 +74,53 @@ def test_expt_round_trip(exp, tmp_path):
         nbgrad.write_expt(tmp_path / "x.expt", {**g, "colour": 1})
 
 
+_KAPPA_LIST = """{"__id__": "ExperimentList", "experiment": [{"beam": 0, "detector": 0, "goniometer": 0, "scan": 0,
+ "crystal": 0}], "beam": [{"direction": [0, 0, 1], "wavelength": 1.0}],
+ "detector": [{"panels": [{"fast_axis": [1, 0, 0], "slow_axis": [0, -1, 0], "origin": [-5, 6, -100],
+ "pixel_size": [0.1, 0.1], "image_size": [100, 120]}]}],
+ "goniometer": [{"axes": [[1, 0, 0], [0.64278761, -0.76604444, 0], [1, 0, 0]], "angles": [30, -40, 12.5],
+ "names": ["PHI", "KAPPA", "OMEGA"], "scan_axis": 1}],
+ "scan": [{"image_range": [1, 2], "oscillation": [0, 0.1], "exposure_time": [1, 1]}],
+ "crystal": [{"__id__": "crystal", "real_space_a": [51.2, 3.1, -2.4], "real_space_b": [7.5, 62.3, 4.4],
+ "real_space_c": [-6.1, 9.8, 83.7], "space_group_hall_symbol": " P 1"}]}"""
+
+
+def test_expt_multi_axis_goniometer(tmp_path):
+    """A DIALS MultiAxisGoniometer in the geometry dict: its axes, angles, names and scan axis, and the fixed and
+    setting rotations they give; written back as one, from the dict and from an experiment."""
+    src = tmp_path / "kappa.expt"
+    src.write_text(_KAPPA_LIST)
+    g = nbgrad.read_expt(src)
+    gon = g["goniometer"]
+    assert gon["names"] == ("PHI", "KAPPA", "OMEGA") and gon["scan_axis"] == 1
+    assert gon["axes"][1] == (0.64278761, -0.76604444, 0.0) and gon["angles"] == (30.0, -40.0, 12.5)
+    S, F = np.array(gon["setting_rotation"]), np.array(gon["fixed_rotation"])
+    assert not np.allclose(S, np.eye(3)) and not np.allclose(F, np.eye(3))
+    u = np.array(gon["axes"][1]) / np.linalg.norm(gon["axes"][1])
+    assert np.allclose(g["axis"], S @ u, atol=1e-14)
+    nbgrad.write_expt(tmp_path / "back.expt", g)
+    back = nbgrad.read_expt(tmp_path / "back.expt")
+    for key in ("axes", "angles", "names", "scan_axis"):
+        assert back["goniometer"][key] == gon[key], key
+    assert np.allclose(back["real_space"], g["real_space"], atol=1e-12)
+    # through an experiment (Experiment.geometry hands the goniometer back)
+    exp = nbgrad.Experiment.from_expt(src, default_F=100, N=5, oversample=1)
+    eg = exp.geometry(2)
+    assert eg["goniometer"]["axes"] == gon["axes"] and eg["goniometer"]["names"] == gon["names"]
+    exp.to_expt(tmp_path / "exp.expt")
+    import json
+    doc = json.loads((tmp_path / "exp.expt").read_text())
+    assert doc["goniometer"][0]["names"] == ["PHI", "KAPPA", "OMEGA"] and doc["goniometer"][0]["scan_axis"] == 1
+    # malformed: named
+    with pytest.raises(ValueError, match="goniometer.*angles"):
+        nbgrad.write_expt(tmp_path / "x.expt", {**g, "goniometer": {**gon, "angles": (1.0, 2.0)}})
+    with pytest.raises(ValueError, match="goniometer.*unknown key"):
+        nbgrad.write_expt(tmp_path / "x.expt", {**g, "goniometer": {**gon, "colour": 1}})
+    bad = {**gon, "axes": ((1.0, 0.0, 0.0), (2.0, 0.0, 0.0), (1.0, 0.0, 0.0))}
+    with pytest.raises(Exception, match=r"goniometer.axes\[1\]"):
+        nbgrad.write_expt(tmp_path / "x.expt", {**g, "goniometer": bad})
+
+
 def _supported(call):
     try:
         call()

@@ -4,7 +4,8 @@
 # (spots.py), every real image and list of ../shared/data/real read as dxtbx reads them (cbfpanels.py, with
 # $NBG_CBFPANELS; the Pilatus 12M and the Timepix quad refused alone and read through dials.import's lists) and
 # structure factors from DIALS's MTZ and reflection tables of a real still (hklmtz.py) and a scan-varying crystal's
-# images against DIALS's scan-varying predictions (scanvarying.py), with Debian's python; shows
+# images against DIALS's scan-varying predictions (scanvarying.py), a multi-axis goniometer (the SmarGon CBF, a
+# kappa) written back by nbgrad and read by dxtbx (goniometer.py), with Debian's python; shows
 # their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran and
 # nothing failed.
 #
@@ -18,7 +19,7 @@ rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 pass=0
 fail=0
 status=0
-for s in roundtrip multipanel stills spots cbfpanels hklmtz scanvarying; do
+for s in roundtrip multipanel stills spots cbfpanels hklmtz scanvarying goniometer; do
     if [ "$s" = roundtrip ]; then
         PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
     else
