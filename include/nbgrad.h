@@ -1121,6 +1121,11 @@ typedef struct {
                                          dxtbx cuts a Pilatus's one array into its modules): 1 when the list states
                                          it true.  The experiment-list writer states it when 1, so that dxtbx cuts
                                          the image the list names into the list's panels */
+    /* The experiment-list writer only: a scan-varying crystal to write with the static one (real_space), as
+     * A_at_scan_points, one A per image boundary (nframes + 1 of them): each point's real-space a, b, c (rows, 9
+     * numbers, in real_space's frame), the caller's array; NULL (as the readers and nbg_geometry_default leave it):
+     * the static crystal alone.  nbgrad refine -scan_varying -exptfile writes it. */
+    const double *scan_real_space;
 } nbg_geometry;
 
 /* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam

@@ -464,6 +464,19 @@ static json_t *crystal_json(const nbg_geometry *g)
     json_t *c = json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(g->real_space, 3),
                           "real_space_b", reals(g->real_space + 3, 3), "real_space_c", reals(g->real_space + 6, 3),
                           "space_group_hall_symbol", g->space_group);
+    if (c != NULL && g->scan_real_space != NULL && g->nframes >= 1) {
+        /* a scan-varying crystal: A = (a b c)^-1 at each image boundary, as dials.refine writes it */
+        json_t *sv = json_array();
+        int ok = sv != NULL && json_object_set_new(c, "A_at_scan_points", sv) == 0;
+        for (int k = 0; ok && k <= g->nframes; ++k) {
+            double A[9];
+            ok = nbgi_inverse3(g->scan_real_space + 9 * (size_t)k, A) && json_array_append_new(sv, reals(A, 9)) == 0;
+        }
+        if (!ok) {
+            json_decref(c);
+            return NULL;
+        }
+    }
     if (c != NULL && g->has_mosaic) {
         json_t *m = json_pack("{s:f, s:i, s:I, s:o}", "spread_deg", g->mosaic_spread, "domains", g->mosaic_domains,
                               "seed", (json_int_t)g->mosaic_seed, "frame", reals(g->mosaic_frame, 9));
