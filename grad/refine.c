@@ -1016,6 +1016,18 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
  * eigenvector, moves the image by less than rounding.  (Cholesky alone passed matrices singular to rounding, and
  * the fit then "converged" with standard errors of 1e7 and more.)  Returns NBG_OK, or NBG_EINVAL naming them. */
 #define NBG_RCOND_MIN 1e-10
+
+/* Fitted entry a's label: its parameter's, with ".k<knot>" for a knot of a scan-varying orientation. */
+static const char *x_label(const refine_ws *ws, const nbg_experiment *e, int a, char *buf, size_t n)
+{
+    nbg_param_label(e, ws->params[a], buf, n);
+    if (ws->svo != NULL && (a >= ws->n0 || ws->svo[a] >= 0)) {
+        const size_t l = strlen(buf);
+        snprintf(buf + l, n - l, ".k%d", a < ws->n0 ? 0 : (a - ws->n0) % (ws->K - 1) + 1);
+    }
+    return buf;
+}
+
 static int determined(refine_ws *ws, const double *H)
 {
     const int n = ws->n;
@@ -1025,7 +1037,7 @@ static int determined(refine_ws *ws, const double *H)
         if (!(H[a * n + a] > 0) || !isfinite(H[a * n + a])) {
             return nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine %s: it does not change the image "
                              "where the loss looks (its information is %g)",
-                             nbg_param_label(e, ws->params[a], lab, sizeof lab), H[a * n + a]);
+                             x_label(ws, e, a, lab, sizeof lab), H[a * n + a]);
         }
     }
     if (n < 2) {
@@ -1054,7 +1066,7 @@ static int determined(refine_ws *ws, const double *H)
             const double v = C[a * n + 0];
             if (fabs(v) >= 0.2) {
                 k += (size_t)snprintf(names + k, sizeof names - k, "%s%+.2f %s", k > 0 ? " " : "", v,
-                                      nbg_param_label(e, ws->params[a], lab, sizeof lab));
+                                      x_label(ws, e, a, lab, sizeof lab));
             }
         }
         rc = nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine its parameters: the combination %s "
