@@ -215,6 +215,35 @@ int main(void)
         }
     }
 
+    /* a mixed list: a cell length between the orientation parameters (knots after the list, in its order), orient_y
+     * held: the cell comes back, and the two varying offsets with it */
+    {
+        nbg_experiment fm[NF];
+        nbg_refine_result rm = {0};
+        start_frames(fm);
+        for (int f = 0; f < NF; ++f) {
+            fm[f].cell[0] = 70.2;
+            fm[f].orient[1] = truth[f].orient[1]; /* held at the truth */
+        }
+        const nbg_param mixed[3] = {NBG_P_ORIENT_Z, NBG_P_A, NBG_P_ORIENT_X};
+        nbg_refine_options o;
+        nbg_refine_options_default(&o);
+        o.scan_varying_knots = K;
+        const int rcm = nbg_refine_frames(ctx, fm, NF, obs, NULL, npix, mixed, 3, &o, &rm);
+        int lay = rcm == NBG_OK && rm.nparams == 3 + 2 * (K - 1) && rm.knot[0] == 0 && rm.knot[1] == -1 &&
+                  rm.knot[2] == 0;
+        for (int j = 3; lay && j < rm.nparams; ++j) {
+            lay = rm.params[j] == (j < 3 + K - 1 ? NBG_P_ORIENT_Z : NBG_P_ORIENT_X) && rm.knot[j] == 1 + (j - 3) % (K - 1);
+        }
+        double worst = 0;
+        for (int f = 0; lay && f < NF; ++f) worst = fmax(worst, orient_error(ctx, &fm[f], &truth[f]));
+        nbgi_test_check(lay && fabs(rm.value[1] - 70) < 1e-3 && worst < 0.01, "sv-mixed",
+                        "orient_z, a, orient_x with knots: %d entries in order, a = %.5f (truth 70, start 70.2), "
+                        "largest per-image orientation error %.2g deg (%s)", rm.nparams, rcm == NBG_OK ? rm.value[1]
+                        : NAN, worst, rcm == NBG_OK ? rm.why : nbg_errmsg(ctx));
+        nbg_refine_result_free(&rm);
+    }
+
     /* the same bits for 2 threads */
     {
         nbg_experiment f2[NF];
