@@ -132,10 +132,9 @@ static int sv_row(const refine_ws *ws, int f, int a, int *j, double *wt)
  * bits for any thread count. */
 static void sv_scatter(const refine_ws *ws, int f, const double *gl, double *Hl, double *g, double *H)
 {
-    const int n0 = ws->n0, n = ws->n, K = ws->K;
+    const int n0 = ws->n0, n = ws->n;
     int ja[NBGI_MAX_KNOTS], jb[NBGI_MAX_KNOTS];
     double wa[NBGI_MAX_KNOTS], wb[NBGI_MAX_KNOTS];
-    (void)K;
     for (int a = 0; a < n0; ++a) {
         const int ma = sv_row(ws, f, a, ja, wa);
         for (int p = 0; p < ma; ++p) {
@@ -2035,7 +2034,7 @@ static int refine_params(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
         if (r < 0) {
             tied[j] = -1;
         } else {
-            for (int k = 0; k < j; ++k) {
+            for (int k = 0; k < j && k < nparams; ++k) { /* (a knot beyond the list is its own) */
                 if (rof[k] == r) {
                     tied[j] = k;
                     break;

@@ -887,8 +887,9 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
  * response its own; npix pixels each), observed[f] its counts, weights[f] its weights (weights NULL, or an entry
  * NULL: 1).  The loss, its gradient and the information matrix are the sums of the frames'; the parameters are set
  * in every frame, and on success every frame receives the fitted values (each frame's motion list, when it has
- * its own, too).  Frames must have the same number of panel motions (the motions are shared).  nbg_refine is the
- * case of one frame. */
+ * its own, too).  Frames must have the same number of panel motions (the motions are shared).  With
+ * opt->scan_varying_knots the orientation offsets vary over the frames (each frame receives its own).  nbg_refine is
+ * the case of one frame. */
 int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                       const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                       const nbg_refine_options *opt, nbg_refine_result *res);
