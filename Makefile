@@ -124,7 +124,7 @@ EX_SRC   := $(wildcard examples/*.c)
 ifneq ($(GSL),1)
 # (the tests that refine: they need GSL and LAPACKE)
 TEST_SRC := $(filter-out tests/test-refine.c tests/test-examples.c tests/test-cli-grad.c tests/test-realdata.c \
-                         tests/test-panels.c tests/test-spots.c,$(TEST_SRC))
+                         tests/test-panels.c tests/test-spots.c tests/test-scanvary.c,$(TEST_SRC))
 BENCH_SRC:= $(filter-out bench/bench-grad.c bench/bench-spots.c,$(BENCH_SRC))
 EX_SRC   := $(filter-out examples/refine_cell.c examples/refine_modules.c,$(EX_SRC))
 TESTS    := $(patsubst tests/%.c,$(B)/tests/%,$(TEST_SRC))

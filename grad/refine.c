@@ -37,6 +37,9 @@
 #include <omp.h>
 #endif
 
+/* The most knots of a scan-varying orientation (nbg_refine_options.scan_varying_knots). */
+#define NBGI_MAX_KNOTS 256
+
 /* One image of the fit, with its own experiment (a frame of a rotation series differs from the others in its phi
  * range; its pixel list and mask are its own), sharing the parameters. */
 typedef struct {
@@ -88,7 +91,82 @@ typedef struct {
     float *c1, *c2, *c3, *dl;
     double *Fs0;                 /* nFx: the entries' intensities at the start */
     unsigned char *pinned;       /* n: an entry held at zero intensity (the data want less than none) */
+    /* scan-varying orientation (nbg_refine_options.scan_varying_knots), else svo NULL, K 0 and n0 = n: the frames'
+     * parameters are x's first n0 (the list fitted); orientation parameter a (svo[a] = s, its ordinal among them;
+     * -1 another parameter) has K knots, knot 0 at x[a], knot k at x[n0 + s (K - 1) + k - 1] (sv_index), and frame
+     * f's value is sum_k svw[f K + k] x[knot k]: the map from x onto frame f's parameters is linear, P_f (n0 x n),
+     * the identity without knots.  gl, Hl: a frame's sums over its own parameters, P_f^T gl and P_f^T Hl P_f added
+     * into the knots' (sv_scatter) */
+    int K, n0;
+    int *svo;
+    double *svw, *gl, *Hl;
 } refine_ws;
+
+/* The index in x of orientation parameter a's knot k. */
+static int sv_index(const refine_ws *ws, int a, int k)
+{
+    return k == 0 ? a : ws->n0 + ws->svo[a] * (ws->K - 1) + k - 1;
+}
+
+/* The column entries of row a of frame f's map P_f: their indices in x (j) and weights (wt); returns how many. */
+static int sv_row(const refine_ws *ws, int f, int a, int *j, double *wt)
+{
+    if (ws->svo[a] < 0) {
+        j[0] = a;
+        wt[0] = 1;
+        return 1;
+    }
+    int m = 0;
+    for (int k = 0; k < ws->K; ++k) {
+        const double w = ws->svw[(size_t)f * (size_t)ws->K + (size_t)k];
+        if (w != 0) {
+            j[m] = sv_index(ws, a, k);
+            wt[m++] = w;
+        }
+    }
+    return m;
+}
+
+/* Adds frame f's gradient gl (over its n0 parameters) into g (over x: P_f^T gl) and, with Hl (n0 x n0, its lower
+ * triangle filled; made symmetric here), P_f^T Hl P_f into H's lower triangle (n x n).  A fixed order: the same
+ * bits for any thread count. */
+static void sv_scatter(const refine_ws *ws, int f, const double *gl, double *Hl, double *g, double *H)
+{
+    const int n0 = ws->n0, n = ws->n;
+    int ja[NBGI_MAX_KNOTS], jb[NBGI_MAX_KNOTS];
+    double wa[NBGI_MAX_KNOTS], wb[NBGI_MAX_KNOTS];
+    for (int a = 0; a < n0; ++a) {
+        const int ma = sv_row(ws, f, a, ja, wa);
+        for (int p = 0; p < ma; ++p) {
+            g[ja[p]] += wa[p] * gl[a];
+        }
+    }
+    if (Hl == NULL) {
+        return;
+    }
+    for (int a = 0; a < n0; ++a) {
+        for (int b = a + 1; b < n0; ++b) {
+            Hl[a * n0 + b] = Hl[b * n0 + a];
+        }
+    }
+    for (int a = 0; a < n0; ++a) {
+        const int ma = sv_row(ws, f, a, ja, wa);
+        for (int b = 0; b < n0; ++b) {
+            const double hab = Hl[a * n0 + b];
+            if (hab == 0) {
+                continue;
+            }
+            const int mb = sv_row(ws, f, b, jb, wb);
+            for (int p = 0; p < ma; ++p) {
+                for (int q = 0; q < mb; ++q) {
+                    if (jb[q] <= ja[p]) {
+                        H[(size_t)ja[p] * (size_t)n + (size_t)jb[q]] += wa[p] * hab * wb[q];
+                    }
+                }
+            }
+        }
+    }
+}
 
 /* The image index of walked pixel t. */
 static size_t at(const refine_frame *fr, size_t t)
@@ -116,6 +194,18 @@ static int set_params(refine_ws *ws, const double *x)
         }
     }
     for (int k = 0; k < ws->nx; ++k) {
+        if (ws->svo != NULL && ws->svo[ws->xof[k]] >= 0) {
+            /* a scan-varying parameter: each frame its knots' interpolation */
+            const int a = ws->xof[k];
+            for (int f = 0; f < ws->nf; ++f) {
+                double v = 0;
+                for (int q = 0; q < ws->K; ++q) {
+                    v += ws->svw[(size_t)f * (size_t)ws->K + (size_t)q] * x[sv_index(ws, a, q)];
+                }
+                nbg_param_set(&ws->fr[f].e, ws->xparams[k], v);
+            }
+            continue;
+        }
         const double v = x[ws->xof[k]];
         for (int f = 0; f < ws->nf; ++f) {
             nbg_param_set(&ws->fr[f].e, ws->xparams[k], is_Fp(ws->xparams[k]) ? sqrt(v) : v);
@@ -287,7 +377,7 @@ static double lanes_sum(const double *acc)
 
 static void gn_dense_chunk(const refine_ws *ws, const refine_frame *fr, long t0, long t1, double *out)
 {
-    const int n = ws->n;
+    const int n = ws->n0; /* the frame's own parameters */
     double Tl[GN_DENSE_MAX][GN_BLK], dl[GN_BLK], cl[GN_BLK], ct[GN_BLK];
     double *const g = out + 2, *const H = out + 2 + n;
     double sum = 0, eps = 0;
@@ -361,10 +451,14 @@ static void gn_dense_chunk(const refine_ws *ws, const refine_frame *fr, long t0,
 /* Loss, gradient g = J^T dL/dI and Gauss-Newton matrix H = J^T C J at the current parameters. */
 static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
 {
-    const int n = ws->n;
+    const int N = ws->n;
     double sum = 0, eps = 0;
-    memset(g, 0, sizeof(double) * (size_t)n);
-    memset(H, 0, sizeof(double) * (size_t)n * (size_t)n);
+    memset(g, 0, sizeof(double) * (size_t)N);
+    memset(H, 0, sizeof(double) * (size_t)N * (size_t)N);
+    /* the frames' sums over their own n0 parameters: into g and H themselves, or (scan-varying) into gl and Hl,
+     * then mapped onto the knots */
+    const int n = ws->n0;
+    double *const gt = ws->svo != NULL ? ws->gl : g, *const Ht = ws->svo != NULL ? ws->Hl : H;
     for (int f = 0; f < ws->nf; ++f) {
         refine_frame *fr = &ws->fr[f];
         const int rc = frame_jacobian(ws, fr);
@@ -372,6 +466,10 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             return rc;
         }
         fold_tied(ws, fr->T, fr->nw, fr->nw);
+        if (ws->svo != NULL) {
+            memset(gt, 0, sizeof(double) * (size_t)n);
+            memset(Ht, 0, sizeof(double) * (size_t)n * (size_t)n);
+        }
         if (ws->nFx == 0 && n <= GN_DENSE_MAX) {
             /* over fixed chunks of the pixels, in parallel, added in chunk order (the same bits for any thread
              * count); the matrix's lower triangle packed */
@@ -398,13 +496,16 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
                 sum += pc[0];
                 eps += pc[1];
                 for (int a = 0; a < n; ++a) {
-                    g[a] += pc[2 + a];
+                    gt[a] += pc[2 + a];
                     for (int b = 0; b <= a; ++b) {
-                        H[a * n + b] += pc[2 + n + (size_t)a * (a + 1) / 2 + b];
+                        Ht[a * n + b] += pc[2 + n + (size_t)a * (a + 1) / 2 + b];
                     }
                 }
             }
             free(part);
+            if (ws->svo != NULL) {
+                sv_scatter(ws, f, gt, Ht, g, H);
+            }
             continue;
         }
         if (ws->nFx > 0) {
@@ -431,11 +532,14 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
                 if (Ta == 0) {
                     continue;
                 }
-                g[a] += dLdI * Ta;
+                gt[a] += dLdI * Ta;
                 for (int b = 0; b <= a; ++b) {
-                    H[a * n + b] += c * Ta * fr->T[(size_t)b * fr->nw + t];
+                    Ht[a * n + b] += c * Ta * fr->T[(size_t)b * fr->nw + t];
                 }
             }
+        }
+        if (ws->svo != NULL) {
+            sv_scatter(ws, f, gt, Ht, g, H);
         }
         if (ws->nFx > 0) {
             /* the structure factors' gradient from the adjoint, exact (their rows above serve the matrix) */
@@ -449,9 +553,9 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
             }
         }
     }
-    for (int a = 0; a < n; ++a) {
-        for (int b = a + 1; b < n; ++b) {
-            H[a * n + b] = H[b * n + a];
+    for (int a = 0; a < N; ++a) {
+        for (int b = a + 1; b < N; ++b) {
+            H[a * N + b] = H[b * N + a];
         }
     }
     for (int k = 0; k < ws->nFx; ++k) { /* dL/ds = dL/dF / (2 F), the frames' sum */
@@ -467,8 +571,8 @@ static int gauss_newton(refine_ws *ws, double *L, double *g, double *H)
         ws->pinned[a] = F * F <= 1e-8 * ws->Fs0[k] && g[a] > 0;
         if (ws->pinned[a]) {
             g[a] = 0;
-            for (int b = 0; b < n; ++b) H[a * n + b] = H[b * n + a] = 0;
-            H[a * n + a] = 1;
+            for (int b = 0; b < N; ++b) H[a * N + b] = H[b * N + a] = 0;
+            H[a * N + a] = 1;
         }
     }
     *L = sum;
@@ -774,6 +878,34 @@ static double bfgs_f(const gsl_vector *u, void *p)
     return L;
 }
 
+/* The summed loss of the frames at the parameters set, and its gradient over x from the adjoint into ws->gs. */
+static int adjoint_sums(refine_ws *ws, double *f)
+{
+    memset(ws->gs, 0, sizeof(double) * (size_t)ws->n);
+    *f = 0;
+    for (int k = 0; k < ws->nf; ++k) {
+        refine_frame *fr = &ws->fr[k];
+        double Lf;
+        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, ws->xparams, ws->nx, &Lf, ws->gx,
+                                     fr->img, ws->npix);
+        if (rc != NBG_OK) {
+            return rc;
+        }
+        fold_tied(ws, ws->gx, 1, 1);
+        if (ws->svo != NULL) {
+            memset(ws->gf, 0, sizeof(double) * (size_t)ws->n);
+            sv_scatter(ws, k, ws->gx, NULL, ws->gf, NULL);
+        } else {
+            memcpy(ws->gf, ws->gx, sizeof(double) * (size_t)ws->n);
+        }
+        *f += Lf;
+        for (int j = 0; j < ws->n; ++j) {
+            ws->gs[j] += ws->gf[j];
+        }
+    }
+    return NBG_OK;
+}
+
 static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
 {
     refine_ws *ws = p;
@@ -786,32 +918,16 @@ static void bfgs_fdf(const gsl_vector *u, void *p, double *f, gsl_vector *df)
         gsl_vector_set_zero(df);
         return;
     }
-    /* the summed loss and gradient of the frames */
-    memset(ws->gs, 0, sizeof(double) * (size_t)ws->n);
-    *f = 0;
-    for (int k = 0; k < ws->nf; ++k) {
-        refine_frame *fr = &ws->fr[k];
-        double Lf;
-        const int rc = nbg_loss_grad(ws->ctx, &fr->e, ws->loss, fr->obs, fr->w, ws->xparams, ws->nx, &Lf, ws->gx,
-                                     fr->img, ws->npix);
-        if (rc == NBG_OK) {
-            fold_tied(ws, ws->gx, 1, 1);
-            memcpy(ws->gf, ws->gx, sizeof(double) * (size_t)ws->n);
-        }
-        if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
-            *f = GSL_POSINF;
-            gsl_vector_set_zero(df);
-            return;
-        }
-        if (rc != NBG_OK) {
-            ws->status = rc;
-            *f = GSL_NAN;
-            return;
-        }
-        *f += Lf;
-        for (int j = 0; j < ws->n; ++j) {
-            ws->gs[j] += ws->gf[j];
-        }
+    const int rc = adjoint_sums(ws, f);
+    if (rc == NBG_EINVAL) { /* outside the plan's domain: a step too far (loss_trial) */
+        *f = GSL_POSINF;
+        gsl_vector_set_zero(df);
+        return;
+    }
+    if (rc != NBG_OK) {
+        ws->status = rc;
+        *f = GSL_NAN;
+        return;
     }
     ++ws->evals;
     for (int j = 0; j < ws->n; ++j) {
@@ -899,6 +1015,18 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
  * eigenvector, moves the image by less than rounding.  (Cholesky alone passed matrices singular to rounding, and
  * the fit then "converged" with standard errors of 1e7 and more.)  Returns NBG_OK, or NBG_EINVAL naming them. */
 #define NBG_RCOND_MIN 1e-10
+
+/* Fitted entry a's label: its parameter's, with ".k<knot>" for a knot of a scan-varying orientation. */
+static const char *x_label(const refine_ws *ws, const nbg_experiment *e, int a, char *buf, size_t n)
+{
+    nbg_param_label(e, ws->params[a], buf, n);
+    if (ws->svo != NULL && (a >= ws->n0 || ws->svo[a] >= 0)) {
+        const size_t l = strlen(buf);
+        snprintf(buf + l, n - l, ".k%d", a < ws->n0 ? 0 : (a - ws->n0) % (ws->K - 1) + 1);
+    }
+    return buf;
+}
+
 static int determined(refine_ws *ws, const double *H)
 {
     const int n = ws->n;
@@ -908,7 +1036,7 @@ static int determined(refine_ws *ws, const double *H)
         if (!(H[a * n + a] > 0) || !isfinite(H[a * n + a])) {
             return nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine %s: it does not change the image "
                              "where the loss looks (its information is %g)",
-                             nbg_param_label(e, ws->params[a], lab, sizeof lab), H[a * n + a]);
+                             x_label(ws, e, a, lab, sizeof lab), H[a * n + a]);
         }
     }
     if (n < 2) {
@@ -937,7 +1065,7 @@ static int determined(refine_ws *ws, const double *H)
             const double v = C[a * n + 0];
             if (fabs(v) >= 0.2) {
                 k += (size_t)snprintf(names + k, sizeof names - k, "%s%+.2f %s", k > 0 ? " " : "", v,
-                                      nbg_param_label(e, ws->params[a], lab, sizeof lab));
+                                      x_label(ws, e, a, lab, sizeof lab));
             }
         }
         rc = nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine its parameters: the combination %s "
@@ -1173,10 +1301,41 @@ void nbg_refine_result_free(nbg_refine_result *res)
     free(res->params);
     free(res->start); /* start, value, sigma and corr are one allocation */
     free(res->tied);
+    free(res->knot);
+    free(res->knot_phi);
+    res->knot = NULL;
+    res->knot_phi = NULL;
+    res->nknots = 0;
     res->tied = NULL;
     res->params = NULL;
     res->start = res->value = res->sigma = res->corr = NULL;
     res->nparams = 0;
+}
+
+void nbg_scan_knot_weights(double t, int nknots, double *w)
+{
+    if (w == NULL || nknots < 1) {
+        return;
+    }
+    for (int k = 0; k < nknots; ++k) {
+        w[k] = 0;
+    }
+    if (nknots == 1) {
+        w[0] = 1;
+        return;
+    }
+    t = !(t > 0) ? 0 : t > 1 ? 1 : t;
+    const double u = t * (nknots - 1);
+    int k = (int)floor(u);
+    k = k > nknots - 2 ? nknots - 2 : k;
+    const double fr = u - k;
+    w[k] = 1 - fr;
+    w[k + 1] = fr;
+}
+
+static int is_orient(nbg_param p)
+{
+    return p >= 0 && p < NBG_NPARAMS && nbgi_param_rows[p].setup == NBGI_S_ORIENT;
 }
 
 void nbg_refine_options_default(nbg_refine_options *o)
@@ -1246,10 +1405,72 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
     }
 }
 
+/* The scan-varying orientation's checks, knots and frame weights: K knots over the frames' rotation range; svw[f K +
+ * k] frame f's weights, kphi[k] knot k's angle (deg). */
+static int sv_setup(nbg_ctx *ctx, const nbg_experiment *frames, int nframes, const nbg_param *params, int nparams,
+                    int K, const nbg_hkl *Ft, int *nor, double **svw, double **kphi)
+{
+    *nor = 0;
+    for (int j = 0; j < nparams; ++j) {
+        *nor += is_orient(params[j]);
+    }
+    if (K < 2 || K > NBGI_MAX_KNOTS) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation of %d knots (2 to %d; 0 is off)", K,
+                          NBGI_MAX_KNOTS);
+    }
+    if (nframes < 2) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation needs a scan of several frames "
+                          "(got %d)", nframes);
+    }
+    if (K > nframes) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation of %d knots over %d frames: at most "
+                          "one knot a frame (the knots would not be determined)", K, nframes);
+    }
+    if (*nor == 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation needs an orientation parameter "
+                          "(orient_x, orient_y, orient_z) among those fitted");
+    }
+    if (Ft != NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation is not fitted with the structure "
+                          "factors (options.F)");
+    }
+    double s0 = INFINITY, s1 = -INFINITY;
+    for (int f = 0; f < nframes; ++f) {
+        const double osc = isfinite(frames[f].osc) ? frames[f].osc : 0, a = frames[f].phi0, b = a + osc;
+        if (!isfinite(a)) {
+            return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: frame %d's start angle is not finite", f);
+        }
+        s0 = fmin(s0, fmin(a, b));
+        s1 = fmax(s1, fmax(a, b));
+    }
+    if (!(s1 > s0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation needs frames over a rotation range "
+                          "(every frame is at phi %g deg)", s0);
+    }
+    *svw = malloc(sizeof(double) * (size_t)nframes * (size_t)K);
+    *kphi = malloc(sizeof(double) * (size_t)K);
+    if (*svw == NULL || *kphi == NULL) {
+        free(*svw);
+        free(*kphi);
+        *svw = *kphi = NULL;
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d knots over %d frames", K, nframes);
+    }
+    for (int f = 0; f < nframes; ++f) {
+        const double osc = isfinite(frames[f].osc) ? frames[f].osc : 0, mid = frames[f].phi0 + osc / 2;
+        nbg_scan_knot_weights((mid - s0) / (s1 - s0), K, *svw + (size_t)f * (size_t)K);
+    }
+    for (int k = 0; k < K; ++k) {
+        (*kphi)[k] = s0 + (s1 - s0) * k / (K - 1);
+    }
+    return NBG_OK;
+}
+
+/* The fit.  ex, when not NULL, is a test's point (x over the fitted list and its knots): nothing is fitted; eout
+ * receives the Gauss-Newton pass's loss and gradient there, then the adjoint's (nbgi_debug_refine_eval). */
 static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                        const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                        const nbg_param *xparams, const int *xof, int nx, nbg_hkl *Ft, const nbg_refine_options *opt,
-                       nbg_refine_result *res)
+                       nbg_refine_result *res, const double *ex, double *eout)
 {
     if (ctx == NULL || frames == NULL || observed == NULL || params == NULL || opt == NULL || res == NULL) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: NULL argument");
@@ -1287,17 +1508,31 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     }
     nbg_refine_result_free(res);
     memset(res, 0, sizeof *res);
+    /* a scan-varying orientation: K knots of each orientation parameter (nor of them), x longer by nor (K - 1) */
+    const int K = opt->scan_varying_knots;
+    int nor = 0;
+    double *svw = NULL, *kphi = NULL;
+    if (K != 0 && (rc = sv_setup(ctx, frames, nframes, params, nparams, K, Ft, &nor, &svw, &kphi)) != NBG_OK) {
+        return rc;
+    }
+    const int n0 = nparams, nall = nparams + (K > 0 ? nor * (K - 1) : 0);
     /* the result's arrays, and the workspace's scratch: n x n twice (correlations; step_sigma's solve), n 8 times */
-    const size_t n = (size_t)nparams;
+    const size_t n = (size_t)nall;
     res->params = malloc(sizeof(nbg_param) * n);
     double *const rbuf = malloc(sizeof(double) * (n * n + 3 * n));
     double *const wbuf = calloc(2 * n * n + 8 * n, sizeof(double));
-    if (res->params == NULL || rbuf == NULL || wbuf == NULL) {
+    int *const svo = K > 0 ? malloc(sizeof(int) * (size_t)n0 + sizeof(int) * n) : NULL;
+    double *const svl = K > 0 ? malloc(sizeof(double) * ((size_t)n0 + (size_t)n0 * (size_t)n0)) : NULL;
+    if (res->params == NULL || rbuf == NULL || wbuf == NULL || (K > 0 && (svo == NULL || svl == NULL))) {
         free(res->params);
         res->params = NULL;
         free(rbuf);
         free(wbuf);
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nparams);
+        free(svo);
+        free(svl);
+        free(svw);
+        free(kphi);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nall);
     }
     res->start = rbuf;
     res->value = rbuf + n;
@@ -1315,14 +1550,51 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         if (!x_in_bounds(params[j], x[j])) {
             const double v = x[j];
             free(wbuf);
+            free(svo);
+            free(svl);
+            free(svw);
+            free(kphi);
             return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", v, label);
         }
         res->params[j] = params[j];
         res->start[j] = x[j];
     }
-    res->nparams = nparams;
+    if (K > 0) {
+        /* orientation parameter j's knots 1..K-1 after the list, each starting where the parameter does */
+        int *const knot = svo + n0;
+        int s = 0;
+        for (int j = 0; j < nparams; ++j) {
+            svo[j] = is_orient(params[j]) ? s++ : -1;
+            knot[j] = svo[j] >= 0 ? 0 : -1;
+        }
+        for (int j = 0; j < nparams; ++j) {
+            for (int k = 1; svo[j] >= 0 && k < K; ++k) {
+                const int i = n0 + svo[j] * (K - 1) + k - 1;
+                res->params[i] = params[j];
+                res->start[i] = x[i] = x[j];
+                knot[i] = k;
+            }
+        }
+        res->nknots = K;
+        res->knot = malloc(sizeof(int) * n);
+        res->knot_phi = kphi;
+        kphi = NULL;
+        if (res->knot != NULL) {
+            memcpy(res->knot, knot, sizeof(int) * n);
+        } else {
+            free(wbuf);
+            free(svo);
+            free(svl);
+            free(svw);
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nall);
+        }
+    }
+    res->nparams = nall;
     if (!(opt->stol > 0) || !(opt->ftol >= 0) || !(opt->gtol >= 0) || opt->max_iter < 1) {
         free(wbuf);
+        free(svo);
+        free(svl);
+        free(svw);
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: max_iter must be positive, stol positive, ftol and gtol not "
                          "negative (got %d, %g, %g, %g)", opt->max_iter, opt->stol, opt->ftol, opt->gtol);
     }
@@ -1339,8 +1611,14 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     ws.gn_H = ws.gn_g + n;
     ws.ctx = ctx;
     ws.loss = opt->loss;
-    ws.params = params;
-    ws.n = nparams;
+    ws.params = K > 0 ? res->params : params;
+    ws.n = nall;
+    ws.n0 = n0;
+    ws.K = K > 0 ? K : 0;
+    ws.svo = svo;
+    ws.svw = svw;
+    ws.gl = svl;
+    ws.Hl = svl != NULL ? svl + n0 : NULL;
     ws.xparams = xparams;
     ws.xof = xof;
     ws.nx = nx;
@@ -1459,6 +1737,22 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     if (rc == NBG_OK) {
         rc = loss_only(&ws, &L0);
     }
+    if (rc == NBG_OK && ex != NULL) {
+        /* a test's point: the Gauss-Newton pass's loss and gradient, then the adjoint's */
+        double *const Hb = malloc(sizeof(double) * n * n);
+        rc = Hb == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory") : !set_params(&ws, ex)
+             ? nbgi_error(ctx, NBG_EINVAL, "the point is outside the parameters' bounds") : NBG_OK;
+        if (rc == NBG_OK) {
+            rc = gauss_newton(&ws, &eout[0], eout + 1, Hb);
+        }
+        if (rc == NBG_OK) {
+            rc = adjoint_sums(&ws, &eout[1 + n]);
+            memcpy(eout + 2 + n, ws.gs, sizeof(double) * n);
+        }
+        free(Hb);
+        ex = NULL;
+        goto cleanup;
+    }
     if (rc == NBG_OK) {
         res->start_loss = L0;
         rc = linear_start(&ws, x);
@@ -1468,7 +1762,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     }
     if (rc == NBG_OK) {
         set_params(&ws, x);
-        for (int j = 0; j < nparams; ++j) {
+        for (int j = 0; j < nall; ++j) {
             res->value[j] = x[j];
         }
         rc = information(&ws, res);
@@ -1497,6 +1791,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
             }
         }
     }
+cleanup:
     for (int f = 0; ws.fr != NULL && f < nframes; ++f) {
         free(ws.fr[f].img);
         free(ws.fr[f].T);
@@ -1515,6 +1810,9 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     free(ws.Fs0);
     free(ws.pinned);
     free(wbuf);
+    free(svo);
+    free(svl);
+    free(svw);
     return rc;
 }
 
@@ -1650,11 +1948,12 @@ static int cell_constraints(nbg_ctx *ctx, nbg_experiment *frames, int nframes, c
 
 static int refine_params(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                          const float *const *weights, size_t npix, const nbg_param *params, int nparams,
-                         nbg_hkl *Ft, const nbg_refine_options *opt, nbg_refine_result *res)
+                         nbg_hkl *Ft, const nbg_refine_options *opt, nbg_refine_result *res, const double *ex,
+                         double *eout)
 {
     if (ctx == NULL || frames == NULL || params == NULL || res == NULL || nframes < 1) {
         return refine_core(ctx, frames, nframes, observed, weights, npix, params, nparams, params, NULL, 0, NULL, opt,
-                           res);
+                           res, NULL, NULL);
     }
     if (nparams < 1 || nparams > 100000) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: %d parameters (1 to 100000)", nparams);
@@ -1687,9 +1986,9 @@ static int refine_params(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
                         text);
     }
     if (rc == NBG_OK) {
-        rc = refine_core(ctx, frames, nframes, observed, weights, npix, red, nred, xp, xof, nx, Ft, opt, res);
+        rc = refine_core(ctx, frames, nframes, observed, weights, npix, red, nred, xp, xof, nx, Ft, opt, res, ex, eout);
     }
-    if (rc != NBG_OK) {
+    if (rc != NBG_OK || ex != NULL) {
         for (int f = 0; f < nframes; ++f) {
             memcpy(frames[f].cell, cell0, sizeof cell0);
         }
@@ -1699,52 +1998,66 @@ static int refine_params(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
         return rc;
     }
     /* the result over the caller's list: a tied parameter takes its leader's value, error and correlations; a held
-     * one its fixed value, error 0 */
-    nbg_param *const rp = malloc(sizeof(nbg_param) * N);
-    double *const rbuf = malloc(sizeof(double) * (N * N + 3 * N));
-    int *const tied = malloc(sizeof(int) * N);
-    if (rp == NULL || rbuf == NULL || tied == NULL) {
+     * one its fixed value, error 0; then the knots of a scan-varying orientation beyond the list (core entries nred
+     * on) */
+    const int extra = res->nparams - nred;
+    const size_t NT = N + (size_t)extra;
+    nbg_param *const rp = malloc(sizeof(nbg_param) * NT);
+    double *const rbuf = malloc(sizeof(double) * (NT * NT + 3 * NT));
+    int *const tied = malloc(sizeof(int) * NT);
+    int *const knot = res->knot != NULL ? malloc(sizeof(int) * NT) : NULL;
+    if (rp == NULL || rbuf == NULL || tied == NULL || (res->knot != NULL && knot == NULL)) {
         free(rp);
         free(rbuf);
         free(tied);
+        free(knot);
         free(red);
         free(ibuf);
         free(start0);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nparams);
     }
-    double *const st = rbuf, *const va = rbuf + N, *const sg = rbuf + 2 * N, *const co = rbuf + 3 * N;
-    for (int j = 0; j < nparams; ++j) {
-        const int r = rof[j];
-        rp[j] = params[j];
-        st[j] = start0[j];
-        nbg_param_get(&frames[0], params[j], &va[j]);
+    double *const st = rbuf, *const va = rbuf + NT, *const sg = rbuf + 2 * NT, *const co = rbuf + 3 * NT;
+    for (int j = 0; j < (int)NT; ++j) {
+        const int r = j < nparams ? rof[j] : nred + (j - nparams);
+        rp[j] = j < nparams ? params[j] : res->params[r];
+        st[j] = j < nparams ? start0[j] : res->start[r];
+        if (knot != NULL) {
+            knot[j] = r >= 0 ? res->knot[r] : -1;
+        }
+        if (knot != NULL && knot[j] >= 0) {
+            va[j] = res->value[r]; /* a knot (each frame holds its own interpolation) */
+        } else {
+            nbg_param_get(&frames[0], params[j], &va[j]);
+        }
         sg[j] = r >= 0 ? res->sigma[r] : 0;
         tied[j] = j;
         if (r < 0) {
             tied[j] = -1;
         } else {
-            for (int k = 0; k < j; ++k) {
+            for (int k = 0; k < j && k < nparams; ++k) { /* (a knot beyond the list is its own) */
                 if (rof[k] == r) {
                     tied[j] = k;
                     break;
                 }
             }
         }
-        for (int k = 0; k < nparams; ++k) {
-            const int q = rof[k];
-            co[j * N + k] = r >= 0 && q >= 0 ? res->corr[r * res->nparams + q] : (j == k ? 1 : 0);
+        for (int k = 0; k < (int)NT; ++k) {
+            const int q = k < nparams ? rof[k] : nred + (k - nparams);
+            co[(size_t)j * NT + (size_t)k] = r >= 0 && q >= 0 ? res->corr[r * res->nparams + q] : (j == k ? 1 : 0);
         }
     }
     free(res->params);
     free(res->start);
     free(res->tied);
+    free(res->knot);
     res->params = rp;
     res->start = st;
     res->value = va;
     res->sigma = sg;
     res->corr = co;
     res->tied = tied;
-    res->nparams = nparams;
+    res->knot = knot;
+    res->nparams = (int)NT;
     snprintf(res->constraint, sizeof res->constraint, "%s", text);
     free(red);
     free(ibuf);
@@ -2042,7 +2355,7 @@ static int refine_with_F(nbg_ctx *ctx, nbg_experiment *frames, int nframes, cons
                 ext[m++] = NBG_P_F((long)j);
             }
         }
-        rc = refine_params(ctx, frames, nframes, observed, weights, npix, ext, m, t, opt, res);
+        rc = refine_params(ctx, frames, nframes, observed, weights, npix, ext, m, t, opt, res, NULL, NULL);
     }
     if (rc == NBG_OK) {
         /* the entries were fitted as s = F^2: their standard errors in F, sigma_s / (2 F) */
@@ -2070,6 +2383,10 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
                       const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                       const nbg_refine_options *opt, nbg_refine_result *res)
 {
+    if (opt != NULL && opt->F != NULL && opt->scan_varying_knots != 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation is not fitted with the structure "
+                          "factors (options.F)");
+    }
     if (opt != NULL && opt->F != NULL && ctx != NULL && frames != NULL && observed != NULL && params != NULL &&
         res != NULL && nframes >= 1 && nframes <= 100000) {
         for (int f = 0; f < nframes; ++f) {
@@ -2079,7 +2396,22 @@ int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const f
         }
         return refine_with_F(ctx, frames, nframes, observed, weights, npix, params, nparams, opt, res);
     }
-    return refine_params(ctx, frames, nframes, observed, weights, npix, params, nparams, NULL, opt, res);
+    return refine_params(ctx, frames, nframes, observed, weights, npix, params, nparams, NULL, opt, res, NULL, NULL);
+}
+
+int nbgi_debug_refine_eval(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                           size_t npix, const nbg_param *params, int nparams, const nbg_refine_options *opt,
+                           const double *x, double *out)
+{
+    if (x == NULL || out == NULL || opt == NULL || opt->F != NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbgi_debug_refine_eval: NULL argument or F");
+    }
+    nbg_refine_result res;
+    memset(&res, 0, sizeof res);
+    const int rc = refine_params(ctx, frames, nframes, observed, NULL, npix, params, nparams, NULL, opt, &res, x,
+                                 out);
+    nbg_refine_result_free(&res);
+    return rc;
 }
 
 int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const float *weights, size_t npix,

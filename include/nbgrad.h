@@ -814,7 +814,24 @@ typedef struct {
      * pixels see several reflections (broad spots on large pixels) the matrix has few structure-factor rows and the
      * fit slows (measured: spots of 5 cells on pixels of 0.5 mm stop at 100 iterations, not converged). */
     nbg_hkl *F;
+    /* Scan-varying orientation (0: off, the default; K >= 2: on): over the frames of a rotation scan the listed
+     * orientation parameters (orient_x, orient_y, orient_z) become K knots each, spread evenly over the scan's
+     * rotation range (from the first frame's start to the last frame's end, frames placed at their middle angles
+     * phi0 + osc / 2), and frame f's orientation offset is the knots' linear interpolation at its middle angle,
+     * sum_k w[f][k] x[k] with the weights of nbg_scan_knot_weights: the crystal turning smoothly through the scan,
+     * as dials.refine's scan-varying crystal.  The other parameters are the same for every frame.  The gradient and
+     * tangents of knot k are w[f][k] times the frame's (exact).  The result lists the caller's parameters, an
+     * orientation parameter's entry being its knot 0, then knots 1..K-1 of each orientation parameter in the
+     * list's order (nbg_refine_result.knot says which).  Needs at least 2 frames, K <= the number of frames, the
+     * frames at different angles and an orientation parameter listed; not with F.  Each frame receives its own
+     * interpolated orientation on success. */
+    int scan_varying_knots;
 } nbg_refine_options;
+
+/* The weights of K knots spread evenly over [0, 1] at position t (clamped to [0, 1]): linear interpolation
+ * between the two neighbouring knots, w[k] for k < K (the others 0; they sum to 1).  The scan-varying orientation's
+ * frame weights (nbg_refine_options.scan_varying_knots), t the fraction of the scan's rotation range. */
+void nbg_scan_knot_weights(double t, int nknots, double *w);
 
 /* Why a refinement stopped.  Converged: FTOL, GTOL, STEP, and NO_DECREASE when the Gauss-Newton step left is
  * within one standard error (the loss cannot resolve a better point); not converged: MAXITER, NO_DECREASE with a
@@ -880,6 +897,12 @@ typedef struct {
     long F_fitted;
     double F_moved;
     long F_zero;      /* entries the fit put at zero intensity (held at that bound; standard error NaN) */
+    /* With a scan-varying orientation (nbg_refine_options.scan_varying_knots): the knots K, knot[j] the knot of
+     * entry j (0..K-1 for an orientation parameter's entries, -1 for the others; nparams entries) and knot_phi[k]
+     * knot k's rotation angle (deg); 0 and NULL without. */
+    int nknots;
+    int *knot;
+    double *knot_phi;
 } nbg_refine_result;
 
 void nbg_refine_options_default(nbg_refine_options *o);
@@ -899,8 +922,9 @@ int nbg_refine(nbg_ctx *ctx, nbg_experiment *e, const float *observed, const flo
  * response its own; npix pixels each), observed[f] its counts, weights[f] its weights (weights NULL, or an entry
  * NULL: 1).  The loss, its gradient and the information matrix are the sums of the frames'; the parameters are set
  * in every frame, and on success every frame receives the fitted values (each frame's motion list, when it has
- * its own, too).  Frames must have the same number of panel motions (the motions are shared).  nbg_refine is the
- * case of one frame. */
+ * its own, too).  Frames must have the same number of panel motions (the motions are shared).  With
+ * opt->scan_varying_knots the orientation offsets vary over the frames (each frame receives its own).  nbg_refine is
+ * the case of one frame. */
 int nbg_refine_frames(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                       const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                       const nbg_refine_options *opt, nbg_refine_result *res);
@@ -1139,6 +1163,11 @@ typedef struct {
                                          angles, names and scan axis, its scan axis turned where axis is no longer
                                          S unit(axes[scan_axis]) (a refined spindle: S^T axis, unit), and the
                                          crystal in its frame, (S F)^T real_space (see nbg_goniometer) */
+    /* The experiment-list writer only: a scan-varying crystal to write with the static one (real_space), as
+     * A_at_scan_points, one A per image boundary (nframes + 1 of them): each point's real-space a, b, c (rows, 9
+     * numbers, in real_space's frame), the caller's array; NULL (as the readers and nbg_geometry_default leave it):
+     * the static crystal alone.  nbgrad refine -scan_varying -exptfile writes it. */
+    const double *scan_real_space;
 } nbg_geometry;
 
 /* Sets g to the defaults the readers start from (no crystal, one frame at 0 deg, unit gain, an unpolarized beam

@@ -464,6 +464,27 @@ static json_t *crystal_json(const nbg_geometry *g, const double rs[9])
     json_t *c = json_pack("{s:s, s:o, s:o, s:o, s:s}", "__id__", "crystal", "real_space_a", reals(rs, 3),
                           "real_space_b", reals(rs + 3, 3), "real_space_c", reals(rs + 6, 3),
                           "space_group_hall_symbol", g->space_group);
+    if (c != NULL && g->scan_real_space != NULL && g->nframes >= 1) {
+        /* a scan-varying crystal: A = (a b c)^-1 at each image boundary, as dials.refine writes it; under a
+         * multi-axis goniometer in its frame, as the static crystal (goniometer_json), which the reader folds back */
+        json_t *sv = json_array();
+        nbg_goniometer gn = g->goniometer;
+        int ok = sv != NULL && json_object_set_new(c, "A_at_scan_points", sv) == 0 &&
+                 (gn.naxes <= 0 || nbg_goniometer_derive(NULL, &gn, "") == NBG_OK);
+        for (int k = 0; ok && k <= g->nframes; ++k) {
+            double A[9], v[9];
+            const double *pt = g->scan_real_space + 9 * (size_t)k;
+            if (gn.naxes > 0) {
+                nbgi_goniometer_unfold(&gn, pt, v);
+                pt = v;
+            }
+            ok = nbgi_inverse3(pt, A) && json_array_append_new(sv, reals(A, 9)) == 0;
+        }
+        if (!ok) {
+            json_decref(c);
+            return NULL;
+        }
+    }
     if (c != NULL && g->has_mosaic) {
         json_t *m = json_pack("{s:f, s:i, s:I, s:o}", "spread_deg", g->mosaic_spread, "domains", g->mosaic_domains,
                               "seed", (json_int_t)g->mosaic_seed, "frame", reals(g->mosaic_frame, 9));

@@ -36,6 +36,12 @@ void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param);
  * non-zero difference must fail the check, not pass as ZERO. */
 void nbgi_debug_zero_adjoint(nbg_ctx *ctx, int param);
 void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on);
+/* Test-only: nbg_refine_frames' loss and gradient at a point x over the parameters fitted (with a scan-varying
+ * orientation, the list's then the knots: nbg_refine_result's order, no weights, no space-group ties), nothing
+ * fitted.  out (2 + 2 n): the Gauss-Newton pass's loss and gradient (n), then the adjoint's loss and gradient. */
+int nbgi_debug_refine_eval(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
+                           size_t npix, const nbg_param *params, int nparams, const nbg_refine_options *opt,
+                           const double *x, double *out);
 
 /* The context's limits, or the defaults when ctx is NULL. */
 void nbgi_limits_of(const nbg_ctx *ctx, nbg_limits *l);

@@ -101,6 +101,7 @@ typedef struct {
     const char *spotlist;       /* -spotlist: a text file of spot centres "fast slow" */
     const char *centroids;      /* refine -centroids: the model's spot centroids of -spotlist's reflections */
     int centroid_radius;        /* -centroid_radius: their squares' half-width (5) */
+    double sv_width;            /* refine -scan_varying: a knot every sv_width deg (0: off) */
     unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
 
@@ -139,6 +140,17 @@ static int panel_word(const char *tok, int *group)
 static int is_F(nbg_param p)
 {
     return p >= NBG_P_F_ALL;
+}
+
+/* A refined entry's label: the parameter's, with ".k<knot>" for a knot of a scan-varying orientation. */
+static const char *res_label(const nbg_experiment *e, const nbg_refine_result *res, int j, char *buf, size_t n)
+{
+    nbg_param_label(e, res->params[j], buf, n);
+    if (res->knot != NULL && res->knot[j] >= 0) {
+        const size_t l = strlen(buf);
+        snprintf(buf + l, n - l, ".k%d", res->knot[j]);
+    }
+    return buf;
 }
 
 /* Setters of the gradient subcommands' flags: v is the flag's value, dst the field it sets; print the error and
@@ -253,6 +265,12 @@ static const nbgi_sub_flag grad_flag_table[] = {
      "with -centroids: the half-width of the square about each observed centroid, pixels (5)"},
     {"-hklout", CMD_REFINE, nbgi_set_path, GO(hklout), "FILE",
      "with F among -params: the fitted structure factors, \"h k l F\" lines of the entries fitted"},
+    {"-scan_varying", CMD_REFINE, nbgi_set_positive, GO(sv_width), "W",
+     "over a scan of several frames, a scan-varying orientation: the orientation offsets (orient_x, orient_y, "
+     "orient_z among -params) fitted at knots spread evenly over the scan, about one every W deg (at least 2, at "
+     "most one a frame), each frame's offsets their linear interpolation at its middle angle; the knots' values and "
+     "standard errors are printed (orient_x.k0 ...), -exptfile writes the scan-varying crystal (A_at_scan_points, "
+     "one A per image boundary)"},
     {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
     {"-spots", CMD_REFINE, nbgi_set_half_box, GO(spots), "N",
@@ -1188,7 +1206,7 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
             char lt[64];
             snprintf(note, sizeof note, "   = %s (space group)", nbg_param_label(e, res->params[t], lt, sizeof lt));
         }
-        printf("%-12s %16.8g %16.8g %14.4g%s\n", nbg_param_label(e, res->params[j], lab, sizeof lab), res->start[j],
+        printf("%-12s %16.8g %16.8g %14.4g%s\n", res_label(e, res, j, lab, sizeof lab), res->start[j],
                res->value[j], res->sigma[j], note);
     }
     printf("correlations:\n");
@@ -1196,7 +1214,7 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
         if (is_F(res->params[a])) {
             continue;
         }
-        printf("  %-12s", nbg_param_label(e, res->params[a], lab, sizeof lab));
+        printf("  %-12s", res_label(e, res, a, lab, sizeof lab));
         for (int b = 0; b <= a; ++b) {
             if (!is_F(res->params[b])) {
                 printf(" %6.3f", res->corr[a * res->nparams + b]);
@@ -1232,20 +1250,85 @@ static int refine_write_residual(nbg_ctx *ctx, nbgi_cli *c, const char *path, co
     return 1;
 }
 
+/* -scan_varying with -exptfile: the fitted orientation at each image boundary b <= nf (phi0 + b osc), the knots'
+ * interpolation there (nbg_scan_knot_weights), as the real-space bases of the list's frame ((nf + 1) x 9 into
+ * *out), then the offsets orient_x, orient_y, orient_z at the scan's middle (3; NAN for one not fitted).  0 on an
+ * error (printed). */
+static int refine_scan_points(nbg_ctx *ctx, const nbgi_cli *c, const nbg_refine_result *res, int nf, double phi0,
+                              double osc, double **out)
+{
+    const int K = res->nknots;
+    double *const pts = malloc(sizeof(double) * ((size_t)(nf + 1) * 9 + 3));
+    double *const w = malloc(sizeof(double) * (size_t)K);
+    int rc = pts == NULL || w == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d scan points", nf + 1)
+                                      : NBG_OK;
+    const double k0 = K > 0 ? res->knot_phi[0] : 0, span = K > 0 ? res->knot_phi[K - 1] - k0 : 0;
+    for (int b = 0; rc == NBG_OK && b <= nf + 1; ++b) {
+        const double phi = b <= nf ? phi0 + b * osc : phi0 + 0.5 * nf * osc;
+        nbg_scan_knot_weights(span > 0 ? (phi - k0) / span : 0, K, w);
+        nbg_experiment e = c->e;
+        double mid[3] = {NAN, NAN, NAN};
+        for (int j = 0; j < res->nparams; ++j) {
+            if (res->knot[j] != 0) {
+                continue; /* each varying parameter once, at its knot 0 */
+            }
+            double v = 0;
+            for (int i = 0; i < res->nparams; ++i) {
+                if (res->params[i] == res->params[j] && res->knot[i] >= 0) {
+                    v += w[res->knot[i]] * res->value[i];
+                }
+            }
+            nbg_param_set(&e, res->params[j], v);
+            mid[res->params[j] == NBG_P_ORIENT_X ? 0 : res->params[j] == NBG_P_ORIENT_Y ? 1 : 2] = v;
+        }
+        if (b == nf + 1) {
+            memcpy(pts + (size_t)(nf + 1) * 9, mid, sizeof mid);
+            break;
+        }
+        nbg_report rr;
+        nbg_geometry g;
+        rc = nbg_describe(ctx, &e, &rr);
+        if (rc == NBG_OK) {
+            rc = nbg_geometry_from_report(ctx, &e, &rr, nf, &g);
+        }
+        if (rc == NBG_OK) {
+            memcpy(pts + (size_t)b * 9, g.real_space, sizeof g.real_space);
+        }
+    }
+    free(w);
+    if (rc != NBG_OK) {
+        free(pts);
+        fprintf(stderr, "nbgrad: error: -exptfile: the scan-varying crystal: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    *out = pts;
+    return 1;
+}
+
 /* -exptfile: the refined experiment as a DIALS experiment list (DIALS's tools, and nbgrad -expt, read it), the
  * scan of the nf frames fitted, every panel where the fit put it.  0 on an error (printed). */
-static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *observed)
+static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *observed, const double *sv_points)
 {
     nbg_report rr;
     nbg_geometry g;
+    /* a scan-varying orientation (sv_points, refine_scan_points): the list's static crystal is the scan's middle,
+     * each image boundary's crystal one of its A_at_scan_points */
+    nbg_experiment ec = c->e;
+    static const nbg_param ori[3] = {NBG_P_ORIENT_X, NBG_P_ORIENT_Y, NBG_P_ORIENT_Z};
+    for (int i = 0; sv_points != NULL && i < 3; ++i) {
+        if (!isnan(sv_points[(size_t)(nf + 1) * 9 + (size_t)i])) {
+            nbg_param_set(&ec, ori[i], sv_points[(size_t)(nf + 1) * 9 + (size_t)i]);
+        }
+    }
     nbg_panel *gp = c->e.npanels > 0 ? calloc((size_t)c->e.npanels, sizeof *gp) : NULL;
     int erc = c->e.npanels > 0 && gp == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels") : NBG_OK;
     if (erc == NBG_OK) {
-        erc = nbg_describe(ctx, &c->e, &rr);
+        erc = nbg_describe(ctx, &ec, &rr);
     }
     if (erc == NBG_OK) {
-        erc = nbg_geometry_from_report(ctx, &c->e, &rr, nf, &g);
+        erc = nbg_geometry_from_report(ctx, &ec, &rr, nf, &g);
     }
+    g.scan_real_space = sv_points;
     if (erc == NBG_OK && gp != NULL) {
         erc = nbg_panels_from_report(ctx, &c->e, &rr, gp, c->e.npanels);
     }
@@ -1312,9 +1395,17 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
             json_object_set_new(p, "tied_to", t < 0 ? json_string("fixed")
                                                      : json_string(nbg_param_label(&c->e, res->params[t], lt, sizeof lt)));
         }
-        json_object_set_new(pj, nbg_param_label(&c->e, res->params[k], lab, sizeof lab), p);
+        json_object_set_new(pj, res_label(&c->e, res, k, lab, sizeof lab), p);
     }
     json_object_set_new(d, "parameters", pj);
+    if (res->nknots > 0) {
+        /* the scan-varying orientation's knots: their angles (the parameters orient_x.k0 ... hold their values) */
+        json_t *kp = json_array();
+        for (int k = 0; k < res->nknots; ++k) {
+            json_array_append_new(kp, nbgi_json_num(res->knot_phi[k]));
+        }
+        json_object_set_new(d, "knot_phi", kp);
+    }
     for (int a = 0; a < res->nparams; ++a) {
         json_t *row = json_array();
         for (int b = 0; b < res->nparams; ++b) {
@@ -1532,6 +1623,8 @@ static int cmd_refine(int argc, char **argv, int first)
     uint32_t **fspot = NULL;    /* their spot regions */
     nbg_refine_result res = {0};
     double *F0 = NULL; /* with F fitted: the table as it started (-hklout writes the entries that moved) */
+    int sv_knots = 0;  /* -scan_varying: the knots */
+    double *sv_points = NULL; /* -scan_varying with -exptfile: the crystal at each image boundary (nf + 1 bases) */
     centroid_set cen = {0};
     nbg_ctx *ctx = setup(&c, argc, argv, first, &o);
     if (ctx == NULL) {
@@ -1579,13 +1672,44 @@ static int cmd_refine(int argc, char **argv, int first)
     double phi0 = r.phi0, osc = r.osc; /* the first frame's start angle, every frame's width */
     const int own_osc = alone && refine_alone_angle(&c, &r, &og, o.observed, &phi0, &osc, NULL);
     if (o.weights != NULL && (wts = read_image(ctx, &c.e, "-weights", o.weights, npix)) == NULL) goto done;
-    if (c.scan_crystal != NULL) {
+    if (c.scan_crystal != NULL && o.sv_width > 0) {
+        printf("note: refine starts from the static crystal of -expt %s, not from its %d scan points, and fits a "
+               "scan-varying orientation (-scan_varying)\n", c.exptin, c.scan_points);
+    } else if (c.scan_crystal != NULL) {
         /* refine's model is one crystal for every image: it starts from the list's static crystal (starting each
          * image from its scan point would carry the scan-varying fit's per-image errors, which one crystal cannot
          * remove: on the DIALS tier's series, 4 to 70 times larger orientation errors) */
         printf("note: refine fits one crystal for every image: it starts from the static crystal of -expt %s, not "
                "from its %d scan points (simulate and grad render each image with its own)\n", c.exptin,
                c.scan_points);
+    }
+    if (o.sv_width > 0) {
+        /* the scan-varying orientation: about a knot every W deg of the scan, at least 2, at most one a frame */
+        int nor = 0;
+        for (int j = 0; j < o.nids; ++j) {
+            nor += o.ids[j] == NBG_P_ORIENT_X || o.ids[j] == NBG_P_ORIENT_Y || o.ids[j] == NBG_P_ORIENT_Z;
+        }
+        if (nf < 2) {
+            fprintf(stderr, "nbgrad: error: -scan_varying needs a scan of several frames (-observed %s is one image; a "
+                    "'#' template or an NXmx file of the scan)\n", o.observed);
+            goto done;
+        }
+        if (nor == 0) {
+            fprintf(stderr, "nbgrad: error: -scan_varying: no orientation parameter to vary (name orient_x, orient_y, "
+                    "orient_z or the group orientation in -params)\n");
+            goto done;
+        }
+        const double span = nf * fabs(osc);
+        long K = isfinite(span) ? lround(span / o.sv_width) + 1 : 2;
+        K = K < 2 ? 2 : K;
+        if (K > nf) {
+            printf("note: -scan_varying %g over %d frames of %g deg would put more than one knot a frame: %d knots\n",
+                   o.sv_width, nf, osc, nf);
+            K = nf;
+        }
+        sv_knots = (int)K;
+        printf("scan-varying orientation: %d knots over the %g deg of the scan (one every %g deg; -scan_varying %g), "
+               "each frame's orientation their interpolation\n", sv_knots, span, span / (K - 1), o.sv_width);
     }
     int fits_bg = 0;
     for (int j = 0; j < o.nids; ++j) {
@@ -1601,6 +1725,7 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.max_iter = o.max_iter;
     ro.progress = refine_progress;
     ro.user = &o.max_iter;
+    ro.scan_varying_knots = sv_knots;
     if (o.fit_F) {
         ro.F = &c.hkl;
         const size_t nF = (size_t)(c.hkl.h_max - c.hkl.h_min + 1) * (size_t)(c.hkl.k_max - c.hkl.k_min + 1) *
@@ -1713,7 +1838,7 @@ static int cmd_refine(int argc, char **argv, int first)
                 if (is_F(res.params[j])) {
                     continue;
                 }
-                printf("  %-12s %14.4g\n", nbg_param_label(&c.e, res.params[j], lab, sizeof lab),
+                printf("  %-12s %14.4g\n", res_label(&c.e, &res, j, lab, sizeof lab),
                        res.sigma[j] * res.fit.sigma_scale);
             }
         }
@@ -1724,7 +1849,10 @@ static int cmd_refine(int argc, char **argv, int first)
     if (o.centroids != NULL && !centroids_end(ctx, &c, &o, &cen)) {
         goto done;
     }
-    if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed)) {
+    if (c.exptfile != NULL && res.nknots > 0 && !refine_scan_points(ctx, &c, &res, nf, phi0, osc, &sv_points)) {
+        goto done;
+    }
+    if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed, sv_points)) {
         goto done;
     }
     if (o.motionsout != NULL) {
@@ -1749,6 +1877,7 @@ static int cmd_refine(int argc, char **argv, int first)
         printf("exit status 4: the fit converged but the model does not explain the data within their noise\n");
     }
 done:
+    free(sv_points);
     free(obs);
     free(wts);
     free(use);

@@ -1383,6 +1383,140 @@ static void test_scan_varying(nbg_ctx *ctx, const char *dir)
     nbgi_test_check(rc == NBG_OK && rs == NULL && n == 0, "sv-static", "a static crystal: %d points", n);
 }
 
+/* The rotation angle (deg) between two experiments' crystals (their real-space bases at phi 0). */
+static double crystal_angle(nbg_ctx *ctx, const nbg_experiment *a, const nbg_experiment *b)
+{
+    nbg_report ra, rb;
+    if (nbg_describe(ctx, a, &ra) != NBG_OK || nbg_describe(ctx, b, &rb) != NBG_OK) return INFINITY;
+    double Bi[9], R[9];
+    inverse3(rb.real_vectors, Bi); /* rows a, b, c: R = A^T B^-T, i.e. R^T = B^-1 A */
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+            double t = 0;
+            for (int k = 0; k < 3; ++k) t += Bi[3 * j + k] * ra.real_vectors[3 * k + i];
+            R[3 * i + j] = t;
+        }
+    const double wx = R[7] - R[5], wy = R[2] - R[6], wz = R[3] - R[1];
+    return asin(fmin(1, 0.5 * sqrt(wx * wx + wy * wy + wz * wz))) * 180 / M_PI;
+}
+
+/* refine -scan_varying: a 12-image scan whose crystal wobbles (a scan-varying list, each image rendered with its
+ * own crystal by the program), refined from the list's static crystal with one orientation and with knots; the
+ * per-image crystals of the -exptfile lists (read back through the builder, A_at_scan_points and all) against the
+ * truth's; the refusals (one image, no orientation parameter). */
+static void test_scan_varying_refine(nbg_ctx *ctx, const char *dir)
+{
+    enum { NI = 12 };
+    char path[512], text[16384], sv[12288] = "";
+    snprintf(path, sizeof path, "%s/svw.expt", dir);
+    const double R0[9] = {51.2, 3.1, -2.4, 7.5, 62.3, 4.4, -6.1, 9.8, 83.7};
+    for (int k = 0; k <= NI; ++k) {
+        /* the wobble at boundary k: 0.06 deg sin about y, a 0.05 deg drift about z */
+        const double ty = 0.06 * sin(M_PI * k / NI) * M_PI / 180, tz = 0.05 * (2.0 * k / NI - 1) * M_PI / 180;
+        const double Ry[9] = {cos(ty), 0, sin(ty), 0, 1, 0, -sin(ty), 0, cos(ty)};
+        const double Rz[9] = {cos(tz), -sin(tz), 0, sin(tz), cos(tz), 0, 0, 0, 1};
+        double Rk[9], A[9], tmp[3];
+        for (int i = 0; i < 3; ++i) {
+            mat_vec(Ry, R0 + 3 * i, tmp);
+            mat_vec(Rz, tmp, Rk + 3 * i);
+        }
+        inverse3(Rk, A);
+        size_t at = strlen(sv);
+        snprintf(sv + at, sizeof sv - at, "%s[", k ? ", " : "");
+        for (int i = 0; i < 9; ++i) {
+            at = strlen(sv);
+            snprintf(sv + at, sizeof sv - at, "%.17g%s", A[i], i < 8 ? ", " : "]");
+        }
+    }
+    snprintf(text, sizeof text,
+             "{\n  \"__id__\": \"ExperimentList\",\n  \"experiment\": [" EXPT_C "],\n"
+             "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+             "  \"detector\": [{\"panels\": [{\"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, 0], "
+             "\"origin\": [-6.4, 6.4, -80], \"pixel_size\": [0.1, 0.1], \"image_size\": [128, 128]}]}],\n"
+             "  \"goniometer\": [{\"rotation_axis\": [1, 0, 0]}],\n"
+             "  \"scan\": [{\"image_range\": [1, %d], \"oscillation\": [0, 0.5]}],\n"
+             "  \"crystal\": [{\"__id__\": \"crystal\", \"real_space_a\": [51.2, 3.1, -2.4], "
+             "\"real_space_b\": [7.5, 62.3, 4.4], \"real_space_c\": [-6.1, 9.8, 83.7], "
+             "\"space_group_hall_symbol\": \" P 1\", \"A_at_scan_points\": [%s]}]\n}\n", NI, sv);
+    write_text(path, text);
+    const char *bin = getenv("NBG_BIN") != NULL ? getenv("NBG_BIN") : "build/nbgrad";
+    const char *model = "-default_F 100 -N 3 -oversample 1 -fluence 1.26e30";
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s -expt %s %s -cbffile %s/svw_#####.cbf -scale 1 -nopgm > %s/svw.log 2>&1", bin, path, model,
+             dir, dir);
+    int st = system(cmd);
+    nbgi_test_check(st == 0, "sv-refine-data", "rendered %d images of a wobbling crystal (exit %d)", NI, st);
+    /* the truth: each image's crystal from the list (the builder) */
+    nbg_experiment truth[NI];
+    nbg_builder *b = NULL;
+    const char *argv[] = {"-expt", path, "-default_F", "100", "-N", "3", "-oversample", "1", "-fluence", "1.26e30"};
+    int rc = nbg_builder_create(&b);
+    rc = rc == NBG_OK ? nbg_builder_parse(ctx, b, 10, argv) : rc;
+    rc = rc == NBG_OK ? nbg_builder_load(ctx, b) : rc;
+    for (int f = 0; rc == NBG_OK && f < NI; ++f) rc = nbg_builder_frame(ctx, b, f, &truth[f]);
+    nbg_builder_destroy(b);
+    double err[2] = {INFINITY, INFINITY};
+    int exitc[2] = {-1, -1};
+    char log[2][600];
+    for (int m = 0; rc == NBG_OK && m < 2; ++m) {
+        char out[600];
+        snprintf(out, sizeof out, "%s/svw_fit%d.expt", dir, m);
+        snprintf(log[m], sizeof log[m], "%s/svw_fit%d.log", dir, m);
+        snprintf(cmd, sizeof cmd, "%s refine -expt %s %s -observed %s/svw_#####.cbf -params orientation %s "
+                 "-exptfile %s > %s 2>&1", bin, path, model, dir, m ? "-scan_varying 1.5" : "", out, log[m]);
+        exitc[m] = system(cmd);
+        /* the fitted list's images through the builder */
+        const char *av[] = {"-expt", out, "-default_F", "100", "-N", "3", "-oversample", "1", "-fluence", "1.26e30"};
+        nbg_builder *bo = NULL;
+        int r2 = nbg_builder_create(&bo);
+        r2 = r2 == NBG_OK ? nbg_builder_parse(ctx, bo, 10, av) : r2;
+        r2 = r2 == NBG_OK ? nbg_builder_load(ctx, bo) : r2;
+        double s = 0;
+        for (int f = 0; r2 == NBG_OK && f < NI; ++f) {
+            nbg_experiment e;
+            r2 = nbg_builder_frame(ctx, bo, f, &e);
+            const double d = r2 == NBG_OK ? crystal_angle(ctx, &e, &truth[f]) : INFINITY;
+            s += d * d;
+        }
+        nbg_builder_destroy(bo);
+        err[m] = r2 == NBG_OK ? sqrt(s / NI) : INFINITY;
+    }
+    char buf[8192] = "";
+    FILE *f = fopen(log[1], "r");
+    size_t nr = f != NULL ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[nr] = 0;
+    if (f != NULL) fclose(f);
+    double *rs = NULL;
+    int n = 0;
+    char out1[600];
+    snprintf(out1, sizeof out1, "%s/svw_fit1.expt", dir);
+    const int rr = nbg_read_expt_scan_crystal(ctx, out1, &rs, &n);
+    free(rs);
+    printf("refine -scan_varying: per-image orientation error of the written lists (deg rms): static %.4g, "
+           "scan-varying %.4g\n", err[0], err[1]);
+    nbgi_test_check(rc == NBG_OK && exitc[0] == 0 && exitc[1] == 0 && err[1] * 4 < err[0] && rr == NBG_OK &&
+                        n == NI + 1 && strstr(buf, "scan-varying orientation: 5 knots") != NULL &&
+                        strstr(buf, "orient_x.k4") != NULL,
+                    "sv-refine-cli", "refine -scan_varying 1.5 (5 knots over 6 deg): the written list's %d scan "
+                    "points give each image's crystal to %.4g deg rms, one crystal for all to %.4g (exits %d, %d)",
+                    n, err[1], err[0], exitc[0], exitc[1]);
+    /* refused: one image; no orientation parameter */
+    const char *why[2] = {"needs a scan of several frames", "no orientation parameter"};
+    for (int k = 0; k < 2; ++k) {
+        snprintf(cmd, sizeof cmd, "%s refine -expt %s %s -observed %s/svw_%s.cbf -params %s -scan_varying 1 > "
+                 "%s/svw_bad.log 2>&1", bin, path, model, dir, k ? "#####" : "00003", k ? "a" : "orientation", dir);
+        st = system(cmd);
+        snprintf(out1, sizeof out1, "%s/svw_bad.log", dir);
+        f = fopen(out1, "r");
+        nr = f != NULL ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[nr] = 0;
+        if (f != NULL) fclose(f);
+        const char *e = strstr(buf, "error:");
+        nbgi_test_check(st != 0 && strstr(buf, why[k]) != NULL, k ? "sv-refine-cli-no-orientation"
+                        : "sv-refine-cli-one-image", "refused (exit %d): %.200s", st, e != NULL ? e : buf);
+    }
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -1408,6 +1542,7 @@ int main(void)
     test_write_groups(ctx, dir);
     test_scan_varying(ctx, dir);
     test_multi_axis(ctx, dir);
+    test_scan_varying_refine(ctx, dir);
 #else
     char path[600];
     nbg_geometry g;

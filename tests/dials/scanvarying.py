@@ -127,6 +127,47 @@ def main(argv):
           "and last 3 images (%d reflections); against the static crystal's there %.3f px" % (
               rms(rows[:, 1]), rms(rows[ends, 1]), int(ends.sum()), rms(rows[ends, 2])))
     print("scan-varying: the truth's wobble %g deg at the ends of %d images" % (WOBBLE, NFRAMES))
+    refine_scan_varying(nbgrad, work, crystal, truth)
+
+
+def angle(Ba, Bb):
+    """The rotation angle (deg) between two real-space bases (columns a, b, c): that of Ba Bb^-1."""
+    R = Ba @ np.linalg.inv(Bb)
+    w = np.array([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]])
+    return math.degrees(math.asin(min(1.0, 0.5 * float(np.linalg.norm(w)))))
+
+
+def refine_scan_varying(nbgrad, work, crystal, truth):
+    """nbgrad refine from the list's static crystal (the truth's at the middle scan point; what a static fit of the
+    scan would start from) on the noise-free images, the orientation alone, once with one crystal for the scan and
+    once with -scan_varying 2 (6 knots over the 10 deg): each image boundary's crystal of the written list against
+    the truth's, rms.  The scan-varying fit must be several times closer."""
+    errs = {}
+    for name, extra in (("static", []), ("scan-varying", ["-scan_varying", "2"])):
+        out = "fit_%s.expt" % name.replace("-", "_")
+        rc, t = run([nbgrad, "refine", "-expt", "drift.expt"] + crystal +
+                    ["-oversample", "1", "-phisteps", "16", "-observed", "render_#####.bin", "-params", "orientation",
+                     "-spots", "3", "-exptfile", out] + extra, work, "refine_%s.log" % name)
+        try:
+            c = json.load(open(os.path.join(work, out)))["crystal"][0]
+        except (OSError, ValueError, KeyError, IndexError):
+            c = None
+        if c is None or rc not in (0, 4):
+            check(False, "sv-refine-" + name, "nbgrad refine (exit %d)\n%s" % (
+                rc, tail(os.path.join(work, "refine_%s.log" % name))))
+            return
+        if "A_at_scan_points" in c:
+            fitted = [np.linalg.inv(np.array(A).reshape(3, 3)).T for A in c["A_at_scan_points"]]
+        else:
+            B = np.array([c["real_space_a"], c["real_space_b"], c["real_space_c"]]).T
+            fitted = [B] * len(truth)
+        e = [angle(F, T) for F, T in zip(fitted, truth)]
+        errs[name] = (float(np.sqrt(np.mean(np.square(e)))), max(e), t, len(fitted))
+    (rs, ws, ts, _), (rv, wv, tv, nv) = errs["static"], errs["scan-varying"]
+    check(nv == len(truth) and rv * 4 < rs and wv * 4 < ws, "sv-refine",
+          "nbgrad refine from the static crystal, orientation only, each scan point's crystal against the truth's: "
+          "one crystal %.4f deg rms (largest %.4f; %.0f s), -scan_varying 2 %.4f deg rms (largest %.4f; %d scan points "
+          "written; %.0f s): %.1fx" % (rs, ws, ts, rv, wv, nv, tv, rs / rv if rv > 0 else float("inf")))
 
 
 if __name__ == "__main__":
