@@ -80,6 +80,7 @@ case_args() {
         cubic1k) echo "$CUBIC -detpixels 1024" ;;
         cubic4k) echo "$CUBIC -detpixels 4096" ;;
         tric1k) echo "$TRIC -detpixels 1024" ;;
+        heavy256) echo "$CUBIC $HEAVY -detpixels 256" ;;
         heavy512) echo "$CUBIC $HEAVY -detpixels 512" ;;
     esac
 }
@@ -91,19 +92,23 @@ case_reps() {
 }
 
 echo
-echo "command line: nbgrad (CLI, double) $( [ -n "$REF" ] && echo "vs the reference $REF" ), $NBG_THREADS threads;" \
-     "wall time includes start-up and writing the float image"
+echo "command line: nbgrad (CLI, double and -precision float) $( [ -n "$REF" ] && echo "vs the reference $REF" )," \
+     "$NBG_THREADS threads; wall time includes start-up and writing the float image"
 if [ -n "$REF" ]; then
-    printf '%-9s %10s %10s %9s %8s %8s %18s %18s %9s\n' case nbgrad_s ref_s ref/nbgrad nb_MB ref_MB \
-        nbgrad_checksum ref_checksum rel_diff
+    printf '%-9s %10s %10s %10s %9s %9s %8s %8s %18s %18s %9s\n' case nbgrad_s nbgrad_f_s ref_s ref/nbgrad \
+        ref/nb_f nb_MB ref_MB nbgrad_checksum ref_checksum rel_diff
 else
-    printf '%-9s %10s %8s %18s\n' case nbgrad_s nb_MB nbgrad_checksum
+    printf '%-9s %10s %10s %8s %18s\n' case nbgrad_s nbgrad_f_s nb_MB nbgrad_checksum
 fi
-for c in cubic1k cubic4k tric1k heavy512; do
+for c in cubic1k cubic4k tric1k heavy256 heavy512; do
     args=$(case_args "$c")
     reps=$(case_reps "$c")
     d="$TMP/nbgrad.$c"
     mkdir -p "$d"
+    # shellcheck disable=SC2086
+    set -- $("$BF" exec "$d" "$reps" -- "$NB" $args -threads "$NBG_THREADS" -precision float -floatfile "$d/img.bin")
+    nbf_t=${1:-nan}
+    [ $# -eq 3 ] || { echo "$c: nbgrad -precision float failed"; status=1; }
     # shellcheck disable=SC2086
     set -- $("$BF" exec "$d" "$reps" -- "$NB" $args -threads "$NBG_THREADS" -floatfile "$d/img.bin")
     if [ $# -ne 3 ]; then
@@ -116,7 +121,7 @@ for c in cubic1k cubic4k tric1k heavy512; do
     nb_sum=$("$BF" sum "$d/img.bin")
     rm -rf "$d"
     if [ -z "$REF" ]; then
-        printf '%-9s %10.3f %8s %18s\n' "$c" "$nb_t" "$nb_mb" "$nb_sum"
+        printf '%-9s %10.3f %10.3f %8s %18s\n' "$c" "$nb_t" "$nbf_t" "$nb_mb" "$nb_sum"
         continue
     fi
     d="$TMP/ref.$c"
@@ -133,9 +138,11 @@ for c in cubic1k cubic4k tric1k heavy512; do
     ref_mb=$(awk -v k="$3" 'BEGIN { printf "%.1f", k / 1024 }')
     ref_sum=$("$BF" sum "$d/img.bin")
     rm -rf "$d"
-    awk -v c="$c" -v nt="$nb_t" -v rt="$ref_t" -v nm="$nb_mb" -v rm="$ref_mb" -v ns="$nb_sum" -v rs="$ref_sum" \
+    awk -v c="$c" -v nt="$nb_t" -v ft="$nbf_t" -v rt="$ref_t" -v nm="$nb_mb" -v rm="$ref_mb" -v ns="$nb_sum" \
+        -v rs="$ref_sum" \
         'BEGIN { d = ns - rs; if (d < 0) d = -d; r = (rs != 0) ? d / (rs < 0 ? -rs : rs) : d;
-                 printf "%-9s %10.3f %10.3f %9.2fx %8s %8s %18s %18s %9.2e\n", c, nt, rt, rt / nt, nm, rm, ns, rs, r }'
+                 printf "%-9s %10.3f %10.3f %10.3f %8.2fx %8.2fx %8s %8s %18s %18s %9.2e\n", c, nt, ft, rt, rt / nt,
+                        rt / ft, nm, rm, ns, rs, r }'
 done
 
 # --- 2b. start-up: the program on --version and on an 8x8 image --------------------------------------------------
