@@ -790,6 +790,30 @@ static void test_multi_axis(nbg_ctx *ctx, const char *dir)
         check_vec(b.goniometer.setting, S, 9, id, "setting_rotation");
         check_vec(b.axis, axis, 3, id, "axis");
 
+        /* a scan-varying crystal written under the goniometer (refine -scan_varying -exptfile): its points in the
+         * goniometer's frame as the static crystal, so that the reader's fold gives the laboratory's points back */
+        {
+            const int np = a.nframes + 1;
+            double *pts = malloc(sizeof(double) * 9 * (size_t)np), *got = NULL;
+            int ngot = 0;
+            for (int q = 0; pts != NULL && q < np; ++q) {
+                double r[9];
+                axis_angle(a.axis, 0.05 * (q + 1), r); /* a small turn per point */
+                for (int i = 0; i < 3; ++i) mat_vec(r, a.real_space + 3 * i, pts + 9 * q + 3 * i);
+            }
+            nbg_geometry c = a;
+            c.scan_real_space = pts;
+            rc = pts != NULL ? nbg_write_expt(ctx, path2, &c, NULL) : NBG_ENOMEM;
+            rc = rc == NBG_OK ? nbg_read_expt_scan_crystal(ctx, path2, &got, &ngot) : rc;
+            double worst = rc == NBG_OK && ngot == np ? 0 : INFINITY;
+            for (int q = 0; q < 9 * np && isfinite(worst); ++q) worst = fmax(worst, fabs(got[q] - pts[q]));
+            snprintf(id, sizeof id, "multi-scanpoints-scan%d", k);
+            nbgi_test_check(worst < 1e-10, id, "%d scan points written under the goniometer read back to %.2g A (%s)",
+                            np, worst, rc ? nbg_errmsg(ctx) : "ok");
+            free(pts);
+            free(got);
+        }
+
         /* the image of each list: the same bit for bit (and not blank) */
         nbg_experiment e1, e2;
         nbg_experiment_default(&e1);
