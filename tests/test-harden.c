@@ -287,6 +287,23 @@ static void test_files(void)
                        "size %d%s%s)", r.status, is_link, size_ok, extra[0] ? ", found " : "", extra);
         result_free(&r);
     }
+    /* an existing output replaced (exchanged with the new file, the old one removed): the name gets the new image,
+     * a hard link to the old file keeps the old contents as a rename over it would, no temporary left */
+    if (new_case(&r)) {
+        put_file(&r, "out.bin", "old");
+        char old[PATH_MAX + 300];
+        const int linked = link(work_path(&r, "out.bin", path, sizeof path), work_path(&r, "old.bin", old, sizeof old)) == 0;
+        run_in(&r, ARGS(BASE, "-floatfile", "out.bin"));
+        struct stat ns;
+        const int size_ok = stat(path, &ns) == 0 && ns.st_size == 64 * 64 * 4 && S_ISREG(ns.st_mode) && ns.st_nlink == 1;
+        char extra[1024];
+        unexpected_files(r.work, ARGS("out.bin", "old.bin"), extra, sizeof extra);
+        nbgi_test_check(linked && r.status == 0 && size_ok && file_is(&r, "old.bin", "old") && extra[0] == '\0',
+                        "HARD-replace", "-floatfile <an existing file>: replaced by the image, a hard link to it keeps "
+                        "the old contents, no temporary left (exit %d, size %d%s%s)", r.status, size_ok,
+                        extra[0] ? ", found " : "", extra);
+        result_free(&r);
+    }
     if (new_case(&r)) {
         const int linked = symlink("nowhere/missing.bin", work_path(&r, "dangling.bin", path, sizeof path)) == 0;
         run_in(&r, ARGS(BASE, "-floatfile", "dangling.bin"));
