@@ -27,6 +27,10 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     const int os = p->oversample;
     const int nmat = p->nphi * p->nmos;
     const NBG_R scale = (NBG_R)p->scale;
+    /* the plan's switches in locals (a load through p in a lane loop that stores elsewhere stops GCC vectorising
+     * it) */
+    const int water = p->water != 0, table = p->F != 0;
+    const NBG_R F0 = (NBG_R)p->default_F;
     int active[W];
     NBG_R omega[W], capture[W], polar[W], I[W];
     NBG_R t_om[NBG_JVP_MAX][W], t_cap[NBG_JVP_MAX][W], t_pol[NBG_JVP_MAX][W], t_I[NBG_JVP_MAX][W];
@@ -141,15 +145,14 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         }
                         NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W], dLh[3][W], dLdN[3][W], dFh[3][W];
                         NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
-                        NBG_R dast[W][9];
+                        NBG_R dast[W][9]; /* the Gaussian shape's partials in a*, b*, c* (read for it alone) */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
-                        }
-                        for (int j = 0; j < W; ++j) {
-                            for (int i = 0; i < 9; ++i) {
-                                dast[j][i] = 0;
-                            }
-                            if (p->shape != NBG_SQUARE) {
+                        } else {
+                            for (int j = 0; j < W; ++j) {
+                                for (int i = 0; i < 9; ++i) {
+                                    dast[j][i] = 0;
+                                }
                                 NBG_R dh3[3], dN3[3];
                                 L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
                                                                  rnd[1][j], rnd[2][j], dh3, dN3, dast[j]);
@@ -158,10 +161,16 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                                     dLdN[x][j] = dN3[x];
                                 }
                             }
-                            if (p->F == 0) {
-                                Fc[j] = (NBG_R)p->default_F;
+                        }
+                        /* the structure factor and its partials (without a table the tests outside the lane loop:
+                         * it was scalar, with p read in it) */
+                        if (!table) {
+                            for (int j = 0; j < W; ++j) {
+                                Fc[j] = F0;
                                 dFh[0][j] = dFh[1][j] = dFh[2][j] = 0;
-                            } else {
+                            }
+                        } else {
+                            for (int j = 0; j < W; ++j) {
                                 double unused = 0;
                                 NBG_R d3[3];
                                 Fc[j] = NBG_SFX(nbgi_fcell_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
@@ -174,7 +183,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         NBG_R cF[W], cL[W];
 #pragma omp simd
                         for (int j = 0; j < W; ++j) {
-                            const int use = valid[j] && (L[j] != 0 || p->water);
+                            const int use = valid[j] && (L[j] != 0 || water);
                             I[j] += use ? Fc[j] * Fc[j] * L[j] * L[j] : 0;
                             cF[j] = use ? 2 * Fc[j] * L[j] * L[j] : 0;
                             cL[j] = use ? 2 * Fc[j] * Fc[j] * L[j] : 0;
