@@ -1281,23 +1281,6 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     return NBG_OK;
 }
 
-static void matmul(const double a[9], const double b[9], double out[9])
-{
-    double t[9];
-    for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j)
-            t[3 * i + j] = a[3 * i] * b[j] + a[3 * i + 1] * b[3 + j] + a[3 * i + 2] * b[6 + j];
-    memcpy(out, t, sizeof t);
-}
-
-static void matvec(const double m[9], const double v[3], double out[3])
-{
-    double t[3];
-    for (int i = 0; i < 3; ++i)
-        t[i] = m[3 * i] * v[0] + m[3 * i + 1] * v[1] + m[3 * i + 2] * v[2];
-    memcpy(out, t, sizeof t);
-}
-
 /* A proper rotation (orthonormal rows, determinant +1) within 1e-6: anything else is not a goniometer setting. */
 static int is_rotation(const double m[9])
 {
@@ -1392,7 +1375,7 @@ static int read_goniometer(const reader *r, json_t *gon, const char *where, nbg_
         if (!is_rotation(setting))
             return bad(r, where, "setting_rotation", "not a rotation matrix");
     }
-    matvec(setting, g->axis, g->axis);
+    nbgi_mat3_vec(setting, g->axis, g->axis);
     return NBG_OK;
 }
 
@@ -1454,14 +1437,14 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
         (rc = string(r, c, where, "space_group_hall_symbol", 0, g->space_group, sizeof g->space_group)) != NBG_OK)
         return rc;
     double sf[9];
-    matmul(setting, fixed, sf);
+    nbgi_mat3_mul(setting, fixed, sf);
     if (g->goniometer.naxes > 0) {
         /* the list's vectors kept (in the goniometer's frame), the laboratory's by the fold the writer uses */
         memcpy(g->goniometer.crystal, g->real_space, sizeof g->goniometer.crystal);
         nbgi_goniometer_fold(&g->goniometer, g->goniometer.crystal, g->real_space);
     } else {
         for (int i = 0; i < 3; ++i)
-            matvec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
+            nbgi_mat3_vec(sf, g->real_space + 3 * i, g->real_space + 3 * i);
     }
     g->has_crystal = 1;
     /* nbgrad's mosaic domains, where nbgrad wrote the list */
@@ -1523,7 +1506,7 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
                 return bad(r, aw, "", ok ? "a singular matrix" : "expected 9 finite numbers");
             }
             for (int i = 0; i < 3; ++i) /* into the lab frame, as the static crystal's vectors above */
-                matvec(sf, R + 3 * i, R + 3 * i);
+                nbgi_mat3_vec(sf, R + 3 * i, R + 3 * i);
         }
         *r->scan = bases;
         *r->nscan = (int)n;

@@ -28,6 +28,9 @@ void nbgi_crystal_from_vectors(nbg_ctx *ctx, const double real_space[9], double 
  * its scan axis in the laboratory, S unit(axes[scan_axis]); real-space rows in into the laboratory, S F in; and
  * back, (S F)^T in; and the whole goniometer turned with the laboratory by the rotation R (its axes and crystal,
  * F and S derived again: R F R^T, R S R^T). */
+/* 3x3 row-major products: out = a b, out = m v (out may alias an input). */
+void nbgi_mat3_mul(const double a[9], const double b[9], double out[9]);
+void nbgi_mat3_vec(const double m[9], const double v[3], double out[3]);
 void nbgi_goniometer_axis(const nbg_goniometer *gn, double axis[3]);
 void nbgi_goniometer_fold(const nbg_goniometer *gn, const double in[9], double out[9]);
 void nbgi_goniometer_unfold(const nbg_goniometer *gn, const double in[9], double out[9]);

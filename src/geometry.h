@@ -344,11 +344,14 @@ static inline NBG_HD double nbgi_capture_da(int t, double a)
 
 /* --- lane forms (the row kernels: w lanes in `omp simd` loops on the CPU, one lane on the device) ------------- */
 /* The unit directions d = P / R, distances R and fast coordinates Fdet of subpixel (subF, Sdet, Odet) of the w
- * lanes starting at fpixel f0 on a flat detector: nbgi_subpixel_pos's arithmetic, across the lanes.  Shared by the
- * forward, adjoint and tangent row kernels. */
-static inline NBG_HD void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
-                                        double *NBG_RESTRICT d0, double *NBG_RESTRICT d1, double *NBG_RESTRICT d2,
-                                        double *NBG_RESTRICT Rl, double *NBG_RESTRICT Fd)
+ * lanes starting at fpixel f0 on a flat detector: nbgi_subpixel_pos's arithmetic, across the lanes; with rcp (a
+ * constant at every call) d = P (1 / R), one division a ray instead of three (d moves by an ulp of double), for the
+ * single-precision forward, whose per-sample work rounds to float after it.  Shared by the forward, adjoint and
+ * tangent row kernels (nbgi_lane_rays: rcp 0). */
+static inline NBG_HD void nbgi_lane_rays_as(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                           double *NBG_RESTRICT d0, double *NBG_RESTRICT d1,
+                                           double *NBG_RESTRICT d2, double *NBG_RESTRICT Rl,
+                                           double *NBG_RESTRICT Fd, const int rcp)
 {
     const int os = p->oversample;
     const double sub = p->subpixel;
@@ -360,36 +363,26 @@ static inline NBG_HD void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF
             P[x] = nbgi_flat_component(Fdet, Sdet, Odet, p->fdet[x], p->sdet[x], p->odet[x], p->pix0[x]);
         }
         const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-        d0[j] = P[0] / R;
-        d1[j] = P[1] / R;
-        d2[j] = P[2] / R;
+        if (rcp) {
+            const double r = 1 / R;
+            d0[j] = P[0] * r;
+            d1[j] = P[1] * r;
+            d2[j] = P[2] * r;
+        } else {
+            d0[j] = P[0] / R;
+            d1[j] = P[1] / R;
+            d2[j] = P[2] / R;
+        }
         Rl[j] = R;
         Fd[j] = Fdet;
     }
 }
 
-/* nbgi_lane_rays with d = P (1 / R): one division a ray instead of three (d moves by an ulp of double), for the
- * single-precision forward, whose per-sample work rounds to float after it. */
-static inline NBG_HD void nbgi_lane_rays_rcp(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
-                                            double *NBG_RESTRICT d0, double *NBG_RESTRICT d1,
-                                            double *NBG_RESTRICT d2, double *NBG_RESTRICT Rl)
+static inline NBG_HD void nbgi_lane_rays(const nbgi_kparams *p, int f0, int subF, double Sdet, double Odet, int w,
+                                        double *NBG_RESTRICT d0, double *NBG_RESTRICT d1, double *NBG_RESTRICT d2,
+                                        double *NBG_RESTRICT Rl, double *NBG_RESTRICT Fd)
 {
-    const int os = p->oversample;
-    const double sub = p->subpixel;
-#pragma omp simd
-    for (int j = 0; j < w; ++j) {
-        const double Fdet = nbgi_subpixel_center(sub, os, f0 + j, subF);
-        double P[3];
-        for (int x = 0; x < 3; ++x) {
-            P[x] = nbgi_flat_component(Fdet, Sdet, Odet, p->fdet[x], p->sdet[x], p->odet[x], p->pix0[x]);
-        }
-        const double R = sqrt(P[0] * P[0] + P[1] * P[1] + P[2] * P[2]);
-        const double r = 1 / R;
-        d0[j] = P[0] * r;
-        d1[j] = P[1] * r;
-        d2[j] = P[2] * r;
-        Rl[j] = R;
-    }
+    nbgi_lane_rays_as(p, f0, subF, Sdet, Odet, w, d0, d1, d2, Rl, Fd, 0);
 }
 
 /* The scattering vectors q = (d - i) / lambda of source src across the w lanes, and whether each survives the

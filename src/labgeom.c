@@ -65,7 +65,7 @@ static void gon_rotation(const double u[3], double deg, double m[9])
     m[6] = u[2] * u[0] * k - u[1] * s, m[7] = u[2] * u[1] * k + u[0] * s, m[8] = c + u[2] * u[2] * k;
 }
 
-static void gon_matmul(const double a[9], const double b[9], double out[9])
+void nbgi_mat3_mul(const double a[9], const double b[9], double out[9])
 {
     double t[9];
     for (int i = 0; i < 3; ++i)
@@ -74,7 +74,7 @@ static void gon_matmul(const double a[9], const double b[9], double out[9])
     memcpy(out, t, sizeof t);
 }
 
-static void gon_matvec(const double m[9], const double v[3], double out[3])
+void nbgi_mat3_vec(const double m[9], const double v[3], double out[3])
 {
     double t[3];
     for (int i = 0; i < 3; ++i)
@@ -126,9 +126,9 @@ int nbg_goniometer_derive(nbg_ctx *ctx, nbg_goniometer *gn, const char *what)
         gon_unit(gn->axes[i], u);
         gon_rotation(u, gn->angles[i], m);
         if (i < gn->scan_axis)
-            gon_matmul(m, F, F);
+            nbgi_mat3_mul(m, F, F);
         else
-            gon_matmul(m, S, S);
+            nbgi_mat3_mul(m, S, S);
     }
     memcpy(gn->fixed, F, sizeof F);
     memcpy(gn->setting, S, sizeof S);
@@ -139,26 +139,26 @@ void nbgi_goniometer_axis(const nbg_goniometer *gn, double axis[3])
 {
     double u[3];
     gon_unit(gn->axes[gn->scan_axis], u);
-    gon_matvec(gn->setting, u, axis);
+    nbgi_mat3_vec(gn->setting, u, axis);
 }
 
 void nbgi_goniometer_fold(const nbg_goniometer *gn, const double in[9], double out[9])
 {
     double sf[9];
-    gon_matmul(gn->setting, gn->fixed, sf);
+    nbgi_mat3_mul(gn->setting, gn->fixed, sf);
     for (int i = 0; i < 3; ++i)
-        gon_matvec(sf, in + 3 * i, out + 3 * i);
+        nbgi_mat3_vec(sf, in + 3 * i, out + 3 * i);
 }
 
 void nbgi_goniometer_unfold(const nbg_goniometer *gn, const double in[9], double out[9])
 {
     double sf[9], sft[9];
-    gon_matmul(gn->setting, gn->fixed, sf);
+    nbgi_mat3_mul(gn->setting, gn->fixed, sf);
     for (int i = 0; i < 3; ++i)
         for (int j = 0; j < 3; ++j)
             sft[3 * i + j] = sf[3 * j + i];
     for (int i = 0; i < 3; ++i)
-        gon_matvec(sft, in + 3 * i, out + 3 * i);
+        nbgi_mat3_vec(sft, in + 3 * i, out + 3 * i);
 }
 
 void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9])
@@ -166,9 +166,9 @@ void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9])
     if (gn->naxes <= 0 || gn->naxes > NBG_GONIO_MAX_AXES)
         return;
     for (int i = 0; i < gn->naxes; ++i)
-        gon_matvec(R, gn->axes[i], gn->axes[i]);
+        nbgi_mat3_vec(R, gn->axes[i], gn->axes[i]);
     for (int i = 0; i < 3; ++i)
-        gon_matvec(R, gn->crystal + 3 * i, gn->crystal + 3 * i);
+        nbgi_mat3_vec(R, gn->crystal + 3 * i, gn->crystal + 3 * i);
     (void)nbg_goniometer_derive(NULL, gn, "turning the goniometer"); /* valid before, valid after (a rotation) */
 }
 

@@ -209,11 +209,9 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         d2[j] = P[2] / R;
                         q0[j] = R;
                     }
-                } else if (sizeof(NBG_R) == sizeof(float)) {
-                    nbgi_lane_rays_rcp(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0);
                 } else {
                     double Fd[W];
-                    nbgi_lane_rays(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd);
+                    nbgi_lane_rays_as(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd, sizeof(NBG_R) == sizeof(float));
                 }
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction (the plan's values in
                  * locals, so that the loop vectorises: see nbgi_solid_angle_of) */
