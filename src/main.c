@@ -1659,7 +1659,7 @@ static int cmd_refine(int argc, char **argv, int first)
                        "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
                        "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
                        "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
-                       "       [-spots N [-spot_frac 0.05]] [-spotlist FILE]\n"
+                       "       [-spots N [-spot_frac 0.05]] [-spotlist FILE [-spot_shoebox N]]\n"
                        "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
                        "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
                        "match the data's (pedestal or background missing),\n4 converged but the model does not "
