@@ -1051,7 +1051,8 @@ int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflec
  * as a box of half-width dilate (0 to 1000: 0 the pixel alone) about it.  *boxes (malloc'd, the caller frees it;
  * NULL when none) and *nboxes, one box a pixel, for nbg_spot_box_pixels (which clips them at the panel's edges and
  * leaves each pixel once).  NBG_EINVAL naming the row: a table without shoeboxes, a row whose shoebox carries no
- * pixels or none with those bits, is on a panel the detector lacks, or marks a pixel off its panel. */
+ * pixels or none with those bits, whose mask does not fill its box, is on a panel the detector lacks, or marks a
+ * pixel off its panel. */
 int nbg_reflection_shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int code,
                                  int dilate, nbg_spot_box **boxes, long *nboxes, long *skipped);
 

@@ -1076,8 +1076,9 @@ static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, i
 }
 
 /* -spots, -spotlist: the pixel list of the spot regions into c->e (*list owns it).  The spot pixels are the boxes of
- * -spotlist (spotlist_boxes; with -spot_shoebox a box about each of its shoeboxes' foreground pixels), or else the pixels within -spots of those of the starting model above its floor by
- * -spot_frac of its peak (over the pixels in the loss, use). */
+ * -spotlist (spotlist_boxes; with -spot_shoebox a box about each of its shoeboxes' foreground pixels), or else the
+ * pixels within -spots of those of the starting model above its floor by -spot_frac of its peak (over the pixels in
+ * the loss, use). */
 static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uint8_t *use, size_t npix,
                         uint32_t **list)
 {

@@ -361,6 +361,12 @@ int nbg_reflection_shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nb
         const long F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
         const long S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
         const long nx = (long)bb[1] - bb[0], ny = (long)bb[3] - bb[2], nz = (long)bb[5] - bb[4];
+        if (nx <= 0 || ny <= 0 || nz <= 0 || vol < 0 || r->shoebox_mask == NULL || vol / nx / ny != nz ||
+            vol % (nx * ny) != 0) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox mask (%ld values) does not fill its box (%d %d "
+                            "%d %d %d %d)", t, vol, bb[0], bb[1], bb[2], bb[3], bb[4], bb[5]);
+            break;
+        }
         const long before = n;
         for (long y = 0; y < ny && rc == NBG_OK; ++y) {
             for (long x = 0; x < nx; ++x) {

@@ -367,14 +367,17 @@ static void shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e)
     mask[12] = 4, off[1] = 0; /* row 0 carries no pixels */
     bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
            strstr(nbg_errmsg(ctx), "reflection 0's shoebox carries no pixels") != NULL;
+    off[1] = 11; /* row 0's 3 x 2 x 2 box with 11 mask values */
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 0's shoebox mask (11 values) does not fill its box") != NULL;
     off[1] = 12;
     bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 1001, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL;
     r.shoebox_offset = NULL;
     bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
            strstr(nbg_errmsg(ctx), "no shoeboxes") != NULL;
-    nbgi_test_check(bad == 6, "refl-shoebox-bad", "%d of 6 refused naming the row: a panel the detector lacks, a marked "
-                    "pixel off its panel, no marked pixel, a shoebox without pixels, dilation 1001, a table without "
-                    "shoeboxes", bad);
+    nbgi_test_check(bad == 7, "refl-shoebox-bad", "%d of 7 refused naming the row: a panel the detector lacks, a "
+                    "marked pixel off its panel, no marked pixel, a shoebox without pixels, a mask short of its box, "
+                    "dilation 1001, a table without shoeboxes", bad);
 }
 
 static void boxes(nbg_ctx *ctx)

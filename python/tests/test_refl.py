@@ -3,9 +3,9 @@ written; damaged tables raise with the file's name; reflection_centroids (nbg_re
 reflection's own model spot, as a render of that reflection alone does and as the program's refine -centroids
 writes it; spot_pixels(reflections=...) (nbg_reflection_boxes) draws the spot regions refine -spotlist FILE.refl
 draws, and with shoebox=N the shoeboxes' Foreground/Strong pixels (nbg_reflection_shoebox_boxes) as refine
--spot_shoebox N does.  The tables are written here as DIALS writes them (msgpack: ["dials::af::reflection_table", 1, {...,
-"data": {name: [type, [rows, little-endian bytes]]}}]) by a small msgpack writer, so that no msgpack package is
-needed."""
+-spot_shoebox N does.  The tables are written here as DIALS writes them (msgpack: ["dials::af::reflection_table",
+1, {..., "data": {name: [type, [rows, little-endian bytes]]}}]) by a small msgpack writer, so that no msgpack
+package is needed."""
 import json
 import struct
 import subprocess

@@ -2,10 +2,10 @@
  * fuzz-refl.c -- libFuzzer harness for nbg_read_refl (DIALS reflection tables, msgpack through libmsgpack-c), and
  * for the same file read as structure factors (nbg_hkl_read_column: miller_index and the intensities).
  *
- * The input is the file's content.  A table that is read must hold finite centroids, panels >= 0 and boxes that
- * do not end before they start, shoebox masks that fill their boxes (whose spot pixels, nbg_reflection_shoebox_boxes
- * on a detector of two 32 x 32 panels, stay on their panels, increasing); structure factors read from it must be finite and >= 0 (a
- * non-msgpack input is read as HKL text: finite); a refusal must say why.
+ * The input is the file's content.  A table that is read must hold finite centroids, panels >= 0, boxes that do not
+ * end before they start and shoebox masks that fill their boxes (whose spot pixels, nbg_reflection_shoebox_boxes on a
+ * detector of two 32 x 32 panels, stay on their panels, increasing); structure factors read from it must be finite
+ * and >= 0 (a non-msgpack input is read as HKL text: finite); a refusal must say why.
  */
 #include "fuzz_util.h"
 #include "nbgrad.h"
