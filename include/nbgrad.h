@@ -998,12 +998,27 @@ typedef struct {
     int *bbox;          /* 6n: "bbox": x0, x1, y0, y1, z0, z1 (pixels [x0, x1) x [y0, y1), images [z0, z1)), or NULL
                            when the table has none */
     int *id;            /* n experiment ids (the "id" column; -1 unassigned), or NULL when the table has none */
-    int has_shoebox;    /* the table carries shoeboxes (not read) */
+    int has_shoebox;    /* the table carries shoeboxes (a "shoebox" column, read into the shoebox_ fields below) */
     int ncolumns;       /* the table's columns, all of them */
     int *hkl;           /* 3n: "miller_index" (0 0 0 unindexed), or NULL when the table has none */
     uint64_t *flags;    /* n: DIALS's flags (NBG_REFL_USED_IN_REFINEMENT ...), or NULL when the table has none */
     double *xyzcal;     /* 3n: "xyzcal.px", DIALS's predicted centroid, or NULL when the table has none */
+    /* The "shoebox" column (what dials.find_spots writes), all NULL when the table has none: each row's shoebox is
+     * on its own panel with its own box (usually the row's panel and bbox), and where the row carries the shoebox's
+     * pixels its mask, DIALS's MaskCode bits per pixel (NBG_SHOEBOX_VALID ...), z0..z1 slices of y0..y1 rows of
+     * x0..x1 pixels, x fastest.  The pixels' data and background are not kept. */
+    int *shoebox_panel; /* n */
+    int *shoebox_bbox;  /* 6n: x0, x1, y0, y1, z0, z1 as "bbox" (x0 may be negative: a box over the panel's edge) */
+    long *shoebox_offset; /* n + 1: row r's mask is shoebox_mask[shoebox_offset[r] .. shoebox_offset[r + 1]),
+                             empty where the row's shoebox carries no pixels */
+    int *shoebox_mask;  /* shoebox_offset[n] mask values (NULL when there are none) */
 } nbg_reflections;
+
+/* DIALS's shoebox mask bits (nbg_reflections.shoebox_mask) */
+#define NBG_SHOEBOX_VALID 1
+#define NBG_SHOEBOX_BACKGROUND 2
+#define NBG_SHOEBOX_FOREGROUND 4
+#define NBG_SHOEBOX_STRONG 8
 
 /* DIALS's reflection flags (nbg_reflections.flags) that nbgrad reads */
 #define NBG_REFL_INDEXED (1u << 2)
@@ -1011,10 +1026,12 @@ typedef struct {
 
 /* Reads a DIALS reflection table into *out (its arrays malloc'd; nbg_reflections_free releases them).  The file
  * must be DIALS's msgpack reflection table, version 1, with an "xyzobs.px.value" column (vec3<double>); "panel"
- * (std::size_t), "bbox" (int6) and "id" (int) are read when present.  Refused with a message (NBG_EFORMAT):
- * truncated or malformed msgpack, another kind of file, a column of the wrong type, a column whose length is not
- * the table's row count, non-finite centroids, panel indices over INT_MAX, bounding boxes with x1 < x0; NBG_EUNSUP
- * in a build without the file formats (FORMATS=0: libmsgpack-c). */
+ * (std::size_t), "bbox" (int6), "id" (int) and "shoebox" (Shoebox<>: each row's panel, box and mask) are read when
+ * present.  Refused with a message (NBG_EFORMAT): truncated or malformed msgpack, another kind of file, a column of
+ * the wrong type, a column whose length is not the table's row count, non-finite centroids, panel indices over
+ * INT_MAX, bounding boxes with x1 < x0, a shoebox column whose rows do not fill its bytes exactly (named by row and
+ * field); NBG_ENOMEM past the context's memory limit; NBG_EUNSUP in a build without the file formats (FORMATS=0:
+ * libmsgpack-c). */
 int nbg_read_refl(nbg_ctx *ctx, const char *path, nbg_reflections *out);
 void nbg_reflections_free(nbg_reflections *r);
 
@@ -1026,6 +1043,18 @@ void nbg_reflections_free(nbg_reflections *r);
  * caller frees it; NULL when none) and *nboxes, for nbg_spot_box_pixels. */
 int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int half,
                          nbg_spot_box **boxes, long *nboxes, long *skipped);
+
+/* The spot pixels of a reflection table's shoeboxes (r->shoebox_..., what dials.find_spots writes), as nbgrad refine
+ * -spotlist FILE.refl -spot_shoebox N takes them: for each row of experiment 0 (another experiment's rows are left
+ * out and counted in *skipped; NULL allowed), the pixels of its shoebox whose mask has any of the bits code
+ * (NBG_SHOEBOX_FOREGROUND | NBG_SHOEBOX_STRONG: DIALS's spot), over all its z slices, on the shoebox's panel; each
+ * as a box of half-width dilate (0 to 1000: 0 the pixel alone) about it.  *boxes (malloc'd, the caller frees it;
+ * NULL when none) and *nboxes, one box a pixel, for nbg_spot_box_pixels (which clips them at the panel's edges and
+ * leaves each pixel once).  NBG_EINVAL naming the row: a table without shoeboxes, a row whose shoebox carries no
+ * pixels or none with those bits, whose mask does not fill its box, is on a panel the detector lacks, or marks a
+ * pixel off its panel. */
+int nbg_reflection_shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int code,
+                                 int dilate, nbg_spot_box **boxes, long *nboxes, long *skipped);
 
 /* The model's own spot of each of n reflections: for reflection i (Miller index hkl[3i..3i+2], on panel[i], about the
  * position x[i], y[i] in DIALS's pixel coordinates: pixel (f, s) covers [f, f+1) x [s, s+1)), the centroid cx[i],

@@ -97,6 +97,7 @@ typedef struct {
     nbg_loss loss;
     int break_param;
     int spots;                  /* -spots: the box half-width, pixels (-1: the whole image) */
+    int spot_shoebox;           /* -spot_shoebox: the shoeboxes' spot pixels dilated by N (-1: not used) */
     double spot_frac;           /* -spot_frac: a spot pixel's model value above the floor, of the peak's (0.05) */
     const char *spotlist;       /* -spotlist: a text file of spot centres "fast slow" */
     const char *centroids;      /* refine -centroids: the model's spot centroids of -spotlist's reflections */
@@ -283,6 +284,10 @@ static const nbgi_sub_flag grad_flag_table[] = {
      "spots: each reflection's bounding box on its panel, or with -spots N a box of half-width N about its "
      "centroid), or a text file of \"fast slow\" or \"panel fast slow\" pixel positions a line ('#' comments), "
      "boxes of half-width -spots (3) about them"},
+    {"-spot_shoebox", CMD_REFINE, nbgi_set_half_box, GO(spot_shoebox), "N",
+     "with -spotlist FILE.refl whose reflections carry shoeboxes (dials.find_spots' strong.refl): the spot regions "
+     "are the pixels of each shoebox that DIALS's mask marks as the spot (Foreground or Strong), each with those "
+     "within N pixels (a box; 0: the marked pixels alone, at most 1000), instead of boxes"},
 };
 #undef GO
 #define NGRAD_FLAGS (sizeof grad_flag_table / sizeof grad_flag_table[0])
@@ -972,16 +977,31 @@ static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, i
             return 0;
         }
         const int use_bbox = r.bbox != NULL && o->spots < 0;
-        if (nbg_reflection_boxes(ctx, &c->e, &r, use_bbox ? -1 : half, &b, &n, &skipped) != NBG_OK) {
+        if (o->spot_shoebox >= 0) {
+            if (nbg_reflection_shoebox_boxes(ctx, &c->e, &r, NBG_SHOEBOX_FOREGROUND | NBG_SHOEBOX_STRONG,
+                                             o->spot_shoebox, &b, &n, &skipped) != NBG_OK) {
+                fprintf(stderr, "nbgrad: error: -spotlist %s -spot_shoebox: %s\n", o->spotlist, nbg_errmsg(ctx));
+                ok = 0;
+            } else {
+                snprintf(what, wsize, "the %ld reflections of %s (their shoeboxes' %ld foreground pixels, each with "
+                         "those within %d pixels%s)", r.n - skipped, o->spotlist, n, o->spot_shoebox,
+                         skipped > 0 ? "; those of other experiments left out" : "");
+            }
+        } else if (nbg_reflection_boxes(ctx, &c->e, &r, use_bbox ? -1 : half, &b, &n, &skipped) != NBG_OK) {
             fprintf(stderr, "nbgrad: error: -spotlist %s: %s\n", o->spotlist, nbg_errmsg(ctx));
             ok = 0;
         }
-        if (ok) {
+        if (ok && o->spot_shoebox < 0) {
             snprintf(what, wsize, "the %ld reflections of %s (%s%s)", n, o->spotlist,
                      use_bbox ? "their bounding boxes" : "boxes about their centroids",
                      skipped > 0 ? "; those of other experiments left out" : "");
         }
         nbg_reflections_free(&r);
+    } else if (o->spot_shoebox >= 0) {
+        fclose(fp);
+        fprintf(stderr, "nbgrad: error: -spot_shoebox needs -spotlist with a DIALS reflection table (.refl); %s is a "
+                "text file of spot centres\n", o->spotlist);
+        return 0;
     } else {
         if (first != EOF) {
             ungetc(first, fp);
@@ -1056,8 +1076,9 @@ static int spotlist_boxes(nbg_ctx *ctx, const nbgi_cli *c, const grad_opts *o, i
 }
 
 /* -spots, -spotlist: the pixel list of the spot regions into c->e (*list owns it).  The spot pixels are the boxes of
- * -spotlist (spotlist_boxes), or else the pixels within -spots of those of the starting model above its floor by
- * -spot_frac of its peak (over the pixels in the loss, use). */
+ * -spotlist (spotlist_boxes; with -spot_shoebox a box about each of its shoeboxes' foreground pixels), or else the
+ * pixels within -spots of those of the starting model above its floor by -spot_frac of its peak (over the pixels in
+ * the loss, use). */
 static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uint8_t *use, size_t npix,
                         uint32_t **list)
 {
@@ -1068,6 +1089,11 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
     long nb = 0, n = 0;
     char what[4400];
     int ok = 1;
+    if (o->spot_shoebox >= 0 && o->spotlist == NULL) {
+        fprintf(stderr, "nbgrad: error: -spot_shoebox needs -spotlist FILE.refl (a DIALS reflection table with "
+                "shoeboxes)\n");
+        return 0;
+    }
     if (o->spotlist != NULL) {
         ok = spotlist_boxes(ctx, c, o, half, &boxes, &nb, what, sizeof what);
         if (ok && nbg_spot_box_pixels(ctx, &c->e, boxes, nb, list, &n) != NBG_OK) {
@@ -1607,6 +1633,7 @@ static int cmd_refine(int argc, char **argv, int first)
     nbgi_response_opts_init(&o.resp);
     o.max_iter = 100;
     o.spots = -1;
+    o.spot_shoebox = -1;
     o.spot_frac = 0.05;
     o.centroid_radius = 5;
     o.cmd = CMD_REFINE;
@@ -1633,7 +1660,7 @@ static int cmd_refine(int argc, char **argv, int first)
                        "usage: nbgrad refine <nanoBragg flags> -observed FILE -params LIST [-loss lsq|poisson]\n"
                        "       [-pedestal counts] [-gain x] [-read_noise counts]\n"
                        "       [-method lm|bfgs] [-maxiter 100] [-weights FILE] [-json FILE] [-residual FILE]\n"
-                       "       [-spots N [-spot_frac 0.05]] [-spotlist FILE]\n"
+                       "       [-spots N [-spot_frac 0.05]] [-spotlist FILE [-spot_shoebox N]]\n"
                        "prints \"converged after N iterations (reason)\" or \"NOT CONVERGED ...\"; exit status "
                        "0 converged, 1 error,\n2 not converged, 3 converged but the model's floor does not "
                        "match the data's (pedestal or background missing),\n4 converged but the model does not "
@@ -1767,7 +1794,7 @@ static int cmd_refine(int argc, char **argv, int first)
             c.e.mask = fuse[f];
         }
         fw[f] = wts;
-        if (fok && (o.spots >= 0 || o.spotlist != NULL)) {
+        if (fok && (o.spots >= 0 || o.spotlist != NULL || o.spot_shoebox >= 0)) {
             fok = spot_regions(ctx, &c, &o, fuse[f], npix, &fspot[f]);
         }
         fe[f] = c.e;

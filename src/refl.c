@@ -6,7 +6,8 @@
  * The file is one msgpack value, as DIALS writes a reflection table:
  *     ["dials::af::reflection_table", 1, {"identifiers": {...}, "nrows": N, "data": {name: [type, column], ...}}]
  * where each column of a fixed-size type is [N, bin] (N elements, the bin their little-endian bytes: "std::size_t"
- * 8 bytes, "int" 4, "double" 8, "vec3<double>" 24, "int6" 6 x 4, ...).  Parsed with libmsgpack-c, after a walk of
+ * 8 bytes, "int" 4, "double" 8, "vec3<double>" 24, "int6" 6 x 4, ...); "Shoebox<>" is [N, bin] too, its rows of
+ * varying size one after the other (shoeboxes() below).  Parsed with libmsgpack-c, after a walk of
  * the bytes that checks every array's and map's count against what actually follows (msgpack-c allocates what a
  * container's header claims before reading its elements: a 5-byte file could ask for gigabytes).  Library code:
  * it never prints; every refusal is NBG_EFORMAT with a message naming the file and what is wrong.
@@ -28,6 +29,10 @@ void nbg_reflections_free(nbg_reflections *r)
         free(r->hkl);
         free(r->flags);
         free(r->xyzcal);
+        free(r->shoebox_panel);
+        free(r->shoebox_bbox);
+        free(r->shoebox_offset);
+        free(r->shoebox_mask);
         memset(r, 0, sizeof *r);
     }
 }
@@ -217,6 +222,118 @@ static int column(nbg_ctx *ctx, const char *path, const msgpack_object *data, co
     return NBG_OK;
 }
 
+/* The "shoebox" column c (a [type, value] pair of the table's data map) into out's shoebox_ fields, for nrows rows.
+ * DIALS writes a Shoebox<> column as [nrows, bin]: the bin the rows one after the other, each the panel (4-byte
+ * unsigned), the box x0 x1 y0 y1 z0 z1 (4-byte signed), a byte 1 when the pixels follow (0: none), then the box's
+ * volume of 4-byte floats (data), 4-byte ints (the mask) and 4-byte floats (background), all little-endian, z
+ * slowest and x fastest.  Every length is checked against the bytes left before it is used; the bin must end with
+ * the last row. */
+static int shoeboxes(nbg_ctx *ctx, const char *path, const msgpack_object *c, uint64_t nrows, nbg_reflections *out)
+{
+    if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != 2 || !is_str(&c->via.array.ptr[0], "Shoebox<>")) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: column \"shoebox\" is not a [\"Shoebox<>\", values] "
+                          "pair", path);
+    }
+    const msgpack_object *v = &c->via.array.ptr[1];
+    uint64_t cnt;
+    if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size != 2 || !as_u64(&v->via.array.ptr[0], &cnt) ||
+        v->via.array.ptr[1].type != MSGPACK_OBJECT_BIN) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: column \"shoebox\" is not [count, bytes]", path);
+    }
+    if (cnt != nrows) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: column \"shoebox\" has %llu rows, the table %llu",
+                          path, (unsigned long long)cnt, (unsigned long long)nrows);
+    }
+    const unsigned char *b = (const unsigned char *)v->via.array.ptr[1].via.bin.ptr;
+    const size_t len = v->via.array.ptr[1].via.bin.size, n = (size_t)nrows;
+    /* a row takes 29 bytes at least, so n is bounded by the file's size */
+    if (n > len / 29) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: column \"shoebox\" holds %zu bytes, too few for %zu "
+                          "rows (29 bytes each at least)", path, len, n);
+    }
+    int rc = nbgi_check_bytes(ctx, (double)n * (4 + 24 + 8) + (double)len / 3, "the reflection table's shoeboxes");
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    out->shoebox_panel = malloc(sizeof(int) * (n ? n : 1));
+    out->shoebox_bbox = malloc(sizeof(int) * 6 * (n ? n : 1));
+    out->shoebox_offset = malloc(sizeof(long) * (n + 1));
+    if (out->shoebox_panel == NULL || out->shoebox_bbox == NULL || out->shoebox_offset == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu shoeboxes of %s", n, path);
+    }
+    /* first pass: the rows' boxes and where each one's mask is; the masks are counted, then copied */
+    size_t at = 0, total = 0;
+    static const char *const field[6] = {"x0", "x1", "y0", "y1", "z0", "z1"};
+    for (size_t r = 0; r < n; ++r) {
+        if (len - at < 29) {
+            return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: shoebox of row %zu: its panel, box and flag "
+                              "(29 bytes) run past the column's %zu bytes", path, r, len);
+        }
+        const uint64_t p = le(b + at, 4);
+        if (p > INT_MAX) {
+            return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: shoebox of row %zu: panel %llu", path, r,
+                              (unsigned long long)p);
+        }
+        out->shoebox_panel[r] = (int)p;
+        int *bb = out->shoebox_bbox + 6 * r;
+        for (int j = 0; j < 6; ++j) {
+            bb[j] = (int32_t)(uint32_t)le(b + at + 4 + 4 * j, 4);
+        }
+        for (int j = 0; j < 6; j += 2) {
+            if (bb[j + 1] < bb[j]) {
+                return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: shoebox of row %zu: its box's %s (%d) is "
+                                  "below %s (%d)", path, r, field[j + 1], bb[j + 1], field[j], bb[j]);
+            }
+        }
+        const unsigned flag = b[at + 28];
+        at += 29;
+        out->shoebox_offset[r] = (long)total;
+        if (flag > 1) {
+            return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: shoebox of row %zu: its data flag is %u (0 or 1)",
+                              path, r, flag);
+        }
+        if (flag == 1) {
+            /* each side below 2^32, so the volume is below 2^96: checked a factor at a time against the bytes */
+            const uint64_t dx = (uint64_t)((int64_t)bb[1] - bb[0]), dy = (uint64_t)((int64_t)bb[3] - bb[2]),
+                           dz = (uint64_t)((int64_t)bb[5] - bb[4]);
+            const uint64_t room = (uint64_t)(len - at) / 12; /* pixels the bytes left can hold */
+            if ((dx != 0 && dy > room / dx) || (dx * dy != 0 && dz > room / (dx * dy))) {
+                return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: shoebox of row %zu: its box (%d %d %d %d %d "
+                                  "%d) needs more pixels than the %zu bytes left hold (12 bytes each: data, mask, "
+                                  "background)", path, r, bb[0], bb[1], bb[2], bb[3], bb[4], bb[5], len - at);
+            }
+            const size_t vol = (size_t)(dx * dy * dz);
+            at += 12 * vol;
+            total += vol;
+        }
+    }
+    out->shoebox_offset[n] = (long)total;
+    if (at != len) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: column \"shoebox\": %zu bytes follow its %zu rows",
+                          path, len - at, n);
+    }
+    if (total > (size_t)LONG_MAX / 8) {
+        return nbgi_error(ctx, NBG_EFORMAT, "reflection table %s: %zu shoebox pixels", path, total);
+    }
+    if (total > 0) {
+        out->shoebox_mask = malloc(sizeof(int) * total);
+        if (out->shoebox_mask == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the %zu shoebox pixels of %s", total, path);
+        }
+    }
+    at = 0;
+    for (size_t r = 0; r < n; ++r) {
+        at += 29;
+        const size_t vol = (size_t)(out->shoebox_offset[r + 1] - out->shoebox_offset[r]);
+        const unsigned char *m = b + at + 4 * vol; /* after the data */
+        for (size_t i = 0; i < vol; ++i) {
+            out->shoebox_mask[(size_t)out->shoebox_offset[r] + i] = (int32_t)(uint32_t)le(m + 4 * i, 4);
+        }
+        at += 12 * vol;
+    }
+    return NBG_OK;
+}
+
 /* The table in the unpacked value o into *out (zeroed by the caller). */
 static int table(nbg_ctx *ctx, const char *path, const msgpack_object *o, nbg_reflections *out)
 {
@@ -329,7 +446,8 @@ static int table(nbg_ctx *ctx, const char *path, const msgpack_object *o, nbg_re
             out->id[r] = (int32_t)(uint32_t)le(id + 4 * r, 4);
         }
     }
-    return NBG_OK;
+    const msgpack_object *sb = map_get(data, "shoebox");
+    return sb != NULL ? shoeboxes(ctx, path, sb, nrows, out) : NBG_OK;
 }
 
 /* DIALS's reflection flags (dials/array_family/flex_ext: integrated_sum, integrated_prf) */

@@ -303,6 +303,111 @@ int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflec
     return NBG_OK;
 }
 
+int nbg_reflection_shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflections *r, int code,
+                                 int dilate, nbg_spot_box **boxes, long *nboxes, long *skipped)
+{
+    const char *who = "nbg_reflection_shoebox_boxes";
+    if (ctx == NULL || e == NULL || r == NULL || boxes == NULL || nboxes == NULL) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: NULL argument", who);
+    }
+    *boxes = NULL;
+    *nboxes = 0;
+    if (skipped != NULL) *skipped = 0;
+    if (r->n < 0 || dilate < 0 || dilate > 1000 || code <= 0) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s: %ld reflections, dilation %d (0 to 1000 pixels), mask bits %d (some "
+                          "of NBG_SHOEBOX_FOREGROUND ...)", who, r->n, dilate, code);
+    }
+    if (r->n > 0 && (r->shoebox_offset == NULL || r->shoebox_panel == NULL || r->shoebox_bbox == NULL)) {
+        return nbgi_error(ctx, NBG_EINVAL, "the reflection table has no shoeboxes (a \"shoebox\" column, as "
+                          "dials.find_spots writes; dials.index leaves it out)");
+    }
+    nbg_experiment whole;
+    nbgi_plan pl;
+    int rc = whole_plan(ctx, e, who, &whole, &pl);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const nbgi_kparams *k = &pl.k;
+    const int np = k->npanels > 0 ? k->npanels : 1;
+    /* at most one box per mask pixel */
+    const long cap = r->n > 0 ? r->shoebox_offset[r->n] : 0;
+    if ((rc = nbgi_check_bytes(ctx, (double)cap * sizeof(nbg_spot_box), "the shoeboxes' spot pixels")) != NBG_OK) {
+        nbgi_plan_free(&pl);
+        return rc;
+    }
+    nbg_spot_box *b = cap > 0 ? malloc(sizeof *b * (size_t)cap) : NULL;
+    if (cap > 0 && b == NULL) {
+        nbgi_plan_free(&pl);
+        return nbgi_error(ctx, NBG_ENOMEM, "%s: out of memory for %ld pixels", who, cap);
+    }
+    long n = 0, left = 0;
+    for (long t = 0; t < r->n && rc == NBG_OK; ++t) {
+        if (r->id != NULL && r->id[t] > 0) { /* another experiment's */
+            ++left;
+            continue;
+        }
+        const int q = r->shoebox_panel[t];
+        const int *bb = r->shoebox_bbox + 6 * t;
+        const long off = r->shoebox_offset[t], vol = r->shoebox_offset[t + 1] - off;
+        if (q < 0 || q >= np) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox is on panel %d, the detector has %d", t, q, np);
+            break;
+        }
+        if (vol == 0) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox carries no pixels (no mask to take the spot "
+                            "from)", t);
+            break;
+        }
+        const long F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
+        const long S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
+        const long nx = (long)bb[1] - bb[0], ny = (long)bb[3] - bb[2], nz = (long)bb[5] - bb[4];
+        if (nx <= 0 || ny <= 0 || nz <= 0 || vol < 0 || r->shoebox_mask == NULL || vol / nx / ny != nz ||
+            vol % (nx * ny) != 0) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox mask (%ld values) does not fill its box (%d %d "
+                            "%d %d %d %d)", t, vol, bb[0], bb[1], bb[2], bb[3], bb[4], bb[5]);
+            break;
+        }
+        const long before = n;
+        for (long y = 0; y < ny && rc == NBG_OK; ++y) {
+            for (long x = 0; x < nx; ++x) {
+                int hit = 0;
+                for (long z = 0; z < nz && !hit; ++z) {
+                    hit = (r->shoebox_mask[off + (z * ny + y) * nx + x] & code) != 0;
+                }
+                if (!hit) {
+                    continue;
+                }
+                const long f = bb[0] + x, s = bb[2] + y;
+                if (f < 0 || f >= F || s < 0 || s >= S) {
+                    rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox marks pixel (%ld, %ld) of panel %d, "
+                                    "which is off the panel (%ld x %ld pixels)", t, f, s, q, F, S);
+                    break;
+                }
+                nbg_spot_box *o = &b[n++];
+                o->panel = q;
+                o->x0 = (int)(f - dilate), o->x1 = (int)(f + dilate + 1);
+                o->y0 = (int)(s - dilate), o->y1 = (int)(s + dilate + 1);
+            }
+        }
+        if (rc == NBG_OK && n == before) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "reflection %ld's shoebox has no pixel with the mask bits %d", t, code);
+        }
+    }
+    nbgi_plan_free(&pl);
+    if (rc != NBG_OK || n == 0) {
+        free(b);
+        b = NULL;
+        n = 0;
+    }
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    *boxes = b;
+    *nboxes = n;
+    if (skipped != NULL) *skipped = left;
+    return NBG_OK;
+}
+
 /* ---- the model's own spot of each reflection (nbg_reflection_centroids) ---- */
 
 /* The structure factor e gives Miller index h (its table's entry, or default_F outside it). */

@@ -12,12 +12,20 @@
  *                    read), never a crash (ASan in make test-asan)
  *   boxes-*          nbg_spot_box_pixels on two panels: pixels per box, clipping at a panel's edge, overlaps once,
  *                    sorted; a box on a panel the detector lacks, an empty box, a box outside its panel: named
+ *   refl-read-shoebox the shoebox column as DIALS writes it (per row panel, box, a flag, then data, mask and
+ *                    background): the masks read back value for value; refl-bad-shoebox-*: a cut column, a reversed
+ *                    box, a flag of 2, trailing bytes, a box of 4e9 pixels, another Shoebox type: refused naming the
+ *                    row and field
+ *   refl-shoebox-*   nbg_reflection_shoebox_boxes: the Foreground/Strong pixels of any slice as one-pixel boxes (or
+ *                    dilated), the pixel list across two panels; hostile rows refused naming the row
  *   refl-boxes-*     nbg_reflection_boxes on two panels: the rows' bounding boxes or boxes about their centroids,
  *                    other experiments' rows left out; a centroid off its panel, a panel the detector lacks named
  *   cli-*            nbgrad refine -expt (two panels) -spotlist: a .refl of the model's spots on both panels (their
  *                    bounding boxes, or -spots N about the centroids) and a "panel fast slow" text list give the
  *                    pixel counts nbg_spot_box_pixels gives; the fit of orient_z on those regions converges to the
- *                    truth; a .refl naming a panel the detector lacks is refused
+ *                    truth; with -spot_shoebox 0 the shoeboxes' Foreground pixels (the count nbg_spot_box_pixels
+ *                    gives), converging too; -spot_shoebox without a .refl refused; a .refl naming a panel the
+ *                    detector lacks is refused
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
@@ -51,11 +59,18 @@ enum {
     T_OTHER_COUNT,
     T_NO_XYZ,
     T_NROWS_STR,
+    T_SB_SHORT,
+    T_SB_BOX,
+    T_SB_FLAG,
+    T_SB_TRAILING,
+    T_SB_HUGE,
+    T_SB_TYPE,
     T_NKINDS
 };
 static const char *kind_name[T_NKINDS] = {"ok", "no-panel-bbox", "magic", "version", "xyz-type", "xyz-count",
                                           "xyz-bytes", "xyz-nan", "panel-huge", "bbox-reversed", "other-count",
-                                          "no-xyz", "nrows-string"};
+                                          "no-xyz", "nrows-string", "shoebox-short", "shoebox-box",
+                                          "shoebox-flag", "shoebox-trailing", "shoebox-huge", "shoebox-type"};
 
 
 #define NR 3
@@ -63,6 +78,15 @@ static const uint64_t g_panel[NR] = {0, 1, 1};
 static const double g_xyz[3 * NR] = {10.5, 12.25, 0.5, 3.75, 20.5, 0.5, 30.125, 5.5, 1.5};
 static const int32_t g_bbox[6 * NR] = {8, 13, 10, 15, 0, 1, 2, 6, 18, 23, 0, 1, 28, 33, 3, 8, 1, 2};
 static const int32_t g_id[NR] = {0, 0, -1};
+/* the shoeboxes' pixels: rows 0 and 2 carry theirs (5 x 5 x 1 each), row 1 none */
+static const int g_sbdata[NR] = {1, 0, 1};
+
+/* The mask DIALS would write at pixel i of row r's shoebox: a spread of MaskCode values, high bits too. */
+static int32_t sb_mask(int r, int i)
+{
+    static const int32_t v[7] = {0, 1, 5, 13, 3, 1 | 16, 5 | 32};
+    return v[(r * 3 + i * 5 + i / 4) % 7];
+}
 
 /* The bytes of a table of NR rows (the host is little-endian, as DIALS's files are), broken as kind says. */
 static msgpack_sbuffer table(int kind)
@@ -114,15 +138,40 @@ static msgpack_sbuffer table(int kind)
         pack_col(&pk, "bbox", "int6", NR, bbox, sizeof bbox);
     }
     pack_col(&pk, "id", "int", NR, g_id, sizeof g_id);
-    /* a shoebox column: per row its panel, bbox and no data (as find_spots writes without pixels) */
-    unsigned char sbox[NR * 29];
+    /* a shoebox column as DIALS writes it: per row its panel (4 bytes), bbox (6 x 4), a byte 1 when the pixels follow,
+     * then the box's data (floats), mask (ints) and background (floats) */
+    unsigned char sbox[NR * 29 + 2 * 25 * 12 + 8];
+    size_t at = 0;
     for (int r = 0; r < NR; ++r) {
         const uint32_t p = (uint32_t)g_panel[r];
-        memcpy(sbox + 29 * r, &p, 4);
-        memcpy(sbox + 29 * r + 4, g_bbox + 6 * r, 24);
-        sbox[29 * r + 28] = 0;
+        int32_t bb[6];
+        memcpy(bb, g_bbox + 6 * r, sizeof bb);
+        if (kind == T_SB_BOX && r == 2) {
+            bb[5] = bb[4] - 1;
+        }
+        if (kind == T_SB_HUGE && r == 2) {
+            bb[0] = -2000000000, bb[1] = 2000000000;
+        }
+        memcpy(sbox + at, &p, 4);
+        memcpy(sbox + at + 4, bb, 24);
+        sbox[at + 28] = (unsigned char)(kind == T_SB_FLAG && r == 1 ? 2 : g_sbdata[r]);
+        at += 29;
+        if (g_sbdata[r]) {
+            for (int i = 0; i < 25; ++i) {
+                const float d = (float)(100 * r + i), bg = 0.5f;
+                const int32_t mk = sb_mask(r, i);
+                memcpy(sbox + at + 4 * i, &d, 4);
+                memcpy(sbox + at + 100 + 4 * i, &mk, 4);
+                memcpy(sbox + at + 200 + 4 * i, &bg, 4);
+            }
+            at += 300;
+        }
     }
-    pack_col(&pk, "shoebox", "Shoebox<>", NR, sbox, sizeof sbox);
+    if (kind == T_SB_TRAILING) {
+        memset(sbox + at, 0, 8), at += 8;
+    }
+    pack_col(&pk, "shoebox", kind == T_SB_TYPE ? "Shoebox<double>" : "Shoebox<>", NR, sbox,
+             kind == T_SB_SHORT ? at - 7 : at);
     return sb;
 }
 
@@ -151,6 +200,20 @@ static void reader(nbg_ctx *ctx, const char *dir)
     }
     nbgi_test_check(same, "refl-read-all", "%ld rows, %d columns, panel, centroid, box and id read back exactly (%s)",
                     r.n, r.ncolumns, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    /* the shoeboxes: panel, box, and the masks of the rows that carry pixels, value for value */
+    same = rc == NBG_OK && r.shoebox_panel != NULL && r.shoebox_bbox != NULL && r.shoebox_offset != NULL &&
+           r.shoebox_mask != NULL && r.shoebox_offset[NR] == 50;
+    long nmask = 0;
+    for (int k = 0; same && k < NR; ++k) {
+        same = r.shoebox_panel[k] == (int)g_panel[k] && r.shoebox_offset[k + 1] - r.shoebox_offset[k] ==
+               (g_sbdata[k] ? 25 : 0);
+        for (int j = 0; j < 6; ++j) same = same && r.shoebox_bbox[6 * k + j] == g_bbox[6 * k + j];
+        for (long i = 0; same && i < r.shoebox_offset[k + 1] - r.shoebox_offset[k]; ++i, ++nmask) {
+            same = r.shoebox_mask[r.shoebox_offset[k] + i] == sb_mask(k, (int)i);
+        }
+    }
+    nbgi_test_check(same && nmask == 50, "refl-read-shoebox", "%ld mask values of 2 shoeboxes (the third without "
+                    "pixels), panels and boxes read back exactly (%s)", nmask, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
     nbg_reflections_free(&r);
     const size_t full = sb.size;
     unsigned char *ok_bytes = malloc(full);
@@ -170,7 +233,11 @@ static void reader(nbg_ctx *ctx, const char *dir)
     static const char *want[T_NKINDS] = {NULL, NULL, "not a DIALS reflection table", "version", "vec2<double>",
                                          "has 4 rows", "the table has 3 rows", "not finite", "panel is",
                                          "ends before it starts", "has 2 rows", "no \"xyzobs.px.value\"",
-                                         "no row count"};
+                                         "no row count", "shoebox of row 2: its box (28 33 3 8 1 2) needs more",
+                                         "shoebox of row 2: its box's z1 (0) is below z0 (1)",
+                                         "shoebox of row 1: its data flag is 2", "\"shoebox\": 8 bytes follow",
+                                         "shoebox of row 2: its box (-2000000000 2000000000",
+                                         "not a [\"Shoebox<>\", values]"};
     for (int k = T_MAGIC; k < T_NKINDS; ++k) {
         sb = table(k);
         rc = nbgi_refl_parse(ctx, "bad.refl", (const unsigned char *)sb.data, sb.size, &r);
@@ -246,6 +313,73 @@ static void reader(nbg_ctx *ctx, const char *dir)
 #endif
 
 
+/* nbg_reflection_shoebox_boxes (refine -spotlist FILE.refl -spot_shoebox N) on the two panels of e: a row whose
+ * 3 x 2 x 2 shoebox marks one pixel Foreground in its first slice and another Strong in its second, a row on panel 1
+ * with two Foreground pixels, a row of experiment 2 (left out); then dilated by 1, and the pixel list; then hostile
+ * rows, each refused naming the row. */
+static void shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e)
+{
+    int sp[3] = {0, 1, 0}, sbb[18] = {8, 11, 10, 12, 0, 2, 22, 24, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1}, rid[3] = {0, -1, 2};
+    long off[4] = {0, 12, 14, 15};
+    int mask[15] = {5, 0, 0, 0, 1, 0, /* z 1: */ 0, 0, 8, 0, 2, 0, /* row 1 */ 4, 5, /* row 2 */ 4};
+    int rp[3] = {0, 1, 0};
+    double rx[9] = {9, 10.5, 0.5, 22.5, 0.5, 0.5, 0.5, 0.5, 0.5};
+    nbg_reflections r = {3, rp, rx, NULL, rid, 1, 5, NULL, NULL, NULL, sp, sbb, off, mask};
+    nbg_spot_box *ob = NULL;
+    long nb = 0, skipped = 0;
+    const int code = NBG_SHOEBOX_FOREGROUND | NBG_SHOEBOX_STRONG;
+    int rc = nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, &skipped);
+    const nbg_spot_box w0[4] = {{0, 8, 9, 10, 11}, {0, 10, 11, 10, 11}, {1, 22, 23, 0, 1}, {1, 23, 24, 0, 1}};
+    nbgi_test_check(rc == NBG_OK && nb == 4 && skipped == 1 && memcmp(ob, w0, sizeof w0) == 0, "refl-shoebox-boxes",
+                    "%ld one-pixel boxes, %ld row of another experiment left out: the Foreground or Strong pixels of "
+                    "any slice, on their panels (%s)", nb, skipped, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    uint32_t *l = NULL;
+    long n = 0;
+    rc = rc == NBG_OK ? nbg_spot_box_pixels(ctx, e, ob, nb, &l, &n) : rc;
+    const uint32_t wl[4] = {10 * 40 + 8, 10 * 40 + 10, 40 * 32 + 22, 40 * 32 + 23};
+    nbgi_test_check(rc == NBG_OK && n == 4 && memcmp(l, wl, sizeof wl) == 0, "refl-shoebox-pixels",
+                    "%ld pixels, image indices with panel 1 after panel 0's 40 x 32 (%s)", n,
+                    rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(l);
+    free(ob);
+    rc = nbg_reflection_shoebox_boxes(ctx, e, &r, code, 1, &ob, &nb, NULL);
+    const nbg_spot_box w1[4] = {{0, 7, 10, 9, 12}, {0, 9, 12, 9, 12}, {1, 21, 24, -1, 2}, {1, 22, 25, -1, 2}};
+    n = 0;
+    if (rc == NBG_OK) {
+        rc = nbg_spot_box_pixels(ctx, e, ob, nb, &l, &n);
+        free(l);
+    }
+    /* panel 0: two 3 x 3 boxes sharing a column, 15; panel 1: rows 0-1 of columns 21-23, 6 */
+    nbgi_test_check(rc == NBG_OK && nb == 4 && memcmp(ob, w1, sizeof w1) == 0 && n == 15 + 6, "refl-shoebox-dilate",
+                    "dilated by 1: 3 x 3 boxes, %ld pixels after clipping and overlaps (%s)", n,
+                    rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    free(ob);
+    int bad = 0;
+    sp[1] = 5;
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 1's shoebox is on panel 5") != NULL;
+    sp[1] = 1, sbb[6] = 23, sbb[7] = 25, mask[12] = 0, mask[13] = 4; /* x 24 is off panel 1 (24 wide) */
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 1's shoebox marks pixel (24, 0) of panel 1") != NULL;
+    sbb[6] = 22, sbb[7] = 24, mask[12] = mask[13] = 1;
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 1's shoebox has no pixel with the mask bits 12") != NULL;
+    mask[12] = 4, off[1] = 0; /* row 0 carries no pixels */
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 0's shoebox carries no pixels") != NULL;
+    off[1] = 11; /* row 0's 3 x 2 x 2 box with 11 mask values */
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "reflection 0's shoebox mask (11 values) does not fill its box") != NULL;
+    off[1] = 12;
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 1001, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL;
+    r.shoebox_offset = NULL;
+    bad += nbg_reflection_shoebox_boxes(ctx, e, &r, code, 0, &ob, &nb, NULL) == NBG_EINVAL && ob == NULL &&
+           strstr(nbg_errmsg(ctx), "no shoeboxes") != NULL;
+    nbgi_test_check(bad == 7, "refl-shoebox-bad", "%d of 7 refused naming the row: a panel the detector lacks, a "
+                    "marked pixel off its panel, no marked pixel, a shoebox without pixels, a mask short of its box, "
+                    "dilation 1001, a table without shoeboxes", bad);
+}
+
 static void boxes(nbg_ctx *ctx)
 {
     nbg_experiment e;
@@ -279,7 +413,7 @@ static void boxes(nbg_ctx *ctx)
      * and one of experiment 2; their bounding boxes, or boxes of half-width 2 about their centroids' pixels */
     int rp[3] = {0, 1, 1}, rb[18] = {8, 13, 10, 15, 0, 1, 2, 6, 18, 23, 0, 1, 19, 22, 4, 7, 0, 1}, rid[3] = {0, -1, 2};
     double rx[9] = {10.5, 12.25, 0.5, 3.75, 20.5, 0.5, 20.1, 5.9, 0.5};
-    nbg_reflections r = {3, rp, rx, rb, rid, 0, 4, NULL, NULL, NULL};
+    nbg_reflections r = {3, rp, rx, rb, rid, 0, 4, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     nbg_spot_box *ob = NULL;
     long nb = 0, skipped = 0;
     rc = nbg_reflection_boxes(ctx, &e, &r, -1, &ob, &nb, &skipped);
@@ -312,6 +446,7 @@ static void boxes(nbg_ctx *ctx)
     nbgi_test_check(rbad == 4, "refl-boxes-bad", "%d of 4: bounding boxes asked of a table without them, a "
                     "centroid off its panel and a panel the detector lacks refused naming the row; no row of "
                     "experiment 0: none", rbad);
+    shoebox_boxes(ctx, &e);
     /* the single flat detector is panel 0 */
     e.panels = NULL, e.npanels = 0;
     rc = nbg_spot_box_pixels(ctx, &e, b, 1, &l, &n);
@@ -380,7 +515,11 @@ static void cli(nbg_ctx *ctx, const char *dir)
     uint64_t panel[64];
     double xyz[3 * 64];
     int32_t bbox[6 * 64], idc[64];
-    nbg_spot_box bx[64], cb[64];
+    nbg_spot_box bx[64], cb[64], xb[5 * 64];
+    /* each spot's shoebox: its 5 x 3 bbox, the centre and its four neighbours Valid | Foreground, the rest Valid */
+    static unsigned char sbk[64 * (29 + 15 * 12)];
+    size_t sbn = 0;
+    int nx = 0;
     int ns = 0;
     FILE *tf = fopen(txt, "w");
     for (int q = 0; q < 2 && tf != NULL; ++q) {
@@ -400,6 +539,21 @@ static void cli(nbg_ctx *ctx, const char *dir)
                 memcpy(bbox + 6 * ns, b6, sizeof b6);
                 idc[ns] = 0;
                 bx[ns] = (nbg_spot_box){q, f - 2, f + 3, s - 1, s + 2};
+                const uint32_t pq = (uint32_t)q;
+                memcpy(sbk + sbn, &pq, 4);
+                memcpy(sbk + sbn + 4, b6, 24);
+                sbk[sbn + 28] = 1;
+                sbn += 29;
+                for (int i = 0; i < 15; ++i) {
+                    const int x = i % 5 - 2, y = i / 5 - 1, fg = abs(x) + abs(y) <= 1;
+                    const float d = img[off + (size_t)(s + y) * F + f + x], bg = 0;
+                    const int32_t mk = fg ? NBG_SHOEBOX_VALID | NBG_SHOEBOX_FOREGROUND : NBG_SHOEBOX_VALID;
+                    memcpy(sbk + sbn + 4 * i, &d, 4);
+                    memcpy(sbk + sbn + 60 + 4 * i, &mk, 4);
+                    memcpy(sbk + sbn + 120 + 4 * i, &bg, 4);
+                    if (fg) xb[nx++] = (nbg_spot_box){q, f + x, f + x + 1, s + y, s + y + 1};
+                }
+                sbn += 180;
                 cb[ns] = (nbg_spot_box){q, f - 1, f + 2, s - 1, s + 2};
                 fprintf(tf, "%d %d %d\n", q, f, s);
                 ++ns;
@@ -422,16 +576,19 @@ static void cli(nbg_ctx *ctx, const char *dir)
     pack_str(&pk, "nrows");
     msgpack_pack_uint64(&pk, (uint64_t)ns);
     pack_str(&pk, "data");
-    msgpack_pack_map(&pk, 4);
+    msgpack_pack_map(&pk, 5);
     pack_col(&pk, "panel", "std::size_t", (uint64_t)ns, panel, sizeof(uint64_t) * (size_t)ns);
+    pack_col(&pk, "shoebox", "Shoebox<>", (uint64_t)ns, sbk, sbn);
     pack_col(&pk, "xyzobs.px.value", "vec3<double>", (uint64_t)ns, xyz, 24 * (size_t)ns);
     pack_col(&pk, "bbox", "int6", (uint64_t)ns, bbox, 24 * (size_t)ns);
     pack_col(&pk, "id", "int", (uint64_t)ns, idc, 4 * (size_t)ns);
     const int wrote = write_bytes(rf, sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     uint32_t *l = NULL;
-    long nbb = 0, ncb = 0;
+    long nbb = 0, ncb = 0, nxb = 0;
     nbg_spot_box_pixels(ctx, &t, bx, ns, &l, &nbb);
+    free(l);
+    nbg_spot_box_pixels(ctx, &t, xb, nx, &l, &nxb);
     free(l);
     nbg_spot_box_pixels(ctx, &t, cb, ns, &l, &ncb);
     free(l);
@@ -456,6 +613,25 @@ static void cli(nbg_ctx *ctx, const char *dir)
     nbgi_test_check(rc == 0 && strstr(g_out, want) != NULL && strstr(g_out, "about their centroids") != NULL,
                     "cli-refl-centroids", "-spots 1: boxes of 3 x 3 about the centroids (%ld pixels; exit %d)", ncb,
                     rc);
+    snprintf(cmd, sizeof cmd, START "-spotlist %s -spot_shoebox 0 2>&1", bin, ex, obs, rf);
+    rc = run(cmd);
+    snprintf(want, sizeof want, "spot regions: %ld pixels", nxb);
+    oz = strstr(g_out, "\norient_z");
+    fit = NAN;
+    if (oz != NULL && sscanf(oz + 9, "%lf %lf", &start, &fit) != 2) fit = NAN;
+    nbgi_test_check(rc == 0 && strstr(g_out, want) != NULL && strstr(g_out, "shoeboxes' ") != NULL &&
+                        strstr(g_out, "converged") != NULL && fabs(fit - 0.1) < 1e-4,
+                    "cli-refl-shoebox", "-spot_shoebox 0: the shoeboxes' Foreground pixels (%ld, 5 a spot): orient_z "
+                    "%.6f (truth 0.1; exit %d)", nxb, fit, rc);
+    snprintf(cmd, sizeof cmd, START "-spot_shoebox 0 2>&1", bin, ex, obs);
+    rc = run(cmd);
+    int sbad = rc != 0 && strstr(g_out, "-spot_shoebox needs -spotlist") != NULL;
+    snprintf(cmd, sizeof cmd, START "-spotlist %s -spot_shoebox 0 2>&1", bin, ex, obs, txt);
+    rc = run(cmd);
+    sbad += rc != 0 && strstr(g_out, "-spot_shoebox needs -spotlist with a DIALS reflection table") != NULL;
+    nbgi_test_check(sbad == 2, "cli-shoebox-bad", "%d of 2: -spot_shoebox without -spotlist, and with a text list, "
+                    "refused", sbad);
+    snprintf(want, sizeof want, "spot regions: %ld pixels", ncb);
     snprintf(cmd, sizeof cmd, START "-spotlist %s -spots 1 2>&1", bin, ex, obs, txt);
     rc = run(cmd);
     nbgi_test_check(rc == 0 && strstr(g_out, want) != NULL, "cli-text-panels",

@@ -620,7 +620,7 @@ def read_observed(exp: Experiment, path, frame: int = 0, pedestal: Optional[floa
 
 
 def spot_pixels(exp: Experiment, image=None, half: Optional[int] = None, frac: float = 0.05, mask=None,
-                centres=None, reflections=None) -> np.ndarray:
+                centres=None, reflections=None, shoebox: Optional[int] = None) -> np.ndarray:
     """The spot regions as ``nbgrad refine -spots HALF -spot_frac FRAC`` draws them (nbg_spot_threshold,
     nbg_spot_pixels): the pixels within `half` pixels (a (2 half + 1)^2 box; None: 3) of every pixel of image
     (None: exp's model, rendered whole) above its floor by frac of its range over the pixels mask keeps (True =
@@ -629,7 +629,10 @@ def spot_pixels(exp: Experiment, image=None, half: Optional[int] = None, frac: f
     as refine's ``-spotlist FILE.refl``: nbg_reflection_boxes) boxes its reflections of experiment 0 on their panels:
     each one's bounding box where the table has them and half is None, else a box of half-width half (None: 3)
     about its centroid's pixel; a reflection off the detector raises InvalidError naming it, a table with no
-    reflection of experiment 0 ValueError.  Returns the flat pixel indices (uint32, increasing) for
+    reflection of experiment 0 ValueError.  With shoebox=N (0 to 1000; as refine's ``-spot_shoebox N``:
+    nbg_reflection_shoebox_boxes) the regions are instead the pixels of each reflection's shoebox (the table's
+    "shoebox" column, dials.find_spots') that DIALS's mask marks Foreground or Strong, each with those within N
+    pixels; a table without shoeboxes raises ValueError.  Returns the flat pixel indices (uint32, increasing) for
     ``exp.pixels``; a flat image raises ValueError.  Drawn from the model, not the data: regions chosen by the
     data's bright pixels would bias a fit towards them."""
     if half is not None and not 0 <= int(half) <= 100000:
@@ -640,6 +643,18 @@ def spot_pixels(exp: Experiment, image=None, half: Optional[int] = None, frac: f
         missing = [k for k in ("panel", "xyzobs.px.value") if reflections.get(k) is None]
         if missing:
             raise ValueError(f"reflections: no {' or '.join(missing)} column (a table from read_refl)")
+        if shoebox is not None:
+            if not 0 <= int(shoebox) <= 1000:
+                raise ValueError(f"shoebox = {shoebox}: a dilation in pixels, in [0, 1000]")
+            if reflections.get("shoebox_offset") is None:
+                raise ValueError("reflections: no shoebox column (dials.find_spots writes one; dials.index drops it)")
+            pix, nboxes, skipped = _ext.refl_shoebox_pixels(
+                exp, reflections.get("id"), reflections["shoebox_panel"], reflections["shoebox_bbox"],
+                reflections["shoebox_offset"], reflections["shoebox_mask"], SHOEBOX_FOREGROUND | SHOEBOX_STRONG,
+                int(shoebox))
+            if nboxes == 0:
+                raise ValueError("reflections: the table holds no reflection of experiment 0")
+            return pix
         bbox = reflections.get("bbox")
         hb = -1 if half is None and bbox is not None else (3 if half is None else int(half))
         pix, nboxes, _ = _ext.refl_spot_pixels(exp, reflections["panel"], reflections["xyzobs.px.value"],
@@ -660,7 +675,11 @@ class Reflections(dict):
     pixels, z in images; pixel (f, s) covers [f, f+1) x [s, s+1)), "bbox" (n, 6) int32 (x0, x1, y0, y1, z0, z1),
     "id" (n,) int32 (the experiment; -1 unassigned), "miller_index" (n, 3) int32 (0 0 0 unindexed), "flags" (n,)
     uint64 (DIALS's flags: REFL_INDEXED, REFL_USED_IN_REFINEMENT ...), "xyzcal.px" (n, 3) float64 (DIALS's
-    prediction).  nrows, ncolumns (the table's columns, all of them), has_shoebox and path describe the file."""
+    prediction).  Where the table has a "shoebox" column (dials.find_spots'): "shoebox_panel" (n,) int32,
+    "shoebox_bbox" (n, 6) int32, "shoebox_offset" (n + 1,) int64 and "shoebox_mask" int32, row r's mask (DIALS's
+    MaskCode bits: SHOEBOX_VALID, SHOEBOX_FOREGROUND ...) being shoebox_mask[shoebox_offset[r]:shoebox_offset[r+1]],
+    z slowest, x fastest (empty where the row carries no pixels); None without one.  nrows, ncolumns (the table's
+    columns, all of them), has_shoebox and path describe the file."""
 
     nrows: int = 0
     ncolumns: int = 0
@@ -680,6 +699,7 @@ class Reflections(dict):
 
 REFL_INDEXED = 1 << 2
 REFL_USED_IN_REFINEMENT = 1 << 3
+SHOEBOX_VALID, SHOEBOX_BACKGROUND, SHOEBOX_FOREGROUND, SHOEBOX_STRONG = 1, 2, 4, 8
 
 
 def read_refl(path) -> Reflections:
@@ -866,7 +886,8 @@ __all__ = [
     "simulate", "grad", "loss_grad", "jvp", "refine", "gradcheck", "kwargs_to_flags",
     "read_hkl", "read_fdump", "write_fdump", "int_image", "noise_image", "write_smv", "read_smv", "write_float",
     "write_pgm", "read_image", "read_observed", "spot_pixels", "Reflections", "read_refl", "reflection_centroids",
-    "REFL_INDEXED", "REFL_USED_IN_REFINEMENT", "read_expt", "write_expt", "write_nxmx", "write_cbf",
+    "REFL_INDEXED", "REFL_USED_IN_REFINEMENT", "SHOEBOX_VALID", "SHOEBOX_BACKGROUND", "SHOEBOX_FOREGROUND",
+    "SHOEBOX_STRONG", "read_expt", "write_expt", "write_nxmx", "write_cbf",
     "ShotList", "EnsembleResult", "read_shots", "make_shots", "batch", "ensemble",
     "Error", "InvalidError", "LimitError", "FileError", "FormatError", "UnsupportedError", "DeviceError",
 ]

@@ -2286,7 +2286,9 @@ static PyObject *column_array(const void *data, long n, int cols, int type, size
 }
 
 /* read_refl(path) -> dict: nbg_read_refl's columns under DIALS's names ("panel", "xyzobs.px.value", "bbox", "id",
- * "miller_index", "flags", "xyzcal.px"; None where the table has none) and "nrows", "ncolumns", "has_shoebox". */
+ * "miller_index", "flags", "xyzcal.px"; None where the table has none), the shoeboxes' "shoebox_panel",
+ * "shoebox_bbox", "shoebox_offset" (n + 1, int64) and "shoebox_mask" (None without a shoebox column), and "nrows",
+ * "ncolumns", "has_shoebox". */
 static PyObject *py_read_refl(PyObject *self, PyObject *args)
 {
     PyObject *path;
@@ -2308,6 +2310,22 @@ static PyObject *py_read_refl(PyObject *self, PyObject *args)
         "miller_index", column_array(r.hkl, r.n, 3, NPY_INT32, sizeof(int)), "flags",
         column_array(r.flags, r.n, 0, NPY_UINT64, sizeof(uint64_t)), "xyzcal.px",
         column_array(r.xyzcal, r.n, 3, NPY_FLOAT64, sizeof(double)));
+    if (d != NULL) {
+        const long nm = r.shoebox_offset != NULL ? r.shoebox_offset[r.n] : 0;
+        PyObject *c[4] = {column_array(r.shoebox_panel, r.n, 0, NPY_INT32, sizeof(int)),
+                          column_array(r.shoebox_bbox, r.n, 6, NPY_INT32, sizeof(int)),
+                          column_array(r.shoebox_offset, r.n + 1, 0, NPY_LONG, sizeof(long)),
+                          r.shoebox_offset == NULL ? (Py_INCREF(Py_None), Py_None)
+                          : nm == 0 ? PyArray_SimpleNew(1, (npy_intp[]){0}, NPY_INT32)
+                                    : column_array(r.shoebox_mask, nm, 0, NPY_INT32, sizeof(int))};
+        static const char *const key[4] = {"shoebox_panel", "shoebox_bbox", "shoebox_offset", "shoebox_mask"};
+        for (int k = 0; k < 4; ++k) {
+            if (c[k] == NULL || PyDict_SetItemString(d, key[k], c[k]) != 0) {
+                Py_CLEAR(d);
+            }
+            Py_XDECREF(c[k]);
+        }
+    }
     nbg_reflections_free(&r);
     return d;
 }
@@ -2446,6 +2464,86 @@ done:
     Py_XDECREF(xa);
     Py_XDECREF(ba);
     Py_XDECREF(ia);
+    return out;
+}
+
+/* refl_shoebox_pixels(exp, id (n,) or None, shoebox_panel (n,), shoebox_bbox (n, 6), shoebox_offset (n + 1,),
+ * shoebox_mask, code, dilate) -> (pixels, boxes, skipped): nbg_reflection_shoebox_boxes and nbg_spot_box_pixels, as
+ * refine -spotlist FILE.refl -spot_shoebox N draws the spot regions.  The arrays are checked against each other
+ * first (offsets from 0, each row's mask empty or its box's volume, the last offset the mask's length). */
+static PyObject *py_refl_shoebox_pixels(PyObject *self, PyObject *args)
+{
+    PyObject *o, *iobj, *pobj, *bobj, *fobj, *mobj;
+    int code, dilate;
+    if (!PyArg_ParseTuple(args, "OOOOOOii:refl_shoebox_pixels", &o, &iobj, &pobj, &bobj, &fobj, &mobj, &code,
+                          &dilate))
+        return NULL;
+    if (!exp_check(o, "spot_pixels")) return NULL;
+    ExperimentObject *x = (ExperimentObject *)o;
+    long n = -1, nm = -1;
+    PyArrayObject *pa = int_column(pobj, "shoebox_panel", &n, 0), *ba = NULL, *ia = NULL, *fa = NULL, *ma = NULL;
+    PyObject *out = NULL;
+    if (pa == NULL || (ba = int_column(bobj, "shoebox_bbox", &n, 6)) == NULL ||
+        (iobj != Py_None && (ia = int_column(iobj, "id", &n, 0)) == NULL) ||
+        (ma = int_column(mobj, "shoebox_mask", &nm, 0)) == NULL)
+        goto done;
+    fa = (PyArrayObject *)PyArray_FROMANY(fobj, NPY_LONG, 1, 1, NPY_ARRAY_CARRAY | NPY_ARRAY_FORCECAST);
+    if (fa == NULL) goto done;
+    if (PyArray_DIM(fa, 0) != n + 1) {
+        PyErr_Format(PyExc_ValueError, "shoebox_offset: expected %ld offsets (one more than the rows), got %ld", n + 1,
+                     (long)PyArray_DIM(fa, 0));
+        goto done;
+    }
+    const long *off = PyArray_DATA(fa);
+    const int *bb = PyArray_DATA(ba);
+    for (long t = 0; t < n; ++t) {
+        const long vol = off[t + 1] - off[t];
+        const int *b = bb + 6 * t;
+        if ((t == 0 && off[0] != 0) || b[1] < b[0] || b[3] < b[2] || b[5] < b[4] ||
+            (vol != 0 && vol != ((long)b[1] - b[0]) * ((long)b[3] - b[2]) * ((long)b[5] - b[4]))) {
+            PyErr_Format(PyExc_ValueError, "shoebox row %ld: its mask (offsets %ld to %ld) does not fill its box "
+                         "(%d %d %d %d %d %d), or the box is reversed", t, off[t], off[t + 1], b[0], b[1], b[2], b[3],
+                         b[4], b[5]);
+            goto done;
+        }
+    }
+    if (off[n] != nm || (n == 0 && off[0] != 0)) {
+        PyErr_Format(PyExc_ValueError, "shoebox_offset: the last offset is %ld, the mask holds %ld values", off[n], nm);
+        goto done;
+    }
+    nbg_reflections r;
+    memset(&r, 0, sizeof r);
+    r.n = n;
+    r.id = ia != NULL ? PyArray_DATA(ia) : NULL;
+    r.shoebox_panel = PyArray_DATA(pa);
+    r.shoebox_bbox = PyArray_DATA(ba);
+    r.shoebox_offset = (long *)off;
+    r.shoebox_mask = PyArray_DATA(ma);
+    nbg_spot_box *boxes = NULL;
+    uint32_t *list = NULL;
+    long nb = 0, skipped = 0, np = 0;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = nbg_reflection_shoebox_boxes(x->ctx, x->e, &r, code, dilate, &boxes, &nb, &skipped);
+    if (st == NBG_OK) st = nbg_spot_box_pixels(x->ctx, x->e, boxes, nb, &list, &np);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) raise_ctx(x->ctx, st);
+    exp_unlock(x);
+    if (st == NBG_OK) {
+        npy_intp dn = (npy_intp)np;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
+        if (a != NULL && np > 0) memcpy(PyArray_DATA(a), list, (size_t)np * sizeof(uint32_t));
+        if (a != NULL) out = Py_BuildValue("(Nll)", a, nb, skipped);
+    }
+    free(boxes);
+    free(list);
+done:
+    Py_XDECREF(pa);
+    Py_XDECREF(ba);
+    Py_XDECREF(ia);
+    Py_XDECREF(fa);
+    Py_XDECREF(ma);
     return out;
 }
 
@@ -2978,6 +3076,9 @@ static PyMethodDef module_methods[] = {
      "reflection_centroids(exp, hkl, panel, x, y, radius) -> (cx, cy, photons)"},
     {"refl_spot_pixels", py_refl_spot_pixels, METH_VARARGS,
      "refl_spot_pixels(exp, panel, xyz, bbox, id, half) -> (pixels, boxes, skipped)"},
+    {"refl_shoebox_pixels", py_refl_shoebox_pixels, METH_VARARGS,
+     "refl_shoebox_pixels(exp, id, shoebox_panel, shoebox_bbox, shoebox_offset, shoebox_mask, code, dilate) -> "
+     "(pixels, boxes, skipped)"},
     {"read_expt", py_read_expt, METH_VARARGS, "read_expt(path) -> geometry dict"},
     {"write_expt", py_write_expt, METH_VARARGS, "write_expt(path, geometry, images='')"},
     {"write_nxmx", py_write_nxmx, METH_VARARGS, "write_nxmx(path, geometry, frames, mask)"},

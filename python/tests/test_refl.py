@@ -2,9 +2,10 @@
 written; damaged tables raise with the file's name; reflection_centroids (nbg_reflection_centroids) gives each
 reflection's own model spot, as a render of that reflection alone does and as the program's refine -centroids
 writes it; spot_pixels(reflections=...) (nbg_reflection_boxes) draws the spot regions refine -spotlist FILE.refl
-draws.  The tables are written here as DIALS writes them (msgpack: ["dials::af::reflection_table", 1, {...,
-"data": {name: [type, [rows, little-endian bytes]]}}]) by a small msgpack writer, so that no msgpack package is
-needed."""
+draws, and with shoebox=N the shoeboxes' Foreground/Strong pixels (nbg_reflection_shoebox_boxes) as refine
+-spot_shoebox N does.  The tables are written here as DIALS writes them (msgpack: ["dials::af::reflection_table",
+1, {..., "data": {name: [type, [rows, little-endian bytes]]}}]) by a small msgpack writer, so that no msgpack
+package is needed."""
 import json
 import struct
 import subprocess
@@ -138,7 +139,9 @@ def test_read_refl_every_column(spot_table):
     want = {"panel": (np.int32, (n,)), "xyzobs.px.value": (np.float64, (n, 3)), "bbox": (np.int32, (n, 6)),
             "id": (np.int32, (n,)), "miller_index": (np.int32, (n, 3)), "flags": (np.uint64, (n,)),
             "xyzcal.px": (np.float64, (n, 3))}
-    assert set(r) == set(want)  # intensity.sum.value is not one the library reads
+    sbkeys = {"shoebox_panel", "shoebox_bbox", "shoebox_offset", "shoebox_mask"}
+    assert set(r) == set(want) | sbkeys  # intensity.sum.value is not one the library reads
+    assert all(r[k] is None for k in sbkeys)  # no shoebox column
     for name, (dtype, shape) in want.items():
         assert r[name].dtype == dtype and r[name].shape == shape, name
         assert np.array_equal(r[name], np.asarray(cols[name]).astype(dtype)), name
@@ -320,3 +323,74 @@ def test_spotlist_refine_equals_cli(exp, spot_table, cli, tmp_path):
         assert res.start_loss == pytest.approx(ref["start_loss"], rel=1e-9)
         assert res.values["a"] == pytest.approx(ref["parameters"]["a"]["value"], rel=1e-6)
         assert res.values["a"] == pytest.approx(70, abs=0.02)
+
+
+# --- shoeboxes -------------------------------------------------------------------------------------------------------
+
+
+def shoebox_bytes(rows) -> bytes:
+    """A "Shoebox<>" column's bytes as DIALS writes them: per row the panel (u4), the box (6 i4), a byte 1 with the
+    pixels (then data f4, mask i4, background f4 over the box, z slowest) or 0 without."""
+    out = b""
+    for panel, box, mask in rows:
+        out += struct.pack("<I6iB", panel, *box, 0 if mask is None else 1)
+        if mask is not None:
+            m = np.asarray(mask, np.int32).ravel()
+            out += np.arange(m.size, dtype="<f4").tobytes() + m.astype("<i4").tobytes()
+            out += np.zeros(m.size, "<f4").tobytes()
+    return out
+
+
+def test_shoebox_masks_and_spot_pixels(exp, tmp_path):
+    """The masks of a shoebox column read back value for value; spot_pixels(reflections=, shoebox=N) gives the
+    Foreground/Strong pixels of every slice of the rows of experiment 0 (dilated by N), as computed here."""
+    S, F = exp.shape
+    rng = np.random.default_rng(5)
+    rows, xyz, ids = [], [], []
+    for k in range(6):
+        x0, y0 = int(rng.integers(5, F - 10)), int(rng.integers(5, S - 10))
+        box = (x0, x0 + 4, y0, y0 + 3, 0, 2)
+        mask = rng.choice([0, 1, 3, 5, 9, 13, 17, 37], size=(2, 3, 4)).astype(np.int32)
+        mask[0, 1, 1] = 5  # every row marks a pixel
+        rows.append((0, box, mask))
+        xyz.append((x0 + 1.5, y0 + 1.5, 0.5))
+        ids.append(1 if k == 4 else 0)
+    rows.append((0, (1, 3, 1, 2, 0, 1), None))  # a row without pixels, of experiment 1
+    xyz.append((1.5, 1.5, 0.5))
+    ids.append(1)
+    n = len(rows)
+    data = {"xyzobs.px.value": ["vec3<double>", [n, np.asarray(xyz, "<f8").tobytes()]],
+            "id": ["int", [n, np.asarray(ids, "<i4").tobytes()]],
+            "shoebox": ["Shoebox<>", [n, shoebox_bytes(rows)]]}
+    path = tmp_path / "strong.refl"
+    path.write_bytes(_pack(["dials::af::reflection_table", 1, {"identifiers": {}, "nrows": n, "data": data}]))
+    r = read_or_skip(path)
+    assert r.has_shoebox and r["shoebox_offset"].shape == (n + 1,)
+    assert np.array_equal(r["shoebox_panel"], [p for p, _, _ in rows])
+    assert np.array_equal(r["shoebox_bbox"], [b for _, b, _ in rows])
+    for k, (_, _, mask) in enumerate(rows):
+        got = r["shoebox_mask"][r["shoebox_offset"][k]:r["shoebox_offset"][k + 1]]
+        assert np.array_equal(got, np.zeros(0) if mask is None else mask.ravel()), k
+    for dil in (0, 1):
+        want = np.zeros((S, F), bool)
+        for (_, b, mask), i in zip(rows, ids):
+            if i != 0:
+                continue
+            ys, xs = np.nonzero(((mask & (nbgrad.SHOEBOX_FOREGROUND | nbgrad.SHOEBOX_STRONG)) != 0).any(axis=0))
+            for y, x in zip(ys + b[2], xs + b[0]):
+                want[max(y - dil, 0):y + dil + 1, max(x - dil, 0):x + dil + 1] = True
+        got = nbgrad.spot_pixels(exp, reflections=r, shoebox=dil)
+        assert got.dtype == np.uint32 and np.array_equal(got, np.flatnonzero(want)), dil
+    # refused: a row of experiment 0 without pixels (named), inconsistent offsets, a table without shoeboxes
+    bad = dict(r)
+    bad["id"] = np.zeros_like(r["id"])
+    with pytest.raises(nbgrad.InvalidError, match="reflection 6's shoebox carries no pixels"):
+        nbgrad.spot_pixels(exp, reflections=bad, shoebox=0)
+    bad = dict(r)
+    bad["shoebox_offset"] = r["shoebox_offset"].copy()
+    bad["shoebox_offset"][2] += 1
+    with pytest.raises(ValueError, match="shoebox row 1"):
+        nbgrad.spot_pixels(exp, reflections=bad, shoebox=0)
+    with pytest.raises(ValueError, match="no shoebox column"):
+        nbgrad.spot_pixels(exp, reflections={k: (None if k.startswith("shoebox") else v) for k, v in r.items()},
+                           shoebox=0)
