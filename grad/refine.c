@@ -1467,6 +1467,17 @@ static int sv_setup(nbg_ctx *ctx, const nbg_experiment *frames, int nframes, con
 
 /* The fit.  ex, when not NULL, is a test's point (x over the fitted list and its knots): nothing is fitted; eout
  * receives the Gauss-Newton pass's loss and gradient there, then the adjoint's (nbgi_debug_refine_eval). */
+/* refine_core's set-up scratch (the workspace's buffer, the scan-varying map and weights, the knots' angles until
+ * the result takes them), freed on every way out. */
+static void core_scratch_free(double *wbuf, int *svo, double *svl, double *svw, double *kphi)
+{
+    free(wbuf);
+    free(svo);
+    free(svl);
+    free(svw);
+    free(kphi);
+}
+
 static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const float *const *observed,
                        const float *const *weights, size_t npix, const nbg_param *params, int nparams,
                        const nbg_param *xparams, const int *xof, int nx, nbg_hkl *Ft, const nbg_refine_options *opt,
@@ -1527,11 +1538,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         free(res->params);
         res->params = NULL;
         free(rbuf);
-        free(wbuf);
-        free(svo);
-        free(svl);
-        free(svw);
-        free(kphi);
+        core_scratch_free(wbuf, svo, svl, svw, kphi);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nall);
     }
     res->start = rbuf;
@@ -1549,11 +1556,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         }
         if (!x_in_bounds(params[j], x[j])) {
             const double v = x[j];
-            free(wbuf);
-            free(svo);
-            free(svl);
-            free(svw);
-            free(kphi);
+            core_scratch_free(wbuf, svo, svl, svw, kphi);
             return nbgi_error(ctx, NBG_EINVAL, "the start value %g of %s is outside its bounds", v, label);
         }
         res->params[j] = params[j];
@@ -1582,19 +1585,13 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         if (res->knot != NULL) {
             memcpy(res->knot, knot, sizeof(int) * n);
         } else {
-            free(wbuf);
-            free(svo);
-            free(svl);
-            free(svw);
+            core_scratch_free(wbuf, svo, svl, svw, kphi);
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d parameters", nall);
         }
     }
     res->nparams = nall;
     if (!(opt->stol > 0) || !(opt->ftol >= 0) || !(opt->gtol >= 0) || opt->max_iter < 1) {
-        free(wbuf);
-        free(svo);
-        free(svl);
-        free(svw);
+        core_scratch_free(wbuf, svo, svl, svw, kphi);
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: max_iter must be positive, stol positive, ftol and gtol not "
                          "negative (got %d, %g, %g, %g)", opt->max_iter, opt->stol, opt->ftol, opt->gtol);
     }
@@ -1809,10 +1806,7 @@ cleanup:
     free(ws.Tq);
     free(ws.Fs0);
     free(ws.pinned);
-    free(wbuf);
-    free(svo);
-    free(svl);
-    free(svw);
+    core_scratch_free(wbuf, svo, svl, svw, kphi);
     return rc;
 }
 

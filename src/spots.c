@@ -79,6 +79,17 @@ static int mask_to_list(nbg_ctx *ctx, const nbgi_kparams *k, uint8_t *m, size_t 
     return NBG_OK;
 }
 
+/* Panel q's first image index (off; NULL: not wanted) and its pixel counts along fast and slow (F, S): the panel's,
+ * or the single flat detector's (offset 0) when there are no panels. */
+static void panel_extent(const nbgi_kparams *k, int q, long *off, long *F, long *S)
+{
+    if (off != NULL) {
+        *off = k->npanels > 0 ? k->panels[q].offset : 0;
+    }
+    *F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
+    *S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
+}
+
 int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, size_t npix, double threshold,
                     const double *centres, long ncentres, int half_box, uint32_t **pixels, long *npixels)
 {
@@ -145,9 +156,8 @@ int nbg_spot_pixels(nbg_ctx *ctx, const nbg_experiment *e, const float *image, s
         /* the box: dilation along fast, then along slow, within each panel (the single detector is one) */
         const int np = k->npanels > 0 ? k->npanels : 1;
         for (int q = 0; q < np; ++q) {
-            const long off = k->npanels > 0 ? k->panels[q].offset : 0;
-            const long F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
-            const long S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
+            long off, F, S;
+            panel_extent(k, q, &off, &F, &S);
             for (long s = 0; s < S; ++s) {
                 dilate_line(m + off + s * F, F, 1, half_box, tmp);
             }
@@ -206,8 +216,8 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
             return nbgi_error(ctx, NBG_EINVAL, "spot box %ld is on panel %d, the detector has %d panel%s", b, x->panel,
                               np, np > 1 ? "s" : " (the single flat detector: panel 0)");
         }
-        const long F = k->npanels > 0 ? k->panels[x->panel].fpixels : k->fpixels;
-        const long S = k->npanels > 0 ? k->panels[x->panel].spixels : k->spixels;
+        long F, S;
+        panel_extent(k, x->panel, NULL, &F, &S);
         if (x->x1 <= x->x0 || x->y1 <= x->y0 || x->x1 <= 0 || x->y1 <= 0 || x->x0 >= F || x->y0 >= S) {
             nbgi_plan_free(&pl);
             return nbgi_error(ctx, NBG_EINVAL, "spot box %ld (fast [%d, %d), slow [%d, %d) on panel %d) is empty or "
@@ -222,9 +232,8 @@ int nbg_spot_box_pixels(nbg_ctx *ctx, const nbg_experiment *e, const nbg_spot_bo
     }
     for (long b = 0; b < nboxes; ++b) {
         const nbg_spot_box *x = &boxes[b];
-        const long off = k->npanels > 0 ? k->panels[x->panel].offset : 0;
-        const long F = k->npanels > 0 ? k->panels[x->panel].fpixels : k->fpixels;
-        const long S = k->npanels > 0 ? k->panels[x->panel].spixels : k->spixels;
+        long off, F, S;
+        panel_extent(k, x->panel, &off, &F, &S);
         const long f0 = x->x0 > 0 ? x->x0 : 0, f1 = x->x1 < F ? x->x1 : F;
         const long s0 = x->y0 > 0 ? x->y0 : 0, s1 = x->y1 < S ? x->y1 : S;
         for (long s = s0; s < s1; ++s) {
@@ -273,8 +282,8 @@ int nbg_reflection_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nbg_reflec
         }
         const int q = r->panel[t];
         const double x = r->xyz[3 * t], y = r->xyz[3 * t + 1];
-        const long F = k->npanels > 0 ? k->panels[q >= 0 && q < np ? q : 0].fpixels : k->fpixels;
-        const long S = k->npanels > 0 ? k->panels[q >= 0 && q < np ? q : 0].spixels : k->spixels;
+        long F, S;
+        panel_extent(k, q >= 0 && q < np ? q : 0, NULL, &F, &S);
         if (q < 0 || q >= np || !(x >= 0 && x < F && y >= 0 && y < S)) {
             free(b);
             nbgi_plan_free(&pl);
@@ -358,8 +367,8 @@ int nbg_reflection_shoebox_boxes(nbg_ctx *ctx, const nbg_experiment *e, const nb
                             "from)", t);
             break;
         }
-        const long F = k->npanels > 0 ? k->panels[q].fpixels : k->fpixels;
-        const long S = k->npanels > 0 ? k->panels[q].spixels : k->spixels;
+        long F, S;
+        panel_extent(k, q, NULL, &F, &S);
         const long nx = (long)bb[1] - bb[0], ny = (long)bb[3] - bb[2], nz = (long)bb[5] - bb[4];
         if (nx <= 0 || ny <= 0 || nz <= 0 || vol < 0 || r->shoebox_mask == NULL || vol / nx / ny != nz ||
             vol % (nx * ny) != 0) {
@@ -493,9 +502,8 @@ int nbg_reflection_centroids(nbg_ctx *ctx, const nbg_experiment *e, long n, cons
         const int *h = hkl + 3 * i;
         const long j = ((long)(h[0] - lo[0]) * nk + (h[1] - lo[1])) * nl + (h[2] - lo[2]);
         const int p = panel[i];
-        const long off = k->npanels > 0 ? k->panels[p].offset : 0;
-        const long F = k->npanels > 0 ? k->panels[p].fpixels : k->fpixels;
-        const long S = k->npanels > 0 ? k->panels[p].spixels : k->spixels;
+        long off, F, S;
+        panel_extent(k, p, &off, &F, &S);
         const double fl = floor(x[i]), sl = floor(y[i]);
         const long f0 = (long)fmax(0, fl - radius), f1 = (long)fmin((double)F - 1, fl + radius);
         const long s0 = (long)fmax(0, sl - radius), s1 = (long)fmin((double)S - 1, sl + radius);

@@ -2416,6 +2416,35 @@ done:
     return out;
 }
 
+/* The spot pixels of reflection table r's rows, as refine -spotlist FILE.refl draws them: (pixels, boxes, skipped),
+ * or NULL with the context's error raised.  code < 0: nbg_reflection_boxes with half-width arg; else
+ * nbg_reflection_shoebox_boxes with mask bits code and dilation arg; then nbg_spot_box_pixels. */
+static PyObject *refl_box_pixels(ExperimentObject *x, const nbg_reflections *r, int code, int arg)
+{
+    PyObject *out = NULL;
+    nbg_spot_box *boxes = NULL;
+    uint32_t *list = NULL;
+    long nb = 0, skipped = 0, np = 0;
+    int st;
+    exp_lock(x);
+    Py_BEGIN_ALLOW_THREADS
+    st = code < 0 ? nbg_reflection_boxes(x->ctx, x->e, r, arg, &boxes, &nb, &skipped)
+                  : nbg_reflection_shoebox_boxes(x->ctx, x->e, r, code, arg, &boxes, &nb, &skipped);
+    if (st == NBG_OK) st = nbg_spot_box_pixels(x->ctx, x->e, boxes, nb, &list, &np);
+    Py_END_ALLOW_THREADS
+    if (st != NBG_OK) raise_ctx(x->ctx, st);
+    exp_unlock(x);
+    if (st == NBG_OK) {
+        npy_intp dn = (npy_intp)np;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
+        if (a != NULL && np > 0) memcpy(PyArray_DATA(a), list, (size_t)np * sizeof(uint32_t));
+        if (a != NULL) out = Py_BuildValue("(Nll)", a, nb, skipped);
+    }
+    free(boxes);
+    free(list);
+    return out;
+}
+
 /* refl_spot_pixels(exp, panel (n,), xyz (n, 3), bbox (n, 6) or None, id (n,) or None, half) -> (pixels, boxes,
  * skipped): nbg_reflection_boxes (half < 0: the bounding boxes) and nbg_spot_box_pixels, as refine -spotlist
  * FILE.refl draws the spot regions */
@@ -2440,25 +2469,7 @@ static PyObject *py_refl_spot_pixels(PyObject *self, PyObject *args)
     r.xyz = PyArray_DATA(xa);
     r.bbox = ba != NULL ? PyArray_DATA(ba) : NULL;
     r.id = ia != NULL ? PyArray_DATA(ia) : NULL;
-    nbg_spot_box *boxes = NULL;
-    uint32_t *list = NULL;
-    long nb = 0, skipped = 0, np = 0;
-    int st;
-    exp_lock(x);
-    Py_BEGIN_ALLOW_THREADS
-    st = nbg_reflection_boxes(x->ctx, x->e, &r, half, &boxes, &nb, &skipped);
-    if (st == NBG_OK) st = nbg_spot_box_pixels(x->ctx, x->e, boxes, nb, &list, &np);
-    Py_END_ALLOW_THREADS
-    if (st != NBG_OK) raise_ctx(x->ctx, st);
-    exp_unlock(x);
-    if (st == NBG_OK) {
-        npy_intp dn = (npy_intp)np;
-        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
-        if (a != NULL && np > 0) memcpy(PyArray_DATA(a), list, (size_t)np * sizeof(uint32_t));
-        if (a != NULL) out = Py_BuildValue("(Nll)", a, nb, skipped);
-    }
-    free(boxes);
-    free(list);
+    out = refl_box_pixels(x, &r, -1, half);
 done:
     Py_XDECREF(pa);
     Py_XDECREF(xa);
@@ -2519,25 +2530,7 @@ static PyObject *py_refl_shoebox_pixels(PyObject *self, PyObject *args)
     r.shoebox_bbox = PyArray_DATA(ba);
     r.shoebox_offset = (long *)off;
     r.shoebox_mask = PyArray_DATA(ma);
-    nbg_spot_box *boxes = NULL;
-    uint32_t *list = NULL;
-    long nb = 0, skipped = 0, np = 0;
-    int st;
-    exp_lock(x);
-    Py_BEGIN_ALLOW_THREADS
-    st = nbg_reflection_shoebox_boxes(x->ctx, x->e, &r, code, dilate, &boxes, &nb, &skipped);
-    if (st == NBG_OK) st = nbg_spot_box_pixels(x->ctx, x->e, boxes, nb, &list, &np);
-    Py_END_ALLOW_THREADS
-    if (st != NBG_OK) raise_ctx(x->ctx, st);
-    exp_unlock(x);
-    if (st == NBG_OK) {
-        npy_intp dn = (npy_intp)np;
-        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &dn, NPY_UINT32);
-        if (a != NULL && np > 0) memcpy(PyArray_DATA(a), list, (size_t)np * sizeof(uint32_t));
-        if (a != NULL) out = Py_BuildValue("(Nll)", a, nb, skipped);
-    }
-    free(boxes);
-    free(list);
+    out = refl_box_pixels(x, &r, code, dilate);
 done:
     Py_XDECREF(pa);
     Py_XDECREF(ba);
