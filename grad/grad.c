@@ -480,63 +480,112 @@ int nbgi_tangent_alloc(const nbgi_plan *pl, nbgi_adjacc *t)
     return NBG_OK;
 }
 
+/* Whether parameter p moves panels by their own tangents (beyond what the detector plane's carry): a panel
+ * motion's component (its group's panels), and the beam's direction on panels fixed in the lab frame, which its
+ * tangent turns about the sample as it turns the crystal (the plane's tangent moves no such panel). */
+static int moves_panels(const nbg_experiment *e, nbg_param p)
+{
+    if (nbgi_param_motion(p, NULL, NULL)) {
+        return 1;
+    }
+    return p >= 0 && p < NBG_NPARAMS && nbgi_param_rows[p].setup == NBGI_S_BEAM_DIR && e->npanels > 0 &&
+           e->panel_frame == NBG_PANELS_LAB;
+}
+
+/* The panels' own tangents along p (moves_panels), per CLI unit: out[k * NBG_ADJ_DET ...] for panel k (pix0, f, s,
+ * o, close, nbgi_adjacc's order), zero for a panel p does not move.  A motion's: its group's panels' from the plan
+ * (nbgi_plan_panels).  The beam's direction: each lab-frame panel turned with the detector the other way about the
+ * tilt's axis w, -w x v per degree on pix0, f, s, o; its close distance pix0 . o does not change. */
+static void panel_tangents(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, double *out)
+{
+    const int np = pl->k.npanels;
+    memset(out, 0, sizeof(double) * (size_t)np * NBG_ADJ_DET);
+    int g, c;
+    if (nbgi_param_motion(p, &g, &c)) {
+        for (int k = 0; k < np; ++k) {
+            if (e->panels[k].group == g) {
+                memcpy(out + (size_t)k * NBG_ADJ_DET, pl->motion_t + ((size_t)k * 6 + c) * NBG_ADJ_DET,
+                       sizeof(double) * NBG_ADJ_DET);
+            }
+        }
+        return;
+    }
+    const double *w = pl->beam_axes + 3 * nbgi_param_rows[p].index;
+    for (int k = 0; k < np; ++k) {
+        const nbgi_kpanel *q = &pl->panels[k];
+        const double *src[4] = {q->pix0, q->fdet, q->sdet, q->odet};
+        for (int v = 0; v < 4; ++v) {
+            double x[3];
+            nbgi_cross(w, src[v], x);
+            for (int i = 0; i < 3; ++i) {
+                out[(size_t)k * NBG_ADJ_DET + 3 * v + i] = -x[i] / RTD;
+            }
+        }
+    }
+}
+
 /* What a list of parameters asks of the reverse pass. */
 typedef struct {
     int F;       /* a structure-factor entry: the kernel accumulates dL/dF */
-    int motions; /* a panel motion's component: the kernel accumulates each panel's detector gradients */
+    int panels;  /* a parameter that moves panels by their own (moves_panels): the kernel accumulates each panel's
+                    detector gradients */
     int kernel;  /* anything but the image-level parameters: the adjoint kernel runs */
     int N;       /* a crystal size: the kernel differentiates the lattice factor in N */
 } nbgi_want;
 
-static nbgi_want want_of(const nbg_param *params, int n)
+static nbgi_want want_of(const nbg_experiment *e, const nbg_param *params, int n)
 {
     nbgi_want w = {0, 0, 0, 0};
     for (int j = 0; j < n; ++j) {
         const nbgi_kind k = nbgi_param_kind(params[j], NULL, NULL, NULL);
         w.F |= k == NBGI_K_F;
-        w.motions |= k == NBGI_K_MOTION;
+        w.panels |= moves_panels(e, params[j]);
         w.kernel |= !nbgi_param_image_level(params[j]);
         w.N |= k == NBGI_K_SCALAR && nbgi_param_rows[params[j]].setup == NBGI_S_N;
     }
     return w;
 }
 
-/* The chain rule from the reduced accumulators to the listed parameters: dL/dp = <acc, t_p> for the scalars;
- * a panel motion's component the sum over its group's panels of <the panel's own gradients, its tangent>; a
- * structure factor's straight from the kernel.  The image-level parameters are model_adjoint's. */
+/* The chain rule from the reduced accumulators to the listed parameters: dL/dp = <acc, t_p> for the scalars,
+ * plus, for a parameter that moves panels by their own (a motion's component: its group's panels; the beam's
+ * direction: lab-frame panels), the sum over the panels of <the panel's own gradients, its tangent>; a structure
+ * factor's straight from the kernel.  The image-level parameters are model_adjoint's. */
 static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_adjacc *acc, const nbg_param *params,
                       int n, double *g)
 {
     const nbgi_kparams *k = &pl->k;
+    double *pt = NULL;
     for (int j = 0; j < n; ++j) {
-        int mg, mc;
         long fi;
-        switch (nbgi_param_kind(params[j], &mg, &mc, &fi)) {
-        case NBGI_K_SCALAR: {
+        switch (nbgi_param_kind(params[j], NULL, NULL, &fi)) {
+        case NBGI_K_SCALAR:
+        case NBGI_K_MOTION: {
             if (nbgi_param_image_level(params[j])) {
                 break;
             }
-            nbgi_adjacc t;
-            if (nbgi_tangent_alloc(pl, &t) != NBG_OK) {
-                return NBG_ENOMEM;
-            }
-            nbgi_plan_tangent(e, pl, params[j], &t);
-            g[j] = plan_dot(pl, acc, &t);
-            free(t.abc);
-            break;
-        }
-        case NBGI_K_MOTION: {
             double d = 0;
-            for (int q = 0; q < k->npanels; ++q) {
-                if (e->panels[q].group != mg) {
-                    continue;
+            if (!nbgi_param_motion(params[j], NULL, NULL)) {
+                nbgi_adjacc t;
+                if (nbgi_tangent_alloc(pl, &t) != NBG_OK) {
+                    free(pt);
+                    return NBG_ENOMEM;
                 }
-                const double *tq = pl->motion_t + ((size_t)q * 6 + mc) * NBG_ADJ_DET;
-                double dq = 0;
-                for (int x = 0; x < NBG_ADJ_DET; ++x) {
-                    dq += acc->panel[(size_t)q * NBG_ADJ_DET + x] * tq[x];
+                nbgi_plan_tangent(e, pl, params[j], &t);
+                d = plan_dot(pl, acc, &t);
+                free(t.abc);
+            }
+            if (moves_panels(e, params[j])) {
+                if (pt == NULL && (pt = malloc(sizeof(double) * (size_t)k->npanels * NBG_ADJ_DET)) == NULL) {
+                    return NBG_ENOMEM;
                 }
-                d += dq;
+                panel_tangents(e, pl, params[j], pt);
+                for (int q = 0; q < k->npanels; ++q) {
+                    double dq = 0;
+                    for (int x = 0; x < NBG_ADJ_DET; ++x) {
+                        dq += acc->panel[(size_t)q * NBG_ADJ_DET + x] * pt[(size_t)q * NBG_ADJ_DET + x];
+                    }
+                    d += dq;
+                }
             }
             g[j] = d;
             break;
@@ -549,6 +598,7 @@ static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_a
             break;
         }
     }
+    free(pt);
     return NBG_OK;
 }
 
@@ -558,7 +608,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
                        const nbg_param *params, int nparams, double *grad, float *image)
 {
     const nbgi_kparams *k = &pl->k;
-    const nbgi_want want = want_of(params, nparams);
+    const nbgi_want want = want_of(e, params, nparams);
     int nthreads = ctx->nthreads;
 #ifdef _OPENMP
     if (nthreads <= 0) {
@@ -570,7 +620,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
     const size_t nabc = (size_t)k->nphi * k->nmos * 9;
     const size_t nsrc = (size_t)k->nsources;
     const size_t nF = (want.F && k->F != NULL) ? (size_t)k->nh * k->nk * k->nl : 0;
-    const size_t nP = want.motions ? (size_t)k->npanels * NBG_ADJ_DET : 0;
+    const size_t nP = want.panels ? (size_t)k->npanels * NBG_ADJ_DET : 0;
     const size_t per = nabc + nsrc + nF + nP;
     nbgi_adjacc acc;
     memset(&acc, 0, sizeof acc);
@@ -641,7 +691,7 @@ static int model_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, c
                          const nbg_param *params, int nparams, double *grad, float *image)
 {
     const size_t npix = (size_t)pl->k.npix;
-    const nbgi_want want = want_of(params, nparams);
+    const nbgi_want want = want_of(e, params, nparams);
     int rc;
     for (int j = 0; j < nparams; ++j) {
         grad[j] = 0;
@@ -726,7 +776,7 @@ static int plan_for_grad(nbg_ctx *ctx, const nbg_experiment *e, size_t npix, con
     if (rc != NBG_OK) {
         return rc;
     }
-    pl->k.want_dN = want_of(params, nparams).N;
+    pl->k.want_dN = want_of(e, params, nparams).N;
     if ((size_t)pl->k.npix != npix && pl->k.npanels > 0) {
         rc = nbgi_error(ctx, NBG_EINVAL, "the image buffers hold %zu pixels, the detector's %d panels have %ld", npix,
                        pl->k.npanels, pl->k.npix);
@@ -853,7 +903,7 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
                              nbg_param_label(e, params[j], lab, sizeof lab));
         }
     }
-    const int motions = want_of(params, nparams).motions;
+    const int motions = want_of(e, params, nparams).panels;
     nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, params, nparams, "nbg_simulate_jvp", &pl);
     if (rc != NBG_OK) {
@@ -885,21 +935,16 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
         }
         for (; na < m; ++na) {
             const nbg_param p = params[slot[q0 + na]];
-            int g, c;
             if (nbgi_tangent_alloc(&pl, &t[na]) != NBG_OK) {
                 rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
                 break;
             }
-            if (!nbgi_param_motion(p, &g, &c)) {
-                nbgi_plan_tangent(e, &pl, p, &t[na]);
-                continue;
+            if (!nbgi_param_motion(p, NULL, NULL)) {
+                nbgi_plan_tangent(e, &pl, p, &t[na]); /* a motion's is zero */
             }
-            motion = 1; /* the plan-level tangent is zero; the group's panels move by their own */
-            for (int k = 0; k < pl.k.npanels; ++k) {
-                if (e->panels[k].group == g) {
-                    memcpy(ptan + ((size_t)na * pl.k.npanels + k) * NBG_ADJ_DET,
-                           pl.motion_t + ((size_t)k * 6 + c) * NBG_ADJ_DET, sizeof(double) * NBG_ADJ_DET);
-                }
+            if (moves_panels(e, p)) {
+                motion = 1; /* the panels' own tangents, added to what the plane's carry */
+                panel_tangents(e, &pl, p, ptan + (size_t)na * pl.k.npanels * NBG_ADJ_DET);
             }
         }
         if (rc == NBG_OK) {

@@ -11,15 +11,19 @@
 /* The most panel motions a parameter name can address. */
 #define NBGI_MAX_MOTIONS 100000
 
-/* Whether p is a panel motion's parameter, NBG_P_MOTION(*g, *c). */
+/* Whether p is a panel motion's parameter, NBG_P_MOTION(*g, *c) (g, c may be NULL). */
 static inline int nbgi_param_motion(nbg_param p, int *g, int *c)
 {
     const long v = (long)p - NBG_P_MOTION0;
     if (v < 0 || v >= 6L * NBGI_MAX_MOTIONS) {
         return 0;
     }
-    *g = (int)(v / 6);
-    *c = (int)(v % 6);
+    if (g != NULL) {
+        *g = (int)(v / 6);
+    }
+    if (c != NULL) {
+        *c = (int)(v % 6);
+    }
     return 1;
 }
 

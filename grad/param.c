@@ -351,10 +351,8 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
         }
         return "the crystal is not turned about the spindle (a still)";
     case NBGI_FREE_BEAMDIR:
-        return e->curved ? "is not differentiated on the curved detector"
-               : e->npanels > 0 && e->panel_frame == NBG_PANELS_LAB
-                   ? "is not yet available with panels fixed in the lab frame (its gradient turns the panels)"
-                   : NULL;    case NBGI_FREE_SPECTRUM:
+        return e->curved ? "is not differentiated on the curved detector" : NULL;
+    case NBGI_FREE_SPECTRUM:
         *hard = 0;
         for (int j = 1; j < pl->k.nsources; ++j) {
             if (pl->src_dscale[j] != pl->src_dscale[0]) {

@@ -453,6 +453,53 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
                        mrc == NBG_OK ? "ok" : nbg_errmsg(gpu));
     }
     free(list);
+
+    /* the same panels fixed in the lab frame (placed where the plane put them, motions included): the beam's
+     * direction, whose tangent turns each lab-frame panel by its own, and the motions, as the CPU's */
+    {
+        nbg_panel lab[6];
+        nbg_report rl;
+        e.pixels = NULL;
+        e.npixels_list = 0;
+        e.motions = NULL;
+        e.nmotions = 0;
+        int lrc = nbg_describe(cpu, &e, &rl);
+        for (int k = 0; k < 6; ++k) {
+            lab[k] = pan[k];
+            for (int x = 0; x < 3; ++x) {
+                lab[k].fast[x] = pan[k].fast[0] * rl.fdet[x] + pan[k].fast[1] * rl.sdet[x];
+                lab[k].slow[x] = pan[k].slow[0] * rl.fdet[x] + pan[k].slow[1] * rl.sdet[x];
+                lab[k].origin[x] = 1000 * rl.pix0[x] + pan[k].origin[0] * rl.fdet[x] + pan[k].origin[1] * rl.sdet[x];
+            }
+        }
+        e.panels = lab;
+        e.panel_frame = NBG_PANELS_LAB;
+        e.motions = mot;
+        e.nmotions = 3;
+        e.beam_tilt[0] = 0.2, e.beam_tilt[1] = -0.3;
+        double dc[18], dg[18];
+        nbg_param mm[9] = {NBG_P_BEAM_TILT1, NBG_P_BEAM_TILT2, NBG_P_A, NBG_P_ORIENT_Y};
+        for (int j = 0; j < 5; ++j) {
+            mm[4 + j] = NBG_P_MOTION(j % 3, j);
+        }
+        memset(dc, 0, sizeof dc);
+        memset(dg, 0, sizeof dg);
+        const int crc = lrc == NBG_OK ? grad_ids(cpu, &e, w, mm, 9, gc, dc, a, n) : lrc;
+        const int mrc = grad_ids(gpu, &e, w, mm, 9, gg, dg, b, n);
+        double lworst = grad_diff(gg, gc), dmax = 0, imx = 0;
+        for (int j = 0; j < 18; ++j) {
+            dmax = fmax(dmax, fabs(dc[j]));
+        }
+        for (int j = 0; j < 18; ++j) {
+            lworst = fmax(lworst, fabs(dg[j] - dc[j]) / fmax(fmax(fabs(dc[j]), fabs(dg[j])), 1e-9 * dmax));
+        }
+        const double di = crc == NBG_OK && mrc == NBG_OK ? maxrel(a, b, n, &imx) : INFINITY;
+        nbgi_test_check(crc == NBG_OK && mrc == NBG_OK && gc[NBG_P_BEAM_TILT1] != 0 && gc[NBG_P_BEAM_TILT2] != 0 &&
+                            dmax > 0 && lworst <= 1e-8 && di <= 1e-9 + 1.2e-7,
+                        PFX "-panels-lab-beam-tilt", "lab-frame panels, beam turned: image max |gpu - cpu| %.3g of %.4g; "
+                        "beam_tilt1/2, a, orient_y and 5 motion components, worst relative difference %.3g (%s)", di,
+                        imx, lworst, mrc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    }
     free(a);
     free(b);
     free(bf);

@@ -835,24 +835,62 @@ static void motions(nbg_ctx *ctx)
         free(b);
         free(c);
 
-        /* gradcheck of all 18 motion components */
-        /* rotz and every component of the 3 groups' motions */
-        nbg_gradcheck_result res[19];
-        nbg_param cp[19] = {NBG_P_ROTZ};
+        /* gradcheck of all 18 motion components, rotz and the beam's direction away from zero (on lab-frame
+         * panels its tangent turns every panel about the sample: the panels' own tangents) */
+        nbg_gradcheck_result res[21];
+        nbg_param cp[21] = {NBG_P_ROTZ, NBG_P_BEAM_TILT1, NBG_P_BEAM_TILT2};
         for (int j = 0; j < 18; ++j) {
-            cp[1 + j] = NBG_P_MOTION(j / 6, j % 6);
+            cp[3 + j] = NBG_P_MOTION(j / 6, j % 6);
         }
-        const int grc = nbg_gradcheck(ctx, &em, cp, 19, 1e-6, 1, res);
-        const int nres = grc == NBG_OK ? 19 : 0;
+        em.beam_tilt[0] = 0.3, em.beam_tilt[1] = -0.2;
+        const int grc = nbg_gradcheck(ctx, &em, cp, 21, 1e-6, 1, res);
+        em.beam_tilt[0] = em.beam_tilt[1] = 0;
+        const int nres = grc == NBG_OK ? 21 : 0;
         snprintf(id, sizeof id, "motion-gradcheck-%s", frame_name[fr]);
-        nbgi_test_check(grc == NBG_OK && nres == 19, id, "%d checks: 18 motion components and rotz (%s)", nres,
-                       grc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        nbgi_test_check(grc == NBG_OK && nres == 21, id, "%d checks: 18 motion components, rotz, beam_tilt1/2 (%s)",
+                       nres, grc == NBG_OK ? "ok" : nbg_errmsg(ctx));
         for (int k = 0; k < nres; ++k) {
             char lab[48];
             nbg_param_label(&em, res[k].param, lab, sizeof lab);
             snprintf(id, sizeof id, "motion-gradcheck-%s-%s", frame_name[fr], lab);
             nbgi_test_check(res[k].status == NBG_CHECK_PASS, id, "adjoint %.10g numeric %.10g relerr %.2g %s",
                            res[k].adjoint, res[k].numeric, res[k].relerr, res[k].reason);
+        }
+        /* the tangent images of the beam's direction (with a motion's and the crystal's) summed with weights equal
+         * the adjoint's gradients: the tangent kernel's panel tangents are the chain rule's */
+        {
+            em.beam_tilt[0] = 0.3, em.beam_tilt[1] = -0.2;
+            const nbg_param tp[5] = {NBG_P_BEAM_TILT1, NBG_P_BEAM_TILT2, NBG_P_MOTION(1, 4), NBG_P_ROTY, NBG_P_MOTION(0, 0)};
+            const size_t nt = n1;
+            double *T = malloc(sizeof(double) * 5 * nt), gt[5];
+            float *wt = malloc(sizeof(float) * nt), *i1 = malloc(sizeof(float) * nt), *i2 = malloc(sizeof(float) * nt);
+            int jr = NBG_ENOMEM, gr = NBG_ENOMEM;
+            double worst = 0, gmin = INFINITY;
+            if (T != NULL && wt != NULL && i1 != NULL && i2 != NULL) {
+                for (size_t i = 0; i < nt; ++i) {
+                    wt[i] = (float)(0.5 + 0.4 * cos(0.37 * (double)i));
+                }
+                jr = nbg_simulate_jvp(ctx, &em, tp, 5, T, i1, nt);
+                gr = jr == NBG_OK ? nbg_simulate_grad(ctx, &em, wt, tp, 5, gt, i2, nt, NULL) : jr;
+                for (int j = 0; gr == NBG_OK && j < 5; ++j) {
+                    double sj = 0;
+                    for (size_t i = 0; i < nt; ++i) {
+                        sj += wt[i] * T[(size_t)j * nt + i];
+                    }
+                    gmin = fmin(gmin, fabs(gt[j]));
+                    worst = fmax(worst, fabs(sj - gt[j]) / fmax(fmax(fabs(sj), fabs(gt[j])), 1e-12));
+                }
+            }
+            snprintf(id, sizeof id, "beam-tilt-jvp-%s", frame_name[fr]);
+            nbgi_test_check(jr == NBG_OK && gr == NBG_OK && gmin > 0 && worst <= 1e-9, id, "beam_tilt1/2, a motion's "
+                           "shift_x and rot_y, roty: tangent images summed with weights against the adjoint, worst "
+                           "relative difference %.3g, smallest |gradient| %.3g (%s)", worst, gmin,
+                           jr == NBG_OK && gr == NBG_OK ? "ok" : nbg_errmsg(ctx));
+            em.beam_tilt[0] = em.beam_tilt[1] = 0;
+            free(T);
+            free(wt);
+            free(i1);
+            free(i2);
         }
     }
 
@@ -1060,6 +1098,89 @@ static void motion_refine(nbg_ctx *ctx)
     free(res);
 }
 
+/* The beam's direction refined on panels fixed in the lab frame (a DIALS list's detector, which the plane's
+ * distance, beam centre and rotations do not move): the 2 x 2 panels of motion_fit, given in the lab frame where the
+ * rotated detector put them; the beam turned by (0.15, -0.1) deg; Poisson noise; the two tilts and the crystal's
+ * three orientation offsets fitted from zero with the Poisson loss.  The tilts must end within 4 standard errors of
+ * the truth, from a start at least 10 away. */
+static void beam_refine(nbg_ctx *ctx)
+{
+    nbg_experiment e;
+    base(&e);
+    e.convention = NBG_CONV_MOSFLM;
+    e.det_rot[0] = 2, e.det_rot[1] = -3;
+    e.fpixels = 2 * 24 + 3, e.spixels = 2 * 24 + 5;
+    nbg_panel pan[4], lab[4];
+    e.npanels = tile(&e, 2, 2, 24, 24, 3, 5, pan);
+    e.panels = pan;
+    nbg_report r;
+    int rc = nbg_describe(ctx, &e, &r);
+    for (int k = 0; k < 4; ++k) {
+        lab[k] = pan[k];
+        for (int x = 0; x < 3; ++x) {
+            lab[k].fast[x] = r.fdet[x];
+            lab[k].slow[x] = r.sdet[x];
+            lab[k].origin[x] = 1000 * r.pix0[x] + pan[k].origin[0] * r.fdet[x] + pan[k].origin[1] * r.sdet[x];
+        }
+    }
+    e.panels = lab;
+    e.panel_frame = NBG_PANELS_LAB;
+    const double truth[2] = {0.15, -0.1};
+    e.beam_tilt[0] = truth[0], e.beam_tilt[1] = truth[1];
+    const size_t n = 4 * 24 * 24;
+    float *img = malloc(sizeof(float) * n), *obs = malloc(sizeof(float) * n);
+    uint16_t *cnt = malloc(sizeof(uint16_t) * n);
+    nbg_refine_result *res = calloc(1, sizeof *res);
+    if (img == NULL || obs == NULL || cnt == NULL || res == NULL) {
+        rc = NBG_ENOMEM;
+    }
+    if (rc == NBG_OK) {
+        rc = nbg_simulate(ctx, &e, img, n, NULL);
+    }
+    double mx = 0;
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        mx = fmax(mx, img[i]);
+    }
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        img[i] = (float)(img[i] * 2000 / mx + 2.0);
+    }
+    if (rc == NBG_OK) {
+        rc = nbg_noise_image(ctx, img, (int)n, 1, NULL, 0, 3, cnt, NULL, NULL);
+    }
+    for (size_t i = 0; rc == NBG_OK && i < n; ++i) {
+        obs[i] = cnt[i];
+    }
+    e.scale = 2000 / mx;
+    e.bg[0] = 2.0;
+    e.beam_tilt[0] = e.beam_tilt[1] = 0;
+    const nbg_param params[5] = {NBG_P_BEAM_TILT1, NBG_P_BEAM_TILT2, NBG_P_ORIENT_X, NBG_P_ORIENT_Y, NBG_P_ORIENT_Z};
+    nbg_refine_options opt;
+    nbg_refine_options_default(&opt);
+    opt.loss = NBG_LOSS_POISSON;
+    if (rc == NBG_OK) {
+        rc = nbg_refine(ctx, &e, obs, NULL, n, params, 5, &opt, res);
+    }
+    double z[2] = {NAN, NAN}, start = INFINITY;
+    for (int j = 0; rc == NBG_OK && j < 2; ++j) {
+        z[j] = (res->value[j] - truth[j]) / res->sigma[j];
+        start = fmin(start, fabs(truth[j]) / res->sigma[j]);
+    }
+    nbgi_test_check(rc == NBG_OK && res->converged && fabs(z[0]) <= 4 && fabs(z[1]) <= 4 && start >= 10,
+                    "beam-tilt-refine-lab", "beam_tilt1/2 on lab-frame panels, with the orientation, from 0: %.5f "
+                    "%.5f deg (truth 0.15 -0.1), errors %+.2f %+.2f sigma (sigma %.2g %.2g), start %.0f sigma away, "
+                    "%d iterations (%s)", rc == NBG_OK ? res->value[0] : NAN, rc == NBG_OK ? res->value[1] : NAN, z[0],
+                    z[1], rc == NBG_OK ? res->sigma[0] : NAN, rc == NBG_OK ? res->sigma[1] : NAN, start,
+                    rc == NBG_OK ? res->iterations : -1, rc == NBG_OK ? (res->converged ? "converged" : "not converged")
+                                                                     : nbg_errmsg(ctx));
+    if (res != NULL) {
+        nbg_refine_result_free(res);
+    }
+    free(res);
+    free(img);
+    free(obs);
+    free(cnt);
+}
+
 /* Panels with sensors of their own: a rotated MOSFLM detector of 300 um silicon-like sensors (2 layers) cut into 2 x
  * 1 panels, the right one 600 um thick (its layers scaled), then also with its own attenuation length; each
  * panel's pixels equal the flat detector's with that sensor.  The gradients of a panel's own sensor pass the
@@ -1211,6 +1332,7 @@ int main(void)
     refusals(ctx);
     motions(ctx);
     motion_refine(ctx);
+    beam_refine(ctx);
     sensors(ctx);
 #ifdef NBG_HAVE_FORMATS
     expt_panels(ctx);
