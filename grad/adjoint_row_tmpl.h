@@ -104,7 +104,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                         /* lattice factor and its partials: the square shape across the lanes */
                         NBG_R dLdN[3][W], dLh[3][W];
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
+                            NBG_SFX(nbgi_square_lanes_grad)(p, hkl, L, dLh, dLdN); /* src/row_tmpl.h */
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};

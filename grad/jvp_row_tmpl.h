@@ -147,7 +147,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         NBG_R dast[W][9]; /* the Gaussian shape's partials in a*, b*, c* (read for it alone) */
                         if (p->shape == NBG_SQUARE) {
-                            NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1); /* src/row_tmpl.h */
+                            NBG_SFX(nbgi_square_lanes_grad)(p, hkl, L, dLh, dLdN); /* src/row_tmpl.h */
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 for (int i = 0; i < 9; ++i) {
