@@ -60,6 +60,10 @@ static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, flo
         for (int f0 = fa; f0 < fb; f0 += 8) {
             const long i = first + f0;
             const int n = fb - f0 < 8 ? fb - f0 : 8;
+            if (!nbgi_any_active(pr, s, f0, n)) { /* 0 and no gradient, as the row kernel gives (geometry.h) */
+                memset(image + i, 0, sizeof(float) * (size_t)n);
+                continue;
+            }
             float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (dLdI != NULL) {
                 for (int j = 0; j < n; ++j) {
@@ -237,7 +241,18 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
             for (int f0 = fa; f0 < fb; f0 += 8) {
                 const size_t i = (size_t)first + f0;
                 const size_t o = pos >= 0 ? (size_t)(pos + (f0 - fa)) : i;
-                row_jvp(pr, s, f0, fb - f0 < 8 ? fb - f0 : 8, tr, nt, &dirs, image + i,
+                const int n = fb - f0 < 8 ? fb - f0 : 8;
+                if (!nbgi_any_active(pr, s, f0, n)) { /* 0, tangents 0, as the row kernel gives (geometry.h) */
+                    memset(image + i, 0, sizeof(float) * (size_t)n);
+                    if (image_d != NULL) {
+                        memset(image_d + i, 0, sizeof(double) * (size_t)n);
+                    }
+                    for (int j = 0; j < nt; ++j) {
+                        memset(out + (size_t)j * stride + o, 0, sizeof(double) * (size_t)n);
+                    }
+                    continue;
+                }
+                row_jvp(pr, s, f0, n, tr, nt, &dirs, image + i,
                         image_d != NULL ? image_d + i : NULL, out, stride, o);
             }
             continue;

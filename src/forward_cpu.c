@@ -66,6 +66,13 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
             for (int f0 = fa; f0 < fb; f0 += W) {
                 const int n = fb - f0 < W ? fb - f0 : W;
                 float *out = image + first + f0;
+                if (!nbgi_any_active(pr, s, f0, n)) { /* outside the ROI or masked: 0, as the row kernel gives */
+                    memset(out, 0, sizeof(float) * (size_t)n);
+                    if (image_d != NULL) {
+                        memset(image_d + first + f0, 0, sizeof(double) * (size_t)n);
+                    }
+                    continue;
+                }
                 if (use_float) {
                     nbgi_pixstat_f st = {0, 0};
                     row_f(pr, s, f0, n, out, &st);

@@ -188,6 +188,23 @@ static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
     return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
 }
 
+/* Whether any of pixels f0 .. f0+n-1 of row s is rendered.  The CPU kernels skip a group of lanes with none: the row
+ * kernels give such pixels 0 and add nothing to any sum (solid angle, table misses, gradients), so that skipping them
+ * changes no bit, and a region of interest or a mask costs in proportion to what it leaves. */
+static inline NBG_HD int nbgi_any_active(const nbgi_kparams *p, int s, int f0, int n)
+{
+    if (p->mask == 0 && f0 >= p->roi_xmin && f0 + n - 1 <= p->roi_xmax && s >= p->roi_ymin && s <= p->roi_ymax &&
+        f0 + n <= p->fpixels) {
+        return 1;
+    }
+    for (int j = 0; j < n; ++j) {
+        if (nbgi_pixel_active(p, f0 + j, s)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* The centre of subpixel sub of pixel `pixel` along one detector axis (m), subpixels of size subpixel, os per
  * pixel.  Scalars rather than the kernel parameters, so that a lane loop keeps them in registers (reading them
  * through the parameters' pointer inside the loop stopped its vectorisation). */

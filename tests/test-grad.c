@@ -571,6 +571,65 @@ int main(void)
         nbgi_test_still(&e);
     }
 
+    /* grad-18: a region of interest and a mask cost what they leave (the CPU kernels skip groups of lanes with no
+     * pixel rendered) and change nothing: the ROI and mask experiment's image equals the whole one's on its pixels
+     * (0 elsewhere), its gradient equals the whole one's with the weights zero outside, and its tangents the
+     * whole one's on its pixels -- bit for bit */
+    {
+        nbgi_test_still(&e);
+        e.fpixels = e.spixels = 64;
+        e.misset[0] = 10, e.misset[1] = 5;
+        const size_t n = 64 * 64;
+        uint8_t *mask = malloc(n);
+        float *iw = malloc(sizeof(float) * n), *ir = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * n),
+              *wr = malloc(sizeof(float) * n);
+        double *tw = malloc(sizeof(double) * 3 * n), *tr = malloc(sizeof(double) * 3 * n);
+        int rc = mask && iw && ir && w && wr && tw && tr ? NBG_OK : NBG_ENOMEM;
+        nbg_experiment er = e;
+        er.roi[0] = 19, er.roi[1] = 50, er.roi[2] = 3, er.roi[3] = 60;
+        for (size_t i = 0; rc == NBG_OK && i < n; ++i) {
+            const int f = (int)(i % 64), s = (int)(i / 64);
+            mask[i] = !(s % 20 < 6 || (f >= 30 && f < 38));
+            w[i] = (float)(0.5 + 0.4 * sin(0.37 * (double)i));
+            const int act = f >= 19 && f <= 50 && s >= 3 && s <= 60 && mask[i];
+            wr[i] = act ? w[i] : 0;
+        }
+        er.mask = mask;
+        const nbg_param tp[3] = {NBG_P_A, NBG_P_DISTANCE, NBG_P_ROTY};
+        nbg_param fp[NBG_NPARAMS];
+        int nfp = 0;
+        for (int j = 0; j < nall; ++j) {
+            if (all[j] != NBG_P_MOSAIC) { /* (no mosaic domains) */
+                fp[nfp++] = all[j];
+            }
+        }
+        double gw[NBG_NPARAMS], gr[NBG_NPARAMS];
+        if (rc == NBG_OK) rc = nbg_simulate_grad(ctx, &e, wr, fp, nfp, gw, iw, n, NULL);
+        if (rc == NBG_OK) rc = nbg_simulate_grad(ctx, &er, w, fp, nfp, gr, ir, n, NULL);
+        int same_img = rc == NBG_OK, same_g = rc == NBG_OK, same_t = rc == NBG_OK;
+        long nact = 0;
+        for (size_t i = 0; rc == NBG_OK && i < n; ++i) {
+            const int act = wr[i] != 0;
+            nact += act;
+            same_img &= act ? ir[i] == iw[i] : ir[i] == 0;
+        }
+        for (int j = 0; rc == NBG_OK && j < nfp; ++j) {
+            same_g &= gr[j] == gw[j];
+        }
+        if (rc == NBG_OK) rc = nbg_simulate_jvp(ctx, &e, tp, 3, tw, iw, n);
+        if (rc == NBG_OK) rc = nbg_simulate_jvp(ctx, &er, tp, 3, tr, ir, n);
+        for (size_t i = 0; rc == NBG_OK && i < 3 * n; ++i) {
+            same_t &= wr[i % n] != 0 ? tr[i] == tw[i] : tr[i] == 0;
+        }
+        nbgi_test_check(rc == NBG_OK && nact > 500 && nact < 1500 && same_img && same_g && same_t, "grad-18-roi-mask",
+                        "an ROI and a mask (%ld of %zu pixels): image %s, %d gradients %s, 3 tangent images %s (%s)",
+                        nact, n, same_img ? "the whole image's on them, 0 elsewhere" : "DIFFER", nfp,
+                        same_g ? "the whole image's with weights 0 outside, bit for bit" : "DIFFER",
+                        same_t ? "the whole one's on them" : "DIFFER", rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        free(mask), free(iw), free(ir), free(w), free(wr), free(tw), free(tr);
+        nbgi_test_still(&e);
+    }
+
     /* grad-12: unsupported modes say so */
     e.oversample_omega = 1;
     nbgi_test_check(nbg_simulate_grad(ctx, &e, dl, all, nall, g1, img2, npix, NULL) == NBG_EUNSUP,
