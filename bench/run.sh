@@ -6,6 +6,8 @@
 # 1. The library (BUILD_DIR/bench/bench-forward): each case in double and float precision: wall time (best of 3
 #    after a warm-up; one run when the warm-up exceeds NBG_BENCH_LONG=5 s; the 4096^2 case 1 run), samples per
 #    second (pixels x steps), peak RSS and an image checksum (the sum of the pixels).
+#    Against the vector units (BUILD_DIR/bench/bench-peak): the FMA rate independent chains of the kernel's vector
+#    type reach, against heavy256's forward rate times its arithmetic per sample (counted by bench/flops.sh).
 # 2. The program (BUILD_DIR/nbgrad) on the same command lines, and, when NB_REF_BIN names a reference nanoBragg
 #    binary, that binary too (with -nopgm -nonoise -noprogress -floatfile <tmp> -intfile /dev/null, in an empty
 #    temporary directory, OMP_NUM_THREADS = the same thread count), with the ratio reference_time / nbgrad_time
@@ -69,6 +71,10 @@ echo
 
 # --- 1. the library ------------------------------------------------------------------------------------------
 "$BF" || status=1
+echo
+if [ -x "$B/bench/bench-peak" ]; then
+    "$B/bench/bench-peak" || status=1
+fi
 
 # --- 2. the program, and the reference ------------------------------------------------------------------------
 CUBIC="-cell 100 100 100 90 90 90 -default_F 100 -lambda 6.2 -N 5 -distance 100"

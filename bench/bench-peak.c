@@ -1,0 +1,161 @@
+/*
+ * bench-peak.c -- the forward kernel against what the machine's vector units allow (issue 28's estimate).
+ *
+ *   bench-peak
+ *
+ * 1. The machine: the rate of fused multiply-adds this core sustains on the kernel's vector type (8 doubles or 16
+ *    floats, independent chains, no memory traffic), on one thread and on $NBG_THREADS (all cores), in GFLOP/s (an
+ *    FMA counted as 2 per lane).
+ * 2. The kernel: heavy256 (bench/cases.h; the same per-sample work as heavy512, a quarter of the pixels), nbg_simulate
+ *    on the same threads, in samples per second.
+ * 3. Their ratio, with the kernel's arithmetic per sample counted once by bench/flops.sh (valgrind's per-instruction
+ *    counts of an AVX2 build of this case, objdump's mnemonics): FLOPS_PER_SAMPLE below, and the vector operations
+ *    per lane (an FMA one: what occupies the units, which do a multiply or an add in the time of an FMA).
+ * Runs alternate (peak, kernel, peak, kernel, ...), so that a machine shared with other work slows both alike; each
+ * figure is the best of its runs.
+ */
+#include "cases.h"
+#include "nbgrad.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Counted by bench/flops.sh on heavy256 (2026-11-26, GCC 12, the AVX2 build): double 157.2 flops a sample (105.2
+ * vector operations per lane: 52 FMA, 47 multiplies, 6 adds and subtracts), float 112.2 (75.2: 37, 32, 6). */
+static const double FLOPS_PER_SAMPLE[2] = {157.2, 112.2};
+static const double VOPS_PER_SAMPLE[2] = {105.2, 75.2};
+
+typedef double vd __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(64)));
+enum { CHAINS = 12, ITERS = 20000000 };
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* CHAINS independent chains a = a x + y of the lanes: FMAs with nothing between them */
+static __attribute__((noinline)) double chains_d(long iters)
+{
+    vd a[CHAINS], x, y;
+    for (int i = 0; i < 8; ++i) {
+        x[i] = 1.0000001;
+        y[i] = 1e-9;
+    }
+    for (int c = 0; c < CHAINS; ++c) {
+        for (int i = 0; i < 8; ++i) {
+            a[c][i] = c;
+        }
+    }
+    for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; ++c) {
+            a[c] = a[c] * x + y;
+        }
+        __asm__ volatile("" : "+v"(x)); /* x unknown each time: the chains stay chains */
+    }
+    double s = 0;
+    for (int c = 0; c < CHAINS; ++c) {
+        for (int i = 0; i < 8; ++i) {
+            s += a[c][i];
+        }
+    }
+    return s;
+}
+
+static __attribute__((noinline)) double chains_f(long iters)
+{
+    vf a[CHAINS], x, y;
+    for (int i = 0; i < 16; ++i) {
+        x[i] = 1.0000001f;
+        y[i] = 1e-9f;
+    }
+    for (int c = 0; c < CHAINS; ++c) {
+        for (int i = 0; i < 16; ++i) {
+            a[c][i] = (float)c;
+        }
+    }
+    for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS; ++c) {
+            a[c] = a[c] * x + y;
+        }
+        __asm__ volatile("" : "+v"(x));
+    }
+    double s = 0;
+    for (int c = 0; c < CHAINS; ++c) {
+        for (int i = 0; i < 16; ++i) {
+            s += a[c][i];
+        }
+    }
+    return s;
+}
+
+/* GFLOP/s of the chains on nth threads */
+static double peak(int prec, int nth, double *sink)
+{
+    const double t0 = now();
+    double s = 0;
+#pragma omp parallel num_threads(nth) reduction(+ : s)
+    s += prec ? chains_f(ITERS) : chains_d(ITERS);
+    const double t = now() - t0;
+    *sink += s;
+    return (double)ITERS * CHAINS * (prec ? 16 : 8) * 2 * nth / t * 1e-9;
+}
+
+int main(void)
+{
+    int nth = 1;
+    const char *env = getenv("NBG_THREADS");
+#ifdef _OPENMP
+    nth = env != NULL && atoi(env) > 0 ? atoi(env) : omp_get_max_threads();
+#endif
+    nbg_experiment e;
+    nbgi_bench_case("heavy256", &e);
+    printf("Against the vector units (heavy256's forward, its arithmetic per sample counted by bench/flops.sh)\n");
+    printf("%-7s %-7s %14s %14s %14s %12s %12s\n", "prec", "threads", "peak_GFLOP/s", "Msamples/s", "GFLOP/s",
+           "flop_ratio", "vop_ratio");
+    double sink = 0;
+    for (int prec = 0; prec < 2; ++prec) {
+        const int counts[2] = {1, nth};
+        for (int k = 0; k < (nth > 1 ? 2 : 1); ++k) {
+            nbg_ctx *ctx;
+            if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, prec ? NBG_FLOAT : NBG_DOUBLE, counts[k]) != NBG_OK) {
+                printf("bench-peak: no context\n");
+                return 1;
+            }
+            nbg_report r;
+            nbg_describe(ctx, &e, &r);
+            const size_t npix = (size_t)r.fpixels * r.spixels;
+            float *img = malloc(sizeof(float) * npix);
+            double best_peak = 0, best_t = 1e300;
+            for (int round = 0; round < 3 && img != NULL; ++round) {
+                const double p = peak(prec, counts[k], &sink);
+                best_peak = p > best_peak ? p : best_peak;
+                const double t0 = now();
+                if (nbg_simulate(ctx, &e, img, npix, NULL) != NBG_OK) {
+                    printf("bench-peak: %s\n", nbg_errmsg(ctx));
+                    return 1;
+                }
+                const double t = now() - t0;
+                best_t = t < best_t ? t : best_t;
+            }
+            const double sps = (double)npix * r.steps / best_t;
+            const double gf = sps * FLOPS_PER_SAMPLE[prec] * 1e-9;
+            const double vo = sps * VOPS_PER_SAMPLE[prec] * 1e-9; /* G lane-operations/s */
+            printf("%-7s %-7d %14.1f %14.1f %14.1f %12.2f %12.2f\n", prec ? "float" : "double", counts[k], best_peak,
+                   sps * 1e-6, gf, gf > 0 ? best_peak / gf : 0, vo > 0 ? best_peak / 2 / vo : 0);
+            free(img);
+            nbg_ctx_destroy(ctx);
+        }
+    }
+    printf("(peak: independent FMA chains of the kernel's vector type; flop_ratio = peak / the kernel's flops, "
+           "vop_ratio = (peak / 2) / the kernel's vector operations)%s\n", sink == 42 ? " " : "");
+    return 0;
+}
