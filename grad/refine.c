@@ -1338,6 +1338,13 @@ static int is_orient(nbg_param p)
     return p >= 0 && p < NBG_NPARAMS && nbgi_param_rows[p].setup == NBGI_S_ORIENT;
 }
 
+/* Whether p varies over the scan (nbg_refine_options.scan_varying_knots): an orientation offset, and with
+ * scan_varying_cell a cell parameter. */
+static int is_scan_varying(nbg_param p, int cell)
+{
+    return is_orient(p) || (cell && p >= 0 && p < NBG_NPARAMS && nbgi_param_rows[p].setup == NBGI_S_CELL);
+}
+
 void nbg_refine_options_default(nbg_refine_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -1408,11 +1415,13 @@ static void verdict(const refine_ws *ws, const double *x, const nbg_refine_optio
 /* The scan-varying orientation's checks, knots and frame weights: K knots over the frames' rotation range; svw[f K +
  * k] frame f's weights, kphi[k] knot k's angle (deg). */
 static int sv_setup(nbg_ctx *ctx, const nbg_experiment *frames, int nframes, const nbg_param *params, int nparams,
-                    int K, const nbg_hkl *Ft, int *nor, double **svw, double **kphi)
+                    int K, int cell, const nbg_hkl *Ft, int *nor, double **svw, double **kphi)
 {
     *nor = 0;
+    int any_orient = 0;
     for (int j = 0; j < nparams; ++j) {
-        *nor += is_orient(params[j]);
+        *nor += is_scan_varying(params[j], cell);
+        any_orient |= is_orient(params[j]);
     }
     if (K < 2 || K > NBGI_MAX_KNOTS) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation of %d knots (2 to %d; 0 is off)", K,
@@ -1426,7 +1435,7 @@ static int sv_setup(nbg_ctx *ctx, const nbg_experiment *frames, int nframes, con
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation of %d knots over %d frames: at most "
                           "one knot a frame (the knots would not be determined)", K, nframes);
     }
-    if (*nor == 0) {
+    if (!any_orient) {
         return nbgi_error(ctx, NBG_EINVAL, "nbg_refine: a scan-varying orientation needs an orientation parameter "
                           "(orient_x, orient_y, orient_z) among those fitted");
     }
@@ -1523,7 +1532,8 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
     const int K = opt->scan_varying_knots;
     int nor = 0;
     double *svw = NULL, *kphi = NULL;
-    if (K != 0 && (rc = sv_setup(ctx, frames, nframes, params, nparams, K, Ft, &nor, &svw, &kphi)) != NBG_OK) {
+    if (K != 0 && (rc = sv_setup(ctx, frames, nframes, params, nparams, K, opt->scan_varying_cell, Ft, &nor, &svw,
+                                 &kphi)) != NBG_OK) {
         return rc;
     }
     const int n0 = nparams, nall = nparams + (K > 0 ? nor * (K - 1) : 0);
@@ -1567,7 +1577,7 @@ static int refine_core(nbg_ctx *ctx, nbg_experiment *frames, int nframes, const 
         int *const knot = svo + n0;
         int s = 0;
         for (int j = 0; j < nparams; ++j) {
-            svo[j] = is_orient(params[j]) ? s++ : -1;
+            svo[j] = is_scan_varying(params[j], opt->scan_varying_cell) ? s++ : -1;
             knot[j] = svo[j] >= 0 ? 0 : -1;
         }
         for (int j = 0; j < nparams; ++j) {

@@ -826,6 +826,11 @@ typedef struct {
      * frames at different angles and an orientation parameter listed; not with F.  Each frame receives its own
      * interpolated orientation on success. */
     int scan_varying_knots;
+    /* With scan_varying_knots: 1, the unit cell varies over the scan too, as dials.refine's scan-varying crystal
+     * varies U and B: each cell parameter listed (a free one of the space group's constraints, nbg_cell_constraints)
+     * has the same K knots as the orientation's, those it ties follow it frame by frame; 0 (the default): the cell
+     * is one for the scan.  The result lists the cell's knots after the orientation's, in the list's order. */
+    int scan_varying_cell;
 } nbg_refine_options;
 
 /* The weights of K knots spread evenly over [0, 1] at position t (clamped to [0, 1]): linear interpolation
@@ -898,8 +903,9 @@ typedef struct {
     double F_moved;
     long F_zero;      /* entries the fit put at zero intensity (held at that bound; standard error NaN) */
     /* With a scan-varying orientation (nbg_refine_options.scan_varying_knots): the knots K, knot[j] the knot of
-     * entry j (0..K-1 for an orientation parameter's entries, -1 for the others; nparams entries) and knot_phi[k]
-     * knot k's rotation angle (deg); 0 and NULL without. */
+     * entry j (0..K-1 for a varying parameter's entries: the orientation's, and with scan_varying_cell the cell's,
+     * a tied one's its leader's; -1 for the others; nparams entries) and knot_phi[k] knot k's rotation angle (deg);
+     * 0 and NULL without. */
     int nknots;
     int *knot;
     double *knot_phi;

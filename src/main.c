@@ -103,6 +103,7 @@ typedef struct {
     const char *centroids;      /* refine -centroids: the model's spot centroids of -spotlist's reflections */
     int centroid_radius;        /* -centroid_radius: their squares' half-width (5) */
     double sv_width;            /* refine -scan_varying: a knot every sv_width deg (0: off) */
+    int sv_cell;                /* refine -scan_vary crystal: the cell varies over the scan too */
     unsigned cmd; /* the subcommand: CMD_GRAD, CMD_GRADCHECK or CMD_REFINE */
 } grad_opts;
 
@@ -200,6 +201,18 @@ static int set_method(void *opts, const char *flag, char **vv, void *dst)
     return 1;
 }
 
+static int set_scan_vary(void *opts, const char *flag, char **vv, void *dst)
+{
+    grad_opts *o = opts;
+    const char *v = vv[0];
+    if (strcmp(v, "orientation") == 0 || strcmp(v, "crystal") == 0) {
+        o->sv_cell = strcmp(v, "crystal") == 0;
+        return 1;
+    }
+    fprintf(stderr, "nbgrad: error: -scan_vary expects orientation or crystal, got '%s'\n", v);
+    return 0;
+}
+
 static int set_loss(void *opts, const char *flag, char **vv, void *dst)
 {
     grad_opts *o = opts;
@@ -272,6 +285,10 @@ static const nbgi_sub_flag grad_flag_table[] = {
      "most one a frame), each frame's offsets their linear interpolation at its middle angle; the knots' values and "
      "standard errors are printed (orient_x.k0 ...), -exptfile writes the scan-varying crystal (A_at_scan_points, "
      "one A per image boundary)"},
+    {"-scan_vary", CMD_REFINE, set_scan_vary, 0, "orientation|crystal",
+     "with -scan_varying, what varies over the scan: the orientation (the default), or the crystal: the orientation "
+     "and the unit cell (its parameters among -params, those free under the space group, at the same knots; the "
+     "tied ones follow them), as dials.refine's scan-varying crystal"},
     {"-residual", CMD_REFINE, nbgi_set_path, GO(residual), "FILE",
      "the residual image, (observed - pedestal) / gain - model, photons, as raw 4-byte floats"},
     {"-spots", CMD_REFINE, nbgi_set_half_box, GO(spots), "N",
@@ -1276,15 +1293,16 @@ static int refine_write_residual(nbg_ctx *ctx, nbgi_cli *c, const char *path, co
     return 1;
 }
 
-/* -scan_varying with -exptfile: the fitted orientation at each image boundary b <= nf (phi0 + b osc), the knots'
- * interpolation there (nbg_scan_knot_weights), as the real-space bases of the list's frame ((nf + 1) x 9 into
- * *out), then the offsets orient_x, orient_y, orient_z at the scan's middle (3; NAN for one not fitted).  0 on an
- * error (printed). */
+/* -scan_varying with -exptfile: the fitted crystal at each image boundary b <= nf (phi0 + b osc), each varying
+ * parameter its knots' interpolation there (nbg_scan_knot_weights; a cell parameter the space group ties to a
+ * varying one follows it), as the real-space bases of the list's frame ((nf + 1) x 9 into *out); *mid: the
+ * experiment with the varying parameters at the scan's middle (the list's static crystal).  0 on an error
+ * (printed). */
 static int refine_scan_points(nbg_ctx *ctx, const nbgi_cli *c, const nbg_refine_result *res, int nf, double phi0,
-                              double osc, double **out)
+                              double osc, double **out, nbg_experiment *mid)
 {
     const int K = res->nknots;
-    double *const pts = malloc(sizeof(double) * ((size_t)(nf + 1) * 9 + 3));
+    double *const pts = malloc(sizeof(double) * (size_t)(nf + 1) * 9);
     double *const w = malloc(sizeof(double) * (size_t)K);
     int rc = pts == NULL || w == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d scan points", nf + 1)
                                       : NBG_OK;
@@ -1293,22 +1311,22 @@ static int refine_scan_points(nbg_ctx *ctx, const nbgi_cli *c, const nbg_refine_
         const double phi = b <= nf ? phi0 + b * osc : phi0 + 0.5 * nf * osc;
         nbg_scan_knot_weights(span > 0 ? (phi - k0) / span : 0, K, w);
         nbg_experiment e = c->e;
-        double mid[3] = {NAN, NAN, NAN};
         for (int j = 0; j < res->nparams; ++j) {
             if (res->knot[j] != 0) {
                 continue; /* each varying parameter once, at its knot 0 */
             }
+            /* a tied parameter takes its leader's interpolation (its knots are the leader's) */
+            const int lead = res->tied != NULL && res->tied[j] >= 0 ? res->tied[j] : j;
             double v = 0;
             for (int i = 0; i < res->nparams; ++i) {
-                if (res->params[i] == res->params[j] && res->knot[i] >= 0) {
+                if (res->params[i] == res->params[lead] && res->knot[i] >= 0) {
                     v += w[res->knot[i]] * res->value[i];
                 }
             }
             nbg_param_set(&e, res->params[j], v);
-            mid[res->params[j] == NBG_P_ORIENT_X ? 0 : res->params[j] == NBG_P_ORIENT_Y ? 1 : 2] = v;
         }
         if (b == nf + 1) {
-            memcpy(pts + (size_t)(nf + 1) * 9, mid, sizeof mid);
+            *mid = e;
             break;
         }
         nbg_report rr;
@@ -1333,19 +1351,14 @@ static int refine_scan_points(nbg_ctx *ctx, const nbgi_cli *c, const nbg_refine_
 
 /* -exptfile: the refined experiment as a DIALS experiment list (DIALS's tools, and nbgrad -expt, read it), the
  * scan of the nf frames fitted, every panel where the fit put it.  0 on an error (printed). */
-static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *observed, const double *sv_points)
+static int refine_write_expt(nbg_ctx *ctx, nbgi_cli *c, int nf, const char *observed, const double *sv_points,
+                             const nbg_experiment *sv_mid)
 {
     nbg_report rr;
     nbg_geometry g;
-    /* a scan-varying orientation (sv_points, refine_scan_points): the list's static crystal is the scan's middle,
-     * each image boundary's crystal one of its A_at_scan_points */
-    nbg_experiment ec = c->e;
-    static const nbg_param ori[3] = {NBG_P_ORIENT_X, NBG_P_ORIENT_Y, NBG_P_ORIENT_Z};
-    for (int i = 0; sv_points != NULL && i < 3; ++i) {
-        if (!isnan(sv_points[(size_t)(nf + 1) * 9 + (size_t)i])) {
-            nbg_param_set(&ec, ori[i], sv_points[(size_t)(nf + 1) * 9 + (size_t)i]);
-        }
-    }
+    /* a scan-varying crystal (sv_points, refine_scan_points): the list's static crystal is the scan's middle
+     * (sv_mid), each image boundary's crystal one of its A_at_scan_points */
+    const nbg_experiment ec = sv_points != NULL ? *sv_mid : c->e;
     nbg_panel *gp = c->e.npanels > 0 ? calloc((size_t)c->e.npanels, sizeof *gp) : NULL;
     int erc = c->e.npanels > 0 && gp == NULL ? nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels") : NBG_OK;
     if (erc == NBG_OK) {
@@ -1710,6 +1723,10 @@ static int cmd_refine(int argc, char **argv, int first)
                "from its %d scan points (simulate and grad render each image with its own)\n", c.exptin,
                c.scan_points);
     }
+    if (o.sv_cell && !(o.sv_width > 0)) {
+        fprintf(stderr, "nbgrad: error: -scan_vary crystal needs -scan_varying W (the knots' spacing)\n");
+        goto done;
+    }
     if (o.sv_width > 0) {
         /* the scan-varying orientation: about a knot every W deg of the scan, at least 2, at most one a frame */
         int nor = 0;
@@ -1735,8 +1752,9 @@ static int cmd_refine(int argc, char **argv, int first)
             K = nf;
         }
         sv_knots = (int)K;
-        printf("scan-varying orientation: %d knots over the %g deg of the scan (one every %g deg; -scan_varying %g), "
-               "each frame's orientation their interpolation\n", sv_knots, span, span / (K - 1), o.sv_width);
+        printf("scan-varying %s: %d knots over the %g deg of the scan (one every %g deg; -scan_varying %g), "
+               "each frame's %s their interpolation\n", o.sv_cell ? "crystal" : "orientation", sv_knots, span,
+               span / (K - 1), o.sv_width, o.sv_cell ? "orientation and cell" : "orientation");
     }
     int fits_bg = 0;
     for (int j = 0; j < o.nids; ++j) {
@@ -1753,6 +1771,7 @@ static int cmd_refine(int argc, char **argv, int first)
     ro.progress = refine_progress;
     ro.user = &o.max_iter;
     ro.scan_varying_knots = sv_knots;
+    ro.scan_varying_cell = o.sv_cell;
     if (o.fit_F) {
         ro.F = &c.hkl;
         const size_t nF = (size_t)(c.hkl.h_max - c.hkl.h_min + 1) * (size_t)(c.hkl.k_max - c.hkl.k_min + 1) *
@@ -1876,10 +1895,12 @@ static int cmd_refine(int argc, char **argv, int first)
     if (o.centroids != NULL && !centroids_end(ctx, &c, &o, &cen)) {
         goto done;
     }
-    if (c.exptfile != NULL && res.nknots > 0 && !refine_scan_points(ctx, &c, &res, nf, phi0, osc, &sv_points)) {
+    nbg_experiment sv_mid = c.e;
+    if (c.exptfile != NULL && res.nknots > 0 &&
+        !refine_scan_points(ctx, &c, &res, nf, phi0, osc, &sv_points, &sv_mid)) {
         goto done;
     }
-    if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed, sv_points)) {
+    if (c.exptfile != NULL && !refine_write_expt(ctx, &c, nf, o.observed, sv_points, &sv_mid)) {
         goto done;
     }
     if (o.motionsout != NULL) {

@@ -1524,6 +1524,44 @@ static void test_scan_varying_refine(nbg_ctx *ctx, const char *dir)
                     "sv-refine-cli", "refine -scan_varying 1.5 (5 knots over 6 deg): the written list's %d scan "
                     "points give each image's crystal to %.4g deg rms, one crystal for all to %.4g (exits %d, %d)",
                     n, err[1], err[0], exitc[0], exitc[1]);
+    /* the crystal varying (-scan_vary crystal): the cell's knots too, written as the list's scan points */
+    {
+        char out[600], lg[600];
+        snprintf(out, sizeof out, "%s/svw_fit2.expt", dir);
+        snprintf(lg, sizeof lg, "%s/svw_fit2.log", dir);
+        snprintf(cmd, sizeof cmd, "%s refine -expt %s %s -observed %s/svw_#####.cbf -params orientation,a,b,c "
+                 "-scan_varying 1.5 -scan_vary crystal -exptfile %s > %s 2>&1", bin, path, model, dir, out, lg);
+        const int ex = system(cmd);
+        f = fopen(lg, "r");
+        nr = f != NULL ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[nr] = 0;
+        if (f != NULL) fclose(f);
+        const char *av[] = {"-expt", out, "-default_F", "100", "-N", "3", "-oversample", "1", "-fluence", "1.26e30"};
+        nbg_builder *bo = NULL;
+        int r2 = nbg_builder_create(&bo);
+        r2 = r2 == NBG_OK ? nbg_builder_parse(ctx, bo, 10, av) : r2;
+        r2 = r2 == NBG_OK ? nbg_builder_load(ctx, bo) : r2;
+        double s = 0, dlen = 0;
+        for (int k = 0; r2 == NBG_OK && k < NI; ++k) {
+            nbg_experiment e;
+            nbg_report ra, rb;
+            r2 = nbg_builder_frame(ctx, bo, k, &e);
+            const double d = r2 == NBG_OK ? crystal_angle(ctx, &e, &truth[k]) : INFINITY;
+            s += d * d;
+            if (r2 == NBG_OK && nbg_describe(ctx, &e, &ra) == NBG_OK && nbg_describe(ctx, &truth[k], &rb) == NBG_OK) {
+                for (int i = 0; i < 3; ++i) dlen = fmax(dlen, fabs(ra.cell[i] / rb.cell[i] - 1));
+            } else {
+                dlen = INFINITY;
+            }
+        }
+        nbg_builder_destroy(bo);
+        const double e2 = r2 == NBG_OK ? sqrt(s / NI) : INFINITY;
+        nbgi_test_check(ex == 0 && e2 * 4 < err[0] && dlen < 1e-3 && strstr(buf, "scan-varying crystal: 5 knots") &&
+                            strstr(buf, "a.k4") != NULL && strstr(buf, "c.k4") != NULL,
+                        "sv-refine-cli-crystal", "refine -scan_varying 1.5 -scan_vary crystal (orientation, a, b, c): "
+                        "each image's crystal from the written list to %.4g deg rms, its cell lengths to %.2g "
+                        "(exit %d)", e2, dlen, ex);
+    }
     /* refused: one image; no orientation parameter */
     const char *why[2] = {"needs a scan of several frames", "no orientation parameter"};
     for (int k = 0; k < 2; ++k) {
