@@ -292,7 +292,8 @@ def floors(refl, model, offsets, sizes, bg, ownc, rows):
                 if v.sum() <= 0:
                     break
                 mx, my = (v * xs).sum() / v.sum(), (v * ys).sum() / v.sum()
-                row += [math.sqrt((v * (xs - mx) ** 2).sum() / v.sum()), math.sqrt((v * (ys - my) ** 2).sum() / v.sum())]
+                row += [math.sqrt((v * (xs - mx) ** 2).sum() / v.sum()),
+                        math.sqrt((v * (ys - my) ** 2).sum() / v.sum())]
             if len(row) == 4:
                 mom.append(row)
     return (np.sqrt(np.mean(np.square(noise), axis=0)), rms(np.array(trunc)), rms(np.array(trunc_noisy)),
