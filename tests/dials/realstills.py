@@ -21,8 +21,9 @@ threshold 100, spots of 2 pixels or more), where the defaults take 1.4 million p
 nbgrad: refine from DIALS's indexed.expt on boxes of half-width 3 about DIALS's reflections (-spotlist, -spots 3),
 fitting the orientation, the cell under the space group, the background, the crystal size Na Nb Nc and the
 structure factors as per-reflection scales (-params orientation,cell,bg,Na,Nb,Nc,F; the start F from DIALS's
-indexed intensities, -hkl indexed.refl) with the Poisson loss; then `nbgrad simulate` renders the refined experiment
-(-exptfile) with the fitted F (-hklout) and crystal size: nbgrad's model image.
+indexed intensities, -hkl indexed.refl) with the Poisson loss, the crystal taken as a sphere (-round_xtal: see SHAPE);
+then `nbgrad simulate` renders the refined experiment (-exptfile) with the fitted F (-hklout), crystal size and
+shape: nbgrad's model image.
 
 The spots compared are those DIALS used in its refinement (flag used_in_refinement): DIALS's xyzcal.px of the others
 are meaningless for a still.  The observed centroid is DIALS's xyzobs.px.value, the counts-weighted mean of
@@ -38,9 +39,18 @@ Two metrics, both reported for DIALS and nbgrad:
       alone (nbg_reflection_centroids: rendered with every other structure factor at 0, no background, no
       truncation to the observed spot) over the square of half-width 5 about its observed centroid: where the model
       puts that reflection's light.  The stricter one: nothing of the observation enters the prediction, and no
-      neighbour's light.  DIALS's prediction is again xyzcal.px.  One thing still weighs against the model: the
+      neighbour's light.  DIALS's prediction is again xyzcal.px.  One thing weighs against the model: the
       observed centroid is the spot finder's, truncated to the pixels above its threshold (and the neighbours'
-      tails in them), while the model's takes the whole spot.  For information the output also gives the model
+      tails in them), while the model's takes the whole spot.  How much, is measured (floors(): a model exactly
+      right, nbgrad's model image taken as the truth, seen through that truncation) and printed: noise-free
+      thaumatin 0.29 / 0.25 px, cspad 0.11 / 0.13 px; with Poisson counts (gain 1) 0.43 / 0.42 and 0.13 / 0.14;
+      the centroids' own Poisson error is 0.07 / 0.04 and 0.01 / 0.01 px.  All are below 0.8 x DIALS's (0.59 /
+      0.54 and 0.36 / 0.35): the truncation and the counts do not forbid the target.  What keeps metric (b) near 1
+      is a part of the observed centroids that neither model predicts: nbgrad's errors and DIALS's correlate 0.8
+      (thaumatin x 0.78, y 0.49; cspad 0.81 / 0.80), their mean is 0.73 / 0.48 and 0.41 / 0.41 px rms.  On the
+      thaumatin still the observed spots are streaks along x (rms widths x / y 1.12 / 0.65 px against the model's
+      1.01 / 0.76): a horizontal divergence (fixed -hdivrange 2 mrad, 5 steps) takes chi^2 from 7.6 to 6.2 but
+      puts metric (b) x further off (0.88 px against 0.80).  For information the output also gives the model
       image's centroid (every reflection's light, no background) over the bounding box widened by 0, 1, 3 and 6 px,
       which a close neighbour's light enters (the thaumatin still's c of 150 A puts spots a few pixels apart).
 Both metrics are in-sample for DIALS: its refinement minimises exactly xyzcal.px - xyzobs.px.value over these
@@ -105,17 +115,22 @@ STILLS = {
     },
 }
 
-REFINE = ["-spotlist", "indexed.refl", "-spots", "3", "-hkl", "indexed.refl", "-nodump",
+# the crystal's shape: a sphere (-round_xtal), whose spots fall off alike in every direction, in place of the default
+# parallelepiped, whose sinc^2 spots have streaks along the cell's axes; measured (nbgrad at this commit, metric (b)
+# ratios x / y and chi^2 per pixel): thaumatin 1.07 / 0.67, 7.73 -> 1.08 / 0.62, 7.59; cspad 1.00 / 1.24, 104.0 ->
+# 0.92 / 1.04, 101.2 (metric (a) unchanged: 0.37 / 0.16 and 0.43 / 0.52).  Both refine and simulate take it.
+SHAPE = ["-round_xtal"]
+REFINE = SHAPE + ["-spotlist", "indexed.refl", "-spots", "3", "-hkl", "indexed.refl", "-nodump",
           "-params", "orientation,cell,bg,Na,Nb,Nc,F", "-N", "20", "-oversample", "2", "-maxiter", "100",
           "-loss", "poisson", "-json", "refined.json", "-hklout", "refined.hkl", "-exptfile", "refined.expt",
           "-centroids", "centroids.txt"]
 
 # Thresholds, per still, from the values measured here (Debian's dials 3.12, nbgrad at this commit) with margin:
-#   dev_ratio   chi^2 per pixel of nbgrad's fit: measured thaumatin 7.72, cspad 104 (dark-subtracted ADU taken as
-#               photons: the Poisson loss's chi^2 is not a photon chi^2 there); the check allows twice that
-#   cell_rel    nbgrad's a and c against DIALS's: measured thaumatin 0.004 % / 0.03 %, cspad 0.06 % / 0.06 %;
+#   dev_ratio   chi^2 per pixel of nbgrad's fit: measured thaumatin 7.59, cspad 101 (dark-subtracted ADU taken as
+#               photons: the Poisson loss's chi^2 is not a photon chi^2 there); the check allows about twice that
+#   cell_rel    nbgrad's a and c against DIALS's: measured thaumatin 0.03 % / 0.02 %, cspad 0.10 % / 0.06 %;
 #               allowed 0.3 %
-#   turn_deg    nbgrad's orientation against DIALS's: measured thaumatin 0.12 deg, cspad 0.02 deg; allowed 0.3 deg
+#   turn_deg    nbgrad's orientation against DIALS's: measured thaumatin 0.19 deg, cspad 0.07 deg; allowed 0.3 deg
 LIMITS = {
     "thaumatin": {"dev_ratio": 15.0, "cell_rel": 0.003, "turn_deg": 0.3},
     "cspad": {"dev_ratio": 210.0, "cell_rel": 0.003, "turn_deg": 0.3},
@@ -176,6 +191,7 @@ def turn_deg(d_expt, n_expt):
     return rotation_angle_deg(Un, Ud), frame_difference(d_expt, n_expt)
 
 
+DRAWS = 20  # noisy draws a spot for the floor of metric (b) (floors)
 WIDEN = (0, 1, 3, 6)  # the model image's centroid over the bbox widened by these, px (for information)
 
 
@@ -214,6 +230,74 @@ def centroids(refl, model, offsets, sizes, bg):
                 ys, xs = np.mgrid[by0:by1, bx0:bx1]
                 out[k, 3 + j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
     return out
+
+
+def floors(refl, model, offsets, sizes, bg, ownc, rows):
+    """Why metric (b) stays near DIALS's, per reflection of rows (indices into refl):
+      noise   the observed centroid's Poisson error from its counts, sqrt(sum c (x - xbar)^2) / sum c over the
+              foreground, with a gain of 1 (photon counts; for ADU of g per photon it grows as sqrt(g));
+      trunc   metric (b) of a model that is exactly right, seen through the spot finder's truncation: nbgrad's own
+              model image (every reflection's light plus its fitted background) taken as the truth, its brightest
+              n pixels within 3 px of the reflection's own model centroid (n: the observed spot's foreground pixel
+              count; fewer where pixels tie at the cut, none where the model is empty there), their weighted
+              centroid against the own centroid; noise-free; and the same with Poisson counts drawn about that
+              truth (gain 1, DRAWS draws a spot), the n pixels chosen on the noisy counts and weighted by them, as
+              a spot finder chooses them (an estimate: its threshold and connected regions are not imitated);
+      moments the spots' rms widths in x and y (sqrt of the second moments): observed (shoebox counts less nbgrad's
+              background, over the bounding box) and nbgrad's model alone over the same box.
+    Returns (noise, trunc, trunc with noise) as rms x / y, the mean moments (observed x, y, model x, y) and the
+    number of spots they are over."""
+    from dials.algorithms.shoebox import MaskCode
+    want = MaskCode.Valid | MaskCode.Foreground
+    sbs = refl["shoebox"]
+    panels = list(refl["panel"])
+    noise, trunc, trunc_noisy, mom = [], [], [], []
+    rng = np.random.default_rng(27)  # fixed: the same numbers every run
+    for k in rows:
+        sb = sbs[k]
+        p = panels[k]
+        nx, ny = sizes[p]
+        img = model[offsets[p]:offsets[p] + nx * ny].reshape(ny, nx).astype(np.float64)
+        x0, x1, y0, y1, _, _ = sb.bbox
+        data = sb.data.as_numpy_array()[0].astype(np.float64)
+        fg = (sb.mask.as_numpy_array()[0] & want) == want
+        ys, xs = np.mgrid[y0:y1, x0:x1] + 0.5
+        w = data * fg
+        s = w.sum()
+        cx, cy = (w * xs).sum() / s, (w * ys).sum() / s
+        c = np.clip(w, 0, None)
+        noise.append((math.sqrt((c * (xs - cx) ** 2).sum()) / s, math.sqrt((c * (ys - cy) ** 2).sum()) / s))
+        ox, oy = int(ownc[k, 0]), int(ownc[k, 1])
+        bx0, bx1, by0, by1 = max(ox - 3, 0), min(ox + 4, nx), max(oy - 3, 0), min(oy + 4, ny)
+        win = img[by0:by1, bx0:bx1].ravel()
+        wy, wx = (a.ravel() + 0.5 for a in np.mgrid[by0:by1, bx0:bx1])
+        n = min(int(fg.sum()), win.size)
+        cut = np.sort(win)[::-1][n - 1]
+        top = win > cut if (win >= cut).sum() > n else win >= cut  # no arbitrary choice among equal pixels
+        t = win[top] + bg
+        if top.any() and cut > 0:
+            trunc.append(((t * wx[top]).sum() / t.sum() - ownc[k, 0], (t * wy[top]).sum() / t.sum() - ownc[k, 1]))
+            for _ in range(DRAWS):
+                # the same with Poisson counts (gain 1), the n pixels chosen on the noisy counts (ties broken at
+                # random) and weighted by them
+                c = rng.poisson(win + bg) + rng.uniform(0.0, 1e-6, win.size)
+                top = np.argsort(-c)[:n]
+                t = c[top]
+                trunc_noisy.append(((t * wx[top]).sum() / t.sum() - ownc[k, 0],
+                                    (t * wy[top]).sum() / t.sum() - ownc[k, 1]))
+        if x0 >= 0 and y0 >= 0 and x1 <= nx and y1 <= ny:
+            row = []
+            for v in (data - bg, img[y0:y1, x0:x1]):
+                v = np.clip(v, 0, None)
+                if v.sum() <= 0:
+                    break
+                mx, my = (v * xs).sum() / v.sum(), (v * ys).sum() / v.sum()
+                row += [math.sqrt((v * (xs - mx) ** 2).sum() / v.sum()),
+                        math.sqrt((v * (ys - my) ** 2).sum() / v.sum())]
+            if len(row) == 4:
+                mom.append(row)
+    return (np.sqrt(np.mean(np.square(noise), axis=0)), rms(np.array(trunc)), rms(np.array(trunc_noisy)),
+            np.mean(mom, axis=0) if mom else np.full(4, np.nan), len(mom))
 
 
 def fmt2(v):
@@ -311,7 +395,7 @@ def one_still(nbgrad, work, name, spec):
     bg = par["bg"]["value"]
     rc, t_sim = run([nbgrad, "simulate", "-expt", "refined.expt", "-hkl", "refined.hkl", "-Na", repr(Ns[0]),
                      "-Nb", repr(Ns[1]), "-Nc", repr(Ns[2]), "-oversample", "2", "-nopgm", "-floatfile",
-                     "model.bin"], work, "simulate.log")
+                     "model.bin"] + SHAPE, work, "simulate.log")
     det = n_expt[0].detector
     sizes = [tuple(p.get_image_size()) for p in det]
     offsets = np.concatenate([[0], np.cumsum([nx * ny for nx, ny in sizes])]).astype(int)
@@ -367,11 +451,24 @@ def one_still(nbgrad, work, name, spec):
         print("    (for information: the model image's centroid over the bbox widened by %d px, every reflection's "
               "light: nbgrad %s px over %d spots, DIALS %s)" % (g, fmt2(rms(c[okg, 3 + j] - obs[okg])), okg.sum(),
                                                                fmt2(rms(cal[okg] - obs[okg]))))
+    f_noise, f_trunc, f_trunc_n, f_mom, n_mom = floors(refl, model, offsets, sizes, bg, ownc, np.nonzero(okb)[0])
+    e_nb, e_d = ownc[okb] - obs[okb], cal[okb] - obs[okb]
+    corr = [np.corrcoef(e_nb[:, i], e_d[:, i])[0, 1] for i in (0, 1)]
+    print("  why metric (b) stays near DIALS's (floors over the same %d spots):" % okb.sum())
+    print("    the observed centroids' Poisson noise (gain 1)      rms x / y %s px" % fmt2(f_noise))
+    print("    a model exactly right, seen through the spot finder's truncation to its foreground (nbgrad's model "
+          "image as the truth): metric (b) rms x / y %s px noise-free, %s px with Poisson counts (gain 1), against "
+          "0.8 x DIALS's %s" % (fmt2(f_trunc), fmt2(f_trunc_n), fmt2(TARGET * b_dials)))
+    print("    nbgrad's and DIALS's errors (prediction - observed) correlate %.2f / %.2f in x / y: the part of the "
+          "observed centroids that neither model predicts, rms x / y %s px (the two errors' mean)" %
+          (corr[0], corr[1], fmt2(rms((e_nb + e_d) / 2))))
+    print("    spot widths (rms, px) over the bounding box, %d spots: observed x / y %.2f / %.2f, nbgrad's model "
+          "%.2f / %.2f" % (n_mom, *f_mom))
     meets_b = bool(np.all(b_nb <= TARGET * b_dials)) and okb.sum() == u.sum()
     print("  metric (b) %s the target (nbgrad <= %.1f x DIALS in x and y): ratios %.2f / %.2f" %
           ("MEETS" if meets_b else "does NOT meet", TARGET, b_nb[0] / b_dials[0], b_nb[1] / b_dials[1]))
-    # the issue's target on metric (a): measured thaumatin 0.277 / 0.106 against DIALS's 0.754 / 0.655 (ratios 0.37,
-    # 0.16)
+    # the issue's target on metric (a): measured thaumatin 0.276 / 0.110 against DIALS's 0.754 / 0.655 (ratios 0.37,
+    # 0.17), cspad 0.195 / 0.235 against 0.456 / 0.452 (0.43, 0.52)
     check(bool(np.all(a_nb <= TARGET * d_dials)), name + "-centroids",
           "metric (a): nbgrad rms x / y %s px, DIALS's %s px (ratios %.2f / %.2f, target <= %.1f)" %
           (fmt2(a_nb), fmt2(d_dials), a_nb[0] / d_dials[0], a_nb[1] / d_dials[1], TARGET))
