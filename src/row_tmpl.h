@@ -87,6 +87,50 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     enum { W = NBG_LANES };
     NBG_R fl[3][W], fh[3][W], fN[3][W];
     const int want_dN = p->want_dN; /* a local: see nbgi_solid_angle_of */
+#if NBG_ROW_VEC
+    if (!want_grad && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
+        /* the forward with three integer N: the three axes' cosines in one lane loop and their recurrences
+         * interleaved in registers (their chains are independent; one axis at a time left the units waiting on each
+         * chain's latency); per lane the arithmetic below, so the same bits */
+        typedef NBG_SFX(nbgi_rvec) vR;
+        NBG_R c2[3][W];
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            for (int x = 0; x < 3; ++x) {
+                const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
+            }
+        }
+        vR vc2[3], vu0[3], vu1[3];
+        for (int x = 0; x < 3; ++x) {
+            memcpy(&vc2[x], c2[x], sizeof(vR));
+            vu1[x] = vc2[x];
+            vu0[x] = vc2[x] * 0 + 1;
+        }
+        const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
+        const int nmax = n0 > n1 ? (n0 > n2 ? n0 : n2) : (n1 > n2 ? n1 : n2);
+        for (int k = 2; k < nmax; ++k) {
+            if (k < n0) {
+                const vR u2 = vc2[0] * vu1[0] - vu0[0];
+                vu0[0] = vu1[0];
+                vu1[0] = u2;
+            }
+            if (k < n1) {
+                const vR u2 = vc2[1] * vu1[1] - vu0[1];
+                vu0[1] = vu1[1];
+                vu1[1] = u2;
+            }
+            if (k < n2) {
+                const vR u2 = vc2[2] * vu1[2] - vu0[2];
+                vu0[2] = vu1[2];
+                vu1[2] = u2;
+            }
+        }
+        const vR Lv = vu1[0] * vu1[1] * vu1[2]; /* (1 L_a) L_b L_c, as below */
+        memcpy(L, &Lv, sizeof Lv);
+        return;
+    }
+#endif
     for (int j = 0; j < W; ++j) {
         L[j] = 1; /* times each axis's factor: 1 L_a = L_a bit for bit */
     }
