@@ -101,11 +101,14 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                 c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
             }
         }
-        vR vc2[3], vu0[3], vu1[3];
+        vR vc2[3], vu0[3], vu1[3], one;
+        for (int j = 0; j < W; ++j) {
+            one[j] = 1;
+        }
         for (int x = 0; x < 3; ++x) {
             memcpy(&vc2[x], c2[x], sizeof(vR));
             vu1[x] = vc2[x];
-            vu0[x] = vc2[x] * 0 + 1;
+            vu0[x] = one;
         }
         const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
         const int nmax = n0 > n1 ? (n0 > n2 ? n0 : n2) : (n1 > n2 ? n1 : n2);
