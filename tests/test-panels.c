@@ -983,6 +983,35 @@ static void motions(nbg_ctx *ctx)
     free(zi);
 }
 
+/* An observed still of e (n pixels): its image scaled to a peak of 2000 photons over a background of 2, with Poisson
+ * noise of the seed, into obs; e's image model then says the same (scale, bg[0]).  NBG_ENOMEM or the call's error. */
+static int noisy_still(nbg_ctx *ctx, nbg_experiment *e, size_t n, long seed, float *obs)
+{
+    float *img = malloc(sizeof(float) * n);
+    uint16_t *cnt = malloc(sizeof(uint16_t) * n);
+    int rc = img == NULL || cnt == NULL ? NBG_ENOMEM : nbg_simulate(ctx, e, img, n, NULL);
+    double mx = 0;
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        mx = fmax(mx, img[i]);
+    }
+    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
+        img[i] = (float)(img[i] * 2000 / mx + 2.0);
+    }
+    if (rc == NBG_OK) {
+        rc = nbg_noise_image(ctx, img, (int)n, 1, NULL, 0, seed, cnt, NULL, NULL);
+    }
+    for (size_t i = 0; rc == NBG_OK && i < n; ++i) {
+        obs[i] = cnt[i];
+    }
+    if (rc == NBG_OK) {
+        e->scale = 2000 / mx;
+        e->bg[0] = 2.0;
+    }
+    free(img);
+    free(cnt);
+    return rc;
+}
+
 /* Refinement of panel motions: 4 panels of a rotated detector, each its own group, displaced (shift x, y up to
  * 0.3 mm, turns of up to 1 deg in the plane); Poisson noise (5 seeds); each fit starts from no motion and refines
  * the 12 shifts and turns with the Poisson loss.  Over the 60 fitted values the errors in standard errors must
@@ -1005,25 +1034,8 @@ static int motion_fit(nbg_ctx *ctx, long seed, const nbg_panel_motion truth[4], 
     e.motions = mot;
     e.nmotions = 4;
     const size_t n = 4 * 24 * 24;
-    float *img = malloc(sizeof(float) * n), *obs = malloc(sizeof(float) * n);
-    uint16_t *cnt = malloc(sizeof(uint16_t) * n);
-    int rc = nbg_simulate(ctx, &e, img, n, NULL);
-    double mx = 0;
-    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
-        mx = fmax(mx, img[i]);
-    }
-    /* a peak of about 2000 photons over 2 of background */
-    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
-        img[i] = (float)(img[i] * 2000 / mx + 2.0);
-    }
-    if (rc == NBG_OK) {
-        rc = nbg_noise_image(ctx, img, (int)n, 1, NULL, 0, seed, cnt, NULL, NULL);
-    }
-    for (size_t i = 0; i < n; ++i) {
-        obs[i] = cnt[i];
-    }
-    e.scale = 2000 / mx;
-    e.bg[0] = 2.0;
+    float *obs = malloc(sizeof(float) * n);
+    int rc = obs == NULL ? NBG_ENOMEM : noisy_still(ctx, &e, n, seed, obs);
     memset(mot, 0, sizeof mot);
     nbg_param params[12];
     for (int g = 0; g < 4; ++g) {
@@ -1046,9 +1058,7 @@ static int motion_fit(nbg_ctx *ctx, long seed, const nbg_panel_motion truth[4], 
             }
         }
     }
-    free(img);
     free(obs);
-    free(cnt);
     return rc;
 }
 
@@ -1128,30 +1138,14 @@ static void beam_refine(nbg_ctx *ctx)
     const double truth[2] = {0.15, -0.1};
     e.beam_tilt[0] = truth[0], e.beam_tilt[1] = truth[1];
     const size_t n = 4 * 24 * 24;
-    float *img = malloc(sizeof(float) * n), *obs = malloc(sizeof(float) * n);
-    uint16_t *cnt = malloc(sizeof(uint16_t) * n);
+    float *obs = malloc(sizeof(float) * n);
     nbg_refine_result *res = calloc(1, sizeof *res);
-    if (img == NULL || obs == NULL || cnt == NULL || res == NULL) {
+    if (obs == NULL || res == NULL) {
         rc = NBG_ENOMEM;
     }
     if (rc == NBG_OK) {
-        rc = nbg_simulate(ctx, &e, img, n, NULL);
+        rc = noisy_still(ctx, &e, n, 3, obs);
     }
-    double mx = 0;
-    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
-        mx = fmax(mx, img[i]);
-    }
-    for (size_t i = 0; i < n && rc == NBG_OK; ++i) {
-        img[i] = (float)(img[i] * 2000 / mx + 2.0);
-    }
-    if (rc == NBG_OK) {
-        rc = nbg_noise_image(ctx, img, (int)n, 1, NULL, 0, 3, cnt, NULL, NULL);
-    }
-    for (size_t i = 0; rc == NBG_OK && i < n; ++i) {
-        obs[i] = cnt[i];
-    }
-    e.scale = 2000 / mx;
-    e.bg[0] = 2.0;
     e.beam_tilt[0] = e.beam_tilt[1] = 0;
     const nbg_param params[5] = {NBG_P_BEAM_TILT1, NBG_P_BEAM_TILT2, NBG_P_ORIENT_X, NBG_P_ORIENT_Y, NBG_P_ORIENT_Z};
     nbg_refine_options opt;
@@ -1176,9 +1170,7 @@ static void beam_refine(nbg_ctx *ctx)
         nbg_refine_result_free(res);
     }
     free(res);
-    free(img);
     free(obs);
-    free(cnt);
 }
 
 /* Panels with sensors of their own: a rotated MOSFLM detector of 300 um silicon-like sensors (2 layers) cut into 2 x

@@ -195,6 +195,19 @@ DRAWS = 20  # noisy draws a spot for the floor of metric (b) (floors)
 WIDEN = (0, 1, 3, 6)  # the model image's centroid over the bbox widened by these, px (for information)
 
 
+def shoebox_at(sbs, panels, k, model, offsets, sizes, want):
+    """Reflection k's shoebox as arrays: the model image of its panel (ny x nx), the panel's size, the box (x0, x1,
+    y0, y1), its counts and its foreground (mask bits `want`), the first slice of each."""
+    sb = sbs[k]
+    p = panels[k]
+    nx, ny = sizes[p]
+    img = model[offsets[p]:offsets[p] + nx * ny].reshape(ny, nx).astype(np.float64)
+    x0, x1, y0, y1, _, _ = sb.bbox
+    data = sb.data.as_numpy_array()[0].astype(np.float64)
+    fg = (sb.mask.as_numpy_array()[0] & want) == want
+    return img, nx, ny, (x0, x1, y0, y1), data, fg
+
+
 def centroids(refl, model, offsets, sizes, bg):
     """Per reflection of refl (a flex table with shoeboxes): the observed centroid recomputed from the shoebox,
     metric (a)'s model centroid (model + bg over the shoebox's foreground), metric (a)'s without the background, and
@@ -206,13 +219,7 @@ def centroids(refl, model, offsets, sizes, bg):
     bboxes = list(refl["bbox"])
     out = np.full((len(refl), 3 + len(WIDEN), 2), np.nan)
     for k in range(len(refl)):
-        sb = sbs[k]
-        p = panels[k]
-        nx, ny = sizes[p]
-        img = model[offsets[p]:offsets[p] + nx * ny].reshape(ny, nx).astype(np.float64)
-        x0, x1, y0, y1, _, _ = sb.bbox
-        data = sb.data.as_numpy_array()[0].astype(np.float64)
-        fg = (sb.mask.as_numpy_array()[0] & want) == want
+        img, nx, ny, (x0, x1, y0, y1), data, fg = shoebox_at(sbs, panels, k, model, offsets, sizes, want)
         ys, xs = np.mgrid[y0:y1, x0:x1]
         cx0, cx1, cy0, cy1 = max(x0, 0), min(x1, nx), max(y0, 0), min(y1, ny)
         m = np.zeros_like(data)
@@ -254,13 +261,7 @@ def floors(refl, model, offsets, sizes, bg, ownc, rows):
     noise, trunc, trunc_noisy, mom = [], [], [], []
     rng = np.random.default_rng(27)  # fixed: the same numbers every run
     for k in rows:
-        sb = sbs[k]
-        p = panels[k]
-        nx, ny = sizes[p]
-        img = model[offsets[p]:offsets[p] + nx * ny].reshape(ny, nx).astype(np.float64)
-        x0, x1, y0, y1, _, _ = sb.bbox
-        data = sb.data.as_numpy_array()[0].astype(np.float64)
-        fg = (sb.mask.as_numpy_array()[0] & want) == want
+        img, nx, ny, (x0, x1, y0, y1), data, fg = shoebox_at(sbs, panels, k, model, offsets, sizes, want)
         ys, xs = np.mgrid[y0:y1, x0:x1] + 0.5
         w = data * fg
         s = w.sum()
