@@ -903,7 +903,7 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
                              nbg_param_label(e, params[j], lab, sizeof lab));
         }
     }
-    const int motions = want_of(e, params, nparams).panels;
+    const int panels_move = want_of(e, params, nparams).panels;
     nbgi_plan pl;
     int rc = plan_for_grad(ctx, e, npix, params, nparams, "nbg_simulate_jvp", &pl);
     if (rc != NBG_OK) {
@@ -914,8 +914,8 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
     const size_t nw = (size_t)nbgi_nwalk(&pl.k);
     int *slot = malloc(sizeof(int) * (size_t)(nparams > 0 ? nparams : 1));
     const size_t nptan = (size_t)NBG_JVP_MAX * (size_t)pl.k.npanels * NBG_ADJ_DET;
-    double *ptan = motions ? malloc(sizeof(double) * nptan) : NULL;
-    if (slot == NULL || (motions && ptan == NULL)) {
+    double *ptan = panels_move ? malloc(sizeof(double) * nptan) : NULL;
+    if (slot == NULL || (panels_move && ptan == NULL)) {
         free(slot);
         nbgi_plan_free(&pl);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the tangents");
@@ -929,7 +929,7 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
     for (int q0 = 0; rc == NBG_OK && q0 < nt; q0 += NBG_JVP_MAX) {
         const int m = nt - q0 < NBG_JVP_MAX ? nt - q0 : NBG_JVP_MAX;
         nbgi_adjacc t[NBG_JVP_MAX];
-        int na = 0, motion = 0;
+        int na = 0, own = 0; /* whether a direction of this pass moves panels by their own */
         if (ptan != NULL) {
             memset(ptan, 0, sizeof(double) * nptan);
         }
@@ -943,7 +943,7 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
                 nbgi_plan_tangent(e, &pl, p, &t[na]); /* a motion's is zero */
             }
             if (moves_panels(e, p)) {
-                motion = 1; /* the panels' own tangents, added to what the plane's carry */
+                own = 1; /* the panels' own tangents, added to what the plane's carry */
                 panel_tangents(e, &pl, p, ptan + (size_t)na * pl.k.npanels * NBG_ADJ_DET);
             }
         }
@@ -952,7 +952,7 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
 #ifdef _OPENMP
             nthreads = ctx->nthreads > 0 ? ctx->nthreads : omp_get_max_threads();
 #endif
-            nbgi_jvp_cpu(&pl.k, t, m, motion ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
+            nbgi_jvp_cpu(&pl.k, t, m, own ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
                          ctx->scalar_adjoint == 0, nthreads);
             rc = nbgi_image_check(ctx, &pl, image, NAN);
         }

@@ -719,6 +719,23 @@ int nbgi_cli_data_fits(nbg_ctx *ctx, const nbgi_cli *c)
     return 1;
 }
 
+/* An output's description of frame `frame` (one image) of img: its size, photons, the geometry and the mask; the
+ * caller adds what it carries (carry, counts, SMV header, PGM scale). */
+static void image_out_init(nbgi_image_out *o, const nbgi_cli *c, const nbg_report *r, const float *img, int frame)
+{
+    memset(o, 0, sizeof *o);
+    o->npix = r->npix;
+    o->fpixels = r->fpixels;
+    o->spixels = r->spixels;
+    o->photons = img;
+    o->frame = frame;
+    o->nframes = 1;
+    o->g = &c->geom;
+    o->panels = c->geom_panels;
+    o->npanels = c->e.npanels;
+    o->mask = c->e.mask;
+}
+
 /* The leading outputs written while the statistics are computed (nbgi_cli_write_outputs): the first n of
  * src/outputs.def, each photons alone in a file of one image (-floatfile's raw floats), which need nothing of the
  * statistics or the drawn counts.  Writes them in order, stopping at the first that fails (its error in the
@@ -730,15 +747,8 @@ static int early_write(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const flo
     for (int k = 0; k < n; ++k) {
         const nbgi_output *out = nbgi_output_at(k);
         char name[PATH_MAX];
-        memset(&o[k], 0, sizeof o[k]);
+        image_out_init(&o[k], c, r, img, frame);
         o[k].carry = NBGI_CARRY_PHOTONS;
-        o[k].npix = r->npix;
-        o[k].fpixels = r->fpixels;
-        o[k].spixels = r->spixels;
-        o[k].photons = img;
-        o[k].frame = frame;
-        o[k].nframes = 1;
-        o[k].mask = c->e.mask;
         nbgi_frame_name(nbgi_output_path(c, out), frame, nframes, name, sizeof name);
         if (nbgi_image_write(ctx, &c->outs, out->format, name, &o[k]) != NBG_OK) {
             return k;
@@ -915,15 +925,9 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             goto done;
         }
         nbgi_image_out o;
-        memset(&o, 0, sizeof o);
+        image_out_init(&o, c, r, img, frame);
         o.carry = carry & (NBGI_CARRY_PHOTONS | NBGI_CARRY_COUNTS | NBGI_CARRY_NOISE);
-        o.npix = npix;
-        o.fpixels = F;
-        o.spixels = S;
-        o.photons = img;
         o.counts = carry & NBGI_CARRY_NOISE ? nbuf : ibuf;
-        o.frame = frame;
-        o.nframes = 1;
         o.smv = &h;
         if (fmt->carries & NBGI_CARRY_SCALED) {
             double ps = c->pgmscale;
@@ -932,10 +936,6 @@ int nbgi_cli_write_outputs(nbg_ctx *ctx, nbgi_cli *c, const nbg_report *r, const
             }
             o.pgm_scale = ps;
         }
-        o.g = &c->geom;
-        o.panels = c->geom_panels;
-        o.npanels = c->e.npanels;
-        o.mask = c->e.mask;
         if (fmt->frames == 1) {
             /* one image a file: each frame its own, named by its number */
             nbgi_frame_name(path, frame, nframes, name, sizeof name);

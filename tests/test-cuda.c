@@ -361,6 +361,21 @@ static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
                    worst);
 }
 
+/* The worst relative difference of 3 groups' 18 motion gradients, dg against dc (each relative to the larger of the
+ * two, floored at 1e-9 of *dmax, the largest |dc|). */
+static double motion_diff(const double dc[18], const double dg[18], double *dmax)
+{
+    double worst = 0;
+    *dmax = 0;
+    for (int j = 0; j < 18; ++j) {
+        *dmax = fmax(*dmax, fabs(dc[j]));
+    }
+    for (int j = 0; j < 18; ++j) {
+        worst = fmax(worst, fabs(dg[j] - dc[j]) / fmax(fmax(fabs(dc[j]), fabs(dg[j])), 1e-9 * *dmax));
+    }
+    return worst;
+}
+
 /* A multi-panel detector (six panels with gaps in the plane, one of them turned by 90 deg): the CUDA image (each
  * thread finds its panel) equals the CPU's, double and float, and so do the gradients, detector ones included (the
  * panels' gradients carried to the plane's vectors per thread). */
@@ -437,13 +452,8 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         }
         const int crc = grad_ids(cpu, &e, w, mm, 20, gc, dc, a, n);
         const int mrc = grad_ids(gpu, &e, w, mm, 20, gg, dg, b, n);
-        double mworst = grad_diff(gg, gc), dmax = 0, imx = 0;
-        for (int j = 0; j < 18; ++j) {
-            dmax = fmax(dmax, fabs(dc[j]));
-        }
-        for (int j = 0; j < 18; ++j) {
-            mworst = fmax(mworst, fabs(dg[j] - dc[j]) / fmax(fmax(fabs(dc[j]), fabs(dg[j])), 1e-9 * dmax));
-        }
+        double dmax, imx = 0;
+        const double mworst = fmax(grad_diff(gg, gc), motion_diff(dc, dg, &dmax));
         const double di = crc == NBG_OK && mrc == NBG_OK ? maxrel(a, b, n, &imx) : INFINITY;
         char id[64];
         snprintf(id, sizeof id, PFX "-panels-motion-grad%s", v ? "-list" : "");
@@ -454,24 +464,13 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     }
     free(list);
 
-    /* the same panels fixed in the lab frame (placed where the plane put them, motions included): the beam's
+    /* the same panels fixed in the lab frame, where the plane put them (then moved by the motions): the beam's
      * direction, whose tangent turns each lab-frame panel by its own, and the motions, as the CPU's */
     {
         nbg_panel lab[6];
-        nbg_report rl;
         e.pixels = NULL;
         e.npixels_list = 0;
-        e.motions = NULL;
-        e.nmotions = 0;
-        int lrc = nbg_describe(cpu, &e, &rl);
-        for (int k = 0; k < 6; ++k) {
-            lab[k] = pan[k];
-            for (int x = 0; x < 3; ++x) {
-                lab[k].fast[x] = pan[k].fast[0] * rl.fdet[x] + pan[k].fast[1] * rl.sdet[x];
-                lab[k].slow[x] = pan[k].slow[0] * rl.fdet[x] + pan[k].slow[1] * rl.sdet[x];
-                lab[k].origin[x] = 1000 * rl.pix0[x] + pan[k].origin[0] * rl.fdet[x] + pan[k].origin[1] * rl.sdet[x];
-            }
-        }
+        const int lrc = nbgi_test_panels_lab(cpu, &e, lab);
         e.panels = lab;
         e.panel_frame = NBG_PANELS_LAB;
         e.motions = mot;
@@ -486,13 +485,8 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         memset(dg, 0, sizeof dg);
         const int crc = lrc == NBG_OK ? grad_ids(cpu, &e, w, mm, 9, gc, dc, a, n) : lrc;
         const int mrc = grad_ids(gpu, &e, w, mm, 9, gg, dg, b, n);
-        double lworst = grad_diff(gg, gc), dmax = 0, imx = 0;
-        for (int j = 0; j < 18; ++j) {
-            dmax = fmax(dmax, fabs(dc[j]));
-        }
-        for (int j = 0; j < 18; ++j) {
-            lworst = fmax(lworst, fabs(dg[j] - dc[j]) / fmax(fmax(fabs(dc[j]), fabs(dg[j])), 1e-9 * dmax));
-        }
+        double dmax, imx = 0;
+        const double lworst = fmax(grad_diff(gg, gc), motion_diff(dc, dg, &dmax));
         const double di = crc == NBG_OK && mrc == NBG_OK ? maxrel(a, b, n, &imx) : INFINITY;
         nbgi_test_check(crc == NBG_OK && mrc == NBG_OK && gc[NBG_P_BEAM_TILT1] != 0 && gc[NBG_P_BEAM_TILT2] != 0 &&
                             dmax > 0 && lworst <= 1e-8 && di <= 1e-9 + 1.2e-7,

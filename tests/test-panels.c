@@ -185,17 +185,8 @@ static void gaps_and_frames(nbg_ctx *ctx)
                    "|diff| %.3g of max %.4g, %s)", d, mx, rc2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
 
     /* the same panels in the lab frame, from the plane's vectors in the report */
-    nbg_report r;
-    nbg_describe(ctx, &e, &r);
     nbg_panel lab[6];
-    for (int k = 0; k < 6; ++k) {
-        lab[k] = pan[k];
-        for (int x = 0; x < 3; ++x) {
-            lab[k].fast[x] = r.fdet[x];
-            lab[k].slow[x] = r.sdet[x];
-            lab[k].origin[x] = 1000 * r.pix0[x] + pan[k].origin[0] * r.fdet[x] + pan[k].origin[1] * r.sdet[x];
-        }
-    }
+    nbgi_test_panels_lab(ctx, &e, lab);
     nbg_experiment el = e;
     el.panels = lab;
     el.panel_frame = NBG_PANELS_LAB;
@@ -795,16 +786,7 @@ static void motions(nbg_ctx *ctx)
         memcpy(base_p, pan, sizeof pan);
         if (fr == 1) {
             /* the same panels given in the lab frame, from the report's vectors */
-            nbg_report r;
-            nbg_describe(ctx, &e, &r);
-            for (int k = 0; k < 6; ++k) {
-                for (int x = 0; x < 3; ++x) {
-                    base_p[k].fast[x] = r.fdet[x];
-                    base_p[k].slow[x] = r.sdet[x];
-                    base_p[k].origin[x] = 1000 * r.pix0[x] + pan[k].origin[0] * r.fdet[x] +
-                                          pan[k].origin[1] * r.sdet[x];
-                }
-            }
+            nbgi_test_panels_lab(ctx, &e, base_p);
             em.panel_frame = NBG_PANELS_LAB;
         }
         em.panels = base_p;
@@ -1123,16 +1105,7 @@ static void beam_refine(nbg_ctx *ctx)
     nbg_panel pan[4], lab[4];
     e.npanels = tile(&e, 2, 2, 24, 24, 3, 5, pan);
     e.panels = pan;
-    nbg_report r;
-    int rc = nbg_describe(ctx, &e, &r);
-    for (int k = 0; k < 4; ++k) {
-        lab[k] = pan[k];
-        for (int x = 0; x < 3; ++x) {
-            lab[k].fast[x] = r.fdet[x];
-            lab[k].slow[x] = r.sdet[x];
-            lab[k].origin[x] = 1000 * r.pix0[x] + pan[k].origin[0] * r.fdet[x] + pan[k].origin[1] * r.sdet[x];
-        }
-    }
+    int rc = nbgi_test_panels_lab(ctx, &e, lab);
     e.panels = lab;
     e.panel_frame = NBG_PANELS_LAB;
     const double truth[2] = {0.15, -0.1};

@@ -354,4 +354,27 @@ static inline void nbgi_test_two_panels(nbg_experiment *e, nbg_panel pan[2])
     e->panel_frame = NBG_PANELS_PLANE;
 }
 
+/* The npanels panels of e (their vectors in e's detector plane's frame, NBG_PANELS_PLANE) as panels fixed in the lab
+ * frame where the plane puts them (e's motions not applied): each axis and origin the combination of the report's
+ * fdet, sdet, odet and pix0.  out (npanels) receives copies of e's panels with those vectors; nbg_describe's status. */
+static inline int nbgi_test_panels_lab(nbg_ctx *ctx, const nbg_experiment *e, nbg_panel *out)
+{
+    nbg_experiment ep = *e;
+    ep.motions = NULL;
+    ep.nmotions = 0;
+    nbg_report r;
+    const int rc = nbg_describe(ctx, &ep, &r);
+    for (int k = 0; rc == NBG_OK && k < e->npanels; ++k) {
+        const nbg_panel *p = &e->panels[k];
+        out[k] = *p;
+        for (int x = 0; x < 3; ++x) {
+            out[k].fast[x] = p->fast[0] * r.fdet[x] + p->fast[1] * r.sdet[x] + p->fast[2] * r.odet[x];
+            out[k].slow[x] = p->slow[0] * r.fdet[x] + p->slow[1] * r.sdet[x] + p->slow[2] * r.odet[x];
+            out[k].origin[x] = 1000 * r.pix0[x] + p->origin[0] * r.fdet[x] + p->origin[1] * r.sdet[x] +
+                               p->origin[2] * r.odet[x];
+        }
+    }
+    return rc;
+}
+
 #endif /* NBG_TESTUTIL_H */
