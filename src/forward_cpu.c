@@ -4,6 +4,25 @@
 #include "forward.h"
 #include "kernel.h"
 
+/* The forward in double at the width of 256-bit vector registers (src/hd.h): its own instantiation, since the
+ * adjoint and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order of summation). */
+#if NBG_NARROW_VECTORS
+#define NBG_ROW_LANES 4
+#define NBG_TMPL NBG_TMPL_DOUBLE_NARROW
+#include "tmpl_on.h"
+#include "physics_tmpl.h"
+#include "row_tmpl.h"
+#include "tmpl_off.h"
+#undef NBG_ROW_LANES
+#define ROW_D nbgi_row_dn
+#define ROW_LANES_D nbgi_row_lanes_dn
+typedef nbgi_pixstat_dn pixstat_d;
+#else
+#define ROW_D nbgi_row_d
+#define ROW_LANES_D nbgi_row_lanes_d
+typedef nbgi_pixstat_d pixstat_d;
+#endif
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,23 +36,23 @@ static __attribute__((noinline)) void row_f(const nbgi_kparams *p, int s, int f0
 }
 
 static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                            nbgi_pixstat_d *st)
+                                            pixstat_d *st)
 {
-    nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
+    ROW_D(p, s, f0, n, out, st, NULL, NULL);
 }
 
 /* The double image's (nbg_simulate_tangents): the unrounded values too. */
 static __attribute__((noinline)) void row_dd(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                             nbgi_pixstat_d *st, double *outd)
+                                             pixstat_d *st, double *outd)
 {
-    nbgi_row_d(p, s, f0, n, out, st, outd, NULL);
+    ROW_D(p, s, f0, n, out, st, outd, NULL);
 }
 
 /* The gradient check's: the unrounded values and the signatures too. */
 static __attribute__((noinline)) void row_sig_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                                nbgi_pixstat_d *st, double *outd, uint64_t *sig)
+                                                pixstat_d *st, double *outd, uint64_t *sig)
 {
-    nbgi_row_d(p, s, f0, n, out, st, outd, sig);
+    ROW_D(p, s, f0, n, out, st, outd, sig);
 }
 
 void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double *image_d, double *omega_sum,
@@ -42,7 +61,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     use_float = use_float && image_d == NULL;
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
-    const int W = use_float ? nbgi_row_lanes_f : nbgi_row_lanes_d;
+    const int W = use_float ? nbgi_row_lanes_f : ROW_LANES_D;
     const long nu = nbgi_nunits(p);
     const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;
     if (p->list != NULL) {
@@ -79,12 +98,12 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                     os += st.omega_sum;
                     nout += st.oor;
                 } else if (image_d != NULL) {
-                    nbgi_pixstat_d st = {0, 0};
+                    pixstat_d st = {0, 0};
                     row_dd(pr, s, f0, n, out, &st, image_d + first + f0);
                     os += st.omega_sum;
                     nout += st.oor;
                 } else {
-                    nbgi_pixstat_d st = {0, 0};
+                    pixstat_d st = {0, 0};
                     row_d(pr, s, f0, n, out, &st);
                     os += st.omega_sum;
                     nout += st.oor;
@@ -109,7 +128,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
 
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)
 {
-    enum { W = nbgi_row_lanes_d };
+    enum { W = ROW_LANES_D };
     const int S = p->nrows;
     double *rows = calloc((size_t)S, sizeof(double));
     if (rows == NULL) {
@@ -128,7 +147,7 @@ double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_
             float out[W];
             double v[W];
             uint64_t h[W];
-            nbgi_pixstat_d st = {0, 0};
+            pixstat_d st = {0, 0};
             row_sig_d(pr, s, f0, n, out, &st, v, h);
             for (int j = 0; j < n; ++j) {
                 const long i = first + f0 + j;

@@ -9,7 +9,8 @@
  *
  * Between the two, tmpl_on.h defines
  *     NBG_R           the scalar type: double, float, double _Complex
- *     NBG_SFX(name)   the name with the type's suffix: name_d, name_f, name_z
+ *     NBG_SFX(name)   the name with the type's suffix: name_d, name_f, name_z (and name_dn: double again, for the
+ *                     CPU forward's row at the width of narrower vector units, NBG_TMPL_DOUBLE_NARROW)
  *     NBG_M(fn)       the type's math function: fn, fn##f, c##fn (sqrt, sqrtf, csqrt)
  *     NBG_RE(x)       the real part (x itself, creal(x) for complex)
  *     NBG_FLOAT_MODE  defined for float only
@@ -19,7 +20,8 @@
  * was instantiated for the same type first.
  *
  * Who instantiates what:  physics.h (physics_tmpl.h: double, float), setup.h (setup_tmpl.h: double, and double
- * complex where NBG_SETUP_COMPLEX is defined), kernel.h (row_tmpl.h: double, float),
+ * complex where NBG_SETUP_COMPLEX is defined), kernel.h (row_tmpl.h: double, float), src/forward_cpu.c
+ * (physics_tmpl.h and row_tmpl.h again as double narrow, where NBG_NARROW_VECTORS),
  * grad/adjoint_cpu.c (adjoint_tmpl.h, adjoint_row_tmpl.h, jvp_tmpl.h, jvp_row_tmpl.h: double), cuda/backend.cu
  * (adjoint_tmpl.h: double, float).
  */
@@ -27,6 +29,7 @@
 #define NBG_TMPL_DOUBLE 1
 #define NBG_TMPL_FLOAT 2
 #define NBG_TMPL_COMPLEX 3
+#define NBG_TMPL_DOUBLE_NARROW 4
 #endif
 
 #ifndef NBG_TMPL
@@ -42,6 +45,12 @@
 #if NBG_TMPL == NBG_TMPL_DOUBLE
 #define NBG_R double
 #define NBG_SFX(name) name##_d
+#define NBG_M(fn) fn
+#define NBG_RE(x) (x)
+#define NBG_TMPL_HD NBG_HD
+#elif NBG_TMPL == NBG_TMPL_DOUBLE_NARROW
+#define NBG_R double
+#define NBG_SFX(name) name##_dn
 #define NBG_M(fn) fn
 #define NBG_RE(x) (x)
 #define NBG_TMPL_HD NBG_HD
@@ -61,5 +70,5 @@
 #define NBG_RE(x) creal(x)
 #define NBG_TMPL_HD
 #else
-#error "NBG_TMPL must be NBG_TMPL_DOUBLE, NBG_TMPL_FLOAT or NBG_TMPL_COMPLEX"
+#error "NBG_TMPL must be NBG_TMPL_DOUBLE, NBG_TMPL_FLOAT, NBG_TMPL_COMPLEX or NBG_TMPL_DOUBLE_NARROW"
 #endif
