@@ -56,6 +56,12 @@ enum { NBG_SFX(nbgi_row_lanes) = NBG_LANES };
 #include <string.h>
 #define NBG_ROW_VEC 1
 typedef NBG_R NBG_SFX(nbgi_rvec) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES)));
+/* The same lanes as NBG_RPARTS vectors of the registers' width where those are narrower than the lanes (8 doubles
+ * under AVX2: a vector wider than the registers GCC lowers piecewise through the stack, and the gradient's
+ * recurrence ran from memory); one vector of all the lanes otherwise.  Element-wise the same arithmetic. */
+#define NBG_RPART_BYTES (NBG_NARROW_VECTORS && sizeof(NBG_R) * NBG_LANES > 32 ? 32 : sizeof(NBG_R) * NBG_LANES)
+typedef NBG_R NBG_SFX(nbgi_rpart) __attribute__((vector_size(NBG_RPART_BYTES)));
+#define NBG_RPARTS ((int)(sizeof(NBG_R) * NBG_LANES / NBG_RPART_BYTES))
 #else
 #define NBG_ROW_VEC 0
 #endif
@@ -177,31 +183,35 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
         if (Ni > 2) {
             /* the recurrence's state in vector registers across its steps: as arrays, GCC kept it in memory and
              * mixed vector widths, and each step waited on a store (heavy sampling's gradient 19 % faster, its
-             * forward 16 %); element-wise the lane loop's arithmetic below */
-            typedef NBG_SFX(nbgi_rvec) vR;
-            vR vc2, vu0, vu1, vd0, vd1;
-            memcpy(&vc2, c2, sizeof vc2);
-            memcpy(&vu0, u0, sizeof vu0);
-            memcpy(&vu1, u1, sizeof vu1);
+             * forward 16 %); in parts of the registers' width (NBG_RPARTS), independent chains; element-wise the
+             * lane loop's arithmetic below */
+            typedef NBG_SFX(nbgi_rpart) vR;
+            enum { NP = NBG_RPARTS };
+            vR vc2[NP], vu0[NP], vu1[NP], vd0[NP], vd1[NP];
+            memcpy(vc2, c2, sizeof vc2);
+            memcpy(vu0, u0, sizeof vu0);
+            memcpy(vu1, u1, sizeof vu1);
             if (want_grad) {
-                memcpy(&vd0, du0, sizeof vd0);
-                memcpy(&vd1, du1, sizeof vd1);
+                memcpy(vd0, du0, sizeof vd0);
+                memcpy(vd1, du1, sizeof vd1);
             }
             for (int k = 2; k < Ni; ++k) {
-                const vR u2 = vc2 * vu1 - vu0;
-                if (want_grad) {
-                    const vR d2 = 2 * vu1 + vc2 * vd1 - vd0;
-                    vd0 = vd1;
-                    vd1 = d2;
+                for (int h = 0; h < NP; ++h) {
+                    const vR u2 = vc2[h] * vu1[h] - vu0[h];
+                    if (want_grad) {
+                        const vR d2 = 2 * vu1[h] + vc2[h] * vd1[h] - vd0[h];
+                        vd0[h] = vd1[h];
+                        vd1[h] = d2;
+                    }
+                    vu0[h] = vu1[h];
+                    vu1[h] = u2;
                 }
-                vu0 = vu1;
-                vu1 = u2;
             }
-            memcpy(u0, &vu0, sizeof vu0);
-            memcpy(u1, &vu1, sizeof vu1);
+            memcpy(u0, vu0, sizeof vu0);
+            memcpy(u1, vu1, sizeof vu1);
             if (want_grad) {
-                memcpy(du0, &vd0, sizeof vd0);
-                memcpy(du1, &vd1, sizeof vd1);
+                memcpy(du0, vd0, sizeof vd0);
+                memcpy(du1, vd1, sizeof vd1);
             }
         }
 #else
@@ -483,3 +493,5 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
 
 #undef NBG_LANES
 #undef NBG_ROW_VEC
+#undef NBG_RPART_BYTES
+#undef NBG_RPARTS
