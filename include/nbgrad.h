@@ -1192,12 +1192,15 @@ typedef struct {
                                          dxtbx cuts a Pilatus's one array into its modules): 1 when the list states
                                          it true.  The experiment-list writer states it when 1, so that dxtbx cuts
                                          the image the list names into the list's panels */
-    nbg_goniometer goniometer;        /* a DIALS list's multi-axis goniometer (naxes 0: none, the single-axis
-                                         goniometer of axis; the other readers leave it so).  The experiment-list
-                                         writer writes one with naxes > 0 as a MultiAxisGoniometer of these axes,
-                                         angles, names and scan axis, its scan axis turned where axis is no longer
-                                         S unit(axes[scan_axis]) (a refined spindle: S^T axis, unit), and the
-                                         crystal in its frame, (S F)^T real_space (see nbg_goniometer) */
+    nbg_goniometer goniometer;        /* a multi-axis goniometer (naxes 0: none, the single-axis goniometer of
+                                         axis): a DIALS list's, an NXmx sample's chain of rotations or a full
+                                         CBF's chain of goniometer axes (more than one); SMV and miniCBF leave it
+                                         so.  The experiment-list writer writes one with naxes > 0 as a
+                                         MultiAxisGoniometer of these axes, angles, names and scan axis, its scan
+                                         axis turned where axis is no longer S unit(axes[scan_axis]) (a refined
+                                         spindle: S^T axis, unit), and the crystal in its frame, (S F)^T
+                                         real_space (see nbg_goniometer); the NXmx and CBF writers write the same
+                                         axes as a depends_on chain (docs/formats.md) */
     /* The experiment-list writer only: a scan-varying crystal to write with the static one (real_space), as
      * A_at_scan_points, one A per image boundary (nframes + 1 of them): each point's real-space a, b, c (rows, 9
      * numbers, in real_space's frame), the caller's array; NULL (as the readers and nbg_geometry_default leave it):

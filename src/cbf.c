@@ -12,6 +12,9 @@
  * How the geometry is written (DIALS's laboratory frame is imgCIF's: beam along -z, z towards the source):
  *
  *   GONIOMETER_PHI  rotation     goniometer  vector g->axis (the one scan axis)
+ *                   or, for a multi-axis goniometer (g->goniometer), one rotation axis each, under its name, from the
+ *                   outermost (depends on nothing) in, each depending on the next outer one; the scan axis with the
+ *                   frame's angle and the scan's width, the others with their angle and increment 0
  *   SOURCE          general      source      vector g->direction (sample -> source; dxtbx reads it so)
  *   DETECTOR_Z      translation  detector    vector n = unit(fast x slow), turned so that the distance is >= 0
  *   DETECTOR_Y      translation  detector    vector slow, depends on DETECTOR_Z
@@ -311,6 +314,21 @@ static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *da
     const double pol_angle = atan2(g->polarization_normal[0], g->polarization_normal[1]) * (180 / M_PI);
     char date[40];
     w_date(date, sizeof date);
+    /* a multi-axis goniometer: its axes from the innermost (the sample's) out, each depending on the next outer one;
+     * else the one axis GONIOMETER_PHI */
+    static const char *const reserved[] = {"SOURCE", "DETECTOR_X", "DETECTOR_Y", "DETECTOR_Z", "ELEMENT_X",
+                                           "ELEMENT_Y", NULL};
+    nbg_goniometer gn;
+    char names[NBG_GONIO_MAX_AXES][32];
+    nbgi_goniometer_written(g, &gn);
+    if (g->goniometer.naxes <= 0) {
+        gn.naxes = 1, gn.scan_axis = 0;
+        memcpy(gn.axes[0], g->axis, sizeof g->axis);
+        snprintf(names[0], sizeof names[0], "GONIOMETER_PHI");
+    } else {
+        for (int i = 0; i < gn.naxes; ++i)
+            nbgi_goniometer_name(&gn, i, reserved, names[i]);
+    }
 
     w_fail(w, cbf_new_datablock(w->h, "image_1"));
 
@@ -328,10 +346,11 @@ static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *da
     w_row(w, "WAVELENGTH1", w_num(w, g->wavelength), "1");
 
     w_category(w, "diffrn_measurement", "diffrn_id", "id", "number_of_axes", "method", NULL);
-    w_row(w, "DS1", "GONIOMETER", "1", "rotation");
+    w_row(w, "DS1", "GONIOMETER", w_int(w, gn.naxes), "rotation");
 
     w_category(w, "diffrn_measurement_axis", "measurement_id", "axis_id", NULL);
-    w_row(w, "GONIOMETER", "GONIOMETER_PHI");
+    for (int i = gn.naxes - 1; i >= 0; --i)
+        w_row(w, "GONIOMETER", names[i]);
 
     /* The sensor material and mu have no imgCIF item: they go into the details text, which this reader parses. */
     char details[96];
@@ -358,8 +377,13 @@ static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *da
      * increment as the oscillation width. */
     w_category(w, "diffrn_scan_axis", "scan_id", "axis_id", "angle_start", "angle_range", "angle_increment",
                "displacement_start", "displacement_range", "displacement_increment", NULL);
-    w_row(w, "SCAN1", "GONIOMETER_PHI", w_num(w, angle), w_num(w, g->scan_width), w_num(w, g->scan_width), "0", "0",
-          "0");
+    for (int i = gn.naxes - 1; i >= 0; --i) {
+        if (i == gn.scan_axis)
+            w_row(w, "SCAN1", names[i], w_num(w, angle), w_num(w, g->scan_width), w_num(w, g->scan_width), "0", "0",
+                  "0");
+        else
+            w_row(w, "SCAN1", names[i], w_num(w, gn.angles[i]), "0", "0", "0", "0", "0");
+    }
     w_row(w, "SCAN1", "DETECTOR_Z", "0", "0", "0", w_num(w, pos[2]), "0", "0");
     w_row(w, "SCAN1", "DETECTOR_Y", "0", "0", "0", w_num(w, pos[1]), "0", "0");
     w_row(w, "SCAN1", "DETECTOR_X", "0", "0", "0", w_num(w, pos[0]), "0", "0");
@@ -368,15 +392,17 @@ static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *da
     w_row(w, "FRAME1", "SCAN1", w_int(w, frame + 1L), w_num(w, g->exposure), date);
 
     w_category(w, "diffrn_scan_frame_axis", "frame_id", "axis_id", "angle", "displacement", NULL);
-    w_row(w, "FRAME1", "GONIOMETER_PHI", w_num(w, angle), "0");
+    for (int i = gn.naxes - 1; i >= 0; --i)
+        w_row(w, "FRAME1", names[i], w_num(w, i == gn.scan_axis ? angle : gn.angles[i]), "0");
     w_row(w, "FRAME1", "DETECTOR_Z", "0", w_num(w, pos[2]));
     w_row(w, "FRAME1", "DETECTOR_Y", "0", w_num(w, pos[1]));
     w_row(w, "FRAME1", "DETECTOR_X", "0", w_num(w, pos[0]));
 
     w_category(w, "axis", "id", "type", "equipment", "depends_on", "vector[1]", "vector[2]", "vector[3]",
                "offset[1]", "offset[2]", "offset[3]", NULL);
-    w_row(w, "GONIOMETER_PHI", "rotation", "goniometer", ".", w_num(w, g->axis[0]), w_num(w, g->axis[1]),
-          w_num(w, g->axis[2]), "0", "0", "0");
+    for (int i = gn.naxes - 1; i >= 0; --i)
+        w_row(w, names[i], "rotation", "goniometer", i + 1 < gn.naxes ? names[i + 1] : ".", w_num(w, gn.axes[i][0]),
+              w_num(w, gn.axes[i][1]), w_num(w, gn.axes[i][2]), "0", "0", "0");
     w_row(w, "SOURCE", "general", "source", ".", w_num(w, g->direction[0]), w_num(w, g->direction[1]),
           w_num(w, g->direction[2]), "0", "0", "0");
     w_row(w, "DETECTOR_Z", "translation", "detector", ".", w_num(w, n[0]), w_num(w, n[1]), w_num(w, n[2]), "0", "0",
@@ -780,6 +806,77 @@ static int goniometer_safe(cbf_handle h)
     return set_sound(h, &s);
 }
 
+/* A goniometer of more than one axis (a kappa, a SmarGon: called after goniometer_safe and CBFlib's goniometer
+ * read it, g->axis CBFlib's rotation axis): kept whole in g->goniometer as dxtbx's MultiAxisGoniometer has it, when
+ * the measurement's axes are rotations that form one depends_on chain.  Innermost first (the axis no other
+ * depends on), each axis's angle its setting (cbf_get_axis_setting: the frame's), the scan axis the one with a
+ * nonzero increment, else the one along CBFlib's rotation axis.  g->axis then becomes the laboratory's scan axis,
+ * S unit(scan axis), as dxtbx's: CBFlib gives the scan axis's own vector, not turned by the axes outside it (the
+ * same for a SmarGon scanning its outermost axis, not for a kappa scanning an inner one).  Anything else leaves
+ * g->goniometer unset and g->axis CBFlib's, as before. */
+static void multi_axis(cbf_handle h, nbg_geometry *g)
+{
+    const char *id = owner_id(h, "diffrn_measurement");
+    axis_set s = {.n = 0};
+    if (id == NULL || add_owned_axes(h, "diffrn_measurement_axis", "measurement_id", id, &s) != 0 || s.n < 2 ||
+        s.n > NBG_GONIO_MAX_AXES)
+        return;
+    /* the innermost axis: the one no other depends on */
+    int inner = -1;
+    for (int i = 0; i < s.n; ++i) {
+        int used = 0;
+        for (int j = 0; j < s.n && !used; ++j) {
+            const char *dep = axis_dep(h, s.id[j], "depends_on");
+            used = dep != NULL && strcasecmp(dep, s.id[i]) == 0;
+        }
+        if (!used) {
+            if (inner >= 0)
+                return; /* two branches: not a chain */
+            inner = i;
+        }
+    }
+    nbg_goniometer gn;
+    memset(&gn, 0, sizeof gn);
+    double inc[NBG_GONIO_MAX_AXES];
+    for (int i = inner; i >= 0;) {
+        if (gn.naxes == s.n || axis_dep(h, s.id[i], "rotation_axis") != NULL)
+            return;
+        cbf_axis_type type;
+        double v[3], start = 0, step = 0;
+        if (cbf_get_axis_type(h, s.id[i], &type) != 0 || type != CBF_ROTATION_AXIS ||
+            cbf_get_axis_vector(h, s.id[i], &v[0], &v[1], &v[2]) != 0 ||
+            cbf_get_axis_setting(h, 0, s.id[i], &start, &step) != 0 || !(fabs(start) <= 1e6) || !isfinite(step))
+            return;
+        const int k = gn.naxes++;
+        const double len = nbgi_norm(v);
+        for (int j = 0; j < 3; ++j)
+            gn.axes[k][j] = fabs(len - 1) <= 0.01 ? v[j] : v[j] / len;
+        gn.angles[k] = start;
+        inc[k] = step;
+        snprintf(gn.names[k], sizeof gn.names[k], "%.31s", s.id[i]);
+        const char *dep = axis_dep(h, s.id[i], "depends_on");
+        i = dep != NULL ? set_find(&s, dep) : -1;
+        if (dep != NULL && i < 0)
+            return;
+    }
+    if (gn.naxes != s.n)
+        return;
+    gn.scan_axis = -1;
+    for (int k = 0; k < gn.naxes && gn.scan_axis < 0; ++k) {
+        if (inc[k] != 0)
+            gn.scan_axis = k;
+    }
+    for (int k = 0; k < gn.naxes && gn.scan_axis < 0; ++k) {
+        const double *a = gn.axes[k], len = nbgi_norm(a);
+        if (fabs(a[0] / len - g->axis[0]) + fabs(a[1] / len - g->axis[1]) + fabs(a[2] / len - g->axis[2]) < 1e-9)
+            gn.scan_axis = k;
+    }
+    if (gn.scan_axis < 0 || nbg_goniometer_derive(NULL, &gn, "") != NBG_OK)
+        return;
+    g->goniometer = gn;
+    nbgi_goniometer_axis(&gn, g->axis);
+}
+
 /* The axis_id of array_structure_list_axis row axis_set; NULL when none. */
 static const char *surface_axis(cbf_handle h, const char *axis_set_id)
 {
@@ -918,6 +1015,7 @@ static int rest_geometry(cbf_handle h, nbg_geometry *g, const char **where)
                 g->axis[i] = a[i] / len;
             g->scan_start = start, g->scan_width = inc;
             g->scan_stated = 2;
+            multi_axis(h, g);
         }
     }
     g->nframes = 1;

@@ -508,21 +508,10 @@ static json_t *goniometer_json(const nbg_geometry *g, double rs[9])
     if (g->goniometer.naxes <= 0)
         return json_pack("{s:o, s:o, s:o}", "rotation_axis", reals(g->axis, 3), "fixed_rotation", identity9(),
                          "setting_rotation", identity9());
-    nbg_goniometer gn = g->goniometer;
-    if (nbg_goniometer_derive(NULL, &gn, "") != NBG_OK) /* checked by nbgi_geometry_check before */
-        return NULL;
+    nbg_goniometer gn;
+    nbgi_goniometer_written(g, &gn); /* checked by nbgi_geometry_check before */
     const int k = gn.scan_axis;
     double lab[9];
-    nbgi_goniometer_axis(&gn, lab);
-    if (memcmp(lab, g->axis, sizeof g->axis) != 0) {
-        /* the spindle the experiment has (tilted by a refinement) is S e: e = S^T axis, in unit length */
-        double e[3];
-        for (int i = 0; i < 3; ++i)
-            e[i] = gn.setting[i] * g->axis[0] + gn.setting[3 + i] * g->axis[1] + gn.setting[6 + i] * g->axis[2];
-        const double n = sqrt(e[0] * e[0] + e[1] * e[1] + e[2] * e[2]);
-        for (int i = 0; i < 3; ++i)
-            gn.axes[k][i] = e[i] / n;
-    }
     if (g->has_crystal) {
         nbgi_goniometer_fold(&gn, gn.crystal, lab);
         if (memcmp(lab, g->real_space, sizeof lab) == 0)

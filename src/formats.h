@@ -35,6 +35,14 @@ void nbgi_goniometer_axis(const nbg_goniometer *gn, double axis[3]);
 void nbgi_goniometer_fold(const nbg_goniometer *gn, const double in[9], double out[9]);
 void nbgi_goniometer_unfold(const nbg_goniometer *gn, const double in[9], double out[9]);
 void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9]);
+/* The goniometer a writer writes for g (g->goniometer, naxes > 0, checked by nbgi_geometry_check): derived, its scan
+ * axis as g has it unless g's laboratory axis moved (a refined spindle: then S^T axis, in unit length), so that S
+ * unit(axes[scan_axis]) is g->axis.  The experiment list's, NXmx's and CBF's writers share it. */
+void nbgi_goniometer_written(const nbg_geometry *g, nbg_goniometer *gn);
+/* The name axis i of gn is written under in an NXmx group or a CBF axis category: its own when it is 1 to 31
+ * letters, digits, '_' or '-', no other axis has it (ignoring case) and it is none of reserved (NULL-terminated,
+ * ignoring case); else GONIOMETER_AXIS_<i+1>. */
+void nbgi_goniometer_name(const nbg_goniometer *gn, int i, const char *const *reserved, char out[32]);
 /* The cell (lengths in A, angles in deg) of real-space vectors a, b, c (rows of v). */
 void nbgi_cell_of_vectors(const double v[9], double cell[6]);
 /* The rotation from nbgrad's frame under e's convention (and custom beam vector) to DIALS's laboratory frame, as

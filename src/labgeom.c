@@ -172,6 +172,52 @@ void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9])
     (void)nbg_goniometer_derive(NULL, gn, "turning the goniometer"); /* valid before, valid after (a rotation) */
 }
 
+void nbgi_goniometer_written(const nbg_geometry *g, nbg_goniometer *gn)
+{
+    *gn = g->goniometer;
+    if (gn->naxes <= 0 || nbg_goniometer_derive(NULL, gn, "") != NBG_OK)
+        return;
+    double lab[3];
+    nbgi_goniometer_axis(gn, lab);
+    if (memcmp(lab, g->axis, sizeof lab) != 0) {
+        /* the spindle the experiment has (tilted by a refinement) is S e: e = S^T axis, in unit length */
+        double e[3];
+        for (int i = 0; i < 3; ++i)
+            e[i] = gn->setting[i] * g->axis[0] + gn->setting[3 + i] * g->axis[1] + gn->setting[6 + i] * g->axis[2];
+        const double n = sqrt(e[0] * e[0] + e[1] * e[1] + e[2] * e[2]);
+        for (int i = 0; i < 3; ++i)
+            gn->axes[gn->scan_axis][i] = e[i] / n;
+    }
+}
+
+/* 1 when name is 1 to 31 letters, digits, '_' or '-'. */
+static int gon_plain_name(const char *name)
+{
+    const size_t n = strnlen(name, 32);
+    if (n == 0 || n > 31)
+        return 0;
+    for (size_t i = 0; i < n; ++i) {
+        const char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+void nbgi_goniometer_name(const nbg_goniometer *gn, int i, const char *const *reserved, char out[32])
+{
+    const char *name = gn->names[i];
+    int ok = gon_plain_name(name);
+    for (int j = 0; ok && j < gn->naxes; ++j)
+        ok = j == i || strncasecmp(gn->names[j], name, 32) != 0; /* (CBF's ids ignore case) */
+    for (int j = 0; ok && reserved != NULL && reserved[j] != NULL; ++j)
+        ok = strcasecmp(reserved[j], name) != 0;
+    if (ok)
+        snprintf(out, 32, "%s", name);
+    else
+        snprintf(out, 32, "GONIOMETER_AXIS_%d", i + 1);
+}
+
 /* A unit vector within 1e-6. */
 static int unit3(const double *v)
 {

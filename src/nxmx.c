@@ -473,7 +473,8 @@ static void wlayout(wr *w, const nbg_geometry *g, const nbg_panel *panels, int n
      * for a single frame (dxtbx takes the scan's step from _end) */
     wclose(wgroup(w, "/entry/sample", "NXsample"));
     wstr(w, "/entry/sample/name", "nbgrad");
-    wstr(w, "/entry/sample/depends_on", OMEGA);
+    if (g->goniometer.naxes <= 0)
+        wstr(w, "/entry/sample/depends_on", OMEGA);
     wclose(wgroup(w, "/entry/sample/transformations", "NXtransformations"));
     if (w->rc != NBG_OK)
         return;
@@ -486,11 +487,49 @@ static void wlayout(wr *w, const nbg_geometry *g, const nbg_panel *panels, int n
         ang[i] = g->scan_start + i * g->scan_width;
         ang[g->nframes + i] = g->scan_start + (i + 1) * g->scan_width;
     }
-    double am[3];
-    flip(g->axis, am);
-    wtransform(w, OMEGA, ang, g->nframes, "rotation", "deg", am, ".");
-    wdbl(w, OMEGA "_end", ang + g->nframes, g->nframes, "deg");
-    wdbl(w, OMEGA "_increment_set", &g->scan_width, 0, "deg");
+    if (g->goniometer.naxes <= 0) {
+        double am[3];
+        flip(g->axis, am);
+        wtransform(w, OMEGA, ang, g->nframes, "rotation", "deg", am, ".");
+        wdbl(w, OMEGA "_end", ang + g->nframes, g->nframes, "deg");
+        wdbl(w, OMEGA "_increment_set", &g->scan_width, 0, "deg");
+        free(ang);
+        return;
+    }
+    /* a multi-axis goniometer: the sample on its innermost axis, each axis on the next outer one, the outermost on
+     * nothing; the scan axis with the frames' angles (as omega above), the others their angle at every frame */
+    nbg_goniometer gn;
+    nbgi_goniometer_written(g, &gn);
+    char names[NBG_GONIO_MAX_AXES][32], path[NBG_GONIO_MAX_AXES][96];
+    for (int i = 0; i < gn.naxes; ++i) {
+        nbgi_goniometer_name(&gn, i, NULL, names[i]);
+        snprintf(path[i], sizeof path[i], "/entry/sample/transformations/%s", names[i]);
+    }
+    double *fixed = malloc((size_t)g->nframes * sizeof *fixed);
+    if (fixed == NULL) {
+        free(ang);
+        w->rc = nbgi_error(w->ctx, NBG_ENOMEM, "cannot write %s: out of memory for the goniometer's angles", w->path);
+        return;
+    }
+    wstr(w, "/entry/sample/depends_on", path[0]);
+    for (int i = 0; i < gn.naxes && w->rc == NBG_OK; ++i) {
+        double v[3];
+        flip(gn.axes[i], v);
+        const char *dep = i + 1 < gn.naxes ? path[i + 1] : ".";
+        if (i == gn.scan_axis) {
+            char aux[160];
+            wtransform(w, path[i], ang, g->nframes, "rotation", "deg", v, dep);
+            snprintf(aux, sizeof aux, "%.96s_end", path[i]);
+            wdbl(w, aux, ang + g->nframes, g->nframes, "deg");
+            snprintf(aux, sizeof aux, "%.96s_increment_set", path[i]);
+            wdbl(w, aux, &g->scan_width, 0, "deg");
+        } else {
+            for (int j = 0; j < g->nframes; ++j)
+                fixed[j] = gn.angles[i];
+            wtransform(w, path[i], fixed, g->nframes, "rotation", "deg", v, dep);
+        }
+    }
+    free(fixed);
     free(ang);
 }
 
@@ -1545,6 +1584,35 @@ static int read_modules(rd *r, const char *det, int nmod, int rows, int cols, fl
     return rc;
 }
 
+/* A chain of more than one axis, every one a rotation (a kappa, a SmarGon): kept whole in g->goniometer as dxtbx's
+ * MultiAxisGoniometer has it (innermost first, each axis's name the last part of its path, its angle the first
+ * frame's; the vectors in DIALS's frame).  A chain with a translation or an axis nbgrad cannot hold is left folded
+ * into g->axis alone, as before. */
+static void multi_axis(const axis_t *chain, int n, int scan, nbg_geometry *g)
+{
+    if (n < 2 || n > NBG_GONIO_MAX_AXES)
+        return;
+    nbg_goniometer gn;
+    memset(&gn, 0, sizeof gn);
+    gn.naxes = n;
+    gn.scan_axis = scan;
+    for (int i = 0; i < n; ++i) {
+        const axis_t *a = &chain[i];
+        if (a->rotation != 1 || a->nvalues < 1 || !(fabs(a->values[0]) <= 1e6))
+            return;
+        const double len = nbgi_norm(a->vector);
+        double v[3];
+        flip(a->vector, v);
+        for (int j = 0; j < 3; ++j)
+            gn.axes[i][j] = fabs(len - 1) <= 0.01 ? v[j] : v[j] / len;
+        gn.angles[i] = a->values[0];
+        const char *slash = strrchr(a->name, '/');
+        snprintf(gn.names[i], sizeof gn.names[i], "%.31s", slash != NULL ? slash + 1 : a->name);
+    }
+    if (nbg_goniometer_derive(NULL, &gn, "") == NBG_OK)
+        g->goniometer = gn;
+}
+
 /* The goniometer: the scan axis is the first rotation of the sample's chain whose angle varies (else the first
  * rotation); the axes below it in the chain (towards the base) turn it into the laboratory at their first angle. */
 static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
@@ -1569,6 +1637,17 @@ static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
                     scan = i;
             }
         }
+    }
+    for (int i = 0; rc == NBG_OK && i < n && scan < 0; ++i) {
+        /* one frame: the rotation whose width the file gives (a nonzero _increment_set, as the writer gives the
+         * scan axis) */
+        char aux[600];
+        double w = 0;
+        int found = 0;
+        snprintf(aux, sizeof aux, "%.511s_increment_set", chain[i].name);
+        if (chain[i].rotation == 1 && exists(r->file, aux) &&
+            read_scalar(r, r->file, aux, aux, U_ANGLE, "deg", &w, &found) == NBG_OK && found && w != 0)
+            scan = i; /* (one that cannot be read is passed over, as before) */
     }
     for (int i = 0; rc == NBG_OK && i < n && scan < 0; ++i) {
         if (chain[i].rotation == 1)
@@ -1606,6 +1685,8 @@ static int read_goniometer(rd *r, const char *sample, nbg_geometry *g)
         }
         g->scan_width = w;
         g->scan_stated = 2;
+        if (rc == NBG_OK)
+            multi_axis(chain, n, scan, g);
     }
     free_chain(chain, n);
     return rc;

@@ -139,6 +139,8 @@ static void test_roundtrip(nbg_ctx *ctx)
     check_vec(r.origin, g.origin, 1e-9, "cbf-origin", "origin (corner of pixel (0,0)), mm");
     check_vec(r.direction, g.direction, 1e-12, "cbf-beam", "beam direction");
     check_vec(r.axis, g.axis, 1e-12, "cbf-axis", "rotation axis");
+    nbgi_test_check(r.goniometer.naxes == 0, "cbf-single-axis", "one axis: no multi-axis goniometer (naxes %d)",
+                    r.goniometer.naxes);
     check_vec(r.polarization_normal, g.polarization_normal, 1e-12, "cbf-pol-normal", "polarization normal");
     nbgi_test_rel(r.polarization_fraction, g.polarization_fraction, 1e-15, "cbf-pol-fraction",
                   "polarization fraction");
@@ -1033,6 +1035,59 @@ static void test_cspad(nbg_ctx *ctx, const char *src)
     free(bytes);
 }
 
+/* A kappa goniometer (nbgi_test_kappa) written as frame 2 and read back: its axes, angles (the scan axis's the
+ * frame's), names and scan axis, and the laboratory's rotation axis (CBFlib's) to 1e-12. */
+static void test_kappa(nbg_ctx *ctx)
+{
+    nbg_geometry g, r;
+    make_geometry(&g);
+    nbgi_test_check(nbgi_test_kappa(&g) == NBG_OK, "cbf-kappa-setup", "a kappa goniometer");
+    const size_t n = (size_t)g.fpixels * g.spixels;
+    int32_t *data = calloc(n, sizeof *data);
+    char path[4200];
+    tmp_path("kappa_0003.cbf", path, sizeof path);
+    int rc = data != NULL ? nbg_write_cbf(ctx, path, &g, 2, data) : NBG_ENOMEM;
+    nbgi_test_check(rc == NBG_OK, "cbf-kappa-write", "frame 2 with a kappa goniometer (%s)",
+                    rc ? nbg_errmsg(ctx) : "ok");
+    float *img = NULL;
+    size_t npix = 0;
+    memset(&r, 0, sizeof r);
+    rc = rc ? rc : nbgi_read_cbf(ctx, path, &img, &npix, &r, NULL);
+    free(img);
+    free(data);
+    if (!nbgi_test_check(rc == NBG_OK, "cbf-kappa-read", "read it back (%s)", rc ? nbg_errmsg(ctx) : "ok"))
+        return;
+    nbg_goniometer want = g.goniometer;
+    want.angles[want.scan_axis] = g.scan_start + 2 * g.scan_width;
+    nbgi_test_same_goniometer(&r.goniometer, &want, 1e-12, "cbf-kappa");
+    check_vec(r.axis, g.axis, 1e-12, "cbf-kappa-axis", "the laboratory's rotation axis");
+    nbgi_test_rel(r.scan_start, g.scan_start + 2 * g.scan_width, 1e-15, "cbf-kappa-scan-start",
+                  "scan start of frame 2");
+    nbgi_test_rel(r.scan_width, g.scan_width, 1e-15, "cbf-kappa-scan-width", "oscillation width");
+}
+
+/* The SmarGon of Diamond I03's full CBF as dials.import has it: GON_PHI on GON_CHI on GON_OMEGA, (1,0,0), (0,0,-1),
+ * (1,0,0), each at 45 deg, scanning GON_OMEGA; the laboratory's axis S unit(GON_OMEGA). */
+static void check_smargon(const nbg_geometry *g)
+{
+    nbg_goniometer want;
+    memset(&want, 0, sizeof want);
+    static const double axes[3][3] = {{1, 0, 0}, {0, 0, -1}, {1, 0, 0}};
+    static const char *const names[3] = {"GON_PHI", "GON_CHI", "GON_OMEGA"};
+    want.naxes = 3, want.scan_axis = 2;
+    for (int i = 0; i < 3; ++i) {
+        memcpy(want.axes[i], axes[i], sizeof axes[i]);
+        want.angles[i] = 45;
+        snprintf(want.names[i], sizeof want.names[i], "%s", names[i]);
+    }
+    nbgi_test_same_goniometer(&g->goniometer, &want, 1e-12, "cbf-real-smargon-gonio");
+    double lab[3] = {NAN, NAN, NAN};
+    nbg_goniometer gn = g->goniometer;
+    if (gn.naxes == 3 && nbg_goniometer_derive(NULL, &gn, "") == NBG_OK)
+        nbgi_goniometer_axis(&gn, lab);
+    check_vec(lab, g->axis, 1e-12, "cbf-real-smargon-axis", "S unit(scan axis) as CBFlib's rotation axis");
+}
+
 static void test_real_data(nbg_ctx *ctx)
 {
     static const real_case cases[] = {
@@ -1072,6 +1127,8 @@ static void test_real_data(nbg_ctx *ctx)
                        g.saturation == k->saturation && whole;
         nbgi_test_check(ok, id, "%s: %zu pixels (%d x %d), pixels and mask as CBFlib decoded them, geometry exact (%s)",
                         name, npix, g.fpixels, g.spixels, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        if (rc == NBG_OK && strstr(name, "smargon") != NULL)
+            check_smargon(&g);
         free(img);
         free(mask);
         remove(path);
@@ -1140,6 +1197,7 @@ int main(void)
     }
 #ifdef NBG_HAVE_FORMATS
     test_roundtrip(ctx);
+    test_kappa(ctx);
     test_errors(ctx);
     test_binary(ctx);
     test_real_data(ctx);

@@ -274,6 +274,42 @@ static void unwritten_chunks(nbg_ctx *ctx, const char *dir, const nbg_geometry *
     free(img);
 }
 
+/* A kappa goniometer (nbgi_test_kappa) written and read back, over nframes frames: its axes, angles (the scan
+ * axis's the scan's start), names and scan axis, and the laboratory's rotation axis to 1e-12. */
+static void kappa(nbg_ctx *ctx, const char *dir, const nbg_geometry *g0, const float *frames, int nframes)
+{
+    nbg_geometry g = *g0, r;
+    char path[4096], id[64];
+    g.nframes = nframes;
+    snprintf(id, sizeof id, "kappa%d-setup", nframes);
+    CHECK(nbgi_test_kappa(&g) == NBG_OK, id, "a kappa goniometer");
+    snprintf(path, sizeof path, "%s/kappa%d.nxs", dir, nframes);
+    int rc = nbg_write_nxmx(ctx, path, &g, NBG_DATA_FLOAT32, frames, nframes, NULL);
+    snprintf(id, sizeof id, "kappa%d-write", nframes);
+    CHECK(rc == NBG_OK, id, "write a %d-frame file with a kappa goniometer: %s", nframes, rc ? nbg_errmsg(ctx) : "ok");
+    float *img = NULL;
+    size_t n = 0;
+    memset(&r, 0, sizeof r);
+    rc = nbgi_read_nxmx(ctx, path, 0, &img, &n, &r, NULL);
+    free(img);
+    snprintf(id, sizeof id, "kappa%d-read", nframes);
+    if (!CHECK(rc == NBG_OK, id, "read it back: %s", rc ? nbg_errmsg(ctx) : "ok"))
+        return;
+    nbg_goniometer want = g.goniometer;
+    want.angles[want.scan_axis] = g.scan_start;
+    snprintf(id, sizeof id, "kappa%d", nframes);
+    nbgi_test_same_goniometer(&r.goniometer, &want, 1e-12, id);
+    double da = 0;
+    for (int i = 0; i < 3; ++i)
+        da = fmax(da, fabs(r.axis[i] - g.axis[i]));
+    snprintf(id, sizeof id, "kappa%d-axis", nframes);
+    CHECK(da <= 1e-12, id, "the laboratory's rotation axis (%.15g, %.15g, %.15g), max difference %.3g", r.axis[0],
+          r.axis[1], r.axis[2], da);
+    snprintf(id, sizeof id, "kappa%d-scan", nframes);
+    CHECK(r.scan_start == g.scan_start && r.scan_width == g.scan_width && r.nframes == nframes, id,
+          "the scan: start %g, width %g, %d frames", r.scan_start, r.scan_width, r.nframes);
+}
+
 static void run(nbg_ctx *ctx, const char *dir)
 {
     nbg_geometry g, r;
@@ -297,6 +333,8 @@ static void run(nbg_ctx *ctx, const char *dir)
     CHECK(rc == NBG_OK && n == npix, "read-float", "read frame 2 back: %s", rc ? nbg_errmsg(ctx) : "ok");
     if (rc == NBG_OK) {
         compare_geometry(&r, &g, "geom");
+        CHECK(r.goniometer.naxes == 0, "geom-single-axis", "one axis: no multi-axis goniometer (naxes %d)",
+              r.goniometer.naxes);
         CHECK(memcmp(img, frames + 2 * npix, npix * sizeof *img) == 0, "float-pixels", "frame 2's pixels exact");
         CHECK(m != NULL && memcmp(m, mask, npix) == 0, "mask", "the mask read back");
     }
@@ -327,6 +365,8 @@ static void run(nbg_ctx *ctx, const char *dir)
     CHECK(rc == NBG_OK && n == npix, "read-int", "read it back: %s", rc ? nbg_errmsg(ctx) : "ok");
     if (rc == NBG_OK) {
         compare_geometry(&r, &g1, "geom1");
+        CHECK(r.goniometer.naxes == 0, "geom1-single-axis", "one axis: no multi-axis goniometer (naxes %d)",
+              r.goniometer.naxes);
         int same = 1;
         for (size_t k = 0; k < npix; ++k)
             same &= img[k] == (float)ints[k];
@@ -406,6 +446,8 @@ static void run(nbg_ctx *ctx, const char *dir)
     CHECK(dir_holds(dir, names, 2), "no-temporary", "failed writes left nothing behind");
     eiger_compressed(ctx, dir, &g);
     unwritten_chunks(ctx, dir, &g);
+    kappa(ctx, dir, &g, frames, 3);
+    kappa(ctx, dir, &g, frames, 1);
 
     free(frames);
     free(mask);

@@ -377,4 +377,57 @@ static inline int nbgi_test_panels_lab(nbg_ctx *ctx, const nbg_experiment *e, nb
     return rc;
 }
 
+/* A kappa goniometer on g (PHI inside KAPPA inside OMEGA at 30, -40 and 12.5 deg, scanning KAPPA: its fixed and
+ * setting rotations both turn), and g->axis the laboratory's scan axis, S unit(KAPPA).  nbg_goniometer_derive's
+ * status. */
+static inline int nbgi_test_kappa(nbg_geometry *g)
+{
+    nbg_goniometer *gn = &g->goniometer;
+    static const double axes[3][3] = {{1, 0, 0}, {0.64278761, -0.76604444, 0}, {1, 0, 0}};
+    static const double angles[3] = {30, -40, 12.5};
+    static const char *const names[3] = {"PHI", "KAPPA", "OMEGA"};
+    memset(gn, 0, sizeof *gn);
+    gn->naxes = 3;
+    gn->scan_axis = 1;
+    for (int i = 0; i < 3; ++i) {
+        memcpy(gn->axes[i], axes[i], sizeof axes[i]);
+        gn->angles[i] = angles[i];
+        snprintf(gn->names[i], sizeof gn->names[i], "%s", names[i]);
+    }
+    const int rc = nbg_goniometer_derive(NULL, gn, "kappa");
+    const double *e = gn->axes[1], n = sqrt(e[0] * e[0] + e[1] * e[1] + e[2] * e[2]);
+    for (int i = 0; i < 3; ++i)
+        g->axis[i] = (gn->setting[3 * i] * e[0] + gn->setting[3 * i + 1] * e[1] + gn->setting[3 * i + 2] * e[2]) / n;
+    return rc;
+}
+
+/* One check each (id-naxes, -names, -axes, -angles, -scan-axis) that got's multi-axis goniometer is want's: the
+ * count, names and scan axis exactly, the axes and angles (scan axis's included) to tol. */
+static inline void nbgi_test_same_goniometer(const nbg_goniometer *got, const nbg_goniometer *want, double tol,
+                                             const char *id)
+{
+    char tag[160];
+    const int n = got->naxes == want->naxes && want->naxes > 0 && want->naxes <= NBG_GONIO_MAX_AXES ? want->naxes : 0;
+    snprintf(tag, sizeof tag, "%s-naxes", id);
+    nbgi_test_check(n > 0, tag, "%d axes (want %d)", got->naxes, want->naxes);
+    int names = n > 0;
+    double da = 0, dang = 0;
+    for (int i = 0; i < n; ++i) {
+        names = names && strcmp(got->names[i], want->names[i]) == 0;
+        for (int j = 0; j < 3; ++j)
+            da = fmax(da, fabs(got->axes[i][j] - want->axes[i][j]));
+        dang = fmax(dang, fabs(got->angles[i] - want->angles[i]));
+    }
+    snprintf(tag, sizeof tag, "%s-names", id);
+    nbgi_test_check(names, tag, "the names, innermost first: %s, %s, ...", n > 0 ? got->names[0] : "-",
+                    n > 1 ? got->names[1] : "-");
+    snprintf(tag, sizeof tag, "%s-axes", id);
+    nbgi_test_check(n > 0 && da <= tol, tag, "the axes within %g (max difference %.3g)", tol, da);
+    snprintf(tag, sizeof tag, "%s-angles", id);
+    nbgi_test_check(n > 0 && dang <= tol, tag, "the angles within %g deg (max difference %.3g)", tol, dang);
+    snprintf(tag, sizeof tag, "%s-scan-axis", id);
+    nbgi_test_check(n > 0 && got->scan_axis == want->scan_axis, tag, "scan axis %d (want %d)", got->scan_axis,
+                    want->scan_axis);
+}
+
 #endif /* NBG_TESTUTIL_H */

@@ -9,6 +9,9 @@
  *                                        of it for the list's experiment (the file cut into the list's panels
  *                                        where they say where they lie) and PREFIX.use, its pixels kept (1 byte
  *                                        each)
+ *   cbfpanels -geometry FILE LIST OUT    the geometry nbg_read_image reads of FILE (goniometer included) with the
+ *                                        crystal of the experiment list LIST, written as the list OUT
+ *                                        (nbg_write_expt), for nbgrad -expt to render what it read of the file
  */
 #include "nbgrad.h"
 
@@ -95,11 +98,45 @@ static int from_list(nbg_ctx *ctx, const char *list, const char *prefix, const c
     return rc;
 }
 
+/* -geometry: FILE's geometry and LIST's crystal into the list OUT; 0 when written. */
+static int geometry_with_crystal(nbg_ctx *ctx, const char *file, const char *list, const char *out)
+{
+    nbg_geometry g, c;
+    float *img = NULL;
+    size_t npix = 0;
+    int whole = 0, rc = nbg_read_image(ctx, file, 0, 0, &img, &npix, &g, &whole, NULL);
+    free(img);
+    if (rc == NBG_OK && !whole)
+        rc = NBG_EFORMAT;
+    if (rc == NBG_OK)
+        rc = nbg_read_expt(ctx, list, &c);
+    if (rc == NBG_OK && !c.has_crystal)
+        rc = NBG_EINVAL;
+    if (rc == NBG_OK) {
+        g.has_crystal = 1;
+        memcpy(g.real_space, c.real_space, sizeof g.real_space);
+        memcpy(g.space_group, c.space_group, sizeof g.space_group);
+        rc = nbg_write_expt(ctx, out, &g, file);
+    }
+    if (rc != NBG_OK)
+        fprintf(stderr, "%s (status %d)\n", nbg_errmsg(ctx), rc);
+    return rc == NBG_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "-geometry") == 0) {
+        nbg_ctx *ctx = NULL;
+        if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK)
+            return 2;
+        const int rc = geometry_with_crystal(ctx, argv[2], argv[3], argv[4]);
+        nbg_ctx_destroy(ctx);
+        return rc;
+    }
     const int list = argc >= 2 && strcmp(argv[1], "-expt") == 0;
     if (list ? argc != 4 && argc != 5 : argc != 3) {
-        fprintf(stderr, "usage: cbfpanels FILE PREFIX | cbfpanels -expt LIST PREFIX [IMAGE]\n");
+        fprintf(stderr, "usage: cbfpanels FILE PREFIX | cbfpanels -expt LIST PREFIX [IMAGE] | cbfpanels -geometry FILE "
+                        "LIST OUT\n");
         return 2;
     }
     nbg_ctx *ctx = NULL;

@@ -12,7 +12,13 @@ both its fixed and its setting rotation are not the identity).  nbgrad renders e
     peak: the crystal passes through nbgrad's cell and misset on the way);
   - refine (-params goniometer, the spindle's two tilts) from the list against an image of the same list with its
     scan axis turned by 0.3 deg writes a list that keeps every axis but the scan axis, the names, the angles and the
-    fixed and setting rotations (1e-12), with dxtbx's rotation axis the truth's within 0.003 deg (noise-free images).
+    fixed and setting rotations (1e-12), with dxtbx's rotation axis the truth's within 0.003 deg (noise-free images);
+  - nbgrad writes the list's experiment as NXmx (-nxsfile, 2 frames: dxtbx takes the scan axis from the angles that
+    vary) and full CBF (-cbffile): dxtbx reads each as a MultiAxisGoniometer with the input's names, axes, angles
+    (the scan axis's is the frame's start) and scan axis, its setting and fixed rotations and rotation axis the
+    input's to 1e-9; nbgrad reads each file back (the helper $NBG_CBFPANELS -geometry: nbg_read_image's geometry
+    with the list's crystal, as a list) with the same goniometer, and renders from it the image of the input list
+    (the region above, to 1e-6 of the peak).
 
     /usr/bin/python3 tests/dials/goniometer.py NBGRAD_BINARY WORKDIR
 
@@ -137,6 +143,61 @@ def compare(nbgrad, work, tag, src):
               dsf, moved, miss, TILT_DEG, tuple(round(x, 6) for x in gr.get_axes()[k]) if kept else "-"))
 
 
+def files(nbgrad, helper, work, tag, src):
+    """src: the input list, rendered by compare() as TAG_out.bin; nbgrad writes it as NXmx and CBF, and each file is
+    read by dxtbx and by nbgrad."""
+    rc, t = run([nbgrad, "-expt", src] + RENDER + ROI + ["-frames", "2", "-floatfile", tag + "_files.bin", "-nxsfile",
+                                                         tag + ".nxs", "-cbffile", tag + "_#####.cbf"],
+                work, tag + "_files.log")
+    if not check(rc == 0, "gon-%s-files" % tag, "nbgrad wrote %s as %s.nxs and %s_00001.cbf, 2 frames (%.1f s)" % (
+            src, tag, tag, t)):
+        print(tail(os.path.join(work, tag + "_files.log")))
+        return
+    from dxtbx.model import MultiAxisGoniometer
+    from dxtbx.model.experiment_list import ExperimentListFactory
+    inp = load(os.path.join(work, src))[0]
+    gi, start = inp.goniometer, inp.scan.get_oscillation()[0]
+    k = gi.get_scan_axis()
+    want = list(gi.get_angles())
+    want[k] = start
+
+    def same(go, who):
+        multi = isinstance(go, MultiAxisGoniometer)
+        ok = multi and list(go.get_names()) == list(gi.get_names()) and go.get_scan_axis() == k and \
+            close(list(go.get_axes()), list(gi.get_axes()), 1e-12) and close(list(go.get_angles()), want, 1e-12)
+        d = max(np.max(np.abs(np.subtract(go.get_setting_rotation(), gi.get_setting_rotation()))),
+                np.max(np.abs(np.subtract(go.get_fixed_rotation(), gi.get_fixed_rotation()))),
+                np.max(np.abs(np.subtract(go.get_rotation_axis(), gi.get_rotation_axis())))) if multi else math.inf
+        return ok and d <= 1e-9, "%s: a %s, names %s, scan axis %s, angles %s (the input's, the scan axis at the "\
+            "frame's start %g); setting and fixed rotations and rotation axis within %.2g of the input's" % (
+                who, type(go).__name__, list(go.get_names()) if multi else "-", go.get_scan_axis() if multi else "-",
+                [round(a, 6) for a in go.get_angles()] if multi else "-", start, d)
+
+    for fmt, name in (("nxs", tag + ".nxs"), ("cbf", tag + "_00001.cbf")):
+        try:
+            go = ExperimentListFactory.from_filenames([os.path.join(work, name)])[0].goniometer
+            ok, what = same(go, "dxtbx reads " + name)
+        except Exception as e:  # noqa: BLE001 (what dxtbx says is the finding)
+            ok, what = False, "dxtbx cannot read %s: %s" % (name, e)
+        check(ok, "gon-%s-%s-dxtbx" % (tag, fmt), what)
+        back = "%s_%s_read.expt" % (tag, fmt)
+        rc, t = run([helper, "-geometry", name, src, back], work, tag + "_" + fmt + "_read.log")
+        if not check(rc == 0, "gon-%s-%s-read" % (tag, fmt), "nbgrad read %s back (its geometry with the list's "
+                     "crystal written as %s)" % (name, back)):
+            print(tail(os.path.join(work, tag + "_" + fmt + "_read.log")))
+            continue
+        ok, what = same(gonio_of(os.path.join(work, back)), "nbgrad's reading of " + name)
+        check(ok, "gon-%s-%s-gonio" % (tag, fmt), what)
+        img = "%s_%s_img" % (tag, fmt)
+        rc, t = render(nbgrad, work, back, img, ["-frames", "1"])
+        a = np.fromfile(os.path.join(work, tag + "_out.bin"), dtype=np.float32)
+        b = np.fromfile(os.path.join(work, img + ".bin"), dtype=np.float32) if rc == 0 else np.zeros(1)
+        peak = float(a.max()) if a.size else 0.0
+        d = float(np.max(np.abs(a - b))) / peak if rc == 0 and a.shape == b.shape and peak > 0 else math.inf
+        check(peak > 0 and d <= 1e-6, "gon-%s-%s-image" % (tag, fmt), "the image from nbgrad's reading of %s as the "
+              "input list's (peak %.4g photons, max |diff| / peak %.2g)" % (name, peak, d))
+
+
 def main(argv):
     nbgrad = os.path.abspath(argv[0])
     work = os.path.abspath(argv[1])
@@ -166,8 +227,11 @@ def main(argv):
         axes=flex.vec3_double([(1, 0, 0), (0.64278761, -0.76604444, 0), (1, 0, 0)]),
         angles=flex.double([30, -40, 12.5]), names=flex.std_string(["PHI", "KAPPA", "OMEGA"]), scan_axis=1)
     el.as_file(os.path.join(work, "kappa.expt"))
-    compare(nbgrad, work, "smargon", "smargon.expt")
-    compare(nbgrad, work, "kappa", "kappa.expt")
+    helper = os.path.abspath(os.environ.get("NBG_CBFPANELS") or
+                             os.path.join(os.path.dirname(nbgrad), "tests", "dials-cbfpanels"))
+    for tag in ("smargon", "kappa"):
+        compare(nbgrad, work, tag, tag + ".expt")
+        files(nbgrad, helper, work, tag, tag + ".expt")
 
 
 if __name__ == "__main__":
