@@ -848,12 +848,8 @@ static void multi_axis(cbf_handle h, nbg_geometry *g)
             cbf_get_axis_setting(h, 0, s.id[i], &start, &step) != 0 || !(fabs(start) <= 1e6) || !isfinite(step))
             return;
         const int k = gn.naxes++;
-        const double len = nbgi_norm(v);
-        for (int j = 0; j < 3; ++j)
-            gn.axes[k][j] = fabs(len - 1) <= 0.01 ? v[j] : v[j] / len;
-        gn.angles[k] = start;
+        nbgi_goniometer_set_axis(&gn, k, v, start, s.id[i]);
         inc[k] = step;
-        snprintf(gn.names[k], sizeof gn.names[k], "%.31s", s.id[i]);
         const char *dep = axis_dep(h, s.id[i], "depends_on");
         i = dep != NULL ? set_find(&s, dep) : -1;
         if (dep != NULL && i < 0)

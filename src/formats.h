@@ -39,6 +39,9 @@ void nbgi_goniometer_turn(nbg_goniometer *gn, const double R[9]);
  * axis as g has it unless g's laboratory axis moved (a refined spindle: then S^T axis, in unit length), so that S
  * unit(axes[scan_axis]) is g->axis.  The experiment list's, NXmx's and CBF's writers share it. */
 void nbgi_goniometer_written(const nbg_geometry *g, nbg_goniometer *gn);
+/* Axis i of gn from a file: vector v as given when within 1 % of unit length (nbg_goniometer_derive's tolerance),
+ * else normalised; its angle (deg) and name (cut to 31 characters).  The NXmx and CBF readers share it. */
+void nbgi_goniometer_set_axis(nbg_goniometer *gn, int i, const double v[3], double angle, const char *name);
 /* The name axis i of gn is written under in an NXmx group or a CBF axis category: its own when it is 1 to 31
  * letters, digits, '_' or '-', no other axis has it (ignoring case) and it is none of reserved (NULL-terminated,
  * ignoring case); else GONIOMETER_AXIS_<i+1>. */

@@ -190,6 +190,15 @@ void nbgi_goniometer_written(const nbg_geometry *g, nbg_goniometer *gn)
     }
 }
 
+void nbgi_goniometer_set_axis(nbg_goniometer *gn, int i, const double v[3], double angle, const char *name)
+{
+    const double len = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    for (int j = 0; j < 3; ++j)
+        gn->axes[i][j] = fabs(len - 1) <= 0.01 ? v[j] : v[j] / len;
+    gn->angles[i] = angle;
+    snprintf(gn->names[i], sizeof gn->names[i], "%.31s", name);
+}
+
 /* 1 when name is 1 to 31 letters, digits, '_' or '-'. */
 static int gon_plain_name(const char *name)
 {

@@ -1600,14 +1600,10 @@ static void multi_axis(const axis_t *chain, int n, int scan, nbg_geometry *g)
         const axis_t *a = &chain[i];
         if (a->rotation != 1 || a->nvalues < 1 || !(fabs(a->values[0]) <= 1e6))
             return;
-        const double len = nbgi_norm(a->vector);
         double v[3];
         flip(a->vector, v);
-        for (int j = 0; j < 3; ++j)
-            gn.axes[i][j] = fabs(len - 1) <= 0.01 ? v[j] : v[j] / len;
-        gn.angles[i] = a->values[0];
         const char *slash = strrchr(a->name, '/');
-        snprintf(gn.names[i], sizeof gn.names[i], "%.31s", slash != NULL ? slash + 1 : a->name);
+        nbgi_goniometer_set_axis(&gn, i, v, a->values[0], slash != NULL ? slash + 1 : a->name);
     }
     if (nbg_goniometer_derive(NULL, &gn, "") == NBG_OK)
         g->goniometer = gn;
