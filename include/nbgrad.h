@@ -222,7 +222,9 @@ typedef struct {
                                        root than L: a group of its own, numbered after those); -1 past the depth of
                                        the hierarchy (nbg_read_expt_panels fills it; a layout's modules are level 1) */
     int own_response;               /* 1: the losses read this panel's pixels through response below (a gain and
-                                       pedestal per module); 0 (the default): through nbg_experiment.response */
+                                       pedestal per module); 0 (the default): through nbg_experiment.response.
+                                       nbg_read_expt_panels sets it on every panel of a list where some panel states
+                                       a gain or pedestal other than dxtbx's defaults (1, 0), with the list's */
     nbg_detector_model response;    /* its pedestal, gain (> 0) and read noise (>= 0), when own_response */
     int has_trusted;                /* 1: trusted below is the range of its valid counts (DIALS's trusted_range) */
     double trusted[2];              /* when has_trusted and lo < hi: nbg_observed_read leaves out its pixels whose
@@ -392,6 +394,12 @@ typedef struct {
     double scale;                   /* overall scale G (1) */
     double bg[3];                   /* background plane, photons per pixel (0 0 0) */
     nbg_detector_model response;    /* counts = gain * M + pedestal (pedestal 0, gain 1, read noise 0) */
+    int response_stated;            /* 1: response's pedestal and gain (and the panels' own, nbg_panel.own_response)
+                                       are what the model the experiment came from states: a DIALS list whose gain or
+                                       pedestal are not dxtbx's defaults 1 and 0, with which DIALS reads the counts
+                                       ((raw - pedestal) / gain); nbg_experiment_from_geometry sets it from
+                                       nbg_geometry.response_stated.  nbg_observed_read then takes them over the
+                                       observed file's (its options still win).  0 (the default): the file's */
 
     /* --- multi-panel detector ------------------------------------------------------------------------------ */
     /* npanels = 0 (the default): one flat detector of fpixels x spixels, as above (nanoBragg's).  npanels > 0:
@@ -1151,6 +1159,11 @@ typedef struct {
                                          stated; the other readers leave it so) */
     double pedestal;                  /* the ADC offset the data carry, counts (nanoBragg's is 40) */
     double gain;                      /* counts per photon (1) */
+    int response_stated;              /* 1: a DIALS list states pedestal and gain, for panel 0 or (with panels)
+                                         some panel, other than dxtbx's defaults 0 and 1 (what DIALS reads the
+                                         counts with); the image readers leave 0.  nbg_experiment_from_geometry
+                                         copies it with them (nbg_experiment.response_stated), and
+                                         nbg_geometry_from_report sets it, with them, for such an experiment */
     /* --- beam --- */
     double direction[3];              /* from the sample towards the source (dxtbx's beam direction: -travel) */
     double wavelength;                /* Angstrom */
@@ -1383,14 +1396,20 @@ typedef struct {
     /* Each panel's own detector response (nbg_panel.own_response: a module's pedestal, gain and read noise), for a
      * detector of panels: each list NULL (not given) or npanel_values values, panel by panel, and npanel_values must
      * then be the experiment's npanels (NBG_EINVAL naming the list otherwise; each value as pedestal, gain and
-     * read_noise above).  A value no list gives is the image's response chosen above.  nbg_observed.panel_response
-     * receives the result; nbg_observed_apply_response puts it on the panels. */
+     * read_noise above).  A value no list gives is the panel's own where it has one (nbg_panel.own_response: a DIALS
+     * list's, unless pedestal, gain or read_noise above is given), else the image's response chosen above.
+     * nbg_observed.panel_response receives the result; nbg_observed_apply_response puts it on the panels. */
     const double *panel_pedestal, *panel_gain, *panel_read_noise;
     int npanel_values;
 } nbg_observed_options;
 
 /* Where a value of the detector response came from. */
-typedef enum { NBG_FROM_DEFAULT = 0, NBG_FROM_OPTION = 1, NBG_FROM_FILE = 2 } nbg_value_source;
+typedef enum {
+    NBG_FROM_DEFAULT = 0,
+    NBG_FROM_OPTION = 1,
+    NBG_FROM_FILE = 2,
+    NBG_FROM_MODEL = 3 /* the experiment's model: a DIALS list's (nbg_experiment.response_stated) */
+} nbg_value_source;
 
 /* An observed image read for an experiment (nbg_observed_read); nbg_observed_free releases it. */
 typedef struct {
@@ -1402,7 +1421,8 @@ typedef struct {
     char file[4096];             /* the file read (frame f's of a '#' template) */
     nbg_detector_model response; /* the detector response chosen, for nbg_experiment.response */
     nbg_value_source pedestal_from, gain_from, read_noise_from; /* NBG_FROM_FILE: what the file's geometry says (SMV's
-                                  * gain is its reader's 1); NBG_FROM_DEFAULT: nanoBragg's ADC offset for SMV without
+                                  * gain is its reader's 1); NBG_FROM_MODEL: the experiment's (a DIALS list's
+                                  * gain and pedestal, nbg_experiment.response_stated); NBG_FROM_DEFAULT: nanoBragg's ADC offset for SMV without
                                   * ADC_OFFSET, raw floats' pedestal 0 and gain 1, read noise 0 */
     nbg_geometry geometry;       /* what the file says of the geometry (nbg_read_image's g); geometry.scan_stated
                                   * whether it states the image's scan */
@@ -1414,8 +1434,8 @@ typedef struct {
     /* What a program tells its user, one line each without a newline ("" when nothing to say): the response and
      * where each value came from; a note on counts below 0; the pixels left out. */
     char response_text[4352], note[4608], left_out[320];
-    /* Each panel's own response when the options gave one (npanel_response = the experiment's npanels, malloc'd);
-     * NULL and 0 otherwise.  response_text then also says what panel 0's is. */
+    /* Each panel's own response when the options or the experiment's panels gave one (npanel_response = the
+     * experiment's npanels, malloc'd); NULL and 0 otherwise.  response_text then also says what panel 0's is. */
     nbg_detector_model *panel_response;
     int npanel_response;
 } nbg_observed;
@@ -1434,8 +1454,9 @@ int nbg_observed_apply_response(nbg_ctx *ctx, const nbg_observed *ob, nbg_experi
  * that frame's 1-based number, e.g. img_####.cbf, read at its frame 0; otherwise frame `frame` of the one file, an
  * NXmx series), any format nbg_read_image knows, raw floats of e's pixel count included.  The policy nbgrad's grad
  * and refine apply: the image must have e's pixels (and a file that states its dimensions the single detector's);
- * the response is opt's pedestal, gain and read noise where given, else the file's, else nanoBragg's (an SMV file
- * without ADC_OFFSET carries opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the
+ * the response is opt's pedestal, gain and read noise where given, else the experiment's where its model states
+ * them (nbg_experiment.response_stated, a DIALS list's, and a panel's own where the list gives one), else the file's,
+ * else nanoBragg's (an SMV file without ADC_OFFSET carries opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the
  * file's mask and those at or above the file's saturation; a pixel used must hold a finite value (NBG_EINVAL naming
  * the first and counting them).  opt may be NULL (nbg_observed_options_default).  The caller applies the result:
  * e->response = out->response, e->mask = out->use (a later frame of a series usually keeps the first frame's

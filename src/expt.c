@@ -229,8 +229,11 @@ static json_t *sensor_json(const nbg_geometry *g, const nbg_panel *p, int k, con
     const double pk[2] = {p->pixel, p->pixel};
     const double th = p->thick > 0 ? p->thick / 1000.0 : g->thickness;
     const double mu = p->thick_abs > 0 ? 1000.0 / p->thick_abs : g->mu;
+    /* a panel's own gain and pedestal (a DIALS list's, or the fit's per-panel response), else the detector's */
+    const double gain = p->own_response ? p->response.gain : g->gain;
+    const double pedestal = p->own_response ? p->response.pedestal : g->pedestal;
     return panel_json(name, "SENSOR_PAD", f, sl, o, p->raw_offset, p->fpixels, p->spixels, pk, trusted, th,
-                      g->material, mu, g->gain, g->pedestal,
+                      g->material, mu, gain, pedestal,
                       th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
 }
 
@@ -1174,6 +1177,7 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
         }
         const reader one = {r->ctx, r->file, NULL, NULL, NULL, NULL};
         nbg_geometry g0 = *g;
+        int stated = 0; /* some panel states a gain or pedestal of its own */
         for (size_t k = 0; k < np; ++k) {
             json_t *dk = json_pack("{s:[O]}", "panels", json_array_get(panels, k));
             nbg_geometry gk = g0;
@@ -1223,6 +1227,9 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             out[k].has_trusted = !isnan(gk.trusted[1]);
             out[k].trusted[0] = gk.trusted[0];
             out[k].trusted[1] = gk.trusted[1];
+            out[k].response.pedestal = gk.pedestal;
+            out[k].response.gain = gk.gain;
+            stated |= gk.response_stated;
             out[k].group = group[k];
             memcpy(out[k].level_group, lv + k * NBG_PANEL_LEVELS, sizeof out[k].level_group);
             json_t *name = json_object_get(json_array_get(panels, k), "name");
@@ -1230,6 +1237,13 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             if (k == 0)
                 g0 = gk;
         }
+        /* where some panel states its gain or pedestal, every panel's are what DIALS reads its counts with */
+        for (size_t k = 0; k < np; ++k) {
+            out[k].own_response = stated;
+            if (!stated)
+                memset(&out[k].response, 0, sizeof out[k].response);
+        }
+        g0.response_stated = stated;
         *g = g0;
         *r->panels = out;
         *r->npanels = (int)np;
@@ -1267,6 +1281,8 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     g->saturation = trusted[1] >= EXPT_NO_SATURATION ? NAN : trusted[1];
     g->trusted[0] = isnan(trusted[1]) ? NAN : trusted[0]; /* as stated (the default lower end otherwise is not) */
     g->trusted[1] = trusted[1];
+    /* dxtbx writes gain 1 and pedestal 0 when nobody set them: only other values say how DIALS reads the counts */
+    g->response_stated = g->gain != 1 || g->pedestal != 0;
     return NBG_OK;
 }
 

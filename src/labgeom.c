@@ -427,6 +427,12 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
     }
     g->nframes = nframes;
     g->exposure = e->exposure;
+    if (e->response_stated) {
+        /* the gain and pedestal the list it came from stated: written back, DIALS reads the counts with them */
+        g->pedestal = e->response.pedestal;
+        g->gain = e->response.gain;
+        g->response_stated = 1;
+    }
     if (e->thick > 0) {
         g->thickness = e->thick / 1000.0;
         const double att_um = isnan(e->thick_abs) ? e->thick : e->thick_abs;
@@ -833,6 +839,13 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     e->osc = g->scan_width;
     e->still = g->scan_stated == 0 && g->nframes == 1 && g->scan_width == 0;
     e->exposure = g->exposure;
+    /* the gain and pedestal a DIALS list states (not dxtbx's defaults): how DIALS reads the counts, which
+     * nbg_observed_read takes over the observed file's */
+    e->response_stated = g->response_stated != 0;
+    if (g->response_stated) {
+        e->response.pedestal = g->pedestal;
+        e->response.gain = g->gain;
+    }
     if (g->thickness >= 1e-6) {
         e->thick = g->thickness * 1000.0;
         e->thick_abs = g->mu > 0 ? 1000.0 / g->mu : INFINITY;

@@ -71,15 +71,22 @@ void nbg_observed_free(nbg_observed *out)
     }
 }
 
-/* The detector response: the options' values where given, else the file's (g), else nanoBragg's. */
-static void choose_response(const nbg_observed_options *o, const nbg_geometry *g, nbg_observed *out)
+/* The detector response: the options' values where given, else the experiment's where its model states them (a
+ * DIALS list's), else the file's (g), else nanoBragg's. */
+static void choose_response(const nbg_observed_options *o, const nbg_experiment *e, const nbg_geometry *g,
+                            nbg_observed *out)
 {
     nbg_detector_model *r = &out->response;
     const char *from;
+    const int model = e->response_stated != 0;
     if (!isnan(o->pedestal)) {
         r->pedestal = o->pedestal;
         out->pedestal_from = NBG_FROM_OPTION;
         from = "-pedestal";
+    } else if (model) {
+        r->pedestal = e->response.pedestal;
+        out->pedestal_from = NBG_FROM_MODEL;
+        from = "the experiment list's";
     } else if (isnan(g->pedestal)) { /* SMV without ADC_OFFSET: written by nanoBragg, whose offset is -adc's */
         r->pedestal = isnan(o->adc) ? 40 : o->adc;
         out->pedestal_from = NBG_FROM_DEFAULT;
@@ -91,13 +98,15 @@ static void choose_response(const nbg_observed_options *o, const nbg_geometry *g
     }
     const int file_gain = isfinite(g->gain) && g->gain > 0;
     const int stated_gain = file_gain && g->fpixels > 0; /* raw floats state nothing */
-    r->gain = !isnan(o->gain) ? o->gain : file_gain ? g->gain : 1;
-    out->gain_from = !isnan(o->gain) ? NBG_FROM_OPTION : stated_gain ? NBG_FROM_FILE : NBG_FROM_DEFAULT;
+    r->gain = !isnan(o->gain) ? o->gain : model ? e->response.gain : file_gain ? g->gain : 1;
+    out->gain_from = !isnan(o->gain) ? NBG_FROM_OPTION : model ? NBG_FROM_MODEL : stated_gain ? NBG_FROM_FILE
+                                                                                               : NBG_FROM_DEFAULT;
     r->read_noise = !isnan(o->read_noise) ? o->read_noise : 0;
     out->read_noise_from = !isnan(o->read_noise) ? NBG_FROM_OPTION : NBG_FROM_DEFAULT;
     snprintf(out->response_text, sizeof out->response_text,
-             "observed image %s: pedestal %g counts (%s), gain %g counts/photon, read noise %g counts", out->file,
-             r->pedestal, from, r->gain, r->read_noise);
+             "observed image %s: pedestal %g counts (%s), gain %g counts/photon%s, read noise %g counts", out->file,
+             r->pedestal, from, r->gain, out->gain_from == NBG_FROM_MODEL ? " (the experiment list's)" : "",
+             r->read_noise);
 }
 
 /* The options' panel lists (o->panel_*) checked against e's panels: NBG_OK with *any 1 when some list is given. */
@@ -131,8 +140,20 @@ static int check_panel_lists(nbg_ctx *ctx, const nbg_observed_options *o, const 
     return NBG_OK;
 }
 
-/* Each panel's own response (the options' lists, the image's response where a list is not given) into
- * out->panel_response, with a line on it appended to out->response_text. */
+/* Whether some panel of e has its own response (a DIALS list's, or the options' of an earlier frame). */
+static int any_own_response(const nbg_experiment *e)
+{
+    for (int q = 0; e->panels != NULL && q < e->npanels; ++q) {
+        if (e->panels[q].own_response) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Each panel's own response (the options' lists; where a list is not given, the panel's own unless the option for
+ * the whole image is given, else the image's response) into out->panel_response, with a line on it appended to
+ * out->response_text. */
 static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nbg_experiment *e, nbg_observed *out)
 {
     const int np = e->npanels;
@@ -143,14 +164,22 @@ static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nb
     for (int q = 0; q < np; ++q) {
         nbg_detector_model *r = &out->panel_response[q];
         *r = out->response;
+        const nbg_panel *pq = &e->panels[q];
+        if (pq->own_response) {
+            if (isnan(o->pedestal)) r->pedestal = pq->response.pedestal;
+            if (isnan(o->gain)) r->gain = pq->response.gain;
+            if (isnan(o->read_noise)) r->read_noise = pq->response.read_noise;
+        }
         if (o->panel_pedestal != NULL) r->pedestal = o->panel_pedestal[q];
         if (o->panel_gain != NULL) r->gain = o->panel_gain[q];
         if (o->panel_read_noise != NULL) r->read_noise = o->panel_read_noise[q];
     }
     const size_t used = strlen(out->response_text);
-    snprintf(out->response_text + used, sizeof out->response_text - used, "; the panels' own detector response (%s%s%s): panel 0 "
-             "pedestal %g, gain %g, read noise %g counts%s", o->panel_pedestal != NULL ? "pedestal " : "",
+    const int lists = o->panel_pedestal != NULL || o->panel_gain != NULL || o->panel_read_noise != NULL;
+    snprintf(out->response_text + used, sizeof out->response_text - used, "; the panels' own detector response (%s%s%s%s): "
+             "panel 0 pedestal %g, gain %g, read noise %g counts%s", o->panel_pedestal != NULL ? "pedestal " : "",
              o->panel_gain != NULL ? "gain " : "", o->panel_read_noise != NULL ? "read noise" : "",
+             lists ? "" : "the experiment's panels",
              out->panel_response[0].pedestal, out->panel_response[0].gain, out->panel_response[0].read_noise,
              np > 1 ? ", ..." : "");
     return NBG_OK;
@@ -326,8 +355,8 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
     }
     out->image = img;
     out->npix = npix;
-    choose_response(&o, g, out);
-    if (any_panel_list && (rc = panel_responses(ctx, &o, e, out)) != NBG_OK) {
+    choose_response(&o, e, g, out);
+    if ((any_panel_list || any_own_response(e)) && (rc = panel_responses(ctx, &o, e, out)) != NBG_OK) {
         nbg_observed_free(out);
         return rc;
     }

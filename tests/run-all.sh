@@ -3,10 +3,15 @@
 #
 #   sh tests/run-all.sh [BUILD_DIR]      (make test runs it as: sh tests/run-all.sh build)
 #
-# Runs each BUILD_DIR/tests/test-* program (test-golden last) from the repository root, shows its output as it
-# comes, and reads its last "N passed, M failed[, K skipped]" line.  A program that exits non-zero, dies of a
-# signal, or prints no such line counts as a failure, reported by name.  The last line is the total,
-# "N passed, M failed" (", K skipped" when any); the exit status is 0 only when nothing failed.
+# Runs each BUILD_DIR/tests/test-* program from the repository root and reads its last "N passed, M failed[, K
+# skipped]" line.  A program that exits non-zero, dies of a signal, or prints no such line counts as a failure,
+# reported by name.  The last line is the total, "N passed, M failed" (", K skipped" when any); the exit status is
+# 0 only when nothing failed.
+#
+# $NBG_TEST_JOBS programs (default 2) run at once, each lane taking the next program not yet taken (a mkdir claims
+# it), test-golden first (the longest) and the others in name order; a program's output is shown whole when it
+# ends (one lane at a time), so that what each printed stays together.  NBG_TEST_JOBS=1 runs them one after
+# another, test-golden last, each shown as it comes.  The totals do not depend on the order.
 
 B=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
@@ -21,7 +26,10 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-run-all.XXXXXX") || { echo "run-all: cannot
 trap 'rm -rf "$TMP"' EXIT
 trap 'rm -rf "$TMP"; exit 130' INT TERM
 
-# the programs, in name order, test-golden last
+JOBS=${NBG_TEST_JOBS:-2}
+case "$JOBS" in '' | *[!0-9]* | 0) JOBS=1 ;; esac
+
+# the programs: in name order, test-golden last when one at a time, first when several (the longest)
 progs=""
 golden=""
 for p in "$B"/tests/test-*; do
@@ -32,7 +40,55 @@ for p in "$B"/tests/test-*; do
         *) progs="$progs $p" ;;
     esac
 done
-progs="$progs $golden"
+if [ "$JOBS" -gt 1 ]; then
+    progs="$golden $progs"
+else
+    progs="$progs $golden"
+fi
+
+# run_one PROGRAM: its output into $TMP/NAME.out, its exit status into $TMP/NAME.rc; streamed when one at a time
+run_one() {
+    name=$(basename "$1")
+    case "$1" in
+        /*) run=$1 ;;
+        *) run=./$1 ;;
+    esac
+    if [ "$JOBS" -eq 1 ]; then
+        echo "== $name"
+        # the exit status goes through a file (a pipeline loses it)
+        { "$run" 2>&1; echo $? > "$TMP/$name.rc"; } | tee "$TMP/$name.out"
+    else
+        "$run" > "$TMP/$name.out" 2>&1
+        echo $? > "$TMP/$name.rc"
+        while ! mkdir "$TMP/.print" 2>/dev/null; do sleep 0.1; done
+        echo "== $name"
+        cat "$TMP/$name.out"
+        rmdir "$TMP/.print"
+    fi
+}
+
+lane() {
+    for p in $progs; do
+        if mkdir "$TMP/.claim-$(basename "$p")" 2>/dev/null; then
+            run_one "$p"
+        fi
+    done
+}
+
+if [ "$JOBS" -eq 1 ]; then
+    lane
+else
+    pids=""
+    j=0
+    while [ "$j" -lt "$JOBS" ]; do
+        lane &
+        pids="$pids $!"
+        j=$((j + 1))
+    done
+    for pid in $pids; do
+        wait "$pid"
+    done
+fi
 
 total_pass=0
 total_fail=0
@@ -43,16 +99,9 @@ count=0
 for p in $progs; do
     name=$(basename "$p")
     count=$((count + 1))
-    echo "== $name"
-    # stream the output while keeping a copy; the exit status goes through a file (a pipeline loses it)
-    case "$p" in
-        /*) run=$p ;;
-        *) run=./$p ;;
-    esac
-    { "$run" 2>&1; echo $? > "$TMP/rc"; } | tee "$TMP/out"
-    rc=$(cat "$TMP/rc" 2>/dev/null)
+    rc=$(cat "$TMP/$name.rc" 2>/dev/null)
     [ -n "$rc" ] || rc=255
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$TMP/out" | tail -n 1)
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$TMP/$name.out" 2>/dev/null | tail -n 1)
     if [ -z "$line" ]; then
         if [ "$rc" -gt 128 ]; then
             why="crashed (signal $((rc - 128))) without a summary line"

@@ -212,6 +212,138 @@ static void test_layout(nbg_ctx *ctx, const char *dir)
     free(img);
 }
 
+#ifdef NBG_HAVE_FORMATS
+/* A DIALS list's gain and pedestal: what DIALS reads the counts with ((raw - pedestal) / gain), taken over the
+ * observed file's unless the options give them; dxtbx's defaults (1, 0) state nothing; written back. */
+static void test_list_response(nbg_ctx *ctx, const char *dir)
+{
+    nbg_experiment e;
+    experiment(&e);
+    char img[4096], list[4096];
+    snprintf(img, sizeof img, "%s/lr.img", dir);
+    snprintf(list, sizeof list, "%s/lr.expt", dir);
+    nbgi_test_check(write_smv(ctx, &e, img, NAN, 60), "list-response-smv", "an SMV file without ADC_OFFSET");
+    nbg_report r;
+    nbg_geometry g;
+    if (nbg_describe(ctx, &e, &r) != NBG_OK || nbg_geometry_from_report(ctx, &e, &r, 1, &g) != NBG_OK) {
+        nbgi_test_check(0, "list-response-geometry", "%s", nbg_errmsg(ctx));
+        return;
+    }
+    const double gains[2] = {1, 2}, peds[2] = {0, 10};
+    for (int k = 0; k < 2; ++k) {
+        g.gain = gains[k];
+        g.pedestal = peds[k];
+        nbg_geometry gr;
+        nbg_experiment el;
+        experiment(&el);
+        int rc = nbg_write_expt(ctx, list, &g, img);
+        if (rc == NBG_OK) rc = nbg_read_expt(ctx, list, &gr);
+        if (rc == NBG_OK) rc = nbg_experiment_from_geometry(ctx, &gr, &el);
+        nbgi_test_check(rc == NBG_OK && gr.response_stated == k && el.response_stated == k, k ? "list-stated" :
+                        "list-defaults", "a list with gain %g and pedestal %g %s (read %d, experiment %d; %s)",
+                        gains[k], peds[k], k ? "states them" : "states nothing (dxtbx's defaults)",
+                        gr.response_stated, el.response_stated, rc ? nbg_errmsg(ctx) : "ok");
+        nbg_observed ob;
+        rc = rc == NBG_OK ? nbg_observed_read(ctx, &el, img, 0, NULL, &ob) : rc;
+        if (k == 0) {
+            nbgi_test_check(rc == NBG_OK && ob.response.pedestal == 40 && ob.pedestal_from == NBG_FROM_DEFAULT &&
+                            ob.response.gain == 1 && ob.gain_from == NBG_FROM_FILE, "list-defaults-file",
+                            "dxtbx's defaults leave the file's pedestal %g (40) and gain %g", ob.response.pedestal,
+                            ob.response.gain);
+        } else {
+            nbgi_test_check(rc == NBG_OK && ob.response.pedestal == 10 && ob.pedestal_from == NBG_FROM_MODEL &&
+                            ob.response.gain == 2 && ob.gain_from == NBG_FROM_MODEL &&
+                            strstr(ob.response_text, "pedestal 10 counts (the experiment list's), gain 2 counts/photon "
+                                   "(the experiment list's)") != NULL, "list-wins",
+                            "the list's pedestal %g and gain %g over the file's 40 and 1: '%s'", ob.response.pedestal,
+                            ob.response.gain, rc == NBG_OK ? ob.response_text : nbg_errmsg(ctx));
+        }
+        if (rc == NBG_OK) nbg_observed_free(&ob);
+        if (k == 1) {
+            nbg_observed_options opt;
+            nbg_observed_options_default(&opt);
+            opt.pedestal = 3;
+            rc = nbg_observed_read(ctx, &el, img, 0, &opt, &ob);
+            nbgi_test_check(rc == NBG_OK && ob.response.pedestal == 3 && ob.pedestal_from == NBG_FROM_OPTION &&
+                            ob.response.gain == 2 && ob.gain_from == NBG_FROM_MODEL, "list-option-wins",
+                            "-pedestal 3 over the list's 10, the list's gain %g kept", ob.response.gain);
+            if (rc == NBG_OK) nbg_observed_free(&ob);
+            /* written back: the experiment's list states them again */
+            nbg_report rl;
+            nbg_geometry gw;
+            rc = nbg_describe(ctx, &el, &rl);
+            if (rc == NBG_OK) rc = nbg_geometry_from_report(ctx, &el, &rl, 1, &gw);
+            nbgi_test_check(rc == NBG_OK && gw.response_stated == 1 && gw.gain == 2 && gw.pedestal == 10,
+                            "list-written-back", "the geometry of the list's experiment: gain %g, pedestal %g",
+                            gw.gain, gw.pedestal);
+        }
+    }
+
+    /* panels: one states a gain of its own, so every panel's are the list's; -gain wins over all */
+    nbg_panel pan[2];
+    memset(pan, 0, sizeof pan);
+    for (int q = 0; q < 2; ++q) {
+        pan[q].fpixels = FP;
+        pan[q].spixels = SP / 2;
+        pan[q].pixel = 0.1;
+        pan[q].fast[0] = 1;
+        pan[q].slow[1] = 1;
+        pan[q].origin[0] = -1.6;
+        pan[q].origin[1] = -1.2 + 1.2 * q;
+        pan[q].origin[2] = 100;
+        pan[q].group = q;
+    }
+    pan[1].own_response = 1;
+    pan[1].response.gain = 3;
+    pan[1].response.pedestal = 0;
+    g.direction[0] = g.direction[1] = 0;
+    g.direction[2] = -1;
+    g.gain = 1;
+    g.pedestal = 0;
+    nbg_geometry gr;
+    nbg_panel *rp = NULL;
+    int np = 0;
+    snprintf(list, sizeof list, "%s/lr-panels.expt", dir);
+    char raw[4096];
+    snprintf(raw, sizeof raw, "%s/lr-panels.bin", dir);
+    int rc = nbg_write_expt_panels(ctx, list, &g, pan, 2, raw);
+    if (rc == NBG_OK) rc = nbg_read_expt_panels(ctx, list, &gr, &rp, &np);
+    nbgi_test_check(rc == NBG_OK && np == 2 && rp[0].own_response && rp[1].own_response && rp[0].response.gain == 1 &&
+                    rp[1].response.gain == 3 && gr.response_stated, "list-panels-read",
+                    "a panel's own gain read (%d panels; gains %g %g; %s)", np, np == 2 ? rp[0].response.gain : 0,
+                    np == 2 ? rp[1].response.gain : 0, rc ? nbg_errmsg(ctx) : "ok");
+    if (rc != NBG_OK || np != 2) {
+        free(rp);
+        return;
+    }
+    nbg_experiment ep;
+    experiment(&ep);
+    rc = nbg_experiment_from_geometry(ctx, &gr, &ep);
+    ep.panels = rp;
+    ep.npanels = np;
+    ep.panel_frame = NBG_PANELS_LAB;
+    nbgi_test_check(rc == NBG_OK && write_raw(ctx, raw, NPIX, 1.0f), "list-panels-image", "raw floats of %zu pixels",
+                    NPIX);
+    nbg_observed ob;
+    rc = nbg_observed_read(ctx, &ep, raw, 0, NULL, &ob);
+    nbgi_test_check(rc == NBG_OK && ob.panel_response != NULL && ob.npanel_response == 2 &&
+                    ob.panel_response[0].gain == 1 && ob.panel_response[1].gain == 3 &&
+                    strstr(ob.response_text, "(the experiment's panels)") != NULL, "list-panels-response",
+                    "each panel's gain from the list: %g %g ('%s')", rc ? 0 : ob.panel_response[0].gain,
+                    rc ? 0 : ob.panel_response[1].gain, rc ? nbg_errmsg(ctx) : ob.response_text);
+    if (rc == NBG_OK) nbg_observed_free(&ob);
+    nbg_observed_options opt;
+    nbg_observed_options_default(&opt);
+    opt.gain = 5;
+    rc = nbg_observed_read(ctx, &ep, raw, 0, &opt, &ob);
+    nbgi_test_check(rc == NBG_OK && ob.panel_response != NULL && ob.panel_response[0].gain == 5 &&
+                    ob.panel_response[1].gain == 5, "list-panels-option", "-gain 5 over the panels' own: %g %g",
+                    rc ? 0 : ob.panel_response[0].gain, rc ? 0 : ob.panel_response[1].gain);
+    if (rc == NBG_OK) nbg_observed_free(&ob);
+    free(rp);
+}
+#endif
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -372,6 +504,9 @@ int main(void)
     e.mask = NULL;
 
     test_layout(ctx, dir);
+#ifdef NBG_HAVE_FORMATS
+    test_list_response(ctx, dir);
+#endif
 
 #ifdef NBG_HAVE_FORMATS
     /* a CBF's flagged pixels (-1, -2) are its mask: left out and set to 0; its own gain and pedestal */

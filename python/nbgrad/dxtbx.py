@@ -30,6 +30,8 @@ def geometry_from_dxtbx(experiment) -> dict:
         "thickness": float(panel.get_thickness()), "mu": float(panel.get_mu()),
         "material": str(panel.get_material() or ""),
         "gain": float(panel.get_gain()), "pedestal": float(panel.get_pedestal()),
+        # what DIALS reads the counts with ((raw - pedestal) / gain) when it is not dxtbx's default
+        "response_stated": int(panel.get_gain() != 1 or panel.get_pedestal() != 0),
         # the sample-to-source direction, which is what nbg_geometry calls the beam's direction
         "direction": tuple(beam.get_sample_to_source_direction()),
         "wavelength": float(beam.get_wavelength()),

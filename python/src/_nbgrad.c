@@ -894,6 +894,7 @@ static PyObject *geometry_dict(const nbg_geometry *g)
     SET(d, "saturation", PyFloat_FromDouble(g->saturation));
     SET(d, "pedestal", PyFloat_FromDouble(g->pedestal));
     SET(d, "gain", PyFloat_FromDouble(g->gain));
+    SET(d, "response_stated", PyLong_FromLong(g->response_stated));
     SET(d, "direction", vec(g->direction, 3));
     SET(d, "wavelength", PyFloat_FromDouble(g->wavelength));
     SET(d, "polarization_normal", vec(g->polarization_normal, 3));
@@ -1080,6 +1081,7 @@ static int geometry_from_dict(PyObject *d, nbg_geometry *g)
            get_num(d, "thickness", &g->thickness) && get_num(d, "mu", &g->mu) &&
            get_str(d, "material", g->material, sizeof g->material) && get_num(d, "saturation", &g->saturation) &&
            get_num(d, "pedestal", &g->pedestal) && get_num(d, "gain", &g->gain) &&
+           get_int(d, "response_stated", &g->response_stated) &&
            get_vec(d, "direction", g->direction, 3) && get_num(d, "wavelength", &g->wavelength) &&
            get_vec(d, "polarization_normal", g->polarization_normal, 3) &&
            get_num(d, "polarization_fraction", &g->polarization_fraction) && get_vec(d, "axis", g->axis, 3) &&
@@ -2079,7 +2081,8 @@ static PyObject *py_read_image(PyObject *self, PyObject *args)
 
 static const char *value_source(nbg_value_source v)
 {
-    return v == NBG_FROM_OPTION ? "given" : v == NBG_FROM_FILE ? "file" : "default";
+    return v == NBG_FROM_OPTION ? "given" : v == NBG_FROM_FILE ? "file" : v == NBG_FROM_MODEL ? "experiment list"
+                                                                                          : "default";
 }
 
 /* Each panel's own pedestal, gain and read noise (lists: None or one value per panel each; the library checks the

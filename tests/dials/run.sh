@@ -5,31 +5,83 @@
 # $NBG_CBFPANELS; the Pilatus 12M and the Timepix quad refused alone and read through dials.import's lists) and
 # structure factors from DIALS's MTZ and reflection tables of a real still (hklmtz.py) and a scan-varying crystal's
 # images against DIALS's scan-varying predictions (scanvarying.py), a multi-axis goniometer (the SmarGon CBF, a
-# kappa) written back by nbgrad and read by dxtbx (goniometer.py), with Debian's python; shows
-# their output and ends with the total of their "N passed, M failed" lines.  Exit status 0 only when all ran and
-# nothing failed.
+# kappa) written back by nbgrad and read by dxtbx (goniometer.py), with Debian's python.  Ends with the total of
+# their "N passed, M failed" lines; exit status 0 only when all ran and nothing failed.
+#
+# The scripts are independent (each has its own folder under WORKDIR) and spend most of their time in DIALS's
+# single-threaded Python, so $DIALS_JOBS of them (2 by default) run at once: each lane takes the next script not
+# yet taken (a mkdir claims it), longest first; the round trip, the longest, runs as its two parts (roundtrip.py
+# --part=cases and --part=crystals).  Each script's output is shown in list order at the end, so that what each
+# printed stays together; a line says when each ends.
 #
 #   sh tests/dials/run.sh NBGRAD_BINARY WORKDIR [roundtrip options]
 NB=$1
 WORK=$2
 shift 2
 PY=${DIALS_PY:-/usr/bin/python3}
+JOBS=${DIALS_JOBS:-2}
 DIR=$(cd "$(dirname "$0")" && pwd) || exit 2
-rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
+rm -rf "$WORK" && mkdir -p "$WORK/.claims" || exit 2
+# longest first (measured on 2 cores), so that the lanes end together
+SCRIPTS="roundtrip-cases roundtrip-crystals scanvarying hklmtz multipanel stills goniometer spots cbfpanels"
+
+# one_script NAME: runs it, its output into WORK/NAME.out and its exit status into WORK/NAME.rc
+one_script() {
+    t0=$(date +%s)
+    name=$1
+    shift
+    case "$name" in
+    roundtrip-*)
+        PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/$name" --part="${name#roundtrip-}" "$@" \
+            > "$WORK/$name.out" 2>&1
+        ;;
+    *)
+        PATH=/usr/bin:$PATH "$PY" "$DIR/$name.py" "$NB" "$WORK/$name" > "$WORK/$name.out" 2>&1
+        ;;
+    esac
+    echo $? > "$WORK/$name.rc"
+    echo "== $name: exit status $(cat "$WORK/$name.rc"), $(($(date +%s) - t0)) s" >> "$WORK/$name.out"
+}
+
+lane() {
+    for s in $SCRIPTS; do
+        if mkdir "$WORK/.claims/$s" 2>/dev/null; then
+            case "$s" in
+            roundtrip-*) one_script "$s" "$@" ;;
+            *) one_script "$s" ;;
+            esac
+            echo "== test-dials: $s done ($(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/$s.out" | tail -n 1))"
+        fi
+    done
+}
+
+pids=""
+j=0
+while [ "$j" -lt "$JOBS" ]; do
+    lane "$@" &
+    pids="$pids $!"
+    j=$((j + 1))
+done
+for p in $pids; do
+    wait "$p"
+done
+
 pass=0
 fail=0
 status=0
-for s in roundtrip multipanel stills spots cbfpanels hklmtz scanvarying goniometer; do
-    if [ "$s" = roundtrip ]; then
-        PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/roundtrip" "$@" > "$WORK/$s.out" 2>&1
-    else
-        PATH=/usr/bin:$PATH "$PY" "$DIR/$s.py" "$NB" "$WORK/$s" > "$WORK/$s.out" 2>&1
+for s in $SCRIPTS; do
+    if [ ! -f "$WORK/$s.out" ]; then
+        echo "FAIL test-dials $s did not run"
+        fail=$((fail + 1))
+        status=1
+        continue
     fi
-    rc=$?
     cat "$WORK/$s.out"
+    rc=$(cat "$WORK/$s.rc" 2>/dev/null)
+    [ -n "$rc" ] || rc=255
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/$s.out" | tail -n 1)
     if [ -z "$line" ]; then
-        echo "FAIL test-dials $s.py printed no summary line (exit status $rc)"
+        echo "FAIL test-dials $s printed no summary line (exit status $rc)"
         fail=$((fail + 1))
         status=1
         continue

@@ -16,7 +16,10 @@ experiment list; dials.import and dials.find_spots find its strong spots (strong
     is that of the set grown here;
   - refine on the shoebox pixels (dilated by 0 and 1) recovers the turned orientation within 0.01 deg, on the
     marked pixels alone at least as well as on the best of the square boxes about the centroids (half-widths 1, 2
-    and 3; within 1 %: the fits share a floor set by the noise); all errors printed.
+    and 3; within 1 %: the fits share a floor set by the noise); all errors printed;
+  - the detector response DIALS reads the counts with: dials.import with geometry.detector.panel.gain=2.5 and
+    pedestal=7 (dxtbx puts them on panel 0) gives a list whose panels nbgrad reads through their own responses,
+    panel 0's 7 and 2.5 and the other panels' dxtbx values (0, 1), over the file's pedestal (40); -pedestal wins.
 
     /usr/bin/python3 tests/dials/spots.py NBGRAD_BINARY WORKDIR
 
@@ -137,6 +140,38 @@ def main(argv):
                  "deg" % (t, rc, e1, e0)):
         print(log[-3000:])
     shoeboxes(refl, base, work, size, e0, e1)
+    list_response(nbgrad, work, flags)
+
+
+def list_response(nbgrad, work, flags):
+    """A list's per-panel gain and pedestal, as dials.import's overrides set them, read by nbgrad refine."""
+    rc, t, log = run(["dials.import", "image.nxs", "geometry.detector.panel.gain=2.5",
+                      "geometry.detector.panel.pedestal=7", "output.experiments=gain.expt"], work, "gain-import.log")
+    if not check(rc == 0, "gain-import", "dials.import with a panel's gain and pedestal (%.1f s)" % t):
+        print(log[-2000:])
+        return
+    with open(os.path.join(work, "gain.expt")) as f:
+        d = json.load(f)
+    with open(os.path.join(work, "truth.expt")) as f:
+        d["crystal"] = json.load(f)["crystal"]
+    d["experiment"][0]["crystal"] = 0
+    with open(os.path.join(work, "gain-xtal.expt"), "w") as f:
+        json.dump(d, f, indent=1)
+    stated = [(p["gain"], p.get("pedestal", 0.0)) for p in d["detector"][0]["panels"]]
+    base = [nbgrad, "refine", "-expt", "gain-xtal.expt"] + flags + [
+        "-phisteps", "8", "-oversample", "1", "-adc", "40", "-observed", "image.nxs", "-params", "scale",
+        "-maxiter", "1"]
+    rc, t, log = run(base, work, "gain-refine.log")
+    want = ("pedestal 7 counts (the experiment list's), gain 2.5 counts/photon (the experiment list's)",
+            "the panels' own detector response (the experiment's panels): panel 0 pedestal 7, gain 2.5")
+    check(stated[0] == (2.5, 7.0) and all(x == (1.0, 0.0) for x in stated[1:]) and all(w in log for w in want),
+          "list-response", "DIALS's list states %s; nbgrad reads the observed counts with them: %s" %
+          (stated, "yes" if all(w in log for w in want) else "no (exit %d):\n%s" % (rc, log[-1500:])))
+    rc, t, log = run(base + ["-pedestal", "40"], work, "gain-refine-option.log")
+    check("pedestal 40 counts (-pedestal), gain 2.5 counts/photon (the experiment list's)" in log and
+          "panel 0 pedestal 40, gain 2.5" in log, "list-response-option",
+          "-pedestal 40 wins over the list's, the list's gains kept%s" % ("" if "(-pedestal)" in log else
+                                                                          ":\n" + log[-1500:]))
 
 
 def shoeboxes(refl, base, work, size, e0, e_bbox):

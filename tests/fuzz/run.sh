@@ -11,7 +11,8 @@
 #       run), then each harness fuzzes for SECONDS from a fresh FUZZ_DIR/ci-corpus/TARGET seeded by those two
 #       folders, stopping at the first finding.
 #
-# The committed folders under tests/fuzz/ are only read.  A finding's input is saved as
+# ci runs $FUZZ_JOBS harnesses at once (default 2; libFuzzer runs on one core), each lane taking the next target not
+# yet taken; each target's lines are shown in the order of the targets at the end.  The committed folders under tests/fuzz/ are only read.  A finding's input is saved as
 # FUZZ_DIR/findings/TARGET/{crash,leak,oom,timeout,slow-unit}-<sha1>; the libFuzzer output is kept in
 # FUZZ_DIR/logs/.  tests/fuzz/TARGET.dict, when present, is passed as a dictionary.  One line per run:
 #
@@ -87,7 +88,6 @@ report() {
     execs=$(execs_of "$log")
     if [ "$rc" -eq 0 ] && [ "$new" -eq 0 ]; then
         echo "PASS fuzz-$t $what execs=$execs time=${took}s"
-        passed=$((passed + 1))
     else
         # the input libFuzzer saved (a plain run says where), else the newest file of the findings folder
         latest=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
@@ -106,16 +106,16 @@ report() {
         fi
         [ -n "$err" ] && echo "    $err"
         echo "    log: ${log#"$ROOT"/}"
-        failed=$((failed + 1))
     fi
 }
 
-for t in "$@"; do
+# one_target T: the runs of one harness, their PASS/FAIL lines on standard output
+one_target() {
+    t=$1
     bin=$FZ/fuzz-$t
     if [ ! -x "$bin" ]; then
         echo "FAIL fuzz-$t no harness $bin (make fuzz-build)"
-        failed=$((failed + 1))
-        continue
+        return
     fi
     fdir=$FZ/findings/$t
     mkdir -p "$fdir"
@@ -174,6 +174,52 @@ for t in "$@"; do
         took=$(($(date +%s) - t0))
         report "$t" "fuzz corpus=$(count_files "$work")" "$rc" "$log" "$before" "$took"
     fi
+}
+
+JOBS=1
+if [ "$mode" = ci ]; then
+    JOBS=${FUZZ_JOBS:-2}
+    case "$JOBS" in '' | *[!0-9]* | 0) JOBS=1 ;; esac
+fi
+claims=$FZ/logs/.claims
+rm -rf "$claims" && mkdir -p "$claims" || exit 2
+for t in "$@"; do
+    rm -f "$FZ/logs/$t-report.txt"
+done
+lane() {
+    for t in "$@"; do
+        if mkdir "$claims/$t" 2>/dev/null; then
+            if [ "$JOBS" -eq 1 ]; then
+                one_target "$t" | tee "$FZ/logs/$t-report.txt"
+            else
+                one_target "$t" > "$FZ/logs/$t-report.txt"
+            fi
+        fi
+    done
+}
+pids=""
+j=0
+while [ "$j" -lt "$JOBS" ]; do
+    lane "$@" &
+    pids="$pids $!"
+    j=$((j + 1))
+done
+for p in $pids; do
+    wait "$p"
+done
+rm -rf "$claims"
+
+# the totals from the lines each target printed
+for t in "$@"; do
+    f=$FZ/logs/$t-report.txt
+    if [ ! -f "$f" ]; then
+        echo "FAIL fuzz-$t did not run"
+        failed=$((failed + 1))
+        continue
+    fi
+    [ "$JOBS" -eq 1 ] || cat "$f"
+    passed=$((passed + $(grep -c '^PASS fuzz-' "$f")))
+    failed=$((failed + $(grep -c '^FAIL fuzz-' "$f")))
 done
 
 echo "$passed passed, $failed failed"
