@@ -399,7 +399,8 @@ typedef struct {
                                        pedestal are not dxtbx's defaults 1 and 0, with which DIALS reads the counts
                                        ((raw - pedestal) / gain); nbg_experiment_from_geometry sets it from
                                        nbg_geometry.response_stated.  nbg_observed_read then takes them over the
-                                       observed file's (its options still win).  0 (the default): the file's */
+                                       observed file's (its options still win), but not for raw floats, which no
+                                       list's image set is.  0 (the default): the file's */
 
     /* --- multi-panel detector ------------------------------------------------------------------------------ */
     /* npanels = 0 (the default): one flat detector of fpixels x spixels, as above (nanoBragg's).  npanels > 0:
@@ -1455,7 +1456,8 @@ int nbg_observed_apply_response(nbg_ctx *ctx, const nbg_observed *ob, nbg_experi
  * NXmx series), any format nbg_read_image knows, raw floats of e's pixel count included.  The policy nbgrad's grad
  * and refine apply: the image must have e's pixels (and a file that states its dimensions the single detector's);
  * the response is opt's pedestal, gain and read noise where given, else the experiment's where its model states
- * them (nbg_experiment.response_stated, a DIALS list's, and a panel's own where the list gives one), else the file's,
+ * them (nbg_experiment.response_stated, a DIALS list's, and a panel's own where the list gives one; not for raw
+ * floats, which no list's image set is), else the file's,
  * else nanoBragg's (an SMV file without ADC_OFFSET carries opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the
  * file's mask and those at or above the file's saturation; a pixel used must hold a finite value (NBG_EINVAL naming
  * the first and counting them).  opt may be NULL (nbg_observed_options_default).  The caller applies the result:

@@ -72,13 +72,14 @@ void nbg_observed_free(nbg_observed *out)
 }
 
 /* The detector response: the options' values where given, else the experiment's where its model states them (a
- * DIALS list's), else the file's (g), else nanoBragg's. */
+ * DIALS list's, which describes its image set's counts: not for raw floats, which no list's image set is), else the
+ * file's (g), else nanoBragg's. */
 static void choose_response(const nbg_observed_options *o, const nbg_experiment *e, const nbg_geometry *g,
                             nbg_observed *out)
 {
     nbg_detector_model *r = &out->response;
     const char *from;
-    const int model = e->response_stated != 0;
+    const int model = e->response_stated != 0 && g->fpixels > 0;
     if (!isnan(o->pedestal)) {
         r->pedestal = o->pedestal;
         out->pedestal_from = NBG_FROM_OPTION;
@@ -151,10 +152,11 @@ static int any_own_response(const nbg_experiment *e)
     return 0;
 }
 
-/* Each panel's own response (the options' lists; where a list is not given, the panel's own unless the option for
- * the whole image is given, else the image's response) into out->panel_response, with a line on it appended to
- * out->response_text. */
-static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nbg_experiment *e, nbg_observed *out)
+/* Each panel's own response (the options' lists; where a list is not given, the panel's own (own: for an image
+ * file, not raw floats) unless the option for the whole image is given, else the image's response) into
+ * out->panel_response, with a line on it appended to out->response_text. */
+static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nbg_experiment *e, int own,
+                           nbg_observed *out)
 {
     const int np = e->npanels;
     if ((out->panel_response = malloc((size_t)np * sizeof *out->panel_response)) == NULL) {
@@ -165,7 +167,7 @@ static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nb
         nbg_detector_model *r = &out->panel_response[q];
         *r = out->response;
         const nbg_panel *pq = &e->panels[q];
-        if (pq->own_response) {
+        if (own && pq->own_response) {
             if (isnan(o->pedestal)) r->pedestal = pq->response.pedestal;
             if (isnan(o->gain)) r->gain = pq->response.gain;
             if (isnan(o->read_noise)) r->read_noise = pq->response.read_noise;
@@ -356,7 +358,9 @@ int nbg_observed_read(nbg_ctx *ctx, const nbg_experiment *e, const char *path, i
     out->image = img;
     out->npix = npix;
     choose_response(&o, e, g, out);
-    if ((any_panel_list || any_own_response(e)) && (rc = panel_responses(ctx, &o, e, out)) != NBG_OK) {
+    /* the panels' own (a list's) for an image file that a list's image set may be (not raw floats) */
+    const int own = g->fpixels > 0;
+    if ((any_panel_list || (own && any_own_response(e))) && (rc = panel_responses(ctx, &o, e, own, out)) != NBG_OK) {
         nbg_observed_free(out);
         return rc;
     }

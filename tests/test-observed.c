@@ -276,6 +276,15 @@ static void test_list_response(nbg_ctx *ctx, const char *dir)
             nbgi_test_check(rc == NBG_OK && gw.response_stated == 1 && gw.gain == 2 && gw.pedestal == 10,
                             "list-written-back", "the geometry of the list's experiment: gain %g, pedestal %g",
                             gw.gain, gw.pedestal);
+            /* raw floats are no list's image set: the list says nothing of them */
+            char raw[4096];
+            snprintf(raw, sizeof raw, "%s/lr-raw.bin", dir);
+            rc = write_raw(ctx, raw, NPIX, 1.0f) ? nbg_observed_read(ctx, &el, raw, 0, NULL, &ob) : NBG_EIO;
+            nbgi_test_check(rc == NBG_OK && ob.response.pedestal == 0 && ob.pedestal_from == NBG_FROM_DEFAULT &&
+                            ob.response.gain == 1 && ob.gain_from == NBG_FROM_DEFAULT, "list-raw-floats",
+                            "raw floats keep their pedestal %g and gain %g (the list's 10 and 2 are its images')",
+                            rc ? NAN : ob.response.pedestal, rc ? NAN : ob.response.gain);
+            if (rc == NBG_OK) nbg_observed_free(&ob);
         }
     }
 
@@ -305,7 +314,7 @@ static void test_list_response(nbg_ctx *ctx, const char *dir)
     int np = 0;
     snprintf(list, sizeof list, "%s/lr-panels.expt", dir);
     char raw[4096];
-    snprintf(raw, sizeof raw, "%s/lr-panels.bin", dir);
+    snprintf(raw, sizeof raw, "%s/lr-panels.img", dir);
     int rc = nbg_write_expt_panels(ctx, list, &g, pan, 2, raw);
     if (rc == NBG_OK) rc = nbg_read_expt_panels(ctx, list, &gr, &rp, &np);
     nbgi_test_check(rc == NBG_OK && np == 2 && rp[0].own_response && rp[1].own_response && rp[0].response.gain == 1 &&
@@ -322,8 +331,8 @@ static void test_list_response(nbg_ctx *ctx, const char *dir)
     ep.panels = rp;
     ep.npanels = np;
     ep.panel_frame = NBG_PANELS_LAB;
-    nbgi_test_check(rc == NBG_OK && write_raw(ctx, raw, NPIX, 1.0f), "list-panels-image", "raw floats of %zu pixels",
-                    NPIX);
+    nbgi_test_check(rc == NBG_OK && write_smv(ctx, &e, raw, NAN, 60), "list-panels-image",
+                    "an SMV file of %zu pixels", NPIX);
     nbg_observed ob;
     rc = nbg_observed_read(ctx, &ep, raw, 0, NULL, &ob);
     nbgi_test_check(rc == NBG_OK && ob.panel_response != NULL && ob.npanel_response == 2 &&

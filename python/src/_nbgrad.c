@@ -971,7 +971,8 @@ static int get_str(PyObject *d, const char *key, char *out, size_t size)
 
 static const char *const geometry_keys[] = {
     "fpixels", "spixels", "pixel_f", "pixel_s", "fast", "slow", "origin", "thickness", "mu", "material",
-    "saturation", "pedestal", "gain", "direction", "wavelength", "polarization_normal", "polarization_fraction",
+    "saturation", "pedestal", "gain", "response_stated", "direction", "wavelength", "polarization_normal",
+    "polarization_fraction",
     "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", "goniometer", NULL};
 
 /* geometry['goniometer'] into g->goniometer: axes, angles and scan_axis (names optional; fixed_rotation and
