@@ -324,7 +324,7 @@ clean:
 #
 #   make test-asan  the library, the program and the tests (but test-examples and the CUDA ones) built with
 #                   ASan + UBSan into $(B)/asan and run by tests/run-all.sh ($(B)/asan/nbgrad is the program
-#                   they test); about a minute
+#                   they test); 4-9 minutes on 2 cores
 #   make fuzz       builds the libFuzzer harnesses (tests/fuzz/fuzz-*.c) into $(B)/fuzz and runs each for FUZZ_TIME
 #                   seconds on a scratch corpus $(B)/fuzz/corpus/<target> seeded from tests/fuzz/corpus/<target>,
 #                   going on past findings (fork mode); findings are saved under $(B)/fuzz/findings/<target>/
@@ -334,7 +334,7 @@ clean:
 #
 # The fuzzing build needs clang with its libFuzzer runtime ($(B)/fuzz/.deps installs clang and libclang-rt-14-dev
 # when missing); it uses OpenMP when clang can link it, else runs serially (tests/fuzz/noomp/omp.h).
-# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (30: the whole CI stays well under its 30 minutes), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
+# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (30), FUZZ_JOBS (2: fuzz-ci runs two harnesses at once), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
 # ASAN_TESTS, ASAN_GOLDEN_CASES.
 
 FUZZ_CC      ?= clang

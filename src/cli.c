@@ -377,8 +377,10 @@ static int set_nonneg(void *opts, const char *flag, char **vv, void *dst)
 #define RESP_CMDS (NBGI_CMD_GRAD | NBGI_CMD_REFINE | NBGI_CMD_ENSEMBLE)
 static const nbgi_sub_flag response_flag_table[] = {
     {"-pedestal", RESP_CMDS, set_finite, RO(pedestal), "counts",
-     "the observed image's pedestal (default: the file's; SMV without ADC_OFFSET: -adc, 40; raw floats: 0)"},
-    {"-gain", RESP_CMDS, nbgi_set_positive, RO(gain), "x", "counts per photon of the observed image (1)"},
+     "the observed image's pedestal (default: a DIALS list's where it states one, else the file's; SMV without "
+     "ADC_OFFSET: -adc, 40; raw floats: 0)"},
+    {"-gain", RESP_CMDS, nbgi_set_positive, RO(gain), "x",
+     "counts per photon of the observed image (default: a DIALS list's where it states one, else the file's, else 1)"},
     {"-read_noise", RESP_CMDS, set_nonneg, RO(read_noise), "counts",
      "Gaussian read noise, rms (0); with -loss poisson the shifted-Poisson likelihood"},
     {"-panel_pedestal", RESP_CMDS, set_panel_list, RO(panel[0]), "LIST",
