@@ -334,7 +334,8 @@ clean:
 #
 # The fuzzing build needs clang with its libFuzzer runtime ($(B)/fuzz/.deps installs clang and libclang-rt-14-dev
 # when missing); it uses OpenMP when clang can link it, else runs serially (tests/fuzz/noomp/omp.h).
-# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (30), FUZZ_JOBS (2: fuzz-ci runs two harnesses at once), FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
+# Variables: FUZZ_CC (clang), FUZZ_TIME (300), FUZZ_CI_TIME (30), FUZZ_JOBS (2: fuzz-ci runs two harnesses at once),
+# FUZZ_TARGETS, FUZZ_OPTS (libFuzzer flags),
 # ASAN_TESTS, ASAN_GOLDEN_CASES.
 
 FUZZ_CC      ?= clang

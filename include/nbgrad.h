@@ -1423,8 +1423,9 @@ typedef struct {
     nbg_detector_model response; /* the detector response chosen, for nbg_experiment.response */
     nbg_value_source pedestal_from, gain_from, read_noise_from; /* NBG_FROM_FILE: what the file's geometry says (SMV's
                                   * gain is its reader's 1); NBG_FROM_MODEL: the experiment's (a DIALS list's
-                                  * gain and pedestal, nbg_experiment.response_stated); NBG_FROM_DEFAULT: nanoBragg's ADC offset for SMV without
-                                  * ADC_OFFSET, raw floats' pedestal 0 and gain 1, read noise 0 */
+                                  * gain and pedestal, nbg_experiment.response_stated); NBG_FROM_DEFAULT: nanoBragg's
+                                  * ADC offset for SMV without ADC_OFFSET, raw floats' pedestal 0 and gain 1, read
+                                  * noise 0 */
     nbg_geometry geometry;       /* what the file says of the geometry (nbg_read_image's g); geometry.scan_stated
                                   * whether it states the image's scan */
     int have_geometry;           /* the file's geometry is the whole geometry (nbg_read_image's *have_geometry) */
@@ -1457,10 +1458,10 @@ int nbg_observed_apply_response(nbg_ctx *ctx, const nbg_observed *ob, nbg_experi
  * and refine apply: the image must have e's pixels (and a file that states its dimensions the single detector's);
  * the response is opt's pedestal, gain and read noise where given, else the experiment's where its model states
  * them (nbg_experiment.response_stated, a DIALS list's, and a panel's own where the list gives one; not for raw
- * floats, which no list's image set is), else the file's,
- * else nanoBragg's (an SMV file without ADC_OFFSET carries opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the
- * file's mask and those at or above the file's saturation; a pixel used must hold a finite value (NBG_EINVAL naming
- * the first and counting them).  opt may be NULL (nbg_observed_options_default).  The caller applies the result:
+ * floats, which no list's image set is), else the file's, else nanoBragg's (an SMV file without ADC_OFFSET carries
+ * opt->adc, 40), gain 1 and read noise 0; the pixels left out are e->mask's (0), the file's mask and those at or
+ * above the file's saturation; a pixel used must hold a finite value (NBG_EINVAL naming the first and counting
+ * them).  opt may be NULL (nbg_observed_options_default).  The caller applies the result:
  * e->response = out->response, e->mask = out->use (a later frame of a series usually keeps the first frame's
  * response, and takes the first frame's use as e->mask).  Never prints: on failure the status (NBG_EIO, NBG_EINVAL,
  * NBG_ENOMEM) with the message in nbg_errmsg(ctx), and *out empty (nothing to free); on success *out is to be freed

@@ -178,8 +178,9 @@ static int panel_responses(nbg_ctx *ctx, const nbg_observed_options *o, const nb
     }
     const size_t used = strlen(out->response_text);
     const int lists = o->panel_pedestal != NULL || o->panel_gain != NULL || o->panel_read_noise != NULL;
-    snprintf(out->response_text + used, sizeof out->response_text - used, "; the panels' own detector response (%s%s%s%s): "
-             "panel 0 pedestal %g, gain %g, read noise %g counts%s", o->panel_pedestal != NULL ? "pedestal " : "",
+    snprintf(out->response_text + used, sizeof out->response_text - used,
+             "; the panels' own detector response (%s%s%s%s): panel 0 pedestal %g, gain %g, read noise %g counts%s",
+             o->panel_pedestal != NULL ? "pedestal " : "",
              o->panel_gain != NULL ? "gain " : "", o->panel_read_noise != NULL ? "read noise" : "",
              lists ? "" : "the experiment's panels",
              out->panel_response[0].pedestal, out->panel_response[0].gain, out->panel_response[0].read_noise,

@@ -12,7 +12,9 @@
 #       folders, stopping at the first finding.
 #
 # ci runs $FUZZ_JOBS harnesses at once (default 2; libFuzzer runs on one core), each lane taking the next target not
-# yet taken; each target's lines are shown in the order of the targets at the end.  The committed folders under tests/fuzz/ are only read.  A finding's input is saved as
+# yet taken; each target's lines are shown in the order of the targets at the end.
+#
+# The committed folders under tests/fuzz/ are only read.  A finding's input is saved as
 # FUZZ_DIR/findings/TARGET/{crash,leak,oom,timeout,slow-unit}-<sha1>; the libFuzzer output is kept in
 # FUZZ_DIR/logs/.  tests/fuzz/TARGET.dict, when present, is passed as a dictionary.  One line per run:
 #
