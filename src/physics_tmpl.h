@@ -59,35 +59,37 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
     return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
 }
 
-/* cos(pi d) for |d| <= 1/2: even Taylor polynomial, truncation below 1e-19 (double) / 1e-10 (float). */
+/* cos(pi d) for |d| <= 1/2: the even Taylor polynomial in y = (pi d)^2 in Horner form, one fused multiply-add a
+ * term (truncation below 1e-19 in double at degree 24, 1e-10 in float at degree 14); exact at d = 0.  (It was
+ * the nested form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term: 12 dependent steps of two
+ * operations in the lattice factor's every axis and sample.) */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
-    NBG_R c;
 #ifdef NBG_FLOAT_MODE
-    c = 1.0f - y * (1.0f / 182.0f);
-    c = 1.0f - y * (1.0f / 132.0f) * c;
-    c = 1.0f - y * (1.0f / 90.0f) * c;
-    c = 1.0f - y * (1.0f / 56.0f) * c;
-    c = 1.0f - y * (1.0f / 30.0f) * c;
-    c = 1.0f - y * (1.0f / 12.0f) * c;
-    c = 1.0f - y * (1.0f / 2.0f) * c;
+    NBG_R c = -1.0f / 87178291200.0f;
+    c = 1.0f / 479001600.0f + y * c;
+    c = -1.0f / 3628800.0f + y * c;
+    c = 1.0f / 40320.0f + y * c;
+    c = -1.0f / 720.0f + y * c;
+    c = 1.0f / 24.0f + y * c;
+    c = -0.5f + y * c;
+    return 1.0f + y * c;
 #else
-    /* nested form of cos(u) = sum (-1)^k u^2k / (2k)!: each level divides by (2k-1)(2k) */
-    c = 1.0 - y * (1.0 / 552.0);
-    c = 1.0 - y * (1.0 / 462.0) * c;
-    c = 1.0 - y * (1.0 / 380.0) * c;
-    c = 1.0 - y * (1.0 / 306.0) * c;
-    c = 1.0 - y * (1.0 / 240.0) * c;
-    c = 1.0 - y * (1.0 / 182.0) * c;
-    c = 1.0 - y * (1.0 / 132.0) * c;
-    c = 1.0 - y * (1.0 / 90.0) * c;
-    c = 1.0 - y * (1.0 / 56.0) * c;
-    c = 1.0 - y * (1.0 / 30.0) * c;
-    c = 1.0 - y * (1.0 / 12.0) * c;
-    c = 1.0 - y * (1.0 / 2.0) * c;
+    NBG_R c = 1.0 / 620448401733239439360000.0;
+    c = -1.0 / 1124000727777607680000.0 + y * c;
+    c = 1.0 / 2432902008176640000.0 + y * c;
+    c = -1.0 / 6402373705728000.0 + y * c;
+    c = 1.0 / 20922789888000.0 + y * c;
+    c = -1.0 / 87178291200.0 + y * c;
+    c = 1.0 / 479001600.0 + y * c;
+    c = -1.0 / 3628800.0 + y * c;
+    c = 1.0 / 40320.0 + y * c;
+    c = -1.0 / 720.0 + y * c;
+    c = 1.0 / 24.0 + y * c;
+    c = -0.5 + y * c;
+    return 1.0 + y * c;
 #endif
-    return c;
 }
 
 /* P(y) with sin(pi d) = pi d P(y), y = (pi d)^2, |d| <= 1/2: the series of sin(u) / u in Horner form, one
