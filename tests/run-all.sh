@@ -8,8 +8,8 @@
 # reported by name.  The last line is the total, "N passed, M failed" (", K skipped" when any); the exit status is
 # 0 only when nothing failed.
 #
-# $NBG_TEST_JOBS programs (default 2) run at once, each lane taking the next program not yet taken (a mkdir claims
-# it), test-golden first (the longest) and the others in name order; a program's output is shown whole when it
+# $NBG_TEST_JOBS programs (default 2) run at once (tests/lanes.sh), each lane taking the next program not yet taken,
+# test-golden first (the longest) and the others in name order; a program's output is shown whole when it
 # ends (one lane at a time), so that what each printed stays together.  NBG_TEST_JOBS=1 runs them one after
 # another, test-golden last, each shown as it comes.  The totals do not depend on the order.
 
@@ -26,6 +26,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/nbg-run-all.XXXXXX") || { echo "run-all: cannot
 trap 'rm -rf "$TMP"' EXIT
 trap 'rm -rf "$TMP"; exit 130' INT TERM
 
+. "$ROOT/tests/lanes.sh"
 JOBS=${NBG_TEST_JOBS:-2}
 case "$JOBS" in '' | *[!0-9]* | 0) JOBS=1 ;; esac
 
@@ -67,28 +68,8 @@ run_one() {
     fi
 }
 
-lane() {
-    for p in $progs; do
-        if mkdir "$TMP/.claim-$(basename "$p")" 2>/dev/null; then
-            run_one "$p"
-        fi
-    done
-}
-
-if [ "$JOBS" -eq 1 ]; then
-    lane
-else
-    pids=""
-    j=0
-    while [ "$j" -lt "$JOBS" ]; do
-        lane &
-        pids="$pids $!"
-        j=$((j + 1))
-    done
-    for pid in $pids; do
-        wait "$pid"
-    done
-fi
+# shellcheck disable=SC2086 # the programs' paths have no spaces
+run_lanes "$JOBS" "$TMP/.claims" run_one $progs
 
 total_pass=0
 total_fail=0

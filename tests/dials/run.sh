@@ -9,8 +9,8 @@
 # their "N passed, M failed" lines; exit status 0 only when all ran and nothing failed.
 #
 # The scripts are independent (each has its own folder under WORKDIR) and spend most of their time in DIALS's
-# single-threaded Python, so $DIALS_JOBS of them (2 by default) run at once: each lane takes the next script not
-# yet taken (a mkdir claims it), longest first; the round trip, the longest, runs as its two parts (roundtrip.py
+# single-threaded Python, so $DIALS_JOBS of them (2 by default) run at once (tests/lanes.sh): each lane takes the
+# next script not yet taken, longest first; the round trip, the longest, runs as its two parts (roundtrip.py
 # --part=cases and --part=crystals).  Each script's output is shown in list order at the end, so that what each
 # printed stays together; a line says when each ends.
 #
@@ -21,18 +21,22 @@ shift 2
 PY=${DIALS_PY:-/usr/bin/python3}
 JOBS=${DIALS_JOBS:-2}
 DIR=$(cd "$(dirname "$0")" && pwd) || exit 2
-rm -rf "$WORK" && mkdir -p "$WORK/.claims" || exit 2
+. "$DIR/../lanes.sh"
+rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 # longest first (measured on 2 cores), so that the lanes end together
 SCRIPTS="roundtrip-cases roundtrip-crystals scanvarying hklmtz multipanel stills goniometer spots cbfpanels"
 
-# one_script NAME: runs it, its output into WORK/NAME.out and its exit status into WORK/NAME.rc
+# the round trip's options (no spaces in them)
+RT_OPTS="$*"
+
+# one_script NAME: runs it, its output into WORK/NAME.out and its exit status into WORK/NAME.rc; a line when it ends
 one_script() {
     t0=$(date +%s)
     name=$1
-    shift
     case "$name" in
     roundtrip-*)
-        PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/$name" --part="${name#roundtrip-}" "$@" \
+        # shellcheck disable=SC2086 # the options, word by word
+        PATH=/usr/bin:$PATH "$PY" "$DIR/roundtrip.py" "$NB" "$WORK/$name" --part="${name#roundtrip-}" $RT_OPTS \
             > "$WORK/$name.out" 2>&1
         ;;
     *)
@@ -41,30 +45,11 @@ one_script() {
     esac
     echo $? > "$WORK/$name.rc"
     echo "== $name: exit status $(cat "$WORK/$name.rc"), $(($(date +%s) - t0)) s" >> "$WORK/$name.out"
+    echo "== test-dials: $name done ($(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/$name.out" | tail -n 1))"
 }
 
-lane() {
-    for s in $SCRIPTS; do
-        if mkdir "$WORK/.claims/$s" 2>/dev/null; then
-            case "$s" in
-            roundtrip-*) one_script "$s" "$@" ;;
-            *) one_script "$s" ;;
-            esac
-            echo "== test-dials: $s done ($(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/$s.out" | tail -n 1))"
-        fi
-    done
-}
-
-pids=""
-j=0
-while [ "$j" -lt "$JOBS" ]; do
-    lane "$@" &
-    pids="$pids $!"
-    j=$((j + 1))
-done
-for p in $pids; do
-    wait "$p"
-done
+# shellcheck disable=SC2086 # the scripts' names have no spaces
+run_lanes "$JOBS" "$WORK/.claims" one_script $SCRIPTS
 
 pass=0
 fail=0

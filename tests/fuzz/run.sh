@@ -11,8 +11,8 @@
 #       run), then each harness fuzzes for SECONDS from a fresh FUZZ_DIR/ci-corpus/TARGET seeded by those two
 #       folders, stopping at the first finding.
 #
-# ci runs $FUZZ_JOBS harnesses at once (default 2; libFuzzer runs on one core), each lane taking the next target not
-# yet taken; each target's lines are shown in the order of the targets at the end.
+# ci runs $FUZZ_JOBS harnesses at once (default 2; libFuzzer runs on one core; tests/lanes.sh), each lane taking the
+# next target not yet taken; each target's lines are shown in the order of the targets at the end.
 #
 # The committed folders under tests/fuzz/ are only read.  A finding's input is saved as
 # FUZZ_DIR/findings/TARGET/{crash,leak,oom,timeout,slow-unit}-<sha1>; the libFuzzer output is kept in
@@ -38,6 +38,7 @@ esac
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd) || exit 2
 cd "$ROOT" || exit 2
+. "$ROOT/tests/lanes.sh"
 case "$FZ" in
     /*) ;;
     *) FZ=$ROOT/$FZ ;;
@@ -183,32 +184,20 @@ if [ "$mode" = ci ]; then
     JOBS=${FUZZ_JOBS:-2}
     case "$JOBS" in '' | *[!0-9]* | 0) JOBS=1 ;; esac
 fi
-claims=$FZ/logs/.claims
-rm -rf "$claims" && mkdir -p "$claims" || exit 2
 for t in "$@"; do
     rm -f "$FZ/logs/$t-report.txt"
 done
-lane() {
-    for t in "$@"; do
-        if mkdir "$claims/$t" 2>/dev/null; then
-            if [ "$JOBS" -eq 1 ]; then
-                one_target "$t" | tee "$FZ/logs/$t-report.txt"
-            else
-                one_target "$t" > "$FZ/logs/$t-report.txt"
-            fi
-        fi
-    done
+# report_target T: one_target's lines into FZ/logs/T-report.txt (also shown as they come when one at a time)
+report_target() {
+    if [ "$JOBS" -eq 1 ]; then
+        one_target "$1" | tee "$FZ/logs/$1-report.txt"
+    else
+        one_target "$1" > "$FZ/logs/$1-report.txt"
+    fi
 }
-pids=""
-j=0
-while [ "$j" -lt "$JOBS" ]; do
-    lane "$@" &
-    pids="$pids $!"
-    j=$((j + 1))
-done
-for p in $pids; do
-    wait "$p"
-done
+claims=$FZ/logs/.claims
+rm -rf "$claims"
+run_lanes "$JOBS" "$claims" report_target "$@"
 rm -rf "$claims"
 
 # the totals from the lines each target printed
