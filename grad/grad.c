@@ -166,7 +166,7 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
     double ta0[9] = {0};
     if (what != NBGI_S_LAMBDA || e->has_mat) {
         nbgi_xtal_in_d din;
-        nbgi_plan_xtal_in(e, pl->misset, pl->lambda0, &din);
+        nbgi_plan_xtal_in(e, pl->lab.xtal.misset, pl->lab.beam.lambda0, &din);
         nbgi_xtal_in_z zin;
         zin.has_cell = din.has_cell;
         zin.has_mat = din.has_mat;
@@ -205,13 +205,13 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
                 double r[3];
-                if (pl->phi[ip] != 0) {
-                    rotate_axis_d(ta0 + 3 * v, pl->spindle, pl->phi[ip], r);
+                if (pl->lab.gon.phi[ip] != 0) {
+                    rotate_axis_d(ta0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], r);
                 } else {
                     memcpy(r, ta0 + 3 * v, sizeof r);
                 }
-                if (pl->mosaic_spread > 0) {
-                    const double *U = pl->umat + 9 * m;
+                if (pl->lab.xtal.spread > 0) {
+                    const double *U = pl->lab.xtal.umat + 9 * m;
                     for (int i = 0; i < 3; ++i) {
                         dst[3 * v + i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
                     }
@@ -224,7 +224,7 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
     if (what == NBGI_S_LAMBDA) {
         /* each source's lambda_i = lambda0 c_i */
         for (int i = 0; i < k->nsources; ++i) {
-            t->lam[i] = pl->src_lamrel[i] * 1e-10;
+            t->lam[i] = pl->lab.beam.lamrel[i] * 1e-10;
         }
     }
 }
@@ -237,9 +237,9 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
     const double _Complex ih = CSTEP * _Complex_I;
     double _Complex u0[3], v1[3], v2[3], t2[2], uz[3];
     for (int x = 0; x < 3; ++x) {
-        u0[x] = pl->spindle0[x];
-        v1[x] = pl->tilt_axes[x];
-        v2[x] = pl->tilt_axes[3 + x];
+        u0[x] = pl->lab.gon.axis0[x];
+        v1[x] = pl->lab.gon.tilt_axes[x];
+        v2[x] = pl->lab.gon.tilt_axes[3 + x];
     }
     t2[0] = e->spindle_tilt[0] / RTD;
     t2[1] = e->spindle_tilt[1] / RTD;
@@ -250,9 +250,9 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
         for (int v = 0; v < 3; ++v) {
             double _Complex a[3], rz[3];
             for (int x = 0; x < 3; ++x) {
-                a[x] = pl->a0[3 * v + x];
+                a[x] = pl->lab.xtal.a0[3 * v + x];
             }
-            rotate_axis_z(a, uz, pl->phi[ip], rz);
+            rotate_axis_z(a, uz, pl->lab.gon.phi[ip], rz);
             for (int x = 0; x < 3; ++x) {
                 r[3 * v + x] = cimag(rz[x]) / CSTEP;
             }
@@ -260,8 +260,8 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
         for (int m = 0; m < k->nmos; ++m) {
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
-                if (pl->mosaic_spread > 0) {
-                    const double *U = pl->umat + 9 * m;
+                if (pl->lab.xtal.spread > 0) {
+                    const double *U = pl->lab.xtal.umat + 9 * m;
                     for (int i = 0; i < 3; ++i) {
                         dst[3 * v + i] = U[3 * i] * r[3 * v] + U[3 * i + 1] * r[3 * v + 1] + U[3 * i + 2] * r[3 * v + 2];
                     }
@@ -280,16 +280,16 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
     for (int ip = 0; ip < k->nphi; ++ip) {
         double ap[9];
         for (int v = 0; v < 3; ++v) {
-            if (pl->phi[ip] != 0) {
-                rotate_axis_d(pl->a0 + 3 * v, pl->spindle, pl->phi[ip], ap + 3 * v);
+            if (pl->lab.gon.phi[ip] != 0) {
+                rotate_axis_d(pl->lab.xtal.a0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], ap + 3 * v);
             } else {
-                memcpy(ap + 3 * v, pl->a0 + 3 * v, 3 * sizeof(double));
+                memcpy(ap + 3 * v, pl->lab.xtal.a0 + 3 * v, 3 * sizeof(double));
             }
         }
-        for (int m = 0; m < k->nmos && pl->mosaic_spread > 0; ++m) {
+        for (int m = 0; m < k->nmos && pl->lab.xtal.spread > 0; ++m) {
             double D[9];
-            rodrigues_dtheta(pl->mos_axis + 3 * m, pl->mos_angle[m], D);
-            const double cm = pl->mos_angle[m] / pl->mosaic_spread / RTD;
+            rodrigues_dtheta(pl->lab.xtal.mos_axis + 3 * m, pl->lab.xtal.mos_angle[m], D);
+            const double cm = pl->lab.xtal.mos_angle[m] / pl->lab.xtal.spread / RTD;
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
                 for (int i = 0; i < 3; ++i) {
@@ -308,7 +308,7 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
 static void tangent_beam_dir(const nbgi_plan *pl, int index, nbgi_adjacc *t)
 {
     const nbgi_kparams *k = &pl->k;
-    const double *w = pl->beam_axes + 3 * index;
+    const double *w = pl->lab.beam.tilt_axes + 3 * index;
     const double unit = -1 / RTD;
     double *dst[4] = {t->pix0, t->f, t->s, t->o};
     const double *src[4] = {k->pix0, k->fdet, k->sdet, k->odet};
@@ -340,7 +340,7 @@ static void tangent_beam_dir(const nbgi_plan *pl, int index, nbgi_adjacc *t)
 static void tangent_detector(const nbgi_plan *pl, nbgi_setup what, int index, nbgi_adjacc *t)
 {
     const double _Complex ih = CSTEP * _Complex_I;
-    const nbgi_det_in_d *d = &pl->det_in;
+    const nbgi_det_in_d *d = &pl->lab.det.in;
     nbgi_det_in_z z;
     memcpy(z.b, d->b, sizeof z.b);
     memcpy(z.f, d->f, sizeof z.f);
@@ -444,7 +444,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
         /* the sources' wavelengths alone (plan.c's spectrum): d lambda_i / d shift = 1 A, d lambda_i / d scale =
          * lambda_i0 - their mean; the crystal does not move (not even -mat's, whose lambda is e->lambda) */
         for (int i = 0; i < pl->k.nsources; ++i) {
-            t->lam[i] = r->index == 0 ? 1e-10 : pl->src_dscale[i];
+            t->lam[i] = r->index == 0 ? 1e-10 : pl->lab.beam.dscale[i];
         }
         return;
     }
@@ -504,15 +504,15 @@ static void panel_tangents(const nbg_experiment *e, const nbgi_plan *pl, nbg_par
     if (nbgi_param_motion(p, &g, &c)) {
         for (int k = 0; k < np; ++k) {
             if (e->panels[k].group == g) {
-                memcpy(out + (size_t)k * NBG_ADJ_DET, pl->motion_t + ((size_t)k * 6 + c) * NBG_ADJ_DET,
+                memcpy(out + (size_t)k * NBG_ADJ_DET, pl->lab.det.motion_t + ((size_t)k * 6 + c) * NBG_ADJ_DET,
                        sizeof(double) * NBG_ADJ_DET);
             }
         }
         return;
     }
-    const double *w = pl->beam_axes + 3 * nbgi_param_rows[p].index;
+    const double *w = pl->lab.beam.tilt_axes + 3 * nbgi_param_rows[p].index;
     for (int k = 0; k < np; ++k) {
-        const nbgi_kpanel *q = &pl->panels[k];
+        const nbgi_kpanel *q = &pl->lab.det.panels[k];
         const double *src[4] = {q->pix0, q->fdet, q->sdet, q->odet};
         for (int v = 0; v < 4; ++v) {
             double x[3];

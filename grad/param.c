@@ -331,7 +331,7 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
     case NBGI_FREE_N:
         return !(e->sample_x + e->sample_y + e->sample_z > 0) ? NULL : "needs N given directly (not -samplesize)";
     case NBGI_FREE_MOSAIC:
-        return pl->mosaic_spread > 0 && pl->k.nmos > 1 ? NULL : "needs a positive mosaic spread and several domains";
+        return pl->lab.xtal.spread > 0 && pl->k.nmos > 1 ? NULL : "needs a positive mosaic spread and several domains";
     case NBGI_FREE_FLUENCE:
         return e->flux == 0 ? NULL : "is not free when -flux sets the fluence";
     case NBGI_FREE_PLANE:
@@ -345,7 +345,7 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
     case NBGI_FREE_TURNED:
         *hard = 0;
         for (int ip = 0; ip < pl->k.nphi; ++ip) {
-            if (pl->phi[ip] != 0) {
+            if (pl->lab.gon.phi[ip] != 0) {
                 return NULL;
             }
         }
@@ -355,7 +355,7 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
     case NBGI_FREE_SPECTRUM:
         *hard = 0;
         for (int j = 1; j < pl->k.nsources; ++j) {
-            if (pl->src_dscale[j] != pl->src_dscale[0]) {
+            if (pl->lab.beam.dscale[j] != pl->lab.beam.dscale[0]) {
                 return NULL;
             }
         }

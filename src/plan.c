@@ -607,15 +607,12 @@ static int divergence_cut(int round_div, int hi, int vi, int hsteps, int vsteps,
 /* ---- the steps of nbgi_plan_build -------------------------------------------------------------------------------- */
 
 /* What the steps hand on to each other, in SI units (m, rad) unless named otherwise.  Each part is written by the
- * step named beside it and only read after. */
+ * step named beside it and only read after; the model they fill is pl->lab (plan.h). */
 typedef struct {
-    double px;              /* pixel size (m) */
     double size_f, size_s;  /* detector size (m) */
-    int fpixels, spixels;
 } pb_detector;
 
 typedef struct {
-    double fluence, flux;   /* photons/m^2, photons/s */
     double sample[3];       /* crystal size x, y, z (m; 0: from N), clipped to the beam */
 } pb_beam;
 
@@ -624,7 +621,7 @@ typedef struct {
     double tta[3];                 /* two-theta axis (as given) */
     double pol[3], u[3];           /* polarization and spindle unit vectors */
     double vert[3];                /* b x pol, normalised: the axis of the horizontal divergence */
-    double sb[3], spol[3], svert[3]; /* b, pol, vert turned by the beam tilts: what the sources use (beam_tilt) */
+    double svert[3];               /* vert turned by the beam tilts (beam_tilt) */
     double Xbeam, Ybeam;           /* the header's beam centre */
     double Fbeam, Sbeam;           /* the beam spot along the fast and slow axes (BEAM pivot) */
     double Fclose, Sclose;         /* the near point (SAMPLE pivot) */
@@ -641,24 +638,17 @@ typedef struct {
 } pb_sampling;
 
 typedef struct {
-    double lambda0;         /* m */
-    int interpolate;        /* tricubic interpolation of F, resolved */
-    double N[3];            /* crystal size in cells along a, b, c */
     double xtal_max;        /* the crystal's largest extent */
-    int rec_os, os;         /* the recommended and the used oversampling */
+    int rec_os;             /* the recommended oversampling */
 } pb_crystal;
 
+/* The flags' reading: what its steps hand on to each other beside the model (pl->lab) and the rendering options. */
 typedef struct {
     pb_detector det;        /* detector_size */
     pb_beam beam;           /* beam_and_sample */
     pb_frame frame;         /* detector_frame */
     pb_sampling samp;       /* sampling */
-    nbgi_det_out_d geom;     /* detector_geometry: the positioned detector (pix0, f, s, o, distances, beam spot and
-                               near point on the rotated axes) */
-    pb_crystal xtal;        /* crystal (lambda0, interpolate), crystal_size (the rest) */
-    int nsrc;               /* source_count */
-    double lambda_min;      /* sources: the shortest wavelength */
-    int steps;              /* kernel_params: samples per pixel (the normalisation) */
+    pb_crystal xtal;        /* crystal_size */
     int beam_turned;        /* beam_turn: the beam tilts are not zero */
     double beam_w[6], beam_t[2]; /* beam_turn: the tilts' axes w1, w2 and angles (rad) */
 } plan_build;
@@ -679,8 +669,8 @@ static int step_count(nbg_ctx *ctx, double n, const char *what, int *out)
     return NBG_OK;
 }
 
-/* Part of crystal: e's cell or matrix and misset (drawn when random) with lambda0 -> pl->misset, pl->a0 (m),
- * pl->k.astar and the report's cell, vectors and random misset; a cell with a volume and three axes. */
+/* Part of crystal: e's cell or matrix and misset (drawn when random) with lambda0 -> the model's misset, a0 (m),
+ * astar and the report's cell, vectors and random misset; a cell with a volume and three axes. */
 static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, double lambda0)
 {
     nbg_report *r = &pl->rep;
@@ -695,11 +685,12 @@ static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, d
             r->misset_random_deg[i] = mis[i] * RTD;
         }
     }
-    memcpy(pl->misset, mis, sizeof mis);
+    nbgi_lab_crystal *x = &pl->lab.xtal;
+    memcpy(x->misset, mis, sizeof mis);
     nbgi_xtal_in_d in;
     nbgi_plan_xtal_in(e, mis, lambda0, &in);
     double abc[9];
-    const double Vstar = nbgi_crystal_d(&in, abc, pl->k.astar);
+    const double Vstar = nbgi_crystal_d(&in, abc, x->astar);
     const double *a = abc, *b = abc + 3, *c = abc + 6;
     const double la = nbgi_norm(a), lb = nbgi_norm(b), lc = nbgi_norm(c);
     if (!isfinite(Vstar) || Vstar == 0 || !(la > 0 && lb > 0 && lc > 0) || !isfinite(la * lb * lc) ||
@@ -714,15 +705,15 @@ static int build_crystal(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, d
     r->cell[5] = acos(fmax(-1, fmin(1, nbgi_dot(a, b) / la / lb))) * RTD;
     for (int i = 0; i < 9; ++i) {
         r->real_vectors[i] = abc[i];
-        r->recip_vectors[i] = pl->k.astar[i];
-        pl->a0[i] = abc[i] * 1e-10;
+        r->recip_vectors[i] = x->astar[i];
+        x->a0[i] = abc[i] * 1e-10;
     }
     return NBG_OK;
 }
 
-/* detector_size: e's pixel size, detector size and pixel counts -> pb->det; each side 1 to NBG_MAX_SIDE pixels,
- * the image within the memory limit. */
-static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+/* detector_size: e's pixel size, detector size and pixel counts -> pb->det, the model's pixel and pixel counts; each
+ * side 1 to NBG_MAX_SIDE pixels, the image within the memory limit. */
+static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_lab *m)
 {
     const double px = e->pixel / 1000.0;
     double detsize_f = e->detsize_f / 1000.0, detsize_s = e->detsize_s / 1000.0;
@@ -744,17 +735,18 @@ static int detector_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     if (rc != NBG_OK) {
         return rc;
     }
-    pb->det.px = px;
+    m->det.pixel = px;
     pb->det.size_f = detsize_f;
     pb->det.size_s = detsize_s;
-    pb->det.fpixels = (int)nf;
-    pb->det.spixels = (int)ns;
+    m->det.fpixels = (int)nf;
+    m->det.spixels = (int)ns;
     return NBG_OK;
 }
 
-/* beam_and_sample: e's fluence, flux, exposure, beam size and crystal size -> pb->beam (the fluence from the flux
- * where one is given, the crystal clipped to the beam: r->warn_clipped_sample); the fluence finite, not negative. */
-static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbg_report *r)
+/* beam_and_sample: e's fluence, flux, exposure, beam size and crystal size -> the model's fluence and flux (the
+ * fluence from the flux where one is given), pb->beam (the crystal clipped to the beam: r->warn_clipped_sample); the
+ * fluence finite, not negative. */
+static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_lab *m, nbg_report *r)
 {
     double fluence = e->fluence, flux = e->flux;
     const double beamsize = e->beamsize / 1000.0;
@@ -779,8 +771,10 @@ static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb
         return nbgi_error(ctx, NBG_EINVAL, "fluence is not a finite non-negative number (%g; check -flux, "
                          "-exposure, -beamsize)", fluence);
     }
-    pb->beam.fluence = fluence;
-    pb->beam.flux = flux;
+    m->beam.fluence = fluence;
+    m->beam.flux = flux;
+    m->beam.polarization = e->polarization;
+    m->beam.nopolar = e->nopolar != 0;
     set3(pb->beam.sample, sample_x, sample_y, sample_z);
     return NBG_OK;
 }
@@ -788,9 +782,10 @@ static int beam_and_sample(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb
 /* The convention's table (part of detector_frame): e's convention and custom vectors, with pb->det, the near point
  * already in pb->frame and Xclose, Yclose -> pb->frame's vectors (as given, not yet normalised), header beam centre,
  * beam spot and pivot (a custom convention also takes the near point from the beam centre). */
-static int convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double Xclose, double Yclose, plan_build *pb)
+static int convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double Xclose, double Yclose, plan_build *pb,
+                            double px)
 {
-    const double px = pb->det.px, detsize_f = pb->det.size_f, detsize_s = pb->det.size_s;
+    const double detsize_f = pb->det.size_f, detsize_s = pb->det.size_s;
     pb_frame *fr = &pb->frame;
     double *b = fr->b, *f = fr->f, *s = fr->s, *o = fr->o, *tta = fr->tta, *pol = fr->pol, *u = fr->u;
     fr->pivot = NBG_PIVOT_BEAM;
@@ -874,10 +869,11 @@ static int convention_frame(nbg_ctx *ctx, const nbg_experiment *e, double Xclose
 
 /* detector_frame: e's convention, custom vectors, beam centre (Xbeam/Ybeam, Xclose/Yclose, ORGX/ORGY) and pivot,
  * with pb->det -> pb->frame: unit vectors (o = f x s when the one given is not a unit vector), the header beam
- * centre, beam spot, near point and pivot; no vector of zero length, f and s not parallel. */
-static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+ * centre, beam spot, near point and pivot; the model's beam and polarization directions and rotation axis; no vector
+ * of zero length, f and s not parallel. */
+static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_lab *m)
 {
-    const double px = pb->det.px;
+    const double px = m->det.pixel;
     pb_frame *fr = &pb->frame;
     fr->Fclose = isnan(e->ORGX) ? pb->det.size_f / 2.0 : (e->ORGX - 0.5) * px;
     fr->Sclose = isnan(e->ORGY) ? pb->det.size_s / 2.0 : (e->ORGY - 0.5) * px;
@@ -885,7 +881,7 @@ static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     const double Yclose = isnan(e->Yclose) ? fr->Sclose : e->Yclose / 1000.0;
     fr->Xbeam = isnan(e->Xbeam) ? NAN : e->Xbeam / 1000.0;
     fr->Ybeam = isnan(e->Ybeam) ? NAN : e->Ybeam / 1000.0;
-    const int rc = convention_frame(ctx, e, Xclose, Yclose, pb);
+    const int rc = convention_frame(ctx, e, Xclose, Yclose, pb, px);
     if (rc != NBG_OK) {
         return rc;
     }
@@ -907,12 +903,16 @@ static int detector_frame(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     }
     nbgi_cross(fr->b, fr->pol, fr->vert);
     unitize(fr->vert);
+    memcpy(m->beam.b, fr->b, sizeof fr->b);
+    memcpy(m->beam.pol, fr->pol, sizeof fr->pol);
+    memcpy(m->gon.axis0, fr->u, sizeof fr->u);
     return NBG_OK;
 }
 
 /* sampling: e's spindle, divergence, dispersion, sensor and mosaic settings -> pb->samp: nanoBragg's automatic
- * ranges, steps and counts (every count in 1 to NBG_MAX_STEPS), the sensor's attenuation. */
-static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+ * ranges, steps and counts (every count in 1 to NBG_MAX_STEPS), the sensor's attenuation; the model's sensor, phi
+ * steps, mosaic spread and domains. */
+static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_lab *m)
 {
     pb_sampling *sp = &pb->samp;
     sp->phi0 = e->phi0 / RTD;
@@ -961,13 +961,20 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
     sp->spread = isnan(e->mosaic) ? -1 : e->mosaic / RTD;
     sp->domains = e->mosaic_domains;
     resolve_mosaic(&sp->spread, &sp->domains);
+    m->det.thick = sp->thick;
+    m->det.thickstep = sp->thickstep;
+    m->det.mu = sp->mu;
+    m->det.thicksteps = sp->thicksteps;
+    m->gon.nphi = sp->phisteps;
+    m->xtal.spread = sp->spread;
+    m->xtal.domains = sp->domains;
     return NBG_OK;
 }
 
-/* detector_geometry: pb->frame with e's distance, close distance, rotations, two-theta and beam shift ->
- * pl->det_in (the set-up's inputs, for the gradient's chain rule) and pb->geom (the positioned detector); the plane
- * must face the sample, not pass through it. */
-static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* detector_geometry: pb->frame with e's distance, close distance, rotations, two-theta and beam shift -> the
+ * model's det.in (the set-up's inputs, for the gradient's chain rule) and det.g (the positioned detector); the
+ * plane must face the sample, not pass through it. */
+static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_lab *m)
 {
     const pb_frame *fr = &pb->frame;
     const double rx = e->det_rot[0] / RTD, ry = e->det_rot[1] / RTD, rz = e->det_rot[2] / RTD;
@@ -993,9 +1000,9 @@ static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *
     din.rot[1] = ry;
     din.rot[2] = rz;
     din.twotheta = tt;
-    pl->det_in = din;
-    nbgi_detector_d(&din, &pb->geom);
-    const double close_distance = pb->geom.close_distance, distance = pb->geom.distance;
+    m->det.in = din;
+    nbgi_detector_d(&din, &m->det.g);
+    const double close_distance = m->det.g.close_distance, distance = m->det.g.distance;
     /* the plane must face the sample and not pass through it (an edge-on detector comes out 1e-15 mm off) */
     if (!(close_distance > 1e-9) || !isfinite(distance)) {
         return nbgi_error(ctx, NBG_EINVAL, "impossible detector geometry: the detector plane passes through or lies "
@@ -1005,11 +1012,13 @@ static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, plan_build *
     return NBG_OK;
 }
 
-/* crystal: e's cell or matrix, misset, wavelength, N and interpolation mode -> pb->xtal.lambda0, .interpolate;
- * pl->a0, pl->misset, pl->k.astar and the report's cell (build_crystal); a cell with a volume. */
-static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* crystal: e's cell or matrix, misset, wavelength, N, interpolation mode and structure factors -> the model's
+ * lambda0, the crystal's a0, misset, astar (build_crystal), structure factors, interpolation, shape and resolution
+ * cut, and the report's cell; a cell with a volume. */
+static int crystal(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
 {
-    pb->xtal.lambda0 = e->lambda * 1e-10;
+    nbgi_lab_crystal *x = &pl->lab.xtal;
+    pl->lab.beam.lambda0 = e->lambda * 1e-10;
     int interpolate = e->interpolate;
     if (interpolate < 0) {
         interpolate = (e->Na <= 2 || e->Nb <= 2 || e->Nc <= 2);
@@ -1017,20 +1026,28 @@ static int crystal(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_p
     if (e->hkl == NULL) {
         interpolate = 0;
     }
-    pb->xtal.interpolate = interpolate;
-    return build_crystal(ctx, e, pl, pb->xtal.lambda0);
+    x->interpolate = interpolate;
+    x->hkl = e->hkl;
+    x->default_F = e->default_F;
+    x->fudge = e->fudge;
+    x->shape = (int)e->shape;
+    x->dmin = e->dmin * 1e-10;
+    x->water = e->water / 1e6;
+    return build_crystal(ctx, e, pl, pl->lab.beam.lambda0);
 }
 
-/* crystal_size: e's N and oversampling, pb->beam.sample, pl->a0, pb->geom.distance, pb->det.px, pb->xtal.lambda0 ->
- * pb->xtal.N, .xtal_max, .rec_os, .os (r->warn_oversample); the automatic oversampling at most 64. */
-static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* crystal_size: e's N and oversampling, pb->beam.sample, the model's a0, distance, pixel and lambda0 -> the model's
+ * N, pb->xtal.xtal_max, .rec_os, the rendering's oversampling (r->warn_oversample); the automatic oversampling at
+ * most 64. */
+static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_render *rd, nbgi_plan *pl)
 {
     pb_crystal *x = &pb->xtal;
+    const nbgi_lab *m = &pl->lab;
     const double *samp = pb->beam.sample;
     double N[3] = {e->Na, e->Nb, e->Nc};
     double xtal_max = 0;
     for (int i = 0; i < 3; ++i) {
-        const double len = nbgi_norm(pl->a0 + 3 * i);
+        const double len = nbgi_norm(m->xtal.a0 + 3 * i);
         if (samp[i] > 0) {
             N[i] = ceil(samp[i] / len);
         }
@@ -1040,29 +1057,29 @@ static int crystal_size(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, n
         xtal_max = fmax(xtal_max, len * N[i]);
     }
     /* in double first: an absurd crystal size must not overflow the int */
-    const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (x->lambda0 * pb->geom.distance / pb->det.px)));
+    const double rec_os_d = fmax(1.0, ceil(3.0 * xtal_max / (m->beam.lambda0 * m->det.g.distance / m->det.pixel)));
     if (e->oversample <= 0 && !(rec_os_d <= 64)) {
         /* nanoBragg would silently run rec_os^2 subpixels per pixel, which for a large crystal takes hours */
         return nbgi_error(ctx, NBG_EINVAL, "automatic oversampling would use %.3g x %.3g subpixels per pixel (the "
                          "crystal is %g mm across); give -oversample explicitly", rec_os_d, rec_os_d, xtal_max * 1000);
     }
-    memcpy(x->N, N, sizeof N);
+    memcpy(pl->lab.xtal.N, N, sizeof N);
     x->xtal_max = xtal_max;
     x->rec_os = rec_os_d < INT_MAX ? (int)rec_os_d : INT_MAX;
-    x->os = e->oversample <= 0 ? x->rec_os : e->oversample;
-    pl->rep.warn_oversample = x->os < x->rec_os;
+    rd->oversample = e->oversample <= 0 ? x->rec_os : e->oversample;
+    pl->rep.warn_oversample = rd->oversample < x->rec_os;
     return NBG_OK;
 }
 
-/* source_count: e's sources, or pb->samp's divergence grid (less its elliptical cut) x wavelength steps ->
- * pb->nsrc; the source arrays within the memory limit, checked before any loop over the grid; at least one. */
-static int source_count(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
+/* source_count: e's sources, or pb->samp's divergence grid (less its elliptical cut) x wavelength steps -> the
+ * model's nsrc; the source arrays within the memory limit, checked before any loop over the grid; at least one. */
+static int source_count(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_lab *m)
 {
     const pb_sampling *sp = &pb->samp;
     int rc;
     if (e->nsources > 0) {
         rc = nbgi_check_bytes(ctx, (double)e->nsources * (5 + NBG_SRC_STRIDE) * sizeof(double), "the X-ray sources");
-        pb->nsrc = e->nsources;
+        m->beam.nsrc = e->nsources;
         return rc;
     }
     char what[160];
@@ -1080,20 +1097,21 @@ static int source_count(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb)
                                     sp->vstep);
         }
     }
-    pb->nsrc = ndiv * sp->dispsteps;
-    if (pb->nsrc <= 0) {
+    m->beam.nsrc = ndiv * sp->dispsteps;
+    if (m->beam.nsrc <= 0) {
         return nbgi_error(ctx, NBG_EINVAL, "no X-ray sources remain after the divergence cut");
     }
     return NBG_OK;
 }
 
-/* check_work: the pixels of e's region of interest x the samples per pixel of pb (oversampling, sensor layers,
- * sources, phi steps, domains) within the work limit; run before the arrays of the sources and orientations. */
-static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb)
+/* check_work: the pixels of e's region of interest x the samples per pixel of the model and rendering
+ * (oversampling, sensor layers, sources, phi steps, domains) within the work limit; run before the arrays of the
+ * sources and orientations. */
+static int check_work(nbg_ctx *ctx, const nbg_experiment *e, const nbgi_lab *m, const nbgi_render *rd)
 {
-    const int fpixels = pb->det.fpixels, spixels = pb->det.spixels, os = pb->xtal.os;
-    const int thicksteps = pb->samp.thicksteps, nsrc = pb->nsrc, phisteps = pb->samp.phisteps;
-    const int domains = pb->samp.domains;
+    const int fpixels = m->det.fpixels, spixels = m->det.spixels, os = rd->oversample;
+    const int thicksteps = m->det.thicksteps, nsrc = m->beam.nsrc, phisteps = m->gon.nphi;
+    const int domains = m->xtal.domains;
     const double per = (double)os * os * thicksteps * nsrc * phisteps * domains;
     const int x0 = e->roi[0] < 0 ? 0 : e->roi[0], y0 = e->roi[2] < 0 ? 0 : e->roi[2];
     const int x1 = e->roi[1] < 0 || e->roi[1] >= fpixels ? fpixels - 1 : e->roi[1];
@@ -1126,11 +1144,12 @@ static void turn_beam(const plan_build *pb, const double v[3], double out[3])
     rotate_axis(t, pb->beam_w + 3, pb->beam_t[1], out);
 }
 
-/* beam_turn: e's beam tilts and pb->frame's b, pol, vert, u -> pb->frame.sb, .spol, .svert (the beam, polarization
- * and divergence axes the sources use), pb->beam_*, pl->beam_axes.  The axes: w1 = unit(u x b) (any perpendicular to
- * b when the spindle lies along it), w2 = b x w1; the detector, the spindle and its tilts' axes keep the untilted
- * beam.  The gradient turns everything else the other way about the axes as they act (pl->beam_axes). */
-static int beam_turn(const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* beam_turn: e's beam tilts and pb->frame's b, pol, vert, u -> the model's sb, spol (the beam and polarization the
+ * sources use), pb->frame.svert (the divergence axis they use), pb->beam_*, the model's beam.tilt_axes.  The axes:
+ * w1 = unit(u x b) (any perpendicular to b when the spindle lies along it), w2 = b x w1; the detector, the spindle
+ * and its tilts' axes keep the untilted beam.  The gradient turns everything else the other way about the axes as
+ * they act (beam.tilt_axes). */
+static int beam_turn(const nbg_experiment *e, plan_build *pb, nbgi_lab *m)
 {
     pb_frame *fr = &pb->frame;
     const double *u = fr->u, *b = fr->b;
@@ -1153,27 +1172,28 @@ static int beam_turn(const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
     pb->beam_t[0] = e->beam_tilt[0] / RTD;
     pb->beam_t[1] = e->beam_tilt[1] / RTD;
     pb->beam_turned = pb->beam_t[0] != 0 || pb->beam_t[1] != 0;
-    memcpy(fr->sb, fr->b, sizeof fr->b);
-    memcpy(fr->spol, fr->pol, sizeof fr->pol);
+    memcpy(m->beam.sb, fr->b, sizeof fr->b);
+    memcpy(m->beam.spol, fr->pol, sizeof fr->pol);
     memcpy(fr->svert, fr->vert, sizeof fr->vert);
     if (pb->beam_turned) {
-        turn_beam(pb, fr->b, fr->sb);
-        turn_beam(pb, fr->pol, fr->spol);
+        turn_beam(pb, fr->b, m->beam.sb);
+        turn_beam(pb, fr->pol, m->beam.spol);
         turn_beam(pb, fr->vert, fr->svert);
     }
-    rotate_axis(pb->beam_w, pb->beam_w + 3, pb->beam_t[1], pl->beam_axes);
-    memcpy(pl->beam_axes + 3, pb->beam_w + 3, 3 * sizeof(double));
+    rotate_axis(pb->beam_w, pb->beam_w + 3, pb->beam_t[1], m->beam.tilt_axes);
+    memcpy(m->beam.tilt_axes + 3, pb->beam_w + 3, 3 * sizeof(double));
     return NBG_OK;
 }
 
-/* Part of sources: e's sources, or the divergence grid about pb->frame's beam (-10 m along it, rotated about pol
- * and vert) x the wavelength steps about pb->xtal.lambda0 -> pos (x, y, z, lambda per source) and lamrel
+/* Part of sources: e's sources, or the divergence grid about the model's turned beam (-10 m along it, rotated
+ * about pol and vert) x the wavelength steps about its lambda0 -> pos (x, y, z, lambda per source) and lamrel
  * (d lambda_i / d lambda0); a given source finite and off the origin. */
-static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, double *pos, double *lamrel)
+static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, const nbgi_lab *m,
+                            double *pos, double *lamrel)
 {
-    const double lambda0 = pb->xtal.lambda0;
+    const double lambda0 = m->beam.lambda0;
     if (e->nsources > 0) {
-        for (int i = 0; i < pb->nsrc; ++i) {
+        for (int i = 0; i < m->beam.nsrc; ++i) {
             const nbg_source *sr = &e->sources[i];
             for (int j = 0; j < 3; ++j) {
                 pos[4 * i + j] = sr->pos[j];
@@ -1193,7 +1213,7 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
         return NBG_OK;
     }
     const pb_sampling *sp = &pb->samp;
-    const double *b = pb->frame.sb, *pol = pb->frame.spol, *vert = pb->frame.svert;
+    const double *b = m->beam.sb, *pol = m->beam.spol, *vert = pb->frame.svert;
     const int hsteps = sp->hsteps, vsteps = sp->vsteps, dispsteps = sp->dispsteps;
     const double hrange = sp->hrange, vrange = sp->vrange, hstep = sp->hstep, vstep = sp->vstep;
     const double disp = sp->disp, dispstep = sp->dispstep;
@@ -1221,13 +1241,12 @@ static int source_positions(nbg_ctx *ctx, const nbg_experiment *e, const plan_bu
     return NBG_OK;
 }
 
-/* Part of sources: pos and pb->frame.pol -> src rows of NBG_SRC_STRIDE (incident unit vector, lambda, E and B
- * polarization unit vectors) and pb->lambda_min; every wavelength positive. */
-static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double *src)
+/* The kernels' sources: the model's positions and polarization axis -> src rows of NBG_SRC_STRIDE (incident unit
+ * vector, lambda, E and B polarization unit vectors). */
+static void source_frames(const nbgi_lab_beam *bm, double *src)
 {
-    const double *pol = pb->frame.spol;
-    double lambda_min = INFINITY;
-    for (int i = 0; i < pb->nsrc; ++i) {
+    const double *pol = bm->spol, *pos = bm->pos;
+    for (int i = 0; i < bm->nsrc; ++i) {
         double *sr = src + NBG_SRC_STRIDE * i;
         double inc[3] = {-pos[4 * i], -pos[4 * i + 1], -pos[4 * i + 2]};
         unitize(inc);
@@ -1238,16 +1257,9 @@ static int source_frames(nbg_ctx *ctx, const double *pos, plan_build *pb, double
         unitize(Ev);
         memcpy(sr, inc, sizeof inc);
         sr[3] = pos[4 * i + 3];
-        if (!(sr[3] > 0)) {
-            return nbgi_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
-                             i + 1, sr[3] * 1e10);
-        }
-        lambda_min = fmin(lambda_min, sr[3]);
         memcpy(sr + 4, Ev, sizeof Ev);
         memcpy(sr + 7, Bv, sizeof Bv);
     }
-    pb->lambda_min = lambda_min;
-    return NBG_OK;
 }
 
 /* Part of sources: the spectrum's shift and width (spectrum_shift, spectrum_scale) on the nominal wavelengths of
@@ -1276,91 +1288,210 @@ static void spectrum(const nbg_experiment *e, int nsrc, double *pos, double *lam
     }
 }
 
-/* sources: pb->nsrc sources (source_positions, source_frames) -> pl->src, pl->src_lamrel, pb->lambda_min; the
- * temporary positions are freed whatever happens. */
-static int sources(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* sources: the model's nsrc sources (source_positions, spectrum) -> its pos, lamrel, dscale and lambda_min; every
+ * wavelength positive. */
+static int sources(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_lab *m)
 {
-    const int nsrc = pb->nsrc;
-    double *pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
-    pl->src_lamrel = malloc(sizeof(double) * 2 * (size_t)nsrc);
-    pl->src_dscale = pl->src_lamrel != NULL ? pl->src_lamrel + nsrc : NULL;
-    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)nsrc);
-    int rc;
-    if (pos == NULL || pl->src_lamrel == NULL || pl->src == NULL) {
-        rc = nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
-    } else if ((rc = source_positions(ctx, e, pb, pos, pl->src_lamrel)) == NBG_OK) {
-        spectrum(e, nsrc, pos, pl->src_lamrel, pl->src_dscale);
-        rc = source_frames(ctx, pos, pb, pl->src);
+    nbgi_lab_beam *bm = &m->beam;
+    const int nsrc = bm->nsrc;
+    bm->pos = malloc(sizeof(double) * 4 * (size_t)nsrc);
+    bm->lamrel = malloc(sizeof(double) * 2 * (size_t)nsrc);
+    bm->dscale = bm->lamrel != NULL ? bm->lamrel + nsrc : NULL;
+    if (bm->pos == NULL || bm->lamrel == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources", nsrc);
     }
-    free(pos);
-    return rc;
+    const int rc = source_positions(ctx, e, pb, m, bm->pos, bm->lamrel);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    spectrum(e, nsrc, bm->pos, bm->lamrel, bm->dscale);
+    double lambda_min = INFINITY;
+    for (int i = 0; i < nsrc; ++i) {
+        const double lambda = bm->pos[4 * i + 3];
+        if (!(lambda > 0)) {
+            return nbgi_error(ctx, NBG_EINVAL, "source %d has a non-positive wavelength (%g A; check -dispersion)",
+                             i + 1, lambda * 1e10);
+        }
+        lambda_min = fmin(lambda_min, lambda);
+    }
+    bm->lambda_min = lambda_min;
+    return NBG_OK;
 }
 
-/* miller_range: pl->a0 and pb->lambda_min -> nothing; the largest Miller index, 2 |a|max / lambda_min, well inside
- * the int the kernels round indices to (NBG_MAX_MILLER). */
-static int miller_range(nbg_ctx *ctx, const plan_build *pb, const nbgi_plan *pl)
+/* miller_range: the model's a0 and lambda_min -> nothing; the largest Miller index, 2 |a|max / lambda_min, well
+ * inside the int the kernels round indices to (NBG_MAX_MILLER). */
+static int miller_range(nbg_ctx *ctx, const nbgi_lab *m)
 {
     double amax = 0;
     for (int i = 0; i < 3; ++i) {
-        amax = fmax(amax, nbgi_norm(pl->a0 + 3 * i));
+        amax = fmax(amax, nbgi_norm(m->xtal.a0 + 3 * i));
     }
-    const double hmax = 2.0 * amax / pb->lambda_min;
+    const double lambda_min = m->beam.lambda_min;
+    const double hmax = 2.0 * amax / lambda_min;
     if (!(hmax < NBG_MAX_MILLER)) {
         return nbgi_error(ctx, NBG_EINVAL, "Miller indices would reach %.3g (longest cell axis %g A, shortest "
                          "wavelength %g A), beyond the %g the kernels handle: check the cell and the wavelength",
-                         hmax, amax * 1e10, pb->lambda_min * 1e10, NBG_MAX_MILLER);
+                         hmax, amax * 1e10, lambda_min * 1e10, NBG_MAX_MILLER);
     }
     return NBG_OK;
 }
 
-/* Part of orientations: e's mosaic seed and pb->samp.spread -> pl->umat, pl->mos_axis, pl->mos_angle of
- * pb->samp.domains domains, domain 0 the unrotated crystal. */
-static void mosaic_domains(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
+/* Part of orientations: e's mosaic seed and the model's spread -> its umat, mos_axis, mos_angle of its domains,
+ * domain 0 the unrotated crystal. */
+static void mosaic_domains(const nbg_experiment *e, nbgi_lab_crystal *x)
 {
-    const double spread = pb->samp.spread;
+    const double spread = x->spread;
     nbgi_rng rng;
     nbgi_rng_init(&rng, e->mosaic_seed);
     /* The reference forms each domain's angle in single precision from a float spread; nbgrad keeps the
      * single-precision cap factor (the same domains) but multiplies by the spread in double, so the angle is
      * exactly proportional to the spread, as the mosaic gradient and its finite-difference check need. */
-    for (int m = 0; m < pb->samp.domains; ++m) {
+    for (int m = 0; m < x->domains; ++m) {
         float capf;
-        nbgi_mosaic_draw(&rng, pl->mos_axis + 3 * m, &capf);
+        nbgi_mosaic_draw(&rng, x->mos_axis + 3 * m, &capf);
         if (!isnan(e->mosaic_frame[0])) { /* the same domains, drawn in another frame */
-            matvec(e->mosaic_frame, pl->mos_axis + 3 * m, pl->mos_axis + 3 * m);
+            matvec(e->mosaic_frame, x->mos_axis + 3 * m, x->mos_axis + 3 * m);
         }
-        pl->mos_angle[m] = spread * (double)capf;
-        nbgi_rodrigues_umat(pl->mos_axis + 3 * m, pl->mos_angle[m], pl->umat + 9 * m);
+        x->mos_angle[m] = spread * (double)capf;
+        nbgi_rodrigues_umat(x->mos_axis + 3 * m, x->mos_angle[m], x->umat + 9 * m);
     }
     /* domain 0 is the unrotated crystal */
     static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
-    memcpy(pl->umat, I3, sizeof I3);
-    set3(pl->mos_axis, 0, 0, 1);
-    pl->mos_angle[0] = 0;
+    memcpy(x->umat, I3, sizeof I3);
+    set3(x->mos_axis, 0, 0, 1);
+    x->mos_angle[0] = 0;
 }
 
-/* Part of orientations: pl->a0, the spindle pl->spindle, pb->samp's phi steps and pl->umat -> pl->phi and pl->abc
- * (a, b, c of phi step ip and domain m at 9 * (ip * domains + m)); phi = 0 and a zero spread rotate nothing. */
-static void rotate_crystal(const plan_build *pb, nbgi_plan *pl)
+/* orientations: the model's rotation axis and beam, e's spindle tilts, pb->samp's phi steps, the mosaic spread
+ * and domains -> the model's tilted axis and the tilts' axes, the scan's angles, the mosaic domains; the
+ * orientations (phi steps x domains) within the memory limit, checked first. */
+static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_lab *m)
 {
-    const double phi0 = pb->samp.phi0, phistep = pb->samp.phistep, spread = pb->samp.spread;
-    const int domains = pb->samp.domains;
-    for (int ip = 0; ip < pb->samp.phisteps; ++ip) {
-        const double phi = phi0 + phistep * ip;
-        pl->phi[ip] = phi;
+    nbgi_lab_goniometer *gn = &m->gon;
+    nbgi_lab_crystal *x = &m->xtal;
+    const int phisteps = gn->nphi, domains = x->domains;
+    memcpy(gn->axis, gn->axis0, sizeof gn->axis0);
+    /* the tilt's axes: v1 = unit(u x beam) (any perpendicular when the spindle lies along the beam), v2 = u x v1 */
+    const double *u = gn->axis0, *b = m->beam.b;
+    double v1[3] = {u[1] * b[2] - u[2] * b[1], u[2] * b[0] - u[0] * b[2], u[0] * b[1] - u[1] * b[0]};
+    double l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
+    if (l1 < 1e-9) {
+        const double xx[3] = {fabs(u[0]) < 0.9 ? 1 : 0, fabs(u[0]) < 0.9 ? 0 : 1, 0};
+        v1[0] = u[1] * xx[2] - u[2] * xx[1], v1[1] = u[2] * xx[0] - u[0] * xx[2], v1[2] = u[0] * xx[1] - u[1] * xx[0];
+        l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
+    }
+    double *ta = gn->tilt_axes;
+    for (int i = 0; i < 3; ++i) {
+        ta[i] = v1[i] / l1;
+    }
+    ta[3] = u[1] * ta[2] - u[2] * ta[1];
+    ta[4] = u[2] * ta[0] - u[0] * ta[2];
+    ta[5] = u[0] * ta[1] - u[1] * ta[0];
+    if (e->spindle_tilt[0] != 0 || e->spindle_tilt[1] != 0) {
+        const double t[2] = {e->spindle_tilt[0] / RTD, e->spindle_tilt[1] / RTD};
+        nbgi_spindle_tilt_d(gn->axis0, ta, ta + 3, t, gn->axis);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
+    const int rc = nbgi_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    gn->phi = malloc(sizeof(double) * (size_t)phisteps);
+    x->umat = malloc(sizeof(double) * 9 * (size_t)domains);
+    x->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
+    x->mos_angle = malloc(sizeof(double) * (size_t)domains);
+    if (!gn->phi || !x->umat || !x->mos_axis || !x->mos_angle) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
+    }
+    for (int ip = 0; ip < phisteps; ++ip) {
+        gn->phi[ip] = pb->samp.phi0 + pb->samp.phistep * ip;
+    }
+    mosaic_domains(e, x);
+    return NBG_OK;
+}
+
+/* detector_panels: e's panels, placed about the model's flat detector (nbgi_plan_panels), each with its sensor (the
+ * experiment's, or its own thickness with the experiment's layer count, its layers scaled as the thickness, and its
+ * own attenuation length, else the experiment's -detector_abs, else its thickness, as nanoBragg's default) -> the
+ * model's panels, motion tangents, pixel and row counts. */
+static int detector_panels(nbg_ctx *ctx, const nbg_experiment *e, nbgi_lab_detector *d)
+{
+    d->npanels = 0;
+    d->nrows = d->spixels;
+    d->npix = (long)d->fpixels * d->spixels;
+    if (e->npanels <= 0) {
+        return NBG_OK;
+    }
+    long npix = 0;
+    int nrows = 0;
+    const int rc = nbgi_plan_panels(ctx, e, d->g.pix0, d->g.f, d->g.s, d->g.o, &d->panels, &d->motion_t, &npix,
+                                    &nrows);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    d->npanels = e->npanels;
+    d->nrows = nrows;
+    d->npix = npix;
+    for (int q = 0; q < e->npanels; ++q) {
+        const nbg_panel *pp = &e->panels[q];
+        nbgi_kpanel *kq = &d->panels[q];
+        kq->thick = d->thick;
+        kq->thickstep = d->thickstep;
+        kq->mu = d->mu;
+        if (pp->thick > 0) {
+            const double T = pp->thick * 1e-6;
+            kq->thickstep = d->thick > 0 ? d->thickstep * T / d->thick : T / d->thicksteps;
+            kq->thick = T;
+            kq->mu = pp->thick_abs > 0 ? 1e6 / pp->thick_abs : !isnan(e->thick_abs) ? d->mu : 1.0 / T;
+        } else if (pp->thick_abs > 0 && d->thick > 0) {
+            kq->mu = 1e6 / pp->thick_abs;
+        }
+        if (!(kq->mu > 0)) {
+            kq->thick = kq->thickstep = 0; /* no attenuation: no sensor depth (as for the experiment's) */
+        }
+    }
+    return NBG_OK;
+}
+
+/* render_options: e's ROI, mask, switches and pixel list -> rd (the oversampling: crystal_size). */
+static void render_options(const nbg_experiment *e, nbgi_render *rd)
+{
+    memcpy(rd->roi, e->roi, sizeof rd->roi);
+    rd->mask = e->mask;
+    rd->curved = e->curved != 0;
+    rd->point_pixel = e->point_pixel != 0;
+    rd->os_thick = e->oversample_thick != 0;
+    rd->os_polar = e->oversample_polar != 0;
+    rd->os_omega = e->oversample_omega != 0;
+    rd->pixels = e->pixels;
+    rd->npixels_list = e->npixels_list;
+}
+
+/* ---- the kernels' inputs from the model (nbgi_plan_kernels): nothing of the flags is read past this line ------ */
+
+/* The crystal vectors of every phi step and domain: abc[ip, m] = U_m Rot(axis, phi_ip) a0 (9 doubles at
+ * 9 (ip domains + m)); phi = 0 and a zero spread rotate nothing. */
+static void rotate_crystal(const nbgi_lab *lab, double *abc)
+{
+    const nbgi_lab_crystal *x = &lab->xtal;
+    const double spread = x->spread;
+    const int domains = x->domains;
+    for (int ip = 0; ip < lab->gon.nphi; ++ip) {
+        const double phi = lab->gon.phi[ip];
         double ap[9];
         for (int v = 0; v < 3; ++v) {
             if (phi != 0) {
-                rotate_axis(pl->a0 + 3 * v, pl->spindle, phi, ap + 3 * v);
+                rotate_axis(x->a0 + 3 * v, lab->gon.axis, phi, ap + 3 * v);
             } else {
-                memcpy(ap + 3 * v, pl->a0 + 3 * v, 3 * sizeof(double));
+                memcpy(ap + 3 * v, x->a0 + 3 * v, 3 * sizeof(double));
             }
         }
         for (int m = 0; m < domains; ++m) {
-            double *dst = pl->abc + 9 * ((size_t)ip * domains + m);
+            double *dst = abc + 9 * ((size_t)ip * domains + m);
             for (int v = 0; v < 3; ++v) {
                 if (spread > 0) {
-                    matvec(pl->umat + 9 * m, ap + 3 * v, dst + 3 * v);
+                    matvec(x->umat + 9 * m, ap + 3 * v, dst + 3 * v);
                 } else {
                     memcpy(dst + 3 * v, ap + 3 * v, 3 * sizeof(double));
                 }
@@ -1369,103 +1500,60 @@ static void rotate_crystal(const plan_build *pb, nbgi_plan *pl)
     }
 }
 
-/* orientations: pb->frame.u, pb->samp (phi steps, mosaic spread and domains), pl->a0 -> pl->spindle, pl->phi,
- * pl->umat, pl->mos_axis, pl->mos_angle, pl->abc; the orientations within the memory limit, checked first. */
-static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
-{
-    const int phisteps = pb->samp.phisteps, domains = pb->samp.domains;
-    memcpy(pl->spindle, pb->frame.u, sizeof pb->frame.u);
-    memcpy(pl->spindle0, pb->frame.u, sizeof pb->frame.u);
-    /* the tilt's axes: v1 = unit(u x beam) (any perpendicular when the spindle lies along the beam), v2 = u x v1 */
-    const double *u = pb->frame.u, *b = pb->frame.b;
-    double v1[3] = {u[1] * b[2] - u[2] * b[1], u[2] * b[0] - u[0] * b[2], u[0] * b[1] - u[1] * b[0]};
-    double l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
-    if (l1 < 1e-9) {
-        const double x[3] = {fabs(u[0]) < 0.9 ? 1 : 0, fabs(u[0]) < 0.9 ? 0 : 1, 0};
-        v1[0] = u[1] * x[2] - u[2] * x[1], v1[1] = u[2] * x[0] - u[0] * x[2], v1[2] = u[0] * x[1] - u[1] * x[0];
-        l1 = sqrt(v1[0] * v1[0] + v1[1] * v1[1] + v1[2] * v1[2]);
-    }
-    for (int x = 0; x < 3; ++x) {
-        pl->tilt_axes[x] = v1[x] / l1;
-    }
-    pl->tilt_axes[3] = u[1] * pl->tilt_axes[2] - u[2] * pl->tilt_axes[1];
-    pl->tilt_axes[4] = u[2] * pl->tilt_axes[0] - u[0] * pl->tilt_axes[2];
-    pl->tilt_axes[5] = u[0] * pl->tilt_axes[1] - u[1] * pl->tilt_axes[0];
-    if (e->spindle_tilt[0] != 0 || e->spindle_tilt[1] != 0) {
-        const double t[2] = {e->spindle_tilt[0] / RTD, e->spindle_tilt[1] / RTD};
-        nbgi_spindle_tilt_d(pb->frame.u, pl->tilt_axes, pl->tilt_axes + 3, t, pl->spindle);
-    }
-    char what[128];
-    snprintf(what, sizeof what, "the crystal orientations (%d phi steps x %d mosaic domains)", phisteps, domains);
-    const int rc = nbgi_check_bytes(ctx, (double)phisteps * domains * 9 * sizeof(double), what);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    pl->phi = malloc(sizeof(double) * (size_t)phisteps);
-    pl->umat = malloc(sizeof(double) * 9 * (size_t)domains);
-    pl->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
-    pl->mos_angle = malloc(sizeof(double) * (size_t)domains);
-    pl->abc = malloc(sizeof(double) * 9 * (size_t)phisteps * (size_t)domains);
-    if (!pl->phi || !pl->umat || !pl->mos_axis || !pl->mos_angle || !pl->abc) {
-        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
-    }
-    mosaic_domains(e, pb, pl);
-    rotate_crystal(pb, pl);
-    return NBG_OK;
-}
-
-/* kernel_params: everything pb resolved, the plan's arrays, e's switches, HKL table, default F, dmin and water ->
- * pl->k, pl->lambda0, pl->mosaic_spread and pb->steps; the HKL table non-empty. */
-static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_plan *pl)
+/* kernel_params: the model, its sources (pl->src) and orientations (pl->abc), the rendering options -> pl->k; the
+ * HKL table non-empty. */
+static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
 {
     nbgi_kparams *k = &pl->k;
-    const nbgi_det_out_d *g = &pb->geom;
-    const pb_sampling *sp = &pb->samp;
-    const double *N = pb->xtal.N;
-    const int fpixels = pb->det.fpixels, spixels = pb->det.spixels, os = pb->xtal.os;
+    const nbgi_lab *m = &pl->lab;
+    const nbgi_det_out_d *g = &m->det.g;
+    const nbgi_lab_crystal *x = &m->xtal;
+    const double *N = x->N;
+    const int fpixels = m->det.fpixels, spixels = m->det.spixels, os = rd->oversample;
     k->fpixels = fpixels;
     k->spixels = spixels;
     k->oversample = os;
-    k->thicksteps = sp->thicksteps;
-    k->roi_xmin = e->roi[0] < 0 ? 0 : e->roi[0];
-    k->roi_xmax = e->roi[1] < 0 ? fpixels : e->roi[1];
-    k->roi_ymin = e->roi[2] < 0 ? 0 : e->roi[2];
-    k->roi_ymax = e->roi[3] < 0 ? spixels : e->roi[3];
-    k->mask = e->mask;
+    k->thicksteps = m->det.thicksteps;
+    k->roi_xmin = rd->roi[0] < 0 ? 0 : rd->roi[0];
+    k->roi_xmax = rd->roi[1] < 0 ? fpixels : rd->roi[1];
+    k->roi_ymin = rd->roi[2] < 0 ? 0 : rd->roi[2];
+    k->roi_ymax = rd->roi[3] < 0 ? spixels : rd->roi[3];
+    k->mask = rd->mask;
     memcpy(k->pix0, g->pix0, sizeof g->pix0);
     memcpy(k->fdet, g->f, sizeof g->f);
     memcpy(k->sdet, g->s, sizeof g->s);
     memcpy(k->odet, g->o, sizeof g->o);
-    memcpy(k->beam, pb->frame.b, sizeof pb->frame.b);
-    k->pixel = pb->det.px;
-    k->subpixel = pb->det.px / os;
+    memcpy(k->beam, m->beam.b, sizeof m->beam.b);
+    k->pixel = m->det.pixel;
+    k->subpixel = m->det.pixel / os;
     k->close_distance = g->close_distance;
     k->distance = g->distance;
-    k->curved = e->curved != 0;
-    k->point_pixel = e->point_pixel != 0;
-    k->os_thick = e->oversample_thick != 0;
-    k->os_polar = e->oversample_polar != 0;
-    k->os_omega = e->oversample_omega != 0;
-    k->thick = sp->thick;
-    k->thickstep = sp->thickstep;
-    k->mu = sp->mu;
-    k->nsources = pb->nsrc;
+    k->curved = rd->curved;
+    k->point_pixel = rd->point_pixel;
+    k->os_thick = rd->os_thick;
+    k->os_polar = rd->os_polar;
+    k->os_omega = rd->os_omega;
+    k->thick = m->det.thick;
+    k->thickstep = m->det.thickstep;
+    k->mu = m->det.mu;
+    k->nsources = m->beam.nsrc;
     k->src = pl->src;
-    k->polarization = e->polarization;
-    k->nopolar = e->nopolar != 0;
-    k->nphi = sp->phisteps;
-    k->nmos = sp->domains;
+    k->polarization = m->beam.polarization;
+    k->nopolar = m->beam.nopolar;
+    k->nphi = m->gon.nphi;
+    k->nmos = x->domains;
     k->abc = pl->abc;
     k->Na = N[0];
     k->Nb = N[1];
     k->Nc = N[2];
-    k->fudge = e->fudge;
+    k->fudge = x->fudge;
     for (int i = 0; i < 3; ++i) {
         k->Ni[i] = (N[i] == floor(N[i]) && N[i] >= 1 && N[i] <= 32) ? (int)N[i] : 0;
     }
-    k->shape = (int)e->shape;
-    if (e->hkl != NULL) {
-        const nbg_hkl *t = e->hkl;
+    k->shape = x->shape;
+    memcpy(k->astar, x->astar, sizeof x->astar);
+    if (x->hkl != NULL) {
+        const nbg_hkl *t = x->hkl;
         if (t->F == NULL || t->h_max < t->h_min || t->k_max < t->k_min || t->l_max < t->l_min) {
             return nbgi_error(ctx, NBG_EINVAL, "the structure-factor table is empty or has negative ranges");
         }
@@ -1477,83 +1565,49 @@ static int kernel_params(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, 
         k->nk = t->k_max - t->k_min + 1;
         k->nl = t->l_max - t->l_min + 1;
     }
-    k->default_F = e->default_F;
-    k->interpolate = pb->xtal.interpolate;
-    k->dmin = e->dmin * 1e-10;
-    const double w = e->water / 1e6;
+    k->default_F = x->default_F;
+    k->interpolate = x->interpolate;
+    k->dmin = x->dmin;
+    const double w = x->water;
     k->water = w != 0;
-    k->I_bg = 2.57 * 2.57 * NBG_RE2 * pb->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
-    pb->steps = pb->nsrc * sp->domains * sp->phisteps * os * os; /* fits: check_work */
-    k->scale = NBG_RE2 * pb->beam.fluence / pb->steps;
-    pl->lambda0 = pb->xtal.lambda0;
-    pl->mosaic_spread = sp->spread;
-    k->npanels = 0;
-    k->nrows = spixels;
-    k->npix = (long)fpixels * spixels;
-    k->panels = NULL;
-    if (e->npanels > 0) {
-        long npix = 0;
-        int nrows = 0;
-        const int rc = nbgi_plan_panels(ctx, e, g->pix0, g->f, g->s, g->o, &pl->panels, &pl->motion_t, &npix, &nrows);
-        if (rc != NBG_OK) {
-            return rc;
-        }
-        k->npanels = e->npanels;
-        k->nrows = nrows;
-        k->npix = npix;
-        k->panels = pl->panels;
-        /* the panels' sensors: the experiment's, or a panel's own thickness with the experiment's layer count (its
-         * layers scaled as the thickness) and its own attenuation length (else the experiment's -detector_abs, else
-         * its thickness, as nanoBragg's default) */
-        for (int q = 0; q < e->npanels; ++q) {
-            const nbg_panel *pp = &e->panels[q];
-            nbgi_kpanel *kq = &pl->panels[q];
-            kq->thick = k->thick;
-            kq->thickstep = k->thickstep;
-            kq->mu = k->mu;
-            if (pp->thick > 0) {
-                const double T = pp->thick * 1e-6;
-                kq->thickstep = k->thick > 0 ? k->thickstep * T / k->thick : T / k->thicksteps;
-                kq->thick = T;
-                kq->mu = pp->thick_abs > 0 ? 1e6 / pp->thick_abs : !isnan(e->thick_abs) ? k->mu : 1.0 / T;
-            } else if (pp->thick_abs > 0 && k->thick > 0) {
-                kq->mu = 1e6 / pp->thick_abs;
-            }
-            if (!(kq->mu > 0)) {
-                kq->thick = kq->thickstep = 0; /* no attenuation: no sensor depth (as for the experiment's) */
-            }
-        }
-    }
+    k->I_bg = 2.57 * 2.57 * NBG_RE2 * m->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
+    /* the samples per pixel (the normalisation): within an int (check_work) */
+    const int steps = m->beam.nsrc * x->domains * m->gon.nphi * os * os;
+    k->scale = NBG_RE2 * m->beam.fluence / steps;
+    k->npanels = m->det.npanels;
+    k->nrows = m->det.nrows;
+    k->npix = m->det.npix;
+    k->panels = m->det.panels;
     return NBG_OK;
 }
 
-/* pixel_list: e's pixel list (checked: sorted, distinct, inside the image) -> its runs of neighbours within a row
+/* pixel_list: the rendering's pixel list (checked: sorted, distinct, inside the image) -> its runs of neighbours within a row
  * (pl->runs, k.runs), so that the kernels walk only the listed pixels. */
-static int pixel_list(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
+static int pixel_list(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
 {
     nbgi_kparams *k = &pl->k;
     k->list = NULL;
     k->nlist = k->nruns = 0;
     k->runs = NULL;
-    if (e->pixels == NULL && e->npixels_list == 0) {
+    if (rd->pixels == NULL && rd->npixels_list == 0) {
         return NBG_OK;
     }
-    if (e->pixels == NULL || e->npixels_list < 1) {
-        return nbgi_error(ctx, NBG_EINVAL, "the pixel list is inconsistent (%ld pixels, list %s)", e->npixels_list,
-                         e->pixels == NULL ? "NULL" : "given");
+    if (rd->pixels == NULL || rd->npixels_list < 1) {
+        return nbgi_error(ctx, NBG_EINVAL, "the pixel list is inconsistent (%ld pixels, list %s)", rd->npixels_list,
+                         rd->pixels == NULL ? "NULL" : "given");
     }
-    const long n = e->npixels_list;
+    const long n = rd->npixels_list;
     long nruns = 0;
     for (long t = 0; t < n; ++t) {
-        const uint32_t i = e->pixels[t];
+        const uint32_t i = rd->pixels[t];
         if ((long)i >= k->npix) {
             return nbgi_error(ctx, NBG_EINVAL, "pixel list entry %ld is pixel %lu, outside the image of %ld pixels", t,
                              (unsigned long)i, k->npix);
         }
-        if (t > 0 && i <= e->pixels[t - 1]) {
+        if (t > 0 && i <= rd->pixels[t - 1]) {
             return nbgi_error(ctx, NBG_EINVAL, "pixel list entry %ld (pixel %lu) does not follow entry %ld (pixel "
                              "%lu): the list must be sorted and without repeats", t, (unsigned long)i, t - 1,
-                             (unsigned long)e->pixels[t - 1]);
+                             (unsigned long)rd->pixels[t - 1]);
         }
     }
     nbg_limits lim;
@@ -1568,7 +1622,7 @@ static int pixel_list(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
     }
     int prow = -1, pf = -2, pan = 0;
     for (long t = 0; t < n; ++t) {
-        const long i = (long)e->pixels[t];
+        const long i = (long)rd->pixels[t];
         int r, f;
         if (k->npanels == 0) {
             r = (int)(i / k->fpixels);
@@ -1594,23 +1648,24 @@ static int pixel_list(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
         pf = f;
     }
     pl->runs = runs;
-    k->list = e->pixels;
+    k->list = rd->pixels;
     k->nlist = n;
     k->runs = runs;
     k->nruns = nruns;
     return NBG_OK;
 }
 
-/* report: pb, e's header values and pl->k.I_bg -> pl->rep, in user units (mm, deg), beside what the earlier steps
- * put there (cell, vectors, random misset, warnings). */
+/* report: pb, the model, e's header values and pl->k.I_bg -> pl->rep, in user units (mm, deg), beside what the
+ * earlier steps put there (cell, vectors, random misset, warnings). */
 static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
 {
     nbg_report *r = &pl->rep;
-    const nbgi_det_out_d *g = &pb->geom;
+    const nbgi_lab *m = &pl->lab;
+    const nbgi_det_out_d *g = &m->det.g;
     const pb_frame *fr = &pb->frame;
-    const double px = pb->det.px;
-    r->fpixels = pb->det.fpixels;
-    r->spixels = pb->det.spixels;
+    const double px = m->det.pixel;
+    r->fpixels = m->det.fpixels;
+    r->spixels = m->det.spixels;
     r->pixel = e->pixel;
     r->detsize_f = pb->det.size_f * 1000;
     r->detsize_s = pb->det.size_s * 1000;
@@ -1631,31 +1686,80 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     memcpy(r->fdet, g->f, sizeof g->f);
     memcpy(r->sdet, g->s, sizeof g->s);
     memcpy(r->odet, g->o, sizeof g->o);
-    memcpy(r->beam, fr->sb, sizeof fr->sb); /* turned by the beam tilts */
-    memcpy(r->polar_axis, fr->spol, sizeof fr->spol);
-    memcpy(r->spindle, pl->spindle, sizeof pl->spindle); /* tilted */
+    memcpy(r->beam, m->beam.sb, sizeof m->beam.sb); /* turned by the beam tilts */
+    memcpy(r->polar_axis, m->beam.spol, sizeof m->beam.spol);
+    memcpy(r->spindle, m->gon.axis, sizeof m->gon.axis); /* tilted */
     r->lambda = e->lambda;
     r->phi0 = pb->samp.phi0 * RTD;
     r->osc = pb->samp.osc * RTD;
     r->twotheta = e->twotheta;
     r->pivot = fr->pivot;
-    r->oversample = pb->xtal.os;
+    r->oversample = pl->k.oversample;
     r->recommended_oversample = pb->xtal.rec_os;
-    r->thicksteps = pb->samp.thicksteps;
-    r->nsources = pb->nsrc;
-    r->phisteps = pb->samp.phisteps;
-    r->mosaic_domains = pb->samp.domains;
-    r->steps = pb->steps;
-    r->Na = pb->xtal.N[0];
-    r->Nb = pb->xtal.N[1];
-    r->Nc = pb->xtal.N[2];
-    r->interpolate = pb->xtal.interpolate;
-    r->fluence = pb->beam.fluence;
-    r->flux = pb->beam.flux;
+    r->thicksteps = m->det.thicksteps;
+    r->nsources = m->beam.nsrc;
+    r->phisteps = m->gon.nphi;
+    r->mosaic_domains = m->xtal.domains;
+    r->steps = m->beam.nsrc * m->xtal.domains * m->gon.nphi * pl->k.oversample * pl->k.oversample;
+    r->Na = m->xtal.N[0];
+    r->Nb = m->xtal.N[1];
+    r->Nc = m->xtal.N[2];
+    r->interpolate = m->xtal.interpolate;
+    r->fluence = m->beam.fluence;
+    r->flux = m->beam.flux;
     r->xtal_size_max = pb->xtal.xtal_max * 1000;
     r->I_bg = pl->k.I_bg;
     r->npanels = pl->k.npanels > 0 ? pl->k.npanels : 1;
     r->npix = (size_t)pl->k.npix;
+}
+
+/* The first half: the model (pl->lab) and the rendering options from nanoBragg's flags. */
+static int plan_lab(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_render *rd, nbgi_plan *pl)
+{
+    nbgi_lab *m = &pl->lab;
+    int rc;
+    render_options(e, rd);
+    if ((rc = validate(ctx, e)) != NBG_OK ||
+        (rc = detector_size(ctx, e, pb, m)) != NBG_OK ||
+        (rc = beam_and_sample(ctx, e, pb, m, &pl->rep)) != NBG_OK ||
+        (rc = detector_frame(ctx, e, pb, m)) != NBG_OK ||
+        (rc = beam_turn(e, pb, m)) != NBG_OK ||
+        (rc = sampling(ctx, e, pb, m)) != NBG_OK ||
+        (rc = detector_geometry(ctx, e, pb, m)) != NBG_OK ||
+        (rc = crystal(ctx, e, pl)) != NBG_OK ||
+        (rc = crystal_size(ctx, e, pb, rd, pl)) != NBG_OK ||
+        (rc = source_count(ctx, e, pb, m)) != NBG_OK ||
+        (rc = check_work(ctx, e, m, rd)) != NBG_OK ||
+        (rc = sources(ctx, e, pb, m)) != NBG_OK ||
+        (rc = miller_range(ctx, m)) != NBG_OK ||
+        (rc = orientations(ctx, e, pb, m)) != NBG_OK ||
+        (rc = detector_panels(ctx, e, &m->det)) != NBG_OK) {
+        return rc;
+    }
+    return NBG_OK;
+}
+
+int nbgi_plan_kernels(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
+{
+    const nbgi_lab *m = &pl->lab;
+    const size_t norient = (size_t)m->gon.nphi * (size_t)m->xtal.domains;
+    free(pl->src);
+    free(pl->abc);
+    free(pl->runs);
+    pl->runs = NULL;
+    pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)m->beam.nsrc);
+    pl->abc = malloc(sizeof(double) * 9 * norient);
+    if (pl->src == NULL || pl->abc == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources and %zu crystal orientations", m->beam.nsrc,
+                          norient);
+    }
+    source_frames(&m->beam, pl->src);
+    rotate_crystal(m, pl->abc);
+    int rc;
+    if ((rc = kernel_params(ctx, rd, pl)) != NBG_OK || (rc = pixel_list(ctx, rd, pl)) != NBG_OK) {
+        return rc;
+    }
+    return NBG_OK;
 }
 
 int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
@@ -1663,23 +1767,10 @@ int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
     memset(pl, 0, sizeof *pl);
     plan_build pb;
     memset(&pb, 0, sizeof pb);
+    nbgi_render rd;
+    memset(&rd, 0, sizeof rd);
     int rc;
-    if ((rc = validate(ctx, e)) != NBG_OK ||
-        (rc = detector_size(ctx, e, &pb)) != NBG_OK ||
-        (rc = beam_and_sample(ctx, e, &pb, &pl->rep)) != NBG_OK ||
-        (rc = detector_frame(ctx, e, &pb)) != NBG_OK ||
-        (rc = beam_turn(e, &pb, pl)) != NBG_OK ||
-        (rc = sampling(ctx, e, &pb)) != NBG_OK ||
-        (rc = detector_geometry(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = crystal(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = crystal_size(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = source_count(ctx, e, &pb)) != NBG_OK ||
-        (rc = check_work(ctx, e, &pb)) != NBG_OK ||
-        (rc = sources(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = miller_range(ctx, &pb, pl)) != NBG_OK ||
-        (rc = orientations(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = kernel_params(ctx, e, &pb, pl)) != NBG_OK ||
-        (rc = pixel_list(ctx, e, pl)) != NBG_OK) {
+    if ((rc = plan_lab(ctx, e, &pb, &rd, pl)) != NBG_OK || (rc = nbgi_plan_kernels(ctx, &rd, pl)) != NBG_OK) {
         nbgi_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
         return rc;
     }
@@ -1692,22 +1783,25 @@ void nbgi_plan_free(nbgi_plan *pl)
     if (pl == NULL) {
         return;
     }
+    nbgi_lab *m = &pl->lab;
+    free(m->beam.pos);
+    free(m->beam.lamrel); /* dscale is in its block */
+    free(m->det.panels);
+    free(m->det.motion_t);
+    free(m->gon.phi);
+    free(m->xtal.umat);
+    free(m->xtal.mos_axis);
+    free(m->xtal.mos_angle);
+    m->beam.pos = m->beam.lamrel = m->beam.dscale = NULL;
+    m->det.panels = NULL;
+    m->det.motion_t = NULL;
+    m->gon.phi = m->xtal.umat = m->xtal.mos_axis = m->xtal.mos_angle = NULL;
     free(pl->src);
     free(pl->abc);
-    free(pl->umat);
-    free(pl->mos_axis);
-    free(pl->mos_angle);
-    free(pl->phi);
-    free(pl->src_lamrel);
-    free(pl->panels);
-    free(pl->motion_t);
     free(pl->runs);
+    pl->src = pl->abc = NULL;
     pl->runs = NULL;
     pl->k.runs = NULL;
-    pl->src_lamrel = NULL;
-    pl->src_dscale = NULL;
-    pl->panels = NULL;
-    pl->motion_t = NULL;
     pl->k.panels = NULL;
-    pl->src = pl->abc = pl->umat = pl->mos_axis = pl->mos_angle = pl->phi = NULL;
+    pl->k.src = pl->k.abc = NULL;
 }

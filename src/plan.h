@@ -8,34 +8,104 @@
 #include "physics.h"
 #include "setup.h"
 
+/*
+ * The experiment as DIALS describes it, in the laboratory frame (SI units: m, rad): the beam with its sources, the
+ * detector with its panels, the goniometer with its scan, the crystal with its mosaic domains.  The set-up's first
+ * half reads nanoBragg's flags into it (the convention, beam centre, pivot, rotations, misset and automatic
+ * sampling resolved once); its second half builds the kernels' inputs from it and the rendering options alone
+ * (nbgi_plan_kernels).  The gradient's chain rule reads it too.
+ */
 typedef struct {
-    nbgi_kparams k;       /* what the kernels read; its arrays point into the buffers below */
-    nbg_report rep;      /* what the setup derived, in user units */
-    double *src;         /* nsources * NBG_SRC_STRIDE */
-    double *src_lamrel;  /* nsources: d lambda_i / d lambda0 (0 for a wavelength given in a source file) */
-    double *src_dscale;  /* nsources: d lambda_i / d spectrum_scale (m): lambda_i0 - the mean (in src_lamrel's block) */
-    double *abc;         /* nphi * nmos * 9 */
-    double *umat;        /* nmos * 9 mosaic rotation matrices (row-major) */
-    double *mos_axis;    /* nmos * 3 mosaic rotation axes */
-    double *mos_angle;   /* nmos mosaic rotation angles (rad); domain 0 is the identity */
-    double *phi;         /* nphi spindle angles (rad) */
-    double a0[9];        /* real-space a, b, c (m) before the spindle and mosaic rotations */
-    double spindle[3];   /* the rotation axis, tilted by e->spindle_tilt */
-    double spindle0[3];  /* the rotation axis before the tilt */
-    double tilt_axes[6]; /* the tilt's axes v1, v2 (nbg_experiment.spindle_tilt) */
-    double beam_axes[6]; /* the beam tilts' axes as they act at the current tilts: R(w2, t2) w1 and w2 (the gradient
-                            turns everything else about them: nbg_experiment.beam_tilt) */
-    double lambda0;      /* m */
-    double mosaic_spread;/* rad */
-    double misset[3];    /* rad, the misset applied (drawn when random) */
-    nbgi_det_in_d det_in; /* the detector set-up's inputs, for the gradient's chain rule */
-    nbgi_kpanel *panels; /* k.npanels panels (NULL for the single detector) */
-    double *motion_t;    /* with panel motions: the panels' tangents along their group's motion (nbgi_plan_panels) */
-    nbgi_run *runs;      /* k.nruns runs of the pixel list (NULL without one) */
+    double b[3];            /* direction of propagation (unit), as the convention places it, before the tilts */
+    double pol[3];          /* polarization axis (unit): the incident E vector's */
+    double sb[3], spol[3];  /* b and pol turned by the beam tilts (nbg_experiment.beam_tilt): what the sources use */
+    double tilt_axes[6];    /* the tilts' axes as they act: R(w2, t2) w1 and w2 (the gradient turns everything
+                               else about them) */
+    double lambda0;         /* the nominal wavelength (m; the crystal's, for a -mat) */
+    double lambda_min;      /* the shortest source wavelength (m) */
+    double polarization;    /* Kahn factor */
+    int nopolar;            /* no polarization factor at all */
+    double fluence, flux;   /* photons/m^2, photons/s */
+    int nsrc;               /* sources: the divergence grid x the wavelength steps, or a source file's */
+    double *pos;            /* nsrc x 4: position (m, the sample at the origin) and wavelength (m) */
+    double *lamrel;         /* nsrc: d lambda_i / d lambda0 (0 for a wavelength given in a source file) */
+    double *dscale;         /* nsrc: d lambda_i / d spectrum_scale (m): lambda_i0 - the mean (in lamrel's block) */
+} nbgi_lab_beam;
+
+typedef struct {
+    double pixel;             /* m */
+    int fpixels, spixels;     /* the flat detector's (the plane's, with panels) */
+    nbgi_det_out_d g;         /* the flat detector placed: pix0, f, s, o, distances, beam spot and near point */
+    nbgi_det_in_d in;         /* how the flags placed it (convention, pivot, rotations), for the chain rule */
+    double thick, thickstep, mu; /* the sensor: m, m, 1/m */
+    int thicksteps;
+    int npanels;              /* 0: the flat detector alone */
+    nbgi_kpanel *panels;      /* npanels panels in the lab (their sensors resolved), NULL for the flat detector */
+    double *motion_t;         /* with panel motions: the panels' tangents along their group's motion */
+    long npix;                /* pixels of the image (all panels') */
+    int nrows;                /* rows of all panels */
+} nbgi_lab_detector;
+
+typedef struct {
+    double axis0[3];        /* the rotation axis (unit) as placed, before its tilts */
+    double axis[3];         /* tilted by nbg_experiment.spindle_tilt */
+    double tilt_axes[6];    /* the tilts' axes v1, v2 */
+    int nphi;               /* the scan's phi steps */
+    double *phi;            /* nphi angles (rad) */
+} nbgi_lab_goniometer;
+
+typedef struct {
+    double a0[9];           /* real-space a, b, c (m) before the spindle and mosaic rotations */
+    double astar[9];        /* a*, b*, c* (1/A), unrotated */
+    double misset[3];       /* rad, the misset applied (drawn when random) */
+    double N[3];            /* size in cells along a, b, c */
+    double fudge;           /* the lattice factor's sharpness */
+    int shape;              /* nbg_shape */
+    const nbg_hkl *hkl;     /* structure factors, or NULL for default_F */
+    double default_F;
+    int interpolate;        /* tricubic interpolation of F, resolved */
+    double dmin;            /* m, 0: no resolution cut */
+    double water;           /* the water background's path (m), 0: none */
+    double spread;          /* mosaic spread (rad) */
+    int domains;
+    double *umat;           /* domains x 9 rotations (row-major); domain 0 the identity */
+    double *mos_axis;       /* domains x 3 axes */
+    double *mos_angle;      /* domains angles (rad) */
+} nbgi_lab_crystal;
+
+typedef struct {
+    nbgi_lab_beam beam;
+    nbgi_lab_detector det;
+    nbgi_lab_goniometer gon;
+    nbgi_lab_crystal xtal;
+} nbgi_lab;
+
+/* How the model is rendered: what is no part of the experiment but of its simulation. */
+typedef struct {
+    int oversample;           /* subpixels a side, resolved */
+    int roi[4];               /* xmin, xmax, ymin, ymax (-1: the edge) */
+    const uint8_t *mask;      /* or NULL */
+    int curved, point_pixel;
+    int os_thick, os_polar, os_omega;
+    const uint32_t *pixels;   /* a pixel list, or NULL */
+    long npixels_list;
+} nbgi_render;
+
+typedef struct {
+    nbgi_kparams k;       /* what the kernels read; its arrays point into the model's and the buffers below */
+    nbg_report rep;       /* what the setup derived, in user units */
+    nbgi_lab lab;         /* the experiment in the lab frame: what the kernels' inputs are built from */
+    double *src;          /* nsources * NBG_SRC_STRIDE */
+    double *abc;          /* nphi * nmos * 9 */
+    nbgi_run *runs;       /* k.nruns runs of the pixel list (NULL without one) */
 } nbgi_plan;
 
-/* Builds the plan.  On failure the plan holds nothing to free and ctx carries the message. */
+/* Builds the plan: the model from the experiment's flags (nbgi_plan_lab), then the kernels' inputs from the model
+ * (nbgi_plan_kernels).  On failure the plan holds nothing to free and ctx carries the message. */
 int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl);
+/* The second half alone: pl->k, pl->src, pl->abc and pl->runs from pl->lab and the rendering options r (whose
+ * arrays must outlive the plan); the model is left as it is. */
+int nbgi_plan_kernels(nbg_ctx *ctx, const nbgi_render *r, nbgi_plan *pl);
 void nbgi_plan_free(nbgi_plan *pl);
 
 /* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbgi_image_check) when
