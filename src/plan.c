@@ -1,26 +1,36 @@
 /*
- * plan.c -- turns an nbg_experiment (user units) into kernel parameters (SI units), following the reference
- * program's set-up order (../shared/reference/nanobragg-behaviour.md §2).
+ * plan.c -- turns an nbg_experiment (user units) into the experiment's model in the laboratory frame and that into
+ * kernel parameters (SI units), following the reference program's set-up order
+ * (../shared/reference/nanobragg-behaviour.md §2).
  *
- * The file's map.  nbgi_plan_build (at the end) runs these steps in order; each is a static function that reads the
- * experiment and what earlier steps left in a plan_build (SI units), and fills its own part of it or of the plan:
+ * The file's map.  nbgi_plan_build (at the end) runs two halves.  The first, plan_lab, reads nanoBragg's flags into
+ * the model (pl->lab, plan.h: the beam with its sources, the detector with its panels, the goniometer with its scan,
+ * the crystal with its domains, in the laboratory frame) and the rendering options (nbgi_render); each of its steps
+ * is a static function that reads the experiment and what earlier steps left in a plan_build (SI units), and fills
+ * its own part of the model or of the scratch:
  *
  *   validate           every input quantity within its domain (one table)
  *   detector_size      pixel size, detector size and pixel counts; the image within the memory limit
- *   beam_and_sample    fluence (from flux, exposure and beam size), the crystal size clipped to the beam
+ *   beam_and_sample    fluence (from flux, exposure and beam size), polarization, the crystal size clipped to the
+ *                      beam
  *   detector_frame     the convention's beam, detector, polarization and spindle vectors, beam centre, near
  *                      point and pivot
+ *   beam_turn          the beam tilts: the beam and polarization the sources see
  *   sampling           phi, divergence, dispersion, sensor layers and mosaic domains: ranges, steps, counts
  *   detector_geometry  rotations, two-theta and pivot: pix0, the rotated axes and the distances
- *   crystal            real and reciprocal vectors from the cell or matrix and the misset; interpolation
+ *   crystal            real and reciprocal vectors from the cell or matrix and the misset; structure factors
  *   crystal_size       the crystal size in cells and the oversampling
  *   source_count       the number of sources; their arrays within the memory limit
  *   check_work         pixels x samples per pixel within the work limit
- *   sources            each source's direction, wavelength and polarization vectors
+ *   sources            each source's position and wavelength (the divergence grid x the spectrum)
  *   miller_range       Miller indices within what the kernels round to int
- *   orientations       spindle and mosaic rotations: the crystal vectors of every phi step and domain
- *   kernel_params      what the kernels read: geometry, sampling, structure factors, normalisation
- *   report             what the set-up derived, in user units
+ *   orientations       the spindle's tilts, the scan's angles, the mosaic domains
+ *   detector_panels    the panels placed about the detector, each with its sensor
+ *
+ * The second, nbgi_plan_kernels, builds what the kernels read from the model and the rendering options alone (it is
+ * not given the experiment): each source's incident and polarization vectors, the crystal vectors of every phi step
+ * and domain, the kernel parameters (geometry, sampling, structure factors, normalisation) and the pixel list's runs.
+ * Last, report states what the set-up derived, in user units.
  *
  * The first step that fails ends the build with its message; nbgi_plan_build then frees what was allocated.
  *
@@ -1713,7 +1723,7 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     r->npix = (size_t)pl->k.npix;
 }
 
-/* The first half: the model (pl->lab) and the rendering options from nanoBragg's flags. */
+/* The first half: the model (pl->lab) and the rendering options (rd: pl->render) from nanoBragg's flags. */
 static int plan_lab(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_render *rd, nbgi_plan *pl)
 {
     nbgi_lab *m = &pl->lab;
@@ -1739,9 +1749,15 @@ static int plan_lab(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
     return NBG_OK;
 }
 
-int nbgi_plan_kernels(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
+int nbgi_plan_kernels(nbg_ctx *ctx, nbgi_plan *pl)
 {
     const nbgi_lab *m = &pl->lab;
+    const nbgi_render *rd = &pl->render;
+    if (m->beam.nsrc < 1 || m->gon.nphi < 1 || m->xtal.domains < 1 || m->beam.pos == NULL || m->gon.phi == NULL ||
+        (m->xtal.spread > 0 && m->xtal.umat == NULL)) {
+        return nbgi_error(ctx, NBG_EINVAL, "the model has %d sources, %d phi steps and %d mosaic domains (each at "
+                          "least 1, with their arrays)", m->beam.nsrc, m->gon.nphi, m->xtal.domains);
+    }
     const size_t norient = (size_t)m->gon.nphi * (size_t)m->xtal.domains;
     free(pl->src);
     free(pl->abc);
@@ -1767,10 +1783,8 @@ int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl)
     memset(pl, 0, sizeof *pl);
     plan_build pb;
     memset(&pb, 0, sizeof pb);
-    nbgi_render rd;
-    memset(&rd, 0, sizeof rd);
     int rc;
-    if ((rc = plan_lab(ctx, e, &pb, &rd, pl)) != NBG_OK || (rc = nbgi_plan_kernels(ctx, &rd, pl)) != NBG_OK) {
+    if ((rc = plan_lab(ctx, e, &pb, &pl->render, pl)) != NBG_OK || (rc = nbgi_plan_kernels(ctx, pl)) != NBG_OK) {
         nbgi_plan_free(pl); /* what the failing step or those before it allocated; the rest is NULL */
         return rc;
     }

@@ -95,6 +95,7 @@ typedef struct {
     nbgi_kparams k;       /* what the kernels read; its arrays point into the model's and the buffers below */
     nbg_report rep;       /* what the setup derived, in user units */
     nbgi_lab lab;         /* the experiment in the lab frame: what the kernels' inputs are built from */
+    nbgi_render render;   /* and how it is rendered */
     double *src;          /* nsources * NBG_SRC_STRIDE */
     double *abc;          /* nphi * nmos * 9 */
     nbgi_run *runs;       /* k.nruns runs of the pixel list (NULL without one) */
@@ -103,9 +104,10 @@ typedef struct {
 /* Builds the plan: the model from the experiment's flags (nbgi_plan_lab), then the kernels' inputs from the model
  * (nbgi_plan_kernels).  On failure the plan holds nothing to free and ctx carries the message. */
 int nbgi_plan_build(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl);
-/* The second half alone: pl->k, pl->src, pl->abc and pl->runs from pl->lab and the rendering options r (whose
- * arrays must outlive the plan); the model is left as it is. */
-int nbgi_plan_kernels(nbg_ctx *ctx, const nbgi_render *r, nbgi_plan *pl);
+/* The second half alone: pl->k, pl->src, pl->abc and pl->runs (rebuilt) from pl->lab and pl->render (whose
+ * arrays must outlive the plan) alone; the model is left as it is.  A caller that edits or fills the model renders
+ * it so; on failure nbgi_plan_free still releases everything. */
+int nbgi_plan_kernels(nbg_ctx *ctx, nbgi_plan *pl);
 void nbgi_plan_free(nbgi_plan *pl);
 
 /* Runs the forward kernel of the context's backend on a built plan (simulate.c); fails (nbgi_image_check) when
