@@ -359,6 +359,9 @@ static void tangent_detector(const nbgi_plan *pl, nbgi_setup what, int index, nb
         z.rot[i] = d->rot[i];
     }
     z.twotheta = d->twotheta;
+    for (int i = 0; i < 3; ++i) {
+        z.tau[i] = d->tau[i];
+    }
     double unit = 1 / RTD;
     if (what == NBGI_S_DISTANCE) {
         /* as param.c's field: the close distance when the sample pivot takes it */
@@ -378,6 +381,8 @@ static void tangent_detector(const nbgi_plan *pl, nbgi_setup what, int index, nb
         unit = 1e-3;
     } else if (what == NBGI_S_DET_ROT) {
         z.rot[index] += ih;
+    } else if (what == NBGI_S_DET_TAU) {
+        z.tau[index] += ih;
     } else {
         z.twotheta += ih;
     }
@@ -423,6 +428,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
     case NBGI_S_BEAM:
     case NBGI_S_DET_ROT:
     case NBGI_S_TWOTHETA:
+    case NBGI_S_DET_TAU:
         tangent_detector(pl, r->setup, r->index, t);
         return;
     case NBGI_S_N:

@@ -40,7 +40,8 @@ _Static_assert(0
 #undef NBG_PARAM
 
 /* The groups -params knows, besides "all"; every row's groups are among them (test-params checks). */
-static const char *const group_names = "all cell orientation misset crystal beam detector model background goniometer spectrum";
+static const char *const group_names =
+    "all cell orientation misset crystal beam detector detector_frame model background goniometer spectrum";
 
 static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
 
@@ -82,6 +83,7 @@ int nbgi_param_is_offset(nbg_param p)
 {
     return p >= 0 && p < NBG_NPARAMS && (nbgi_param_rows[p].setup == NBGI_S_BEAM || nbgi_param_rows[p].setup == NBGI_S_TILT ||
                                           nbgi_param_rows[p].setup == NBGI_S_ORIENT ||
+                                          nbgi_param_rows[p].setup == NBGI_S_DET_TAU ||
                                           nbgi_param_rows[p].setup == NBGI_S_BEAM_DIR);
 }
 
@@ -550,12 +552,14 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
     if (strcmp(w, "all") == 0) {
         /* every scalar free in e, but one of each set of parameters that make the same change: fluence beside scale
          * (both overall factors), the misset angles beside the orientation offsets (both turn the crystal), the beam's
-         * tilts beside the detector and the crystal (turning the beam is turning them the other way) */
+         * tilts beside the detector and the crystal (turning the beam is turning them the other way), the detector's
+         * turns about its own frame beside its rotations about the lab's (with the shifts, the same motions) */
         for (int q = 0; q < NBG_NPARAMS; ++q) {
             int hard;
             const int scale_free = nbgi_param_fixed(e, pl, NBG_P_SCALE, &hard) == NULL;
             if (nbgi_param_fixed(e, pl, q, &hard) != NULL || (q == NBG_P_FLUENCE && scale_free) ||
-                nbgi_param_rows[q].setup == NBGI_S_MISSET || nbgi_param_rows[q].setup == NBGI_S_BEAM_DIR) {
+                nbgi_param_rows[q].setup == NBGI_S_MISSET || nbgi_param_rows[q].setup == NBGI_S_BEAM_DIR ||
+                nbgi_param_rows[q].setup == NBGI_S_DET_TAU) {
                 continue;
             }
             if (!push(l, q)) {

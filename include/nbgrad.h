@@ -303,6 +303,9 @@ typedef struct {
     double fdet[3], sdet[3], odet[3], beam[3], polar_axis[3], spindle[3], twotheta_axis[3];
                                     /* CUSTOM convention vectors; a vector whose x is NAN takes the default */
     double det_rot[3];              /* detector rotations about x, y, z, deg, applied as Rz*Ry*Rx */
+    double det_tau[3];              /* the placed detector turned about its own frame, deg (DIALS's Tau1-3): about its
+                                       normal by det_tau[0], then its fast axis by [1], then its slow axis by [2],
+                                       the axes as placed, through the plane's point nearest the sample (0 0 0) */
     double twotheta;                /* two-theta swing about the two-theta axis, deg */
     int curved;                     /* every pixel at the same distance from the sample */
     int point_pixel;                /* solid angle 1/R^2, no obliquity */

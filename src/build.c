@@ -690,6 +690,10 @@ static const cli_flag flags[] = {
     {"-detector_rotx", K_NUM, E(det_rot[0]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about x, deg"},
     {"-detector_roty", K_NUM, E(det_rot[1]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about y, deg"},
     {"-detector_rotz", K_NUM, E(det_rot[2]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about z, deg"},
+    {"-detector_tau", K_NUM, E(det_tau), .n = 3, .group = G_DETECTOR, .arg = "t1 t2 t3",
+     .help = "turns the placed detector about its own frame through its point nearest the sample, as DIALS's Tau1-3: "
+             "t1 deg about its normal, then t2 about its fast axis, then t3 about its slow axis, the axes as placed "
+             "(refinable as det_tau1, det_tau2, det_tau3)"},
     {"-twotheta", K_NUM, E(twotheta), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "deg",
      .help = "detector swing about the two-theta axis, deg"},
     CUSTOM_AXIS("-twotheta_axis", twotheta_axis, "two-theta axis", G_DETECTOR),

@@ -248,8 +248,9 @@ static int set_break(void *opts, const char *flag, char **vv, void *dst)
 static const nbgi_sub_flag grad_flag_table[] = {
     {"-params", CMD_GRAD | CMD_GRADCHECK | CMD_REFINE, set_params, 0, "LIST",
      "parameters, comma-separated, in the order given: names (nbgrad -h lists them), or groups: all (those free in "
-     "the experiment), cell, orientation, crystal, beam, detector, model, background, goniometer; F (every structure "
-     "factor; gradcheck: one check along a direction), F(h,k,l) one; with panels their groups' motions "
+     "the experiment), cell, orientation, crystal, beam, detector, detector_frame (DIALS's six), model, background, "
+     "goniometer, spectrum; F (every structure factor; gradcheck: one check along a direction), F(h,k,l) one; with "
+     "panels their groups' motions "
      "(-panel_groups): panel_shift, panel_rot, panels (both), panel_shift_x ... panel_rot_z (that component of every "
      "group), g<k>.shift_x ... g<k>.rot_z (one group's)"},
     {"-observed", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(observed), "FILE",
@@ -457,6 +458,10 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
         } else if (fr && (p == NBG_P_ROTX || p == NBG_P_ROTY || p == NBG_P_ROTZ)) {
             snprintf(why, sizeof why, "%s: the misset angles turn the crystal as orient_x/y/z do (those, without gimbal "
                      "lock; name misset to fit these instead)", nbg_param_name(p));
+            fr = 0;
+        } else if (fr && (p == NBG_P_DET_TAU1 || p == NBG_P_DET_TAU2 || p == NBG_P_DET_TAU3)) {
+            snprintf(why, sizeof why, "%s: the detector's turns about its own frame make, with its shifts, the motions "
+                     "det_rotx/y/z make (name detector_frame to fit DIALS's six instead)", nbg_param_name(p));
             fr = 0;
         } else if (fr && (p == NBG_P_BEAM_TILT1 || p == NBG_P_BEAM_TILT2)) {
             snprintf(why, sizeof why, "%s: turning the beam is turning the detector and the crystal the other way (name "

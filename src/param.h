@@ -21,6 +21,7 @@ typedef enum {
     NBGI_S_BEAM_DIR, /* the beam's direction: beam_tilt[index] (the sources turned; by the global rotation) */
     NBGI_S_DET_ROT,  /* the detector set-up's rotation about x, y, z */
     NBGI_S_TWOTHETA, /* the detector set-up's two-theta */
+    NBGI_S_DET_TAU,  /* the detector set-up's turn of the placed plane about its own normal, fast, slow axes */
     NBGI_S_N,        /* the kernel's N[index] */
     NBGI_S_POLAR,    /* the kernel's Kahn factor */
     NBGI_S_FLUENCE,  /* the kernel's scale and I_bg */

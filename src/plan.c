@@ -1010,6 +1010,9 @@ static int detector_geometry(nbg_ctx *ctx, const nbg_experiment *e, const plan_b
     din.rot[1] = ry;
     din.rot[2] = rz;
     din.twotheta = tt;
+    for (int i = 0; i < 3; ++i) {
+        din.tau[i] = e->det_tau[i] / RTD;
+    }
     m->det.in = din;
     nbgi_detector_d(&din, &m->det.g);
     const double close_distance = m->det.g.close_distance, distance = m->det.g.distance;

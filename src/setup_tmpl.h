@@ -215,6 +215,7 @@ typedef struct {
     NBG_R Fclose, Sclose; /* near point (SAMPLE pivot) */
     NBG_R distance, close_distance;
     NBG_R rot[3], twotheta;
+    NBG_R tau[3];         /* the placed plane turned about its near point: normal, fast, slow (DIALS's Tau1-3) */
 } NBG_SFX(nbgi_det_in);
 
 typedef struct {
@@ -264,6 +265,29 @@ static inline void NBG_SFX(nbgi_detector)(const NBG_SFX(nbgi_det_in) * in, NBG_S
     if (!in->pivot_sample) {
         for (int i = 0; i < 3; ++i) {
             pix0[i] = -in->Fbeam * f[i] - in->Sbeam * s[i] + distance * b[i];
+        }
+    }
+    if (in->tau[0] != 0 || in->tau[1] != 0 || in->tau[2] != 0) {
+        /* the placed plane turned as DIALS's detector parameterisation turns it: about the point P0 = (pix0 . o) o
+         * nearest the sample, by tau[0] about its normal, then tau[1] about its fast axis, then tau[2] about its
+         * slow axis, the axes as placed (not turned by the earlier tau) */
+        NBG_R n0[3], f0[3], s0[3], P0[3], d[3];
+        const NBG_R c0 = NBG_SFX(dot)(pix0, o);
+        for (int i = 0; i < 3; ++i) {
+            n0[i] = o[i];
+            f0[i] = f[i];
+            s0[i] = s[i];
+            P0[i] = c0 * o[i];
+            d[i] = pix0[i] - P0[i];
+        }
+        NBG_R *tv[4] = {d, f, s, o};
+        for (int v = 0; v < 4; ++v) {
+            NBG_SFX(rotate_axis)(tv[v], n0, in->tau[0], tv[v]);
+            NBG_SFX(rotate_axis)(tv[v], f0, in->tau[1], tv[v]);
+            NBG_SFX(rotate_axis)(tv[v], s0, in->tau[2], tv[v]);
+        }
+        for (int i = 0; i < 3; ++i) {
+            pix0[i] = P0[i] + d[i];
         }
     }
     out->Fclose = -NBG_SFX(dot)(pix0, f);

@@ -7,6 +7,7 @@
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 #include "nbgrad.h"
 #include "internal.h" /* the test-only switches */
+#include "plan.h"      /* nbgi_rotate_axis */
 
 #include <math.h>
 #include <stdio.h>
@@ -43,7 +44,7 @@ static int params_of(const char *list, nbg_param *ids)
 #define ALL_LIST                                                                                                  \
     "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,lambda,fluence,polar,distance,"                               \
     "beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,scale,bg,bg_fast,bg_slow,"                           \
-    "orient_x,orient_y,orient_z,beam_tilt1,beam_tilt2,spectrum_shift"
+    "orient_x,orient_y,orient_z,beam_tilt1,beam_tilt2,spectrum_shift,det_tau1,det_tau2,det_tau3"
 static const char *const ALL = ALL_LIST;
 static const char *const ALL_SPECTRUM = ALL_LIST ",spectrum_scale";
 
@@ -184,6 +185,14 @@ int main(void)
     gradcheck("grad-6-rotated-detector", &e, ALL, 1);
     e.convention = NBG_CONV_XDS;
     gradcheck("grad-6-rotated-detector-xds", &e, ALL, 1);
+    /* and turned about its own frame (det_tau: DIALS's Tau1-3), where every detector parameter's tangent goes
+     * through the turn */
+    e.det_tau[0] = 3, e.det_tau[1] = -4, e.det_tau[2] = 2.5;
+    gradcheck("grad-6-tau-xds", &e, "distance,beam_fast,beam_slow,det_rotx,det_roty,det_rotz,twotheta,det_tau1,"
+              "det_tau2,det_tau3,rotx", 1);
+    e.convention = NBG_CONV_MOSFLM;
+    gradcheck("grad-6-tau-mosflm", &e, "distance,beam_fast,beam_slow,det_rotx,twotheta,det_tau1,det_tau2,det_tau3",
+              1);
 
     /* grad-7: each crystal shape.  The tophat is flat inside its edge: the crystal orientation and cell have a
      * zero derivative there (taken branch), so only the parameters it does depend on are checked. */
@@ -627,6 +636,72 @@ int main(void)
                         same_g ? "the whole image's with weights 0 outside, bit for bit" : "DIFFER",
                         same_t ? "the whole one's on them" : "DIFFER", rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
         free(mask), free(iw), free(ir), free(w), free(wr), free(tw), free(tr);
+        nbgi_test_still(&e);
+    }
+
+    /* grad-19: the detector turned about its own frame (det_tau) as DIALS's Tau1-3 turn it: the placed plane's
+     * point nearest the sample stays in the turned plane; tau1 alone turns fast and slow about the normal; tau2
+     * alone turns slow and the normal about fast; tau3 alone turns fast and the normal about slow; all three
+     * compose as R(s0, t3) R(f0, t2) R(n0, t1) with the axes as placed */
+    {
+        nbgi_test_still(&e);
+        e.convention = NBG_CONV_XDS;
+        e.det_rot[0] = 4, e.det_rot[1] = -2, e.Xbeam = 3, e.Ybeam = 2;
+        nbg_report r0, r1;
+        const double t[3] = {7, -5, 3};
+        const int ok0 = nbg_describe(ctx, &e, &r0) == NBG_OK;
+        const double *f0 = r0.fdet, *s0 = r0.sdet, *n0 = r0.odet;
+        double P0[3], wmax = 0;
+        for (int i = 0; i < 3; ++i) {
+            P0[i] = r0.close_distance / 1000 * n0[i];
+        }
+        for (int k = 0; ok0 && k < 4; ++k) {
+            nbg_experiment et = e;
+            for (int j = 0; j < 3; ++j) {
+                et.det_tau[j] = k == 3 || k == j ? t[j] : 0;
+            }
+            if (nbg_describe(ctx, &et, &r1) != NBG_OK) {
+                wmax = INFINITY;
+                break;
+            }
+            /* the expected frame: the placed vectors turned by the rotations in order */
+            double v[4][3];
+            for (int i = 0; i < 3; ++i) {
+                v[0][i] = f0[i], v[1][i] = s0[i], v[2][i] = n0[i], v[3][i] = r0.pix0[i] - P0[i];
+            }
+            const double *ax[3] = {n0, f0, s0};
+            for (int j = 0; j < 3; ++j) {
+                for (int q = 0; q < 4; ++q) {
+                    nbgi_rotate_axis(v[q], ax[j], et.det_tau[j] * M_PI / 180, v[q]);
+                }
+            }
+            for (int i = 0; i < 3; ++i) {
+                wmax = fmax(wmax, fabs(r1.fdet[i] - v[0][i]));
+                wmax = fmax(wmax, fabs(r1.sdet[i] - v[1][i]));
+                wmax = fmax(wmax, fabs(r1.odet[i] - v[2][i]));
+                wmax = fmax(wmax, fabs(r1.pix0[i] - (P0[i] + v[3][i])) / (r0.close_distance / 1000));
+            }
+            /* the axis each single turn is about stays */
+            if (k < 3) {
+                const double *keep = k == 0 ? r1.odet : k == 1 ? r1.fdet : r1.sdet;
+                const double *was = ax[k];
+                for (int i = 0; i < 3; ++i) {
+                    wmax = fmax(wmax, fabs(keep[i] - was[i]));
+                }
+            }
+        }
+        /* the point the plane turned about (the placed plane's nearest to the sample) lies in the turned plane */
+        nbg_experiment et = e;
+        memcpy(et.det_tau, t, sizeof t);
+        const int ok1 = nbg_describe(ctx, &et, &r1) == NBG_OK;
+        double dc = 0;
+        for (int i = 0; i < 3; ++i) {
+            dc += (P0[i] - r1.pix0[i]) * r1.odet[i] * 1000;
+        }
+        dc = ok1 ? fabs(dc) : INFINITY;
+        nbgi_test_check(ok0 && ok1 && wmax < 1e-14 && dc < 1e-12, "grad-19-tau-frame", "det_tau turns the placed "
+                        "frame about its own normal, fast and slow axes in order through its point nearest the "
+                        "sample: max difference %.2g; that point %.2g mm off the turned plane", wmax, dc);
         nbgi_test_still(&e);
     }
 

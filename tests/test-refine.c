@@ -328,6 +328,51 @@ int main(void)
         nbg_refine_result_free(&r);
         free(o5);
     }
+    /* refine-8: the detector as DIALS refines it (the group detector_frame: the distance along the normal, the
+     * shifts along fast and slow, det_tau1-3 about the detector's own frame) on an experiment read from a list
+     * (the sample pivot): a detector moved 0.16 mm and turned by 0.6, -0.4, 0.32 deg (its spots up to a pixel
+     * away: the basin of a fit to the pixels) is found from where the list put it */
+    {
+        nbg_experiment te;
+        truth(&te);
+        te.distance = 60, te.pixel = 0.2, te.fpixels = te.spixels = 192;
+        nbg_report rr;
+        nbg_geometry g;
+        nbg_experiment el = te;
+        const int ok = nbg_describe(ctx, &te, &rr) == NBG_OK && nbg_geometry_from_report(ctx, &te, &rr, 1, &g) ==
+                       NBG_OK && nbg_experiment_from_geometry(ctx, &g, &el) == NBG_OK;
+        const size_t n8 = 192 * 192;
+        float *o8 = malloc(n8 * sizeof(float));
+        nbg_experiment tt = el;
+        tt.close_distance += 0.16, tt.beam_shift[0] = 0.12, tt.beam_shift[1] = -0.08;
+        tt.det_tau[0] = 0.6, tt.det_tau[1] = -0.4, tt.det_tau[2] = 0.32;
+        const char *names6[6] = {"distance", "beam_fast", "beam_slow", "det_tau1", "det_tau2", "det_tau3"};
+        nbg_param P6[6];
+        double want[6];
+        for (int j = 0; j < 6; ++j) {
+            P6[j] = nbg_param_from_name(names6[j]);
+            nbg_param_get(&tt, P6[j], &want[j]);
+        }
+        int rc = ok && o8 != NULL ? nbg_simulate(ctx, &tt, o8, n8, NULL) : NBG_EINVAL;
+        nbg_refine_options o;
+        nbg_refine_options_default(&o);
+        nbg_refine_result r = {0};
+        nbg_experiment e = el;
+        if (rc == NBG_OK) {
+            rc = nbg_refine(ctx, &e, o8, NULL, n8, P6, 6, &o, &r);
+        }
+        double dmm = 0, ddeg = 0;
+        for (int j = 0; j < 3 && rc == NBG_OK; ++j) {
+            dmm = fmax(dmm, fabs(r.value[j] - want[j]));
+            ddeg = fmax(ddeg, fabs(r.value[3 + j] - want[3 + j]));
+        }
+        nbgi_test_check(rc == NBG_OK && r.converged && dmm < 1e-4 && ddeg < 1e-3, "refine-8-detector-frame",
+                        "distance, beam_fast, beam_slow, det_tau1-3 from a list's placement: worst errors %.2g mm, "
+                        "%.2g deg, %d iterations (%s)", dmm, ddeg, r.iterations,
+                        rc == NBG_OK ? r.why : nbg_errmsg(ctx));
+        nbg_refine_result_free(&r);
+        free(o8);
+    }
     free(obs);
     /* refine-7: per-reflection scales (nbg_refine_options.F).  A noise-free still rendered with a table of varied
      * structure factors; the fit starts from a table 30 % off entry by entry, the orientation 0.05 deg and the cell
