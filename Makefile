@@ -18,6 +18,12 @@
 # GSL (1; GSL=0 builds without GSL and LAPACKE, i.e. without refinement and its tests, installs nothing: for a
 # GPU machine without Debian packages, `make GSL=0 test`), FORMATS, FORMATS_DL, MPI (below).
 
+# Every core builds unless the command line gives -j (make -j1: one file at a time); the sanitizer tier's second
+# build and the fuzzing harnesses share the jobs through make's jobserver.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+
 CC      ?= cc
 NVCC    ?= nvcc
 OPT     ?= -O3 -march=native

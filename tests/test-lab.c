@@ -6,6 +6,9 @@
  *                  placed by its origin, fast and slow axes, a rotation axis, a crystal's real-space vectors), with
  *                  no flags at all, rendered by nbgi_plan_kernels: the image equals the one nanoBragg's flags give
  *                  for the same experiment (DIALS convention, ORGX/ORGY, distance), also with a scan of phi steps
+ *   lab-list-*     an experiment of the flags described as a DIALS list describes it (nbg_geometry, DIALS's frame),
+ *                  that description read into a model by hand: it renders the flags' image, as the list through
+ *                  nbg_experiment_from_geometry does
  *   lab-swap-*     the model of one experiment replaced by that of another (detector moved and turned, crystal
  *                  turned, another wavelength, scan and beam tilt) and rendered again: the image equals the other
  *                  experiment's bit for bit, so nothing of the first survives outside the model
