@@ -370,7 +370,35 @@ int main(void)
                         "distance, beam_fast, beam_slow, det_tau1-3 from a list's placement: worst errors %.2g mm, "
                         "%.2g deg, %d iterations (%s)", dmm, ddeg, r.iterations,
                         rc == NBG_OK ? r.why : nbg_errmsg(ctx));
+        /* nanoBragg's detector parameters (rotations about the lab axes through the sample) span the same motions
+         * with the shifts free: from the same start they place the detector where the turns about its own frame
+         * did */
+        const int it_frame = r.iterations;
         nbg_refine_result_free(&r);
+        const char *names_lab[6] = {"distance", "beam_fast", "beam_slow", "det_rotx", "det_roty", "det_rotz"};
+        nbg_param PL[6];
+        for (int j = 0; j < 6; ++j) {
+            PL[j] = nbg_param_from_name(names_lab[j]);
+        }
+        nbg_experiment e2 = el;
+        nbg_refine_result r2 = {0};
+        int rc2 = rc == NBG_OK ? nbg_refine(ctx, &e2, o8, NULL, n8, PL, 6, &o, &r2) : rc;
+        nbg_report ra, rb, r0;
+        double dpos = INFINITY, daxis = INFINITY, moved = 0;
+        if (rc2 == NBG_OK && nbg_describe(ctx, &e, &ra) == NBG_OK && nbg_describe(ctx, &e2, &rb) == NBG_OK &&
+            nbg_describe(ctx, &el, &r0) == NBG_OK) {
+            dpos = daxis = 0;
+            for (int i = 0; i < 3; ++i) {
+                dpos = fmax(dpos, fabs(ra.pix0[i] - rb.pix0[i]) * 1000);
+                daxis = fmax(daxis, fmax(fabs(ra.fdet[i] - rb.fdet[i]), fabs(ra.sdet[i] - rb.sdet[i])));
+                moved = fmax(moved, fabs(rb.pix0[i] - r0.pix0[i]) * 1000);
+            }
+        }
+        nbgi_test_check(rc2 == NBG_OK && r2.converged && dpos < 1e-6 && daxis < 1e-9 && moved > 0.05,
+                        "refine-8-same-span", "distance, beam_fast, beam_slow, det_rotx-z from the same start place "
+                        "the detector where the six did: pixel (0, 0) %.2g mm apart, axes %.2g apart, %.3g mm from "
+                        "the start (%d iterations against %d)", dpos, daxis, moved, r2.iterations, it_frame);
+        nbg_refine_result_free(&r2);
         free(o8);
     }
     free(obs);
