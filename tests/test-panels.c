@@ -14,8 +14,8 @@
  *   grad-tile            nbg_simulate_grad on the tiling equals the flat detector's for every parameter (crystal,
  *                        beam and detector: the panels' gradients carried to the plane), to 1e-7
  *   jvp-tile             nbg_simulate_jvp likewise (a, rotx, distance, det_rotx)
- *   gradcheck-<param>    the finite-difference check on a detector of panels with gaps (a, rotx, distance,
- *                        det_rotx, beam_fast)
+ *   gradcheck-<param>    the finite-difference check on a detector of panels with gaps, its plane turned by
+ *                        det_tau (a, rotx, distance, det_rotx, beam_fast, det_tau1-3)
  *   expt-panels          a DIALS experiment list of two panels (halves of a flat detector) renders the flat image
  *   mpfiles-<what>       three panels of a rotated MOSFLM detector (different widths, one turned, one tilted) in
  *                        DIALS's frame: the experiment list read back to 1e-9 and rendered again to the same image,
@@ -370,11 +370,14 @@ static void gradients(nbg_ctx *ctx)
     nbg_panel gp6[6];
     eg.npanels = tile(&e, 3, 2, 10, 10, 3, 5, gp6);
     eg.panels = gp6;
-    nbg_gradcheck_result res[5];
-    const nbg_param cm[5] = {NBG_P_A, NBG_P_ROTX, NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_DET_ROTX};
-    const int grc = nbg_gradcheck(ctx, &eg, cm, 5, 1e-6, 1, res);
-    const int nres = grc == NBG_OK ? 5 : 0;
-    nbgi_test_check(grc == NBG_OK && nres == 5, "gradcheck", "%d parameters checked (%s)", nres,
+    /* the plane turned about its own frame (det_tau), which the panels follow */
+    eg.det_tau[0] = 2, eg.det_tau[1] = -1.5, eg.det_tau[2] = 1;
+    nbg_gradcheck_result res[8];
+    const nbg_param cm[8] = {NBG_P_A, NBG_P_ROTX, NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_DET_ROTX,
+                             NBG_P_DET_TAU1, NBG_P_DET_TAU2, NBG_P_DET_TAU3};
+    const int grc = nbg_gradcheck(ctx, &eg, cm, 8, 1e-6, 1, res);
+    const int nres = grc == NBG_OK ? 8 : 0;
+    nbgi_test_check(grc == NBG_OK && nres == 8, "gradcheck", "%d parameters checked (%s)", nres,
                    grc == NBG_OK ? "ok" : nbg_errmsg(ctx));
     for (int k = 0; k < nres; ++k) {
         char id[64];
