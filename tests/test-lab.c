@@ -43,7 +43,7 @@ static double *render(nbgi_plan *pl, const char *id)
     return d;
 }
 
-/* The largest |a - b| over the largest |b|, and whether the image is worth comparing (spots, not blank). */
+/* The largest |a - b| over the largest |b| (*peak, which tells a blank image). */
 static double relmax(const double *a, const double *b, size_t n, double *peak)
 {
     double dm = 0, bm = 0;
