@@ -1513,6 +1513,13 @@ static void rotate_crystal(const nbgi_lab *lab, double *abc)
     }
 }
 
+/* The samples a pixel sums (the normalisation): sources x domains x phi steps x subpixels; within an int (check_work
+ * bounds the product with the sensor layers). */
+static int samples_per_pixel(const nbgi_lab *m, int os)
+{
+    return m->beam.nsrc * m->xtal.domains * m->gon.nphi * os * os;
+}
+
 /* kernel_params: the model, its sources (pl->src) and orientations (pl->abc), the rendering options -> pl->k; the
  * HKL table non-empty. */
 static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
@@ -1584,9 +1591,7 @@ static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
     const double w = x->water;
     k->water = w != 0;
     k->I_bg = 2.57 * 2.57 * NBG_RE2 * m->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
-    /* the samples per pixel (the normalisation): within an int (check_work) */
-    const int steps = m->beam.nsrc * x->domains * m->gon.nphi * os * os;
-    k->scale = NBG_RE2 * m->beam.fluence / steps;
+    k->scale = NBG_RE2 * m->beam.fluence / samples_per_pixel(m, os);
     k->npanels = m->det.npanels;
     k->nrows = m->det.nrows;
     k->npix = m->det.npix;
@@ -1713,7 +1718,7 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     r->nsources = m->beam.nsrc;
     r->phisteps = m->gon.nphi;
     r->mosaic_domains = m->xtal.domains;
-    r->steps = m->beam.nsrc * m->xtal.domains * m->gon.nphi * pl->k.oversample * pl->k.oversample;
+    r->steps = samples_per_pixel(m, pl->k.oversample);
     r->Na = m->xtal.N[0];
     r->Nb = m->xtal.N[1];
     r->Nc = m->xtal.N[2];
