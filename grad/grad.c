@@ -174,6 +174,8 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
             zin.cell[i] = din.cell[i];
         }
         memcpy(zin.mat, din.mat, sizeof zin.mat);
+        zin.has_umat = din.has_umat;
+        memcpy(zin.umat, din.umat, sizeof zin.umat);
         zin.lambda0 = din.lambda0;
         for (int i = 0; i < 3; ++i) {
             zin.misset[i] = din.misset[i];

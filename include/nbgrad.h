@@ -339,6 +339,11 @@ typedef struct {
     double cell[6];                 /* a b c (A) alpha beta gamma (deg); b, c NAN: a's value; angles NAN: 90 */
     int has_mat;
     double mat[9];                  /* MOSFLM A matrix in file order (rows x,y,z; columns a*,b*,c*), at lambda */
+    int has_umat;                   /* with has_cell (and no has_mat): the crystal is DIALS's U B, B the Busing-Levy
+                                       matrix of cell, exactly (a crystal read from an experiment list); without it
+                                       -cell builds the crystal as nanoBragg does (its angles come out slightly
+                                       other than those given where two or more are not 90 deg) */
+    double umat[9];                 /* U: a rotation (row-major), applied before the misset */
     double misset[3];               /* deg, applied as Rz*Ry*Rx to the reciprocal vectors */
     int misset_random;              /* draw the misset from misset_seed (overrides misset) */
     long misset_seed;

@@ -600,87 +600,66 @@ int nbgi_panels_check(nbg_ctx *ctx, const nbg_geometry *g, const nbg_panel *pane
     return NBG_OK;
 }
 
-/* The crystal of g in e: as a cell and misset angles when nbgrad's own cell construction, turned by the misset,
- * gives g's vectors (to 1e-9 of their length), so that the cell and the orientation are refinable parameters;
- * otherwise (a left-handed basis, say) as the A matrix, which renders the same crystal but fixes its cell. */
+/* The crystal of g in e as DIALS holds it: U and the cell, the crystal U B(cell) with B the Busing-Levy matrix
+ * (nbgi_cell_ub_d), which gives g's vectors back to rounding, so that the cell parameters are the crystal's own
+ * (refinable, and reported as what they are) and the orientation U; the misset starts at 0.  A basis that is not
+ * right-handed has no rotation U: it is kept as the A matrix, which renders the same crystal but fixes its cell. */
 static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experiment *e)
 {
     const double *a = g->real_space, *b = g->real_space + 3, *c = g->real_space + 6;
-    const double RTD = 180.0 / 3.14159265358979323846;
-    double cell[6];
+    const double DTR = 3.14159265358979323846 / 180.0;
+    double cell[6], rad[6];
     nbgi_cell_of_vectors(g->real_space, cell);
-    const double la = cell[0], lb = cell[1], lc = cell[2];
-    /* nbgrad's cell in its default orientation: B0 (columns a0, b0, c0).  nanoBragg's construction does not give
-     * back the angles it is given exactly (85 deg comes out as 84.992: kept for parity), so the cell parameters
-     * whose construction has g's lengths and angles are found by a fixed-point iteration (the map is the identity
-     * to 1e-4) */
-    nbg_experiment probe;
-    nbg_experiment_default(&probe);
-    probe.has_cell = 1;
-    memcpy(probe.cell, cell, sizeof cell);
-    probe.default_F = 1;
-    probe.fpixels = probe.spixels = 4;
-    nbg_report r;
-    int ok = nbg_describe(ctx, &probe, &r) == NBG_OK;
-    for (int it = 0; ok && it < 30; ++it) {
-        double d = 0;
-        for (int i = 0; i < 6; ++i) {
-            const double step = cell[i] - r.cell[i];
-            probe.cell[i] += step;
-            d = fmax(d, fabs(step) / cell[i]);
-        }
-        ok = nbg_describe(ctx, &probe, &r) == NBG_OK;
-        if (d < 1e-15) {
-            break;
+    for (int i = 0; i < 6; ++i) {
+        rad[i] = i < 3 ? cell[i] : cell[i] * DTR;
+    }
+    /* U = A* B^-1: A*'s columns g's reciprocal vectors, B's those of the cell in B's frame (U = 1) */
+    static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    double B[3][3], Bi[9], Bm[9], rec[3][3];
+    const double Vc = nbgi_cell_ub_d(rad, I3, B[0], B[1], B[2]);
+    nbgi_cross(b, c, rec[0]);
+    nbgi_cross(c, a, rec[1]);
+    nbgi_cross(a, b, rec[2]);
+    const double Vg = nbgi_dot(a, rec[0]);
+    for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            Bm[3 * i + j] = B[j][i];
         }
     }
-    double R[9] = {0};
-    if (ok) {
-        /* R = T B0^-1, T's columns the target vectors: B0^-1's rows are the reciprocal vectors of B0 */
-        const double *a0 = r.real_vectors, *b0 = r.real_vectors + 3, *c0 = r.real_vectors + 6;
-        double r0[3][3];
-        nbgi_cross(b0, c0, r0[0]);
-        nbgi_cross(c0, a0, r0[1]);
-        nbgi_cross(a0, b0, r0[2]);
-        const double V0 = nbgi_dot(a0, r0[0]);
-        for (int i = 0; i < 3; ++i) {
-            for (int j = 0; j < 3; ++j) {
-                R[3 * i + j] = (a[i] * r0[0][j] + b[i] * r0[1][j] + c[i] * r0[2][j]) / V0;
+    int ok = isfinite(Vc) && Vc > 0 && Vg > 0 && nbgi_inverse3(Bm, Bi) == 1;
+    double U[9] = {0};
+    for (int i = 0; ok && i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            for (int k = 0; k < 3; ++k) {
+                U[3 * i + j] += rec[k][i] / Vg * Bi[3 * k + j];
             }
         }
-        /* a rotation: R^T R = 1 and det R = +1 */
-        double err = 0;
-        for (int i = 0; i < 3; ++i) {
-            for (int j = 0; j < 3; ++j) {
-                double d = -(i == j);
-                for (int k = 0; k < 3; ++k) d += R[3 * k + i] * R[3 * k + j];
-                err = fmax(err, fabs(d));
-            }
-        }
-        ok = err < 1e-6;
     }
     nbg_experiment trial = *e;
     /* the structure factors do not enter the crystal's vectors; a run whose -hkl is read later (default_F 0 until
-     * then) must not fail the check, which would leave the crystal as a matrix, with no cell to refine */
+     * then) must not fail the check */
     trial.default_F = 1;
     trial.hkl = NULL;
     if (ok) {
-        /* R = Rz(gz) Ry(gy) Rx(gx): R20 = -sin gy, R21 = cos gy sin gx, R22 = cos gy cos gx, R10 = sin gz cos gy */
         trial.has_cell = 1;
         trial.has_mat = 0;
-        memcpy(trial.cell, probe.cell, sizeof trial.cell);
-        trial.misset[0] = atan2(R[7], R[8]) * RTD;
-        trial.misset[1] = asin(fmax(-1, fmin(1, -R[6]))) * RTD;
-        trial.misset[2] = atan2(R[3], R[0]) * RTD;
+        trial.has_umat = 1;
+        memcpy(trial.umat, U, sizeof U);
+        memcpy(trial.cell, cell, sizeof cell);
+        trial.misset[0] = trial.misset[1] = trial.misset[2] = 0;
         trial.misset_random = 0;
+        nbg_report r;
         ok = nbg_describe(ctx, &trial, &r) == NBG_OK;
-        for (int i = 0; ok && i < 9; ++i) ok = fabs(r.real_vectors[i] - g->real_space[i]) <= 1e-9 * fmax(la, fmax(lb, lc));
+        const double len = fmax(cell[0], fmax(cell[1], cell[2]));
+        for (int i = 0; ok && i < 9; ++i) ok = fabs(r.real_vectors[i] - g->real_space[i]) <= 1e-9 * len;
     }
     if (ok) {
         e->has_cell = 1;
         e->has_mat = 0;
-        memcpy(e->cell, trial.cell, sizeof e->cell);
-        memcpy(e->misset, trial.misset, sizeof e->misset);
+        e->has_umat = 1;
+        memcpy(e->umat, U, sizeof U);
+        memcpy(e->cell, cell, sizeof e->cell);
+        e->misset[0] = e->misset[1] = e->misset[2] = 0;
         e->misset_random = 0;
         return;
     }
@@ -697,6 +676,7 @@ static void crystal_from_vectors(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     }
     e->has_mat = 1;
     e->has_cell = 0;
+    e->has_umat = 0;
     e->misset[0] = e->misset[1] = e->misset[2] = 0;
     e->misset_random = 0;
 }

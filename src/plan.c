@@ -365,6 +365,25 @@ static int check_cell(nbg_ctx *ctx, const double cell[6])
     return NBG_OK;
 }
 
+/* R (row-major) a rotation: orthonormal to 1e-9, determinant +1. */
+static int check_rotation(nbg_ctx *ctx, const double R[9], const char *what)
+{
+    double worst = 0;
+    for (int i = 0; i < 3; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            const double d = R[i] * R[j] + R[3 + i] * R[3 + j] + R[6 + i] * R[6 + j];
+            worst = fmax(worst, fabs(d - (i == j)));
+        }
+    }
+    const double det = R[0] * (R[4] * R[8] - R[5] * R[7]) - R[1] * (R[3] * R[8] - R[5] * R[6]) +
+                       R[2] * (R[3] * R[7] - R[4] * R[6]);
+    if (!(worst <= 1e-9) || !(det > 0)) {
+        return nbgi_error(ctx, NBG_EINVAL, "%s is not a rotation (orthonormality off by %g, determinant %g)", what,
+                         worst, det);
+    }
+    return NBG_OK;
+}
+
 /* Every input quantity's domain, in one place: the library calls and every subcommand go through here. */
 static int validate(nbg_ctx *ctx, const nbg_experiment *e)
 {
@@ -502,20 +521,16 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
             CHECK_FINITE(e->mat[i], "orientation matrix element (-mat)");
         }
     }
-    if (!isnan(e->mosaic_frame[0])) { /* a rotation: orthonormal, determinant +1 */
-        const double *R = e->mosaic_frame;
-        double worst = 0;
-        for (int i = 0; i < 3; ++i) {
-            for (int j = 0; j < 3; ++j) {
-                const double d = R[i] * R[j] + R[3 + i] * R[3 + j] + R[6 + i] * R[6 + j];
-                worst = fmax(worst, fabs(d - (i == j)));
-            }
+    if (!isnan(e->mosaic_frame[0])) {
+        const int rc = check_rotation(ctx, e->mosaic_frame, "the mosaic domains' frame (mosaic_frame)");
+        if (rc != NBG_OK) {
+            return rc;
         }
-        const double det = R[0] * (R[4] * R[8] - R[5] * R[7]) - R[1] * (R[3] * R[8] - R[5] * R[6]) +
-                           R[2] * (R[3] * R[7] - R[4] * R[6]);
-        if (!(worst <= 1e-9) || !(det > 0)) {
-            return nbgi_error(ctx, NBG_EINVAL, "the mosaic domains' frame (mosaic_frame) is not a rotation "
-                             "(orthonormality off by %g, determinant %g)", worst, det);
+    }
+    if (e->has_umat && e->has_cell && !e->has_mat) {
+        const int rc = check_rotation(ctx, e->umat, "the crystal's orientation matrix U (umat)");
+        if (rc != NBG_OK) {
+            return rc;
         }
     }
     if (e->hkl == NULL && e->default_F == 0) {
@@ -595,6 +610,8 @@ void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doub
         }
     }
     memcpy(in->mat, e->mat, sizeof in->mat);
+    in->has_umat = e->has_umat;
+    memcpy(in->umat, e->umat, sizeof in->umat);
     in->lambda0 = lambda0;
     for (int i = 0; i < 3; ++i) {
         in->misset[i] = misset_rad[i];

@@ -86,19 +86,49 @@ typedef struct {
     int has_cell, has_mat;
     NBG_R cell[6];      /* a b c (A), alpha beta gamma (rad), defaults already applied */
     double mat[9];      /* MOSFLM A matrix, file order */
+    int has_umat;       /* with has_cell (no has_mat): the reciprocal basis is umat B(cell), exactly */
+    double umat[9];     /* DIALS's U: a rotation, row-major */
     NBG_R lambda0;      /* m; scales the matrix */
     NBG_R misset[3];    /* rad */
     NBG_R orient[3];    /* rad: the small rotations about the lab's x, y, z composed after the misset */
 } NBG_SFX(nbgi_xtal_in);
 
+/* The reciprocal basis a*, b*, c* (1/A) of cell (A, rad) as U B, with B the Busing-Levy matrix (DIALS's and
+ * cctbx's: a* along x, b* in the xy plane), exact for every cell: its real-space cell is the one given.  Returns the
+ * cell's volume (A^3), 0 or NaN for a degenerate cell. */
+static inline NBG_R NBG_SFX(nbgi_cell_ub)(const NBG_R *cell, const double *U, NBG_R *as, NBG_R *bs, NBG_R *cs)
+{
+    const NBG_R a = cell[0], b = cell[1], c = cell[2];
+    const NBG_R ca = NBG_M(cos)(cell[3]), cb = NBG_M(cos)(cell[4]), cg = NBG_M(cos)(cell[5]);
+    const NBG_R sa = NBG_M(sin)(cell[3]), sb = NBG_M(sin)(cell[4]), sg = NBG_M(sin)(cell[5]);
+    const NBG_R V = a * b * c * NBG_M(sqrt)(1 - ca * ca - cb * cb - cg * cg + 2 * ca * cb * cg);
+    const NBG_R ras = b * c * sa / V, rbs = c * a * sb / V, rcs = a * b * sg / V;
+    const NBG_R cos_bs = (cg * ca - cb) / (sg * sa), cos_gs = (ca * cb - cg) / (sa * sb);
+    const NBG_R sin_bs = NBG_M(sqrt)(1 - cos_bs * cos_bs), sin_gs = NBG_M(sqrt)(1 - cos_gs * cos_gs);
+    /* B's columns */
+    const NBG_R B[3][3] = {{ras, 0, 0}, {rbs * cos_gs, rbs * sin_gs, 0}, {rcs * cos_bs, -rcs * sin_bs * ca, 1 / c}};
+    NBG_R *out[3] = {as, bs, cs};
+    for (int v = 0; v < 3; ++v) {
+        for (int i = 0; i < 3; ++i) {
+            out[v][i] = U[3 * i] * B[v][0] + U[3 * i + 1] * B[v][1] + U[3 * i + 2] * B[v][2];
+        }
+    }
+    return V;
+}
+
 /* Real-space vectors a, b, c (A) of the oriented crystal and the reciprocal vectors a*, b*, c* (1/A) rebuilt
- * from them, by nanoBragg's construction (section 2.7 of the behaviour description).  Returns the reciprocal
- * volume V* (0 or non-finite for a degenerate cell). */
+ * from them: by nanoBragg's construction from -cell or -mat (section 2.7 of the behaviour description, whose
+ * cell's angles differ from those given where two or more are not 90 deg: kept, for parity), or, with has_umat,
+ * exactly as U B(cell) (a crystal read from an experiment list).  Returns the reciprocal volume V* (0 or non-finite
+ * for a degenerate cell). */
 static inline NBG_R NBG_SFX(nbgi_crystal)(const NBG_SFX(nbgi_xtal_in) * in, NBG_R *abc, NBG_R *astar)
 {
     NBG_R as[3] = {0, 0, 0}, bs[3] = {0, 0, 0}, cs[3] = {0, 0, 0};
     NBG_R Vcell = 0;
-    if (in->has_cell) {
+    const int exact = in->has_cell && in->has_umat && !in->has_mat;
+    if (exact) {
+        Vcell = NBG_SFX(nbgi_cell_ub)(in->cell, in->umat, as, bs, cs);
+    } else if (in->has_cell) {
         const NBG_R a = in->cell[0], b = in->cell[1], c = in->cell[2];
         const NBG_R al = in->cell[3], be = in->cell[4], ga = in->cell[5];
         const NBG_R s = (al + be + ga) / 2;
@@ -180,7 +210,9 @@ static inline NBG_R NBG_SFX(nbgi_crystal)(const NBG_SFX(nbgi_xtal_in) * in, NBG_
     NBG_SFX(cross)(bs, cs, bxc);
     NBG_SFX(cross)(cs, as, cxa);
     NBG_R Vstar = NBG_SFX(dot)(as, bxc);
-    if (in->has_cell) {
+    if (exact) {
+        Vstar = 1.0 / Vcell;
+    } else if (in->has_cell) {
         /* make the user's cell lengths exact: |b* x c*| = a / V, and so on */
         NBG_SFX(rescale)(bxc, in->cell[0] / Vcell);
         NBG_SFX(rescale)(cxa, in->cell[1] / Vcell);

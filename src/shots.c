@@ -340,6 +340,7 @@ int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *li
     if (s->has & NBG_SHOT_A) {
         e->has_mat = 1;
         e->has_cell = 0;
+        e->has_umat = 0;
         memcpy(e->mat, s->A, sizeof e->mat);
         e->misset[0] = e->misset[1] = e->misset[2] = 0;
         e->misset_random = 0;

@@ -149,6 +149,21 @@ int main(void)
     e.misset[1] = 5;
     e.misset[2] = 3;
     gradcheck("grad-2-triclinic", &e, ALL, 1);
+    /* the same cell as an experiment list's crystal: U B(cell), B the Busing-Levy matrix, U a rotation by 40 deg
+     * about (1, 2, 3) / |(1, 2, 3)| (the misset after it) */
+    {
+        const double n = sqrt(14.0), u[3] = {1 / n, 2 / n, 3 / n}, th = 40 * M_PI / 180;
+        const double c = cos(th), s = sin(th);
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) {
+                const double x = j == (i + 1) % 3 ? -u[(i + 2) % 3] : j == (i + 2) % 3 ? u[(i + 1) % 3] : 0;
+                e.umat[3 * i + j] = c * (i == j) + s * x + (1 - c) * u[i] * u[j];
+            }
+        }
+        e.has_umat = 1;
+        gradcheck("grad-2-triclinic-ub", &e, ALL, 1);
+        e.has_umat = 0;
+    }
 
     /* grad-3: mosaic domains with phi steps (and the mosaic spread) */
     e.mosaic = 0.5;
