@@ -1272,6 +1272,33 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
     }
 }
 
+/* With cell parameters refined from -cell: nanoBragg's construction (kept for parity) builds a crystal whose angles
+ * differ from the -cell values where two or more are not 90 deg; the crystal's own cell is printed when it differs
+ * from the table's (a list's crystal, U B(cell), has its own cell as its parameters). */
+static void refine_cell_note(nbg_ctx *ctx, const nbg_experiment *e, const nbg_refine_result *res)
+{
+    int cell = 0;
+    for (int j = 0; j < res->nparams; ++j) {
+        cell |= res->params[j] >= 0 && res->params[j] < NBG_NPARAMS &&
+                nbgi_param_rows[res->params[j]].setup == NBGI_S_CELL;
+    }
+    nbg_report r;
+    if (!cell || !e->has_cell || e->has_mat || e->has_umat || nbg_describe(ctx, e, &r) != NBG_OK) {
+        return;
+    }
+    double d = 0;
+    for (int i = 0; i < 6; ++i) {
+        const double given = !isnan(e->cell[i]) ? e->cell[i] : i < 3 ? e->cell[0] : 90;
+        d = fmax(d, fabs(r.cell[i] - given));
+    }
+    if (d > 1e-6) {
+        printf("note: the crystal's own cell is %.6f %.6f %.6f %.6f %.6f %.6f: the cell parameters above are -cell's "
+               "values, from which nanoBragg's construction (kept for parity with it) builds a crystal whose angles "
+               "differ where two or more are not 90 deg (by up to %.3g here)\n", r.cell[0], r.cell[1], r.cell[2],
+               r.cell[3], r.cell[4], r.cell[5], d);
+    }
+}
+
 /* -residual: (observed - pedestal) / gain - model on the pixels used, 0 elsewhere.  0 on an error (printed). */
 static int refine_write_residual(nbg_ctx *ctx, nbgi_cli *c, const char *path, const float *obs, const uint8_t *use,
                                  size_t npix)
@@ -1874,6 +1901,7 @@ static int cmd_refine(int argc, char **argv, int first)
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
     refine_table(&c.e, &res);
+    refine_cell_note(ctx, &c.e, &res);
     printf("goodness of fit: %s\n", res.fit.message);
     const int fit_bad = res.fit.mismatch;
     if (fit_bad) {

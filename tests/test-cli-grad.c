@@ -573,6 +573,39 @@ int main(void)
                        resid != NULL && rsize == 64 * 64 * 4,
                    "cligrad-6-refine-spots", "refine -spots 3 converges on the spot regions (exit %d)", rc);
     free(resid);
+    /* -cell builds (nanoBragg's construction) a crystal with other angles than -cell's: refine prints the refined
+     * crystal's own cell beside the table's -cell values; from a crystal as a list, the cell parameters are the
+     * crystal's own (-cell 70.4 79.7 90.3 75.2 84.8 95.2 builds alpha 75.24) and no note */
+    {
+        double own[6] = {0}, ref = NAN, tab = NAN, built[6] = {0};
+        const char *n = strstr(out, "note: the crystal's own cell is "), *t = strstr(out, "\nalpha ");
+        const int got = n != NULL && sscanf(n + 32, "%lf %lf %lf %lf %lf %lf", own, own + 1, own + 2, own + 3,
+                                            own + 4, own + 5) == 6;
+        double start;
+        if (t != NULL && sscanf(t + 7, "%lf %lf", &start, &ref) != 2) {
+            ref = NAN;
+        }
+        char ex[1024];
+        snprintf(ex, sizeof ex, "%s/tri.expt", dir);
+        snprintf(cmd, sizeof cmd,
+                 "%s -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                 "-distance 100 -detpixels 64 -oversample 1 -exptfile %s -floatfile /dev/null 2>&1 && "
+                 "%s refine -expt %s -default_F 100 -N 5 -oversample 1 -observed %s -params cell -maxiter 1 2>&1",
+                 bin, ex, bin, ex, obs);
+        rc = run(cmd);
+        const char *u = strstr(out, "unit cell: ");
+        const int gotb = u != NULL && sscanf(u + 11, "%lf %lf %lf %lf %lf %lf", built, built + 1, built + 2,
+                                             built + 3, built + 4, built + 5) == 6;
+        t = strstr(out, "\nalpha ");
+        if (t == NULL || sscanf(t + 7, "%lf", &tab) != 1) {
+            tab = NAN;
+        }
+        nbgi_test_check(got && fabs(own[3] - ref) > 1e-3 && gotb && fabs(built[3] - 75.2) > 1e-3 &&
+                            fabs(tab - built[3]) < 1e-4 && strstr(out, "note: the crystal's own cell") == NULL,
+                        "cligrad-6-refine-own-cell", "from -cell: the refined crystal's own alpha %.6f printed beside "
+                        "the table's %.6f; from a list of the crystal -cell ... 75.2 ... builds (alpha %.6f), the "
+                        "table's alpha starts at %.6f, no note (exit %d)", own[3], ref, built[3], tab, rc);
+    }
     char spl[1024];
     snprintf(spl, sizeof spl, "%s/spots.txt", dir);
     FILE *sf = fopen(spl, "w");
