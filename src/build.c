@@ -13,6 +13,7 @@
 #include "build.h"
 #include "shots.h"
 #include "formats.h"
+#include "panels.h"
 #include "internal.h"
 #include "io.h"
 #include "plan.h"
@@ -1297,10 +1298,18 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
         memcpy(e->space_group, before->space_group, sizeof e->space_group); /* -space_group wins */
     }
     if (*np > 1) {
-        /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses) */
+        /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses), then in the
+         * frame of the detector plane (the panel the beam meets): the whole detector moves with it */
         e->panels = *pan;
         e->npanels = *np;
         e->panel_frame = NBG_PANELS_LAB;
+        if ((rc = nbgi_panels_to_plane(ctx, e, *pan)) != NBG_OK) {
+            free(*pan);
+            *pan = NULL;
+            e->panels = NULL;
+            e->npanels = 0;
+            return rc;
+        }
     } else {
         free(*pan);
         *pan = NULL;

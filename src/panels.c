@@ -339,6 +339,54 @@ int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp)
     return NBG_OK;
 }
 
+int nbgi_panels_to_plane(nbg_ctx *ctx, nbg_experiment *e, nbg_panel *panels)
+{
+    if (e->npanels < 1 || e->panel_frame != NBG_PANELS_LAB) {
+        return NBG_OK;
+    }
+    if (panels != e->panels) {
+        return nbgi_error(ctx, NBG_EINVAL, "nbgi_panels_to_plane: the table is not the experiment's");
+    }
+    /* the plane as the plan places it (the structure factors and the crystal do not place it: a list without a
+     * crystal, whose cell a later flag gives, must not fail here) */
+    nbg_experiment p = *e;
+    p.npanels = 0;
+    p.panels = NULL;
+    p.nmotions = 0;
+    p.motions = NULL;
+    p.pixels = NULL;
+    p.npixels_list = 0;
+    p.hkl = NULL;
+    p.default_F = 1;
+    if (!p.has_cell && !p.has_mat) {
+        p.has_cell = 1;
+        p.cell[0] = 10;
+    }
+    nbg_report r;
+    const int rc = nbg_describe(ctx, &p, &r);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    const double *e3[3] = {r.fdet, r.sdet, r.odet};
+    for (int k = 0; k < e->npanels; ++k) {
+        nbg_panel *q = &panels[k];
+        double f[3], s[3], o[3];
+        for (int j = 0; j < 3; ++j) {
+            f[j] = dot3(q->fast, e3[j]);
+            s[j] = dot3(q->slow, e3[j]);
+            o[j] = 0;
+            for (int x = 0; x < 3; ++x) {
+                o[j] += (q->origin[x] - 1000.0 * r.pix0[x]) * e3[j][x];
+            }
+        }
+        memcpy(q->fast, f, sizeof f);
+        memcpy(q->slow, s, sizeof s);
+        memcpy(q->origin, o, sizeof o);
+    }
+    e->panel_frame = NBG_PANELS_PLANE;
+    return NBG_OK;
+}
+
 void nbgi_panel_place_free(nbgi_placed *pp)
 {
     free(pp->v);

@@ -22,6 +22,10 @@
  *                        the NXmx file read back (the image, every module as a panel to 1e-9); refusals: a mask
  *                        with panels of different widths (no temporary left), a panel with no pixel size (named),
  *                        a panel table of the wrong size
+ *   mplist-<list>-<what> a multi-panel list through the program's builder (-expt; the three panels above, and 2 x 2
+ *                        modules): its panels in the plane's frame render the list's image; distance, beam shifts
+ *                        and det_tau move the whole detector rigidly; their gradient check; the modules moved and
+ *                        turned as one, refined back from the list (DIALS's multi-panel detector parameterisation)
  *   refuse-<what>        zero-length and parallel axes, non-perpendicular axes, a panel behind the sample, two
  *                        overlapping panels (in one plane, and crossing), -roi with panels, a wrong buffer size,
  *                        an unknown layout, detector gradients of lab-frame panels: errors naming the panel; a
@@ -562,6 +566,152 @@ static void three(nbg_experiment *e, nbg_panel *pan)
     e->panel_frame = NBG_PANELS_PLANE;
 }
 
+/* A multi-panel list read by the program's builder (-expt): its panels re-expressed in the frame of the plane (the
+ * panel the beam meets), so that they render where the list puts them and the detector's own parameters move the
+ * whole detector rigidly (DIALS's multi-panel parameterisation: Dist, Shift1, Shift2, Tau1-3 of that panel's frame).
+ *   mplist-<tag>-plane     the builder's experiment holds the panels in the plane's frame and renders the list's
+ *                          image
+ *   mplist-<tag>-rigid     distance, beam shifts and det_tau move every panel by one rigid motion (distances
+ *                          between origins, angles between axes kept) that is not nothing
+ *   mplist-<tag>-gradcheck the gradient check of the detector's parameters on the list's panels (tag three)
+ *   mplist-<tag>-refine    the whole detector moved and turned, refined back from the list's placement (refine,
+ *                          tag modules: 2 x 2 modules 33 mm wide, whose turns are not lost in its shifts) */
+static void list_whole_detector(nbg_ctx *ctx, const char *ex, const nbg_panel *back, int np, int refine)
+{
+    const char *tag = refine ? "modules" : "three";
+    char id[64];
+    nbg_builder *b = NULL;
+    const char *argv[] = {"-expt", ex, "-default_F", "100", "-N", "6", "-oversample", "2", "-quiet"};
+    int rc = nbg_builder_create(&b);
+    rc = rc == NBG_OK ? nbg_builder_parse(ctx, b, 9, argv) : rc;
+    rc = rc == NBG_OK ? nbg_builder_load(ctx, b) : rc;
+    nbg_experiment e;
+    if (rc == NBG_OK) {
+        e = *nbg_builder_experiment(b);
+    }
+    /* the same experiment with the list's panels as read, in the lab frame */
+    nbg_experiment el = e;
+    el.panels = back;
+    el.panel_frame = NBG_PANELS_LAB;
+    size_t n = 0, n2 = 0;
+    float *img = rc == NBG_OK ? render(ctx, &el, &n, &rc) : NULL;
+    float *img2 = rc == NBG_OK ? render(ctx, &e, &n2, &rc) : NULL;
+    double d = INFINITY, mx = 0;
+    if (rc == NBG_OK && n2 == n) {
+        d = 0;
+        for (size_t i = 0; i < n; ++i) {
+            d = fmax(d, fabs((double)img[i] - img2[i]));
+            mx = fmax(mx, fabs(img[i]));
+        }
+        d /= mx;
+    }
+    free(img);
+    free(img2);
+    snprintf(id, sizeof id, "mplist-%s-plane", tag);
+    if (!nbgi_test_check(rc == NBG_OK && e.npanels == np && mx > 0 && e.panel_frame == NBG_PANELS_PLANE && d <= 1e-9,
+                         id, "-expt with %d panels: in the plane's frame (%s), the image of the list's "
+                         "panels in the lab frame to %.3g of its peak (%s)", np, rc == NBG_OK && e.panel_frame == NBG_PANELS_PLANE ? "yes" : "no", d,
+                         rc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+        nbg_builder_destroy(b);
+        return;
+    }
+    /* moved: every panel in the lab after the motion, against the list's */
+    nbg_experiment m = e;
+    const double dist = 0.2, shift[2] = {0.15, -0.1}, tau[3] = {0.5, -0.4, 0.3};
+    const nbg_param fp[6] = {NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_BEAM_SLOW, NBG_P_DET_TAU1, NBG_P_DET_TAU2,
+                             NBG_P_DET_TAU3};
+    double want[6] = {dist, shift[0], shift[1], tau[0], tau[1], tau[2]}, d0 = NAN;
+    nbg_param_get(&e, NBG_P_DISTANCE, &d0);
+    want[0] += d0;
+    for (int j = 0; j < 6; ++j) {
+        nbg_param_set(&m, fp[j], want[j]);
+    }
+    nbg_report r;
+    nbg_panel moved[4];
+    rc = nbg_describe(ctx, &m, &r);
+    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &m, &r, moved, np) : rc;
+    double worst = 0, least = INFINITY;
+    for (int k = 0; rc == NBG_OK && k < np; ++k) {
+        double u[3][3], v[3][3], du = 0;
+        for (int x = 0; x < 3; ++x) {
+            du += pow(moved[k].origin[x] - back[k].origin[x], 2);
+        }
+        least = fmin(least, sqrt(du));
+        for (int q = 0; q < np; ++q) {
+            const double *A[3] = {back[k].fast, back[k].slow, back[k].origin};
+            const double *B[3] = {back[q].fast, back[q].slow, back[q].origin};
+            const double *C[3] = {moved[k].fast, moved[k].slow, moved[k].origin};
+            const double *D[3] = {moved[q].fast, moved[q].slow, moved[q].origin};
+            for (int i = 0; i < 3; ++i) {
+                for (int x = 0; x < 3; ++x) {
+                    u[i][x] = i < 2 ? A[i][x] : A[i][x] - B[i][x];
+                    v[i][x] = i < 2 ? C[i][x] : C[i][x] - D[i][x];
+                }
+            }
+            /* the dot products of (fast_k, slow_k, origin_k - origin_q) with (fast_q, slow_q) and themselves */
+            for (int i = 0; i < 3; ++i) {
+                for (int j = 0; j < 3; ++j) {
+                    const double *bj = j == 0 ? B[0] : j == 1 ? B[1] : u[j];
+                    const double *dj = j == 0 ? D[0] : j == 1 ? D[1] : v[j];
+                    double a0 = 0, a1 = 0;
+                    for (int x = 0; x < 3; ++x) {
+                        a0 += u[i][x] * bj[x];
+                        a1 += v[i][x] * dj[x];
+                    }
+                    worst = fmax(worst, fabs(a1 - a0));
+                }
+            }
+        }
+    }
+    snprintf(id, sizeof id, "mplist-%s-rigid", tag);
+    nbgi_test_check(rc == NBG_OK && worst < 1e-9 && least > 0.2, id, "distance +%g mm, beam shifts %g %g "
+                    "mm, det_tau %g %g %g deg: every panel moved at least %.3g mm, the panels' axes and the vectors "
+                    "between their origins keep their dot products to %.2g (%s)", dist, shift[0], shift[1], tau[0],
+                    tau[1], tau[2], least, worst, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+    const nbg_param ps[7] = {NBG_P_DISTANCE, NBG_P_BEAM_FAST, NBG_P_BEAM_SLOW, NBG_P_DET_TAU1, NBG_P_DET_TAU2,
+                             NBG_P_DET_TAU3, NBG_P_DET_ROTX};
+    nbg_gradcheck_result res[7];
+    rc = nbg_gradcheck(ctx, &e, ps, 7, 1e-6, 1, res);
+    int npass = 0;
+    double wrel = 0;
+    for (int j = 0; rc == NBG_OK && j < 7; ++j) {
+        npass += res[j].pass;
+        wrel = fmax(wrel, res[j].relerr);
+    }
+    if (!refine) {
+        snprintf(id, sizeof id, "mplist-%s-gradcheck", tag);
+        nbgi_test_check(rc == NBG_OK && npass == 7, id, "distance, beam_fast, beam_slow, "
+                        "det_tau1-3, det_rotx on the list's panels: %d of 7 pass, worst relerr %.2g (%s)", npass, wrel,
+                        rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        nbg_builder_destroy(b);
+        return;
+    }
+    /* the whole detector moved and turned (noise-free), refined back from the list's placement */
+    float *obs = render(ctx, &m, &n2, &rc);
+    nbg_refine_result *fit = calloc(1, sizeof *fit);
+    nbg_refine_options opt;
+    nbg_refine_options_default(&opt);
+    rc = rc == NBG_OK && fit != NULL ? nbg_refine(ctx, &e, obs, NULL, n2, fp, 6, &opt, fit) : rc;
+    double err = INFINITY;
+    if (rc == NBG_OK) {
+        err = 0;
+        for (int j = 0; j < 6; ++j) {
+            err = fmax(err, fabs(fit->value[j] - want[j]));
+        }
+    }
+    snprintf(id, sizeof id, "mplist-%s-refine", tag);
+    nbgi_test_check(rc == NBG_OK && fit->converged && err < 1e-6, id, "the whole detector (%d panels) "
+                    "moved and turned, refined back from the list's placement: worst error %.2g (mm or deg), %d "
+                    "iterations (%s)", np, err, rc == NBG_OK ? fit->iterations : -1,
+                    rc == NBG_OK ? (fit->converged ? "converged" : "not converged") : nbg_errmsg(ctx));
+    if (fit != NULL) {
+        nbg_refine_result_free(fit);
+    }
+    free(fit);
+    free(obs);
+    nbg_builder_destroy(b);
+}
+
 /* Multi-panel files: the panels in DIALS's frame (nbg_panels_from_report) written as an experiment list read back
  * by nbg_read_expt_panels to 1e-9 and rendered again (in the lab frame) to the same image, which checks the
  * mapping of the plane's panels; NXmx's stacked data read back (padded to the widest panel), its geometry refused
@@ -638,6 +788,33 @@ static void files_panels(nbg_ctx *ctx)
     nbgi_test_check(d <= 1e-9 && mx > 0, "mpfiles-expt-render", "the list's panels render the plane's image: max "
                    "|diff| %.3g of %.4g (%s)", d, mx, r2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
     free(img2);
+    if (rrc == NBG_OK && img != NULL) {
+        list_whole_detector(ctx, ex, back, np, 0);
+    }
+    /* 2 x 2 modules of 40 x 40 pixels of 0.4 mm (33 mm wide, 3 and 5 pixels apart) of a rotated detector, as a list */
+    {
+        nbg_experiment t;
+        base(&t);
+        t.convention = NBG_CONV_MOSFLM;
+        t.det_rot[0] = 2, t.det_rot[1] = -3;
+        t.fpixels = 2 * 40 + 3, t.spixels = 2 * 40 + 5;
+        nbg_panel tp[4], tl[4];
+        t.npanels = tile(&t, 2, 2, 40, 40, 3, 5, tp);
+        t.panels = tp;
+        char ex4[300];
+        snprintf(ex4, sizeof ex4, "%s/mp4.expt", dir);
+        nbg_report tr;
+        nbg_geometry tg;
+        int trc = nbg_describe(ctx, &t, &tr);
+        trc = trc == NBG_OK ? nbg_geometry_from_report(ctx, &t, &tr, 1, &tg) : trc;
+        trc = trc == NBG_OK ? nbg_panels_from_report(ctx, &t, &tr, tl, 4) : trc;
+        trc = trc == NBG_OK ? nbg_write_expt_panels(ctx, ex4, &tg, tl, 4, NULL) : trc;
+        if (nbgi_test_check(trc == NBG_OK, "mplist-modules", "2 x 2 modules written as a list (%s)",
+                            trc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
+            list_whole_detector(ctx, ex4, tl, 4, 1);
+        }
+        remove(ex4); /* the directory's entries are counted below */
+    }
     free(back);
 
     /* NXmx: stacked data of 35 rows of 20 (the narrower panels padded); nbgrad's reader gives the concatenation

@@ -228,8 +228,12 @@ def detector_refine(nbgrad, work):
     of one panel each); the translation group is moved (0.3, -0.25, 0.6) mm, as dials.refine moves a level-1 group
     (the beam position and the distance), and the crystal turned by 0.05 deg.  nbgrad refines from that list the
     whole detector's shifts (-panel_groups detector, and level1: the same group) with the orientation, on its spot
-    regions; every refined panel must sit where the truth's does, within 0.01 mm (the move: 0.71 mm), and the fit
-    must explain the image within its noise.  dxtbx's NXmx reader ignores the file's polarization (fraction 0.999,
+    regions, and the whole detector as DIALS's multi-panel parameterisation does (Dist, Shift1, Shift2, Tau2, Tau3
+    in the frame of the panel the beam meets: distance, beam_fast, beam_slow, det_tau2, det_tau3, its tilts free
+    too; Tau1, the turn about the normal, which lies along the beam, is on a still the crystal's turn about the beam:
+    nbgrad refuses the pair as undetermined); every refined panel must
+    sit where the truth's does, within 0.01 mm (the move: 0.71 mm), and the fit must explain the image within its
+    noise.  dxtbx's NXmx reader ignores the file's polarization (fraction 0.999,
     reference/dials-interop.md), so the list is given the truth's 0.5 as `dials.import polarization_fraction=0.5`
     would."""
     from dxtbx.model.experiment_list import ExperimentListFactory
@@ -261,17 +265,19 @@ def detector_refine(nbgrad, work):
     nx.as_file(os.path.join(work, "det_start.expt"))
     moved = max((matrix.col(p.get_origin()) - w).length() for p, w in zip(det, want))
     rows = []
-    for level in ("detector", "level1"):
+    for level in ("detector", "level1", "frame"):
         out = "det_refined_%s.expt" % level
         log = os.path.join(work, "det_refine_%s.log" % level)
+        how = (["-params", "distance,beam_fast,beam_slow,det_tau2,det_tau3,orientation"] if level == "frame" else
+               ["-panel_groups", level, "-params", "panel_shift,orientation"])
         rc = subprocess.call([nbgrad, "refine", "-expt", "det_start.expt", "-observed", "det_truth.nxs",
-                              "-default_F", "100", "-N", "5", "-oversample", "1", "-panel_groups", level,
-                              "-params", "panel_shift,orientation", "-spots", "3", "-exptfile", out], cwd=work,
+                              "-default_F", "100", "-N", "5", "-oversample", "1"] + how +
+                             ["-spots", "3", "-exptfile", out], cwd=work,
                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
         text = open(log).read()
         gof = [ln for ln in text.splitlines() if ln.startswith("goodness of fit")]
-        if not check(rc == 0, "detector-refine-" + level, "refine -panel_groups %s converged within the noise "
-                     "(exit %d; %s)" % (level, rc, gof[0][:110] if gof else log)):
+        if not check(rc == 0, "detector-refine-" + level, "refine %s converged within the noise "
+                     "(exit %d; %s)" % (" ".join(how), rc, gof[0][:110] if gof else log)):
             continue
         back = ExperimentListFactory.from_json_file(os.path.join(work, out), check_format=False)[0]
         err = max((matrix.col(p.get_origin()) - w).length() for p, w in zip(back.detector, want))
@@ -280,14 +286,14 @@ def detector_refine(nbgrad, work):
         check(err < 0.01 and moved > 0.7 and ang < 0.002, "detector-placed-" + level,
               "every panel where the truth's is: largest origin error %.4f mm (start %.3f mm); orientation %.5f deg "
               "from the truth (start 0.05)" % (err, moved, ang))
-        print("detector refined through the hierarchy (-panel_groups %s): panel origins %.3f -> %.4f mm, "
-              "orientation 0.05 -> %.5f deg" % (level, moved, err, ang))
+        print("detector refined (%s): panel origins %.3f -> %.4f mm, orientation 0.05 -> %.5f deg"
+              % (" ".join(how), moved, err, ang))
     return rows
 
 
 def beam_refine(nbgrad, work):
-    """The beam's direction refined on DIALS's detector: the CSPAD list of detector_refine (64 panels, fixed in the
-    lab frame: the flags' distance and beam centre do not place them) with its beam turned by 0.1 deg, as
+    """The beam's direction refined on DIALS's detector: the CSPAD list of detector_refine (64 panels, in the frame
+    of the panel the beam meets) with its beam turned by 0.1 deg, as
     dials.refine refines a beam (its two angles); nbgrad refines beam_tilt1, beam_tilt2 with the orientation from
     that list, and the list it writes back must give the truth's beam direction within 0.01 deg (the turn: 0.1)."""
     from dxtbx.model.experiment_list import ExperimentListFactory
