@@ -23,8 +23,8 @@ JOBS=${DIALS_JOBS:-2}
 DIR=$(cd "$(dirname "$0")" && pwd) || exit 2
 . "$DIR/../lanes.sh"
 rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
-# longest first (measured on 2 cores), so that the lanes end together
-SCRIPTS="roundtrip-cases roundtrip-crystals scanvarying hklmtz multipanel stills goniometer spots cbfpanels"
+# longest first (measured on 2 cores: 750, 580, 200, 100, 60, 45, 20, 15, 15 s), so that the lanes end together
+SCRIPTS="roundtrip-crystals roundtrip-cases stills scanvarying cbfpanels hklmtz spots multipanel goniometer"
 
 # the round trip's options (no spaces in them)
 RT_OPTS="$*"
