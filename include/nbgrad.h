@@ -221,6 +221,14 @@ typedef struct {
                                        that holds it, numbered from 0 in the hierarchy's order (a panel nearer the
                                        root than L: a group of its own, numbered after those); -1 past the depth of
                                        the hierarchy (nbg_read_expt_panels fills it; a layout's modules are level 1) */
+    int has_level_frames;           /* 1: level_frame holds the frames of its groups (a list's hierarchy as read) */
+    double level_frame[NBG_PANEL_LEVELS][9]; /* the frame of its group at each level (level_group; [0] the
+                                       detector's root), in the panels' frame: unit fast axis, unit slow axis and
+                                       origin (mm), each level's the same for every panel of the group, all zero
+                                       where the panel has no group of its own at that level.  Groups move with
+                                       their panels (motions, and the plane for PLANE panels), and the writers write
+                                       a group's frame as it is here (dxtbx's frames, as a list gave them); without
+                                       it, as its first panel's.  nbg_read_expt_panels fills it */
     int own_response;               /* 1: the losses read this panel's pixels through response below (a gain and
                                        pedestal per module); 0 (the default): through nbg_experiment.response.
                                        nbg_read_expt_panels sets it on every panel of a list where some panel states

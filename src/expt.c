@@ -191,6 +191,35 @@ static void panel_unit_frame(const nbg_panel *p, double G[12])
     G[8] = G[0] * G[4] - G[1] * G[3];
 }
 
+/* The unit frame (fast, slow, normal, origin) of panel p's group at level l as the list gave it (nbg_panel.
+ * level_frame, placed): 1, or 0 when it has none there. */
+static int level_unit_frame(const nbg_panel *p, int l, double G[12])
+{
+    if (!p->has_level_frames || l < 0 || l >= NBG_PANEL_LEVELS)
+        return 0;
+    const double *F = p->level_frame[l];
+    const double nf = sqrt(F[0] * F[0] + F[1] * F[1] + F[2] * F[2]);
+    const double ns = sqrt(F[3] * F[3] + F[4] * F[4] + F[5] * F[5]);
+    if (!(nf > 0 && ns > 0))
+        return 0;
+    for (int i = 0; i < 3; ++i) {
+        G[i] = F[i] / nf;
+        G[3 + i] = F[3 + i] / ns;
+        G[9 + i] = F[6 + i];
+    }
+    G[6] = G[1] * G[5] - G[2] * G[4];
+    G[7] = G[2] * G[3] - G[0] * G[5];
+    G[8] = G[0] * G[4] - G[1] * G[3];
+    return 1;
+}
+
+/* The frame of a group whose first panel is p, at level l: its own as the list gave it, else p's. */
+static void group_unit_frame(const nbg_panel *p, int l, double G[12])
+{
+    if (!level_unit_frame(p, l, G))
+        panel_unit_frame(p, G);
+}
+
 /* Vectors f, s and point o (laboratory) in the frame G (NULL: the root's, the laboratory). */
 static void to_frame(const double *G, const double f[3], const double s[3], const double o[3], double fo[3],
                      double so[3], double oo[3])
@@ -237,12 +266,15 @@ static json_t *sensor_json(const nbg_geometry *g, const nbg_panel *p, int k, con
                       th > 0 && mu > 0 ? "ParallaxCorrectedPxMmStrategy" : "SimplePxMmStrategy");
 }
 
-/* The detector's JSON: its panels and the hierarchy's root (the identity frame and the empty fields DIALS writes for
- * it) over children; NULL when any is NULL or memory is short (every reference given is taken). */
-static json_t *detector_doc(json_t *list, json_t *children)
+/* The detector's JSON: its panels and the hierarchy's root (its frame R, as a list gave it, or NULL: the identity, and
+ * the empty fields DIALS writes for it) over children; NULL when any is NULL or memory is short (every reference given
+ * is taken). */
+static json_t *detector_doc(json_t *list, json_t *children, const double *R)
 {
     static const double ex[3] = {1, 0, 0}, ey[3] = {0, 1, 0}, zero[3] = {0, 0, 0};
-    json_t *root = list != NULL && children != NULL ? group_json("", ex, ey, zero) : NULL;
+    json_t *root = list != NULL && children != NULL
+                       ? group_json("", R != NULL ? R : ex, R != NULL ? R + 3 : ey, R != NULL ? R + 9 : zero)
+                       : NULL;
     if (root == NULL || json_object_set_new(root, "children", children) != 0) { /* it takes children, failing too */
         if (root == NULL)
             json_decref(children);
@@ -253,22 +285,23 @@ static json_t *detector_doc(json_t *list, json_t *children)
     return json_pack("{s:o, s:o}", "panels", list, "hierarchy", root);
 }
 
-/* Node i of t as a group of the hierarchy (its frame in its parent's, its children), or NULL when memory is short. */
-static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
+/* Node i of t as a group of the hierarchy (its frame in its parent's, the root's R where it has none, NULL: the
+ * laboratory; its children), or NULL when memory is short. */
+static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i, const double *R)
 {
     const hier_node *q = &t->node[i];
     double G[12], P[12], f[3], s[3], o[3];
-    panel_unit_frame(&panels[q->first], G);
+    group_unit_frame(&panels[q->first], q->level, G);
     if (q->parent >= 0)
-        panel_unit_frame(&panels[t->node[q->parent].first], P);
-    to_frame(q->parent >= 0 ? P : NULL, G, G + 3, G + 9, f, s, o);
+        group_unit_frame(&panels[t->node[q->parent].first], t->node[q->parent].level, P);
+    to_frame(q->parent >= 0 ? P : R, G, G + 3, G + 9, f, s, o);
     char name[48];
     snprintf(name, sizeof name, "level %d group %d", q->level, q->id);
     json_t *node = group_json(name, f, s, o);
     json_t *kids = json_array();
     for (int c = 0; node != NULL && kids != NULL && c < q->nkids; ++c) {
         const int k = q->kid[c];
-        json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(t, panels, -k - 1);
+        json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(t, panels, -k - 1, R);
         if (ch == NULL || json_array_append_new(kids, ch) != 0) {
             json_decref(kids);
             kids = NULL;
@@ -279,6 +312,23 @@ static json_t *hier_json(const hier_tree *t, const nbg_panel *panels, int i)
         return NULL;
     }
     return node;
+}
+
+/* The frame of the list's group (at some level below the root) that holds exactly the panels of panel k's motion
+ * group, when the panels carry their groups' frames: 1 and G, or 0. */
+static int same_panels_frame(const nbg_panel *panels, int npanels, int k, double G[12])
+{
+    for (int l = NBG_PANEL_LEVELS - 1; l >= 1; --l) {
+        const int id = panels[k].level_group[l];
+        if (id < 0 || !level_unit_frame(&panels[k], l, G))
+            continue;
+        int same = 1;
+        for (int j = 0; same && j < npanels; ++j)
+            same = (panels[j].level_group[l] == id) == (panels[j].group == panels[k].group);
+        if (same)
+            return 1;
+    }
+    return 0;
 }
 
 static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
@@ -296,16 +346,20 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
      * vectors in that frame.  Without a group of two or more panels, every panel is the root's child, in the lab
      * frame (the root's). */
     const int n = npanels > 0 ? npanels : 1;
+    /* the root's frame as a list gave it (its level 0 group's), else the identity */
+    double root[12];
+    const double *R = npanels > 1 && level_unit_frame(&panels[0], 0, root) ? root : NULL;
     hier_tree tree;
     if (npanels > 1 && hier_build(panels, npanels, &tree)) {
         /* several levels (a list's hierarchy read, a layout's quadrants and modules): written as they are, each group
-         * in its first panel's frame relative to its parent group's, each panel in its group's */
+         * in its own frame as the list gave it (else its first panel's) relative to its parent group's, each panel
+         * in its group's */
         json_t *list = json_array(), *kids = json_array();
         for (int k = 0; list != NULL && k < npanels; ++k) {
             double G[12];
             if (tree.owner[k] >= 0)
-                panel_unit_frame(&panels[tree.node[tree.owner[k]].first], G);
-            json_t *panel = sensor_json(g, &panels[k], k, tree.owner[k] >= 0 ? G : NULL, trusted);
+                group_unit_frame(&panels[tree.node[tree.owner[k]].first], tree.node[tree.owner[k]].level, G);
+            json_t *panel = sensor_json(g, &panels[k], k, tree.owner[k] >= 0 ? G : R, trusted);
             if (panel == NULL || json_array_append_new(list, panel) != 0) {
                 json_decref(list);
                 list = NULL;
@@ -313,14 +367,14 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         }
         for (int c = 0; kids != NULL && c < tree.nroot; ++c) {
             const int k = tree.root[c];
-            json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(&tree, panels, -k - 1);
+            json_t *ch = k >= 0 ? json_pack("{s:i}", "panel", k) : hier_json(&tree, panels, -k - 1, R);
             if (ch == NULL || json_array_append_new(kids, ch) != 0) {
                 json_decref(kids);
                 kids = NULL;
             }
         }
         hier_free(&tree);
-        return detector_doc(list, kids);
+        return detector_doc(list, kids, R);
     }
     int maxg = -1, grouped = 0;
     int *count = NULL;
@@ -338,7 +392,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         for (int q = 0; q <= maxg; ++q) big |= count[q] >= 2;
         grouped &= big;
     }
-    /* each group's frame: unit fast, slow, their normal, origin (the first panel's) */
+    /* each group's frame: unit fast, slow, their normal, origin (the list's group of the same panels, else the first
+     * panel's) */
     double (*gf)[12] = grouped ? calloc((size_t)maxg + 1, sizeof *gf) : NULL;
     if (grouped && gf == NULL) {
         free(count);
@@ -347,7 +402,8 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     for (int q = 0; grouped && q <= maxg; ++q) {
         for (int k = 0; k < npanels; ++k) {
             if (panels[k].group == q) {
-                panel_unit_frame(&panels[k], gf[q]);
+                if (!same_panels_frame(panels, npanels, k, gf[q]))
+                    panel_unit_frame(&panels[k], gf[q]);
                 break;
             }
         }
@@ -369,7 +425,7 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
                                g->spixels, pixel, trusted, g->thickness, g->material, g->mu, g->gain, g->pedestal,
                                strategy);
         } else {
-            panel = sensor_json(g, &panels[k], k, grouped ? gf[panels[k].group] : NULL, trusted);
+            panel = sensor_json(g, &panels[k], k, grouped ? gf[panels[k].group] : R, trusted);
         }
         json_t *parent = grouped ? gch[panels[k].group] : children;
         if (panel == NULL || json_array_append_new(list, panel) != 0 || parent == NULL ||
@@ -386,7 +442,9 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
         }
         char name[48];
         snprintf(name, sizeof name, "group %d", q);
-        json_t *node = children == NULL ? NULL : group_json(name, gf[q], gf[q] + 3, gf[q] + 9);
+        double f[3], s[3], o[3];
+        to_frame(R, gf[q], gf[q] + 3, gf[q] + 9, f, s, o);
+        json_t *node = children == NULL ? NULL : group_json(name, f, s, o);
         if (node == NULL) {
             json_decref(gch[q]); /* json_object_set_new takes it otherwise, failing or not */
         }
@@ -402,7 +460,7 @@ static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int
     free(gch);
     free(gf);
     free(count);
-    return detector_doc(list, children);
+    return detector_doc(list, children, R);
 }
 
 /* The beam as dxtbx writes it; nbgrad's sampling of the divergence and the spectrum (the fields set) under a key of
@@ -1014,6 +1072,8 @@ static void in_frame(const lab_frame *P, const double v[3], int point, double ou
 typedef struct {
     int *lv, *depth;
     int path[NBG_PANEL_LEVELS], count[NBG_PANEL_LEVELS];
+    lab_frame gf[NBG_PANEL_LEVELS]; /* the laboratory frame of the group being walked at depth l */
+    lab_frame *lvf;                 /* lvf[k * NBG_PANEL_LEVELS + l]: panel k's group's at level l (zero: none) */
 } hier_walk;
 
 /* Walks a group of the hierarchy: its frame in its parent's P, then its children, giving each panel it names its
@@ -1046,6 +1106,9 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
     G.n[0] = G.f[1] * G.s[2] - G.f[2] * G.s[1];
     G.n[1] = G.f[2] * G.s[0] - G.f[0] * G.s[2];
     G.n[2] = G.f[0] * G.s[1] - G.f[1] * G.s[0];
+    if (depth < NBG_PANEL_LEVELS) {
+        w->gf[depth] = G;
+    }
     json_t *children;
     if ((rc = member(r, node, where, "children", 0, &children)) != NBG_OK)
         return rc;
@@ -1078,6 +1141,7 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
                 if (w->path[l] == -2)
                     w->path[l] = w->count[l]++;
                 w->lv[k * NBG_PANEL_LEVELS + l] = w->path[l];
+                w->lvf[k * NBG_PANEL_LEVELS + l] = w->gf[l];
             } else {
                 w->lv[k * NBG_PANEL_LEVELS + l] = -3;
             }
@@ -1090,13 +1154,17 @@ static int walk_group(const reader *r, json_t *node, const char *where, const la
  * group's frame, and each group's in its parent's); without a hierarchy every panel's vectors are the lab's.
  * group[k]: the panel's parent group, numbered from 0 in the order met; a panel under the root (or in a list without
  * a hierarchy) is a group of its own, numbered after those; a group that holds only groups has no number.
- * lv[k * NBG_PANEL_LEVELS + l]: its group at level l (nbg_panel.level_group). */
+ * lv[k * NBG_PANEL_LEVELS + l]: its group at level l (nbg_panel.level_group), lvf[...] that group's laboratory frame
+ * (zero: none, or no hierarchy); *has_hier: whether the list has a hierarchy. */
 static int panel_frames(const reader *r, json_t *d, const char *where, size_t np, lab_frame *frames, int *group,
-                        int *lv)
+                        int *lv, lab_frame *lvf, int *has_hier)
 {
     hier_walk w;
     memset(&w, 0, sizeof w);
     w.lv = lv;
+    w.lvf = lvf;
+    memset(lvf, 0, sizeof *lvf * np * NBG_PANEL_LEVELS);
+    *has_hier = 0;
     w.depth = calloc(np, sizeof(int));
     if (w.depth == NULL)
         return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
@@ -1110,6 +1178,7 @@ static int panel_frames(const reader *r, json_t *d, const char *where, size_t np
     int rc = member(r, d, where, "hierarchy", 0, &h);
     int ng = 0;
     if (rc == NBG_OK && h != NULL) {
+        *has_hier = 1;
         char hw[128];
         snprintf(hw, sizeof hw, "%s.hierarchy", where);
         rc = walk_group(r, h, hw, &identity_frame, np, frames, group, 1, &ng, 0, &w);
@@ -1160,11 +1229,13 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
     if (np > 100000)
         return nbgi_error(r->ctx, NBG_EFORMAT, "%s: %s has %zu panels, too many", r->file, where, np);
     /* each panel's parent frame: the vectors in the list are in it (dxtbx's hierarchy of groups) */
-    lab_frame *frames = malloc((sizeof *frames + sizeof(int) * (1 + NBG_PANEL_LEVELS)) * np);
+    lab_frame *frames = malloc((sizeof *frames * (1 + NBG_PANEL_LEVELS) + sizeof(int) * (1 + NBG_PANEL_LEVELS)) * np);
     if (frames == NULL)
         return nbgi_error(r->ctx, NBG_ENOMEM, "out of memory for the %zu panels of %s", np, r->file);
-    int *group = (int *)(frames + np), *lv = group + np;
-    if ((rc = panel_frames(r, d, where, np, frames, group, lv)) != NBG_OK) {
+    lab_frame *lvf = frames + np;
+    int *group = (int *)(lvf + np * NBG_PANEL_LEVELS), *lv = group + np;
+    int has_hier = 0;
+    if ((rc = panel_frames(r, d, where, np, frames, group, lv, lvf, &has_hier)) != NBG_OK) {
         free(frames);
         return rc;
     }
@@ -1232,6 +1303,14 @@ static int read_detector(const reader *r, json_t *d, const char *where, nbg_geom
             stated |= gk.response_stated;
             out[k].group = group[k];
             memcpy(out[k].level_group, lv + k * NBG_PANEL_LEVELS, sizeof out[k].level_group);
+            /* its groups' frames, as the list has them (the writer gives them back) */
+            out[k].has_level_frames = has_hier;
+            for (int l = 0; has_hier && l < NBG_PANEL_LEVELS; ++l) {
+                const lab_frame *F = &lvf[k * NBG_PANEL_LEVELS + l];
+                memcpy(out[k].level_frame[l], F->f, sizeof F->f);
+                memcpy(out[k].level_frame[l] + 3, F->s, sizeof F->s);
+                memcpy(out[k].level_frame[l] + 6, F->o, sizeof F->o);
+            }
             json_t *name = json_object_get(json_array_get(panels, k), "name");
             snprintf(out[k].name, sizeof out[k].name, "%s", json_is_string(name) ? json_string_value(name) : "");
             if (k == 0)

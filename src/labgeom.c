@@ -515,6 +515,74 @@ void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanel
     }
 }
 
+/* Which motion group each level's group lies inside: uni[l * (maxid + 1) + id] the motion group of all the panels of
+ * group id at level l (nbg_panel.level_group), -1 when they lie in several (the motion then moves no frame of the
+ * group); NULL when memory is short. */
+static int *level_motions(const nbg_experiment *e, int *maxid)
+{
+    int m = 0;
+    for (int k = 0; k < e->npanels; ++k)
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l)
+            m = e->panels[k].level_group[l] > m ? e->panels[k].level_group[l] : m;
+    int *uni = malloc(sizeof(int) * NBG_PANEL_LEVELS * ((size_t)m + 1));
+    for (size_t i = 0; uni != NULL && i < NBG_PANEL_LEVELS * ((size_t)m + 1); ++i) uni[i] = -2;
+    for (int k = 0; uni != NULL && k < e->npanels; ++k) {
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l) {
+            const int id = e->panels[k].level_group[l];
+            if (id < 0)
+                continue;
+            int *u = &uni[l * (m + 1) + id];
+            *u = *u == -2 || *u == e->panels[k].group ? e->panels[k].group : -1;
+        }
+    }
+    *maxid = m;
+    return uni;
+}
+
+/* Panel k's group frame at level l (nbg_panel.level_frame, in the panels' frame) placed as its panels are: moved
+ * with the motion of panel k's motion group where the level's group lies inside it, then into the laboratory (the
+ * plane's axes and pix0 for PLANE panels), then turned by R (frame_turn); a level with no frame stays zero. */
+static void place_level_frame(const nbg_experiment *e, const nbgi_placed *pp, const int *uni, int maxid, int k, int l,
+                              const double *plane[3], const double pix0[3], const double R[9], double out[9])
+{
+    const double *F = e->panels[k].level_frame[l];
+    if (F[0] * F[0] + F[1] * F[1] + F[2] * F[2] == 0) {
+        memset(out, 0, 9 * sizeof *out);
+        return;
+    }
+    double v[9];
+    memcpy(v, F, sizeof v);
+    const int id = e->panels[k].level_group[l];
+    if (e->nmotions > 0 && id >= 0 && uni[l * (maxid + 1) + id] == e->panels[k].group) {
+        const int g = e->panels[k].group;
+        const double *M = pp->R + 9 * g, *c = pp->pivot + 3 * g, *sh = e->motions[g].shift;
+        double rel[3], w[9];
+        for (int x = 0; x < 3; ++x) rel[x] = v[6 + x] - c[x];
+        for (int x = 0; x < 3; ++x) {
+            w[x] = M[3 * x] * v[0] + M[3 * x + 1] * v[1] + M[3 * x + 2] * v[2];
+            w[3 + x] = M[3 * x] * v[3] + M[3 * x + 1] * v[4] + M[3 * x + 2] * v[5];
+            w[6 + x] = c[x] + M[3 * x] * rel[0] + M[3 * x + 1] * rel[1] + M[3 * x + 2] * rel[2] + sh[x];
+        }
+        memcpy(v, w, sizeof v);
+    }
+    if (e->panel_frame == NBG_PANELS_PLANE) {
+        double w[9];
+        for (int x = 0; x < 3; ++x) {
+            w[x] = w[3 + x] = 0;
+            w[6 + x] = pix0[x] * 1000.0;
+            for (int j = 0; j < 3; ++j) {
+                w[x] += v[j] * plane[j][x];
+                w[3 + x] += v[3 + j] * plane[j][x];
+                w[6 + x] += v[6 + j] * plane[j][x];
+            }
+        }
+        memcpy(v, w, sizeof v);
+    }
+    apply(R, v, out);
+    apply(R, v + 3, out + 3);
+    apply(R, v + 6, out + 6);
+}
+
 int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, nbg_panel *panels,
                            int npanels)
 {
@@ -531,6 +599,12 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
     const int rc = nbgi_panel_place(ctx, e, &pp);
     if (rc != NBG_OK)
         return rc;
+    int maxid = 0;
+    int *uni = e->nmotions > 0 ? level_motions(e, &maxid) : NULL;
+    if (e->nmotions > 0 && uni == NULL) {
+        nbgi_panel_place_free(&pp);
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels' groups");
+    }
     for (int k = 0; k < npanels; ++k) {
         const nbg_panel *p = &e->panels[k];
         nbg_panel *q = &panels[k];
@@ -562,7 +636,11 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
         apply(R, s, q->slow);
         apply(R, o, q->origin);
         q->pixel = pp.v[k].px;
+        for (int l = 0; p->has_level_frames && l < NBG_PANEL_LEVELS; ++l) {
+            place_level_frame(e, &pp, uni, maxid, k, l, plane, r->pix0, R, q->level_frame[l]);
+        }
     }
+    free(uni);
     nbgi_panel_place_free(&pp);
     return NBG_OK;
 }

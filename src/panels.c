@@ -262,8 +262,10 @@ int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp)
     }
     pp->v = calloc((size_t)n, sizeof *pp->v);
     pp->dv = nm > 0 ? calloc((size_t)n * 6 * 12, sizeof(double)) : NULL;
+    pp->pivot = nm > 0 ? calloc((size_t)nm * 12, sizeof(double)) : NULL;
+    pp->R = pp->pivot != NULL ? pp->pivot + 3 * nm : NULL;
     double *pivot = calloc((size_t)(nm > 0 ? nm : 1) * 4, sizeof(double)); /* sum x, y, z and count */
-    if (pp->v == NULL || (nm > 0 && pp->dv == NULL) || pivot == NULL) {
+    if (pp->v == NULL || (nm > 0 && (pp->dv == NULL || pp->pivot == NULL)) || pivot == NULL) {
         free(pivot);
         nbgi_panel_place_free(pp);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d panels", n);
@@ -322,6 +324,10 @@ int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp)
             for (int x = 0; x < 12; ++x) {
                 d[x] *= M_PI / 180.0;
             }
+        }
+        if (pp->pivot != NULL) {
+            memcpy(pp->pivot + 3 * g, c, sizeof c);
+            memcpy(pp->R + 9 * g, R, sizeof R);
         }
         double t[3];
         mat3_apply(R, rel, t);
@@ -382,6 +388,24 @@ int nbgi_panels_to_plane(nbg_ctx *ctx, nbg_experiment *e, nbg_panel *panels)
         memcpy(q->fast, f, sizeof f);
         memcpy(q->slow, s, sizeof s);
         memcpy(q->origin, o, sizeof o);
+        /* its groups' frames the same way (a level with none stays zero) */
+        for (int l = 0; q->has_level_frames && l < NBG_PANEL_LEVELS; ++l) {
+            double *F = q->level_frame[l];
+            if (dot3(F, F) == 0) {
+                continue;
+            }
+            for (int j = 0; j < 3; ++j) {
+                f[j] = dot3(F, e3[j]);
+                s[j] = dot3(F + 3, e3[j]);
+                o[j] = 0;
+                for (int x = 0; x < 3; ++x) {
+                    o[j] += (F[6 + x] - 1000.0 * r.pix0[x]) * e3[j][x];
+                }
+            }
+            memcpy(F, f, sizeof f);
+            memcpy(F + 3, s, sizeof s);
+            memcpy(F + 6, o, sizeof o);
+        }
     }
     e->panel_frame = NBG_PANELS_PLANE;
     return NBG_OK;
@@ -391,8 +415,11 @@ void nbgi_panel_place_free(nbgi_placed *pp)
 {
     free(pp->v);
     free(pp->dv);
+    free(pp->pivot);
     pp->v = NULL;
     pp->dv = NULL;
+    pp->pivot = NULL;
+    pp->R = NULL;
 }
 
 int nbgi_plan_panels(nbg_ctx *ctx, const nbg_experiment *e, const double pix0[3], const double f[3],

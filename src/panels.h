@@ -22,6 +22,8 @@ typedef struct {
     int n, nmotions;
     nbgi_placed_panel *v;
     double *dv;
+    double *pivot, *R; /* with motions: each group's pivot (3, mm) and rotation (9, row-major), as applied; a group
+                          without panels: zero */
 } nbgi_placed;
 /* NBG_EINVAL naming the panel or motion for a bad one (see nbgi_plan_panels); free with nbgi_panel_place_free. */
 int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp);

@@ -8,6 +8,8 @@
 
 #include "nbgrad.h"
 
+#include <jansson.h>
+
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -1579,6 +1581,207 @@ static void test_scan_varying_refine(nbg_ctx *ctx, const char *dir)
     }
 }
 
+/* Compares two hierarchies' groups in order (fast_axis, slow_axis, origin of each): the largest difference, or
+ * INFINITY when their shapes differ; *ngroups the groups compared. */
+static double hier_diff(json_t *a, json_t *b, int *ngroups)
+{
+    if (!json_is_object(a) || !json_is_object(b)) {
+        return INFINITY;
+    }
+    json_t *pa = json_object_get(a, "panel"), *pb = json_object_get(b, "panel");
+    if (pa != NULL || pb != NULL) {
+        return pa != NULL && pb != NULL && json_integer_value(pa) == json_integer_value(pb) ? 0 : INFINITY;
+    }
+    double d = 0;
+    static const char *keys[3] = {"fast_axis", "slow_axis", "origin"};
+    for (int k = 0; k < 3; ++k) {
+        json_t *va = json_object_get(a, keys[k]), *vb = json_object_get(b, keys[k]);
+        if (json_array_size(va) != 3 || json_array_size(vb) != 3) {
+            return INFINITY;
+        }
+        for (size_t i = 0; i < 3; ++i) {
+            d = fmax(d, fabs(json_number_value(json_array_get(va, i)) - json_number_value(json_array_get(vb, i))));
+        }
+    }
+    ++*ngroups;
+    json_t *ca = json_object_get(a, "children"), *cb = json_object_get(b, "children");
+    if (json_array_size(ca) != json_array_size(cb)) {
+        return INFINITY;
+    }
+    for (size_t c = 0; c < json_array_size(ca); ++c) {
+        d = fmax(d, hier_diff(json_array_get(ca, c), json_array_get(cb, c), ngroups));
+    }
+    return d;
+}
+
+/* Panel k's origin and axes (placed, nbg_panel) in its group's frame at level l (nbg_panel.level_frame). */
+static void in_level_frame(const nbg_panel *p, int l, double out[9])
+{
+    const double *F = p->level_frame[l];
+    const double n[3] = {F[1] * F[5] - F[2] * F[4], F[2] * F[3] - F[0] * F[5], F[0] * F[4] - F[1] * F[3]};
+    const double *ax[3] = {F, F + 3, n};
+    for (int j = 0; j < 3; ++j) {
+        out[j] = out[3 + j] = out[6 + j] = 0;
+        for (int i = 0; i < 3; ++i) {
+            out[j] += p->fast[i] * ax[j][i];
+            out[3 + j] += p->slow[i] * ax[j][i];
+            out[6 + j] += (p->origin[i] - F[6 + i]) * ax[j][i];
+        }
+    }
+}
+
+/* A hierarchy whose groups have frames of their own (the root offset, two quadrants turned by 3 and 93 deg about the
+ * beam, two sensors each lifted and shifted, two panels each), as dxtbx writes one:
+ *   hier-frames-read     every panel's groups' frames read into nbg_panel.level_frame (the root's, a quadrant's)
+ *   hier-frames-write    written back, every group's frame and every panel's vectors in it as the list had them
+ *   hier-frames-motion   through the builder (-panel_groups level1), quadrant 0 moved and turned by its motion: its
+ *                        frame moves with its panels (their coordinates in it kept), quadrant 1's and the root's stay,
+ *                        and the list written then holds the moved quadrant's frame and its panels in place */
+static void test_hier_frames(nbg_ctx *ctx, const char *dir)
+{
+    char all[4000] = "", quads[2][2400], text[12000], path[600], wpath[600];
+    for (int k = 0; k < 8; ++k) {
+        const size_t len = strlen(all);
+        snprintf(all + len, sizeof all - len, "%s{\"name\": \"p%d\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, -1, "
+                 "0], \"origin\": [%d, 2, 0], \"pixel_size\": [0.1, 0.1], \"image_size\": [20, 10]}", k ? ", " : "",
+                 k, k % 2 == 0 ? -3 : 1);
+    }
+    for (int qd = 0; qd < 2; ++qd) {
+        const double t = (3 + 90 * qd) * M_PI / 180;
+        char s[2][600];
+        for (int sn = 0; sn < 2; ++sn) {
+            snprintf(s[sn], sizeof s[sn], "{\"name\": \"s%d%d\", \"fast_axis\": [1, 0, 0], \"slow_axis\": [0, 1, 0], "
+                     "\"origin\": [0.25, %g, %g], \"children\": [{\"panel\": %d}, {\"panel\": %d}]}", qd, sn,
+                     6.0 * sn - 3, 0.5 * sn, 4 * qd + 2 * sn, 4 * qd + 2 * sn + 1);
+        }
+        snprintf(quads[qd], sizeof quads[qd], "{\"name\": \"q%d\", \"fast_axis\": [%.17g, %.17g, 0], \"slow_axis\": "
+                 "[%.17g, %.17g, 0], \"origin\": [%g, 4, -100], \"children\": [%s, %s]}", qd, cos(t), sin(t), -sin(t),
+                 cos(t), qd ? 20.0 : -20.0, s[0], s[1]);
+    }
+    snprintf(text, sizeof text,
+             "{\"__id__\": \"ExperimentList\", \"experiment\": [" EXPT_C "],\n"
+             "  \"beam\": [{\"direction\": [0, 0, 1], \"wavelength\": 1.0}],\n"
+             "  \"detector\": [{\"panels\": [%s], \"hierarchy\": {\"name\": \"\", \"fast_axis\": [1, 0, 0], "
+             "\"slow_axis\": [0, 1, 0], \"origin\": [1.5, -2, 0], \"children\": [%s, %s]}}],\n"
+             "  \"goniometer\": [" GON "],\n"
+             "  \"scan\": [{\"image_range\": [1, 1], \"oscillation\": [0, 0.1], \"exposure_time\": [1]}]" CRYSTAL "}\n",
+             all, quads[0], quads[1]);
+    snprintf(path, sizeof path, "%s/frames.expt", dir);
+    snprintf(wpath, sizeof wpath, "%s/frames_w.expt", dir);
+    write_text(path, text);
+    nbg_geometry g;
+    nbg_panel *q = NULL;
+    int nq = 0;
+    int rc = nbg_read_expt_panels(ctx, path, &g, &q, &nq);
+    const double c3 = cos(3 * M_PI / 180), s3 = sin(3 * M_PI / 180);
+    int ok = rc == NBG_OK && nq == 8;
+    double dr = 0;
+    for (int k = 0; ok && k < 8; ++k) {
+        const double *R = q[k].level_frame[0], *Q = q[k].level_frame[1];
+        const double wr[9] = {1, 0, 0, 0, 1, 0, 1.5, -2, 0};
+        const double wq[9] = {c3, s3, 0, -s3, c3, 0, -18.5, 2, -100};
+        ok = q[k].has_level_frames;
+        for (int i = 0; i < 9; ++i) {
+            dr = fmax(dr, fabs(R[i] - wr[i]));
+            if (k < 4) {
+                dr = fmax(dr, fabs(Q[i] - wq[i]));
+            }
+        }
+    }
+    nbgi_test_check(ok && dr < 1e-12, "hier-frames-read", "the root's and quadrant 0's frames in every panel's "
+                    "level_frame, to %.2g%s", dr, rc == NBG_OK ? "" : nbg_errmsg(ctx));
+    json_error_t err;
+    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, wpath, &g, q, nq, NULL) : rc;
+    json_t *a = json_load_file(path, 0, &err), *b = rc == NBG_OK ? json_load_file(wpath, 0, &err) : NULL;
+    int ng = 0;
+    double d = INFINITY, dp = INFINITY;
+    if (a != NULL && b != NULL) {
+        json_t *da = json_array_get(json_object_get(a, "detector"), 0), *db = json_array_get(json_object_get(b,
+                                                                                               "detector"), 0);
+        d = hier_diff(json_object_get(da, "hierarchy"), json_object_get(db, "hierarchy"), &ng);
+        dp = 0;
+        json_t *pa = json_object_get(da, "panels"), *pb = json_object_get(db, "panels");
+        for (size_t k = 0; k < 8; ++k) {
+            static const char *keys[3] = {"fast_axis", "slow_axis", "origin"};
+            for (int v = 0; v < 3; ++v) {
+                json_t *va = json_object_get(json_array_get(pa, k), keys[v]);
+                json_t *vb = json_object_get(json_array_get(pb, k), keys[v]);
+                for (size_t i = 0; i < 3; ++i) {
+                    const double x = json_number_value(json_array_get(va, i)), y = json_number_value(json_array_get(vb, i));
+                    dp = fmax(dp, json_array_size(va) == 3 && json_array_size(vb) == 3 ? fabs(x - y) : INFINITY);
+                }
+            }
+        }
+    }
+    json_decref(a);
+    json_decref(b);
+    nbgi_test_check(rc == NBG_OK && ng == 7 && d < 1e-12 && dp < 1e-12, "hier-frames-write", "written back: %d groups' "
+                    "frames as the list had them to %.2g, every panel's vectors in its group's frame to %.2g%s", ng,
+                    d, dp, rc == NBG_OK ? "" : nbg_errmsg(ctx));
+    /* the quadrants as motion groups, through the builder (which puts the panels in the plane's frame) */
+    nbg_builder *bld = NULL;
+    const char *argv[] = {"-expt", path, "-panel_groups", "level1", "-default_F", "100", "-N", "3"};
+    int rb = nbg_builder_create(&bld);
+    rb = rb == NBG_OK ? nbg_builder_parse(ctx, bld, 8, argv) : rb;
+    rb = rb == NBG_OK ? nbg_builder_load(ctx, bld) : rb;
+    nbg_panel_motion *mo = NULL;
+    const int nm = rb == NBG_OK ? nbg_builder_motions(bld, &mo) : -1;
+    nbg_experiment *e = rb == NBG_OK ? nbg_builder_experiment(bld) : NULL;
+    nbg_panel before[8], after[8];
+    nbg_report r;
+    rb = rb == NBG_OK && nm == 2 ? nbg_describe(ctx, e, &r) : NBG_EINVAL;
+    rb = rb == NBG_OK ? nbg_panels_from_report(ctx, e, &r, before, 8) : rb;
+    double moved = 0, kept = 0, others = 0;
+    if (rb == NBG_OK) {
+        const nbg_panel_motion m0 = {{0.2, -0.1, 0.05}, {0.3, -0.2, 0.5}};
+        mo[0] = m0;
+        e->motions = mo;
+        e->nmotions = nm;
+        rb = nbg_describe(ctx, e, &r);
+        rb = rb == NBG_OK ? nbg_panels_from_report(ctx, e, &r, after, 8) : rb;
+    }
+    for (int k = 0; rb == NBG_OK && k < 8; ++k) {
+        double x0[9], x1[9];
+        in_level_frame(&before[k], 1, x0);
+        in_level_frame(&after[k], 1, x1);
+        for (int i = 0; i < 9; ++i) {
+            kept = fmax(kept, fabs(x1[i] - x0[i]));
+        }
+        for (int i = 0; i < 9; ++i) {
+            const double dq = fabs(after[k].level_frame[1][i] - before[k].level_frame[1][i]);
+            if (k < 4) {
+                moved = fmax(moved, dq);
+            } else {
+                others = fmax(others, dq);
+            }
+            others = fmax(others, fabs(after[k].level_frame[0][i] - before[k].level_frame[0][i]));
+        }
+    }
+    /* written: the moved quadrant's frame, and every panel where it was placed */
+    nbg_geometry gw;
+    nbg_panel *w = NULL;
+    int nw = 0;
+    rb = rb == NBG_OK ? nbg_geometry_from_report(ctx, e, &r, 1, &gw) : rb;
+    rb = rb == NBG_OK ? nbg_write_expt_panels(ctx, wpath, &gw, after, 8, NULL) : rb;
+    rb = rb == NBG_OK ? nbg_read_expt_panels(ctx, wpath, &gw, &w, &nw) : rb;
+    double back = rb == NBG_OK && nw == 8 ? 0 : INFINITY;
+    for (int k = 0; rb == NBG_OK && nw == 8 && k < 8; ++k) {
+        for (int i = 0; i < 9; ++i) {
+            back = fmax(back, fabs(w[k].level_frame[1][i] - after[k].level_frame[1][i]));
+        }
+        for (int i = 0; i < 3; ++i) {
+            back = fmax(back, fabs(w[k].origin[i] - after[k].origin[i]));
+        }
+    }
+    nbgi_test_check(rb == NBG_OK && moved > 0.1 && kept < 1e-12 && others < 1e-12 && back < 1e-12,
+                    "hier-frames-motion", "quadrant 0 moved (0.2 -0.1 0.05 mm, 0.3 -0.2 0.5 deg): its frame by up to "
+                    "%.3g, its panels in it kept to %.2g; quadrant 1's and the root's frames kept to %.2g; written and "
+                    "read back to %.2g%s", moved, kept, others, back, rb == NBG_OK ? "" : nbg_errmsg(ctx));
+    free(w);
+    nbg_builder_destroy(bld);
+    free(q);
+}
+
 int main(void)
 {
     nbg_ctx *ctx = NULL;
@@ -1602,6 +1805,7 @@ int main(void)
     test_raw_offsets_written(ctx, dir);
     test_tilted_frame(ctx, dir);
     test_write_groups(ctx, dir);
+    test_hier_frames(ctx, dir);
     test_scan_varying(ctx, dir);
     test_multi_axis(ctx, dir);
     test_scan_varying_refine(ctx, dir);

@@ -163,6 +163,13 @@ def hierarchies(nbgrad, work, el, nx_detector, image):
         worst = worst_placement(det, got) if len(got) == len(det) else float("inf")
         check(len(got) == len(det) and worst < 1e-6, tag + "-placed",
               "%d panels where dxtbx puts them: largest difference %.2g (mm for origins)" % (len(got), worst))
+        if move is not None:
+            # the root group's frame written back as the list has it (dials.refine's turn and shift), not the identity
+            ra, rb = det.hierarchy(), got.hierarchy()
+            wr = max(abs(a - b) for a, b in zip(ra.get_fast_axis() + ra.get_slow_axis() + ra.get_origin(),
+                                                rb.get_fast_axis() + rb.get_slow_axis() + rb.get_origin()))
+            check(wr < 1e-9, tag + "-root-frame", "the root group's frame written back as the list has it: largest "
+                  "difference %.2g (its turn and shift: %.3g)" % (wr, nonid))
         if move is None:
             img = np.fromfile(os.path.join(work, tag + ".bin"), dtype=np.float32)
             dd = float(np.max(np.abs(img - image))) if img.size == image.size else float("inf")
