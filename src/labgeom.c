@@ -517,19 +517,24 @@ void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanel
 
 /* Which motion group each level's group lies inside: uni[l * (maxid + 1) + id] the motion group of all the panels of
  * group id at level l (nbg_panel.level_group), -1 when they lie in several (the motion then moves no frame of the
- * group); NULL when memory is short. */
+ * group); NULL when memory is short.  A reader numbers a level's groups below twice the panels; a larger number
+ * (a caller's) is left out, its frame moved by no motion. */
 static int *level_motions(const nbg_experiment *e, int *maxid)
 {
+    const int cap = 2 * e->npanels + 16;
     int m = 0;
-    for (int k = 0; k < e->npanels; ++k)
-        for (int l = 0; l < NBG_PANEL_LEVELS; ++l)
-            m = e->panels[k].level_group[l] > m ? e->panels[k].level_group[l] : m;
+    for (int k = 0; k < e->npanels; ++k) {
+        for (int l = 0; l < NBG_PANEL_LEVELS; ++l) {
+            const int id = e->panels[k].level_group[l];
+            m = id > m && id <= cap ? id : m;
+        }
+    }
     int *uni = malloc(sizeof(int) * NBG_PANEL_LEVELS * ((size_t)m + 1));
     for (size_t i = 0; uni != NULL && i < NBG_PANEL_LEVELS * ((size_t)m + 1); ++i) uni[i] = -2;
     for (int k = 0; uni != NULL && k < e->npanels; ++k) {
         for (int l = 0; l < NBG_PANEL_LEVELS; ++l) {
             const int id = e->panels[k].level_group[l];
-            if (id < 0)
+            if (id < 0 || id > m)
                 continue;
             int *u = &uni[l * (m + 1) + id];
             *u = *u == -2 || *u == e->panels[k].group ? e->panels[k].group : -1;
@@ -553,7 +558,7 @@ static void place_level_frame(const nbg_experiment *e, const nbgi_placed *pp, co
     double v[9];
     memcpy(v, F, sizeof v);
     const int id = e->panels[k].level_group[l];
-    if (e->nmotions > 0 && id >= 0 && uni[l * (maxid + 1) + id] == e->panels[k].group) {
+    if (e->nmotions > 0 && id >= 0 && id <= maxid && uni[l * (maxid + 1) + id] == e->panels[k].group) {
         const int g = e->panels[k].group;
         const double *M = pp->R + 9 * g, *c = pp->pivot + 3 * g, *sh = e->motions[g].shift;
         double rel[3], w[9];
@@ -599,9 +604,11 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
     const int rc = nbgi_panel_place(ctx, e, &pp);
     if (rc != NBG_OK)
         return rc;
-    int maxid = 0;
-    int *uni = e->nmotions > 0 ? level_motions(e, &maxid) : NULL;
-    if (e->nmotions > 0 && uni == NULL) {
+    int maxid = 0, frames = 0;
+    for (int k = 0; k < npanels; ++k)
+        frames |= e->panels[k].has_level_frames;
+    int *uni = e->nmotions > 0 && frames ? level_motions(e, &maxid) : NULL;
+    if (e->nmotions > 0 && frames && uni == NULL) {
         nbgi_panel_place_free(&pp);
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the panels' groups");
     }

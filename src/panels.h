@@ -31,10 +31,11 @@ void nbgi_panel_place_free(nbgi_placed *pp);
 
 /* e's panels, in the laboratory frame (NBG_PANELS_LAB, as an experiment list gives them), re-expressed in the frame
  * of the detector plane the experiment places (NBG_PANELS_PLANE: components along its fast, slow and normal axes,
- * origins in mm from its pix0; panels is the writable table e points to), so that they render where they were and move with the plane: the detector's
- * distance, beam shifts, turns (det_tau1-3, det_rotx/y/z) and two-theta then move the whole detector as one rigid
- * body, whose frame is the plane's (for a list, the panel the beam meets, as DIALS's multi-panel detector
- * parameterisation takes it).  Nothing for PLANE panels.  NBG_EINVAL when the plane cannot be placed. */
+ * origins in mm from its pix0; their groups' frames, nbg_panel.level_frame, too; panels is the writable table e
+ * points to), so that they render where they were and move with the plane: the detector's distance, beam shifts,
+ * turns (det_tau1-3, det_rotx/y/z) and two-theta then move the whole detector as one rigid body, whose frame is the
+ * plane's (for a list, the panel the beam meets, as DIALS's multi-panel detector parameterisation takes it).
+ * Nothing for PLANE panels.  NBG_EINVAL when the plane cannot be placed. */
 int nbgi_panels_to_plane(nbg_ctx *ctx, nbg_experiment *e, nbg_panel *panels);
 
 /* The kernels' table of e's panels, placed by the detector plane (pix0, m; unit f, s, o) for NBG_PANELS_PLANE
