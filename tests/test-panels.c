@@ -87,6 +87,18 @@ static int tile(const nbg_experiment *flat, int nx, int ny, int pf, int ps, int 
     return n;
 }
 
+/* 2 x 2 panels of side x side pixels, 3 and 5 pixels apart, of base's crystal on a MOSFLM detector turned by
+ * det_rotx 2, det_roty -3: e's panels are pan (4). */
+static void rotated_tiles(nbg_experiment *e, int side, nbg_panel *pan)
+{
+    base(e);
+    e->convention = NBG_CONV_MOSFLM;
+    e->det_rot[0] = 2, e->det_rot[1] = -3;
+    e->fpixels = 2 * side + 3, e->spixels = 2 * side + 5;
+    e->npanels = tile(e, 2, 2, side, side, 3, 5, pan);
+    e->panels = pan;
+}
+
 /* max |panel pixel - flat pixel at the same place| / max |flat| over the panels of a grid (tile's layout). */
 static double grid_diff(const float *flat, int F, const float *img, int nx, int ny, int pf, int ps, int gf, int gs,
                         int *bitwise, double *mx)
@@ -794,13 +806,8 @@ static void files_panels(nbg_ctx *ctx)
     /* 2 x 2 modules of 40 x 40 pixels of 0.4 mm (33 mm wide, 3 and 5 pixels apart) of a rotated detector, as a list */
     {
         nbg_experiment t;
-        base(&t);
-        t.convention = NBG_CONV_MOSFLM;
-        t.det_rot[0] = 2, t.det_rot[1] = -3;
-        t.fpixels = 2 * 40 + 3, t.spixels = 2 * 40 + 5;
         nbg_panel tp[4], tl[4];
-        t.npanels = tile(&t, 2, 2, 40, 40, 3, 5, tp);
-        t.panels = tp;
+        rotated_tiles(&t, 40, tp);
         char ex4[300];
         snprintf(ex4, sizeof ex4, "%s/mp4.expt", dir);
         nbg_report tr;
@@ -1181,13 +1188,8 @@ static int noisy_still(nbg_ctx *ctx, nbg_experiment *e, size_t n, long seed, flo
 static int motion_fit(nbg_ctx *ctx, long seed, const nbg_panel_motion truth[4], nbg_refine_result *res)
 {
     nbg_experiment e;
-    base(&e);
-    e.convention = NBG_CONV_MOSFLM;
-    e.det_rot[0] = 2, e.det_rot[1] = -3;
-    e.fpixels = 2 * 24 + 3, e.spixels = 2 * 24 + 5;
     nbg_panel pan[4];
-    e.npanels = tile(&e, 2, 2, 24, 24, 3, 5, pan);
-    e.panels = pan;
+    rotated_tiles(&e, 24, pan);
     for (int k = 0; k < 4; ++k) {
         pan[k].group = k;
     }
@@ -1278,13 +1280,8 @@ static void motion_refine(nbg_ctx *ctx)
 static void beam_refine(nbg_ctx *ctx)
 {
     nbg_experiment e;
-    base(&e);
-    e.convention = NBG_CONV_MOSFLM;
-    e.det_rot[0] = 2, e.det_rot[1] = -3;
-    e.fpixels = 2 * 24 + 3, e.spixels = 2 * 24 + 5;
     nbg_panel pan[4], lab[4];
-    e.npanels = tile(&e, 2, 2, 24, 24, 3, 5, pan);
-    e.panels = pan;
+    rotated_tiles(&e, 24, pan);
     int rc = nbgi_test_panels_lab(ctx, &e, lab);
     e.panels = lab;
     e.panel_frame = NBG_PANELS_LAB;
