@@ -190,12 +190,12 @@ FLAGGED_FRAMES = 6
 
 
 def from_dials(nbgrad, tag, d, observed, truth, crystal_flags, dials_m, extra=(), name="nbgrad", expect="fit",
-               params="cell,orientation,distance,beam_fast,beam_slow,det_rotx,det_roty,det_rotz,spindle_tilt1"):
+               params="cell,orientation,detector_frame,spindle_tilt1"):
     """nbgrad refine started from DIALS's refined experiment list (its detector, beam, scan and crystal), on every
     frame of the series at once (the NXmx file, or the CBF files' template), on spot regions, refining the cell, the
-    orientation, the detector (distance, beam centre, three rotations) and the rotation axis's tilt towards the beam
-    (the beam-spindle angle; its other tilt is a turn of everything about the beam, degenerate with det_rotz and
-    rotz).  Its errors against DIALS's: 5x smaller, or, where that lies below nbgrad's own statistical floor on these
+    orientation, the detector as dials.refine does (detector_frame: distance, beam_fast, beam_slow, det_tau1-3, its
+    Dist, Shift1, Shift2, Tau1-3) and the rotation axis's tilt towards the beam (the beam-spindle angle; its other
+    tilt is a turn of everything about the beam).  Its errors against DIALS's: 5x smaller, or, where that lies below nbgrad's own statistical floor on these
     images, smaller than DIALS's and within 3 standard errors.  extra: more flags (last); expect "flagged": a model
     known to be wrong, which the goodness of fit must flag (exit 4), its errors only reported; it is fitted on the
     series' first FLAGGED_FRAMES frames (-frames), which the verdict needs no more than (measured on the hexagonal
