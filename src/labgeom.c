@@ -515,6 +515,21 @@ void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanel
     }
 }
 
+/* Axes fa, sa and point org (mm) given along the plane's axes (and from its pix0, m) into the laboratory: f, s, o. */
+static void plane_to_lab(const double *plane[3], const double pix0[3], const double fa[3], const double sa[3],
+                         const double org[3], double f[3], double s[3], double o[3])
+{
+    for (int x = 0; x < 3; ++x) {
+        f[x] = s[x] = 0;
+        o[x] = pix0[x] * 1000.0;
+        for (int j = 0; j < 3; ++j) {
+            f[x] += fa[j] * plane[j][x];
+            s[x] += sa[j] * plane[j][x];
+            o[x] += org[j] * plane[j][x];
+        }
+    }
+}
+
 /* Which motion group each level's group lies inside: uni[l * (maxid + 1) + id] the motion group of all the panels of
  * group id at level l (nbg_panel.level_group), -1 when they lie in several (the motion then moves no frame of the
  * group); NULL when memory is short.  A reader numbers a level's groups below twice the panels; a larger number
@@ -572,15 +587,7 @@ static void place_level_frame(const nbg_experiment *e, const nbgi_placed *pp, co
     }
     if (e->panel_frame == NBG_PANELS_PLANE) {
         double w[9];
-        for (int x = 0; x < 3; ++x) {
-            w[x] = w[3 + x] = 0;
-            w[6 + x] = pix0[x] * 1000.0;
-            for (int j = 0; j < 3; ++j) {
-                w[x] += v[j] * plane[j][x];
-                w[3 + x] += v[3 + j] * plane[j][x];
-                w[6 + x] += v[6 + j] * plane[j][x];
-            }
-        }
+        plane_to_lab(plane, pix0, v, v + 3, v + 6, w, w + 3, w + 6);
         memcpy(v, w, sizeof v);
     }
     apply(R, v, out);
@@ -620,15 +627,7 @@ int nbg_panels_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_repo
         if (e->panel_frame == NBG_PANELS_PLANE) {
             /* components along the plane's axes, the origin an offset (mm) from the plane's pix0 (m), as the
              * renderer places them (panels.c) */
-            for (int x = 0; x < 3; ++x) {
-                f[x] = s[x] = 0;
-                o[x] = r->pix0[x] * 1000.0;
-                for (int j = 0; j < 3; ++j) {
-                    f[x] += fa[j] * plane[j][x];
-                    s[x] += sa[j] * plane[j][x];
-                    o[x] += org[j] * plane[j][x];
-                }
-            }
+            plane_to_lab(plane, r->pix0, fa, sa, org, f, s, o);
         } else {
             memcpy(f, fa, sizeof f);
             memcpy(s, sa, sizeof s);

@@ -345,6 +345,24 @@ int nbgi_panel_place(nbg_ctx *ctx, const nbg_experiment *e, nbgi_placed *pp)
     return NBG_OK;
 }
 
+/* Axes f, s and point o (mm) of the laboratory, in place, as components along the plane's axes e3 (unit) and, for
+ * the point, its offset from pix0 (m). */
+static void lab_to_plane(const double *e3[3], const double pix0[3], double f[3], double s[3], double o[3])
+{
+    double fp[3], sp[3], op[3];
+    for (int j = 0; j < 3; ++j) {
+        fp[j] = dot3(f, e3[j]);
+        sp[j] = dot3(s, e3[j]);
+        op[j] = 0;
+        for (int x = 0; x < 3; ++x) {
+            op[j] += (o[x] - 1000.0 * pix0[x]) * e3[j][x];
+        }
+    }
+    memcpy(f, fp, sizeof fp);
+    memcpy(s, sp, sizeof sp);
+    memcpy(o, op, sizeof op);
+}
+
 int nbgi_panels_to_plane(nbg_ctx *ctx, nbg_experiment *e, nbg_panel *panels)
 {
     if (e->npanels < 1 || e->panel_frame != NBG_PANELS_LAB) {
@@ -376,35 +394,13 @@ int nbgi_panels_to_plane(nbg_ctx *ctx, nbg_experiment *e, nbg_panel *panels)
     const double *e3[3] = {r.fdet, r.sdet, r.odet};
     for (int k = 0; k < e->npanels; ++k) {
         nbg_panel *q = &panels[k];
-        double f[3], s[3], o[3];
-        for (int j = 0; j < 3; ++j) {
-            f[j] = dot3(q->fast, e3[j]);
-            s[j] = dot3(q->slow, e3[j]);
-            o[j] = 0;
-            for (int x = 0; x < 3; ++x) {
-                o[j] += (q->origin[x] - 1000.0 * r.pix0[x]) * e3[j][x];
-            }
-        }
-        memcpy(q->fast, f, sizeof f);
-        memcpy(q->slow, s, sizeof s);
-        memcpy(q->origin, o, sizeof o);
+        lab_to_plane(e3, r.pix0, q->fast, q->slow, q->origin);
         /* its groups' frames the same way (a level with none stays zero) */
         for (int l = 0; q->has_level_frames && l < NBG_PANEL_LEVELS; ++l) {
             double *F = q->level_frame[l];
-            if (dot3(F, F) == 0) {
-                continue;
+            if (dot3(F, F) != 0) {
+                lab_to_plane(e3, r.pix0, F, F + 3, F + 6);
             }
-            for (int j = 0; j < 3; ++j) {
-                f[j] = dot3(F, e3[j]);
-                s[j] = dot3(F + 3, e3[j]);
-                o[j] = 0;
-                for (int x = 0; x < 3; ++x) {
-                    o[j] += (F[6 + x] - 1000.0 * r.pix0[x]) * e3[j][x];
-                }
-            }
-            memcpy(F, f, sizeof f);
-            memcpy(F + 3, s, sizeof s);
-            memcpy(F + 6, o, sizeof o);
         }
     }
     e->panel_frame = NBG_PANELS_PLANE;

@@ -745,10 +745,7 @@ static void files_panels(nbg_ctx *ctx)
     size_t n = 0;
     int rc = NBG_OK;
     float *img = render(ctx, &e, &n, &rc);
-    rc = rc == NBG_OK ? nbg_describe(ctx, &e, &r) : rc;
-    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
-    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &r, lab, 3) : rc;
-    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 3, nx) : rc;
+    rc = rc == NBG_OK ? nbgi_test_write_panel_list(ctx, &e, ex, nx, &r, &g, lab) : rc;
     nbgi_test_check(rc == NBG_OK && n == 300 + 120 + 160, "mpfiles-write-expt", "three panels (%zu pixels) as an "
                    "experiment list (%s)", n, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
     /* the list read back: every panel within 1e-9 */
@@ -812,10 +809,7 @@ static void files_panels(nbg_ctx *ctx)
         snprintf(ex4, sizeof ex4, "%s/mp4.expt", dir);
         nbg_report tr;
         nbg_geometry tg;
-        int trc = nbg_describe(ctx, &t, &tr);
-        trc = trc == NBG_OK ? nbg_geometry_from_report(ctx, &t, &tr, 1, &tg) : trc;
-        trc = trc == NBG_OK ? nbg_panels_from_report(ctx, &t, &tr, tl, 4) : trc;
-        trc = trc == NBG_OK ? nbg_write_expt_panels(ctx, ex4, &tg, tl, 4, NULL) : trc;
+        const int trc = nbgi_test_write_panel_list(ctx, &t, ex4, NULL, &tr, &tg, tl);
         if (nbgi_test_check(trc == NBG_OK, "mplist-modules", "2 x 2 modules written as a list (%s)",
                             trc == NBG_OK ? "ok" : nbg_errmsg(ctx))) {
             list_whole_detector(ctx, ex4, tl, 4, 1);
@@ -1423,10 +1417,7 @@ static void sensors(nbg_ctx *ctx)
     size_t n = 0, n2 = 0;
     int rc = NBG_OK, r2 = NBG_OK;
     float *img = render(ctx, &e, &n, &rc);
-    rc = rc == NBG_OK ? nbg_describe(ctx, &e, &r) : rc;
-    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
-    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &r, lab, 2) : rc;
-    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 2, "s.nxs") : rc;
+    rc = rc == NBG_OK ? nbgi_test_write_panel_list(ctx, &e, ex, "s.nxs", &r, &g, lab) : rc;
     rc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
     nbg_experiment e2;
     base(&e2);

@@ -483,10 +483,7 @@ static void cli(nbg_ctx *ctx, const char *dir)
     snprintf(txt, sizeof txt, "%s/spots.txt", dir);
     nbg_report r;
     nbg_geometry g;
-    int rc = nbg_describe(ctx, &e, &r);
-    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &r, 1, &g) : rc;
-    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &r, lab, 2) : rc;
-    rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 2, NULL) : rc;
+    int rc = nbgi_test_write_panel_list(ctx, &e, ex, NULL, &r, &g, lab);
     /* the truth: the list's experiment with the crystal turned by 0.1 deg about z */
     nbg_geometry g2;
     nbg_panel *back = NULL;

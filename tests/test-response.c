@@ -241,10 +241,7 @@ int main(void)
         nbg_report rep;
         nbg_geometry g;
         nbg_panel lab[2];
-        rc = nbg_describe(ctx, &e, &rep);
-        rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, &e, &rep, 1, &g) : rc;
-        rc = rc == NBG_OK ? nbg_panels_from_report(ctx, &e, &rep, lab, 2) : rc;
-        rc = rc == NBG_OK ? nbg_write_expt_panels(ctx, ex, &g, lab, 2, NULL) : rc;
+        rc = nbgi_test_write_panel_list(ctx, &e, ex, NULL, &rep, &g, lab);
         nbg_geometry g2;
         nbg_panel *back = NULL;
         int np = 0;

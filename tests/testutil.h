@@ -377,6 +377,18 @@ static inline int nbgi_test_panels_lab(nbg_ctx *ctx, const nbg_experiment *e, nb
     return rc;
 }
 
+/* e's panels written as a DIALS experiment list at path (and their image file nx, or NULL, as the list's image set):
+ * *r e's report, *g its geometry (one frame) and lab (e->npanels) its panels in DIALS's frame, as the list holds
+ * them.  The first failing call's status. */
+static inline int nbgi_test_write_panel_list(nbg_ctx *ctx, const nbg_experiment *e, const char *path, const char *nx,
+                                             nbg_report *r, nbg_geometry *g, nbg_panel *lab)
+{
+    int rc = nbg_describe(ctx, e, r);
+    rc = rc == NBG_OK ? nbg_geometry_from_report(ctx, e, r, 1, g) : rc;
+    rc = rc == NBG_OK ? nbg_panels_from_report(ctx, e, r, lab, e->npanels) : rc;
+    return rc == NBG_OK ? nbg_write_expt_panels(ctx, path, g, lab, e->npanels, nx) : rc;
+}
+
 /* A kappa goniometer on g (PHI inside KAPPA inside OMEGA at 30, -40 and 12.5 deg, scanning KAPPA: its fixed and
  * setting rotations both turn), and g->axis the laboratory's scan axis, S unit(KAPPA).  nbg_goniometer_derive's
  * status. */
