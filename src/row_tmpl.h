@@ -330,11 +330,20 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     nbgi_lane_rays_as(p, f0, subF, Sdet, Odet, W, d0, d1, d2, q0, Fd, sizeof(NBG_R) == sizeof(float));
                 }
                 /* once-per-pixel factors: solid angle, then this layer's capture fraction (the plan's values in
-                 * locals, so that the loop vectorises: see nbgi_solid_angle_of) */
-#pragma omp simd
+                 * locals, so that the loop vectorises: see nbgi_solid_angle_of).  The solid angle only while a lane
+                 * lacks it (the lanes reach their first subpixel together): the select alone divided twice a ray at
+                 * every subpixel, one at a time under AVX2, which has no masked division */
+                int want_omega = os_omega;
                 for (int j = 0; j < W; ++j) {
-                    omega[j] = (omega[j] == 0 || os_omega) ? nbgi_solid_angle_of(point_pixel, pixel2, close, q0[j])
-                                                           : omega[j];
+                    want_omega |= omega[j] == 0;
+                }
+                if (want_omega) {
+#pragma omp simd
+                    for (int j = 0; j < W; ++j) {
+                        omega[j] = (omega[j] == 0 || os_omega)
+                                       ? nbgi_solid_angle_of(point_pixel, pixel2, close, q0[j])
+                                       : omega[j];
+                    }
                 }
 #pragma omp simd
                 for (int j = 0; j < W; ++j) {
