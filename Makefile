@@ -190,9 +190,9 @@ $(B)/%.o: %.cc | $(DEPS)
 	$(CXX) $(CXXFLAGS_LIB) -c $< -o $@
 
 # Where GCC tunes the target for 128-bit vectors though its registers are 256 bits wide (-march=native on AMD Zen 1:
-# -mprefer-vector-width=128), the forward's lane loops are built at 256 bits: tric1k's forward 5-10 % and
-# heavy512's 4 % faster on such a machine, the same image bits.  Not the adjoint's: its gradients were no faster and
-# moved by an ulp (GCC contracts its sums into multiply-adds differently at the other width).
+# -mprefer-vector-width=128), the forward's lane loops are built at 256 bits: tric1k's forward 5 % (double) and
+# 11 % (float), heavy512's 4-6 % faster on such a machine, the same image bits.  Not the adjoint's: its gradients were
+# no faster and moved by an ulp (GCC contracts its sums into multiply-adds differently at the other width).
 VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mprefer-vector-width=[[:space:]]+128' && \
             $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mavx2[[:space:]]+\[enabled\]' && \
             echo -mprefer-vector-width=256)
