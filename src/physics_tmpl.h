@@ -59,20 +59,22 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
     return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
 }
 
-/* cos(pi d) for |d| <= 1/2: the even Taylor polynomial in y = (pi d)^2 in Horner form, one fused multiply-add a
- * term (truncation below 1e-19 in double at degree 24, 1e-10 in float at degree 14); exact at d = 0.  (It was
- * the nested form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term: 12 dependent steps of two
- * operations in the lattice factor's every axis and sample.) */
+/* cos(pi d) for |d| <= 1/2: a polynomial in y = (pi d)^2 in Horner form, one fused multiply-add a term; exact at
+ * d = 0.  In double the even Taylor polynomial (truncation below 1e-19 at degree 24).  In float 1 - y / 2 + y^2 r(y)
+ * with r of degree 3 fitted for the least largest error on |d| <= 1/2 (Lawson's iteration; 4.2e-10 before its
+ * coefficients round to float, 8.8e-9 after, against 7.0e-9 for the Taylor polynomial of degree 14 it replaces
+ * with float's coefficients: both under float's half-ulp at 1, 6e-8): two multiply-adds fewer in every axis of
+ * every sample, heavy512's float forward 10 % faster.  (It was the nested form 1 - y / ((2k-1) 2k) (...), a
+ * multiply and a multiply-add a term: 12 dependent steps of two operations in the lattice factor's every axis and
+ * sample.) */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
 #ifdef NBG_FLOAT_MODE
-    NBG_R c = -1.0f / 87178291200.0f;
-    c = 1.0f / 479001600.0f + y * c;
-    c = -1.0f / 3628800.0f + y * c;
-    c = 1.0f / 40320.0f + y * c;
-    c = -1.0f / 720.0f + y * c;
-    c = 1.0f / 24.0f + y * c;
+    NBG_R c = -2.618022563e-07f;
+    c = 2.476863119e-05f + y * c;
+    c = -1.388855861e-03f + y * c;
+    c = 4.166665673e-02f + y * c;
     c = -0.5f + y * c;
     return 1.0f + y * c;
 #else
