@@ -190,9 +190,10 @@ $(B)/%.o: %.cc | $(DEPS)
 	$(CXX) $(CXXFLAGS_LIB) -c $< -o $@
 
 # Where GCC tunes the target for 128-bit vectors though its registers are 256 bits wide (-march=native on AMD Zen 1:
-# -mprefer-vector-width=128), the forward's lane loops are built at 256 bits: tric1k's forward 5 % (double) and
-# 11 % (float), heavy512's 4-6 % faster on such a machine, the same image bits.  Not the adjoint's: its gradients were
-# no faster and moved by an ulp (GCC contracts its sums into multiply-adds differently at the other width).
+# -mprefer-vector-width=128), the CPU kernels' lane loops are built at 256 bits, as every other AVX2 target's are
+# (the Python package's x86-64-v3 build included): the forward 5-11 % faster on such a machine (tric1k, heavy512),
+# the same image bits; the gradients no faster, but the same bits as the x86-64-v3 build's (at 128 bits GCC
+# contracted some sums into multiply-adds otherwise: python/tests' grad against the program differed by 8e-14).
 VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mprefer-vector-width=[[:space:]]+128' && \
             $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mavx2[[:space:]]+\[enabled\]' && \
             echo -mprefer-vector-width=256)
@@ -200,7 +201,7 @@ VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mprefer-
 # linker happened to place them (heavy512 in float: 1.45 s or 1.72 s for the same code), which made benchmark ratios
 # between versions a matter of layout.
 $(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += -falign-functions=64
-$(B)/src/forward_cpu.o: CFLAGS += $(VEC256)
+$(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += $(VEC256)
 # The adjoint's lane loops select (a lane's contribution or 0) where GCC sinks the products into the branch: with
 # trapping math they then vectorise only where the ISA has masked arithmetic (AVX-512, not AVX2), and a vectorised
 # loop fuses multiply-adds where the scalar one does not, so the -march=native and the Python package's x86-64-v3

@@ -59,14 +59,14 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
     return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
 }
 
-/* cos(pi d) for |d| <= 1/2: a polynomial in y = (pi d)^2 in Horner form, one fused multiply-add a term; exact at
- * d = 0.  In double the even Taylor polynomial (truncation below 1e-19 at degree 24).  In float 1 - y / 2 + y^2 r(y)
- * with r of degree 3 fitted for the least largest error on |d| <= 1/2 (Lawson's iteration; 4.2e-10 before its
- * coefficients round to float, 8.8e-9 after, against 7.0e-9 for the Taylor polynomial of degree 14 it replaces
- * with float's coefficients: both under float's half-ulp at 1, 6e-8): two multiply-adds fewer in every axis of
- * every sample, heavy512's float forward 10 % faster.  (It was the nested form 1 - y / ((2k-1) 2k) (...), a
- * multiply and a multiply-add a term: 12 dependent steps of two operations in the lattice factor's every axis and
- * sample.) */
+/* cos(pi d) for |d| <= 1/2: 1 - y / 2 + y^2 r(y) in y = (pi d)^2, Horner's form, one fused multiply-add a term;
+ * exact at d = 0.  r is fitted for the least largest error on |d| <= 1/2 (Lawson's iteration in 50 digits, then
+ * the coefficients rounded): in double r of degree 6, largest error 1.3e-17 (an eighth of double's ulp at 1), which
+ * replaced the Taylor polynomial of degree 24 (truncation 1e-19): four multiply-adds fewer in the lattice factor's
+ * every axis and sample (heavy512's double forward 18 % faster, tric1k's 13 %); in float r of degree 3, largest
+ * error 8.8e-9 with float's coefficients, against 7.0e-9 for the Taylor polynomial of degree 14 it replaced (both
+ * under float's half-ulp at 1, 6e-8): two fewer (heavy512's float forward 10 % faster).  (Before that it was the
+ * nested Taylor form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term.) */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
@@ -78,24 +78,22 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
     c = -0.5f + y * c;
     return 1.0f + y * c;
 #else
-    NBG_R c = 1.0 / 620448401733239439360000.0;
-    c = -1.0 / 1124000727777607680000.0 + y * c;
-    c = 1.0 / 2432902008176640000.0 + y * c;
-    c = -1.0 / 6402373705728000.0 + y * c;
-    c = 1.0 / 20922789888000.0 + y * c;
-    c = -1.0 / 87178291200.0 + y * c;
-    c = 1.0 / 479001600.0 + y * c;
-    c = -1.0 / 3628800.0 + y * c;
-    c = 1.0 / 40320.0 + y * c;
-    c = -1.0 / 720.0 + y * c;
-    c = 1.0 / 24.0 + y * c;
+    NBG_R c = 4.6161346348811036e-14;
+    c = -1.1463635397157698e-11 + y * c;
+    c = 2.0876592590929173e-09 + y * c;
+    c = -2.7557317068479356e-07 + y * c;
+    c = 2.480158728578357e-05 + y * c;
+    c = -0.0013888888888830048 + y * c;
+    c = 0.04166666666666583 + y * c;
     c = -0.5 + y * c;
     return 1.0 + y * c;
 #endif
 }
 
-/* P(y) with sin(pi d) = pi d P(y), y = (pi d)^2, |d| <= 1/2: the series of sin(u) / u in Horner form, one
- * fused multiply-add a term (truncation below 2e-18 in double at degree 21, 1e-11 in float at degree 15).  For the
+/* P(y) with sin(pi d) = pi d P(y), y = (pi d)^2, |d| <= 1/2, in Horner form, one fused multiply-add a term.  In
+ * double 1 - y / 6 + y^2 s(y) with s of degree 6 fitted as nbgi_cospi_reduced's r (largest error 2.6e-17, of
+ * which the rounding of 1/6 is most; it replaced the Taylor series to degree 20, truncation 2e-18: two multiply-adds
+ * fewer, heavy256's gradient 9 % faster); in float the Taylor series to degree 14 (truncation 1e-11).  For the
  * derivatives (nbgi_sincg_grad_int and its lane form), which need the sine besides the forward's cosine; the
  * forward's nbgi_sinpi_reduced keeps its nested form (and its images their bits). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
@@ -110,15 +108,13 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
     P = -1.0f / 6.0f + y * P;
     return 1.0f + y * P;
 #else
-    NBG_R P = 1.0 / 51090942171709440000.0;
-    P = -1.0 / 121645100408832000.0 + y * P;
-    P = 1.0 / 355687428096000.0 + y * P;
-    P = -1.0 / 1307674368000.0 + y * P;
-    P = 1.0 / 6227020800.0 + y * P;
-    P = -1.0 / 39916800.0 + y * P;
-    P = 1.0 / 362880.0 + y * P;
-    P = -1.0 / 5040.0 + y * P;
-    P = 1.0 / 120.0 + y * P;
+    NBG_R P = 2.7253515994656983e-15;
+    P = -7.643413589193816e-13 + y * P;
+    P = 1.605895710479289e-10 + y * P;
+    P = -2.5052107248051146e-08 + y * P;
+    P = 2.755731921564577e-06 + y * P;
+    P = -0.00019841269841238787 + y * P;
+    P = 0.00833333333333329 + y * P;
     P = -1.0 / 6.0 + y * P;
     return 1.0 + y * P;
 #endif
