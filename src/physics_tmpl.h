@@ -60,20 +60,21 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
 }
 
 /* cos(pi d) for |d| <= 1/2: 1 - y / 2 + y^2 r(y) in y = (pi d)^2, Horner's form, one fused multiply-add a term;
- * exact at d = 0.  r is fitted for the least largest error on |d| <= 1/2 (Lawson's iteration in 50 digits, then
- * the coefficients rounded): in double r of degree 6, largest error 1.3e-17 (an eighth of double's ulp at 1), which
- * replaced the Taylor polynomial of degree 24 (truncation 1e-19): four multiply-adds fewer in the lattice factor's
- * every axis and sample (heavy512's double forward 18 % faster, tric1k's 13 %); in float r of degree 3, largest
- * error 8.8e-9 with float's coefficients, against 7.0e-9 for the Taylor polynomial of degree 14 it replaced (both
- * under float's half-ulp at 1, 6e-8): two fewer (heavy512's float forward 10 % faster).  (Before that it was the
- * nested Taylor form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term.) */
+ * exact at d = 0.  r is fitted for the least largest error on |d| <= 1/2 (src/fitpoly.py: Lawson's iteration in
+ * 50 digits, then the coefficients rounded).  In double r of degree 6, largest error 1.3e-17 (an eighth of double's
+ * ulp at 1); it replaced the Taylor polynomial of degree 24 (truncation 1e-19): four multiply-adds fewer in the
+ * lattice factor's every axis and sample (heavy512's double forward 18 % faster, tric1k's 13 %).  In float r of
+ * degree 3, largest error 5.8e-9 with float's coefficients, against 7.0e-9 for the Taylor polynomial of degree 14 it
+ * replaced with float's (both under float's half-ulp at 1, 6e-8): two fewer (heavy512's float forward 10 % faster).
+ * tests/test-grad.c (grad-0-poly) checks both against long double's cosl.  (Before the Taylor polynomials it was the
+ * nested form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term.) */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
 #ifdef NBG_FLOAT_MODE
-    NBG_R c = -2.618022563e-07f;
-    c = 2.476863119e-05f + y * c;
-    c = -1.388855861e-03f + y * c;
+    NBG_R c = -2.619380837e-07f;
+    c = 2.476930422e-05f + y * c;
+    c = -1.388856908e-03f + y * c;
     c = 4.166665673e-02f + y * c;
     c = -0.5f + y * c;
     return 1.0f + y * c;
@@ -91,9 +92,9 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 }
 
 /* P(y) with sin(pi d) = pi d P(y), y = (pi d)^2, |d| <= 1/2, in Horner form, one fused multiply-add a term.  In
- * double 1 - y / 6 + y^2 s(y) with s of degree 6 fitted as nbgi_cospi_reduced's r (largest error 2.6e-17, of
- * which the rounding of 1/6 is most; it replaced the Taylor series to degree 20, truncation 2e-18: two multiply-adds
- * fewer, heavy256's gradient 9 % faster); in float the Taylor series to degree 14 (truncation 1e-11).  For the
+ * double 1 - y / 6 + y^2 s(y) (1/6 rounded to double) with s of degree 6 fitted as nbgi_cospi_reduced's r (largest
+ * error 6.1e-19; it replaced the Taylor series to degree 20, truncation 2e-18: two multiply-adds fewer, heavy256's
+ * gradient 9 % faster); in float the Taylor series to degree 14 (truncation 1e-11).  For the
  * derivatives (nbgi_sincg_grad_int and its lane form), which need the sine besides the forward's cosine; the
  * forward's nbgi_sinpi_reduced keeps its nested form (and its images their bits). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
@@ -108,13 +109,13 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
     P = -1.0f / 6.0f + y * P;
     return 1.0f + y * P;
 #else
-    NBG_R P = 2.7253515994656983e-15;
-    P = -7.643413589193816e-13 + y * P;
-    P = 1.605895710479289e-10 + y * P;
-    P = -2.5052107248051146e-08 + y * P;
-    P = 2.755731921564577e-06 + y * P;
-    P = -0.00019841269841238787 + y * P;
-    P = 0.00833333333333329 + y * P;
+    NBG_R P = 2.72226050537172e-15;
+    P = -7.643098133993465e-13 + y * P;
+    P = 1.6058943952413938e-10 + y * P;
+    P = -2.505210696051607e-08 + y * P;
+    P = 2.7557319212134097e-06 + y * P;
+    P = -0.00019841269841215287 + y * P;
+    P = 0.008333333333333212 + y * P;
     P = -1.0 / 6.0 + y * P;
     return 1.0 + y * P;
 #endif
