@@ -194,9 +194,8 @@ $(B)/%.o: %.cc | $(DEPS)
 # (the Python package's x86-64-v3 build included): the forward 5-11 % faster on such a machine (tric1k, heavy512),
 # the same image bits; the gradients no faster, but the same bits as the x86-64-v3 build's (at 128 bits GCC
 # contracted some sums into multiply-adds otherwise: python/tests' grad against the program differed by 8e-14).
-VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mprefer-vector-width=[[:space:]]+128' && \
-            $(CC) $(OPT) -Q --help=target 2>/dev/null | grep -Eq 'mavx2[[:space:]]+\[enabled\]' && \
-            echo -mprefer-vector-width=256)
+VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | awk '$$1 == "-mprefer-vector-width=" && $$2 == "128" \
+            { w = 1 } $$1 == "-mavx2" && $$2 == "[enabled]" { a = 1 } END { if (w && a) print "-mprefer-vector-width=256" }')
 # The CPU kernels' functions start on a cache line: the row kernels' speed moved by up to 15 % with where the
 # linker happened to place them (heavy512 in float: 1.45 s or 1.72 s for the same code), which made benchmark ratios
 # between versions a matter of layout.

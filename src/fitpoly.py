@@ -13,6 +13,8 @@ The script prints each set of coefficients (highest power first, as the Horner f
 and the largest error over a fine grid once they are rounded to the precision they are used in; tests/test-grad.c
 (grad-0-poly) checks the kernels' functions against long double's cosl and sinl.
 """
+import struct
+
 import mpmath as mp
 
 mp.mp.dps = 50
@@ -51,7 +53,6 @@ def largest_error(f, lead, coef, rnd):
 
 
 def to_float(x):
-    import struct
     return struct.unpack("f", struct.pack("f", float(x)))[0]
 
 
