@@ -321,7 +321,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad)(NBG_R h, NBG_R N, NBG_R *dh,
 
 /* The same for a small integer N, from one reduced cosine c = cos(pi d) and the sine s = pi d P (nbgi_sinpi_poly):
  *   sincg = U_{N-1}(c),  d/dh = U'_{N-1}(c) (-pi s),  d/dN = pi d cos(N pi d) / sin(pi d) = T_N(c) / P,
- * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = 2 U_k + 2c U'_k - U'_{k-1}, and
+ * the Chebyshev recurrences U_{k+1} = 2c U_k - U_{k-1}, U'_{k+1} = (2 U_k - U'_{k-1}) + 2c U'_k (summed so: the
+ * chain from step to step is one multiply-add), and
  * T_N = c U_{N-1} - U_{N-2} (T_N(cos x) = cos(N x); T_1 = c). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *dh, NBG_R *dN)
 {
@@ -334,7 +335,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *
         du1 = 0;
     }
     for (int k = 2; k < Ni; ++k) {
-        const NBG_R u2 = 2 * c * u1 - u0, du2 = 2 * u1 + 2 * c * du1 - du0;
+        const NBG_R u2 = 2 * c * u1 - u0, du2 = (2 * u1 - du0) + 2 * c * du1;
         u0 = u1;
         u1 = u2;
         du0 = du1;

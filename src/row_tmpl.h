@@ -56,6 +56,12 @@ enum { NBG_SFX(nbgi_row_lanes) = NBG_LANES };
 #include <string.h>
 #define NBG_ROW_VEC 1
 typedef NBG_R NBG_SFX(nbgi_rvec) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES)));
+/* its lanes' integer images, of the same width: a vector comparison's mask, a bitwise select */
+#ifdef NBG_FLOAT_MODE
+typedef int32_t NBG_SFX(nbgi_rmask) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES)));
+#else
+typedef int64_t NBG_SFX(nbgi_rmask) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES)));
+#endif
 /* The same lanes as NBG_RPARTS vectors of the registers' width where those are narrower than the lanes (8 doubles
  * under AVX2: a vector wider than the registers GCC lowers piecewise through the stack, and the gradient's
  * recurrence ran from memory); one vector of all the lanes otherwise.  Element-wise the same arithmetic. */
@@ -84,6 +90,55 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const N
     }
 }
 
+#if NBG_ROW_VEC
+/* The forward's square lattice factor with three integer N above 2, as one vector of the lanes (for
+ * nbgi_square_lanes, and for the row's sum that keeps it in registers) */
+static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L)
+{
+    enum { W = NBG_LANES };
+    /* the forward with three integer N: the three axes' cosines in one lane loop and their recurrences
+     * interleaved in registers (their chains are independent; one axis at a time left the units waiting on each
+     * chain's latency); per lane the arithmetic below, so the same bits */
+    typedef NBG_SFX(nbgi_rvec) vR;
+    NBG_R c2[3][W];
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        for (int x = 0; x < 3; ++x) {
+            const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+            c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
+        }
+    }
+    vR vc2[3], vu0[3], vu1[3], one;
+    for (int j = 0; j < W; ++j) {
+        one[j] = 1;
+    }
+    for (int x = 0; x < 3; ++x) {
+        memcpy(&vc2[x], c2[x], sizeof(vR));
+        vu1[x] = vc2[x];
+        vu0[x] = one;
+    }
+    /* the steps all three axes take, together and without a test per axis and step; then each axis's remaining
+     * ones */
+    const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
+    const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
+    for (int k = 2; k < nmin; ++k) {
+        for (int x = 0; x < 3; ++x) {
+            const vR u2 = vc2[x] * vu1[x] - vu0[x];
+            vu0[x] = vu1[x];
+            vu1[x] = u2;
+        }
+    }
+    for (int x = 0; x < 3; ++x) {
+        for (int k = nmin; k < p->Ni[x]; ++k) {
+            const vR u2 = vc2[x] * vu1[x] - vu0[x];
+            vu0[x] = vu1[x];
+            vu1[x] = u2;
+        }
+    }
+    *L = vu1[0] * vu1[1] * vu1[2]; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
+}
+#endif
+
 /* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
  * U_{N-1}(cos pi d) of nbgi_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
  * loop over the lanes, nbgi_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
@@ -98,53 +153,29 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     const int want_dN = p->want_dN; /* a local: see nbgi_solid_angle_of */
 #if NBG_ROW_VEC
     if (!want_grad && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
-        /* the forward with three integer N: the three axes' cosines in one lane loop and their recurrences
-         * interleaved in registers (their chains are independent; one axis at a time left the units waiting on each
-         * chain's latency); per lane the arithmetic below, so the same bits */
-        typedef NBG_SFX(nbgi_rvec) vR;
-        NBG_R c2[3][W];
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            for (int x = 0; x < 3; ++x) {
-                const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
-                c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
-            }
-        }
-        vR vc2[3], vu0[3], vu1[3], one;
-        for (int j = 0; j < W; ++j) {
-            one[j] = 1;
-        }
-        for (int x = 0; x < 3; ++x) {
-            memcpy(&vc2[x], c2[x], sizeof(vR));
-            vu1[x] = vc2[x];
-            vu0[x] = one;
-        }
-        const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
-        const int nmax = n0 > n1 ? (n0 > n2 ? n0 : n2) : (n1 > n2 ? n1 : n2);
-        for (int k = 2; k < nmax; ++k) {
-            if (k < n0) {
-                const vR u2 = vc2[0] * vu1[0] - vu0[0];
-                vu0[0] = vu1[0];
-                vu1[0] = u2;
-            }
-            if (k < n1) {
-                const vR u2 = vc2[1] * vu1[1] - vu0[1];
-                vu0[1] = vu1[1];
-                vu1[1] = u2;
-            }
-            if (k < n2) {
-                const vR u2 = vc2[2] * vu1[2] - vu0[2];
-                vu0[2] = vu1[2];
-                vu1[2] = u2;
-            }
-        }
-        const vR Lv = vu1[0] * vu1[1] * vu1[2]; /* (1 L_a) L_b L_c, as below */
+        NBG_SFX(nbgi_rvec) Lv;
+        NBG_SFX(nbgi_square_vec)(p, hkl, &Lv);
         memcpy(L, &Lv, sizeof Lv);
         return;
     }
 #endif
     for (int j = 0; j < W; ++j) {
         L[j] = 1; /* times each axis's factor: 1 L_a = L_a bit for bit */
+    }
+    /* with the partials, the three axes' cosines and sines first, in one lane loop (nbgi_sincg_grad_int's
+     * arithmetic, src/physics_tmpl.h): their polynomials are independent chains, which one axis at a time left
+     * waiting on each one's latency.  An axis of non-integer N does not use them. */
+    NBG_R gc[3][W], gs[3][W], gP[3][W];
+    if (want_grad) {
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            for (int x = 0; x < 3; ++x) {
+                const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+                gc[x][j] = NBG_SFX(nbgi_cospi_reduced)(d);
+                gP[x][j] = NBG_SFX(nbgi_sinpi_poly)((NBG_R)(M_PI * M_PI) * d * d);
+                gs[x][j] = ((NBG_R)M_PI * d) * gP[x][j];
+            }
+        }
     }
     for (int x = 0; x < 3; ++x) {
         const int Ni = p->Ni[x];
@@ -161,20 +192,16 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             }
             continue;
         }
-        NBG_R c1[W], c2[W], s[W], P[W], u0[W], u1[W], du0[W], du1[W];
+        NBG_R c2[W], u0[W], u1[W], du0[W], du1[W];
+        NBG_R *NBG_RESTRICT c1 = gc[x], *NBG_RESTRICT s = gs[x], *NBG_RESTRICT P = gP[x];
         const NBG_R *NBG_RESTRICT hx = hkl[x];
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
-            const NBG_R d = hx[j] - NBG_M(rint)(hx[j]);
-            const NBG_R c = NBG_SFX(nbgi_cospi_reduced)(d);
+            const NBG_R c = want_grad ? c1[j] : NBG_SFX(nbgi_cospi_reduced)(hx[j] - NBG_M(rint)(hx[j]));
             c2[j] = 2 * c; /* exact: 2 c u = c2 u bit for bit, one multiply less per step */
             u0[j] = 1;
             u1[j] = Ni == 1 ? 1 : c2[j];
             if (want_grad) {
-                /* nbgi_sincg_grad_int's arithmetic (src/physics_tmpl.h) */
-                c1[j] = c;
-                P[j] = NBG_SFX(nbgi_sinpi_poly)((NBG_R)(M_PI * M_PI) * d * d);
-                s[j] = ((NBG_R)M_PI * d) * P[j];
                 du0[j] = 0;
                 du1[j] = Ni == 1 ? 0 : 2;
             }
@@ -199,7 +226,8 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                 for (int h = 0; h < NP; ++h) {
                     const vR u2 = vc2[h] * vu1[h] - vu0[h];
                     if (want_grad) {
-                        const vR d2 = 2 * vu1[h] + vc2[h] * vd1[h] - vd0[h];
+                        /* summed as nbgi_sincg_grad_int: the chain from step to step is one multiply-add */
+                        const vR d2 = (2 * vu1[h] - vd0[h]) + vc2[h] * vd1[h];
                         vd0[h] = vd1[h];
                         vd1[h] = d2;
                     }
@@ -220,7 +248,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             for (int j = 0; j < W; ++j) {
                 const NBG_R u2 = c2[j] * u1[j] - u0[j];
                 if (want_grad) {
-                    const NBG_R du2 = 2 * u1[j] + c2[j] * du1[j] - du0[j];
+                    const NBG_R du2 = (2 * u1[j] - du0[j]) + c2[j] * du1[j];
                     du0[j] = du1[j];
                     du1[j] = du2;
                 }
@@ -288,6 +316,11 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
     const int os_omega = p->os_omega, os_polar = p->os_polar, point_pixel = p->point_pixel;
     const int os_any = p->os_thick || os_polar || os_omega, water = p->water != 0;
     const double pixel2 = p->pixel * p->pixel, close = p->close_distance;
+#if NBG_ROW_VEC
+    /* the sum over two or more matrices in vector registers (below; with one, its set-up cost tric1k 6-13 %) */
+    const int vsum = p->shape == NBG_SQUARE && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2 && p->F == 0 && !os_any &&
+                     sig == NULL && nmat > 1;
+#endif
     NBG_R I[W], qf0[W], qf1[W], qf2[W];
     double polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
     int valid[W], active[W];
@@ -363,8 +396,10 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     const double B[3] = {sr[7], sr[8], sr[9]};
                     nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     int used = 0; /* whether any lane's samples count */
+                    NBG_R live[W]; /* 1 where they do, 0 where not: a mask of the samples' width for the sum */
                     for (int j = 0; j < W; ++j) {
-                        used |= valid[j] && active[j];
+                        live[j] = valid[j] && active[j];
+                        used |= live[j] != 0;
                         if (sig != NULL && !valid[j]) {
                             NBG_MIX(j, -7);
                         }
@@ -400,6 +435,36 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                             qf2[j] = (NBG_R)q2[j];
                         }
                     }
+#if NBG_ROW_VEC
+                    if (vsum) {
+                        /* the square shape with three integer N above 2, a constant F and the factors once a
+                         * pixel: each matrix's lattice factor and the running sum stay in vector registers (through
+                         * the lane arrays, each step waited on a store); per lane the arithmetic below, so the same
+                         * bits.  The select is bitwise, on the lanes' integer images. */
+                        typedef NBG_SFX(nbgi_rvec) vR;
+                        typedef NBG_SFX(nbgi_rmask) vM;
+                        vR vI, vFc, zero;
+                        vM keep, wet;
+                        memcpy(&vI, I, sizeof vI);
+                        for (int j = 0; j < W; ++j) {
+                            vFc[j] = (NBG_R)p->default_F;
+                            zero[j] = 0;
+                            keep[j] = live[j] != 0 ? -1 : 0;
+                            wet[j] = water ? -1 : 0;
+                        }
+                        for (int m = 0; m < nmat; ++m) {
+                            NBG_R hkl[3][W], rnd[3][W];
+                            NBG_SFX(nbgi_lane_hkl)(p->abc + 9 * m, qf0, qf1, qf2, 0, hkl, rnd);
+                            vR vL;
+                            NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
+                            const vR acc = vI + vFc * vFc * vL * vL;
+                            const vM ok = keep & ((vL != zero) | wet);
+                            vI = (vR)(((vM)acc & ok) | ((vM)vI & ~ok));
+                        }
+                        memcpy(I, &vI, sizeof vI);
+                        continue;
+                    }
+#endif
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
                         /* phase 1: Miller indices */
@@ -449,7 +514,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
 #pragma omp simd
                             for (int j = 0; j < W; ++j) {
                                 const NBG_R acc = I[j] + Fc[j] * Fc[j] * L[j] * L[j];
-                                I[j] = (valid[j] && active[j] && (L[j] != 0 || water)) ? acc : I[j];
+                                I[j] = (live[j] != 0 && (L[j] != 0 || water)) ? acc : I[j];
                             }
                             continue;
                         }
