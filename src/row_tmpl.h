@@ -320,6 +320,13 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
     /* the sum over two or more matrices in vector registers (below; with one, its set-up cost tric1k 6-13 %) */
     const int vsum = p->shape == NBG_SQUARE && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2 && p->F == 0 && !os_any &&
                      sig == NULL && nmat > 1;
+    NBG_SFX(nbgi_rvec) vFc, vzero; /* its constants: F, 0, and water's mask */
+    NBG_SFX(nbgi_rmask) vwet;
+    for (int j = 0; j < W; ++j) {
+        vFc[j] = (NBG_R)p->default_F;
+        vzero[j] = 0;
+        vwet[j] = water ? -1 : 0;
+    }
 #endif
     NBG_R I[W], qf0[W], qf1[W], qf2[W];
     double polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
@@ -443,14 +450,11 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                          * bits.  The select is bitwise, on the lanes' integer images. */
                         typedef NBG_SFX(nbgi_rvec) vR;
                         typedef NBG_SFX(nbgi_rmask) vM;
-                        vR vI, vFc, zero;
-                        vM keep, wet;
+                        vR vI;
+                        vM keep;
                         memcpy(&vI, I, sizeof vI);
                         for (int j = 0; j < W; ++j) {
-                            vFc[j] = (NBG_R)p->default_F;
-                            zero[j] = 0;
                             keep[j] = live[j] != 0 ? -1 : 0;
-                            wet[j] = water ? -1 : 0;
                         }
                         for (int m = 0; m < nmat; ++m) {
                             NBG_R hkl[3][W], rnd[3][W];
@@ -458,7 +462,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                             vR vL;
                             NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
                             const vR acc = vI + vFc * vFc * vL * vL;
-                            const vM ok = keep & ((vL != zero) | wet);
+                            const vM ok = keep & ((vL != vzero) | vwet);
                             vI = (vR)(((vM)acc & ok) | ((vM)vI & ~ok));
                         }
                         memcpy(I, &vI, sizeof vI);
