@@ -24,10 +24,13 @@
 #include <omp.h>
 #endif
 
-/* Counted by bench/flops.sh on heavy256 (2026-11-26, GCC 12, the AVX2 build): double 156.2 flops a sample (104.2
- * vector operations per lane: 52 FMA, 46 multiplies, 6 adds and subtracts), float 111.2 (74.2: 37, 31, 6). */
-static const double FLOPS_PER_SAMPLE[2] = {156.2, 111.2};
-static const double VOPS_PER_SAMPLE[2] = {104.2, 74.2};
+/* Counted by bench/flops.sh on heavy256 (2026-11-27, GCC 12, the AVX2 build): double 98.2 flops a sample (58.2
+ * vector operations per lane: 40 FMA, 12 multiplies, 6 adds and subtracts), float 80.2 (49.2: 31, 12, 6).  The same
+ * counts for the code before 2026-11-27's changes to the forward (they removed stores and conversions, not
+ * arithmetic); the counts of 2026-11-26 (156.2 and 111.2) were of the code before 2026-11-26's, which summed the
+ * samples with 34 more multiplies a sample.  Recount after any change to the forward's arithmetic. */
+static const double FLOPS_PER_SAMPLE[2] = {98.2, 80.2};
+static const double VOPS_PER_SAMPLE[2] = {58.2, 49.2};
 
 /* The machine's own vector width (the kernel's 8 doubles are one register with AVX-512, two with AVX2), 12 chains
  * of it in registers (x86 has 16 of them without AVX-512, 32 with) */

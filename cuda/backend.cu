@@ -215,6 +215,7 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
     }
     kd->src = st->src;
     kd->abc = st->abc;
+    kd->abc_f = NULL; /* the CPU float forward's alone */
     if (k->F != NULL) {
         const size_t nF = (size_t)k->nh * k->nk * k->nl;
         if ((e = ensure((void **)&st->F, &st->cap_F, nF * sizeof(double))) != cudaSuccess ||

@@ -33,9 +33,9 @@ static __attribute__((noinline)) void row_adjoint(const nbgi_kparams *p, int s, 
 
 static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int f0, int n, const nbgi_adjacc *t,
                                               int nt, const nbgi_jvp_dirs *dirs, float *out, double *outd, double *dS,
-                                              size_t npix, size_t base)
+                                              size_t npix, size_t base, double *G)
 {
-    nbgi_row_jvp_d(p, s, f0, n, t, nt, dirs, out, outd, dS, npix, base);
+    nbgi_row_jvp_d(p, s, f0, n, t, nt, dirs, out, outd, dS, npix, base, G);
 }
 
 /* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
@@ -238,6 +238,10 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
         if (vectorised) {
             nbgi_jvp_dirs dirs;
             nbgi_jvp_dirs_of(tr, nt, &dirs);
+            /* the row kernel's scratch for the crystal's directions where a pixel has several samples a matrix
+             * (grad/jvp_row_tmpl.h); without it, those directions a sample at a time */
+            const int several = p->oversample * p->oversample * p->thicksteps * p->nsources > 1;
+            double *G = several ? malloc(sizeof(double) * (size_t)p->nphi * p->nmos * 9 * 8) : NULL;
             for (int f0 = fa; f0 < fb; f0 += 8) {
                 const size_t i = (size_t)first + f0;
                 const size_t o = pos >= 0 ? (size_t)(pos + (f0 - fa)) : i;
@@ -253,8 +257,9 @@ void nbgi_jvp_cpu(const nbgi_kparams *p, const nbgi_adjacc *t, int nt, const dou
                     continue;
                 }
                 row_jvp(pr, s, f0, n, tr, nt, &dirs, image + i,
-                        image_d != NULL ? image_d + i : NULL, out, stride, o);
+                        image_d != NULL ? image_d + i : NULL, out, stride, o, G);
             }
+            free(G);
             continue;
         }
         for (int f = fa; f < fb; ++f) {

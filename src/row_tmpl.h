@@ -53,7 +53,6 @@ enum { NBG_SFX(nbgi_row_lanes) = NBG_LANES };
 /* On the CPU (GCC or Clang), the lanes as one vector value, for loops whose state must stay in registers across
  * steps (the lattice factor's recurrence): element-wise the same arithmetic as the lane loops. */
 #if defined(__GNUC__) && !defined(__CUDACC__) && NBG_LANES > 1
-#include <string.h>
 #define NBG_ROW_VEC 1
 typedef NBG_R NBG_SFX(nbgi_rvec) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES)));
 /* its lanes' integer images, of the same width: a vector comparison's mask, a bitwise select */
@@ -68,24 +67,50 @@ typedef int64_t NBG_SFX(nbgi_rmask) __attribute__((vector_size(sizeof(NBG_R) * N
 #define NBG_RPART_BYTES (NBG_NARROW_VECTORS && sizeof(NBG_R) * NBG_LANES > 32 ? 32 : sizeof(NBG_R) * NBG_LANES)
 typedef NBG_R NBG_SFX(nbgi_rpart) __attribute__((vector_size(NBG_RPART_BYTES)));
 #define NBG_RPARTS ((int)(sizeof(NBG_R) * NBG_LANES / NBG_RPART_BYTES))
+/* Lane arrays read and written as those vectors: the arrays aligned to the vectors (NBG_LANE_AL), the vectors
+ * through types that may alias them.  (memcpy between the two was done in halves under znver1's tuning, and a
+ * vector read whole after two half writes waits for them to retire: a failed store forwarding.) */
+typedef NBG_R NBG_SFX(nbgi_rvec_m) __attribute__((vector_size(sizeof(NBG_R) * NBG_LANES), may_alias));
+typedef NBG_R NBG_SFX(nbgi_rpart_m) __attribute__((vector_size(NBG_RPART_BYTES), may_alias));
+#define NBG_LANE_AL __attribute__((aligned(sizeof(NBG_R) * NBG_LANES)))
 #else
 #define NBG_ROW_VEC 0
+#define NBG_LANE_AL
 #endif
 
-/* The Miller indices h = a . q of crystal vectors abc across the lanes (nbgi_miller's arithmetic), and, where
- * need_rnd (the table lookup and the non-square shapes use them), their rounding (nbgi_round_index); rnd is 0
- * otherwise.  Shared by the forward, adjoint and tangent row kernels. */
+/* The Miller indices h = a . q across the lanes (nbgi_miller's arithmetic) of crystal vectors v, already of the
+ * kernel's type. */
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl_r)(const NBG_R *v, const NBG_R *q0, const NBG_R *q1,
+                                                       const NBG_R *q2, NBG_R hkl[3][NBG_LANES])
+{
+    for (int x = 0; x < 3; ++x) {
+        NBG_R *NBG_RESTRICT hx = hkl[x];
+        const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+        }
+    }
+}
+
+/* The Miller indices of crystal vectors abc (the plan's, in double) across the lanes, and, where need_rnd (the
+ * table lookup, the non-square shapes and the signature use them), their rounding (nbgi_round_index); rnd is not
+ * written otherwise (storing its zeros at every matrix cost heavy512's forward 8 % in double, 4 % in float).
+ * Shared by the forward, adjoint and tangent row kernels. */
 static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1,
                                                      const NBG_R *q2, int need_rnd, NBG_R hkl[3][NBG_LANES],
                                                      NBG_R rnd[3][NBG_LANES])
 {
-    for (int x = 0; x < 3; ++x) {
+    NBG_R v[9];
+    for (int x = 0; x < 9; ++x) {
+        v[x] = (NBG_R)abc[x];
+    }
+    NBG_SFX(nbgi_lane_hkl_r)(v, q0, q1, q2, hkl);
+    for (int x = 0; x < 3 && need_rnd; ++x) {
         NBG_R *NBG_RESTRICT hx = hkl[x], *NBG_RESTRICT rx = rnd[x];
-        const NBG_R vx0 = (NBG_R)abc[3 * x], vx1 = (NBG_R)abc[3 * x + 1], vx2 = (NBG_R)abc[3 * x + 2];
 #pragma omp simd
         for (int j = 0; j < NBG_LANES; ++j) {
-            hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
-            rx[j] = need_rnd ? NBG_SFX(nbgi_round_index)(hx[j]) : 0;
+            rx[j] = NBG_SFX(nbgi_round_index)(hx[j]);
         }
     }
 }
@@ -100,7 +125,11 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
      * interleaved in registers (their chains are independent; one axis at a time left the units waiting on each
      * chain's latency); per lane the arithmetic below, so the same bits */
     typedef NBG_SFX(nbgi_rvec) vR;
-    NBG_R c2[3][W];
+    /* the cosines read back as whole vectors (NBG_LANE_AL), and the axes' state in named vectors, not in arrays
+     * indexed by the axis, which GCC kept in memory (heavy512's forward 26 % faster in double and float, tric1k's
+     * 11-13 %) */
+    typedef NBG_SFX(nbgi_rvec_m) vRa;
+    NBG_R c2[3][W] NBG_LANE_AL;
 #pragma omp simd
     for (int j = 0; j < W; ++j) {
         for (int x = 0; x < 3; ++x) {
@@ -108,34 +137,41 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
             c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
         }
     }
-    vR vc2[3], vu0[3], vu1[3], one;
+    const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
+    vR one;
     for (int j = 0; j < W; ++j) {
         one[j] = 1;
     }
-    for (int x = 0; x < 3; ++x) {
-        memcpy(&vc2[x], c2[x], sizeof(vR));
-        vu1[x] = vc2[x];
-        vu0[x] = one;
-    }
+    vR a0 = one, a1 = a2, b0 = one, b1 = b2, c0 = one, c1 = c2v;
     /* the steps all three axes take, together and without a test per axis and step; then each axis's remaining
      * ones */
     const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
     const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
     for (int k = 2; k < nmin; ++k) {
-        for (int x = 0; x < 3; ++x) {
-            const vR u2 = vc2[x] * vu1[x] - vu0[x];
-            vu0[x] = vu1[x];
-            vu1[x] = u2;
-        }
+        const vR a = a2 * a1 - a0, b = b2 * b1 - b0, c = c2v * c1 - c0;
+        a0 = a1;
+        a1 = a;
+        b0 = b1;
+        b1 = b;
+        c0 = c1;
+        c1 = c;
     }
-    for (int x = 0; x < 3; ++x) {
-        for (int k = nmin; k < p->Ni[x]; ++k) {
-            const vR u2 = vc2[x] * vu1[x] - vu0[x];
-            vu0[x] = vu1[x];
-            vu1[x] = u2;
-        }
+    for (int k = nmin; k < n0; ++k) {
+        const vR a = a2 * a1 - a0;
+        a0 = a1;
+        a1 = a;
     }
-    *L = vu1[0] * vu1[1] * vu1[2]; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
+    for (int k = nmin; k < n1; ++k) {
+        const vR b = b2 * b1 - b0;
+        b0 = b1;
+        b1 = b;
+    }
+    for (int k = nmin; k < n2; ++k) {
+        const vR c = c2v * c1 - c0;
+        c0 = c1;
+        c1 = c;
+    }
+    *L = a1 * b1 * c1; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
 }
 #endif
 
@@ -149,13 +185,18 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                                                          NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
     enum { W = NBG_LANES };
-    NBG_R fl[3][W], fh[3][W], fN[3][W];
+    NBG_R fl[3][W] NBG_LANE_AL, fh[3][W] NBG_LANE_AL, fN[3][W] NBG_LANE_AL;
     const int want_dN = p->want_dN; /* a local: see nbgi_solid_angle_of */
 #if NBG_ROW_VEC
+    /* the callers' lane arrays are NBG_LANE_AL: written whole, not in halves that their whole reads would wait on
+     * (the gradient's row reads them as vectors) */
+    L = __builtin_assume_aligned(L, sizeof(NBG_R) * NBG_LANES);
+    dLh = __builtin_assume_aligned(dLh, sizeof(NBG_R) * NBG_LANES);
+    dLdN = __builtin_assume_aligned(dLdN, sizeof(NBG_R) * NBG_LANES);
     if (!want_grad && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
         NBG_SFX(nbgi_rvec) Lv;
         NBG_SFX(nbgi_square_vec)(p, hkl, &Lv);
-        memcpy(L, &Lv, sizeof Lv);
+        *(NBG_SFX(nbgi_rvec_m) *)L = Lv; /* L is NBG_LANE_AL here (the forward row's) */
         return;
     }
 #endif
@@ -165,7 +206,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     /* with the partials, the three axes' cosines and sines first, in one lane loop (nbgi_sincg_grad_int's
      * arithmetic, src/physics_tmpl.h): their polynomials are independent chains, which one axis at a time left
      * waiting on each one's latency.  An axis of non-integer N does not use them. */
-    NBG_R gc[3][W], gs[3][W], gP[3][W];
+    NBG_R gc[3][W] NBG_LANE_AL, gs[3][W] NBG_LANE_AL, gP[3][W] NBG_LANE_AL;
     if (want_grad) {
 #pragma omp simd
         for (int j = 0; j < W; ++j) {
@@ -192,7 +233,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             }
             continue;
         }
-        NBG_R c2[W], u0[W], u1[W], du0[W], du1[W];
+        NBG_R c2[W] NBG_LANE_AL, u0[W] NBG_LANE_AL, u1[W] NBG_LANE_AL, du0[W] NBG_LANE_AL, du1[W] NBG_LANE_AL;
         NBG_R *NBG_RESTRICT c1 = gc[x], *NBG_RESTRICT s = gs[x], *NBG_RESTRICT P = gP[x];
         const NBG_R *NBG_RESTRICT hx = hkl[x];
 #pragma omp simd
@@ -213,14 +254,17 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
              * forward 16 %); in parts of the registers' width (NBG_RPARTS), independent chains; element-wise the
              * lane loop's arithmetic below */
             typedef NBG_SFX(nbgi_rpart) vR;
+            typedef NBG_SFX(nbgi_rpart_m) vRa;
             enum { NP = NBG_RPARTS };
             vR vc2[NP], vu0[NP], vu1[NP], vd0[NP], vd1[NP];
-            memcpy(vc2, c2, sizeof vc2);
-            memcpy(vu0, u0, sizeof vu0);
-            memcpy(vu1, u1, sizeof vu1);
-            if (want_grad) {
-                memcpy(vd0, du0, sizeof vd0);
-                memcpy(vd1, du1, sizeof vd1);
+            for (int h = 0; h < NP; ++h) {
+                vc2[h] = ((const vRa *)c2)[h];
+                vu0[h] = ((const vRa *)u0)[h];
+                vu1[h] = ((const vRa *)u1)[h];
+                if (want_grad) {
+                    vd0[h] = ((const vRa *)du0)[h];
+                    vd1[h] = ((const vRa *)du1)[h];
+                }
             }
             for (int k = 2; k < Ni; ++k) {
                 for (int h = 0; h < NP; ++h) {
@@ -235,11 +279,13 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                     vu1[h] = u2;
                 }
             }
-            memcpy(u0, vu0, sizeof vu0);
-            memcpy(u1, vu1, sizeof vu1);
-            if (want_grad) {
-                memcpy(du0, vd0, sizeof vd0);
-                memcpy(du1, vd1, sizeof vd1);
+            for (int h = 0; h < NP; ++h) {
+                ((vRa *)u0)[h] = vu0[h];
+                ((vRa *)u1)[h] = vu1[h];
+                if (want_grad) {
+                    ((vRa *)du0)[h] = vd0[h];
+                    ((vRa *)du1)[h] = vd1[h];
+                }
             }
         }
 #else
@@ -318,8 +364,13 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
     const double pixel2 = p->pixel * p->pixel, close = p->close_distance;
 #if NBG_ROW_VEC
     /* the sum over two or more matrices in vector registers (below; with one, its set-up cost tric1k 6-13 %) */
+#ifdef NBG_FLOAT_MODE
+    const float *mats = p->abc_f; /* the matrices in float (NULL: not made; the general loop below) */
+#else
+    const double *mats = p->abc;
+#endif
     const int vsum = p->shape == NBG_SQUARE && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2 && p->F == 0 && !os_any &&
-                     sig == NULL && nmat > 1;
+                     sig == NULL && nmat > 1 && mats != NULL;
     NBG_SFX(nbgi_rvec) vFc, vzero; /* its constants: F, 0, and water's mask */
     NBG_SFX(nbgi_rmask) vwet;
     for (int j = 0; j < W; ++j) {
@@ -328,7 +379,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
         vwet[j] = water ? -1 : 0;
     }
 #endif
-    NBG_R I[W], qf0[W], qf1[W], qf2[W];
+    NBG_R I[W] NBG_LANE_AL, qf0[W], qf1[W], qf2[W];
     double polar[W], omega[W], capture[W], d0[W], d1[W], d2[W], q0[W], q1[W], q2[W];
     int valid[W], active[W];
     double osum = 0, osl[W]; /* the solid angles' sum: each lane's over its subpixels, then the lanes in order */
@@ -452,27 +503,27 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         typedef NBG_SFX(nbgi_rmask) vM;
                         vR vI;
                         vM keep;
-                        memcpy(&vI, I, sizeof vI);
+                        vI = *(const NBG_SFX(nbgi_rvec_m) *)I;
                         for (int j = 0; j < W; ++j) {
                             keep[j] = live[j] != 0 ? -1 : 0;
                         }
                         for (int m = 0; m < nmat; ++m) {
-                            NBG_R hkl[3][W], rnd[3][W];
-                            NBG_SFX(nbgi_lane_hkl)(p->abc + 9 * m, qf0, qf1, qf2, 0, hkl, rnd);
+                            NBG_R hkl[3][W];
+                            NBG_SFX(nbgi_lane_hkl_r)(mats + 9 * m, qf0, qf1, qf2, hkl);
                             vR vL;
                             NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
                             const vR acc = vI + vFc * vFc * vL * vL;
                             const vM ok = keep & ((vL != vzero) | vwet);
                             vI = (vR)(((vM)acc & ok) | ((vM)vI & ~ok));
                         }
-                        memcpy(I, &vI, sizeof vI);
+                        *(NBG_SFX(nbgi_rvec_m) *)I = vI;
                         continue;
                     }
 #endif
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
                         /* phase 1: Miller indices */
-                        NBG_R hkl[3][W], rnd[3][W], L[W], Fc[W];
+                        NBG_R hkl[3][W], rnd[3][W], L[W] NBG_LANE_AL, Fc[W];
                         /* the rounded indices serve the table lookup, the non-square shapes and the signature */
                         NBG_SFX(nbgi_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE || sig != NULL,
                                                hkl, rnd);
@@ -573,3 +624,4 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
 #undef NBG_ROW_VEC
 #undef NBG_RPART_BYTES
 #undef NBG_RPARTS
+#undef NBG_LANE_AL
