@@ -25,10 +25,10 @@
 #endif
 
 /* Counted by bench/flops.sh on heavy256 (2026-11-27, GCC 12, the AVX2 build): double 98.2 flops a sample (58.2
- * vector operations per lane: 40 FMA, 12 multiplies, 6 adds and subtracts), float 80.2 (49.2: 31, 12, 6).  The same
- * counts for the code before 2026-11-27's changes to the forward (they removed stores and conversions, not
- * arithmetic); the counts of 2026-11-26 (156.2 and 111.2) were of the code before 2026-11-26's, which summed the
- * samples with 34 more multiplies a sample.  Recount after any change to the forward's arithmetic. */
+ * vector operations per lane: 40 FMA, 12 multiplies, 6 adds and subtracts), float 80.2 (49.2: 31, 12, 6), for stop
+ * 46's code and for stop 45's end alike (stop 46 removed stores and conversions, not arithmetic).  The earlier
+ * counts (156.2 and 111.2, 2026-11-26) were of stop 44's code, before stop 45's changes to the forward.  Recount
+ * after any change to the forward's arithmetic. */
 static const double FLOPS_PER_SAMPLE[2] = {98.2, 80.2};
 static const double VOPS_PER_SAMPLE[2] = {58.2, 49.2};
 
