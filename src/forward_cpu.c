@@ -4,8 +4,6 @@
 #include "forward.h"
 #include "kernel.h"
 
-#include <stdlib.h>
-
 /* The forward in double at the width of 256-bit vector registers (src/hd.h): its own instantiation, since the
  * adjoint and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order of summation). */
 #if NBG_NARROW_VECTORS
@@ -61,23 +59,6 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                       long *oor, double *image_sum)
 {
     use_float = use_float && image_d == NULL;
-    /* the float kernel's sum in vector registers reads the matrices in float, rounded here once (they were rounded
-     * at every sample: 9 conversions beside the Miller indices' 9 multiply-adds); without the memory, the general
-     * loop */
-    nbgi_kparams pf;
-    float *abc_f = NULL;
-    if (use_float && p->abc_f == NULL) {
-        const size_t nabc = (size_t)p->nphi * p->nmos * 9;
-        abc_f = malloc(sizeof(float) * nabc);
-        if (abc_f != NULL) {
-            for (size_t i = 0; i < nabc; ++i) {
-                abc_f[i] = (float)p->abc[i];
-            }
-            pf = *p;
-            pf.abc_f = abc_f;
-            p = &pf;
-        }
-    }
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
     const int W = use_float ? nbgi_row_lanes_f : ROW_LANES_D;
@@ -143,7 +124,6 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     *image_sum = im;
     *omega_sum = o;
     *oor = nout;
-    free(abc_f);
 }
 
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig)

@@ -1580,6 +1580,7 @@ static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
     k->nphi = m->gon.nphi;
     k->nmos = x->domains;
     k->abc = pl->abc;
+    k->abc_f = pl->abc_f;
     k->Na = N[0];
     k->Nb = N[1];
     k->Nc = N[2];
@@ -1786,16 +1787,21 @@ int nbgi_plan_kernels(nbg_ctx *ctx, nbgi_plan *pl)
     const size_t norient = (size_t)m->gon.nphi * (size_t)m->xtal.domains;
     free(pl->src);
     free(pl->abc);
+    free(pl->abc_f);
     free(pl->runs);
     pl->runs = NULL;
     pl->src = malloc(sizeof(double) * NBG_SRC_STRIDE * (size_t)m->beam.nsrc);
     pl->abc = malloc(sizeof(double) * 9 * norient);
-    if (pl->src == NULL || pl->abc == NULL) {
+    pl->abc_f = malloc(sizeof(float) * 9 * norient);
+    if (pl->src == NULL || pl->abc == NULL || pl->abc_f == NULL) {
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d sources and %zu crystal orientations", m->beam.nsrc,
                           norient);
     }
     source_frames(&m->beam, pl->src);
     rotate_crystal(m, pl->abc);
+    for (size_t i = 0; i < 9 * norient; ++i) {
+        pl->abc_f[i] = (float)pl->abc[i];
+    }
     int rc;
     if ((rc = kernel_params(ctx, rd, pl)) != NBG_OK || (rc = pixel_list(ctx, rd, pl)) != NBG_OK) {
         return rc;
@@ -1837,10 +1843,13 @@ void nbgi_plan_free(nbgi_plan *pl)
     m->gon.phi = m->xtal.umat = m->xtal.mos_axis = m->xtal.mos_angle = NULL;
     free(pl->src);
     free(pl->abc);
+    free(pl->abc_f);
     free(pl->runs);
     pl->src = pl->abc = NULL;
+    pl->abc_f = NULL;
     pl->runs = NULL;
     pl->k.runs = NULL;
     pl->k.panels = NULL;
     pl->k.src = pl->k.abc = NULL;
+    pl->k.abc_f = NULL;
 }

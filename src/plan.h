@@ -98,6 +98,7 @@ typedef struct {
     nbgi_render render;   /* and how it is rendered */
     double *src;          /* nsources * NBG_SRC_STRIDE */
     double *abc;          /* nphi * nmos * 9 */
+    float *abc_f;         /* abc rounded to float, for the CPU's float forward (nbgi_kparams.abc_f) */
     nbgi_run *runs;       /* k.nruns runs of the pixel list (NULL without one) */
 } nbgi_plan;
 

@@ -116,6 +116,18 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const N
 }
 
 #if NBG_ROW_VEC
+/* Steps k0 .. k1-1 of one axis's Chebyshev recurrence u_{k+1} = c2 u_k - u_{k-1} on vectors of the lanes (inlined:
+ * the state stays in its caller's registers) */
+static inline void NBG_SFX(nbgi_cheb_steps)(NBG_SFX(nbgi_rvec) c2, NBG_SFX(nbgi_rvec) * u0, NBG_SFX(nbgi_rvec) * u1,
+                                            int k0, int k1)
+{
+    for (int k = k0; k < k1; ++k) {
+        const NBG_SFX(nbgi_rvec) u2 = c2 * *u1 - *u0;
+        *u0 = *u1;
+        *u1 = u2;
+    }
+}
+
 /* The forward's square lattice factor with three integer N above 2, as one vector of the lanes (for
  * nbgi_square_lanes, and for the row's sum that keeps it in registers) */
 static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L)
@@ -156,21 +168,9 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
         c0 = c1;
         c1 = c;
     }
-    for (int k = nmin; k < n0; ++k) {
-        const vR a = a2 * a1 - a0;
-        a0 = a1;
-        a1 = a;
-    }
-    for (int k = nmin; k < n1; ++k) {
-        const vR b = b2 * b1 - b0;
-        b0 = b1;
-        b1 = b;
-    }
-    for (int k = nmin; k < n2; ++k) {
-        const vR c = c2v * c1 - c0;
-        c0 = c1;
-        c1 = c;
-    }
+    NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, nmin, n0);
+    NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, nmin, n1);
+    NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, nmin, n2);
     *L = a1 * b1 * c1; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
 }
 #endif
