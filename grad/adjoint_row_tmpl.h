@@ -89,7 +89,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                     const NBG_R ilambda = 1 / (NBG_R)sr[3];
                     nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
-                        valid[j] = valid[j] && active[j];
+                        valid[j] &= active[j]; /* both 0 or 1: bitwise, so that the loop vectorises */
                         dq0[j] = dq1[j] = dq2[j] = 0;
                     }
                     for (int m = 0; m < nmat; ++m) {

@@ -139,7 +139,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                     const NBG_R ilambda = 1 / (NBG_R)sr[3];
                     nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     for (int j = 0; j < W; ++j) {
-                        valid[j] = valid[j] && active[j];
+                        valid[j] &= active[j]; /* both 0 or 1: bitwise, so that the loop vectorises */
                     }
                     /* q = (d - i) / lambda: t_q = t_d / lambda - q t_lambda / lambda; zero for a direction that
                      * moves neither the detector nor this source's wavelength */

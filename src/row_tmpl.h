@@ -121,10 +121,32 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const N
 static inline void NBG_SFX(nbgi_cheb_steps)(NBG_SFX(nbgi_rvec) c2, NBG_SFX(nbgi_rvec) * u0, NBG_SFX(nbgi_rvec) * u1,
                                             int k0, int k1)
 {
-    for (int k = k0; k < k1; ++k) {
-        const NBG_SFX(nbgi_rvec) u2 = c2 * *u1 - *u0;
-        *u0 = *u1;
-        *u1 = u2;
+    NBG_SFX(nbgi_rvec) v0 = *u0, v1 = *u1;
+    int k = k0;
+    /* two steps at a time, the state's two names taking turns: no register copies (the one-step form spent two
+     * moves a step) */
+    for (; k + 1 < k1; k += 2) {
+        v0 = c2 * v1 - v0;
+        v1 = c2 * v0 - v1;
+    }
+    if (k < k1) {
+        const NBG_SFX(nbgi_rvec) v2 = c2 * v1 - v0;
+        v0 = v1;
+        v1 = v2;
+    }
+    *u0 = v0;
+    *u1 = v1;
+}
+
+/* 2 cos(pi d), d = h - rint(h), of each axis's index across the lanes (the forward's square lattice factor) */
+static inline void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3][NBG_LANES])
+{
+#pragma omp simd
+    for (int j = 0; j < NBG_LANES; ++j) {
+        for (int x = 0; x < 3; ++x) {
+            const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
+            c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
+        }
     }
 }
 
@@ -142,13 +164,7 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
      * 11-13 %) */
     typedef NBG_SFX(nbgi_rvec_m) vRa;
     NBG_R c2[3][W] NBG_LANE_AL;
-#pragma omp simd
-    for (int j = 0; j < W; ++j) {
-        for (int x = 0; x < 3; ++x) {
-            const NBG_R d = hkl[x][j] - NBG_M(rint)(hkl[x][j]);
-            c2[x][j] = 2 * NBG_SFX(nbgi_cospi_reduced)(d);
-        }
-    }
+    NBG_SFX(nbgi_cos2_lanes)(hkl, c2);
     const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
     vR one;
     for (int j = 0; j < W; ++j) {
@@ -159,19 +175,67 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
      * ones */
     const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
     const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
-    for (int k = 2; k < nmin; ++k) {
-        const vR a = a2 * a1 - a0, b = b2 * b1 - b0, c = c2v * c1 - c0;
-        a0 = a1;
-        a1 = a;
-        b0 = b1;
-        b1 = b;
-        c0 = c1;
-        c1 = c;
+    int k = 2;
+    for (; k + 1 < nmin; k += 2) { /* two steps at a time, as nbgi_cheb_steps */
+        a0 = a2 * a1 - a0;
+        b0 = b2 * b1 - b0;
+        c0 = c2v * c1 - c0;
+        a1 = a2 * a0 - a1;
+        b1 = b2 * b0 - b1;
+        c1 = c2v * c0 - c1;
     }
-    NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, nmin, n0);
-    NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, nmin, n1);
-    NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, nmin, n2);
+    NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, k, n0);
+    NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, k, n1);
+    NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, k, n2);
     *L = a1 * b1 * c1; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
+}
+
+/* nbgi_square_vec of two matrices' indices (hkl, hkl2) at once: their six recurrences interleaved, independent
+ * chains that the one-matrix form left the units waiting on (the row's sum over matrices takes them in pairs);
+ * per lane the same arithmetic */
+static inline void NBG_SFX(nbgi_square_vec2)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+                                             NBG_R hkl2[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L,
+                                             NBG_SFX(nbgi_rvec) * L2)
+{
+    enum { W = NBG_LANES };
+    typedef NBG_SFX(nbgi_rvec) vR;
+    typedef NBG_SFX(nbgi_rvec_m) vRa;
+    NBG_R c2[3][W] NBG_LANE_AL, e2[3][W] NBG_LANE_AL;
+    NBG_SFX(nbgi_cos2_lanes)(hkl, c2);
+    NBG_SFX(nbgi_cos2_lanes)(hkl2, e2);
+    const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
+    const vR d2 = *(const vRa *)e2[0], e2v = *(const vRa *)e2[1], f2 = *(const vRa *)e2[2];
+    vR one;
+    for (int j = 0; j < W; ++j) {
+        one[j] = 1;
+    }
+    vR a0 = one, a1 = a2, b0 = one, b1 = b2, c0 = one, c1 = c2v;
+    vR d0 = one, d1 = d2, e0 = one, e1 = e2v, f0 = one, f1 = f2;
+    const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
+    const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
+    int k = 2;
+    for (; k + 1 < nmin; k += 2) {
+        a0 = a2 * a1 - a0;
+        b0 = b2 * b1 - b0;
+        c0 = c2v * c1 - c0;
+        d0 = d2 * d1 - d0;
+        e0 = e2v * e1 - e0;
+        f0 = f2 * f1 - f0;
+        a1 = a2 * a0 - a1;
+        b1 = b2 * b0 - b1;
+        c1 = c2v * c0 - c1;
+        d1 = d2 * d0 - d1;
+        e1 = e2v * e0 - e1;
+        f1 = f2 * f0 - f1;
+    }
+    NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, k, n0);
+    NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, k, n1);
+    NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, k, n2);
+    NBG_SFX(nbgi_cheb_steps)(d2, &d0, &d1, k, n0);
+    NBG_SFX(nbgi_cheb_steps)(e2v, &e0, &e1, k, n1);
+    NBG_SFX(nbgi_cheb_steps)(f2, &f0, &f1, k, n2);
+    *L = a1 * b1 * c1;
+    *L2 = d1 * e1 * f1;
 }
 #endif
 
@@ -266,11 +330,25 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
                     vd1[h] = ((const vRa *)du1)[h];
                 }
             }
-            for (int k = 2; k < Ni; ++k) {
+            int k = 2;
+            /* two steps at a time, the state's two names taking turns (no register copies) */
+            for (; k + 1 < Ni; k += 2) {
+                for (int h = 0; h < NP; ++h) {
+                    if (want_grad) {
+                        /* summed as nbgi_sincg_grad_int: the chain from step to step is one multiply-add */
+                        vd0[h] = (2 * vu1[h] - vd0[h]) + vc2[h] * vd1[h];
+                    }
+                    vu0[h] = vc2[h] * vu1[h] - vu0[h];
+                    if (want_grad) {
+                        vd1[h] = (2 * vu0[h] - vd1[h]) + vc2[h] * vd0[h];
+                    }
+                    vu1[h] = vc2[h] * vu0[h] - vu1[h];
+                }
+            }
+            if (k < Ni) {
                 for (int h = 0; h < NP; ++h) {
                     const vR u2 = vc2[h] * vu1[h] - vu0[h];
                     if (want_grad) {
-                        /* summed as nbgi_sincg_grad_int: the chain from step to step is one multiply-add */
                         const vR d2 = (2 * vu1[h] - vd0[h]) + vc2[h] * vd1[h];
                         vd0[h] = vd1[h];
                         vd1[h] = d2;
@@ -425,6 +503,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                  * lacks it (the lanes reach their first subpixel together): the select alone divided twice a ray at
                  * every subpixel, one at a time under AVX2, which has no masked division */
                 int want_omega = os_omega;
+#pragma omp simd reduction(| : want_omega)
                 for (int j = 0; j < W; ++j) {
                     want_omega |= omega[j] == 0;
                 }
@@ -441,10 +520,13 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     osl[j] += active[j] ? omega[j] : 0.0;
                 }
                 /* without a sensor thickness capture stays 1 (unless -oversample_thick recomputes it to 0) */
-                for (int j = 0; j < W && (p->thick != 0 || p->os_thick); ++j) {
-                    if (capture[j] == 0 || p->os_thick) {
-                        double a;
-                        capture[j] = nbgi_capture(p, t, d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2], &a);
+                if (p->thick != 0 || p->os_thick) {
+                    for (int j = 0; j < W; ++j) {
+                        if (capture[j] == 0 || p->os_thick) {
+                            double a;
+                            capture[j] = nbgi_capture(p, t, d0[j] * p->odet[0] + d1[j] * p->odet[1] + d2[j] * p->odet[2],
+                                                      &a);
+                        }
                     }
                 }
                 for (int src = 0; src < p->nsources; ++src) {
@@ -455,10 +537,15 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     nbgi_lane_q(p, src, W, d0, d1, d2, q0, q1, q2, valid);
                     int used = 0; /* whether any lane's samples count */
                     NBG_R live[W]; /* 1 where they do, 0 where not: a mask of the samples' width for the sum */
+                    /* valid and active are 0 or 1: bitwise, so that the loop vectorises (with && and a reduction
+                     * it ran a lane at a time, as did want_polar's below) */
+#pragma omp simd reduction(| : used)
                     for (int j = 0; j < W; ++j) {
-                        live[j] = valid[j] && active[j];
-                        used |= live[j] != 0;
-                        if (sig != NULL && !valid[j]) {
+                        live[j] = (NBG_R)(valid[j] & active[j]);
+                        used |= valid[j] & active[j];
+                    }
+                    for (int j = 0; j < W && sig != NULL; ++j) {
+                        if (!valid[j]) {
                             NBG_MIX(j, -7);
                         }
                     }
@@ -470,8 +557,9 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                      * conversions alone.  The loop with it stays as it is: GCC leaves it scalar, and the adjoint's
                      * prologue rounds as it does (grad/adjoint.h) */
                     int want_polar = 0;
+#pragma omp simd reduction(| : want_polar)
                     for (int j = 0; j < W; ++j) {
-                        want_polar |= valid[j] && (polar[j] == 0 || os_polar);
+                        want_polar |= valid[j] & ((polar[j] == 0) | (os_polar != 0));
                     }
                     if (want_polar) {
 #pragma omp simd
@@ -507,14 +595,23 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         for (int j = 0; j < W; ++j) {
                             keep[j] = live[j] != 0 ? -1 : 0;
                         }
-                        for (int m = 0; m < nmat; ++m) {
-                            NBG_R hkl[3][W];
+                        /* the matrices in pairs (nbgi_square_vec2), summed in their order */
+                        for (int m = 0; m < nmat; m += 2) {
+                            NBG_R hkl[3][W], hkl2[3][W];
+                            vR vL, vL2 = vzero;
                             NBG_SFX(nbgi_lane_hkl_r)(mats + 9 * m, qf0, qf1, qf2, hkl);
-                            vR vL;
-                            NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
-                            const vR acc = vI + vFc * vFc * vL * vL;
-                            const vM ok = keep & ((vL != vzero) | vwet);
-                            vI = (vR)(((vM)acc & ok) | ((vM)vI & ~ok));
+                            if (m + 1 < nmat) {
+                                NBG_SFX(nbgi_lane_hkl_r)(mats + 9 * (m + 1), qf0, qf1, qf2, hkl2);
+                                NBG_SFX(nbgi_square_vec2)(p, hkl, hkl2, &vL, &vL2);
+                            } else {
+                                NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
+                            }
+                            for (int i = 0; i < 2 && m + i < nmat; ++i) {
+                                const vR l = i == 0 ? vL : vL2;
+                                const vR acc = vI + vFc * vFc * l * l;
+                                const vM ok = keep & ((l != vzero) | vwet);
+                                vI = (vR)(((vM)acc & ok) | ((vM)vI & ~ok));
+                            }
                         }
                         *(NBG_SFX(nbgi_rvec_m) *)I = vI;
                         continue;
