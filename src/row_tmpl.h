@@ -150,67 +150,40 @@ static inline void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3]
     }
 }
 
-/* The forward's square lattice factor with three integer N above 2, as one vector of the lanes (for
- * nbgi_square_lanes, and for the row's sum that keeps it in registers) */
-static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L)
+/* The forward's square lattice factor with three integer N above 2, as one vector of the lanes, of one matrix's
+ * indices (hkl; two 0) or of two matrices' at once (hkl and hkl2 into L and L2; two 1, a constant at every call),
+ * for nbgi_square_lanes and for the row's sum that keeps it in registers (over the matrices in pairs).  Per lane the
+ * arithmetic below, so the same bits either way. */
+static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R hkl2[3][NBG_LANES],
+                                            NBG_SFX(nbgi_rvec) * L, NBG_SFX(nbgi_rvec) * L2, const int two)
 {
     enum { W = NBG_LANES };
-    /* the forward with three integer N: the three axes' cosines in one lane loop and their recurrences
-     * interleaved in registers (their chains are independent; one axis at a time left the units waiting on each
-     * chain's latency); per lane the arithmetic below, so the same bits */
+    /* the three axes' cosines in one lane loop and their recurrences interleaved in registers (their chains are
+     * independent; one axis at a time left the units waiting on each chain's latency), and with two matrices six
+     * chains (heavy512's forward 7 % faster in double, 11 % in float, than one matrix at a time) */
     typedef NBG_SFX(nbgi_rvec) vR;
     /* the cosines read back as whole vectors (NBG_LANE_AL), and the axes' state in named vectors, not in arrays
      * indexed by the axis, which GCC kept in memory (heavy512's forward 26 % faster in double and float, tric1k's
      * 11-13 %) */
     typedef NBG_SFX(nbgi_rvec_m) vRa;
-    NBG_R c2[3][W] NBG_LANE_AL;
-    NBG_SFX(nbgi_cos2_lanes)(hkl, c2);
-    const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
-    vR one;
-    for (int j = 0; j < W; ++j) {
-        one[j] = 1;
-    }
-    vR a0 = one, a1 = a2, b0 = one, b1 = b2, c0 = one, c1 = c2v;
-    /* the steps all three axes take, together and without a test per axis and step; then each axis's remaining
-     * ones */
-    const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
-    const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
-    int k = 2;
-    for (; k + 1 < nmin; k += 2) { /* two steps at a time, as nbgi_cheb_steps */
-        a0 = a2 * a1 - a0;
-        b0 = b2 * b1 - b0;
-        c0 = c2v * c1 - c0;
-        a1 = a2 * a0 - a1;
-        b1 = b2 * b0 - b1;
-        c1 = c2v * c0 - c1;
-    }
-    NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, k, n0);
-    NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, k, n1);
-    NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, k, n2);
-    *L = a1 * b1 * c1; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
-}
-
-/* nbgi_square_vec of two matrices' indices (hkl, hkl2) at once: their six recurrences interleaved, independent
- * chains that the one-matrix form left the units waiting on (the row's sum over matrices takes them in pairs);
- * per lane the same arithmetic */
-static inline void NBG_SFX(nbgi_square_vec2)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
-                                             NBG_R hkl2[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L,
-                                             NBG_SFX(nbgi_rvec) * L2)
-{
-    enum { W = NBG_LANES };
-    typedef NBG_SFX(nbgi_rvec) vR;
-    typedef NBG_SFX(nbgi_rvec_m) vRa;
     NBG_R c2[3][W] NBG_LANE_AL, e2[3][W] NBG_LANE_AL;
-    NBG_SFX(nbgi_cos2_lanes)(hkl, c2);
-    NBG_SFX(nbgi_cos2_lanes)(hkl2, e2);
-    const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
-    const vR d2 = *(const vRa *)e2[0], e2v = *(const vRa *)e2[1], f2 = *(const vRa *)e2[2];
     vR one;
     for (int j = 0; j < W; ++j) {
         one[j] = 1;
+    }
+    NBG_SFX(nbgi_cos2_lanes)(hkl, c2);
+    const vR a2 = *(const vRa *)c2[0], b2 = *(const vRa *)c2[1], c2v = *(const vRa *)c2[2];
+    vR d2 = one, e2v = one, f2 = one;
+    if (two) {
+        NBG_SFX(nbgi_cos2_lanes)(hkl2, e2);
+        d2 = *(const vRa *)e2[0];
+        e2v = *(const vRa *)e2[1];
+        f2 = *(const vRa *)e2[2];
     }
     vR a0 = one, a1 = a2, b0 = one, b1 = b2, c0 = one, c1 = c2v;
     vR d0 = one, d1 = d2, e0 = one, e1 = e2v, f0 = one, f1 = f2;
+    /* the steps all three axes take, together and without a test per axis and step, two at a time (as
+     * nbgi_cheb_steps); then each axis's remaining ones */
     const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
     const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
     int k = 2;
@@ -218,24 +191,30 @@ static inline void NBG_SFX(nbgi_square_vec2)(const nbgi_kparams *p, NBG_R hkl[3]
         a0 = a2 * a1 - a0;
         b0 = b2 * b1 - b0;
         c0 = c2v * c1 - c0;
-        d0 = d2 * d1 - d0;
-        e0 = e2v * e1 - e0;
-        f0 = f2 * f1 - f0;
+        if (two) {
+            d0 = d2 * d1 - d0;
+            e0 = e2v * e1 - e0;
+            f0 = f2 * f1 - f0;
+        }
         a1 = a2 * a0 - a1;
         b1 = b2 * b0 - b1;
         c1 = c2v * c0 - c1;
-        d1 = d2 * d0 - d1;
-        e1 = e2v * e0 - e1;
-        f1 = f2 * f0 - f1;
+        if (two) {
+            d1 = d2 * d0 - d1;
+            e1 = e2v * e0 - e1;
+            f1 = f2 * f0 - f1;
+        }
     }
     NBG_SFX(nbgi_cheb_steps)(a2, &a0, &a1, k, n0);
     NBG_SFX(nbgi_cheb_steps)(b2, &b0, &b1, k, n1);
     NBG_SFX(nbgi_cheb_steps)(c2v, &c0, &c1, k, n2);
-    NBG_SFX(nbgi_cheb_steps)(d2, &d0, &d1, k, n0);
-    NBG_SFX(nbgi_cheb_steps)(e2v, &e0, &e1, k, n1);
-    NBG_SFX(nbgi_cheb_steps)(f2, &f0, &f1, k, n2);
-    *L = a1 * b1 * c1;
-    *L2 = d1 * e1 * f1;
+    *L = a1 * b1 * c1; /* (1 L_a) L_b L_c, as nbgi_square_lanes */
+    if (two) {
+        NBG_SFX(nbgi_cheb_steps)(d2, &d0, &d1, k, n0);
+        NBG_SFX(nbgi_cheb_steps)(e2v, &e0, &e1, k, n1);
+        NBG_SFX(nbgi_cheb_steps)(f2, &f0, &f1, k, n2);
+        *L2 = d1 * e1 * f1;
+    }
 }
 #endif
 
@@ -259,7 +238,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     dLdN = __builtin_assume_aligned(dLdN, sizeof(NBG_R) * NBG_LANES);
     if (!want_grad && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
         NBG_SFX(nbgi_rvec) Lv;
-        NBG_SFX(nbgi_square_vec)(p, hkl, &Lv);
+        NBG_SFX(nbgi_square_vec)(p, hkl, hkl, &Lv, &Lv, 0);
         *(NBG_SFX(nbgi_rvec_m) *)L = Lv; /* L is NBG_LANE_AL here (the forward row's) */
         return;
     }
@@ -595,16 +574,16 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         for (int j = 0; j < W; ++j) {
                             keep[j] = live[j] != 0 ? -1 : 0;
                         }
-                        /* the matrices in pairs (nbgi_square_vec2), summed in their order */
+                        /* the matrices in pairs (nbgi_square_vec's two), summed in their order */
                         for (int m = 0; m < nmat; m += 2) {
                             NBG_R hkl[3][W], hkl2[3][W];
                             vR vL, vL2 = vzero;
                             NBG_SFX(nbgi_lane_hkl_r)(mats + 9 * m, qf0, qf1, qf2, hkl);
                             if (m + 1 < nmat) {
                                 NBG_SFX(nbgi_lane_hkl_r)(mats + 9 * (m + 1), qf0, qf1, qf2, hkl2);
-                                NBG_SFX(nbgi_square_vec2)(p, hkl, hkl2, &vL, &vL2);
+                                NBG_SFX(nbgi_square_vec)(p, hkl, hkl2, &vL, &vL2, 1);
                             } else {
-                                NBG_SFX(nbgi_square_vec)(p, hkl, &vL);
+                                NBG_SFX(nbgi_square_vec)(p, hkl, hkl, &vL, &vL, 0);
                             }
                             for (int i = 0; i < 2 && m + i < nmat; ++i) {
                                 const vR l = i == 0 ? vL : vL2;
