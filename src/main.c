@@ -144,6 +144,7 @@ static int is_F(nbg_param p)
     return p >= NBG_P_F_ALL;
 }
 
+#ifndef NBG_NO_REFINE
 /* A refined entry's label: the parameter's, with ".k<knot>" for a knot of a scan-varying orientation. */
 static const char *res_label(const nbg_experiment *e, const nbg_refine_result *res, int j, char *buf, size_t n)
 {
@@ -154,6 +155,7 @@ static const char *res_label(const nbg_experiment *e, const nbg_refine_result *r
     }
     return buf;
 }
+#endif
 
 /* Setters of the gradient subcommands' flags: v is the flag's value, dst the field it sets; print the error and
  * return 0 on a bad value. */
@@ -966,6 +968,7 @@ void usage_main(FILE *out)
     params_help(out);
 }
 
+#ifndef NBG_NO_REFINE /* refine's spot regions (without refinement, none) */
 /* -spotlist as boxes: a DIALS reflection table (.refl, msgpack; recognised by its first byte, a 3-array) or a text
  * file of "fast slow" or "panel fast slow" centres.  A reflection's box is its bounding box, or with -spots N given a
  * box of half-width N about its centroid's pixel (nbg_reflection_boxes, the path Python's spot_pixels takes); a text
@@ -1152,6 +1155,7 @@ static int spot_regions(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, const uin
     free(boxes);
     return ok;
 }
+#endif /* NBG_NO_REFINE */
 
 /* refine's progress, on stderr: a line per iteration (user: the iteration limit). */
 static void refine_progress(void *user, int iter, double loss, double gnorm, double step)
@@ -1161,8 +1165,6 @@ static void refine_progress(void *user, int iter, double loss, double gnorm, dou
 }
 
 /* --- refine's steps ----------------------------------------------------------------------------------------- */
-static const char *const refine_reasons[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
-
 /* The frames refine fits: every frame of a scan of several (-frames, or the scan of -expt) when -observed is an
  * NXmx file or a '#' template, else 1, with *alone set where that one image belongs to a scan of several. */
 static int refine_nframes(const nbgi_cli *c, const char *observed, int *alone)
@@ -1224,6 +1226,9 @@ static int refine_alone_angle(const nbgi_cli *c, const nbg_report *r, const nbg_
            own_osc ? "the file's width, not the scan's" : "the scan's width", which);
     return own_osc;
 }
+
+#ifndef NBG_NO_REFINE /* refine's output (without refinement, none) */
+static const char *const refine_reasons[] = {"ftol", "gtol", "step", "iteration limit", "no decrease", "bound"};
 
 /* Prints how the fit ended. */
 static void refine_outcome(const nbg_refine_result *res)
@@ -1664,6 +1669,7 @@ static int refine_write_hkl(nbg_ctx *ctx, nbgi_cli *c, const char *path, const d
     printf("wrote %s: h k l F of the %ld fitted entries\n", path, n);
     return 1;
 }
+#endif /* NBG_NO_REFINE */
 
 static int cmd_refine(int argc, char **argv, int first)
 {
