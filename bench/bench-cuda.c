@@ -16,6 +16,9 @@
  * 3. The gradient of every parameter (nbg_simulate_grad) over the forward call, device time and whole call, on
  *    cubic4k and heavy512.
  * 4. The host set-up of a repeated call on a warm context (plan, parameter copies): median and maximum.
+ * 5. The forward kernel's device time per sample against the samples a pixel takes (cubic2048 at oversample 1 to 8,
+ *    1 to 64 samples), where the backend changes the kernel's occupancy (NBG_LIGHT_SAMPLES_DOUBLE and _FLOAT in
+ *    cuda/backend.cu; built with both at 0, or both large, each build is timed on every row).
  *
  * NBG_BENCH_CUDA_SMALL=1 replaces the cases by cubic256 and heavy256, to check the benchmark itself quickly.
  */
@@ -259,6 +262,25 @@ int main(int argc, char **argv)
             printf("%-10s median %.3f ms, max %.3f ms\n", scases[c], 1e3 * ts.setup, 1e3 * ts.setup_max);
         } else {
             status = 1;
+        }
+    }
+    /* 5. samples a pixel */
+    printf("\n5. forward kernel against the samples a pixel takes (%s, oversample 1 to 8; %d warm calls, medians)\n",
+           small ? "cubic256" : "cubic2048", r);
+    printf("%-10s %-7s %10s %12s\n", "samples", "prec", "kernel_ms", "ps/sample");
+    static const int oversample[] = {1, 2, 3, 4, 5, 6, 8};
+    for (size_t o = 0; o < sizeof oversample / sizeof *oversample; ++o) {
+        nbgi_bench_case(small ? "cubic256" : "cubic2048", &e);
+        e.oversample = oversample[o];
+        const double samples = (double)e.fpixels * e.spixels * e.oversample * e.oversample;
+        for (int p = 0; p < 2; ++p) {
+            timing t;
+            if (!measure(gpu[p], &e, 0, r, &t)) {
+                status = 1;
+                continue;
+            }
+            printf("%-10d %-7s %10.3f %12.2f\n", e.oversample * e.oversample, pn[p], 1e3 * t.kernel,
+                   1e12 * t.kernel / samples);
         }
     }
     nbg_ctx_destroy(gpu[0]);

@@ -46,22 +46,35 @@ extern "C" {
 #define NBG_RBLOCK 256                /* threads per block of the reduction kernel */
 #define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbgi_adjacc */
 #define NBG_CUDA_MAXACC 1024          /* crystal-vector and wavelength gradients one thread can hold */
-/* Occupancy hints: the least blocks of NBG_BLOCK threads an SM should hold for each pixel kernel (0: none, the
- * compiler's choice of registers).  Measured on an H200 (bench-cuda, samples per second of device time): the forward
- * kernel left alone takes 168 (double) and 186 (float) registers, 3 and 2 blocks an SM; held to 5 blocks (at most
- * 102 registers, a few bytes spilled) heavy2048 runs 1.27x faster in double and 2.05x in float, cubic4k's kernel
- * 1.16x and 1.84x (4 blocks: 1.18x and 1.87x, 1.20x and 1.74x).  The adjoint (255 registers, spilling already) only
- * lost: held to 3 or 4 blocks it ran 1.04x to 1.9x slower. */
+/* Occupancy hints: the least blocks of NBG_BLOCK threads an SM should hold for each pixel kernel (the adjoint's
+ * 0: none, the compiler's choice of registers).  Measured on an H200 (bench-cuda, samples per second of device
+ * time): the forward kernel left alone takes 168 (double) and 186 (float) registers, 3 and 2 blocks an SM; held to
+ * 5 blocks (at most 102 registers, a few bytes spilled) heavy2048 runs 1.27x faster in double and 2.05x in float.
+ * The adjoint (255 registers, spilling already) only lost: held to 3 or 4 blocks it ran 1.04x to 1.9x slower.
+ *
+ * The forward kernel comes in two builds, chosen by the samples a pixel takes.  Held to 5 blocks it spills its
+ * loops' state (some 90 local loads and stores a pixel in double), which a pixel of few samples pays in full;
+ * held to 4 (128 registers) it spills less and runs fewer threads, which the inner loop of many samples pays.
+ * Measured on an H200 (2026-11-27, bench-cuda's section 5: cubic2048, device time per sample at 1, 4, 9, 16, 25,
+ * 36 and 64 samples a pixel, in ps, 5 blocks against 4): double 70.7/48.2, 30.6/29.5, 25.8/25.7, 24.0/24.2,
+ * 23.2/23.6, 22.7/23.2, 22.2/22.8; float 44.4/41.3, 22.8/23.8, 19.1/20.4, 17.9/19.2, 17.3/18.6, 17.0/18.3,
+ * 16.6/17.9; heavy2048 (3000 samples) 0.126 s/0.139 in double, 0.099/0.114 in float.  So pixels of fewer than
+ * NBG_LIGHT_SAMPLES_DOUBLE (12) samples in double and NBG_LIGHT_SAMPLES_FLOAT (2) in float take the 4-block build:
+ * cubic4k's kernel (1 sample) 1.19 -> 0.78 ms in double and 0.72 -> 0.67 ms in float. */
 #ifndef NBG_MINB_FWD
 #define NBG_MINB_FWD 5
 #endif
+#ifndef NBG_MINB_FWD_LIGHT
+#define NBG_MINB_FWD_LIGHT 4
+#endif
+#ifndef NBG_LIGHT_SAMPLES_DOUBLE
+#define NBG_LIGHT_SAMPLES_DOUBLE 12
+#endif
+#ifndef NBG_LIGHT_SAMPLES_FLOAT
+#define NBG_LIGHT_SAMPLES_FLOAT 2
+#endif
 #ifndef NBG_MINB_ADJ
 #define NBG_MINB_ADJ 0
-#endif
-#if NBG_MINB_FWD > 0
-#define NBG_FWD_BOUNDS __launch_bounds__(NBG_BLOCK, NBG_MINB_FWD)
-#else
-#define NBG_FWD_BOUNDS
 #endif
 #if NBG_MINB_ADJ > 0
 #define NBG_ADJ_BOUNDS __launch_bounds__(NBG_BLOCK, NBG_MINB_ADJ)
@@ -333,9 +346,9 @@ __global__ void nbgi_reduce_kernel(const double *part, unsigned nblocks, double 
     }
 }
 
-template <int FLOAT, int MULTI>
-__global__ void NBG_FWD_BOUNDS nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, float *img, double *part,
-                                    unsigned nblocks)
+template <int FLOAT, int MULTI, int MINB>
+__global__ void __launch_bounds__(NBG_BLOCK, MINB)
+    nbgi_forward_kernel(nbgi_kparams p, const nbgi_kparams *views, float *img, double *part, unsigned nblocks)
 {
     __shared__ double sh[2 * NBG_WARPS];
     /* thread t: image pixel t, or with a pixel list its entry t (the image then compact: img[t]) */
@@ -366,8 +379,9 @@ __global__ void NBG_FWD_BOUNDS nbgi_forward_kernel(nbgi_kparams p, const nbgi_kp
 /* The adjoint pixel kernel: CAP bounds the per-thread crystal-vector and wavelength accumulators (nvar of them
  * are used), so that a thread's local memory is no larger than the experiment needs. */
 template <int FLOAT, int CAP, int MULTI>
-__global__ void NBG_ADJ_BOUNDS nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g, float *img,
-                                    double *part, unsigned nblocks, int nvar, const long *bstart)
+__global__ void NBG_ADJ_BOUNDS nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kparams *views, const float *g,
+                                                  float *img, double *part, unsigned nblocks, int nvar,
+                                                  const long *bstart)
 {
     __shared__ double sh[(NBG_NFIX + CAP + NBG_ADJ_DET) * NBG_WARPS];
     double local[CAP];
@@ -483,6 +497,19 @@ static int start(nbg_ctx *ctx, double t0, double *times)
     return e == cudaSuccess ? NBG_OK : cuda_fail(ctx, e, "event record");
 }
 
+/* The forward kernel of a precision: the build for panels or one plane, held to the blocks an SM that suit light
+ * pixels (few samples) or heavy ones (see NBG_MINB_FWD). */
+template <int FLOAT>
+static void launch_forward(const nbgi_kparams &kd, nbgi_cuda_state *st, unsigned nblocks, int multi, int light)
+{
+    void (*kern)(nbgi_kparams, const nbgi_kparams *, float *, double *, unsigned) =
+        multi ? (light ? nbgi_forward_kernel<FLOAT, 1, NBG_MINB_FWD_LIGHT>
+                       : nbgi_forward_kernel<FLOAT, 1, NBG_MINB_FWD>)
+              : (light ? nbgi_forward_kernel<FLOAT, 0, NBG_MINB_FWD_LIGHT>
+                       : nbgi_forward_kernel<FLOAT, 0, NBG_MINB_FWD>);
+    NBG_LAUNCH(kern, nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
+}
+
 extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float *image, double *omega_sum,
                                 long *oor, double times[3])
 {
@@ -499,14 +526,11 @@ extern "C" int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
         return rc;
     }
     const int multi = k->npanels > 0;
-    if (use_float && multi) {
-        NBG_LAUNCH((nbgi_forward_kernel<1, 1>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
-    } else if (use_float) {
-        NBG_LAUNCH((nbgi_forward_kernel<1, 0>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
-    } else if (multi) {
-        NBG_LAUNCH((nbgi_forward_kernel<0, 1>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
+    const double per_pixel = nbgi_samples(k) / (double)(npix > 0 ? npix : 1);
+    if (use_float) {
+        launch_forward<1>(kd, st, nblocks, multi, per_pixel < NBG_LIGHT_SAMPLES_FLOAT);
     } else {
-        NBG_LAUNCH((nbgi_forward_kernel<0, 0>), nblocks, NBG_BLOCK, kd, st->views, st->img, st->part, nblocks);
+        launch_forward<0>(kd, st, nblocks, multi, per_pixel < NBG_LIGHT_SAMPLES_DOUBLE);
     }
     double sums[2];
     rc = finish(ctx, k, nblocks, 2, image, sums, "forward kernel", times);
