@@ -89,12 +89,14 @@ typedef struct {
     cudaEvent_t ev[2]; /* around the kernels of a call */
     float *img, *g;
     double *src, *abc, *F, *part, *sums;
+    float *abc_f;          /* the crystal vectors rounded to float (the float kernels') */
     uint8_t *mask;
     nbgi_kpanel *panels;   /* the panel table (multi-panel detectors) */
     nbgi_kparams *views;   /* each panel's view, with device pointers */
     uint32_t *list;        /* the pixel list (nbg_experiment.pixels) */
     long *bstart;          /* panel-aligned blocks: block b's first work index (per-panel gradients) */
-    size_t cap_img, cap_g, cap_src, cap_abc, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views, cap_list;
+    size_t cap_img, cap_g, cap_src, cap_abc, cap_abc_f, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views,
+        cap_list;
     size_t cap_bstart;
 } nbgi_cuda_state;
 
@@ -152,6 +154,7 @@ extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
     cudaFree(st->g);
     cudaFree(st->src);
     cudaFree(st->abc);
+    cudaFree(st->abc_f);
     cudaFree(st->F);
     cudaFree(st->part);
     cudaFree(st->sums);
@@ -228,7 +231,13 @@ static int upload(nbg_ctx *ctx, const nbgi_kparams *k, int ncomp, unsigned nbloc
     }
     kd->src = st->src;
     kd->abc = st->abc;
-    kd->abc_f = NULL; /* the CPU float forward's alone */
+    if (k->abc_f != NULL) { /* the float kernels read them (nbgi_matrix) */
+        if ((e = ensure((void **)&st->abc_f, &st->cap_abc_f, nabc * sizeof(float))) != cudaSuccess ||
+            (e = cudaMemcpy(st->abc_f, k->abc_f, nabc * sizeof(float), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            return cuda_fail(ctx, e, "copy of the crystal vectors in float");
+        }
+        kd->abc_f = st->abc_f;
+    }
     if (k->F != NULL) {
         const size_t nF = (size_t)k->nh * k->nk * k->nl;
         if ((e = ensure((void **)&st->F, &st->cap_F, nF * sizeof(double))) != cudaSuccess ||

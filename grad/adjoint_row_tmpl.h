@@ -101,7 +101,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
                         /* the lattice factor's outputs aligned as it assumes (src/row_tmpl.h, NBG_LANE_AL) */
                         NBG_R hkl[3][W], rnd[3][W], L[W] __attribute__((aligned(64))), Fc[W], dFh[3][W];
                         /* the rounded indices serve the table lookup and the non-square shapes only */
-                        NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        NBG_SFX(nbgi_lane_hkl)(v, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         /* lattice factor and its partials: the square shape across the lanes */
                         NBG_R dLdN[3][W] __attribute__((aligned(64))), dLh[3][W] __attribute__((aligned(64)));
                         if (p->shape == NBG_SQUARE) {

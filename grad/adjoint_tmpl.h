@@ -29,7 +29,7 @@
 #define NBG_TMPL_HAS_ADJOINT 1
 
 /* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
- * vectors abc (one phi step and domain) and scattering vector q.  Returns 0 where the sample contributes nothing
+ * vectors v (one phi step and domain, of the kernel's type: nbgi_matrix) and scattering vector q.  Returns 0 where the sample contributes nothing
  * (zero lattice factor and no water), as the forward loop skips it. */
 typedef struct {
     NBG_R h, k, l, h0, k0, l0;
@@ -37,11 +37,11 @@ typedef struct {
     NBG_R F, dFh[3];                   /* structure factor; d/d(h,k,l) */
 } NBG_SFX(nbgi_sample);
 
-static inline NBG_HD int NBG_SFX(nbgi_sample_eval)(const nbgi_kparams *p, const double *abc, const NBG_R *q,
+static inline NBG_HD int NBG_SFX(nbgi_sample_eval)(const nbgi_kparams *p, const NBG_R *v, const NBG_R *q,
                                                  NBG_SFX(nbgi_sample) * sm)
 {
     NBG_R hkl[3];
-    NBG_SFX(nbgi_miller)(abc, q, hkl);
+    NBG_SFX(nbgi_miller)(v, q, hkl);
     sm->h = hkl[0];
     sm->k = hkl[1];
     sm->l = hkl[2];
@@ -89,9 +89,10 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel_adjoint)(const nbgi_kparams *p, i
                     const double lambda = p->src[NBG_SRC_STRIDE * src + 3];
                     NBG_R d_q[3] = {0, 0, 0};
                     for (int m = 0; m < nmat; ++m) {
-                        const double *abc = p->abc + 9 * m;
+                        NBG_R vtmp[9];
+                        const NBG_R *v = NBG_SFX(nbgi_matrix)(p, m, vtmp);
                         NBG_SFX(nbgi_sample) sm;
-                        if (!NBG_SFX(nbgi_sample_eval)(p, abc, q, &sm)) {
+                        if (!NBG_SFX(nbgi_sample_eval)(p, v, q, &sm)) {
                             continue;
                         }
                         const NBG_R F_cell = sm.F, F_latt = sm.L;
@@ -124,7 +125,7 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel_adjoint)(const nbgi_kparams *p, i
                             d_abc[x] += (double)(d_h * q[x]);
                             d_abc[3 + x] += (double)(d_k * q[x]);
                             d_abc[6 + x] += (double)(d_l * q[x]);
-                            d_q[x] += d_h * (NBG_R)abc[x] + d_k * (NBG_R)abc[3 + x] + d_l * (NBG_R)abc[6 + x];
+                            d_q[x] += d_h * v[x] + d_k * v[3 + x] + d_l * v[6 + x];
                         }
                     }
                     /* q = (d - i) / lambda:  d_d += d_q / lambda,  d_lambda -= d_q . q / lambda */

@@ -167,7 +167,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         NBG_R hkl[3][W], rnd[3][W], Fc[W], dFh[3][W];
                         NBG_R L[W] __attribute__((aligned(64))), dLh[3][W] __attribute__((aligned(64))),
                             dLdN[3][W] __attribute__((aligned(64)));
-                        NBG_SFX(nbgi_lane_hkl)(abc, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
+                        NBG_SFX(nbgi_lane_hkl)(v, q0, q1, q2, p->F != 0 || p->shape != NBG_SQUARE, hkl, rnd);
                         NBG_R dast[W][9]; /* the Gaussian shape's partials in a*, b*, c* (read for it alone) */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes_grad)(p, hkl, L, dLh, dLdN); /* src/row_tmpl.h */

@@ -127,8 +127,9 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel_jvp)(const nbgi_kparams *p, int f
                     }
                     for (int m = 0; m < nmat; ++m) {
                         const double *abc = p->abc + 9 * m;
+                        NBG_R vtmp[9];
                         NBG_SFX(nbgi_sample) sm;
-                        if (!NBG_SFX(nbgi_sample_eval)(p, abc, q, &sm)) {
+                        if (!NBG_SFX(nbgi_sample_eval)(p, NBG_SFX(nbgi_matrix)(p, m, vtmp), q, &sm)) {
                             continue;
                         }
                         I += sm.F * sm.F * sm.L * sm.L;

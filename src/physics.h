@@ -82,9 +82,9 @@ typedef struct {
     /* crystal: real-space vectors a, b, c (m) per phi step and mosaic domain, 9 doubles each */
     int nphi, nmos;
     const double *abc;
-    const float *abc_f;             /* abc rounded to float, once a plan (NULL on the device): the CPU float
-                                       forward's sum in vector registers reads them (it had rounded them at every
-                                       sample); without them, its general loop */
+    const float *abc_f;             /* abc rounded to float, once a plan (or NULL): the float kernels read them
+                                       (nbgi_matrix; they had rounded them at every sample), and the CPU float
+                                       forward's sum in vector registers needs them (without, its general loop) */
     double Na, Nb, Nc, fudge;
     int Ni[3];                      /* N as a small integer (<= 32) for the Chebyshev lattice factor, else 0 */
     int want_dN;                    /* adjoint: the gradient in N is wanted (the vectorised adjoint skips it

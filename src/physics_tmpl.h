@@ -275,12 +275,39 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_fcell)(const nbgi_kparams *p, NBG_R h, N
     return (NBG_R)p->default_F;
 }
 
-/* The Miller indices of a sample, h = a . q, k = b . q, l = c . q, for crystal vectors abc (a, b, c; m) and
- * scattering vector q (1/m).  The row kernels' lane form is nbgi_lane_hkl (src/row_tmpl.h). */
-static inline NBG_HD void NBG_SFX(nbgi_miller)(const double *abc, const NBG_R *q, NBG_R *hkl)
+/* The crystal vectors of orientation m (a phi step and mosaic domain; a, b, c in m) in the kernel's type: in double
+ * the plan's abc; in float tmp, filled from the plan's copy rounded once (abc_f) where there is one, else rounded
+ * here.  (On a GPU a conversion between double and float issues at the rate of double arithmetic: rounding the 9 at
+ * every sample cost the float adjoint 28 % of its time on heavy sampling.  Read into a local array, the same in the
+ * forward and the adjoint, so that a host compiler of the CUDA code contracts their Miller indices alike.) */
+static inline NBG_HD const NBG_R *NBG_SFX(nbgi_matrix)(const nbgi_kparams *p, int m, NBG_R tmp[9])
+{
+#ifdef NBG_FLOAT_MODE
+    if (p->abc_f != 0) {
+        for (int x = 0; x < 9; ++x) {
+            tmp[x] = p->abc_f[9 * m + x];
+        }
+    } else {
+        for (int x = 0; x < 9; ++x) {
+            tmp[x] = (NBG_R)p->abc[9 * m + x];
+        }
+    }
+    return tmp;
+#else
+    (void)tmp;
+    return p->abc + 9 * m;
+#endif
+}
+
+/* The Miller indices of a sample, h = a . q, k = b . q, l = c . q, for crystal vectors v (a, b, c; m, in the
+ * kernel's type: nbgi_matrix) and scattering vector q (1/m).  The multiply-adds are written out, as GCC formed
+ * them from the plain sum (the images keep their bits): left to the compiler, a host compiler of the CUDA code
+ * (tests/cudaemu) formed them one way in the forward and another in the adjoint once the vectors came from
+ * memory.  The row kernels' lane form is nbgi_lane_hkl (src/row_tmpl.h). */
+static inline NBG_HD void NBG_SFX(nbgi_miller)(const NBG_R *v, const NBG_R *q, NBG_R *hkl)
 {
     for (int x = 0; x < 3; ++x) {
-        hkl[x] = (NBG_R)abc[3 * x] * q[0] + (NBG_R)abc[3 * x + 1] * q[1] + (NBG_R)abc[3 * x + 2] * q[2];
+        hkl[x] = NBG_M(fma)(v[3 * x + 2], q[2], NBG_M(fma)(v[3 * x], q[0], v[3 * x + 1] * q[1]));
     }
 }
 

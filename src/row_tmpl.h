@@ -88,23 +88,19 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl_r)(const NBG_R *v, const NB
         const NBG_R vx0 = v[3 * x], vx1 = v[3 * x + 1], vx2 = v[3 * x + 2];
 #pragma omp simd
         for (int j = 0; j < NBG_LANES; ++j) {
-            hx[j] = vx0 * q0[j] + vx1 * q1[j] + vx2 * q2[j];
+            hx[j] = NBG_M(fma)(vx2, q2[j], NBG_M(fma)(vx0, q0[j], vx1 * q1[j])); /* as nbgi_miller */
         }
     }
 }
 
-/* The Miller indices of crystal vectors abc (the plan's, in double) across the lanes, and, where need_rnd (the
- * table lookup, the non-square shapes and the signature use them), their rounding (nbgi_round_index); rnd is not
- * written otherwise (storing its zeros at every matrix cost heavy512's forward 8 % in double, 4 % in float).
- * Shared by the forward, adjoint and tangent row kernels. */
-static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const double *abc, const NBG_R *q0, const NBG_R *q1,
+/* The Miller indices of crystal vectors v (of the kernel's type: nbgi_matrix) across the lanes, and, where
+ * need_rnd (the table lookup, the non-square shapes and the signature use them), their rounding
+ * (nbgi_round_index); rnd is not written otherwise (storing its zeros at every matrix cost heavy512's forward 8 % in
+ * double, 4 % in float).  Shared by the forward, adjoint and tangent row kernels. */
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const NBG_R *v, const NBG_R *q0, const NBG_R *q1,
                                                      const NBG_R *q2, int need_rnd, NBG_R hkl[3][NBG_LANES],
                                                      NBG_R rnd[3][NBG_LANES])
 {
-    NBG_R v[9];
-    for (int x = 0; x < 9; ++x) {
-        v[x] = (NBG_R)abc[x];
-    }
     NBG_SFX(nbgi_lane_hkl_r)(v, q0, q1, q2, hkl);
     for (int x = 0; x < 3 && need_rnd; ++x) {
         NBG_R *NBG_RESTRICT hx = hkl[x], *NBG_RESTRICT rx = rnd[x];
@@ -597,11 +593,12 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     }
 #endif
                     for (int m = 0; m < nmat; ++m) {
-                        const double *abc = p->abc + 9 * m;
+                        NBG_R vtmp[9];
+                        const NBG_R *v = NBG_SFX(nbgi_matrix)(p, m, vtmp);
                         /* phase 1: Miller indices */
                         NBG_R hkl[3][W], rnd[3][W], L[W] NBG_LANE_AL, Fc[W];
                         /* the rounded indices serve the table lookup, the non-square shapes and the signature */
-                        NBG_SFX(nbgi_lane_hkl)(abc, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE || sig != NULL,
+                        NBG_SFX(nbgi_lane_hkl)(v, qf0, qf1, qf2, p->F != 0 || p->shape != NBG_SQUARE || sig != NULL,
                                                hkl, rnd);
                         /* phase 2: lattice factor; the square shape's Chebyshev recurrence runs across the lanes */
                         if (p->shape == NBG_SQUARE) {
