@@ -29,8 +29,8 @@
 #define NBG_TMPL_HAS_ADJOINT 1
 
 /* One sample's Miller indices, lattice factor and structure factor with their partial derivatives, for crystal
- * vectors v (one phi step and domain, of the kernel's type: nbgi_matrix) and scattering vector q.  Returns 0 where the sample contributes nothing
- * (zero lattice factor and no water), as the forward loop skips it. */
+ * vectors v (one phi step and domain, in the kernel's type: nbgi_matrix) and scattering vector q.  Returns 0 where
+ * the sample contributes nothing (zero lattice factor and no water), as the forward loop skips it. */
 typedef struct {
     NBG_R h, k, l, h0, k0, l0;
     NBG_R L, dLh[3], dLN[3], dLast[9]; /* lattice factor; d/d(h,k,l), d/dN, d/da* (gauss) */

@@ -277,9 +277,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_fcell)(const nbgi_kparams *p, NBG_R h, N
 
 /* The crystal vectors of orientation m (a phi step and mosaic domain; a, b, c in m) in the kernel's type: in double
  * the plan's abc; in float tmp, filled from the plan's copy rounded once (abc_f) where there is one, else rounded
- * here.  (On a GPU a conversion between double and float issues at the rate of double arithmetic: rounding the 9 at
- * every sample cost the float adjoint 28 % of its time on heavy sampling.  Read into a local array, the same in the
- * forward and the adjoint, so that a host compiler of the CUDA code contracts their Miller indices alike.) */
+ * here.  (On a GPU a conversion between double and float issues at the rate of double arithmetic: rounding the 9
+ * at every sample cost the float adjoint a fifth of its time on heavy sampling.) */
 static inline NBG_HD const NBG_R *NBG_SFX(nbgi_matrix)(const nbgi_kparams *p, int m, NBG_R tmp[9])
 {
 #ifdef NBG_FLOAT_MODE
