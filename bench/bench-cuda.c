@@ -14,7 +14,8 @@
  *    sample (NBG_FLOPS_PER_SAMPLE_FLOAT / _DOUBLE, which run.sh measures with ncu when it can), the fraction of
  *    the GPU's peak rate.  Against the CPU backend at 512.
  * 3. The gradient of every parameter (nbg_simulate_grad) over the forward call, device time and whole call, on
- *    cubic4k and heavy512.
+ *    cubic4k and heavy512; and the nine cell and orientation tangents (nbg_simulate_jvp, double on any context)
+ *    over the double forward call, whole calls, against the CPU backend's (one call).
  * 4. The host set-up of a repeated call on a warm context (plan, parameter copies): median and maximum.
  * 5. The forward kernel's device time per sample against the samples a pixel takes (cubic2048 at oversample 1 to 8,
  *    1 to 64 samples), where the backend changes the kernel's occupancy (NBG_LIGHT_SAMPLES_DOUBLE and _FLOAT in
@@ -66,8 +67,9 @@ static double sum(const float *a, size_t n)
     return s;
 }
 
-/* Medians over r warm calls (after one warm-up): whole call, kernels, copy back, set-up (seconds); with grad,
- * nbg_simulate_grad of every parameter instead of nbg_simulate.  Returns 0 on failure. */
+/* Medians over r warm calls (after one warm-up): whole call, kernels, copy back, set-up (seconds); with grad 1,
+ * nbg_simulate_grad of every parameter instead of nbg_simulate; with grad 2, nbg_simulate_jvp of the nine cell and
+ * orientation tangents (bench-grad's jvp9; it reports no times: the whole call only).  Returns 0 on failure. */
 typedef struct {
     double wall, kernel, copy, setup, setup_max, checksum;
 } timing;
@@ -79,12 +81,16 @@ static int measure(nbg_ctx *ctx, const nbg_experiment *e, int grad, int r, timin
         return 0;
     }
     const size_t n = (size_t)rep.fpixels * rep.spixels;
+    static const nbg_param p9[9] = {NBG_P_A,    NBG_P_B,    NBG_P_C,    NBG_P_ALPHA, NBG_P_BETA,
+                                    NBG_P_GAMMA, NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ};
     float *img = malloc(n * sizeof(float)), *g = grad ? malloc(n * sizeof(float)) : NULL;
     double *w = malloc(4 * (size_t)(r + 1) * sizeof(double));
-    if (img == NULL || w == NULL || (grad && g == NULL)) {
+    double *tan = grad == 2 ? malloc(9 * n * sizeof(double)) : NULL;
+    if (img == NULL || w == NULL || (grad && g == NULL) || (grad == 2 && tan == NULL)) {
         free(img);
         free(g);
         free(w);
+        free(tan);
         return 0;
     }
     for (size_t i = 0; grad && i < n; ++i) {
@@ -102,9 +108,14 @@ static int measure(nbg_ctx *ctx, const nbg_experiment *e, int grad, int r, timin
     for (int k = 0; k <= r && ok; ++k) {
         double gr[NBG_NPARAMS];
         const double t0 = now();
-        ok = (grad ? nbg_simulate_grad(ctx, e, g, ids, nids, gr, img, n, &rep) : nbg_simulate(ctx, e, img, n, &rep)) ==
-             NBG_OK;
+        memset(&rep, 0, sizeof rep);
+        ok = (grad == 2   ? nbg_simulate_jvp(ctx, e, p9, 9, tan, img, n)
+              : grad == 1 ? nbg_simulate_grad(ctx, e, g, ids, nids, gr, img, n, &rep)
+                          : nbg_simulate(ctx, e, img, n, &rep)) == NBG_OK;
         const double t1 = now();
+        if (grad == 2) {
+            rep.time_kernel = t1 - t0;
+        }
         if (k > 0) { /* k == 0 is the warm-up */
             w[k - 1] = t1 - t0;
             w[r + k - 1] = rep.time_kernel;
@@ -128,6 +139,7 @@ static int measure(nbg_ctx *ctx, const nbg_experiment *e, int grad, int r, timin
     free(img);
     free(g);
     free(w);
+    free(tan);
     return ok;
 }
 
@@ -250,6 +262,20 @@ int main(int argc, char **argv)
             printf("%-10s %-7s %12.3f %11.2fx %12.3f %11.2fx\n", gcases[c], pn[p], 1e3 * tg.kernel,
                    tg.kernel / f->kernel, 1e3 * tg.wall, tg.wall / f->wall);
         }
+    }
+
+    printf("%-10s %-7s %12s %12s %12s %12s\n", "case", "tangents", "cpu_call_ms", "gpu_call_ms", "cpu/gpu",
+           "over_fwd");
+    for (int c = 0; c < 2; ++c) {
+        nbgi_bench_case(gcases[c], &e);
+        const timing *f = c == 0 ? &tf[NBG_DOUBLE] : &th[0][NBG_DOUBLE];
+        timing tj, tjc;
+        if (!measure(gpu[NBG_DOUBLE], &e, 2, c == 0 ? r : 3, &tj) || !measure(cpu, &e, 2, 1, &tjc)) {
+            status = 1;
+            continue;
+        }
+        printf("%-10s %-7s %12.1f %12.3f %11.1fx %11.2fx\n", gcases[c], "nine", 1e3 * tjc.wall, 1e3 * tj.wall,
+               tjc.wall / tj.wall, tj.wall / f->wall);
     }
 
     /* 4. set-up of a repeated call */

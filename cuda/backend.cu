@@ -4,8 +4,10 @@
  * No physics lives here: the kernels call the loop nests the CPU uses, whose functions are marked NBG_HD (host and
  * device), one thread per pixel: the forward runs the CPU's row kernel (src/row_tmpl.h) with one lane
  * (NBG_ROW_LANES 1), the same text as the CPU's eight or sixteen; the adjoint runs the scalar adjoint nest
- * (grad/adjoint_tmpl.h), the CPU row adjoint's twin.  Each comes in double and in float (the float lattice factor
- * takes the phase relative to the nearest integer; the adjoint accumulates its gradients in double in both).
+ * (grad/adjoint_tmpl.h), the CPU row adjoint's twin, in its tiled form where there are many crystal matrices or
+ * sources (NBG_CUDA_TILED below; the CPU tests run that form too).  Each comes in double and in float (the float
+ * lattice factor takes the phase relative to the nearest integer; the adjoint accumulates its gradients in double
+ * in both).
  *
  * One call launches two kernels whatever the sampling: the pixel kernel, which also reduces its per-pixel sums
  * (solid angle, interpolation fallbacks; for the adjoint, the gradients) over each block, and a reduction kernel
@@ -25,6 +27,7 @@ extern "C" {
 #define NBG_TMPL NBG_TMPL_DOUBLE
 #include "tmpl_on.h"
 #include "adjoint_tmpl.h"
+#include "jvp_tmpl.h"
 #include "tmpl_off.h"
 #define NBG_TMPL NBG_TMPL_FLOAT
 #include "tmpl_on.h"
@@ -81,6 +84,17 @@ extern "C" {
 #else
 #define NBG_ADJ_BOUNDS
 #endif
+/* The adjoint's crystal-vector gradients (9 a phi step and mosaic domain) are a thread's local memory, indexed at
+ * run time.  The per-sample form (nbgi_pixel_adjoint) adds 9 of them, and the crystal size's 3 and default_F's 1, at
+ * every sample; the tiled form (nbgi_pixel_adjoint_tiled: NBG_ADJ_TILE matrices' gradients in registers, added
+ * once a subpixel) under one a sample in the heavy case (50 matrices, 27 sources), for a division and a scattering
+ * vector more a tile and source.  ptxas (nvcc 13.0, sm_90, spill stores / loads a thread, bytes): double 1588 /
+ * 1700 per sample, 388 / 600 in tiles of 2, 724 / 1132 in tiles of 4; float 780 / 932, 28 / 36, 244 / 380.  Not
+ * yet timed on a GPU (2026-11-27: none was lent).  The tiled form is taken where the accumulators are many (CAP
+ * above 16: more than one matrix, or many sources); with one matrix and few sources (CAP 16) the two forms do the
+ * same memory work and the per-sample one keeps the forward's summation order.  NBG_ADJ_TILE=0 at build time
+ * turns the tiled form off (to time one against the other). */
+#define NBG_CUDA_TILED(cap) (NBG_ADJ_TILE > 0 && (cap) > 16)
 #define NBG_ADJ_PPT 8                 /* pixels per thread of the adjoint kernel (at most) */
 #define NBG_ADJ_WORK ((long)NBG_BLOCK * NBG_ADJ_PPT) /* work indices per block of the adjoint kernel */
 
@@ -95,9 +109,11 @@ typedef struct {
     nbgi_kparams *views;   /* each panel's view, with device pointers */
     uint32_t *list;        /* the pixel list (nbg_experiment.pixels) */
     long *bstart;          /* panel-aligned blocks: block b's first work index (per-panel gradients) */
+    nbgi_adjacc *tdir;     /* the tangent kernel's directions (a set per panel with panels), device pointers */
+    double *tarr, *img_d, *tout; /* their abc and lam arrays; the image in double; the tangent images */
     size_t cap_img, cap_g, cap_src, cap_abc, cap_abc_f, cap_F, cap_part, cap_sums, cap_mask, cap_panels, cap_views,
         cap_list;
-    size_t cap_bstart;
+    size_t cap_bstart, cap_tdir, cap_tarr, cap_img_d, cap_tout;
 } nbgi_cuda_state;
 
 static int cuda_fail(nbg_ctx *ctx, cudaError_t e, const char *what)
@@ -163,6 +179,10 @@ extern "C" void nbgi_cuda_release(nbg_ctx *ctx)
     cudaFree(st->views);
     cudaFree(st->list);
     cudaFree(st->bstart);
+    cudaFree(st->tdir);
+    cudaFree(st->tarr);
+    cudaFree(st->img_d);
+    cudaFree(st->tout);
     cudaEventDestroy(st->ev[0]);
     cudaEventDestroy(st->ev[1]);
     free(st);
@@ -428,8 +448,10 @@ __global__ void NBG_ADJ_BOUNDS nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kp
         }
         float v = 0.0f;
         if (nbgi_pixel_active(pp, f, s)) {
-            v = FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[t], &acc)
-                      : (float)nbgi_pixel_adjoint_d(pp, f, s, (double)g[t], &acc);
+            v = NBG_CUDA_TILED(CAP) ? (FLOAT ? (float)nbgi_pixel_adjoint_tiled_f(pp, f, s, g[t], &acc)
+                                             : (float)nbgi_pixel_adjoint_tiled_d(pp, f, s, (double)g[t], &acc))
+                : FLOAT ? (float)nbgi_pixel_adjoint_f(pp, f, s, g[t], &acc)
+                        : (float)nbgi_pixel_adjoint_d(pp, f, s, (double)g[t], &acc);
         }
         img[t] = v;
         if (MULTI) {
@@ -450,12 +472,71 @@ __global__ void NBG_ADJ_BOUNDS nbgi_adjoint_kernel(nbgi_kparams p, const nbgi_kp
                    nfv + (aligned ? NBG_ADJ_DET : 0), sh, part, nblocks);
 }
 
+/* The tangent kernel (forward mode, always in double: the CPU's too): thread w takes work index w (image pixel w,
+ * or the list's entry w) and writes its value, in float and (img_d) in double, and its nt tangents, direction j at
+ * out[j nwork + w]: no sums, so no reduction.  t holds the nt directions, or (MULTI) nt for each panel, carried to
+ * its vectors on the host (nbgi_cuda_jvp). */
+template <int MULTI>
+__global__ void nbgi_jvp_kernel(nbgi_kparams p, const nbgi_kparams *views, const nbgi_adjacc *t, int nt, float *img,
+                                double *img_d, double *out)
+{
+    const long nwork = p.list != NULL ? p.nlist : p.npix;
+    const long w = (long)blockIdx.x * NBG_BLOCK + threadIdx.x;
+    if (w >= nwork) {
+        return;
+    }
+    const long i = p.list != NULL ? (long)p.list[w] : w;
+    int f, s, panel;
+    const nbgi_kparams *pp = pixel_params<MULTI>(&p, views, i, &f, &s, &panel);
+    double dS[NBG_JVP_MAX], S = 0;
+    if (nbgi_pixel_active(pp, f, s)) {
+        S = nbgi_pixel_jvp_d(pp, f, s, MULTI ? t + (size_t)panel * nt : t, nt, dS);
+    } else {
+        for (int j = 0; j < nt; ++j) {
+            dS[j] = 0;
+        }
+    }
+    img[w] = (float)S;
+    if (img_d != NULL) {
+        img_d[w] = S;
+    }
+    for (int j = 0; j < nt; ++j) {
+        out[(size_t)j * nwork + w] = dS[j];
+    }
+}
+
+/* Copies a device image (compact over a pixel list) into the host's: with a list, the listed pixels' values
+ * scattered into it and every other pixel 0. */
+template <typename T>
+static int copy_image(nbg_ctx *ctx, const nbgi_kparams *k, const T *dev, T *host)
+{
+    const size_t npix = (size_t)nbgi_nwalk(k);
+    cudaError_t e;
+    if (k->list == NULL) {
+        e = cudaMemcpy(host, dev, npix * sizeof(T), cudaMemcpyDeviceToHost);
+        return e == cudaSuccess ? NBG_OK : cuda_fail(ctx, e, "copy of the image");
+    }
+    T *tmp = (T *)malloc(npix * sizeof(T));
+    if (tmp == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the pixel list's values");
+    }
+    if ((e = cudaMemcpy(tmp, dev, npix * sizeof(T), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        free(tmp);
+        return cuda_fail(ctx, e, "copy of the image");
+    }
+    memset(host, 0, sizeof(T) * (size_t)k->npix);
+    for (size_t t = 0; t < npix; ++t) {
+        host[k->list[t]] = tmp[t];
+    }
+    free(tmp);
+    return NBG_OK;
+}
+
 /* After the pixel kernel: launches the reduction of ncomp components, waits, copies the image and the sums back;
  * times[1] receives the device time of both kernels, times[2] the copies. */
 static int finish(nbg_ctx *ctx, const nbgi_kparams *k, unsigned nblocks, int ncomp, float *image, double *sums,
                   const char *what, double *times)
 {
-    const size_t npix = (size_t)nbgi_nwalk(k); /* the device image: compact over a pixel list */
     nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
@@ -472,23 +553,9 @@ static int finish(nbg_ctx *ctx, const nbgi_kparams *k, unsigned nblocks, int nco
     cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
     times[1] = 1e-3 * ms;
     const double t0 = nbgi_now();
-    if (k->list != NULL) {
-        /* the listed pixels' values, scattered into the image; every other pixel 0 */
-        float *tmp = (float *)malloc(npix * sizeof(float));
-        if (tmp == NULL) {
-            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the pixel list's values");
-        }
-        if ((e = cudaMemcpy(tmp, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-            free(tmp);
-            return cuda_fail(ctx, e, "copy of the image");
-        }
-        memset(image, 0, sizeof(float) * (size_t)k->npix);
-        for (size_t t = 0; t < npix; ++t) {
-            image[k->list[t]] = tmp[t];
-        }
-        free(tmp);
-    } else if ((e = cudaMemcpy(image, st->img, npix * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-        return cuda_fail(ctx, e, "copy of the image");
+    const int rc = copy_image(ctx, k, st->img, image);
+    if (rc != NBG_OK) {
+        return rc;
     }
     if ((e = cudaMemcpy(sums, st->sums, (size_t)ncomp * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
         return cuda_fail(ctx, e, "copy of the sums");
@@ -685,5 +752,92 @@ extern "C" int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_fl
         free(pp);
     }
     free(bpanel);
+    return rc;
+}
+
+extern "C" int nbgi_cuda_jvp(nbg_ctx *ctx, const nbgi_kparams *k, const nbgi_adjacc *t, int nt, const double *ptan,
+                            double *out, float *image, double *image_d, double times[3])
+{
+    const double t0 = nbgi_now();
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
+    const size_t nw = (size_t)nbgi_nwalk(k); /* a thread a pixel: the image's, or the list's */
+    const unsigned nblocks = (unsigned)((nw + NBG_BLOCK - 1) / NBG_BLOCK);
+    const size_t nabc = (size_t)k->nphi * k->nmos * 9, nsrc = (size_t)k->nsources, per = nabc + nsrc;
+    const size_t nsets = k->npanels > 0 ? (size_t)k->npanels : 1;
+    nbgi_kparams kd;
+    int rc = upload(ctx, k, 1, 1, &kd);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    cudaError_t e;
+    if ((e = ensure((void **)&st->tarr, &st->cap_tarr, (size_t)nt * per * sizeof(double))) != cudaSuccess ||
+        (e = ensure((void **)&st->tdir, &st->cap_tdir, nsets * (size_t)nt * sizeof(nbgi_adjacc))) != cudaSuccess ||
+        (e = ensure((void **)&st->tout, &st->cap_tout, (size_t)nt * nw * sizeof(double))) != cudaSuccess ||
+        (image_d != NULL && (e = ensure((void **)&st->img_d, &st->cap_img_d, nw * sizeof(double))) != cudaSuccess)) {
+        return cuda_fail(ctx, e, "device allocation for the tangents");
+    }
+    /* the directions: their crystal-vector and wavelength tangents on the device, and the fixed parts with those
+     * pointers; with panels a set per panel, its detector tangents carried to the panel's vectors (and its own
+     * motion added, ptan), as the CPU's rows do */
+    nbgi_adjacc *hd = (nbgi_adjacc *)calloc(nsets * (size_t)(nt > 0 ? nt : 1), sizeof(nbgi_adjacc));
+    if (hd == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d tangent directions", nt);
+    }
+    for (int j = 0; j < nt; ++j) {
+        double *dev = st->tarr + (size_t)j * per;
+        if ((e = cudaMemcpy(dev, t[j].abc, nabc * sizeof(double), cudaMemcpyHostToDevice)) != cudaSuccess ||
+            (e = cudaMemcpy(dev + nabc, t[j].lam, nsrc * sizeof(double), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            free(hd);
+            return cuda_fail(ctx, e, "copy of the tangent directions");
+        }
+        for (size_t q = 0; q < nsets; ++q) {
+            nbgi_adjacc *d = hd + q * (size_t)nt + j;
+            memcpy(d, &t[j], NBG_ADJ_FIXED * sizeof(double));
+            if (k->npanels > 0) {
+                nbgi_panel_tangent(&k->panels[q], (const double *)&t[j], (double *)d);
+                if (ptan != NULL) {
+                    const double *own = ptan + ((size_t)j * k->npanels + q) * NBG_ADJ_DET;
+                    for (int c = 0; c < NBG_ADJ_DET; ++c) {
+                        ((double *)d)[c] += own[c];
+                    }
+                }
+            }
+            d->abc = dev;
+            d->lam = dev + nabc;
+        }
+    }
+    e = cudaMemcpy(st->tdir, hd, nsets * (size_t)nt * sizeof(nbgi_adjacc), cudaMemcpyHostToDevice);
+    free(hd);
+    if (e != cudaSuccess) {
+        return cuda_fail(ctx, e, "copy of the tangent directions");
+    }
+    if ((rc = start(ctx, t0, times)) != NBG_OK) {
+        return rc;
+    }
+    double *img_d = image_d != NULL ? st->img_d : NULL;
+    if (k->npanels > 0) {
+        NBG_LAUNCH(nbgi_jvp_kernel<1>, nblocks, NBG_BLOCK, kd, st->views, st->tdir, nt, st->img, img_d, st->tout);
+    } else {
+        NBG_LAUNCH(nbgi_jvp_kernel<0>, nblocks, NBG_BLOCK, kd, st->views, st->tdir, nt, st->img, img_d, st->tout);
+    }
+    if ((e = cudaGetLastError()) != cudaSuccess) {
+        return cuda_fail(ctx, e, "tangent kernel launch");
+    }
+    float ms = 0;
+    if ((e = cudaEventRecord(st->ev[1], 0)) != cudaSuccess || (e = cudaEventSynchronize(st->ev[1])) != cudaSuccess) {
+        return cuda_fail(ctx, e, "tangent kernel");
+    }
+    cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
+    times[1] = 1e-3 * ms;
+    const double t1 = nbgi_now();
+    rc = copy_image(ctx, k, st->img, image);
+    if (rc == NBG_OK && image_d != NULL) {
+        rc = copy_image(ctx, k, st->img_d, image_d);
+    }
+    if (rc == NBG_OK && nt > 0 &&
+        (e = cudaMemcpy(out, st->tout, (size_t)nt * nw * sizeof(double), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        rc = cuda_fail(ctx, e, "copy of the tangent images");
+    }
+    times[2] = nbgi_now() - t1;
     return rc;
 }

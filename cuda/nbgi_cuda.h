@@ -5,6 +5,7 @@
 #ifndef NBG_CUDA_H
 #define NBG_CUDA_H
 
+#include "adjoint.h"
 #include "internal.h"
 #include "physics.h"
 
@@ -34,6 +35,13 @@ int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float 
  * the plane's), from blocks aligned to the panels and summed per panel in block order. */
 int nbgi_cuda_adjoint(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, const float *dLdI, float *image, double *out,
                      int ncomp, double *panel_out, double times[3]);
+
+/* The tangents on the device (forward mode, double; the scalar twin grad/jvp_tmpl.h, a thread a pixel): as
+ * nbgi_jvp_cpu, out receives the nt tangent images (direction j at out[j * nw], nw the image's pixels or the
+ * list's entries), image (and image_d where not NULL) the image, every pixel outside a list 0.  ptan (NULL: none)
+ * the panels' own motion tangents, NBG_ADJ_DET a panel and direction.  times as nbgi_cuda_forward's. */
+int nbgi_cuda_jvp(nbg_ctx *ctx, const nbgi_kparams *k, const nbgi_adjacc *t, int nt, const double *ptan, double *out,
+                 float *image, double *image_d, double times[3]);
 
 #ifdef __cplusplus
 }

@@ -41,7 +41,7 @@ _Static_assert(NBG_ADJ_DET == NBGI_PANEL_NT, "a panel's detector quantities are 
 
 /* Whether a tangent direction moves the detector (any of its first NBG_ADJ_DET quantities nonzero): the tangent
  * kernel skips the rays' tangents of those that do not (a crystal's, a wavelength's), which are exactly zero. */
-static inline int nbgi_tangent_moves_detector(const nbgi_adjacc *t)
+static inline NBG_HD int nbgi_tangent_moves_detector(const nbgi_adjacc *t)
 {
     const double *v = (const double *)t;
     for (int i = 0; i < NBG_ADJ_DET; ++i) {
@@ -439,16 +439,20 @@ static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const 
 }
 #endif
 
+/* The forms of the CPU adjoint (nbgi_adjoint_cpu; ctx->scalar_adjoint picks one, nbgi_debug_scalar_adjoint). */
+enum { NBGI_ADJ_ROWS = 0, NBGI_ADJ_SCALAR = 1, NBGI_ADJ_TILED = 2 };
+
 /* One reverse pass over the image: image[p] receives the forward value (bit-identical to the forward kernel) and
  * acc the gradients of L given dLdI (acc's arrays sized as the plan's; F gradients are gathered only when
  * acc->F != NULL, each panel's own detector gradients only when acc->panel != NULL; acc's lane scratch is not
  * used).  The units (rows, or a pixel list's runs) are cut into nbgi_adjoint_chunks chunks, a number that depends
  * on the experiment alone; each chunk is summed into an accumulator of its own by the thread that runs it, and the
- * chunks are added in chunk order, so the gradients are the same bits for any nthreads.  vectorised selects the row
- * form (adjoint_row_tmpl.h) over the scalar twin.  image_sum receives the sum of the image's pixels (summed in the
- * chunks' order: nbgi_image_check's).  Returns NBG_OK, or NBG_ENOMEM. */
+ * chunks are added in chunk order, so the gradients are the same bits for any nthreads.  form: NBGI_ADJ_ROWS the
+ * row form (adjoint_row_tmpl.h), NBGI_ADJ_SCALAR its scalar twin (adjoint_tmpl.h), NBGI_ADJ_TILED the twin's
+ * tiled form, which the CUDA backend runs (the tests compare the three).  image_sum receives the sum of the
+ * image's pixels (summed in the chunks' order: nbgi_image_check's).  Returns NBG_OK, or NBG_ENOMEM. */
 int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
-                     int vectorised, double *image_sum);
+                     int form, double *image_sum);
 
 /* The number of chunks of the reverse pass over nunits units with nflat sums each: one a unit, at most
  * NBGI_MAXCHUNKS (geometry.h), and at most NBG_ADJ_CHUNK_DOUBLES sums in all (a large structure-factor table: fewer

@@ -40,7 +40,7 @@ static __attribute__((noinline)) void row_jvp(const nbgi_kparams *p, int s, int 
 
 /* One unit (a row, or a run of a pixel list) of the reverse pass into acc. */
 static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, float *image, nbgi_adjacc *acc,
-                           int vectorised)
+                           int form)
 {
     /* a row of the single detector, or of a panel through its view: the row's detector gradients then land on the
      * panel's vectors, and are carried to the plane's after the row; or a run of a pixel list */
@@ -56,7 +56,7 @@ static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, flo
             det[c] = 0;
         }
     }
-    if (vectorised) {
+    if (form == NBGI_ADJ_ROWS) {
         for (int f0 = fa; f0 < fb; f0 += 8) {
             const long i = first + f0;
             const int n = fb - f0 < 8 ? fb - f0 : 8;
@@ -81,7 +81,8 @@ static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, flo
                 continue;
             }
             const double g = dLdI != NULL ? (double)dLdI[i] : 0.0;
-            image[i] = (float)nbgi_pixel_adjoint_d(pr, f, s, g, acc);
+            image[i] = (float)(form == NBGI_ADJ_TILED ? nbgi_pixel_adjoint_tiled_d(pr, f, s, g, acc)
+                                                      : nbgi_pixel_adjoint_d(pr, f, s, g, acc));
         }
     }
     double isum = 0; /* the unit's image values, while in cache (the finiteness check) */
@@ -114,7 +115,7 @@ int nbgi_adjoint_chunks(long nunits, size_t nflat)
 }
 
 int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbgi_adjacc *acc, int nthreads,
-                     int vectorised, double *image_sum)
+                     int form, double *image_sum)
 {
     const size_t nabc = (size_t)p->nphi * p->nmos * 9, nsrc = (size_t)p->nsources;
     const size_t nF = acc->F != NULL ? (size_t)p->nh * p->nk * p->nl : 0;
@@ -166,7 +167,7 @@ int nbgi_adjoint_cpu(const nbgi_kparams *p, const float *dLdI, float *image, nbg
         nbgi_chunk(c, nchunks, nu, &u0, &u1);
         double is = 0;
         for (long u = u0; u < u1; ++u) {
-            is += adjoint_unit(p, u, dLdI, image, &a, vectorised);
+            is += adjoint_unit(p, u, dLdI, image, &a, form);
         }
         isums[c] = is;
         memcpy(flat, &a, NBG_ADJ_FIXED * sizeof(double));

@@ -674,7 +674,7 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
     {
         const double t0 = nbgi_now();
         double image_sum = 0;
-        if (nbgi_adjoint_cpu(k, dLdI, image, &acc, nthreads, ctx->scalar_adjoint == 0, &image_sum) != NBG_OK) {
+        if (nbgi_adjoint_cpu(k, dLdI, image, &acc, nthreads, ctx->scalar_adjoint, &image_sum) != NBG_OK) {
             free(buf);
             return nbgi_error(ctx, NBG_ENOMEM, "out of memory for the adjoint's chunk accumulators");
         }
@@ -960,9 +960,20 @@ static int simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *
 #ifdef _OPENMP
             nthreads = ctx->nthreads > 0 ? ctx->nthreads : omp_get_max_threads();
 #endif
-            nbgi_jvp_cpu(&pl.k, t, m, own ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
-                         ctx->scalar_adjoint == 0, nthreads);
-            rc = nbgi_image_check(ctx, &pl, image, NAN);
+#ifdef NBG_HAVE_CUDA
+            if (ctx->backend == NBG_BACKEND_CUDA) {
+                double tm[3] = {0, 0, 0};
+                rc = nbgi_cuda_jvp(ctx, &pl.k, t, m, own ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
+                                   tm);
+            } else
+#endif
+            {
+                nbgi_jvp_cpu(&pl.k, t, m, own ? ptan : NULL, tangents + (size_t)q0 * nw, image, image_d,
+                             ctx->scalar_adjoint == 0, nthreads);
+            }
+            if (rc == NBG_OK) {
+                rc = nbgi_image_check(ctx, &pl, image, NAN);
+            }
         }
         for (int j = 0; j < na; ++j) {
             free(t[j].abc);
@@ -1052,6 +1063,6 @@ int nbg_simulate_tangents(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param
 void nbgi_debug_scalar_adjoint(nbg_ctx *ctx, int on)
 {
     if (ctx != NULL) {
-        ctx->scalar_adjoint = on != 0;
+        ctx->scalar_adjoint = on == 2 ? NBGI_ADJ_TILED : on != 0 ? NBGI_ADJ_SCALAR : NBGI_ADJ_ROWS;
     }
 }

@@ -5,7 +5,8 @@
  * vectors, crystal vectors per phi step and domain, wavelengths, N, a*, K, scale, I_bg; see nbgi_plan_tangent).
  * Derivatives of the per-sample physics come from the same helpers the adjoint uses (src/physics_tmpl.h).
  *
- * Instantiated for NBG_R = double by grad/jvp_cpu.c.
+ * Instantiated for NBG_R = double by grad/adjoint_cpu.c (the CPU's scalar twin of grad/jvp_row_tmpl.h) and by
+ * cuda/backend.cu (the device's tangent kernel, a thread a pixel).
  */
 #ifndef NBG_TMPL_OPEN
 #error "jvp_tmpl.h is a template: instantiate it through tmpl_on.h / tmpl_off.h (see src/tmpl_on.h)"

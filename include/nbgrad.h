@@ -443,7 +443,7 @@ typedef struct {
      * weights at the listed pixels only (the sums run over them); nbg_simulate_jvp writes its tangents compactly,
      * tangents[j * npixels_list + t] for list entry t; nbg_refine fits on the listed pixels (a Jacobian of nparams x
      * npixels_list); nbg_report's solid_angle sums the listed pixels.  The listed pixels' values are bit for bit
-     * those of the whole image on the CPU (the CUDA forward and adjoint launch a thread per listed pixel).
+     * those of the whole image on the CPU (the CUDA kernels launch a thread per listed pixel).
      * nbg_gradcheck refuses a list.  nbg_spot_pixels builds one around the Bragg spots. */
     const uint32_t *pixels;         /* caller-owned */
     long npixels_list;
@@ -725,9 +725,10 @@ int nbg_simulate_jvp(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *par
  * may then be NULL): image_d (npix doubles, or NULL) receives the model image M before its rounding to float, image
  * (npix floats, or NULL) nbg_simulate_jvp's image, which is image_d's values rounded when the image model is the
  * identity (scale 1, no background).  At least one of the two is given.  Both come from the tangent kernel, which
- * computes in double on the CPU whatever the context's backend and precision (an NBG_FLOAT or CUDA context's
- * nbg_simulate may differ from them in the last float bits); for a double image, or a differentiable op that
- * wants the image and its tangents from one render (the PyTorch adapter's forward). */
+ * computes in double whatever the context's precision, on the context's backend (the CPU's or the GPU's, which
+ * agree to rounding; an NBG_FLOAT context's nbg_simulate may differ from them in the last float bits); for a
+ * double image, or a differentiable op that wants the image and its tangents from one render (the PyTorch
+ * adapter's forward). */
 int nbg_simulate_tangents(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *params, int nparams,
                           double *tangents, float *image, double *image_d, size_t npix);
 

@@ -22,7 +22,7 @@ struct nbg_ctx {
     void *cuda; /* CUDA backend state (device buffers), NULL on the CPU */
     int break_param; /* nbgi_debug_break_adjoint: parameter whose gradient is corrupted, -1 none */
     int zero_param;  /* nbgi_debug_zero_adjoint: parameter whose gradient is set to 0, -1 none */
-    int scalar_adjoint; /* nbgi_debug_scalar_adjoint: run the scalar twin instead of the vectorised adjoint */
+    int scalar_adjoint; /* nbgi_debug_scalar_adjoint: the CPU adjoint's form (NBGI_ADJ_ROWS, _SCALAR, _TILED) */
     nbg_limits limits;  /* what an input may ask for (nbg_ctx_set_limits) */
     nbg_progress_fn progress; /* nbg_ctx_set_progress: long calls report how far they are */
     void *progress_user;
@@ -30,7 +30,8 @@ struct nbg_ctx {
 
 /* Test-only switches (not API).  nbgi_debug_break_adjoint: the adjoint deliberately corrupts the gradient of the
  * given parameter, so that tests can show the checker fails (-1 turns it off).  nbgi_debug_scalar_adjoint: the CPU
- * adjoint runs its scalar twin instead of the vectorised form (they must agree). */
+ * adjoint runs its scalar twin instead of the vectorised form (on = 1), or the twin's tiled form, the CUDA
+ * backend's (on = 2); they must agree.  The tangent pass runs its scalar twin for either. */
 void nbgi_debug_break_adjoint(nbg_ctx *ctx, int param);
 /* Test-only: the adjoint returns 0 for that parameter's gradient (-1 turns it off): a zero adjoint against a
  * non-zero difference must fail the check, not pass as ZERO. */

@@ -23,6 +23,12 @@
  *   panels-*          a multi-panel detector (panels of different sizes, one turned): images and gradients as the CPU's
  *   list-*            a pixel list (nbg_experiment.pixels), on the single detector and on the panels: the listed
  *                     pixels as the CPU's (the others 0), gradients as the CPU's with the same list
+ *   tangents-*        the tangent kernel (nbg_simulate_tangents) against the CPU's: every scalar parameter on the
+ *                     five configurations and a float context, moved panels with the image model, and on a pixel
+ *                     list; tangent images to 1e-9 of their maxima, the double image to 1e-12
+ *   refine            nbg_refine on the CUDA backend (forward, adjoint and tangent kernels) against the same fit
+ *                     on the CPU: both reach the truth of a noise-free image, and the same values (not in a GSL=0
+ *                     build, which has no refinement)
  *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
  *   sanitizer-<tool>  (GPU only) this program rerun on a few cases under compute-sanitizer's memcheck, racecheck
  *                     and synccheck, when compute-sanitizer is on the PATH: no error reported
@@ -500,6 +506,136 @@ static void panels(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     free(w);
 }
 
+/* The tangent kernel (nbg_simulate_tangents: forward mode, in double on the device whatever the context's
+ * precision) against the CPU's: every scalar parameter (more than one pass of NBG_JVP_MAX directions) on the five
+ * configurations of gradients(), on a float context, and on moved panels with a pixel list; each tangent image to
+ * 1e-9 of its maximum, the double image to 1e-12 of its maximum, the float image equal. */
+static double tangent_diff(const double *tc, const double *tg, int nt, size_t nw, int *nonzero)
+{
+    double worst = 0;
+    *nonzero = 0;
+    for (int j = 0; j < nt; ++j) {
+        double mx = 0, d = 0;
+        for (size_t i = 0; i < nw; ++i) {
+            mx = fmax(mx, fabs(tc[(size_t)j * nw + i]));
+            d = fmax(d, fabs(tg[(size_t)j * nw + i] - tc[(size_t)j * nw + i]));
+        }
+        *nonzero += mx > 0;
+        worst = fmax(worst, mx > 0 ? d / mx : d > 0 ? INFINITY : 0);
+    }
+    return worst;
+}
+
+static void tangents_case(nbg_ctx *cpu, nbg_ctx *gpu, const nbg_experiment *e, const nbg_param *m, int nm,
+                          const char *name)
+{
+    nbg_report r;
+    nbg_describe(cpu, e, &r);
+    const size_t n = r.npix, nw = e->pixels != NULL ? (size_t)e->npixels_list : n;
+    double *tc = malloc(sizeof(double) * nw * (size_t)nm), *tg = malloc(sizeof(double) * nw * (size_t)nm);
+    double *dc = malloc(sizeof(double) * n), *dg = malloc(sizeof(double) * n);
+    float *fc = malloc(sizeof(float) * n), *fg = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; ++i) {
+        dg[i] = fg[i] = 9; /* every unlisted pixel must come back 0 */
+    }
+    const int crc = nbg_simulate_tangents(cpu, e, m, nm, tc, fc, dc, n);
+    const int grc = nbg_simulate_tangents(gpu, e, m, nm, tg, fg, dg, n);
+    int nonzero = 0;
+    double worst = INFINITY, di = INFINITY, dmax = 0;
+    long fdiff = 0;
+    if (crc == NBG_OK && grc == NBG_OK) {
+        worst = tangent_diff(tc, tg, nm, nw, &nonzero);
+        di = 0;
+        for (size_t i = 0; i < n; ++i) {
+            dmax = fmax(dmax, fabs(dc[i]));
+            di = fmax(di, fabs(dg[i] - dc[i]));
+            fdiff += fg[i] != fc[i];
+        }
+        di = dmax > 0 ? di / dmax : INFINITY;
+    }
+    char id[96];
+    snprintf(id, sizeof id, PFX "-tangents-%s", name);
+    nbgi_test_check(crc == NBG_OK && grc == NBG_OK && nonzero >= 2 && worst <= 1e-9 && di <= 1e-12 && fdiff == 0,
+                    id, "%d directions (%d not zero): worst |gpu - cpu| %.3g of each tangent image's maximum; double "
+                    "image %.3g of its maximum, float image different at %ld pixels (%s)", nm, nonzero,
+                    worst, di, fdiff, grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    free(tc);
+    free(tg);
+    free(dc);
+    free(dg);
+    free(fc);
+    free(fg);
+}
+
+static void tangents(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
+    nbg_experiment cfg[5];
+    const char *names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
+    for (int c = 0; c < 5; ++c) {
+        base(&cfg[c]);
+    }
+    cfg[1].mosaic = 0.5, cfg[1].mosaic_domains = 5, cfg[1].phi0 = 1, cfg[1].osc = 2, cfg[1].phisteps = 3;
+    cfg[2].oversample = 2, cfg[2].thick = 100, cfg[2].thick_abs = 50, cfg[2].thicksteps = 3;
+    cfg[2].hdivrange = cfg[2].vdivrange = 0.5, cfg[2].hdivsteps = cfg[2].vdivsteps = 3;
+    cfg[2].dispersion = 1, cfg[2].dispsteps = 3;
+    cfg[3].shape = NBG_SHAPE_ROUND;
+    cfg[4].det_rot[0] = 5, cfg[4].det_rot[1] = 3, cfg[4].twotheta = 10, cfg[4].convention = NBG_CONV_XDS;
+    for (int c = 0; c < (sanitized ? 1 : 5); ++c) {
+        nbg_param m[NBG_NPARAMS];
+        const int nm = scalars_but(cfg[c].mosaic > 0 ? -1 : NBG_P_MOSAIC, m);
+        tangents_case(cpu, gpu, &cfg[c], m, nm, names[c]);
+        if (c == 0) {
+            tangents_case(cpu, gpuf, &cfg[c], m, nm, "float-context");
+        }
+    }
+    if (sanitized) {
+        return;
+    }
+    /* moved panels (3 groups of 2, one panel turned) with the image model, on a pixel list: the panels' own motion
+     * tangents, a, distance, the scale and the background */
+    nbg_experiment e;
+    base(&e);
+    e.det_rot[0] = 3, e.det_rot[1] = -2;
+    e.scale = 1.5, e.bg[0] = 2;
+    nbg_panel pan[6];
+    memset(pan, 0, sizeof pan);
+    const int pf = NPIX / 4, ps = NPIX / 6;
+    for (int k = 0; k < 6; ++k) {
+        pan[k].fpixels = pf + k;
+        pan[k].spixels = ps;
+        pan[k].fast[0] = 1;
+        pan[k].slow[1] = 1;
+        pan[k].origin[0] = e.pixel * (k % 3) * (NPIX / 3 + 1);
+        pan[k].origin[1] = e.pixel * (k / 3) * (ps + 3);
+        pan[k].group = k / 2;
+    }
+    pan[5].fast[0] = 0, pan[5].fast[1] = 1, pan[5].slow[0] = -1, pan[5].slow[1] = 0;
+    pan[5].origin[0] += e.pixel * ps;
+    nbg_panel_motion mot[3] = {{{0.2, -0.1, 0.3}, {0.3, -0.2, 1.0}},
+                               {{-0.15, 0.05, 0}, {0, 0.4, -1.5}},
+                               {{0.1, 0.1, -0.2}, {-0.5, 0, 2.0}}};
+    e.panels = pan;
+    e.npanels = 6;
+    e.motions = mot;
+    e.nmotions = 3;
+    nbg_param mm[22] = {NBG_P_A, NBG_P_DISTANCE, NBG_P_SCALE, NBG_P_BG};
+    for (int j = 0; j < 18; ++j) {
+        mm[4 + j] = NBG_P_MOTION(j / 6, j % 6);
+    }
+    tangents_case(cpu, gpu, &e, mm, 22, "panels-motion");
+    nbg_report r;
+    nbg_describe(cpu, &e, &r);
+    uint32_t *list = malloc(sizeof(uint32_t) * ((size_t)r.npix / 3 + 1));
+    long nl = 0;
+    for (size_t i = 0; i < r.npix; i += 3) {
+        list[nl++] = (uint32_t)i;
+    }
+    e.pixels = list;
+    e.npixels_list = nl;
+    tangents_case(cpu, gpu, &e, mm, 22, "panels-motion-list");
+    free(list);
+}
+
 /* A pixel list (every 3rd pixel and a block of neighbours): the CUDA kernels' thread-per-listed-pixel launch against
  * the CPU's runs, in double and float, on the single detector (with the image model) and on panels. */
 static void pixel_list(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
@@ -577,6 +713,53 @@ static void pixel_list(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         free(l);
     }
 }
+
+#ifndef NBG_NO_REFINE
+/* A refinement on the device: nbg_refine's losses (the forward kernel), gradients (the adjoint) and Gauss-Newton
+ * passes (the tangent kernel) on the CUDA backend, against the same fit on the CPU from the same start (cell and
+ * orientation moved off a noise-free image): both reach the truth, and the same values. */
+static void refine_on_device(nbg_ctx *cpu, nbg_ctx *gpu)
+{
+    static const nbg_param p9[9] = {NBG_P_A,    NBG_P_B,    NBG_P_C,    NBG_P_ALPHA, NBG_P_BETA,
+                                    NBG_P_GAMMA, NBG_P_ROTX, NBG_P_ROTY, NBG_P_ROTZ};
+    nbg_experiment t;
+    base(&t);
+    const size_t n = (size_t)t.fpixels * t.spixels;
+    float *obs = malloc(n * sizeof(float));
+    nbg_simulate(cpu, &t, obs, n, NULL);
+    double truth[9], v[2][9];
+    int iters[2] = {0, 0}, rc[2];
+    for (int j = 0; j < 9; ++j) {
+        nbg_param_get(&t, p9[j], &truth[j]);
+    }
+    for (int b = 0; b < 2; ++b) {
+        nbg_experiment e = t;
+        e.cell[0] *= 1.002, e.cell[2] *= 0.998, e.cell[4] += 0.1, e.misset[1] += 0.1, e.misset[2] -= 0.05;
+        nbg_refine_options o;
+        nbg_refine_options_default(&o);
+        nbg_refine_result r = {0};
+        nbg_ctx *c = b ? gpu : cpu;
+        rc[b] = nbg_refine(c, &e, obs, NULL, n, p9, 9, &o, &r);
+        if (rc[b] != NBG_OK) {
+            printf("    %s: %s\n", b ? "device" : "CPU", nbg_errmsg(c));
+        }
+        for (int j = 0; j < 9; ++j) {
+            v[b][j] = rc[b] == NBG_OK ? r.value[j] : NAN;
+        }
+        iters[b] = r.iterations;
+        nbg_refine_result_free(&r);
+    }
+    double dtruth = 0, dcpu = 0;
+    for (int j = 0; j < 9; ++j) {
+        dtruth = fmax(dtruth, fabs(v[1][j] - truth[j]) / fmax(fabs(truth[j]), 1));
+        dcpu = fmax(dcpu, fabs(v[1][j] - v[0][j]) / fmax(fabs(v[0][j]), 1));
+    }
+    nbgi_test_check(rc[0] == NBG_OK && rc[1] == NBG_OK && dtruth <= 1e-5 && dcpu <= 1e-7, PFX "-refine",
+                    "cell and orientation from a moved start, %d iterations on the device (%d on the CPU): worst "
+                    "relative error %.2g to the truth, %.2g to the CPU's fit", iters[1], iters[0], dtruth, dcpu);
+    free(obs);
+}
+#endif
 
 #ifndef NBG_CUDA_EMU
 /* Reruns this program under compute-sanitizer's tools on a few cases (NBG_CUDA_SANITIZED=1 in the child). */
@@ -662,6 +845,12 @@ int main(void)
     shapes(cpu, gpu);
     panels(cpu, gpu, gpuf);
     pixel_list(cpu, gpu, gpuf);
+    tangents(cpu, gpu, gpuf);
+#ifndef NBG_NO_REFINE
+    if (!sanitized) {
+        refine_on_device(cpu, gpu);
+    }
+#endif
     if (sanitized) {
         nbg_ctx_destroy(gpu);
         nbg_ctx_destroy(gpuf);

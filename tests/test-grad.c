@@ -407,6 +407,12 @@ int main(void)
             nbg_simulate_grad(ctx, &cfg[c], w, m, nm, ga, ia, np, NULL);
             nbgi_debug_scalar_adjoint(ctx, 1);
             nbg_simulate_grad(ctx, &cfg[c], w, m, nm, gb, ib, np, NULL);
+            /* the tiled form (the CUDA backend's): the samples in another order where there are more matrices than
+             * a tile (cfg 0: 6), so gradients and images to rounding */
+            double gt[64] = {0};
+            float *it = malloc(np * sizeof(float));
+            nbgi_debug_scalar_adjoint(ctx, 2);
+            nbg_simulate_grad(ctx, &cfg[c], w, m, nm, gt, it, np, NULL);
             nbgi_debug_scalar_adjoint(ctx, 0);
             /* relative per parameter; a gradient that is zero up to rounding (as d/da of the gauss shape here) is
              * compared against 1e-6 of the largest */
@@ -422,6 +428,18 @@ int main(void)
             nbgi_test_check(wr < 1e-10 && memcmp(ia, ib, np * sizeof(float)) == 0, id,
                            "worst relative difference %.2g, images %s", wr,
                            memcmp(ia, ib, np * sizeof(float)) == 0 ? "identical" : "differ");
+            double tr = 0, imax = 0, tdiff = 0;
+            for (int q = 0; q < nm; ++q) {
+                tr = fmax(tr, fabs(gt[q] - gb[q]) / fmax(fabs(gb[q]), 1e-6 * gmax));
+            }
+            for (size_t i = 0; i < np; ++i) {
+                imax = fmax(imax, fabs(ib[i]));
+                tdiff = fmax(tdiff, fabs(it[i] - ib[i]));
+            }
+            snprintf(id, sizeof id, "grad-13-tiled-vs-scalar-%d", c);
+            nbgi_test_check(tr < 1e-10 && imax > 0 && tdiff <= 2.4e-7 * imax, id,
+                           "worst relative difference %.2g, images %.2g of the maximum", tr, tdiff / imax);
+            free(it);
             free(ia);
             free(ib);
             free(w);
