@@ -48,7 +48,7 @@ extern "C" {
 #define NBG_WARPS (NBG_BLOCK / 32)
 #define NBG_RBLOCK 256                /* threads per block of the reduction kernel */
 #define NBG_NFIX ((int)NBG_ADJ_FIXED) /* doubles in the fixed part of nbgi_adjacc */
-#define NBG_CUDA_MAXACC 1024          /* crystal-vector and wavelength gradients one thread can hold */
+#define NBG_CUDA_MAXACC NBGI_CUDA_MAXACC /* crystal-vector and wavelength gradients one thread can hold */
 /* Occupancy hints: the least blocks of NBG_BLOCK threads an SM should hold for each pixel kernel (the adjoint's
  * 0: none, the compiler's choice of registers).  Measured on an H200 (bench-cuda, samples per second of device
  * time): the forward kernel left alone takes 168 (double) and 186 (float) registers, 3 and 2 blocks an SM; held to

@@ -27,6 +27,10 @@ int nbgi_cuda_describe(const nbg_ctx *ctx, nbg_device_info *info);
 int nbgi_cuda_forward(nbg_ctx *ctx, const nbgi_kparams *k, int use_float, float *image, double *omega_sum, long *oor,
                      double times[3]);
 
+/* The most crystal-vector and wavelength gradients (phi steps x mosaic domains x 9 + sources) the device's adjoint
+ * holds a thread; a call that needs more runs its reverse pass on the CPU (grad/grad.c). */
+#define NBGI_CUDA_MAXACC 1024
+
 /* The adjoint on the device, in double or (use_float) float arithmetic: the scalar twin grad/adjoint_tmpl.h, one
  * thread per pixel, each thread's gradients of the plan-level quantities (ncomp doubles laid out as nbgi_adjacc's
  * fixed part, then abc, then lam) summed in a fixed order per block and then over blocks on the device: the same

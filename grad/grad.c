@@ -641,12 +641,10 @@ static int run_adjoint(nbg_ctx *ctx, const nbg_experiment *e, nbgi_plan *pl, con
     acc.F = nF ? acc.lam + nsrc : NULL;
     acc.panel = nP ? acc.lam + nsrc + nF : NULL;
 #ifdef NBG_HAVE_CUDA
-    if (ctx->backend == NBG_BACKEND_CUDA) {
-        if (want.F) {
-            free(buf);
-            return nbgi_error(ctx, NBG_EUNSUP, "structure-factor gradients are not implemented on the CUDA backend "
-                                              "(use the CPU backend for F)");
-        }
+    /* the device's reverse pass, unless the call asks for what a thread there does not hold: structure-factor
+     * gradients (a table's worth) or more than NBGI_CUDA_MAXACC crystal-vector and wavelength gradients; such a
+     * call runs its reverse pass on the CPU below (in double, whatever the context's precision) */
+    if (ctx->backend == NBG_BACKEND_CUDA && !want.F && nabc + nsrc <= NBGI_CUDA_MAXACC) {
         /* the device returns the fixed part, abc and lam, reduced in a fixed order */
         const int ncomp = (int)(NBG_ADJ_FIXED + nabc + nsrc);
         double *out = malloc(sizeof(double) * (size_t)ncomp);

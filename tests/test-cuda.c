@@ -26,6 +26,8 @@
  *   tangents-*        the tangent kernel (nbg_simulate_tangents) against the CPU's: every scalar parameter on the
  *                     five configurations and a float context, moved panels with the image model, and on a pixel
  *                     list; tangent images to 1e-9 of their maxima, the double image to 1e-12
+ *   cpu-reverse-*     a gradient call the device's adjoint cannot hold (structure factors, 120 crystal matrices)
+ *                     runs its reverse pass on the CPU: the CPU context's gradients and image bit for bit
  *   refine            nbg_refine on the CUDA backend (forward, adjoint and tangent kernels) against the same fit
  *                     on the CPU: both reach the truth of a noise-free image, and the same values (not in a GSL=0
  *                     build, which has no refinement)
@@ -714,6 +716,62 @@ static void pixel_list(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     }
 }
 
+/* What the device's adjoint does not hold runs its reverse pass on the CPU (grad/grad.c): structure-factor
+ * gradients, and more crystal-vector and wavelength gradients than NBGI_CUDA_MAXACC (here 12 phi steps x 10 domains
+ * x 9 + 1 source): the gradients of a CUDA double context equal the CPU context's bit for bit. */
+static void cpu_reverse(nbg_ctx *cpu, nbg_ctx *gpu)
+{
+    const int H = 4;
+    nbg_hkl hkl = {-H, H, -H, H, -H, H, NULL, 0};
+    const size_t nF = (size_t)(2 * H + 1) * (2 * H + 1) * (2 * H + 1);
+    hkl.F = malloc(nF * sizeof(double));
+    for (size_t i = 0; i < nF; ++i) {
+        hkl.F[i] = 50 + 40 * sin(1.7 * (double)i);
+    }
+    hkl.nrefl = (long)nF;
+    for (int v = 0; v < 2; ++v) {
+        nbg_experiment e;
+        base(&e);
+        e.fpixels = e.spixels = NPIX / 2;
+        nbg_param m[NBG_NPARAMS + 8];
+        int nm = 0;
+        m[nm++] = NBG_P_A;
+        m[nm++] = NBG_P_DISTANCE;
+        if (v == 0) {
+            e.hkl = &hkl;
+            const long mid = ((long)H * (2 * H + 1) + H) * (2 * H + 1) + H;
+            for (int d = -3; d <= 3; ++d) {
+                m[nm++] = NBG_P_F(mid + d);
+            }
+        } else {
+            e.mosaic = 0.3, e.mosaic_domains = 10, e.phi0 = 0, e.osc = 1, e.phisteps = 12;
+            m[nm++] = NBG_P_MOSAIC;
+        }
+        const size_t n = (size_t)e.fpixels * e.spixels;
+        float *w = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+        for (size_t i = 0; i < n; ++i) {
+            w[i] = (float)(0.5 + 0.5 * cos(0.1 * (double)i));
+        }
+        double gc[NBG_NPARAMS + 8], gg[NBG_NPARAMS + 8];
+        const int crc = nbg_simulate_grad(cpu, &e, w, m, nm, gc, a, n, NULL);
+        const int grc = nbg_simulate_grad(gpu, &e, w, m, nm, gg, b, n, NULL);
+        int nonzero = 0; /* a, distance and (v = 0) the F entries the image's spots reach */
+        for (int j = 0; j < nm; ++j) {
+            nonzero += gc[j] != 0;
+        }
+        const int same = crc == NBG_OK && grc == NBG_OK && memcmp(gc, gg, sizeof(double) * (size_t)nm) == 0 &&
+                         memcmp(a, b, n * sizeof(float)) == 0;
+        nbgi_test_check(same && gc[0] != 0 && gc[1] != 0 && nonzero >= 3, v ? PFX "-cpu-reverse-many-matrices" : PFX "-cpu-reverse-F",
+                        "%s: %d gradients (%d not zero) and the image as the CPU context's bit for bit: %s (%s)",
+                        v ? "120 crystal matrices" : "7 structure factors, a and distance", nm, nonzero,
+                        same ? "yes" : "no", grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
+        free(w);
+        free(a);
+        free(b);
+    }
+    free(hkl.F);
+}
+
 #ifndef NBG_NO_REFINE
 /* A refinement on the device: nbg_refine's losses (the forward kernel), gradients (the adjoint) and Gauss-Newton
  * passes (the tangent kernel) on the CUDA backend, against the same fit on the CPU from the same start (cell and
@@ -846,6 +904,9 @@ int main(void)
     panels(cpu, gpu, gpuf);
     pixel_list(cpu, gpu, gpuf);
     tangents(cpu, gpu, gpuf);
+    if (!sanitized) {
+        cpu_reverse(cpu, gpu);
+    }
 #ifndef NBG_NO_REFINE
     if (!sanitized) {
         refine_on_device(cpu, gpu);
