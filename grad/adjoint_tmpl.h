@@ -179,7 +179,7 @@ static inline NBG_HD double NBG_SFX(nbgi_pixel_adjoint)(const nbgi_kparams *p, i
 }
 
 /* nbgi_pixel_adjoint with the crystal vectors' gradients in registers, for the CUDA backend (there acc->abc is in
- * the thread's local memory, and adding to it at every sample was most of the heavy cases' time): the (phi, mosaic)
+ * the thread's local memory, which the per-sample form reads and writes 9 times a sample): the (phi, mosaic)
  * matrices go in tiles of NBG_ADJ_TILE, each tile looping over the sources of a subpixel, so that a tile's
  * 9 NBG_ADJ_TILE accumulators reach acc->abc once a subpixel (and the crystal size's and default_F's once a
  * pixel).  With more matrices than a tile the samples are summed in another order (subpixel, tile, source,
