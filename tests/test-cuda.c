@@ -270,10 +270,12 @@ static double grad_diff(const double *got, const double *want)
     return gmax > 0 ? worst : INFINITY;
 }
 
-static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+/* The five configurations the gradient and tangent checks run: triclinic, mosaic with phi, sampling, the round
+ * shape, a rotated detector. */
+static const char *const config_names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
+
+static void five_configs(nbg_experiment cfg[5])
 {
-    nbg_experiment cfg[5];
-    const char *names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
     for (int c = 0; c < 5; ++c) {
         base(&cfg[c]);
     }
@@ -283,6 +285,12 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     cfg[2].dispersion = 1, cfg[2].dispsteps = 3;
     cfg[3].shape = NBG_SHAPE_ROUND;
     cfg[4].det_rot[0] = 5, cfg[4].det_rot[1] = 3, cfg[4].twotheta = 10, cfg[4].convention = NBG_CONV_XDS;
+}
+
+static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
+{
+    nbg_experiment cfg[5];
+    five_configs(cfg);
     for (int c = 0; c < (sanitized ? 2 : 5); ++c) {
         nbg_report r;
         nbg_describe(cpu, &cfg[c], &r);
@@ -298,9 +306,9 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         double mx;
         const double d = maxrel(a, b, n, &mx);
         char id[96];
-        snprintf(id, sizeof id, PFX "-forward-%s-double", names[c]);
+        snprintf(id, sizeof id, PFX "-forward-%s-double", config_names[c]);
         nbgi_test_check(mx > 0 && d <= 1e-9 + 1.2e-7, id, "max |gpu - cpu| = %.3g of max %.4g", d, mx);
-        snprintf(id, sizeof id, PFX "-forward-%s-float", names[c]);
+        snprintf(id, sizeof id, PFX "-forward-%s-float", config_names[c]);
         const double cf = nbgi_test_corr(a, bf, n);
         nbgi_test_check(cf >= 0.99999, id, "correlation %.9f", cf);
 
@@ -312,12 +320,12 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         const int grc = grad_ids(gpu, &cfg[c], w, m, nm, gg, NULL, b, n);
         grad_ids(gpu, &cfg[c], w, m, nm, gg2, NULL, b2, n);
         const int frc = grad_ids(gpuf, &cfg[c], w, m, nm, gf, NULL, fa, n);
-        snprintf(id, sizeof id, PFX "-grad-%s", names[c]);
+        snprintf(id, sizeof id, PFX "-grad-%s", config_names[c]);
         const double worst = grad_diff(gg, gc);
         nbgi_test_check(grc == NBG_OK && worst <= 1e-8, id, "worst relative difference to the CPU %.3g (%s)", worst,
                        grc == NBG_OK ? "ok" : nbg_errmsg(gpu));
         /* the float adjoint: float arithmetic per sample, double accumulation */
-        snprintf(id, sizeof id, PFX "-grad-float-%s", names[c]);
+        snprintf(id, sizeof id, PFX "-grad-float-%s", config_names[c]);
         const double fworst = grad_diff(gf, gc);
         nbgi_test_check(frc == NBG_OK && fworst <= 1e-3, id, "worst relative difference to the CPU double %.3g (%s)",
                        fworst, frc == NBG_OK ? "ok" : nbg_errmsg(gpuf));
@@ -329,10 +337,10 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
         const double d1 = maxrel(b, b2, n, &m1), d2 = maxrel(ff, fa, n, &m2);
         nbg_simulate(gpu, &cfg[c], b2, n, NULL);
         const double d0 = maxrel(b2, b, n, &m1);
-        snprintf(id, sizeof id, PFX "-image-%s", names[c]);
+        snprintf(id, sizeof id, PFX "-image-%s", config_names[c]);
         nbgi_test_check(d0 <= 1e-9 + 1.2e-7 && d2 <= 1e-6, id,
                        "gradient-call image vs forward: double %.3g, float %.3g of the maximum", d0, d2);
-        snprintf(id, sizeof id, PFX "-repeat-%s", names[c]);
+        snprintf(id, sizeof id, PFX "-repeat-%s", config_names[c]);
         nbgi_test_check(memcmp(gg, gg2, sizeof gg) == 0 && d1 == 0, id,
                        "two gradient calls give bit-identical gradients and images");
         free(a);
@@ -572,20 +580,11 @@ static void tangents_case(nbg_ctx *cpu, nbg_ctx *gpu, const nbg_experiment *e, c
 static void tangents(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
 {
     nbg_experiment cfg[5];
-    const char *names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
-    for (int c = 0; c < 5; ++c) {
-        base(&cfg[c]);
-    }
-    cfg[1].mosaic = 0.5, cfg[1].mosaic_domains = 5, cfg[1].phi0 = 1, cfg[1].osc = 2, cfg[1].phisteps = 3;
-    cfg[2].oversample = 2, cfg[2].thick = 100, cfg[2].thick_abs = 50, cfg[2].thicksteps = 3;
-    cfg[2].hdivrange = cfg[2].vdivrange = 0.5, cfg[2].hdivsteps = cfg[2].vdivsteps = 3;
-    cfg[2].dispersion = 1, cfg[2].dispsteps = 3;
-    cfg[3].shape = NBG_SHAPE_ROUND;
-    cfg[4].det_rot[0] = 5, cfg[4].det_rot[1] = 3, cfg[4].twotheta = 10, cfg[4].convention = NBG_CONV_XDS;
+    five_configs(cfg);
     for (int c = 0; c < (sanitized ? 1 : 5); ++c) {
         nbg_param m[NBG_NPARAMS];
         const int nm = scalars_but(cfg[c].mosaic > 0 ? -1 : NBG_P_MOSAIC, m);
-        tangents_case(cpu, gpu, &cfg[c], m, nm, names[c]);
+        tangents_case(cpu, gpu, &cfg[c], m, nm, config_names[c]);
         if (c == 0) {
             tangents_case(cpu, gpuf, &cfg[c], m, nm, "float-context");
         }
