@@ -29,8 +29,8 @@
  *   cpu-reverse-*     a gradient call the device's adjoint cannot hold (structure factors, 120 crystal matrices)
  *                     runs its reverse pass on the CPU: the CPU context's gradients and image bit for bit
  *   refine            nbg_refine on the CUDA backend (forward, adjoint and tangent kernels) against the same fit
- *                     on the CPU: both reach the truth of a noise-free image, and the same values (not in a GSL=0
- *                     build, which has no refinement)
+ *                     on the CPU: both reach the truth of a noise-free image (1e-5), and each other's values (to
+ *                     1e-9 emulated, 1e-5 on a GPU; not in a GSL=0 build, which has no refinement)
  *   gradcheck-*       the finite-difference gradient check run on the CUDA backend
  *   sanitizer-<tool>  (GPU only) this program rerun on a few cases under compute-sanitizer's memcheck, racecheck
  *                     and synccheck, when compute-sanitizer is on the PATH: no error reported
@@ -774,7 +774,7 @@ static void cpu_reverse(nbg_ctx *cpu, nbg_ctx *gpu)
 #ifndef NBG_NO_REFINE
 /* A refinement on the device: nbg_refine's losses (the forward kernel), gradients (the adjoint) and Gauss-Newton
  * passes (the tangent kernel) on the CUDA backend, against the same fit on the CPU from the same start (cell and
- * orientation moved off a noise-free image): both reach the truth, and the same values. */
+ * orientation moved off a noise-free image): both reach the truth, and each other's values. */
 static void refine_on_device(nbg_ctx *cpu, nbg_ctx *gpu)
 {
     static const nbg_param p9[9] = {NBG_P_A,    NBG_P_B,    NBG_P_C,    NBG_P_ALPHA, NBG_P_BETA,
@@ -811,7 +811,15 @@ static void refine_on_device(nbg_ctx *cpu, nbg_ctx *gpu)
         dtruth = fmax(dtruth, fabs(v[1][j] - truth[j]) / fmax(fabs(truth[j]), 1));
         dcpu = fmax(dcpu, fabs(v[1][j] - v[0][j]) / fmax(fabs(v[0][j]), 1));
     }
-    nbgi_test_check(rc[0] == NBG_OK && rc[1] == NBG_OK && dtruth <= 1e-5 && dcpu <= 1e-7, PFX "-refine",
+    /* a GPU's arithmetic differs from the CPU's by rounding (contracted multiply-adds), which may move the
+     * iteration the stopping rule stops at: there the two fits agree to the truth's tolerance; the emulated
+     * device's to 1e-9 */
+#ifdef NBG_CUDA_EMU
+    const double tol = 1e-9;
+#else
+    const double tol = 1e-5;
+#endif
+    nbgi_test_check(rc[0] == NBG_OK && rc[1] == NBG_OK && dtruth <= 1e-5 && dcpu <= tol, PFX "-refine",
                     "cell and orientation from a moved start, %d iterations on the device (%d on the CPU): worst "
                     "relative error %.2g to the truth, %.2g to the CPU's fit", iters[1], iters[0], dtruth, dcpu);
     free(obs);
