@@ -87,8 +87,8 @@ extern "C" {
 /* The adjoint's crystal-vector gradients (9 a phi step and mosaic domain) are a thread's local memory, indexed at
  * run time.  The per-sample form (nbgi_pixel_adjoint) adds 9 of them, and the crystal size's 3 and default_F's 1, at
  * every sample; the tiled form (nbgi_pixel_adjoint_tiled: NBG_ADJ_TILE matrices' gradients in registers, added
- * once a subpixel) under one a sample in the heavy case (50 matrices, 27 sources), for a division and a scattering
- * vector more a tile and source.  ptxas (nvcc 13.0, sm_90, spill stores / loads a thread, bytes): double 1588 /
+ * once a subpixel) fewer than one such read-modify-write a sample in the heavy case (50 matrices, 27 sources), for
+ * a division and a scattering vector more a tile and source.  ptxas (nvcc 13.0, sm_90, spill stores / loads a thread, bytes): double 1588 /
  * 1700 per sample, 388 / 600 in tiles of 2, 724 / 1132 in tiles of 4; float 780 / 932, 28 / 36, 244 / 380.  Not
  * yet timed on a GPU (2026-11-27: none was lent).  The tiled form is taken where the accumulators are many (CAP
  * above 16: more than one matrix, or many sources); with one matrix and few sources (CAP 16) the two forms do the
