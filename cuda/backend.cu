@@ -532,6 +532,20 @@ static int copy_image(nbg_ctx *ctx, const nbgi_kparams *k, const T *dev, T *host
     return NBG_OK;
 }
 
+/* Waits for the call's kernels (queued since start()); times[1] receives their device time. */
+static int wait_kernels(nbg_ctx *ctx, const char *what, double *times)
+{
+    nbgi_cuda_state *st = (nbgi_cuda_state *)ctx->cuda;
+    float ms = 0;
+    cudaError_t e;
+    if ((e = cudaEventRecord(st->ev[1], 0)) != cudaSuccess || (e = cudaEventSynchronize(st->ev[1])) != cudaSuccess) {
+        return cuda_fail(ctx, e, what);
+    }
+    cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
+    times[1] = 1e-3 * ms;
+    return NBG_OK;
+}
+
 /* After the pixel kernel: launches the reduction of ncomp components, waits, copies the image and the sums back;
  * times[1] receives the device time of both kernels, times[2] the copies. */
 static int finish(nbg_ctx *ctx, const nbgi_kparams *k, unsigned nblocks, int ncomp, float *image, double *sums,
@@ -546,12 +560,10 @@ static int finish(nbg_ctx *ctx, const nbgi_kparams *k, unsigned nblocks, int nco
     if ((e = cudaGetLastError()) != cudaSuccess) {
         return cuda_fail(ctx, e, "reduction kernel launch");
     }
-    float ms = 0;
-    if ((e = cudaEventRecord(st->ev[1], 0)) != cudaSuccess || (e = cudaEventSynchronize(st->ev[1])) != cudaSuccess) {
-        return cuda_fail(ctx, e, what);
+    const int wrc = wait_kernels(ctx, what, times);
+    if (wrc != NBG_OK) {
+        return wrc;
     }
-    cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
-    times[1] = 1e-3 * ms;
     const double t0 = nbgi_now();
     const int rc = copy_image(ctx, k, st->img, image);
     if (rc != NBG_OK) {
@@ -823,12 +835,9 @@ extern "C" int nbgi_cuda_jvp(nbg_ctx *ctx, const nbgi_kparams *k, const nbgi_adj
     if ((e = cudaGetLastError()) != cudaSuccess) {
         return cuda_fail(ctx, e, "tangent kernel launch");
     }
-    float ms = 0;
-    if ((e = cudaEventRecord(st->ev[1], 0)) != cudaSuccess || (e = cudaEventSynchronize(st->ev[1])) != cudaSuccess) {
-        return cuda_fail(ctx, e, "tangent kernel");
+    if ((rc = wait_kernels(ctx, "tangent kernel", times)) != NBG_OK) {
+        return rc;
     }
-    cudaEventElapsedTime(&ms, st->ev[0], st->ev[1]);
-    times[1] = 1e-3 * ms;
     const double t1 = nbgi_now();
     rc = copy_image(ctx, k, st->img, image);
     if (rc == NBG_OK && image_d != NULL) {
