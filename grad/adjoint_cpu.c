@@ -85,7 +85,8 @@ static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, flo
                                                       : nbgi_pixel_adjoint_d(pr, f, s, g, acc));
         }
     }
-    double isum = 0; /* the unit's image values, while in cache (the finiteness check) */
+    double isum = 0; /* the unit's image values, while in cache (the finiteness check: its order is free) */
+#pragma omp simd reduction(+ : isum)
     for (int f = fa; f < fb; ++f) {
         isum += image[first + f];
     }

@@ -29,6 +29,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
      * stops GCC vectorising them ("no vectype") */
     const int water = p->water != 0, table = p->F != 0;
     int active[W];
+    const int all = nbgi_all_active(p, spixel, f0, n); /* every lane inside the ROI, no mask: no test a lane */
     NBG_R g[W], d_I[W], dI2[W], I[W];
     nbgi_lane_pixfactors lf;
     _Static_assert(NBG_PF_LANES == NBG_ALANES, "the lane factors must have the row adjoint's width");
@@ -36,7 +37,7 @@ static inline void NBG_SFX(nbgi_row_adjoint)(const nbgi_kparams *p, int spixel, 
     /* --- prologue: the once-per-pixel factors and where they were taken (grad/adjoint.h) ------------------ */
     int any = 0;
     for (int j = 0; j < W; ++j) {
-        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && (all || nbgi_pixel_active(p, f0 + j, spixel));
         g[j] = active[j] ? (NBG_R)gin[j] : 0;
         any |= g[j] != 0;
     }

@@ -33,6 +33,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
     const int water = p->water != 0, table = p->F != 0;
     const NBG_R F0 = (NBG_R)p->default_F;
     int active[W];
+    const int all = nbgi_all_active(p, spixel, f0, n); /* every lane inside the ROI, no mask: no test a lane */
     NBG_R omega[W], capture[W], polar[W], I[W];
     NBG_R t_om[NBG_JVP_MAX][W], t_cap[NBG_JVP_MAX][W], t_pol[NBG_JVP_MAX][W], t_I[NBG_JVP_MAX][W];
     /* the factors' tangents are needed only for directions that move the detector or the Kahn factor (a crystal's
@@ -44,7 +45,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
         _Static_assert(NBG_PF_LANES == NBG_JLANES, "the lane factors must have the tangent row's width");
         nbgi_lane_pixfactors lf;
         for (int j = 0; j < W; ++j) {
-            active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+            active[j] = j < n && (all || nbgi_pixel_active(p, f0 + j, spixel));
         }
         nbgi_lane_pixel_factors(p, f0, spixel, active, &lf);
         for (int j = 0; j < W; ++j) {
@@ -65,7 +66,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
         }
     }
     for (int j = 0; factor_tangents && j < W; ++j) {
-        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && (all || nbgi_pixel_active(p, f0 + j, spixel));
         const int fe = active[j] ? f0 + j : f0;
         NBG_R a[NBG_JVP_MAX], b[NBG_JVP_MAX], c[NBG_JVP_MAX], d[NBG_JVP_MAX];
         NBG_SFX(nbgi_jvp_factors)(p, fe, spixel, t, nt, &omega[j], &capture[j], &polar[j], a, b, c, d);

@@ -191,10 +191,17 @@ static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
 /* Whether any of pixels f0 .. f0+n-1 of row s is rendered.  The CPU kernels skip a group of lanes with none: the row
  * kernels give such pixels 0 and add nothing to any sum (solid angle, table misses, gradients), so that skipping them
  * changes no bit, and a region of interest or a mask costs in proportion to what it leaves. */
+/* Whether every one of pixels f0 .. f0+n-1 of row s is rendered, by the ROI alone (no mask): the test a row of
+ * lanes takes once instead of each lane's nbgi_pixel_active. */
+static inline NBG_HD int nbgi_all_active(const nbgi_kparams *p, int s, int f0, int n)
+{
+    return p->mask == 0 && f0 >= p->roi_xmin && f0 + n - 1 <= p->roi_xmax && s >= p->roi_ymin &&
+           s <= p->roi_ymax && f0 + n <= p->fpixels;
+}
+
 static inline NBG_HD int nbgi_any_active(const nbgi_kparams *p, int s, int f0, int n)
 {
-    if (p->mask == 0 && f0 >= p->roi_xmin && f0 + n - 1 <= p->roi_xmax && s >= p->roi_ymin && s <= p->roi_ymax &&
-        f0 + n <= p->fpixels) {
+    if (nbgi_all_active(p, s, f0, n)) {
         return 1;
     }
     for (int j = 0; j < n; ++j) {
@@ -314,7 +321,10 @@ static inline NBG_HD int nbgi_scatter_q(const nbgi_kparams *p, const double *d, 
  * p: a load through p in a loop that stores through another pointer stops GCC vectorising it.) */
 static inline NBG_HD double nbgi_solid_angle_of(int point_pixel, double pixel2, double close, double R)
 {
-    return point_pixel ? 1 / (R * R) : pixel2 / (R * R) * close / R;
+    /* one division, of the selected numerator by the selected power of R (the two-division form was two of them
+     * a lane in the row kernels' loops, which compute both sides of the select) */
+    const double R2 = R * R;
+    return (point_pixel ? 1 : pixel2 * close) / (point_pixel ? R2 : R2 * R);
 }
 
 static inline NBG_HD double nbgi_solid_angle(const nbgi_kparams *p, double R)

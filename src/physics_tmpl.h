@@ -200,16 +200,19 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
 static inline NBG_HD NBG_R NBG_SFX(nbgi_polar3)(NBG_R K, const NBG_R *i, NBG_R d0, NBG_R d1, NBG_R d2,
                                               const NBG_R *E, const NBG_R *B)
 {
-    const NBG_R c2t = i[0] * d0 + i[1] * d1 + i[2] * d2;
-    const NBG_R s2t2 = 1 - c2t * c2t;
+    /* every sum of products an explicit multiply-add: the compiler has none left to fuse, so a lane loop of it
+     * (vectorised) and the scalar calls round alike (the forward's row and the adjoint's prologue) */
+    const NBG_R c2t = NBG_M(fma)(i[2], d2, NBG_M(fma)(i[0], d0, i[1] * d1));
+    const NBG_R s2t2 = NBG_M(fma)(-c2t, c2t, (NBG_R)1);
     NBG_R c2psi = 1;
     if (K != 0) {
-        const NBG_R x = d0 * E[0] + d1 * E[1] + d2 * E[2];
-        const NBG_R y = d0 * B[0] + d1 * B[1] + d2 * B[2];
-        const NBG_R r2 = x * x + y * y;
-        c2psi = (r2 > 0) ? (x * x - y * y) / r2 : 1;
+        const NBG_R x = NBG_M(fma)(d2, E[2], NBG_M(fma)(d0, E[0], d1 * E[1]));
+        const NBG_R y = NBG_M(fma)(d2, B[2], NBG_M(fma)(d0, B[0], d1 * B[1]));
+        const NBG_R yy = y * y;
+        const NBG_R r2 = NBG_M(fma)(x, x, yy);
+        c2psi = (r2 > 0) ? NBG_M(fma)(x, x, -yy) / r2 : 1;
     }
-    return (NBG_R)0.5 * (1 + c2t * c2t - K * c2psi * s2t2);
+    return (NBG_R)0.5 * NBG_M(fma)(-K * c2psi, s2t2, NBG_M(fma)(c2t, c2t, (NBG_R)1));
 }
 
 /* The same with d as an array.  (The lane loops call the scalar form: a local array inside an `omp simd` loop
@@ -475,7 +478,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_polar_grad3)(NBG_R K, const NBG_R *i, NB
          * vectorise it, with AVX2 too (which has no masked division) */
         const int off = r2 > 0;
         const NBG_R r2s = off ? r2 : 1;
-        const NBG_R q = (x * x - y * y) / r2s, qx = 4 * x * y * y / (r2s * r2s), qy = -4 * x * x * y / (r2s * r2s);
+        const NBG_R ir = 1 / r2s, ir2 = ir * ir; /* one division, not three */
+        const NBG_R q = (x * x - y * y) * ir, qx = 4 * x * y * y * ir2, qy = -4 * x * x * y * ir2;
         c2psi = off ? q : 1;
         dcx = off ? qx : 0;
         dcy = off ? qy : 0;

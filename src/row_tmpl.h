@@ -232,7 +232,9 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     L = __builtin_assume_aligned(L, sizeof(NBG_R) * NBG_LANES);
     dLh = __builtin_assume_aligned(dLh, sizeof(NBG_R) * NBG_LANES);
     dLdN = __builtin_assume_aligned(dLdN, sizeof(NBG_R) * NBG_LANES);
-    if (!want_grad && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
+    /* the forward's interleaved axes where the lanes are one register; where they are more (8 doubles under AVX2:
+     * nbgi_square_vec's vectors would go through the stack) the per-axis recurrence below, in registers' parts */
+    if (!want_grad && NBG_RPARTS == 1 && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
         NBG_SFX(nbgi_rvec) Lv;
         NBG_SFX(nbgi_square_vec)(p, hkl, hkl, &Lv, &Lv, 0);
         *(NBG_SFX(nbgi_rvec_m) *)L = Lv; /* L is NBG_LANE_AL here (the forward row's) */
@@ -438,8 +440,9 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
     double osum = 0, osl[W]; /* the solid angles' sum: each lane's over its subpixels, then the lanes in order */
     long oor = 0;
     int any = 0; /* whether any lane's pixel is active */
+    const int all = nbgi_all_active(p, spixel, f0, n);
     for (int j = 0; j < W; ++j) {
-        active[j] = j < n && nbgi_pixel_active(p, f0 + j, spixel);
+        active[j] = j < n && (all || nbgi_pixel_active(p, f0 + j, spixel));
         any |= active[j];
         I[j] = (NBG_R)p->I_bg;
         hash[j] = 1469598103934665603ULL;
@@ -528,9 +531,9 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         continue; /* one lane (a device thread): its pixel's sample is cut.  With many lanes the
                                    * test cost more than it saved (heavy512 in float: 19 %) */
                     }
-                    /* the polarization once a pixel (at its first surviving sample); once every lane has it, the
-                     * conversions alone.  The loop with it stays as it is: GCC leaves it scalar, and the adjoint's
-                     * prologue rounds as it does (grad/adjoint.h) */
+                    /* the polarization once a pixel (at its first surviving sample), across the lanes (its
+                     * multiply-adds explicit: the adjoint's prologue rounds as this does, grad/adjoint.h); once
+                     * every lane has it, the conversions alone */
                     int want_polar = 0;
 #pragma omp simd reduction(| : want_polar)
                     for (int j = 0; j < W; ++j) {
@@ -539,11 +542,8 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                     if (want_polar) {
 #pragma omp simd
                         for (int j = 0; j < W; ++j) {
-                            const int ok = valid[j];
-                            if (ok && (polar[j] == 0 || p->os_polar)) {
-                                const double d[3] = {d0[j], d1[j], d2[j]};
-                                polar[j] = nbgi_polar_d(K, inc, d, E, B);
-                            }
+                            const double pj = nbgi_polar3_d(K, inc, d0[j], d1[j], d2[j], E, B);
+                            polar[j] = (valid[j] && (polar[j] == 0 || os_polar)) ? pj : polar[j];
                             qf0[j] = (NBG_R)q0[j];
                             qf1[j] = (NBG_R)q1[j];
                             qf2[j] = (NBG_R)q2[j];
