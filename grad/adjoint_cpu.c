@@ -65,7 +65,9 @@ static double adjoint_unit(const nbgi_kparams *p, long u, const float *dLdI, flo
                 continue;
             }
             float g[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (dLdI != NULL) {
+            if (dLdI != NULL && n == 8) {
+                memcpy(g, dLdI + i, sizeof g); /* one vector move (the loop became `rep movs`: 3 % of cubic1k) */
+            } else if (dLdI != NULL) {
                 for (int j = 0; j < n; ++j) {
                     g[j] = dLdI[i + j];
                 }
