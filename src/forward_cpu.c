@@ -10,7 +10,7 @@
  * lattice-factor chains in registers (src/row_tmpl.h, nbgi_square_vec: at 8 lanes, two registers each, they
  * spilled, heavy512 3x slower).  With one matrix kernel.h's 8 lanes render, two registers' worth of independent
  * work a step: that row's time is the latency of one ray's chain (position, direction, indices, lattice factor),
- * which 4 lanes left the units waiting on (cubic1k 40 % and tric1k 28 % faster at 8).  A pixel's value does not
+ * which 4 lanes left the units waiting on (cubic1k 40 % and tric1k 28 % faster at 8 on a Zen 3 machine).  A pixel's value does not
  * depend on the lanes. */
 #if NBG_NARROW_VECTORS
 #define NBG_ROW_LANES 4

@@ -188,9 +188,6 @@ static inline NBG_HD int nbgi_pixel_active(const nbgi_kparams *p, int f, int s)
     return p->mask == 0 || p->mask[(long)s * p->fpixels + f] != 0;
 }
 
-/* Whether any of pixels f0 .. f0+n-1 of row s is rendered.  The CPU kernels skip a group of lanes with none: the row
- * kernels give such pixels 0 and add nothing to any sum (solid angle, table misses, gradients), so that skipping them
- * changes no bit, and a region of interest or a mask costs in proportion to what it leaves. */
 /* Whether every one of pixels f0 .. f0+n-1 of row s is rendered, by the ROI alone (no mask): the test a row of
  * lanes takes once instead of each lane's nbgi_pixel_active. */
 static inline NBG_HD int nbgi_all_active(const nbgi_kparams *p, int s, int f0, int n)
@@ -199,6 +196,9 @@ static inline NBG_HD int nbgi_all_active(const nbgi_kparams *p, int s, int f0, i
            s <= p->roi_ymax && f0 + n <= p->fpixels;
 }
 
+/* Whether any of pixels f0 .. f0+n-1 of row s is rendered.  The CPU kernels skip a group of lanes with none: the row
+ * kernels give such pixels 0 and add nothing to any sum (solid angle, table misses, gradients), so that skipping them
+ * changes no bit, and a region of interest or a mask costs in proportion to what it leaves. */
 static inline NBG_HD int nbgi_any_active(const nbgi_kparams *p, int s, int f0, int n)
 {
     if (nbgi_all_active(p, s, f0, n)) {
