@@ -84,16 +84,16 @@ extern "C" {
 #else
 #define NBG_ADJ_BOUNDS
 #endif
-/* The adjoint's crystal-vector gradients (9 a phi step and mosaic domain) are a thread's local memory, indexed at
- * run time.  The per-sample form (nbgi_pixel_adjoint) adds 9 of them, and the crystal size's 3 and default_F's 1, at
- * every sample; the tiled form (nbgi_pixel_adjoint_tiled: NBG_ADJ_TILE matrices' gradients in registers, added
- * once a subpixel) fewer than one such read-modify-write a sample in the heavy case (50 matrices, 27 sources), for
- * a division and a scattering vector more a tile and source.  ptxas (nvcc 13.0, sm_90, spill stores / loads a thread, bytes): double 1588 /
- * 1700 per sample, 388 / 600 in tiles of 2, 724 / 1132 in tiles of 4; float 780 / 932, 28 / 36, 244 / 380.  Not
- * yet timed on a GPU (2026-11-27: none was lent).  The tiled form is taken where the accumulators are many (CAP
- * above 16: more than one matrix, or many sources); with one matrix and few sources (CAP 16) the two forms do the
- * same memory work and the per-sample one keeps the forward's summation order.  NBG_ADJ_TILE=0 at build time
- * turns the tiled form off (to time one against the other). */
+/* The adjoint's crystal-vector gradients (9 a phi step and mosaic domain) are a thread's local memory, indexed at run
+ * time.  The per-sample form (nbgi_pixel_adjoint) adds 9 of them, and the crystal size's 3 and default_F's 1, at every
+ * sample; the tiled form (nbgi_pixel_adjoint_tiled: NBG_ADJ_TILE matrices' gradients in registers, added once a
+ * subpixel) fewer than one such read-modify-write a sample in the heavy case (50 matrices, 27 sources), for a division
+ * and a scattering vector more a tile and source.  ptxas (nvcc 13.0, sm_90, spill stores / loads a thread, bytes):
+ * double 1588 / 1700 per sample, 388 / 600 in tiles of 2, 724 / 1132 in tiles of 4; float 780 / 932, 28 / 36, 244 /
+ * 380.  Not yet timed on a GPU (2026-11-27: none was lent).  The tiled form is taken where the accumulators are many
+ * (CAP above 16: more than one matrix, or many sources); with one matrix and few sources (CAP 16) the two forms do the
+ * same memory work and the per-sample one keeps the forward's summation order.  NBG_ADJ_TILE=0 at build time turns
+ * the tiled form off (to time one against the other). */
 #define NBG_CUDA_TILED(cap) (NBG_ADJ_TILE > 0 && (cap) > 16)
 #define NBG_ADJ_PPT 8                 /* pixels per thread of the adjoint kernel (at most) */
 #define NBG_ADJ_WORK ((long)NBG_BLOCK * NBG_ADJ_PPT) /* work indices per block of the adjoint kernel */

@@ -4,14 +4,13 @@
 #include "forward.h"
 #include "kernel.h"
 
-/* The forward in double at the width of 256-bit vector registers (src/hd.h): its own instantiation, since the
- * adjoint and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order of summation).  It
- * renders where there are many crystal matrices (mosaic domains, phi steps), whose sum over matrices keeps six
- * lattice-factor chains in registers (src/row_tmpl.h, nbgi_square_vec: at 8 lanes, two registers each, they
- * spilled, heavy512 3x slower).  With one matrix kernel.h's 8 lanes render, two registers' worth of independent
- * work a step: that row's time is the latency of one ray's chain (position, direction, indices, lattice factor),
- * which 4 lanes left the units waiting on (cubic1k 40 % and tric1k 28 % faster at 8 on a Zen 3 machine).  A pixel's value does not
- * depend on the lanes. */
+/* The forward in double at the width of 256-bit vector registers (src/hd.h): its own instantiation, since the adjoint
+ * and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order of summation).  It renders where
+ * there are many crystal matrices (mosaic domains, phi steps), whose sum over matrices keeps six lattice-factor chains
+ * in registers (src/row_tmpl.h, nbgi_square_vec: at 8 lanes, two registers each, they spilled, heavy512 3x slower).
+ * With one matrix kernel.h's 8 lanes render, two registers' worth of independent work a step: that row's time is the
+ * latency of one ray's chain (position, direction, indices, lattice factor), which 4 lanes left the units waiting on
+ * (cubic1k 40 % and tric1k 28 % faster at 8 on a Zen 3 machine).  A pixel's value does not depend on the lanes. */
 #if NBG_NARROW_VECTORS
 #define NBG_ROW_LANES 4
 #define NBG_TMPL NBG_TMPL_DOUBLE_NARROW
@@ -47,22 +46,15 @@ static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0
     ROW_D(p, s, f0, n, out, st, NULL, NULL);
 }
 
-#if NBG_NARROW_VECTORS
-/* The forward's double row at kernel.h's 8 lanes, and whether a plan renders with it (one crystal matrix) */
+/* The forward's double row at kernel.h's 8 lanes, and whether a plan renders with it: one crystal matrix, where
+ * row_d has 4 (without narrow vectors row_d is this row) */
 static __attribute__((noinline)) void row_d8(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                              nbgi_pixstat_d *st)
 {
     nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
 }
 
-static int wide_rows(const nbgi_kparams *p) { return p->nphi * p->nmos <= 1; }
-#else
-static int wide_rows(const nbgi_kparams *p)
-{
-    (void)p;
-    return 0;
-}
-#endif
+static int wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
 
 /* The double image's (nbg_simulate_tangents): the unrounded values too. */
 static __attribute__((noinline)) void row_dd(const nbgi_kparams *p, int s, int f0, int n, float *out,
@@ -127,12 +119,10 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                     os += st.omega_sum;
                     nout += st.oor;
                 } else if (wide) {
-#if NBG_NARROW_VECTORS
                     nbgi_pixstat_d st = {0, 0};
                     row_d8(pr, s, f0, n, out, &st);
                     os += st.omega_sum;
                     nout += st.oor;
-#endif
                 } else {
                     pixstat_d st = {0, 0};
                     row_d(pr, s, f0, n, out, &st);
