@@ -214,6 +214,92 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
 }
 #endif
 
+#if NBG_ROW_VEC
+/* Steps k0 .. k1-1 of one axis's recurrence with its derivative in c (nbgi_square_lanes's gradient steps), on one
+ * register-wide part of the lanes, the state in its caller's registers */
+static inline void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
+                                                 NBG_SFX(nbgi_rpart) * u1, NBG_SFX(nbgi_rpart) * d0,
+                                                 NBG_SFX(nbgi_rpart) * d1, int k0, int k1)
+{
+    NBG_SFX(nbgi_rpart) v0 = *u0, v1 = *u1, e0 = *d0, e1 = *d1;
+    int k = k0;
+    for (; k + 1 < k1; k += 2) {
+        e0 = (2 * v1 - e0) + c2 * e1;
+        v0 = c2 * v1 - v0;
+        e1 = (2 * v0 - e1) + c2 * e0;
+        v1 = c2 * v0 - v1;
+    }
+    if (k < k1) {
+        const NBG_SFX(nbgi_rpart) v2 = c2 * v1 - v0, e2 = (2 * v1 - e0) + c2 * e1;
+        v0 = v1;
+        v1 = v2;
+        e0 = e1;
+        e1 = e2;
+    }
+    *u0 = v0;
+    *u1 = v1;
+    *d0 = e0;
+    *d1 = e1;
+}
+
+/* nbgi_square_lanes's gradient where every axis has an integer N of 2 or more, from the axes' cosines (gc), sines
+ * (gs) and sine polynomials (gP): the three axes' recurrences interleaved in registers, a register-wide part of the
+ * lanes at a time (one axis at a time, their chains' latency left the units idle: heavy256's gradient spent 3/4
+ * of its time here).  Per lane the arithmetic of nbgi_square_lanes's loops, so the same bits. */
+static inline void NBG_SFX(nbgi_square_grad_vec)(const nbgi_kparams *p, NBG_R gc[3][NBG_LANES],
+                                                 NBG_R gs[3][NBG_LANES], NBG_R gP[3][NBG_LANES], NBG_R *L,
+                                                 NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES])
+{
+    typedef NBG_SFX(nbgi_rpart) vR;
+    typedef NBG_SFX(nbgi_rpart_m) vRa;
+    enum { NP = NBG_RPARTS };
+    const int n0 = p->Ni[0], n1 = p->Ni[1], n2 = p->Ni[2];
+    const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
+    const int want_dN = p->want_dN;
+    const NBG_R mpi = -(NBG_R)M_PI;
+    for (int h = 0; h < NP; ++h) {
+        const vR ca = ((const vRa *)gc[0])[h], cb = ((const vRa *)gc[1])[h], cc = ((const vRa *)gc[2])[h];
+        const vR a2 = 2 * ca, b2 = 2 * cb, c2 = 2 * cc;
+        vR a0 = a2 * 0 + 1, a1 = a2, b0 = a0, b1 = b2, c0 = a0, c1 = c2;
+        vR da0 = a2 * 0, da1 = da0 + 2, db0 = da0, db1 = da1, dc0 = da0, dc1 = da1;
+        int k = 2;
+        for (; k + 1 < nmin; k += 2) {
+            da0 = (2 * a1 - da0) + a2 * da1;
+            db0 = (2 * b1 - db0) + b2 * db1;
+            dc0 = (2 * c1 - dc0) + c2 * dc1;
+            a0 = a2 * a1 - a0;
+            b0 = b2 * b1 - b0;
+            c0 = c2 * c1 - c0;
+            da1 = (2 * a0 - da1) + a2 * da0;
+            db1 = (2 * b0 - db1) + b2 * db0;
+            dc1 = (2 * c0 - dc1) + c2 * dc0;
+            a1 = a2 * a0 - a1;
+            b1 = b2 * b0 - b1;
+            c1 = c2 * c0 - c1;
+        }
+        NBG_SFX(nbgi_cheb_grad_steps)(a2, &a0, &a1, &da0, &da1, k, n0);
+        NBG_SFX(nbgi_cheb_grad_steps)(b2, &b0, &b1, &db0, &db1, k, n1);
+        NBG_SFX(nbgi_cheb_grad_steps)(c2, &c0, &c1, &dc0, &dc1, k, n2);
+        const vR fha = da1 * (mpi * ((const vRa *)gs[0])[h]), fhb = db1 * (mpi * ((const vRa *)gs[1])[h]),
+                 fhc = dc1 * (mpi * ((const vRa *)gs[2])[h]);
+        ((vRa *)L)[h] = a1 * b1 * c1;
+        ((vRa *)dLh[0])[h] = fha * b1 * c1;
+        ((vRa *)dLh[1])[h] = a1 * fhb * c1;
+        ((vRa *)dLh[2])[h] = a1 * b1 * fhc;
+        if (want_dN) {
+            /* d/dN = T_N(c) / P, T_N = c U_{N-1} - U_{N-2} */
+            const vR fNa = (ca * a1 - a0) / ((const vRa *)gP[0])[h], fNb = (cb * b1 - b0) / ((const vRa *)gP[1])[h],
+                     fNc = (cc * c1 - c0) / ((const vRa *)gP[2])[h];
+            ((vRa *)dLdN[0])[h] = fNa * b1 * c1;
+            ((vRa *)dLdN[1])[h] = a1 * fNb * c1;
+            ((vRa *)dLdN[2])[h] = a1 * b1 * fNc;
+        } else {
+            ((vRa *)dLdN[0])[h] = ((vRa *)dLdN[1])[h] = ((vRa *)dLdN[2])[h] = a2 * 0;
+        }
+    }
+}
+#endif
+
 /* The square shape's lattice factor L = prod_x sincg(pi h_x, N_x) across the lanes: per axis the Chebyshev form
  * U_{N-1}(cos pi d) of nbgi_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
  * loop over the lanes, nbgi_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
@@ -259,6 +345,12 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
             }
         }
     }
+#if NBG_ROW_VEC
+    if (want_grad && p->Ni[0] > 1 && p->Ni[1] > 1 && p->Ni[2] > 1) {
+        NBG_SFX(nbgi_square_grad_vec)(p, gc, gs, gP, L, dLh, dLdN);
+        return;
+    }
+#endif
     for (int x = 0; x < 3; ++x) {
         const int Ni = p->Ni[x];
         if (Ni == 1 && !want_grad) {
