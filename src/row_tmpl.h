@@ -215,6 +215,25 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
 #endif
 
 #if NBG_ROW_VEC
+/* nbgi_cheb_steps on one register-wide part of the lanes */
+static inline void NBG_SFX(nbgi_cheb_steps_part)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
+                                                 NBG_SFX(nbgi_rpart) * u1, int k0, int k1)
+{
+    NBG_SFX(nbgi_rpart) v0 = *u0, v1 = *u1;
+    int k = k0;
+    for (; k + 1 < k1; k += 2) {
+        v0 = c2 * v1 - v0;
+        v1 = c2 * v0 - v1;
+    }
+    if (k < k1) {
+        const NBG_SFX(nbgi_rpart) v2 = c2 * v1 - v0;
+        v0 = v1;
+        v1 = v2;
+    }
+    *u0 = v0;
+    *u1 = v1;
+}
+
 /* Steps k0 .. k1-1 of one axis's recurrence with its derivative in c (nbgi_square_lanes's gradient steps), on one
  * register-wide part of the lanes, the state in its caller's registers */
 static inline void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
@@ -242,13 +261,14 @@ static inline void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX
     *d1 = e1;
 }
 
-/* nbgi_square_lanes's gradient where every axis has an integer N of 2 or more, from the axes' cosines (gc), sines
- * (gs) and sine polynomials (gP): the three axes' recurrences interleaved in registers, a register-wide part of the
- * lanes at a time (one axis at a time, their chains' latency left the units idle: heavy256's gradient spent 3/4
- * of its time here).  Per lane the arithmetic of nbgi_square_lanes's loops, so the same bits. */
-static inline void NBG_SFX(nbgi_square_grad_vec)(const nbgi_kparams *p, NBG_R gc[3][NBG_LANES],
-                                                 NBG_R gs[3][NBG_LANES], NBG_R gP[3][NBG_LANES], NBG_R *L,
-                                                 NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES])
+/* nbgi_square_lanes where every axis has an integer N of 2 or more, from the axes' cosines (gc) and, with
+ * want_grad (a constant at every call), its gradient from their sines (gs) and sine polynomials (gP): the three
+ * axes' recurrences interleaved in registers, a register-wide part of the lanes at a time (one axis at a time,
+ * their chains' latency left the units idle: heavy256's gradient spent 3/4 of its time here).  Per lane the
+ * arithmetic of nbgi_square_lanes's loops, so the same bits. */
+static inline void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3][NBG_LANES], NBG_R gs[3][NBG_LANES],
+                                              NBG_R gP[3][NBG_LANES], NBG_R *L, NBG_R dLh[3][NBG_LANES],
+                                              NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
     typedef NBG_SFX(nbgi_rpart) vR;
     typedef NBG_SFX(nbgi_rpart_m) vRa;
@@ -264,18 +284,29 @@ static inline void NBG_SFX(nbgi_square_grad_vec)(const nbgi_kparams *p, NBG_R gc
         vR da0 = a2 * 0, da1 = da0 + 2, db0 = da0, db1 = da1, dc0 = da0, dc1 = da1;
         int k = 2;
         for (; k + 1 < nmin; k += 2) {
-            da0 = (2 * a1 - da0) + a2 * da1;
-            db0 = (2 * b1 - db0) + b2 * db1;
-            dc0 = (2 * c1 - dc0) + c2 * dc1;
+            if (want_grad) {
+                da0 = (2 * a1 - da0) + a2 * da1;
+                db0 = (2 * b1 - db0) + b2 * db1;
+                dc0 = (2 * c1 - dc0) + c2 * dc1;
+            }
             a0 = a2 * a1 - a0;
             b0 = b2 * b1 - b0;
             c0 = c2 * c1 - c0;
-            da1 = (2 * a0 - da1) + a2 * da0;
-            db1 = (2 * b0 - db1) + b2 * db0;
-            dc1 = (2 * c0 - dc1) + c2 * dc0;
+            if (want_grad) {
+                da1 = (2 * a0 - da1) + a2 * da0;
+                db1 = (2 * b0 - db1) + b2 * db0;
+                dc1 = (2 * c0 - dc1) + c2 * dc0;
+            }
             a1 = a2 * a0 - a1;
             b1 = b2 * b0 - b1;
             c1 = c2 * c0 - c1;
+        }
+        if (!want_grad) {
+            NBG_SFX(nbgi_cheb_steps_part)(a2, &a0, &a1, k, n0);
+            NBG_SFX(nbgi_cheb_steps_part)(b2, &b0, &b1, k, n1);
+            NBG_SFX(nbgi_cheb_steps_part)(c2, &c0, &c1, k, n2);
+            ((vRa *)L)[h] = a1 * b1 * c1;
+            continue;
         }
         NBG_SFX(nbgi_cheb_grad_steps)(a2, &a0, &a1, &da0, &da1, k, n0);
         NBG_SFX(nbgi_cheb_grad_steps)(b2, &b0, &b1, &db0, &db1, k, n1);
@@ -346,8 +377,16 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
         }
     }
 #if NBG_ROW_VEC
-    if (want_grad && p->Ni[0] > 1 && p->Ni[1] > 1 && p->Ni[2] > 1) {
-        NBG_SFX(nbgi_square_grad_vec)(p, gc, gs, gP, L, dLh, dLdN);
+    if (p->Ni[0] > 1 && p->Ni[1] > 1 && p->Ni[2] > 1) {
+        if (!want_grad) {
+#pragma omp simd
+            for (int j = 0; j < W; ++j) {
+                for (int x = 0; x < 3; ++x) {
+                    gc[x][j] = NBG_SFX(nbgi_cospi_reduced)(hkl[x][j] - NBG_M(rint)(hkl[x][j]));
+                }
+            }
+        }
+        NBG_SFX(nbgi_square_parts)(p, gc, gs, gP, L, dLh, dLdN, want_grad);
         return;
     }
 #endif
