@@ -359,11 +359,12 @@ enum {
  * g = 0 contribute nothing).  Uniform lanes add into the lane accumulators fix, and take with them fdd0..2, the
  * gradient the samples left on the direction of the first subpixel's ray (the ray the solid angle and the
  * polarization were taken on): that ray's adjoint runs once for both.  Other lanes go through the scalar function
- * into acc (fdd is then the caller's to carry: it passes zeros). */
-static inline void nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactors *lf,
-                                                   const double *g, const double *I, const double *d_I,
-                                                   const double *fdd0, const double *fdd1, const double *fdd2,
-                                                   double *NBG_RESTRICT fix, nbgi_adjacc *acc)
+ * into acc (fdd is then the caller's to carry: it passes zeros).  Out of line: inlined, its arrays and registers
+ * cost the row's sample loop (tric1k's gradient 13 % slower). */
+static __attribute__((noinline, unused)) void
+nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactors *lf, const double *g, const double *I,
+                                const double *d_I, const double *fdd0, const double *fdd1, const double *fdd2,
+                                double *NBG_RESTRICT fix, nbgi_adjacc *acc)
 {
     enum { W = NBG_PF_LANES };
     if (!lf->uniform) {
