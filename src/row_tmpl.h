@@ -350,7 +350,7 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
     dLh = __builtin_assume_aligned(dLh, sizeof(NBG_R) * NBG_LANES);
     dLdN = __builtin_assume_aligned(dLdN, sizeof(NBG_R) * NBG_LANES);
     /* the forward's interleaved axes where the lanes are one register; where they are more (8 doubles under AVX2:
-     * nbgi_square_vec's vectors would go through the stack) the per-axis recurrence below, in registers' parts */
+     * nbgi_square_vec's vectors would go through the stack) nbgi_square_parts below, a register's part at a time */
     if (!want_grad && NBG_RPARTS == 1 && p->Ni[0] > 2 && p->Ni[1] > 2 && p->Ni[2] > 2) {
         NBG_SFX(nbgi_rvec) Lv;
         NBG_SFX(nbgi_square_vec)(p, hkl, hkl, &Lv, &Lv, 0);
@@ -377,6 +377,8 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p,
         }
     }
 #if NBG_ROW_VEC
+    /* every axis's N an integer of 2 or more: the axes' recurrences interleaved (the loop below is for the rest: N
+     * of 1, non-integer N) */
     if (p->Ni[0] > 1 && p->Ni[1] > 1 && p->Ni[2] > 1) {
         if (!want_grad) {
 #pragma omp simd
