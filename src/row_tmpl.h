@@ -112,27 +112,28 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const NBG_R *v, const NBG_
 }
 
 #if NBG_ROW_VEC
-/* Steps k0 .. k1-1 of one axis's Chebyshev recurrence u_{k+1} = c2 u_k - u_{k-1} on vectors of the lanes (inlined:
- * the state stays in its caller's registers) */
+/* Steps k0 .. k1-1 of one axis's Chebyshev recurrence u_{k+1} = c2 u_k - u_{k-1} on vectors of type T (inlined: the
+ * state stays in its caller's registers), the body of nbgi_cheb_steps (vectors of the lanes) and
+ * nbgi_cheb_steps_part (of a register's width).  Two steps at a time, the state's two names taking turns: no register
+ * copies (the one-step form spent two moves a step). */
+#define NBGI_CHEB_STEPS_BODY(T)                                                                                        \
+    {                                                                                                                  \
+        T v0 = *u0, v1 = *u1;                                                                                          \
+        int k = k0;                                                                                                    \
+        for (; k + 1 < k1; k += 2) {                                                                                   \
+            v0 = c2 * v1 - v0;                                                                                         \
+            v1 = c2 * v0 - v1;                                                                                         \
+        }                                                                                                              \
+        if (k < k1) {                                                                                                  \
+            const T v2 = c2 * v1 - v0;                                                                                 \
+            v0 = v1;                                                                                                   \
+            v1 = v2;                                                                                                   \
+        }                                                                                                              \
+        *u0 = v0;                                                                                                      \
+        *u1 = v1;                                                                                                      \
+    }
 static inline void NBG_SFX(nbgi_cheb_steps)(NBG_SFX(nbgi_rvec) c2, NBG_SFX(nbgi_rvec) * u0, NBG_SFX(nbgi_rvec) * u1,
-                                            int k0, int k1)
-{
-    NBG_SFX(nbgi_rvec) v0 = *u0, v1 = *u1;
-    int k = k0;
-    /* two steps at a time, the state's two names taking turns: no register copies (the one-step form spent two
-     * moves a step) */
-    for (; k + 1 < k1; k += 2) {
-        v0 = c2 * v1 - v0;
-        v1 = c2 * v0 - v1;
-    }
-    if (k < k1) {
-        const NBG_SFX(nbgi_rvec) v2 = c2 * v1 - v0;
-        v0 = v1;
-        v1 = v2;
-    }
-    *u0 = v0;
-    *u1 = v1;
-}
+                                            int k0, int k1) NBGI_CHEB_STEPS_BODY(NBG_SFX(nbgi_rvec))
 
 /* 2 cos(pi d), d = h - rint(h), of each axis's index across the lanes (the forward's square lattice factor) */
 static inline void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3][NBG_LANES])
@@ -218,21 +219,8 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
 /* nbgi_cheb_steps on one register-wide part of the lanes */
 static inline void NBG_SFX(nbgi_cheb_steps_part)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
                                                  NBG_SFX(nbgi_rpart) * u1, int k0, int k1)
-{
-    NBG_SFX(nbgi_rpart) v0 = *u0, v1 = *u1;
-    int k = k0;
-    for (; k + 1 < k1; k += 2) {
-        v0 = c2 * v1 - v0;
-        v1 = c2 * v0 - v1;
-    }
-    if (k < k1) {
-        const NBG_SFX(nbgi_rpart) v2 = c2 * v1 - v0;
-        v0 = v1;
-        v1 = v2;
-    }
-    *u0 = v0;
-    *u1 = v1;
-}
+    NBGI_CHEB_STEPS_BODY(NBG_SFX(nbgi_rpart))
+#undef NBGI_CHEB_STEPS_BODY
 
 /* Steps k0 .. k1-1 of one axis's recurrence with its derivative in c (nbgi_square_lanes's gradient steps), on one
  * register-wide part of the lanes, the state in its caller's registers */
