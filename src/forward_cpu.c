@@ -4,13 +4,15 @@
 #include "forward.h"
 #include "kernel.h"
 
-/* The forward in double at the width of 256-bit vector registers (src/hd.h): its own instantiation, since the adjoint
- * and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order of summation).  It renders where
- * there are many crystal matrices (mosaic domains, phi steps), whose sum over matrices keeps six lattice-factor chains
- * in registers (src/row_tmpl.h, nbgi_square_vec: at 8 lanes, two registers each, they spilled, heavy512 3x slower).
- * With one matrix kernel.h's 8 lanes render, two registers' worth of independent work a step: that row's time is the
- * latency of one ray's chain (position, direction, indices, lattice factor), which 4 lanes left the units waiting on
- * (cubic1k 40 % and tric1k 28 % faster at 8 on a Zen 3 machine).  A pixel's value does not depend on the lanes. */
+/* The forward at the width of 256-bit vector registers (src/hd.h), 4 lanes in double and 8 in float: instantiations
+ * of their own, since the adjoint and tangent rows keep kernel.h's 8 lanes (their lane sums are the gradients' order
+ * of summation).  They render where there are many crystal matrices (mosaic domains, phi steps), whose sum over
+ * matrices keeps six lattice-factor chains in registers (src/row_tmpl.h, nbgi_square_vec: at two registers each they
+ * spilled, heavy512 3x slower in double).  With one matrix kernel.h's lanes render (8 double, 16 float), two
+ * registers' worth of independent work a step: that row's time is the latency of one ray's chain (position,
+ * direction, indices, lattice factor), which one register of lanes left the units waiting on (in double cubic1k 40 %
+ * and tric1k 28 % faster at 8 on a Zen 3 machine; in float, once the lattice factor's axes ran interleaved in
+ * register parts, tric1k 8-16 % at 16).  A pixel's value does not depend on the lanes. */
 #if NBG_NARROW_VECTORS
 #define NBG_ROW_LANES 4
 #define NBG_TMPL NBG_TMPL_DOUBLE_NARROW
@@ -19,13 +21,26 @@
 #include "row_tmpl.h"
 #include "tmpl_off.h"
 #undef NBG_ROW_LANES
+#define NBG_ROW_LANES 8
+#define NBG_TMPL NBG_TMPL_FLOAT_NARROW
+#include "tmpl_on.h"
+#include "physics_tmpl.h"
+#include "row_tmpl.h"
+#include "tmpl_off.h"
+#undef NBG_ROW_LANES
 #define ROW_D nbgi_row_dn
 #define ROW_LANES_D nbgi_row_lanes_dn
 typedef nbgi_pixstat_dn pixstat_d;
+#define ROW_F nbgi_row_fn
+#define ROW_LANES_F nbgi_row_lanes_fn
+typedef nbgi_pixstat_fn pixstat_f;
 #else
 #define ROW_D nbgi_row_d
 #define ROW_LANES_D nbgi_row_lanes_d
 typedef nbgi_pixstat_d pixstat_d;
+#define ROW_F nbgi_row_f
+#define ROW_LANES_F nbgi_row_lanes_f
+typedef nbgi_pixstat_f pixstat_f;
 #endif
 
 #include <math.h>
@@ -35,9 +50,9 @@ typedef nbgi_pixstat_d pixstat_d;
 /* The row kernels as functions of their own: inlined into the OpenMP loop body (where the compiler put the double
  * one), they ran heavy512 about 30 % slower, the register pressure of the walk spilling into the sample loops. */
 static __attribute__((noinline)) void row_f(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                            nbgi_pixstat_f *st)
+                                            pixstat_f *st)
 {
-    nbgi_row_f(p, s, f0, n, out, st, NULL, NULL);
+    ROW_F(p, s, f0, n, out, st, NULL, NULL);
 }
 
 static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
@@ -46,12 +61,18 @@ static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0
     ROW_D(p, s, f0, n, out, st, NULL, NULL);
 }
 
-/* The forward's double row at kernel.h's 8 lanes, and whether a plan renders with it: one crystal matrix, where
- * row_d has 4 (without narrow vectors row_d is this row) */
+/* The forward's rows at kernel.h's lanes, 8 double and 16 float, and whether a plan renders with them: one crystal
+ * matrix, where row_d has 4 and row_f 8 (without narrow vectors row_d and row_f are these rows) */
 static __attribute__((noinline)) void row_d8(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                              nbgi_pixstat_d *st)
 {
     nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
+}
+
+static __attribute__((noinline)) void row_f16(const nbgi_kparams *p, int s, int f0, int n, float *out,
+                                              nbgi_pixstat_f *st)
+{
+    nbgi_row_f(p, s, f0, n, out, st, NULL, NULL);
 }
 
 static int wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
@@ -76,8 +97,8 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     use_float = use_float && image_d == NULL;
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
-    const int wide = !use_float && image_d == NULL && wide_rows(p);
-    const int W = use_float ? nbgi_row_lanes_f : wide ? nbgi_row_lanes_d : ROW_LANES_D;
+    const int wide = image_d == NULL && wide_rows(p);
+    const int W = use_float ? (wide ? nbgi_row_lanes_f : ROW_LANES_F) : wide ? nbgi_row_lanes_d : ROW_LANES_D;
     const long nu = nbgi_nunits(p);
     const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;
     if (p->list != NULL) {
@@ -108,8 +129,13 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                     }
                     continue;
                 }
-                if (use_float) {
+                if (use_float && wide) {
                     nbgi_pixstat_f st = {0, 0};
+                    row_f16(pr, s, f0, n, out, &st);
+                    os += st.omega_sum;
+                    nout += st.oor;
+                } else if (use_float) {
+                    pixstat_f st = {0, 0};
                     row_f(pr, s, f0, n, out, &st);
                     os += st.omega_sum;
                     nout += st.oor;

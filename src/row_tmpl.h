@@ -1,13 +1,13 @@
 /*
  * row_tmpl.h -- the forward loop nest, once: NBG_LANES neighbouring pixels of a row at once.  On the CPU the lanes
- * are 8 (double) or 16 (float) pixels, 4 or 8 where the vector registers are 256 bits wide (NBG_NARROW_VECTORS,
- * src/hd.h), each sample's physics (the functions of physics_tmpl.h and geometry.h) evaluated across them in
- * `omp simd` loops; on the device (cuda/backend.cu defines NBG_ROW_LANES 1 before kernel.h) a thread runs the same
- * text for its one pixel.  nanoBragg's per-pixel conditions (resolution cut, first-subpixel factors, skipped zero
- * lattice factors) are per-lane selects.  Instantiated by kernel.h for double (_d, 8 lanes: the adjoint and
- * tangent row kernels of grad/ reuse its lane helpers at their width) and float (_f), and, where the vectors are
- * narrow, by src/forward_cpu.c for the forward in double at 4 lanes (_dn).  A pixel's value does not depend on the
- * lanes: the images are the same bits at any width.
+ * are 8 (double) or 16 (float) pixels, each sample's physics (the functions of physics_tmpl.h and geometry.h)
+ * evaluated across them in `omp simd` loops; on the device (cuda/backend.cu defines NBG_ROW_LANES 1 before kernel.h)
+ * a thread runs the same text for its one pixel.  nanoBragg's per-pixel conditions (resolution cut, first-subpixel
+ * factors, skipped zero lattice factors) are per-lane selects.  Instantiated by kernel.h for double (_d, 8 lanes:
+ * the adjoint and tangent row kernels of grad/ reuse its lane helpers at their width) and float (_f, 16 lanes), and,
+ * where the vector registers are 256 bits wide (NBG_NARROW_VECTORS, src/hd.h), by src/forward_cpu.c for the forward
+ * at one register of lanes, 4 in double (_dn) and 8 in float (_fn), for plans with many crystal matrices.  A pixel's
+ * value does not depend on the lanes: the images are the same bits at any width.
  *
  * For each pixel it sums over sensor layers x subpixels x sources x phi steps x mosaic domains
  *     I = I_bg + sum F_cell^2 F_latt^2
@@ -35,7 +35,7 @@
 #if defined(NBG_ROW_LANES)
 #define NBG_LANES NBG_ROW_LANES
 #elif defined(NBG_FLOAT_MODE)
-#define NBG_LANES (NBG_NARROW_VECTORS ? 8 : 16)
+#define NBG_LANES 16
 #else
 #define NBG_LANES 8
 #endif

@@ -9,8 +9,9 @@
  *
  * Between the two, tmpl_on.h defines
  *     NBG_R           the scalar type: double, float, double _Complex
- *     NBG_SFX(name)   the name with the type's suffix: name_d, name_f, name_z (and name_dn: double again, for the
- *                     CPU forward's row at the width of narrower vector units, NBG_TMPL_DOUBLE_NARROW)
+ *     NBG_SFX(name)   the name with the type's suffix: name_d, name_f, name_z (and name_dn, name_fn: double and
+ *                     float again, for the CPU forward's rows at the width of narrower vector units,
+ *                     NBG_TMPL_DOUBLE_NARROW, NBG_TMPL_FLOAT_NARROW)
  *     NBG_M(fn)       the type's math function: fn, fn##f, c##fn (sqrt, sqrtf, csqrt)
  *     NBG_RE(x)       the real part (x itself, creal(x) for complex)
  *     NBG_FLOAT_MODE  defined for float only
@@ -21,7 +22,7 @@
  *
  * Who instantiates what:  physics.h (physics_tmpl.h: double, float), setup.h (setup_tmpl.h: double, and double
  * complex where NBG_SETUP_COMPLEX is defined), kernel.h (row_tmpl.h: double, float), src/forward_cpu.c
- * (physics_tmpl.h and row_tmpl.h again as double narrow, where NBG_NARROW_VECTORS),
+ * (physics_tmpl.h and row_tmpl.h again as double narrow and float narrow, where NBG_NARROW_VECTORS),
  * grad/adjoint_cpu.c (adjoint_tmpl.h, adjoint_row_tmpl.h, jvp_tmpl.h, jvp_row_tmpl.h: double), cuda/backend.cu
  * (adjoint_tmpl.h: double, float).
  */
@@ -30,6 +31,7 @@
 #define NBG_TMPL_FLOAT 2
 #define NBG_TMPL_COMPLEX 3
 #define NBG_TMPL_DOUBLE_NARROW 4
+#define NBG_TMPL_FLOAT_NARROW 5
 #endif
 
 #ifndef NBG_TMPL
@@ -61,6 +63,13 @@
 #define NBG_RE(x) (x)
 #define NBG_FLOAT_MODE 1
 #define NBG_TMPL_HD NBG_HD
+#elif NBG_TMPL == NBG_TMPL_FLOAT_NARROW
+#define NBG_R float
+#define NBG_SFX(name) name##_fn
+#define NBG_M(fn) fn##f
+#define NBG_RE(x) (x)
+#define NBG_FLOAT_MODE 1
+#define NBG_TMPL_HD NBG_HD
 #elif NBG_TMPL == NBG_TMPL_COMPLEX
 #include <complex.h>
 #undef I
@@ -70,5 +79,5 @@
 #define NBG_RE(x) creal(x)
 #define NBG_TMPL_HD
 #else
-#error "NBG_TMPL must be NBG_TMPL_DOUBLE, NBG_TMPL_FLOAT, NBG_TMPL_COMPLEX or NBG_TMPL_DOUBLE_NARROW"
+#error "NBG_TMPL must be one of NBG_TMPL_DOUBLE, _FLOAT, _COMPLEX, _DOUBLE_NARROW and _FLOAT_NARROW"
 #endif
