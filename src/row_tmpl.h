@@ -265,11 +265,14 @@ static inline void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3]
     const int nmin = n0 < n1 ? (n0 < n2 ? n0 : n2) : (n1 < n2 ? n1 : n2);
     const int want_dN = p->want_dN;
     const NBG_R mpi = -(NBG_R)M_PI;
+    /* the recurrences' starts (U_0 = 1, U_1 = 2c; U_0' = 0, U_1' = 2) as constants, not derived from c (0 c is -0 or
+     * NaN where c is) */
+    const vR zero = {0}, one = zero + 1, two = zero + 2;
     for (int h = 0; h < NP; ++h) {
         const vR ca = ((const vRa *)gc[0])[h], cb = ((const vRa *)gc[1])[h], cc = ((const vRa *)gc[2])[h];
         const vR a2 = 2 * ca, b2 = 2 * cb, c2 = 2 * cc;
-        vR a0 = a2 * 0 + 1, a1 = a2, b0 = a0, b1 = b2, c0 = a0, c1 = c2;
-        vR da0 = a2 * 0, da1 = da0 + 2, db0 = da0, db1 = da1, dc0 = da0, dc1 = da1;
+        vR a0 = one, a1 = a2, b0 = one, b1 = b2, c0 = one, c1 = c2;
+        vR da0 = zero, da1 = two, db0 = zero, db1 = two, dc0 = zero, dc1 = two;
         int k = 2;
         for (; k + 1 < nmin; k += 2) {
             if (want_grad) {
@@ -313,7 +316,7 @@ static inline void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3]
             ((vRa *)dLdN[1])[h] = a1 * fNb * c1;
             ((vRa *)dLdN[2])[h] = a1 * b1 * fNc;
         } else {
-            ((vRa *)dLdN[0])[h] = ((vRa *)dLdN[1])[h] = ((vRa *)dLdN[2])[h] = a2 * 0;
+            ((vRa *)dLdN[0])[h] = ((vRa *)dLdN[1])[h] = ((vRa *)dLdN[2])[h] = zero;
         }
     }
 }
