@@ -199,15 +199,19 @@ VEC256 := $(shell $(CC) $(OPT) -Q --help=target 2>/dev/null | awk '$$1 == "-mpre
 # The CPU kernels' functions start on a cache line: the row kernels' speed moved by up to 15 % with where the
 # linker happened to place them (heavy512 in float: 1.45 s or 1.72 s for the same code), which made benchmark ratios
 # between versions a matter of layout.
-$(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += -falign-functions=64
-$(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += $(VEC256)
+$(B)/src/forward_cpu.o $(B)/src/forward_cpu_f.o $(B)/grad/adjoint_cpu.o: CFLAGS += -falign-functions=64
+$(B)/src/forward_cpu.o $(B)/src/forward_cpu_f.o $(B)/grad/adjoint_cpu.o: CFLAGS += $(VEC256)
 # The adjoint's lane loops select (a lane's contribution or 0) where GCC sinks the products into the branch: with
 # trapping math they then vectorise only where the ISA has masked arithmetic (AVX-512, not AVX2), and a vectorised
 # loop fuses multiply-adds where the scalar one does not, so the -march=native and the Python package's x86-64-v3
 # builds gave different gradient bits.  The forward's sum over samples (a select of the running sum) GCC left
 # scalar with trapping math ("control flow in loop"): without it, heavy512 and tric1k in float 12-17 % faster, the
 # same image bits.  No nbgrad code enables floating-point traps.
-$(B)/src/forward_cpu.o $(B)/grad/adjoint_cpu.o: CFLAGS += -fno-trapping-math
+$(B)/src/forward_cpu.o $(B)/src/forward_cpu_f.o $(B)/grad/adjoint_cpu.o: CFLAGS += -fno-trapping-math
+# The forward rows' start sets a few lane arrays to 0 in one loop; GCC splits such loops into memsets, which at 16
+# lanes of double (128 bytes, the float rows' sums) it wrote as `rep stos`: tens of cycles to start, three times a
+# row of 16 pixels, cubic1k's float forward 10-20 % slower.  Without the split, vector stores.
+$(B)/src/forward_cpu.o $(B)/src/forward_cpu_f.o: CFLAGS += -fno-tree-loop-distribute-patterns
 
 # batch and ensemble: without MPI in $(B)/nbgrad (which runs nbgrad-mpi under mpirun), with it in nbgrad-mpi
 $(B)/src/batch.o $(B)/src/ensemble.o: $(B)/src/%.o: src/%.c | $(DEPS)
@@ -293,10 +297,11 @@ $(B)/examples/%: $(B)/examples/%.o $(B)/libnbgrad.a | $(FMT_PLUGIN)
 test: all checksymbols $(B)/tests/test-python $(B)/tests/test-layers
 	@sh tests/run-all.sh $(B)
 
-# The library's layering on its object files (tests/layers.sh), run by run-all.sh like a test program.
+# The library's layering and its CPU kernels' inlining, on its object files (tests/layers.sh, told OPT), run by
+# run-all.sh like a test program.
 $(B)/tests/test-layers: tests/layers.sh $(B)/libnbgrad.a
 	@mkdir -p $(dir $@)
-	@printf '#!/bin/sh\nexec sh tests/layers.sh $(B)\n' > $@ && chmod +x $@
+	@printf '#!/bin/sh\nexec sh tests/layers.sh $(B) "$(OPT)"\n' > $@ && chmod +x $@
 
 # The Python package's tests (python/tests, pytest; python/tests/run.sh builds the package into $(B)/py first).
 # run-all.sh runs them through $(B)/tests/test-python like a test program and adds their summary line to the total.

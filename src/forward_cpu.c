@@ -1,5 +1,6 @@
 /*
- * forward_cpu.c -- the CPU forward kernel: OpenMP over detector rows, the shared per-pixel loop nest inside.
+ * forward_cpu.c -- the CPU forward kernel: OpenMP over detector rows, the shared per-pixel loop nest inside.  The
+ * double rows are here, the float rows in forward_cpu_f.c.
  */
 #include "forward.h"
 #include "kernel.h"
@@ -12,7 +13,12 @@
  * registers' worth of independent work a step: that row's time is the latency of one ray's chain (position,
  * direction, indices, lattice factor), which one register of lanes left the units waiting on (in double cubic1k 40 %
  * and tric1k 28 % faster at 8 on a Zen 3 machine; in float, once the lattice factor's axes ran interleaved in
- * register parts, tric1k 8-16 % at 16).  A pixel's value does not depend on the lanes. */
+ * register parts, tric1k 8-16 % at 16).  A pixel's value does not depend on the lanes.
+ *
+ * The float rows are a translation unit of their own (forward_cpu_f.c): GCC's inliner has a budget per unit
+ * (--param inline-unit-growth), and with the four row instantiations in one unit it ran out and left the lattice
+ * factor's helpers (nbgi_square_vec, nbgi_cos2_lanes) and the structure factor's lookup out of line in the double
+ * rows: heavy256's double forward 30 % slower. */
 #if NBG_NARROW_VECTORS
 #define NBG_ROW_LANES 4
 #define NBG_TMPL NBG_TMPL_DOUBLE_NARROW
@@ -21,26 +27,13 @@
 #include "row_tmpl.h"
 #include "tmpl_off.h"
 #undef NBG_ROW_LANES
-#define NBG_ROW_LANES 8
-#define NBG_TMPL NBG_TMPL_FLOAT_NARROW
-#include "tmpl_on.h"
-#include "physics_tmpl.h"
-#include "row_tmpl.h"
-#include "tmpl_off.h"
-#undef NBG_ROW_LANES
 #define ROW_D nbgi_row_dn
 #define ROW_LANES_D nbgi_row_lanes_dn
 typedef nbgi_pixstat_dn pixstat_d;
-#define ROW_F nbgi_row_fn
-#define ROW_LANES_F nbgi_row_lanes_fn
-typedef nbgi_pixstat_fn pixstat_f;
 #else
 #define ROW_D nbgi_row_d
 #define ROW_LANES_D nbgi_row_lanes_d
 typedef nbgi_pixstat_d pixstat_d;
-#define ROW_F nbgi_row_f
-#define ROW_LANES_F nbgi_row_lanes_f
-typedef nbgi_pixstat_f pixstat_f;
 #endif
 
 #include <math.h>
@@ -49,33 +42,21 @@ typedef nbgi_pixstat_f pixstat_f;
 
 /* The row kernels as functions of their own: inlined into the OpenMP loop body (where the compiler put the double
  * one), they ran heavy512 about 30 % slower, the register pressure of the walk spilling into the sample loops. */
-static __attribute__((noinline)) void row_f(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                            pixstat_f *st)
-{
-    ROW_F(p, s, f0, n, out, st, NULL, NULL);
-}
-
 static __attribute__((noinline)) void row_d(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                             pixstat_d *st)
 {
     ROW_D(p, s, f0, n, out, st, NULL, NULL);
 }
 
-/* The forward's rows at kernel.h's lanes, 8 double and 16 float, and whether a plan renders with them: one crystal
- * matrix, where row_d has 4 and row_f 8 (without narrow vectors row_d and row_f are these rows) */
+/* The forward's double row at kernel.h's 8 lanes, and whether a plan renders with it (and the float row with 16): one
+ * crystal matrix, where row_d has 4 (without narrow vectors row_d is this row) */
 static __attribute__((noinline)) void row_d8(const nbgi_kparams *p, int s, int f0, int n, float *out,
                                              nbgi_pixstat_d *st)
 {
     nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
 }
 
-static __attribute__((noinline)) void row_f16(const nbgi_kparams *p, int s, int f0, int n, float *out,
-                                              nbgi_pixstat_f *st)
-{
-    nbgi_row_f(p, s, f0, n, out, st, NULL, NULL);
-}
-
-static int wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
+int nbgi_forward_wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
 
 /* The double image's (nbg_simulate_tangents): the unrounded values too. */
 static __attribute__((noinline)) void row_dd(const nbgi_kparams *p, int s, int f0, int n, float *out,
@@ -97,8 +78,8 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     use_float = use_float && image_d == NULL;
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
-    const int wide = image_d == NULL && wide_rows(p);
-    const int W = use_float ? (wide ? nbgi_row_lanes_f : ROW_LANES_F) : wide ? nbgi_row_lanes_d : ROW_LANES_D;
+    const int wide = image_d == NULL && nbgi_forward_wide_rows(p);
+    const int W = use_float ? nbgi_forward_lanes_f(wide) : wide ? nbgi_row_lanes_d : ROW_LANES_D;
     const long nu = nbgi_nunits(p);
     const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;
     if (p->list != NULL) {
@@ -130,15 +111,9 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                     continue;
                 }
                 if (use_float && wide) {
-                    nbgi_pixstat_f st = {0, 0};
-                    row_f16(pr, s, f0, n, out, &st);
-                    os += st.omega_sum;
-                    nout += st.oor;
+                    nbgi_forward_row_f16(pr, s, f0, n, out, &os, &nout);
                 } else if (use_float) {
-                    pixstat_f st = {0, 0};
-                    row_f(pr, s, f0, n, out, &st);
-                    os += st.omega_sum;
-                    nout += st.oor;
+                    nbgi_forward_row_fn(pr, s, f0, n, out, &os, &nout);
                 } else if (image_d != NULL) {
                     pixstat_d st = {0, 0};
                     row_dd(pr, s, f0, n, out, &st, image_d + first + f0);
