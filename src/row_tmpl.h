@@ -326,8 +326,10 @@ static inline void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3]
  * U_{N-1}(cos pi d) of nbgi_lattice (src/physics_tmpl.h) for integer N <= 32, each recurrence step an `omp simd`
  * loop over the lanes, nbgi_sincg otherwise.  With want_grad, also its partials in (h, k, l) and (when p->want_dN)
  * in N; without, dLh and dLdN are not touched (the forward kernel passes want_grad 0 and the derivative code
- * folds away).  Shared by the forward and adjoint row kernels. */
-static inline NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+ * folds away).  Shared by the forward and adjoint row kernels; forced inline (GCC left it out of line in the 4-lane
+ * double forward, which renders plans of many matrices without nbgi_square_vec's sum: a P1 table with 50 mosaic
+ * domains and phi steps at 1024^2 15 % slower). */
+static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
                                                          NBG_R *L, NBG_R dLh[3][NBG_LANES],
                                                          NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
