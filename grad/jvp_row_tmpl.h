@@ -172,6 +172,9 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         NBG_R dast[W][9]; /* the Gaussian shape's partials in a*, b*, c* (read for it alone) */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes_grad)(p, hkl, L, dLh, dLdN); /* src/row_tmpl.h */
+                        } else if (p->shape == NBG_ROUND) {
+                            /* nbgi_lattice_grad's round shape across the lanes (src/row_tmpl.h; dast: gauss alone) */
+                            NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 for (int i = 0; i < 9; ++i) {

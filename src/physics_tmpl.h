@@ -68,7 +68,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
  * replaced with float's (both under float's half-ulp at 1, 6e-8): two fewer (heavy512's float forward 10 % faster).
  * tests/test-grad.c (grad-0-poly) checks both against long double's cosl.  (Before the Taylor polynomials it was the
  * nested form 1 - y / ((2k-1) 2k) (...), a multiply and a multiply-add a term.) */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     const NBG_R y = (NBG_R)(M_PI * M_PI) * d * d;
 #ifdef NBG_FLOAT_MODE
@@ -97,7 +97,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
  * gradient 9 % faster); in float the Taylor series to degree 14 (truncation 1e-11).  For the
  * derivatives (nbgi_sincg_grad_int and its lane form), which need the sine besides the forward's cosine; the
  * forward's nbgi_sinpi_reduced keeps its nested form (and its images their bits). */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_sinpi_poly)(NBG_R y)
 {
 #ifdef NBG_FLOAT_MODE
     NBG_R P = -1.0f / 1307674368000.0f;
@@ -153,8 +153,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg)(NBG_R h, NBG_R N)
 
 /* sin(pi r) and cos(pi r) for finite r: r = n + d with n = rint(r) and d exact, |d| <= 1/2, then the reduced
  * polynomials (nbgi_sinpi_poly, nbgi_cospi_reduced) and the sign (-1)^n.  No library call and no branch, so that a
- * lane loop of it vectorises (the round shape's lattice factor, nbgi_sinc3pi). */
-static inline NBG_HD void NBG_SFX(nbgi_sincospi)(NBG_R r, NBG_R *s, NBG_R *c)
+ * lane loop of it vectorises (the round shape's lattice factor, nbgi_sinc3pi_grad). */
+static inline NBG_INLINE NBG_HD void NBG_SFX(nbgi_sincospi)(NBG_R r, NBG_R *s, NBG_R *c)
 {
     const NBG_R n = NBG_M(rint)(r);
     const NBG_R d = r - n;
@@ -164,28 +164,46 @@ static inline NBG_HD void NBG_SFX(nbgi_sincospi)(NBG_R r, NBG_R *s, NBG_R *c)
     *c = sg * NBG_SFX(nbgi_cospi_reduced)(d);
 }
 
-/* sinc3(pi r), r >= 0: the forward's round shape, nbgi_sinc3 at x = pi r with the sine and cosine of
- * nbgi_sincospi, both forms computed and one taken (a select, not a branch: its lane loop vectorises, where the
- * library's sin and cos were two calls a lane and sample, and -round_xtal rendered 2.3x slower than the square
- * shape). */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_sinc3pi)(NBG_R r)
+/* G = sinc3(x) = 3 (sin x / x - cos x) / x^2 at x = pi r, r >= 0 (the transform of a sphere: the round shape), and
+ * dG/du in u = x^2 = (pi r)^2, dG/du = sinc3'(x) / (2 x), sinc3'(x) = 3 sin x / x^2 - 3 G / x; near 0, where the
+ * closed forms cancel, their series.  The sine and cosine from nbgi_sincospi, and both forms computed and one taken
+ * (a select, not a branch): a lane loop of it vectorises, where the library's sin and cos were two calls a lane and
+ * sample (-round_xtal rendered 2.3x slower than the square shape, its gradient 4x). */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_sinc3pi_grad)(NBG_R r, NBG_R *dG)
 {
     const NBG_R x = (NBG_R)M_PI * r, x2 = x * x;
     NBG_R s, c;
     NBG_SFX(nbgi_sincospi)(r, &s, &c);
-    const NBG_R series = 1 - x2 / 10 + x2 * x2 / 280 - x2 * x2 * x2 / 15120;
-    const NBG_R closed = 3 * (s / x - c) / x2;
-    return x < (NBG_R)0.05 ? series : closed;
+    const int near = x < (NBG_R)0.05;
+    const NBG_R G = near ? 1 - x2 / 10 + x2 * x2 / 280 - x2 * x2 * x2 / 15120 : 3 * (s / x - c) / x2;
+    *dG = near ? -(NBG_R)1 / 10 + x2 / 140 - x2 * x2 / 5040 + x2 * x2 * x2 / 332640
+               : (3 * s / x2 - 3 * G / x) / (2 * x);
+    return G;
 }
 
-/* 3 (sin x / x - cos x) / x^2, the transform of a sphere; a series near 0 avoids the cancellation. */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_sinc3)(NBG_R x)
+/* The round shape's lattice factor L = NNN C sinc3(pi r), r = sqrt(fudge hrad2), hrad2 = sum dv_i^2 N_i^2 (dv the
+ * indices' offsets from the nearest node), and its partials in (h, k, l) and in (Na, Nb, Nc): nbgi_lattice's L bit for
+ * bit.  Forced inline, the plan's values as arguments (a load through the plan in a lane loop that stores stops GCC
+ * vectorising it) and each partial through a pointer of its own (into a lane array: a local array of three, private
+ * to each lane, was a scatter store), so that the row adjoints' lane loops of it vectorise. */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_round_grad)(NBG_R Na, NBG_R Nb, NBG_R Nc, NBG_R fudge, NBG_R dh,
+                                                              NBG_R dk, NBG_R dl, NBG_R *dLh, NBG_R *dLk, NBG_R *dLl,
+                                                              NBG_R *dNa, NBG_R *dNb, NBG_R *dNc)
 {
-    const NBG_R x2 = x * x;
-    if (NBG_M(fabs)(x) < (NBG_R)0.05) {
-        return 1 - x2 / 10 + x2 * x2 / 280 - x2 * x2 * x2 / 15120;
-    }
-    return 3 * (NBG_M(sin)(x) / x - NBG_M(cos)(x)) / x2;
+    const NBG_R NNN = Na * Nb * Nc;
+    const NBG_R hrad2 = dh * dh * Na * Na + dk * dk * Nb * Nb + dl * dl * Nc * Nc;
+    NBG_R dG;
+    const NBG_R G = NBG_SFX(nbgi_sinc3pi_grad)(NBG_M(sqrt)(hrad2 * fudge), &dG);
+    const NBG_R L = NNN * (NBG_R)NBG_ROUND_SCALE * G;
+    /* dL/dhrad2 = NNN C dG/du du/dhrad2, u = pi^2 fudge hrad2 */
+    const NBG_R dL_dhrad2 = NNN * (NBG_R)NBG_ROUND_SCALE * dG * ((NBG_R)(M_PI * M_PI) * fudge);
+    *dLh = dL_dhrad2 * 2 * dh * Na * Na;
+    *dLk = dL_dhrad2 * 2 * dk * Nb * Nb;
+    *dLl = dL_dhrad2 * 2 * dl * Nc * Nc;
+    *dNa = L / Na + dL_dhrad2 * 2 * dh * dh * Na;
+    *dNb = L / Nb + dL_dhrad2 * 2 * dk * dk * Nb;
+    *dNc = L / Nc + dL_dhrad2 * 2 * dl * dl * Nc;
+    return L;
 }
 
 /* Crystal-shape lattice factor at fractional Miller indices (h, k, l); (h0, k0, l0) are the nearest integers as
@@ -203,8 +221,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
     const NBG_R dh = h - h0, dk = k - k0, dl = l - l0;
     const NBG_R NNN = Na * Nb * Nc;
     if (p->shape == NBG_ROUND) {
-        const NBG_R hrad2 = dh * dh * Na * Na + dk * dk * Nb * Nb + dl * dl * Nc * Nc;
-        return NNN * (NBG_R)NBG_ROUND_SCALE * NBG_SFX(nbgi_sinc3pi)(NBG_M(sqrt)(hrad2 * (NBG_R)p->fudge));
+        NBG_R u0, u1, u2, u3, u4, u5; /* the partials: not used, and dropped by the compiler */
+        return NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, (NBG_R)p->fudge, dh, dk, dl, &u0, &u1, &u2, &u3, &u4, &u5);
     }
     /* gauss and tophat: distance from the nearest node in reciprocal space (1/A), times N^3 */
     const double *s = p->astar;
@@ -402,20 +420,6 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sincg_grad_int)(NBG_R h, int Ni, NBG_R *
     return u1;
 }
 
-/* G(u) = sinc3(sqrt(u)) and dG/du (series for small u, where the closed form cancels). */
-static inline NBG_HD NBG_R NBG_SFX(nbgi_sinc3_u)(NBG_R u, NBG_R *dG)
-{
-    if (u < (NBG_R)0.0025) {
-        *dG = -(NBG_R)1 / 10 + u / 140 - u * u / 5040 + u * u * u / 332640;
-        return 1 - u / 10 + u * u / 280 - u * u * u / 15120;
-    }
-    const NBG_R x = NBG_M(sqrt)(u);
-    const NBG_R G = NBG_SFX(nbgi_sinc3)(x);
-    const NBG_R dx = 3 * NBG_M(sin)(x) / (x * x) - 3 * G / x; /* d sinc3 / dx */
-    *dG = dx / (2 * x);
-    return G;
-}
-
 /* The lattice factor and its partial derivatives in (h, k, l), in (Na, Nb, Nc) and, for the gauss shape, in the
  * reciprocal vectors astar[9].  The tophat edge and the rounding (h0, k0, l0) contribute nothing (taken branch). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0,
@@ -442,18 +446,8 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
     const NBG_R dv[3] = {h - h0, k - k0, l - l0};
     const NBG_R NNN = Na * Nb * Nc;
     if (p->shape == NBG_ROUND) {
-        /* L = NNN C G(u), u = pi^2 fudge hrad2, hrad2 = sum dh_i^2 N_i^2 */
-        const NBG_R hrad2 = dv[0] * dv[0] * Na * Na + dv[1] * dv[1] * Nb * Nb + dv[2] * dv[2] * Nc * Nc;
-        const NBG_R pf = (NBG_R)(M_PI * M_PI) * (NBG_R)p->fudge;
-        NBG_R dG;
-        const NBG_R G = NBG_SFX(nbgi_sinc3_u)(pf * hrad2, &dG);
-        const NBG_R L = NNN * (NBG_R)NBG_ROUND_SCALE * G;
-        const NBG_R dL_dhrad2 = NNN * (NBG_R)NBG_ROUND_SCALE * dG * pf;
-        for (int i = 0; i < 3; ++i) {
-            dhkl[i] = dL_dhrad2 * 2 * dv[i] * N[i] * N[i];
-            dN[i] = L / N[i] + dL_dhrad2 * 2 * dv[i] * dv[i] * N[i];
-        }
-        return L;
+        return NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, (NBG_R)p->fudge, dv[0], dv[1], dv[2], &dhkl[0], &dhkl[1], &dhkl[2],
+                                        &dN[0], &dN[1], &dN[2]);
     }
     const double *s = p->astar;
     NBG_R v[3];

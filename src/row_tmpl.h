@@ -132,11 +132,12 @@ static inline NBG_TMPL_HD void NBG_SFX(nbgi_lane_hkl)(const NBG_R *v, const NBG_
         *u0 = v0;                                                                                                      \
         *u1 = v1;                                                                                                      \
     }
-static inline void NBG_SFX(nbgi_cheb_steps)(NBG_SFX(nbgi_rvec) c2, NBG_SFX(nbgi_rvec) * u0, NBG_SFX(nbgi_rvec) * u1,
-                                            int k0, int k1) NBGI_CHEB_STEPS_BODY(NBG_SFX(nbgi_rvec))
+static inline NBG_INLINE void NBG_SFX(nbgi_cheb_steps)(NBG_SFX(nbgi_rvec) c2, NBG_SFX(nbgi_rvec) * u0,
+                                                       NBG_SFX(nbgi_rvec) * u1, int k0, int k1)
+    NBGI_CHEB_STEPS_BODY(NBG_SFX(nbgi_rvec))
 
 /* 2 cos(pi d), d = h - rint(h), of each axis's index across the lanes (the forward's square lattice factor) */
-static inline void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3][NBG_LANES])
+static inline NBG_INLINE void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3][NBG_LANES])
 {
 #pragma omp simd
     for (int j = 0; j < NBG_LANES; ++j) {
@@ -151,8 +152,9 @@ static inline void NBG_SFX(nbgi_cos2_lanes)(NBG_R hkl[3][NBG_LANES], NBG_R c2[3]
  * indices (hkl; two 0) or of two matrices' at once (hkl and hkl2 into L and L2; two 1, a constant at every call),
  * for nbgi_square_lanes and for the row's sum that keeps it in registers (over the matrices in pairs).  Per lane the
  * arithmetic below, so the same bits either way. */
-static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R hkl2[3][NBG_LANES],
-                                            NBG_SFX(nbgi_rvec) * L, NBG_SFX(nbgi_rvec) * L2, const int two)
+static inline NBG_INLINE void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+                                                       NBG_R hkl2[3][NBG_LANES], NBG_SFX(nbgi_rvec) * L,
+                                                       NBG_SFX(nbgi_rvec) * L2, const int two)
 {
     enum { W = NBG_LANES };
     /* the three axes' cosines in one lane loop and their recurrences interleaved in registers (their chains are
@@ -217,16 +219,16 @@ static inline void NBG_SFX(nbgi_square_vec)(const nbgi_kparams *p, NBG_R hkl[3][
 
 #if NBG_ROW_VEC
 /* nbgi_cheb_steps on one register-wide part of the lanes */
-static inline void NBG_SFX(nbgi_cheb_steps_part)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
-                                                 NBG_SFX(nbgi_rpart) * u1, int k0, int k1)
+static inline NBG_INLINE void NBG_SFX(nbgi_cheb_steps_part)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
+                                                            NBG_SFX(nbgi_rpart) * u1, int k0, int k1)
     NBGI_CHEB_STEPS_BODY(NBG_SFX(nbgi_rpart))
 #undef NBGI_CHEB_STEPS_BODY
 
 /* Steps k0 .. k1-1 of one axis's recurrence with its derivative in c (nbgi_square_lanes's gradient steps), on one
  * register-wide part of the lanes, the state in its caller's registers */
-static inline void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
-                                                 NBG_SFX(nbgi_rpart) * u1, NBG_SFX(nbgi_rpart) * d0,
-                                                 NBG_SFX(nbgi_rpart) * d1, int k0, int k1)
+static inline NBG_INLINE void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX(nbgi_rpart) * u0,
+                                                            NBG_SFX(nbgi_rpart) * u1, NBG_SFX(nbgi_rpart) * d0,
+                                                            NBG_SFX(nbgi_rpart) * d1, int k0, int k1)
 {
     NBG_SFX(nbgi_rpart) v0 = *u0, v1 = *u1, e0 = *d0, e1 = *d1;
     int k = k0;
@@ -254,9 +256,10 @@ static inline void NBG_SFX(nbgi_cheb_grad_steps)(NBG_SFX(nbgi_rpart) c2, NBG_SFX
  * axes' recurrences interleaved in registers, a register-wide part of the lanes at a time (one axis at a time,
  * their chains' latency left the units idle: heavy256's gradient spent 3/4 of its time here).  Per lane the
  * arithmetic of nbgi_square_lanes's loops, so the same bits. */
-static inline void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3][NBG_LANES], NBG_R gs[3][NBG_LANES],
-                                              NBG_R gP[3][NBG_LANES], NBG_R *L, NBG_R dLh[3][NBG_LANES],
-                                              NBG_R dLdN[3][NBG_LANES], const int want_grad)
+static inline NBG_INLINE void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, NBG_R gc[3][NBG_LANES],
+                                                         NBG_R gs[3][NBG_LANES], NBG_R gP[3][NBG_LANES], NBG_R *L,
+                                                         NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES],
+                                                         const int want_grad)
 {
     typedef NBG_SFX(nbgi_rpart) vR;
     typedef NBG_SFX(nbgi_rpart_m) vRa;
@@ -522,6 +525,53 @@ NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes_grad)(const nbgi_kparams *p, NBG_R hk
     NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1);
 }
 
+/* The other shapes' lattice factor across the lanes, nbgi_lattice of each lane's indices (hkl) and their nearest
+ * integers (rnd); the round shape's as a lane loop that vectorises (its sine and cosine without library calls,
+ * src/physics_tmpl.h: -round_xtal's forward 1.9x faster).  Out of line on the CPU: in the forward's rows its code
+ * moved their register allocation (tric1k's square forward 3-5 % slower). */
+#if NBG_ROW_VEC
+__attribute__((noinline, unused)) static
+#else
+static inline
+#endif
+NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES], NBG_R rnd[3][NBG_LANES],
+                                           NBG_R *L)
+{
+    if (p->shape == NBG_ROUND) {
+        const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            NBG_R u0, u1, u2, u3, u4, u5; /* the partials, not used: dropped */
+            L[j] = NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, fudge, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                           hkl[2][j] - rnd[2][j], &u0, &u1, &u2, &u3, &u4, &u5);
+        }
+        return;
+    }
+    for (int j = 0; j < NBG_LANES; ++j) {
+        L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j], rnd[2][j]);
+    }
+}
+
+/* The round shape's lattice factor with its partials (nbgi_round_grad, src/physics_tmpl.h) across the lanes, for the
+ * adjoint and tangent row kernels: out of line on the CPU, as nbgi_shape_lanes. */
+#if NBG_ROW_VEC
+__attribute__((noinline, unused)) static
+#else
+static inline
+#endif
+NBG_TMPL_HD void NBG_SFX(nbgi_round_lanes_grad)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+                                                NBG_R rnd[3][NBG_LANES], NBG_R *L, NBG_R dLh[3][NBG_LANES],
+                                                NBG_R dLdN[3][NBG_LANES])
+{
+    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+#pragma omp simd
+    for (int j = 0; j < NBG_LANES; ++j) {
+        L[j] = NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, fudge, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                       hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                       &dLdN[1][j], &dLdN[2][j]);
+    }
+}
+
 /* Renders pixels f0 .. f0+n-1 (n <= NBG_LANES) of row spixel into out[0..n); inactive pixels get 0.  outd (NULL:
  * not wanted) receives the same values unrounded.  sig (NULL: not wanted) receives, per pixel, a signature of the
  * discrete choices its samples make (rounded Miller indices, interpolation windows, samples cut by dmin or zeroed
@@ -730,10 +780,7 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes)(p, hkl, L, 0, 0, 0);
                         } else {
-                            for (int j = 0; j < W; ++j) {
-                                L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j],
-                                                            rnd[2][j]);
-                            }
+                            NBG_SFX(nbgi_shape_lanes)(p, hkl, rnd, L);
                         }
                         for (int j = 0; j < W && sig != NULL; ++j) {
                             if (valid[j]) {
