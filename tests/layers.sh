@@ -14,6 +14,16 @@ OPT=${2:-}
 pass=0
 fail=0
 skip=0
+# verdict ID BAD PASSTEXT FAILTEXT: one line and its count, PASS where BAD (what was found wrong) is empty
+verdict() {
+    if [ -z "$2" ]; then
+        echo "PASS $1 $3"
+        pass=$((pass + 1))
+    else
+        echo "FAIL $1 $4"
+        fail=$((fail + 1))
+    fi
+}
 # rule FROM "TO ..." WHY: FROM.o must reference no symbol that TO.o defines
 rule() {
     from=$1
@@ -21,8 +31,7 @@ rule() {
     why=$3
     f="$B/src/$from.o"
     if [ ! -f "$f" ]; then
-        echo "FAIL layers-$from $f is missing"
-        fail=$((fail + 1))
+        verdict "layers-$from" missing "" "$f is missing"
         return
     fi
     used=$(nm -u "$f" | awk '{ print $NF }' | sort -u)
@@ -34,13 +43,7 @@ rule() {
         hit=$(printf '%s\n' "$used" | grep -x -F "$defs" | tr '\n' ' ')
         [ -n "$hit" ] && bad="$bad $to.o ($hit)"
     done
-    if [ -z "$bad" ]; then
-        echo "PASS layers-$from $from.o calls nothing of: $tos ($why)"
-        pass=$((pass + 1))
-    else
-        echo "FAIL layers-$from $from.o calls$bad ($why)"
-        fail=$((fail + 1))
-    fi
+    verdict "layers-$from" "$bad" "$from.o calls nothing of: $tos ($why)" "$from.o calls$bad ($why)"
 }
 rule labgeom "cbf cbfbin nxmx expt imagefile io" "the geometry model: the formats use it, not it them"
 rule cbf "imagefile expt nxmx" "a format reads and writes its files alone"
@@ -62,8 +65,7 @@ inlined() {
             ;;
     esac
     if [ ! -f "$f" ]; then
-        echo "FAIL inlined-$1 $f is missing"
-        fail=$((fail + 1))
+        verdict "inlined-$1" missing "" "$f is missing"
         return
     fi
     defs=$(nm --defined-only "$f" | awk '$2 == "t" || $2 == "T" { print $3 }')
@@ -72,13 +74,8 @@ inlined() {
         hit=$(printf '%s\n' "$defs" | grep -E "^${n}_(d|f|dn|fn)([.]|\$)" | tr '\n' ' ')
         [ -n "$hit" ] && bad="$bad $hit"
     done
-    if [ -z "$bad" ]; then
-        echo "PASS inlined-$1 $1.o has none of the $(echo $2 | wc -w) per-sample helpers out of line ($3)"
-        pass=$((pass + 1))
-    else
-        echo "FAIL inlined-$1 $1.o has out of line:$bad($3)"
-        fail=$((fail + 1))
-    fi
+    verdict "inlined-$1" "$bad" "$1.o has none of the $(echo $2 | wc -w) per-sample helpers out of line ($3)" \
+        "$1.o has out of line:$bad($3)"
 }
 HOT="nbgi_square_lanes nbgi_square_vec nbgi_square_parts nbgi_cos2_lanes nbgi_cheb_steps nbgi_cheb_steps_part
      nbgi_cheb_grad_steps nbgi_cospi_reduced nbgi_sinpi_poly nbgi_fcell nbgi_fcell_grad nbgi_lagrange4
