@@ -20,8 +20,8 @@
 
 /* The other shapes' lattice factor and its partials across the lanes, for nbgi_row_adjoint: the round shape's a lane
  * loop (nbgi_round_lanes_grad, src/row_tmpl.h), the others nbgi_lattice_grad a lane, the gauss shape's partials in a*,
- * b*, c* added into acc.  Out of line: in the row adjoint, the round shape's loop moved the square shape's register
- * allocation (tric1k's gradient 3-4 % slower). */
+ * b*, c* added into acc.  Out of line, as nbgi_shape_lanes: in the row adjoint the round shape's loop moved the square
+ * shape's register allocation (tric1k's gradient 3-4 % slower in paired runs, at the edge of this machine's noise). */
 static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_adjoint)(const nbgi_kparams *p, NBG_R hkl[3][NBG_ALANES],
                                                                       NBG_R rnd[3][NBG_ALANES], const int *valid,
                                                                       const NBG_R *d_I, NBG_R *L,

@@ -20,11 +20,10 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
  * so the result does not depend on the thread count.  NaN when out of memory. */
 double nbgi_forward_wsum_cpu(const nbgi_kparams *p, const float *w, const uint8_t *skip, uint64_t *sig);
 
-/* Whether the CPU forward renders plan p's rows at kernel.h's lanes (wide: one crystal matrix, where the vector
- * registers are 256 bits wide; src/forward_cpu.c), and the float rows (src/forward_cpu_f.c): their lane count, and
- * pixels f0 .. f0+n-1 of row s rendered into out, their solid angles added to *omega_sum and their table misses to
- * *oor, at 16 lanes (wide) or at nbgi_forward_lanes_f(0). */
-int nbgi_forward_wide_rows(const nbgi_kparams *p);
+/* The CPU forward's float rows (src/forward_cpu_f.c; src/forward_cpu.c renders through them): their lane count, wide
+ * (one crystal matrix, where the vector registers are 256 bits wide: kernel.h's 16 lanes) or not, and pixels
+ * f0 .. f0+n-1 of row s rendered into out, their solid angles added to *omega_sum and their table misses to *oor, at
+ * 16 lanes or at nbgi_forward_lanes_f(0). */
 int nbgi_forward_lanes_f(int wide);
 void nbgi_forward_row_f16(const nbgi_kparams *p, int s, int f0, int n, float *out, double *omega_sum, long *oor);
 void nbgi_forward_row_fn(const nbgi_kparams *p, int s, int f0, int n, float *out, double *omega_sum, long *oor);

@@ -56,7 +56,7 @@ static __attribute__((noinline)) void row_d8(const nbgi_kparams *p, int s, int f
     nbgi_row_d(p, s, f0, n, out, st, NULL, NULL);
 }
 
-int nbgi_forward_wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
+static int wide_rows(const nbgi_kparams *p) { return NBG_NARROW_VECTORS && p->nphi * p->nmos <= 1; }
 
 /* The double image's (nbg_simulate_tangents): the unrounded values too. */
 static __attribute__((noinline)) void row_dd(const nbgi_kparams *p, int s, int f0, int n, float *out,
@@ -78,7 +78,7 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
     use_float = use_float && image_d == NULL;
     double osum[NBGI_MAXCHUNKS], isum[NBGI_MAXCHUNKS]; /* each chunk's sums, added in chunk order (nbgi_chunk) */
     long nout = 0;
-    const int wide = image_d == NULL && nbgi_forward_wide_rows(p);
+    const int wide = image_d == NULL && wide_rows(p);
     const int W = use_float ? nbgi_forward_lanes_f(wide) : wide ? nbgi_row_lanes_d : ROW_LANES_D;
     const long nu = nbgi_nunits(p);
     const int nch = nu < NBGI_MAXCHUNKS ? (nu > 0 ? (int)nu : 1) : NBGI_MAXCHUNKS;

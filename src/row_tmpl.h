@@ -333,8 +333,8 @@ static inline NBG_INLINE void NBG_SFX(nbgi_square_parts)(const nbgi_kparams *p, 
  * double forward, which renders plans of many matrices without nbgi_square_vec's sum: a P1 table with 50 mosaic
  * domains and phi steps at 1024^2 15 % slower). */
 static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
-                                                         NBG_R *L, NBG_R dLh[3][NBG_LANES],
-                                                         NBG_R dLdN[3][NBG_LANES], const int want_grad)
+                                                                    NBG_R *L, NBG_R dLh[3][NBG_LANES],
+                                                                    NBG_R dLdN[3][NBG_LANES], const int want_grad)
 {
     enum { W = NBG_LANES };
     NBG_R fl[3][W] NBG_LANE_AL, fh[3][W] NBG_LANE_AL, fN[3][W] NBG_LANE_AL;
@@ -527,7 +527,7 @@ NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes_grad)(const nbgi_kparams *p, NBG_R hk
 
 /* The other shapes' lattice factor across the lanes, nbgi_lattice of each lane's indices (hkl) and their nearest
  * integers (rnd); the round shape's as a lane loop that vectorises (its sine and cosine without library calls,
- * src/physics_tmpl.h: -round_xtal's forward 1.9x faster).  Out of line on the CPU: in the forward's rows its code
+ * src/physics_tmpl.h: -round_xtal's forward 3.3x faster).  Out of line on the CPU: in the forward's rows its code
  * moved their register allocation (tric1k's square forward 3-5 % slower). */
 #if NBG_ROW_VEC
 __attribute__((noinline, unused)) static
