@@ -6,8 +6,8 @@
 # an optimised build (OPT with -O2 or -O3), the CPU kernels' per-sample helpers inlined into their rows: a helper
 # left out of line is a call per lane loop, which GCC then does not vectorise, or leaves its loop's state in memory
 # (GCC gives up inlining when a unit's growth budget runs out: a fourth row instantiation in forward_cpu.c once left
-# nbgi_square_vec out of line, heavy256's double forward 30 % slower).  One PASS/FAIL line per rule, then "N
-# passed, N failed".
+# nbgi_square_vec out of line, heavy256's double forward 30 % slower).  One PASS/FAIL (or SKIP) line per rule,
+# then "N passed, N failed" (", K skipped" when any).
 #   sh tests/layers.sh BUILD_DIR [OPT]
 B=${1:-build}
 OPT=${2:-}
