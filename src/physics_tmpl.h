@@ -13,13 +13,17 @@ typedef NBG_R NBG_SFX(nbgi_real);
  * then an odd Taylor polynomial: truncation below 1e-20 in double (degree 23), below 1e-9 in float (degree 15). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_reduced)(NBG_R d);
 
+/* (-1)^n for an integer-valued n: the sign of sin(pi x) and cos(pi x) after x is reduced by n */
+static inline NBG_HD NBG_R NBG_SFX(nbgi_parity_sign)(NBG_R n)
+{
+    const NBG_R half = n * (NBG_R)0.5;
+    return (half != NBG_M(floor)(half)) ? -1 : 1;
+}
+
 static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi)(NBG_R x)
 {
     const NBG_R n = NBG_M(rint)(x);
-    const NBG_R s = NBG_SFX(nbgi_sinpi_reduced)(x - n);
-    /* (-1)^n: n is an integer-valued float. */
-    const NBG_R half = n * (NBG_R)0.5;
-    return (half != NBG_M(floor)(half)) ? -s : s;
+    return NBG_SFX(nbgi_parity_sign)(n) * NBG_SFX(nbgi_sinpi_reduced)(x - n);
 }
 
 /* sin(pi d) for |d| <= 1/2 (an argument already reduced). */
@@ -56,7 +60,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_sinpi_reduced)(NBG_R d)
 static inline NBG_HD NBG_R NBG_SFX(nbgi_cospi)(NBG_R x)
 {
     const NBG_R n = NBG_M(rint)(x);
-    return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * ((n * (NBG_R)0.5 != NBG_M(floor)(n * (NBG_R)0.5)) ? -1 : 1);
+    return NBG_SFX(nbgi_sinpi)((x - n) + (NBG_R)0.5) * NBG_SFX(nbgi_parity_sign)(n);
 }
 
 /* cos(pi d) for |d| <= 1/2: 1 - y / 2 + y^2 r(y) in y = (pi d)^2, Horner's form, one fused multiply-add a term;
@@ -158,8 +162,7 @@ static inline NBG_INLINE NBG_HD void NBG_SFX(nbgi_sincospi)(NBG_R r, NBG_R *s, N
 {
     const NBG_R n = NBG_M(rint)(r);
     const NBG_R d = r - n;
-    const NBG_R half = n * (NBG_R)0.5;
-    const NBG_R sg = (half != NBG_M(floor)(half)) ? -1 : 1;
+    const NBG_R sg = NBG_SFX(nbgi_parity_sign)(n);
     *s = sg * (((NBG_R)M_PI * d) * NBG_SFX(nbgi_sinpi_poly)((NBG_R)(M_PI * M_PI) * d * d));
     *c = sg * NBG_SFX(nbgi_cospi_reduced)(d);
 }
