@@ -790,7 +790,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
     }
     const size_t npix = r.npix;
     size_t img_cap = npix;
-    img = malloc(sizeof(float) * npix);
+    img = nbgi_cli_image_alloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
         goto done;

@@ -130,9 +130,14 @@ void nbgi_forward_cpu(const nbgi_kparams *p, int use_float, float *image, double
                     os += st.omega_sum;
                     nout += st.oor;
                 }
+                /* while the row is in cache (the finiteness check: its order is free, as the adjoint's); in lanes,
+                 * not one chain of additions (that chain was 3.6 % of tric1k's float run) */
+                double g = 0;
+#pragma omp simd reduction(+ : g)
                 for (int j = 0; j < n; ++j) {
-                    is += out[j]; /* while the row is in cache: the finiteness check costs nothing */
+                    g += out[j];
                 }
+                is += g;
             }
         }
         osum[c] = os;

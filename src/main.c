@@ -734,7 +734,7 @@ static int cmd_grad(int argc, char **argv, int first)
         goto done;
     }
     const size_t npix = r.npix;
-    img = malloc(sizeof(float) * npix);
+    img = nbgi_cli_image_alloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
         goto done;
@@ -918,7 +918,7 @@ static int cmd_simulate(int argc, char **argv, int first)
         goto done;
     }
     const size_t npix = r.npix;
-    img = malloc(sizeof(float) * npix);
+    img = nbgi_cli_image_alloc(sizeof(float) * npix);
     if (img == NULL) {
         fprintf(stderr, "nbgrad: error: out of memory for a %dx%d image\n", r.fpixels, r.spixels);
         goto done;

@@ -18,6 +18,7 @@
 #include "nbgrad.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -70,8 +71,9 @@ static void test_help(void)
 
 /* --- failures ------------------------------------------------------------------------------------------------- */
 
-/* A 64 x 64 SMV mask (all ones) written with the library into work/name; truncated to keep bytes when keep > 0. */
-static int make_mask(const run_result *r, const char *name, int npix, long keep)
+/* An npix x npix SMV mask written with the library into work/name: all ones, or with holes the pixels i with
+ * i % 7 == 3 and the square of rows and columns 25 .. 35 masked (0); truncated to keep bytes when keep > 0. */
+static int make_mask(const run_result *r, const char *name, int npix, long keep, int holes)
 {
     nbg_ctx *ctx = NULL;
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 1) != NBG_OK) {
@@ -89,7 +91,8 @@ static int make_mask(const run_result *r, const char *name, int npix, long keep)
     uint16_t *data = malloc(sizeof(uint16_t) * (size_t)npix * (size_t)npix);
     int ok = data != NULL;
     for (int i = 0; ok && i < npix * npix; ++i) {
-        data[i] = 1;
+        const int f = i % npix, sl = i / npix;
+        data[i] = holes && (i % 7 == 3 || (f >= 25 && f <= 35 && sl >= 25 && sl <= 35)) ? 0 : 1;
     }
     char path[PATH_MAX + 256];
     snprintf(path, sizeof path, "%s/%s", r->work, name);
@@ -182,7 +185,7 @@ static void test_failures(void)
     }
     /* masks */
     if (new_case(&r)) {
-        if (make_mask(&r, "trunc.img", 64, 512 + 1000)) {
+        if (make_mask(&r, "trunc.img", 64, 512 + 1000, 0)) {
             expect_failure("CLI-mask-truncated", "a truncated SMV mask", &r, ARGS(BASE, OUTS, "-mask", "trunc.img"),
                            ARGS("trunc.img"), ARGS("trunc.img"));
         } else {
@@ -191,7 +194,7 @@ static void test_failures(void)
         result_free(&r);
     }
     if (new_case(&r)) {
-        if (make_mask(&r, "hdr.img", 64, 300)) {
+        if (make_mask(&r, "hdr.img", 64, 300, 0)) {
             expect_failure("CLI-mask-truncated", "an SMV mask cut inside its header", &r,
                            ARGS(BASE, OUTS, "-mask", "hdr.img"), ARGS("hdr.img"), ARGS("hdr.img"));
         } else {
@@ -201,7 +204,7 @@ static void test_failures(void)
     }
     if (new_case(&r)) {
         /* the mask header makes the detector 64 x 64; -detpixels 32 then disagrees with the mask's pixels */
-        if (make_mask(&r, "mask64.img", 64, 0)) {
+        if (make_mask(&r, "mask64.img", 64, 0, 0)) {
             expect_failure("CLI-mask-size", "a 64x64 mask with -detpixels 32", &r,
                            ARGS(BASE, OUTS, "-mask", "mask64.img", "-detpixels", "32"), ARGS("mask", "64", "32"),
                            ARGS("mask64.img"));
@@ -212,7 +215,7 @@ static void test_failures(void)
     }
     if (new_case(&r)) {
         /* the mask alone sets the size: this works */
-        if (make_mask(&r, "mask64.img", 64, 0)) {
+        if (make_mask(&r, "mask64.img", 64, 0, 0)) {
             run_in(&r, ARGS(BASE, "-floatfile", "out.float", "-mask", "mask64.img"));
             size_t n = 0;
             void *img = read_in(&r, "out.float", &n);
@@ -339,6 +342,104 @@ static void test_fdump(void)
     free(hkl);
 }
 
+/* The printed statistics (max_I and its position, mean, rms, rmsd) against the float image the same run wrote, computed
+ * here one pixel at a time: over regions of interest whose widths are no multiple of the program's lanes, with the
+ * brightest value on four pixels (the symmetric cubic pattern about the beam at the corner of four pixels), where the
+ * first of them in reading order is the one reported, and with a mask (masked pixels count in rmsd alone, as
+ * nanoBragg's), whose holes cover the brightest pixels. */
+static void test_stats(void)
+{
+    static const char *const rois[][4] = {{"0", "59", "0", "59"}, {"3", "52", "7", "49"}, {"30", "30", "11", "40"},
+                                          {"0", "59", "0", "59"}};
+    enum { NP = 60 };
+    for (int k = 0; k < 4; ++k) {
+        run_result r;
+        if (!new_case(&r)) {
+            return;
+        }
+        const char *const *q = rois[k];
+        const int masked = k == 3;
+        if (masked && !make_mask(&r, "holes.img", NP, 0, 1)) {
+            nbgi_test_check(0, "CLI-stats-mask", "cannot write the mask");
+            result_free(&r);
+            continue;
+        }
+#define STATS_RUN(...)                                                                                                 \
+    ARGS("-cell", "100", "100", "100", "90", "90", "90", "-default_F", "100", "-N", "5", "-lambda", "1", "-distance",    \
+         "100", "-detpixels", "60", "-pixel", "0.1", "-oversample", "1", "-roi", q[0], q[1], q[2], q[3],               \
+         "-floatfile", "out.float", __VA_ARGS__)
+        if (masked) {
+            run_in(&r, STATS_RUN("-mask", "holes.img"));
+        } else {
+            run_in(&r, STATS_RUN("-nopgm"));
+        }
+#undef STATS_RUN
+        char id[32];
+        snprintf(id, sizeof id, "CLI-stats-%d", k);
+        size_t n = 0;
+        float *img = read_in(&r, "out.float", &n);
+        const char *pm = strstr(r.out, "max_I = "), *ps = strstr(r.out, "mean= ");
+        double pmax = 0, px = 0, py = 0, pmean = 0, prms = 0, prmsd = 0;
+        const int parsed = pm != NULL && ps != NULL && sscanf(pm, "max_I = %lf at %lf %lf", &pmax, &px, &py) == 3 &&
+                           sscanf(ps, "mean= %lf rms= %lf rmsd= %lf", &pmean, &prms, &prmsd) == 3;
+        nbgi_test_check(r.status == 0 && img != NULL && n == NP * NP * sizeof(float) && parsed, id,
+                       "a run with -roi %s %s %s %s%s prints its statistics (exit %d) %s", q[0], q[1], q[2], q[3],
+                       masked ? " and a mask" : "", r.status, first_line(r.err));
+        if (img != NULL && n == NP * NP * sizeof(float) && parsed) {
+            const int x0 = atoi(q[0]), x1 = atoi(q[1]), y0 = atoi(q[2]), y1 = atoi(q[3]);
+            double sum = 0, sq = 0, max = 0, dev = 0;
+            long cnt = 0, all = 0, imax = -1, ties = 0;
+            for (int y = y0; y <= y1; ++y) {
+                for (int x = x0; x <= x1; ++x) {
+                    const int i = y * NP + x;
+                    const double v = img[i];
+                    ++all;
+                    if (masked && (i % 7 == 3 || (x >= 25 && x <= 35 && y >= 25 && y <= 35))) {
+                        continue;
+                    }
+                    if (v > max) {
+                        max = v;
+                        imax = i;
+                        ties = 0;
+                    } else if (v == max && v > 0) {
+                        ++ties;
+                    }
+                    sum += v;
+                    sq += v * v;
+                    ++cnt;
+                }
+            }
+            const double mean = sum / (double)cnt;
+            for (int y = y0; y <= y1; ++y) {
+                for (int x = x0; x <= x1; ++x) {
+                    dev += (img[y * NP + x] - mean) * (img[y * NP + x] - mean);
+                }
+            }
+            const double rms = sqrt(sq / (double)(cnt - 1)), rmsd = sqrt(dev / (double)(all - 1));
+            /* nanoBragg's position: the last subpixel's centre of the brightest pixel, in m (1 subpixel here) */
+            const double ex = 1e-4 * (double)(imax % NP) + 5e-5, ey = 1e-4 * (double)(imax / NP) + 5e-5;
+            const int ok = max > 0 && fabs(pmax - max) <= 1e-5 * max && fabs(px - ex) <= 1e-9 && fabs(py - ey) <= 1e-9 &&
+                           fabs(pmean - mean) <= 1e-5 * fabs(mean) && fabs(prms - rms) <= 1e-5 * rms &&
+                           fabs(prmsd - rmsd) <= 1e-5 * rmsd;
+            nbgi_test_check(ok, id, "max_I %g at %g %g, mean %g, rms %g, rmsd %g as the image's own (%g at %g %g, %g, "
+                           "%g, %g; %ld more pixels at the maximum)", pmax, px, py, pmean, prms, prmsd, max, ex, ey,
+                           mean, rms, rmsd, ties);
+            if (k == 0) {
+                nbgi_test_check(ties > 0, id, "the symmetric pattern puts its maximum on more than one pixel (%ld more)",
+                               ties);
+            }
+            if (masked) {
+                /* the mean over the unmasked pixels, not over all: the two differ by far more than the tolerance */
+                const double mall = sum / (double)all;
+                nbgi_test_check(cnt < all && fabs(mean - mall) > 0.05 * mean, id, "the mask's holes leave out %ld of %ld "
+                               "pixels (the mean over all would be %g)", all - cnt, all, mall);
+            }
+        }
+        free(img);
+        result_free(&r);
+    }
+}
+
 static void test_no_output(void)
 {
     run_result r;
@@ -383,6 +484,7 @@ int main(void)
     test_misset_seed();
     test_fdump();
     test_no_output();
+    test_stats();
     nbgi_test_rmtree(g_root);
     return nbgi_test_summary();
 }
