@@ -33,6 +33,56 @@ static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_adjoint)(const nb
         NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
         return;
     }
+    if (p->shape == NBG_GAUSS) {
+        /* nbgi_lattice_grad's gauss shape across the lanes (the same bits), the plan's values in locals; then each
+         * lane's partials in a*, b*, c* (g dv_i v_x) into acc, as below */
+        const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+        NBG_R s[9], g[W], v0[W], v1[W], v2[W];
+        for (int i = 0; i < 9; ++i) {
+            s[i] = (NBG_R)p->astar[i];
+        }
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                           &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j], &v2[j]);
+        }
+        for (int j = 0; j < W; ++j) {
+            if (valid[j] && d_I[j] != 0 && (L[j] != 0 || p->water)) {
+                long unused = 0;
+                const NBG_R Fcv = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
+                                                     (int)rnd[1][j], (int)rnd[2][j], &unused);
+                const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
+                const NBG_R v[3] = {v0[j], v1[j], v2[j]};
+                for (int i = 0; i < 3; ++i) {
+                    const NBG_R dv = hkl[i][j] - rnd[i][j];
+                    for (int x = 0; x < 3; ++x) {
+                        acc->astar[3 * i + x] += (double)(dFl * (g[j] * dv * v[x]));
+                    }
+                }
+            }
+        }
+        return;
+    }
+    if (p->shape == NBG_TOPHAT) {
+        /* nbgi_lattice_grad's tophat across the lanes: L, no partial in h, k, l, L / N_i in N_i */
+        const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+        const NBG_R NNN = Na * Nb * Nc;
+        NBG_R s[9];
+        for (int i = 0; i < 9; ++i) {
+            s[i] = (NBG_R)p->astar[i];
+        }
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                             hkl[2][j] - rnd[2][j]);
+            dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
+            dLdN[0][j] = L[j] / Na;
+            dLdN[1][j] = L[j] / Nb;
+            dLdN[2][j] = L[j] / Nc;
+        }
+        return;
+    }
     for (int j = 0; j < W; ++j) {
         NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
         L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j], rnd[2][j], dh3, dN3,

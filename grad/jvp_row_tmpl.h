@@ -32,6 +32,12 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
      * it) */
     const int water = p->water != 0, table = p->F != 0;
     const NBG_R F0 = (NBG_R)p->default_F;
+    /* the gauss and tophat shapes' constants (their lane loops below) */
+    const NBG_R gNa = (NBG_R)p->Na, gNb = (NBG_R)p->Nb, gNc = (NBG_R)p->Nc, gfudge = (NBG_R)p->fudge;
+    NBG_R gs[9];
+    for (int i = 0; i < 9; ++i) {
+        gs[i] = (NBG_R)p->astar[i];
+    }
     int active[W];
     const int all = nbgi_all_active(p, spixel, f0, n); /* every lane inside the ROI, no mask: no test a lane */
     NBG_R omega[W], capture[W], polar[W], I[W];
@@ -175,6 +181,38 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         } else if (p->shape == NBG_ROUND) {
                             /* nbgi_lattice_grad's round shape across the lanes (src/row_tmpl.h; dast: gauss alone) */
                             NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
+                        } else if (p->shape == NBG_GAUSS) {
+                            /* nbgi_lattice_grad's gauss shape across the lanes (the same bits) */
+                            NBG_R g[W], v0[W], v1[W], v2[W];
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                L[j] = NBG_SFX(nbgi_gauss_grad)(gNa, gNb, gNc, gfudge, gs, hkl[0][j] - rnd[0][j],
+                                                               hkl[1][j] - rnd[1][j], hkl[2][j] - rnd[2][j],
+                                                               &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                                               &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j],
+                                                               &v2[j]);
+                            }
+                            for (int j = 0; j < W; ++j) {
+                                const NBG_R vv[3] = {v0[j], v1[j], v2[j]};
+                                for (int i = 0; i < 3; ++i) {
+                                    const NBG_R dv = hkl[i][j] - rnd[i][j];
+                                    for (int x = 0; x < 3; ++x) {
+                                        dast[j][3 * i + x] = g[j] * dv * vv[x];
+                                    }
+                                }
+                            }
+                        } else if (p->shape == NBG_TOPHAT) {
+                            /* nbgi_lattice_grad's tophat across the lanes (dast: read for gauss alone) */
+                            const NBG_R NNN = gNa * gNb * gNc;
+#pragma omp simd
+                            for (int j = 0; j < W; ++j) {
+                                L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, gfudge, gs, hkl[0][j] - rnd[0][j],
+                                                                 hkl[1][j] - rnd[1][j], hkl[2][j] - rnd[2][j]);
+                                dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
+                                dLdN[0][j] = L[j] / gNa;
+                                dLdN[1][j] = L[j] / gNb;
+                                dLdN[2][j] = L[j] / gNc;
+                            }
                         } else {
                             for (int j = 0; j < W; ++j) {
                                 for (int i = 0; i < 9; ++i) {

@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h> /* memcpy: nbgi_exp's bits */
 
 #include "hd.h"
 

@@ -209,6 +209,128 @@ static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_round_grad)(NBG_R Na, NBG_R N
     return L;
 }
 
+/* exp(x) in the kernel's type, for the gauss shape: x = k ln 2 + r (k = rint(x / ln 2), ln 2 in two parts, |r| <=
+ * ln 2 / 2), e^r by its Taylor polynomial (degree 13 in double, truncation 4e-18; 7 in float, 5e-9: under half an ulp
+ * at 1 either way), times 2^k built from its bits in two factors 2^k1 2^k2 (k1 = floor(k / 2)), so that results in the
+ * subnormal range round once and those past the largest finite one are infinite; 0 below the least subnormal's
+ * logarithm, NaN for NaN.  Within 1-2 ulps of the library's exp (tests/test-grad.c: grad-0-exp), and written in
+ * the kernels' arithmetic alone: the CPU's lane loops vectorise it (the library's exp, called a lane at a time, made
+ * the gauss forward twice the square shape's), and the device and every lane width give the same bits. */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_exp)(NBG_R x)
+{
+#ifdef NBG_FLOAT_MODE
+    typedef uint32_t bits_t;
+    const NBG_R lo = -104.0f, hi = 88.73f, log2e = 1.44269504f, ln2hi = 0.693145751953125f, ln2lo = 1.42860677e-06f;
+    const NBG_R magic = 12582912.0f; /* 1.5 2^23: an integer below 2^22 added to it lies in its last bits */
+    enum { BIAS = 127, SHIFT = 23 };
+#else
+    typedef uint64_t bits_t;
+    const NBG_R lo = -745.2, hi = 709.8, log2e = 1.4426950408889634, ln2hi = 6.93147180369123816490e-01,
+                ln2lo = 1.90821492927058770002e-10;
+    const NBG_R magic = 6755399441055744.0; /* 1.5 2^52 */
+    enum { BIAS = 1023, SHIFT = 52 };
+#endif
+    const NBG_R xc = x < lo ? lo : (x > hi ? hi : x); /* NaN stays NaN */
+    const NBG_R k = NBG_M(rint)(xc * log2e);
+    const NBG_R r = NBG_M(fma)(-k, ln2lo, NBG_M(fma)(-k, ln2hi, xc));
+#ifdef NBG_FLOAT_MODE
+    NBG_R e = 1.0f / 5040.0f;
+    e = 1.0f / 720.0f + r * e;
+    e = 1.0f / 120.0f + r * e;
+    e = 1.0f / 24.0f + r * e;
+#else
+    NBG_R e = 1.0 / 6227020800.0;
+    e = 1.0 / 479001600.0 + r * e;
+    e = 1.0 / 39916800.0 + r * e;
+    e = 1.0 / 3628800.0 + r * e;
+    e = 1.0 / 362880.0 + r * e;
+    e = 1.0 / 40320.0 + r * e;
+    e = 1.0 / 5040.0 + r * e;
+    e = 1.0 / 720.0 + r * e;
+    e = 1.0 / 120.0 + r * e;
+    e = 1.0 / 24.0 + r * e;
+#endif
+    e = (NBG_R)(1.0 / 6.0) + r * e;
+    e = (NBG_R)0.5 + r * e;
+    e = 1 + r * e;
+    e = 1 + r * e;
+    /* 2^k1 and 2^k2: each biased exponent (k / 2 + BIAS, within 52 .. 191 in float, 485 .. 1535 in double) in the
+     * low bits of magic + it, shifted into the exponent's field */
+    const NBG_R k1 = NBG_M(floor)(k * (NBG_R)0.5), k2 = k - k1;
+    const NBG_R b1 = k1 + (NBG_R)BIAS + magic, b2 = k2 + (NBG_R)BIAS + magic;
+    bits_t u1, u2;
+    memcpy(&u1, &b1, sizeof u1);
+    memcpy(&u2, &b2, sizeof u2);
+    u1 <<= SHIFT;
+    u2 <<= SHIFT;
+    NBG_R s1, s2;
+    memcpy(&s1, &u1, sizeof s1);
+    memcpy(&s2, &u2, sizeof s2);
+    const NBG_R v = e * s1 * s2;
+    return x < lo ? 0 : v;
+}
+
+/* r2 = |v|^2 NNN^2, v = dh a* + dk b* + dl c* (s: a*, b*, c*), the gauss and tophat shapes' squared distance, with v
+ * into (*vx, *vy, *vz).  Every sum of products an explicit multiply-add, so that the scalar calls and the CPU's lane
+ * loops round alike; scalars, not an array (a local array in an `omp simd` loop is not vectorised). */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_gauss_r2)(NBG_R NNN, const NBG_R *s, NBG_R dh, NBG_R dk, NBG_R dl,
+                                                            NBG_R *vx, NBG_R *vy, NBG_R *vz)
+{
+    const NBG_R x = NBG_M(fma)(dl, s[6], NBG_M(fma)(dk, s[3], dh * s[0]));
+    const NBG_R y = NBG_M(fma)(dl, s[7], NBG_M(fma)(dk, s[4], dh * s[1]));
+    const NBG_R z = NBG_M(fma)(dl, s[8], NBG_M(fma)(dk, s[5], dh * s[2]));
+    *vx = x;
+    *vy = y;
+    *vz = z;
+    return NBG_M(fma)(z, z, NBG_M(fma)(y, y, x * x)) * NNN * NNN;
+}
+
+/* The gauss shape's L = NNN exp(-r2 fudge / 0.63) (as nbgi_gauss_tophat: the same bits) with its partials in h, k, l
+ * (dLh ..) and in Na, Nb, Nc (dNa ..); *g = 2 NNN^2 dL/dr2 and v (*v0 ..) give the partials in a*, b*, c*:
+ * dL/d s[3 i + x] = g dv_i v_x.  Values only and each output through its own pointer, for the lane loops of the
+ * adjoint and tangent rows as for nbgi_lattice_grad. */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_gauss_grad)(NBG_R Na, NBG_R Nb, NBG_R Nc, NBG_R fudge, const NBG_R *s,
+                                                              NBG_R dh, NBG_R dk, NBG_R dl, NBG_R *dLh, NBG_R *dLk,
+                                                              NBG_R *dLl, NBG_R *dNa, NBG_R *dNb, NBG_R *dNc, NBG_R *g,
+                                                              NBG_R *v0, NBG_R *v1, NBG_R *v2)
+{
+    const NBG_R NNN = Na * Nb * Nc;
+    NBG_R x, y, z;
+    const NBG_R r2 = NBG_SFX(nbgi_gauss_r2)(NNN, s, dh, dk, dl, &x, &y, &z);
+    const NBG_R L = NNN * NBG_SFX(nbgi_exp)(-(r2 / (NBG_R)0.63 * fudge));
+    const NBG_R dL_dr2 = L * (-fudge / (NBG_R)0.63);
+    const NBG_R gg = dL_dr2 * 2 * NNN * NNN;
+    /* dL/dh_i = g (v . s_i), s_i the i-th reciprocal axis */
+    *dLh = gg * NBG_M(fma)(z, s[2], NBG_M(fma)(y, s[1], x * s[0]));
+    *dLk = gg * NBG_M(fma)(z, s[5], NBG_M(fma)(y, s[4], x * s[3]));
+    *dLl = gg * NBG_M(fma)(z, s[8], NBG_M(fma)(y, s[7], x * s[6]));
+    /* dL/dN_i = L / N_i + dL/dr2 2 r2 / N_i (r2 grows as NNN^2) */
+    const NBG_R t = dL_dr2 * 2 * r2;
+    *dNa = L / Na + t / Na;
+    *dNb = L / Nb + t / Nb;
+    *dNc = L / Nc + t / Nc;
+    *g = gg;
+    *v0 = x;
+    *v1 = y;
+    *v2 = z;
+    return L;
+}
+
+/* The gauss and tophat shapes' lattice factor (nanoBragg's: the distance from the nearest node in reciprocal space,
+ * 1/A, times N^3) from the offsets (dh, dk, dl) from the nearest node, the reciprocal axes s (a*, b*, c*, in the
+ * kernel's type), NNN = Na Nb Nc and fudge; values only and every sum of products an explicit multiply-add, so that
+ * nbgi_lattice and the CPU's lane loop (nbgi_shape_lanes, which passes the plan's values in locals) round alike. */
+static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_gauss_tophat)(int gauss, NBG_R NNN, NBG_R fudge, const NBG_R *s,
+                                                                NBG_R dh, NBG_R dk, NBG_R dl)
+{
+    NBG_R x, y, z; /* not used */
+    const NBG_R r2 = NBG_SFX(nbgi_gauss_r2)(NNN, s, dh, dk, dl, &x, &y, &z);
+    if (gauss) {
+        return NNN * NBG_SFX(nbgi_exp)(-(r2 / (NBG_R)0.63 * fudge));
+    }
+    return (r2 * fudge < (NBG_R)0.3969) ? NNN : 0;
+}
+
 /* Crystal-shape lattice factor at fractional Miller indices (h, k, l); (h0, k0, l0) are the nearest integers as
  * nanoBragg rounds them, ceil(x - 1/2). */
 static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h, NBG_R k, NBG_R l, NBG_R h0, NBG_R k0,
@@ -227,16 +349,12 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
         NBG_R u0, u1, u2, u3, u4, u5; /* the partials: not used, and dropped by the compiler */
         return NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, (NBG_R)p->fudge, dh, dk, dl, &u0, &u1, &u2, &u3, &u4, &u5);
     }
-    /* gauss and tophat: distance from the nearest node in reciprocal space (1/A), times N^3 */
-    const double *s = p->astar;
-    const NBG_R x = dh * (NBG_R)s[0] + dk * (NBG_R)s[3] + dl * (NBG_R)s[6];
-    const NBG_R y = dh * (NBG_R)s[1] + dk * (NBG_R)s[4] + dl * (NBG_R)s[7];
-    const NBG_R z = dh * (NBG_R)s[2] + dk * (NBG_R)s[5] + dl * (NBG_R)s[8];
-    const NBG_R r2 = (x * x + y * y + z * z) * NNN * NNN;
-    if (p->shape == NBG_GAUSS) {
-        return NNN * NBG_M(exp)(-(r2 / (NBG_R)0.63 * (NBG_R)p->fudge));
+    /* gauss and tophat */
+    NBG_R s[9];
+    for (int i = 0; i < 9; ++i) {
+        s[i] = (NBG_R)p->astar[i];
     }
-    return (r2 * (NBG_R)p->fudge < (NBG_R)0.3969) ? NNN : 0;
+    return NBG_SFX(nbgi_gauss_tophat)(p->shape == NBG_GAUSS, NNN, (NBG_R)p->fudge, s, dh, dk, dl);
 }
 
 /* Kahn polarization factor for incident direction i, diffracted direction d (unit vectors), with the source's
@@ -452,28 +570,23 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
         return NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, (NBG_R)p->fudge, dv[0], dv[1], dv[2], &dhkl[0], &dhkl[1], &dhkl[2],
                                         &dN[0], &dN[1], &dN[2]);
     }
-    const double *s = p->astar;
-    NBG_R v[3];
-    for (int x = 0; x < 3; ++x) {
-        v[x] = dv[0] * (NBG_R)s[x] + dv[1] * (NBG_R)s[3 + x] + dv[2] * (NBG_R)s[6 + x];
+    NBG_R s[9];
+    for (int i = 0; i < 9; ++i) {
+        s[i] = (NBG_R)p->astar[i];
     }
-    const NBG_R v2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
-    const NBG_R r2 = v2 * NNN * NNN;
     if (p->shape == NBG_GAUSS) {
-        /* L = NNN exp(-r2 fudge / 0.63), r2 = |v|^2 NNN^2, v = dh a* + dk b* + dl c* */
-        const NBG_R c = -(NBG_R)p->fudge / (NBG_R)0.63;
-        const NBG_R L = NNN * NBG_M(exp)(c * r2);
-        const NBG_R dL_dr2 = L * c;
+        NBG_R g, v[3];
+        const NBG_R L = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, (NBG_R)p->fudge, s, dv[0], dv[1], dv[2], &dhkl[0], &dhkl[1],
+                                                &dhkl[2], &dN[0], &dN[1], &dN[2], &g, &v[0], &v[1], &v[2]);
         for (int i = 0; i < 3; ++i) {
-            const NBG_R va = v[0] * (NBG_R)s[3 * i] + v[1] * (NBG_R)s[3 * i + 1] + v[2] * (NBG_R)s[3 * i + 2];
-            dhkl[i] = dL_dr2 * 2 * NNN * NNN * va;
-            dN[i] = L / N[i] + dL_dr2 * 2 * r2 / N[i];
             for (int x = 0; x < 3; ++x) {
-                dastar[3 * i + x] = dL_dr2 * 2 * NNN * NNN * dv[i] * v[x];
+                dastar[3 * i + x] = g * dv[i] * v[x];
             }
         }
         return L;
     }
+    NBG_R x, y, z; /* not used */
+    const NBG_R r2 = NBG_SFX(nbgi_gauss_r2)(NNN, s, dv[0], dv[1], dv[2], &x, &y, &z);
     const NBG_R L = (r2 * (NBG_R)p->fudge < (NBG_R)0.3969) ? NNN : 0;
     for (int i = 0; i < 3; ++i) {
         dhkl[i] = 0;

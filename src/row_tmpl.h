@@ -547,6 +547,31 @@ NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes)(const nbgi_kparams *p, NBG_R hkl[3][N
         }
         return;
     }
+    if (p->shape == NBG_GAUSS || p->shape == NBG_TOPHAT) {
+        /* the plan's values in locals (see nbgi_solid_angle_of) */
+        const NBG_R NNN = (NBG_R)p->Na * (NBG_R)p->Nb * (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+        const int gauss = p->shape == NBG_GAUSS;
+        NBG_R s[9];
+        for (int i = 0; i < 9; ++i) {
+            s[i] = (NBG_R)p->astar[i];
+        }
+        /* a loop a shape, the shape a constant in each (one loop with it a variable computed the exponential for
+         * the tophat too: tric1k's tophat 7 % slower in double) */
+        if (gauss) {
+#pragma omp simd
+            for (int j = 0; j < NBG_LANES; ++j) {
+                L[j] = NBG_SFX(nbgi_gauss_tophat)(1, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                                 hkl[2][j] - rnd[2][j]);
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < NBG_LANES; ++j) {
+                L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                                 hkl[2][j] - rnd[2][j]);
+            }
+        }
+        return;
+    }
     for (int j = 0; j < NBG_LANES; ++j) {
         L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j], rnd[2][j]);
     }

@@ -162,6 +162,55 @@ static void test_polynomials(void)
                     "grad-0-poly-zero", "cos(0) and sin(u) / u at 0 are 1 exactly, in double and float");
 }
 
+/* grad-0-exp: the kernels' exponential (nbgi_exp, the gauss shape's) against long double's expl, in units in the last
+ * place of the result, over the whole range the shape uses (x <= 0, down to where the result is 0) and beyond 0;
+ * its limits (0 below the least subnormal's logarithm, infinity above the largest finite value's, NaN for NaN, and
+ * exp(0) = 1 exactly); and subnormal results rounded once (within one subnormal step). */
+static void test_exp(void)
+{
+    double wd = 0, wf = 0, xd = 0, xf = 0;
+    for (int k = -400000; k <= 100000; ++k) {
+        const double x = k * (708.0 / 400000.0) + 1e-7 * (k % 7); /* not only the grid's multiples of ln 2 */
+        const long double e = expl((long double)x);
+        const double ud = fabs(nextafter((double)e, INFINITY) - (double)e);
+        const double ed = (double)(fabsl((long double)nbgi_exp_d(x) - e) / ud);
+        if (ed > wd) {
+            wd = ed;
+            xd = x;
+        }
+        if (x >= -87 && x <= 88) {
+            const float y = (float)x;
+            const long double ef = expl((long double)y);
+            const float uf = fabsf(nextafterf((float)ef, INFINITY) - (float)ef);
+            const double eff = (double)(fabsl((long double)nbgi_exp_f(y) - ef) / uf);
+            if (eff > wf) {
+                wf = eff;
+                xf = x;
+            }
+        }
+    }
+    nbgi_test_check(wd <= 1.5, "grad-0-exp-double", "|exp(x) - expl(x)| <= 1.5 ulp on [-708, 177]: %.3g ulp (at %.6g)",
+                    wd, xd);
+    nbgi_test_check(wf <= 1.5, "grad-0-exp-float", "|exp(x) - expl(x)| <= 1.5 ulp in float on [-87, 88]: %.3g ulp (at "
+                    "%.6g)", wf, xf);
+    /* subnormal results: within one step of the subnormals (2^-1074, 2^-149) of expl's */
+    double sd = 0, sf = 0;
+    for (int k = 0; k <= 1000; ++k) {
+        const double x = -708.5 - k * (36.6 / 1000.0);
+        sd = fmax(sd, (double)(fabsl((long double)nbgi_exp_d(x) - expl((long double)x)) / 0x1p-1074L));
+        const float y = (float)(-87.4 - k * (16.5 / 1000.0));
+        sf = fmax(sf, (double)(fabsl((long double)nbgi_exp_f(y) - expl((long double)y)) / 0x1p-149L));
+    }
+    nbgi_test_check(sd <= 1 && sf <= 1, "grad-0-exp-subnormal", "subnormal results within one subnormal step: %.3g "
+                    "(double), %.3g (float)", sd, sf);
+    nbgi_test_check(nbgi_exp_d(0) == 1 && nbgi_exp_f(0) == 1 && nbgi_exp_d(-746) == 0 && nbgi_exp_f(-104.5f) == 0 &&
+                        nbgi_exp_d(-1e300) == 0 && nbgi_exp_f(-INFINITY) == 0 && isinf(nbgi_exp_d(710)) &&
+                        isinf(nbgi_exp_f(89)) && isinf(nbgi_exp_d(INFINITY)) && isnan(nbgi_exp_d(NAN)) &&
+                        isnan(nbgi_exp_f(NAN)) && nbgi_exp_d(709.7) < INFINITY && nbgi_exp_f(88.7f) < INFINITY,
+                    "grad-0-exp-limits", "exp(0) = 1; 0 below the least subnormal; infinite past the largest finite "
+                    "value, finite below it; NaN for NaN (double and float)");
+}
+
 int main(void)
 {
     if (nbg_ctx_create(&ctx, NBG_BACKEND_CPU, NBG_DOUBLE, 0) != NBG_OK) {
@@ -170,6 +219,7 @@ int main(void)
     }
     nbg_experiment e;
     test_polynomials();
+    test_exp();
 
     /* grad-1: a cubic crystal, every parameter */
     nbgi_test_still(&e);
