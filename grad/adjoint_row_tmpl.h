@@ -47,11 +47,17 @@ static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_adjoint)(const nb
                                            hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
                                            &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j], &v2[j]);
         }
+        /* each lane's structure factor, taken whether the lane counts or not (in the branch below GCC called the
+         * call unlikely and left the table's interpolation weights out of line) */
+        NBG_R Fg[W];
+        for (int j = 0; j < W; ++j) {
+            long unused = 0;
+            Fg[j] = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j], (int)rnd[1][j],
+                                        (int)rnd[2][j], &unused);
+        }
         for (int j = 0; j < W; ++j) {
             if (valid[j] && d_I[j] != 0 && (L[j] != 0 || p->water)) {
-                long unused = 0;
-                const NBG_R Fcv = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j],
-                                                     (int)rnd[1][j], (int)rnd[2][j], &unused);
+                const NBG_R Fcv = Fg[j];
                 const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
                 const NBG_R v[3] = {v0[j], v1[j], v2[j]};
                 for (int i = 0; i < 3; ++i) {

@@ -20,6 +20,59 @@
 #endif
 #define NBG_JLANES 8
 
+/* The other shapes' lattice factor and its partials across the lanes, for nbgi_row_jvp (the square shape's is
+ * nbgi_square_lanes_grad): nbgi_lattice_grad's, the same bits; the round shape's, the gauss and the tophat shapes' in
+ * lane loops that vectorise; dast[j] the gauss shape's partials in a*, b*, c* (read for it alone).  Out of line, as
+ * the adjoint's nbgi_shape_lanes_adjoint: inlined into the row, the gauss shape's loop made the square shape's nine
+ * tangents 30 % slower (tric1k). */
+static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_jvp)(const nbgi_kparams *p, NBG_R hkl[3][NBG_JLANES],
+                                                                  NBG_R rnd[3][NBG_JLANES], NBG_R *L,
+                                                                  NBG_R dLh[3][NBG_JLANES], NBG_R dLdN[3][NBG_JLANES],
+                                                                  NBG_R dast[NBG_JLANES][9])
+{
+    enum { W = NBG_JLANES };
+    if (p->shape == NBG_ROUND) {
+        NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN); /* src/row_tmpl.h */
+        return;
+    }
+    /* the plan's values in locals (see nbgi_solid_angle_of) */
+    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+    NBG_R s[9];
+    for (int i = 0; i < 9; ++i) {
+        s[i] = (NBG_R)p->astar[i];
+    }
+    if (p->shape == NBG_GAUSS) {
+        NBG_R g[W], v0[W], v1[W], v2[W];
+#pragma omp simd
+        for (int j = 0; j < W; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                           &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j], &v2[j]);
+        }
+        for (int j = 0; j < W; ++j) {
+            const NBG_R v[3] = {v0[j], v1[j], v2[j]};
+            for (int i = 0; i < 3; ++i) {
+                const NBG_R dv = hkl[i][j] - rnd[i][j];
+                for (int x = 0; x < 3; ++x) {
+                    dast[j][3 * i + x] = g[j] * dv * v[x];
+                }
+            }
+        }
+        return;
+    }
+    /* the tophat: L, no partial in h, k, l, L / N_i in N_i */
+    const NBG_R NNN = Na * Nb * Nc;
+#pragma omp simd
+    for (int j = 0; j < W; ++j) {
+        L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                         hkl[2][j] - rnd[2][j]);
+        dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
+        dLdN[0][j] = L[j] / Na;
+        dLdN[1][j] = L[j] / Nb;
+        dLdN[2][j] = L[j] / Nc;
+    }
+}
+
 static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int f0, int n, const nbgi_adjacc *t, int nt,
                                        const nbgi_jvp_dirs *dirs, float *out, double *outd, double *dS, size_t npix,
                                        size_t base, double *G)
@@ -32,12 +85,6 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
      * it) */
     const int water = p->water != 0, table = p->F != 0;
     const NBG_R F0 = (NBG_R)p->default_F;
-    /* the gauss and tophat shapes' constants (their lane loops below) */
-    const NBG_R gNa = (NBG_R)p->Na, gNb = (NBG_R)p->Nb, gNc = (NBG_R)p->Nc, gfudge = (NBG_R)p->fudge;
-    NBG_R gs[9];
-    for (int i = 0; i < 9; ++i) {
-        gs[i] = (NBG_R)p->astar[i];
-    }
     int active[W];
     const int all = nbgi_all_active(p, spixel, f0, n); /* every lane inside the ROI, no mask: no test a lane */
     NBG_R omega[W], capture[W], polar[W], I[W];
@@ -178,54 +225,8 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
                         NBG_R dast[W][9]; /* the Gaussian shape's partials in a*, b*, c* (read for it alone) */
                         if (p->shape == NBG_SQUARE) {
                             NBG_SFX(nbgi_square_lanes_grad)(p, hkl, L, dLh, dLdN); /* src/row_tmpl.h */
-                        } else if (p->shape == NBG_ROUND) {
-                            /* nbgi_lattice_grad's round shape across the lanes (src/row_tmpl.h; dast: gauss alone) */
-                            NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
-                        } else if (p->shape == NBG_GAUSS) {
-                            /* nbgi_lattice_grad's gauss shape across the lanes (the same bits) */
-                            NBG_R g[W], v0[W], v1[W], v2[W];
-#pragma omp simd
-                            for (int j = 0; j < W; ++j) {
-                                L[j] = NBG_SFX(nbgi_gauss_grad)(gNa, gNb, gNc, gfudge, gs, hkl[0][j] - rnd[0][j],
-                                                               hkl[1][j] - rnd[1][j], hkl[2][j] - rnd[2][j],
-                                                               &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
-                                                               &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j],
-                                                               &v2[j]);
-                            }
-                            for (int j = 0; j < W; ++j) {
-                                const NBG_R vv[3] = {v0[j], v1[j], v2[j]};
-                                for (int i = 0; i < 3; ++i) {
-                                    const NBG_R dv = hkl[i][j] - rnd[i][j];
-                                    for (int x = 0; x < 3; ++x) {
-                                        dast[j][3 * i + x] = g[j] * dv * vv[x];
-                                    }
-                                }
-                            }
-                        } else if (p->shape == NBG_TOPHAT) {
-                            /* nbgi_lattice_grad's tophat across the lanes (dast: read for gauss alone) */
-                            const NBG_R NNN = gNa * gNb * gNc;
-#pragma omp simd
-                            for (int j = 0; j < W; ++j) {
-                                L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, gfudge, gs, hkl[0][j] - rnd[0][j],
-                                                                 hkl[1][j] - rnd[1][j], hkl[2][j] - rnd[2][j]);
-                                dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
-                                dLdN[0][j] = L[j] / gNa;
-                                dLdN[1][j] = L[j] / gNb;
-                                dLdN[2][j] = L[j] / gNc;
-                            }
                         } else {
-                            for (int j = 0; j < W; ++j) {
-                                for (int i = 0; i < 9; ++i) {
-                                    dast[j][i] = 0;
-                                }
-                                NBG_R dh3[3], dN3[3];
-                                L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j],
-                                                                 rnd[1][j], rnd[2][j], dh3, dN3, dast[j]);
-                                for (int x = 0; x < 3; ++x) {
-                                    dLh[x][j] = dh3[x];
-                                    dLdN[x][j] = dN3[x];
-                                }
-                            }
+                            NBG_SFX(nbgi_shape_lanes_jvp)(p, hkl, rnd, L, dLh, dLdN, dast);
                         }
                         /* the structure factor and its partials (without a table the tests outside the lane loop:
                          * it was scalar, with p read in it) */

@@ -525,10 +525,11 @@ NBG_TMPL_HD void NBG_SFX(nbgi_square_lanes_grad)(const nbgi_kparams *p, NBG_R hk
     NBG_SFX(nbgi_square_lanes)(p, hkl, L, dLh, dLdN, 1);
 }
 
-/* The other shapes' lattice factor across the lanes, nbgi_lattice of each lane's indices (hkl) and their nearest
- * integers (rnd); the round shape's as a lane loop that vectorises (its sine and cosine without library calls,
- * src/physics_tmpl.h: -round_xtal's forward 3.3x faster).  Out of line on the CPU: in the forward's rows its code
- * moved their register allocation (tric1k's square forward 3-5 % slower). */
+/* The other shapes' lattice factor across the lanes (the round, gauss and tophat shapes: the square one is
+ * nbgi_square_lanes), nbgi_lattice's of each lane's indices (hkl) and their nearest integers (rnd), the same bits, in
+ * lane loops that vectorise: the round shape's sine and cosine and the gauss shape's exponential without library calls
+ * (src/physics_tmpl.h: -round_xtal's forward 3.3x faster; tric1k's gauss forward 1.7x, tophat 1.4x).  Out of line on
+ * the CPU: in the forward's rows its code moved their register allocation (tric1k's square forward 3-5 % slower). */
 #if NBG_ROW_VEC
 __attribute__((noinline, unused)) static
 #else
@@ -547,33 +548,26 @@ NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes)(const nbgi_kparams *p, NBG_R hkl[3][N
         }
         return;
     }
-    if (p->shape == NBG_GAUSS || p->shape == NBG_TOPHAT) {
-        /* the plan's values in locals (see nbgi_solid_angle_of) */
-        const NBG_R NNN = (NBG_R)p->Na * (NBG_R)p->Nb * (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
-        const int gauss = p->shape == NBG_GAUSS;
-        NBG_R s[9];
-        for (int i = 0; i < 9; ++i) {
-            s[i] = (NBG_R)p->astar[i];
-        }
-        /* a loop a shape, the shape a constant in each (one loop with it a variable computed the exponential for
-         * the tophat too: tric1k's tophat 7 % slower in double) */
-        if (gauss) {
-#pragma omp simd
-            for (int j = 0; j < NBG_LANES; ++j) {
-                L[j] = NBG_SFX(nbgi_gauss_tophat)(1, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                                 hkl[2][j] - rnd[2][j]);
-            }
-        } else {
-#pragma omp simd
-            for (int j = 0; j < NBG_LANES; ++j) {
-                L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                                 hkl[2][j] - rnd[2][j]);
-            }
-        }
-        return;
+    /* gauss and tophat: the plan's values in locals (see nbgi_solid_angle_of) */
+    const NBG_R NNN = (NBG_R)p->Na * (NBG_R)p->Nb * (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+    NBG_R s[9];
+    for (int i = 0; i < 9; ++i) {
+        s[i] = (NBG_R)p->astar[i];
     }
-    for (int j = 0; j < NBG_LANES; ++j) {
-        L[j] = NBG_SFX(nbgi_lattice)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j], rnd[2][j]);
+    /* a loop a shape, the shape a constant in each (one loop with it a variable computed the exponential for the
+     * tophat too: tric1k's tophat 7 % slower in double) */
+    if (p->shape == NBG_GAUSS) {
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_tophat)(1, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                             hkl[2][j] - rnd[2][j]);
+        }
+    } else {
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                             hkl[2][j] - rnd[2][j]);
+        }
     }
 }
 
