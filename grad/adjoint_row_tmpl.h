@@ -18,9 +18,9 @@
 
 #include <string.h>
 
-/* The other shapes' lattice factor and its partials across the lanes, for nbgi_row_adjoint: the round shape's a lane
- * loop (nbgi_round_lanes_grad, src/row_tmpl.h), the others nbgi_lattice_grad a lane, the gauss shape's partials in a*,
- * b*, c* added into acc.  Out of line, as nbgi_shape_lanes: in the row adjoint the round shape's loop moved the square
+/* The other shapes' lattice factor and its partials across the lanes, for nbgi_row_adjoint (the square shape's is
+ * nbgi_square_lanes_grad): nbgi_shape_lanes_grad's lane loops (src/row_tmpl.h), the gauss shape's partials in a*, b*,
+ * c* added into acc.  Out of line, as nbgi_shape_lanes: in the row adjoint the round shape's loop moved the square
  * shape's register allocation (tric1k's gradient 3-4 % slower in paired runs, at the edge of this machine's noise). */
 static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_adjoint)(const nbgi_kparams *p, NBG_R hkl[3][NBG_ALANES],
                                                                       NBG_R rnd[3][NBG_ALANES], const int *valid,
@@ -29,83 +29,27 @@ static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_adjoint)(const nb
                                                                       NBG_R dLdN[3][NBG_ALANES], nbgi_adjacc *acc)
 {
     enum { W = NBG_ALANES };
-    if (p->shape == NBG_ROUND) {
-        NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
+    NBG_R gv[4][W];
+    NBG_SFX(nbgi_shape_lanes_grad)(p, hkl, rnd, L, dLh, dLdN, gv); /* src/row_tmpl.h */
+    if (p->shape != NBG_GAUSS) {
         return;
     }
-    if (p->shape == NBG_GAUSS) {
-        /* nbgi_lattice_grad's gauss shape across the lanes (the same bits), the plan's values in locals; then each
-         * lane's partials in a*, b*, c* (g dv_i v_x) into acc, as below */
-        const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
-        NBG_R s[9], g[W], v0[W], v1[W], v2[W];
-        for (int i = 0; i < 9; ++i) {
-            s[i] = (NBG_R)p->astar[i];
-        }
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            L[j] = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
-                                           &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j], &v2[j]);
-        }
-        /* each lane's structure factor, taken whether the lane counts or not (in the branch below GCC called the
-         * call unlikely and left the table's interpolation weights out of line) */
-        NBG_R Fg[W];
-        for (int j = 0; j < W; ++j) {
-            long unused = 0;
-            Fg[j] = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j], (int)rnd[1][j],
-                                        (int)rnd[2][j], &unused);
-        }
-        for (int j = 0; j < W; ++j) {
-            if (valid[j] && d_I[j] != 0 && (L[j] != 0 || p->water)) {
-                const NBG_R Fcv = Fg[j];
-                const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
-                const NBG_R v[3] = {v0[j], v1[j], v2[j]};
-                for (int i = 0; i < 3; ++i) {
-                    const NBG_R dv = hkl[i][j] - rnd[i][j];
-                    for (int x = 0; x < 3; ++x) {
-                        acc->astar[3 * i + x] += (double)(dFl * (g[j] * dv * v[x]));
-                    }
-                }
-            }
-        }
-        return;
-    }
-    if (p->shape == NBG_TOPHAT) {
-        /* nbgi_lattice_grad's tophat across the lanes: L, no partial in h, k, l, L / N_i in N_i */
-        const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
-        const NBG_R NNN = Na * Nb * Nc;
-        NBG_R s[9];
-        for (int i = 0; i < 9; ++i) {
-            s[i] = (NBG_R)p->astar[i];
-        }
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                             hkl[2][j] - rnd[2][j]);
-            dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
-            dLdN[0][j] = L[j] / Na;
-            dLdN[1][j] = L[j] / Nb;
-            dLdN[2][j] = L[j] / Nc;
-        }
-        return;
+    /* the gauss shape's partials in a*, b*, c* (g dv_i v_x) into acc, with each lane's structure factor, taken
+     * whether the lane counts or not (in the branch below GCC called the call unlikely and left the table's
+     * interpolation weights out of line) */
+    NBG_R Fg[W];
+    for (int j = 0; j < W; ++j) {
+        long unused = 0;
+        Fg[j] = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j], (int)rnd[1][j], (int)rnd[2][j],
+                                    &unused);
     }
     for (int j = 0; j < W; ++j) {
-        NBG_R dh3[3], dN3[3], dast[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-        L[j] = NBG_SFX(nbgi_lattice_grad)(p, hkl[0][j], hkl[1][j], hkl[2][j], rnd[0][j], rnd[1][j], rnd[2][j], dh3, dN3,
-                                         dast);
-        for (int x = 0; x < 3; ++x) {
-            dLh[x][j] = dh3[x];
-            dLdN[x][j] = dN3[x];
-        }
-        if (p->shape == NBG_GAUSS && valid[j] && d_I[j] != 0) {
-            /* d_Fl is needed here: form it from this sample's values */
-            long unused = 0;
-            const NBG_R Fcv = NBG_SFX(nbgi_fcell)(p, hkl[0][j], hkl[1][j], hkl[2][j], (int)rnd[0][j], (int)rnd[1][j],
-                                                 (int)rnd[2][j], &unused);
-            const NBG_R dFl = d_I[j] * 2 * Fcv * Fcv * L[j];
-            if (L[j] != 0 || p->water) {
-                for (int i = 0; i < 9; ++i) {
-                    acc->astar[i] += (double)(dFl * dast[i]);
+        if (valid[j] && d_I[j] != 0 && (L[j] != 0 || p->water)) {
+            const NBG_R dFl = d_I[j] * 2 * Fg[j] * Fg[j] * L[j];
+            for (int i = 0; i < 3; ++i) {
+                const NBG_R dv = hkl[i][j] - rnd[i][j];
+                for (int x = 0; x < 3; ++x) {
+                    acc->astar[3 * i + x] += (double)(dFl * (gv[0][j] * dv * gv[1 + x][j]));
                 }
             }
         }

@@ -21,55 +21,24 @@
 #define NBG_JLANES 8
 
 /* The other shapes' lattice factor and its partials across the lanes, for nbgi_row_jvp (the square shape's is
- * nbgi_square_lanes_grad): nbgi_lattice_grad's, the same bits; the round shape's, the gauss and the tophat shapes' in
- * lane loops that vectorise; dast[j] the gauss shape's partials in a*, b*, c* (read for it alone).  Out of line, as
- * the adjoint's nbgi_shape_lanes_adjoint: inlined into the row, the gauss shape's loop made the square shape's nine
- * tangents 30 % slower (tric1k). */
+ * nbgi_square_lanes_grad): nbgi_shape_lanes_grad's lane loops (src/row_tmpl.h); dast[j] the gauss shape's partials in
+ * a*, b*, c* (read for it alone).  Out of line, as the adjoint's nbgi_shape_lanes_adjoint: inlined into the row, the
+ * gauss shape's loop made the square shape's nine tangents 30 % slower (tric1k). */
 static __attribute__((noinline)) void NBG_SFX(nbgi_shape_lanes_jvp)(const nbgi_kparams *p, NBG_R hkl[3][NBG_JLANES],
                                                                   NBG_R rnd[3][NBG_JLANES], NBG_R *L,
                                                                   NBG_R dLh[3][NBG_JLANES], NBG_R dLdN[3][NBG_JLANES],
                                                                   NBG_R dast[NBG_JLANES][9])
 {
     enum { W = NBG_JLANES };
-    if (p->shape == NBG_ROUND) {
-        NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN); /* src/row_tmpl.h */
-        return;
-    }
-    /* the plan's values in locals (see nbgi_solid_angle_of) */
-    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
-    NBG_R s[9];
-    for (int i = 0; i < 9; ++i) {
-        s[i] = (NBG_R)p->astar[i];
-    }
-    if (p->shape == NBG_GAUSS) {
-        NBG_R g[W], v0[W], v1[W], v2[W];
-#pragma omp simd
-        for (int j = 0; j < W; ++j) {
-            L[j] = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
-                                           &dLdN[1][j], &dLdN[2][j], &g[j], &v0[j], &v1[j], &v2[j]);
-        }
-        for (int j = 0; j < W; ++j) {
-            const NBG_R v[3] = {v0[j], v1[j], v2[j]};
-            for (int i = 0; i < 3; ++i) {
-                const NBG_R dv = hkl[i][j] - rnd[i][j];
-                for (int x = 0; x < 3; ++x) {
-                    dast[j][3 * i + x] = g[j] * dv * v[x];
-                }
+    NBG_R gv[4][W];
+    NBG_SFX(nbgi_shape_lanes_grad)(p, hkl, rnd, L, dLh, dLdN, gv); /* src/row_tmpl.h */
+    for (int j = 0; j < W && p->shape == NBG_GAUSS; ++j) {
+        for (int i = 0; i < 3; ++i) {
+            const NBG_R dv = hkl[i][j] - rnd[i][j];
+            for (int x = 0; x < 3; ++x) {
+                dast[j][3 * i + x] = gv[0][j] * dv * gv[1 + x][j];
             }
         }
-        return;
-    }
-    /* the tophat: L, no partial in h, k, l, L / N_i in N_i */
-    const NBG_R NNN = Na * Nb * Nc;
-#pragma omp simd
-    for (int j = 0; j < W; ++j) {
-        L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                         hkl[2][j] - rnd[2][j]);
-        dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
-        dLdN[0][j] = L[j] / Na;
-        dLdN[1][j] = L[j] / Nb;
-        dLdN[2][j] = L[j] / Nc;
     }
 }
 

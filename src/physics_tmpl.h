@@ -270,6 +270,15 @@ static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_exp)(NBG_R x)
     return x < lo ? 0 : v;
 }
 
+/* The reciprocal axes a*, b*, c* (the plan's astar) in the kernel's type, into s[9]: the gauss and tophat shapes'
+ * (nbgi_gauss_tophat, nbgi_gauss_grad), in a local array, whose lane loops read it as constants. */
+static inline NBG_HD void NBG_SFX(nbgi_astar)(const nbgi_kparams *p, NBG_R s[9])
+{
+    for (int i = 0; i < 9; ++i) {
+        s[i] = (NBG_R)p->astar[i];
+    }
+}
+
 /* r2 = |v|^2 NNN^2, v = dh a* + dk b* + dl c* (s: a*, b*, c*), the gauss and tophat shapes' squared distance, with v
  * into (*vx, *vy, *vz).  Every sum of products an explicit multiply-add, so that the scalar calls and the CPU's lane
  * loops round alike; scalars, not an array (a local array in an `omp simd` loop is not vectorised). */
@@ -351,9 +360,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice)(const nbgi_kparams *p, NBG_R h,
     }
     /* gauss and tophat */
     NBG_R s[9];
-    for (int i = 0; i < 9; ++i) {
-        s[i] = (NBG_R)p->astar[i];
-    }
+    NBG_SFX(nbgi_astar)(p, s);
     return NBG_SFX(nbgi_gauss_tophat)(p->shape == NBG_GAUSS, NNN, (NBG_R)p->fudge, s, dh, dk, dl);
 }
 
@@ -571,9 +578,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
                                         &dN[0], &dN[1], &dN[2]);
     }
     NBG_R s[9];
-    for (int i = 0; i < 9; ++i) {
-        s[i] = (NBG_R)p->astar[i];
-    }
+    NBG_SFX(nbgi_astar)(p, s);
     if (p->shape == NBG_GAUSS) {
         NBG_R g, v[3];
         const NBG_R L = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, (NBG_R)p->fudge, s, dv[0], dv[1], dv[2], &dhkl[0], &dhkl[1],

@@ -551,9 +551,7 @@ NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes)(const nbgi_kparams *p, NBG_R hkl[3][N
     /* gauss and tophat: the plan's values in locals (see nbgi_solid_angle_of) */
     const NBG_R NNN = (NBG_R)p->Na * (NBG_R)p->Nb * (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
     NBG_R s[9];
-    for (int i = 0; i < 9; ++i) {
-        s[i] = (NBG_R)p->astar[i];
-    }
+    NBG_SFX(nbgi_astar)(p, s);
     /* a loop a shape, the shape a constant in each (one loop with it a variable computed the exponential for the
      * tophat too: tric1k's tophat 7 % slower in double) */
     if (p->shape == NBG_GAUSS) {
@@ -588,6 +586,45 @@ NBG_TMPL_HD void NBG_SFX(nbgi_round_lanes_grad)(const nbgi_kparams *p, NBG_R hkl
         L[j] = NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, fudge, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
                                        hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
                                        &dLdN[1][j], &dLdN[2][j]);
+    }
+}
+
+/* The round, gauss and tophat shapes' lattice factor with its partials across the lanes (nbgi_lattice_grad's, the
+ * same bits), for the adjoint's and the tangents' shape helpers (grad/adjoint_row_tmpl.h, grad/jvp_row_tmpl.h); for
+ * the gauss shape also gv[0][j] = g and gv[1..3][j] = v, whence its partials in a*, b*, c*: dL/d s[3 i + x] =
+ * g dv_i v_x (nbgi_gauss_grad).  The gauss and tophat loops vectorise: the plan's values in locals, the shape a
+ * constant in each loop. */
+static inline NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes_grad)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
+                                                             NBG_R rnd[3][NBG_LANES], NBG_R *L,
+                                                             NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES],
+                                                             NBG_R gv[4][NBG_LANES])
+{
+    if (p->shape == NBG_ROUND) {
+        NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
+        return;
+    }
+    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
+    NBG_R s[9];
+    NBG_SFX(nbgi_astar)(p, s);
+    if (p->shape == NBG_GAUSS) {
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            L[j] = NBG_SFX(nbgi_gauss_grad)(Na, Nb, Nc, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                           &dLdN[1][j], &dLdN[2][j], &gv[0][j], &gv[1][j], &gv[2][j], &gv[3][j]);
+        }
+        return;
+    }
+    /* the tophat: L, no partial in h, k, l, L / N_i in N_i */
+    const NBG_R NNN = Na * Nb * Nc;
+#pragma omp simd
+    for (int j = 0; j < NBG_LANES; ++j) {
+        L[j] = NBG_SFX(nbgi_gauss_tophat)(0, NNN, fudge, s, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                         hkl[2][j] - rnd[2][j]);
+        dLh[0][j] = dLh[1][j] = dLh[2][j] = 0;
+        dLdN[0][j] = L[j] / Na;
+        dLdN[1][j] = L[j] / Nb;
+        dLdN[2][j] = L[j] / Nc;
     }
 }
 

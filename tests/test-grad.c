@@ -166,6 +166,15 @@ static void test_polynomials(void)
  * place of the result, over the whole range the shape uses (x <= 0, down to where the result is 0) and beyond 0;
  * its limits (0 below the least subnormal's logarithm, infinity above the largest finite value's, NaN for NaN, and
  * exp(0) = 1 exactly); and subnormal results rounded once (within one subnormal step). */
+/* Keeps the largest error and where it was. */
+static void worst_at(double err, double x, double *worst, double *where)
+{
+    if (err > *worst) {
+        *worst = err;
+        *where = x;
+    }
+}
+
 static void test_exp(void)
 {
     double wd = 0, wf = 0, xd = 0, xf = 0;
@@ -173,20 +182,12 @@ static void test_exp(void)
         const double x = k * (708.0 / 400000.0) + 1e-7 * (k % 7); /* not only the grid's multiples of ln 2 */
         const long double e = expl((long double)x);
         const double ud = fabs(nextafter((double)e, INFINITY) - (double)e);
-        const double ed = (double)(fabsl((long double)nbgi_exp_d(x) - e) / ud);
-        if (ed > wd) {
-            wd = ed;
-            xd = x;
-        }
+        worst_at((double)(fabsl((long double)nbgi_exp_d(x) - e) / ud), x, &wd, &xd);
         if (x >= -87 && x <= 88) {
             const float y = (float)x;
             const long double ef = expl((long double)y);
             const float uf = fabsf(nextafterf((float)ef, INFINITY) - (float)ef);
-            const double eff = (double)(fabsl((long double)nbgi_exp_f(y) - ef) / uf);
-            if (eff > wf) {
-                wf = eff;
-                xf = x;
-            }
+            worst_at((double)(fabsl((long double)nbgi_exp_f(y) - ef) / uf), x, &wf, &xf);
         }
     }
     nbgi_test_check(wd <= 1.5, "grad-0-exp-double", "|exp(x) - expl(x)| <= 1.5 ulp on [-708, 177]: %.3g ulp (at %.6g)",
