@@ -12,6 +12,8 @@
  *   - Source files: a '#' comment line changes nothing.  -misset_seed without -misset random changes nothing.
  *   - Fdump.bin: written by a run with -hkl, read back by a run without it (identical image), not written with
  *     -nodump.  With no output flag nothing is written and the program says so.
+ *   - The printed statistics (max_I and where, mean, rms, rmsd) equal the written image's own, over regions of
+ *     interest, a maximum on four pixels and a mask.
  */
 #include "clirun.h"
 
