@@ -162,10 +162,6 @@ static void test_polynomials(void)
                     "grad-0-poly-zero", "cos(0) and sin(u) / u at 0 are 1 exactly, in double and float");
 }
 
-/* grad-0-exp: the kernels' exponential (nbgi_exp, the gauss shape's) against long double's expl, in units in the last
- * place of the result, over the whole range the shape uses (x <= 0, down to where the result is 0) and beyond 0;
- * its limits (0 below the least subnormal's logarithm, infinity above the largest finite value's, NaN for NaN, and
- * exp(0) = 1 exactly); and subnormal results rounded once (within one subnormal step). */
 /* Keeps the largest error and where it was. */
 static void worst_at(double err, double x, double *worst, double *where)
 {
@@ -175,6 +171,10 @@ static void worst_at(double err, double x, double *worst, double *where)
     }
 }
 
+/* grad-0-exp: the kernels' exponential (nbgi_exp, the gauss shape's) against long double's expl, in units in the last
+ * place of the result, over the whole range the shape uses (x <= 0, down to where the result is 0) and beyond 0;
+ * its limits (0 below the least subnormal's logarithm, infinity above the largest finite value's, NaN for NaN, and
+ * exp(0) = 1 exactly); and subnormal results rounded once (within one subnormal step). */
 static void test_exp(void)
 {
     double wd = 0, wf = 0, xd = 0, xf = 0;
