@@ -214,8 +214,9 @@ static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_round_grad)(NBG_R Na, NBG_R N
  * at 1 either way), times 2^k built from its bits in two factors 2^k1 2^k2 (k1 = floor(k / 2)), so that results in the
  * subnormal range round once and those past the largest finite one are infinite; 0 below the least subnormal's
  * logarithm, NaN for NaN.  Within 0.87 ulp of the exact value in double, 0.85 in float (tests/test-grad.c:
- * grad-0-exp, against expl), and written in the kernels' arithmetic alone: the CPU's lane loops vectorise it (the library's exp, called a lane at a time, made
- * the gauss forward twice the square shape's), and the device and every lane width give the same bits. */
+ * grad-0-exp, against expl), and written in the kernels' arithmetic alone: the CPU's lane loops vectorise it (the
+ * library's exp, called a lane at a time, made the gauss forward twice the square shape's), and the device and every
+ * lane width give the same bits. */
 static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_exp)(NBG_R x)
 {
 #ifdef NBG_FLOAT_MODE
@@ -590,9 +591,7 @@ static inline NBG_HD NBG_R NBG_SFX(nbgi_lattice_grad)(const nbgi_kparams *p, NBG
         }
         return L;
     }
-    NBG_R x, y, z; /* not used */
-    const NBG_R r2 = NBG_SFX(nbgi_gauss_r2)(NNN, s, dv[0], dv[1], dv[2], &x, &y, &z);
-    const NBG_R L = (r2 * (NBG_R)p->fudge < (NBG_R)0.3969) ? NNN : 0;
+    const NBG_R L = NBG_SFX(nbgi_gauss_tophat)(0, NNN, (NBG_R)p->fudge, s, dv[0], dv[1], dv[2]); /* the tophat */
     for (int i = 0; i < 3; ++i) {
         dhkl[i] = 0;
         dN[i] = L / N[i];

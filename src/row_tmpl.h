@@ -569,41 +569,27 @@ NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes)(const nbgi_kparams *p, NBG_R hkl[3][N
     }
 }
 
-/* The round shape's lattice factor with its partials (nbgi_round_grad, src/physics_tmpl.h) across the lanes, for the
- * adjoint and tangent row kernels: out of line on the CPU, as nbgi_shape_lanes. */
-#if NBG_ROW_VEC
-__attribute__((noinline, unused)) static
-#else
-static inline
-#endif
-NBG_TMPL_HD void NBG_SFX(nbgi_round_lanes_grad)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
-                                                NBG_R rnd[3][NBG_LANES], NBG_R *L, NBG_R dLh[3][NBG_LANES],
-                                                NBG_R dLdN[3][NBG_LANES])
-{
-    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
-#pragma omp simd
-    for (int j = 0; j < NBG_LANES; ++j) {
-        L[j] = NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, fudge, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
-                                       hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
-                                       &dLdN[1][j], &dLdN[2][j]);
-    }
-}
-
 /* The round, gauss and tophat shapes' lattice factor with its partials across the lanes (nbgi_lattice_grad's, the
  * same bits), for the adjoint's and the tangents' shape helpers (grad/adjoint_row_tmpl.h, grad/jvp_row_tmpl.h); for
  * the gauss shape also gv[0][j] = g and gv[1..3][j] = v, whence its partials in a*, b*, c*: dL/d s[3 i + x] =
- * g dv_i v_x (nbgi_gauss_grad).  The gauss and tophat loops vectorise: the plan's values in locals, the shape a
- * constant in each loop. */
+ * g dv_i v_x (nbgi_gauss_grad).  Its loops vectorise: the plan's values in locals, the shape a constant in each
+ * loop.  Inlined into those helpers, which are out of line on the CPU (as nbgi_shape_lanes, for the square rows'
+ * register allocation). */
 static inline NBG_TMPL_HD void NBG_SFX(nbgi_shape_lanes_grad)(const nbgi_kparams *p, NBG_R hkl[3][NBG_LANES],
                                                              NBG_R rnd[3][NBG_LANES], NBG_R *L,
                                                              NBG_R dLh[3][NBG_LANES], NBG_R dLdN[3][NBG_LANES],
                                                              NBG_R gv[4][NBG_LANES])
 {
+    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
     if (p->shape == NBG_ROUND) {
-        NBG_SFX(nbgi_round_lanes_grad)(p, hkl, rnd, L, dLh, dLdN);
+#pragma omp simd
+        for (int j = 0; j < NBG_LANES; ++j) {
+            L[j] = NBG_SFX(nbgi_round_grad)(Na, Nb, Nc, fudge, hkl[0][j] - rnd[0][j], hkl[1][j] - rnd[1][j],
+                                           hkl[2][j] - rnd[2][j], &dLh[0][j], &dLh[1][j], &dLh[2][j], &dLdN[0][j],
+                                           &dLdN[1][j], &dLdN[2][j]);
+        }
         return;
     }
-    const NBG_R Na = (NBG_R)p->Na, Nb = (NBG_R)p->Nb, Nc = (NBG_R)p->Nc, fudge = (NBG_R)p->fudge;
     NBG_R s[9];
     NBG_SFX(nbgi_astar)(p, s);
     if (p->shape == NBG_GAUSS) {
