@@ -24,13 +24,13 @@
 #include <omp.h>
 #endif
 
-/* Counted by bench/flops.sh on heavy256 (2026-11-27, GCC 12, the AVX2 build): double 98.2 flops a sample (58.2
- * vector operations per lane: 40 FMA, 12 multiplies, 6 adds and subtracts), float 80.2 (49.2: 31, 12, 6), for stop
- * 46's code and for stop 45's end alike (stop 46 removed stores and conversions, not arithmetic).  The earlier
- * counts (156.2 and 111.2, 2026-11-26) were of stop 44's code, before stop 45's changes to the forward.  Recount
- * after any change to the forward's arithmetic. */
-static const double FLOPS_PER_SAMPLE[2] = {98.2, 80.2};
-static const double VOPS_PER_SAMPLE[2] = {58.2, 49.2};
+/* Counted by bench/flops.sh on heavy256 (2026-11-28, GCC 12, the AVX2 build): double 95.2 flops a sample (55.2
+ * vector operations per lane), float 77.2 (46.2), after stop 54's doubled cosine took the recurrence's 2c without an
+ * add an axis (3 operations fewer).  Before it (2026-11-27): double 98.2 (58.2: 40 FMA, 12 multiplies, 6 adds and
+ * subtracts), float 80.2 (49.2: 31, 12, 6), for stop 46's code and for stop 45's end alike; the earlier counts (156.2
+ * and 111.2, 2026-11-26) were of stop 44's code.  Recount after any change to the forward's arithmetic. */
+static const double FLOPS_PER_SAMPLE[2] = {95.2, 77.2};
+static const double VOPS_PER_SAMPLE[2] = {55.2, 46.2};
 
 /* The machine's own vector width (the kernel's 8 doubles are one register with AVX-512, two with AVX2), 12 chains
  * of it in registers (x86 has 16 of them without AVX-512, 32 with) */

@@ -1608,7 +1608,8 @@ static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
     k->dmin = x->dmin;
     const double w = x->water;
     k->water = w != 0;
-    k->I_bg = 2.57 * 2.57 * NBG_RE2 * m->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0;
+    /* +0 without water (-water -0 made it -0: the row's sum of squares relies on a start that is not -0) */
+    k->I_bg = k->water ? 2.57 * 2.57 * NBG_RE2 * m->beam.fluence * w * w * w * 1e6 * NBG_AVOGADRO / 18.0 : 0.0;
     k->scale = NBG_RE2 * m->beam.fluence / samples_per_pixel(m, os);
     k->npanels = m->det.npanels;
     k->nrows = m->det.nrows;

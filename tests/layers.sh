@@ -78,9 +78,9 @@ inlined() {
         "$1.o has out of line:$bad($3)"
 }
 HOT="nbgi_square_lanes nbgi_square_vec nbgi_square_parts nbgi_cos2_lanes nbgi_cheb_steps nbgi_cheb_steps_part
-     nbgi_cheb_grad_steps nbgi_cospi_reduced nbgi_sinpi_poly nbgi_fcell nbgi_fcell_grad nbgi_lagrange4
-     nbgi_lagrange4_grad nbgi_lattice nbgi_sinc3pi_grad nbgi_sincospi nbgi_round_grad nbgi_exp nbgi_gauss_r2
-     nbgi_gauss_tophat nbgi_gauss_grad"
+     nbgi_cheb_grad_steps nbgi_cospi_scaled nbgi_cospi_reduced nbgi_cospi2_reduced nbgi_sinpi_poly nbgi_fcell
+     nbgi_fcell_grad nbgi_lagrange4 nbgi_lagrange4_grad nbgi_lattice nbgi_sinc3pi_grad nbgi_sincospi
+     nbgi_round_grad nbgi_exp nbgi_gauss_r2 nbgi_gauss_tophat nbgi_gauss_grad"
 inlined src/forward_cpu "$HOT" "the double forward's rows"
 inlined src/forward_cpu_f "$HOT" "the float forward's rows"
 inlined grad/adjoint_cpu "$HOT" "the adjoint's and tangents' rows"

@@ -133,14 +133,23 @@ out:
 /* grad-0-poly: the lattice factor's cosine and sine polynomials (nbgi_cospi_reduced, nbgi_sinpi_poly:
  * src/physics_tmpl.h, fitted for the least largest error) against long double's cosl and sinl on |d| <= 1/2, as the
  * kernels evaluate them (y = (pi d)^2 in the kernel's precision); the bounds are two units in the last place at 1,
- * the fits' own errors being 1.3e-17 and 6.1e-19 (double) and 5.8e-9 (float); and exact at d = 0. */
+ * the fits' own errors being 1.3e-17 and 6.1e-19 (double) and 5.8e-9 (float); and exact at d = 0.  The forward's
+ * 2 cos(pi d) (nbgi_cospi2_reduced) must be twice the gradient's cosine bit for bit: the image the gradient returns
+ * is the forward's. */
 static void test_polynomials(void)
 {
     const long double pi = 3.141592653589793238462643383279502884L;
     double wc = 0, ws = 0, wcf = 0, wsf = 0;
+    long twice = 0; /* d where 2 cos(pi d) (nbgi_cospi2_reduced, the forward's) is not 2 * nbgi_cospi_reduced's bits */
     for (int k = -100000; k <= 100000; ++k) {
         const double d = k / 200000.0;
         const float df = (float)d;
+        for (int j = 0; j < 3; ++j) { /* the grid's points, and two off it */
+            const double e = d + j * 1.2345678e-7;
+            const float ef = df + (float)j * 1.2345678e-7f;
+            twice += nbgi_cospi2_reduced_d(e) != 2 * nbgi_cospi_reduced_d(e);
+            twice += nbgi_cospi2_reduced_f(ef) != 2 * nbgi_cospi_reduced_f(ef);
+        }
         const long double x = pi * (long double)d, xf = pi * (long double)df;
         const long double c = cosl(x), cf = cosl(xf);
         const long double P = k == 0 ? 1.0L : sinl(x) / x, Pf = k == 0 ? 1.0L : sinl(xf) / xf;
@@ -157,6 +166,8 @@ static void test_polynomials(void)
     nbgi_test_check(wcf <= 2 * uf, "grad-0-poly-cos-float", "|cos(pi d) - cosl| <= %.3g in float: %.3g", 2 * uf, wcf);
     nbgi_test_check(wsf <= 2 * uf, "grad-0-poly-sin-float", "|sin(pi d) / (pi d) - sinl / x| <= %.3g in float: %.3g",
                     2 * uf, wsf);
+    nbgi_test_check(twice == 0, "grad-0-poly-cos2", "2 cos(pi d) with doubled coefficients equals 2 cos(pi d) bit for "
+                    "bit, double and float, at 1.2 million points: %ld differ", twice);
     nbgi_test_check(nbgi_cospi_reduced_d(0) == 1 && nbgi_cospi_reduced_f(0) == 1 && nbgi_sinpi_poly_d(0) == 1 &&
                         nbgi_sinpi_poly_f(0) == 1,
                     "grad-0-poly-zero", "cos(0) and sin(u) / u at 0 are 1 exactly, in double and float");
