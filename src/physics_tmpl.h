@@ -98,6 +98,7 @@ static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_cospi_scaled)(NBG_R d, const 
 #endif
 }
 
+/* cos(pi d), |d| <= 1/2 (the polynomial above) */
 static inline NBG_INLINE NBG_HD NBG_R NBG_SFX(nbgi_cospi_reduced)(NBG_R d)
 {
     return NBG_SFX(nbgi_cospi_scaled)(d, 1);

@@ -787,8 +787,8 @@ static inline NBG_INLINE NBG_TMPL_HD void NBG_SFX(nbgi_row)(const nbgi_kparams *
                          * bits.  The select is bitwise, on the lanes' integer images, and of live lanes only: the
                          * loop below skips L = 0 as well (nanoBragg's test, there also for the table's lookup), but
                          * with a constant F a lane of L = +-0 adds F^2 L L = +0 to a sum that is never -0 (it starts
-                         * at I_bg, +0 without water, and adds squares), the same bits without the test's three operations a matrix
-                         * (heavy256's forward 7 % faster). */
+                         * at I_bg, +0 without water, and adds squares): the same bits without the test's three
+                         * operations a matrix (heavy256's forward 7 % faster). */
                         typedef NBG_SFX(nbgi_rvec) vR;
                         typedef NBG_SFX(nbgi_rmask) vM;
                         vR vI;
