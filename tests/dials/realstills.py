@@ -28,7 +28,7 @@ shape: nbgrad's model image.
 The spots compared are those DIALS used in its refinement (flag used_in_refinement): DIALS's xyzcal.px of the others
 are meaningless for a still.  The observed centroid is DIALS's xyzobs.px.value, the counts-weighted mean of
 (x + 0.5, y + 0.5) over the shoebox's foreground pixels (checked below: recomputed from the shoebox's data and mask).
-Two metrics, both reported for DIALS and nbgrad:
+Three metrics, each reported for DIALS and nbgrad:
   (a) "spot finder's centroid of the model image": nbgrad's predicted centroid is the same weighted mean over the
       same foreground pixels, weighted by nbgrad's model image plus its fitted background (the observed counts
       include the background).  It favours a pixel model: the prediction is measured exactly as the observation is,
