@@ -212,7 +212,7 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
                 } else {
                     memcpy(r, ta0 + 3 * v, sizeof r);
                 }
-                if (pl->lab.xtal.spread > 0) {
+                if (pl->lab.xtal.spread > 0 || pl->lab.xtal.domrot != NULL) {
                     const double *U = pl->lab.xtal.umat + 9 * m;
                     for (int i = 0; i < 3; ++i) {
                         dst[3 * v + i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
@@ -262,7 +262,7 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
         for (int m = 0; m < k->nmos; ++m) {
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
-                if (pl->lab.xtal.spread > 0) {
+                if (pl->lab.xtal.spread > 0 || pl->lab.xtal.domrot != NULL) {
                     const double *U = pl->lab.xtal.umat + 9 * m;
                     for (int i = 0; i < 3; ++i) {
                         dst[3 * v + i] = U[3 * i] * r[3 * v] + U[3 * i + 1] * r[3 * v + 1] + U[3 * i + 2] * r[3 * v + 2];
@@ -275,8 +275,8 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
     }
 }
 
-/* theta_m = spread c_m: d abc / d spread = dU_m/dtheta c_m Rot a0. */
-static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
+/* theta_m = spread c_m: d abc / d spread = R_m dU_m/dtheta c_m Rot a0 (R_m the domain's own turn, or none). */
+static void tangent_mosaic(const nbg_experiment *e, const nbgi_plan *pl, nbgi_adjacc *t)
 {
     const nbgi_kparams *k = &pl->k;
     for (int ip = 0; ip < k->nphi; ++ip) {
@@ -291,6 +291,16 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
         for (int m = 0; m < k->nmos && pl->lab.xtal.spread > 0; ++m) {
             double D[9];
             rodrigues_dtheta(pl->lab.xtal.mos_axis + 3 * m, pl->lab.xtal.mos_angle[m], D);
+            if (pl->lab.xtal.domrot != NULL && m < e->ndomain_rot) { /* umat = R U: d umat = R dU */
+                const double *R = pl->lab.xtal.domrot + 9 * m;
+                double RD[9];
+                for (int i = 0; i < 3; ++i) {
+                    for (int j = 0; j < 3; ++j) {
+                        RD[3 * i + j] = R[3 * i] * D[j] + R[3 * i + 1] * D[3 + j] + R[3 * i + 2] * D[6 + j];
+                    }
+                }
+                memcpy(D, RD, sizeof D);
+            }
             const double cm = pl->lab.xtal.mos_angle[m] / pl->lab.xtal.spread / RTD;
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
@@ -298,6 +308,28 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
                     dst[3 * v + i] = (D[3 * i] * ap[3 * v] + D[3 * i + 1] * ap[3 * v + 1] + D[3 * i + 2] * ap[3 * v + 2]) *
                                      cm;
                 }
+            }
+        }
+    }
+}
+
+/* Domain m's own turn about the lab's axis c (R = Rz Ry Rx, its angles r): d(R v)/d r_c = w_c x (R v) for each of
+ * the domain's vectors v = U Rot a0 at every phi step, with w_z = z, w_y = Rz y, w_x = Rz Ry x (per radian; per
+ * degree here).  Exact; the other domains do not move. */
+static void tangent_domain(const nbg_experiment *e, const nbgi_plan *pl, int m, int c, nbgi_adjacc *t)
+{
+    const nbgi_kparams *k = &pl->k;
+    const double *r = e->domain_rot + 3 * m;
+    const double ec[3] = {c == 0, c == 1, c == 2};
+    double w[3];
+    nbgi_rotate_xyz(ec, 0, c == 0 ? r[1] / RTD : 0, c < 2 ? r[2] / RTD : 0, w);
+    for (int ip = 0; ip < k->nphi; ++ip) {
+        const size_t o = 9 * ((size_t)ip * k->nmos + m);
+        for (int v = 0; v < 3; ++v) {
+            double x[3];
+            nbgi_cross(w, pl->abc + o + 3 * v, x);
+            for (int i = 0; i < 3; ++i) {
+                t->abc[o + 3 * v + i] = x[i] / RTD;
             }
         }
     }
@@ -402,10 +434,18 @@ static void tangent_detector(const nbgi_plan *pl, nbgi_setup what, int index, nb
 /* The tangent of the plan-level quantities (the kernel's inputs) along scalar parameter p, in units of "per CLI
  * unit of p": the forward-mode half of the chain rule, by the set-up input the table says p moves.  t must be
  * zeroed, with t->abc (nphi*nmos*9) and t->lam (nsources) allocated.  The adjoint's chain rule is then
- * dL/dp = <accumulators, t_p>, and the JVP kernel propagates t_p through each sample.  Families (panel motions,
+ * dL/dp = <accumulators, t_p>, and the JVP kernel propagates t_p through each sample; a mosaic domain's own turn
+ * (NBG_P_DOMAIN) moves that domain's vectors alone.  The other families (panel motions,
  * structure factors) and the image-level parameters have no plan-level tangent: t stays zero. */
 void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p, nbgi_adjacc *t)
 {
+    int dm, dc;
+    if (nbgi_param_domain(p, &dm, &dc)) {
+        if (dm < e->ndomain_rot && dm < pl->k.nmos) {
+            tangent_domain(e, pl, dm, dc, t);
+        }
+        return;
+    }
     if (p < 0 || p >= NBG_NPARAMS) {
         return;
     }
@@ -421,7 +461,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
         tangent_tilt(e, pl, r->index, t);
         return;
     case NBGI_S_MOSAIC:
-        tangent_mosaic(pl, t);
+        tangent_mosaic(e, pl, t);
         return;
     case NBGI_S_BEAM_DIR:
         tangent_beam_dir(pl, r->index, t);
@@ -567,6 +607,7 @@ static int chain_rule(const nbg_experiment *e, const nbgi_plan *pl, const nbgi_a
         long fi;
         switch (nbgi_param_kind(params[j], NULL, NULL, &fi)) {
         case NBGI_K_SCALAR:
+        case NBGI_K_DOMAIN:
         case NBGI_K_MOTION: {
             if (nbgi_param_image_level(params[j])) {
                 break;

@@ -27,6 +27,25 @@ static inline int nbgi_param_motion(nbg_param p, int *g, int *c)
     return 1;
 }
 
+/* The most mosaic domains a parameter name can address. */
+#define NBGI_MAX_DOMAINS 100000
+
+/* Whether p is a mosaic domain's own turn, NBG_P_DOMAIN(*m, *c) (m, c may be NULL). */
+static inline int nbgi_param_domain(nbg_param p, int *m, int *c)
+{
+    const long v = (long)p - NBG_P_DOMAIN0;
+    if (v < 0 || v >= 3L * NBGI_MAX_DOMAINS) {
+        return 0;
+    }
+    if (m != NULL) {
+        *m = (int)(v / 3);
+    }
+    if (c != NULL) {
+        *c = (int)(v % 3);
+    }
+    return 1;
+}
+
 /* Allocates the arrays of a zeroed tangent/accumulator set for this plan (free t->abc to release). */
 int nbgi_tangent_alloc(const nbgi_plan *pl, nbgi_adjacc *t);
 /* The tangent of the plan-level quantities along parameter p (per CLI unit); t from nbgi_tangent_alloc. */

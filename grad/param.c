@@ -44,6 +44,8 @@ static const char *const group_names =
     "all cell orientation misset crystal beam detector detector_frame model background goniometer spectrum";
 
 static const char *const motion_names[6] = {"shift_x", "shift_y", "shift_z", "rot_x", "rot_y", "rot_z"};
+/* a domain's turn's components: the motions' rotations */
+static const char *const *const domain_names = motion_names + 3;
 
 /* --- ids ------------------------------------------------------------------------------------------------- */
 
@@ -70,6 +72,15 @@ nbgi_kind nbgi_param_kind(nbg_param p, int *g, int *c, long *i)
             *c = cc;
         }
         return NBGI_K_MOTION;
+    }
+    if (nbgi_param_domain(p, &gg, &cc)) {
+        if (g != NULL) {
+            *g = gg;
+        }
+        if (c != NULL) {
+            *c = cc;
+        }
+        return NBGI_K_DOMAIN;
     }
     return NBGI_K_BAD;
 }
@@ -149,6 +160,14 @@ int nbg_param_info_get(nbg_param p, nbg_param_info *info)
         info->help = c < 3 ? "a panel group's shift along the panel frame's x, y, z (g<k>.shift_x ...)"
                            : "a panel group's rotation about the panel frame's x, y, z through its pivot (g<k>.rot_x ...)";
         break;
+    case NBGI_K_DOMAIN:
+        info->name = domain_names[c];
+        info->alias = "";
+        info->unit = "deg";
+        info->flag = "-domain_rot";
+        info->groups = "domain_rot";
+        info->help = "a mosaic domain's own turn about the lab's x, y, z, after its mosaic rotation (d<m>.rot_x ...)";
+        break;
     case NBGI_K_F:
     case NBGI_K_F_ALL:
         info->name = "F";
@@ -189,6 +208,8 @@ const char *nbg_param_label(const nbg_experiment *e, nbg_param p, char *buf, siz
     const nbgi_kind k = nbgi_param_kind(p, &g, &c, &i);
     if (k == NBGI_K_MOTION) {
         snprintf(buf, size, "g%d.%s", g, motion_names[c]);
+    } else if (k == NBGI_K_DOMAIN) {
+        snprintf(buf, size, "d%d.%s", g, domain_names[c]);
     } else if (k == NBGI_K_F && e != NULL && e->hkl != NULL && i < nbgi_param_nF(e)) {
         const nbg_hkl *t = e->hkl;
         const long nk = t->k_max - t->k_min + 1, nl = t->l_max - t->l_min + 1;
@@ -224,6 +245,18 @@ int nbg_param_from_name(const char *name)
             }
         }
     }
+    /* d<domain>.<component> */
+    if (name[0] == 'd' && name[1] >= '0' && name[1] <= '9') {
+        char *end;
+        const long m = strtol(name + 1, &end, 10);
+        if (*end == '.' && m >= 0 && m < NBGI_MAX_DOMAINS) {
+            for (int c = 0; c < 3; ++c) {
+                if (strcmp(end + 1, domain_names[c]) == 0) {
+                    return (int)NBG_P_DOMAIN(m, c);
+                }
+            }
+        }
+    }
     return -1;
 }
 
@@ -254,6 +287,8 @@ static double *param_field(nbg_experiment *e, nbg_param p)
             return NULL;
         }
         return c < 3 ? &e->motions[g].shift[c] : &e->motions[g].rot[c - 3];
+    case NBGI_K_DOMAIN:
+        return e->domain_rot != NULL && g < e->ndomain_rot ? &e->domain_rot[3 * g + c] : NULL;
     case NBGI_K_F:
         if (i < 0 || i >= nbgi_param_nF(e)) {
             return NULL;
@@ -313,6 +348,10 @@ const char *nbgi_param_fixed(const nbg_experiment *e, const nbgi_plan *pl, nbg_p
     switch (nbgi_param_kind(p, &g, &c, &i)) {
     case NBGI_K_MOTION:
         return e->npanels > 0 && g < e->nmotions ? NULL : "needs panels with that many motion groups (nmotions)";
+    case NBGI_K_DOMAIN:
+        return e->domain_rot != NULL && g < e->ndomain_rot ? NULL
+                                                            : "needs that many mosaic domains with their own turns "
+                                                              "(-domain_rot, ndomain_rot)";
     case NBGI_K_F:
         return i >= 0 && i < nbgi_param_nF(e) ? NULL : "is not an entry of the structure-factor table";
     case NBGI_K_F_ALL:
@@ -422,6 +461,8 @@ int nbgi_params_check(nbg_ctx *ctx, const nbg_experiment *e, const nbg_param *pa
         } else if (k == NBGI_K_MOTION && g >= e->nmotions) {
             bad = e->nmotions > 0 ? "names a panel group the experiment does not have" : "moves panels, and the "
                                                                                           "experiment has no motions";
+        } else if (k == NBGI_K_DOMAIN && g >= e->ndomain_rot) {
+            bad = "turns a mosaic domain that has no turn of its own in the experiment (ndomain_rot)";
         } else if (k == NBGI_K_F && !(i >= 0 && i < nF)) {
             bad = "is not an entry of the structure-factor table";
         } else if (k == NBGI_K_F_ALL && !allow_F_all) {
@@ -547,6 +588,11 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
                        : nbgi_error(ctx, NBG_EINVAL, "parameter '%s': the experiment has %d panel groups (g0 to g%d)",
                                     w, e->nmotions, e->nmotions - 1);
         }
+        if (nbgi_param_kind(p, &g, &c, NULL) == NBGI_K_DOMAIN && g >= e->ndomain_rot) {
+            return nbgi_error(ctx, NBG_EINVAL, "parameter '%s' turns mosaic domain %d, and the experiment's domains "
+                              "with turns of their own are %d (-domain_rot, or -mosaic_domains with -params "
+                              "domain_rot)", w, g, e->ndomain_rot);
+        }
         return push(l, p) ? NBG_OK : NBG_ENOMEM;
     }
     if (strcmp(w, "all") == 0) {
@@ -591,6 +637,21 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
         }
         return NBG_OK;
     }
+    if (strcmp(w, "domain_rot") == 0) {
+        /* every domain's turn but domain 0's, which the orientation offsets already make */
+        if (e->ndomain_rot < 2) {
+            return nbgi_error(ctx, NBG_EINVAL, "parameter 'domain_rot' turns the mosaic domains 1 and up, and the "
+                              "experiment has %d domain(s) with turns of their own", e->ndomain_rot);
+        }
+        for (int m = 1; m < e->ndomain_rot; ++m) {
+            for (int c = 0; c < 3; ++c) {
+                if (!push(l, NBG_P_DOMAIN(m, c))) {
+                    return NBG_ENOMEM;
+                }
+            }
+        }
+        return NBG_OK;
+    }
     if (strcmp(w, "F") == 0) {
         if (flags & NBG_PARSE_F_ALL) {
             return push(l, NBG_P_F_ALL) ? NBG_OK : NBG_ENOMEM;
@@ -620,7 +681,8 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
         len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", q ? " " : "", nbgi_param_rows[q].name);
     }
     return nbgi_error(ctx, NBG_EINVAL, "unknown parameter '%s' (known: %s; F, F(h,k,l); the groups %s; the panel "
-                     "groups' motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...)",
+                     "groups' motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...; the mosaic "
+                     "domains' turns domain_rot d<m>.rot_x ...)",
                      w, known, group_names);
 }
 

@@ -370,6 +370,13 @@ typedef struct {
                                        drawn in to this experiment's frame: axis' = R axis, so that the same domains
                                        sit on the same crystal after a change of frame (an experiment list nbgrad
                                        wrote carries it: nbg_geometry.mosaic_frame).  [0] NAN: the identity */
+    /* Each domain's own turn (a crystal of a few blocks): ndomain_rot = 0 (the default) none; else domain m <
+     * ndomain_rot is turned by Rz(r[2]) Ry(r[1]) Rx(r[0]) about the laboratory's axes, r = domain_rot + 3 m (deg),
+     * after its mosaic rotation (domain 0's is none), so that blocks of the crystal may sit at their own
+     * orientations; the domains are of equal weight.  ndomain_rot must not exceed the domains (-mosaic_domains).
+     * Caller-owned; nbg_param_set and nbg_refine write fitted values into it (NBG_P_DOMAIN). */
+    double *domain_rot;
+    int ndomain_rot;
 
     /* --- structure factors ------------------------------------------------------------------------------- */
     const nbg_hkl *hkl;             /* table (caller-owned) or NULL: default_F everywhere */
@@ -623,6 +630,9 @@ int nbg_simulate(nbg_ctx *ctx, const nbg_experiment *e, float *image, size_t npi
  *   - component c of panel group g's motion, NBG_P_MOTION(g, c) (c = 0, 1, 2 the shift along the frame's x, y, z in
  *     mm, 3, 4, 5 the rotation about them in deg), named "g<g>.shift_x" ... "g<g>.rot_z"; it exists while
  *     g < e->nmotions;
+ *   - component c of mosaic domain m's own turn, NBG_P_DOMAIN(m, c) (c = 0, 1, 2 the rotation about the lab's x,
+ *     y, z in deg: nbg_experiment.domain_rot), named "d<m>.rot_x" ... "d<m>.rot_z"; it exists while m <
+ *     e->ndomain_rot;
  *   - one structure-factor entry, NBG_P_F(i): entry i of the HKL table in its storage order (nbg_hkl), named
  *     "F(h,k,l)"; without a table NBG_P_F(0), named "F", is default_F;
  *   - NBG_P_F_ALL, "every structure factor": for nbg_gradcheck alone (a directional check over the table).
@@ -637,6 +647,10 @@ enum {
 };
 #define NBG_P_MOTION0 4096
 #define NBG_P_MOTION(g, c) ((nbg_param)(NBG_P_MOTION0 + 6 * (g) + (c)))
+#define NBG_P_DOMAIN0 (1 << 21)
+/* The most domains' own turns a geometry (an experiment list) carries. */
+#define NBG_MAX_DOMAIN_TURNS 64
+#define NBG_P_DOMAIN(m, c) ((nbg_param)(NBG_P_DOMAIN0 + 3 * (m) + (c)))
 #define NBG_P_F0 (1 << 24)
 #define NBG_P_F(i) ((nbg_param)(NBG_P_F0 + (i)))
 #define NBG_P_F_ALL ((nbg_param)(NBG_P_F0 - 1))
@@ -1208,6 +1222,9 @@ typedef struct {
     int mosaic_domains;
     long mosaic_seed;
     double mosaic_frame[9];           /* from the frame the domains' axes were drawn in to this description's */
+    int ndomain_turns;                /* the domains' own turns (nbg_experiment.domain_rot), 0: none */
+    double domain_turn[NBG_MAX_DOMAIN_TURNS][9]; /* each domain's turn, a rotation in this description's frame
+                                                    (row-major; umat = turn U) */
     /* --- the beam's divergence and spectrum as nbgrad samples them (nbg_experiment's fields of the same names;
      * NAN or -1 where unset; written into and read from the lists nbgrad writes) --- */
     int has_beam_sampling;

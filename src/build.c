@@ -193,6 +193,9 @@ void nbgi_build_release(nbgi_cli *c)
     c->panels = NULL;
     free(c->motions);
     c->motions = NULL;
+    free(c->domain_rot);
+    c->domain_rot = NULL;
+    c->ndomain_rot = 0;
     free(c->scan_crystal);
     c->scan_crystal = NULL;
     c->scan_points = 0;
@@ -255,6 +258,71 @@ static int read_motions(nbg_ctx *ctx, nbgi_cli *c)
     return rc;
 }
 
+/* Reads -domain_rot: "domain rot_x rot_y rot_z" lines (deg; '#' starts a comment) into c->domain_rot, which holds
+ * every domain's (zero unless listed); the error names the file and line. */
+static int read_domain_rot(nbg_ctx *ctx, nbgi_cli *c)
+{
+    FILE *f;
+    int rc = nbgi_open_input(ctx, c->domainrotfile, "-domain_rot", "r", &f);
+    if (rc != NBG_OK) {
+        return rc;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int ln = 0, got;
+    while (rc == NBG_OK && (got = nbgi_read_line(ctx, f, &line, &cap, c->domainrotfile, ln + 1)) == 1) {
+        ++ln;
+        char *hash = strchr(line, '#');
+        if (hash != NULL) {
+            *hash = '\0';
+        }
+        char *p = line;
+        while (*p == ' ' || *p == '\t') {
+            ++p;
+        }
+        if (*p == '\n' || *p == '\r' || *p == '\0') {
+            continue;
+        }
+        int m, used = 0;
+        double v[3];
+        if (sscanf(p, "%d %lf %lf %lf %n", &m, &v[0], &v[1], &v[2], &used) != 4 || p[used] != '\0') {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "-domain_rot %s line %d: expected 'domain rot_x rot_y rot_z'",
+                            c->domainrotfile, ln);
+        } else if (m < 0 || m >= c->ndomain_rot) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "-domain_rot %s line %d: domain %d, and the crystal has %d mosaic domains "
+                            "(0 to %d; -mosaic_domains)", c->domainrotfile, ln, m, c->ndomain_rot, c->ndomain_rot - 1);
+        } else if (!isfinite(v[0]) || !isfinite(v[1]) || !isfinite(v[2])) {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "-domain_rot %s line %d: a value is not finite", c->domainrotfile, ln);
+        } else {
+            memcpy(c->domain_rot + 3 * m, v, sizeof v);
+        }
+    }
+    if (rc == NBG_OK && got < 0) {
+        rc = wrap(ctx, got, "-domain_rot");
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+int nbgi_cli_domain_rot(nbg_ctx *ctx, nbgi_cli *c)
+{
+    nbg_experiment *e = &c->e;
+    if (c->domain_rot == NULL) {
+        if (e->mosaic_domains <= 0) {
+            return nbgi_error(ctx, NBG_EINVAL, "the mosaic domains' own turns need their count: give "
+                              "-mosaic_domains n");
+        }
+        c->domain_rot = calloc((size_t)e->mosaic_domains * 3, sizeof *c->domain_rot);
+        if (c->domain_rot == NULL) {
+            return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d domains' turns", e->mosaic_domains);
+        }
+        c->ndomain_rot = e->mosaic_domains;
+    }
+    e->domain_rot = c->domain_rot;
+    e->ndomain_rot = c->ndomain_rot;
+    return NBG_OK;
+}
 
 /* Reads the SMV header of -mask / -img into the experiment, as the reference pre-scans them; a status. */
 static int ingest_header(nbg_ctx *ctx, nbgi_cli *c, const char *path, int is_mask)
@@ -720,6 +788,10 @@ static const cli_flag flags[] = {
      .help = "rigid motions of the panel groups, a line each: group shift_x shift_y shift_z (mm) rot_x rot_y rot_z "
              "(deg), along and about the panels' frame axes (the detector plane's fast, slow, normal for a layout), "
              "turned about the group's centre; groups not listed stay (refine -motionsfile writes this format)"},
+    {"-domain_rot", K_STR, C(domainrotfile), .group = G_CRYSTAL, .arg = "file",
+     .help = "a crystal of a few blocks: each mosaic domain's own turn, a line each: domain rot_x rot_y rot_z (deg, "
+             "Rz Ry Rx about the lab's axes, after its mosaic rotation); needs -mosaic_domains n, which then stands "
+             "without a spread; domains not listed stay (refine -domain_rotfile writes this format)"},
     {"-mask", K_STR, 0, .group = G_DETECTOR, .arg = "file",
      .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
     {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",
@@ -1297,6 +1369,26 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
     if (before->space_group[0] != 0) {
         memcpy(e->space_group, before->space_group, sizeof e->space_group); /* -space_group wins */
     }
+    if (g->ndomain_turns > 0) {
+        /* the domains' own turns (the list is nbgrad's): the program's list gives them to its experiment; a
+         * shot's list (batch, ensemble) cannot, and is refused rather than rendered without them */
+        double *t = base ? calloc((size_t)g->ndomain_turns * 3, sizeof *t) : NULL;
+        if (t == NULL) {
+            free(*pan);
+            *pan = NULL;
+            return base ? nbgi_error(ctx, NBG_ENOMEM, "%s: out of memory for the domains' turns", path)
+                        : nbgi_error(ctx, NBG_EUNSUP, "%s: its crystal's mosaic domains have turns of their own, which "
+                                     "a shot's list cannot give (give the program -expt this list)", path);
+        }
+        for (int m = 0; m < g->ndomain_turns; ++m) {
+            nbgi_domain_turn_angles(g->domain_turn[m], t + 3 * m);
+        }
+        free(c->domain_rot);
+        c->domain_rot = t;
+        c->ndomain_rot = g->ndomain_turns;
+        e->domain_rot = t;
+        e->ndomain_rot = g->ndomain_turns;
+    }
     if (*np > 1) {
         /* every panel where the list puts it, in its frame (DIALS's, which the experiment now uses), then in the
          * frame of the detector plane (the panel the beam meets): the whole detector moves with it */
@@ -1525,6 +1617,11 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         return nbgi_error(ctx, NBG_EINVAL, "-motions moves panels, and this detector has none (use -layout or a "
                           "multi-panel -expt)");
     }
+    if (c->domainrotfile != NULL) {
+        if ((rc = nbgi_cli_domain_rot(ctx, c)) != NBG_OK || (rc = read_domain_rot(ctx, c)) != NBG_OK) {
+            return rc;
+        }
+    }
     if (e->npanels > 0) {
         /* the files that describe one flat detector cannot hold several panels (NXmx and experiment lists can) */
         /* the outputs that describe one flat detector (src/outputs.def), then -mask, -img and -roi */
@@ -1744,7 +1841,7 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     const char **names[] = {&y->c.hklfile, &y->c.hklcolumn, &y->c.matfile, &y->c.sourcefile, &y->c.dumpfile, &y->c.maskfile,
                             &y->c.imgfile, &y->c.floatfile, &y->c.intfile, &y->c.pgmfile, &y->c.noisefile,
                             &y->c.nxsfile, &y->c.cbffile, &y->c.exptfile, &y->c.exptin, &y->c.settingin,
-                            &y->c.layout, &y->c.motionsfile};
+                            &y->c.layout, &y->c.motionsfile, &y->c.domainrotfile};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
         for (int i = 0; !fail && *names[k] != NULL && i < b->nargs; ++i) {
             if (*names[k] == b->args[i]) {
@@ -1761,6 +1858,8 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     y->c.mask = dup_bytes(x->mask, (size_t)x->mask_f * (size_t)x->mask_s, &fail);
     y->c.panels = dup_bytes(x->panels, (size_t)(x->e.npanels > 0 ? x->e.npanels : 0) * sizeof(nbg_panel), &fail);
     y->c.motions = dup_bytes(x->motions, (size_t)(x->nmotions > 0 ? x->nmotions : 0) * sizeof(nbg_panel_motion), &fail);
+    y->c.domain_rot = dup_bytes(x->domain_rot, (size_t)(x->ndomain_rot > 0 ? x->ndomain_rot : 0) * 3 * sizeof(double),
+                                &fail);
     y->c.scan_crystal = dup_bytes(x->scan_crystal, (size_t)(x->scan_points > 0 ? x->scan_points : 0) * 9 * sizeof(double),
                                   &fail);
     nbg_experiment *e = &y->c.e;
@@ -1778,6 +1877,9 @@ int nbg_builder_copy(const nbg_builder *b, nbg_builder **out)
     }
     if (x->e.motions == x->motions) {
         e->motions = y->c.motions;
+    }
+    if (x->e.domain_rot == x->domain_rot) {
+        e->domain_rot = y->c.domain_rot;
     }
     if (fail) {
         nbg_builder_destroy(y);

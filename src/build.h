@@ -44,6 +44,9 @@ struct nbgi_cli {
     const char *motionsfile; /* -motions: the panel groups' rigid motions */
     nbg_panel_motion *motions; /* one per panel group (zero unless -motions), or NULL without panels */
     int nmotions;           /* the panel groups */
+    const char *domainrotfile; /* -domain_rot: the mosaic domains' own turns */
+    double *domain_rot;     /* 3 per domain (nbg_experiment.domain_rot), or NULL */
+    int ndomain_rot;
     int nframes;            /* -frames: images of the rotation series (1) */
     int filedata;           /* -data: what NXmx and CBF files hold (NBGI_DATA_*) */
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
@@ -115,6 +118,9 @@ const char *nbgi_output_flag(const nbgi_output *o, char *buf, size_t size);
 
 /* Sets c to the flags' defaults (nbg_experiment_default, Fdump.bin as the F cache, the CPU in double). */
 void nbgi_cli_init(nbgi_cli *c);
+/* Gives c's experiment its mosaic domains' own turns (nbg_experiment.domain_rot): c's, or zeros for each of
+ * -mosaic_domains' domains (NBG_EINVAL without a count).  A status. */
+int nbgi_cli_domain_rot(nbg_ctx *ctx, nbgi_cli *c);
 /* Releases what the builder allocated (the F table, sources, mask, panels, motions, messages) and drops the outputs
  * not committed; c can be initialised again.  The program's nbgi_cli_free also releases its outputs' state. */
 void nbgi_build_release(nbgi_cli *c);

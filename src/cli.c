@@ -114,6 +114,25 @@ int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path)
     return 1;
 }
 
+int nbgi_cli_write_domain_rot(nbg_ctx *ctx, nbgi_cli *c, const char *path)
+{
+    nbgi_out o;
+    int rc = nbgi_out_open(ctx, path, &o);
+    if (rc == NBG_OK) {
+        fprintf(o.fp, "# domain rot_x rot_y rot_z (deg): nbgrad -domain_rot\n");
+        for (int m = 0; m < c->ndomain_rot; ++m) {
+            const double *r = c->domain_rot + 3 * m;
+            fprintf(o.fp, "%d %.12g %.12g %.12g\n", m, r[0], r[1], r[2]);
+        }
+        rc = nbgi_out_finish(ctx, &o, &c->outs);
+    }
+    if (rc != NBG_OK) {
+        fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
+        return 0;
+    }
+    return 1;
+}
+
 int nbgi_cli_image_shape_ok(nbg_ctx *ctx, const nbg_experiment *e, const char *what, const char *path,
                             const nbg_geometry *fg)
 {

@@ -14,6 +14,8 @@
 
 /* Writes the motions of c's panel groups in -motions's format (every group, one line each); prints the error. */
 int nbgi_cli_write_motions(nbg_ctx *ctx, nbgi_cli *c, const char *path);
+/* Writes the mosaic domains' own turns in -domain_rot's format (every domain); prints the error, 0 on one. */
+int nbgi_cli_write_domain_rot(nbg_ctx *ctx, nbgi_cli *c, const char *path);
 
 typedef struct {
     double max, sum, mean, rms, rmsd;

@@ -549,7 +549,16 @@ static json_t *crystal_json(const nbg_geometry *g, const double rs[9])
     if (c != NULL && g->has_mosaic) {
         json_t *m = json_pack("{s:f, s:i, s:I, s:o}", "spread_deg", g->mosaic_spread, "domains", g->mosaic_domains,
                               "seed", (json_int_t)g->mosaic_seed, "frame", reals(g->mosaic_frame, 9));
-        if (m == NULL || json_object_set_new(c, "nbgrad_mosaic", m) != 0) {
+        /* the domains' own turns, a rotation each */
+        json_t *turns = g->ndomain_turns > 0 && m != NULL ? json_array() : NULL;
+        for (int k = 0; turns != NULL && k < g->ndomain_turns; ++k) {
+            if (json_array_append_new(turns, reals(g->domain_turn[k], 9)) != 0) {
+                json_decref(turns);
+                turns = NULL;
+            }
+        }
+        if (m == NULL || (g->ndomain_turns > 0 && (turns == NULL || json_object_set_new(m, "turns", turns) != 0)) ||
+            json_object_set_new(c, "nbgrad_mosaic", m) != 0) {
             json_decref(c);
             return NULL;
         }
@@ -1551,6 +1560,38 @@ static int read_crystal(const reader *r, json_t *c, const char *where, nbg_geome
         g->mosaic_domains = (int)json_integer_value(dom);
         g->mosaic_seed = (long)json_integer_value(seed);
         g->has_mosaic = 1;
+        /* the domains' own turns: at most one a domain, each a rotation */
+        json_t *turns = json_object_get(m, "turns");
+        if (turns != NULL && !json_is_null(turns)) {
+            const size_t nt = json_is_array(turns) ? json_array_size(turns) : 0;
+            if (!json_is_array(turns) || nt > NBG_MAX_DOMAIN_TURNS || (json_int_t)nt > json_integer_value(dom))
+                return bad(r, mw, "turns", "expected a list of at most %d rotations, one a domain (%d domains)",
+                           NBG_MAX_DOMAIN_TURNS, g->mosaic_domains);
+            for (size_t k = 0; k < nt; ++k) {
+                json_t *t = json_array_get(turns, k);
+                double *D = g->domain_turn[k];
+                if (!json_is_array(t) || json_array_size(t) != 9)
+                    return bad(r, mw, "turns", "element %zu: expected 9 numbers (a rotation)", k);
+                for (size_t i = 0; i < 9; ++i) {
+                    json_t *x = json_array_get(t, i);
+                    if (!json_is_number(x))
+                        return bad(r, mw, "turns", "element %zu: expected 9 numbers (a rotation)", k);
+                    D[i] = json_number_value(x);
+                }
+                /* a rotation: D D^T = I and det D = 1, to the digits a writer keeps */
+                double worst = 0;
+                for (int i = 0; i < 3; ++i)
+                    for (int j = 0; j < 3; ++j)
+                        worst = fmax(worst, fabs(D[3 * i] * D[3 * j] + D[3 * i + 1] * D[3 * j + 1] +
+                                                 D[3 * i + 2] * D[3 * j + 2] - (i == j)));
+                const double det = D[0] * (D[4] * D[8] - D[5] * D[7]) - D[1] * (D[3] * D[8] - D[5] * D[6]) +
+                                   D[2] * (D[3] * D[7] - D[4] * D[6]);
+                if (!(worst < 1e-6) || !(fabs(det - 1) < 1e-6))
+                    return bad(r, mw, "turns", "element %zu is not a rotation (|D D^T - I| %g, det %g)", k, worst,
+                               det);
+            }
+            g->ndomain_turns = (int)nt;
+        }
     }
     /* a scan-varying crystal: its per-image A matrices are counted here (nbg_geometry holds one crystal) and read
      * as bases by nbg_read_expt_scan_crystal */

@@ -381,6 +381,18 @@ static void apply(const double R[9], const double v[3], double out[3])
     memcpy(out, w, sizeof w);
 }
 
+/* out = R D R^T: the rotation D as a frame turned by R sees it. */
+static void turn_similar(const double R[9], const double D[9], double out[9])
+{
+    double RD[9];
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            RD[3 * i + j] = R[3 * i] * D[j] + R[3 * i + 1] * D[3 + j] + R[3 * i + 2] * D[6 + j];
+    for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+            out[3 * i + j] = RD[3 * i] * R[3 * j] + RD[3 * i + 1] * R[3 * j + 1] + RD[3 * i + 2] * R[3 * j + 2];
+}
+
 int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_report *r, int nframes,
                              nbg_geometry *g)
 {
@@ -470,10 +482,13 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         g->dispersion = e->dispersion, g->dispsteps = e->dispsteps;
         g->round_div = e->round_div;
     }
-    if (r->mosaic_domains > 1) {
+    if (e->ndomain_rot > NBG_MAX_DOMAIN_TURNS)
+        return nbgi_error(ctx, NBG_EUNSUP, "describing the experiment: %d mosaic domains with turns of their own, and "
+                          "a description carries at most %d", e->ndomain_rot, NBG_MAX_DOMAIN_TURNS);
+    if (r->mosaic_domains > 1 || e->ndomain_rot > 0) {
         /* the domains, and the frame their axes were drawn in as seen from the description's: R F */
         g->has_mosaic = 1;
-        g->mosaic_spread = e->mosaic;
+        g->mosaic_spread = isnan(e->mosaic) ? 0 : e->mosaic; /* unset: no spread (blocks turned by their turns) */
         g->mosaic_domains = r->mosaic_domains;
         g->mosaic_seed = e->mosaic_seed;
         static const double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
@@ -481,6 +496,13 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         for (int i = 0; i < 3; ++i)
             for (int j = 0; j < 3; ++j)
                 g->mosaic_frame[3 * i + j] = R[3 * i] * F[j] + R[3 * i + 1] * F[3 + j] + R[3 * i + 2] * F[6 + j];
+        /* each domain's own turn D (Rz Ry Rx of its angles) as the description sees it: R D R^T */
+        g->ndomain_turns = e->ndomain_rot;
+        for (int m = 0; m < e->ndomain_rot; ++m) {
+            double D[9];
+            nbgi_domain_turn_matrix(e->domain_rot + 3 * m, D);
+            turn_similar(R, D, g->domain_turn[m]);
+        }
     }
     return nbgi_geometry_check(ctx, g, "describing the experiment");
 }
@@ -507,6 +529,11 @@ void nbg_geometry_beam_to_minus_z(nbg_geometry *g, nbg_panel *panels, int npanel
         for (int i = 0; i < 3; ++i)
             for (int j = 0; j < 3; ++j)
                 g->mosaic_frame[3 * i + j] = R[3 * i] * F[j] + R[3 * i + 1] * F[3 + j] + R[3 * i + 2] * F[6 + j];
+        for (int m = 0; m < g->ndomain_turns; ++m) {
+            double D[9];
+            memcpy(D, g->domain_turn[m], sizeof D);
+            turn_similar(R, D, g->domain_turn[m]);
+        }
     }
     for (int k = 0; panels != NULL && k < npanels; ++k) {
         apply(R, panels[k].fast, panels[k].fast);

@@ -46,6 +46,9 @@ static void params_help(FILE *out)
                  "  g<k>.shift_x g<k>.shift_y g<k>.shift_z (mm), g<k>.rot_x g<k>.rot_y g<k>.rot_z (deg): panel group k's\n"
                  "                              motion, shift along and rotation about its frame's x, y, z (-panel_groups)\n"
                  "  panels, panel_shift, panel_rot, panel_shift_x ... panel_rot_z: those components of every panel group\n"
+                 "  d<m>.rot_x d<m>.rot_y d<m>.rot_z (deg): mosaic domain m's own turn about the lab's x, y, z, after its\n"
+                 "                              mosaic rotation (-domain_rot; -mosaic_domains n)\n"
+                 "  domain_rot     the turns of every domain but domain 0 (whose turn the orientation makes)\n"
                  "groups:\n"
                  "  all            the parameters free in the experiment (fluence only when named: scale is an overall\n"
                  "                 factor too); those left out are listed with the reason\n");
@@ -87,6 +90,7 @@ typedef struct {
     int nids;
     nbgi_response_opts resp;      /* -pedestal, -gain, -read_noise, -panel_*: the observed image's response */
     const char *motionsout;       /* refine -motionsfile: the fitted motions */
+    const char *domainrotout;     /* refine -domain_rotfile: the fitted turns of the mosaic domains */
     const char *hklout;           /* refine -hklout: the fitted structure factors */
     int fit_F;                    /* refine: F listed (the -hkl table's entries fitted; ids holds the others) */
     nbg_optimizer method;
@@ -131,7 +135,7 @@ static int panel_word(const char *tok, int *group)
         }
     }
     const int p = nbg_param_from_name(tok);
-    if (p >= NBG_P_MOTION0 && p < NBG_P_F_ALL) {
+    if (p >= NBG_P_MOTION0 && p < NBG_P_DOMAIN0) {
         *group = (p - NBG_P_MOTION0) / 6;
         return 1;
     }
@@ -254,7 +258,8 @@ static const nbgi_sub_flag grad_flag_table[] = {
      "goniometer, spectrum; F (every structure factor; gradcheck: one check along a direction), F(h,k,l) one; with "
      "panels their groups' motions "
      "(-panel_groups): panel_shift, panel_rot, panels (both), panel_shift_x ... panel_rot_z (that component of every "
-     "group), g<k>.shift_x ... g<k>.rot_z (one group's)"},
+     "group), g<k>.shift_x ... g<k>.rot_z (one group's); with -mosaic_domains n the domains' own turns: domain_rot "
+     "(every domain's but domain 0's), d<m>.rot_x ... d<m>.rot_z (one domain's)"},
     {"-observed", CMD_GRAD | CMD_REFINE, nbgi_set_path, GO(observed), "FILE",
      "observed image (NXmx, CBF, SMV or raw 4-byte floats; grad without it: L = sum of pixels); its mask and "
      "overloads are left out"},
@@ -273,6 +278,8 @@ static const nbgi_sub_flag grad_flag_table[] = {
     {"-maxiter", CMD_REFINE, set_maxiter, 0, "n", "iteration limit (100)"},
     {"-motionsfile", CMD_REFINE, nbgi_set_path, GO(motionsout), "FILE",
      "the fitted panel motions, in -motions's format (every group)"},
+    {"-domain_rotfile", CMD_REFINE, nbgi_set_path, GO(domainrotout), "FILE",
+     "the mosaic domains' fitted turns, in -domain_rot's format (every domain)"},
     {"-centroids", CMD_REFINE, nbgi_set_path, GO(centroids), "FILE",
      "with -spotlist an indexed DIALS reflection table: the centroid of each indexed reflection's own model spot "
      "(its photons alone, no background, within -centroid_radius of the observed centroid) for the start and the "
@@ -373,6 +380,13 @@ static int resolve_params(nbg_ctx *ctx, nbgi_cli *c, grad_opts *o)
     for (char *save = NULL, *tok = strtok_r(words, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         int g;
         all |= strcmp(tok, "all") == 0;
+        const int pd = nbg_param_from_name(tok);
+        if ((strcmp(tok, "domain_rot") == 0 || (pd >= NBG_P_DOMAIN0 && pd < NBG_P_F_ALL)) &&
+            nbgi_cli_domain_rot(ctx, c) != NBG_OK) {
+            fprintf(stderr, "nbgrad: error: -params %s: %s\n", tok, nbg_errmsg(ctx));
+            free(words);
+            return 0;
+        }
         if (!panel_word(tok, &g)) {
             continue;
         }
@@ -1951,6 +1965,17 @@ static int cmd_refine(int argc, char **argv, int first)
             goto done;
         }
         printf("wrote the panel motions to %s\n", o.motionsout);
+    }
+    if (o.domainrotout != NULL) {
+        if (c.ndomain_rot == 0) {
+            fprintf(stderr, "nbgrad: error: -domain_rotfile: the crystal's domains have no turns of their own (-params "
+                    "domain_rot, -domain_rot)\n");
+            goto done;
+        }
+        if (!nbgi_cli_write_domain_rot(ctx, &c, o.domainrotout)) {
+            goto done;
+        }
+        printf("wrote the mosaic domains' turns to %s\n", o.domainrotout);
     }
     if (o.json != NULL && !refine_write_json(ctx, &c, &o, &res, floor_bad)) {
         goto done;

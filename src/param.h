@@ -62,8 +62,9 @@ typedef struct {
 extern const nbgi_param_row nbgi_param_rows[NBG_NPARAMS];
 
 /* The kinds of parameter id. */
-typedef enum { NBGI_K_BAD = 0, NBGI_K_SCALAR, NBGI_K_MOTION, NBGI_K_F, NBGI_K_F_ALL } nbgi_kind;
-/* The kind of id p (structure factors: *i the entry; motions: *g, *c), without looking at an experiment. */
+typedef enum { NBGI_K_BAD = 0, NBGI_K_SCALAR, NBGI_K_MOTION, NBGI_K_F, NBGI_K_F_ALL, NBGI_K_DOMAIN } nbgi_kind;
+/* The kind of id p (structure factors: *i the entry; motions: *g, *c; domain turns: *g the domain, *c), without
+ * looking at an experiment. */
 nbgi_kind nbgi_param_kind(nbg_param p, int *g, int *c, long *i);
 /* Whether p is an image-level parameter (the image model's: scale, bg, bg_fast, bg_slow). */
 int nbgi_param_image_level(nbg_param p);

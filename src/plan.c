@@ -988,6 +988,11 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
     sp->spread = isnan(e->mosaic) ? -1 : e->mosaic / RTD;
     sp->domains = e->mosaic_domains;
     resolve_mosaic(&sp->spread, &sp->domains);
+    if (e->ndomain_rot > 0 && e->mosaic_domains > 0) {
+        /* domains with turns of their own: the count given stands without a spread (blocks turned by their turns
+         * alone) */
+        sp->domains = e->mosaic_domains;
+    }
     m->det.thick = sp->thick;
     m->det.thickstep = sp->thickstep;
     m->det.mu = sp->mu;
@@ -1366,6 +1371,27 @@ static int miller_range(nbg_ctx *ctx, const nbgi_lab *m)
     return NBG_OK;
 }
 
+void nbgi_domain_turn_matrix(const double r[3], double D[9])
+{
+    for (int j = 0; j < 3; ++j) {
+        const double ej[3] = {j == 0, j == 1, j == 2};
+        double col[3];
+        rotate_xyz_d(ej, r[0] / RTD, r[1] / RTD, r[2] / RTD, col);
+        for (int i = 0; i < 3; ++i) {
+            D[3 * i + j] = col[i];
+        }
+    }
+}
+
+void nbgi_domain_turn_angles(const double D[9], double r[3])
+{
+    /* D = Rz(c) Ry(b) Rx(a): D[6] = -sin b, D[7] = cos b sin a, D[8] = cos b cos a, D[3] = sin c cos b,
+     * D[0] = cos c cos b */
+    r[0] = atan2(D[7], D[8]) * RTD;
+    r[1] = atan2(-D[6], hypot(D[7], D[8])) * RTD;
+    r[2] = atan2(D[3], D[0]) * RTD;
+}
+
 /* Part of orientations: e's mosaic seed and the model's spread -> its umat, mos_axis, mos_angle of its domains,
  * domain 0 the unrotated crystal. */
 static void mosaic_domains(const nbg_experiment *e, nbgi_lab_crystal *x)
@@ -1390,6 +1416,17 @@ static void mosaic_domains(const nbg_experiment *e, nbgi_lab_crystal *x)
     memcpy(x->umat, I3, sizeof I3);
     set3(x->mos_axis, 0, 0, 1);
     x->mos_angle[0] = 0;
+    /* each domain's own turn, R = Rz Ry Rx about the lab's axes, after its mosaic rotation: umat = R U */
+    for (int m = 0; m < e->ndomain_rot && x->domrot != NULL; ++m) {
+        double *R = x->domrot + 9 * m, U[9];
+        nbgi_domain_turn_matrix(e->domain_rot + 3 * m, R);
+        memcpy(U, x->umat + 9 * m, sizeof U);
+        for (int i = 0; i < 3; ++i) {
+            for (int j = 0; j < 3; ++j) {
+                x->umat[9 * m + 3 * i + j] = R[3 * i] * U[j] + R[3 * i + 1] * U[3 + j] + R[3 * i + 2] * U[6 + j];
+            }
+        }
+    }
 }
 
 /* orientations: the model's rotation axis and beam, e's spindle tilts, pb->samp's phi steps, the mosaic spread
@@ -1431,7 +1468,19 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
     x->umat = malloc(sizeof(double) * 9 * (size_t)domains);
     x->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
     x->mos_angle = malloc(sizeof(double) * (size_t)domains);
-    if (!gn->phi || !x->umat || !x->mos_axis || !x->mos_angle) {
+    if (e->ndomain_rot < 0 || e->ndomain_rot > domains || (e->ndomain_rot > 0 && e->domain_rot == NULL)) {
+        return nbgi_error(ctx, NBG_EINVAL, "%d mosaic domains with turns of their own (-domain_rot), and the crystal "
+                          "has %d domains (-mosaic_domains)%s", e->ndomain_rot, domains,
+                          e->ndomain_rot > 0 && e->domain_rot == NULL ? ", without their array" : "");
+    }
+    for (int i = 0; i < 3 * e->ndomain_rot; ++i) {
+        if (!isfinite(e->domain_rot[i])) {
+            return nbgi_error(ctx, NBG_EINVAL, "mosaic domain %d's turn about %c (-domain_rot) is %g", i / 3,
+                              "xyz"[i % 3], e->domain_rot[i]);
+        }
+    }
+    x->domrot = e->ndomain_rot > 0 ? malloc(sizeof(double) * 9 * (size_t)e->ndomain_rot) : NULL;
+    if (!gn->phi || !x->umat || !x->mos_axis || !x->mos_angle || (e->ndomain_rot > 0 && !x->domrot)) {
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
     }
     for (int ip = 0; ip < phisteps; ++ip) {
@@ -1520,7 +1569,7 @@ static void rotate_crystal(const nbgi_lab *lab, double *abc)
         for (int m = 0; m < domains; ++m) {
             double *dst = abc + 9 * ((size_t)ip * domains + m);
             for (int v = 0; v < 3; ++v) {
-                if (spread > 0) {
+                if (spread > 0 || x->domrot != NULL) { /* the domains turned: by their spread, their own turns */
                     matvec(x->umat + 9 * m, ap + 3 * v, dst + 3 * v);
                 } else {
                     memcpy(dst + 3 * v, ap + 3 * v, 3 * sizeof(double));
@@ -1838,10 +1887,11 @@ void nbgi_plan_free(nbgi_plan *pl)
     free(m->xtal.umat);
     free(m->xtal.mos_axis);
     free(m->xtal.mos_angle);
+    free(m->xtal.domrot);
     m->beam.pos = m->beam.lamrel = m->beam.dscale = NULL;
     m->det.panels = NULL;
     m->det.motion_t = NULL;
-    m->gon.phi = m->xtal.umat = m->xtal.mos_axis = m->xtal.mos_angle = NULL;
+    m->gon.phi = m->xtal.umat = m->xtal.mos_axis = m->xtal.mos_angle = m->xtal.domrot = NULL;
     free(pl->src);
     free(pl->abc);
     free(pl->abc_f);

@@ -71,6 +71,7 @@ typedef struct {
     double *umat;           /* domains x 9 rotations (row-major); domain 0 the identity */
     double *mos_axis;       /* domains x 3 axes */
     double *mos_angle;      /* domains angles (rad) */
+    double *domrot;         /* nbg_experiment.ndomain_rot x 9: each domain's own turn R (umat = R U), or NULL */
 } nbgi_lab_crystal;
 
 typedef struct {
@@ -189,6 +190,10 @@ void nbgi_plan_xtal_in(const nbg_experiment *e, const double misset_rad[3], doub
 
 /* Small vector helpers shared by the setup and the host-side chain rules. */
 void nbgi_rotate_xyz(const double v[3], double rx, double ry, double rz, double out[3]);
+/* A mosaic domain's own turn (nbg_experiment.domain_rot: r deg about x, y, z) as the rotation D = Rz Ry Rx
+ * (row-major); and back, the angles of such a rotation (ry within +-90 deg). */
+void nbgi_domain_turn_matrix(const double r[3], double D[9]);
+void nbgi_domain_turn_angles(const double D[9], double r[3]);
 /* v rotated by phi (radians) about ax (as given), as the spindle turns the crystal. */
 void nbgi_rotate_axis(const double v[3], const double ax[3], double phi, double out[3]);
 void nbgi_cross(const double a[3], const double b[3], double out[3]);

@@ -353,6 +353,52 @@ static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)
     }
 }
 
+/* A crystal of blocks (the mosaic domains turned by their own angles, under the spread's domains and phi steps): the
+ * turns' gradients and tangents on the device against the CPU's (the turns reach the kernels through the crystal
+ * vectors and their tangents, which the host builds for both). */
+static void domain_turns(nbg_ctx *cpu, nbg_ctx *gpu)
+{
+    nbg_experiment cfg[5];
+    five_configs(cfg);
+    nbg_experiment *e = &cfg[1];
+    double turns[15] = {0, 0, 0, 0.3, -0.2, 0.1, -0.25, 0.15, 0.35, 0.1, 0.4, -0.3, 0.2, 0.2, 0.2};
+    e->domain_rot = turns;
+    e->ndomain_rot = 5;
+    const nbg_param ids[5] = {NBG_P_DOMAIN(1, 0), NBG_P_DOMAIN(2, 1), NBG_P_DOMAIN(4, 2), NBG_P_A, NBG_P_MOSAIC};
+    nbg_report r;
+    nbg_describe(cpu, e, &r);
+    const size_t n = (size_t)r.fpixels * r.spixels;
+    float *w = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    double *ta = malloc(sizeof(double) * n * 5), *tb = malloc(sizeof(double) * n * 5);
+    for (size_t i = 0; i < n; ++i) {
+        w[i] = (float)(0.5 + 0.5 * cos(0.1 * (double)i));
+    }
+    double gc[5] = {0}, gg[5] = {0};
+    const int rc1 = nbg_simulate_grad(cpu, e, w, ids, 5, gc, a, n, NULL);
+    const int rc2 = nbg_simulate_grad(gpu, e, w, ids, 5, gg, b, n, NULL);
+    double worst = 0;
+    for (int j = 0; j < 5; ++j) {
+        worst = fmax(worst, fabs(gg[j] - gc[j]) / fmax(fabs(gc[j]), 1e-300));
+    }
+    nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK && worst <= 1e-8 && gc[0] != 0 && gc[2] != 0,
+                    PFX "-grad-domain-turns", "d1.rot_x, d2.rot_y, d4.rot_z, a, mosaic: worst relative difference to the "
+                    "CPU %.3g (%s)", worst, rc2 == NBG_OK ? "ok" : nbg_errmsg(gpu));
+    const int rc3 = nbg_simulate_jvp(cpu, e, ids, 5, ta, a, n);
+    const int rc4 = nbg_simulate_jvp(gpu, e, ids, 5, tb, b, n);
+    double tmax = 0, tw = 0;
+    for (size_t i = 0; i < 5 * n; ++i) {
+        tmax = fmax(tmax, fabs(ta[i]));
+        tw = fmax(tw, fabs(ta[i] - tb[i]));
+    }
+    nbgi_test_check(rc3 == NBG_OK && rc4 == NBG_OK && tmax > 0 && tw <= 1e-9 * tmax, PFX "-jvp-domain-turns",
+                    "the turns' tangents on the device: max difference %.3g of max %.3g", tw, tmax);
+    free(w);
+    free(a);
+    free(b);
+    free(ta);
+    free(tb);
+}
+
 /* One context across image sizes: its device buffers grow, and are reused when smaller. */
 static void shapes(nbg_ctx *cpu, nbg_ctx *gpu)
 {
@@ -907,6 +953,7 @@ int main(void)
 
     golden_cases(cpu, gpu, gpuf);
     gradients(cpu, gpu, gpuf);
+    domain_turns(cpu, gpu);
     shapes(cpu, gpu);
     panels(cpu, gpu, gpuf);
     pixel_list(cpu, gpu, gpuf);

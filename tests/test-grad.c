@@ -60,8 +60,9 @@ static void gradcheck(const char *id, const nbg_experiment *e, const char *param
         return;
     }
     for (int i = 0; i < n; ++i) {
-        char sub[96];
-        snprintf(sub, sizeof sub, "%s-%s", id, res[i].param == NBG_P_F_ALL ? "F" : nbg_param_name(res[i].param));
+        char sub[96], lab[48];
+        snprintf(sub, sizeof sub, "%s-%s", id,
+                 res[i].param == NBG_P_F_ALL ? "F" : nbg_param_label(e, res[i].param, lab, sizeof lab));
         nbgi_test_check(res[i].pass == expect_pass, sub, "adjoint=%.12g numeric=%.12g relerr=%.2g order=%.2f%s%s",
                        res[i].adjoint, res[i].numeric, res[i].relerr, res[i].order, res[i].reason[0] ? " # " : "",
                        res[i].reason);
@@ -269,6 +270,56 @@ int main(void)
     e.phisteps = 3;
     gradcheck("grad-3-mosaic-phi", &e, "a,b,c,alpha,beta,gamma,rotx,roty,rotz,Na,Nb,Nc,mosaic,lambda,distance,"
                                        "beam_fast,det_rotx,twotheta,orient_x,orient_y,orient_z", 1);
+
+    /* grad-3b: a crystal of blocks, each mosaic domain turned by its own angles (NBG_P_DOMAIN), with the spread's
+     * random domains under them and phi steps, then without a spread (the blocks turned by their turns alone) */
+    {
+        double turns[12] = {0, 0, 0, 0.3, -0.2, 0.1, -0.25, 0.15, 0.35, 0.1, 0.4, -0.3};
+        e.domain_rot = turns;
+        e.ndomain_rot = 4;
+        gradcheck("grad-3b-domain-turns", &e, "d0.rot_y,d1.rot_x,d1.rot_y,d1.rot_z,d2.rot_x,d2.rot_y,d2.rot_z,d3.rot_z,"
+                                             "mosaic,a,gamma,rotx,orient_y,lambda,distance,beam_fast", 1);
+        e.mosaic = NAN;
+        e.osc = NAN;
+        e.phisteps = -1;
+        gradcheck("grad-3b-domain-turns-nospread", &e, "d1.rot_x,d1.rot_y,d1.rot_z,d2.rot_x,d2.rot_y,d3.rot_z,a,"
+                                                     "orient_x,Na", 1);
+        /* turns of zero leave the spread's domains as they were, to the bit */
+        memset(turns, 0, sizeof turns);
+        e.mosaic = 0.5;
+        nbg_report r;
+        nbg_describe(ctx, &e, &r);
+        const size_t npix = (size_t)r.npix;
+        float *im0 = malloc(npix * sizeof(float)), *im1 = malloc(npix * sizeof(float));
+        const int rc1 = nbg_simulate(ctx, &e, im1, npix, NULL);
+        e.domain_rot = NULL;
+        e.ndomain_rot = 0;
+        const int rc0 = nbg_simulate(ctx, &e, im0, npix, NULL);
+        double sum = 0;
+        for (size_t i = 0; i < npix; ++i) {
+            sum += im0[i];
+        }
+        nbgi_test_check(rc0 == NBG_OK && rc1 == NBG_OK && sum > 0 && memcmp(im0, im1, npix * sizeof(float)) == 0,
+                        "grad-3b-zero-turns-same-bits", "four domains turned by 0 render the image without turns bit "
+                        "for bit (sum %.6g)", sum);
+        free(im0);
+        free(im1);
+        /* the experiment's turns checked: more turned domains than domains, a turn not finite */
+        e.domain_rot = turns;
+        e.ndomain_rot = 5;
+        float px[1];
+        e.fpixels = e.spixels = 1;
+        int rc = nbg_simulate(ctx, &e, px, 1, NULL);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "5 mosaic domains with turns") != NULL,
+                        "grad-3b-too-many-turns", "%s", nbg_errmsg(ctx));
+        e.ndomain_rot = 4;
+        turns[7] = NAN;
+        rc = nbg_simulate(ctx, &e, px, 1, NULL);
+        nbgi_test_check(rc == NBG_EINVAL && strstr(nbg_errmsg(ctx), "domain 2's turn about y") != NULL,
+                        "grad-3b-turn-not-finite", "%s", nbg_errmsg(ctx));
+        e.domain_rot = NULL;
+        e.ndomain_rot = 0;
+    }
 
     /* grad-4: divergence with dispersion */
     nbgi_test_still(&e);

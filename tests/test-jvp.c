@@ -34,7 +34,7 @@ static void base(nbg_experiment *e)
 /* <v, J u> = <J^T v, u> for u the unit vector of each parameter. */
 static void dot_identity(const char *id, const nbg_experiment *e, int with_mosaic)
 {
-    nbg_param params[NBG_NPARAMS];
+    nbg_param params[NBG_NPARAMS + 30];
     int n = 0;
     for (int p = 0; p < NBG_NPARAMS; ++p) {
         if ((p == NBG_P_MOSAIC && !with_mosaic) ||
@@ -43,6 +43,11 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
             continue; /* the spindle's tilts move nothing in a still, the spectrum's width nothing at one wavelength */
         }
         params[n++] = (nbg_param)p;
+    }
+    for (int m = 1; m < e->ndomain_rot && m <= 10; ++m) { /* the domains' own turns (domain 0's is the orientation) */
+        for (int c = 0; c < 3; ++c) {
+            params[n++] = NBG_P_DOMAIN(m, c);
+        }
     }
     nbg_report r;
     nbg_describe(ctx, e, &r);
@@ -58,7 +63,7 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
     for (size_t i = 0; i < npix; ++i) {
         v[i] = (float)(0.5 + 0.5 * cos(0.37 * (double)i));
     }
-    double g[NBG_NPARAMS] = {0};
+    double g[NBG_NPARAMS + 30] = {0};
     rc = nbg_simulate_grad(ctx, e, v, params, n, g, img2, npix, NULL);
     if (!nbgi_test_check(rc == NBG_OK, id, "nbg_simulate_grad ran")) {
         goto out;
@@ -68,8 +73,8 @@ static void dot_identity(const char *id, const nbg_experiment *e, int with_mosai
         for (size_t i = 0; i < npix; ++i) {
             vJu += (double)v[i] * T[(size_t)j * npix + i];
         }
-        char sub[96];
-        snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(params[j]));
+        char sub[96], lab[48];
+        snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_label(e, params[j], lab, sizeof lab));
         const double rel = fabs(vJu - g[j]) / fmax(fabs(g[j]), 1e-300);
         nbgi_test_check(rel <= 1e-10 && g[j] != 0, sub, "<v, J u> = %.15g  <J^T v, u> = %.15g  rel %.2g", vJu, g[j],
                        rel);
@@ -101,6 +106,8 @@ static void fd_images(const char *id, const nbg_experiment *e, nbg_param p, doub
         nbg_param_set(&ep, p, x0 + off[j]);
         nbg_simulate(ctx, &ep, im[j], npix, NULL);
     }
+    nbg_experiment ep = *e; /* a family's value lives in the caller's array, which the copies share: restored */
+    nbg_param_set(&ep, p, x0);
     double tmax = 0, worst = 0;
     for (size_t i = 0; i < npix; ++i) {
         tmax = fmax(tmax, fabs(T[i]));
@@ -110,8 +117,8 @@ static void fd_images(const char *id, const nbg_experiment *e, nbg_param p, doub
         const double fd = (4 * D2 - D1) / 3;
         worst = fmax(worst, fabs(fd - T[i]));
     }
-    char sub[96];
-    snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_name(p));
+    char sub[96], lab[48];
+    snprintf(sub, sizeof sub, "%s-%s", id, nbg_param_label(e, p, lab, sizeof lab));
     nbgi_test_check(tmax > 0 && worst <= 2e-3 * tmax, sub,
                    "max |dI/dtheta - finite difference| = %.3g of max |dI/dtheta| = %.3g", worst / tmax, tmax);
     free(T);
@@ -136,6 +143,18 @@ int main(void)
     e.osc = 1;
     e.phisteps = 2;
     dot_identity("jvp-2-mosaic-phi", &e, 1);
+    {
+        /* and each domain turned by its own angles: the turns' tangents against the adjoint, and against
+         * differences of images */
+        double turns[9] = {0, 0, 0, 0.3, -0.2, 0.1, -0.25, 0.15, 0.35};
+        e.domain_rot = turns;
+        e.ndomain_rot = 3;
+        dot_identity("jvp-2b-domain-turns", &e, 1);
+        fd_images("jvp-2b-fd", &e, NBG_P_DOMAIN(1, 1), 0.01);
+        fd_images("jvp-2b-fd", &e, NBG_P_DOMAIN(2, 2), 0.01);
+        e.domain_rot = NULL;
+        e.ndomain_rot = 0;
+    }
     base(&e);
     e.oversample = 2;
     e.thick = 100;

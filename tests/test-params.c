@@ -17,7 +17,8 @@
  *   <name>-gradcheck     the first of three small experiments (a still; a rotation with tilted spindle; a mosaic
  *                        rotation) where nbg_param_free says it is free: nbg_gradcheck of it alone passes; free in
  *                        none is a failure
- *   family-*             a panel motion's component and a structure factor have info; an id of no family is
+ *   family-*             a panel motion's component, a mosaic domain's turn (its value, its list words) and a
+ *                        structure factor have info; an id of no family is
  *                        NBG_EINVAL; the structure factor without a table (default_F) passes gradcheck
  */
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
@@ -291,6 +292,45 @@ static void families(const nbg_experiment *valid)
                        nbg_param_from_name("g2.rot_x") == NBG_P_MOTION(2, 3),
                    "params-family-motion", "NBG_P_MOTION(0, 3): rc %d, name %s; NBG_P_MOTION(2, 3) labelled %s, "
                    "g2.rot_x is %d", rc, rc == NBG_OK && in.name ? in.name : "?", lab, nbg_param_from_name("g2.rot_x"));
+    /* a mosaic domain's own turn: its info, label and name, its value in the experiment's array, the list words */
+    rc = nbg_param_info_get(NBG_P_DOMAIN(0, 1), &in);
+    nbg_param_label(NULL, NBG_P_DOMAIN(3, 2), lab, sizeof lab);
+    nbgi_test_check(rc == NBG_OK && in.name != NULL && strcmp(in.name, "rot_y") == 0 && strcmp(in.unit, "deg") == 0 &&
+                        strcmp(lab, "d3.rot_z") == 0 && nbg_param_from_name("d3.rot_z") == NBG_P_DOMAIN(3, 2) &&
+                        nbg_param_from_name("d3.shift_x") == -1,
+                    "params-family-domain", "NBG_P_DOMAIN(0, 1): rc %d, name %s; NBG_P_DOMAIN(3, 2) labelled %s, "
+                    "d3.rot_z is %d", rc, rc == NBG_OK && in.name ? in.name : "?", lab,
+                    nbg_param_from_name("d3.rot_z"));
+    {
+        nbg_experiment e = *valid;
+        double turns[9] = {0, 0, 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6}, v = 0;
+        nbg_param *ids = NULL;
+        int nids = 0;
+        const int before = nbg_params_parse(ctx, &e, "d1.rot_x", 0, &ids, &nids); /* no turns yet */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", nbg_errmsg(ctx));
+        free(ids);
+        ids = NULL;
+        e.mosaic_domains = 3;
+        e.domain_rot = turns;
+        e.ndomain_rot = 3;
+        const int got = nbg_param_get(&e, NBG_P_DOMAIN(2, 1), &v);
+        const int set = nbg_param_set(&e, NBG_P_DOMAIN(1, 2), 0.35);
+        const int prc = nbg_params_parse(ctx, &e, "domain_rot,d0.rot_x", 0, &ids, &nids);
+        int order = prc == NBG_OK && nids == 7 && ids[6] == NBG_P_DOMAIN(0, 0);
+        for (int k = 0; order && k < 6; ++k) {
+            order = ids[k] == NBG_P_DOMAIN(1 + k / 3, k % 3);
+        }
+        free(ids);
+        ids = NULL;
+        const int far = nbg_params_parse(ctx, &e, "d3.rot_x", 0, &ids, &nids);
+        free(ids);
+        nbgi_test_check(before == NBG_EINVAL && strstr(msg, "d1.rot_x") != NULL && got == NBG_OK && v == 0.5 &&
+                            set == NBG_OK && turns[5] == 0.35 && order && far == NBG_EINVAL &&
+                            strstr(nbg_errmsg(ctx), "domain 3") != NULL,
+                        "params-family-domain-list", "without turns: %s; d2.rot_y %g; domain_rot,d0.rot_x parsed in "
+                        "order %d; d3.rot_x of three: %s", msg, v, order, nbg_errmsg(ctx));
+    }
     rc = nbg_param_info_get(NBG_P_F(0), &in);
     nbg_param_label(valid, NBG_P_F(0), lab, sizeof lab);
     double f = 0;

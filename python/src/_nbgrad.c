@@ -523,7 +523,8 @@ static void motions_settle(ExperimentObject *x, int attached)
     x->e->nmotions = 0;
 }
 
-/* A scalar or panel-motion parameter by name or alias ("a", "wavelength", "g3.shift_x"); -1 with an exception. */
+/* A scalar, panel-motion or domain-turn parameter by name or alias ("a", "wavelength", "g3.shift_x", "d1.rot_x"); -1
+ * with an exception. */
 static int param_index(ExperimentObject *x, PyObject *name)
 {
     const char *s = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
@@ -535,6 +536,12 @@ static int param_index(ExperimentObject *x, PyObject *name)
     int p = nbg_param_from_name(s);
     if (p < 0) {
         PyErr_Format(PyExc_ValueError, "unknown parameter '%s'", s);
+    } else if (p >= NBG_P_DOMAIN0) { /* a mosaic domain's own turn */
+        if ((p - NBG_P_DOMAIN0) / 3 >= x->e->ndomain_rot) {
+            PyErr_Format(PyExc_ValueError, "'%s': the crystal's domains with turns of their own are %d (-domain_rot)",
+                         s, x->e->ndomain_rot);
+            p = -1;
+        }
     } else if (p >= NBG_NPARAMS && (p - NBG_P_MOTION0) / 6 >= x->nmotions) {
         PyErr_Format(PyExc_ValueError, "'%s': the detector has %d panel groups", s, x->nmotions);
         p = -1;
@@ -1360,7 +1367,7 @@ static int parse_params(ExperimentObject *x, PyObject *list, int flags, nbg_para
     }
     int motion = 0;
     for (int j = 0; j < *n; ++j) {
-        motion |= (*ids)[j] >= NBG_P_MOTION0 && (*ids)[j] < NBG_P_F_ALL;
+        motion |= (*ids)[j] >= NBG_P_MOTION0 && (*ids)[j] < NBG_P_DOMAIN0;
     }
     if (!motion) {
         motions_settle(x, *attached);

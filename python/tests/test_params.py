@@ -131,3 +131,26 @@ def test_panel_motions():
     assert not np.array_equal(moved, img) and np.array_equal(nbgrad.simulate(e), img)
     with pytest.raises(ValueError, match="g60"):
         nbgrad.grad(e, w, ["g60.shift_x"])
+
+
+def test_domain_turns(tmp_path):
+    """A crystal of three blocks: each mosaic domain turned by its own angles (-domain_rot), the turns named as
+    parameters ("d1.rot_x" ...), their gradients against the tangents, a turn set on a copy moving its image alone."""
+    turns = tmp_path / "turns.txt"
+    turns.write_text("1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n")
+    e = nbgrad.Experiment(cell=(70, 80, 90, 75, 85, 95), misset=(10, 5, 3), default_F=100, N=8, wavelength=1,
+                          distance=100, detpixels=64, oversample=1, mosaic_domains=3, domain_rot=str(turns))
+    img = nbgrad.simulate(e)
+    assert e.get_param("d2.rot_y") == 0.4
+    w = np.random.default_rng(3).uniform(0.5, 1.5, e.shape).astype(np.float32)
+    g = nbgrad.grad(e, w, ["domain_rot", "a"])
+    assert list(g) == ["d1.rot_x", "d1.rot_y", "d1.rot_z", "d2.rot_x", "d2.rot_y", "d2.rot_z", "a"]
+    t = nbgrad.jvp(e, ["d1.rot_z", "d2.rot_x"])
+    assert float(np.sum(w * t[0])) == pytest.approx(g["d1.rot_z"], rel=1e-6) and g["d1.rot_z"] != 0
+    assert float(np.sum(w * t[1])) == pytest.approx(g["d2.rot_x"], rel=1e-6) and g["d2.rot_x"] != 0
+    m = e.copy()
+    m.set_param("d1.rot_x", 0.5)
+    assert m.get_param("d1.rot_x") == 0.5 and e.get_param("d1.rot_x") == 0.3
+    assert not np.array_equal(nbgrad.simulate(m), img) and np.array_equal(nbgrad.simulate(e), img)
+    with pytest.raises(ValueError, match="d3.rot_x"):
+        e.get_param("d3.rot_x")

@@ -53,9 +53,9 @@ Three metrics, each reported for DIALS and nbgrad:
       puts metric (b) x further off (0.88 px against 0.80).  And they are lumpy: their brightest pixel holds 0.227 of
       the spot (bounding box, nbgrad's background off) against the model's 0.187, the observed spot the sharper in
       72 % of them (cspad: 0.519 against 0.494, 56 %): sub-peaks that move from spot to spot, consistent with a
-      crystal of a few discrete blocks, which one lattice with a smooth spread does not draw (a hypothesis, not
-      tested: nbgrad has no such model; the fit's small Na Nb Nc, 21 x 13 x 5 cells, broaden the spot to cover the
-      sub-peaks and are no crystal size).  For information the output also gives the model
+      crystal of a few discrete blocks, which one lattice with a smooth spread does not draw (the fit's small Na Nb
+      Nc, 21 x 13 x 5 cells, broaden the spot to cover the sub-peaks and are no crystal size).  The crystal of blocks
+      below tests that.  For information the output also gives the model
       image's centroid (every reflection's light, no background) over the bounding box widened by 0, 1, 3 and 6 px,
       which a close neighbour's light enters (the thaumatin still's c of 150 A puts spots a few pixels apart).
   (c) "DIALS's spot finder on the model image", for information and on the thaumatin still only (written for a
@@ -67,10 +67,16 @@ Three metrics, each reported for DIALS and nbgrad:
       foreground's own geometry into both centroids).  Measured: nbgrad 0.77 / 0.39 px against DIALS's 0.66 / 0.53
       over the 114 of 217 spots whose model spot the finder finds (ratios 1.18 / 0.74); the others are weak
       reflections the observation found on its noise.  It agrees with (b), not with (a).
+The crystal of blocks (see BLOCKS): the same fit with the crystal as 11 mosaic domains, each turned by its own
+fitted angles, reported with metric (b) and chi^2 per pixel beside the one lattice's.  Measured: thaumatin chi^2 7.59
+-> 5.17, metric (b) 0.80 / 0.42 -> 0.60 / 0.35 px (DIALS 0.74 / 0.67: ratios 0.80 / 0.52); cspad chi^2 101 -> 79,
+metric (b) 0.41 / 0.45 -> 0.40 / 0.45 px (DIALS 0.45 / 0.43).  Checked: it converges and its chi^2 is below the one
+lattice's.
 All three metrics are in-sample for DIALS: its refinement minimises exactly xyzcal.px - xyzobs.px.value over these
 reflections; nbgrad fits the pixels of boxes about them, not their centroids.
 The issue's target is nbgrad's rms at most 0.8 times DIALS's, in x and in y.  It is checked on metric (a); metric
-(b) is printed with a line saying whether it meets the target too (measured: not on the thaumatin still's x).
+(b) is printed with a line saying whether it meets the target too, for one lattice and for the blocks (measured:
+neither does, on either still).
 Also reported: chi^2 per pixel (refine's deviance / its expectation, the JSON's fit.deviance_ratio; DIALS models
 positions, not pixels, so it has none), the standard errors scaled by sqrt(chi^2), the cell, nbgrad's orientation
 change from DIALS's, iterations and times.
@@ -139,6 +145,24 @@ REFINE = SHAPE + ["-spotlist", "indexed.refl", "-spots", "3", "-hkl", "indexed.r
           "-loss", "poisson", "-json", "refined.json", "-hklout", "refined.hkl", "-exptfile", "refined.expt",
           "-centroids", "centroids.txt"]
 
+# The crystal of blocks: the same fit with the crystal as 11 mosaic domains of equal weight, each turned by its own
+# angles (-params ... domain_rot: every domain's but domain 0's, whose turn the orientation makes), from DIALS's model
+# with the domains of a 0.5 deg spread (seed 12345678) under the turns, so that the domains start apart (identical
+# domains have identical derivatives, and a fit cannot part them).  The spread stays fixed.  Measured on the
+# thaumatin still over starts (domains / spread): 7 / 0.3 -> metric (b) 0.62 / 0.37 px, chi^2 5.22; 11 / 0.2 0.61 /
+# 0.38, 5.26; 11 / 0.3 0.62 / 0.35, 5.05; 11 / 0.5 0.60 / 0.35, 5.16; 15 / 0.3 0.60 / 0.36, 5.02 (one lattice: 0.81 /
+# 0.42, 7.59).
+BLOCKS = ["-mosaic", "0.5", "-mosaic_domains", "11", "-maxiter", "300"]
+REFINE_BLOCKS = [a for a in REFINE] + BLOCKS
+REFINE_BLOCKS[REFINE_BLOCKS.index("-params") + 1] += ",domain_rot"
+for k, v in (("-json", "blocks.json"), ("-hklout", "blocks.hkl"), ("-exptfile", "blocks.expt"),
+             ("-centroids", "blocks_centroids.txt"), ("-maxiter", None)):
+    i = REFINE_BLOCKS.index(k)
+    if v is None:
+        del REFINE_BLOCKS[i:i + 2]  # the first -maxiter (REFINE's); BLOCKS' stays
+    else:
+        REFINE_BLOCKS[i + 1] = v
+
 # Thresholds, per still, from the values measured here (Debian's dials 3.12, nbgrad at this commit) with margin:
 #   dev_ratio   chi^2 per pixel of nbgrad's fit: measured thaumatin 7.59, cspad 101 (dark-subtracted ADU taken as
 #               photons: the Poisson loss's chi^2 is not a photon chi^2 there); the check allows about twice that
@@ -151,8 +175,31 @@ LIMITS = {
 }
 
 
+def own_centroids(path, refl, obs):
+    """refine -centroids' own-spot centroids (x, y; NaN where none), matched to refl's rows by Miller index and
+    observed centroid."""
+    own = {}
+    for line in open(path):
+        if line.startswith("#"):
+            continue
+        v = line.split()
+        own[(int(v[1]), int(v[2]), int(v[3]), round(float(v[4]), 3), round(float(v[5]), 3))] = (float(v[10]),
+                                                                                               float(v[11]))
+    return np.array([own.get((h[0], h[1], h[2], round(o[0], 3), round(o[1], 3)), (np.nan, np.nan))
+                     for h, o in zip(list(refl["miller_index"]), obs)])
+
+
 def rms(d):
     return np.sqrt(np.mean(np.square(d), axis=0)) if len(d) else np.array([np.nan, np.nan])
+
+
+def block_turn_deg(par, m):
+    """The angle (deg) of block m's turn Rz Ry Rx, from refine's JSON parameters d<m>.rot_x ... (deg)."""
+    x, y, z = (math.radians(par["d%d.rot_%s" % (m, c)]["value"]) for c in "xyz")
+    Rx = np.array([[1, 0, 0], [0, math.cos(x), -math.sin(x)], [0, math.sin(x), math.cos(x)]])
+    Ry = np.array([[math.cos(y), 0, math.sin(y)], [0, 1, 0], [-math.sin(y), 0, math.cos(y)]])
+    Rz = np.array([[math.cos(z), -math.sin(z), 0], [math.sin(z), math.cos(z), 0], [0, 0, 1]])
+    return math.degrees(math.acos(max(-1.0, min(1.0, (np.trace(Rz @ Ry @ Rx) - 1.0) / 2.0))))
 
 
 def rotation_angle_deg(U1, U2):
@@ -493,18 +540,8 @@ def one_still(nbgrad, work, name, spec):
     a_nb = rms(c[u, 1] - obs[u])
     oka = u & np.isfinite(c[:, 2, 0])
     a_nobg = rms(c[oka, 2] - obs[oka])
-    # metric (b): refine -centroids' own-spot centroids of the fitted model, matched to refl's rows by index and
-    # observed centroid
-    own = {}
-    for line in open(os.path.join(work, "centroids.txt")):
-        if line.startswith("#"):
-            continue
-        v = line.split()
-        own[(int(v[1]), int(v[2]), int(v[3]), round(float(v[4]), 3), round(float(v[5]), 3))] = (float(v[10]),
-                                                                                               float(v[11]))
-    hkls = list(refl["miller_index"])
-    ownc = np.array([own.get((h[0], h[1], h[2], round(o[0], 3), round(o[1], 3)), (np.nan, np.nan))
-                     for h, o in zip(hkls, obs)])
+    # metric (b): refine -centroids' own-spot centroids of the fitted model
+    ownc = own_centroids(os.path.join(work, "centroids.txt"), refl, obs)
     okb = u & np.isfinite(ownc[:, 0])
     b_nb = rms(ownc[okb] - obs[okb])
     b_dials = rms(cal[okb] - obs[okb])
@@ -554,6 +591,35 @@ def one_still(nbgrad, work, name, spec):
     meets_b = bool(np.all(b_nb <= TARGET * b_dials)) and okb.sum() == u.sum()
     print("  metric (b) %s the target (nbgrad <= %.1f x DIALS in x and y): ratios %.2f / %.2f" %
           ("MEETS" if meets_b else "does NOT meet", TARGET, b_nb[0] / b_dials[0], b_nb[1] / b_dials[1]))
+
+    # --- the crystal of blocks (see BLOCKS) ---
+    rc, t_blk = run([nbgrad, "refine", "-expt", "indexed.expt", "-observed", spec["image"]] + REFINE_BLOCKS, work,
+                    "blocks.log")
+    blk = None
+    if not os.path.exists(os.path.join(work, "blocks.json")) or rc not in (0, 3, 4):
+        check(False, name + "-blocks", "nbgrad refine of the crystal of blocks, exit %d:\n%s" %
+              (rc, tail(os.path.join(work, "blocks.log"))))
+    else:
+        jb = json.load(open(os.path.join(work, "blocks.json")))
+        dev_b = jb["fit"]["deviance_ratio"]
+        ownb = own_centroids(os.path.join(work, "blocks_centroids.txt"), refl, obs)
+        okk = u & np.isfinite(ownb[:, 0])
+        bb_nb, bb_dials = rms(ownb[okk] - obs[okk]), rms(cal[okk] - obs[okk])
+        turns = [block_turn_deg(jb["parameters"], m) for m in range(1, 11)]
+        meets_bb = bool(np.all(bb_nb <= TARGET * bb_dials)) and okk.sum() == u.sum()
+        print("  the crystal of blocks (11 mosaic domains, each turned by its own fitted angles):")
+        print("    metric (b): nbgrad rms x / y %s px, DIALS's %s over the same %d spots (model empty about %d used "
+              "spots): ratios %.3f / %.3f, %s the target" % (fmt2(bb_nb), fmt2(bb_dials), okk.sum(), u.sum() - okk.sum(),
+                                                             bb_nb[0] / bb_dials[0], bb_nb[1] / bb_dials[1],
+                                                             "MEETS" if meets_bb else "does NOT meet"))
+        print("    the blocks' own turns, domains 1 to 10 (deg; each on top of its spread's draw): %s" %
+              " ".join("%.3f" % t for t in turns))
+        # the blocks explain the pixels better than one lattice: measured chi^2 thaumatin 7.59 -> 5.16
+        check(jb.get("converged") is True and dev_b < dev, name + "-blocks",
+              "the crystal of blocks: converged after %d iterations (exit %d, %.1f s), chi^2 per pixel %.3f against "
+              "one lattice's %.3f" % (jb["iterations"], rc, t_blk, dev_b, dev))
+        blk = {"nb_b": bb_nb, "dials_b": bb_dials, "meets_b": meets_bb, "dev": dev_b, "iters": jb["iterations"],
+               "t_refine": t_blk}
     # the issue's target on metric (a): measured thaumatin 0.276 / 0.110 against DIALS's 0.754 / 0.655 (ratios 0.37,
     # 0.17), cspad 0.195 / 0.235 against 0.456 / 0.452 (0.43, 0.52)
     check(bool(np.all(a_nb <= TARGET * d_dials)), name + "-centroids",
@@ -564,7 +630,7 @@ def one_still(nbgrad, work, name, spec):
             "meets_b": meets_b, "d_cell": d_cell, "n_cell": n_cell,
             "n_sig": (par["a"]["sigma"] * sig, par["c"]["sigma"] * sig), "turn": turn, "dev": dev,
             "iters": js["iterations"], "d_steps": d_steps, "t_dials": t_dials, "t_refine": t_refine,
-            "t_sim": t_sim, "Ns": Ns, "bg": bg}
+            "t_sim": t_sim, "Ns": Ns, "bg": bg, "blocks": blk}
 
 
 def table(rows):
@@ -583,6 +649,12 @@ def table(rows):
         print("%-10s         Na Nb Nc %.2f %.2f %.2f, background %.2f; (sigma) scaled by sqrt(chi^2)%s" %
               ("", r["Ns"][0], r["Ns"][1], r["Ns"][2], r["bg"],
                "" if r["meets_b"] else "; metric (b) misses the target"))
+        b = r.get("blocks")
+        if b:
+            print("%-10s blocks  %-16s %-16s %8s %8s  %10s  %8.3f  %10d  %8.1f" %
+                  ("", "-", fmt2(b["nb_b"]), "", "", "", b["dev"], b["iters"], b["t_refine"]))
+            print("%-10s         11 mosaic domains turned by their own angles; metric (b) %s the target (DIALS %s)" %
+                  ("", "meets" if b["meets_b"] else "misses", fmt2(b["dials_b"])))
 
 
 def main(argv):
