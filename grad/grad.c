@@ -156,6 +156,44 @@ static void rodrigues_dtheta(const double v[3], double th, double D[9])
     D[8] = -s + s * v[2] * v[2];
 }
 
+/* A crystal vector at phi 0 (or its tangent) v turned by domain m's own turn (where it has one) and the spindle at
+ * phi step ip: Rot(axis, phi) D_m v. */
+static void domain_turned(const nbgi_plan *pl, int ip, int m, const double v[3], double out[3])
+{
+    const nbgi_lab_crystal *x = &pl->lab.xtal;
+    double a[3];
+    if (m < x->ndomrot) {
+        const double *D = x->domrot + 9 * m;
+        for (int i = 0; i < 3; ++i) {
+            a[i] = D[3 * i] * v[0] + D[3 * i + 1] * v[1] + D[3 * i + 2] * v[2];
+        }
+    } else {
+        memcpy(a, v, sizeof a);
+    }
+    if (pl->lab.gon.phi[ip] != 0) {
+        rotate_axis_d(a, pl->lab.gon.axis, pl->lab.gon.phi[ip], out);
+    } else {
+        memcpy(out, a, sizeof a);
+    }
+}
+
+/* v as the plan turns it for phi step ip and domain m (src/plan.c's rotate_crystal): U_m Rot(axis, phi) D_m v, U_m
+ * the domain's mosaic rotation where there is a spread. */
+static void domain_chain(const nbgi_plan *pl, int ip, int m, const double v[3], double out[3])
+{
+    const nbgi_lab_crystal *x = &pl->lab.xtal;
+    double r[3];
+    domain_turned(pl, ip, m, v, r);
+    if (x->spread > 0) {
+        const double *U = x->umat + 9 * m;
+        for (int i = 0; i < 3; ++i) {
+            out[i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
+        }
+    } else {
+        memcpy(out, r, sizeof r);
+    }
+}
+
 /* The crystal set-up's tangent (cell[index], misset[index] or the wavelength) by the complex step: a0 (m) and
  * a* (1/A), then abc[phi, m] = U_m Rot(u, phi) a0, which is linear in a0. */
 static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_setup what, int index,
@@ -206,20 +244,7 @@ static void tangent_crystal(const nbg_experiment *e, const nbgi_plan *pl, nbgi_s
         for (int m = 0; m < k->nmos; ++m) {
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
-                double r[3];
-                if (pl->lab.gon.phi[ip] != 0) {
-                    rotate_axis_d(ta0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], r);
-                } else {
-                    memcpy(r, ta0 + 3 * v, sizeof r);
-                }
-                if (pl->lab.xtal.spread > 0 || pl->lab.xtal.domrot != NULL) {
-                    const double *U = pl->lab.xtal.umat + 9 * m;
-                    for (int i = 0; i < 3; ++i) {
-                        dst[3 * v + i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
-                    }
-                } else {
-                    memcpy(dst + 3 * v, r, sizeof r);
-                }
+                domain_chain(pl, ip, m, ta0 + 3 * v, dst + 3 * v);
             }
         }
     }
@@ -247,22 +272,33 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
     t2[1] = e->spindle_tilt[1] / RTD;
     t2[index] += ih / RTD;
     nbgi_spindle_tilt_z(u0, v1, v2, t2, uz);
+    const nbgi_lab_crystal *xt = &pl->lab.xtal;
     for (int ip = 0; ip < k->nphi; ++ip) {
         double r[9];
-        for (int v = 0; v < 3; ++v) {
-            double _Complex a[3], rz[3];
-            for (int x = 0; x < 3; ++x) {
-                a[x] = pl->lab.xtal.a0[3 * v + x];
-            }
-            rotate_axis_z(a, uz, pl->lab.gon.phi[ip], rz);
-            for (int x = 0; x < 3; ++x) {
-                r[3 * v + x] = cimag(rz[x]) / CSTEP;
-            }
-        }
         for (int m = 0; m < k->nmos; ++m) {
+            /* the spindle turns a0 (the domains without a turn of their own), or the domain's turned a0 */
+            if (m == 0 || m <= xt->ndomrot) {
+                for (int v = 0; v < 3; ++v) {
+                    double _Complex a[3], rz[3];
+                    for (int x = 0; x < 3; ++x) {
+                        a[x] = xt->a0[3 * v + x];
+                    }
+                    if (m < xt->ndomrot) {
+                        const double *D = xt->domrot + 9 * m;
+                        for (int x = 0; x < 3; ++x) {
+                            a[x] = D[3 * x] * xt->a0[3 * v] + D[3 * x + 1] * xt->a0[3 * v + 1] +
+                                   D[3 * x + 2] * xt->a0[3 * v + 2];
+                        }
+                    }
+                    rotate_axis_z(a, uz, pl->lab.gon.phi[ip], rz);
+                    for (int x = 0; x < 3; ++x) {
+                        r[3 * v + x] = cimag(rz[x]) / CSTEP;
+                    }
+                }
+            }
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
-                if (pl->lab.xtal.spread > 0 || pl->lab.xtal.domrot != NULL) {
+                if (pl->lab.xtal.spread > 0) {
                     const double *U = pl->lab.xtal.umat + 9 * m;
                     for (int i = 0; i < 3; ++i) {
                         dst[3 * v + i] = U[3 * i] * r[3 * v] + U[3 * i + 1] * r[3 * v + 1] + U[3 * i + 2] * r[3 * v + 2];
@@ -275,61 +311,80 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
     }
 }
 
-/* theta_m = spread c_m: d abc / d spread = R_m dU_m/dtheta c_m Rot a0 (R_m the domain's own turn, or none). */
-static void tangent_mosaic(const nbg_experiment *e, const nbgi_plan *pl, nbgi_adjacc *t)
+/* theta_m = spread c_m: d abc / d spread = dU_m/dtheta c_m Rot D_m a0 (D_m the domain's own turn, or none). */
+static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
 {
     const nbgi_kparams *k = &pl->k;
+    const nbgi_lab_crystal *x = &pl->lab.xtal;
     for (int ip = 0; ip < k->nphi; ++ip) {
-        double ap[9];
+        double ap[9], at[9];
         for (int v = 0; v < 3; ++v) {
             if (pl->lab.gon.phi[ip] != 0) {
-                rotate_axis_d(pl->lab.xtal.a0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], ap + 3 * v);
+                rotate_axis_d(x->a0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], ap + 3 * v);
             } else {
-                memcpy(ap + 3 * v, pl->lab.xtal.a0 + 3 * v, 3 * sizeof(double));
+                memcpy(ap + 3 * v, x->a0 + 3 * v, 3 * sizeof(double));
             }
         }
-        for (int m = 0; m < k->nmos && pl->lab.xtal.spread > 0; ++m) {
+        for (int m = 0; m < k->nmos && x->spread > 0; ++m) {
             double D[9];
-            rodrigues_dtheta(pl->lab.xtal.mos_axis + 3 * m, pl->lab.xtal.mos_angle[m], D);
-            if (pl->lab.xtal.domrot != NULL && m < e->ndomain_rot) { /* umat = R U: d umat = R dU */
-                const double *R = pl->lab.xtal.domrot + 9 * m;
-                double RD[9];
-                for (int i = 0; i < 3; ++i) {
-                    for (int j = 0; j < 3; ++j) {
-                        RD[3 * i + j] = R[3 * i] * D[j] + R[3 * i + 1] * D[3 + j] + R[3 * i + 2] * D[6 + j];
-                    }
+            rodrigues_dtheta(x->mos_axis + 3 * m, x->mos_angle[m], D);
+            const double *src = ap;
+            if (m < x->ndomrot) { /* Rot D_m a0 in place of Rot a0: the domain's own turn first */
+                for (int v = 0; v < 3; ++v) {
+                    domain_turned(pl, ip, m, x->a0 + 3 * v, at + 3 * v);
                 }
-                memcpy(D, RD, sizeof D);
+                src = at;
             }
-            const double cm = pl->lab.xtal.mos_angle[m] / pl->lab.xtal.spread / RTD;
+            const double cm = x->mos_angle[m] / x->spread / RTD;
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
                 for (int i = 0; i < 3; ++i) {
-                    dst[3 * v + i] = (D[3 * i] * ap[3 * v] + D[3 * i + 1] * ap[3 * v + 1] + D[3 * i + 2] * ap[3 * v + 2]) *
-                                     cm;
+                    dst[3 * v + i] =
+                        (D[3 * i] * src[3 * v] + D[3 * i + 1] * src[3 * v + 1] + D[3 * i + 2] * src[3 * v + 2]) * cm;
                 }
             }
         }
     }
 }
 
-/* Domain m's own turn about the lab's axis c (R = Rz Ry Rx, its angles r): d(R v)/d r_c = w_c x (R v) for each of
- * the domain's vectors v = U Rot a0 at every phi step, with w_z = z, w_y = Rz y, w_x = Rz Ry x (per radian; per
- * degree here).  Exact; the other domains do not move. */
+/* Domain m's own turn about the lab's axis c (D = Rz Ry Rx of its angles r, at phi 0): d(D v)/d r_c = w_c x (D v)
+ * for each of the crystal's vectors v = a0, with w_z = z, w_y = Rz y, w_x = Rz Ry x (per radian; per degree here),
+ * then the spindle and the mosaic rotation as the plan turns them.  Exact; the other domains do not move. */
 static void tangent_domain(const nbg_experiment *e, const nbgi_plan *pl, int m, int c, nbgi_adjacc *t)
 {
     const nbgi_kparams *k = &pl->k;
-    const double *r = e->domain_rot + 3 * m;
+    const nbgi_lab_crystal *x = &pl->lab.xtal;
+    const double *r = e->domain_rot + 3 * m, *D = x->domrot + 9 * m;
     const double ec[3] = {c == 0, c == 1, c == 2};
-    double w[3];
+    double w[3], dv[9];
     nbgi_rotate_xyz(ec, 0, c == 0 ? r[1] / RTD : 0, c < 2 ? r[2] / RTD : 0, w);
+    for (int v = 0; v < 3; ++v) {
+        double a[3];
+        for (int i = 0; i < 3; ++i) {
+            a[i] = D[3 * i] * x->a0[3 * v] + D[3 * i + 1] * x->a0[3 * v + 1] + D[3 * i + 2] * x->a0[3 * v + 2];
+        }
+        nbgi_cross(w, a, dv + 3 * v);
+        for (int i = 0; i < 3; ++i) {
+            dv[3 * v + i] /= RTD;
+        }
+    }
+    /* dv is already turned by D: the spindle and the mosaic rotation alone remain (domain_chain without D) */
     for (int ip = 0; ip < k->nphi; ++ip) {
-        const size_t o = 9 * ((size_t)ip * k->nmos + m);
+        double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
         for (int v = 0; v < 3; ++v) {
-            double x[3];
-            nbgi_cross(w, pl->abc + o + 3 * v, x);
-            for (int i = 0; i < 3; ++i) {
-                t->abc[o + 3 * v + i] = x[i] / RTD;
+            double q[3];
+            if (pl->lab.gon.phi[ip] != 0) {
+                rotate_axis_d(dv + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], q);
+            } else {
+                memcpy(q, dv + 3 * v, sizeof q);
+            }
+            if (x->spread > 0) {
+                const double *U = x->umat + 9 * m;
+                for (int i = 0; i < 3; ++i) {
+                    dst[3 * v + i] = U[3 * i] * q[0] + U[3 * i + 1] * q[1] + U[3 * i + 2] * q[2];
+                }
+            } else {
+                memcpy(dst + 3 * v, q, sizeof q);
             }
         }
     }
@@ -441,7 +496,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
 {
     int dm, dc;
     if (nbgi_param_domain(p, &dm, &dc)) {
-        if (dm < e->ndomain_rot && dm < pl->k.nmos) {
+        if (dm < pl->lab.xtal.ndomrot && dm < pl->k.nmos) {
             tangent_domain(e, pl, dm, dc, t);
         }
         return;
@@ -461,7 +516,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
         tangent_tilt(e, pl, r->index, t);
         return;
     case NBGI_S_MOSAIC:
-        tangent_mosaic(e, pl, t);
+        tangent_mosaic(pl, t);
         return;
     case NBGI_S_BEAM_DIR:
         tangent_beam_dir(pl, r->index, t);

@@ -166,7 +166,7 @@ int nbg_param_info_get(nbg_param p, nbg_param_info *info)
         info->unit = "deg";
         info->flag = "-domain_rot";
         info->groups = "domain_rot";
-        info->help = "a mosaic domain's own turn about the lab's x, y, z, after its mosaic rotation (d<m>.rot_x ...)";
+        info->help = "a mosaic domain's own turn about the lab's x, y, z at phi 0 (d<m>.rot_x ...)";
         break;
     case NBGI_K_F:
     case NBGI_K_F_ALL:
@@ -681,8 +681,8 @@ static int parse_word(nbg_ctx *ctx, const nbg_experiment *e, const char *w, int 
         len += (size_t)snprintf(known + len, sizeof known - len, "%s%s", q ? " " : "", nbgi_param_rows[q].name);
     }
     return nbgi_error(ctx, NBG_EINVAL, "unknown parameter '%s' (known: %s; F, F(h,k,l); the groups %s; the panel "
-                     "groups' motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...; the mosaic "
-                     "domains' turns domain_rot d<m>.rot_x ...)",
+                     "groups' motions panels panel_shift panel_rot panel_shift_x ... panel_rot_z g<k>.shift_x ...; "
+                     "the mosaic domains' turns domain_rot d<m>.rot_x ...)",
                      w, known, group_names);
 }
 

@@ -371,10 +371,12 @@ typedef struct {
                                        sit on the same crystal after a change of frame (an experiment list nbgrad
                                        wrote carries it: nbg_geometry.mosaic_frame).  [0] NAN: the identity */
     /* Each domain's own turn (a crystal of a few blocks): ndomain_rot = 0 (the default) none; else domain m <
-     * ndomain_rot is turned by Rz(r[2]) Ry(r[1]) Rx(r[0]) about the laboratory's axes, r = domain_rot + 3 m (deg),
-     * after its mosaic rotation (domain 0's is none), so that blocks of the crystal may sit at their own
-     * orientations; the domains are of equal weight.  ndomain_rot must not exceed the domains (-mosaic_domains).
-     * Caller-owned; nbg_param_set and nbg_refine write fitted values into it (NBG_P_DOMAIN). */
+     * ndomain_rot is turned by D = Rz(r[2]) Ry(r[1]) Rx(r[0]) about the laboratory's axes at phi 0, r = domain_rot +
+     * 3 m (deg): the turn is the crystal's, the spindle turns it with the crystal, and the domain's mosaic rotation
+     * (with a spread) comes after both, as always (domain m's vectors U_m Rot(phi) D a0).  So blocks of the crystal
+     * may sit at their own orientations; the domains are of equal weight.  With turns the domain count given
+     * (mosaic_domains) stands without a spread.  ndomain_rot must not exceed the domains.  Caller-owned; nbg_param_set
+     * and nbg_refine write fitted values into it (NBG_P_DOMAIN). */
     double *domain_rot;
     int ndomain_rot;
 
@@ -1224,7 +1226,8 @@ typedef struct {
     double mosaic_frame[9];           /* from the frame the domains' axes were drawn in to this description's */
     int ndomain_turns;                /* the domains' own turns (nbg_experiment.domain_rot), 0: none */
     double domain_turn[NBG_MAX_DOMAIN_TURNS][9]; /* each domain's turn, a rotation in this description's frame
-                                                    (row-major; umat = turn U) */
+                                                    (row-major; the crystal's at scan angle 0, as
+                                                    real_space) */
     /* --- the beam's divergence and spectrum as nbgrad samples them (nbg_experiment's fields of the same names;
      * NAN or -1 where unset; written into and read from the lists nbgrad writes) --- */
     int has_beam_sampling;

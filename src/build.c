@@ -790,8 +790,9 @@ static const cli_flag flags[] = {
              "turned about the group's centre; groups not listed stay (refine -motionsfile writes this format)"},
     {"-domain_rot", K_STR, C(domainrotfile), .group = G_CRYSTAL, .arg = "file",
      .help = "a crystal of a few blocks: each mosaic domain's own turn, a line each: domain rot_x rot_y rot_z (deg, "
-             "Rz Ry Rx about the lab's axes, after its mosaic rotation); needs -mosaic_domains n, which then stands "
-             "without a spread; domains not listed stay (refine -domain_rotfile writes this format)"},
+             "Rz Ry Rx about the lab's axes at phi 0, the crystal's: the spindle turns it, the domain's mosaic "
+             "rotation comes after); needs -mosaic_domains n, which then stands without a spread; domains not listed "
+             "stay (refine -domain_rotfile writes this format)"},
     {"-mask", K_STR, 0, .group = G_DETECTOR, .arg = "file",
      .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
     {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",

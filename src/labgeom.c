@@ -496,12 +496,25 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         for (int i = 0; i < 3; ++i)
             for (int j = 0; j < 3; ++j)
                 g->mosaic_frame[3 * i + j] = R[3 * i] * F[j] + R[3 * i + 1] * F[3 + j] + R[3 * i + 2] * F[6 + j];
-        /* each domain's own turn D (Rz Ry Rx of its angles) as the description sees it: R D R^T */
+        /* each domain's own turn D (Rz Ry Rx of its angles, the crystal's at phi 0) as the description sees it:
+         * R D R^T, and for a still written turned by phi0 (above) R S D S^T R^T, S that turn */
+        double S[9];
+        for (int j = 0; j < 3; ++j) {
+            const double ej[3] = {j == 0, j == 1, j == 2};
+            double col[3];
+            if (turn != 0)
+                nbgi_rotate_axis(ej, r->spindle, turn, col);
+            else
+                memcpy(col, ej, sizeof col);
+            for (int i = 0; i < 3; ++i)
+                S[3 * i + j] = col[i];
+        }
         g->ndomain_turns = e->ndomain_rot;
         for (int m = 0; m < e->ndomain_rot; ++m) {
-            double D[9];
+            double D[9], SD[9];
             nbgi_domain_turn_matrix(e->domain_rot + 3 * m, D);
-            turn_similar(R, D, g->domain_turn[m]);
+            turn_similar(S, D, SD);
+            turn_similar(R, SD, g->domain_turn[m]);
         }
     }
     return nbgi_geometry_check(ctx, g, "describing the experiment");

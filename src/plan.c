@@ -1416,16 +1416,10 @@ static void mosaic_domains(const nbg_experiment *e, nbgi_lab_crystal *x)
     memcpy(x->umat, I3, sizeof I3);
     set3(x->mos_axis, 0, 0, 1);
     x->mos_angle[0] = 0;
-    /* each domain's own turn, R = Rz Ry Rx about the lab's axes, after its mosaic rotation: umat = R U */
-    for (int m = 0; m < e->ndomain_rot && x->domrot != NULL; ++m) {
-        double *R = x->domrot + 9 * m, U[9];
-        nbgi_domain_turn_matrix(e->domain_rot + 3 * m, R);
-        memcpy(U, x->umat + 9 * m, sizeof U);
-        for (int i = 0; i < 3; ++i) {
-            for (int j = 0; j < 3; ++j) {
-                x->umat[9 * m + 3 * i + j] = R[3 * i] * U[j] + R[3 * i + 1] * U[3 + j] + R[3 * i + 2] * U[6 + j];
-            }
-        }
+    /* each domain's own turn D = Rz Ry Rx about the lab's axes at phi 0 (the crystal's: the spindle turns it) */
+    x->ndomrot = x->domrot != NULL ? e->ndomain_rot : 0;
+    for (int m = 0; m < x->ndomrot; ++m) {
+        nbgi_domain_turn_matrix(e->domain_rot + 3 * m, x->domrot + 9 * m);
     }
 }
 
@@ -1549,8 +1543,9 @@ static void render_options(const nbg_experiment *e, nbgi_render *rd)
 
 /* ---- the kernels' inputs from the model (nbgi_plan_kernels): nothing of the flags is read past this line ------ */
 
-/* The crystal vectors of every phi step and domain: abc[ip, m] = U_m Rot(axis, phi_ip) a0 (9 doubles at
- * 9 (ip domains + m)); phi = 0 and a zero spread rotate nothing. */
+/* The crystal vectors of every phi step and domain: abc[ip, m] = U_m Rot(axis, phi_ip) D_m a0 (9 doubles at
+ * 9 (ip domains + m); D_m the domain's own turn, where it has one); phi = 0, a zero spread and no turns rotate
+ * nothing. */
 static void rotate_crystal(const nbgi_lab *lab, double *abc)
 {
     const nbgi_lab_crystal *x = &lab->xtal;
@@ -1568,11 +1563,25 @@ static void rotate_crystal(const nbgi_lab *lab, double *abc)
         }
         for (int m = 0; m < domains; ++m) {
             double *dst = abc + 9 * ((size_t)ip * domains + m);
+            double at[9];
+            const double *src = ap;
+            if (m < x->ndomrot) { /* the domain's own turn, then the spindle */
+                for (int v = 0; v < 3; ++v) {
+                    double t[3];
+                    matvec(x->domrot + 9 * m, x->a0 + 3 * v, t);
+                    if (phi != 0) {
+                        rotate_axis(t, lab->gon.axis, phi, at + 3 * v);
+                    } else {
+                        memcpy(at + 3 * v, t, sizeof t);
+                    }
+                }
+                src = at;
+            }
             for (int v = 0; v < 3; ++v) {
-                if (spread > 0 || x->domrot != NULL) { /* the domains turned: by their spread, their own turns */
-                    matvec(x->umat + 9 * m, ap + 3 * v, dst + 3 * v);
+                if (spread > 0) {
+                    matvec(x->umat + 9 * m, src + 3 * v, dst + 3 * v);
                 } else {
-                    memcpy(dst + 3 * v, ap + 3 * v, 3 * sizeof(double));
+                    memcpy(dst + 3 * v, src + 3 * v, 3 * sizeof(double));
                 }
             }
         }

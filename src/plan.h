@@ -71,7 +71,9 @@ typedef struct {
     double *umat;           /* domains x 9 rotations (row-major); domain 0 the identity */
     double *mos_axis;       /* domains x 3 axes */
     double *mos_angle;      /* domains angles (rad) */
-    double *domrot;         /* nbg_experiment.ndomain_rot x 9: each domain's own turn R (umat = R U), or NULL */
+    double *domrot;         /* ndomrot x 9: each domain's own turn D, about the lab's axes at phi 0 (the crystal's:
+                               the spindle turns it), or NULL: abc = U Rot(phi) D a0 */
+    int ndomrot;            /* the domains with a turn (nbg_experiment.ndomain_rot), 0 without */
 } nbgi_lab_crystal;
 
 typedef struct {

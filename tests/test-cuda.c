@@ -381,8 +381,8 @@ static void domain_turns(nbg_ctx *cpu, nbg_ctx *gpu)
         worst = fmax(worst, fabs(gg[j] - gc[j]) / fmax(fabs(gc[j]), 1e-300));
     }
     nbgi_test_check(rc1 == NBG_OK && rc2 == NBG_OK && worst <= 1e-8 && gc[0] != 0 && gc[2] != 0,
-                    PFX "-grad-domain-turns", "d1.rot_x, d2.rot_y, d4.rot_z, a, mosaic: worst relative difference to the "
-                    "CPU %.3g (%s)", worst, rc2 == NBG_OK ? "ok" : nbg_errmsg(gpu));
+                    PFX "-grad-domain-turns", "d1.rot_x, d2.rot_y, d4.rot_z, a, mosaic: worst relative difference to "
+                    "the CPU %.3g (%s)", worst, rc2 == NBG_OK ? "ok" : nbg_errmsg(gpu));
     const int rc3 = nbg_simulate_jvp(cpu, e, ids, 5, ta, a, n);
     const int rc4 = nbg_simulate_jvp(gpu, e, ids, 5, tb, b, n);
     double tmax = 0, tw = 0;

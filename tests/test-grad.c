@@ -278,7 +278,8 @@ int main(void)
         e.domain_rot = turns;
         e.ndomain_rot = 4;
         gradcheck("grad-3b-domain-turns", &e, "d0.rot_y,d1.rot_x,d1.rot_y,d1.rot_z,d2.rot_x,d2.rot_y,d2.rot_z,d3.rot_z,"
-                                             "mosaic,a,gamma,rotx,orient_y,lambda,distance,beam_fast", 1);
+                                             "mosaic,a,gamma,rotx,orient_y,lambda,distance,beam_fast,spindle_tilt1,"
+                                             "spindle_tilt2", 1);
         e.mosaic = NAN;
         e.osc = NAN;
         e.phisteps = -1;

@@ -609,9 +609,9 @@ def one_still(nbgrad, work, name, spec):
         meets_bb = bool(np.all(bb_nb <= TARGET * bb_dials)) and okk.sum() == u.sum()
         print("  the crystal of blocks (11 mosaic domains, each turned by its own fitted angles):")
         print("    metric (b): nbgrad rms x / y %s px, DIALS's %s over the same %d spots (model empty about %d used "
-              "spots): ratios %.3f / %.3f, %s the target" % (fmt2(bb_nb), fmt2(bb_dials), okk.sum(), u.sum() - okk.sum(),
-                                                             bb_nb[0] / bb_dials[0], bb_nb[1] / bb_dials[1],
-                                                             "MEETS" if meets_bb else "does NOT meet"))
+              "spots): ratios %.3f / %.3f, %s the target" %
+              (fmt2(bb_nb), fmt2(bb_dials), okk.sum(), u.sum() - okk.sum(), bb_nb[0] / bb_dials[0],
+               bb_nb[1] / bb_dials[1], "MEETS" if meets_bb else "does NOT meet"))
         print("    the blocks' own turns, domains 1 to 10 (deg; each on top of its spread's draw): %s" %
               " ".join("%.3f" % t for t in turns))
         # the blocks explain the pixels better than one lattice: measured chi^2 thaumatin 7.59 -> 5.16
