@@ -205,26 +205,27 @@ void nbgi_build_release(nbgi_cli *c)
     c->msgcap = 0;
 }
 
-/* Reads -motions: "group shift_x shift_y shift_z rot_x rot_y rot_z" lines ('#' starts a comment) into c->motions;
- * the error names the file and line. */
-static int read_motions(nbg_ctx *ctx, nbgi_cli *c)
+/* Reads a file of "index v_1 ... v_n" lines (flag's file at path; '#' starts a comment, blank lines are skipped):
+ * each line's n values into out + n * index, 0 <= index < count (n <= 6).  The error names the flag, the file and the
+ * line: form is the line's expected form, noun the index's name, has what holds count of them (both for the
+ * messages). */
+static int read_indexed_rows(nbg_ctx *ctx, const char *flag, const char *path, const char *form, const char *noun,
+                             const char *has, int n, int count, double *out)
 {
     FILE *f;
-    int rc = nbgi_open_input(ctx, c->motionsfile, "-motions", "r", &f);
+    int rc = nbgi_open_input(ctx, path, flag, "r", &f);
     if (rc != NBG_OK) {
         return rc;
     }
     char *line = NULL;
     size_t cap = 0;
     int ln = 0, got;
-    while (rc == NBG_OK && (got = nbgi_read_line(ctx, f, &line, &cap, c->motionsfile, ln + 1)) == 1) {
+    while (rc == NBG_OK && (got = nbgi_read_line(ctx, f, &line, &cap, path, ln + 1)) == 1) {
         ++ln; /* a line whole, whatever its length: a long comment stays a comment */
         char *hash = strchr(line, '#');
         if (hash != NULL) {
             *hash = '\0';
         }
-        int g, used = 0;
-        double v[6];
         char *p = line;
         while (*p == ' ' || *p == '\t') {
             ++p;
@@ -232,77 +233,71 @@ static int read_motions(nbg_ctx *ctx, nbgi_cli *c)
         if (*p == '\n' || *p == '\r' || *p == '\0') {
             continue;
         }
-        if (sscanf(p, "%d %lf %lf %lf %lf %lf %lf %n", &g, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &used) != 7 ||
-            p[used] != '\0') {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "-motions %s line %d: expected 'group shift_x shift_y shift_z rot_x "
-                            "rot_y rot_z'", c->motionsfile, ln);
-        } else if (g < 0 || g >= c->nmotions) {
-            rc = nbgi_error(ctx, NBG_EINVAL, "-motions %s line %d: group %d, and the detector has %d groups (0 to %d; "
-                            "see -panel_groups)", c->motionsfile, ln, g, c->nmotions, c->nmotions - 1);
+        /* the index, then n numbers, then nothing */
+        char *end;
+        const long k = strtol(p, &end, 10);
+        int ok = end != p && (*end == ' ' || *end == '\t'), finite = 1;
+        double v[6];
+        for (int j = 0; ok && j < n; ++j) {
+            p = end;
+            v[j] = strtod(p, &end);
+            ok = end != p;
+            finite &= isfinite(v[j]) != 0;
+        }
+        while (ok && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) {
+            ++end;
+        }
+        if (!ok || *end != '\0') {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s %s line %d: expected '%s'", flag, path, ln, form);
+        } else if (k < 0 || k >= count) {
+            rc = nbgi_error(ctx, NBG_EINVAL, "%s %s line %d: %s %ld, and %s", flag, path, ln, noun, k, has);
+        } else if (!finite) {
+            rc = nbgi_error(ctx, NBG_EFORMAT, "%s %s line %d: a value is not finite", flag, path, ln);
         } else {
-            for (int k = 0; k < 6; ++k) {
-                if (!isfinite(v[k])) {
-                    rc = nbgi_error(ctx, NBG_EFORMAT, "-motions %s line %d: a value is not finite", c->motionsfile,
-                                    ln);
-                }
-            }
-            memcpy(c->motions[g].shift, v, sizeof c->motions[g].shift);
-            memcpy(c->motions[g].rot, v + 3, sizeof c->motions[g].rot);
+            memcpy(out + (size_t)n * (size_t)k, v, sizeof(double) * (size_t)n);
         }
     }
     if (rc == NBG_OK && got < 0) {
-        rc = wrap(ctx, got, "-motions");
+        rc = wrap(ctx, got, "%s", flag);
     }
     free(line);
     fclose(f);
     return rc;
 }
 
-/* Reads -domain_rot: "domain rot_x rot_y rot_z" lines (deg; '#' starts a comment) into c->domain_rot, which holds
- * every domain's (zero unless listed); the error names the file and line. */
+/* Reads -motions: "group shift_x shift_y shift_z rot_x rot_y rot_z" lines into c->motions. */
+static int read_motions(nbg_ctx *ctx, nbgi_cli *c)
+{
+    double *v = calloc((size_t)c->nmotions * 6, sizeof *v);
+    if (v == NULL) {
+        return nbgi_error(ctx, NBG_ENOMEM, "out of memory reading -motions");
+    }
+    for (int g = 0; g < c->nmotions; ++g) {
+        memcpy(v + 6 * g, c->motions[g].shift, 3 * sizeof(double));
+        memcpy(v + 6 * g + 3, c->motions[g].rot, 3 * sizeof(double));
+    }
+    char has[128];
+    snprintf(has, sizeof has, "the detector has %d groups (0 to %d; see -panel_groups)", c->nmotions,
+             c->nmotions - 1);
+    const int rc = read_indexed_rows(ctx, "-motions", c->motionsfile, "group shift_x shift_y shift_z rot_x rot_y rot_z",
+                                     "group", has, 6, c->nmotions, v);
+    for (int g = 0; rc == NBG_OK && g < c->nmotions; ++g) {
+        memcpy(c->motions[g].shift, v + 6 * g, 3 * sizeof(double));
+        memcpy(c->motions[g].rot, v + 6 * g + 3, 3 * sizeof(double));
+    }
+    free(v);
+    return rc;
+}
+
+/* Reads -domain_rot: "domain rot_x rot_y rot_z" lines (deg) into c->domain_rot, which holds every domain's (zero
+ * unless listed). */
 static int read_domain_rot(nbg_ctx *ctx, nbgi_cli *c)
 {
-    FILE *f;
-    int rc = nbgi_open_input(ctx, c->domainrotfile, "-domain_rot", "r", &f);
-    if (rc != NBG_OK) {
-        return rc;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    int ln = 0, got;
-    while (rc == NBG_OK && (got = nbgi_read_line(ctx, f, &line, &cap, c->domainrotfile, ln + 1)) == 1) {
-        ++ln;
-        char *hash = strchr(line, '#');
-        if (hash != NULL) {
-            *hash = '\0';
-        }
-        char *p = line;
-        while (*p == ' ' || *p == '\t') {
-            ++p;
-        }
-        if (*p == '\n' || *p == '\r' || *p == '\0') {
-            continue;
-        }
-        int m, used = 0;
-        double v[3];
-        if (sscanf(p, "%d %lf %lf %lf %n", &m, &v[0], &v[1], &v[2], &used) != 4 || p[used] != '\0') {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "-domain_rot %s line %d: expected 'domain rot_x rot_y rot_z'",
-                            c->domainrotfile, ln);
-        } else if (m < 0 || m >= c->ndomain_rot) {
-            rc = nbgi_error(ctx, NBG_EINVAL, "-domain_rot %s line %d: domain %d, and the crystal has %d mosaic domains "
-                            "(0 to %d; -mosaic_domains)", c->domainrotfile, ln, m, c->ndomain_rot, c->ndomain_rot - 1);
-        } else if (!isfinite(v[0]) || !isfinite(v[1]) || !isfinite(v[2])) {
-            rc = nbgi_error(ctx, NBG_EFORMAT, "-domain_rot %s line %d: a value is not finite", c->domainrotfile, ln);
-        } else {
-            memcpy(c->domain_rot + 3 * m, v, sizeof v);
-        }
-    }
-    if (rc == NBG_OK && got < 0) {
-        rc = wrap(ctx, got, "-domain_rot");
-    }
-    free(line);
-    fclose(f);
-    return rc;
+    char has[128];
+    snprintf(has, sizeof has, "the crystal has %d mosaic domains (0 to %d; -mosaic_domains)", c->ndomain_rot,
+             c->ndomain_rot - 1);
+    return read_indexed_rows(ctx, "-domain_rot", c->domainrotfile, "domain rot_x rot_y rot_z", "domain", has, 3,
+                             c->ndomain_rot, c->domain_rot);
 }
 
 int nbgi_cli_domain_rot(nbg_ctx *ctx, nbgi_cli *c)
