@@ -31,7 +31,8 @@ extern "C" {
  *   - A patch version (0.1.0 -> 0.1.1) changes no declaration here and no documented behaviour: fixes only.
  *   - From 1.0, a minor version (1.2 -> 1.3) only adds: new functions; new values of an enum after its existing
  *     ones (the status codes, further negative numbers); new scalar parameters at the end of nbgrad_params.def
- *     (NBG_NPARAMS grows; the families' ids, NBG_P_MOTION0 and NBG_P_F0, are fixed); new flags in a flags argument.
+ *     (NBG_NPARAMS grows; the families' ids, NBG_P_MOTION0, NBG_P_DOMAIN0 and NBG_P_F0, are fixed); new flags in a
+ *     flags argument.
  *     It never removes or renames a function, changes a signature, renumbers an enum, or changes the size or layout
  *     of a struct the caller allocates (nbg_experiment, nbg_report, nbg_limits, nbg_refine_options, nbg_geometry,
  *     ...): each of those takes the next major version and so a new soname, which installs beside the old one.  A

@@ -1458,10 +1458,6 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
     if (rc != NBG_OK) {
         return rc;
     }
-    gn->phi = malloc(sizeof(double) * (size_t)phisteps);
-    x->umat = malloc(sizeof(double) * 9 * (size_t)domains);
-    x->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
-    x->mos_angle = malloc(sizeof(double) * (size_t)domains);
     if (e->ndomain_rot < 0 || e->ndomain_rot > domains || (e->ndomain_rot > 0 && e->domain_rot == NULL)) {
         return nbgi_error(ctx, NBG_EINVAL, "%d mosaic domains with turns of their own (-domain_rot), and the crystal "
                           "has %d domains (-mosaic_domains)%s", e->ndomain_rot, domains,
@@ -1473,6 +1469,10 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
                               "xyz"[i % 3], e->domain_rot[i]);
         }
     }
+    gn->phi = malloc(sizeof(double) * (size_t)phisteps);
+    x->umat = malloc(sizeof(double) * 9 * (size_t)domains);
+    x->mos_axis = malloc(sizeof(double) * 3 * (size_t)domains);
+    x->mos_angle = malloc(sizeof(double) * (size_t)domains);
     x->domrot = e->ndomain_rot > 0 ? malloc(sizeof(double) * 9 * (size_t)e->ndomain_rot) : NULL;
     if (!gn->phi || !x->umat || !x->mos_axis || !x->mos_angle || (e->ndomain_rot > 0 && !x->domrot)) {
         return nbgi_error(ctx, NBG_ENOMEM, "out of memory for %d phi steps x %d mosaic domains", phisteps, domains);
