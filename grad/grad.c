@@ -156,42 +156,51 @@ static void rodrigues_dtheta(const double v[3], double th, double D[9])
     D[8] = -s + s * v[2] * v[2];
 }
 
-/* A crystal vector at phi 0 (or its tangent) v turned by domain m's own turn (where it has one) and the spindle at
- * phi step ip: Rot(axis, phi) D_m v. */
-static void domain_turned(const nbgi_plan *pl, int ip, int m, const double v[3], double out[3])
+/* The three steps by which the plan turns a crystal vector at phi 0 (or its tangent) for phi step ip and domain m
+ * (src/plan.c's rotate_crystal: U_m Rot(axis, phi) D_m v), each a copy where it does nothing. */
+/* D_m v: domain m's own turn, where it has one. */
+static void turn_domain(const nbgi_lab_crystal *x, int m, const double v[3], double out[3])
 {
-    const nbgi_lab_crystal *x = &pl->lab.xtal;
-    double a[3];
     if (m < x->ndomrot) {
         const double *D = x->domrot + 9 * m;
         for (int i = 0; i < 3; ++i) {
-            a[i] = D[3 * i] * v[0] + D[3 * i + 1] * v[1] + D[3 * i + 2] * v[2];
+            out[i] = D[3 * i] * v[0] + D[3 * i + 1] * v[1] + D[3 * i + 2] * v[2];
         }
     } else {
-        memcpy(a, v, sizeof a);
-    }
-    if (pl->lab.gon.phi[ip] != 0) {
-        rotate_axis_d(a, pl->lab.gon.axis, pl->lab.gon.phi[ip], out);
-    } else {
-        memcpy(out, a, sizeof a);
+        memcpy(out, v, 3 * sizeof(double));
     }
 }
 
-/* v as the plan turns it for phi step ip and domain m (src/plan.c's rotate_crystal): U_m Rot(axis, phi) D_m v, U_m
- * the domain's mosaic rotation where there is a spread. */
-static void domain_chain(const nbgi_plan *pl, int ip, int m, const double v[3], double out[3])
+/* Rot(axis, phi_ip) v: the spindle. */
+static void turn_spindle(const nbgi_plan *pl, int ip, const double v[3], double out[3])
 {
-    const nbgi_lab_crystal *x = &pl->lab.xtal;
-    double r[3];
-    domain_turned(pl, ip, m, v, r);
+    if (pl->lab.gon.phi[ip] != 0) {
+        rotate_axis_d(v, pl->lab.gon.axis, pl->lab.gon.phi[ip], out);
+    } else {
+        memcpy(out, v, 3 * sizeof(double));
+    }
+}
+
+/* U_m v: domain m's mosaic rotation, where there is a spread. */
+static void turn_mosaic(const nbgi_lab_crystal *x, int m, const double v[3], double out[3])
+{
     if (x->spread > 0) {
         const double *U = x->umat + 9 * m;
         for (int i = 0; i < 3; ++i) {
-            out[i] = U[3 * i] * r[0] + U[3 * i + 1] * r[1] + U[3 * i + 2] * r[2];
+            out[i] = U[3 * i] * v[0] + U[3 * i + 1] * v[1] + U[3 * i + 2] * v[2];
         }
     } else {
-        memcpy(out, r, sizeof r);
+        memcpy(out, v, 3 * sizeof(double));
     }
+}
+
+/* All three: U_m Rot(axis, phi_ip) D_m v. */
+static void domain_chain(const nbgi_plan *pl, int ip, int m, const double v[3], double out[3])
+{
+    double a[3], r[3];
+    turn_domain(&pl->lab.xtal, m, v, a);
+    turn_spindle(pl, ip, a, r);
+    turn_mosaic(&pl->lab.xtal, m, r, out);
 }
 
 /* The crystal set-up's tangent (cell[index], misset[index] or the wavelength) by the complex step: a0 (m) and
@@ -276,19 +285,14 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
     for (int ip = 0; ip < k->nphi; ++ip) {
         double r[9];
         for (int m = 0; m < k->nmos; ++m) {
-            /* the spindle turns a0 (the domains without a turn of their own), or the domain's turned a0 */
+            /* the spindle's tangent on a0, or on the domain's turned a0 (once more for the first domain without) */
             if (m == 0 || m <= xt->ndomrot) {
                 for (int v = 0; v < 3; ++v) {
+                    double d[3];
                     double _Complex a[3], rz[3];
+                    turn_domain(xt, m, xt->a0 + 3 * v, d);
                     for (int x = 0; x < 3; ++x) {
-                        a[x] = xt->a0[3 * v + x];
-                    }
-                    if (m < xt->ndomrot) {
-                        const double *D = xt->domrot + 9 * m;
-                        for (int x = 0; x < 3; ++x) {
-                            a[x] = D[3 * x] * xt->a0[3 * v] + D[3 * x + 1] * xt->a0[3 * v + 1] +
-                                   D[3 * x + 2] * xt->a0[3 * v + 2];
-                        }
+                        a[x] = d[x];
                     }
                     rotate_axis_z(a, uz, pl->lab.gon.phi[ip], rz);
                     for (int x = 0; x < 3; ++x) {
@@ -298,14 +302,7 @@ static void tangent_tilt(const nbg_experiment *e, const nbgi_plan *pl, int index
             }
             double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
             for (int v = 0; v < 3; ++v) {
-                if (pl->lab.xtal.spread > 0) {
-                    const double *U = pl->lab.xtal.umat + 9 * m;
-                    for (int i = 0; i < 3; ++i) {
-                        dst[3 * v + i] = U[3 * i] * r[3 * v] + U[3 * i + 1] * r[3 * v + 1] + U[3 * i + 2] * r[3 * v + 2];
-                    }
-                } else {
-                    memcpy(dst + 3 * v, r + 3 * v, 3 * sizeof(double));
-                }
+                turn_mosaic(xt, m, r + 3 * v, dst + 3 * v);
             }
         }
     }
@@ -319,11 +316,7 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
     for (int ip = 0; ip < k->nphi; ++ip) {
         double ap[9], at[9];
         for (int v = 0; v < 3; ++v) {
-            if (pl->lab.gon.phi[ip] != 0) {
-                rotate_axis_d(x->a0 + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], ap + 3 * v);
-            } else {
-                memcpy(ap + 3 * v, x->a0 + 3 * v, 3 * sizeof(double));
-            }
+            turn_spindle(pl, ip, x->a0 + 3 * v, ap + 3 * v);
         }
         for (int m = 0; m < k->nmos && x->spread > 0; ++m) {
             double D[9];
@@ -331,7 +324,9 @@ static void tangent_mosaic(const nbgi_plan *pl, nbgi_adjacc *t)
             const double *src = ap;
             if (m < x->ndomrot) { /* Rot D_m a0 in place of Rot a0: the domain's own turn first */
                 for (int v = 0; v < 3; ++v) {
-                    domain_turned(pl, ip, m, x->a0 + 3 * v, at + 3 * v);
+                    double d[3];
+                    turn_domain(x, m, x->a0 + 3 * v, d);
+                    turn_spindle(pl, ip, d, at + 3 * v);
                 }
                 src = at;
             }
@@ -354,38 +349,25 @@ static void tangent_domain(const nbg_experiment *e, const nbgi_plan *pl, int m, 
 {
     const nbgi_kparams *k = &pl->k;
     const nbgi_lab_crystal *x = &pl->lab.xtal;
-    const double *r = e->domain_rot + 3 * m, *D = x->domrot + 9 * m;
+    const double *r = e->domain_rot + 3 * m;
     const double ec[3] = {c == 0, c == 1, c == 2};
     double w[3], dv[9];
     nbgi_rotate_xyz(ec, 0, c == 0 ? r[1] / RTD : 0, c < 2 ? r[2] / RTD : 0, w);
     for (int v = 0; v < 3; ++v) {
         double a[3];
-        for (int i = 0; i < 3; ++i) {
-            a[i] = D[3 * i] * x->a0[3 * v] + D[3 * i + 1] * x->a0[3 * v + 1] + D[3 * i + 2] * x->a0[3 * v + 2];
-        }
+        turn_domain(x, m, x->a0 + 3 * v, a);
         nbgi_cross(w, a, dv + 3 * v);
         for (int i = 0; i < 3; ++i) {
             dv[3 * v + i] /= RTD;
         }
     }
-    /* dv is already turned by D: the spindle and the mosaic rotation alone remain (domain_chain without D) */
+    /* dv is already turned by D: the spindle and the mosaic rotation remain */
     for (int ip = 0; ip < k->nphi; ++ip) {
         double *dst = t->abc + 9 * ((size_t)ip * k->nmos + m);
         for (int v = 0; v < 3; ++v) {
             double q[3];
-            if (pl->lab.gon.phi[ip] != 0) {
-                rotate_axis_d(dv + 3 * v, pl->lab.gon.axis, pl->lab.gon.phi[ip], q);
-            } else {
-                memcpy(q, dv + 3 * v, sizeof q);
-            }
-            if (x->spread > 0) {
-                const double *U = x->umat + 9 * m;
-                for (int i = 0; i < 3; ++i) {
-                    dst[3 * v + i] = U[3 * i] * q[0] + U[3 * i + 1] * q[1] + U[3 * i + 2] * q[2];
-                }
-            } else {
-                memcpy(dst + 3 * v, q, sizeof q);
-            }
+            turn_spindle(pl, ip, dv + 3 * v, q);
+            turn_mosaic(x, m, q, dst + 3 * v);
         }
     }
 }
@@ -496,7 +478,7 @@ void nbgi_plan_tangent(const nbg_experiment *e, const nbgi_plan *pl, nbg_param p
 {
     int dm, dc;
     if (nbgi_param_domain(p, &dm, &dc)) {
-        if (dm < pl->lab.xtal.ndomrot && dm < pl->k.nmos) {
+        if (dm < pl->lab.xtal.ndomrot) { /* at most the domains (the plan checks) */
             tangent_domain(e, pl, dm, dc, t);
         }
         return;
