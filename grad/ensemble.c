@@ -117,6 +117,7 @@ typedef struct {
     size_t npix;            /* the largest detector's pixels (the buffers' size) */
     size_t *np;             /* nmine: each shot's pixels (a shot's own experiment list may bring its own detector) */
     nbg_panel **pan;        /* nmine: the panels of a shot's own multi-panel list (NULL: none) */
+    double **turns;         /* nmine: the mosaic domains' own turns of a shot's own list (NULL: none) */
     float *img;
     nbg_param *gp, *lp;     /* the global and local parameters (F aside) */
     int ng, nl, want_F;
@@ -730,6 +731,7 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
     w.src = calloc((size_t)w.nmine + 1, sizeof *w.src);
     w.np = calloc((size_t)w.nmine + 1, sizeof *w.np);
     w.pan = calloc((size_t)w.nmine + 1, sizeof *w.pan);
+    w.turns = calloc((size_t)w.nmine + 1, sizeof *w.turns);
     w.obs = calloc((size_t)w.nmine + 1, sizeof *w.obs);
     w.mask = calloc((size_t)w.nmine + 1, sizeof *w.mask);
     w.list = calloc((size_t)w.nmine + 1, sizeof *w.list);
@@ -744,7 +746,7 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
     }
     x = calloc(w.nvec, sizeof(double));
     g = calloc(w.nvec, sizeof(double));
-    if (!w.e || !w.src || !w.np || !w.pan || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids ||
+    if (!w.e || !w.src || !w.np || !w.pan || !w.turns || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids ||
         !w.grad || !w.F0 || !x || !g || (w.comm != NULL && (!w.recv || !w.counts || !w.displs))) {
         /* the other processes must learn it: said at the first exchange */
         failf(&w, NBG_ENOMEM, "out of memory for %d shots of %zu pixels and %zu structure factors", nshots, w.npix,
@@ -772,7 +774,7 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
         const nbg_shot *s = &l->v[shot_of(&w, k)];
         const char *lname = l->path != NULL ? l->path : "shot list";
         char warn[512];
-        st = nbgi_shot_apply(ctx, c, s, lname, &w.e[k], &w.src[k], &nsrc, &w.pan[k], warn, sizeof warn);
+        st = nbgi_shot_apply(ctx, c, s, lname, &w.e[k], &w.src[k], &nsrc, &w.pan[k], &w.turns[k], warn, sizeof warn);
         if (st != NBG_OK) {
             failf(&w, st, "%s", nbg_errmsg(ctx));
             ok = 0;
@@ -985,11 +987,13 @@ done:
     for (int k = 0; k < w.nmine && w.e != NULL; ++k) {
         free(w.src[k]);
         free(w.pan != NULL ? w.pan[k] : NULL);
+        free(w.turns != NULL ? w.turns[k] : NULL);
         free(w.obs[k]);
         free(w.mask[k]);
         free(w.list != NULL ? w.list[k] : NULL);
     }
-    free(w.e), free(w.src), free(w.np), free(w.pan), free(w.obs), free(w.mask), free(w.list), free(w.img);
+    free(w.e), free(w.src), free(w.np), free(w.pan), free(w.turns), free(w.obs), free(w.mask), free(w.list);
+    free(w.img);
     free(w.mine), free(w.all), free(w.recv), free(w.counts), free(w.displs);
     free(w.gp), free(w.lp), free(w.ids), free(w.grad);
     free(w.F0), free(w.fitted), free(x), free(g), free(Finfo), free(lmine), free(lall);

@@ -1571,13 +1571,14 @@ void nbg_shots_make_options_default(nbg_shots_make_options *o);
 int nbg_shots_make(nbg_ctx *ctx, const nbg_shots_make_options *o, const char *path);
 
 /* The experiment of one shot: the builder's experiment with the shot's keys applied (its experiment list first, as
- * -expt: crystal, beam and detector, multi-panel included; then the other keys; a source file read), with what it
- * points to that the builder does not own. */
+ * -expt: crystal, beam and detector, multi-panel included, and its mosaic domains' own turns; then the other keys;
+ * a source file read), with what it points to that the builder does not own. */
 typedef struct {
     nbg_experiment e;        /* points into the builder (table, mask, ...) and at sources and panels below */
     nbg_source *sources;     /* the shot's source file's (malloc'd), or NULL */
     int nsources;
     nbg_panel *panels;       /* the panels of the shot's own experiment list (malloc'd), or NULL */
+    double *domain_rot;      /* its mosaic domains' own turns (malloc'd; e.domain_rot), or NULL */
     size_t npix;             /* the shot's image size (nbg_report.npix of e) */
     long seed;               /* the shot's noise seed: its "seed", else base_seed + its index */
     char warning[512];       /* "" or a warning for the user (an experiment list's scan-varying crystal) */

@@ -834,12 +834,13 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 nbg_experiment e;
                 nbg_source *src = NULL;
                 nbg_panel *pan = NULL;
+                double *turns = NULL; /* the shot's list's mosaic domains' own turns */
                 int nsrc = 0;
                 nbg_report rs;
                 c.seed = (s->has & NBG_SHOT_SEED) ? s->seed : base_seed + i;
                 c.have_seed = 1;
                 char warn[512];
-                failed = nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan, warn, sizeof warn) != NBG_OK;
+                failed = nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan, &turns, warn, sizeof warn) != NBG_OK;
                 if (failed) {
                     fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
                 } else if (warn[0] != '\0') {
@@ -879,6 +880,7 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 }
                 free(src);
                 free(pan);
+                free(turns);
                 done_here += !failed;
             }
         }

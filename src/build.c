@@ -1340,9 +1340,10 @@ static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
  * in the list's lab frame; otherwise no panels), with before (e as the flags made it) giving the flags that win over
  * the list's: -space_group, the sampling flags (the mosaic domains, divergence and dispersion, where the list
  * carries nbgrad's), and -polar (c->polar_flag).  base: the program's -expt (-setting re-expresses its crystal, and
- * the notes are said); else quiet.  g receives the list as read. */
-int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
-                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np)
+ * the notes are said; the domains' own turns into c->domain_rot); else quiet (the turns into *turns).  g receives the
+ * list as read. */
+static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
+                       nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np, double **turns)
 {
     int rc;
     *pan = NULL;
@@ -1366,22 +1367,29 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
         memcpy(e->space_group, before->space_group, sizeof e->space_group); /* -space_group wins */
     }
     if (g->ndomain_turns > 0) {
-        /* the domains' own turns (the list is nbgrad's): the program's list gives them to its experiment; a
-         * shot's list (batch, ensemble) cannot, and is refused rather than rendered without them */
-        double *t = base ? calloc((size_t)g->ndomain_turns * 3, sizeof *t) : NULL;
+        /* the domains' own turns (the list is nbgrad's): the program's list gives them to its experiment (kept in
+         * c), a shot's list (batch, ensemble) to its shot's (kept by the caller) */
+        double *t = calloc((size_t)g->ndomain_turns * 3, sizeof *t);
         if (t == NULL) {
             free(*pan);
             *pan = NULL;
-            return base ? nbgi_error(ctx, NBG_ENOMEM, "%s: out of memory for the domains' turns", path)
-                        : nbgi_error(ctx, NBG_EUNSUP, "%s: its crystal's mosaic domains have turns of their own, which "
-                                     "a shot's list cannot give (give the program -expt this list)", path);
+            return nbgi_error(ctx, NBG_ENOMEM, "%s: out of memory for the domains' turns", path);
         }
         for (int m = 0; m < g->ndomain_turns; ++m) {
             nbgi_domain_turn_angles(g->domain_turn[m], t + 3 * m);
         }
-        free(c->domain_rot);
-        c->domain_rot = t;
-        c->ndomain_rot = g->ndomain_turns;
+        if (base) {
+            free(c->domain_rot);
+            c->domain_rot = t;
+            c->ndomain_rot = g->ndomain_turns;
+        } else if (turns != NULL) {
+            *turns = t;
+        } else {
+            free(t);
+            free(*pan);
+            *pan = NULL;
+            return nbgi_error(ctx, NBG_EINVAL, "%s: its mosaic domains' turns have no place to go", path);
+        }
         e->domain_rot = t;
         e->ndomain_rot = g->ndomain_turns;
     }
@@ -1441,6 +1449,20 @@ int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base
         keep_sampling_flags(before, e);
     }
     return NBG_OK;
+}
+
+int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
+                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np, double **turns)
+{
+    if (turns != NULL) {
+        *turns = NULL;
+    }
+    const int rc = import_expt(ctx, c, path, base, before, e, g, pan, np, turns);
+    if (rc != NBG_OK && turns != NULL) {
+        free(*turns); /* a shot's turns, read before the step that failed */
+        *turns = NULL;
+    }
+    return rc;
 }
 
 /* -expt's scan-varying crystal (g read from c->exptin, its crystal re-expressed by -setting already) into
@@ -1510,7 +1532,7 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         int np = 0;
         /* the sampling flags given (they win over the mosaic domains and beam sampling of a list nbgrad wrote) */
         const nbg_experiment before = *e;
-        if ((rc = nbgi_build_import_expt(ctx, c, c->exptin, 1, &before, e, &g, &pan, &np)) != NBG_OK) {
+        if ((rc = nbgi_build_import_expt(ctx, c, c->exptin, 1, &before, e, &g, &pan, &np, NULL)) != NBG_OK) {
             return c->settingin != NULL && strncmp(nbg_errmsg(ctx), "-setting", 8) == 0 ? rc : wrap(ctx, rc, "-expt");
         }
         if (np > 1) {

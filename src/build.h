@@ -133,10 +133,12 @@ int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first
 int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c);
 /* An experiment list read into e as -expt reads it (its crystal, beam, detector; np > 1 panels into *pan, which the
  * caller frees and e->panels points at), the flags in before (e as the flags made it: -space_group, the sampling
- * flags) and c->polar_flag winning as over -expt.  base: the program's own -expt (-setting applies, notes said);
- * otherwise (a shot's list) nothing is said.  g receives the list as read. */
+ * flags) and c->polar_flag winning as over -expt.  base: the program's own -expt (-setting applies, notes said;
+ * the mosaic domains' own turns, where the list has them, into c->domain_rot); otherwise (a shot's list) nothing is
+ * said, and the turns go into *turns (3 angles a domain; NULL when the list has none), which the caller frees and
+ * e->domain_rot points at.  g receives the list as read. */
 int nbgi_build_import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
-                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np);
+                           nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np, double **turns);
 /* Image `frame` (0-based) of the series' crystal into e (e otherwise as the caller made it, its phi0 included): with a
  * scan-varying crystal from -expt (c->scan_crystal), the crystal of that image, the mean of the A matrices at its
  * start and end (scan points frame and frame + 1; DIALS interpolates A linearly in the angle between them), as a

@@ -289,8 +289,8 @@ int nbg_shots_read(nbg_ctx *ctx, const char *path, nbg_shot_list *l)
 
 /* --- a shot's experiment ---------------------------------------------------------------------------------------- */
 
-int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *list, nbg_experiment *e,
-                    nbg_source **src, int *nsrc, nbg_panel **pan, char *warn, size_t wsize)
+static int shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *list, nbg_experiment *e,
+                      nbg_source **src, int *nsrc, nbg_panel **pan, double **turns, char *warn, size_t wsize)
 {
     *e = c->e;
     *src = NULL;
@@ -309,7 +309,7 @@ int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *li
         e->npanels = 0;
         e->motions = NULL;
         e->nmotions = 0;
-        const int st = nbgi_build_import_expt(ctx, c, s->expt, 0, &c->e, e, &g, pan, &np);
+        const int st = nbgi_build_import_expt(ctx, c, s->expt, 0, &c->e, e, &g, pan, &np, turns);
         if (st != NBG_OK) {
             snprintf(msg, sizeof msg, "%s", nbg_errmsg(ctx));
             return nbgi_error(ctx, st, "%s line %d: shot %s: \"expt\" %s: %s", list, s->line, s->id, s->expt, msg);
@@ -400,6 +400,18 @@ int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *li
     return NBG_OK;
 }
 
+int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *list, nbg_experiment *e,
+                    nbg_source **src, int *nsrc, nbg_panel **pan, double **turns, char *warn, size_t wsize)
+{
+    *turns = NULL;
+    const int st = shot_apply(ctx, c, s, list, e, src, nsrc, pan, turns, warn, wsize);
+    if (st != NBG_OK) {
+        free(*turns); /* the list's turns, read before a later step failed */
+        *turns = NULL;
+    }
+    return st;
+}
+
 int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size)
 {
     size_t k = 0;
@@ -440,7 +452,7 @@ int nbg_shot_experiment_make(nbg_ctx *ctx, nbg_builder *b, const nbg_shot_list *
     }
     const nbg_shot *s = &l->v[i];
     int st = nbgi_shot_apply(ctx, c, s, l->path != NULL ? l->path : "shot list", &out->e, &out->sources,
-                             &out->nsources, &out->panels, out->warning, sizeof out->warning);
+                             &out->nsources, &out->panels, &out->domain_rot, out->warning, sizeof out->warning);
     if (st != NBG_OK) {
         memset(out, 0, sizeof *out);
         return st;
@@ -465,6 +477,7 @@ void nbg_shot_experiment_free(nbg_shot_experiment *x)
     }
     free(x->sources);
     free(x->panels);
+    free(x->domain_rot);
     memset(x, 0, sizeof *x);
 }
 

@@ -10,11 +10,12 @@
 #include "build.h"
 
 /* The base experiment c->e with shot s of list (named list in messages) applied: its experiment list first (as
- * -expt: crystal, beam, detector; its panels into *pan, NULL for one), then the other keys; a source file read into
- * *src.  The caller frees *src and *pan.  NBG_OK, or the status with the message naming the list's line and the
- * shot (*src and *pan then NULL).  warn (wsize bytes; may be NULL) receives a warning for the user, "" when none. */
+ * -expt: crystal, beam, detector; its panels into *pan, NULL for one; its mosaic domains' own turns into *turns,
+ * NULL for none), then the other keys; a source file read into *src.  The caller frees *src, *pan and *turns.
+ * NBG_OK, or the status with the message naming the list's line and the shot (*src, *pan and *turns then NULL).
+ * warn (wsize bytes; may be NULL) receives a warning for the user, "" when none. */
 int nbgi_shot_apply(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot *s, const char *list, nbg_experiment *e,
-                    nbg_source **src, int *nsrc, nbg_panel **pan, char *warn, size_t wsize);
+                    nbg_source **src, int *nsrc, nbg_panel **pan, double **turns, char *warn, size_t wsize);
 /* The name of a shot's file: tmpl with every {id} replaced; 0 when it does not fit in size. */
 int nbgi_shot_name(const char *tmpl, const char *id, char *out, size_t size);
 /* nbg_ensemble on the builder's nbgi_cli (the program's). */

@@ -901,6 +901,62 @@ int main(void)
                         "cligrad-45-blocks-expt", "the list's turns render the same image from -expt alone: largest "
                         "difference %.3g of the maximum (exits %d, %d)", dmax, rc1, rc2);
     }
+    /* the same list as a shot's (batch, ensemble): its turns go with it.  batch renders the image -expt renders;
+     * ensemble starts at the truth, where the shot's orientation stays, and explains the image better than the
+     * fit of the same list without turns (once both refused by name) */
+    {
+        char ex[1024], flat[1024], sl[1024], fl[1024], bimg[1024], img2[1024], j1[1024], j0[1024];
+        snprintf(ex, sizeof ex, "%s/blocks.expt", dir);
+        snprintf(flat, sizeof flat, "%s/flat.expt", dir);
+        snprintf(sl, sizeof sl, "%s/blocks.jsonl", dir);
+        snprintf(fl, sizeof fl, "%s/flat.jsonl", dir);
+        snprintf(bimg, sizeof bimg, "%s/shot-{id}.bin", dir);
+        snprintf(img2, sizeof img2, "%s/blocks2.bin", dir);
+        snprintf(j1, sizeof j1, "%s/ens-blocks.json", dir);
+        snprintf(j0, sizeof j0, "%s/ens-flat.json", dir);
+        FILE *f1 = fopen(sl, "w"), *f0 = fopen(fl, "w");
+        if (f1 != NULL) {
+            fprintf(f1, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", ex);
+            fclose(f1);
+        }
+        if (f0 != NULL) {
+            fprintf(f0, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", flat);
+            fclose(f0);
+        }
+#define SHOTBASE "-cell 70 80 90 75 85 95 -default_F 100 -N 8 -oversample 1"
+        snprintf(cmd, sizeof cmd, "%s simulate " BLK " -phi 30 -exptfile %s 2>&1", bin, flat);
+        const int rc0 = run(cmd);
+        snprintf(cmd, sizeof cmd, "%s batch " SHOTBASE " -shots %s -floatfile %s 2>&1", bin, sl, bimg);
+        const int rc1 = run(cmd);
+        snprintf(bimg, sizeof bimg, "%s/shot-b1.bin", dir);
+        const double dmax = float_diff(bimg, img2, 96 * 96);
+        nbgi_test_check(rc0 == 0 && rc1 == 0 && dmax == 0, "cligrad-46-blocks-batch", "batch renders a shot's list "
+                        "with turns as -expt does: largest difference %.3g of the maximum (exits %d, %d)", dmax, rc0,
+                        rc1);
+        snprintf(bimg, sizeof bimg, "%s/shot-{id}.bin", dir);
+        snprintf(cmd, sizeof cmd, "%s ensemble " SHOTBASE " -shots %s -observed %s -global Na -local orientation "
+                                  "-cycles 1 -json %s 2>&1", bin, sl, bimg, j1);
+        const int rc2 = run(cmd);
+        snprintf(cmd, sizeof cmd, "%s ensemble " SHOTBASE " -shots %s -observed %s -global Na -local orientation "
+                                  "-cycles 1 -json %s 2>&1", bin, fl, bimg, j0);
+        const int rc3 = run(cmd);
+#undef SHOTBASE
+        json_t *d1 = rc2 == 0 ? load_json(j1, "cligrad-47-blocks-ensemble") : NULL;
+        json_t *d0 = rc3 == 0 ? load_json(j0, "cligrad-47-blocks-ensemble") : NULL;
+        const json_t *o1 = json_object_get(json_object_get(d1, "locals"), "b1");
+        double moved = json_array_size(o1) == 3 ? 0 : INFINITY;
+        for (size_t k = 0; k < json_array_size(o1); ++k) {
+            moved = fmax(moved, fabs(json_number_value(json_array_get(o1, k))));
+        }
+        const double s1 = json_number_value(json_object_get(d1, "start_loss"));
+        const double l0 = json_number_value(json_object_get(d0, "loss"));
+        nbgi_test_check(rc2 == 0 && rc3 == 0 && moved < 1e-6 && s1 < l0 - 100, "cligrad-47-blocks-ensemble",
+                        "ensemble on a shot's list with turns: its orientation stays at the truth (largest offset "
+                        "%.2g deg), its start loss %.6g below the fitted loss %.6g of the list without turns (exits "
+                        "%d, %d)", moved, s1, l0, rc2, rc3);
+        json_decref(d1);
+        json_decref(d0);
+    }
 #undef BLK
     /* gradcheck checks exactly the parameters listed: one group's one motion component and distance are two
      * checks, on a CSPAD with group 3 moved */
