@@ -123,6 +123,22 @@ def test_batch_matches_cli(cli, data, tmp_path):
         nbgrad.batch(exp, shots, floatfile=tmp_path / "one.bin")
 
 
+def test_batch_shot_list_with_turns(cli, tmp_path):
+    """A shot's experiment list that carries its mosaic domains' own turns (a crystal of blocks, written by the
+    program at phi 30) renders through nbgrad.batch as the program's -expt renders it, bit for bit."""
+    (tmp_path / "turns.txt").write_text("1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n")
+    run(cli, ["simulate", "-cell", "70", "80", "90", "75", "85", "95", "-misset", "10", "5", "3", "-default_F", "100",
+              "-N", "8", "-lambda", "1", "-distance", "100", "-detpixels", "48", "-oversample", "1",
+              "-mosaic_domains", "3", "-domain_rot", "turns.txt", "-phi", "30", "-floatfile", "truth.bin",
+              "-exptfile", "blocks.expt", "-quiet"], tmp_path)
+    (tmp_path / "shots.jsonl").write_text(json.dumps({"id": "b1", "expt": str(tmp_path / "blocks.expt")}) + "\n")
+    exp = nbgrad.Experiment.from_flags(["-cell", "70", "80", "90", "75", "85", "95", "-default_F", "100", "-N", "8",
+                                        "-oversample", "1"])
+    img = nbgrad.batch(exp, tmp_path / "shots.jsonl")["b1"]
+    ref = np.fromfile(tmp_path / "truth.bin", dtype=np.float32).reshape(img.shape)
+    assert img.max() > 0 and np.array_equal(img.view(np.uint32), ref.view(np.uint32))
+
+
 def cli_ensemble(cli, data, args, name):
     r = run(cli, ["ensemble", *SMALL, "-hkl", "start.hkl", "-default_F", "0", "-shots", "shots.jsonl", "-observed",
                   "obs/{id}.img", *args, "-json", name], data)
