@@ -746,8 +746,8 @@ int nbgi_ensemble(nbg_ctx *ctx, nbgi_cli *c, const nbg_shot_list *l, const nbg_e
     }
     x = calloc(w.nvec, sizeof(double));
     g = calloc(w.nvec, sizeof(double));
-    if (!w.e || !w.src || !w.np || !w.pan || !w.turns || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all || !w.ids ||
-        !w.grad || !w.F0 || !x || !g || (w.comm != NULL && (!w.recv || !w.counts || !w.displs))) {
+    if (!w.e || !w.src || !w.np || !w.pan || !w.turns || !w.obs || !w.mask || !w.list || !w.img || !w.mine || !w.all ||
+        !w.ids || !w.grad || !w.F0 || !x || !g || (w.comm != NULL && (!w.recv || !w.counts || !w.displs))) {
         /* the other processes must learn it: said at the first exchange */
         failf(&w, NBG_ENOMEM, "out of memory for %d shots of %zu pixels and %zu structure factors", nshots, w.npix,
               w.nF);

@@ -840,7 +840,8 @@ int nbgi_cmd_batch(int argc, char **argv, int first)
                 c.seed = (s->has & NBG_SHOT_SEED) ? s->seed : base_seed + i;
                 c.have_seed = 1;
                 char warn[512];
-                failed = nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan, &turns, warn, sizeof warn) != NBG_OK;
+                failed = nbgi_shot_apply(ctx, &c, s, o.shots, &e, &src, &nsrc, &pan, &turns, warn, sizeof warn) !=
+                         NBG_OK;
                 if (failed) {
                     fprintf(stderr, "nbgrad: error: %s\n", nbg_errmsg(ctx));
                 } else if (warn[0] != '\0') {

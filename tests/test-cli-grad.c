@@ -903,7 +903,7 @@ int main(void)
     }
     /* the same list as a shot's (batch, ensemble): its turns go with it.  batch renders the image -expt renders;
      * ensemble starts at the truth, where the shot's orientation stays, and explains the image better than the
-     * fit of the same list without turns (once both refused by name) */
+     * fit of the same list without turns (until this change a shot's list with turns was refused by name) */
     {
         char ex[1024], flat[1024], sl[1024], fl[1024], bimg[1024], img2[1024], j1[1024], j0[1024];
         snprintf(ex, sizeof ex, "%s/blocks.expt", dir);
