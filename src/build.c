@@ -178,6 +178,8 @@ void nbgi_cli_init(nbgi_cli *c)
     c->dumpfile = "Fdump.bin";
     c->filedata = NBGI_DATA_INT;
     c->polar_flag = NAN;
+    c->thick_flag = NAN;
+    c->thick_abs_flag = NAN;
     nbg_limits_default(&c->limits);
 }
 
@@ -535,10 +537,14 @@ static int fn_space_group(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, c
 static int fn_detector_abs(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, char **v)
 {
     if (strstr(v[0], "inf") != NULL) {
-        c->e.thick_abs = INFINITY;
+        c->e.thick_abs = c->thick_abs_flag = INFINITY;
         return 1;
     }
-    return number(ctx, flag, v[0], &c->e.thick_abs) ? 1 : -1;
+    if (!number(ctx, flag, v[0], &c->e.thick_abs)) {
+        return -1;
+    }
+    c->thick_abs_flag = c->e.thick_abs;
+    return 1;
 }
 
 static int fn_energy(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, char **v)
@@ -792,9 +798,10 @@ static const cli_flag flags[] = {
      .help = "SMV mask, 0 skips a pixel; its header, read first, sets the detector"},
     {"-img", K_STR, 0, .group = G_DETECTOR, .arg = "file",
      .help = "SMV image whose header, read first, sets the detector"},
-    {"-detector_thick", K_NUM, E(thick), .group = G_DETECTOR, .arg = "um", .help = "sensor thickness, um (0: none)"},
+    {"-detector_thick", K_NUM, E(thick), .also = {C(thick_flag)}, .group = G_DETECTOR, .arg = "um",
+     .help = "sensor thickness, um (0: none; given with -expt, it replaces the list's)"},
     {"-detector_abs -detector_absorb", K_FN, .n = 1, .fn = fn_detector_abs, .group = G_DETECTOR, .arg = "um|inf",
-     .help = "sensor attenuation length, um (inf or 0: no absorption)"},
+     .help = "sensor attenuation length, um (inf or 0: no absorption; given with -expt, it replaces the list's)"},
     {"-thicksteps -detector_thicksteps", K_COUNT, E(thicksteps), .group = G_DETECTOR, .arg = "n",
      .help = "sensor layers"},
     {"-oversample", K_COUNT, E(oversample), .group = G_DETECTOR, .arg = "n", .help = "subpixels per pixel axis"},
@@ -1339,7 +1346,7 @@ static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
  * lists): its crystal, beam and detector (np > 1 panels into *pan, the caller frees them, e->panels pointing at them
  * in the list's lab frame; otherwise no panels), with before (e as the flags made it) giving the flags that win over
  * the list's: -space_group, the sampling flags (the mosaic domains, divergence and dispersion, where the list
- * carries nbgrad's), and -polar (c->polar_flag).  base: the program's -expt (-setting re-expresses its crystal, and
+ * carries nbgrad's), -polar (c->polar_flag), -detector_thick and -detector_abs.  base: the program's -expt (-setting re-expresses its crystal, and
  * the notes are said; the domains' own turns into c->domain_rot); else quiet (the turns into *turns).  g receives the
  * list as read. */
 static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
@@ -1432,6 +1439,23 @@ static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, co
                        g->polarization_fraction == 0.999
                            ? "gives every NXmx file whatever the file states (it does not read its Stokes vector)"
                            : "gives every full CBF file (and nbgrad an unpolarized beam)");
+    }
+    if (!isnan(c->thick_flag) || !isnan(c->thick_abs_flag)) {
+        /* -detector_thick, -detector_abs given: each wins over the list's sensor, as -polar over its beam (dxtbx
+         * states a thickness of 0 where the file gives none, the CSPAD's CBF for one) */
+        if (base) {
+            nbgi_build_say(c, NBG_MSG_INFO, "note: %s%s%s replace%s the sensor of -expt %s (thickness %g mm, mu %g "
+                           "/mm)", !isnan(c->thick_flag) ? "-detector_thick" : "",
+                           !isnan(c->thick_flag) && !isnan(c->thick_abs_flag) ? " and " : "",
+                           !isnan(c->thick_abs_flag) ? "-detector_abs" : "",
+                           !isnan(c->thick_flag) && !isnan(c->thick_abs_flag) ? "" : "s", path, g->thickness, g->mu);
+        }
+        if (!isnan(c->thick_flag)) {
+            e->thick = c->thick_flag;
+        }
+        if (!isnan(c->thick_abs_flag)) {
+            e->thick_abs = c->thick_abs_flag;
+        }
     }
     if (!g->has_mosaic) {
         /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of

@@ -52,6 +52,8 @@ struct nbgi_cli {
     int smv_adc;            /* -smv_adc_offset: SMV headers get an ADC_OFFSET key */
     int batch;              /* a shot of nbgrad batch: no per-image advice (the dials.import line) */
     double polar_flag;      /* -polar's value, NAN when not given (it then wins over -expt's polarization) */
+    double thick_flag;      /* -detector_thick's and -detector_abs's values, NAN when not given (each then wins */
+    double thick_abs_flag;  /* over -expt's sensor, as -polar over its beam) */
     /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
     void *series;
     double series_scale;

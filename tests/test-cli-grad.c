@@ -958,6 +958,31 @@ int main(void)
         json_decref(d0);
     }
 #undef BLK
+    /* the sensor flags win over an experiment list's sensor (DIALS's lists state a thickness of 0 where the file
+     * gives none): -expt with -detector_thick and -detector_abs renders as the flags that wrote the list do with
+     * them, bit for bit, and says so; until this stop the list's thickness of 0 silently won */
+    {
+        char sx[1024], a[1024], b[1024], c2[1024];
+        snprintf(sx, sizeof sx, "%s/sensor.expt", dir);
+        snprintf(a, sizeof a, "%s/sensor-none.bin", dir);
+        snprintf(b, sizeof b, "%s/sensor-flags.bin", dir);
+        snprintf(c2, sizeof c2, "%s/sensor-expt.bin", dir);
+#define SENSOR "-detector_thick 500 -detector_abs 118 -thicksteps 4"
+        snprintf(cmd, sizeof cmd, "%s simulate " XTAL " -floatfile %s -exptfile %s 2>&1", bin, a, sx);
+        const int rc0 = run(cmd);
+        snprintf(cmd, sizeof cmd, "%s simulate " XTAL " " SENSOR " -floatfile %s 2>&1", bin, b);
+        const int rc1 = run(cmd);
+        snprintf(cmd, sizeof cmd, "%s simulate -expt %s -default_F 100 -N 5 -oversample 1 " SENSOR " -floatfile %s "
+                                  "2>&1", bin, sx, c2);
+        const int rc2 = run(cmd);
+#undef SENSOR
+        const int said = strstr(out, "note: -detector_thick and -detector_abs replace the sensor of -expt") != NULL;
+        const double dsame = float_diff(b, c2, 64 * 64), dsensor = float_diff(a, b, 64 * 64);
+        nbgi_test_check(rc0 == 0 && rc1 == 0 && rc2 == 0 && said && dsame == 0 && dsensor > 0.1,
+                        "cligrad-48-sensor-flags", "-expt with the sensor flags renders as the flags do (largest "
+                        "difference %.3g; the sensor itself changes the image by %.3g of its maximum), the note %s "
+                        "(exits %d, %d, %d)", dsame, dsensor, said ? "said" : "missing", rc0, rc1, rc2);
+    }
     /* gradcheck checks exactly the parameters listed: one group's one motion component and distance are two
      * checks, on a CSPAD with group 3 moved */
     mf = fopen(mot, "w");
