@@ -462,6 +462,8 @@ typedef struct {
     nbg_pivot pivot;     /* the pivot the flag chooses (honoured in the custom convention only, the last wins) */
     int custom;          /* 1: selects the custom convention; -1: a named one */
     const char *note;    /* a note (NBG_MSG_NOTE) after the flag (and its value, for a string read and dropped) */
+    int list;            /* what of the experiment an experiment list gives in the flag's place (NBGI_LIST_*): given
+                          * with -expt, where the list has it, the flag is ignored, and a warning names it */
     /* documentation */
     flag_group group;
     const char *arg, *help;
@@ -608,7 +610,7 @@ static int fn_max_samples(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, c
 
 static const cli_flag flags[] = {
     /* crystal */
-    {"-cell", K_FN, .fn = fn_cell, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
+    {"-cell", K_FN, .fn = fn_cell, .list = NBGI_LIST_CRYSTAL, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
      .help = "unit cell: lengths in A, angles in deg"},
     {"-expt", K_STR, C(exptin), .group = G_DETECTOR, .arg = "file",
      .help = "a DIALS experiment list (one experiment, any number of panels): its detector, beam, goniometer, scan "
@@ -617,11 +619,13 @@ static const cli_flag flags[] = {
      .help = "re-express the crystal of -expt in the basis of the crystal of this experiment list (the same "
              "lattice, e.g. the data's true setting where DIALS chose another): N, the structure factors' indices "
              "and the refined cell then refer to that basis; the change of basis is printed"},
-    {"-mat -matrix", K_STR, C(matfile), .group = G_CRYSTAL, .arg = "file",
+    {"-mat -matrix", K_STR, C(matfile), .list = NBGI_LIST_CRYSTAL, .group = G_CRYSTAL, .arg = "file",
      .help = "MOSFLM A matrix (at the wavelength): the orientation, and the cell without -cell"},
-    {"-misset", K_FN, .n = 1, .fn = fn_misset, .group = G_CRYSTAL, .arg = "rx ry rz | random",
+    {"-misset", K_FN, .n = 1, .fn = fn_misset, .list = NBGI_LIST_CRYSTAL,
+     .group = G_CRYSTAL, .arg = "rx ry rz | random",
      .help = "misset rotations about x, y, z, deg; random: drawn from -misset_seed"},
-    {"-misset_seed", K_LONG, E(misset_seed), .set = C(have_misset_seed), .setv = 1, .group = G_CRYSTAL,
+    {"-misset_seed", K_LONG, E(misset_seed), .set = C(have_misset_seed), .setv = 1, .list = NBGI_LIST_CRYSTAL,
+     .group = G_CRYSTAL,
      .arg = "n", .help = "seed of -misset random (a run without one prints the seed it drew)"},
     {"-space_group", K_FN, .n = 1, .fn = fn_space_group, .group = G_CRYSTAL, .arg = "symbol",
      .help = "the crystal's space group (Hermann-Mauguin \"P 43 21 2\" or P43212, a Hall symbol, or its number): a "
@@ -654,11 +658,12 @@ static const cli_flag flags[] = {
      .help = "mosaic domains"},
     {"-mosaic_seed", K_LONG, E(mosaic_seed), .group = G_CRYSTAL, .arg = "n",
      .help = "seed of the mosaic domains' orientations"},
-    {"-phi", K_NUM, E(phi0), .group = G_CRYSTAL, .arg = "deg", .help = "spindle angle at the start, deg"},
-    {"-spindle_tilt", K_NUM, E(spindle_tilt), .n = 2, .group = G_CRYSTAL, .arg = "t1 t2",
+    {"-phi", K_NUM, E(phi0), .list = NBGI_LIST_SCAN,
+     .group = G_CRYSTAL, .arg = "deg", .help = "spindle angle at the start, deg"},
+    {"-spindle_tilt", K_NUM, E(spindle_tilt), .n = 2, .list = NBGI_LIST_GONIO, .group = G_CRYSTAL, .arg = "t1 t2",
      .help = "turns the rotation axis by t1 deg about unit(axis x beam), then t2 deg about axis x that (refinable as "
              "spindle_tilt1, spindle_tilt2)"},
-    {"-osc", K_NUM, E(osc), .group = G_CRYSTAL, .arg = "deg", .help = "rotation range, deg"},
+    {"-osc", K_NUM, E(osc), .list = NBGI_LIST_SCAN, .group = G_CRYSTAL, .arg = "deg", .help = "rotation range, deg"},
     {"-phistep", K_NUM, E(phistep), .group = G_CRYSTAL, .arg = "deg", .help = "rotation step, deg"},
     {"-phisteps", K_COUNT, E(phisteps), .group = G_CRYSTAL, .arg = "n", .help = "rotation steps"},
     CUSTOM_AXIS("-spindle_axis", spindle, "rotation axis", G_CRYSTAL),
@@ -682,8 +687,9 @@ static const cli_flag flags[] = {
     {"-nodump", K_SWITCH, C(nodump), .value = 1, .group = G_F, .help = "neither write nor read the F cache"},
 
     /* beam */
-    {"-lambda -wave", K_NUM, E(lambda), .group = G_BEAM, .arg = "A", .help = "wavelength, A (1)"},
-    {"-energy", K_FN, .n = 1, .fn = fn_energy, .group = G_BEAM, .arg = "eV",
+    {"-lambda -wave", K_NUM, E(lambda), .list = NBGI_LIST_BEAM,
+     .group = G_BEAM, .arg = "A", .help = "wavelength, A (1)"},
+    {"-energy", K_FN, .n = 1, .fn = fn_energy, .list = NBGI_LIST_BEAM, .group = G_BEAM, .arg = "eV",
      .help = "photon energy, eV: sets the wavelength to 12398.42 / eV A"},
     {"-dispersion", K_NUM, E(dispersion), .group = G_BEAM, .arg = "%", .help = "spectral width, percent"},
     {"-dispsteps", K_COUNT, E(dispsteps), .group = G_BEAM, .arg = "n", .help = "wavelengths across the width"},
@@ -715,37 +721,46 @@ static const cli_flag flags[] = {
     {"-water", K_NUM, E(water), .group = G_BEAM, .arg = "um", .help = "water layer in the beam (background), um"},
 
     /* detector */
-    {"-pixel", K_NUM, E(pixel), .group = G_DETECTOR, .arg = "mm", .help = "pixel size, mm (0.1)"},
-    {"-detpixels", K_COUNT, E(fpixels), .also = {E(spixels)}, .group = G_DETECTOR, .arg = "n",
+    {"-pixel", K_NUM, E(pixel), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm", .help = "pixel size, mm (0.1)"},
+    {"-detpixels", K_COUNT, E(fpixels), .also = {E(spixels)}, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "n",
      .help = "pixels along both axes"},
-    {"-detpixels_f -detpixels_x", K_COUNT, E(fpixels), .group = G_DETECTOR, .arg = "n",
+    {"-detpixels_f -detpixels_x", K_COUNT, E(fpixels), .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "n",
      .help = "pixels along the fast axis"},
-    {"-detpixels_s -detpixels_y", K_COUNT, E(spixels), .group = G_DETECTOR, .arg = "n",
+    {"-detpixels_s -detpixels_y", K_COUNT, E(spixels), .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "n",
      .help = "pixels along the slow axis"},
-    {"-detsize", K_NUM, E(detsize_f), .also = {E(detsize_s)}, .group = G_DETECTOR, .arg = "mm",
+    {"-detsize", K_NUM, E(detsize_f), .also = {E(detsize_s)}, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm",
      .help = "detector size along both axes, mm, when no pixel count is given (102.4)"},
-    {"-detsize_f", K_NUM, E(detsize_f), .group = G_DETECTOR, .arg = "mm", .help = "detector size along the fast axis, mm"},
-    {"-detsize_s", K_NUM, E(detsize_s), .group = G_DETECTOR, .arg = "mm", .help = "detector size along the slow axis, mm"},
-    {"-distance", K_NUM, E(distance), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+    {"-detsize_f", K_NUM, E(detsize_f), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm", .help = "detector size along the fast axis, mm"},
+    {"-detsize_s", K_NUM, E(detsize_s), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm", .help = "detector size along the slow axis, mm"},
+    {"-distance", K_NUM, E(distance), .pivot = NBG_PIVOT_BEAM, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm",
      .help = "sample to the direct-beam spot along the beam, mm (100)"},
-    {"-close_distance", K_NUM, E(close_distance), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+    {"-close_distance", K_NUM, E(close_distance), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm",
      .help = "sample to the detector plane along its normal, mm"},
     CONVENTION("-mosflm", NBG_CONV_MOSFLM, "MOSFLM convention (the default)"),
     CONVENTION("-denzo", NBG_CONV_DENZO, "DENZO convention"),
     CONVENTION("-adxv", NBG_CONV_ADXV, "ADXV convention"),
     CONVENTION("-xds", NBG_CONV_XDS, "XDS convention (pivot sample; beam centre from -ORGX -ORGY)"),
     CONVENTION("-dials", NBG_CONV_DIALS, "DIALS convention (pivot sample; beam centre from -ORGX -ORGY)"),
-    {"-Xbeam", K_NUM, E(Xbeam), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+    {"-Xbeam", K_NUM, E(Xbeam), .pivot = NBG_PIVOT_BEAM, .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "mm",
      .help = "beam centre, mm, as the convention defines it"},
-    {"-Ybeam", K_NUM, E(Ybeam), .pivot = NBG_PIVOT_BEAM, .group = G_DETECTOR, .arg = "mm",
+    {"-Ybeam", K_NUM, E(Ybeam), .pivot = NBG_PIVOT_BEAM, .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "mm",
      .help = "beam centre, mm, as the convention defines it"},
-    {"-Xclose", K_NUM, E(Xclose), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+    {"-Xclose", K_NUM, E(Xclose), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm",
      .help = "the detector point nearest the sample, mm"},
-    {"-Yclose", K_NUM, E(Yclose), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "mm",
+    {"-Yclose", K_NUM, E(Yclose), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "mm",
      .help = "the detector point nearest the sample, mm"},
-    {"-ORGX", K_NUM, E(ORGX), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "px",
+    {"-ORGX", K_NUM, E(ORGX), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "px",
      .help = "XDS origin, fast pixel coordinate"},
-    {"-ORGY", K_NUM, E(ORGY), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "px",
+    {"-ORGY", K_NUM, E(ORGY), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "px",
      .help = "XDS origin, slow pixel coordinate"},
     CUSTOM_AXIS("-fdet_vector", fdet, "detector fast axis", G_DETECTOR),
     CUSTOM_AXIS("-sdet_vector", sdet, "detector slow axis", G_DETECTOR),
@@ -753,18 +768,23 @@ static const cli_flag flags[] = {
     {"-pix0_vector -pix0_vector_mm", K_NUM, 0, .n = 3, .custom = 1,
      .note = " only selects the custom convention; pix0 is derived from the beam centre and distance (as nanoBragg "
              "does)",
-     .group = G_DETECTOR, .arg = "x y z",
+     .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "x y z",
      .help = "only selects the custom convention: pix0 follows the beam centre and distance"},
     {"-pivot", K_CHOICE, C(last_pivot), .choices = "beam sample", .values = {NBG_PIVOT_BEAM, NBG_PIVOT_SAMPLE},
+     .list = NBGI_LIST_DETECTOR,
      .group = G_DETECTOR, .arg = "beam|sample", .help = "the detector's rotation pivot (custom convention only)"},
-    {"-detector_rotx", K_NUM, E(det_rot[0]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about x, deg"},
-    {"-detector_roty", K_NUM, E(det_rot[1]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about y, deg"},
-    {"-detector_rotz", K_NUM, E(det_rot[2]), .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about z, deg"},
-    {"-detector_tau", K_NUM, E(det_tau), .n = 3, .group = G_DETECTOR, .arg = "t1 t2 t3",
+    {"-detector_rotx", K_NUM, E(det_rot[0]), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about x, deg"},
+    {"-detector_roty", K_NUM, E(det_rot[1]), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about y, deg"},
+    {"-detector_rotz", K_NUM, E(det_rot[2]), .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "deg", .help = "detector rotation about z, deg"},
+    {"-detector_tau", K_NUM, E(det_tau), .n = 3, .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "t1 t2 t3",
      .help = "turns the placed detector about its own frame through its point nearest the sample, as DIALS's Tau1-3: "
              "t1 deg about its normal, then t2 about its fast axis, then t3 about its slow axis, the axes as placed "
              "(refinable as det_tau1, det_tau2, det_tau3)"},
-    {"-twotheta", K_NUM, E(twotheta), .pivot = NBG_PIVOT_SAMPLE, .group = G_DETECTOR, .arg = "deg",
+    {"-twotheta", K_NUM, E(twotheta), .pivot = NBG_PIVOT_SAMPLE, .list = NBGI_LIST_DETECTOR,
+     .group = G_DETECTOR, .arg = "deg",
      .help = "detector swing about the two-theta axis, deg"},
     CUSTOM_AXIS("-twotheta_axis", twotheta_axis, "two-theta axis", G_DETECTOR),
     {"-curved_det", K_SWITCH, E(curved), .value = 1, .group = G_DETECTOR,
@@ -969,6 +989,14 @@ int nbgi_flag_entry(int i, const char **names, const char **arg, const char **he
     *arg = flags[i].arg;
     *help = flags[i].help;
     *group = (int)flags[i].group;
+    if (flags[i].list != NBGI_LIST_NONE && flags[i].help != NULL) {
+        /* the help says what -expt does to the flag (a buffer of one entry: the callers print each as they go) */
+        static const char *const what[NBGI_LIST_COUNT] = {"", "crystal", "beam", "detector", "scan", "goniometer"};
+        static char buf[1024];
+        snprintf(buf, sizeof buf, "%s; with -expt, ignored where the list gives its %s (a warning names it)",
+                 flags[i].help, what[flags[i].list]);
+        *help = buf;
+    }
     return 1;
 }
 
@@ -1178,6 +1206,27 @@ int nbgi_cli_is_flag(const char *name)
 
 /* --- the parser ---------------------------------------------------------------------------------------------- */
 
+/* Appends word to the comma-separated list in buf (size bytes) unless it is there already; a list that would not
+ * fit ends in ", ...". */
+static void add_word(char *buf, size_t size, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = buf; (p = strstr(p, word)) != NULL; p += n) {
+        if ((p == buf || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0')) {
+            return;
+        }
+    }
+    const size_t used = strlen(buf);
+    if (strstr(buf, ", ...") != NULL) {
+        return;
+    }
+    if (used + n + 2 + 6 >= size) {
+        snprintf(buf + used, size - used, ", ...");
+        return;
+    }
+    snprintf(buf + used, size - used, "%s%s", used > 0 ? ", " : "", word);
+}
+
 int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first)
 {
     c->handler_failed = 0;
@@ -1218,6 +1267,9 @@ int nbgi_build_parse(nbg_ctx *ctx, nbgi_cli *c, int argc, char **argv, int first
         }
         if (f != NULL && f->kind != K_REFUSED) {
             used = apply_flag(ctx, c, f, a, argc - i - 1, argv + i + 1, &custom);
+            if (used >= 0 && f->list != NBGI_LIST_NONE) {
+                add_word(c->list_flags[f->list], sizeof c->list_flags[f->list], a);
+            }
         } else if (c->extra_handler != NULL && (used = c->extra_handler(c, argc, argv, i)) != 0) {
             if (used < 0) {
                 c->handler_failed = 1; /* it printed its error */
@@ -1342,6 +1394,28 @@ static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
     return given;
 }
 
+/* The flags given that the program's list gives in their place (cli_flag.list): the crystal's, the scan's and the
+ * goniometer's where the list has a crystal, the wavelength's and the detector's always.  They are ignored, and
+ * said so by name in a warning (they had been ignored without a word; a script may repeat the list's own values). */
+static void warn_list_flags(nbgi_cli *c, const char *path, const nbg_geometry *g)
+{
+    static const char *const what[NBGI_LIST_COUNT] = {"", "its crystal", "its beam", "its detector", "its scan",
+                                                      "its goniometer"};
+    char given[512] = "", gives[128] = "";
+    for (int k = 1; k < NBGI_LIST_COUNT; ++k) {
+        const int has = k == NBGI_LIST_BEAM || k == NBGI_LIST_DETECTOR || g->has_crystal;
+        if (has && c->list_flags[k][0] != '\0') {
+            add_word(given, sizeof given, c->list_flags[k]);
+            add_word(gives, sizeof gives, what[k]);
+        }
+    }
+    if (given[0] != '\0') {
+        const int one = strchr(given, ',') == NULL;
+        nbgi_build_say(c, NBG_MSG_WARNING, "%s ignored: -expt %s gives %s in %s place (give %s without -expt, or "
+                       "change the list)", given, path, gives, one ? "its" : "their", one ? "it" : "them");
+    }
+}
+
 /* An experiment list read into e, as -expt does (nbgi_build_load's -expt; nbgrad batch's and ensemble's per-shot
  * lists): its crystal, beam and detector (np > 1 panels into *pan, the caller frees them, e->panels pointing at them
  * in the list's lab frame; otherwise no panels), with before (e as the flags made it) giving the flags that win over
@@ -1359,6 +1433,9 @@ static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, co
         free(*pan);
         *pan = NULL;
         return rc;
+    }
+    if (base) {
+        warn_list_flags(c, path, g);
     }
     if (base && c->settingin != NULL && (rc = reindex_crystal(ctx, c, g)) != NBG_OK) {
         free(*pan);

@@ -23,6 +23,11 @@ typedef struct {
     char *text;
 } nbgi_msg;
 
+/* What of the experiment an experiment list gives in a flag's place (the flag table's `list`): such a flag given with
+ * -expt is ignored where the list has it, and a warning names it (nbgi_build_import_expt). */
+enum { NBGI_LIST_NONE, NBGI_LIST_CRYSTAL, NBGI_LIST_BEAM, NBGI_LIST_DETECTOR, NBGI_LIST_SCAN, NBGI_LIST_GONIO,
+       NBGI_LIST_COUNT };
+
 typedef struct nbgi_cli nbgi_cli;
 
 struct nbgi_cli {
@@ -54,6 +59,8 @@ struct nbgi_cli {
     double polar_flag;      /* -polar's value, NAN when not given (it then wins over -expt's polarization) */
     double thick_flag;      /* -detector_thick's and -detector_abs's values, NAN when not given (each then wins */
     double thick_abs_flag;  /* over -expt's sensor, as -polar over its beam) */
+    char list_flags[NBGI_LIST_COUNT][128]; /* the flags given that an experiment list gives in their place, by what
+                                            * they set (NBGI_LIST_*): with -expt a warning names them */
     /* a series being written: the NXmx frames, the integer scale chosen on the first frame, its geometry */
     void *series;
     double series_scale;

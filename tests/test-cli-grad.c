@@ -982,6 +982,69 @@ int main(void)
                         "cligrad-48-sensor-flags", "-expt with the sensor flags renders as the flags do (largest "
                         "difference %.3g; the sensor itself changes the image by %.3g of its maximum), the note %s "
                         "(exits %d, %d, %d)", dsame, dsensor, said ? "said" : "missing", rc0, rc1, rc2);
+        /* cligrad-49: every flag the table says an experiment list gives in its place (its help: "with -expt,
+         * ignored where the list gives ...", read from the generated manual), given with this list (a still with a
+         * crystal): the image is the list's, bit for bit, and a warning names the flag (it had been ignored without
+         * a word); a flag without a value here fails, so the walk cannot go stale */
+        static const char *const vals[][2] = {
+            {"-cell", "60 60 60 90 90 90"}, {"-mat", "MAT"}, {"-misset", "1 2 3"}, {"-misset_seed", "5"},
+            {"-lambda", "1.5"}, {"-energy", "9000"}, {"-pixel", "0.2"}, {"-detpixels", "32"}, {"-detpixels_f", "32"},
+            {"-detpixels_s", "32"}, {"-detsize", "5"}, {"-detsize_f", "5"}, {"-detsize_s", "5"},
+            {"-distance", "120"}, {"-close_distance", "120"}, {"-Xbeam", "2"}, {"-Ybeam", "2"}, {"-Xclose", "2"},
+            {"-Yclose", "2"}, {"-ORGX", "20"}, {"-ORGY", "20"}, {"-pix0_vector", "0.1 0.01 0.01"},
+            {"-pivot", "sample"}, {"-detector_rotx", "2"}, {"-detector_roty", "2"}, {"-detector_rotz", "2"},
+            {"-detector_tau", "1 1 1"}, {"-twotheta", "5"}, {"-phi", "10"}, {"-osc", "1"},
+            {"-spindle_tilt", "1 1"}};
+        char mat[1024], img[1024];
+        snprintf(mat, sizeof mat, "%s/A.mat", dir);
+        snprintf(img, sizeof img, "%s/listed.bin", dir);
+        FILE *mf2 = fopen(mat, "w");
+        if (mf2 != NULL) {
+            fprintf(mf2, "0.0125070311 -0.0065857094 -0.0013826022\n0.0081221610 0.0118987992 -0.0053137258\n"
+                         "0.0075985147 0.0037240506 0.0107268970\n");
+            fclose(mf2);
+        }
+        snprintf(cmd, sizeof cmd, "%s --flags-markdown 2>&1", bin);
+        run(cmd);
+        char *manual = strdup(out);
+        int walked = 0, good = 0;
+        char bad[512] = "";
+        for (const char *q = manual; q != NULL && (q = strstr(q, "\n- `-")) != NULL; ++q) {
+            const char *eol = strchr(q + 1, '\n');
+            const char *hit = strstr(q, "with -expt, ignored where the list gives");
+            if (hit == NULL || (eol != NULL && hit > eol)) {
+                continue;
+            }
+            char name[64];
+            if (sscanf(q + 4, "%63[^ `]", name) != 1) {
+                continue;
+            }
+            ++walked;
+            const char *v = NULL;
+            for (size_t k = 0; k < sizeof vals / sizeof vals[0]; ++k) {
+                if (strcmp(vals[k][0], name) == 0) {
+                    v = strcmp(vals[k][1], "MAT") == 0 ? mat : vals[k][1];
+                }
+            }
+            int ok = 0;
+            if (v != NULL) {
+                remove(img);
+                snprintf(cmd, sizeof cmd, "%s simulate -expt %s -default_F 100 -N 5 -oversample 1 %s %s -floatfile %s "
+                                          "2>&1", bin, sx, name, v, img);
+                char want[96];
+                snprintf(want, sizeof want, "warning: %s ignored: -expt", name);
+                ok = run(cmd) == 0 && strstr(out, want) != NULL && float_diff(a, img, 64 * 64) == 0;
+            }
+            good += ok;
+            if (!ok && strlen(bad) + strlen(name) + 3 < sizeof bad) {
+                strcat(strcat(bad, " "), name);
+            }
+        }
+        free(manual);
+        nbgi_test_check(walked == (int)(sizeof vals / sizeof vals[0]) && good == walked, "cligrad-49-list-flags",
+                        "%d flags an experiment list gives in their place (%d with a value here): %d ignored with a "
+                        "warning naming them, the list's image bit for bit%s%s", walked,
+                        (int)(sizeof vals / sizeof vals[0]), good, bad[0] ? "; not:" : "", bad);
     }
     /* gradcheck checks exactly the parameters listed: one group's one motion component and distance are two
      * checks, on a CSPAD with group 3 moved */
