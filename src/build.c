@@ -1420,9 +1420,10 @@ static void warn_list_flags(nbgi_cli *c, const char *path, const nbg_geometry *g
  * lists): its crystal, beam and detector (np > 1 panels into *pan, the caller frees them, e->panels pointing at them
  * in the list's lab frame; otherwise no panels), with before (e as the flags made it) giving the flags that win over
  * the list's: -space_group, the sampling flags (the mosaic domains, divergence and dispersion, where the list
- * carries nbgrad's), -polar (c->polar_flag), -detector_thick and -detector_abs.  base: the program's -expt (-setting re-expresses its crystal, and
- * the notes are said; the domains' own turns into c->domain_rot); else quiet (the turns into *turns).  g receives the
- * list as read. */
+ * carries nbgrad's), -polar (c->polar_flag), -detector_thick and -detector_abs.  base: the program's -expt
+ * (-setting re-expresses its crystal, the notes are said, the flags the list gives in their place are named in a
+ * warning, the domains' own turns go into c->domain_rot); else quiet (the turns into *turns).  g receives the list
+ * as read. */
 static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, const nbg_experiment *before,
                        nbg_experiment *e, nbg_geometry *g, nbg_panel **pan, int *np, double **turns)
 {
