@@ -8,6 +8,7 @@
 #include "testutil.h" /* first: it sets _GNU_SOURCE */
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,21 @@ static int run(const char *cmd)
     out[len] = '\0';
     const int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Writes the formatted text to path (a test's input file); 0 when it cannot. */
+static int write_text(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int write_text(const char *path, const char *fmt, ...)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        return 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    const int ok = vfprintf(f, fmt, ap) >= 0;
+    va_end(ap);
+    return fclose(f) == 0 && ok;
 }
 
 #ifdef NBG_HAVE_FORMATS
@@ -608,20 +624,12 @@ int main(void)
     }
     char spl[1024];
     snprintf(spl, sizeof spl, "%s/spots.txt", dir);
-    FILE *sf = fopen(spl, "w");
-    if (sf != NULL) {
-        fprintf(sf, "# fast slow\n10 12\n40.4 50.6\n");
-        fclose(sf);
-    }
+    write_text(spl, "# fast slow\n10 12\n40.4 50.6\n");
     snprintf(cmd, sizeof cmd, "%s refine " XTAL " -observed %s -params a -spotlist %s -spots 2 2>&1", bin, obs, spl);
     rc = run(cmd);
     nbgi_test_check(strstr(out, "spot regions: 50 pixels") != NULL && strstr(out, "2 spot centres") != NULL,
                    "cligrad-6-refine-spotlist", "two boxes of 5 x 5 around the listed centres (exit %d)", rc);
-    sf = fopen(spl, "w");
-    if (sf != NULL) {
-        fprintf(sf, "10 12\n3 x\n");
-        fclose(sf);
-    }
+    write_text(spl, "10 12\n3 x\n");
     rc = run(cmd);
     nbgi_test_check(rc != 0 && strstr(out, "line 2") != NULL, "cligrad-6-refine-spotlist-bad",
                    "a malformed spot list is refused naming the line (exit %d)", rc);
@@ -751,22 +759,14 @@ int main(void)
     snprintf(mot, sizeof mot, "%s/m.txt", dir);
     snprintf(fit, sizeof fit, "%s/fit.txt", dir);
     snprintf(truth, sizeof truth, "%s/truth.bin", dir);
-    FILE *mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "# group sx sy sz rx ry rz\n7 0.12 -0.08 0 0 0 0.3\n22 -0.1 0.15 0.2 0.1 0 -0.4\n");
-        fclose(mf);
-    }
+    write_text(mot, "# group sx sy sz rx ry rz\n7 0.12 -0.08 0 0 0 0.3\n22 -0.1 0.15 0.2 0.1 0 -0.4\n");
     snprintf(cmd, sizeof cmd, "%s simulate " PIL " -motions %s -floatfile %s 2>&1", bin, mot, truth);
     rc = run(cmd);
     nbgi_test_check(rc == 0, "cligrad-19-motions-sim", "a Pilatus 6M with two modules moved (exit %d)", rc);
     snprintf(cmd, sizeof cmd, "%s refine " PIL " -observed %s -spots 3 -params g7.shift_x,g7.shift_y,g7.rot_z "
                               "-motions %s -motionsfile %s 2>&1", bin, truth, mot, fit);
     /* the start: group 7 at rest, group 22 where it is */
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "22 -0.1 0.15 0.2 0.1 0 -0.4\n");
-        fclose(mf);
-    }
+    write_text(mot, "22 -0.1 0.15 0.2 0.1 0 -0.4\n");
     rc = run(cmd);
     double m7[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
     int g7 = -1;
@@ -796,11 +796,7 @@ int main(void)
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "this detector has none") != NULL, "cligrad-22-motions-flat",
                    "panel parameters on a flat detector are refused (exit %d)", rc);
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "3 0.1 0.2 0.3\n");
-        fclose(mf);
-    }
+    write_text(mot, "3 0.1 0.2 0.3\n");
     snprintf(cmd, sizeof cmd, "%s simulate " PIL " -motions %s 2>&1", bin, mot);
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "line 1: expected 'group shift_x") != NULL, "cligrad-23-motions-bad",
@@ -811,19 +807,11 @@ int main(void)
 #define BLK "-cell 70 80 90 75 85 95 -misset 10 5 3 -default_F 100 -N 8 -lambda 1 -distance 100 -detpixels 96 " \
             "-oversample 1 -mosaic_domains 3"
     snprintf(truth, sizeof truth, "%s/blocks.bin", dir);
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "# domain rx ry rz\n1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n");
-        fclose(mf);
-    }
+    write_text(mot, "# domain rx ry rz\n1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n");
     snprintf(cmd, sizeof cmd, "%s simulate " BLK " -domain_rot %s -floatfile %s 2>&1", bin, mot, truth);
     rc = run(cmd);
     nbgi_test_check(rc == 0, "cligrad-39-blocks-sim", "three blocks turned by -domain_rot (exit %d)", rc);
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "1 0.25 -0.15 0.2\n2 -0.2 0.35 -0.05\n");
-        fclose(mf);
-    }
+    write_text(mot, "1 0.25 -0.15 0.2\n2 -0.2 0.35 -0.05\n");
     snprintf(cmd, sizeof cmd, "%s refine " BLK " -observed %s -params domain_rot -domain_rot %s -domain_rotfile %s "
                               "2>&1", bin, truth, mot, fit);
     rc = run(cmd);
@@ -860,20 +848,12 @@ int main(void)
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "-params d1.rot_x") != NULL && strstr(out, "-mosaic_domains") != NULL,
                     "cligrad-42-blocks-params", "-params d1.rot_x without domains is refused by name (exit %d)", rc);
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "1 0.1 0.2\n");
-        fclose(mf);
-    }
+    write_text(mot, "1 0.1 0.2\n");
     snprintf(cmd, sizeof cmd, "%s simulate " BLK " -domain_rot %s 2>&1", bin, mot);
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "line 1: expected 'domain rot_x rot_y rot_z'") != NULL,
                     "cligrad-43-blocks-bad-line", "a short -domain_rot line is refused with its number (exit %d)", rc);
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "# three domains: 0 to 2\n3 0.1 0.2 0.3\n");
-        fclose(mf);
-    }
+    write_text(mot, "# three domains: 0 to 2\n3 0.1 0.2 0.3\n");
     rc = run(cmd);
     nbgi_test_check(rc == 1 && strstr(out, "line 2: domain 3, and the crystal has 3 mosaic domains") != NULL,
                     "cligrad-44-blocks-domain", "a domain beyond -mosaic_domains is refused with its line (exit %d)",
@@ -885,11 +865,7 @@ int main(void)
         char ex[1024], img2[1024];
         snprintf(ex, sizeof ex, "%s/blocks.expt", dir);
         snprintf(img2, sizeof img2, "%s/blocks2.bin", dir);
-        mf = fopen(mot, "w");
-        if (mf != NULL) {
-            fprintf(mf, "1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n");
-            fclose(mf);
-        }
+        write_text(mot, "1 0.3 -0.2 0.25\n2 -0.25 0.4 -0.1\n");
         snprintf(cmd, sizeof cmd, "%s simulate " BLK " -domain_rot %s%s -floatfile %s -exptfile %s 2>&1", bin, mot,
                  still ? " -phi 30" : "", truth, ex);
         const int rc1 = run(cmd);
@@ -914,15 +890,8 @@ int main(void)
         snprintf(img2, sizeof img2, "%s/blocks2.bin", dir);
         snprintf(j1, sizeof j1, "%s/ens-blocks.json", dir);
         snprintf(j0, sizeof j0, "%s/ens-flat.json", dir);
-        FILE *f1 = fopen(sl, "w"), *f0 = fopen(fl, "w");
-        if (f1 != NULL) {
-            fprintf(f1, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", ex);
-            fclose(f1);
-        }
-        if (f0 != NULL) {
-            fprintf(f0, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", flat);
-            fclose(f0);
-        }
+        write_text(sl, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", ex);
+        write_text(fl, "{\"id\": \"b1\", \"expt\": \"%s\"}\n", flat);
 #define SHOTBASE "-cell 70 80 90 75 85 95 -default_F 100 -N 8 -oversample 1"
         snprintf(cmd, sizeof cmd, "%s simulate " BLK " -phi 30 -exptfile %s 2>&1", bin, flat);
         const int rc0 = run(cmd);
@@ -998,12 +967,8 @@ int main(void)
         char mat[1024], img[1024];
         snprintf(mat, sizeof mat, "%s/A.mat", dir);
         snprintf(img, sizeof img, "%s/listed.bin", dir);
-        FILE *mf2 = fopen(mat, "w");
-        if (mf2 != NULL) {
-            fprintf(mf2, "0.0125070311 -0.0065857094 -0.0013826022\n0.0081221610 0.0118987992 -0.0053137258\n"
-                         "0.0075985147 0.0037240506 0.0107268970\n");
-            fclose(mf2);
-        }
+        write_text(mat, "0.0125070311 -0.0065857094 -0.0013826022\n0.0081221610 0.0118987992 -0.0053137258\n"
+                        "0.0075985147 0.0037240506 0.0107268970\n");
         snprintf(cmd, sizeof cmd, "%s --flags-markdown 2>&1", bin);
         run(cmd);
         char *manual = strdup(out);
@@ -1048,11 +1013,7 @@ int main(void)
     }
     /* gradcheck checks exactly the parameters listed: one group's one motion component and distance are two
      * checks, on a CSPAD with group 3 moved */
-    mf = fopen(mot, "w");
-    if (mf != NULL) {
-        fprintf(mf, "3 0.05 -0.03 0.02 0.1 -0.05 0.2\n");
-        fclose(mf);
-    }
+    write_text(mot, "3 0.05 -0.03 0.02 0.1 -0.05 0.2\n");
     snprintf(cmd, sizeof cmd, "%s gradcheck -layout cspad -cell 70 80 90 90 90 90 -misset 10 20 30 -default_F 100 "
                               "-N 5 -lambda 1.3 -distance 100 -oversample 1 -motions %s -params g3.shift_x,distance "
                               "2>&1", bin, mot);
