@@ -608,6 +608,9 @@ static int fn_max_samples(nbg_ctx *ctx, nbgi_cli *c, const char *flag, int nv, c
     {name, K_SWITCH, E(convention), .value = conv, .custom = -1, .group = G_DETECTOR, .help = what}
 #define IGNORED_NOTE " is accepted and ignored, as by nanoBragg"
 
+/* What an experiment list gives in a flag's place, by NBGI_LIST_* (the help and the warning name it). */
+static const char *const list_what[NBGI_LIST_COUNT] = {"", "crystal", "beam", "detector", "scan", "goniometer"};
+
 static const cli_flag flags[] = {
     /* crystal */
     {"-cell", K_FN, .fn = fn_cell, .list = NBGI_LIST_CRYSTAL, .group = G_CRYSTAL, .arg = "a b c alpha beta gamma",
@@ -991,10 +994,9 @@ int nbgi_flag_entry(int i, const char **names, const char **arg, const char **he
     *group = (int)flags[i].group;
     if (flags[i].list != NBGI_LIST_NONE && flags[i].help != NULL) {
         /* the help says what -expt does to the flag (a buffer of one entry: the callers print each as they go) */
-        static const char *const what[NBGI_LIST_COUNT] = {"", "crystal", "beam", "detector", "scan", "goniometer"};
         static char buf[1024];
         snprintf(buf, sizeof buf, "%s; with -expt, ignored where the list gives its %s (a warning names it)",
-                 flags[i].help, what[flags[i].list]);
+                 flags[i].help, list_what[flags[i].list]);
         *help = buf;
     }
     return 1;
@@ -1399,14 +1401,14 @@ static int keep_sampling_flags(const nbg_experiment *given_e, nbg_experiment *e)
  * said so by name in a warning (they had been ignored without a word; a script may repeat the list's own values). */
 static void warn_list_flags(nbgi_cli *c, const char *path, const nbg_geometry *g)
 {
-    static const char *const what[NBGI_LIST_COUNT] = {"", "its crystal", "its beam", "its detector", "its scan",
-                                                      "its goniometer"};
     char given[512] = "", gives[128] = "";
     for (int k = 1; k < NBGI_LIST_COUNT; ++k) {
         const int has = k == NBGI_LIST_BEAM || k == NBGI_LIST_DETECTOR || g->has_crystal;
         if (has && c->list_flags[k][0] != '\0') {
             add_word(given, sizeof given, c->list_flags[k]);
-            add_word(gives, sizeof gives, what[k]);
+            char its[32];
+            snprintf(its, sizeof its, "its %s", list_what[k]);
+            add_word(gives, sizeof gives, its);
         }
     }
     if (given[0] != '\0') {
