@@ -941,6 +941,11 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
      * turn of the crystal */
     e->phi0 = g->scan_width == 0 ? 0 : g->scan_start;
     e->osc = g->scan_width;
+    if (g->scan_width == 0 && e->phisteps < 0 && isnan(e->phistep)) {
+        /* one orientation: nanoBragg's rule for an oscillation given as 0 (-osc 0) takes two steps of 0 deg,
+         * which rendered a still twice over (the same image, at twice the cost) */
+        e->phisteps = 1;
+    }
     e->still = g->scan_stated == 0 && g->nframes == 1 && g->scan_width == 0;
     e->exposure = g->exposure;
     /* the gain and pedestal a DIALS list states (not dxtbx's defaults): how DIALS reads the counts, which

@@ -951,6 +951,17 @@ int main(void)
                         "cligrad-48-sensor-flags", "-expt with the sensor flags renders as the flags do (largest "
                         "difference %.3g; the sensor itself changes the image by %.3g of its maximum), the note %s "
                         "(exits %d, %d, %d)", dsame, dsensor, said ? "said" : "missing", rc0, rc1, rc2);
+        /* cligrad-50: a still's list (its scan of width 0) renders one orientation, as the flags that wrote it do;
+         * it had taken nanoBragg's two steps of 0 deg for an oscillation given as 0 (the same image, twice the
+         * work) */
+        snprintf(cmd, sizeof cmd, "%s simulate -expt %s -default_F 100 -N 5 -oversample 1 -floatfile %s 2>&1", bin, sx,
+                 c2);
+        const int rc3 = run(cmd);
+        const int one = strstr(out, " 1 phi steps from 0 to 0 deg") != NULL;
+        const double dstill = float_diff(a, c2, 64 * 64);
+        nbgi_test_check(rc3 == 0 && one && dstill == 0, "cligrad-50-still-one-step", "a still's list renders %s, "
+                        "the image of the flags that wrote it bit for bit (largest difference %.3g; exit %d)",
+                        one ? "one orientation" : "more than one phi step", dstill, rc3);
         /* cligrad-49: every flag the table says an experiment list gives in its place (its help: "with -expt,
          * ignored where the list gives ...", read from the generated manual), given with this list (a still with a
          * crystal): the image is the list's, bit for bit, and a warning names the flag (it had been ignored without
@@ -963,7 +974,7 @@ int main(void)
             {"-Yclose", "2"}, {"-ORGX", "20"}, {"-ORGY", "20"}, {"-pix0_vector", "0.1 0.01 0.01"},
             {"-pivot", "sample"}, {"-detector_rotx", "2"}, {"-detector_roty", "2"}, {"-detector_rotz", "2"},
             {"-detector_tau", "1 1 1"}, {"-twotheta", "5"}, {"-phi", "10"}, {"-osc", "1"},
-            {"-spindle_tilt", "1 1"}};
+            {"-spindle_tilt", "1 1"}, {"-layout", "cspad"}};
         char mat[1024], img[1024];
         snprintf(mat, sizeof mat, "%s/A.mat", dir);
         snprintf(img, sizeof img, "%s/listed.bin", dir);
