@@ -796,7 +796,7 @@ static const cli_flag flags[] = {
      .help = "solid angle 1/R^2, no obliquity factor"},
     {"-roi", K_INT, E(roi), .n = 4, .group = G_DETECTOR, .arg = "xmin xmax ymin ymax",
      .help = "the pixels rendered, inclusive"},
-    {"-layout", K_STR, C(layout), .group = G_DETECTOR, .arg = "name",
+    {"-layout", K_STR, C(layout), .list = NBGI_LIST_DETECTOR, .group = G_DETECTOR, .arg = "name",
      .help = "a built-in multi-panel detector (pilatus6m, eiger2_16m, jungfrau16m, cspad) in the plane that the "
              "detector flags place; sets -pixel and the plane's pixel counts; the image is the panels' concatenation"},
     {"-panel_groups", K_CHOICE, C(panel_groups), .choices = "modules panels detector level1 level2 level3 level4 level5",
@@ -1680,7 +1680,8 @@ int nbgi_build_load(nbg_ctx *ctx, nbgi_cli *c)
         return nbgi_error(ctx, NBG_EINVAL, "-setting re-expresses the crystal of -expt, and there is no -expt (the "
                           "crystal of -cell, -mat and -misset is in the basis given)");
     }
-    if (c->layout != NULL) {
+    if (c->layout != NULL && c->exptin == NULL) {
+        /* with -expt the list's detector (its panels) is the detector: -layout is named in its warning */
         int n = 0, F = 0, S = 0;
         double px = 0;
         rc = nbg_layout(ctx, c->layout, NULL, 0, &n, NULL, NULL, NULL);
