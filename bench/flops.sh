@@ -1,5 +1,6 @@
 #!/bin/sh
-# flops.sh -- the forward kernel's arithmetic per sample, counted (bench-peak's FLOPS_PER_SAMPLE, VOPS_PER_SAMPLE).
+# flops.sh -- the forward kernel's arithmetic per sample, counted (bench-peak's FLOPS_PER_SAMPLE, VOPS_PER_SAMPLE),
+# and the gradient's (double, every parameter: what bench-grad's gradient / forward ratio divides).
 #
 #   sh bench/flops.sh [WORK_DIR]
 #
@@ -21,10 +22,10 @@ for t in valgrind objdump python3; do
     command -v $t >/dev/null 2>&1 || { echo "flops.sh: $t is missing"; exit 2; }
 done
 make -s -j"$(nproc)" B="$W" OPT="-O3 -march=x86-64-v3" "$W/bench/bench-flops" || exit 1
-for p in d f; do
+for p in d f g; do
     n=$("$W/bench/bench-flops" $p) || exit 1
     OMP_NUM_THREADS=1 valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$W/callgrind-$p.out" \
         "$W/bench/bench-flops" $p >/dev/null 2>&1 || exit 1
-    echo "precision $p: $n samples"
+    echo "$p (d, f: forward in double, float; g: gradient in double): $n samples"
     python3 bench/flops.py "$W/callgrind-$p.out" "$W/bench/bench-flops" "$n"
 done
