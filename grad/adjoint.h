@@ -208,10 +208,12 @@ static inline NBG_HD void nbgi_factor_cotangents(double g, double scale, double 
     *d_pol = g * scale * I * capture * omega;
 }
 
-/* capture(a) of layer t, a = dz mu / rho, rho = d . o: the cotangent of rho from that of capture. */
-static inline NBG_HD double nbgi_capture_rho_adjoint(int t, double a, double rho, double d_cap)
+/* capture(a) of layer t (nbgi_capture: a = dz mu / rho, or T mu / rho for the physical sensor), rho = d . o: the
+ * cotangent of rho from that of capture. */
+static inline NBG_HD double nbgi_capture_rho_adjoint(const nbgi_kparams *p, int t, double a, double rho,
+                                                     double d_cap)
 {
-    return d_cap * nbgi_capture_da(t, a) * (-a / rho);
+    return d_cap * nbgi_capture_da(p, t, a) * (-a / rho);
 }
 
 /* The epilogue of the adjoint: with the pixel's final sum I and its incoming gradient g (S = scale I capture polar
@@ -235,7 +237,7 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
     }
     if (p->thick != 0) {
         /* capture(a), a = dz mu / rho, rho = d . o */
-        const double d_rho = nbgi_capture_rho_adjoint(p->thicksteps - 1, pf->cap_a, pf->rho, d_cap);
+        const double d_rho = nbgi_capture_rho_adjoint(p, p->thicksteps - 1, pf->cap_a, pf->rho, d_cap);
         double d_d[3];
         for (int x = 0; x < 3; ++x) {
             d_d[x] = d_rho * p->odet[x];
@@ -272,7 +274,7 @@ typedef struct {
     /* uniform and a sensor thickness: the last layer's first-subpixel ray and the capture's a and rho */
     double c0[NBG_PF_LANES], c1[NBG_PF_LANES], c2[NBG_PF_LANES], Rc[NBG_PF_LANES], Fc[NBG_PF_LANES];
     double cap_a[NBG_PF_LANES], rho[NBG_PF_LANES];
-    double Sdet, Oc; /* the first subpixel's slow coordinate, the last layer's depth */
+    double Sdet, Oc, O0; /* the first subpixel's slow coordinate, the last layer's depth, the first layer's */
     nbgi_pixfactors pf[NBG_PF_LANES]; /* not uniform: each lane's factors */
 } nbgi_lane_pixfactors;
 
@@ -285,7 +287,8 @@ static inline void nbgi_lane_pixel_factors(const nbgi_kparams *p, int f0, int sp
     const int tl = p->thicksteps - 1;
     lf->Sdet = nbgi_subpixel_at(p, spixel, 0);
     lf->Oc = nbgi_layer_at(p, tl);
-    nbgi_lane_rays(p, f0, 0, lf->Sdet, nbgi_layer_at(p, 0), W, lf->d0, lf->d1, lf->d2, lf->R, lf->Fd);
+    lf->O0 = nbgi_layer_at(p, 0);
+    nbgi_lane_rays(p, f0, 0, lf->Sdet, lf->O0, W, lf->d0, lf->d1, lf->d2, lf->R, lf->Fd);
     lf->uniform = !p->curved;
     if (lf->uniform && !p->nopolar && p->dmin > 0) {
         double q0[W], q1[W], q2[W];
@@ -379,9 +382,10 @@ nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactor
      * vectorising them */
     const double *sr = p->src;
     const double inc[3] = {sr[0], sr[1], sr[2]}, E[3] = {sr[4], sr[5], sr[6]}, B[3] = {sr[7], sr[8], sr[9]};
-    const double K = p->polarization, scale = p->scale, close = p->close_distance, Sdet = lf->Sdet;
+    const double K = p->polarization, scale = p->scale, close = p->close_distance, Sdet = lf->Sdet, O0 = lf->O0;
     const int pol = !p->nopolar, point = p->point_pixel;
-    /* the solid angle and the polarization, both on the first subpixel's ray (at depth 0: nothing on o), in three
+    /* the solid angle and the polarization, both on the first subpixel's ray (at the first layer's depth O0: 0 but
+     * for the physical sensor, nbgi_layer_at), in three
      * lane loops through local arrays: as one loop GCC vectorised little of it (most of it ran a lane at a time,
      * a quarter of cubic1k's gradient) */
     double d_cap[W], d_scale[W], d_om[W], d_pol[W], dP0[W], dP1[W], dP2[W], dK[W];
@@ -419,6 +423,9 @@ nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactor
         fix[(NBGI_FIX_S + 0) * W + j] += e0 * Sdet;
         fix[(NBGI_FIX_S + 1) * W + j] += e1 * Sdet;
         fix[(NBGI_FIX_S + 2) * W + j] += e2 * Sdet;
+        fix[(NBGI_FIX_O + 0) * W + j] += e0 * O0;
+        fix[(NBGI_FIX_O + 1) * W + j] += e1 * O0;
+        fix[(NBGI_FIX_O + 2) * W + j] += e2 * O0;
     }
     if (p->thick != 0) {
         /* the capture fraction on the last layer's first-subpixel ray: capture(a), a = dz mu / rho, rho = d . o */
@@ -428,7 +435,7 @@ nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactor
             if (g[j] == 0) {
                 continue;
             }
-            const double d_rho = nbgi_capture_rho_adjoint(tl, lf->cap_a[j], lf->rho[j], d_cap[j]);
+            const double d_rho = nbgi_capture_rho_adjoint(p, tl, lf->cap_a[j], lf->rho[j], d_cap[j]);
             double w[3];
             nbgi_ray_dP(lf->c0[j], lf->c1[j], lf->c2[j], lf->Rc[j], d_rho * o0, d_rho * o1, d_rho * o2, 0, &w[0],
                         &w[1], &w[2]);

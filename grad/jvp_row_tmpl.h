@@ -134,7 +134,7 @@ static inline void NBG_SFX(nbgi_row_jvp)(const nbgi_kparams *p, int spixel, int 
         }
     }
     for (int tt = 0; tt < p->thicksteps; ++tt) {
-        const NBG_R Odet = (NBG_R)(tt * p->thickstep);
+        const NBG_R Odet = (NBG_R)nbgi_layer_at(p, tt);
         for (int subS = 0; subS < os; ++subS) {
             const NBG_R Sdet = sub * (NBG_R)(spixel * os + subS) + sub / 2;
             for (int subF = 0; subF < os; ++subF) {

@@ -58,7 +58,7 @@ static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int f
     }
     if (p->thick != 0) {
         const NBG_R a = (NBG_R)pf.cap_a, rho = (NBG_R)pf.rho;
-        const NBG_R dcap_da = (NBG_R)nbgi_capture_da(p->thicksteps - 1, pf.cap_a);
+        const NBG_R dcap_da = (NBG_R)nbgi_capture_da(p, p->thicksteps - 1, pf.cap_a);
         for (int j = 0; j < nt; ++j) {
             if (!moves[j]) {
                 continue;

@@ -827,6 +827,12 @@ static const cli_flag flags[] = {
      .help = "sensor attenuation length, um (inf or 0: no absorption; given with -expt, it replaces the list's)"},
     {"-thicksteps -detector_thicksteps", K_COUNT, E(thicksteps), .group = G_DETECTOR, .arg = "n",
      .help = "sensor layers"},
+    {"-sensor", K_CHOICE, E(sensor_model), .choices = "nanobragg physical",
+     .values = {NBG_SENSOR_NANOBRAGG, NBG_SENSOR_PHYSICAL}, .group = G_DETECTOR, .arg = "nanobragg|physical",
+     .help = "how the sensor's layers absorb: nanoBragg's (every layer weighted by the capture of a slab beyond the "
+             "last, for parity with its images) or physical (the sensor's capture shared by layers of equal capture, "
+             "each where its photons are absorbed: parallax as DIALS corrects it); default nanoBragg's for the sensor "
+             "flags, physical for a sensor an experiment list or image file states"},
     {"-oversample", K_COUNT, E(oversample), .group = G_DETECTOR, .arg = "n", .help = "subpixels per pixel axis"},
     {"-oversample_thick", K_SWITCH, E(oversample_thick), .value = 1, .group = G_DETECTOR,
      .help = "sensor capture at every subpixel (nanoBragg's running-sum semantics)"},
@@ -1536,6 +1542,7 @@ static int import_expt(nbg_ctx *ctx, nbgi_cli *c, const char *path, int base, co
         if (!isnan(c->thick_abs_flag)) {
             e->thick_abs = c->thick_abs_flag;
         }
+        e->sensor_model = before->sensor_model; /* the flags' sensor: nanoBragg's model unless -sensor says */
     }
     if (!g->has_mosaic) {
         /* a list without nbgrad's domains (DIALS's): the domains of the mosaic flags are drawn where a run of

@@ -1143,9 +1143,9 @@ void nbgi_cli_print_setup(const nbgi_cli *c, const nbg_report *r)
     printf("  Xbeam=%g Ybeam=%g Fbeam=%g Sbeam=%g Fclose=%g Sclose=%g mm ORGX=%g ORGY=%g\n", r->Xbeam, r->Ybeam,
            r->Fbeam, r->Sbeam, r->Fclose, r->Sclose, r->ORGX, r->ORGY);
     printf("  pix0 = %g %g %g m\n", r->pix0[0], r->pix0[1], r->pix0[2]);
-    printf("  %d sources, %d mosaic domains, %d phi steps from %g to %g deg, %dx%d oversample, %d layers\n",
+    printf("  %d sources, %d mosaic domains, %d phi steps from %g to %g deg, %dx%d oversample, %d layers%s\n",
            r->nsources, r->mosaic_domains, r->phisteps, r->phi0, r->phi0 + r->osc, r->oversample, r->oversample,
-           r->thicksteps);
+           r->thicksteps, r->sensor_model == NBG_SENSOR_PHYSICAL ? " (physical sensor)" : "");
     if (r->warn_oversample) {
         printf("WARNING: oversample %d is below the recommended %d\n", r->oversample, r->recommended_oversample);
     }

@@ -331,7 +331,25 @@ static int same_panels_frame(const nbg_panel *panels, int npanels, int k, double
     return 0;
 }
 
+static json_t *detector_json_dxtbx(const nbg_geometry *g, const nbg_panel *panels, int npanels);
+
+/* The detector as dxtbx writes it, with how nbgrad rendered its sensor (a model and its layers) under a key of
+ * nbgrad's own, which dxtbx ignores (nbgrad reads it back: the same image). */
 static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
+{
+    json_t *d = detector_json_dxtbx(g, panels, npanels);
+    if (d == NULL || g->sensor_model == 0 || !(g->thickness > 0))
+        return d;
+    json_t *s = json_pack("{s:s, s:i}", "model", g->sensor_model == NBG_SENSOR_NANOBRAGG ? "nanobragg" : "physical",
+                          "layers", (json_int_t)g->sensor_layers);
+    if (s == NULL || json_object_set_new(d, "nbgrad_sensor", s) != 0) {
+        json_decref(d);
+        return NULL;
+    }
+    return d;
+}
+
+static json_t *detector_json_dxtbx(const nbg_geometry *g, const nbg_panel *panels, int npanels)
 {
     static const int no_offset[2] = {0, 0};
     /* DIALS's parallax correction needs both the thickness and mu; without either it uses the simple mapping. */
@@ -1222,10 +1240,33 @@ static void panel_to_lab(const lab_frame *P, double fast[3], double slow[3], dou
     memcpy(origin, o, sizeof o);
 }
 
+/* How nbgrad rendered the sensor, where nbgrad wrote the list (detector_json) */
+static int read_sensor(const reader *r, json_t *d, const char *where, nbg_geometry *g)
+{
+    json_t *s = json_object_get(d, "nbgrad_sensor");
+    if (s == NULL || json_is_null(s))
+        return NBG_OK;
+    char sw[128];
+    snprintf(sw, sizeof sw, "%s.nbgrad_sensor", where);
+    if (!json_is_object(s))
+        return bad(r, where, "nbgrad_sensor", "expected an object");
+    const char *m = json_string_value(json_object_get(s, "model"));
+    json_t *n = json_object_get(s, "layers");
+    if (m == NULL || (strcmp(m, "nanobragg") != 0 && strcmp(m, "physical") != 0))
+        return bad(r, sw, "model", "expected \"nanobragg\" or \"physical\"");
+    if (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > 1000000)
+        return bad(r, sw, "layers", "expected an integer from 1 to 1000000");
+    g->sensor_model = strcmp(m, "nanobragg") == 0 ? NBG_SENSOR_NANOBRAGG : NBG_SENSOR_PHYSICAL;
+    g->sensor_layers = (int)json_integer_value(n);
+    return NBG_OK;
+}
+
 static int read_detector(const reader *r, json_t *d, const char *where, nbg_geometry *g)
 {
     json_t *panels;
     int rc = member(r, d, where, "panels", 1, &panels);
+    if (rc == NBG_OK)
+        rc = read_sensor(r, d, where, g);
     if (rc != NBG_OK)
         return rc;
     if (!json_is_array(panels))

@@ -227,7 +227,17 @@ static inline NBG_HD double nbgi_subpixel_at(const nbgi_kparams *p, int pixel, i
 }
 
 /* The depth of sensor layer t along the normal (m). */
-static inline NBG_HD double nbgi_layer_at(const nbgi_kparams *p, int t) { return (double)(t * p->thickstep); }
+/* The depth (m) of sensor layer t along the normal: nanoBragg's t dz, or the physical model's middle of the layer's
+ * share of the photons absorbed at normal incidence, -ln(1 - (t + 1/2) c / n) / mu, c = 1 - exp(-T mu)
+ * (nbg_sensor_model).  A layer's depth is a constant of the plan: no parameter moves it. */
+static inline NBG_HD double nbgi_layer_at(const nbgi_kparams *p, int t)
+{
+    if (p->sensor_phys && p->thick > 0 && p->mu > 0) {
+        const double c = -expm1(-p->thick * p->mu);
+        return -log1p(-((double)t + 0.5) * c / (double)p->thicksteps) / p->mu;
+    }
+    return (double)(t * p->thickstep);
+}
 
 /* The detector-frame coordinates (m) of subpixel (subF, subS) of layer t: along fast, slow and the normal. */
 static inline NBG_HD void nbgi_subpixel_coords(const nbgi_kparams *p, int fpixel, int spixel, int subF, int subS,
@@ -355,17 +365,26 @@ static inline NBG_HD double nbgi_solid_angle_dclose(const nbgi_kparams *p, doubl
     return nbgi_solid_angle_dclose_of(p->point_pixel, p->close_distance, omega);
 }
 
-/* The fraction of photons absorbed in sensor layer t for a ray with rho = d . o (the cosine of its angle to the
- * normal): exp(-t a) - exp(-(t+1) a), a = dz mu / rho.  *a receives a. */
+/* The weight of every sensor layer's sum (the kernels apply it once, at the last layer t) for a ray with rho = d . o
+ * (the cosine of its angle to the normal), as a function of a (*a receives it; d a / d rho = -a / rho):
+ *   nanoBragg's   exp(-t a) - exp(-(t+1) a), a = dz mu / rho: the capture of the slab below layer t;
+ *   physical      (1 - exp(-a)) / n, a = T mu / rho: the sensor's capture, shared alike by its n layers. */
 static inline NBG_HD double nbgi_capture(const nbgi_kparams *p, int t, double rho, double *a)
 {
+    if (p->sensor_phys) {
+        *a = (p->thick * p->mu) / rho;
+        return -expm1(-*a) / (double)p->thicksteps;
+    }
     *a = (p->thickstep * p->mu) / rho;
     return exp(-(double)t * *a) - exp(-(double)(t + 1) * *a);
 }
 
 /* d capture / d a of nbgi_capture; d a / d rho = -a / rho. */
-static inline NBG_HD double nbgi_capture_da(int t, double a)
+static inline NBG_HD double nbgi_capture_da(const nbgi_kparams *p, int t, double a)
 {
+    if (p->sensor_phys) {
+        return exp(-a) / (double)p->thicksteps;
+    }
     return -(double)t * exp(-(double)t * a) + (double)(t + 1) * exp(-(double)(t + 1) * a);
 }
 

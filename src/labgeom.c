@@ -446,6 +446,8 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         g->response_stated = 1;
     }
     if (e->thick > 0) {
+        g->sensor_model = r->sensor_model;
+        g->sensor_layers = r->thicksteps;
         g->thickness = e->thick / 1000.0;
         const double att_um = isnan(e->thick_abs) ? e->thick : e->thick_abs;
         g->mu = (att_um > 0 && isfinite(att_um)) ? 1000.0 / att_um : 0;
@@ -958,6 +960,13 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
     if (g->thickness >= 1e-6) {
         e->thick = g->thickness * 1000.0;
         e->thick_abs = g->mu > 0 ? 1000.0 / g->mu : INFINITY;
+        if (e->sensor_model == NBG_SENSOR_AUTO) {
+            /* a real sensor: its photons absorbed where they are, unless nbgrad wrote the list with its own */
+            e->sensor_model = g->sensor_model == NBG_SENSOR_NANOBRAGG ? NBG_SENSOR_NANOBRAGG : NBG_SENSOR_PHYSICAL;
+        }
+        if (g->sensor_layers > 0 && e->thicksteps < 0) {
+            e->thicksteps = g->sensor_layers;
+        }
     } else {
         /* no sensor model: a thickness below a nanometre is a placeholder (nbgrad's NXmx writes 1e-9 mm for "none",
          * because dxtbx refuses 0, and DIALS copies it into its experiment lists) */

@@ -75,6 +75,7 @@ typedef struct {
     int curved, point_pixel;
     int os_thick, os_polar, os_omega;
     double thick, thickstep, mu;    /* m, m, 1/m */
+    int sensor_phys;                /* the sensor's physical model (src/geometry.h: nbgi_layer_at, nbgi_capture) */
     /* sources */
     int nsources;
     const double *src;              /* per source: incident unit vector (3), lambda (m), E_in (3), B_in (3): 10 */

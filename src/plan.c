@@ -457,6 +457,14 @@ static int validate(nbg_ctx *ctx, const nbg_experiment *e)
         return nbgi_error(ctx, NBG_EINVAL, "attenuation length (-detector_abs) must not be negative (got %g um)",
                          e->thick_abs);
     }
+    if (e->sensor_model != NBG_SENSOR_AUTO && e->sensor_model != NBG_SENSOR_NANOBRAGG &&
+        e->sensor_model != NBG_SENSOR_PHYSICAL) {
+        return nbgi_error(ctx, NBG_EINVAL, "sensor model %d is not one (nbg_sensor_model)", e->sensor_model);
+    }
+    if (e->sensor_model == NBG_SENSOR_PHYSICAL && e->oversample_thick) {
+        return nbgi_error(ctx, NBG_EINVAL, "-oversample_thick is nanoBragg's sensor (its running sum times each "
+                          "layer's capture); the physical sensor model (-sensor physical) takes none");
+    }
     /* pixel counts: given (>= 1) or unset (-1: derived from the detector size) */
     if (!(e->fpixels == -1 || e->fpixels >= 1) || !(e->spixels == -1 || e->spixels >= 1)) {
         return nbgi_error(ctx, NBG_EINVAL, "pixel counts (-detpixels_f x -detpixels_s) must be at least 1, or -1 to "
@@ -997,6 +1005,7 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
     m->det.thickstep = sp->thickstep;
     m->det.mu = sp->mu;
     m->det.thicksteps = sp->thicksteps;
+    m->det.physical = e->sensor_model == NBG_SENSOR_PHYSICAL;
     m->gon.nphi = sp->phisteps;
     m->xtal.spread = sp->spread;
     m->xtal.domains = sp->domains;
@@ -1631,6 +1640,7 @@ static int kernel_params(nbg_ctx *ctx, const nbgi_render *rd, nbgi_plan *pl)
     k->thick = m->det.thick;
     k->thickstep = m->det.thickstep;
     k->mu = m->det.mu;
+    k->sensor_phys = m->det.physical;
     k->nsources = m->beam.nsrc;
     k->src = pl->src;
     k->polarization = m->beam.polarization;
@@ -1792,6 +1802,7 @@ static void report(const nbg_experiment *e, const plan_build *pb, nbgi_plan *pl)
     r->oversample = pl->k.oversample;
     r->recommended_oversample = pb->xtal.rec_os;
     r->thicksteps = m->det.thicksteps;
+    r->sensor_model = m->det.physical ? NBG_SENSOR_PHYSICAL : NBG_SENSOR_NANOBRAGG;
     r->nsources = m->beam.nsrc;
     r->phisteps = m->gon.nphi;
     r->mosaic_domains = m->xtal.domains;

@@ -39,6 +39,7 @@ typedef struct {
     nbgi_det_in_d in;         /* how the flags placed it (convention, pivot, rotations), for the chain rule */
     double thick, thickstep, mu; /* the sensor: m, m, 1/m */
     int thicksteps;
+    int physical;                /* the sensor's physical model (NBG_SENSOR_PHYSICAL), else nanoBragg's */
     int npanels;              /* 0: the flat detector alone */
     nbgi_kpanel *panels;      /* npanels panels in the lab (their sensors resolved), NULL for the flat detector */
     double *motion_t;         /* with panel motions: the panels' tangents along their group's motion */

@@ -270,8 +270,8 @@ static double grad_diff(const double *got, const double *want)
     return gmax > 0 ? worst : INFINITY;
 }
 
-/* The five configurations the gradient and tangent checks run: triclinic, mosaic with phi, sampling, the round
- * shape, a rotated detector. */
+/* The five configurations the gradient and tangent checks run: triclinic, mosaic with phi, sampling (nanoBragg's
+ * sensor among it), the round shape, a rotated detector with the physical sensor model. */
 static const char *const config_names[5] = {"triclinic", "mosaic-phi", "sampling", "shapes-round", "detector"};
 
 static void five_configs(nbg_experiment cfg[5])
@@ -285,6 +285,7 @@ static void five_configs(nbg_experiment cfg[5])
     cfg[2].dispersion = 1, cfg[2].dispsteps = 3;
     cfg[3].shape = NBG_SHAPE_ROUND;
     cfg[4].det_rot[0] = 5, cfg[4].det_rot[1] = 3, cfg[4].twotheta = 10, cfg[4].convention = NBG_CONV_XDS;
+    cfg[4].thick = 100, cfg[4].thick_abs = 50, cfg[4].thicksteps = 3, cfg[4].sensor_model = NBG_SENSOR_PHYSICAL;
 }
 
 static void gradients(nbg_ctx *cpu, nbg_ctx *gpu, nbg_ctx *gpuf)

@@ -167,6 +167,14 @@ int main(void)
     e.det_rot[0] = 4;
     e.twotheta = 6;
     dot_identity("jvp-3-sampling-detector", &e, 0);
+    /* the physical sensor model: layers at depths of their own, the capture a function of the sensor's depth */
+    e.sensor_model = NBG_SENSOR_PHYSICAL;
+    e.thicksteps = 3;
+    dot_identity("jvp-3b-physical-sensor", &e, 0);
+    fd_images("jvp-3b-fd", &e, NBG_P_DET_ROTY, 0.01);
+    fd_images("jvp-3b-fd", &e, NBG_P_TWOTHETA, 0.01);
+    e.sensor_model = NBG_SENSOR_AUTO;
+    e.thicksteps = 2;
     e.shape = NBG_SHAPE_ROUND;
     dot_identity("jvp-4-round", &e, 0);
 

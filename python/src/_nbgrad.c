@@ -823,6 +823,7 @@ static PyObject *report_dict(const nbg_report *r)
     SET(d, "phi0", PyFloat_FromDouble(r->phi0));
     SET(d, "osc", PyFloat_FromDouble(r->osc));
     SET(d, "phisteps", PyLong_FromLong(r->phisteps));
+    SET(d, "sensor_model", PyUnicode_FromString(r->sensor_model == NBG_SENSOR_PHYSICAL ? "physical" : "nanobragg"));
     SET(d, "mosaic_domains", PyLong_FromLong(r->mosaic_domains));
     SET(d, "steps", PyLong_FromLong(r->steps));
     SET(d, "cell", vec(r->cell, 6));
@@ -898,6 +899,8 @@ static PyObject *geometry_dict(const nbg_geometry *g)
     SET(d, "thickness", PyFloat_FromDouble(g->thickness));
     SET(d, "mu", PyFloat_FromDouble(g->mu));
     SET(d, "material", PyUnicode_FromString(g->material));
+    SET(d, "sensor_model", PyLong_FromLong(g->sensor_model));
+    SET(d, "sensor_layers", PyLong_FromLong(g->sensor_layers));
     SET(d, "saturation", PyFloat_FromDouble(g->saturation));
     SET(d, "pedestal", PyFloat_FromDouble(g->pedestal));
     SET(d, "gain", PyFloat_FromDouble(g->gain));
@@ -978,7 +981,7 @@ static int get_str(PyObject *d, const char *key, char *out, size_t size)
 
 static const char *const geometry_keys[] = {
     "fpixels", "spixels", "pixel_f", "pixel_s", "fast", "slow", "origin", "thickness", "mu", "material",
-    "saturation", "pedestal", "gain", "response_stated", "direction", "wavelength", "polarization_normal",
+    "sensor_model", "sensor_layers", "saturation", "pedestal", "gain", "response_stated", "direction", "wavelength", "polarization_normal",
     "polarization_fraction",
     "axis", "scan_start", "scan_width", "nframes", "exposure", "real_space", "space_group", "goniometer", NULL};
 
@@ -1087,7 +1090,8 @@ static int geometry_from_dict(PyObject *d, nbg_geometry *g)
            get_num(d, "pixel_f", &g->pixel_f) && get_num(d, "pixel_s", &g->pixel_s) && get_vec(d, "fast", g->fast, 3) &&
            get_vec(d, "slow", g->slow, 3) && get_vec(d, "origin", g->origin, 3) &&
            get_num(d, "thickness", &g->thickness) && get_num(d, "mu", &g->mu) &&
-           get_str(d, "material", g->material, sizeof g->material) && get_num(d, "saturation", &g->saturation) &&
+           get_str(d, "material", g->material, sizeof g->material) && get_int(d, "sensor_model", &g->sensor_model) &&
+           get_int(d, "sensor_layers", &g->sensor_layers) && get_num(d, "saturation", &g->saturation) &&
            get_num(d, "pedestal", &g->pedestal) && get_num(d, "gain", &g->gain) &&
            get_int(d, "response_stated", &g->response_stated) &&
            get_vec(d, "direction", g->direction, 3) && get_num(d, "wavelength", &g->wavelength) &&

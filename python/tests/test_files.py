@@ -1,4 +1,5 @@
 """Readers and writers: round trips through the library's formats."""
+import json
 import numpy as np
 import pytest
 
@@ -215,3 +216,29 @@ def test_nxmx_of_a_tilted_beam(tmp_path):
     assert np.allclose(back["direction"], [0, 0, 1], atol=1e-12)
     for k in ("fast", "slow", "origin"):
         assert np.allclose(back[k], g[k], atol=1e-9)
+
+
+def test_sensor_model(tmp_path):
+    """The sensor's model: nanoBragg's for the sensor flags, physical with sensor="physical" (the sensor's capture,
+    1 - exp(-T mu) at normal incidence, where nanoBragg's weights every layer by a slab beyond the last), and for
+    a list as DIALS writes it; a list nbgrad writes keeps the model it rendered."""
+    kw = dict(default_F=100, cell=(100, 100, 100, 90, 90, 90), N=5, distance=100, detpixels=64, pixel=0.1,
+              oversample=1)
+    sensor = dict(detector_thick=450, detector_abs=261, thicksteps=4)
+    thin = nbgrad.simulate(nbgrad.Experiment(**kw))
+    nb, rn = nbgrad.simulate(nbgrad.Experiment(**kw, **sensor), report=True)
+    ph, rp = nbgrad.simulate(nbgrad.Experiment(**kw, **sensor, sensor="physical"), report=True)
+    assert rn["sensor_model"] == "nanobragg" and rp["sensor_model"] == "physical"
+    capture = -np.expm1(-450 / 261)
+    assert abs(ph.sum() / thin.sum() - capture) < 0.01 * capture
+    assert nb.sum() / thin.sum() < 0.5 * capture
+    nbgrad.Experiment(**kw, **sensor).to_expt(tmp_path / "s.expt")
+    back, rb = nbgrad.simulate(nbgrad.Experiment.from_expt(tmp_path / "s.expt", default_F=100, N=5, oversample=1),
+                               report=True)
+    assert rb["sensor_model"] == "nanobragg" and np.abs(back - nb).max() <= 1e-6 * nb.max()
+    doc = json.loads((tmp_path / "s.expt").read_text())
+    del doc["detector"][0]["nbgrad_sensor"]
+    (tmp_path / "d.expt").write_text(json.dumps(doc))
+    dials, rd = nbgrad.simulate(nbgrad.Experiment.from_expt(tmp_path / "d.expt", default_F=100, N=5, oversample=1,
+                                                            thicksteps=4), report=True)
+    assert rd["sensor_model"] == "physical" and np.abs(dials - ph).max() <= 1e-6 * ph.max()
