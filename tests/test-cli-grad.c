@@ -281,8 +281,9 @@ static void test_setting(const char *bin, const char *dir)
  * model's definition), averaged and times the sensor's capture 1 - exp(-T mu) (normal incidence: the pixels' rays
  * lie within 10 deg of the normal, where the capture moves by 0.6 %); nanoBragg's model (equal weights at the capture
  * of a slab beyond the sensor, half its photons at the back face) is far from it, which the comparison must see.
- * The adjoint of the detector's parameters agrees with differences on a tilted, oversampled detector.  A list with
- * a sensor renders the physical model by default, the sensor flags nanoBragg's. */
+ * The adjoint of the detector's parameters agrees with differences on a tilted, oversampled detector.  A sensor
+ * read from a list as DIALS writes one renders the physical model; the sensor flags, and a list nbgrad wrote from
+ * them, nanoBragg's. */
 static void test_sensor(const char *bin, const char *dir)
 {
 #define SENS_XTAL "-cell 100 100 100 90 90 90 -default_F 100 -lambda 1 -N 5 -detpixels 128 -pixel 0.1 -oversample 2"
