@@ -279,7 +279,7 @@ static void test_setting(const char *bin, const char *dir)
  * in 4 layers renders, within 1 % of its maximum, as the thin detector placed at each layer's depth (the middle of
  * its quarter of the absorbed photons, -ln(1 - (t + 1/2) c / 4) mu^-1, c = 1 - exp(-T mu), derived here from the
  * model's definition), averaged and times the sensor's capture 1 - exp(-T mu) (normal incidence: the pixels' rays
- * lie within 10 deg of the normal, where the capture moves by 0.6 %); nanoBragg's model (equal weights at the capture
+ * lie within 6 deg of the normal, where the capture moves by 0.2 %); nanoBragg's model (equal weights at the capture
  * of a slab beyond the sensor, half its photons at the back face) is far from it, which the comparison must see.
  * The adjoint of the detector's parameters agrees with differences on a tilted, oversampled detector.  A sensor
  * read from a list as DIALS writes one renders the physical model; the sensor flags, and a list nbgrad wrote from
