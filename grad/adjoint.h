@@ -236,7 +236,7 @@ static inline NBG_HD void nbgi_pixel_factors_adjoint(const nbgi_kparams *p, cons
         nbgi_ray_adjoint(&pf->r_om, zero, d_R, acc);
     }
     if (p->thick != 0) {
-        /* capture(a), a = dz mu / rho, rho = d . o */
+        /* capture(a) (nbgi_capture's a), rho = d . o */
         const double d_rho = nbgi_capture_rho_adjoint(p, p->thicksteps - 1, pf->cap_a, pf->rho, d_cap);
         double d_d[3];
         for (int x = 0; x < 3; ++x) {
@@ -428,7 +428,7 @@ nbgi_lane_pixel_factors_adjoint(const nbgi_kparams *p, const nbgi_lane_pixfactor
         fix[(NBGI_FIX_O + 2) * W + j] += e2 * O0;
     }
     if (p->thick != 0) {
-        /* the capture fraction on the last layer's first-subpixel ray: capture(a), a = dz mu / rho, rho = d . o */
+        /* the capture fraction on the last layer's first-subpixel ray: capture(a) (nbgi_capture's a), rho = d . o */
         const double o0 = p->odet[0], o1 = p->odet[1], o2 = p->odet[2], Oc = lf->Oc;
         const int tl = p->thicksteps - 1;
         for (int j = 0; j < W; ++j) {

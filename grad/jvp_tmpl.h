@@ -63,7 +63,7 @@ static inline NBG_HD void NBG_SFX(nbgi_jvp_factors)(const nbgi_kparams *p, int f
             if (!moves[j]) {
                 continue;
             }
-            /* rho = d . o: t_rho = dd . o + d . t_o;  a = dz mu / rho: t_a = -a t_rho / rho */
+            /* rho = d . o: t_rho = dd . o + d . t_o;  a (nbgi_capture's) = const / rho: t_a = -a t_rho / rho */
             NBG_SFX(nbgi_ray_tangent)(&pf.r_cap, &t[j], dP, dd, &dR);
             NBG_R trho = 0;
             for (int x = 0; x < 3; ++x) {
