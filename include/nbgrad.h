@@ -222,7 +222,7 @@ typedef struct {
  * fast x slow, which must point away from the sample.  The frame of the vectors is nbg_experiment.panel_frame's.
  * The sensor is the experiment's (thickness, attenuation, layers) unless the panel gives its own thickness and
  * attenuation length; the number of layers is the experiment's for every panel (a thicker panel has thicker
- * layers). */
+ * layers; with no sensor of the experiment's, -thicksteps or nanoBragg's default as if it had one). */
 typedef struct {
     int fpixels, spixels;           /* pixel counts along fast and slow (>= 1) */
     double pixel;                   /* pixel size, mm (0: the experiment's -pixel) */

@@ -445,9 +445,16 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         g->gain = e->response.gain;
         g->response_stated = 1;
     }
-    if (e->thick > 0) {
+    /* how the sensor was rendered, where there is one: the experiment's, or only the panels' own (nbg_panel.thick) */
+    int sensor = e->thick > 0;
+    for (int k = 0; !sensor && e->panels != NULL && k < e->npanels; ++k) {
+        sensor = e->panels[k].thick > 0;
+    }
+    if (sensor) {
         g->sensor_model = r->sensor_model;
         g->sensor_layers = r->thicksteps;
+    }
+    if (e->thick > 0) {
         g->thickness = e->thick / 1000.0;
         const double att_um = isnan(e->thick_abs) ? e->thick : e->thick_abs;
         g->mu = (att_um > 0 && isfinite(att_um)) ? 1000.0 / att_um : 0;
@@ -964,13 +971,18 @@ int nbg_experiment_from_geometry(nbg_ctx *ctx, const nbg_geometry *g, nbg_experi
             /* a real sensor: its photons absorbed where they are, unless nbgrad wrote the list with its own */
             e->sensor_model = g->sensor_model == NBG_SENSOR_NANOBRAGG ? NBG_SENSOR_NANOBRAGG : NBG_SENSOR_PHYSICAL;
         }
-        if (g->sensor_layers > 0 && e->thicksteps < 0) {
-            e->thicksteps = g->sensor_layers;
-        }
     } else {
         /* no sensor model: a thickness below a nanometre is a placeholder (nbgrad's NXmx writes 1e-9 mm for "none",
          * because dxtbx refuses 0, and DIALS copies it into its experiment lists) */
         e->thick = 0;
+    }
+    /* how nbgrad rendered the sensor, where it wrote the list: also when only panels after the first have one (their
+     * own, which the caller gives e with the panels) */
+    if (g->sensor_model != NBG_SENSOR_AUTO && e->sensor_model == NBG_SENSOR_AUTO) {
+        e->sensor_model = g->sensor_model;
+    }
+    if (g->sensor_layers > 0 && e->thicksteps < 0) {
+        e->thicksteps = g->sensor_layers;
     }
     if (g->has_crystal) {
         crystal_from_vectors(ctx, g, e);

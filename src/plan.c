@@ -668,6 +668,7 @@ typedef struct {
     double hrange, vrange, hstep, vstep; /* divergence */
     double disp, dispstep;               /* relative spectral width and step */
     double thick, thickstep, mu;         /* sensor (m, m, 1/m) */
+    double own_step;                     /* panels' own sensors without the experiment's: step / thickness */
     double spread;                       /* mosaic spread */
     int phisteps, hsteps, vsteps, dispsteps, thicksteps, domains;
 } pb_sampling;
@@ -979,6 +980,20 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
         }
     }
     resolve_thickness(&thicksteps_d, &sp->thick, &sp->thickstep);
+    sp->own_step = 0;
+    int own = 0;
+    for (int q = 0; !(sp->thick > 0) && e->panels != NULL && q < e->npanels; ++q) {
+        own |= e->panels[q].thick > 0;
+    }
+    if (own) {
+        /* only panels have sensors, their own: their layers follow the rule of an experiment's sensor (the count
+         * given, or nanoBragg's default; the step a fraction of the thickness whatever the thickness), not one
+         * layer */
+        double t1 = 1, st1 = -1;
+        thicksteps_d = e->thicksteps;
+        resolve_thickness(&thicksteps_d, &t1, &st1);
+        sp->own_step = st1 / t1;
+    }
     int rc;
     if ((rc = step_count(ctx, phisteps_d, "phi steps (-osc / -phistep, -phisteps)", &sp->phisteps)) != NBG_OK ||
         (rc = step_count(ctx, hsteps_d, "horizontal divergence steps (-hdivrange / -hdivstep, -divsteps)",
@@ -1005,6 +1020,7 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
     m->det.thickstep = sp->thickstep;
     m->det.mu = sp->mu;
     m->det.thicksteps = sp->thicksteps;
+    m->det.own_step = sp->own_step;
     m->det.physical = e->sensor_model == NBG_SENSOR_PHYSICAL;
     m->gon.nphi = sp->phisteps;
     m->xtal.spread = sp->spread;
@@ -1494,7 +1510,8 @@ static int orientations(nbg_ctx *ctx, const nbg_experiment *e, const plan_build 
 }
 
 /* detector_panels: e's panels, placed about the model's flat detector (nbgi_plan_panels), each with its sensor (the
- * experiment's, or its own thickness with the experiment's layer count, its layers scaled as the thickness, and its
+ * experiment's, or its own thickness with the experiment's layer count (without a sensor of the experiment's, the
+ * count an experiment's sensor would have: sampling's own_step), its layers scaled as the thickness, and its
  * own attenuation length, else the experiment's -detector_abs, else its thickness, as nanoBragg's default) -> the
  * model's panels, motion tangents, pixel and row counts. */
 static int detector_panels(nbg_ctx *ctx, const nbg_experiment *e, nbgi_lab_detector *d)
@@ -1523,7 +1540,7 @@ static int detector_panels(nbg_ctx *ctx, const nbg_experiment *e, nbgi_lab_detec
         kq->mu = d->mu;
         if (pp->thick > 0) {
             const double T = pp->thick * 1e-6;
-            kq->thickstep = d->thick > 0 ? d->thickstep * T / d->thick : T / d->thicksteps;
+            kq->thickstep = d->thick > 0 ? d->thickstep * T / d->thick : T * d->own_step;
             kq->thick = T;
             kq->mu = pp->thick_abs > 0 ? 1e6 / pp->thick_abs : !isnan(e->thick_abs) ? d->mu : 1.0 / T;
         } else if (pp->thick_abs > 0 && d->thick > 0) {

@@ -39,6 +39,8 @@ typedef struct {
     nbgi_det_in_d in;         /* how the flags placed it (convention, pivot, rotations), for the chain rule */
     double thick, thickstep, mu; /* the sensor: m, m, 1/m */
     int thicksteps;
+    double own_step;             /* with no sensor of the experiment's (thick 0): a panel's own sensor's layer step
+                                    as a fraction of its thickness (the rule an experiment's sensor would follow) */
     int physical;                /* the sensor's physical model (NBG_SENSOR_PHYSICAL), else nanoBragg's */
     int npanels;              /* 0: the flat detector alone */
     nbgi_kpanel *panels;      /* npanels panels in the lab (their sensors resolved), NULL for the flat detector */

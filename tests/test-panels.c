@@ -1373,6 +1373,46 @@ static void sensors(nbg_ctx *ctx)
         free(flat);
         free(flat2);
     }
+    /* no sensor of the experiment's, each panel its own (300 and 600 um) in 3 layers: each panel equals the flat
+     * detector with that sensor in 3 layers (until stop 58 such panels were rendered in one layer, -thicksteps not
+     * taken) */
+    {
+        nbg_panel own[2];
+        memcpy(own, pan, sizeof own);
+        own[0].thick = 300, own[0].thick_abs = 0;
+        own[1].thick = 600, own[1].thick_abs = 0;
+        nbg_experiment eo = e, f = e, f2 = e;
+        eo.thick = 0, eo.thicksteps = 3, eo.panels = own;
+        f.thicksteps = f2.thicksteps = 3;
+        f.npanels = f2.npanels = 0, f.panels = f2.panels = NULL;
+        f2.thick = 600;
+        size_t n, nf, nf2;
+        int rc, rcf, rcf2;
+        float *img = render(ctx, &eo, &n, &rc);
+        float *flat = render(ctx, &f, &nf, &rcf);
+        float *flat2 = render(ctx, &f2, &nf2, &rcf2);
+        double d = INFINITY, mx = 0;
+        if (rc == NBG_OK && rcf == NBG_OK && rcf2 == NBG_OK) {
+            d = 0;
+            long i = 0;
+            for (int k = 0; k < 2; ++k) {
+                for (int sl = 0; sl < 36; ++sl) {
+                    for (int fa = 0; fa < 24; ++fa, ++i) {
+                        const long j = (long)sl * 48 + k * 24 + fa;
+                        const float ref = k == 0 ? flat[j] : flat2[j];
+                        mx = fmax(mx, fabs(ref));
+                        d = fmax(d, fabs((double)img[i] - ref));
+                    }
+                }
+            }
+        }
+        nbgi_test_check(mx > 0 && d <= 1e-9 * mx, "sensor-own-only", "no experiment sensor, the panels' own 300 and "
+                       "600 um in 3 layers equal the flat detectors with those sensors in 3 layers: max |diff| %.3g "
+                       "of %.4g (%s)", d, mx, rc == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        free(img);
+        free(flat);
+        free(flat2);
+    }
     /* gradients through a panel's own sensor: the capture fraction's derivative along the ray */
     nbg_panel_motion mot[1];
     memset(mot, 0, sizeof mot);
@@ -1409,43 +1449,59 @@ static void sensors(nbg_ctx *ctx)
         nbgi_test_check(0, "sensor-expt", "no temporary directory");
         return;
     }
-    snprintf(ex, sizeof ex, "%s/s.expt", dir);
-    nbg_report r;
-    nbg_geometry g, g2;
-    nbg_panel lab[2], *back = NULL;
-    int np = 0;
-    size_t n = 0, n2 = 0;
-    int rc = NBG_OK, r2 = NBG_OK;
-    float *img = render(ctx, &e, &n, &rc);
-    rc = rc == NBG_OK ? nbgi_test_write_panel_list(ctx, &e, ex, "s.nxs", &r, &g, lab) : rc;
-    rc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
-    nbg_experiment e2;
-    base(&e2);
-    r2 = rc == NBG_OK ? nbg_experiment_from_geometry(ctx, &g2, &e2) : rc;
-    e2.panels = back, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
-    /* the sampling is nbgrad's, not the list's: the layer count, and the subpixels and phi steps that would
-     * otherwise be chosen anew (the list's distance is the sample pivot's; its scan has one still image) */
-    e2.thicksteps = e.thicksteps;
-    e2.oversample = e.oversample;
-    e2.phisteps = 1;
-    float *img2 = r2 == NBG_OK ? render(ctx, &e2, &n2, &r2) : NULL;
-    double d = INFINITY, mx = 0;
-    if (r2 == NBG_OK && img != NULL && n2 == n) {
-        d = 0;
-        for (size_t i = 0; i < n; ++i) {
-            d = fmax(d, fabs((double)img[i] - img2[i]));
-            mx = fmax(mx, fabs(img[i]));
+    /* v 0: the experiment's sensor (300 um, 2 layers) and panel 1's own; v 1: no sensor of the experiment's, each
+     * panel its own (300 and 600 um) in 3 layers, and the physical model.  The list carries the layers and the model
+     * (nbgrad's detector key), so the read-back renders the same image without being told them. */
+    for (int v = 0; v < 2; ++v) {
+        nbg_experiment ev = e;
+        if (v == 1) {
+            ev.thick = 0;
+            ev.thicksteps = 3;
+            ev.sensor_model = NBG_SENSOR_PHYSICAL;
+            pan[0].thick = 300;
+            pan[0].thick_abs = 0;
         }
+        snprintf(ex, sizeof ex, "%s/s%d.expt", dir, v);
+        nbg_report r;
+        nbg_geometry g, g2;
+        nbg_panel lab[2], *back = NULL;
+        int np = 0;
+        size_t n = 0, n2 = 0;
+        int rc = NBG_OK, r2 = NBG_OK;
+        float *img = render(ctx, &ev, &n, &rc);
+        rc = rc == NBG_OK ? nbgi_test_write_panel_list(ctx, &ev, ex, v ? "s1.nxs" : "s.nxs", &r, &g, lab) : rc;
+        rc = rc == NBG_OK ? nbg_read_expt_panels(ctx, ex, &g2, &back, &np) : rc;
+        nbg_experiment e2;
+        base(&e2);
+        r2 = rc == NBG_OK ? nbg_experiment_from_geometry(ctx, &g2, &e2) : rc;
+        e2.panels = back, e2.npanels = np, e2.panel_frame = NBG_PANELS_LAB;
+        /* the subpixels are nbgrad's choice, not the list's (the list's distance is the sample pivot's; its scan
+         * has one still image) */
+        e2.oversample = ev.oversample;
+        float *img2 = r2 == NBG_OK ? render(ctx, &e2, &n2, &r2) : NULL;
+        double d = INFINITY, mx = 0;
+        if (r2 == NBG_OK && img != NULL && n2 == n) {
+            d = 0;
+            for (size_t i = 0; i < n; ++i) {
+                d = fmax(d, fabs((double)img[i] - img2[i]));
+                mx = fmax(mx, fabs(img[i]));
+            }
+        }
+        const int kept = np == 2 && back != NULL && back[0].thick == 0 && fabs(back[1].thick - 600) < 1e-9 &&
+                         fabs(back[1].thick_abs - 600) < 1e-9 && fabs(e2.thick - 300) < 1e-9 &&
+                         e2.thicksteps == (v ? 3 : 2) &&
+                         e2.sensor_model == (v ? NBG_SENSOR_PHYSICAL : NBG_SENSOR_NANOBRAGG);
+        nbgi_test_check(rc == NBG_OK && r2 == NBG_OK && kept && d <= 1e-9 * mx && mx > 0,
+                       v ? "sensor-expt-panels-only" : "sensor-expt",
+                       "an experiment list carries the panels' sensors (%s; panel 1 %g um, attenuation %g um; read "
+                       "back %d layers, model %d) and renders the same image: max |diff| %.3g of %.4g (%s)",
+                       v ? "no experiment sensor, panel 0 its own 300 um, 3 layers, physical" : "300 um, 2 layers",
+                       back ? back[1].thick : NAN, back ? back[1].thick_abs : NAN, e2.thicksteps, e2.sensor_model, d,
+                       mx, r2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
+        free(img);
+        free(img2);
+        free(back);
     }
-    const int kept = np == 2 && back != NULL && back[0].thick == 0 && fabs(back[1].thick - 600) < 1e-9 &&
-                     fabs(back[1].thick_abs - 600) < 1e-9 && fabs(e2.thick - 300) < 1e-9;
-    nbgi_test_check(rc == NBG_OK && r2 == NBG_OK && kept && d <= 1e-9 * mx && mx > 0, "sensor-expt",
-                   "an experiment list carries the panels' sensors (300 um; panel 1 %g um, attenuation %g um) and "
-                   "renders the same image: max |diff| %.3g of %.4g (%s)", back ? back[1].thick : NAN,
-                   back ? back[1].thick_abs : NAN, d, mx, r2 == NBG_OK ? "ok" : nbg_errmsg(ctx));
-    free(img);
-    free(img2);
-    free(back);
     nbgi_test_rmtree(dir);
 #endif
 }
