@@ -35,39 +35,41 @@ Three metrics, each reported for DIALS and nbgrad:
       with the same pixels, the same truncation to the spot finder's foreground and the same background; a model
       that predicts the pixels well predicts this centroid well, errors of the window cancel.  DIALS's prediction
       is its xyzcal.px (the reflection's predicted position).
-  (b) "the reflection's own model spot": refine -centroids, the centroid of the reflection's own model photons
-      alone (nbg_reflection_centroids: rendered with every other structure factor at 0, no background, no
-      truncation to the observed spot) over the square of half-width 5 about its observed centroid: where the model
-      puts that reflection's light.  The stricter one: nothing of the observation enters the prediction, and no
-      neighbour's light.  DIALS's prediction is again xyzcal.px.  One thing weighs against the model: the
-      observed centroid is the spot finder's, truncated to the pixels above its threshold (and the neighbours'
-      tails in them), while the model's takes the whole spot.  How much, is measured (floors(): a model exactly
-      right, nbgrad's model image taken as the truth, seen through that truncation) and printed: noise-free
-      thaumatin 0.28 / 0.23 px, cspad 0.11 / 0.13 px; with Poisson counts (gain 1) 0.42 / 0.41 and 0.13 / 0.14;
-      the centroids' own Poisson error is 0.07 / 0.04 and 0.01 / 0.01 px.  All are below 0.8 x DIALS's (0.60 /
-      0.52 and 0.36 / 0.36): the truncation and the counts do not forbid the target.  What keeps one lattice's
-      metric (b) near 1 is a part of the observed centroids that neither model predicts: its errors and DIALS's
-      correlate 0.8 (thaumatin x 0.79, y 0.50; cspad 0.80 / 0.83), their mean is 0.74 / 0.47 and 0.41 / 0.43 px
-      rms.  On the thaumatin still the observed spots are streaks along x (rms widths x / y 1.10 / 0.64 px against
-      the model's 0.99 / 0.76): a horizontal divergence (fixed -hdivrange 2 mrad, 5 steps) takes chi^2 from 7.6 to
-      6.2 but puts metric (b) x further off (0.86 px against 0.81).  And they are lumpy: their brightest pixel holds
-      0.235 of the spot (bounding box, nbgrad's background off) against the model's 0.189, the observed spot the
-      sharper in 73 % of them (cspad: 0.514 against 0.494, 56 %): sub-peaks that move from spot to spot,
-      consistent with a crystal of a few discrete blocks, which one lattice with a smooth spread does not draw (the
-      fit's small Na Nb Nc, 21 x 13 x 5 cells, broaden the spot to cover the sub-peaks and are no crystal size).  The
-      crystal of blocks below tests that.  For information the output also gives the model image's centroid
-      (every reflection's light, no background) over the bounding box widened by 0, 1, 3 and 6 px, which a close
-      neighbour's light enters (the thaumatin still's c of 150 A puts spots a few pixels apart).
+  (b) "the reflection's own model spot": refine -centroids, the centroid of the reflection's own model photons alone
+      (nbg_reflection_centroids: rendered with every other structure factor at 0, no background, no truncation to the
+      observed spot) over the square of half-width 5 about its observed centroid: where the model puts that reflection's
+      light.  The stricter one: nothing of the observation enters the prediction, and no neighbour's light.  DIALS's
+      prediction is again xyzcal.px.  One thing weighs against the model: the observed centroid is the spot finder's,
+      truncated to the pixels above its threshold (and the neighbours' tails in them), while the model's takes the whole
+      spot.  How much, is measured (floors(): a model exactly right, nbgrad's model image taken as the truth, seen
+      through that truncation) and printed: noise-free thaumatin 0.27 / 0.34 px, cspad 0.11 / 0.13 px; with Poisson
+      counts of the detector's gain (data_gain: the Pilatus 1, the CSPAD's ADU 5.7 a photon) 0.42 / 0.41 and 0.17 /
+      0.16; the centroids' own Poisson error is 0.07 / 0.04 and 0.03 / 0.03 px (until stop 58 the CSPAD's counts were
+      taken as photons: 0.13 / 0.14 and 0.01 / 0.01).  All are below 0.8 x DIALS's (0.60 / 0.52 and 0.36 / 0.36): the
+      truncation and the counts do not forbid the target.  What keeps one lattice's metric (b) near 1 is a part of the
+      observed centroids that neither model predicts: its errors and DIALS's correlate 0.8 (thaumatin x 0.79, y 0.52;
+      cspad 0.80 / 0.83), their mean is 0.74 / 0.47 and 0.41 / 0.43 px rms.  On the thaumatin still the observed spots
+      are streaks along x (rms widths x / y 1.11 / 0.64 px against the model's 1.02 / 0.77): a horizontal divergence
+      (fixed -hdivrange 2 mrad, 5 steps) takes chi^2 from 7.6 to 6.2 but puts metric (b) x further off (0.86 px against
+      0.81).  And they are lumpy: their brightest pixel holds 0.233 of the spot (bounding box, nbgrad's background off)
+      against the model's 0.176, the observed spot the sharper in 82 % of them (cspad: 0.514 against 0.494, 56 %):
+      sub-peaks that move from spot to spot, consistent with a crystal of a few discrete blocks, which one lattice with
+      a smooth spread does not draw (the fit's small Na Nb Nc, 21 x 13 x 5 cells, broaden the spot to cover the
+      sub-peaks and are no crystal size).  The crystal of blocks below tests that.  For information the output also
+      gives the model image's centroid (every reflection's light, no background) over the bounding box widened by 0, 1,
+      3 and 6 px, which a close neighbour's light enters (the thaumatin still's c of 150 A puts spots a few pixels
+      apart).
   (c) "DIALS's spot finder on the model image", for information: the model plus its fitted background in counts of
-      the spot finder's gain (Poisson), in a copy of the observed file (the thaumatin still's miniCBF; the CSPAD's
+      the detector's gain (Poisson photons), in a copy of the observed file (the thaumatin still's miniCBF; the CSPAD's
       four packed sections through pycbf), imported and searched by the still's own DIALS commands; each used
       reflection takes the model spot found on its panel nearest its own model spot (b) within 3 px.  Nothing
       observed enters this prediction of the observed centroid, the foreground mask included, which is what makes
       (a) so good: metric (a) without the background is 0.50 / 0.20 px on thaumatin (the background weighs the
       observed foreground's own geometry into both centroids).  Measured, ratios to DIALS over the spots found
-      (seeds 1-5): thaumatin one lattice 1.16 / 0.76 (seed 1, 130 of 247 spots; the others are weak reflections the
-      observation found on its noise), blocks 0.85-0.92 / 0.52-0.54; cspad one lattice 0.84-0.94 / 0.94-1.02, blocks
-      0.81-0.99 / 0.79-0.99.  It agrees with (b), not with (a).
+      (seeds 1-5): thaumatin one lattice 1.04-1.13 / 0.74-0.87 (134-137 of 247 spots; the others are weak
+      reflections the observation found on its noise), blocks 0.83-0.91 / 0.49-0.55; cspad one lattice 0.81-0.84 /
+      0.94-0.98, blocks 0.77-0.92 / 0.75-0.83 (with the spot finder's gain of 25 for the noise, until stop 58: 0.84-0.94
+      / 0.94-1.02 and 0.81-0.99 / 0.79-0.99).  It agrees with (b), not with (a).
 The crystal of blocks (see BLOCKS): the same fit with the crystal as 11 mosaic domains, each turned by its own
 fitted angles, reported with metric (b) and chi^2 per pixel beside the one lattice's. Measured: thaumatin chi^2 7.51 ->
 5.07, metric (b) 0.80 / 0.41 -> 0.61 / 0.36 px (DIALS 0.75 / 0.66: ratios 0.80 / 0.55, 0.003 over the target's edge;
@@ -173,14 +175,16 @@ for k, v in (("-json", "blocks.json"), ("-hklout", "blocks.hkl"), ("-exptfile", 
 
 # Thresholds, per still, from the values measured here (Debian's dials 3.12, nbgrad at this commit) with margin:
 #   dev_ratio   chi^2 per pixel of nbgrad's fit: measured thaumatin 7.51 (7.59 with nanoBragg's sensor model), cspad
-#               101 (dark-subtracted ADU taken as photons: the Poisson loss's chi^2 is not a photon chi^2 there); the
-#               check allows about twice that
+#               101 (dark-subtracted ADU taken as photons: the Poisson loss's chi^2 is the gain, 5.7, times a photon
+#               chi^2 there); the check allows about twice that
 #   cell_rel    nbgrad's a and c against DIALS's: measured thaumatin 0.03 % / 0.02 %, cspad 0.10 % / 0.06 %;
 #               allowed 0.3 %
 #   turn_deg    nbgrad's orientation against DIALS's: measured thaumatin 0.19 deg, cspad 0.07 deg; allowed 0.3 deg
+#   gain        where the detector's counts per photon are known, data_gain's estimate must find them within 20 %:
+#               the thaumatin Pilatus counts photons (1; measured 0.95); the CSPAD's is not known here (measured 5.7)
 LIMITS = {
-    "thaumatin": {"dev_ratio": 15.0, "cell_rel": 0.003, "turn_deg": 0.3},
-    "cspad": {"dev_ratio": 210.0, "cell_rel": 0.003, "turn_deg": 0.3},
+    "thaumatin": {"dev_ratio": 15.0, "cell_rel": 0.003, "turn_deg": 0.3, "gain": 1.0},
+    "cspad": {"dev_ratio": 210.0, "cell_rel": 0.003, "turn_deg": 0.3, "gain": None},
 }
 
 
@@ -315,17 +319,19 @@ def centroids(refl, model, offsets, sizes, bg):
     return out
 
 
-def floors(refl, model, offsets, sizes, bg, ownc, rows):
-    """Why metric (b) stays near DIALS's, per reflection of rows (indices into refl):
-      noise   the observed centroid's Poisson error from its counts, sqrt(sum c (x - xbar)^2) / sum c over the
-              foreground, with a gain of 1 (photon counts; for ADU of g per photon it grows as sqrt(g));
+def floors(refl, model, offsets, sizes, bg, ownc, rows, gain):
+    """Why metric (b) stays near DIALS's, per reflection of rows (indices into refl); the observed counts, the model
+    image and its background bg are gain per photon:
+      noise   the observed centroid's Poisson error from its counts, sqrt(gain sum c (x - xbar)^2) / sum c over the
+              foreground;
       trunc   metric (b) of a model that is exactly right, seen through the spot finder's truncation: nbgrad's own
               model image (every reflection's light plus its fitted background) taken as the truth, its brightest
               n pixels within 3 px of the reflection's own model centroid (n: the observed spot's foreground pixel
               count; fewer where pixels tie at the cut, none where the model is empty there), their weighted
               centroid against the own centroid; noise-free; and the same with Poisson counts drawn about that
-              truth (gain 1, DRAWS draws a spot), the n pixels chosen on the noisy counts and weighted by them, as
-              a spot finder chooses them (an estimate: its threshold and connected regions are not imitated);
+              truth (photons: Poisson(truth / gain), DRAWS draws a spot), the n pixels chosen on the noisy counts
+              and weighted by them, as a spot finder chooses them (an estimate: its threshold and connected regions
+              are not imitated);
       moments the spots' rms widths in x and y (sqrt of the second moments): observed (shoebox counts less nbgrad's
               background, over the bounding box) and nbgrad's model alone over the same box; and their peak
               fractions, the brightest pixel's share of the spot (how sharp its structure is), and whether the
@@ -345,7 +351,8 @@ def floors(refl, model, offsets, sizes, bg, ownc, rows):
         s = w.sum()
         cx, cy = (w * xs).sum() / s, (w * ys).sum() / s
         c = np.clip(w, 0, None)
-        noise.append((math.sqrt((c * (xs - cx) ** 2).sum()) / s, math.sqrt((c * (ys - cy) ** 2).sum()) / s))
+        noise.append((math.sqrt(gain * (c * (xs - cx) ** 2).sum()) / s,
+                      math.sqrt(gain * (c * (ys - cy) ** 2).sum()) / s))
         ox, oy = int(ownc[k, 0]), int(ownc[k, 1])
         bx0, bx1, by0, by1 = max(ox - 3, 0), min(ox + 4, nx), max(oy - 3, 0), min(oy + 4, ny)
         win = img[by0:by1, bx0:bx1].ravel()
@@ -357,9 +364,9 @@ def floors(refl, model, offsets, sizes, bg, ownc, rows):
         if top.any() and cut > 0:
             trunc.append(((t * wx[top]).sum() / t.sum() - ownc[k, 0], (t * wy[top]).sum() / t.sum() - ownc[k, 1]))
             for _ in range(DRAWS):
-                # the same with Poisson counts (gain 1), the n pixels chosen on the noisy counts (ties broken at
+                # the same with Poisson counts (photons), the n pixels chosen on the noisy counts (ties broken at
                 # random) and weighted by them
-                c = rng.poisson(win + bg) + rng.uniform(0.0, 1e-6, win.size)
+                c = rng.poisson(np.clip(win + bg, 0, None) / gain) + rng.uniform(0.0, 1e-6, win.size)
                 top = np.argsort(-c)[:n]
                 t = c[top]
                 trunc_noisy.append(((t * wx[top]).sum() / t.sum() - ownc[k, 0],
@@ -380,12 +387,44 @@ def floors(refl, model, offsets, sizes, bg, ownc, rows):
             np.mean(mom, axis=0) if mom else np.full(7, np.nan), len(mom))
 
 
-def spot_gain(spec):
-    """The gain the still's spot finder is told (spotfinder.threshold.dispersion.gain; DIALS's default 1)."""
-    for a in spec["dials"][1]:
-        if a.startswith("spotfinder.threshold.dispersion.gain="):
-            return float(a.split("=", 1)[1])
-    return 1.0
+def data_gain(work):
+    """The detector's counts per photon as the observed image's background shows it: the slope of the variance
+    against the mean over 8 x 8 pixel blocks (their pixels within 4 MADs of the block's median, spots and edges out;
+    blocks with an untrusted pixel left out), the blocks' means and variances averaged in 9 bins between the 5th and
+    95th percentile of the means, a straight line through the bins.  A Poisson counter gives 1 (measured: the
+    thaumatin Pilatus 0.95); dark-subtracted integrating data their ADU per photon (the CSPAD: 5.7; its spot finder
+    is told 25, a threshold's setting).  Returns (gain, intercept, blocks)."""
+    from dxtbx.model.experiment_list import ExperimentListFactory
+    el = ExperimentListFactory.from_json_file(os.path.join(work, "imported.expt"), check_format=True)
+    raw = el[0].imageset.get_raw_data(0)
+    raw = raw if isinstance(raw, tuple) else (raw,)
+    B = 8
+    ms, vs = [], []
+    for r, panel in zip(raw, el[0].detector):
+        a = r.as_numpy_array().astype(np.float64)
+        lo, hi = panel.get_trusted_range()
+        ny, nx = a.shape
+        blk = a[:ny // B * B, :nx // B * B].reshape(ny // B, B, nx // B, B).swapaxes(1, 2).reshape(-1, B * B)
+        blk = blk[~((blk <= lo) | (blk >= hi)).any(axis=1)]
+        med = np.median(blk, axis=1, keepdims=True)
+        mad = 1.4826 * np.median(np.abs(blk - med), axis=1, keepdims=True)
+        keep = np.abs(blk - med) <= 4 * np.maximum(mad, 1)
+        n = keep.sum(axis=1)
+        ok = n >= 48
+        m = (blk * keep).sum(axis=1) / n
+        v = (((blk - m[:, None]) ** 2) * keep).sum(axis=1) / (n - 1)
+        ms.append(m[ok])
+        vs.append(v[ok])
+    ms, vs = np.concatenate(ms), np.concatenate(vs)
+    q = np.percentile(ms, np.linspace(5, 95, 10))
+    mb, vb = [], []
+    for lo, hi in zip(q[:-1], q[1:]):
+        s = (ms >= lo) & (ms < hi)
+        if s.sum() > 20:
+            mb.append(ms[s].mean())
+            vb.append(vs[s].mean())
+    slope, icpt = np.polyfit(mb, vb, 1)
+    return float(slope), float(icpt), int(ms.size)
 
 
 def write_one_section(src, dst, counts):
@@ -449,11 +488,13 @@ def write_sections(src, dst, raw, counts):
     return None
 
 
-def spotfinder_on_model(work, spec, model, bg, ownc, obs, cal, panels, rows, tag="", seed=1, radius=3.0):
+def spotfinder_on_model(work, spec, model, bg, ownc, obs, cal, panels, rows, gain, tag="", seed=1, radius=3.0):
     """Metric (c), for information: DIALS's own spot finder run on nbgrad's model image, so that nothing observed
     enters the prediction of the observed centroid (metric (a) takes the observation's foreground).  The image is
-    the model plus its fitted background in counts of the spot finder's own gain (spot_gain: gain x Poisson((model +
-    bg) / gain), seed fixed; the thaumatin still's 1, the cspad's 25), the observed file's untrusted pixels (outside
+    the model plus its fitted background in counts of the detector's gain (gain x Poisson((model + bg) / gain), seed
+    fixed: the thaumatin Pilatus's 1, the cspad's as its background shows it, data_gain's 5.7; its spot finder is told
+    25, a threshold's setting, which until stop 58 set the counts' noise too, 4.4 times the variance), the observed
+    file's untrusted pixels (outside
     the detector's trusted range) kept, written into a copy of the observed file: a one-section miniCBF through
     dxtbx's compressor, the CSPAD's multi-section CBF through pycbf (write_sections); either is checked to read back
     as its counts.  It is imported and searched with the still's own DIALS commands.  Each used reflection takes the
@@ -470,12 +511,11 @@ def spotfinder_on_model(work, spec, model, bg, ownc, obs, cal, panels, rows, tag
     if model.size != sum(r.size for r in raw):
         return "not computed: the model has %d pixels, the image %d" % (model.size, sum(r.size for r in raw))
     rng = np.random.default_rng(seed)
-    gain = spot_gain(spec)
     counts, off = [], 0
     for r, panel in zip(raw, img.get_detector()):
-        lam = np.clip(model[off:off + r.size].reshape(r.shape).astype(np.float64) + bg, 0, None)
+        lam = np.clip(model[off:off + r.size].reshape(r.shape).astype(np.float64) + bg, 0, None) / gain  # photons
         off += r.size
-        c = np.rint(gain * rng.poisson(lam / gain)).astype(np.int32)
+        c = np.rint(gain * rng.poisson(lam)).astype(np.int32)
         lo, hi = panel.get_trusted_range()
         bad = (r <= lo) | (r >= hi)
         c[bad] = r[bad]
@@ -594,6 +634,22 @@ def one_still(nbgrad, work, name, spec):
           "dials.import, find_spots, index (%s): %d indexed, %d used in refinement, cell %s, %.1f s"
           % (spec["dials"][-1][5] if name == "cspad" else "one-image sequence of 0.05 deg", len(refl), used.sum(),
              " ".join("%.3f" % x for x in d_cell), t_dials))
+    # the detector's counts per photon: where it is known (the Pilatus counts photons), that, and the estimate from
+    # the observed image's background checked against it; else the estimate (the CSPAD's dark-subtracted ADU): the
+    # noise of metric (c)'s model image and of the floors below.  refine is not given it: it fits counts, as the list
+    # states them (gain 1), from structure factors that DIALS's intensities in those counts start; its chi^2 per
+    # pixel is then gain times a photon chi^2, and is printed both ways
+    measured, g_icpt, g_blocks = data_gain(work)
+    known = lim["gain"]
+    line = ("the observed image's background: variance = %.2f x mean %+.1f over %d blocks of 8 x 8 pixels (counts per "
+            "photon %.2f)" % (measured, g_icpt, g_blocks, measured))
+    if known is None:
+        gain = measured
+        print("%s: %s; not known for this detector, not checked" % (name, line))
+    else:
+        gain = known
+        check(abs(measured / known - 1) <= 0.2, name + "-gain", "%s; the detector's is %g (within 20 %%)" %
+              (line, known))
 
     # --- nbgrad refine ---
     rc, t_refine = run([nbgrad, "refine", "-expt", "indexed.expt", "-observed", spec["image"]] + REFINE, work,
@@ -612,8 +668,9 @@ def one_still(nbgrad, work, name, spec):
     dev = js["fit"]["deviance_ratio"]
     sig = js["fit"].get("sigma_scale") or math.sqrt(max(dev, 1.0))
     check(math.isfinite(dev) and dev < lim["dev_ratio"], name + "-chi2",
-          "chi^2 per pixel (deviance / expected over %d pixels) %.3f, limit %.0f" % (js["fit"]["pixels"], dev,
-                                                                                      lim["dev_ratio"]))
+          "chi^2 per pixel (deviance / expected over %d pixels) %.3f, limit %.0f%s" %
+          (js["fit"]["pixels"], dev, lim["dev_ratio"], "" if gain == 1 else
+           " (counts of %.2f per photon: about %.1f in photons)" % (gain, dev / gain)))
     n_expt = ExperimentListFactory.from_json_file(os.path.join(work, "refined.expt"), check_format=False)
     n_cell = n_expt[0].crystal.get_unit_cell().parameters()
     if d_expt[0].scan is None:
@@ -686,19 +743,19 @@ def one_still(nbgrad, work, name, spec):
               "light: nbgrad %s px over %d spots, DIALS %s)" % (g, fmt2(rms(c[okg, 3 + j] - obs[okg])), okg.sum(),
                                                                fmt2(rms(cal[okg] - obs[okg]))))
     panels = np.array(list(refl["panel"]))
-    mc = spotfinder_on_model(work, spec, model, bg, ownc, obs, cal, panels, np.nonzero(okb)[0])
+    mc = spotfinder_on_model(work, spec, model, bg, ownc, obs, cal, panels, np.nonzero(okb)[0], gain)
     print("  metric (c), for information: DIALS's spot finder on nbgrad's model image (model + fitted background, "
-          "Poisson counts of the spot finder's gain %g, seed 1; nothing observed enters the prediction):" %
-          spot_gain(spec))
+          "Poisson counts of the detector's gain %.2f, seed 1; nothing observed enters the prediction):" % gain)
     print_metric_c(mc, okb)
-    f_noise, f_trunc, f_trunc_n, f_mom, n_mom = floors(refl, model, offsets, sizes, bg, ownc, np.nonzero(okb)[0])
+    f_noise, f_trunc, f_trunc_n, f_mom, n_mom = floors(refl, model, offsets, sizes, bg, ownc, np.nonzero(okb)[0],
+                                                       gain)
     e_nb, e_d = ownc[okb] - obs[okb], cal[okb] - obs[okb]
     corr = [np.corrcoef(e_nb[:, i], e_d[:, i])[0, 1] for i in (0, 1)]
     print("  why metric (b) stays near DIALS's (floors over the same %d spots):" % okb.sum())
-    print("    the observed centroids' Poisson noise (gain 1)      rms x / y %s px" % fmt2(f_noise))
+    print("    the observed centroids' Poisson noise (gain %.2f)   rms x / y %s px" % (gain, fmt2(f_noise)))
     print("    a model exactly right, seen through the spot finder's truncation to its foreground (nbgrad's model "
-          "image as the truth): metric (b) rms x / y %s px noise-free, %s px with Poisson counts (gain 1), against "
-          "0.8 x DIALS's %s" % (fmt2(f_trunc), fmt2(f_trunc_n), fmt2(TARGET * b_dials)))
+          "image as the truth): metric (b) rms x / y %s px noise-free, %s px with Poisson counts (gain %.2f), against "
+          "0.8 x DIALS's %s" % (fmt2(f_trunc), fmt2(f_trunc_n), gain, fmt2(TARGET * b_dials)))
     print("    nbgrad's and DIALS's errors (prediction - observed) correlate %.2f / %.2f in x / y: the part of the "
           "observed centroids that neither model predicts, rms x / y %s px (the two errors' mean)" %
           (corr[0], corr[1], fmt2(rms((e_nb + e_d) / 2))))
@@ -744,7 +801,7 @@ def one_still(nbgrad, work, name, spec):
         else:
             mb = np.fromfile(os.path.join(work, "blocks_model.bin"), dtype=np.float32)
             print_metric_c(spotfinder_on_model(work, spec, mb, pb["bg"]["value"], ownb, obs, cal, panels,
-                                               np.nonzero(okk)[0], tag="_blocks"), okk)
+                                               np.nonzero(okk)[0], gain, tag="_blocks"), okk)
         # where the errors lie on the detector: radial (along 2theta) and tangential parts of metric (b)'s errors
         both = np.nonzero(okb & okk)[0]
         st, parts = radial_tangential(d_expt[0], panels, obs, [ownc, ownb, cal], both)
