@@ -712,6 +712,8 @@ static int linear_start(refine_ws *ws, double *x)
     return rc;
 }
 
+static int informed_at_start(refine_ws *ws, const double *H);
+
 static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nbg_refine_result *res)
 {
     const int n = ws->n;
@@ -729,6 +731,9 @@ static int refine_lm(refine_ws *ws, double *x, const nbg_refine_options *opt, nb
     int speculate = ws->Ft == NULL;
     double L;
     int rc = gauss_newton(ws, &L, g, H);
+    if (rc == NBG_OK) {
+        rc = informed_at_start(ws, H);
+    }
     if (rc != NBG_OK) {
         free(buf);
         return rc;
@@ -949,6 +954,9 @@ static int refine_bfgs(refine_ws *ws, double *x, const nbg_refine_options *opt, 
         return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
     }
     int rc = gauss_newton(ws, &L, g, H);
+    if (rc == NBG_OK) {
+        rc = informed_at_start(ws, H);
+    }
     if (rc != NBG_OK) {
         free(g);
         return rc;
@@ -1027,6 +1035,23 @@ static const char *x_label(const refine_ws *ws, const nbg_experiment *e, int a, 
     return buf;
 }
 
+/* A parameter (not a structure factor: refine_lm and information treat those) whose information is zero at the
+ * starting model: it does not change the image where the loss looks, and no step of the fit would move it.  Refused
+ * before the first step (until stop 58 only after the whole fit, which then wrote nothing), naming it. */
+static int informed_at_start(refine_ws *ws, const double *H)
+{
+    const int n = ws->n;
+    char lab[48];
+    for (int a = 0; a < n; ++a) {
+        if (!is_Fp(ws->params[a]) && !(H[a * n + a] > 0 && isfinite(H[a * n + a]))) {
+            return nbgi_error(ws->ctx, NBG_EINVAL, "the refinement does not determine %s: it does not change the "
+                              "image where the loss looks (its information at the starting model is %g)",
+                              x_label(ws, &ws->fr[0].e, a, lab, sizeof lab), H[a * n + a]);
+        }
+    }
+    return NBG_OK;
+}
+
 static int determined(refine_ws *ws, const double *H)
 {
     const int n = ws->n;
@@ -1095,12 +1120,25 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         rc = gauss_newton(ws, &L, g, H);
     }
     /* a structure factor the fit put at zero carries no information in F (dM/dF = 2 F K): its standard error is
-     * left undefined (NaN), its row and column out of the inversion */
-    unsigned char *zeroF = ws->nFx > 0 ? calloc((size_t)n, 1) : NULL;
-    for (int k = 0; rc == NBG_OK && zeroF != NULL && k < ws->nFx; ++k) {
-        const int a = ws->Fa[k];
-        if (a < n && !(H[a * n + a] > 0)) {
+     * left undefined (NaN), its row and column out of the inversion.  So is a parameter that the fit moved to where
+     * it no longer changes the image where the loss looks (it had information at the start, informed_at_start: a
+     * mosaic domain's turn that took it away from every spot region): res->undetermined counts them */
+    unsigned char *zeroF = calloc((size_t)n, 1);
+    if (zeroF == NULL) {
+        free(g);
+        return nbgi_error(ws->ctx, NBG_ENOMEM, "out of memory for %d parameters", n);
+    }
+    for (int a = 0; rc == NBG_OK && a < n; ++a) {
+        if (!(H[a * n + a] > 0 && isfinite(H[a * n + a]))) {
+            int f = !is_Fp(ws->params[a]);
+            for (int k = 0; !f && k < ws->nFx; ++k) {
+                f = ws->Fa[k] == a;
+            }
+            if (!f) {
+                continue; /* a structure factor not among the fitted entries: determined() names it */
+            }
             zeroF[a] = 1;
+            res->undetermined += !is_Fp(ws->params[a]);
             for (int b = 0; b < n; ++b) H[a * n + b] = H[b * n + a] = 0;
             H[a * n + a] = 1;
         }
@@ -1135,8 +1173,7 @@ static int information(refine_ws *ws, nbg_refine_result *res)
         }
     }
     for (int a = 0; a < n; ++a) {
-        res->sigma[a] = (zeroF != NULL && zeroF[a]) || (ws->pinned != NULL && ws->pinned[a])
-                            ? NAN : sqrt(fmax(H[a * n + a] * fac, 0));
+        res->sigma[a] = zeroF[a] || (ws->pinned != NULL && ws->pinned[a]) ? NAN : sqrt(fmax(H[a * n + a] * fac, 0));
         res->F_zero += ws->pinned != NULL && ws->pinned[a];
     }
     free(zeroF);

@@ -965,6 +965,11 @@ typedef struct {
     long F_fitted;
     double F_moved;
     long F_zero;      /* entries the fit put at zero intensity (held at that bound; standard error NaN) */
+    /* Parameters (not structure factors) that had information at the start but none at the fitted model: the fit
+     * moved them to where they no longer change the image where the loss looks (a mosaic domain turned away from
+     * every spot region); their standard errors NaN, the rest as for the others.  (A parameter without information
+     * at the start is refused before the first step.) */
+    long undetermined;
     /* With a scan-varying orientation (nbg_refine_options.scan_varying_knots): the knots K, knot[j] the knot of
      * entry j (0..K-1 for a varying parameter's entries: the orientation's, and with scan_varying_cell the cell's,
      * a tied one's its leader's; -1 for the others; nparams entries) and knot_phi[k] knot k's rotation angle (deg);

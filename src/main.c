@@ -1291,6 +1291,28 @@ static void refine_table(const nbg_experiment *e, const nbg_refine_result *res)
     }
 }
 
+/* The parameters the fit moved to where they no longer change the image where the loss looks (res->undetermined):
+ * named in a warning. */
+static void refine_undetermined(const nbg_experiment *e, const nbg_refine_result *res)
+{
+    if (res->undetermined <= 0) {
+        return;
+    }
+    char names[400] = "", lab[64];
+    size_t k = 0;
+    for (int j = 0; j < res->nparams && k < sizeof names - 70; ++j) {
+        if (!is_F(res->params[j]) && (res->tied == NULL || res->tied[j] == j) && isnan(res->sigma[j])) {
+            k += (size_t)snprintf(names + k, sizeof names - k, "%s%s", k > 0 ? ", " : "",
+                                  res_label(e, res, j, lab, sizeof lab));
+        }
+    }
+    printf("WARNING: the fit moved %s to where %s no longer change the image where the loss looks (no information at "
+           "the fitted model): %s where the fit left %s, the standard error%s undefined (a mosaic domain turned away "
+           "from every spot region: fit fewer domains, or hold it)\n", names, res->undetermined > 1 ? "they" : "it",
+           res->undetermined > 1 ? "their values are" : "its value is", res->undetermined > 1 ? "them" : "it",
+           res->undetermined > 1 ? "s" : "");
+}
+
 /* With cell parameters refined from -cell: nanoBragg's construction (kept for parity) builds a crystal whose angles
  * differ from the -cell values where two or more are not 90 deg; the crystal's own cell is printed when it differs
  * from the table's (a list's crystal, U B(cell), has its own cell as its parameters). */
@@ -1471,6 +1493,7 @@ static int refine_write_json(nbg_ctx *ctx, nbgi_cli *c, const grad_opts *o, cons
         json_object_set_new(d, "F_fitted", json_integer(res->F_fitted));
         json_object_set_new(d, "F_zero", json_integer(res->F_zero));
     }
+    json_object_set_new(d, "undetermined", json_integer(res->undetermined));
     json_object_set_new(d, "start_loss", nbgi_json_num(res->start_loss));
     json_object_set_new(d, "final_loss", nbgi_json_num(res->loss));
     char lab[64];
@@ -1921,6 +1944,7 @@ static int cmd_refine(int argc, char **argv, int first)
         floor_warning(ctx, &c, obs, wts, NULL, npix, " (after the fit)");
     }
     refine_table(&c.e, &res);
+    refine_undetermined(&c.e, &res);
     refine_cell_note(ctx, &c.e, &res);
     printf("goodness of fit: %s\n", res.fit.message);
     const int fit_bad = res.fit.mismatch;

@@ -125,7 +125,8 @@ static void check_refine_json(const char *path, int nparams, const char *id)
     }
     char why[256] = "", wf[256] = "", wp[256] = "";
     const int top = has_keys(doc, "method loss converged reason why step_sigma iterations pixels pedestal gain "
-                                  "read_noise floor_mismatch fit constraint start_loss final_loss parameters correlation",
+                                  "read_noise floor_mismatch fit constraint undetermined start_loss final_loss "
+                                  "parameters correlation",
                              why, sizeof why);
     const int fit = has_keys(json_object_get(doc, "fit"), "deviance_ratio deviance_ratio_spots deviance pixels "
                                                           "spot_pixels mismatch sigma_scale", wf, sizeof wf);
@@ -556,6 +557,19 @@ int main(void)
         rc = run(cmd);
         nbgi_test_check(rc == 0 && strstr(out, "converged") != NULL, "cligrad-37-correlated",
                         "a, distance and lambda (correlated, determined) still converge (exit %d)", rc);
+        /* a parameter without information at the start (the spindle's tilt of a still: no rotation to tilt) is
+         * refused before the first step (until stop 58 after the whole fit) */
+        snprintf(cmd, sizeof cmd,
+                 "%s refine -cell 70.4 79.7 90.3 75.2 84.8 95.2 -misset 10.2 4.8 3.1 -default_F 100 -N 5 -lambda 1 "
+                 "-distance 100 -detpixels 64 -oversample 1 -observed %s -params a,spindle_tilt1 2>&1", bin, obs);
+        rc = run(cmd);
+        const char *msg = strstr(out, "nbgrad: error:");
+        const int stepped = strncmp(out, "iter ", 5) == 0 || strstr(out, "\niter ") != NULL;
+        nbgi_test_check(rc == 1 && msg != NULL && strstr(msg, "does not determine spindle_tilt1") != NULL &&
+                            strstr(msg, "at the starting model") != NULL && !stepped,
+                        "cligrad-37-zero-at-start", "-params a,spindle_tilt1 on a still is refused before the first "
+                        "step (exit %d, %s: %.*s)", rc, stepped ? "after steps" : "no step",
+                        msg != NULL ? (int)strcspn(msg, "\n") : 0, msg != NULL ? msg : "");
     }
     /* cligrad-38: refine -params ...,F fits the -hkl table's measured entries (per-reflection scales): a still whose
      * structure factors vary, started from a table 30 % off entry by entry and a turned crystal; the refusals */
