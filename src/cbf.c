@@ -352,10 +352,14 @@ static void w_build(cbfw *w, const nbg_geometry *g, int frame, const int32_t *da
     for (int i = gn.naxes - 1; i >= 0; --i)
         w_row(w, "GONIOMETER", names[i]);
 
-    /* The sensor material and mu have no imgCIF item: they go into the details text, which this reader parses. */
-    char details[96];
-    snprintf(details, sizeof details, "sensor %s mu %s /mm", g->material[0] != '\0' ? g->material : "unknown",
-             w_num(w, g->mu));
+    /* The sensor material and mu have no imgCIF item: they go into the details text, which this reader parses;
+     * so does how nbgrad rendered the sensor (its model and layers, as an experiment list's nbgrad_sensor) */
+    char details[160];
+    const int n0 = snprintf(details, sizeof details, "sensor %s mu %s /mm",
+                            g->material[0] != '\0' ? g->material : "unknown", w_num(w, g->mu));
+    if (g->sensor_model != 0 && g->sensor_layers > 0 && n0 > 0 && (size_t)n0 < sizeof details)
+        snprintf(details + n0, sizeof details - (size_t)n0, "; nbgrad model %s layers %d",
+                 g->sensor_model == NBG_SENSOR_NANOBRAGG ? "nanobragg" : "physical", g->sensor_layers);
     w_category(w, "diffrn_detector", "diffrn_id", "id", "type", "details", "number_of_axes", "layer_thickness", NULL);
     w_row(w, "DS1", "DETECTOR", "nbgrad simulated detector", details, "3", w_num(w, g->thickness));
 
@@ -1038,6 +1042,14 @@ static int rest_geometry(cbf_handle h, nbg_geometry *g, const char **where)
             if (strcmp(mat, "unknown") != 0)
                 snprintf(g->material, sizeof g->material, "%s", mat);
             g->mu = mu;
+        }
+        const char *m = strstr(details, "; nbgrad model ");
+        char model[16];
+        int layers;
+        if (m != NULL && sscanf(m, "; nbgrad model %15s layers %d", model, &layers) == 2 && layers >= 1 &&
+            layers <= 1000000 && (strcmp(model, "nanobragg") == 0 || strcmp(model, "physical") == 0)) {
+            g->sensor_model = strcmp(model, "nanobragg") == 0 ? NBG_SENSOR_NANOBRAGG : NBG_SENSOR_PHYSICAL;
+            g->sensor_layers = layers;
         }
     }
     return 0;

@@ -426,6 +426,13 @@ static void wlayout(wr *w, const nbg_geometry *g, const nbg_panel *panels, int n
         wattr_dbl(w, det, DET, "nbgrad_material_unknown", &nm, 0);
         const double nt = !(g->thickness > 0);
         wattr_dbl(w, det, DET, "nbgrad_no_thickness", &nt, 0);
+        if (g->sensor_model != 0 && g->sensor_layers > 0) {
+            /* how nbgrad rendered the sensor (the model, nbg_sensor_model, and its layers), as an experiment list
+             * carries it (nbgrad_sensor): read back, the same image */
+            const double sm = g->sensor_model, sl = g->sensor_layers;
+            wattr_dbl(w, det, DET, "nbgrad_sensor_model", &sm, 0);
+            wattr_dbl(w, det, DET, "nbgrad_sensor_layers", &sl, 0);
+        }
     }
     wclose(det);
     if (mask != NULL)
@@ -1776,6 +1783,21 @@ static int read_detector(rd *r, const char *det, nbg_geometry *g)
         rc = read_attr_dbl(r, d, "nbgrad_no_thickness", det, &unknown, 1, &found);
     if (rc == NBG_OK && found && unknown != 0)
         g->thickness = 0;
+    double sm = 0, sl = 0;
+    int fm = 0, fl = 0;
+    if (rc == NBG_OK)
+        rc = read_attr_dbl(r, d, "nbgrad_sensor_model", det, &sm, 1, &fm);
+    if (rc == NBG_OK)
+        rc = read_attr_dbl(r, d, "nbgrad_sensor_layers", det, &sl, 1, &fl);
+    if (rc == NBG_OK && fm && !(sm == NBG_SENSOR_NANOBRAGG || sm == NBG_SENSOR_PHYSICAL))
+        rc = bad(r, det, "the attribute nbgrad_sensor_model is %g (%d nanoBragg's, %d physical)", sm,
+                 NBG_SENSOR_NANOBRAGG, NBG_SENSOR_PHYSICAL);
+    if (rc == NBG_OK && fl && !(sl >= 1 && sl <= 1000000 && sl == floor(sl)))
+        rc = bad(r, det, "the attribute nbgrad_sensor_layers is %g (an integer from 1 to 1000000)", sl);
+    if (rc == NBG_OK && fm)
+        g->sensor_model = (int)sm;
+    if (rc == NBG_OK && fl)
+        g->sensor_layers = (int)sl;
     H5Gclose(d);
     return rc;
 }

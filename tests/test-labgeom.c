@@ -308,6 +308,35 @@ static void test_read_image(nbg_ctx *ctx)
             nbgi_test_check(whole == 1 && d < 1e-9 && rg.fpixels == 40 && rg.spixels == 30 &&
                                 fabs(rg.wavelength - g.wavelength) < 1e-12 && rg.pedestal == 40,
                             id, "the whole geometry (max vector difference %.2g, pedestal %g)", d, rg.pedestal);
+            /* how the sensor was rendered (nanoBragg's model: the flags' sensor, 2 layers) comes back with it, and
+             * the experiment made from the file renders the same image (until stop 58 NXmx and CBF did not carry
+             * it, and a file's sensor was rendered with the physical model) */
+            nbg_geometry rc_g = rg; /* the crystal is not the image file's: g's */
+            rc_g.has_crystal = g.has_crystal;
+            memcpy(rc_g.real_space, g.real_space, sizeof g.real_space);
+            nbg_experiment e2, e3;
+            base(&e2, NBG_CONV_XDS);
+            base(&e3, NBG_CONV_XDS);
+            snprintf(id, sizeof id, "readimg-%s-sensor", names[k]);
+            float *again = malloc(npix * sizeof *again), *ref = malloc(npix * sizeof *ref);
+            int rr = again != NULL && ref != NULL && nbg_experiment_from_geometry(ctx, &rc_g, &e2) == NBG_OK &&
+                     nbg_experiment_from_geometry(ctx, &g, &e3) == NBG_OK &&
+                     nbg_simulate(ctx, &e2, again, npix, NULL) == NBG_OK &&
+                     nbg_simulate(ctx, &e3, ref, npix, NULL) == NBG_OK;
+            double amax = 0, dd = INFINITY, dphys = 0;
+            if (rr) {
+                dd = image_diff(ref, again, npix, &amax);
+                e2.sensor_model = NBG_SENSOR_PHYSICAL; /* what a file's sensor renders without the model */
+                rr = nbg_simulate(ctx, &e2, again, npix, NULL) == NBG_OK;
+                dphys = rr ? image_diff(ref, again, npix, &amax) : 0;
+            }
+            nbgi_test_check(rr && rg.sensor_model == NBG_SENSOR_NANOBRAGG && rg.sensor_layers == 2 && amax > 0 &&
+                                dd < 1e-8 && dphys > 0.1,
+                            id, "the sensor's model %d and layers %d come back (nanoBragg's, 2): the file renders as "
+                            "the geometry it was written from, max |diff| / max %.3g (the physical model: %.3g) (%s)",
+                            rg.sensor_model, rg.sensor_layers, dd, dphys, rr ? "ok" : nbg_errmsg(ctx));
+            free(again);
+            free(ref);
         } else if (k < 2) {
             nbgi_test_check(whole == 0 && rg.fpixels == 40 && rg.spixels == 30 && rg.pixel_f == e.pixel &&
                                 (k == 0 ? isnan(rg.pedestal) : rg.pedestal == 40),
