@@ -11,6 +11,7 @@
  * outside the scan axis, as dxtbx computes them.
  */
 #include "formats.h"
+#include "panels.h"
 #include "plan.h"
 
 #include <errno.h>
@@ -338,10 +339,8 @@ static json_t *detector_json_dxtbx(const nbg_geometry *g, const nbg_panel *panel
 static json_t *detector_json(const nbg_geometry *g, const nbg_panel *panels, int npanels)
 {
     json_t *d = detector_json_dxtbx(g, panels, npanels);
-    int sensor = g->thickness > 0; /* the detector's sensor, or only the panels' own */
-    for (int k = 0; !sensor && panels != NULL && k < npanels; ++k) {
-        sensor = panels[k].thick > 0;
-    }
+    /* the detector's sensor, or only the panels' own */
+    const int sensor = g->thickness > 0 || nbgi_panels_own_sensor(panels, npanels);
     if (d == NULL || g->sensor_model == 0 || g->sensor_layers < 1 || !sensor)
         return d;
     json_t *s = json_pack("{s:s, s:i}", "model", g->sensor_model == NBG_SENSOR_NANOBRAGG ? "nanobragg" : "physical",

@@ -446,11 +446,7 @@ int nbg_geometry_from_report(nbg_ctx *ctx, const nbg_experiment *e, const nbg_re
         g->response_stated = 1;
     }
     /* how the sensor was rendered, where there is one: the experiment's, or only the panels' own (nbg_panel.thick) */
-    int sensor = e->thick > 0;
-    for (int k = 0; !sensor && e->panels != NULL && k < e->npanels; ++k) {
-        sensor = e->panels[k].thick > 0;
-    }
-    if (sensor) {
+    if (e->thick > 0 || nbgi_panels_own_sensor(e->panels, e->npanels)) {
         g->sensor_model = r->sensor_model;
         g->sensor_layers = r->thicksteps;
     }

@@ -12,6 +12,17 @@
 /* The most pixels along one side of a detector or panel. */
 #define NBG_MAX_SIDE 10000000
 
+/* Whether any of the n panels has a sensor of its own (nbg_panel.thick > 0); panels may be NULL. */
+static inline int nbgi_panels_own_sensor(const nbg_panel *panels, int n)
+{
+    for (int k = 0; panels != NULL && k < n; ++k) {
+        if (panels[k].thick > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* The panels of e placed in their frame (motions applied): unit axes, origin (mm) and pixel size (mm) per panel,
  * and with motions the derivatives of the 12 numbers (origin, fast, slow, normal) along the 6 components of the
  * panel's group (dv[72 k + 12 c + i]: shift per mm, rotation per degree). */

@@ -981,11 +981,7 @@ static int sampling(nbg_ctx *ctx, const nbg_experiment *e, plan_build *pb, nbgi_
     }
     resolve_thickness(&thicksteps_d, &sp->thick, &sp->thickstep);
     sp->own_step = 0;
-    int own = 0;
-    for (int q = 0; !(sp->thick > 0) && e->panels != NULL && q < e->npanels; ++q) {
-        own |= e->panels[q].thick > 0;
-    }
-    if (own) {
+    if (!(sp->thick > 0) && nbgi_panels_own_sensor(e->panels, e->npanels)) {
         /* only panels have sensors, their own: their layers follow the rule of an experiment's sensor (the count
          * given, or nanoBragg's default; the step a fraction of the thickness whatever the thickness), not one
          * layer */
